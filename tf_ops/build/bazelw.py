@@ -1,0 +1,74 @@
+"""Runs Bazel for the TensorFlow of the Python that runs this script.
+
+    python tf_ops/build/bazelw.py build //:sok_ops
+    python tf_ops/build/bazelw.py test //...
+
+A library built for one TensorFlow version does not load in another, so each
+(Python, TensorFlow version) pair gets its own Bazel output base under
+~/.cache/sok_graph/bazel: switching between TF versions never rebuilds from
+scratch, and two versions never overwrite each other's outputs.
+"""
+
+import hashlib
+import os
+import subprocess
+import sys
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def tensorflow_version(python):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run(
+        [python, "-c", "import tensorflow as tf; print(tf.__version__)"],
+        env=env, capture_output=True, text=True,
+    )
+    if out.returncode != 0:
+        sys.exit(f"bazelw: {python} cannot import tensorflow:\n{out.stderr}")
+    return out.stdout.strip().splitlines()[-1]
+
+
+def output_base(python, tf_version):
+    cache = os.environ.get("SOK_GRAPH_CACHE", os.path.expanduser("~/.cache/sok_graph"))
+    key = hashlib.sha256(f"{REPO_ROOT}\0{python}\0{tf_version}".encode()).hexdigest()[:12]
+    return os.path.join(cache, "bazel", f"tf-{tf_version}-{key}")
+
+
+def bazel_command(args, python=None):
+    python = python or sys.executable
+    tf_version = tensorflow_version(python)
+    return [
+        "bazel",
+        f"--output_base={output_base(python, tf_version)}",
+        # Bazel's JVM is sized for big machines; this one has 2 cores.
+        "--host_jvm_args=-Xmx3g",
+    ] + args[:1] + [
+        # No bazel-* symlinks in the source tree: two TF versions would fight
+        # over them, and setuptools would wander into them.
+        "--symlink_prefix=/",
+        "--jobs=%d" % max(1, min(os.cpu_count() or 1, 4)),
+        "--local_test_jobs=%d" % max(1, (os.cpu_count() or 1)),
+    ] + args[1:], python
+
+
+def run(args, python=None, check=True):
+    cmd, python = bazel_command(args, python)
+    env = dict(os.environ, TF_PYTHON_BIN_PATH=python)
+    print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
+    proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env)
+    if check and proc.returncode != 0:
+        sys.exit(proc.returncode)
+    return proc.returncode
+
+
+def bazel_bin(python=None):
+    cmd, python = bazel_command(["info", "bazel-bin"], python)
+    env = dict(os.environ, TF_PYTHON_BIN_PATH=python)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True,
+                          capture_output=True, text=True).stdout.strip()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) < 2:
+        sys.exit(__doc__)
+    sys.exit(run(sys.argv[1:], check=False))

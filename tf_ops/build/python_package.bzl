@@ -1,0 +1,39 @@
+"""Stages the Python package as `pip install .` installs it, for Bazel tests."""
+
+def _stage(ctx, src, dest):
+    out = ctx.actions.declare_file(ctx.label.name + "/" + dest)
+    ctx.actions.symlink(output = out, target_file = src)
+    return out
+
+def _staged_python_package_impl(ctx):
+    outputs = []
+    for f in ctx.files.package_srcs + ctx.files.extra_packages:
+        outputs.append(_stage(ctx, f, f.short_path))
+    for f in ctx.files.compat_srcs:
+        # compat/ is installed as sok_graph.compat (see setup.py).
+        outputs.append(_stage(ctx, f, "sok_graph/" + f.short_path))
+    outputs.append(_stage(ctx, ctx.file.library, "sok_graph/" + ctx.file.library.basename))
+    return [DefaultInfo(files = depset(outputs), runfiles = ctx.runfiles(files = outputs))]
+
+staged_python_package = rule(
+    implementation = _staged_python_package_impl,
+    attrs = {
+        "package_srcs": attr.label_list(allow_files = [".py"]),
+        "compat_srcs": attr.label_list(allow_files = [".py"]),
+        "extra_packages": attr.label_list(allow_files = [".py"]),
+        "library": attr.label(allow_single_file = True),
+    },
+)
+
+def sok_py_tests(srcs, data = []):
+    """One py_test per pytest file; each runs pytest on the staged package."""
+    for src in srcs:
+        native.py_test(
+            name = src[:-len(".py")].replace("/", "_"),
+            srcs = ["bazel_pytest.py", src],
+            main = "bazel_pytest.py",
+            args = [src],
+            data = data + ["//:sok_graph_site"],
+            python_version = "PY3",
+            size = "large",
+        )

@@ -1,0 +1,32 @@
+// The CUDA stream of the op being run, for passing to C launchers. Only GPU
+// OpKernels include this; their .cc files are compiled when the build found a
+// CUDA toolkit.
+#ifndef SOK_GRAPH_TF_OPS_COMMON_GPU_STREAM_H_
+#define SOK_GRAPH_TF_OPS_COMMON_GPU_STREAM_H_
+
+#include "tensorflow/core/framework/device_base.h"
+#include "tensorflow/core/framework/op_kernel.h"
+
+// The stream executor moved from tensorflow/ (1.x) to tensorflow/compiler/xla
+// (2.x) to xla/ (2.15 onwards).
+#if __has_include("xla/stream_executor/stream.h")
+#include "xla/stream_executor/stream.h"
+#elif __has_include("tensorflow/compiler/xla/stream_executor/stream.h")
+#include "tensorflow/compiler/xla/stream_executor/stream.h"
+#else
+#include "tensorflow/stream_executor/stream.h"
+#endif
+
+namespace sok_graph {
+
+// A cudaStream_t as void*, or nullptr (the default stream) when the op has no
+// device context.
+inline void* GpuStreamOf(::tensorflow::OpKernelContext* ctx) {
+  ::tensorflow::DeviceContext* dc = ctx->op_device_context();
+  if (dc == nullptr || dc->stream() == nullptr) return nullptr;
+  return dc->stream()->platform_specific_handle().stream;
+}
+
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_TF_OPS_COMMON_GPU_STREAM_H_

@@ -1,0 +1,53 @@
+// Spellings that differ between the TensorFlow versions sok_graph builds
+// against (1.15 as C++14, 2.15 and 2.21 as C++17). Kernels use these instead
+// of version checks of their own.
+#ifndef SOK_GRAPH_TF_OPS_COMMON_TF_COMPAT_H_
+#define SOK_GRAPH_TF_OPS_COMMON_TF_COMPAT_H_
+
+#include <cstdint>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/lib/core/errors.h"
+#include "tensorflow/core/public/version.h"
+
+namespace sok_graph {
+
+#if TF_MAJOR_VERSION < 2
+// TF 1.x registers int64 tensors as `long long`; int64_t is `long` there.
+using TfInt64 = ::tensorflow::int64;
+#else
+using TfInt64 = int64_t;
+#endif
+
+// The OK status: a default-constructed Status in every version
+// (Status::OK() is gone in 2.x, OkStatus() does not exist in 1.x).
+inline ::tensorflow::Status OkStatus() { return ::tensorflow::Status(); }
+
+// Maps the C++ index type a kernel is templated on to the type TensorFlow
+// uses for that dtype's tensors.
+template <typename T>
+struct TfIndex {
+  using type = T;
+};
+template <>
+struct TfIndex<int64_t> {
+  using type = TfInt64;
+};
+
+// Runs fn(begin, end) over [0, total) on the op's intra-op thread pool.
+// `cost_per_unit` is a rough count of cycles for one unit of work.
+template <typename Fn>
+void ParallelFor(::tensorflow::OpKernelContext* ctx, int64_t total, int64_t cost_per_unit,
+                 Fn&& fn) {
+  if (total <= 0) return;
+  auto* pool = ctx->device()->tensorflow_cpu_worker_threads()->workers;
+  pool->ParallelFor(static_cast<TfInt64>(total), static_cast<TfInt64>(cost_per_unit),
+                    [&fn](TfInt64 begin, TfInt64 end) {
+                      fn(static_cast<int64_t>(begin), static_cast<int64_t>(end));
+                    });
+}
+
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_TF_OPS_COMMON_TF_COMPAT_H_

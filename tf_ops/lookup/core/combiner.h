@@ -1,0 +1,112 @@
+// Per-sample combination of embedding rows (sum / mean / sqrtn, optional
+// per-id weights, optional max_norm clipping) and its gradient, with the
+// semantics of tf.nn.embedding_lookup_sparse. TF-independent; C++14.
+#ifndef SOK_GRAPH_TF_OPS_LOOKUP_CORE_COMBINER_H_
+#define SOK_GRAPH_TF_OPS_LOOKUP_CORE_COMBINER_H_
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace sok_graph {
+namespace core {
+
+enum class Combiner { kSum, kMean, kSqrtn };
+
+inline bool ParseCombiner(const std::string& name, Combiner* out) {
+  if (name == "sum") {
+    *out = Combiner::kSum;
+  } else if (name == "mean") {
+    *out = Combiner::kMean;
+  } else if (name == "sqrtn") {
+    *out = Combiner::kSqrtn;
+  } else {
+    return false;
+  }
+  return true;
+}
+
+// The factor that turns a sample's weighted sum of rows into its output:
+// 1, 1 / sum(w), or 1 / sqrt(sum(w^2)). A sample with no ids (or weights that
+// sum to zero) gets 0, so its output is a zero row rather than NaN.
+inline float CombinerScale(Combiner c, float weight_sum, float weight_sq_sum) {
+  switch (c) {
+    case Combiner::kSum:
+      return 1.0f;
+    case Combiner::kMean:
+      return weight_sum != 0.0f ? 1.0f / weight_sum : 0.0f;
+    case Combiner::kSqrtn:
+      return weight_sq_sum > 0.0f ? 1.0f / std::sqrt(weight_sq_sum) : 0.0f;
+  }
+  return 0.0f;
+}
+
+// tf.clip_by_norm's factor for one row: max_norm / max(||row||, max_norm).
+// max_norm <= 0 means no clipping.
+template <typename T>
+float MaxNormScale(const T* row, int64_t dim, float max_norm) {
+  if (max_norm <= 0.0f) return 1.0f;
+  float sq = 0.0f;
+  for (int64_t d = 0; d < dim; ++d) {
+    const float v = static_cast<float>(row[d]);
+    sq += v * v;
+  }
+  const float norm = std::sqrt(sq);
+  return norm > max_norm ? max_norm / norm : 1.0f;
+}
+
+// Gradient through the clip, in place: for y = x * m / ||x|| (when ||x|| > m)
+// dL/dx = (m / ||x||) * (g - x * (x . g) / ||x||^2); identity otherwise.
+template <typename T>
+void MaxNormBackward(const T* row, int64_t dim, float max_norm, float* grad) {
+  if (max_norm <= 0.0f) return;
+  float sq = 0.0f, dot = 0.0f;
+  for (int64_t d = 0; d < dim; ++d) {
+    const float v = static_cast<float>(row[d]);
+    sq += v * v;
+    dot += v * grad[d];
+  }
+  const float norm = std::sqrt(sq);
+  if (!(norm > max_norm)) return;
+  const float scale = max_norm / norm;
+  const float proj = dot / sq;
+  for (int64_t d = 0; d < dim; ++d) {
+    grad[d] = scale * (grad[d] - static_cast<float>(row[d]) * proj);
+  }
+}
+
+// What is wrong with a row_splits vector, if anything.
+struct SplitsProblem {
+  enum Kind { kNone, kFirstNotZero, kDecreasing, kLastNotNnz };
+  Kind kind = kNone;
+  int64_t position = -1;  // index into row_splits
+};
+
+// row_splits must start at 0, never decrease, and end at nnz.
+template <typename S>
+SplitsProblem CheckRowSplits(const S* splits, int64_t num_splits, int64_t nnz) {
+  SplitsProblem p;
+  if (num_splits == 0) return p;  // shape checks reject this before
+  if (splits[0] != 0) {
+    p.kind = SplitsProblem::kFirstNotZero;
+    p.position = 0;
+    return p;
+  }
+  for (int64_t i = 1; i < num_splits; ++i) {
+    if (splits[i] < splits[i - 1]) {
+      p.kind = SplitsProblem::kDecreasing;
+      p.position = i;
+      return p;
+    }
+  }
+  if (static_cast<int64_t>(splits[num_splits - 1]) != nnz) {
+    p.kind = SplitsProblem::kLastNotNnz;
+    p.position = num_splits - 1;
+  }
+  return p;
+}
+
+}  // namespace core
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_TF_OPS_LOOKUP_CORE_COMBINER_H_

@@ -1,0 +1,308 @@
+// CPU kernels of the fused lookup: validation, allocation and threading
+// around the numeric code in tf_ops/lookup/core/lookup.h.
+#include <algorithm>
+#include <atomic>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/register_types.h"
+#include "tf_ops/common/tf_compat.h"
+#include "tf_ops/lookup/core/lookup.h"
+
+namespace sok_graph {
+namespace {
+
+using ::tensorflow::OpInputList;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::OpOutputList;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+// Runs fn(table, begin, end) over per-table work counts as one parallel loop,
+// so N small tables still keep every thread busy.
+template <typename Fn>
+void ForEachAcrossTables(OpKernelContext* ctx, const std::vector<int64_t>& counts,
+                         int64_t cost_per_unit, Fn&& fn) {
+  std::vector<int64_t> offsets(counts.size() + 1, 0);
+  for (size_t t = 0; t < counts.size(); ++t) offsets[t + 1] = offsets[t] + counts[t];
+  ParallelFor(ctx, offsets.back(), cost_per_unit, [&](int64_t begin, int64_t end) {
+    size_t t = std::upper_bound(offsets.begin(), offsets.end(), begin) - offsets.begin() - 1;
+    while (begin < end) {
+      const int64_t stop = std::min(end, offsets[t + 1]);
+      if (stop > begin) fn(t, begin - offsets[t], stop - offsets[t]);
+      begin = stop;
+      ++t;
+    }
+  });
+}
+
+// Lowers `slot` to `value` if smaller (first bad position wins, whatever the
+// thread order).
+void AtomicMin(std::atomic<int64_t>* slot, int64_t value) {
+  int64_t seen = slot->load();
+  while (value < seen && !slot->compare_exchange_weak(seen, value)) {
+  }
+}
+
+template <typename T, typename K>
+class FusedLookupBase : public OpKernel {
+ public:
+  explicit FusedLookupBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+    std::vector<std::string> combiners;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &combiners));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("weighted", &weighted_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_norms", &max_norms_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
+    OP_REQUIRES(ctx,
+                static_cast<int>(combiners.size()) == num_tables_ &&
+                    static_cast<int>(weighted_.size()) == num_tables_ &&
+                    static_cast<int>(max_norms_.size()) == num_tables_ &&
+                    (names_.empty() || static_cast<int>(names_.size()) == num_tables_),
+                errors::InvalidArgument("combiners, weighted, max_norms and table_names must ",
+                                        "each have num_tables=", num_tables_, " entries"));
+    combiners_.resize(num_tables_);
+    for (int t = 0; t < num_tables_; ++t) {
+      OP_REQUIRES(ctx, core::ParseCombiner(combiners[t], &combiners_[t]),
+                  errors::InvalidArgument("combiners[", t, "] must be one of 'sum', 'mean', ",
+                                          "'sqrtn'; got '", combiners[t], "'"));
+    }
+  }
+
+ protected:
+  std::string TableName(int t) const {
+    if (names_.empty()) return "table " + std::to_string(t);
+    return "table '" + names_[t] + "' (table " + std::to_string(t) + ")";
+  }
+
+  // Checks the inputs of every table and describes them as TableViews.
+  Status ReadTables(OpKernelContext* ctx, std::vector<core::TableView<T, K>>* views,
+                    std::vector<int64_t>* nnz) {
+    OpInputList params, ids, splits, weights;
+    TF_RETURN_IF_ERROR(ctx->input_list("params", &params));
+    TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
+    TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
+    TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
+    views->assign(num_tables_, core::TableView<T, K>());
+    nnz->assign(num_tables_, 0);
+    for (int t = 0; t < num_tables_; ++t) {
+      const Tensor& p = params[t];
+      const Tensor& i = ids[t];
+      const Tensor& s = splits[t];
+      const Tensor& w = weights[t];
+      if (p.dims() != 2) {
+        return errors::InvalidArgument("params of ", TableName(t), " must be a matrix [rows, ",
+                                       "dim]; got shape ", p.shape().DebugString());
+      }
+      if (i.dims() != 1) {
+        return errors::InvalidArgument("ids of ", TableName(t), " must be a vector; got ",
+                                       "shape ", i.shape().DebugString());
+      }
+      if (s.dims() != 1 || s.NumElements() < 1) {
+        return errors::InvalidArgument("row_splits of ", TableName(t), " must be a vector of ",
+                                       "batch + 1 >= 1 entries; got shape ",
+                                       s.shape().DebugString());
+      }
+      if (w.dims() != 1 || (weighted_[t] && w.NumElements() != i.NumElements())) {
+        return errors::InvalidArgument("weights of ", TableName(t), " must be a vector with ",
+                                       "one weight per id (", i.NumElements(), "); got shape ",
+                                       w.shape().DebugString());
+      }
+      core::TableView<T, K>& v = (*views)[t];
+      v.params = p.flat<T>().data();
+      v.rows = p.dim_size(0);
+      v.dim = p.dim_size(1);
+      v.ids = i.flat<K>().data();
+      v.row_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
+      v.batch = s.NumElements() - 1;
+      v.weights = weighted_[t] ? w.flat<T>().data() : nullptr;
+      v.combiner = combiners_[t];
+      v.max_norm = max_norms_[t];
+      (*nnz)[t] = i.NumElements();
+
+      const core::SplitsProblem problem = core::CheckRowSplits(v.row_splits, v.batch + 1,
+                                                               (*nnz)[t]);
+      if (problem.kind != core::SplitsProblem::kNone) {
+        const int64_t k = problem.position;
+        std::string got = "row_splits[" + std::to_string(k) + "]=" +
+                          std::to_string(v.row_splits[k]);
+        if (problem.kind == core::SplitsProblem::kDecreasing) {
+          got += " after row_splits[" + std::to_string(k - 1) +
+                 "]=" + std::to_string(v.row_splits[k - 1]);
+        }
+        return errors::InvalidArgument("row_splits of ", TableName(t), " must start at 0, ",
+                                       "never decrease and end at the number of ids (",
+                                       (*nnz)[t], "); got ", got);
+      }
+    }
+    return CheckIds(ctx, *views, *nnz);
+  }
+
+  // Every id must name a row of its table: one parallel pass over all ids.
+  Status CheckIds(OpKernelContext* ctx, const std::vector<core::TableView<T, K>>& views,
+                  const std::vector<int64_t>& nnz) {
+    std::vector<std::atomic<int64_t>> first_bad(num_tables_);
+    for (auto& b : first_bad) b.store(kNoProblem);
+    ForEachAcrossTables(ctx, nnz, 4, [&](size_t t, int64_t begin, int64_t end) {
+      const int64_t bad = core::FirstBadId(views[t], begin, end);
+      if (bad >= 0) AtomicMin(&first_bad[t], bad);
+    });
+    for (int t = 0; t < num_tables_; ++t) {
+      const int64_t j = first_bad[t].load();
+      if (j == kNoProblem) continue;
+      return errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ", views[t].rows,
+                                     ") (the table's rows); got ",
+                                     static_cast<int64_t>(views[t].ids[j]), " at position ", j);
+    }
+    return OkStatus();
+  }
+
+  static constexpr int64_t kNoProblem = INT64_MAX;
+  int num_tables_ = 0;
+  std::vector<core::Combiner> combiners_;
+  std::vector<bool> weighted_;
+  std::vector<float> max_norms_;
+  std::vector<std::string> names_;
+};
+
+// Rough cost of one unit of work, in cycles, for the thread pool's sharding.
+int64_t CostPerSample(const std::vector<int64_t>& nnz, const std::vector<int64_t>& batch,
+                      int64_t max_dim) {
+  int64_t total_nnz = 0, total_batch = 0;
+  for (size_t t = 0; t < nnz.size(); ++t) {
+    total_nnz += nnz[t];
+    total_batch += batch[t];
+  }
+  const int64_t per_sample = total_batch > 0 ? (total_nnz + total_batch - 1) / total_batch : 1;
+  return std::max<int64_t>(1, per_sample) * (max_dim + 8) * 2;
+}
+
+template <typename T, typename K>
+class FusedLookupOp : public FusedLookupBase<T, K> {
+ public:
+  using FusedLookupBase<T, K>::FusedLookupBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    std::vector<core::TableView<T, K>> views;
+    std::vector<int64_t> nnz;
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &views, &nnz));
+    OpOutputList outputs;
+    OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
+    std::vector<T*> out(views.size());
+    std::vector<int64_t> batch(views.size());
+    int64_t max_dim = 1;
+    for (size_t t = 0; t < views.size(); ++t) {
+      Tensor* o = nullptr;
+      OP_REQUIRES_OK(ctx, outputs.allocate(t, TensorShape({views[t].batch, views[t].dim}), &o));
+      out[t] = o->flat<T>().data();
+      batch[t] = views[t].batch;
+      max_dim = std::max(max_dim, views[t].dim);
+    }
+    ForEachAcrossTables(ctx, batch, CostPerSample(nnz, batch, max_dim),
+                        [&](size_t t, int64_t b0, int64_t b1) {
+                          std::vector<float> acc(static_cast<size_t>(views[t].dim) + 1);
+                          core::LookupForward(views[t], b0, b1, out[t], acc.data());
+                        });
+  }
+};
+
+template <typename T, typename K>
+class FusedLookupGradOp : public FusedLookupBase<T, K> {
+ public:
+  using FusedLookupBase<T, K>::FusedLookupBase;
+
+  void Compute(OpKernelContext* ctx) override {
+    std::vector<core::TableView<T, K>> views;
+    std::vector<int64_t> nnz;
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &views, &nnz));
+    const int n = this->num_tables_;
+    OpInputList grads_in;
+    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads_in));
+    std::vector<const T*> grads(n);
+    std::vector<int64_t> batch(n);
+    int64_t max_dim = 1;
+    for (int t = 0; t < n; ++t) {
+      const Tensor& g = grads_in[t];
+      OP_REQUIRES(ctx,
+                  g.dims() == 2 && g.dim_size(0) == views[t].batch &&
+                      g.dim_size(1) == views[t].dim,
+                  errors::InvalidArgument("grads of ", this->TableName(t), " must have shape [",
+                                          views[t].batch, ", ", views[t].dim,
+                                          "] (the embeddings' shape); got ",
+                                          g.shape().DebugString()));
+      grads[t] = g.flat<T>().data();
+      batch[t] = views[t].batch;
+      max_dim = std::max(max_dim, views[t].dim);
+    }
+
+    // Unique ids and occurrence groups: one table per unit of work.
+    std::vector<core::BackwardPlan<K>> plans(n);
+    int64_t total_nnz = 0;
+    for (int64_t c : nnz) total_nnz += c;
+    ParallelFor(ctx, n, 60 * (total_nnz / std::max(n, 1) + 1), [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) core::PlanBackward(views[t], nnz[t], &plans[t]);
+    });
+
+    std::vector<std::vector<float>> scales(n);
+    for (int t = 0; t < n; ++t) scales[t].resize(static_cast<size_t>(batch[t]));
+    ForEachAcrossTables(ctx, batch, CostPerSample(nnz, batch, 1),
+                        [&](size_t t, int64_t b0, int64_t b1) {
+                          core::SampleScales(views[t], b0, b1, scales[t].data());
+                        });
+
+    OpOutputList unique_out, rows_out;
+    OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
+    OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
+    std::vector<T*> rows(n);
+    std::vector<int64_t> num_unique(n);
+    for (int t = 0; t < n; ++t) {
+      num_unique[t] = static_cast<int64_t>(plans[t].unique_ids.size());
+      Tensor* u = nullptr;
+      Tensor* r = nullptr;
+      OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({num_unique[t]}), &u));
+      OP_REQUIRES_OK(ctx,
+                     rows_out.allocate(t, TensorShape({num_unique[t], views[t].dim}), &r));
+      std::copy(plans[t].unique_ids.begin(), plans[t].unique_ids.end(), u->flat<K>().data());
+      rows[t] = r->flat<T>().data();
+    }
+    int64_t total_unique = 0;
+    for (int64_t c : num_unique) total_unique += c;
+    const int64_t per_unique = total_unique > 0 ? total_nnz / total_unique + 1 : 1;
+    ForEachAcrossTables(ctx, num_unique, per_unique * (max_dim + 8) * 2,
+                        [&](size_t t, int64_t u0, int64_t u1) {
+                          std::vector<float> acc(static_cast<size_t>(views[t].dim) + 1);
+                          core::LookupBackward(views[t], plans[t], scales[t].data(), grads[t],
+                                               u0, u1, rows[t], acc.data());
+                        });
+  }
+};
+
+#define SOK_REGISTER_LOOKUP(T, K)                                          \
+  REGISTER_KERNEL_BUILDER(Name("SokFusedLookup")                           \
+                              .Device(::tensorflow::DEVICE_CPU)            \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<K>("Tindices"),              \
+                          FusedLookupOp<T, K>);                            \
+  REGISTER_KERNEL_BUILDER(Name("SokFusedLookupGrad")                       \
+                              .Device(::tensorflow::DEVICE_CPU)            \
+                              .TypeConstraint<T>("T")                      \
+                              .TypeConstraint<K>("Tindices"),              \
+                          FusedLookupGradOp<T, K>);
+
+#define SOK_REGISTER_LOOKUP_ALL_INDICES(T) \
+  SOK_REGISTER_LOOKUP(T, int32_t) SOK_REGISTER_LOOKUP(T, TfInt64)
+
+SOK_REGISTER_LOOKUP_ALL_INDICES(float)
+SOK_REGISTER_LOOKUP_ALL_INDICES(Eigen::half)
+SOK_REGISTER_LOOKUP_ALL_INDICES(::tensorflow::bfloat16)
+
+#undef SOK_REGISTER_LOOKUP_ALL_INDICES
+#undef SOK_REGISTER_LOOKUP
+
+}  // namespace
+}  // namespace sok_graph

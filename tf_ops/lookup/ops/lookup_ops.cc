@@ -1,0 +1,140 @@
+// Fused multi-table embedding lookup: one op for N tables.
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tf_ops/common/tf_compat.h"
+#include "tf_ops/lookup/core/combiner.h"
+
+namespace sok_graph {
+namespace {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+// Checks the per-table attributes against num_tables; shared by forward and
+// backward so both reject the same graphs at construction time.
+Status CheckTableAttrs(InferenceContext* c, int num_tables) {
+  std::vector<std::string> combiners;
+  std::vector<bool> weighted;
+  std::vector<float> max_norms;
+  std::vector<std::string> names;
+  TF_RETURN_IF_ERROR(c->GetAttr("combiners", &combiners));
+  TF_RETURN_IF_ERROR(c->GetAttr("weighted", &weighted));
+  TF_RETURN_IF_ERROR(c->GetAttr("max_norms", &max_norms));
+  TF_RETURN_IF_ERROR(c->GetAttr("table_names", &names));
+  if (static_cast<int>(combiners.size()) != num_tables ||
+      static_cast<int>(weighted.size()) != num_tables ||
+      static_cast<int>(max_norms.size()) != num_tables ||
+      (!names.empty() && static_cast<int>(names.size()) != num_tables)) {
+    return ::tensorflow::errors::InvalidArgument(
+        "combiners, weighted, max_norms and table_names must each have num_tables=", num_tables,
+        " entries; got ", combiners.size(), ", ", weighted.size(), ", ", max_norms.size(), ", ",
+        names.size());
+  }
+  for (int t = 0; t < num_tables; ++t) {
+    core::Combiner parsed;
+    if (!core::ParseCombiner(combiners[t], &parsed)) {
+      return ::tensorflow::errors::InvalidArgument("combiners[", t, "] must be one of 'sum', ",
+                                                   "'mean', 'sqrtn'; got '", combiners[t], "'");
+    }
+  }
+  return OkStatus();
+}
+
+// Output t is [batch_t, dim_t] with batch_t = len(row_splits[t]) - 1.
+Status LookupShape(InferenceContext* c) {
+  int n = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  TF_RETURN_IF_ERROR(CheckTableAttrs(c, n));
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle params, ids, splits, weights;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &params));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 1, &ids));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + t), 1, &splits));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(3 * n + t), 1, &weights));
+    ::tensorflow::shape_inference::DimensionHandle batch;
+    TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
+    c->set_output(t, c->Matrix(batch, c->Dim(params, 1)));
+  }
+  return OkStatus();
+}
+
+// unique_ids[t] is [num_unique_t]; grad_rows[t] is [num_unique_t, dim_t].
+Status LookupGradShape(InferenceContext* c) {
+  int n = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  TF_RETURN_IF_ERROR(CheckTableAttrs(c, n));
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle params, grads;
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &params));
+    TF_RETURN_IF_ERROR(c->WithRank(c->input(4 * n + t), 2, &grads));
+    auto unique = c->UnknownDim();
+    c->set_output(t, c->Vector(unique));
+    c->set_output(n + t, c->Matrix(unique, c->Dim(params, 1)));
+  }
+  return OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("SokFusedLookup")
+    .Input("params: num_tables * T")
+    .Input("ids: num_tables * Tindices")
+    .Input("row_splits: num_tables * int64")
+    .Input("weights: num_tables * T")
+    .Output("embeddings: num_tables * T")
+    .Attr("num_tables: int >= 1")
+    .Attr("combiners: list(string)")
+    .Attr("weighted: list(bool)")
+    .Attr("max_norms: list(float)")
+    .Attr("table_names: list(string) = []")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("Tindices: {int32, int64}")
+    .SetShapeFn(LookupShape)
+    .Doc(R"doc(
+Looks up and combines embedding rows of several tables in one op.
+
+For table t and sample b, with ids j in [row_splits[t][b], row_splits[t][b+1]):
+  embeddings[t][b] = combine_j(weights[t][j] * clip(params[t][ids[t][j]]))
+as tf.nn.embedding_lookup_sparse computes it. A sample with no ids gives a
+zero row.
+
+params: tables, each [rows, dim].
+ids: row ids, each [nnz]; must lie in [0, rows).
+row_splits: ragged row partitions, each [batch + 1].
+weights: per-id weights [nnz] where weighted[t], else ignored (pass [0]).
+combiners: per table, "sum", "mean" or "sqrtn".
+max_norms: per table; rows whose L2 norm exceeds it are scaled down to it
+  before combining. <= 0 disables clipping.
+table_names: names used in error messages.
+)doc");
+
+REGISTER_OP("SokFusedLookupGrad")
+    .Input("params: num_tables * T")
+    .Input("ids: num_tables * Tindices")
+    .Input("row_splits: num_tables * int64")
+    .Input("weights: num_tables * T")
+    .Input("grads: num_tables * T")
+    .Output("unique_ids: num_tables * Tindices")
+    .Output("grad_rows: num_tables * T")
+    .Attr("num_tables: int >= 1")
+    .Attr("combiners: list(string)")
+    .Attr("weighted: list(bool)")
+    .Attr("max_norms: list(float)")
+    .Attr("table_names: list(string) = []")
+    .Attr("T: {float, half, bfloat16}")
+    .Attr("Tindices: {int32, int64}")
+    .SetShapeFn(LookupGradShape)
+    .Doc(R"doc(
+Gradient of SokFusedLookup with respect to params, as sparse rows.
+
+unique_ids[t] lists each id of table t once (in order of first appearance);
+grad_rows[t][u] is the summed gradient of the row unique_ids[t][u]. Together
+they form an IndexedSlices with no duplicate indices.
+)doc");
+
+}  // namespace sok_graph
