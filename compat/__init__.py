@@ -1,0 +1,95 @@
+"""The TensorFlow-version layer, installed as ``sok_graph.compat``.
+
+sok_graph supports TensorFlow 2.15 (Keras 2, ``tf.estimator``) and the newest
+TensorFlow (Keras 3), and keeps graph-mode code on ``tf.compat.v1`` so that it
+stays valid on TF 1.15. Every place that would otherwise test a version asks
+this module instead; nothing else in the package compares version numbers.
+"""
+
+import os
+
+import tensorflow as tf
+
+from ._keras import (  # noqa: F401  (re-exported)
+    KERAS_MAJOR_VERSION,
+    is_keras_optimizer,
+    is_optimizer,
+    is_tf1_optimizer,
+    keras_optimizer_classes,
+)
+
+
+def _parse_version(text):
+    parts = []
+    for piece in text.split(".")[:3]:
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        parts.append(int(digits) if digits else 0)
+    while len(parts) < 3:
+        parts.append(0)
+    return tuple(parts)
+
+
+TF_VERSION_STRING = tf.__version__
+TF_VERSION = _parse_version(TF_VERSION_STRING)
+IS_TF1 = TF_VERSION[0] < 2
+
+# IndexedSlices moved from tensorflow.python.framework.ops (1.x) to
+# tensorflow.python.framework.indexed_slices (2.5+); the public name is stable.
+IndexedSlices = tf.IndexedSlices
+
+
+def executing_eagerly():
+    """True in TF2 eager code, False in graph mode and inside tf.function."""
+    return tf.executing_eagerly()
+
+
+def in_graph_mode():
+    """True while building a graph: TF1-style sessions and tf.function tracing."""
+    return not tf.executing_eagerly()
+
+
+def inside_tf_function():
+    """True while tracing a tf.function (a graph that is not a TF1 session graph)."""
+    if tf.executing_eagerly():
+        return False
+    graph = tf.compat.v1.get_default_graph()
+    return getattr(graph, "building_function", False)
+
+
+def v1_graph_mode():
+    """True in TF1-style graph mode (``disable_eager_execution`` or TF 1.x)."""
+    return not tf.executing_eagerly() and not inside_tf_function()
+
+
+def has_estimator():
+    """Whether this TensorFlow ships ``tf.estimator`` (removed after 2.15)."""
+    return estimator_module() is not None
+
+
+def estimator_module():
+    """``tf.estimator`` where it exists, else None."""
+    try:
+        return tf.estimator  # attribute access triggers the lazy import
+    except (AttributeError, ImportError):
+        return None
+
+
+def register_gradient(op_type):
+    """Decorator registering a gradient function for a custom op type."""
+    return tf.RegisterGradient(op_type)
+
+
+def load_op_library(path):
+    return tf.load_op_library(path)
+
+
+def legacy_keras_requested():
+    """TF_USE_LEGACY_KERAS=1 selects Keras 2 (tf-keras) on TF >= 2.16."""
+    return os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() in ("1", "true", "yes")
+
+
+def resource_variable_class():
+    """The class behind TF2 ``tf.Variable`` objects, for subclassing."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    return resource_variable_ops.ResourceVariable

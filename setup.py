@@ -1,0 +1,60 @@
+"""pip install . — builds libsok_ops.so with Bazel for the TensorFlow of the
+Python that runs pip, then installs sok_graph (with compat/ as
+sok_graph.compat) and the sparse_operation_kit import name."""
+
+import os
+import shutil
+import subprocess
+import sys
+
+from setuptools import Distribution, find_packages, setup
+from setuptools.command.build_py import build_py
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "tf_ops", "build"))
+import bazelw  # noqa: E402
+
+
+class BuildWithBazel(build_py):
+    """Runs `bazel build //:sok_ops` and puts the library into the package."""
+
+    def run(self):
+        super().run()
+        try:
+            import tensorflow  # noqa: F401
+        except ImportError:
+            sys.exit("sok_graph builds its ops for the TensorFlow of the installing Python, "
+                     "but this Python cannot import tensorflow. Install tensorflow first, then "
+                     "install sok_graph with: pip install --no-build-isolation .")
+        if shutil.which("bazel") is None:
+            sys.exit("sok_graph needs Bazel to build its ops: run scripts/setup_env.sh "
+                     "(installs Debian's bazel-bootstrap) or apt-get install bazel-bootstrap")
+        bazelw.run(["build", "//:sok_ops"])
+        library = os.path.join(bazelw.bazel_bin(), "tf_ops", "libsok_ops.so")
+        dest = os.path.join(self.build_lib, "sok_graph", "libsok_ops.so")
+        os.makedirs(os.path.dirname(dest), exist_ok=True)
+        if os.path.exists(dest):
+            os.chmod(dest, 0o755)
+        shutil.copyfile(library, dest)
+        os.chmod(dest, 0o755)
+
+
+class BinaryDistribution(Distribution):
+    """The wheel carries a compiled library: tag it for this platform."""
+
+    def has_ext_modules(self):
+        return True
+
+
+setup(
+    name="sok_graph",
+    version="0.1.0",
+    description="Model-parallel, fused and dynamic embeddings for TensorFlow (SOK-compatible API)",
+    packages=find_packages(include=["sok_graph", "sok_graph.*", "sparse_operation_kit"])
+    + ["sok_graph.compat"],
+    package_dir={"sok_graph.compat": "compat"},
+    python_requires=">=3.7",
+    cmdclass={"build_py": BuildWithBazel},
+    distclass=BinaryDistribution,
+    zip_safe=False,
+)

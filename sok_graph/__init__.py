@@ -1,0 +1,16 @@
+"""sok_graph: model-parallel, fused and dynamic embeddings for TensorFlow.
+
+    import sok_graph as sok          # or: import sparse_operation_kit as sok
+    sok.init()
+    table = sok.Variable(tf.random.normal([100000, 16]))
+    emb = sok.lookup_sparse([table], [ragged_ids], combiners=["mean"])
+"""
+
+__version__ = "0.1.0"
+
+from sok_graph import compat  # noqa: F401  (the TF-version layer)
+from sok_graph.context import init
+from sok_graph.distributed_variable import Variable
+from sok_graph.lookup import lookup_sparse
+
+__all__ = ["init", "Variable", "lookup_sparse", "__version__"]

@@ -1,0 +1,79 @@
+"""Loads libsok_ops.so, once, and checks it was built for this TensorFlow.
+
+A library built for one TensorFlow version does not load in another (their
+C++ symbols differ), so before loading it the build stamp that the build
+embeds in the file is read and compared with the running TensorFlow.
+"""
+
+import os
+import re
+import threading
+
+import tensorflow as tf
+
+LIBRARY_NAME = "libsok_ops.so"
+REBUILD_COMMAND = "pip install --no-deps --force-reinstall <path to the sok_graph source>"
+
+_STAMP = re.compile(rb"SOK_GRAPH_BUILD_INFO\{([^}]*)\}")
+_lock = threading.Lock()
+_library = None
+
+
+class OpLibraryError(ImportError):
+    """libsok_ops.so is missing or was built for another TensorFlow."""
+
+
+def library_path():
+    """Where the op library is looked for: $SOK_GRAPH_OPS_LIBRARY, else next to
+    this file (where `pip install .` puts it)."""
+    return os.environ.get("SOK_GRAPH_OPS_LIBRARY") or os.path.join(
+        os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME
+    )
+
+
+def read_build_info(path):
+    """The key=value pairs of the build stamp in `path` (e.g. tf_version, cuda)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    match = _STAMP.search(data)
+    if match is None:
+        raise OpLibraryError(f"{path} has no sok_graph build stamp; it is not a sok_graph op library")
+    info = {}
+    for item in match.group(1).decode().split(";"):
+        if "=" in item:
+            key, value = item.split("=", 1)
+            info[key] = value
+    return info
+
+
+def check_build(path):
+    """Raises OpLibraryError unless `path` exists and was built for the running TF."""
+    if not os.path.exists(path):
+        raise OpLibraryError(
+            f"sok_graph's op library is missing: {path} does not exist. Build and install "
+            f"the package for this TensorFlow with: {REBUILD_COMMAND}"
+        )
+    built_for = read_build_info(path).get("tf_version", "unknown")
+    if built_for != tf.__version__:
+        raise OpLibraryError(
+            f"{path} was built for TensorFlow {built_for}, but TensorFlow {tf.__version__} is "
+            f"running; a sok_graph build only loads in the TensorFlow it was built for. Rebuild "
+            f"it for this TensorFlow with: {REBUILD_COMMAND}"
+        )
+
+
+def load():
+    """The loaded op module (snake_case op functions such as sok_fused_lookup)."""
+    global _library
+    if _library is None:
+        with _lock:
+            if _library is None:
+                path = library_path()
+                check_build(path)
+                _library = tf.load_op_library(path)
+    return _library
+
+
+def built_with_cuda():
+    """Whether the library has CUDA kernels compiled in."""
+    return read_build_info(library_path()).get("cuda") == "1"

@@ -1,0 +1,91 @@
+"""`sok.Variable`: a static embedding table that behaves like a ``tf.Variable``.
+
+mode="distributed": global row i lives on worker i % N as local row i // N
+  (2 workers, 15 rows: worker 0 holds 8 rows, worker 1 holds 7).
+mode="localized:<rank>": the whole table lives on worker <rank>.
+
+The Python object holds this worker's shard; `global_shape` is the shape of
+the whole table. With one worker the shard is the whole table.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from sok_graph import compat, context
+
+_ResourceVariable = compat.resource_variable_class()
+
+
+def parse_mode(mode, world_size):
+    """("distributed", None) or ("localized", rank) from a mode string."""
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a string; got {mode!r}")
+    if mode == "distributed":
+        return "distributed", None
+    if mode.startswith("localized:"):
+        text = mode[len("localized:"):]
+        try:
+            rank = int(text)
+        except ValueError:
+            rank = None
+        if rank is None or not 0 <= rank < world_size:
+            raise ValueError(
+                f"mode={mode!r}: the rank after 'localized:' must be an integer in "
+                f"[0, {world_size}) (the number of workers)"
+            )
+        return "localized", rank
+    raise ValueError(
+        f"mode must be 'distributed' or 'localized:<rank>'; got {mode!r}"
+    )
+
+
+def shard_rows(global_rows, world_size, rank):
+    """Rows of a distributed table stored on `rank`: ceil((rows - rank) / N)."""
+    return max(0, (global_rows - rank + world_size - 1) // world_size)
+
+
+class Variable(_ResourceVariable):
+    """A sok embedding table: ``Variable(initial_value, mode="distributed", **tf.Variable kwargs)``.
+
+    initial_value: [rows, dim] of the whole table (or a callable giving it).
+    """
+
+    def __init__(self, initial_value=None, mode="distributed", *args, **kwargs):
+        comm = context.communicator("creating a sok.Variable")
+        self._sok_mode, self._sok_target_rank = parse_mode(mode, comm.world_size)
+        value = initial_value() if callable(initial_value) else initial_value
+        if value is None:
+            raise ValueError("initial_value must be given (a [rows, dim] array or tensor)")
+        shape = tuple(tf.TensorShape(np.shape(value) if not isinstance(value, tf.Tensor)
+                                     else value.shape).as_list())
+        if len(shape) != 2:
+            raise ValueError(
+                f"initial_value must be a [rows, dim] matrix; got shape {list(shape)}"
+            )
+        self._sok_global_shape = tf.TensorShape(shape)
+        if comm.world_size > 1:  # pragma: no cover - single worker for now
+            raise NotImplementedError("sharded sok.Variable needs a multi-worker communicator")
+        super().__init__(initial_value=value, *args, **kwargs)
+
+    @property
+    def mode(self):
+        return self._sok_mode if self._sok_target_rank is None else (
+            f"localized:{self._sok_target_rank}")
+
+    @property
+    def target_gpu(self):
+        """The worker holding a localized table; -1 for distributed ones (SOK's name)."""
+        return -1 if self._sok_target_rank is None else self._sok_target_rank
+
+    @property
+    def global_shape(self):
+        """Shape of the whole table across workers."""
+        return self._sok_global_shape
+
+    @property
+    def is_sok_variable(self):
+        return True
+
+
+def is_sok_variable(value):
+    return getattr(value, "is_sok_variable", False) is True

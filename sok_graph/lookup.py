@@ -1,0 +1,145 @@
+"""`lookup_sparse`: combined embeddings of many tables in one fused op.
+
+Same results as ``tf.nn.embedding_lookup_sparse`` applied to each table, with
+the tables' work done by one op and each table's gradient an IndexedSlices
+with unique indices.
+"""
+
+import tensorflow as tf
+
+from sok_graph import context
+from sok_graph.ops import lookup as lookup_ops
+
+_FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def _as_list(value, name, n):
+    if value is None:
+        return [None] * n
+    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    if len(items) != n:
+        raise ValueError(
+            f"{name} must have one entry per table ({n}); got {len(items)}"
+        )
+    return items
+
+
+def _ragged_parts(ids, index, what="sp_ids"):
+    """(values [nnz], row_splits [batch + 1] int64) of a 2-D SparseTensor or RaggedTensor."""
+    if isinstance(ids, tf.compat.v1.SparseTensorValue):
+        ids = tf.SparseTensor.from_value(ids)
+    if isinstance(ids, tf.SparseTensor):
+        if ids.shape.rank is not None and ids.shape.rank != 2:
+            raise ValueError(
+                f"{what}[{index}] must be a 2-D SparseTensor [batch, max_nnz]; got rank "
+                f"{ids.shape.rank}"
+            )
+        ids = tf.RaggedTensor.from_sparse(ids)
+    if isinstance(ids, tf.RaggedTensor):
+        if ids.ragged_rank != 1 or ids.flat_values.shape.rank != 1:
+            raise ValueError(
+                f"{what}[{index}] must be a 2-D RaggedTensor [batch, (nnz)]; got ragged "
+                f"rank {ids.ragged_rank} with values of rank {ids.flat_values.shape.rank}"
+            )
+        return ids.values, tf.cast(ids.row_splits, tf.int64)
+    raise TypeError(
+        f"{what}[{index}] must be a tf.SparseTensor or tf.RaggedTensor; got "
+        f"{type(ids).__name__}"
+    )
+
+
+def _table_name(param, index):
+    name = getattr(param, "name", None)
+    if not name:
+        return f"table_{index}"
+    return name[:-2] if name.endswith(":0") else name
+
+
+def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
+                  use_low_frequency_filter=False, max_norm=None, name=None):
+    """Embeddings of ragged ids, one fused op for all tables.
+
+    params:     a sok.Variable / tf.Variable / tensor [rows, dim], or a list of them
+    sp_ids:     per table, a SparseTensor [batch, max_nnz] or RaggedTensor
+                [batch, (nnz)] of int32/int64 row ids in [0, rows)
+    sp_weights: None, or per table None or a SparseTensor/RaggedTensor of
+                weights aligned with sp_ids (weights are not differentiated)
+    combiners:  per table "sum", "mean" (the default, as in SOK) or "sqrtn";
+                a single string applies to every table
+    max_norm:   None, a float, or per table None/float: rows whose L2 norm is
+                larger are scaled down to it before combining
+    returns:    per table a [batch, dim] tensor (a single tensor when params
+                is a single table). Samples with no ids give zero rows.
+    """
+    context.communicator("sok.lookup_sparse")
+    single = not isinstance(params, (list, tuple))
+    params = [params] if single else list(params)
+    n = len(params)
+    if n == 0:
+        raise ValueError("params must name at least one table; got an empty list")
+    if use_low_frequency_filter:
+        raise ValueError("use_low_frequency_filter=True is not supported by sok_graph")
+    if single and not isinstance(sp_ids, (list, tuple)):
+        sp_ids = [sp_ids]
+    sp_ids = _as_list(sp_ids, "sp_ids", n)
+    if sp_weights is not None and single and not isinstance(sp_weights, (list, tuple)):
+        sp_weights = [sp_weights]
+    sp_weights = _as_list(sp_weights, "sp_weights", n)
+    if combiners is None or isinstance(combiners, str):
+        combiners = [combiners or "mean"] * n
+    combiners = _as_list(combiners, "combiners", n)
+    for t, c in enumerate(combiners):
+        if c not in lookup_ops.COMBINERS:
+            raise ValueError(
+                f"combiners[{t}] must be one of {lookup_ops.COMBINERS}; got {c!r}"
+            )
+    if max_norm is None or isinstance(max_norm, (int, float)):
+        max_norm = [max_norm] * n
+    max_norm = _as_list(max_norm, "max_norm", n)
+
+    with tf.name_scope(name or "sok_lookup_sparse"):
+        tensors, names = [], []
+        for t, p in enumerate(params):
+            tensor = tf.convert_to_tensor(p)
+            if tensor.dtype not in _FLOAT_DTYPES:
+                raise TypeError(
+                    f"params[{t}] must be float32, float16 or bfloat16; got {tensor.dtype.name}"
+                )
+            if tensor.shape.rank is not None and tensor.shape.rank != 2:
+                raise ValueError(f"params[{t}] must be a [rows, dim] matrix; got shape "
+                                 f"{tensor.shape}")
+            tensors.append(tensor)
+            names.append(_table_name(p, t))
+        dtype = tensors[0].dtype
+        for t, tensor in enumerate(tensors):
+            if tensor.dtype != dtype:
+                raise TypeError(
+                    f"all tables must share one dtype; params[0] is {dtype.name}, params[{t}] "
+                    f"is {tensor.dtype.name}"
+                )
+
+        values, splits = [], []
+        for t, ids in enumerate(sp_ids):
+            v, s = _ragged_parts(ids, t)
+            if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
+                raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
+            values.append(v)
+            splits.append(s)
+        if len({v.dtype for v in values}) > 1:
+            values = [tf.cast(v, tf.int64) for v in values]
+
+        weights = []
+        for t, w in enumerate(sp_weights):
+            if w is None:
+                weights.append(None)
+                continue
+            wv, _ = _ragged_parts(w, t, "sp_weights")
+            if not wv.dtype.is_floating:
+                raise TypeError(f"sp_weights[{t}] must hold floats; got {wv.dtype.name}")
+            weights.append(tf.cast(wv, dtype))
+
+        out = lookup_ops.fused_lookup(
+            tensors, values, splits, weights=weights, combiners=combiners,
+            max_norms=max_norm, table_names=names,
+        )
+    return out[0] if single else list(out)

@@ -1,0 +1,31 @@
+"""Placement of ids over workers (tf_ops/dist).
+
+Distributed tables: global row i lives on worker i % world_size as local row
+i // world_size. Localized tables: all rows on one worker (``fixed_owner``).
+"""
+
+import collections
+
+from sok_graph import _ops
+
+Buckets = collections.namedtuple(
+    "Buckets", ["ids", "sizes", "permutation", "inverse_permutation"]
+)
+
+
+def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None):
+    """Groups ids [n] by owning worker, stable within a group.
+
+    Returns Buckets(ids=ids[permutation], sizes=[world_size] int64,
+    permutation, inverse_permutation); ``tf.gather(rows, inverse_permutation)``
+    puts rows fetched in bucket order back in input order.
+    """
+    out = _ops.load().sok_bucketize_by_owner(
+        ids, world_size=int(world_size), fixed_owner=int(fixed_owner), name=name
+    )
+    return Buckets(*out)
+
+
+def local_rows(ids, world_size, name=None):
+    """id // world_size: the row an id occupies in its owner's shard."""
+    return _ops.load().sok_local_rows(ids, world_size=int(world_size), name=name)

@@ -1,0 +1,79 @@
+"""The fused multi-table lookup op (tf_ops/lookup) and its gradient.
+
+Each table's gradient comes back as a ``tf.IndexedSlices`` whose indices are
+unique, so ``tf.GradientTape``, ``tf.gradients`` and optimizers treat it like
+the gradient of ``tf.gather`` but never see the same row twice.
+"""
+
+import tensorflow as tf
+
+from sok_graph import _ops
+from sok_graph.compat import IndexedSlices, register_gradient
+
+COMBINERS = ("sum", "mean", "sqrtn")
+
+
+def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norms=None,
+                 table_names=None, name=None):
+    """Combined embeddings of N tables in one op.
+
+    params:      N tensors [rows_t, dim_t] (float32, float16 or bfloat16; all alike)
+    ids:         N tensors [nnz_t] int32/int64, each in [0, rows_t)
+    row_splits:  N tensors [batch_t + 1] int64 (ragged row partition of ids)
+    weights:     None, or N entries each None or a [nnz_t] tensor of params' dtype
+    combiners:   N of "sum" / "mean" / "sqrtn"
+    max_norms:   None, or N entries each None or a float (clip rows to that L2 norm)
+    returns:     N tensors [batch_t, dim_t]
+    """
+    n = len(params)
+    dtype = params[0].dtype
+    weights = list(weights) if weights is not None else [None] * n
+    max_norms = list(max_norms) if max_norms is not None else [None] * n
+    weighted = [w is not None for w in weights]
+    weight_tensors = [
+        tf.zeros([0], dtype=dtype) if w is None else tf.cast(w, dtype) for w in weights
+    ]
+    return _ops.load().sok_fused_lookup(
+        params=list(params),
+        ids=list(ids),
+        row_splits=list(row_splits),
+        weights=weight_tensors,
+        combiners=list(combiners),
+        weighted=weighted,
+        max_norms=[float(m) if m is not None else 0.0 for m in max_norms],
+        table_names=list(table_names) if table_names is not None else [],
+        name=name,
+    )
+
+
+def _attrs(op):
+    return dict(
+        combiners=[c.decode() if isinstance(c, bytes) else c for c in op.get_attr("combiners")],
+        weighted=list(op.get_attr("weighted")),
+        max_norms=list(op.get_attr("max_norms")),
+        table_names=[c.decode() if isinstance(c, bytes) else c for c in op.get_attr("table_names")],
+    )
+
+
+@register_gradient("SokFusedLookup")
+def _fused_lookup_grad(op, *grads):
+    n = op.get_attr("num_tables")
+    params = op.inputs[:n]
+    grads = [
+        tf.zeros_like(op.outputs[t]) if g is None else g for t, g in enumerate(grads)
+    ]
+    unique_ids, grad_rows = _ops.load().sok_fused_lookup_grad(
+        params=list(params),
+        ids=list(op.inputs[n:2 * n]),
+        row_splits=list(op.inputs[2 * n:3 * n]),
+        weights=list(op.inputs[3 * n:4 * n]),
+        grads=grads,
+        **_attrs(op),
+    )
+    param_grads = [
+        IndexedSlices(grad_rows[t], unique_ids[t], tf.shape(params[t]))
+        for t in range(n)
+    ]
+    # ids, row_splits: integer inputs. weights: not differentiated (documented
+    # in sok_graph.lookup_sparse).
+    return param_grads + [None] * (3 * n)

@@ -1,0 +1,47 @@
+"""SOK's import name: ``import sparse_operation_kit as sok`` gives sok_graph.
+
+Submodules resolve to sok_graph's own module objects
+(``sparse_operation_kit.lookup is sok_graph.lookup``), so classes and state
+are shared, never duplicated.
+"""
+
+import importlib
+import importlib.abc
+import importlib.util
+import sys
+
+import sok_graph
+from sok_graph import *  # noqa: F401,F403
+from sok_graph import __all__, __version__  # noqa: F401
+
+_PREFIX = __name__ + "."
+
+
+class _AliasLoader(importlib.abc.Loader):
+    def __init__(self, target):
+        self._target = target
+
+    def create_module(self, spec):
+        return importlib.import_module(self._target)
+
+    def exec_module(self, module):
+        pass
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """Maps sparse_operation_kit.X to the already-imported sok_graph.X."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if not fullname.startswith(_PREFIX):
+            return None
+        target_name = "sok_graph." + fullname[len(_PREFIX):]
+        if importlib.util.find_spec(target_name) is None:
+            return None
+        return importlib.util.spec_from_loader(fullname, _AliasLoader(target_name))
+
+
+if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
+    sys.meta_path.insert(0, _AliasFinder())
+
+__path__ = []  # a package, so that submodule imports reach the finder
+del sok_graph
