@@ -29,14 +29,20 @@ class BuildWithBazel(build_py):
         if shutil.which("bazel") is None:
             sys.exit("sok_graph needs Bazel to build its ops: run scripts/setup_env.sh "
                      "(installs Debian's bazel-bootstrap) or apt-get install bazel-bootstrap")
-        bazelw.run(["build", "//:sok_ops"])
-        library = os.path.join(bazelw.bazel_bin(), "tf_ops", "libsok_ops.so")
-        dest = os.path.join(self.build_lib, "sok_graph", "libsok_ops.so")
-        os.makedirs(os.path.dirname(dest), exist_ok=True)
-        if os.path.exists(dest):
+        bazelw.run(["build", "//:sok_ops", "//tf_ops:cuda_kernel_library"])
+        built = os.path.join(bazelw.bazel_bin(), "tf_ops")
+        # libsok_cuda_kernels.so (the C launchers alone) exists only when the
+        # build found a CUDA toolkit.
+        for name in ("libsok_ops.so", "libsok_cuda_kernels.so"):
+            library = os.path.join(built, name)
+            dest = os.path.join(self.build_lib, "sok_graph", name)
+            if name != "libsok_ops.so" and not os.path.exists(library):
+                continue
+            os.makedirs(os.path.dirname(dest), exist_ok=True)
+            if os.path.exists(dest):
+                os.remove(dest)
+            shutil.copyfile(library, dest)
             os.chmod(dest, 0o755)
-        shutil.copyfile(library, dest)
-        os.chmod(dest, 0o755)
 
 
 class BinaryDistribution(Distribution):

@@ -12,7 +12,8 @@ def _staged_python_package_impl(ctx):
     for f in ctx.files.compat_srcs:
         # compat/ is installed as sok_graph.compat (see setup.py).
         outputs.append(_stage(ctx, f, "sok_graph/" + f.short_path))
-    outputs.append(_stage(ctx, ctx.file.library, "sok_graph/" + ctx.file.library.basename))
+    for f in ctx.files.libraries:
+        outputs.append(_stage(ctx, f, "sok_graph/" + f.basename))
     return [DefaultInfo(files = depset(outputs), runfiles = ctx.runfiles(files = outputs))]
 
 staged_python_package = rule(
@@ -21,7 +22,7 @@ staged_python_package = rule(
         "package_srcs": attr.label_list(allow_files = [".py"]),
         "compat_srcs": attr.label_list(allow_files = [".py"]),
         "extra_packages": attr.label_list(allow_files = [".py"]),
-        "library": attr.label(allow_single_file = True),
+        "libraries": attr.label_list(allow_files = [".so"]),
     },
 )
 

@@ -97,6 +97,11 @@ def sok_op_library(name, srcs = [], cuda_srcs = [], deps = [], **kwargs):
             linkshared = 1,
             linkopts = ["-Wl,--no-undefined"],
         )
+    # The C launchers as their own library when CUDA is available; empty otherwise.
+    native.filegroup(
+        name = "cuda_kernel_library",
+        srcs = [":libsok_cuda_kernels.so"] if cuda_objects else [],
+    )
     _build_info(name = name + "_build_info", tf_version = TF_VERSION, cuda = CUDA_AVAILABLE)
     native.cc_binary(
         name = name,

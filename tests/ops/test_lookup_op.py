@@ -1,0 +1,307 @@
+"""The fused lookup op against numpy and tf.nn.embedding_lookup_sparse."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_graph
+
+import sok_graph as sok
+from sok_graph.ops import lookup as lookup_ops
+
+COMBINERS = ["sum", "mean", "sqrtn"]
+
+
+def random_ragged(rng, batch, rows, max_hot, empty_fraction=0.2, dtype=np.int64):
+    """Python lists of ids per sample, some samples empty; ids span [0, rows)."""
+    out = []
+    for _ in range(batch):
+        if rng.random() < empty_fraction:
+            out.append([])
+        else:
+            out.append(list(rng.integers(0, rows, size=rng.integers(1, max_hot + 1)).astype(dtype)))
+    if batch > 0 and rows > 1:  # make sure the boundary ids appear
+        out[0] = out[0] + [0, rows - 1]
+    return out
+
+
+def numpy_lookup(params, samples, weights, combiner, max_norm=None):
+    params = np.asarray(params, np.float64)
+    out = np.zeros((len(samples), params.shape[1]))
+    for b, ids in enumerate(samples):
+        if len(ids) == 0:
+            continue
+        rows = params[np.asarray(ids, np.int64)]
+        if max_norm:
+            norms = np.linalg.norm(rows, axis=1, keepdims=True)
+            rows = rows * (max_norm / np.maximum(norms, max_norm))
+        w = np.ones(len(ids)) if weights is None else np.asarray(weights[b], np.float64)
+        s = (w[:, None] * rows).sum(0)
+        if combiner == "mean":
+            s /= w.sum()
+        elif combiner == "sqrtn":
+            s /= np.sqrt((w ** 2).sum())
+        out[b] = s
+    return out
+
+
+def ragged(samples, dtype=tf.int64):
+    return tf.ragged.constant(samples, dtype=dtype, ragged_rank=1, inner_shape=None) \
+        if any(len(s) for s in samples) else tf.RaggedTensor.from_row_lengths(
+            tf.zeros([0], dtype), [0] * len(samples))
+
+
+def parts(samples, dtype=tf.int64):
+    rt = ragged(samples, dtype)
+    return rt.values, tf.cast(rt.row_splits, tf.int64)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_matches_numpy_for_several_tables(rng, combiner, weighted, id_dtype):
+    shapes = [(50, 8), (7, 3), (1, 5), (300, 1)]
+    tables = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    batches = [33, 33, 4, 0]
+    samples = [random_ragged(rng, b, s[0], 6) for b, s in zip(batches, shapes)]
+    weights = None
+    if weighted:
+        weights = [[list(rng.uniform(0.5, 2.0, len(ids))) for ids in sm] for sm in samples]
+    ids, splits = zip(*(parts(s, id_dtype) for s in samples))
+    w_tensors = None
+    if weighted:
+        w_tensors = [tf.constant([x for ws in wt for x in ws], tf.float32) for wt in weights]
+    out = lookup_ops.fused_lookup(
+        [tf.constant(t) for t in tables], ids, splits, weights=w_tensors,
+        combiners=[combiner] * 4)
+    for t in range(4):
+        expected = numpy_lookup(tables[t], samples[t], weights[t] if weighted else None, combiner)
+        assert out[t].shape == (batches[t], shapes[t][1])
+        np.testing.assert_allclose(out[t].numpy(), expected, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_matches_tf_embedding_lookup_sparse(rng, combiner):
+    table = rng.standard_normal((1000, 16)).astype(np.float32)
+    samples = random_ragged(rng, 64, 1000, 5, empty_fraction=0.0)
+    weights = [list(rng.uniform(0.1, 1.0, len(s))) for s in samples]
+    rt = ragged(samples)
+    wt = tf.ragged.constant(weights, dtype=tf.float32)
+    for use_weights in (False, True):
+        expected = tf.nn.embedding_lookup_sparse(
+            tf.constant(table), rt.to_sparse(), wt.to_sparse() if use_weights else None,
+            combiner=combiner)
+        got = sok.lookup_sparse(tf.constant(table), rt, wt if use_weights else None,
+                                combiners=combiner)
+        np.testing.assert_allclose(got.numpy(), expected.numpy(), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_max_norm_forward_and_gradient_match_tf(rng, combiner):
+    table = (3.0 * rng.standard_normal((40, 6))).astype(np.float32)
+    samples = random_ragged(rng, 20, 40, 4, empty_fraction=0.0)
+    rt = ragged(samples)
+    var_ref = tf.Variable(table)
+    var_sok = tf.Variable(table)
+    with tf.GradientTape(persistent=True) as tape:
+        ref = tf.nn.embedding_lookup_sparse(var_ref, rt.to_sparse(), None, combiner=combiner,
+                                            max_norm=2.5)
+        got = sok.lookup_sparse(var_sok, rt, combiners=combiner, max_norm=2.5)
+        upstream = tf.constant(rng.standard_normal(ref.shape).astype(np.float32))
+        loss_ref = tf.reduce_sum(ref * upstream)
+        loss_got = tf.reduce_sum(got * upstream)
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(got.numpy(), numpy_lookup(table, samples, None, combiner, 2.5),
+                               rtol=1e-5, atol=1e-5)
+    g_ref = tf.convert_to_tensor(tape.gradient(loss_ref, var_ref))
+    g_got = tf.convert_to_tensor(tape.gradient(loss_got, var_sok))
+    np.testing.assert_allclose(g_got.numpy(), g_ref.numpy(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("weighted", [False, True])
+def test_gradient_is_unique_indexed_slices_equal_to_tf(rng, combiner, weighted):
+    tables = [rng.standard_normal((30, 4)).astype(np.float32),
+              rng.standard_normal((9, 2)).astype(np.float32)]
+    samples = [random_ragged(rng, 25, 30, 5, empty_fraction=0.0),
+               random_ragged(rng, 25, 9, 3, empty_fraction=0.0)]
+    samples[1][3] = [4, 4, 4, 4]  # all ids of a sample equal
+    rts = [ragged(s) for s in samples]
+    wts = [tf.ragged.constant([list(rng.uniform(0.5, 1.5, len(x))) for x in s], tf.float32)
+           for s in samples] if weighted else [None, None]
+    sok_vars = [sok.Variable(t) for t in tables]
+    ref_vars = [tf.Variable(t) for t in tables]
+    upstream = [tf.constant(rng.standard_normal((25, t.shape[1])).astype(np.float32))
+                for t in tables]
+    with tf.GradientTape(persistent=True) as tape:
+        got = sok.lookup_sparse(sok_vars, rts, wts, combiners=[combiner] * 2)
+        ref = [tf.nn.embedding_lookup_sparse(v, r.to_sparse(),
+                                             None if w is None else w.to_sparse(),
+                                             combiner=combiner)
+               for v, r, w in zip(ref_vars, rts, wts)]
+        loss_got = sum(tf.reduce_sum(g * u) for g, u in zip(got, upstream))
+        loss_ref = sum(tf.reduce_sum(g * u) for g, u in zip(ref, upstream))
+    grads = tape.gradient(loss_got, sok_vars)
+    refs = tape.gradient(loss_ref, ref_vars)
+    for g, r, s in zip(grads, refs, samples):
+        assert isinstance(g, tf.IndexedSlices)
+        idx = g.indices.numpy()
+        assert len(np.unique(idx)) == len(idx), "gradient indices must be unique"
+        # first-appearance order, as tf.unique
+        flat = [i for x in s for i in x]
+        np.testing.assert_array_equal(idx, tf.unique(tf.constant(flat, tf.int64))[0].numpy())
+        np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
+                                   tf.convert_to_tensor(r).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_empty_batch_and_all_empty_rows(rng):
+    table = tf.constant(rng.standard_normal((5, 3)).astype(np.float32))
+    empty_batch = tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), [0])
+    no_ids = tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), [0, 0, 0])
+    v = tf.Variable(table)
+    with tf.GradientTape() as tape:
+        a, b = sok.lookup_sparse([v, v], [empty_batch, no_ids], combiners=["mean", "sqrtn"])
+        loss = tf.reduce_sum(a) + tf.reduce_sum(b)
+    assert a.shape == (0, 3)
+    np.testing.assert_array_equal(b.numpy(), np.zeros((2, 3), np.float32))
+    g = tape.gradient(loss, v)
+    assert g.indices.shape[0] == 0
+
+
+@pytest.mark.parametrize("dtype", [tf.float16, tf.bfloat16])
+def test_half_precision_tables(rng, dtype):
+    table = rng.standard_normal((20, 8)).astype(np.float32)
+    samples = random_ragged(rng, 10, 20, 4)
+    got = sok.lookup_sparse(tf.cast(tf.constant(table), dtype), ragged(samples), combiners="mean")
+    assert got.dtype == dtype
+    expected = numpy_lookup(tf.cast(tf.cast(table, dtype), tf.float32).numpy(), samples, None,
+                            "mean")
+    np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), expected, rtol=2e-2, atol=2e-2)
+
+
+def test_graph_mode_session_and_tf_gradients(rng):
+    table = rng.standard_normal((12, 4)).astype(np.float32)
+    samples = random_ragged(rng, 8, 12, 4, empty_fraction=0.0)
+
+    def build():
+        v_sok = tf.compat.v1.get_variable("sok", initializer=table, use_resource=True)
+        v_ref = tf.compat.v1.get_variable("ref", initializer=table, use_resource=True)
+        rt = ragged(samples)
+        got = sok.lookup_sparse([v_sok], [rt], combiners=["sqrtn"])[0]
+        ref = tf.nn.embedding_lookup_sparse(v_ref, rt.to_sparse(), None, combiner="sqrtn")
+        g_got = tf.gradients(tf.reduce_sum(got * got), [v_sok])[0]
+        g_ref = tf.gradients(tf.reduce_sum(ref * ref), [v_ref])[0]
+        assert isinstance(g_got, tf.IndexedSlices)
+        return got, ref, tf.convert_to_tensor(g_got), tf.convert_to_tensor(g_ref)
+
+    got, ref, g_got, g_ref = run_in_graph(build)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(g_got, g_ref, rtol=1e-5, atol=1e-6)
+
+
+def test_tf_function_training_step_matches_reference(rng):
+    table = rng.standard_normal((64, 8)).astype(np.float32)
+    samples = random_ragged(rng, 32, 64, 5, empty_fraction=0.1)
+    rt = ragged(samples)
+    v_sok, v_ref = sok.Variable(table), tf.Variable(table)
+    opt_sok, opt_ref = tf.keras.optimizers.SGD(0.5), tf.keras.optimizers.SGD(0.5)
+
+    @tf.function
+    def step():
+        with tf.GradientTape(persistent=True) as tape:
+            a = sok.lookup_sparse([v_sok], [rt], combiners=["mean"])[0]
+            b = tf.nn.embedding_lookup_sparse(v_ref, rt.to_sparse(), None, combiner="mean")
+            la = tf.reduce_sum(tf.square(a - 1.0))
+            lb = tf.reduce_sum(tf.square(b - 1.0))
+        opt_sok.apply_gradients([(tape.gradient(la, v_sok), v_sok)])
+        opt_ref.apply_gradients([(tape.gradient(lb, v_ref), v_ref)])
+        return la, lb
+
+    for _ in range(5):
+        la, lb = step()
+        np.testing.assert_allclose(la.numpy(), lb.numpy(), rtol=1e-5)
+    np.testing.assert_allclose(v_sok.numpy(), v_ref.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_sparse_tensor_input_equals_ragged(rng):
+    table = tf.constant(rng.standard_normal((10, 3)).astype(np.float32))
+    samples = [[1, 2], [], [3, 3, 9], []]  # trailing empty row kept
+    rt = ragged(samples)
+    a = sok.lookup_sparse([table], [rt], combiners=["sum"])[0]
+    b = sok.lookup_sparse([table], [rt.to_sparse()], combiners=["sum"])[0]
+    assert a.shape == (4, 3)
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
+    np.testing.assert_allclose(a.numpy(), numpy_lookup(table.numpy(), samples, None, "sum"),
+                               rtol=1e-6)
+
+
+# ---------------------------------------------------------------- bad input
+
+def call_raw(params, ids, splits, combiners=("sum",), weighted=(False,), weights=None,
+             names=("user",)):
+    n = len(params)
+    return sok._ops.load().sok_fused_lookup(
+        params=params, ids=ids, row_splits=splits,
+        weights=weights if weights is not None else [tf.zeros([0])] * n,
+        combiners=list(combiners), weighted=list(weighted), max_norms=[0.0] * n,
+        table_names=list(names))
+
+
+def test_id_out_of_range_names_table_and_position():
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"ids of table 'user' \(table 0\) must be in \[0, 4\).*got 4 at position 2"):
+        call_raw([tf.zeros([4, 2])], [tf.constant([0, 1, 4, 2], tf.int64)],
+                 [tf.constant([0, 2, 4], tf.int64)])
+
+
+def test_negative_id_rejected():
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"got -1 at position 1"):
+        call_raw([tf.zeros([4, 2])], [tf.constant([0, -1], tf.int32)],
+                 [tf.constant([0, 2], tf.int64)])
+
+
+@pytest.mark.parametrize("splits,pattern", [
+    ([1, 2], r"row_splits\[0\]=1"),
+    ([0, 2, 1, 3], r"row_splits\[2\]=1 after row_splits\[1\]=2"),
+    ([0, 1, 2], r"end at the number of ids \(3\); got row_splits\[2\]=2"),
+])
+def test_malformed_row_splits(splits, pattern):
+    with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+        call_raw([tf.zeros([4, 2])], [tf.constant([0, 1, 2], tf.int64)],
+                 [tf.constant(splits, tf.int64)])
+
+
+def test_weights_length_mismatch():
+    with pytest.raises(tf.errors.InvalidArgumentError, match="one weight per id"):
+        call_raw([tf.zeros([4, 2])], [tf.constant([0, 1], tf.int64)],
+                 [tf.constant([0, 2], tf.int64)], weighted=[True], weights=[tf.ones([3])])
+
+
+def test_wrong_rank_params():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="matrix|rank"):
+        call_raw([tf.zeros([4])], [tf.constant([0], tf.int64)], [tf.constant([0, 1], tf.int64)])
+
+
+def test_attr_list_length_mismatch():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_tables"):
+        call_raw([tf.zeros([4, 2])], [tf.constant([0], tf.int64)],
+                 [tf.constant([0, 1], tf.int64)], combiners=["sum", "sum"])
+
+
+def test_unknown_combiner_in_raw_op():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="'max'"):
+        call_raw([tf.zeros([4, 2])], [tf.constant([0], tf.int64)],
+                 [tf.constant([0, 1], tf.int64)], combiners=["max"])
+
+
+def test_graph_mode_errors_at_run_time_name_the_table():
+    def build():
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        out = call_raw([tf.zeros([4, 2])], [ids], [tf.constant([0, 1], tf.int64)])
+        return ids, out
+
+    graph = tf.Graph()
+    with graph.as_default():
+        ids, out = build()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            with pytest.raises(tf.errors.InvalidArgumentError, match="table 'user'.*got 9"):
+                sess.run(out, {ids: [9]})

@@ -1,0 +1,103 @@
+"""unique_with_counts and unsorted_segment_sum against TensorFlow's own ops."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_graph
+
+from sok_graph.ops import util
+
+INT64 = np.iinfo(np.int64)
+
+
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("out_idx", [tf.int32, tf.int64])
+@pytest.mark.parametrize("case", ["random", "empty", "single", "all_equal", "extremes"])
+def test_unique_with_counts_matches_tf(rng, dtype, out_idx, case):
+    info = np.iinfo(dtype.as_numpy_dtype)
+    x = {
+        "random": rng.integers(0, 50, size=500),
+        "empty": np.zeros([0]),
+        "single": np.array([7]),
+        "all_equal": np.full(300, 3),
+        "extremes": np.array([info.max, 0, info.min, info.max, -1, 0, info.min]),
+    }[case].astype(dtype.as_numpy_dtype)
+    got = util.unique_with_counts(tf.constant(x, dtype), out_idx=out_idx)
+    ref = tf.unique_with_counts(tf.constant(x, dtype), out_idx=out_idx)
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype
+        np.testing.assert_array_equal(g.numpy(), r.numpy())
+
+
+def test_unique_rejects_matrix():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
+        util.unique_with_counts(tf.zeros([2, 2], tf.int64))
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float64])
+@pytest.mark.parametrize("inner", [[], [3], [2, 5]])
+def test_segment_sum_matches_tf(rng, dtype, inner):
+    n, segments = 400, 37
+    data = rng.standard_normal([n] + inner).astype(dtype.as_numpy_dtype)
+    ids = rng.integers(-3, segments, size=n)  # negatives are dropped, as in TF
+    ids[:5] = segments - 1
+    got = util.unsorted_segment_sum(tf.constant(data), tf.constant(ids), segments)
+    ref = tf.math.unsorted_segment_sum(tf.constant(data), tf.constant(ids), segments)
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_segment_sum_empty_input_gives_zeros():
+    got = util.unsorted_segment_sum(tf.zeros([0, 4]), tf.zeros([0], tf.int32), 3)
+    np.testing.assert_array_equal(got.numpy(), np.zeros((3, 4), np.float32))
+
+
+def test_segment_sum_is_deterministic(rng):
+    data = tf.constant(rng.standard_normal((20000, 8)).astype(np.float32) * 1e3)
+    ids = tf.constant(rng.integers(0, 5, size=20000))
+    first = util.unsorted_segment_sum(data, ids, 5).numpy()
+    for _ in range(5):
+        np.testing.assert_array_equal(util.unsorted_segment_sum(data, ids, 5).numpy(), first)
+
+
+def test_segment_sum_half_types(rng):
+    data = rng.standard_normal((100, 4)).astype(np.float32)
+    ids = rng.integers(0, 10, size=100)
+    ref = tf.math.unsorted_segment_sum(data, ids, 10).numpy()
+    for dtype in (tf.float16, tf.bfloat16):
+        got = util.unsorted_segment_sum(tf.cast(data, dtype), tf.constant(ids), 10)
+        np.testing.assert_allclose(tf.cast(got, tf.float32).numpy(), ref, rtol=0.05, atol=0.1)
+
+
+def test_segment_sum_gradient_matches_tf(rng):
+    data = tf.Variable(rng.standard_normal((50, 3)).astype(np.float32))
+    ids = tf.constant(rng.integers(-1, 6, size=50))
+    up = tf.constant(rng.standard_normal((6, 3)).astype(np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        a = tf.reduce_sum(util.unsorted_segment_sum(data, ids, 6) * up)
+        b = tf.reduce_sum(tf.math.unsorted_segment_sum(data, ids, 6) * up)
+    np.testing.assert_allclose(tape.gradient(a, data).numpy(), tape.gradient(b, data).numpy(),
+                               rtol=1e-6)
+
+
+def test_segment_sum_in_graph_mode(rng):
+    data = rng.standard_normal((30, 2)).astype(np.float32)
+    ids = rng.integers(0, 4, size=30)
+    got = run_in_graph(lambda: util.unsorted_segment_sum(tf.constant(data), tf.constant(ids), 4))
+    np.testing.assert_allclose(got, tf.math.unsorted_segment_sum(data, ids, 4).numpy(),
+                               rtol=1e-6)
+
+
+def test_segment_id_too_large_names_position():
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"segment_ids must be < num_segments \(3\); got 3 at position 1"):
+        util.unsorted_segment_sum(tf.ones([2, 2]), tf.constant([0, 3]), 3)
+
+
+def test_segment_ids_length_mismatch():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError)):
+        util.unsorted_segment_sum(tf.ones([3, 2]), tf.constant([0, 1]), 3)
+
+
+def test_negative_num_segments():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_segments"):
+        util.unsorted_segment_sum(tf.ones([2, 2]), tf.constant([0, 1]), -1)

@@ -1,0 +1,166 @@
+"""The single-process Python surface: init, Variable, lookup_sparse."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_graph
+
+import sok_graph as sok
+from sok_graph import context
+
+
+def test_sparse_operation_kit_is_sok_graph():
+    import sparse_operation_kit as sok2
+    import sparse_operation_kit.distributed_variable as dv2
+
+    import sok_graph.distributed_variable as dv
+
+    assert sok2.lookup_sparse is sok.lookup_sparse
+    assert sok2.Variable is sok.Variable
+    assert dv2 is dv
+
+
+def test_init_never_touches_keras_optimizers():
+    before = dict(vars(tf.keras.optimizers))
+    sok.init()
+    sok.init(comm_tool="none", use_legacy_optimizer=False)
+    assert dict(vars(tf.keras.optimizers)) == before
+
+
+def test_init_rejects_unknown_comm_tool():
+    with pytest.raises(ValueError, match="comm_tool.*'mpi'"):
+        sok.init(comm_tool="mpi")
+
+
+def test_lookup_before_init_says_to_call_init():
+    context.reset()
+    with pytest.raises(RuntimeError, match=r"call sok.init\(\)"):
+        sok.lookup_sparse(tf.ones([2, 2]), tf.ragged.constant([[0]], tf.int64))
+
+
+def test_variable_behaves_like_tf_variable(tmp_path, rng):
+    init = rng.standard_normal((15, 4)).astype(np.float32)
+    v = sok.Variable(init, name="emb")
+    assert isinstance(v, tf.Variable) and v.trainable
+    assert v.global_shape == (15, 4) and v.mode == "distributed" and v.target_gpu == -1
+    np.testing.assert_array_equal(v.numpy(), init)
+    v.assign(tf.zeros_like(init))
+    assert float(tf.reduce_sum(v)) == 0.0
+
+    class M(tf.Module):
+        def __init__(self):
+            self.table = sok.Variable(init)
+
+    m = M()
+    assert m.table in m.trainable_variables
+    ckpt = tf.train.Checkpoint(m=m)
+    path = ckpt.save(str(tmp_path / "ck"))
+    m.table.assign(tf.zeros_like(init))
+    ckpt.restore(path)
+    np.testing.assert_array_equal(m.table.numpy(), init)
+
+
+def test_variable_modes():
+    assert sok.Variable(tf.zeros([3, 2]), mode="localized:0").mode == "localized:0"
+    with pytest.raises(ValueError, match=r"localized:1.*\[0, 1\)"):
+        sok.Variable(tf.zeros([3, 2]), mode="localized:1")
+    with pytest.raises(ValueError, match="'distributed' or 'localized:<rank>'.*'sharded'"):
+        sok.Variable(tf.zeros([3, 2]), mode="sharded")
+    with pytest.raises(ValueError, match=r"\[rows, dim\].*\[3\]"):
+        sok.Variable(tf.zeros([3]))
+
+
+def test_lookup_sparse_list_and_single(rng):
+    tables = [sok.Variable(rng.standard_normal((10, 3)).astype(np.float32)),
+              sok.Variable(rng.standard_normal((6, 5)).astype(np.float32))]
+    ids = [tf.ragged.constant([[1, 2], [3]], tf.int64), tf.ragged.constant([[5], []], tf.int32)]
+    outs = sok.lookup_sparse(tables, ids)  # SOK's default combiner: mean
+    assert isinstance(outs, list) and [o.shape for o in outs] == [(2, 3), (2, 5)]
+    ref = tf.nn.embedding_lookup_sparse(tables[0], ids[0].to_sparse(), None, combiner="mean")
+    np.testing.assert_allclose(outs[0].numpy(), ref.numpy(), rtol=1e-6)
+    single = sok.lookup_sparse(tables[0], ids[0], combiners="mean")
+    np.testing.assert_array_equal(single.numpy(), outs[0].numpy())
+
+
+def test_lookup_sparse_in_v1_session(rng):
+    table = rng.standard_normal((8, 2)).astype(np.float32)
+
+    def build():
+        v = sok.Variable(table)
+        sp = tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [2, 0]], [1, 7, 3], [3, 2])
+        return sok.lookup_sparse([v], [sp], combiners=["sum"])[0]
+
+    out = run_in_graph(build)
+    np.testing.assert_allclose(out, [table[1] + table[7], [0, 0], table[3]], rtol=1e-6)
+
+
+def test_disable_eager_execution_session():
+    """TF1-style graph mode for a whole process, as SOK 1.x scripts run."""
+    script = textwrap.dedent("""
+        import numpy as np, tensorflow as tf
+        tf.compat.v1.disable_eager_execution()
+        import sok_graph as sok
+        sok.init()
+        v = sok.Variable(np.arange(12, dtype=np.float32).reshape(6, 2))
+        ids = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None])
+        out = sok.lookup_sparse([v], [ids], combiners=["mean"])[0]
+        loss = tf.reduce_sum(out)
+        train = tf.compat.v1.train.GradientDescentOptimizer(1.0).minimize(loss)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            feed = {ids: tf.compat.v1.SparseTensorValue([[0, 0], [0, 1]], [1, 1], [1, 2])}
+            print(sess.run(out, feed).tolist())
+            sess.run(train, feed)
+            print(sess.run(v).tolist())
+    """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.strip().splitlines()
+    assert lines[0] == "[[2.0, 3.0]]"  # mean of row 1 twice
+    table = np.arange(12, dtype=np.float32).reshape(6, 2)
+    table[1] -= 1.0  # d(mean)/d(row 1) = 2 * 1/2
+    assert lines[1] == str(table.tolist())
+
+
+@pytest.mark.parametrize("kwargs,exc,pattern", [
+    (dict(sp_ids=[None]), TypeError, r"sp_ids\[0\] must be a tf.SparseTensor or tf.RaggedTensor"),
+    (dict(combiners=["max"]), ValueError, r"combiners\[0\] must be one of .*'max'"),
+    (dict(combiners=["sum", "sum"]), ValueError, r"combiners must have one entry per table \(1\)"),
+    (dict(sp_weights=[None, None]), ValueError, r"sp_weights must have one entry per table"),
+    (dict(use_low_frequency_filter=True), ValueError, "use_low_frequency_filter"),
+])
+def test_lookup_sparse_bad_arguments(kwargs, exc, pattern):
+    args = dict(params=[tf.ones([4, 2])], sp_ids=[tf.ragged.constant([[0]], tf.int64)])
+    args.update(kwargs)
+    with pytest.raises(exc, match=pattern):
+        sok.lookup_sparse(**args)
+
+
+def test_lookup_sparse_bad_types():
+    ids = tf.ragged.constant([[0]], tf.int64)
+    with pytest.raises(TypeError, match=r"params\[0\] must be float32.*int32"):
+        sok.lookup_sparse([tf.ones([4, 2], tf.int32)], [ids])
+    with pytest.raises(TypeError, match=r"sp_ids\[0\] must hold int32 or int64 ids; got float32"):
+        sok.lookup_sparse([tf.ones([4, 2])], [tf.ragged.constant([[0.5]], tf.float32)])
+    with pytest.raises(ValueError, match=r"params must name at least one table"):
+        sok.lookup_sparse([], [])
+    with pytest.raises(ValueError, match=r"sp_ids must have one entry per table \(2\); got 1"):
+        sok.lookup_sparse([tf.ones([4, 2]), tf.ones([4, 2])], [ids])
+    with pytest.raises(ValueError, match=r"sp_ids\[0\] must be a 2-D RaggedTensor"):
+        sok.lookup_sparse([tf.ones([4, 2])], [tf.ragged.constant([[[0]]], tf.int64)])
+    with pytest.raises(TypeError, match=r"share one dtype"):
+        sok.lookup_sparse([tf.ones([4, 2]), tf.ones([4, 2], tf.float16)], [ids, ids])
+
+
+def test_mixed_id_dtypes_are_widened(rng):
+    t = tf.constant(rng.standard_normal((5, 2)).astype(np.float32))
+    a, b = sok.lookup_sparse([t, t], [tf.ragged.constant([[4]], tf.int32),
+                                      tf.ragged.constant([[4]], tf.int64)], combiners="sum")
+    np.testing.assert_array_equal(a.numpy(), b.numpy())
