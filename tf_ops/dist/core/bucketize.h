@@ -7,6 +7,7 @@
 #ifndef SOK_GRAPH_TF_OPS_DIST_CORE_BUCKETIZE_H_
 #define SOK_GRAPH_TF_OPS_DIST_CORE_BUCKETIZE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 

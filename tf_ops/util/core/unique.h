@@ -3,6 +3,7 @@
 #ifndef SOK_GRAPH_TF_OPS_UTIL_CORE_UNIQUE_H_
 #define SOK_GRAPH_TF_OPS_UTIL_CORE_UNIQUE_H_
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
