@@ -37,18 +37,22 @@ def output_base(python, tf_version):
 def bazel_command(args, python=None):
     python = python or sys.executable
     tf_version = tensorflow_version(python)
-    return [
+    startup = [
         "bazel",
         f"--output_base={output_base(python, tf_version)}",
         # Bazel's JVM is sized for big machines; this one has 2 cores.
         "--host_jvm_args=-Xmx3g",
-    ] + args[:1] + [
-        # No bazel-* symlinks in the source tree: two TF versions would fight
-        # over them, and setuptools would wander into them.
-        "--symlink_prefix=/",
-        "--jobs=%d" % max(1, min(os.cpu_count() or 1, 4)),
-        "--local_test_jobs=%d" % max(1, (os.cpu_count() or 1)),
-    ] + args[1:], python
+    ]
+    command, rest = args[:1], args[1:]
+    if command and command[0] in ("build", "test", "run"):
+        rest = [
+            # No bazel-* symlinks in the source tree: two TF versions would
+            # fight over them, and setuptools would wander into them.
+            "--symlink_prefix=/",
+            "--jobs=%d" % max(1, min(os.cpu_count() or 1, 4)),
+            "--local_test_jobs=%d" % max(1, os.cpu_count() or 1),
+        ] + rest
+    return startup + command + rest, python
 
 
 def run(args, python=None, check=True):

@@ -36,5 +36,5 @@ def sok_py_tests(srcs, data = []):
             args = [src],
             data = data + ["//:sok_graph_site"],
             python_version = "PY3",
-            size = "large",
+            size = "medium",
         )

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Sets up everything sok_graph needs on a fresh Debian machine with Python 3.11
+# and installs sok_graph, built for one TensorFlow version:
+#
+#   source scripts/setup_env.sh 2.15.1     # or 2.21.0; default 2.15.1
+#
+# Afterwards $SOK_PYTHON is the Python of a virtualenv that has that
+# TensorFlow and sok_graph installed. What is safe to reuse is cached under
+# ~/.cache/sok_graph (override with SOK_GRAPH_CACHE): the virtualenvs (marked
+# complete only after a successful install) and Bazel's per-TF-version build
+# outputs. Installs use only Debian's apt and PyPI.
+set -euo pipefail
+
+SOK_TF_VERSION="${1:-${SOK_TF_VERSION:-2.15.1}}"
+SOK_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+SOK_GRAPH_CACHE="${SOK_GRAPH_CACHE:-$HOME/.cache/sok_graph}"
+export SOK_GRAPH_CACHE
+
+log() { echo "[setup_env] $*" >&2; }
+
+as_root() {
+  if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
+    log "need root to run: $*"; return 1; fi
+}
+
+# --- system packages: Bazel 4.2.3 (offline-capable), googletest -------------
+need_apt=()
+command -v bazel >/dev/null || need_apt+=(bazel-bootstrap)
+[ -d /usr/share/bazel/rules/java ] || need_apt+=(bazel-rules-java)
+[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev googletest)
+if [ ${#need_apt[@]} -gt 0 ]; then
+  log "installing ${need_apt[*]} with apt"
+  as_root apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive as_root apt-get install -y -qq "${need_apt[@]}" >/dev/null
+fi
+
+# --- a virtualenv per TensorFlow version ------------------------------------
+PY_BASE="${PYTHON:-python3}"
+VENV="$SOK_GRAPH_CACHE/venvs/tf-$SOK_TF_VERSION"
+if [ ! -f "$VENV/.complete" ]; then
+  log "creating $VENV with tensorflow-cpu==$SOK_TF_VERSION"
+  rm -rf "$VENV"
+  "$PY_BASE" -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade "pip>=23" setuptools wheel
+  "$VENV/bin/pip" install -q "tensorflow-cpu==$SOK_TF_VERSION" "pytest>=7"
+  touch "$VENV/.complete"
+fi
+SOK_PYTHON="$VENV/bin/python"
+export SOK_PYTHON SOK_TF_VERSION
+
+# --- build the ops for this TensorFlow and install sok_graph ----------------
+log "building and installing sok_graph for TensorFlow $SOK_TF_VERSION"
+(cd "$SOK_REPO" && "$SOK_PYTHON" -m pip install -q --no-deps --no-build-isolation \
+   --force-reinstall . )
+log "ready: $SOK_PYTHON"

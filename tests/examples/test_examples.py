@@ -1,0 +1,30 @@
+"""Each example script runs a few steps on CPU and learns something.
+
+These run against the pip-installed package (scripts/run_tests.sh), exactly
+as a user would run the scripts."""
+
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def run_example(path, *args):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    out = subprocess.run([sys.executable, os.path.join(REPO, path), *args], capture_output=True,
+                         text=True, env=env, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+@pytest.mark.parametrize("script", ["examples_tf2/lookup_demo.py", "examples_tf1/lookup_demo.py"])
+def test_lookup_demo_learns(script):
+    stdout = run_example(script, "--steps", "80", "--batch", "512")
+    first, last = map(float, re.search(r"first loss ([\d.]+), last loss ([\d.]+)", stdout).groups())
+    auc = float(re.search(r"test AUC ([\d.]+)", stdout).group(1))
+    assert last < first - 0.05, stdout
+    assert auc > 0.65, stdout
