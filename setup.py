@@ -20,12 +20,9 @@ class BuildWithBazel(build_py):
 
     def run(self):
         super().run()
-        try:
-            import tensorflow  # noqa: F401
-        except ImportError:
-            sys.exit("sok_graph builds its ops for the TensorFlow of the installing Python, "
-                     "but this Python cannot import tensorflow. Install tensorflow first, then "
-                     "install sok_graph with: pip install --no-build-isolation .")
+        # Asked in a subprocess with pip's build isolation undone: the ops are
+        # built for the TensorFlow installed next to this Python.
+        bazelw.tensorflow_version(sys.executable)
         if shutil.which("bazel") is None:
             sys.exit("sok_graph needs Bazel to build its ops: run scripts/setup_env.sh "
                      "(installs Debian's bazel-bootstrap) or apt-get install bazel-bootstrap")

@@ -4,7 +4,8 @@
 # For each version (SOK_GRAPH_TF_VERSIONS, default "2.15.1 2.21.0"): set up
 # and install (scripts/setup_env.sh), run `bazel test //...` (C++ core tests
 # and the Python tests against the Bazel-built package), then run the examples
-# against the pip-installed package.
+# against the pip-installed package. Finally, check that the C++ still
+# compiles and links against TensorFlow 1.15 (scripts/check_tf115.sh).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
@@ -28,9 +29,14 @@ for version in $VERSIONS; do
   rm -f "$log_file"
   total=$((total + ${passed:-0}))
   echo "=== TensorFlow $version: examples against the installed package"
-  (cd "$REPO" && TF_CPP_MIN_LOG_LEVEL=2 "$SOK_PYTHON" -m pytest -q -p no:cacheprovider \
-     tests/examples --rootdir tests) || exit 1
+  # From tests/, so the source tree's sok_graph/ cannot shadow the installed one.
+  (cd "$REPO/tests" && TF_CPP_MIN_LOG_LEVEL=2 "$SOK_PYTHON" -m pytest -q -p no:cacheprovider \
+     examples) || exit 1
+  total=$((total + 1))
   "$SOK_PYTHON" tf_ops/build/bazelw.py shutdown >/dev/null 2>&1 || true
 done
-echo "test targets (each a googletest binary or a pytest file) over TF versions: $VERSIONS"
+echo "=== TensorFlow 1.15: C++14 compile and link check of every op and kernel"
+bash "$REPO/scripts/check_tf115.sh"
+total=$((total + 1))
+echo "test targets (googletest binaries, pytest files, the TF 1.15 check) over TF versions: $VERSIONS"
 echo "$total passed, 0 failed"

@@ -17,14 +17,25 @@ import sys
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
+def clean_env(**extra):
+    """os.environ without what pip's isolated build environment adds, so that
+    `python` sees its own site-packages (and TensorFlow) even when this runs
+    inside `pip install .`."""
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("PYTHONPATH", "PYTHONNOUSERSITE", "PYTHONHOME", "PYTHONSAFEPATH")}
+    env.update(extra)
+    return env
+
+
 def tensorflow_version(python):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = clean_env(TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run(
         [python, "-c", "import tensorflow as tf; print(tf.__version__)"],
         env=env, capture_output=True, text=True,
     )
     if out.returncode != 0:
-        sys.exit(f"bazelw: {python} cannot import tensorflow:\n{out.stderr}")
+        sys.exit(f"sok_graph builds its ops for the TensorFlow of the Python that builds it, "
+                 f"but {python} cannot import tensorflow; install tensorflow first:\n{out.stderr}")
     return out.stdout.strip().splitlines()[-1]
 
 
@@ -57,7 +68,7 @@ def bazel_command(args, python=None):
 
 def run(args, python=None, check=True):
     cmd, python = bazel_command(args, python)
-    env = dict(os.environ, TF_PYTHON_BIN_PATH=python)
+    env = clean_env(TF_PYTHON_BIN_PATH=python)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env)
     if check and proc.returncode != 0:
@@ -67,7 +78,7 @@ def run(args, python=None, check=True):
 
 def bazel_bin(python=None):
     cmd, python = bazel_command(["info", "bazel-bin"], python)
-    env = dict(os.environ, TF_PYTHON_BIN_PATH=python)
+    env = clean_env(TF_PYTHON_BIN_PATH=python)
     return subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True,
                           capture_output=True, text=True).stdout.strip()
 

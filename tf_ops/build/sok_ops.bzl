@@ -23,7 +23,7 @@ CUDA_ARCH_FLAGS = [
 
 # The core of each family is TF-independent and must stay valid C++14 (the
 # TF 1.15 toolchain); the op and kernel sources follow TensorFlow's C++17.
-CORE_COPTS = ["-std=c++14", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+CORE_COPTS = ["-std=c++14", "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
 def _nvcc_objects_impl(ctx):
     headers = [f for f in ctx.files.srcs if not f.path.endswith(".cu")]
@@ -106,7 +106,7 @@ def sok_op_library(name, srcs = [], cuda_srcs = [], deps = [], **kwargs):
     native.cc_binary(
         name = name,
         srcs = srcs + cuda_objects + [":" + name + "_build_info"],
-        copts = ["-pthread", "-Wall", "-Wno-sign-compare", "-Wno-unknown-pragmas"] +
+        copts = ["-pthread", "-O3", "-Wall", "-Wno-sign-compare", "-Wno-unknown-pragmas"] +
                 ["-D" + d for d in defines],
         deps = deps + cuda_deps + [
             "@local_config_tf//:tf_headers",

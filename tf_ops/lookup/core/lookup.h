@@ -13,7 +13,6 @@
 #include <vector>
 
 #include "tf_ops/lookup/core/combiner.h"
-#include "tf_ops/util/core/segment_sum.h"
 #include "tf_ops/util/core/unique.h"
 
 namespace sok_graph {
@@ -59,70 +58,90 @@ void SampleScales(const TableView<T, K>& t, int64_t b0, int64_t b1, float* scale
   }
 }
 
+// How many ids ahead the forward pass prefetches rows. Rows are read at
+// random from tables far larger than the caches; without prefetching every
+// row costs a full memory latency.
+constexpr int64_t kPrefetchDistance = 16;
+
+template <typename T>
+inline void PrefetchRow(const T* row, int64_t dim) {
+  const char* p = reinterpret_cast<const char*>(row);
+  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
+  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
+}
+
 // out[b, :] for samples [b0, b1). `acc` is scratch of t.dim floats.
 template <typename T, typename K>
 void LookupForward(const TableView<T, K>& t, int64_t b0, int64_t b1, T* out, float* acc) {
+  const int64_t dim = t.dim;
+  const int64_t last = b1 > b0 ? t.row_splits[b1] : 0;  // prefetch within this range
   for (int64_t b = b0; b < b1; ++b) {
-    std::fill(acc, acc + t.dim, 0.0f);
+    std::fill(acc, acc + dim, 0.0f);
     float wsum = 0.0f, wsq = 0.0f;
     for (int64_t j = t.row_splits[b]; j < t.row_splits[b + 1]; ++j) {
-      const T* row = t.params + static_cast<int64_t>(t.ids[j]) * t.dim;
+      if (j + kPrefetchDistance < last) {
+        PrefetchRow(t.params + static_cast<int64_t>(t.ids[j + kPrefetchDistance]) * dim, dim);
+      }
+      const T* __restrict__ row = t.params + static_cast<int64_t>(t.ids[j]) * dim;
       const float w = t.weight(j);
-      const float scale = w * MaxNormScale(row, t.dim, t.max_norm);
-      for (int64_t d = 0; d < t.dim; ++d) acc[d] += scale * static_cast<float>(row[d]);
+      const float scale = w * MaxNormScale(row, dim, t.max_norm);
+      float* __restrict__ a = acc;
+      for (int64_t d = 0; d < dim; ++d) a[d] += scale * static_cast<float>(row[d]);
       wsum += w;
       wsq += w * w;
     }
     const float s = CombinerScale(t.combiner, wsum, wsq);
-    T* dst = out + b * t.dim;
-    for (int64_t d = 0; d < t.dim; ++d) dst[d] = static_cast<T>(acc[d] * s);
+    T* dst = out + b * dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[d] * s);
   }
 }
 
 // What the backward pass of one table needs before it can sum gradient rows:
-// the unique ids (first-appearance order, as tf.unique) and, for each unique
-// id, the positions where it occurs together with their samples.
+// the unique ids (first-appearance order, as tf.unique) and the unique index
+// of every position.
 template <typename K>
 struct BackwardPlan {
   std::vector<K> unique_ids;
-  SegmentGroups occurrences;       // positions grouped by unique id
-  std::vector<int64_t> sample_of;  // position -> sample
+  std::vector<int64_t> inverse;  // position -> index into unique_ids
 };
 
 template <typename T, typename K>
 void PlanBackward(const TableView<T, K>& t, int64_t nnz, BackwardPlan<K>* plan) {
-  std::vector<int64_t> inverse(static_cast<size_t>(nnz));
-  UniqueWithInverse<K, int64_t>(t.ids, nnz, &plan->unique_ids, inverse.data(), nullptr);
-  GroupBySegment(inverse.data(), nnz, static_cast<int64_t>(plan->unique_ids.size()),
-                 &plan->occurrences);
-  plan->sample_of.resize(static_cast<size_t>(nnz));
-  for (int64_t b = 0; b < t.batch; ++b) {
-    for (int64_t j = t.row_splits[b]; j < t.row_splits[b + 1]; ++j) plan->sample_of[j] = b;
-  }
+  plan->inverse.resize(static_cast<size_t>(nnz));
+  UniqueWithInverse<K, int64_t>(t.ids, nnz, &plan->unique_ids, plan->inverse.data(), nullptr);
 }
 
 // grad_rows[u, :] for unique ids [u0, u1): the sum over the id's occurrences
 // of weight * combiner factor * grads[sample, :], then through the max_norm
-// clip. Deterministic: occurrences are summed in position order.
+// clip. One pass over the table's ids in position order, adding each into
+// its unique row when that row is in [u0, u1): the gradient buffers stay in
+// cache, and every row is summed in position order however [0, U) is split,
+// so results are deterministic.
 template <typename T, typename K>
 void LookupBackward(const TableView<T, K>& t, const BackwardPlan<K>& plan, const float* scales,
-                    const T* grads, int64_t u0, int64_t u1, T* grad_rows, float* acc) {
-  const SegmentGroups& g = plan.occurrences;
-  for (int64_t u = u0; u < u1; ++u) {
-    std::fill(acc, acc + t.dim, 0.0f);
-    for (int64_t k = g.offsets[u]; k < g.offsets[u + 1]; ++k) {
-      const int64_t j = g.order[k];
-      const int64_t b = plan.sample_of[j];
+                    const T* grads, int64_t u0, int64_t u1, T* grad_rows) {
+  if (u1 <= u0) return;
+  const int64_t dim = t.dim;
+  const bool whole = u0 == 0 && u1 == static_cast<int64_t>(plan.unique_ids.size());
+  std::vector<float> acc(static_cast<size_t>((u1 - u0) * dim), 0.0f);
+  for (int64_t b = 0; b < t.batch; ++b) {
+    const T* __restrict__ g_row = grads + b * dim;
+    for (int64_t j = t.row_splits[b]; j < t.row_splits[b + 1]; ++j) {
+      const int64_t u = plan.inverse[j];
+      if (!whole && (u < u0 || u >= u1)) continue;
       const float s = t.weight(j) * scales[b];
-      const T* g_row = grads + b * t.dim;
-      for (int64_t d = 0; d < t.dim; ++d) acc[d] += s * static_cast<float>(g_row[d]);
+      float* __restrict__ a = acc.data() + (u - u0) * dim;
+      for (int64_t d = 0; d < dim; ++d) a[d] += s * static_cast<float>(g_row[d]);
     }
+  }
+  for (int64_t u = u0; u < u1; ++u) {
+    float* a = acc.data() + (u - u0) * dim;
     if (t.max_norm > 0.0f) {
-      const T* row = t.params + static_cast<int64_t>(plan.unique_ids[u]) * t.dim;
-      MaxNormBackward(row, t.dim, t.max_norm, acc);
+      const T* row = t.params + static_cast<int64_t>(plan.unique_ids[u]) * dim;
+      MaxNormBackward(row, dim, t.max_norm, a);
     }
-    T* dst = grad_rows + u * t.dim;
-    for (int64_t d = 0; d < t.dim; ++d) dst[d] = static_cast<T>(acc[d]);
+    T* dst = grad_rows + u * dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(a[d]);
   }
 }
 

@@ -322,26 +322,12 @@ void CheckPlan(const Case<T, K>& c, const BackwardPlan<K>& plan) {
     if (seen.emplace(id, 0).second) unique.push_back(id);
   }
   ASSERT_EQ(plan.unique_ids, unique) << c.Describe();
-  const SegmentGroups& g = plan.occurrences;
-  ASSERT_EQ(g.offsets.size(), unique.size() + 1);
-  ASSERT_EQ(g.order.size(), c.ids.size());
-  for (size_t u = 0; u < unique.size(); ++u) {
-    std::vector<int64_t> want;
-    for (size_t j = 0; j < c.ids.size(); ++j) {
-      if (c.ids[j] == unique[u]) want.push_back(static_cast<int64_t>(j));
-    }
-    const std::vector<int64_t> got(g.order.begin() + g.offsets[u], g.order.begin() + g.offsets[u + 1]);
-    ASSERT_EQ(got, want) << "occurrences of unique id " << u << " of " << c.Describe();
-  }
-  ASSERT_EQ(plan.sample_of.size(), c.ids.size());
+  ASSERT_EQ(plan.inverse.size(), c.ids.size());
   for (size_t j = 0; j < c.ids.size(); ++j) {
-    int64_t want = -1;
-    for (int64_t b = 0; b < c.batch(); ++b) {
-      if (c.splits[b] <= static_cast<int64_t>(j) && static_cast<int64_t>(j) < c.splits[b + 1]) {
-        want = b;
-      }
-    }
-    ASSERT_EQ(plan.sample_of[j], want) << "position " << j << " of " << c.Describe();
+    const size_t want = static_cast<size_t>(
+        std::find(unique.begin(), unique.end(), c.ids[j]) - unique.begin());
+    ASSERT_EQ(static_cast<size_t>(plan.inverse[j]), want) << "position " << j << " of "
+                                                         << c.Describe();
   }
 }
 
@@ -363,7 +349,7 @@ void CheckBackward(const Case<T, K>& c, const std::vector<T>& grads) {
   ASSERT_EQ(U, static_cast<int64_t>(want.unique.size()));
   std::vector<T> rows(static_cast<size_t>(U * dim), T(-55));
   std::vector<float> acc(static_cast<size_t>(dim));
-  LookupBackward(t, plan, scales.data(), grads.data(), 0, U, rows.data(), acc.data());
+  LookupBackward(t, plan, scales.data(), grads.data(), 0, U, rows.data());
   for (int64_t u = 0; u < U; ++u) {
     ASSERT_EQ(plan.unique_ids[static_cast<size_t>(u)], want.unique[static_cast<size_t>(u)]);
     for (int64_t d = 0; d < dim; ++d) {
@@ -379,17 +365,17 @@ void CheckBackward(const Case<T, K>& c, const std::vector<T>& grads) {
   // bit-identical rows.
   std::vector<T> halves(rows.size(), T(-55));
   const int64_t mid = U / 2;
-  LookupBackward(t, plan, scales.data(), grads.data(), 0, mid, halves.data(), acc.data());
+  LookupBackward(t, plan, scales.data(), grads.data(), 0, mid, halves.data());
   for (int64_t k = mid * dim; k < U * dim; ++k) {
     ASSERT_EQ(halves[static_cast<size_t>(k)], T(-55)) << "wrote outside [0, mid)";
   }
   std::vector<float> acc2(static_cast<size_t>(dim));
-  LookupBackward(t, plan, scales.data(), grads.data(), mid, U, halves.data(), acc2.data());
+  LookupBackward(t, plan, scales.data(), grads.data(), mid, U, halves.data());
   ASSERT_EQ(0, std::memcmp(halves.data(), rows.data(), rows.size() * sizeof(T)))
       << c.Describe();
   std::vector<T> singles(rows.size(), T(-55));
   for (int64_t u = U - 1; u >= 0; --u) {
-    LookupBackward(t, plan, scales.data(), grads.data(), u, u + 1, singles.data(), acc.data());
+    LookupBackward(t, plan, scales.data(), grads.data(), u, u + 1, singles.data());
   }
   ASSERT_EQ(0, std::memcmp(singles.data(), rows.data(), rows.size() * sizeof(T)))
       << c.Describe();
@@ -399,7 +385,7 @@ void CheckBackward(const Case<T, K>& c, const std::vector<T>& grads) {
   std::vector<float> own_scales(static_cast<size_t>(c.batch()));
   SampleScales(t, 0, c.batch(), own_scales.data());
   std::vector<T> rows2(rows.size());
-  LookupBackward(t, plan, own_scales.data(), grads.data(), 0, U, rows2.data(), acc.data());
+  LookupBackward(t, plan, own_scales.data(), grads.data(), 0, U, rows2.data());
   for (int64_t u = 0; u < U; ++u) {
     for (int64_t d = 0; d < dim; ++d) {
       ASSERT_NEAR(static_cast<double>(rows2[static_cast<size_t>(u * dim + d)]),
@@ -590,7 +576,7 @@ TEST(LookupHandWritten, ForwardAndBackward) {
   EXPECT_EQ(scales[1], 0.0f);
   EXPECT_FLOAT_EQ(scales[2], 2.0f);
   std::vector<float> rows(4);
-  LookupBackward(c.View(), plan, scales.data(), grads.data(), 0, 2, rows.data(), acc.data());
+  LookupBackward(c.View(), plan, scales.data(), grads.data(), 0, 2, rows.data());
   EXPECT_FLOAT_EQ(rows[0], 1.0f / 3);
   EXPECT_FLOAT_EQ(rows[1], 1.0f / 3);
   EXPECT_FLOAT_EQ(rows[2], 5.0f / 3);

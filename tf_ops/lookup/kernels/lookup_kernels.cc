@@ -270,15 +270,32 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
       std::copy(plans[t].unique_ids.begin(), plans[t].unique_ids.end(), u->flat<K>().data());
       rows[t] = r->flat<T>().data();
     }
-    int64_t total_unique = 0;
-    for (int64_t c : num_unique) total_unique += c;
-    const int64_t per_unique = total_unique > 0 ? total_nnz / total_unique + 1 : 1;
-    ForEachAcrossTables(ctx, num_unique, per_unique * (max_dim + 8) * 2,
-                        [&](size_t t, int64_t u0, int64_t u1) {
-                          std::vector<float> acc(static_cast<size_t>(views[t].dim) + 1);
-                          core::LookupBackward(views[t], plans[t], scales[t].data(), grads[t],
-                                               u0, u1, rows[t], acc.data());
-                        });
+    // Gradient rows: work items are (table, range of unique ids). Each item
+    // scans its table's ids once, so small tables are one item each, and a
+    // few large tables are split to keep every thread busy.
+    struct Chunk {
+      int table;
+      int64_t u0, u1;
+    };
+    const int64_t threads =
+        ctx->device()->tensorflow_cpu_worker_threads()->workers->NumThreads();
+    const int64_t pieces = n >= 2 * threads ? 1 : (2 * threads + n - 1) / n;
+    std::vector<Chunk> chunks;
+    for (int t = 0; t < n; ++t) {
+      const int64_t step = std::max<int64_t>(1, (num_unique[t] + pieces - 1) / pieces);
+      for (int64_t u = 0; u < num_unique[t]; u += step) {
+        chunks.push_back({t, u, std::min(num_unique[t], u + step)});
+      }
+    }
+    ParallelFor(ctx, static_cast<int64_t>(chunks.size()),
+                (total_nnz / std::max<int64_t>(1, n) + 1) * (max_dim + 4) * 2,
+                [&](int64_t c0, int64_t c1) {
+                  for (int64_t c = c0; c < c1; ++c) {
+                    const Chunk& k = chunks[c];
+                    core::LookupBackward(views[k.table], plans[k.table], scales[k.table].data(),
+                                         grads[k.table], k.u0, k.u1, rows[k.table]);
+                  }
+                });
   }
 };
 
