@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <vector>
 
 #include "tf_ops/lookup/core/combiner.h"
@@ -61,7 +62,7 @@ void SampleScales(const TableView<T, K>& t, int64_t b0, int64_t b1, float* scale
 // How many ids ahead the forward pass prefetches rows. Rows are read at
 // random from tables far larger than the caches; without prefetching every
 // row costs a full memory latency.
-constexpr int64_t kPrefetchDistance = 16;
+constexpr int64_t kPrefetchDistance = 32;
 
 template <typename T>
 inline void PrefetchRow(const T* row, int64_t dim) {
@@ -71,8 +72,11 @@ inline void PrefetchRow(const T* row, int64_t dim) {
 }
 
 // out[b, :] for samples [b0, b1). `acc` is scratch of t.dim floats.
+// Returns -1, or the first position in the range whose id is outside
+// [0, rows): then it stops, leaving later samples unwritten. Checking here
+// rather than in a pass of its own saves reading the ids twice.
 template <typename T, typename K>
-void LookupForward(const TableView<T, K>& t, int64_t b0, int64_t b1, T* out, float* acc) {
+int64_t LookupForward(const TableView<T, K>& t, int64_t b0, int64_t b1, T* out, float* acc) {
   const int64_t dim = t.dim;
   const int64_t last = b1 > b0 ? t.row_splits[b1] : 0;  // prefetch within this range
   for (int64_t b = b0; b < b1; ++b) {
@@ -82,7 +86,9 @@ void LookupForward(const TableView<T, K>& t, int64_t b0, int64_t b1, T* out, flo
       if (j + kPrefetchDistance < last) {
         PrefetchRow(t.params + static_cast<int64_t>(t.ids[j + kPrefetchDistance]) * dim, dim);
       }
-      const T* __restrict__ row = t.params + static_cast<int64_t>(t.ids[j]) * dim;
+      const int64_t id = static_cast<int64_t>(t.ids[j]);
+      if (id < 0 || id >= t.rows) return j;
+      const T* __restrict__ row = t.params + id * dim;
       const float w = t.weight(j);
       const float scale = w * MaxNormScale(row, dim, t.max_norm);
       float* __restrict__ a = acc;
@@ -94,6 +100,7 @@ void LookupForward(const TableView<T, K>& t, int64_t b0, int64_t b1, T* out, flo
     T* dst = out + b * dim;
     for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(acc[d] * s);
   }
+  return -1;
 }
 
 // What the backward pass of one table needs before it can sum gradient rows:
@@ -105,10 +112,23 @@ struct BackwardPlan {
   std::vector<int64_t> inverse;  // position -> index into unique_ids
 };
 
+// Fills `plan` for the table's nnz ids. Returns -1, or the first position
+// whose id is outside [0, t.rows) (then the plan is unusable). When the
+// caller offers a zeroed `dense_scratch` of at least t.rows entries (see
+// UniqueWithInverseInRange), unique ids are found by direct indexing instead
+// of hashing.
 template <typename T, typename K>
-void PlanBackward(const TableView<T, K>& t, int64_t nnz, BackwardPlan<K>* plan) {
+int64_t PlanBackward(const TableView<T, K>& t, int64_t nnz, BackwardPlan<K>* plan,
+                     int32_t* dense_scratch = nullptr) {
   plan->inverse.resize(static_cast<size_t>(nnz));
+  if (dense_scratch != nullptr && nnz < INT32_MAX) {
+    return UniqueWithInverseInRange<K, int64_t>(t.ids, nnz, t.rows, dense_scratch,
+                                                &plan->unique_ids, plan->inverse.data());
+  }
+  const int64_t bad = FirstBadId(t, 0, nnz);
+  if (bad >= 0) return bad;
   UniqueWithInverse<K, int64_t>(t.ids, nnz, &plan->unique_ids, plan->inverse.data(), nullptr);
+  return -1;
 }
 
 // grad_rows[u, :] for unique ids [u0, u1): the sum over the id's occurrences
@@ -123,25 +143,48 @@ void LookupBackward(const TableView<T, K>& t, const BackwardPlan<K>& plan, const
   if (u1 <= u0) return;
   const int64_t dim = t.dim;
   const bool whole = u0 == 0 && u1 == static_cast<int64_t>(plan.unique_ids.size());
-  std::vector<float> acc(static_cast<size_t>((u1 - u0) * dim), 0.0f);
+  // float rows accumulate in place; half types in a float buffer.
+  const bool in_place = std::is_same<T, float>::value;
+  std::vector<float> buffer(in_place ? 0 : static_cast<size_t>((u1 - u0) * dim));
+  float* const acc_base =
+      in_place ? reinterpret_cast<float*>(grad_rows + u0 * dim) : buffer.data();
+  // Unique indices are numbered in order of first appearance, so scanning
+  // positions in order meets the rows of [u0, u1) first in increasing order:
+  // a row is written at its first occurrence and added to afterwards, with
+  // no separate zeroing pass over the buffer.
+  int64_t next_new = u0;
+  const int64_t nnz = t.row_splits[t.batch];
   for (int64_t b = 0; b < t.batch; ++b) {
     const T* __restrict__ g_row = grads + b * dim;
     for (int64_t j = t.row_splits[b]; j < t.row_splits[b + 1]; ++j) {
+      if (j + kPrefetchDistance < nnz) {  // the row updated a few ids from now
+        const int64_t ahead = plan.inverse[j + kPrefetchDistance];
+        if (whole || (ahead >= u0 && ahead < u1)) {
+          PrefetchRow(acc_base + (ahead - u0) * dim, dim);
+        }
+      }
       const int64_t u = plan.inverse[j];
       if (!whole && (u < u0 || u >= u1)) continue;
       const float s = t.weight(j) * scales[b];
-      float* __restrict__ a = acc.data() + (u - u0) * dim;
-      for (int64_t d = 0; d < dim; ++d) a[d] += s * static_cast<float>(g_row[d]);
+      float* __restrict__ a = acc_base + (u - u0) * dim;
+      if (u == next_new) {
+        for (int64_t d = 0; d < dim; ++d) a[d] = s * static_cast<float>(g_row[d]);
+        ++next_new;
+      } else {
+        for (int64_t d = 0; d < dim; ++d) a[d] += s * static_cast<float>(g_row[d]);
+      }
     }
   }
   for (int64_t u = u0; u < u1; ++u) {
-    float* a = acc.data() + (u - u0) * dim;
+    float* a = acc_base + (u - u0) * dim;
     if (t.max_norm > 0.0f) {
       const T* row = t.params + static_cast<int64_t>(plan.unique_ids[u]) * dim;
       MaxNormBackward(row, dim, t.max_norm, a);
     }
-    T* dst = grad_rows + u * dim;
-    for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(a[d]);
+    if (!in_place) {
+      T* dst = grad_rows + u * dim;
+      for (int64_t d = 0; d < dim; ++d) dst[d] = static_cast<T>(a[d]);
+    }
   }
 }
 

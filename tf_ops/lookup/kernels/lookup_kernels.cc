@@ -41,6 +41,18 @@ void ForEachAcrossTables(OpKernelContext* ctx, const std::vector<int64_t>& count
   });
 }
 
+// A zeroed per-thread buffer of `rows` int32s for unique-by-direct-indexing
+// (core::UniqueWithInverseInRange leaves it zeroed again), or nullptr when
+// the table is too large for that to pay off: then ids are hashed. Pool
+// threads live as long as the process, so the buffer is allocated once.
+int32_t* DenseUniqueScratch(int64_t rows) {
+  constexpr int64_t kMaxDenseRows = int64_t{1} << 22;  // 16 MiB per thread at most
+  if (rows > kMaxDenseRows) return nullptr;
+  thread_local std::vector<int32_t> scratch;
+  if (static_cast<int64_t>(scratch.size()) < rows) scratch.assign(static_cast<size_t>(rows), 0);
+  return scratch.data();
+}
+
 // Lowers `slot` to `value` if smaller (first bad position wins, whatever the
 // thread order).
 void AtomicMin(std::atomic<int64_t>* slot, int64_t value) {
@@ -80,7 +92,8 @@ class FusedLookupBase : public OpKernel {
     return "table '" + names_[t] + "' (table " + std::to_string(t) + ")";
   }
 
-  // Checks the inputs of every table and describes them as TableViews.
+  // Checks the shapes and row_splits of every table and describes them as
+  // TableViews. Ids are range-checked by the passes that read them (CheckIds).
   Status ReadTables(OpKernelContext* ctx, std::vector<core::TableView<T, K>>* views,
                     std::vector<int64_t>* nnz) {
     OpInputList params, ids, splits, weights;
@@ -140,20 +153,25 @@ class FusedLookupBase : public OpKernel {
                                        (*nnz)[t], "); got ", got);
       }
     }
-    return CheckIds(ctx, *views, *nnz);
+    return OkStatus();
   }
 
-  // Every id must name a row of its table: one parallel pass over all ids.
-  Status CheckIds(OpKernelContext* ctx, const std::vector<core::TableView<T, K>>& views,
-                  const std::vector<int64_t>& nnz) {
-    std::vector<std::atomic<int64_t>> first_bad(num_tables_);
-    for (auto& b : first_bad) b.store(kNoProblem);
-    ForEachAcrossTables(ctx, nnz, 4, [&](size_t t, int64_t begin, int64_t end) {
-      const int64_t bad = core::FirstBadId(views[t], begin, end);
-      if (bad >= 0) AtomicMin(&first_bad[t], bad);
-    });
+  // Per-table first positions of bad ids, found by the passes that read ids
+  // anyway (the forward pass, the backward's unique step).
+  struct BadIds {
+    explicit BadIds(int n) : first(n) {
+      for (auto& f : first) f.store(kNoProblem);
+    }
+    void Record(size_t table, int64_t position) {
+      if (position >= 0) AtomicMin(&first[table], position);
+    }
+    std::vector<std::atomic<int64_t>> first;
+  };
+
+  // The error for the first table with a bad id, if any.
+  Status CheckIds(const BadIds& bad, const std::vector<core::TableView<T, K>>& views) const {
     for (int t = 0; t < num_tables_; ++t) {
-      const int64_t j = first_bad[t].load();
+      const int64_t j = bad.first[t].load();
       if (j == kNoProblem) continue;
       return errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ", views[t].rows,
                                      ") (the table's rows); got ",
@@ -203,11 +221,13 @@ class FusedLookupOp : public FusedLookupBase<T, K> {
       batch[t] = views[t].batch;
       max_dim = std::max(max_dim, views[t].dim);
     }
+    typename FusedLookupBase<T, K>::BadIds bad(this->num_tables_);
     ForEachAcrossTables(ctx, batch, CostPerSample(nnz, batch, max_dim),
                         [&](size_t t, int64_t b0, int64_t b1) {
                           std::vector<float> acc(static_cast<size_t>(views[t].dim) + 1);
-                          core::LookupForward(views[t], b0, b1, out[t], acc.data());
+                          bad.Record(t, core::LookupForward(views[t], b0, b1, out[t], acc.data()));
                         });
+    OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
   }
 };
 
@@ -244,9 +264,14 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     std::vector<core::BackwardPlan<K>> plans(n);
     int64_t total_nnz = 0;
     for (int64_t c : nnz) total_nnz += c;
+    typename FusedLookupBase<T, K>::BadIds bad(n);
     ParallelFor(ctx, n, 60 * (total_nnz / std::max(n, 1) + 1), [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t) core::PlanBackward(views[t], nnz[t], &plans[t]);
+      for (int64_t t = t0; t < t1; ++t) {
+        bad.Record(t, core::PlanBackward(views[t], nnz[t], &plans[t],
+                                         DenseUniqueScratch(views[t].rows)));
+      }
     });
+    OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
 
     std::vector<std::vector<float>> scales(n);
     for (int t = 0; t < n; ++t) scales[t].resize(static_cast<size_t>(batch[t]));

@@ -290,3 +290,60 @@ TEST(MixHashTest, IsAPermutationOnSmallInputsAndNotIdentity) {
 }  // namespace
 }  // namespace core
 }  // namespace sok_graph
+
+namespace sok_graph {
+namespace core {
+namespace {
+
+// UniqueWithInverseInRange: the direct-indexing variant used when ids are
+// bounded by a table's rows. Same results as the reference, scratch left
+// zeroed, and the first out-of-range position reported.
+TYPED_TEST(UniqueWithInverseTest, InRangeMatchesReferenceAndRestoresScratch) {
+  using K = typename TypeParam::K;
+  using I = typename TypeParam::I;
+  std::mt19937_64 rng(77);
+  const int64_t range = 300;
+  std::vector<int32_t> scratch(static_cast<size_t>(range), 0);
+  for (int trial = 0; trial < 20; ++trial) {
+    const size_t n = static_cast<size_t>(rng() % 700);
+    std::vector<K> keys(n);
+    for (auto& k : keys) k = static_cast<K>(rng() % range);
+    if (n > 2) {
+      keys[0] = 0;
+      keys[n - 1] = static_cast<K>(range - 1);
+    }
+    const RefUnique<K> ref = ReferenceUnique(keys);
+    std::vector<K> unique;
+    std::vector<I> inverse(n, I(-9));
+    EXPECT_EQ((UniqueWithInverseInRange<K, I>(keys.data(), static_cast<int64_t>(n), range,
+                                             scratch.data(), &unique, inverse.data())),
+              -1);
+    EXPECT_EQ(unique, ref.unique);
+    for (size_t i = 0; i < n; ++i) {
+      EXPECT_EQ(static_cast<int64_t>(inverse[i]), static_cast<int64_t>(ref.inverse[i]));
+    }
+    for (int32_t s : scratch) ASSERT_EQ(s, 0) << "scratch must be left zeroed";
+  }
+}
+
+TYPED_TEST(UniqueWithInverseTest, InRangeReportsFirstBadPosition) {
+  using K = typename TypeParam::K;
+  using I = typename TypeParam::I;
+  std::vector<int32_t> scratch(10, 0);
+  std::vector<K> unique;
+  std::vector<I> inverse(6);
+  const std::vector<K> too_big = {1, 2, 1, 10, 3, -1};
+  EXPECT_EQ((UniqueWithInverseInRange<K, I>(too_big.data(), 6, 10, scratch.data(), &unique,
+                                           inverse.data())),
+            3);
+  for (int32_t s : scratch) ASSERT_EQ(s, 0);
+  const std::vector<K> negative = {4, -1, 20};
+  EXPECT_EQ((UniqueWithInverseInRange<K, I>(negative.data(), 3, 10, scratch.data(), &unique,
+                                           inverse.data())),
+            1);
+  for (int32_t s : scratch) ASSERT_EQ(s, 0);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace sok_graph
