@@ -22,7 +22,7 @@ class BuildWithBazel(build_py):
         super().run()
         # Asked in a subprocess with pip's build isolation undone: the ops are
         # built for the TensorFlow installed next to this Python.
-        bazelw.tensorflow_version(sys.executable)
+        bazelw.tensorflow_install(sys.executable)
         if shutil.which("bazel") is None:
             sys.exit("sok_graph needs Bazel to build its ops: run scripts/setup_env.sh "
                      "(installs Debian's bazel-bootstrap) or apt-get install bazel-bootstrap")

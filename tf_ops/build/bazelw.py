@@ -27,32 +27,37 @@ def clean_env(**extra):
     return env
 
 
-def tensorflow_version(python):
+def tensorflow_install(python):
+    """(version, library directory) of the TensorFlow that `python` imports."""
     env = clean_env(TF_CPP_MIN_LOG_LEVEL="3")
     out = subprocess.run(
-        [python, "-c", "import tensorflow as tf; print(tf.__version__)"],
+        [python, "-c", "import tensorflow as tf; print(tf.__version__, tf.sysconfig.get_lib())"],
         env=env, capture_output=True, text=True,
     )
     if out.returncode != 0:
         sys.exit(f"sok_graph builds its ops for the TensorFlow of the Python that builds it, "
                  f"but {python} cannot import tensorflow; install tensorflow first:\n{out.stderr}")
-    return out.stdout.strip().splitlines()[-1]
+    version, lib = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    return version, lib
 
 
-def output_base(python, tf_version):
+def output_base(tf_version, tf_lib):
+    # Keyed by the TensorFlow installation, not by the spelling of the Python
+    # path: `python`, `python3` and pip's build subprocess share one cache.
     cache = os.environ.get("SOK_GRAPH_CACHE", os.path.expanduser("~/.cache/sok_graph"))
-    key = hashlib.sha256(f"{REPO_ROOT}\0{python}\0{tf_version}".encode()).hexdigest()[:12]
+    key = hashlib.sha256(f"{REPO_ROOT}\0{tf_lib}\0{tf_version}".encode()).hexdigest()[:12]
     return os.path.join(cache, "bazel", f"tf-{tf_version}-{key}")
 
 
 def bazel_command(args, python=None):
     python = python or sys.executable
-    tf_version = tensorflow_version(python)
     startup = [
         "bazel",
-        f"--output_base={output_base(python, tf_version)}",
+        f"--output_base={output_base(*tensorflow_install(python))}",
         # Bazel's JVM is sized for big machines; this one has 2 cores.
         "--host_jvm_args=-Xmx3g",
+        # Don't leave an idle server holding memory for hours.
+        "--max_idle_secs=600",
     ]
     command, rest = args[:1], args[1:]
     if command and command[0] in ("build", "test", "run"):
