@@ -93,3 +93,26 @@ def resource_variable_class():
     from tensorflow.python.ops import resource_variable_ops
 
     return resource_variable_ops.ResourceVariable
+
+
+def record_variable_access(variable):
+    """Tells active GradientTapes that `variable` was read, as reading a
+    tf.Variable does, so gradients w.r.t. it are recorded automatically."""
+    from tensorflow.python.eager import tape
+
+    tape.variable_accessed(variable)
+
+
+def eager_resource_deleter(handle):
+    """An object that destroys the eager resource `handle` when collected (the
+    mechanism tf.Variable uses)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    return resource_variable_ops.EagerResourceDeleter(handle, handle.device)
+
+
+def anonymous_name():
+    """A name unique in this process, for eager resources."""
+    from tensorflow.python.eager import context
+
+    return context.anonymous_name()

@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 from sok_graph import compat  # noqa: F401  (the TF-version layer)
 from sok_graph.context import init
 from sok_graph.distributed_variable import Variable
+from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import lookup_sparse
 
-__all__ = ["init", "Variable", "lookup_sparse", "__version__"]
+__all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "__version__"]

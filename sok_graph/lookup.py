@@ -8,7 +8,9 @@ with unique indices.
 import tensorflow as tf
 
 from sok_graph import context
+from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import lookup as lookup_ops
+from sok_graph.ops import util as util_ops
 
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
@@ -59,9 +61,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                   use_low_frequency_filter=False, max_norm=None, name=None):
     """Embeddings of ragged ids, one fused op for all tables.
 
-    params:     a sok.Variable / tf.Variable / tensor [rows, dim], or a list of them
+    params:     a sok.Variable / tf.Variable / tensor [rows, dim] / sok.DynamicVariable,
+                or a list of them (static and dynamic tables may be mixed)
     sp_ids:     per table, a SparseTensor [batch, max_nnz] or RaggedTensor
-                [batch, (nnz)] of int32/int64 row ids in [0, rows)
+                [batch, (nnz)] of int32/int64 row ids in [0, rows) (static tables) or
+                keys of the table's key_type (dynamic tables; new keys are inserted)
     sp_weights: None, or per table None or a SparseTensor/RaggedTensor of
                 weights aligned with sp_ids (weights are not differentiated)
     combiners:  per table "sum", "mean" (the default, as in SOK) or "sqrtn";
@@ -100,6 +104,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     with tf.name_scope(name or "sok_lookup_sparse"):
         tensors, names = [], []
         for t, p in enumerate(params):
+            if isinstance(p, DynamicVariable):
+                tensors.append(None)  # rows come from the table, below
+                names.append(p.name)
+                continue
             tensor = tf.convert_to_tensor(p)
             if tensor.dtype not in _FLOAT_DTYPES:
                 raise TypeError(
@@ -110,12 +118,13 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                                  f"{tensor.shape}")
             tensors.append(tensor)
             names.append(_table_name(p, t))
-        dtype = tensors[0].dtype
-        for t, tensor in enumerate(tensors):
-            if tensor.dtype != dtype:
+        dtypes = [tf.float32 if x is None else x.dtype for x in tensors]
+        dtype = dtypes[0]
+        for t, d in enumerate(dtypes):
+            if d != dtype:
                 raise TypeError(
                     f"all tables must share one dtype; params[0] is {dtype.name}, params[{t}] "
-                    f"is {tensor.dtype.name}"
+                    f"is {d.name}"
                 )
 
         values, splits = [], []
@@ -123,6 +132,18 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             v, s = _ragged_parts(ids, t)
             if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
+            if tensors[t] is None:
+                # A dynamic table: each distinct key is looked up (or
+                # inserted) once, and the fused op combines rows of that
+                # small gathered table. Its gradient reaches the table as
+                # (unique keys, summed rows).
+                table = params[t]
+                if v.dtype != table.key_type:
+                    raise TypeError(
+                        f"sp_ids[{t}] must hold {table.key_type.name} keys (the key_type of "
+                        f"DynamicVariable '{table.name}'); got {v.dtype.name}")
+                keys, v, _ = util_ops.unique_with_counts(v, out_idx=tf.int64)
+                tensors[t] = table.sparse_read(keys)
             values.append(v)
             splits.append(s)
         if len({v.dtype for v in values}) > 1:

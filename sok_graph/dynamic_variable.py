@@ -1,0 +1,318 @@
+"""`sok.DynamicVariable`: an embedding table keyed by arbitrary int32/int64 ids
+that grows as new ids arrive, backed by the dynamic-table resource.
+
+var_type="hbm": no bound on rows (SOK's GPU-memory table; on CPU the rows
+  live in host memory).
+var_type="hybrid": bounded by max_capacity rows and/or max_hbm_for_vectors
+  GiB of row storage; when full, the least recently (evict_strategy="lru",
+  the default) or least frequently ("lfu") used rows are evicted. On CPU
+  this is the same host-memory table with a bound, not a GPU/host split.
+
+Gradients w.r.t. a DynamicVariable are IndexedSlices whose indices are keys
+(unique when they come from sok lookups), so sparse optimizers touch only the
+rows a batch used.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from sok_graph import compat
+from sok_graph.ops import dynamic as dynamic_ops
+
+_DEFAULT_INIT_CAPACITY = 1 << 16
+
+
+def _is_power_of_two(x):
+    return isinstance(x, (int, np.integer)) and x > 0 and (x & (x - 1)) == 0
+
+
+def initializer_spec(initializer, seed=None):
+    """The table's initializer attributes from SOK's accepted forms: None or
+    "uniform" (uniform in [-0.05, 0.05), as a Keras Embedding starts),
+    "normal" / "truncated_normal" (mean 0, stddev 0.05, as Keras' defaults),
+    "zeros", "ones", a number (constant), or a Keras / tf initializer object
+    (RandomNormal, TruncatedNormal, RandomUniform, Zeros, Ones, Constant)."""
+    spec = dict(initializer="normal", mean=0.0, stddev=0.05, seed=seed or 0)
+    if initializer is None:
+        initializer = "uniform"
+    if initializer in ("normal", "random_normal"):
+        return spec
+    if isinstance(initializer, str):
+        names = {"uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
+                 "random_uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
+                 "truncated_normal": dict(initializer="truncated_normal"),
+                 "zeros": dict(initializer="zeros"),
+                 "ones": dict(initializer="constant", value=1.0)}
+        if initializer not in names:
+            raise ValueError(
+                f"initializer must be one of 'normal', 'truncated_normal', 'uniform', 'zeros', "
+                f"'ones', a number or a Keras/TF initializer; got {initializer!r}")
+        spec.update(names[initializer])
+        return spec
+    if isinstance(initializer, (int, float, np.number)) and not isinstance(initializer, bool):
+        return dict(spec, initializer="constant", value=float(initializer))
+    config = initializer.get_config() if hasattr(initializer, "get_config") else None
+    kind = type(initializer).__name__
+    if config is None:
+        raise TypeError(f"initializer {initializer!r} is not a supported initializer")
+    seed = config.get("seed", seed) or 0
+    if kind in ("RandomNormal", "random_normal_initializer"):
+        return dict(spec, mean=config.get("mean", 0.0), stddev=config.get("stddev", 1.0),
+                    seed=seed)
+    if kind in ("TruncatedNormal", "truncated_normal_initializer"):
+        return dict(spec, initializer="truncated_normal", mean=config.get("mean", 0.0),
+                    stddev=config.get("stddev", 1.0), seed=seed)
+    if kind in ("RandomUniform", "random_uniform_initializer"):
+        return dict(spec, initializer="uniform", minval=config.get("minval", -0.05),
+                    maxval=config.get("maxval", 0.05), seed=seed)
+    if kind in ("Zeros", "zeros_initializer"):
+        return dict(spec, initializer="zeros")
+    if kind in ("Ones", "ones_initializer"):
+        return dict(spec, initializer="constant", value=1.0)
+    if kind in ("Constant", "constant_initializer"):
+        value = config.get("value", 0.0)
+        if np.ndim(value) != 0:
+            raise ValueError("a Constant initializer for a DynamicVariable must hold one number")
+        return dict(spec, initializer="constant", value=float(value))
+    raise TypeError(
+        f"initializer {kind} is not supported by DynamicVariable; use RandomNormal, "
+        f"TruncatedNormal, RandomUniform, Zeros, Ones, Constant or one of their names")
+
+
+class DynamicVariable:
+    """``DynamicVariable(dimension, initializer=None, var_type=None, name=None,
+    constraint=None, trainable=True, key_type=None, dtype=None, mode=None,
+    **table_config)``
+
+    table_config: init_capacity, max_capacity (hybrid: powers of two),
+    max_hbm_for_vectors (GiB of row storage, hybrid), evict_strategy
+    ("lru" / "lfu"), seed.
+    """
+
+    # The tape and tf.Module treat objects with this attribute as resource
+    # variables: gradients w.r.t. them are gradients w.r.t. `handle`.
+    _should_act_as_resource_variable = True
+
+    _TABLE_CONFIG_KEYS = ("init_capacity", "max_capacity", "max_hbm_for_vectors",
+                          "evict_strategy", "seed")
+
+    def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
+                 trainable=True, key_type=None, dtype=None, mode=None, **table_config):
+        if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) \
+                or dimension < 1:
+            raise ValueError(f"dimension must be a positive integer; got {dimension!r}")
+        unknown = sorted(set(table_config) - set(self._TABLE_CONFIG_KEYS))
+        if unknown:
+            raise TypeError(f"unknown DynamicVariable arguments {unknown}; expected some of "
+                            f"{list(self._TABLE_CONFIG_KEYS)}")
+        if constraint is not None:
+            raise ValueError("constraint is not supported for DynamicVariable")
+        self._dimension = int(dimension)
+        self._key_type = tf.as_dtype(key_type or tf.int64)
+        if self._key_type not in (tf.int32, tf.int64):
+            raise TypeError(f"key_type must be int32 or int64; got {self._key_type.name}")
+        self._dtype = tf.as_dtype(dtype or tf.float32)
+        if self._dtype != tf.float32:
+            raise TypeError(f"dtype must be float32 for a DynamicVariable; got {self._dtype.name}")
+        self._var_type = var_type or "hbm"
+        self._mode = mode
+        self._trainable = bool(trainable)
+        self._name = name or "DynamicVariable"
+        limits = self._capacity_config(table_config)
+        eviction = str(table_config.get("evict_strategy", "lru")).lower()
+        eviction = {"klru": "lru", "klfu": "lfu"}.get(eviction, eviction)
+        if eviction not in dynamic_ops.EVICTIONS:
+            raise ValueError(f"evict_strategy must be 'lru' or 'lfu'; got "
+                             f"{table_config.get('evict_strategy')!r}")
+        spec = initializer_spec(initializer, table_config.get("seed"))
+        self._config = dict(limits, eviction=eviction, **spec)
+
+        if tf.executing_eagerly():
+            shared_name = compat.anonymous_name()
+        else:
+            shared_name = tf.compat.v1.get_default_graph().unique_name(self._name,
+                                                                       mark_as_used=True)
+        with tf.name_scope(self._name):
+            self._handle = dynamic_ops.handle(shared_name)
+            self._initializer_op = self._create_op()
+        self._shared_name = shared_name
+        if tf.executing_eagerly():
+            self._deleter = compat.eager_resource_deleter(self._handle)
+        else:
+            # global_variables_initializer() runs every GLOBAL_VARIABLES
+            # entry's `initializer`.
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, self)
+
+    def _capacity_config(self, cfg):
+        if self._var_type not in ("hbm", "hybrid"):
+            raise ValueError(f"var_type must be 'hbm' or 'hybrid'; got {self._var_type!r}")
+        init_capacity = cfg.get("init_capacity", _DEFAULT_INIT_CAPACITY)
+        if not isinstance(init_capacity, (int, np.integer)) or init_capacity < 0:
+            raise ValueError(f"init_capacity must be a non-negative integer; got {init_capacity!r}")
+        if self._var_type == "hbm":
+            for key in ("max_capacity", "max_hbm_for_vectors"):
+                if cfg.get(key):
+                    raise ValueError(f"{key} bounds a table: use var_type='hybrid' with it")
+            return dict(init_capacity=int(init_capacity), max_capacity=0, max_bytes=0)
+        max_capacity = cfg.get("max_capacity", init_capacity)
+        for key, value in (("init_capacity", init_capacity), ("max_capacity", max_capacity)):
+            if not _is_power_of_two(value):
+                raise ValueError(f"{key} must be a power of two for var_type='hybrid'; "
+                                 f"got {value!r}")
+        if init_capacity > max_capacity:
+            raise ValueError(f"init_capacity ({init_capacity}) must be <= max_capacity "
+                             f"({max_capacity})")
+        gib = cfg.get("max_hbm_for_vectors", 0)
+        if not isinstance(gib, (int, float)) or gib < 0:
+            raise ValueError(f"max_hbm_for_vectors must be a non-negative number of GiB; "
+                             f"got {gib!r}")
+        return dict(init_capacity=int(init_capacity), max_capacity=int(max_capacity),
+                    max_bytes=int(gib * (1 << 30)))
+
+    def _create_op(self):
+        c = self._config
+        return dynamic_ops.create(
+            self._handle, self._key_type, self._dimension, initializer=c["initializer"],
+            mean=c.get("mean", 0.0), stddev=c.get("stddev", 1.0), minval=c.get("minval", 0.0),
+            maxval=c.get("maxval", 1.0), value=c.get("value", 0.0), seed=c.get("seed", 0),
+            init_capacity=c["init_capacity"], max_capacity=c["max_capacity"],
+            max_bytes=c["max_bytes"], eviction=c["eviction"])
+
+    # ---------------------------------------------------------------- identity
+    @property
+    def handle(self):
+        return self._handle
+
+    @property
+    def name(self):
+        return self._name
+
+    @property
+    def dtype(self):
+        return self._dtype
+
+    @property
+    def key_type(self):
+        return self._key_type
+
+    @property
+    def dimension(self):
+        return self._dimension
+
+    @property
+    def shape(self):
+        """[None, dimension]: the number of rows is not fixed."""
+        return tf.TensorShape([None, self._dimension])
+
+    @property
+    def trainable(self):
+        return self._trainable
+
+    @property
+    def device(self):
+        return self._handle.device
+
+    @property
+    def initializer(self):
+        """The op that creates the table (graph mode)."""
+        return self._initializer_op
+
+    @property
+    def is_sok_variable(self):
+        return True
+
+    @property
+    def var_type(self):
+        return self._var_type
+
+    @property
+    def _unique_id(self):
+        return self._shared_name
+
+    @property
+    def graph(self):
+        return self._handle.graph
+
+    def __repr__(self):
+        return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "
+                f"key_type={self._key_type.name} var_type={self._var_type}>")
+
+    # ---------------------------------------------------------------- table ops
+    def _check_keys(self, keys):
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != self._key_type:
+            raise TypeError(f"keys for DynamicVariable '{self._name}' must be "
+                            f"{self._key_type.name} (its key_type); got {keys.dtype.name}")
+        return keys
+
+    def sparse_read(self, keys, name=None):
+        """Rows [n, dimension] of keys, inserting missing ones; differentiable."""
+        keys = self._check_keys(keys)
+        if self._trainable:
+            compat.record_variable_access(self)
+        rows, _ = dynamic_ops.find_or_insert(self._handle, keys, self._dimension)
+        return rows
+
+    def find(self, keys, default_value=0.0):
+        """(rows, found) for inference: missing keys get default_value, nothing is inserted."""
+        return dynamic_ops.find(self._handle, self._check_keys(keys), self._dimension,
+                                default_value)
+
+    def scatter_add(self, keys, rows):
+        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows, "add")
+
+    def scatter_sub(self, keys, rows):
+        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows, "sub")
+
+    def scatter_update(self, keys, rows):
+        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows, "update")
+
+    def remove(self, keys):
+        return dynamic_ops.remove(self._handle, self._check_keys(keys))
+
+    def size(self):
+        return dynamic_ops.stats(self._handle)[0]
+
+    def stats(self):
+        """dict of size, row_limit, evicted_total, memory_bytes (tensors)."""
+        return dict(zip(("size", "row_limit", "evicted_total", "memory_bytes"),
+                        dynamic_ops.stats(self._handle)))
+
+    def export(self, chunk_size=1 << 20, updated_after=None):
+        """(keys, rows) of every row (or of rows updated after `updated_after`,
+        UTC microseconds), read in chunks of chunk_size rows. Eager only."""
+        keys, rows = [], []
+        for k, r, _, _ in self.export_chunks(chunk_size, updated_after):
+            keys.append(k)
+            rows.append(r)
+        if not keys:
+            return (tf.zeros([0], self._key_type), tf.zeros([0, self._dimension]))
+        return tf.concat(keys, 0), tf.concat(rows, 0)
+
+    def export_chunks(self, chunk_size=1 << 20, updated_after=None):
+        """Yields (keys, rows, timestamps, frequencies) chunks; memory stays
+        bounded by chunk_size rows. Eager only."""
+        if not tf.executing_eagerly():
+            raise RuntimeError("DynamicVariable.export_chunks runs eagerly; in graph mode use "
+                               "sok_graph.ops.dynamic.export with explicit offsets")
+        after = dynamic_ops.INT64_MIN if updated_after is None else int(updated_after)
+        offset = 0
+        while True:
+            k, r, t, f, nxt = dynamic_ops.export(self._handle, self._key_type, self._dimension,
+                                                 offset, chunk_size, after)
+            if k.shape[0]:
+                yield k, r, t, f
+            offset = int(nxt)
+            if offset >= int(self.size()):
+                return
+
+    def import_rows(self, keys, rows, timestamps=None, frequencies=None):
+        return dynamic_ops.import_rows(self._handle, self._check_keys(keys), rows, timestamps,
+                                       frequencies)
+
+    def clear(self):
+        return dynamic_ops.clear(self._handle)
+
+
+def is_dynamic_variable(value):
+    return isinstance(value, DynamicVariable)

@@ -1,0 +1,91 @@
+"""The dynamic-table ops (tf_ops/dynamic): a hash-table resource from int32 /
+int64 keys to float rows, plus the gradient that turns a lookup's gradient
+into (unique keys, summed rows) for the table."""
+
+import tensorflow as tf
+
+from sok_graph import _ops
+from sok_graph.compat import IndexedSlices, register_gradient
+
+INT64_MIN = -(2 ** 63)
+INITIALIZERS = ("normal", "truncated_normal", "uniform", "zeros", "constant")
+EVICTIONS = ("lru", "lfu")
+
+
+def handle(shared_name, container=""):
+    """A resource handle [] for the table named `shared_name`."""
+    return _ops.load().sok_dynamic_table_handle(container=container, shared_name=shared_name)
+
+
+def create(table, key_dtype, dim, initializer="normal", mean=0.0, stddev=1.0, minval=0.0,
+           maxval=1.0, value=0.0, seed=0, init_capacity=0, max_capacity=0, max_bytes=0,
+           eviction="lru"):
+    """Creates the table behind `table` if it does not exist yet (an op in graph mode)."""
+    return _ops.load().sok_dynamic_table_create(
+        table, key_dtype=key_dtype, dim=int(dim), initializer=initializer,
+        init_mean=float(mean), init_stddev=float(stddev), init_minval=float(minval),
+        init_maxval=float(maxval), init_value=float(value), seed=int(seed),
+        init_capacity=int(init_capacity), max_capacity=int(max_capacity),
+        max_bytes=int(max_bytes), eviction=eviction)
+
+
+def is_initialized(table):
+    return _ops.load().sok_dynamic_table_is_initialized(table)
+
+
+def find_or_insert(table, keys, dim):
+    """(rows [n, dim] float32, num_evicted): rows of keys, missing ones inserted."""
+    return _ops.load().sok_dynamic_table_find_or_insert(table, keys, dim=int(dim))
+
+
+def find(table, keys, dim, default_value=0.0):
+    """(rows [n, dim], found [n] bool) for inference; inserts nothing."""
+    return _ops.load().sok_dynamic_table_find(
+        table, keys, tf.cast(default_value, tf.float32), dim=int(dim))
+
+
+def scatter(table, keys, rows, mode):
+    """row(key) += / -= / = rows ('add' / 'sub' / 'update'); returns num_evicted."""
+    return _ops.load().sok_dynamic_table_scatter(table, keys, rows, mode=mode)
+
+
+def remove(table, keys):
+    return _ops.load().sok_dynamic_table_remove(table, keys)
+
+
+def stats(table):
+    """(size, row_limit, evicted_total, memory_bytes), int64 scalars."""
+    return _ops.load().sok_dynamic_table_stats(table)
+
+
+def export(table, key_dtype, dim, offset=0, limit=1 << 20, updated_after=INT64_MIN):
+    """(keys, rows, timestamps, frequencies, next_offset) of one chunk."""
+    return _ops.load().sok_dynamic_table_export(
+        table, tf.constant(offset, tf.int64), tf.constant(limit, tf.int64),
+        tf.constant(updated_after, tf.int64), Tkeys=key_dtype, dim=int(dim))
+
+
+def import_rows(table, keys, rows, timestamps=None, frequencies=None):
+    empty = tf.zeros([0], tf.int64)
+    return _ops.load().sok_dynamic_table_import(
+        table, keys, rows,
+        empty if timestamps is None else tf.cast(timestamps, tf.int64),
+        empty if frequencies is None else tf.cast(frequencies, tf.int64))
+
+
+def clear(table):
+    return _ops.load().sok_dynamic_table_clear(table)
+
+
+@register_gradient("SokDynamicTableFindOrInsert")
+def _find_or_insert_grad(op, grad, unused_evicted_grad):
+    """The gradient of the rows, addressed by key: the table's IndexedSlices.
+
+    With keys deduplicated before the lookup (as sok_graph's lookups do) the
+    indices are unique."""
+    keys = op.inputs[1]
+    if isinstance(grad, tf.IndexedSlices):
+        slices = IndexedSlices(grad.values, tf.gather(keys, grad.indices))
+    else:
+        slices = IndexedSlices(grad, keys)
+    return [slices, None]

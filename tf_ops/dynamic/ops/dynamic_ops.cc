@@ -1,0 +1,201 @@
+// Dynamic embedding tables: a hash-table resource keyed by int32/int64 ids
+// with float rows, growing as new ids arrive, optionally bounded with LRU or
+// LFU eviction.
+#include "tensorflow/core/framework/common_shape_fns.h"
+#include "tensorflow/core/framework/op.h"
+#include "tensorflow/core/framework/shape_inference.h"
+#include "tf_ops/common/tf_compat.h"
+
+namespace sok_graph {
+
+using ::tensorflow::Status;
+using ::tensorflow::shape_inference::DimensionHandle;
+using ::tensorflow::shape_inference::InferenceContext;
+using ::tensorflow::shape_inference::ShapeHandle;
+
+namespace {
+
+// [n, dim] for keys [n] at input `keys_input` and attr dim.
+Status RowsShape(InferenceContext* c, int keys_input, int output) {
+  ShapeHandle keys;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(keys_input), 1, &keys));
+  int dim = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+  c->set_output(output, c->Matrix(c->Dim(keys, 0), dim));
+  return OkStatus();
+}
+
+}  // namespace
+
+REGISTER_OP("SokDynamicTableHandle")
+    .Output("table: resource")
+    .Attr("container: string = ''")
+    .Attr("shared_name: string = ''")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc("A handle to a dynamic table, created by SokDynamicTableCreate.");
+
+REGISTER_OP("SokDynamicTableCreate")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Attr("key_dtype: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .Attr("initializer: string = 'normal'")
+    .Attr("init_mean: float = 0.0")
+    .Attr("init_stddev: float = 1.0")
+    .Attr("init_minval: float = 0.0")
+    .Attr("init_maxval: float = 1.0")
+    .Attr("init_value: float = 0.0")
+    .Attr("seed: int = 0")
+    .Attr("init_capacity: int = 0")
+    .Attr("max_capacity: int = 0")
+    .Attr("max_bytes: int = 0")
+    .Attr("eviction: string = 'lru'")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Creates the table behind `table` unless it exists already (running it again,
+as a re-run initializer does, keeps the table and its rows).
+
+initializer: rows of new keys: "normal" (init_mean, init_stddev),
+  "truncated_normal" (redrawn beyond 2 stddev), "uniform" ([init_minval,
+  init_maxval)), "zeros", "constant" (init_value). Values depend only on
+  (seed, key, position), never on batch or thread.
+init_capacity: rows allocated up front (the table grows past it).
+max_capacity: 0 for no bound, else the most rows kept.
+max_bytes: 0 for no bound, else a budget for row storage (rows of dim
+  floats); the bound is the smaller of the two.
+eviction: "lru" or "lfu": which rows go when a bounded table is full.
+)doc");
+
+REGISTER_OP("SokDynamicTableIsInitialized")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Output("is_initialized: bool")
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("SokDynamicTableFindOrInsert")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: Tkeys")
+    .Output("rows: float")
+    .Output("num_evicted: int64")
+    .Attr("Tkeys: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      TF_RETURN_IF_ERROR(RowsShape(c, 1, 0));
+      c->set_output(1, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Rows of `keys` [n] as [n, dim], inserting missing keys with rows from the
+table's initializer. Counts a use of each key (LRU time, LFU frequency).
+num_evicted: rows evicted to make room.
+)doc");
+
+REGISTER_OP("SokDynamicTableFind")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: Tkeys")
+    .Input("default_value: float")
+    .Output("rows: float")
+    .Output("found: bool")
+    .Attr("Tkeys: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      TF_RETURN_IF_ERROR(RowsShape(c, 1, 0));
+      c->set_output(1, c->input(1));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Rows of `keys` for inference: missing keys get default_value (a scalar or a
+[dim] row) and found=false; nothing is inserted and no metadata changes.
+)doc");
+
+REGISTER_OP("SokDynamicTableScatter")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: Tkeys")
+    .Input("rows: float")
+    .Output("num_evicted: int64")
+    .Attr("Tkeys: {int32, int64}")
+    .Attr("mode: {'add', 'sub', 'update'}")
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+row(key) += rows[i] / -= rows[i] / = rows[i] for each keys[i], in input
+order. Missing keys are inserted first with their initial rows.
+)doc");
+
+REGISTER_OP("SokDynamicTableRemove")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: Tkeys")
+    .Output("num_removed: int64")
+    .Attr("Tkeys: {int32, int64}")
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
+
+REGISTER_OP("SokDynamicTableStats")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Output("size: int64")
+    .Output("row_limit: int64")
+    .Output("evicted_total: int64")
+    .Output("memory_bytes: int64")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      for (int i = 0; i < 4; ++i) c->set_output(i, c->Scalar());
+      return OkStatus();
+    })
+    .Doc("Rows held, the most rows allowed, rows evicted so far, bytes allocated.");
+
+REGISTER_OP("SokDynamicTableExport")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("offset: int64")
+    .Input("limit: int64")
+    .Input("updated_after: int64")
+    .Output("keys: Tkeys")
+    .Output("rows: float")
+    .Output("timestamps: int64")
+    .Output("frequencies: int64")
+    .Output("next_offset: int64")
+    .Attr("Tkeys: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      auto n = c->UnknownDim();
+      int dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(0, c->Vector(n));
+      c->set_output(1, c->Matrix(n, dim));
+      c->set_output(2, c->Vector(n));
+      c->set_output(3, c->Vector(n));
+      c->set_output(4, c->Scalar());
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Up to `limit` entries from position `offset` of the table, keeping only those
+last updated after `updated_after` (UTC microseconds; INT64_MIN for all):
+keys, rows, last-update times and use counts. Call again from next_offset
+until it equals the table's size, so memory stays bounded by `limit`.
+)doc");
+
+REGISTER_OP("SokDynamicTableImport")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: Tkeys")
+    .Input("rows: float")
+    .Input("timestamps: int64")
+    .Input("frequencies: int64")
+    .Output("num_evicted: int64")
+    .Attr("Tkeys: {int32, int64}")
+    .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
+    .Doc(R"doc(
+Inserts or overwrites keys with rows [n, dim]. timestamps and frequencies
+restore metadata when given ([n] each), or are empty ([0]).
+)doc");
+
+REGISTER_OP("SokDynamicTableClear")
+    .Input("table: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs);
+
+}  // namespace sok_graph
