@@ -22,6 +22,15 @@ DIMS = [16, 16, 8]
 COMBINERS = ["sum", "sum", "mean"]
 
 
+def dense(x, fan_in, fan_out, name):
+    """x @ W + b with graph-mode variables (tf.compat.v1.layers needs Keras 2)."""
+    w = tf.compat.v1.get_variable(
+        name + "/kernel", [fan_in, fan_out],
+        initializer=tf.compat.v1.initializers.he_normal(seed=0))
+    b = tf.compat.v1.get_variable(name + "/bias", [fan_out], initializer=tf.zeros_initializer())
+    return tf.matmul(x, w) + b
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=300)
@@ -41,8 +50,8 @@ def main():
     labels = tf.compat.v1.placeholder(tf.float32, [None])
     ids = [tf.RaggedTensor.from_row_splits(v, s) for v, s in zip(values, splits)]
     emb = tf.concat(sok.lookup_sparse(tables, ids, combiners=COMBINERS), axis=1)
-    hidden = tf.compat.v1.layers.dense(emb, 64, activation=tf.nn.relu)
-    logits = tf.squeeze(tf.compat.v1.layers.dense(hidden, 1), 1)
+    hidden = tf.nn.relu(dense(emb, sum(DIMS), 64, "hidden"))
+    logits = tf.squeeze(dense(hidden, 64, 1, "output"), 1)
     loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
     train_op = tf.compat.v1.train.AdagradOptimizer(args.lr).minimize(loss)
     probs = tf.sigmoid(logits)

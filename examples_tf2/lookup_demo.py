@@ -23,7 +23,7 @@ COMBINERS = ["sum", "sum", "mean"]
 
 
 def dense_layer(rng, fan_in, fan_out):
-    w = rng.standard_normal((fan_in, fan_out)).astype(np.float32) * np.sqrt(2.0 / fan_in)
+    w = (rng.standard_normal((fan_in, fan_out)) * np.sqrt(2.0 / fan_in)).astype(np.float32)
     return tf.Variable(w), tf.Variable(np.zeros(fan_out, np.float32))
 
 
