@@ -78,8 +78,10 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
     for (int64_t i = 0; i < n; ++i) {
       if (entries[i] >= 0) {
         t.Touch(entries[i], now, accessed);
-      } else if (seen.Insert(keys[i]) == seen.size() - 1) {
-        missing.push_back(i);
+      } else {
+        const int64_t before = seen.size();
+        seen.Insert(keys[i]);
+        if (seen.size() > before) missing.push_back(i);  // first time in this batch
       }
     }
   }
