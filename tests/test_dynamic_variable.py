@@ -1,0 +1,205 @@
+"""sok.DynamicVariable and lookups that mix dynamic and static tables."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_graph
+
+import sok_graph as sok
+
+
+def filled(table_rows, **kwargs):
+    """A DynamicVariable holding row i of `table_rows` under key i."""
+    v = sok.DynamicVariable(table_rows.shape[1], **kwargs)
+    v.import_rows(tf.range(table_rows.shape[0], dtype=tf.int64), tf.constant(table_rows))
+    return v
+
+
+def ragged(rng, batch, rows, hot):
+    return tf.ragged.constant(
+        [list(rng.integers(0, rows, size=rng.integers(1, hot + 1))) for _ in range(batch)],
+        tf.int64)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_mixed_lookup_and_gradients_match_tf(rng, combiner):
+    dense_rows = rng.standard_normal((40, 6)).astype(np.float32)
+    static_rows = rng.standard_normal((9, 3)).astype(np.float32)
+    dyn = filled(dense_rows)
+    static = sok.Variable(static_rows)
+    ref_dyn, ref_static = tf.Variable(dense_rows), tf.Variable(static_rows)
+    ids_dyn, ids_static = ragged(rng, 16, 40, 5), ragged(rng, 16, 9, 3)
+    weights = tf.ragged.map_flat_values(lambda x: tf.cast(x, tf.float32) * 0.1 + 0.5, ids_dyn)
+    up = [tf.constant(rng.standard_normal((16, 6)), tf.float32),
+          tf.constant(rng.standard_normal((16, 3)), tf.float32)]
+    with tf.GradientTape(persistent=True) as tape:
+        got = sok.lookup_sparse([dyn, static], [ids_dyn, ids_static], [weights, None],
+                                combiners=[combiner, combiner])
+        ref = [tf.nn.embedding_lookup_sparse(ref_dyn, ids_dyn.to_sparse(), weights.to_sparse(),
+                                             combiner=combiner),
+               tf.nn.embedding_lookup_sparse(ref_static, ids_static.to_sparse(), None,
+                                             combiner=combiner)]
+        loss_got = sum(tf.reduce_sum(g * u) for g, u in zip(got, up))
+        loss_ref = sum(tf.reduce_sum(r * u) for r, u in zip(ref, up))
+    for g, r in zip(got, ref):
+        np.testing.assert_allclose(g.numpy(), r.numpy(), rtol=1e-5, atol=1e-5)
+    g_dyn, g_static = tape.gradient(loss_got, [dyn, static])
+    r_dyn, r_static = tape.gradient(loss_ref, [ref_dyn, ref_static])
+    assert isinstance(g_dyn, tf.IndexedSlices)
+    keys = g_dyn.indices.numpy()
+    assert len(np.unique(keys)) == len(keys), "gradient keys must be unique"
+    assert set(keys) == set(ids_dyn.flat_values.numpy())
+    dense_ref = tf.convert_to_tensor(r_dyn).numpy()
+    np.testing.assert_allclose(g_dyn.values.numpy(), dense_ref[keys], rtol=1e-5, atol=1e-5)
+    untouched = np.setdiff1d(np.arange(40), keys)
+    assert np.all(dense_ref[untouched] == 0)
+    np.testing.assert_allclose(tf.convert_to_tensor(g_static).numpy(),
+                               tf.convert_to_tensor(r_static).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_new_keys_are_inserted_with_initializer():
+    v = sok.DynamicVariable(4, initializer=0.25)
+    out = sok.lookup_sparse(v, tf.ragged.constant([[123456789012, 5], [5]], tf.int64),
+                            combiners="sum")
+    np.testing.assert_allclose(out.numpy(), [[0.5] * 4, [0.25] * 4])
+    assert int(v.size()) == 2
+
+
+def _train_steps(rng, steps, make_step):
+    rows = rng.standard_normal((30, 4)).astype(np.float32)
+    ids = ragged(rng, 12, 30, 4)
+    dyn, ref = filled(rows), tf.Variable(rows)
+    step = make_step(dyn, ref, ids)
+    for _ in range(steps):
+        a, b = step()
+        np.testing.assert_allclose(float(a), float(b), rtol=1e-5)
+    k, r = dyn.export()
+    np.testing.assert_allclose(r.numpy(), ref.numpy()[k.numpy()], rtol=1e-5, atol=1e-6)
+
+
+def test_tf_function_sgd_training_matches_tf_variable(rng):
+    def make_step(dyn, ref, ids):
+        @tf.function
+        def step():
+            with tf.GradientTape(persistent=True) as tape:
+                a = sok.lookup_sparse(dyn, ids, combiners="mean")
+                b = tf.nn.embedding_lookup_sparse(ref, ids.to_sparse(), None, combiner="mean")
+                la, lb = tf.reduce_sum(tf.square(a - 1)), tf.reduce_sum(tf.square(b - 1))
+            ga, gb = tape.gradient(la, dyn), tape.gradient(lb, ref)
+            dyn.scatter_sub(ga.indices, 0.3 * ga.values)
+            ref.scatter_sub(tf.IndexedSlices(0.3 * gb.values, gb.indices))
+            return la, lb
+        return step
+
+    _train_steps(rng, 6, make_step)
+
+
+def test_graph_mode_session_training(rng):
+    rows = rng.standard_normal((20, 3)).astype(np.float32)
+    samples = [[1, 2], [2], [19, 0, 0]]
+
+    def build():
+        dyn = sok.DynamicVariable(3, initializer="zeros")
+        load = dyn.import_rows(tf.range(20, dtype=tf.int64), tf.constant(rows))
+        ids = tf.ragged.constant(samples, tf.int64)
+        out = sok.lookup_sparse([dyn], [ids], combiners=["sum"])[0]
+        loss = tf.reduce_sum(out * out)
+        (grad,) = tf.gradients(loss, [dyn.handle])
+        assert isinstance(grad, tf.IndexedSlices)
+        return load, out, grad.indices, grad.values
+
+    graph = tf.Graph()
+    with graph.as_default():
+        load, out, idx, vals = build()
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            with pytest.raises(tf.errors.FailedPreconditionError, match="initializer"):
+                sess.run(out)
+            sess.run(init)
+            sess.run(load)
+            o, i, v = sess.run([out, idx, vals])
+    expected = np.stack([rows[s].sum(0) for s in samples])
+    np.testing.assert_allclose(o, expected, rtol=1e-6)
+    dense = np.zeros_like(rows)
+    for b, s in enumerate(samples):
+        for k in s:
+            dense[k] += 2 * expected[b]
+    np.testing.assert_allclose(v, dense[i], rtol=1e-5)
+    assert sorted(i.tolist()) == [0, 1, 2, 19]
+
+
+def test_export_chunks_and_incremental(rng):
+    v = filled(rng.standard_normal((50, 2)).astype(np.float32))
+    chunks = list(v.export_chunks(chunk_size=7))
+    assert sum(int(c[0].shape[0]) for c in chunks) == 50
+    last = max(int(c[2].numpy().max()) for c in chunks)
+    v.scatter_add(tf.constant([3, 4], tf.int64), tf.ones([2, 2]))
+    k, _ = v.export(updated_after=last)
+    assert sorted(k.numpy().tolist()) == [3, 4]
+
+
+def test_hybrid_bounded_table_evicts():
+    v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=8,
+                            evict_strategy="lfu")
+    for start in range(0, 40, 4):
+        v.sparse_read(tf.range(start, start + 4, dtype=tf.int64))
+    stats = {k: int(x) for k, x in v.stats().items()}
+    assert stats["size"] == 8 and stats["row_limit"] == 8 and stats["evicted_total"] == 32
+
+
+@pytest.mark.parametrize("kwargs,exc,pattern", [
+    (dict(var_type="hybrid", init_capacity=6, max_capacity=8), ValueError,
+     "init_capacity must be a power of two"),
+    (dict(var_type="hybrid", init_capacity=8, max_capacity=12), ValueError,
+     "max_capacity must be a power of two"),
+    (dict(var_type="hybrid", init_capacity=16, max_capacity=8), ValueError,
+     r"init_capacity \(16\) must be <= max_capacity \(8\)"),
+    (dict(var_type="ssd"), ValueError, "var_type must be 'hbm' or 'hybrid'"),
+    (dict(max_capacity=8), ValueError, "use var_type='hybrid'"),
+    (dict(initializer="xavier"), ValueError, "initializer must be one of"),
+    (dict(evict_strategy="fifo"), ValueError, "evict_strategy must be 'lru' or 'lfu'"),
+    (dict(key_type=tf.float32), TypeError, "key_type must be int32 or int64"),
+    (dict(dtype=tf.float16), TypeError, "dtype must be float32"),
+    (dict(capacity=3), TypeError, r"unknown DynamicVariable arguments \['capacity'\]"),
+    (dict(init_capacity=-1), ValueError, "init_capacity must be a non-negative integer"),
+])
+def test_bad_arguments(kwargs, exc, pattern):
+    with pytest.raises(exc, match=pattern):
+        sok.DynamicVariable(4, **kwargs)
+
+
+def test_bad_dimension_and_key_dtype():
+    with pytest.raises(ValueError, match="dimension must be a positive integer; got 0"):
+        sok.DynamicVariable(0)
+    v = sok.DynamicVariable(3, key_type=tf.int32)
+    with pytest.raises(TypeError, match=r"sp_ids\[0\] must hold int32 keys.*got int64"):
+        sok.lookup_sparse([v], [tf.ragged.constant([[1]], tf.int64)])
+    with pytest.raises(TypeError, match="keys for DynamicVariable .* must be int32"):
+        v.sparse_read(tf.constant([1], tf.int64))
+
+
+@pytest.mark.parametrize("init,check", [
+    (tf.keras.initializers.Zeros(), lambda r: np.all(r == 0)),
+    (tf.keras.initializers.Ones(), lambda r: np.all(r == 1)),
+    (tf.keras.initializers.Constant(0.5), lambda r: np.all(r == 0.5)),
+    (tf.keras.initializers.RandomUniform(-0.1, 0.1, seed=3),
+     lambda r: r.min() >= -0.1 and r.max() < 0.1 and r.std() > 0.03),
+    (tf.keras.initializers.RandomNormal(stddev=0.2, seed=3), lambda r: 0.15 < r.std() < 0.25),
+    (tf.keras.initializers.TruncatedNormal(stddev=0.2, seed=3),
+     lambda r: np.abs(r).max() <= 0.4 + 1e-6),
+    ("uniform", lambda r: r.min() >= -0.05 and r.max() < 0.05),
+    (None, lambda r: r.min() >= -0.05 and r.max() < 0.05),
+    (2.0, lambda r: np.all(r == 2.0)),
+])
+def test_initializer_forms(init, check):
+    v = sok.DynamicVariable(8, initializer=init)
+    rows = v.sparse_read(tf.range(500, dtype=tf.int64)).numpy()
+    assert check(rows)
+
+
+def test_dynamic_variable_in_graph_initializer_via_helper(rng):
+    def build():
+        v = sok.DynamicVariable(2, initializer=1.0)
+        return v.sparse_read(tf.constant([4, 5], tf.int64))
+
+    np.testing.assert_array_equal(run_in_graph(build), np.ones((2, 2)))
