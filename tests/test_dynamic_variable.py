@@ -203,3 +203,17 @@ def test_dynamic_variable_in_graph_initializer_via_helper(rng):
         return v.sparse_read(tf.constant([4, 5], tf.int64))
 
     np.testing.assert_array_equal(run_in_graph(build), np.ones((2, 2)))
+
+
+def test_eager_table_is_destroyed_with_its_variable():
+    import gc
+
+    from sok_graph.ops import dynamic as dynamic_ops
+
+    v = sok.DynamicVariable(2)
+    v.sparse_read(tf.constant([1, 2], tf.int64))
+    handle = v.handle
+    assert bool(dynamic_ops.is_initialized(handle))
+    del v
+    gc.collect()
+    assert not bool(dynamic_ops.is_initialized(handle))
