@@ -138,3 +138,27 @@ def sok_core_tests(srcs, deps = []):
             deps = deps + ["@system_gtest//:gtest_main"],
             size = "small",
         )
+
+def sok_op_family(core_deps = []):
+    """Everything one tf_ops/<family>/BUILD declares, by convention of layout:
+
+      core/*.h             TF-independent algorithms (":core", C++14)
+      core/*_test.cc       their googletests
+      ops/*.cc, kernels/*.cc, kernels/*.h
+                           op registrations and kernels (":srcs", compiled
+                           into libsok_ops.so by //tf_ops:BUILD)
+      kernels/*.cu, *.cuh, *_launcher.h
+                           CUDA kernels and their C launchers (":cuda_srcs")
+    """
+    sok_core_library(name = "core", hdrs = native.glob(["core/*.h"]), deps = core_deps)
+    sok_core_tests(srcs = native.glob(["core/*_test.cc"]), deps = [":core"])
+    native.filegroup(
+        name = "srcs",
+        srcs = native.glob(["ops/*.cc", "kernels/*.cc", "kernels/*.h"]),
+        visibility = ["//tf_ops:__subpackages__"],
+    )
+    native.filegroup(
+        name = "cuda_srcs",
+        srcs = native.glob(["kernels/*.cu", "kernels/*.cuh", "kernels/*_launcher.h"]),
+        visibility = ["//tf_ops:__subpackages__"],
+    )

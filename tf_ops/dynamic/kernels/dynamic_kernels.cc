@@ -62,7 +62,7 @@ core::ParallelRunner RunnerFor(OpKernelContext* ctx) {
   };
 }
 
-// Looks up the table of input 0; the caller Unrefs it (ScopedUnref).
+// Looks up the table of input 0; the caller Unrefs it (TableInputs does).
 Status GetTable(OpKernelContext* ctx, DynamicTableResource** table) {
   Status s = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table);
   if (!s.ok()) {
@@ -119,7 +119,24 @@ Status ScalarOutput(OpKernelContext* ctx, int index, int64_t value) {
   return OkStatus();
 }
 
-bool IsPowerOfTwo(int64_t x) { return x > 0 && (x & (x - 1)) == 0; }
+// What most table ops read first: the table of input 0 and, if asked, the
+// keys of input 1 (checked against the table, widened to int64).
+struct TableInputs {
+  DynamicTableResource* table = nullptr;
+  std::vector<int64_t> widened;
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+
+  ~TableInputs() {
+    if (table != nullptr) table->Unref();
+  }
+  Status Read(OpKernelContext* ctx, bool with_keys) {
+    TF_RETURN_IF_ERROR(GetTable(ctx, &table));
+    if (with_keys) TF_RETURN_IF_ERROR(ReadKeys(ctx, 1, *table, &widened, &keys, &n));
+    return OkStatus();
+  }
+  core::DynamicTable& t() { return table->table(); }
+};
 
 class CreateOp : public OpKernel {
  public:
@@ -214,14 +231,12 @@ class FindOrInsertOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
-    OP_REQUIRES_OK(ctx, CheckDimAttr(*table, dim_));
-    std::vector<int64_t> widened;
-    const int64_t* keys = nullptr;
-    int64_t n = 0;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx, 1, *table, &widened, &keys, &n));
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    OP_REQUIRES_OK(ctx, CheckDimAttr(*in.table, dim_));
+    const int64_t* keys = in.keys;
+    const int64_t n = in.n;
+    DynamicTableResource* table = in.table;
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
     std::string error;
@@ -246,14 +261,12 @@ class FindOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
-    OP_REQUIRES_OK(ctx, CheckDimAttr(*table, dim_));
-    std::vector<int64_t> widened;
-    const int64_t* keys = nullptr;
-    int64_t n = 0;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx, 1, *table, &widened, &keys, &n));
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    OP_REQUIRES_OK(ctx, CheckDimAttr(*in.table, dim_));
+    const int64_t* keys = in.keys;
+    const int64_t n = in.n;
+    DynamicTableResource* table = in.table;
     const Tensor& def = ctx->input(2);
     OP_REQUIRES(ctx, def.NumElements() == 1 || (def.dims() == 1 && def.dim_size(0) == dim_),
                 errors::InvalidArgument("default_value must be a scalar or a [", dim_,
@@ -283,13 +296,11 @@ class ScatterOp : public OpKernel {
                           : mode == "sub" ? core::ScatterMode::kSub : core::ScatterMode::kUpdate;
   }
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
-    std::vector<int64_t> widened;
-    const int64_t* keys = nullptr;
-    int64_t n = 0;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx, 1, *table, &widened, &keys, &n));
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    const int64_t* keys = in.keys;
+    const int64_t n = in.n;
+    DynamicTableResource* table = in.table;
     const Tensor& rows = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckRows(rows, n, table->table().dim()));
     std::string error;
@@ -312,13 +323,11 @@ class RemoveOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
-    std::vector<int64_t> widened;
-    const int64_t* keys = nullptr;
-    int64_t n = 0;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx, 1, *table, &widened, &keys, &n));
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    const int64_t* keys = in.keys;
+    const int64_t n = in.n;
+    DynamicTableResource* table = in.table;
     int64_t removed = 0;
     {
       ::tensorflow::mutex_lock lock(*table->mu());
@@ -332,9 +341,9 @@ class StatsOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, false));
+    DynamicTableResource* table = in.table;
     ::tensorflow::tf_shared_lock lock(*table->mu());
     const core::DynamicTable& t = table->table();
     OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, t.size()));
@@ -351,9 +360,9 @@ class ExportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, false));
+    DynamicTableResource* table = in.table;
     OP_REQUIRES_OK(ctx, CheckDimAttr(*table, dim_));
     OP_REQUIRES(ctx, ctx->input(1).dtype() == ::tensorflow::DT_INT64,
                 errors::InvalidArgument("offset must be int64"));
@@ -397,13 +406,11 @@ class ImportOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
-    std::vector<int64_t> widened;
-    const int64_t* keys = nullptr;
-    int64_t n = 0;
-    OP_REQUIRES_OK(ctx, ReadKeys(ctx, 1, *table, &widened, &keys, &n));
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    const int64_t* keys = in.keys;
+    const int64_t n = in.n;
+    DynamicTableResource* table = in.table;
     const Tensor& rows = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckRows(rows, n, table->table().dim()));
     const Tensor& ts = ctx->input(3);
@@ -446,9 +453,9 @@ class ClearOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    DynamicTableResource* table = nullptr;
-    OP_REQUIRES_OK(ctx, GetTable(ctx, &table));
-    ::tensorflow::core::ScopedUnref unref(table);
+    TableInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, false));
+    DynamicTableResource* table = in.table;
     ::tensorflow::mutex_lock lock(*table->mu());
     table->table().Clear();
   }
