@@ -77,7 +77,10 @@ inline void InitializeRow(const InitializerSpec& s, int64_t key, int64_t dim, fl
     case InitKind::kUniform:
       for (int64_t d = 0; d < dim; ++d) {
         const double u = UniformOpen(s.seed, key, static_cast<uint64_t>(d));
-        row[d] = static_cast<float>(s.minval + (s.maxval - s.minval) * u);
+        const float v = static_cast<float>(s.minval + (s.maxval - s.minval) * u);
+        // u within about 2^-25 of 1 rounds to maxval in float: keep the
+        // range half-open, as tf.random.uniform's [minval, maxval).
+        row[d] = (v >= s.maxval && s.maxval > s.minval) ? std::nextafter(s.maxval, s.minval) : v;
       }
       return;
     case InitKind::kNormal:
