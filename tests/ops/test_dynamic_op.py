@@ -170,11 +170,19 @@ def test_lfu_keeps_frequent_old_keys():
     assert set(export_dict(handle, 1)) == {10, 12}
 
 
-def test_batch_larger_than_capacity_is_an_error():
+def test_batch_larger_than_capacity_is_an_error_and_changes_nothing():
     handle = make_table(2, max_capacity=4)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="5 new keys.*at most 4 rows"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="5 distinct keys.*at most 4 rows"):
         dyn.find_or_insert(handle, tf.constant([1, 2, 3, 4, 5], tf.int64), 2)
     assert int(dyn.stats(handle)[0]) == 0
+    dyn.find_or_insert(handle, tf.constant([1, 2], tf.int64), 2)
+    before = export_dict(handle, 2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="5 distinct keys"):
+        dyn.find_or_insert(handle, tf.constant([1, 2, 7, 8, 9], tf.int64), 2)
+    after = export_dict(handle, 2)
+    assert set(after) == {1, 2}
+    for k in before:  # metadata untouched by the failed batch
+        assert after[k][1:] == before[k][1:]
 
 
 def test_byte_budget_bounds_rows():

@@ -32,15 +32,22 @@ inline ParallelRunner SerialRunner() {
   };
 }
 
-// How far ahead lookups prefetch the index slot of upcoming keys.
+// Lookups prefetch in two stages: the index slot of the key kTablePrefetch
+// * 2 ahead, then the entry (key and row) of the key kTablePrefetch ahead,
+// whose slot has arrived by then.
 constexpr int64_t kTablePrefetch = 8;
+
+inline void PrefetchAhead(const DynamicTable& t, const int64_t* keys, int64_t i, int64_t end) {
+  if (i + 2 * kTablePrefetch < end) t.PrefetchKey(keys[i + 2 * kTablePrefetch]);
+  if (i + kTablePrefetch < end) t.PrefetchEntryOfKey(keys[i + kTablePrefetch]);
+}
 
 // entries[i] <- entry of keys[i] or -1, in parallel.
 inline void FindEntries(const DynamicTable& t, const int64_t* keys, int64_t n, int64_t* entries,
                         const ParallelRunner& run) {
   run(n, 200, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      if (i + kTablePrefetch < end) t.PrefetchKey(keys[i + kTablePrefetch]);
+      PrefetchAhead(t, keys, i, end);
       entries[i] = t.Find(keys[i]);
     }
   });
@@ -54,7 +61,7 @@ inline void FindBatch(const DynamicTable& t, const int64_t* keys, int64_t n,
   const int64_t dim = t.dim();
   run(n, 200 + 2 * dim, [&](int64_t begin, int64_t end) {
     for (int64_t i = begin; i < end; ++i) {
-      if (i + kTablePrefetch < end) t.PrefetchKey(keys[i + kTablePrefetch]);
+      PrefetchAhead(t, keys, i, end);
       const int64_t e = t.Find(keys[i]);
       found[i] = e >= 0;
       std::memcpy(out + i * dim, e >= 0 ? t.Row(e) : default_row,
@@ -72,27 +79,28 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
                              bool accessed, bool initialize, int64_t* entries,
                              const ParallelRunner& run, std::string* error) {
   FindEntries(t, keys, n, entries, run);
-  std::vector<int64_t> missing;  // first position of each missing key
-  {
-    FirstOccurrenceIndex<int64_t> seen(0);
-    for (int64_t i = 0; i < n; ++i) {
-      if (entries[i] >= 0) {
-        t.Touch(entries[i], now, accessed);
-      } else {
-        const int64_t before = seen.size();
-        seen.Insert(keys[i]);
-        if (seen.size() > before) missing.push_back(i);  // first time in this batch
-      }
-    }
+  // Distinct keys of the batch, and the first position of each missing one.
+  // Checked before anything changes: a batch that cannot fit leaves the
+  // table as it was.
+  std::vector<int64_t> missing;
+  FirstOccurrenceIndex<int64_t> distinct(n);
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t before = distinct.size();
+    distinct.Insert(keys[i]);
+    if (distinct.size() > before && entries[i] < 0) missing.push_back(i);
   }
-  if (missing.empty()) return 0;
-  const int64_t evicted = t.MakeRoom(static_cast<int64_t>(missing.size()), now);
-  if (evicted < 0) {
-    *error = "the batch has " + std::to_string(missing.size()) +
-             " new keys but the table holds at most " + std::to_string(t.row_limit()) +
+  if (distinct.size() > t.row_limit()) {
+    *error = "the batch has " + std::to_string(distinct.size()) +
+             " distinct keys but the table holds at most " + std::to_string(t.row_limit()) +
              " rows (keys used in this batch are never evicted)";
     return -1;
   }
+  for (int64_t i = 0; i < n; ++i) {
+    if (entries[i] >= 0) t.Touch(entries[i], now, accessed);
+  }
+  if (missing.empty()) return 0;
+  // Cannot fail: every key the batch protects is one of its distinct keys.
+  const int64_t evicted = t.MakeRoom(static_cast<int64_t>(missing.size()), now);
   if (evicted > 0) FindEntries(t, keys, n, entries, run);  // evictions move entries
   std::vector<int64_t> fresh;
   fresh.reserve(missing.size());

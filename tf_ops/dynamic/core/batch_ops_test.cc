@@ -561,7 +561,7 @@ TEST_P(BatchOpsTest, EnsureEntriesOnABoundedTable) {
   const std::vector<int64_t> nine = {11, 12, 13, 14, 15, 16, 17, 18, 19};
   EXPECT_EQ(EnsureEntries(t, nine.data(), 9, t.Tick(20), true, true, entries.data(), run_, &error),
             -1);
-  EXPECT_NE(error.find("9 new keys"), std::string::npos) << error;
+  EXPECT_NE(error.find("9 distinct keys"), std::string::npos) << error;
   EXPECT_NE(error.find("at most 8 rows"), std::string::npos) << error;
   EXPECT_TRUE(Snap(t) == before);
   for (int64_t k : nine) EXPECT_EQ(t.Find(k), -1);

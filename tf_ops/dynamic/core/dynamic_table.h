@@ -3,11 +3,11 @@
 // TF-independent; C++14. Not synchronised: the TensorFlow resource that owns
 // a table (tf_ops/dynamic/kernels) serialises writers and lets readers share.
 //
-// Layout, chosen for memory per key (row bytes + 28 bytes at a full table):
+// Layout, chosen for memory per key (at most row bytes + 31 at a full table):
 //   entries are dense in [0, size): keys_, rows_ (size x dim floats),
 //   timestamps_ (UTC microseconds of the last use or update), frequencies_
 //   (uint32 access count); the index is open addressing with linear probing
-//   over int32 entry numbers, kept at most half full. Removing an entry moves
+//   over int32 entry numbers, kept at most three quarters full. Removing an entry moves
 //   the last entry into its place, so the entries stay dense and export is a
 //   plain copy.
 #ifndef SOK_GRAPH_TF_OPS_DYNAMIC_CORE_DYNAMIC_TABLE_H_
@@ -77,6 +77,13 @@ class DynamicTable {
   }
 
   void PrefetchKey(int64_t key) const { __builtin_prefetch(&index_[Slot(key)], 0, 1); }
+  // Second stage of a two-stage prefetch: the key's home slot (fetched by
+  // PrefetchKey a little earlier) names its likely entry; fetch that entry's
+  // key and row.
+  void PrefetchEntryOfKey(int64_t key) const {
+    const int32_t e = index_[Slot(key)];
+    if (e >= 0) PrefetchEntry(e);
+  }
   void PrefetchEntry(int64_t e) const {
     __builtin_prefetch(&keys_[e], 0, 1);
     __builtin_prefetch(&rows_[e * dim()], 0, 1);
@@ -189,8 +196,10 @@ class DynamicTable {
       frequencies_.reserve(cap);
       rows_.reserve(static_cast<size_t>(cap * dim()));
     }
+    // The index stays at most 3/4 full: with 4-byte slots that costs at most
+    // 4 * 8/3 bytes per key, which keeps a full table within row bytes + 32.
     uint64_t slots = 16;
-    while (slots < 2 * static_cast<uint64_t>(std::max<int64_t>(entries, size()))) slots <<= 1;
+    while (3 * slots < 4 * static_cast<uint64_t>(std::max<int64_t>(entries, size()))) slots <<= 1;
     if (slots > index_.size()) Rehash(slots);
   }
 

@@ -65,6 +65,17 @@ inline double StandardNormal(uint64_t seed, int64_t key, uint64_t counter) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
 }
 
+// Both standard normals of Box-Muller pair `pair` (uniforms 2*pair, 2*pair+1):
+// half the logarithms and square roots of drawing them one at a time.
+inline void StandardNormalPair(uint64_t seed, int64_t key, uint64_t pair, double* a, double* b) {
+  const double u1 = UniformOpen(seed, key, 2 * pair);
+  const double u2 = UniformOpen(seed, key, 2 * pair + 1);
+  const double r = std::sqrt(-2.0 * std::log(u1));
+  const double theta = 6.283185307179586 * u2;
+  *a = r * std::cos(theta);
+  *b = r * std::sin(theta);
+}
+
 // Writes the initial row of `key` (dim floats).
 inline void InitializeRow(const InitializerSpec& s, int64_t key, int64_t dim, float* row) {
   switch (s.kind) {
@@ -84,8 +95,11 @@ inline void InitializeRow(const InitializerSpec& s, int64_t key, int64_t dim, fl
       }
       return;
     case InitKind::kNormal:
-      for (int64_t d = 0; d < dim; ++d) {
-        row[d] = static_cast<float>(s.mean + s.stddev * StandardNormal(s.seed, key, d));
+      for (int64_t d = 0; d < dim; d += 2) {
+        double a, b;
+        StandardNormalPair(s.seed, key, static_cast<uint64_t>(d / 2), &a, &b);
+        row[d] = static_cast<float>(s.mean + s.stddev * a);
+        if (d + 1 < dim) row[d + 1] = static_cast<float>(s.mean + s.stddev * b);
       }
       return;
     case InitKind::kTruncatedNormal:
