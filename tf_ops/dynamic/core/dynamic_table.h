@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tf_ops/dynamic/core/initializer.h"
+#include "tf_ops/util/core/prefetch.h"
 #include "tf_ops/util/core/unique.h"
 
 namespace sok_graph {
@@ -86,7 +87,7 @@ class DynamicTable {
   }
   void PrefetchEntry(int64_t e) const {
     __builtin_prefetch(&keys_[e], 0, 1);
-    __builtin_prefetch(&rows_[e * dim()], 0, 1);
+    PrefetchSpan(&rows_[e * dim()], dim() * static_cast<int64_t>(sizeof(float)));
   }
 
   int64_t Key(int64_t e) const { return keys_[e]; }

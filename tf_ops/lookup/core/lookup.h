@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "tf_ops/lookup/core/combiner.h"
+#include "tf_ops/util/core/prefetch.h"
 #include "tf_ops/util/core/unique.h"
 
 namespace sok_graph {
@@ -66,9 +67,7 @@ constexpr int64_t kPrefetchDistance = 32;
 
 template <typename T>
 inline void PrefetchRow(const T* row, int64_t dim) {
-  const char* p = reinterpret_cast<const char*>(row);
-  const int64_t bytes = dim * static_cast<int64_t>(sizeof(T));
-  for (int64_t off = 0; off < bytes; off += 64) __builtin_prefetch(p + off, 0, 1);
+  PrefetchSpan(row, dim * static_cast<int64_t>(sizeof(T)));
 }
 
 // out[b, :] for samples [b0, b1). `acc` is scratch of t.dim floats.

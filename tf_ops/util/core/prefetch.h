@@ -1,0 +1,25 @@
+// Software prefetching of data about to be read at random (embedding rows,
+// hash-table entries): issued a few iterations ahead, it overlaps memory
+// latency that out-of-order execution alone cannot. TF-independent; C++14.
+#ifndef SOK_GRAPH_TF_OPS_UTIL_CORE_PREFETCH_H_
+#define SOK_GRAPH_TF_OPS_UTIL_CORE_PREFETCH_H_
+
+#include <cstdint>
+
+namespace sok_graph {
+namespace core {
+
+// Prefetches every cache line of [p, p + bytes) for reading. Rows are
+// rarely aligned to cache lines, so a 64-byte row usually spans two.
+inline void PrefetchSpan(const void* p, int64_t bytes) {
+  const uintptr_t first = reinterpret_cast<uintptr_t>(p) & ~uintptr_t{63};
+  const uintptr_t last = reinterpret_cast<uintptr_t>(p) + static_cast<uintptr_t>(bytes) - 1;
+  for (uintptr_t line = first; line <= last; line += 64) {
+    __builtin_prefetch(reinterpret_cast<const void*>(line), 0, 1);
+  }
+}
+
+}  // namespace core
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_TF_OPS_UTIL_CORE_PREFETCH_H_
