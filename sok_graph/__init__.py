@@ -13,5 +13,7 @@ from sok_graph.context import init
 from sok_graph.distributed_variable import Variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import lookup_sparse
+from sok_graph.optimizer import SGD, OptimizerWrapper
 
-__all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "__version__"]
+__all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "OptimizerWrapper", "SGD",
+           "__version__"]

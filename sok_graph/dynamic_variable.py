@@ -136,6 +136,9 @@ class DynamicVariable:
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
         self._shared_name = shared_name
+        # Tables keyed like this one (optimizer slots) that must drop the keys
+        # this table evicts, so a key that comes back starts afresh in all.
+        self._shadows = []
         if tf.executing_eagerly():
             self._deleter = compat.eager_resource_deleter(self._handle)
         else:
@@ -250,8 +253,20 @@ class DynamicVariable:
         keys = self._check_keys(keys)
         if self._trainable:
             compat.record_variable_access(self)
-        rows, _ = dynamic_ops.find_or_insert(self._handle, keys, self._dimension)
+        rows, _, evicted = dynamic_ops.find_or_insert_evicting(self._handle, keys,
+                                                               self._dimension)
+        if self._shadows:
+            drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
+            with tf.control_dependencies(drops):
+                rows = tf.identity(rows)
         return rows
+
+    def add_shadow(self, table):
+        """Makes `table` (a DynamicVariable with the same keys, such as an
+        optimizer slot) drop every key this table evicts."""
+        if table.key_type != self._key_type:
+            raise TypeError("a shadow table must have the same key_type")
+        self._shadows.append(table)
 
     def find(self, keys, default_value=0.0):
         """(rows, found) for inference: missing keys get default_value, nothing is inserted."""

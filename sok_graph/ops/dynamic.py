@@ -35,6 +35,12 @@ def is_initialized(table):
 
 def find_or_insert(table, keys, dim):
     """(rows [n, dim] float32, num_evicted): rows of keys, missing ones inserted."""
+    return find_or_insert_evicting(table, keys, dim)[:2]
+
+
+def find_or_insert_evicting(table, keys, dim):
+    """(rows, num_evicted, evicted_keys): as find_or_insert, plus the keys that
+    were evicted to make room."""
     return _ops.load().sok_dynamic_table_find_or_insert(table, keys, dim=int(dim))
 
 
@@ -78,7 +84,7 @@ def clear(table):
 
 
 @register_gradient("SokDynamicTableFindOrInsert")
-def _find_or_insert_grad(op, grad, unused_evicted_grad):
+def _find_or_insert_grad(op, grad, *unused_grads_of_eviction_outputs):
     """The gradient of the rows, addressed by key: the table's IndexedSlices.
 
     With keys deduplicated before the lookup (as sok_graph's lookups do) the

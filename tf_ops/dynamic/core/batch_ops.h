@@ -77,7 +77,8 @@ inline void FindBatch(const DynamicTable& t, const int64_t* keys, int64_t n,
 // `error` set when the batch has more new keys than the table may hold.
 inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, int64_t now,
                              bool accessed, bool initialize, int64_t* entries,
-                             const ParallelRunner& run, std::string* error) {
+                             const ParallelRunner& run, std::string* error,
+                             std::vector<int64_t>* evicted_keys = nullptr) {
   FindEntries(t, keys, n, entries, run);
   // Distinct keys of the batch, and the first position of each missing one.
   // Checked before anything changes: a batch that cannot fit leaves the
@@ -100,7 +101,7 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
   }
   if (missing.empty()) return 0;
   // Cannot fail: every key the batch protects is one of its distinct keys.
-  const int64_t evicted = t.MakeRoom(static_cast<int64_t>(missing.size()), now);
+  const int64_t evicted = t.MakeRoom(static_cast<int64_t>(missing.size()), now, evicted_keys);
   if (evicted > 0) FindEntries(t, keys, n, entries, run);  // evictions move entries
   std::vector<int64_t> fresh;
   fresh.reserve(missing.size());
@@ -122,11 +123,14 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
   return evicted;
 }
 
-// Training lookup: out[i] <- row of keys[i], inserting missing keys.
+// Training lookup: out[i] <- row of keys[i], inserting missing keys; the
+// keys evicted to make room are appended to `evicted_keys` when given.
 inline int64_t FindOrInsertBatch(DynamicTable& t, const int64_t* keys, int64_t n, int64_t now,
-                                 float* out, const ParallelRunner& run, std::string* error) {
+                                 float* out, const ParallelRunner& run, std::string* error,
+                                 std::vector<int64_t>* evicted_keys = nullptr) {
   std::vector<int64_t> entries(static_cast<size_t>(n));
-  const int64_t evicted = EnsureEntries(t, keys, n, now, true, true, entries.data(), run, error);
+  const int64_t evicted =
+      EnsureEntries(t, keys, n, now, true, true, entries.data(), run, error, evicted_keys);
   if (evicted < 0) return -1;
   const int64_t dim = t.dim();
   run(n, 2 * dim + 20, [&](int64_t begin, int64_t end) {

@@ -111,7 +111,9 @@ class DynamicTable {
   // least frequently (LFU; ties by age) used entries; entries touched at
   // `now` are never evicted. Returns how many were evicted, or -1 if room
   // cannot be made (more incoming keys than the bound allows).
-  int64_t MakeRoom(int64_t incoming, int64_t now) {
+  // When `evicted_keys` is given, the evicted keys are appended to it (so
+  // tables that shadow this one, such as optimizer slots, can drop them too).
+  int64_t MakeRoom(int64_t incoming, int64_t now, std::vector<int64_t>* evicted_keys = nullptr) {
     const int64_t excess = size() + incoming - row_limit();
     if (excess > 0) {
       std::vector<int64_t> candidates;
@@ -127,6 +129,9 @@ class DynamicTable {
       // Remove from the highest entry down: RemoveEntry moves the last entry
       // into the hole, which is then never a victim yet to be removed.
       std::sort(victims.begin(), victims.end());
+      if (evicted_keys != nullptr) {
+        for (int64_t e : victims) evicted_keys->push_back(keys_[e]);
+      }
       for (auto it = victims.rbegin(); it != victims.rend(); ++it) RemoveEntry(*it);
       evicted_total_ += excess;
     }

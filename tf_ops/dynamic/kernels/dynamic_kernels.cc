@@ -241,14 +241,24 @@ class FindOrInsertOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
     std::string error;
     int64_t evicted;
+    std::vector<int64_t> evicted_keys;
     {
       ::tensorflow::mutex_lock lock(*table->mu());
       core::DynamicTable& t = table->table();
       evicted = core::FindOrInsertBatch(t, keys, n, t.Tick(WallMicros()),
-                                        rows->flat<float>().data(), RunnerFor(ctx), &error);
+                                        rows->flat<float>().data(), RunnerFor(ctx), &error,
+                                        &evicted_keys);
     }
     OP_REQUIRES(ctx, evicted >= 0, errors::InvalidArgument(error));
     OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 1, evicted));
+    Tensor* out_keys = nullptr;
+    const int64_t m = static_cast<int64_t>(evicted_keys.size());
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &out_keys));
+    if (out_keys->dtype() == ::tensorflow::DT_INT64) {
+      std::copy(evicted_keys.begin(), evicted_keys.end(), out_keys->flat<TfInt64>().data());
+    } else {
+      std::copy(evicted_keys.begin(), evicted_keys.end(), out_keys->flat<int32_t>().data());
+    }
   }
 
  private:

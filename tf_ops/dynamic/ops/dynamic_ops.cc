@@ -80,17 +80,20 @@ REGISTER_OP("SokDynamicTableFindOrInsert")
     .Input("keys: Tkeys")
     .Output("rows: float")
     .Output("num_evicted: int64")
+    .Output("evicted_keys: Tkeys")
     .Attr("Tkeys: {int32, int64}")
     .Attr("dim: int >= 1")
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(RowsShape(c, 1, 0));
       c->set_output(1, c->Scalar());
+      c->set_output(2, c->Vector(c->UnknownDim()));
       return OkStatus();
     })
     .Doc(R"doc(
 Rows of `keys` [n] as [n, dim], inserting missing keys with rows from the
 table's initializer. Counts a use of each key (LRU time, LFU frequency).
-num_evicted: rows evicted to make room.
+num_evicted / evicted_keys: the rows evicted to make room (tables that
+shadow this one, such as optimizer slots, drop those keys too).
 )doc");
 
 REGISTER_OP("SokDynamicTableFind")

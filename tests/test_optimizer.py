@@ -1,0 +1,226 @@
+"""sok.OptimizerWrapper / sok.SGD against TensorFlow's own optimizers and numpy."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_graph as sok
+
+V1 = tf.compat.v1.train
+
+# TF1 optimizers whose sparse kernels update only the rows in the gradient,
+# as sok's updates do: their results must agree row for row.
+TF1_LAZY = {
+    "sgd": lambda: V1.GradientDescentOptimizer(0.5),
+    "momentum": lambda: V1.MomentumOptimizer(0.1, 0.9),
+    "nesterov": lambda: V1.MomentumOptimizer(0.1, 0.9, use_nesterov=True),
+    "adagrad": lambda: V1.AdagradOptimizer(0.3, initial_accumulator_value=0.2),
+    "ftrl": lambda: V1.FtrlOptimizer(0.2, l1_regularization_strength=0.01,
+                                     l2_regularization_strength=0.02),
+    "ftrl_shrink": lambda: V1.FtrlOptimizer(0.2, l1_regularization_strength=0.01,
+                                            l2_shrinkage_regularization_strength=0.05),
+    "rmsprop": lambda: V1.RMSPropOptimizer(0.05),
+    "rmsprop_momentum": lambda: V1.RMSPropOptimizer(0.05, momentum=0.5),
+    "rmsprop_centered": lambda: V1.RMSPropOptimizer(0.05, centered=True),
+    "adadelta": lambda: V1.AdadeltaOptimizer(1.0, rho=0.9, epsilon=1e-6),
+}
+
+
+def make_data(rng, rows=30, dim=4, batch=12, steps=5):
+    table = rng.standard_normal((rows, dim)).astype(np.float32)
+    batches = [tf.ragged.constant(
+        [list(rng.integers(0, rows // 2, size=rng.integers(1, 4))) for _ in range(batch)],
+        tf.int64) for _ in range(steps)]  # rows >= rows // 2 are never touched
+    return table, batches
+
+
+def loss_of(emb):
+    return tf.reduce_sum(tf.square(emb - 0.3)) + tf.reduce_sum(emb)
+
+
+def train_reference(make_opt, table, batches):
+    ref = tf.Variable(table)
+    opt = make_opt()
+    for ids in batches:
+        with tf.GradientTape() as tape:
+            loss = loss_of(tf.nn.embedding_lookup_sparse(ref, ids.to_sparse(), None,
+                                                          combiner="sum"))
+        opt.apply_gradients([(tape.gradient(loss, ref), ref)])
+    return ref.numpy()
+
+
+def train_sok(make_opt, var, batches, wrapper=None):
+    opt = wrapper or sok.OptimizerWrapper(make_opt())
+    for ids in batches:
+        with tf.GradientTape() as tape:
+            loss = loss_of(sok.lookup_sparse(var, ids, combiners="sum"))
+        opt.apply_gradients([(tape.gradient(loss, var), var)])
+    return opt
+
+
+def dynamic_from(table):
+    v = sok.DynamicVariable(table.shape[1], initializer="zeros")
+    v.import_rows(tf.range(table.shape[0], dtype=tf.int64), tf.constant(table))
+    return v
+
+
+def rows_of(dyn, n):
+    rows, found = dyn.find(tf.range(n, dtype=tf.int64))
+    assert found.numpy().all()
+    return rows.numpy()
+
+
+@pytest.mark.parametrize("name", sorted(TF1_LAZY))
+def test_tf1_optimizers_static_and_dynamic_match_tf(rng, name):
+    table, batches = make_data(rng)
+    expected = train_reference(TF1_LAZY[name], table, batches)
+    static = sok.Variable(table)
+    train_sok(TF1_LAZY[name], static, batches)
+    np.testing.assert_allclose(static.numpy(), expected, rtol=1e-5, atol=1e-6)
+    dyn = dynamic_from(table)
+    train_sok(TF1_LAZY[name], dyn, batches)
+    np.testing.assert_allclose(rows_of(dyn, 30), expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(expected[15:], table[15:])  # untouched rows stay
+
+
+KERAS_LAZY = {
+    "sgd": lambda: tf.keras.optimizers.SGD(0.5),
+    "adagrad": lambda: tf.keras.optimizers.Adagrad(0.3),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KERAS_LAZY))
+def test_keras_optimizers_match_keras(rng, name):
+    table, batches = make_data(rng)
+    expected = train_reference(KERAS_LAZY[name], table, batches)
+    dyn = dynamic_from(table)
+    train_sok(KERAS_LAZY[name], dyn, batches)
+    np.testing.assert_allclose(rows_of(dyn, 30), expected, rtol=1e-5, atol=1e-6)
+
+
+def numpy_lazy_adam(table, grads, lr, b1, b2, eps, adamax=False):
+    w = table.astype(np.float64).copy()
+    m = np.zeros_like(w)
+    v = np.zeros_like(w)
+    for t, (idx, g) in enumerate(grads, start=1):
+        m[idx] = b1 * m[idx] + (1 - b1) * g
+        if adamax:
+            v[idx] = np.maximum(b2 * v[idx], np.abs(g))
+            w[idx] -= lr / (1 - b1 ** t) * m[idx] / (v[idx] + eps)
+        else:
+            v[idx] = b2 * v[idx] + (1 - b2) * g * g
+            alpha = lr * np.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+            w[idx] -= alpha * m[idx] / (np.sqrt(v[idx]) + eps)
+    return w
+
+
+@pytest.mark.parametrize("kind", ["keras_adam", "tf1_adam", "keras_adamax"])
+def test_lazy_adam_family_matches_numpy(rng, kind):
+    make = {"keras_adam": lambda: tf.keras.optimizers.Adam(0.05, epsilon=1e-7),
+            "tf1_adam": lambda: V1.AdamOptimizer(0.05, epsilon=1e-8),
+            "keras_adamax": lambda: tf.keras.optimizers.Adamax(0.05, epsilon=1e-7)}[kind]
+    table, batches = make_data(rng)
+    dyn = dynamic_from(table)
+    opt = sok.OptimizerWrapper(make())
+    grads = []
+    for ids in batches:
+        with tf.GradientTape() as tape:
+            loss = loss_of(sok.lookup_sparse(dyn, ids, combiners="sum"))
+        g = tape.gradient(loss, dyn)
+        grads.append((g.indices.numpy(), g.values.numpy().astype(np.float64)))
+        opt.apply_gradients([(g, dyn)])
+    eps = 1e-8 if kind == "tf1_adam" else 1e-7
+    expected = numpy_lazy_adam(table, grads, 0.05, 0.9, 0.999, eps, adamax=kind.endswith("max"))
+    np.testing.assert_allclose(rows_of(dyn, 30), expected, rtol=1e-4, atol=1e-5)
+    assert int(opt.iterations) == len(batches)
+
+
+def test_duplicate_indices_are_summed(rng):
+    v = sok.Variable(np.zeros((4, 2), np.float32))
+    opt = sok.SGD(1.0)
+    opt.apply_gradients([(tf.IndexedSlices(tf.ones([3, 2]), tf.constant([1, 1, 2], tf.int64)),
+                          v)])
+    np.testing.assert_array_equal(v.numpy(), [[0, 0], [-2, -2], [-1, -1], [0, 0]])
+
+
+def test_other_variables_go_to_the_wrapped_optimizer(rng):
+    dense = tf.Variable([1.0, 2.0])
+    table = sok.Variable(np.ones((3, 2), np.float32))
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.5))
+    opt.apply_gradients([(tf.constant([1.0, 1.0]), dense),
+                         (tf.IndexedSlices(tf.ones([1, 2]), tf.constant([0], tf.int64)), table)])
+    np.testing.assert_allclose(dense.numpy(), [0.5, 1.5])
+    np.testing.assert_allclose(table.numpy(), [[0.5, 0.5], [1, 1], [1, 1]])
+
+
+def test_tf_function_training(rng):
+    table, batches = make_data(rng)
+    expected = train_reference(TF1_LAZY["adagrad"], table, batches)
+    dyn = dynamic_from(table)
+    opt = sok.OptimizerWrapper(TF1_LAZY["adagrad"]())
+    spec = tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)
+
+    @tf.function(input_signature=[spec])
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = loss_of(sok.lookup_sparse(dyn, ids, combiners="sum"))
+        opt.apply_gradients([(tape.gradient(loss, dyn), dyn)])
+        return loss
+
+    for ids in batches:
+        step(ids)
+    np.testing.assert_allclose(rows_of(dyn, 30), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_graph_mode_session_training(rng):
+    table, batches = make_data(rng)
+    expected = train_reference(TF1_LAZY["ftrl"], table, batches)
+    graph = tf.Graph()
+    with graph.as_default():
+        dyn = sok.DynamicVariable(4, initializer="zeros")
+        load = dyn.import_rows(tf.range(30, dtype=tf.int64), tf.constant(table))
+        values = tf.compat.v1.placeholder(tf.int64, [None])
+        splits = tf.compat.v1.placeholder(tf.int64, [None])
+        ids = tf.RaggedTensor.from_row_splits(values, splits)
+        loss = loss_of(sok.lookup_sparse(dyn, ids, combiners="sum"))
+        (grad,) = tf.gradients(loss, [dyn.handle])
+        train = sok.OptimizerWrapper(TF1_LAZY["ftrl"]()).apply_gradients([(grad, dyn)])
+        read = dyn.find(tf.range(30, dtype=tf.int64))[0]
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(init)
+            sess.run(load)
+            for b in batches:
+                sess.run(train, {values: b.values.numpy(), splits: b.row_splits.numpy()})
+            got = sess.run(read)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_slots_of_evicted_keys_are_dropped():
+    v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
+                            initializer="zeros")
+    opt = sok.OptimizerWrapper(V1.AdagradOptimizer(0.1, initial_accumulator_value=1.0))
+
+    def step(keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v.sparse_read(tf.constant(keys, tf.int64)))
+        opt.apply_gradients([(tape.gradient(loss, v), v)])
+
+    step([1, 2, 3, 4])
+    step([1, 2, 3, 4])  # accumulators of 1..4: 1 + 2 * 1^2 = 3
+    acc = opt.get_slot(v, "accumulator")
+    keys = lambda t: set(t.export()[0].numpy().tolist())  # noqa: E731
+    step([5, 6])  # evicts 1 and 2 (least recently used) from v, and so from its slot
+    assert keys(v) == keys(acc) == {3, 4, 5, 6}
+    step([1])  # 1 comes back: its accumulator starts afresh at 1 + 1^2 = 2
+    rows, found = acc.find(tf.constant([1, 4], tf.int64))
+    assert found.numpy().all()
+    np.testing.assert_allclose(rows.numpy(), [[2.0, 2.0], [3.0, 3.0]])
+    assert keys(v) == keys(acc)
+
+
+def test_bad_optimizers():
+    with pytest.raises(TypeError, match="must be a tf.compat.v1.train or Keras optimizer"):
+        sok.OptimizerWrapper(object())
+    with pytest.raises(TypeError, match="supports SGD, Momentum.*got Nadam"):
+        sok.OptimizerWrapper(tf.keras.optimizers.Nadam())
