@@ -35,7 +35,7 @@ inline ParallelRunner SerialRunner() {
 // Lookups prefetch in two stages: the index slot of the key kTablePrefetch
 // * 2 ahead, then the entry (key and row) of the key kTablePrefetch ahead,
 // whose slot has arrived by then.
-constexpr int64_t kTablePrefetch = 8;
+constexpr int64_t kTablePrefetch = 4;
 
 inline void PrefetchAhead(const DynamicTable& t, const int64_t* keys, int64_t i, int64_t end) {
   if (i + 2 * kTablePrefetch < end) t.PrefetchKey(keys[i + 2 * kTablePrefetch]);
@@ -80,14 +80,15 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
                              const ParallelRunner& run, std::string* error,
                              std::vector<int64_t>* evicted_keys = nullptr) {
   FindEntries(t, keys, n, entries, run);
-  // Distinct keys of the batch, and the first position of each missing one.
-  // Checked before anything changes: a batch that cannot fit leaves the
-  // table as it was.
+  // Distinct keys of the batch (`which[i]`: the distinct key at position i)
+  // and the first position of each missing one. Checked before anything
+  // changes: a batch that cannot fit leaves the table as it was.
   std::vector<int64_t> missing;
+  std::vector<int64_t> which(static_cast<size_t>(n));
   FirstOccurrenceIndex<int64_t> distinct(n);
   for (int64_t i = 0; i < n; ++i) {
     const int64_t before = distinct.size();
-    distinct.Insert(keys[i]);
+    which[i] = distinct.Insert(keys[i]);
     if (distinct.size() > before && entries[i] < 0) missing.push_back(i);
   }
   if (distinct.size() > t.row_limit()) {
@@ -103,9 +104,13 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
   // Cannot fail: every key the batch protects is one of its distinct keys.
   const int64_t evicted = t.MakeRoom(static_cast<int64_t>(missing.size()), now, evicted_keys);
   if (evicted > 0) FindEntries(t, keys, n, entries, run);  // evictions move entries
-  std::vector<int64_t> fresh;
+  std::vector<int64_t> fresh;  // entry of each missing key, in `missing` order
+  std::vector<int64_t> entry_of(static_cast<size_t>(distinct.size()), -1);
   fresh.reserve(missing.size());
-  for (int64_t i : missing) fresh.push_back(t.InsertUninitialized(keys[i], now, accessed));
+  for (int64_t i : missing) {
+    fresh.push_back(t.InsertUninitialized(keys[i], now, accessed));
+    entry_of[which[i]] = fresh.back();
+  }
   if (initialize) {
     run(static_cast<int64_t>(fresh.size()), 40 * t.dim(), [&](int64_t begin, int64_t end) {
       for (int64_t k = begin; k < end; ++k) t.InitializeEntry(fresh[k]);
@@ -113,10 +118,13 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
   }
   // Entries of new keys; a repeat of a new key within the batch counts as
   // another use, as it would in a serial loop.
+  size_t next_missing = 0;
   for (int64_t i = 0; i < n; ++i) {
     if (entries[i] >= 0) continue;
-    entries[i] = t.Find(keys[i]);
-    if (accessed && !std::binary_search(missing.begin(), missing.end(), i)) {
+    entries[i] = entry_of[which[i]];
+    if (next_missing < missing.size() && missing[next_missing] == i) {
+      ++next_missing;  // the insertion itself, counted by InsertUninitialized
+    } else if (accessed) {
       t.Touch(entries[i], now, true);
     }
   }

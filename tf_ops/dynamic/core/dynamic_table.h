@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tf_ops/dynamic/core/initializer.h"
+#include "tf_ops/util/core/huge_page_allocator.h"
 #include "tf_ops/util/core/prefetch.h"
 #include "tf_ops/util/core/unique.h"
 
@@ -267,12 +268,15 @@ class DynamicTable {
     rows_.resize(rows_.size() - static_cast<size_t>(dim()));
   }
 
+  template <typename T>
+  using Array = std::vector<T, HugePageAllocator<T>>;
+
   TableConfig config_;
-  std::vector<int64_t> keys_;
-  std::vector<float> rows_;
-  std::vector<int64_t> timestamps_;
-  std::vector<uint32_t> frequencies_;
-  std::vector<int32_t> index_;
+  Array<int64_t> keys_;
+  Array<float> rows_;
+  Array<int64_t> timestamps_;
+  Array<uint32_t> frequencies_;
+  Array<int32_t> index_;
   uint64_t mask_ = 0;
   int64_t now_ = 0;
   int64_t evicted_total_ = 0;
