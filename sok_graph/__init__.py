@@ -12,8 +12,10 @@ from sok_graph import compat  # noqa: F401  (the TF-version layer)
 from sok_graph.context import init
 from sok_graph.distributed_variable import Variable
 from sok_graph.dynamic_variable import DynamicVariable
-from sok_graph.lookup import lookup_sparse
+from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.optimizer import SGD, OptimizerWrapper
+from sok_graph.variables import assign, export, filter_variables, sparse_read_and_evict
 
-__all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "OptimizerWrapper", "SGD",
-           "__version__"]
+__all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
+           "OptimizerWrapper", "SGD", "assign", "export", "filter_variables",
+           "sparse_read_and_evict", "__version__"]

@@ -164,3 +164,18 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             max_norms=max_norm, table_names=names,
         )
     return out[0] if single else list(out)
+
+
+def all2all_dense_embedding(param, indices, name=None):
+    """Rows of `param` for `indices` of any shape, as ``tf.nn.embedding_lookup``:
+    returns indices.shape + [dim]. param: a sok.Variable, tf.Variable, tensor or
+    sok.DynamicVariable (indices are then keys)."""
+    with tf.name_scope(name or "all2all_dense_embedding"):
+        indices = tf.convert_to_tensor(indices)
+        flat = tf.reshape(indices, [-1])
+        ids = tf.RaggedTensor.from_row_lengths(flat, tf.ones_like(flat, dtype=tf.int64),
+                                               validate=False)
+        rows = lookup_sparse(param, ids, combiners="sum")
+        out = tf.reshape(rows, tf.concat([tf.shape(indices), tf.shape(rows)[1:]], 0))
+        out.set_shape(indices.shape.concatenate(rows.shape[1:]))
+        return out

@@ -1,0 +1,80 @@
+"""Functions over sok variables that SOK exposes at top level: assign,
+export, filter_variables, sparse_read_and_evict.
+
+assign / export act on this worker's shard (with one worker, the table).
+"""
+
+import tensorflow as tf
+
+from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.ops import dynamic as dynamic_ops
+
+
+def _check_sok(var, fn):
+    if not (isinstance(var, DynamicVariable) or is_sok_variable(var)):
+        raise TypeError(f"sok.{fn} takes a sok.Variable or sok.DynamicVariable; got "
+                        f"{type(var).__name__}")
+
+
+def assign(var, indices, values):
+    """Sets rows: var[indices[i]] = values[i].
+
+    var: sok.Variable (indices are row numbers of this worker's shard) or
+      sok.DynamicVariable (indices are keys; missing keys are inserted).
+    values: [len(indices), dim].
+    """
+    _check_sok(var, "assign")
+    values = tf.convert_to_tensor(values, dtype=var.dtype)
+    if isinstance(var, DynamicVariable):
+        return dynamic_ops.scatter(var.handle, var._check_keys(indices), values, "update")
+    indices = tf.convert_to_tensor(indices)
+    if not indices.dtype.is_integer:
+        raise TypeError(f"indices must be integers; got {indices.dtype.name}")
+    rows = var.shape[0]
+    if tf.executing_eagerly() and indices.shape[0]:
+        bad = tf.logical_or(indices < 0, indices >= rows).numpy()
+        if bad.any():
+            first = int(bad.argmax())
+            raise ValueError(f"indices for sok.assign must be in [0, {rows}) (the variable's "
+                             f"rows); got {int(indices[first])} at position {first}")
+    return var.scatter_update(tf.IndexedSlices(values, indices))
+
+
+def export(var):
+    """(indices, values) of every row this worker holds: row numbers and rows
+    of a sok.Variable, keys and rows of a sok.DynamicVariable."""
+    _check_sok(var, "export")
+    if isinstance(var, DynamicVariable):
+        keys, rows, _, _, _ = dynamic_ops.export(var.handle, var.key_type, var.dimension,
+                                                 offset=0, limit=(1 << 62))
+        return keys, rows
+    value = tf.convert_to_tensor(var)
+    return tf.range(tf.shape(value, out_type=tf.int64)[0]), value
+
+
+def filter_variables(vars):  # noqa: A002 (SOK's argument name)
+    """(sok_variables, other_variables) from a list of variables."""
+    sok_vars, others = [], []
+    for v in vars:
+        (sok_vars if isinstance(v, DynamicVariable) or is_sok_variable(v) else others).append(v)
+    return sok_vars, others
+
+
+def sparse_read_and_evict(var, indices, name=None):
+    """Rows [n, dim] of keys `indices` of a bounded (var_type="hybrid")
+    DynamicVariable, which are then removed from it (missing keys read as
+    zeros). Lets a caller move rows out of a table, e.g. to another tier."""
+    if not isinstance(var, DynamicVariable):
+        raise TypeError("sok.sparse_read_and_evict takes a sok.DynamicVariable; got "
+                        f"{type(var).__name__}")
+    if var.var_type != "hybrid":
+        raise ValueError("sok.sparse_read_and_evict needs a bounded table "
+                         "(var_type='hybrid'); got var_type='hbm'")
+    keys = var._check_keys(indices)
+    with tf.name_scope(name or "sparse_read_and_evict"):
+        rows, _ = var.find(keys)
+        with tf.control_dependencies([rows]):
+            removed = var.remove(keys)
+        with tf.control_dependencies([removed]):
+            return tf.identity(rows)

@@ -1,0 +1,81 @@
+"""assign / export / filter_variables / sparse_read_and_evict / all2all_dense_embedding."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_graph
+
+import sok_graph as sok
+
+
+def test_assign_and_export_static(rng):
+    v = sok.Variable(np.zeros((24, 3), np.float32))
+    values = rng.standard_normal((4, 3)).astype(np.float32)
+    sok.assign(v, tf.constant([0, 5, 23, 7], tf.int64), values)
+    idx, rows = sok.export(v)
+    assert idx.numpy().tolist() == list(range(24))
+    np.testing.assert_array_equal(rows.numpy()[[0, 5, 23, 7]], values)
+    assert np.count_nonzero(rows.numpy()) == np.count_nonzero(values)
+    with pytest.raises(ValueError, match=r"must be in \[0, 24\).*got 24 at position 1"):
+        sok.assign(v, tf.constant([1, 24], tf.int64), values[:2])
+
+
+def test_assign_and_export_dynamic(rng):
+    v = sok.DynamicVariable(3)
+    values = rng.standard_normal((3, 3)).astype(np.float32)
+    sok.assign(v, tf.constant([10, 1 << 40, -3], tf.int64), values)
+    keys, rows = sok.export(v)
+    got = dict(zip(keys.numpy().tolist(), rows.numpy()))
+    assert set(got) == {10, 1 << 40, -3}
+    np.testing.assert_array_equal(got[1 << 40], values[1])
+
+
+def test_filter_variables():
+    s, d, t = sok.Variable(np.zeros((2, 2), np.float32)), sok.DynamicVariable(2), tf.Variable(1.0)
+    sok_vars, others = sok.filter_variables([t, s, d])
+    assert sok_vars == [s, d] and others == [t]
+    with pytest.raises(TypeError, match="sok.Variable or sok.DynamicVariable"):
+        sok.export(t)
+
+
+def test_sparse_read_and_evict():
+    v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=8, max_capacity=8,
+                            initializer=1.5)
+    v.sparse_read(tf.constant([1, 2, 3], tf.int64))
+    rows = sok.sparse_read_and_evict(v, tf.constant([2, 3], tf.int64))
+    np.testing.assert_array_equal(rows.numpy(), np.full((2, 2), 1.5))
+    assert sok.export(v)[0].numpy().tolist() == [1]
+    with pytest.raises(ValueError, match="bounded table"):
+        sok.sparse_read_and_evict(sok.DynamicVariable(2), tf.constant([1], tf.int64))
+
+
+@pytest.mark.parametrize("shape", [[5], [2, 3], [2, 2, 2], [0, 4]])
+def test_all2all_dense_embedding_matches_embedding_lookup(rng, shape):
+    table = rng.standard_normal((10, 4)).astype(np.float32)
+    ids = rng.integers(0, 10, size=shape)
+    for param in (sok.Variable(table), tf.constant(table)):
+        got = sok.all2all_dense_embedding(param, tf.constant(ids, tf.int64))
+        want = tf.nn.embedding_lookup(table, ids)
+        assert got.shape == want.shape
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
+def test_all2all_dense_embedding_dynamic_and_gradient(rng):
+    v = sok.DynamicVariable(3, initializer="zeros")
+    sok.assign(v, tf.range(6, dtype=tf.int64), tf.reshape(tf.range(18, dtype=tf.float32), [6, 3]))
+    ids = tf.constant([[5, 1], [1, 1]], tf.int64)
+    with tf.GradientTape() as tape:
+        out = sok.all2all_dense_embedding(v, ids)
+        loss = tf.reduce_sum(out)
+    assert out.shape == (2, 2, 3)
+    np.testing.assert_array_equal(out.numpy()[0, 0], [15, 16, 17])
+    g = tape.gradient(loss, v)
+    got = dict(zip(g.indices.numpy().tolist(), g.values.numpy()[:, 0]))
+    assert got == {5: 1.0, 1: 3.0}
+
+
+def test_all2all_dense_embedding_in_graph(rng):
+    table = rng.standard_normal((6, 2)).astype(np.float32)
+    out = run_in_graph(lambda: sok.all2all_dense_embedding(sok.Variable(table),
+                                                           tf.constant([[3, 0]], tf.int64)))
+    np.testing.assert_array_equal(out, table[[[3, 0]]])
