@@ -116,3 +116,11 @@ def anonymous_name():
     from tensorflow.python.eager import context
 
     return context.anonymous_name()
+
+
+def trackable_base_class():
+    """The base of objects tf.train.Checkpoint and Saver can save
+    (through _serialize_to_tensors / _restore_from_tensors)."""
+    from tensorflow.python.trackable import base
+
+    return base.Trackable

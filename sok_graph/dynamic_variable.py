@@ -79,7 +79,7 @@ def initializer_spec(initializer, seed=None):
         f"TruncatedNormal, RandomUniform, Zeros, Ones, Constant or one of their names")
 
 
-class DynamicVariable:
+class DynamicVariable(compat.trackable_base_class()):
     """``DynamicVariable(dimension, initializer=None, var_type=None, name=None,
     constraint=None, trainable=True, key_type=None, dtype=None, mode=None,
     **table_config)``
@@ -327,6 +327,31 @@ class DynamicVariable:
 
     def clear(self):
         return dynamic_ops.clear(self._handle)
+
+    # ------------------------------------------------------- tf.train.Checkpoint
+    # Saved as four tensors (keys, rows, last-use times, use counts), read
+    # with one export; restoring replaces the table's contents.
+    def _serialize_to_tensors(self):
+        keys, rows, times, counts, _ = dynamic_ops.export(
+            self._handle, self._key_type, self._dimension, offset=0, limit=(1 << 62))
+        return {"-keys": keys, "-values": rows, "-timestamps": times, "-frequencies": counts}
+
+    def _restore_from_tensors(self, restored_tensors):
+        with tf.name_scope(f"{self._name}_restore"):
+            created = self._create_op()  # a Saver may restore before any initializer ran
+            deps = [] if created is None or tf.executing_eagerly() else [created]
+            with tf.control_dependencies(deps):
+                cleared = dynamic_ops.clear(self._handle)
+            with tf.control_dependencies([] if tf.executing_eagerly() else [cleared]):
+                values = restored_tensors["-values"]
+                if values.shape.rank == 2 and values.shape[1] is not None \
+                        and values.shape[1] != self._dimension:
+                    raise ValueError(
+                        f"checkpoint rows of DynamicVariable '{self._name}' have dimension "
+                        f"{values.shape[1]}; the variable has {self._dimension}")
+                return dynamic_ops.import_rows(
+                    self._handle, tf.cast(restored_tensors["-keys"], self._key_type), values,
+                    restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"))
 
 
 def is_dynamic_variable(value):

@@ -217,3 +217,52 @@ def test_eager_table_is_destroyed_with_its_variable():
     del v
     gc.collect()
     assert not bool(dynamic_ops.is_initialized(handle))
+
+
+def test_tf_train_checkpoint_round_trip(tmp_path, rng):
+    v = sok.DynamicVariable(3, initializer="normal", seed=1)
+    static = sok.Variable(rng.standard_normal((5, 3)).astype(np.float32))
+    v.sparse_read(tf.constant([4, 8, 15], tf.int64))
+    ckpt = tf.train.Checkpoint(table=v, static=static)
+    path = ckpt.save(str(tmp_path / "ck"))
+    before = {k: r for k, r in zip(*[x.numpy().tolist() for x in v.export()])}
+    v.sparse_read(tf.constant([16, 23], tf.int64))
+    v.scatter_add(tf.constant([4], tf.int64), tf.ones([1, 3]))
+    static.assign(tf.zeros([5, 3]))
+    ckpt.restore(path)
+    after = {k: r for k, r in zip(*[x.numpy().tolist() for x in v.export()])}
+    assert after == before
+    assert float(tf.reduce_sum(tf.abs(static))) > 0
+    other = sok.DynamicVariable(3)
+    tf.train.Checkpoint(table=other).restore(path).expect_partial()
+    assert {k: r for k, r in zip(*[x.numpy().tolist() for x in other.export()])} == before
+
+
+def test_checkpoint_of_another_dimension_is_an_error(tmp_path):
+    v = sok.DynamicVariable(3)
+    v.sparse_read(tf.constant([1], tf.int64))
+    path = tf.train.Checkpoint(table=v).save(str(tmp_path / "ck"))
+    with pytest.raises((ValueError, tf.errors.InvalidArgumentError), match="dimension|rows must be"):
+        tf.train.Checkpoint(table=sok.DynamicVariable(4)).restore(path)
+
+
+def test_v1_saver_round_trip(tmp_path, rng):
+    rows = rng.standard_normal((6, 2)).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+        v = sok.DynamicVariable(2, initializer="zeros")
+        load = v.import_rows(tf.range(6, dtype=tf.int64), tf.constant(rows))
+        clobber = v.scatter_add(tf.range(6, dtype=tf.int64), tf.ones([6, 2]))
+        read = v.find(tf.range(6, dtype=tf.int64))[0]
+        saver = tf.compat.v1.train.Saver([v])
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(init)
+            sess.run(load)
+            path = saver.save(sess, str(tmp_path / "model"))
+            sess.run(clobber)
+            saver.restore(sess, path)
+            np.testing.assert_array_equal(sess.run(read), rows)
+        with tf.compat.v1.Session(graph=graph) as fresh:  # restore without the initializer
+            saver.restore(fresh, path)
+            np.testing.assert_array_equal(fresh.run(read), rows)
