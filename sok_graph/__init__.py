@@ -11,6 +11,7 @@ __version__ = "0.1.0"
 from sok_graph import compat  # noqa: F401  (the TF-version layer)
 from sok_graph.context import init
 from sok_graph.distributed_variable import Variable
+from sok_graph.dump_load import dump, incremental_model_dump, load
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.optimizer import SGD, OptimizerWrapper
@@ -18,4 +19,4 @@ from sok_graph.variables import assign, export, filter_variables, sparse_read_an
 
 __all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
            "OptimizerWrapper", "SGD", "assign", "export", "filter_variables",
-           "sparse_read_and_evict", "__version__"]
+           "sparse_read_and_evict", "dump", "load", "incremental_model_dump", "__version__"]

@@ -1,0 +1,330 @@
+"""sok.dump / sok.load / sok.incremental_model_dump: tables with their
+optimizer state on disk.
+
+Layout of a dump directory:
+  manifest.json           format version, variables (name, kind, dim, rows,
+                          key dtype, files), optimizer (algorithm, step, slots)
+  <var>.keys              int64 keys (row numbers for a sok.Variable)
+  <var>.values            float32 rows [rows, dim]
+  <var>.timestamps/.frequencies   per-key metadata (dynamic tables)
+  <var>.slot.<name>       optimizer slot rows, aligned with the keys
+Every file starts with a 64-byte header: magic, format version, dtype, row
+width, row count and a CRC-32 of the payload; load() checks all of them for
+every file before it changes any variable, so a corrupted or truncated dump
+loads nothing.
+
+A dump is written into a temporary directory next to `path` and renamed into
+place; an existing dump is moved aside first and deleted last. If the
+process dies in between, load() finds the previous dump under its
+moved-aside name, so an interrupted dump never costs the previous one.
+"""
+
+import datetime
+import glob
+import json
+import os
+import shutil
+import struct
+import uuid
+import zlib
+
+import numpy as np
+import tensorflow as tf
+
+from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.ops import dynamic as dynamic_ops
+
+FORMAT_VERSION = 1
+_MAGIC = b"SOKGDUMP"
+_HEADER = struct.Struct("<8sIIQQI28x")  # magic, version, dtype, width, rows, crc32
+_DTYPES = {1: np.float32, 2: np.int64}
+_CODES = {np.dtype(np.float32): 1, np.dtype(np.int64): 2}
+
+
+class CheckpointError(ValueError):
+    """A dump is missing, corrupted, or does not fit the variables given."""
+
+
+# ------------------------------------------------------------------ files
+
+def _write_array(path, array):
+    array = np.ascontiguousarray(array)
+    width = 1 if array.ndim == 1 else int(array.shape[1])
+    payload = array.tobytes()
+    header = _HEADER.pack(_MAGIC, FORMAT_VERSION, _CODES[array.dtype], width,
+                          int(array.shape[0]), zlib.crc32(payload))
+    with open(path, "wb") as f:
+        f.write(header)
+        f.write(payload)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _read_array(path, dtype, width, rows):
+    """The array in `path`, after checking its header against what the
+    manifest promised and its payload against the checksum."""
+    name = os.path.basename(path)
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise CheckpointError(f"cannot read {path}: {e}") from e
+    if len(data) < _HEADER.size:
+        raise CheckpointError(f"{name} is truncated: {len(data)} bytes, shorter than its header")
+    magic, version, code, got_width, got_rows, crc = _HEADER.unpack_from(data)
+    if magic != _MAGIC:
+        raise CheckpointError(f"{name} is not a sok_graph dump file (bad magic)")
+    if version != FORMAT_VERSION:
+        raise CheckpointError(f"{name} has format version {version}; this sok_graph reads "
+                              f"version {FORMAT_VERSION}")
+    if _DTYPES.get(code) is not dtype or got_width != width or got_rows != rows:
+        raise CheckpointError(f"{name} holds {got_rows}x{got_width} of dtype code {code}; the "
+                              f"manifest says {rows}x{width} {np.dtype(dtype).name}")
+    payload = data[_HEADER.size:]
+    expected = rows * width * np.dtype(dtype).itemsize
+    if len(payload) != expected:
+        raise CheckpointError(f"{name} is truncated or padded: {len(payload)} payload bytes, "
+                              f"expected {expected}")
+    if zlib.crc32(payload) != crc:
+        raise CheckpointError(f"{name} is corrupted: checksum mismatch")
+    array = np.frombuffer(payload, dtype=dtype)
+    return array.reshape(rows, width) if width > 1 or dtype is np.float32 else array
+
+
+# ------------------------------------------------------------ tensors in/out
+
+def _run(fetches):
+    """Values of tensors: eagerly, or in the default Session in graph mode."""
+    if tf.executing_eagerly():
+        return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fetches)
+    sess = tf.compat.v1.get_default_session()
+    if sess is None:
+        raise RuntimeError("sok.dump / sok.load in graph mode run in the default Session: "
+                           "call them inside `with sess.as_default():`")
+    return sess.run(fetches)
+
+
+def _var_name(var):
+    name = var.name[:-2] if var.name.endswith(":0") else var.name
+    return name
+
+
+def _file_stem(name):
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
+
+
+def _check_vars(variables, what):
+    variables = list(variables)
+    names = {}
+    for v in variables:
+        if not (isinstance(v, DynamicVariable) or is_sok_variable(v)):
+            raise TypeError(f"{what} must hold sok.Variable or sok.DynamicVariable objects; got "
+                            f"{type(v).__name__}")
+        name = _var_name(v)
+        if name in names:
+            raise ValueError(f"{what} holds two variables named '{name}'; give them distinct "
+                             f"names")
+        names[name] = v
+    return names
+
+
+def _slot_specs(optimizer):
+    return list(optimizer._spec.slots()) if optimizer is not None else []
+
+
+def _export(var, optimizer):
+    """numpy arrays of one variable: keys, values, metadata, slots."""
+    out = {}
+    if isinstance(var, DynamicVariable):
+        keys, rows, times, counts, _ = dynamic_ops.export(
+            var.handle, var.key_type, var.dimension, offset=0, limit=(1 << 62))
+        fetch = {"keys": keys, "values": rows, "timestamps": times, "frequencies": counts}
+        if optimizer is not None and id(var) in optimizer._slots:
+            for name, init in _slot_specs(optimizer):
+                slot = optimizer.get_slot(var, name)
+                fetch["slot." + name] = dynamic_ops.find(slot.handle, keys, var.dimension,
+                                                         default_value=init)[0]
+        out = _run(fetch)
+        out["keys"] = out["keys"].astype(np.int64)
+    else:
+        fetch = {"values": tf.convert_to_tensor(var)}
+        if optimizer is not None and id(var) in optimizer._slots:
+            for name, _ in _slot_specs(optimizer):
+                fetch["slot." + name] = tf.convert_to_tensor(optimizer.get_slot(var, name))
+        out = _run(fetch)
+        out["keys"] = np.arange(out["values"].shape[0], dtype=np.int64)
+    return out
+
+
+def dump(path, dump_vars, optimizer=None):
+    """Writes the variables (keys, rows, per-key metadata) and, when given,
+    the OptimizerWrapper's slots and step to the directory `path`."""
+    variables = _check_vars(dump_vars, "dump_vars")
+    path = os.path.abspath(path)
+    parent = os.path.dirname(path)
+    os.makedirs(parent, exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    os.makedirs(tmp)
+    try:
+        manifest = {"format_version": FORMAT_VERSION, "world_size": 1, "variables": {}}
+        for name, var in variables.items():
+            arrays = _export(var, optimizer)
+            stem = _file_stem(name)
+            files = {}
+            for kind, array in arrays.items():
+                if kind in ("timestamps", "frequencies"):
+                    array = np.asarray(array, np.int64)
+                elif kind != "keys":
+                    array = np.asarray(array, np.float32)
+                fname = f"{stem}.{kind}"
+                _write_array(os.path.join(tmp, fname), array)
+                files[kind] = fname
+            manifest["variables"][name] = {
+                "kind": "dynamic" if isinstance(var, DynamicVariable) else "static",
+                "dim": int(arrays["values"].shape[1]),
+                "rows": int(arrays["keys"].shape[0]),
+                "files": files,
+            }
+        if optimizer is not None:
+            step = _run(optimizer.iterations)
+            manifest["optimizer"] = {"algorithm": optimizer._spec.algorithm, "step": int(step),
+                                     "slots": [n for n, _ in _slot_specs(optimizer)]}
+        with open(os.path.join(tmp, "manifest.json"), "w") as f:
+            json.dump(manifest, f, indent=1, sort_keys=True)
+            f.flush()
+            os.fsync(f.fileno())
+        # Swap the new dump in; the previous one is deleted only afterwards.
+        aside = None
+        if os.path.exists(path):
+            aside = f"{path}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(path, aside)
+        os.rename(tmp, path)
+        if aside:
+            shutil.rmtree(aside, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _dump_dir(path):
+    """`path`, or the previous dump that an interrupted dump moved aside."""
+    path = os.path.abspath(path)
+    if os.path.exists(os.path.join(path, "manifest.json")):
+        return path
+    aside = [d for d in glob.glob(path + ".old-*")
+             if os.path.exists(os.path.join(d, "manifest.json"))]
+    if aside:
+        return max(aside, key=os.path.getmtime)
+    raise CheckpointError(f"no sok_graph dump at {path} (no manifest.json)")
+
+
+def load(path, load_vars, optimizer=None):
+    """Restores variables (and, when given, the optimizer's slots and step)
+    from a dump. Everything is read and checked before anything is assigned."""
+    variables = _check_vars(load_vars, "load_vars")
+    directory = _dump_dir(path)
+    with open(os.path.join(directory, "manifest.json")) as f:
+        try:
+            manifest = json.load(f)
+        except ValueError as e:
+            raise CheckpointError(f"{directory}/manifest.json is corrupted: {e}") from e
+    if manifest.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"dump format version {manifest.get('format_version')} is not "
+                              f"{FORMAT_VERSION}")
+    slots = _slot_specs(optimizer)
+    if optimizer is not None:
+        saved = manifest.get("optimizer")
+        if saved is None:
+            raise CheckpointError("the dump holds no optimizer state; call load without "
+                                  "optimizer=")
+        if saved["algorithm"] != optimizer._spec.algorithm:
+            raise CheckpointError(f"the dump holds {saved['algorithm']} state; the optimizer "
+                                  f"runs {optimizer._spec.algorithm}")
+    loaded = {}
+    for name, var in variables.items():
+        entry = manifest["variables"].get(name)
+        if entry is None:
+            raise CheckpointError(f"the dump has no variable '{name}'; it has "
+                                  f"{sorted(manifest['variables'])}")
+        dim = var.dimension if isinstance(var, DynamicVariable) else int(var.shape[1])
+        if entry["dim"] != dim:
+            raise CheckpointError(f"variable '{name}' was dumped with dimension {entry['dim']}; "
+                                  f"it has dimension {dim}")
+        rows, files = entry["rows"], entry["files"]
+        arrays = {"keys": _read_array(os.path.join(directory, files["keys"]), np.int64, 1, rows),
+                  "values": _read_array(os.path.join(directory, files["values"]), np.float32,
+                                        dim, rows)}
+        for meta in ("timestamps", "frequencies"):
+            if meta in files:
+                arrays[meta] = _read_array(os.path.join(directory, files[meta]), np.int64, 1,
+                                           rows)
+        for slot, _ in slots:
+            fname = files.get("slot." + slot)
+            if fname is None:
+                raise CheckpointError(f"the dump has no '{slot}' slot for variable '{name}'")
+            arrays["slot." + slot] = _read_array(os.path.join(directory, fname), np.float32,
+                                                 dim, rows)
+        if not isinstance(var, DynamicVariable):
+            keys = arrays["keys"]
+            if rows != int(var.shape[0]) or not np.array_equal(keys, np.arange(rows)):
+                raise CheckpointError(f"variable '{name}' has {int(var.shape[0])} rows; the dump "
+                                      f"holds {rows} rows with keys that are not 0..{rows - 1}")
+        loaded[name] = arrays
+    ops = []
+    for name, var in variables.items():
+        a = loaded[name]
+        if optimizer is not None:
+            optimizer._create_slots(var)
+        if isinstance(var, DynamicVariable):
+            keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
+            ops.append(_replace_rows(var, keys, a["values"], a.get("timestamps"),
+                                     a.get("frequencies")))
+            for slot, _ in slots:
+                ops.append(_replace_rows(optimizer.get_slot(var, slot), keys,
+                                         a["slot." + slot]))
+        else:
+            ops.append(var.assign(a["values"]))
+            for slot, _ in slots:
+                ops.append(optimizer.get_slot(var, slot).assign(a["slot." + slot]))
+    if optimizer is not None:
+        ops.append(optimizer.iterations.assign(manifest["optimizer"]["step"]))
+    if not tf.executing_eagerly():
+        _run([op for op in ops if op is not None])
+
+
+def _replace_rows(table, keys, values, timestamps=None, frequencies=None):
+    """Empties a dynamic table, then imports rows (in that order in a graph too)."""
+    cleared = table.clear()
+    with tf.control_dependencies([] if tf.executing_eagerly() else [cleared]):
+        return table.import_rows(keys, values, timestamps, frequencies)
+
+
+def _utc_micros(time_threshold):
+    if isinstance(time_threshold, datetime.datetime):
+        if time_threshold.tzinfo is None:  # naive datetimes are taken as UTC
+            time_threshold = time_threshold.replace(tzinfo=datetime.timezone.utc)
+        return int(round(time_threshold.timestamp() * 1e6))
+    if isinstance(time_threshold, (int, np.integer)):
+        return int(time_threshold)
+    raise TypeError(f"time_threshold must be a datetime (UTC) or microseconds since the epoch; "
+                    f"got {type(time_threshold).__name__}")
+
+
+def incremental_model_dump(sok_vars, time_threshold, sess=None):
+    """(keys, values): per variable, numpy arrays of the rows updated (looked
+    up for training, assigned or optimized) after `time_threshold`."""
+    after = _utc_micros(time_threshold)
+    fetches = []
+    for var in sok_vars:
+        if not isinstance(var, DynamicVariable):
+            raise TypeError("incremental_model_dump needs sok.DynamicVariable objects (static "
+                            f"tables keep no update times); got {type(var).__name__}")
+        keys, rows, _, _, _ = dynamic_ops.export(var.handle, var.key_type, var.dimension,
+                                                 offset=0, limit=(1 << 62), updated_after=after)
+        fetches.append((keys, rows))
+    if sess is not None and not tf.executing_eagerly():
+        values = sess.run(fetches)
+    else:
+        values = _run(fetches)
+    return [k for k, _ in values], [v for _, v in values]
