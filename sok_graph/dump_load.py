@@ -115,16 +115,21 @@ def _file_stem(name):
 
 
 def _check_vars(variables, what):
-    variables = list(variables)
+    """{file name: variable}. Variables are named by their names; a name that
+    repeats (e.g. eager tf.Variables are all "Variable") gets _1, _2, ... in
+    list order, so load() matches them when given the same list."""
     names = {}
-    for v in variables:
+    for v in list(variables):
         if not (isinstance(v, DynamicVariable) or is_sok_variable(v)):
             raise TypeError(f"{what} must hold sok.Variable or sok.DynamicVariable objects; got "
                             f"{type(v).__name__}")
-        name = _var_name(v)
-        if name in names:
-            raise ValueError(f"{what} holds two variables named '{name}'; give them distinct "
-                             f"names")
+        if any(v is seen for seen in names.values()):
+            raise ValueError(f"{what} holds variable '{_var_name(v)}' twice")
+        base = name = _var_name(v)
+        k = 0
+        while name in names:
+            k += 1
+            name = f"{base}_{k}"
         names[name] = v
     return names
 

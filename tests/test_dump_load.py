@@ -118,8 +118,8 @@ def test_load_errors_name_the_problem(tmp_path):
         sok.load(path, [sok.DynamicVariable(2, name="other")])
     with pytest.raises(CheckpointError, match="no sok_graph dump"):
         sok.load(str(tmp_path / "nowhere"), [v])
-    with pytest.raises(ValueError, match="two variables named 't'"):
-        sok.dump(str(tmp_path / "x"), [v, sok.DynamicVariable(2, name="t")])
+    with pytest.raises(ValueError, match="holds variable 't' twice"):
+        sok.dump(str(tmp_path / "x"), [v, v])
     with pytest.raises(CheckpointError, match="no optimizer state"):
         sok.load(path, [v], sok.OptimizerWrapper(tf.keras.optimizers.Adagrad()))
     with pytest.raises(CheckpointError, match="10 rows; the dump holds 2"):
@@ -190,3 +190,14 @@ def test_dump_and_load_in_graph_mode(tmp_path):
             sess.run(bump)
             sok.load(path, [v])
             np.testing.assert_array_equal(sess.run(read), np.full((2, 2), 3.0))
+
+
+def test_variables_with_the_same_name_are_told_apart_by_position(tmp_path):
+    a, b = sok.DynamicVariable(2, initializer=1.0), sok.DynamicVariable(2, initializer=2.0)
+    a.sparse_read(tf.constant([1], tf.int64))
+    b.sparse_read(tf.constant([1], tf.int64))
+    sok.dump(str(tmp_path / "d"), [a, b])
+    c, d = sok.DynamicVariable(2), sok.DynamicVariable(2)
+    sok.load(str(tmp_path / "d"), [c, d])
+    assert sok.export(c)[1].numpy().tolist() == [[1.0, 1.0]]
+    assert sok.export(d)[1].numpy().tolist() == [[2.0, 2.0]]

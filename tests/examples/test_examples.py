@@ -28,3 +28,8 @@ def test_lookup_demo_learns(script):
     auc = float(re.search(r"test AUC ([\d.]+)", stdout).group(1))
     assert last < first - 0.05, stdout
     assert auc > 0.65, stdout
+
+
+def test_get_started_walkthrough():
+    stdout = run_example("examples_tf2/get_started.py")
+    assert "get started: OK" in stdout
