@@ -164,3 +164,36 @@ def test_mixed_id_dtypes_are_widened(rng):
     a, b = sok.lookup_sparse([t, t], [tf.ragged.constant([[4]], tf.int32),
                                       tf.ragged.constant([[4]], tf.int64)], combiners="sum")
     np.testing.assert_array_equal(a.numpy(), b.numpy())
+
+
+def test_keras_layer_tracks_sok_variable_exactly_like_tf_variable():
+    class Embedding(tf.keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.sok_table = sok.Variable(np.ones((5, 2), np.float32), name="sok_table")
+            self.tf_table = tf.Variable(np.ones((5, 2), np.float32), name="tf_table")
+
+    layer = Embedding()
+    names = [w.name.split(":")[0] for w in layer.trainable_weights]
+    # Keras 2 counts both as layer weights; Keras 3 counts neither (it tracks
+    # only its own Variable class): sok.Variable behaves as tf.Variable does.
+    assert ("sok_table" in names) == ("tf_table" in names)
+    module = tf.Module()
+    module.table = layer.sok_table
+    assert module.trainable_variables == (layer.sok_table,)
+
+
+def test_assign_and_export_in_graph_mode(rng):
+    table = rng.standard_normal((6, 2)).astype(np.float32)
+
+    def build():
+        v = sok.Variable(np.zeros((6, 2), np.float32))
+        d = sok.DynamicVariable(2, initializer="zeros")
+        with tf.control_dependencies([sok.assign(v, tf.range(6, dtype=tf.int64), table),
+                                      sok.assign(d, tf.constant([4, 9], tf.int64), table[:2])]):
+            return sok.export(v)[1], sok.export(d)
+
+    rows, (keys, drows) = run_in_graph(build)
+    np.testing.assert_array_equal(rows, table)
+    assert sorted(zip(keys.tolist(), drows.tolist())) == [(4, table[0].tolist()),
+                                                          (9, table[1].tolist())]
