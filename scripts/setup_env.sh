@@ -37,13 +37,23 @@ fi
 # --- a virtualenv per TensorFlow version ------------------------------------
 PY_BASE="${PYTHON:-python3}"
 VENV="$SOK_GRAPH_CACHE/venvs/tf-$SOK_TF_VERSION"
+# What the tests and the main job need next to TensorFlow. pyarrow 17 works
+# with numpy 1.x (TF 2.15) and 2.x (TF 2.21). MovieLens-100k comes inside the
+# recbole wheel, installed without its dependencies (torch and more).
+REQUIREMENTS="tensorflow-cpu==$SOK_TF_VERSION pytest>=7 pyarrow==17.0.0 tqdm matplotlib"
+NO_DEPS="recbole==1.2.1"
 if [ ! -f "$VENV/.complete" ]; then
   log "creating $VENV with tensorflow-cpu==$SOK_TF_VERSION"
   rm -rf "$VENV"
   "$PY_BASE" -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade "pip>=23" setuptools wheel
-  "$VENV/bin/pip" install -q "tensorflow-cpu==$SOK_TF_VERSION" "pytest>=7"
-  touch "$VENV/.complete"
+fi
+if [ "$(cat "$VENV/.complete" 2>/dev/null)" != "$REQUIREMENTS $NO_DEPS" ]; then
+  log "installing $REQUIREMENTS and $NO_DEPS (no deps) into $VENV"
+  # shellcheck disable=SC2086
+  "$VENV/bin/pip" install -q $REQUIREMENTS
+  "$VENV/bin/pip" install -q --no-deps $NO_DEPS
+  echo "$REQUIREMENTS $NO_DEPS" > "$VENV/.complete"
 fi
 SOK_PYTHON="$VENV/bin/python"
 export SOK_PYTHON SOK_TF_VERSION

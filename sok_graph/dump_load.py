@@ -19,7 +19,9 @@ process dies in between, load() finds the previous dump under its
 moved-aside name, so an interrupted dump never costs the previous one.
 """
 
+import contextlib
 import datetime
+import functools
 import glob
 import json
 import os
@@ -105,6 +107,17 @@ def _run(fetches):
     return sess.run(fetches)
 
 
+def _in_session_graph(fn):
+    """In graph mode, builds the ops of `fn` in the default Session's graph
+    (where the variables live), whatever graph is the default."""
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        sess = None if tf.executing_eagerly() else tf.compat.v1.get_default_session()
+        with sess.graph.as_default() if sess is not None else contextlib.nullcontext():
+            return fn(*args, **kwargs)
+    return wrapper
+
+
 def _var_name(var):
     name = var.name[:-2] if var.name.endswith(":0") else var.name
     return name
@@ -162,6 +175,7 @@ def _export(var, optimizer):
     return out
 
 
+@_in_session_graph
 def dump(path, dump_vars, optimizer=None):
     """Writes the variables (keys, rows, per-key metadata) and, when given,
     the OptimizerWrapper's slots and step to the directory `path`."""
@@ -224,6 +238,7 @@ def _dump_dir(path):
     raise CheckpointError(f"no sok_graph dump at {path} (no manifest.json)")
 
 
+@_in_session_graph
 def load(path, load_vars, optimizer=None):
     """Restores variables (and, when given, the optimizer's slots and step)
     from a dump. Everything is read and checked before anything is assigned."""

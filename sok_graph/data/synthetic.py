@@ -10,6 +10,8 @@ import collections
 
 import numpy as np
 
+from sok_graph.data.metrics import auc  # noqa: F401  (the examples' import path)
+
 PlantedDataset = collections.namedtuple(
     "PlantedDataset", ["values", "row_splits", "labels", "vocab_sizes"]
 )
@@ -45,24 +47,3 @@ def batch(dataset, start, stop):
         values.append(v[lo:hi])
         splits.append(s[start:stop + 1] - lo)
     return values, splits, dataset.labels[start:stop]
-
-
-def auc(labels, scores):
-    """Area under the ROC curve by the rank-sum formula (ties get mean ranks)."""
-    labels = np.asarray(labels)
-    scores = np.asarray(scores, np.float64)
-    order = np.argsort(scores, kind="mergesort")
-    ranks = np.empty(len(scores))
-    sorted_scores = scores[order]
-    i = 0
-    while i < len(scores):
-        j = i
-        while j + 1 < len(scores) and sorted_scores[j + 1] == sorted_scores[i]:
-            j += 1
-        ranks[order[i:j + 1]] = (i + j) / 2.0 + 1
-        i = j + 1
-    pos = labels > 0.5
-    n_pos, n_neg = pos.sum(), (~pos).sum()
-    if n_pos == 0 or n_neg == 0:
-        return float("nan")
-    return float((ranks[pos].sum() - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg))

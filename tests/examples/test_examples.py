@@ -33,3 +33,14 @@ def test_lookup_demo_learns(script):
 def test_get_started_walkthrough():
     stdout = run_example("examples_tf2/get_started.py")
     assert "get started: OK" in stdout
+
+
+@pytest.mark.parametrize("mode", ["tf2", "tf1"])
+def test_movielens_main_job_beats_popularity(tmp_path, mode):
+    stdout = run_example("examples_tf2/movielens_dlrm.py", "--mode", mode, "--epochs", "2",
+                         "--out", str(tmp_path), "--quiet")
+    baseline = float(re.search(r"popularity baseline test AUC ([\d.]+)", stdout).group(1))
+    model = float(re.search(r"sok_graph DLRM +test AUC ([\d.]+)", stdout).group(1))
+    assert model > baseline + 0.03, stdout
+    assert os.path.exists(tmp_path / "training.png")
+    assert os.path.exists(tmp_path / "tables" / "manifest.json")
