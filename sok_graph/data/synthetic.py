@@ -47,3 +47,43 @@ def batch(dataset, start, stop):
         values.append(v[lo:hi])
         splits.append(s[start:stop + 1] - lo)
     return values, splits, dataset.labels[start:stop]
+
+
+def write_criteo_parquet(path, num_rows, num_tables=26, num_dense=13, vocab_size=100000,
+                         max_hotness=3, row_group_size=65536, seed=0):
+    """A Criteo-shaped Parquet file with a planted signal: list columns
+    C1..C<num_tables> of int64 ids (1..max_hotness per row), float columns
+    I1..I<num_dense>, and a label drawn from the ids' hidden scores and the
+    dense values. Written in row groups so readers can stream it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    rng = np.random.default_rng(seed)
+    dense_weights = rng.standard_normal(num_dense) * 0.3
+    scores = [rng.standard_normal(vocab_size) for _ in range(num_tables)]
+    writer = None
+    try:
+        for start in range(0, num_rows, row_group_size):
+            n = min(row_group_size, num_rows - start)
+            columns, logits = {}, np.zeros(n)
+            for t in range(num_tables):
+                lengths = rng.integers(1, max_hotness + 1, size=n)
+                offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+                ids = np.minimum(rng.zipf(1.3, size=offsets[-1]) - 1, vocab_size - 1)
+                ids = ((ids * 2654435761) % vocab_size).astype(np.int64)
+                logits += np.add.reduceat(scores[t][ids], offsets[:-1]) / lengths / np.sqrt(
+                    num_tables)
+                columns[f"C{t + 1}"] = pa.ListArray.from_arrays(pa.array(offsets), pa.array(ids))
+            dense = rng.standard_normal((n, num_dense)).astype(np.float32)
+            logits += dense @ dense_weights
+            for d in range(num_dense):
+                columns[f"I{d + 1}"] = pa.array(dense[:, d])
+            columns["label"] = pa.array(
+                (rng.random(n) < 1 / (1 + np.exp(-logits))).astype(np.float32))
+            table = pa.table(columns)
+            if writer is None:
+                writer = pq.ParquetWriter(path, table.schema)
+            writer.write_table(table, row_group_size=row_group_size)
+    finally:
+        if writer is not None:
+            writer.close()

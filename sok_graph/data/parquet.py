@@ -1,0 +1,179 @@
+"""Streaming Parquet reader: batches of ragged id columns (values +
+row_splits), dense float columns and labels, as numpy arrays or through
+tf.data.
+
+Files are split into units of one row group; each worker (rank r of
+world_size) reads units r, r + world_size, ... of the (optionally shuffled,
+per epoch) unit list, so workers read disjoint data and memory never holds
+more than a few row groups, whatever the files' size. A background thread
+reads and converts the next batches while the current one is used: pyarrow
+decodes with the GIL released, and list columns become (values, row_splits)
+without copying.
+"""
+
+import queue
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+_DONE = object()
+
+
+class ParquetReader:
+    """``ParquetReader(files, batch_size, ragged_columns, dense_columns=(),
+    label_column="label", rank=0, world_size=1, shuffle=False, seed=0,
+    prefetch=2, drop_remainder=False)``
+
+    Iterating yields dicts: for each ragged column ``name`` two int64 arrays
+    ``name`` (values) and ``name_splits`` (row_splits, batch + 1); ``dense``
+    a float32 [batch, len(dense_columns)] array; ``label`` float32 [batch].
+    Each iteration is one epoch; with shuffle=True the unit order differs
+    per epoch (seed + epoch).
+    """
+
+    def __init__(self, files, batch_size, ragged_columns, dense_columns=(),
+                 label_column="label", rank=0, world_size=1, shuffle=False, seed=0,
+                 prefetch=2, drop_remainder=False):
+        if isinstance(files, str):
+            files = [files]
+        if not files:
+            raise ValueError("files must name at least one Parquet file")
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
+        self.files = list(files)
+        self.batch_size = batch_size
+        self.ragged_columns = list(ragged_columns)
+        self.dense_columns = list(dense_columns)
+        self.label_column = label_column
+        self.rank, self.world_size = rank, world_size
+        self.shuffle, self.seed = shuffle, seed
+        self.prefetch = max(1, int(prefetch))
+        self.drop_remainder = drop_remainder
+        self._epoch = 0
+        self._units = []
+        for f in self.files:
+            meta = pq.ParquetFile(f).metadata
+            schema = meta.schema.to_arrow_schema()
+            for name in self.columns:
+                if name not in schema.names:
+                    raise ValueError(f"column '{name}' is not in {f}; it has {schema.names}")
+            for g in range(meta.num_row_groups):
+                self._units.append((f, g))
+
+    @property
+    def columns(self):
+        cols = self.ragged_columns + self.dense_columns
+        return cols + ([self.label_column] if self.label_column else [])
+
+    def _my_units(self, epoch):
+        units = list(self._units)
+        if self.shuffle:
+            order = np.random.default_rng(self.seed + epoch).permutation(len(units))
+            units = [units[i] for i in order]
+        return units[self.rank::self.world_size]
+
+    def _tables(self, epoch):
+        files = {}
+        for f, g in self._my_units(epoch):
+            if f not in files:
+                files[f] = pq.ParquetFile(f)
+            yield files[f].read_row_group(g, columns=self.columns)
+
+    def _batches(self, epoch):
+        """Tables of batch_size rows (the last may be shorter), carrying rows
+        over from one row group to the next."""
+        pending, rows = [], 0
+        for table in self._tables(epoch):
+            pending.append(table)
+            rows += table.num_rows
+            if rows < self.batch_size:
+                continue
+            merged = pa.concat_tables(pending)
+            start = 0
+            while merged.num_rows - start >= self.batch_size:
+                yield merged.slice(start, self.batch_size)
+                start += self.batch_size
+            pending = [merged.slice(start)] if start < merged.num_rows else []
+            rows = merged.num_rows - start
+        if rows and not self.drop_remainder:
+            yield pa.concat_tables(pending)
+
+    def _convert(self, table):
+        out = {}
+        for name in self.ragged_columns:
+            col = table.column(name).combine_chunks()
+            offsets = col.offsets.to_numpy()
+            values = col.values.to_numpy(zero_copy_only=False)
+            first, last = int(offsets[0]), int(offsets[-1])
+            out[name] = values[first:last].astype(np.int64, copy=False)
+            out[name + "_splits"] = (offsets - first).astype(np.int64)
+        if self.dense_columns:
+            out["dense"] = np.stack([table.column(c).to_numpy().astype(np.float32, copy=False)
+                                     for c in self.dense_columns], axis=1)
+        if self.label_column:
+            out["label"] = table.column(self.label_column).to_numpy().astype(np.float32,
+                                                                             copy=False)
+        return out
+
+    def __iter__(self):
+        epoch = self._epoch
+        self._epoch += 1
+        q = queue.Queue(maxsize=self.prefetch)
+        stop = threading.Event()
+
+        def produce():
+            try:
+                for table in self._batches(epoch):
+                    if stop.is_set():
+                        return
+                    q.put(self._convert(table))
+                q.put(_DONE)
+            except BaseException as e:  # surfaced in the consumer
+                q.put(e)
+
+        worker = threading.Thread(target=produce, daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = q.get()
+                if item is _DONE:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()
+            while worker.is_alive():  # unblock a producer waiting on a full queue
+                try:
+                    q.get_nowait()
+                except queue.Empty:
+                    worker.join(0.01)
+
+    def dataset(self):
+        """The batches as a tf.data.Dataset of dicts (one epoch per
+        iteration), with ragged columns as tf.RaggedTensor."""
+        import tensorflow as tf
+
+        signature = {}
+        for name in self.ragged_columns:
+            signature[name] = tf.TensorSpec([None], tf.int64)
+            signature[name + "_splits"] = tf.TensorSpec([None], tf.int64)
+        if self.dense_columns:
+            signature["dense"] = tf.TensorSpec([None, len(self.dense_columns)], tf.float32)
+        if self.label_column:
+            signature["label"] = tf.TensorSpec([None], tf.float32)
+        ragged = self.ragged_columns
+
+        def to_ragged(batch):
+            out = {k: v for k, v in batch.items() if not k.endswith("_splits") and k not in ragged}
+            for name in ragged:
+                out[name] = tf.RaggedTensor.from_row_splits(batch[name], batch[name + "_splits"],
+                                                            validate=False)
+            return out
+
+        ds = tf.data.Dataset.from_generator(self.__iter__, output_signature=signature)
+        return ds.map(to_ragged).prefetch(tf.data.AUTOTUNE)
