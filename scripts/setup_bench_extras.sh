@@ -9,7 +9,8 @@ set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=/dev/null
 source "$REPO/scripts/setup_env.sh" "${1:-2.15.1}"
-"$SOK_PYTHON" -m pip install -q pandas
+# Pinning TensorFlow keeps pip from upgrading numpy past what it supports.
+"$SOK_PYTHON" -m pip install -q pandas "tensorflow-cpu==$SOK_TF_VERSION"
 if [ "$SOK_TF_VERSION" = 2.15.1 ]; then
   "$SOK_PYTHON" -m pip install -q --no-deps tensorflow-recommenders-addons==0.7.2 "setuptools<81"
 fi
