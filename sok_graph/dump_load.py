@@ -153,6 +153,10 @@ def _slot_specs(optimizer):
 
 def _export(var, optimizer):
     """numpy arrays of one variable: keys, values, metadata, slots."""
+    if optimizer is not None and tf.executing_eagerly():
+        # Slots not made yet (no step taken) are dumped at their initial
+        # values, so that a load with this optimizer always finds them.
+        optimizer._create_slots(var)
     out = {}
     if isinstance(var, DynamicVariable):
         keys, rows, times, counts, _ = dynamic_ops.export(

@@ -201,3 +201,16 @@ def test_variables_with_the_same_name_are_told_apart_by_position(tmp_path):
     sok.load(str(tmp_path / "d"), [c, d])
     assert sok.export(c)[1].numpy().tolist() == [[1.0, 1.0]]
     assert sok.export(d)[1].numpy().tolist() == [[2.0, 2.0]]
+
+
+def test_dump_before_any_step_still_carries_optimizer_state(tmp_path):
+    v = sok.DynamicVariable(2, initializer=1.0, name="fresh")
+    v.sparse_read(tf.constant([3], tf.int64))
+    opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
+    sok.dump(str(tmp_path / "d"), [v], opt)
+    other = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1))
+    w = sok.DynamicVariable(2, name="fresh")
+    sok.load(str(tmp_path / "d"), [w], other)
+    rows, found = other.get_slot(w, "accumulator").find(tf.constant([3], tf.int64))
+    assert found.numpy().all()
+    np.testing.assert_allclose(rows.numpy(), [[0.1, 0.1]])  # Adagrad's initial accumulator
