@@ -4,7 +4,6 @@ sok_graph.compat) and the sparse_operation_kit import name."""
 
 import os
 import shutil
-import subprocess
 import sys
 
 from setuptools import Distribution, find_packages, setup

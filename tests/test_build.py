@@ -1,8 +1,6 @@
 """The op library as built: build stamp, version check, CUDA plumbing."""
 
-import ctypes
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
