@@ -33,7 +33,93 @@ def load(path):
     lib.sok_lookup_forward_f32.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int,
                                            ctypes.c_int64, ctypes.c_int, ctypes.c_void_p]
     lib.sok_lookup_forward_f32.restype = ctypes.c_int
+    lib.sok_unique_segment_sum_f32.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+        ctypes.POINTER(ctypes.c_size_t), ctypes.c_void_p]
+    lib.sok_unique_segment_sum_f32.restype = ctypes.c_int
     return lib
+
+
+class UniqueSum:
+    """sok_unique_segment_sum_f32 with its outputs and scratch allocated once."""
+
+    def __init__(self, lib, n, dim, key_bits=64):
+        self.lib, self.n, self.dim, self.key_bits = lib, n, dim, key_bits
+        size = ctypes.c_size_t(0)
+        rc = lib.sok_unique_segment_sum_f32(None, None, n, dim, key_bits, None, None, None,
+                                            None, ctypes.byref(size), None)
+        assert rc == 0, rc
+        self.temp_bytes = size
+        self.temp = cp.empty(size.value, cp.uint8)
+        self.unique = cp.full(max(n, 1), -7, cp.int64)
+        self.summed = cp.full((max(n, 1), dim), cp.nan, cp.float32)
+        self.count = cp.zeros(1, cp.int64)
+
+    def __call__(self, ids, grads):
+        rc = self.lib.sok_unique_segment_sum_f32(
+            ids.data.ptr, grads.data.ptr, self.n, self.dim, self.key_bits, self.unique.data.ptr,
+            self.summed.data.ptr, self.count.data.ptr, self.temp.data.ptr,
+            ctypes.byref(self.temp_bytes), cp.cuda.get_current_stream().ptr)
+        if rc != 0:
+            raise RuntimeError(f"sok_unique_segment_sum_f32 returned cudaError {rc}")
+
+    def result(self):
+        u = int(self.count[0])
+        return cp.asnumpy(self.unique[:u]), cp.asnumpy(self.summed[:u])
+
+
+def check_unique_sum(lib, rng):
+    failures = cases = 0
+    for n, dim, case, bits in [(1000, 16, "random", 64), (5000, 3, "random", 11),
+                               (777, 128, "all_equal", 64), (1, 8, "random", 1),
+                               (4096, 33, "extremes", 64), (0, 4, "random", 64),
+                               (20000, 16, "random", 13)]:
+        if case == "all_equal":
+            ids = np.full(n, 123456789, np.int64)
+        elif case == "extremes":
+            ids = rng.choice(np.array([0, 2**63 - 1, -2**63, -1, 5], np.int64), size=n)
+        else:
+            ids = rng.integers(0, max(2, n // 3), size=n).astype(np.int64)
+        grads = rng.standard_normal((n, dim)).astype(np.float32)
+        if bits < 64:
+            ids = ids % (1 << bits)
+        op = UniqueSum(lib, n, dim, bits)
+        op(cp.asarray(ids), cp.asarray(grads) if n else cp.zeros((1, dim), cp.float32))
+        cp.cuda.get_current_stream().synchronize()
+        got_ids, got = op.result()
+        want_ids, inverse = np.unique(ids, return_inverse=True)
+        want = np.zeros((len(want_ids), dim))
+        np.add.at(want, inverse, grads.astype(np.float64))
+        cases += 1
+        ok = np.array_equal(got_ids, want_ids) and not np.isnan(got).any() and (
+            got.size == 0 or np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30) < 1e-5)
+        if not ok:
+            failures += 1
+            print(f"FAIL unique+sum n={n} dim={dim} {case} key_bits={bits}")
+    print(f"unique + segment-sum checks: {cases - failures} passed, {failures} failed")
+    return failures
+
+
+def bench_unique_sum(lib, n, dim, id_range, key_bits):
+    ids = cp.random.randint(0, id_range, size=n, dtype=cp.int64)
+    grads = cp.random.standard_normal((n, dim), dtype=cp.float32)
+    op = UniqueSum(lib, n, dim, key_bits)
+    ms = time_ms(lambda: op(ids, grads))
+    try:
+        import torch
+
+        t_ids = torch.as_tensor(ids, device="cuda")
+        t_grads = torch.as_tensor(grads, device="cuda")
+
+        def torch_backward():
+            u, inv = torch.unique(t_ids, return_inverse=True)
+            torch.zeros((u.shape[0], dim), device="cuda").index_add_(0, inv, t_grads)
+
+        torch_ms = time_ms(torch_backward)
+    except ImportError:
+        torch_ms = float("nan")
+    return ms, torch_ms
 
 
 def forward(lib, tables, vectorized=None):
@@ -188,7 +274,7 @@ def main():
     args = p.parse_args()
     lib = load(args.library)
     rng = np.random.default_rng(0)
-    failures = check(lib, rng)
+    failures = check(lib, rng) + check_unique_sum(lib, rng)
     rows = 1 << 20 if args.quick else 8 << 20
     batch = 1 << 14 if args.quick else 1 << 18
     print(f"{'case':<28}{'sok ms':>9}{'GB/s':>9}{'copy GB/s':>11}{'of copy':>9}"
@@ -198,6 +284,13 @@ def main():
         print(f"{f'fwd {rows}x{dim}, {batch}x104':<28}{r['sok ms']:>9.3f}{r['sok GB/s']:>9.0f}"
               f"{r['copy GB/s']:>11.0f}{r['sok GB/s'] / r['copy GB/s']:>8.0%}"
               f"{r['torch ms']:>10.3f}{r['torch ms'] / r['sok ms']:>9.2f}x")
+    n = 1 << 20 if args.quick else 1 << 23
+    for bits, what in ((23, "static table of 8M rows: 23-bit sort"),
+                       (64, "any int64 keys: 64-bit sort")):
+        ms, torch_ms = bench_unique_sum(lib, n, 16, 8 << 20, bits)
+        print(f"backward, unique + segment sum of {n} ids in [0, 8M), dim 16 ({what}): "
+              f"sok {ms:.3f} ms, torch unique+index_add_ {torch_ms:.3f} ms, "
+              f"{torch_ms / ms:.2f}x")
     sys.exit(1 if failures else 0)
 
 

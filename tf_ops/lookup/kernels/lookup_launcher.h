@@ -32,6 +32,19 @@ int sok_lookup_forward_f32(const SokLookupTable* tables, const int64_t* sample_o
                            int num_tables, int64_t total_samples, int vectorized,
                            void* stream);
 
+// Backward core: the distinct ids of `ids` [n] (ascending) and, for each, the
+// sum of the rows of `grads` [n, dim] at its positions, added in position
+// order (deterministic). Outputs unique_ids [n] and summed [n, dim] (only
+// the first *num_unique rows are written; num_unique is a device int64).
+// key_bits: when every id lies in [0, 2^key_bits) (a static table of at
+// most 2^key_bits rows), the sort looks at those bits only; <= 0 or >= 64
+// for arbitrary int64 ids (dynamic tables). Call first with temp == NULL to
+// get *temp_bytes, then with that much device scratch. Returns a cudaError_t.
+int sok_unique_segment_sum_f32(const int64_t* ids, const float* grads, int64_t n, int dim,
+                               int key_bits, int64_t* unique_ids, float* summed,
+                               int64_t* num_unique, void* temp, size_t* temp_bytes,
+                               void* stream);
+
 #ifdef __cplusplus
 }
 #endif
