@@ -79,10 +79,6 @@ def register_gradient(op_type):
     return tf.RegisterGradient(op_type)
 
 
-def load_op_library(path):
-    return tf.load_op_library(path)
-
-
 def legacy_keras_requested():
     """TF_USE_LEGACY_KERAS=1 selects Keras 2 (tf-keras) on TF >= 2.16."""
     return os.environ.get("TF_USE_LEGACY_KERAS", "0").lower() in ("1", "true", "yes")

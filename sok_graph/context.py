@@ -31,10 +31,6 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
     return _communicator
 
 
-def initialized():
-    return _communicator is not None
-
-
 def communicator(caller="this call"):
     """The active communicator; a clear error when init() has not run."""
     if _communicator is None:

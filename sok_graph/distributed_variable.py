@@ -39,11 +39,6 @@ def parse_mode(mode, world_size):
     )
 
 
-def shard_rows(global_rows, world_size, rank):
-    """Rows of a distributed table stored on `rank`: ceil((rows - rank) / N)."""
-    return max(0, (global_rows - rank + world_size - 1) // world_size)
-
-
 class Variable(_ResourceVariable):
     """A sok embedding table: ``Variable(initial_value, mode="distributed", **tf.Variable kwargs)``.
 
@@ -88,4 +83,5 @@ class Variable(_ResourceVariable):
 
 
 def is_sok_variable(value):
+    """True for sok.Variable and sok.DynamicVariable (both say so)."""
     return getattr(value, "is_sok_variable", False) is True

@@ -133,7 +133,7 @@ def _check_vars(variables, what):
     list order, so load() matches them when given the same list."""
     names = {}
     for v in list(variables):
-        if not (isinstance(v, DynamicVariable) or is_sok_variable(v)):
+        if not is_sok_variable(v):
             raise TypeError(f"{what} must hold sok.Variable or sok.DynamicVariable objects; got "
                             f"{type(v).__name__}")
         if any(v is seen for seen in names.values()):

@@ -352,7 +352,3 @@ class DynamicVariable(compat.trackable_base_class()):
                 return dynamic_ops.import_rows(
                     self._handle, tf.cast(restored_tensors["-keys"], self._key_type), values,
                     restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"))
-
-
-def is_dynamic_variable(value):
-    return isinstance(value, DynamicVariable)

@@ -192,10 +192,6 @@ class _Spec:
         return w - lr / (1.0 - tf.pow(b1, t)) * m / (u + eps), {"m": m, "v": u}
 
 
-def _is_sok(var):
-    return isinstance(var, DynamicVariable) or is_sok_variable(var)
-
-
 class OptimizerWrapper:
     """``OptimizerWrapper(optimizer)``: ``apply_gradients`` works on sok variables.
 
@@ -271,8 +267,8 @@ class OptimizerWrapper:
         """Applies gradients; sok variables get sparse updates, others go to
         the wrapped optimizer. Returns an op in graph mode."""
         pairs = [(g, v) for g, v in grads_and_vars if g is not None]
-        sok_pairs = [(g, v) for g, v in pairs if _is_sok(v)]
-        others = [(g, v) for g, v in pairs if not _is_sok(v)]
+        sok_pairs = [(g, v) for g, v in pairs if is_sok_variable(v)]
+        others = [(g, v) for g, v in pairs if not is_sok_variable(v)]
         ops = []
         if others:
             ops.append(self._optimizer.apply_gradients(others, **kwargs))

@@ -12,7 +12,7 @@ from sok_graph.ops import dynamic as dynamic_ops
 
 
 def _check_sok(var, fn):
-    if not (isinstance(var, DynamicVariable) or is_sok_variable(var)):
+    if not is_sok_variable(var):
         raise TypeError(f"sok.{fn} takes a sok.Variable or sok.DynamicVariable; got "
                         f"{type(var).__name__}")
 
@@ -57,7 +57,7 @@ def filter_variables(vars):  # noqa: A002 (SOK's argument name)
     """(sok_variables, other_variables) from a list of variables."""
     sok_vars, others = [], []
     for v in vars:
-        (sok_vars if isinstance(v, DynamicVariable) or is_sok_variable(v) else others).append(v)
+        (sok_vars if is_sok_variable(v) else others).append(v)
     return sok_vars, others
 
 

@@ -25,17 +25,6 @@ using TfInt64 = int64_t;
 // (Status::OK() is gone in 2.x, OkStatus() does not exist in 1.x).
 inline ::tensorflow::Status OkStatus() { return ::tensorflow::Status(); }
 
-// Maps the C++ index type a kernel is templated on to the type TensorFlow
-// uses for that dtype's tensors.
-template <typename T>
-struct TfIndex {
-  using type = T;
-};
-template <>
-struct TfIndex<int64_t> {
-  using type = TfInt64;
-};
-
 // Runs fn(begin, end) over [0, total) on the op's intra-op thread pool.
 // `cost_per_unit` is a rough count of cycles for one unit of work.
 template <typename Fn>

@@ -138,6 +138,23 @@ struct TableInputs {
   core::DynamicTable& t() { return table->table(); }
 };
 
+// Runs a batch operation that changes the table: under the table's lock, at
+// this call's time, writing the number of evicted rows to output
+// `evicted_output`. `op(table, now, error)` returns that number, or -1 with
+// `error` set.
+template <typename Op>
+Status RunWrite(OpKernelContext* ctx, DynamicTableResource* table, int evicted_output, Op&& op) {
+  std::string error;
+  int64_t evicted;
+  {
+    ::tensorflow::mutex_lock lock(*table->mu());
+    core::DynamicTable& t = table->table();
+    evicted = op(t, t.Tick(WallMicros()), &error);
+  }
+  if (evicted < 0) return errors::InvalidArgument(error);
+  return ScalarOutput(ctx, evicted_output, evicted);
+}
+
 class CreateOp : public OpKernel {
  public:
   explicit CreateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -239,18 +256,13 @@ class FindOrInsertOp : public OpKernel {
     DynamicTableResource* table = in.table;
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
-    std::string error;
-    int64_t evicted;
     std::vector<int64_t> evicted_keys;
-    {
-      ::tensorflow::mutex_lock lock(*table->mu());
-      core::DynamicTable& t = table->table();
-      evicted = core::FindOrInsertBatch(t, keys, n, t.Tick(WallMicros()),
-                                        rows->flat<float>().data(), RunnerFor(ctx), &error,
-                                        &evicted_keys);
-    }
-    OP_REQUIRES(ctx, evicted >= 0, errors::InvalidArgument(error));
-    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 1, evicted));
+    OP_REQUIRES_OK(ctx, RunWrite(ctx, table, 1,
+                                 [&](core::DynamicTable& t, int64_t now, std::string* error) {
+                                   return core::FindOrInsertBatch(
+                                       t, keys, n, now, rows->flat<float>().data(),
+                                       RunnerFor(ctx), error, &evicted_keys);
+                                 }));
     Tensor* out_keys = nullptr;
     const int64_t m = static_cast<int64_t>(evicted_keys.size());
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &out_keys));
@@ -313,16 +325,11 @@ class ScatterOp : public OpKernel {
     DynamicTableResource* table = in.table;
     const Tensor& rows = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckRows(rows, n, table->table().dim()));
-    std::string error;
-    int64_t evicted;
-    {
-      ::tensorflow::mutex_lock lock(*table->mu());
-      core::DynamicTable& t = table->table();
-      evicted = core::ScatterBatch(t, keys, n, rows.flat<float>().data(), mode_,
-                                   t.Tick(WallMicros()), RunnerFor(ctx), &error);
-    }
-    OP_REQUIRES(ctx, evicted >= 0, errors::InvalidArgument(error));
-    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, evicted));
+    OP_REQUIRES_OK(ctx, RunWrite(ctx, table, 0,
+                                 [&](core::DynamicTable& t, int64_t now, std::string* error) {
+                                   return core::ScatterBatch(t, keys, n, rows.flat<float>().data(),
+                                                             mode_, now, RunnerFor(ctx), error);
+                                 }));
   }
 
  private:
@@ -442,20 +449,16 @@ class ImportOp : public OpKernel {
         counts[i] = static_cast<uint32_t>(f);
       }
     }
-    std::string error;
-    int64_t evicted;
-    {
-      ::tensorflow::mutex_lock lock(*table->mu());
-      core::DynamicTable& t = table->table();
-      evicted = core::ImportBatch(
-          t, keys, n, rows.flat<float>().data(),
-          ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())
-                               : nullptr,
-          counts.empty() ? nullptr : counts.data(), t.Tick(WallMicros()), RunnerFor(ctx),
-          &error);
-    }
-    OP_REQUIRES(ctx, evicted >= 0, errors::InvalidArgument(error));
-    OP_REQUIRES_OK(ctx, ScalarOutput(ctx, 0, evicted));
+    const int64_t* times =
+        ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())
+                             : nullptr;
+    OP_REQUIRES_OK(ctx, RunWrite(ctx, table, 0,
+                                 [&](core::DynamicTable& t, int64_t now, std::string* error) {
+                                   return core::ImportBatch(
+                                       t, keys, n, rows.flat<float>().data(), times,
+                                       counts.empty() ? nullptr : counts.data(), now,
+                                       RunnerFor(ctx), error);
+                                 }));
   }
 };
 
