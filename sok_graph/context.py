@@ -42,6 +42,12 @@ def communicator(caller="this call"):
     return _communicator
 
 
+def world():
+    """(world_size, rank) of the active communicator; one worker before init()."""
+    comm = _communicator
+    return (1, 0) if comm is None else (comm.world_size, comm.rank)
+
+
 def set_v1_config(**config):
     with _lock:
         _v1_config.clear()

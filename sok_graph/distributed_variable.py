@@ -58,9 +58,19 @@ class Variable(_ResourceVariable):
                 f"initial_value must be a [rows, dim] matrix; got shape {list(shape)}"
             )
         self._sok_global_shape = tf.TensorShape(shape)
-        if comm.world_size > 1:  # pragma: no cover - single worker for now
-            raise NotImplementedError("sharded sok.Variable needs a multi-worker communicator")
+        self._sok_world_size, self._sok_rank = comm.world_size, comm.rank
+        if comm.world_size > 1:
+            value = self._shard_of(value)
         super().__init__(initial_value=value, *args, **kwargs)
+
+    def _shard_of(self, value):
+        """The rows of the whole table's initial value that this worker holds."""
+        n, rank = self._sok_world_size, self._sok_rank
+        if self._sok_target_rank is None:
+            return value[rank::n]
+        if rank == self._sok_target_rank:
+            return value
+        return value[:0]  # a localized table lives on one worker; the others hold no rows
 
     @property
     def mode(self):
@@ -81,7 +91,46 @@ class Variable(_ResourceVariable):
     def is_sok_variable(self):
         return True
 
+    @property
+    def placement(self):
+        """Where rows live: (world_size, rank, fixed_owner); fixed_owner is -1
+        for a distributed table (row i on worker i % world_size as local row
+        i // world_size) and the owning rank for a localized one."""
+        owner = -1 if self._sok_target_rank is None else self._sok_target_rank
+        return self._sok_world_size, self._sok_rank, owner
+
 
 def is_sok_variable(value):
     """True for sok.Variable and sok.DynamicVariable (both say so)."""
     return getattr(value, "is_sok_variable", False) is True
+
+
+def owned_rows(var, ids, rows):
+    """The entries of (global ids or keys, rows) that this worker holds, as
+    (local ids, rows): local row numbers for a sok.Variable (global row i of a
+    distributed table is local row i // N on worker i % N), keys for a
+    sok.DynamicVariable (key k on worker k mod N). With one worker, all."""
+    world_size, rank, fixed_owner = var.placement
+    if world_size == 1:
+        return ids, rows
+    ids = tf.convert_to_tensor(ids)
+    static = not hasattr(var, "key_type")
+    if fixed_owner >= 0:
+        keep = tf.fill(tf.shape(ids), fixed_owner == rank)
+    else:
+        keep = tf.equal(tf.math.floormod(tf.cast(ids, tf.int64), world_size), rank)
+    ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
+    if static and fixed_owner < 0:
+        ids = tf.math.floordiv(ids, world_size)
+    return ids, rows
+
+
+def owned_mask(var, ids):
+    """numpy: which of the global ids or keys `ids` this worker holds."""
+    world_size, rank, fixed_owner = var.placement
+    ids = np.asarray(ids)
+    if world_size == 1:
+        return np.ones(ids.shape, bool)
+    if fixed_owner >= 0:
+        return np.full(ids.shape, fixed_owner == rank)
+    return np.mod(ids.astype(np.int64), world_size) == rank

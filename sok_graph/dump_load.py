@@ -35,10 +35,12 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph import context
+from sok_graph.distributed_variable import is_sok_variable, owned_mask
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.optimizer import wrapper_for
+from sok_graph.variables import export as export_rows
 
 FORMAT_VERSION = 1
 _MAGIC = b"SOKGDUMP"
@@ -170,31 +172,43 @@ def _slot_specs(optimizer):
 
 
 def _export(var, optimizer):
-    """numpy arrays of one variable: keys, values, metadata, slots."""
+    """numpy arrays of one variable: keys, values, metadata, slots. With
+    several workers, every worker's rows (global ids or keys), on every
+    worker, sorted by key: the files do not depend on the world size."""
     if optimizer is not None and tf.executing_eagerly():
         # Slots not made yet (no step taken) are dumped at their initial
         # values, so that a load with this optimizer always finds them.
         optimizer._create_slots(var)
-    out = {}
     if isinstance(var, DynamicVariable):
         keys, rows, times, counts, _ = dynamic_ops.export(
             var.handle, var.key_type, var.dimension, offset=0, limit=(1 << 62))
-        fetch = {"keys": keys, "values": rows, "timestamps": times, "frequencies": counts}
+        fetch = {"keys": tf.cast(keys, tf.int64), "values": rows, "timestamps": times,
+                 "frequencies": counts}
         if optimizer is not None and id(var) in optimizer._slots:
             for name, init in _slot_specs(optimizer):
                 slot = optimizer.get_slot(var, name)
                 fetch["slot." + name] = dynamic_ops.find(slot.handle, keys, var.dimension,
                                                          default_value=init)[0]
-        out = _run(fetch)
-        out["keys"] = out["keys"].astype(np.int64)
     else:
-        fetch = {"values": tf.convert_to_tensor(var)}
+        keys, values = export_rows(var)
+        fetch = {"keys": keys, "values": values}
         if optimizer is not None and id(var) in optimizer._slots:
             for name, _ in _slot_specs(optimizer):
                 fetch["slot." + name] = tf.convert_to_tensor(optimizer.get_slot(var, name))
-        out = _run(fetch)
-        out["keys"] = np.arange(out["values"].shape[0], dtype=np.int64)
-    return out
+    if var.placement[0] > 1:
+        comm = context.communicator("sok.dump with several workers")
+        fetch = {k: comm.allgather(t, name=f"sok_dump_{k.replace('.', '_')}")
+                 for k, t in fetch.items()}
+    out = _run(fetch)
+    order = np.argsort(out["keys"], kind="stable")
+    return {k: np.asarray(v)[order] for k, v in out.items()}
+
+
+def _barrier(world_size):
+    """Waits for every worker (graph mode: through the default Session)."""
+    if world_size > 1:
+        comm = context.communicator("sok.dump with several workers")
+        _run(comm.allreduce(tf.zeros([], tf.float32), name="sok_dump_barrier"))
 
 
 @_in_session_graph
@@ -211,14 +225,19 @@ def dump(path, dump_vars, optimizer=None):
         step = _run(optimizer.iterations)
         optimizer_entry = {"algorithm": optimizer._spec.algorithm, "step": int(step),
                            "slots": [n for n, _ in _slot_specs(optimizer)]}
-    write_dump(path, tables, optimizer_entry)
+    # With several workers, each holds every row now; the first writes the
+    # dump (atomically, as with one) and the others wait until it is there.
+    world_size, rank = context.world()
+    if rank == 0:
+        write_dump(path, tables, optimizer_entry, world_size=world_size)
+    _barrier(world_size)
 
 
 def _kind(var):
     return "dynamic" if isinstance(var, DynamicVariable) else "static"
 
 
-def write_dump(path, tables, optimizer_entry=None):
+def write_dump(path, tables, optimizer_entry=None, world_size=1):
     """Writes a dump directory from numpy arrays: tables maps a variable name
     to (kind, {"keys", "values", [metadata], ["slot.<name>"]: array}).
     Written aside and swapped in, so `path` always holds a whole dump."""
@@ -229,7 +248,10 @@ def write_dump(path, tables, optimizer_entry=None):
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)
     try:
-        manifest = {"format_version": FORMAT_VERSION, "world_size": 1, "variables": {}}
+        # world_size is informational: load() redistributes rows to any number
+        # of workers.
+        manifest = {"format_version": FORMAT_VERSION, "world_size": int(world_size),
+                    "variables": {}}
         used = set()
         for name, (kind, arrays) in tables.items():
             stem = _unique_stem(_file_stem(name), list(arrays), used)
@@ -326,7 +348,7 @@ def load(path, load_vars, optimizer=None):
     slots = _slot_specs(optimizer)
     dims = {name: var.dimension if isinstance(var, DynamicVariable) else int(var.shape[1])
             for name, var in variables.items()}
-    static_rows = {name: int(var.shape[0]) for name, var in variables.items()
+    static_rows = {name: int(var.global_shape[0]) for name, var in variables.items()
                    if not isinstance(var, DynamicVariable)}
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
@@ -336,6 +358,9 @@ def load(path, load_vars, optimizer=None):
         a = loaded[name]
         if optimizer is not None:
             optimizer._create_slots(var)
+        # Each worker takes the rows it owns, whatever the dumping world size.
+        keep = owned_mask(var, a["keys"])
+        a = {k: v[keep] for k, v in a.items()}
         if isinstance(var, DynamicVariable):
             keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
             ops.append(_replace_rows(var, keys, a["values"], a.get("timestamps"),
@@ -344,6 +369,7 @@ def load(path, load_vars, optimizer=None):
                 ops.append(_replace_rows(optimizer.get_slot(var, slot), keys,
                                          a["slot." + slot]))
         else:
+            # Keys are sorted, so the owned rows come in local-row order.
             ops.append(var.assign(a["values"]))
             for slot, _ in slots:
                 ops.append(optimizer.get_slot(var, slot).assign(a["slot." + slot]))

@@ -16,7 +16,8 @@ rows a batch used.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat
+from sok_graph import compat, context
+from sok_graph.distributed_variable import parse_mode
 from sok_graph.ops import dynamic as dynamic_ops
 
 _DEFAULT_INIT_CAPACITY = 1 << 16
@@ -115,7 +116,14 @@ class DynamicVariable(compat.trackable_base_class()):
         if self._dtype != tf.float32:
             raise TypeError(f"dtype must be float32 for a DynamicVariable; got {self._dtype.name}")
         self._var_type = var_type or "hbm"
+        # Which worker holds which keys: key k on worker k mod N (distributed),
+        # or every key on one worker (mode="localized:<rank>").
+        world_size, rank = context.world()
+        if mode is None:
+            mode = "distributed"
+        kind, target = parse_mode(mode, world_size)
         self._mode = mode
+        self._placement = (world_size, rank, -1 if target is None else target)
         self._trainable = bool(trainable)
         self._name = name or "DynamicVariable"
         limits = self._capacity_config(table_config)
@@ -233,6 +241,16 @@ class DynamicVariable(compat.trackable_base_class()):
         """A bool tensor: whether the table exists (tf.compat.v1's
         report_uninitialized_variables and MonitoredTrainingSession ask)."""
         return dynamic_ops.is_initialized(self._handle)
+
+    @property
+    def mode(self):
+        return self._mode
+
+    @property
+    def placement(self):
+        """(world_size, rank, fixed_owner): fixed_owner -1 means key k lives on
+        worker k mod world_size; otherwise every key lives on that worker."""
+        return self._placement
 
     @property
     def var_type(self):

@@ -7,7 +7,8 @@ with unique indices.
 
 import tensorflow as tf
 
-from sok_graph import context
+from sok_graph import context, exchange
+from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import lookup as lookup_ops
 from sok_graph.ops import util as util_ops
@@ -57,6 +58,51 @@ def _table_name(param, index):
     return name[:-2] if name.endswith(":0") else name
 
 
+# Whether ids are deduplicated per table before they are sent to their owners
+# (DESIGN.md); only the communication benchmark turns it off, to measure what
+# deduplication saves.
+dedup_before_exchange = True
+
+
+def _is_sharded(param):
+    """A sok.Variable split over several workers (rows come from their owners)."""
+    placement = getattr(param, "placement", None)
+    return is_sok_variable(param) and placement is not None and placement[0] > 1
+
+
+def _checked_ids(ids, rows, index):
+    """ids, after a check that each is in [0, rows) (sharded tables: the owner
+    must not be asked for a row that does not exist)."""
+    bad = tf.logical_or(ids < 0, ids >= rows)
+    first = tf.gather(ids, tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)[None])
+    check = tf.debugging.Assert(
+        tf.logical_not(tf.reduce_any(bad)),
+        [f"sp_ids[{index}] must hold row ids in [0, {rows}) (the table's rows); got", first])
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)
+
+
+def _gathered_rows(param, ids, index):
+    """(rows, positions): the rows of `param` for the distinct ids, and each
+    id's position in them."""
+    if isinstance(param, DynamicVariable) and ids.dtype != param.key_type:
+        raise TypeError(
+            f"sp_ids[{index}] must hold {param.key_type.name} keys (the key_type of "
+            f"DynamicVariable '{param.name}'); got {ids.dtype.name}")
+    world_size = param.placement[0]
+    if world_size > 1 and not dedup_before_exchange:
+        keys, positions = ids, tf.range(tf.size(ids, out_type=tf.int64))
+    else:
+        keys, positions, _ = util_ops.unique_with_counts(ids, out_idx=tf.int64)
+    if world_size == 1:
+        return param.sparse_read(keys), positions
+    comm = context.communicator("a lookup in a sharded table")
+    if isinstance(param, DynamicVariable):
+        return exchange.dynamic_rows(comm, param, keys), positions
+    keys = _checked_ids(tf.cast(keys, tf.int64), param.global_shape[0], index)
+    return exchange.static_rows(comm, param, keys), positions
+
+
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                   use_low_frequency_filter=False, max_norm=None, name=None):
     """Embeddings of ragged ids, one fused op for all tables.
@@ -104,9 +150,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     with tf.name_scope(name or "sok_lookup_sparse"):
         tensors, names = [], []
         for t, p in enumerate(params):
-            if isinstance(p, DynamicVariable):
-                tensors.append(None)  # rows come from the table, below
-                names.append(p.name)
+            if isinstance(p, DynamicVariable) or _is_sharded(p):
+                tensors.append(None)  # rows come from the table (and other workers), below
+                names.append(_table_name(p, t))
                 continue
             tensor = tf.convert_to_tensor(p)
             if tensor.dtype not in _FLOAT_DTYPES:
@@ -118,7 +164,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                                  f"{tensor.shape}")
             tensors.append(tensor)
             names.append(_table_name(p, t))
-        dtypes = [tf.float32 if x is None else x.dtype for x in tensors]
+        dtypes = [p.dtype if x is None else x.dtype for x, p in zip(tensors, params)]
+        dtypes = [tf.as_dtype(d).base_dtype for d in dtypes]
         dtype = dtypes[0]
         for t, d in enumerate(dtypes):
             if d != dtype:
@@ -133,17 +180,12 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
             if tensors[t] is None:
-                # A dynamic table: each distinct key is looked up (or
-                # inserted) once, and the fused op combines rows of that
-                # small gathered table. Its gradient reaches the table as
-                # (unique keys, summed rows).
-                table = params[t]
-                if v.dtype != table.key_type:
-                    raise TypeError(
-                        f"sp_ids[{t}] must hold {table.key_type.name} keys (the key_type of "
-                        f"DynamicVariable '{table.name}'); got {v.dtype.name}")
-                keys, v, _ = util_ops.unique_with_counts(v, out_idx=tf.int64)
-                tensors[t] = table.sparse_read(keys)
+                # A dynamic or sharded table: each distinct id is fetched once
+                # (looked up or inserted; from its owner when the table is
+                # sharded), and the fused op combines rows of that small
+                # gathered table. Its gradient reaches the table as
+                # (unique ids, summed rows).
+                tensors[t], v = _gathered_rows(params[t], v, t)
             values.append(v)
             splits.append(s)
         if len({v.dtype for v in values}) > 1:

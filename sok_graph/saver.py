@@ -14,7 +14,7 @@ so it can sit in a graph next to the training op.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.distributed_variable import is_sok_variable, owned_rows
 from sok_graph.dump_load import read_dump, write_dump
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -116,11 +116,14 @@ class Saver:
             values.append(t)
         rows = tf.concat(values, 0) if len(values) > 1 else values[0]
         n = rows.shape[0]
-        if not isinstance(var, DynamicVariable) and n is not None and n != int(var.shape[0]):
-            raise ValueError(f"the table has {int(var.shape[0])} rows; tensors hold {n}")
+        if not isinstance(var, DynamicVariable) and n is not None \
+                and n != int(var.global_shape[0]):
+            raise ValueError(f"the table has {int(var.global_shape[0])} rows; tensors hold {n}")
         keys = tf.range(tf.shape(rows, out_type=tf.int64)[0])
+        # Each worker keeps the rows it owns.
+        keys, rows = owned_rows(var, keys, rows)
         if isinstance(var, DynamicVariable):
             op = var.import_rows(tf.cast(keys, var.key_type), rows)
         else:
-            op = var.assign(rows)
+            op = var.scatter_update(tf.IndexedSlices(rows, keys))
         return None if tf.executing_eagerly() else tf.group(op, name="sok_load_embedding_values")

@@ -50,15 +50,20 @@ def assign(var, indices, values):
 
 
 def export(var):
-    """(indices, values) of every row this worker holds: row numbers and rows
-    of a sok.Variable, keys and rows of a sok.DynamicVariable."""
+    """(indices, values) of every row this worker holds: global row numbers
+    and rows of a sok.Variable (local row r of a distributed table on worker
+    w of N is global row r * N + w), keys and rows of a sok.DynamicVariable."""
     _check_sok(var, "export")
     if isinstance(var, DynamicVariable):
         keys, rows, _, _, _ = dynamic_ops.export(var.handle, var.key_type, var.dimension,
                                                  offset=0, limit=(1 << 62))
         return keys, rows
     value = tf.convert_to_tensor(var)
-    return tf.range(tf.shape(value, out_type=tf.int64)[0]), value
+    local = tf.range(tf.shape(value, out_type=tf.int64)[0])
+    world_size, rank, fixed_owner = var.placement
+    if fixed_owner >= 0:
+        return local, value
+    return local * world_size + rank, value
 
 
 def filter_variables(vars):  # noqa: A002 (SOK's argument name)

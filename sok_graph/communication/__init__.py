@@ -1,0 +1,172 @@
+"""The one interface through which sok_graph talks between workers.
+
+Model parallelism needs all-to-all with uneven splits (ids one way, rows
+back), all-reduce, all-gather and broadcast, inside the graph (tf.function
+and graph-mode Sessions) and with gradients. Every engine implements
+`Communicator`; the rest of the package only ever calls its public methods,
+so supporting another engine means adding a module here and nothing else.
+
+Engines:
+  SingleProcess  world size 1, no communication (the default)
+  Horovod        horovod.tensorflow (Gloo on CPU, NCCL on GPUs): horovod.py
+  TFDistribute   tf.distribute collectives (MultiWorkerMirroredStrategy):
+                 tf_distribute.py
+
+Every all-to-all can count the bytes it sends to other workers (see
+`count_bytes`), so benchmarks can report bytes per step.
+"""
+
+import abc
+import threading
+
+import numpy as np
+
+COMM_TOOLS = ("horovod", "tf", "none")
+
+_count_lock = threading.Lock()
+_count_enabled = False
+_bytes_sent = 0
+
+
+def count_bytes(enabled=True):
+    """Turns byte counting on or off for all-to-alls built from now on.
+
+    Counting adds a small host callback per exchange (tf.numpy_function), so
+    it is off by default; graphs built while it was on keep counting.
+    """
+    global _count_enabled
+    _count_enabled = bool(enabled)
+
+
+def bytes_sent():
+    """Bytes this process has sent to other workers through counted all-to-alls."""
+    return _bytes_sent
+
+
+def reset_bytes_sent():
+    global _bytes_sent
+    with _count_lock:
+        _bytes_sent = 0
+
+
+def _add_bytes(n):
+    global _bytes_sent
+    with _count_lock:
+        _bytes_sent += int(n)
+    return np.int64(0)
+
+
+class Communicator(abc.ABC):
+    """What an engine provides. Tensors are TensorFlow tensors; `splits` are
+    per-destination row counts ([world_size] int32/int64 tensor)."""
+
+    name = "abstract"
+
+    @property
+    @abc.abstractmethod
+    def world_size(self):
+        """Number of workers (a Python int)."""
+
+    @property
+    @abc.abstractmethod
+    def rank(self):
+        """This worker's index in [0, world_size) (a Python int)."""
+
+    def alltoall(self, tensor, splits, name=None):
+        """Sends rows [sum(splits[:w]), sum(splits[:w+1])) of `tensor` to worker w;
+        returns (received rows in sender order, received splits [world_size] int64).
+        Differentiable with respect to `tensor`."""
+        import tensorflow as tf
+
+        splits = tf.cast(splits, tf.int64)
+        received, received_splits = self._alltoall(tensor, splits, name)
+        received_splits = tf.cast(received_splits, tf.int64)
+        if _count_enabled and self.world_size > 1:
+            row_bytes = tensor.dtype.size
+            for d in tensor.shape[1:]:
+                row_bytes *= int(d)
+            to_others = tf.reduce_sum(splits) - splits[self.rank]
+            counted = tf.numpy_function(_add_bytes, [to_others * row_bytes], tf.int64,
+                                        stateful=True)
+            with tf.control_dependencies([counted]):
+                received = tf.identity(received)
+        return received, received_splits
+
+    @abc.abstractmethod
+    def _alltoall(self, tensor, splits, name):
+        """The engine's uneven all-to-all; splits is int64."""
+
+    @abc.abstractmethod
+    def allreduce(self, tensor, name=None):
+        """Sum of `tensor` over workers."""
+
+    @abc.abstractmethod
+    def allgather(self, tensor, name=None):
+        """Concatenation along axis 0 of `tensor` from every worker, in rank
+        order; first dimensions may differ between workers."""
+
+    @abc.abstractmethod
+    def broadcast(self, tensor, root_rank=0, name=None):
+        """root_rank's `tensor`, on every worker."""
+
+    def barrier(self):
+        """Returns once every worker has called it (eager; for dump/load)."""
+        import tensorflow as tf
+
+        self.allreduce(tf.zeros([], tf.float32), name="sok_barrier").numpy()
+
+    def describe(self):
+        return f"{self.name} (rank {self.rank} of {self.world_size})"
+
+
+class SingleProcess(Communicator):
+    """World size 1: every collective is the identity."""
+
+    name = "none"
+
+    @property
+    def world_size(self):
+        return 1
+
+    @property
+    def rank(self):
+        return 0
+
+    def _alltoall(self, tensor, splits, name):
+        return tensor, splits
+
+    def allreduce(self, tensor, name=None):
+        return tensor
+
+    def allgather(self, tensor, name=None):
+        return tensor
+
+    def broadcast(self, tensor, root_rank=0, name=None):
+        if root_rank != 0:
+            raise ValueError(f"root_rank must be 0 with a single worker; got {root_rank}")
+        return tensor
+
+    def barrier(self):
+        return None
+
+
+def create(comm_tool):
+    """The communicator for `comm_tool` ("horovod", "tf", "none" or None).
+
+    SOK's default is "horovod"; when Horovod is absent or not initialized, or
+    runs a single worker, that means one process and no communication.
+    "tf" uses the active tf.distribute strategy's cluster.
+    """
+    if comm_tool is None:
+        comm_tool = "horovod"
+    if comm_tool not in COMM_TOOLS:
+        raise ValueError(f"comm_tool must be one of {COMM_TOOLS}; got {comm_tool!r}")
+    if comm_tool == "none":
+        return SingleProcess()
+    if comm_tool == "horovod":
+        from sok_graph.communication import horovod
+
+        return horovod.create()
+    from sok_graph.communication import tf_distribute
+
+    return tf_distribute.create()

@@ -1,0 +1,64 @@
+"""Model-parallel row exchange: the rows of a sharded table for a list of ids.
+
+Forward, for one table and this worker's (already deduplicated) ids:
+  bucket the ids by owner → all-to-all of ids → the owner reads its rows
+  (gather from its shard, or find-or-insert in its hash table) → all-to-all of
+  rows back → un-permute into the caller's order.
+Backward is the mirror image, which TensorFlow derives from the forward: the
+rows' gradient goes back through the reverse all-to-all, and on the owner the
+two-step read (unique of the received ids, read each once, expand) turns the
+gradient into one summed row per unique id — an IndexedSlices with no
+repeated indices, however many workers asked for the same row.
+
+Placement (ops/dist.py): a distributed static table holds global row i on
+worker i % N as local row i // N; a dynamic table holds key k on worker
+k mod N; a localized table holds everything on one worker.
+"""
+
+import tensorflow as tf
+
+from sok_graph.ops import dist as dist_ops
+from sok_graph.ops import util as util_ops
+
+
+def _read_each_once(ids, read):
+    """read(ids) computed as read(unique ids) expanded, so the gradient that
+    reaches the table has one summed row per distinct id."""
+    unique, position, _ = util_ops.unique_with_counts(ids, out_idx=tf.int64)
+    return tf.gather(read(unique), position)
+
+
+def _exchange(comm, ids, owner_of, read, name):
+    """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
+    the ids travel to their owners, which answer with read(received ids)."""
+    with tf.name_scope(name):
+        buckets = dist_ops.bucketize_by_owner(owner_of, comm.world_size)
+        send = tf.gather(ids, buckets.permutation)
+        received, received_splits = comm.alltoall(send, buckets.sizes)
+        rows = _read_each_once(received, read)
+        back, _ = comm.alltoall(rows, received_splits)
+        return tf.gather(back, buckets.inverse_permutation)
+
+
+def static_rows(comm, var, ids, name="sok_exchange"):
+    """Rows [n, dim] of global row ids `ids` (int64, each in [0, global rows))
+    of a sharded sok.Variable."""
+    world_size, _, fixed_owner = var.placement
+    if fixed_owner >= 0:
+        owner = tf.fill(tf.shape(ids), tf.constant(fixed_owner, tf.int64))
+        local = ids
+    else:
+        owner = tf.math.floormod(ids, world_size)
+        local = tf.math.floordiv(ids, world_size)
+    return _exchange(comm, local, owner, lambda rows: tf.gather(var, rows), name)
+
+
+def dynamic_rows(comm, table, keys, name="sok_exchange"):
+    """Rows [n, dim] of `keys` of a sharded sok.DynamicVariable; each owner
+    inserts the keys it has not seen."""
+    world_size, _, fixed_owner = table.placement
+    if fixed_owner >= 0:
+        owner = tf.fill(tf.shape(keys), tf.constant(fixed_owner, tf.int64))
+    else:
+        owner = tf.math.floormod(tf.cast(keys, tf.int64), world_size)
+    return _exchange(comm, keys, owner, table.sparse_read, name)
