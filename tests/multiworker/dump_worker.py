@@ -1,0 +1,83 @@
+"""One worker of the resharding dump/load test (tests/test_multiworker.py).
+
+  --phase dump: trains a static and a dynamic table for a few steps with
+      Adam (OptimizerWrapper), dumps them with the optimizer's state to
+      --path, and writes what this worker holds (global ids/keys, rows, Adam's
+      m and v) to <out>/rank<r>.npz.
+  --phase load: builds the same tables and optimizer, sok.load's --path and
+      writes what this worker holds after the load, the same way.
+
+Run by N workers for the dump and M for the load, the union of the npz files
+must be the same rows and slots, bit for bit.
+"""
+
+import argparse
+import os
+
+import numpy as np
+
+DIM, ROWS, BATCH = 4, 50, 12
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--phase", choices=["dump", "load"], required=True)
+    p.add_argument("--engine", choices=["horovod", "none"], required=True)
+    p.add_argument("--path", required=True)
+    p.add_argument("--out", required=True)
+    args = p.parse_args()
+    import tensorflow as tf
+
+    import sok_graph as sok
+
+    rank, world = 0, 1
+    if args.engine == "horovod":
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        rank, world = hvd.rank(), hvd.size()
+    sok.init(comm_tool=args.engine)
+    init = np.random.default_rng(7).normal(size=(ROWS, DIM)).astype(np.float32)
+    static = sok.Variable(init, name="static_table")
+    dynamic = sok.DynamicVariable(dimension=DIM, initializer="normal", name="dynamic_table")
+    tables = [static, dynamic]
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
+    if args.phase == "dump":
+        rng = np.random.default_rng(100 + rank)  # each worker its own ids
+
+        @tf.function
+        def step(ids_s, ids_d):
+            with tf.GradientTape() as tape:
+                a, b = sok.lookup_sparse(tables, [ids_s, ids_d], combiners=["sum", "sum"])
+                loss = tf.reduce_sum(a * a) + tf.reduce_sum(b)
+            grads = tape.gradient(loss, tables)
+            opt.apply_gradients(zip(grads, tables))
+            return loss
+
+        for _ in range(3):
+            ids_s = tf.RaggedTensor.from_row_lengths(rng.integers(0, ROWS, 2 * BATCH),
+                                                     [2] * BATCH)
+            ids_d = tf.RaggedTensor.from_row_lengths(
+                rng.integers(-10 ** 6, 10 ** 6, 2 * BATCH), [2] * BATCH)
+            step(ids_s, ids_d)
+        sok.dump(args.path, tables, optimizer=opt)
+    else:
+        sok.load(args.path, tables, optimizer=opt)
+    out = {"step": np.int64(opt.iterations.numpy())}
+    for name, t in (("static", static), ("dynamic", dynamic)):
+        keys, rows = sok.export(t)
+        out[f"{name}_keys"], out[f"{name}_rows"] = keys.numpy(), rows.numpy()
+        for slot in ("m", "v"):
+            s = opt.get_slot(t, slot)
+            if isinstance(t, sok.DynamicVariable):
+                vals = s.find(tf.cast(keys, s.key_type))[0]
+            else:
+                vals = tf.convert_to_tensor(s)
+            out[f"{name}_{slot}"] = vals.numpy()
+    os.makedirs(args.out, exist_ok=True)
+    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **out)
+    print(f"rank {rank}/{world} {args.phase}: ok", flush=True)
+
+
+if __name__ == "__main__":
+    main()
