@@ -1,0 +1,152 @@
+"""Multi-worker training on CPU: steps/s and bytes sent per step, 1 vs 2 workers.
+
+A DLRM-shaped model (--tables tables of --rows x 16 sok.Variables, ragged
+Zipf-distributed ids, hotness 1..4, combiner sum, MLP 256-128-1) trains with
+the same global batch on one worker (no communication: the baseline) and on
+--workers workers (Horovod over Gloo, started by sok_graph.launch), with and
+without deduplicating ids before the exchange. Each run reports the median
+step time and the bytes each worker sent per step (all-to-all payloads to
+other workers; sok_graph.communication counts them). The single-worker run in
+the same invocation is the baseline of the printed ratios.
+
+On one 2-core machine the workers share the cores, so the steps/s ratio says
+what the exchange costs, not what more machines would gain; bytes per step
+is the figure that carries over (see docs/multiworker.md for the cost model).
+
+    python bench/multiworker_bench.py [--workers 2] [--batch 8192] [--steps 30]
+"""
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+DIM = 16
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8192, help="global batch size")
+    p.add_argument("--tables", type=int, default=8)
+    p.add_argument("--rows", type=int, default=200_000)
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the ids")
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--engine", default="none", help=argparse.SUPPRESS)
+    p.add_argument("--no-dedup", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    return p.parse_args(argv)
+
+
+def worker(args):
+    """One worker: build, warm up, time --steps steps, write a JSON result."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    import tensorflow as tf
+
+    import sok_graph as sok
+
+    rank, world = 0, 1
+    if args.engine == "horovod":
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        rank, world = hvd.rank(), hvd.size()
+    sok.init(comm_tool=args.engine)
+    comm = sok.context.communicator()
+    sok.lookup.dedup_before_exchange = not args.no_dedup
+    sok.communication.count_bytes(True)
+    rng = np.random.default_rng(0)
+    tables = [sok.Variable(rng.uniform(-0.05, 0.05, (args.rows, DIM)).astype(np.float32))
+              for _ in range(args.tables)]
+    dense = [tf.Variable(rng.normal(0, 0.05, s).astype(np.float32))
+             for s in ((args.tables * DIM, 256), (256, 128), (128, 1))]
+    emb_opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.05))
+    dense_opt = tf.keras.optimizers.SGD(0.05)
+    local = args.batch // world
+
+    def batch(step):
+        r = np.random.default_rng(1000 + step * world + rank)
+        ids = []
+        for _ in range(args.tables):
+            lengths = r.integers(1, 5, local)
+            v = np.minimum(r.zipf(args.zipf, lengths.sum()) - 1, args.rows - 1)
+            ids.append(tf.RaggedTensor.from_row_lengths(v.astype(np.int64), lengths))
+        return ids, tf.constant(r.integers(0, 2, local).astype(np.float32))
+
+    @tf.function(reduce_retracing=True)
+    def step(ids, labels):
+        with tf.GradientTape() as tape:
+            x = tf.concat(sok.lookup_sparse(tables, ids, combiners="sum"), 1)
+            for i, w in enumerate(dense):
+                x = tf.matmul(x, w)
+                if i < len(dense) - 1:
+                    x = tf.nn.relu(x)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=labels, logits=tf.squeeze(x, 1))) / args.batch
+        grads = tape.gradient(loss, tables + dense)
+        emb_opt.apply_gradients(zip(grads[:len(tables)], tables))
+        dense_opt.apply_gradients(zip([comm.allreduce(g) for g in grads[len(tables):]], dense))
+        return comm.allreduce(loss)
+
+    data = [batch(s) for s in range(args.steps + 3)]
+    for ids, labels in data[:3]:
+        step(ids, labels).numpy()
+    sok.communication.reset_bytes_sent()
+    times = []
+    for ids, labels in data[3:]:
+        t0 = time.perf_counter()
+        step(ids, labels).numpy()
+        times.append(time.perf_counter() - t0)
+    result = {"rank": rank, "world": world, "median_step_s": float(np.median(times)),
+              "bytes_per_step": sok.communication.bytes_sent() / args.steps}
+    with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
+        json.dump(result, f)
+
+
+def run(args, world, dedup):
+    out = tempfile.mkdtemp(prefix="mwbench-")
+    me = os.path.abspath(__file__)
+    common = ["--worker", "--batch", str(args.batch), "--tables", str(args.tables), "--rows",
+              str(args.rows), "--steps", str(args.steps), "--zipf", str(args.zipf),
+              "--out", out] + ([] if dedup else ["--no-dedup"])
+    if world == 1:
+        cmd = [sys.executable, me, "--engine", "none"] + common
+    else:
+        cmd = [sys.executable, "-m", "sok_graph.launch", "-np", str(world), me,
+               "--engine", "horovod"] + common
+    subprocess.run(cmd, check=True, env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+    results = [json.load(open(os.path.join(out, f))) for f in sorted(os.listdir(out))]
+    return {"steps_per_s": 1.0 / max(r["median_step_s"] for r in results),
+            "bytes_per_step_per_worker": float(np.mean([r["bytes_per_step"] for r in results]))}
+
+
+def main():
+    args = parse()
+    if args.worker:
+        return worker(args)
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
+          f"global batch {args.batch}, {args.tables} tables x {args.rows} rows x {DIM}, "
+          f"Zipf {args.zipf}, {args.steps} timed steps")
+    base = run(args, 1, True)
+    rows = [("1 worker (baseline)", base)]
+    for dedup in (True, False):
+        rows.append((f"{args.workers} workers, dedup {'on' if dedup else 'off'}",
+                     run(args, args.workers, dedup)))
+    print(f"{'run':28s} {'steps/s':>9s} {'vs 1 worker':>12s} {'bytes/step/worker':>18s}")
+    for name, r in rows:
+        print(f"{name:28s} {r['steps_per_s']:9.2f} {r['steps_per_s'] / base['steps_per_s']:11.2f}x "
+              f"{r['bytes_per_step_per_worker']:18,.0f}")
+    on, off = rows[1][1], rows[2][1]
+    print(f"dedup saves {1 - on['bytes_per_step_per_worker'] / off['bytes_per_step_per_worker']:.1%}"
+          f" of the bytes sent per step")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
