@@ -5,7 +5,8 @@
       --path, and writes what this worker holds (global ids/keys, rows, Adam's
       m and v) to <out>/rank<r>.npz.
   --phase load: builds the same tables and optimizer, sok.load's --path and
-      writes what this worker holds after the load, the same way.
+      writes what this worker holds after the load, the same way; with
+      --redump, dumps again (so a chain of world sizes can be checked).
 
 Run by N workers for the dump and M for the load, the union of the npz files
 must be the same rows and slots, bit for bit.
@@ -25,6 +26,7 @@ def main():
     p.add_argument("--engine", choices=["horovod", "none"], required=True)
     p.add_argument("--path", required=True)
     p.add_argument("--out", required=True)
+    p.add_argument("--redump", help="after loading, dump again to this path")
     args = p.parse_args()
     import tensorflow as tf
 
@@ -63,6 +65,8 @@ def main():
         sok.dump(args.path, tables, optimizer=opt)
     else:
         sok.load(args.path, tables, optimizer=opt)
+        if args.redump:
+            sok.dump(args.redump, tables, optimizer=opt)
     out = {"step": np.int64(opt.iterations.numpy())}
     for name, t in (("static", static), ("dynamic", dynamic)):
         keys, rows = sok.export(t)

@@ -19,6 +19,7 @@ one process it is the single-process reference the test compares against.
 import argparse
 import os
 import sys
+import time
 
 import numpy as np
 
@@ -39,6 +40,9 @@ def parse():
     p.add_argument("--out", required=True)
     p.add_argument("--no-dedup", action="store_true")
     p.add_argument("--steps", type=int, default=STEPS)
+    p.add_argument("--fault", choices=["kill", "stall", "shape"],
+                   help="rank 1 kills itself before step 3, stalls there forever, or "
+                        "builds its tables with another dimension")
     args = p.parse_args()
     configs = []
     for text in args.configs.split(","):
@@ -47,7 +51,7 @@ def parse():
             and mode in ("function", "graph"), text
         configs.append(argparse.Namespace(api=api, table=table, mode=mode, text=text,
                                           engine=args.engine, world=args.world,
-                                          steps=args.steps))
+                                          steps=args.steps, fault=args.fault))
     return args, configs
 
 
@@ -101,8 +105,8 @@ def local_slice(batch, rank, world, api):
     return out
 
 
-def table_values(rows, seed):
-    return np.random.default_rng(seed).uniform(-0.5, 0.5, size=(rows, DIM)).astype(np.float32)
+def table_values(rows, seed, dim=DIM):
+    return np.random.default_rng(seed).uniform(-0.5, 0.5, size=(rows, dim)).astype(np.float32)
 
 
 def main():
@@ -144,7 +148,7 @@ def run_config(config, args, strategy, rank, world, sok, tf):
     assert comm.world_size == world, (comm.world_size, world)
     data = [local_slice(b, rank, world, config.api) for b in batches(config)]
     sok.communication.reset_bytes_sent()
-    model = Model(config, sok, tf)
+    model = Model(config, sok, tf, rank)
     losses = model.train(data, comm, init_op)
     out = os.path.join(args.out, config.text.replace(":", "-"))
     os.makedirs(out, exist_ok=True)
@@ -165,17 +169,19 @@ class _null:
 class Model:
     """The model, built once for tf.function or graph mode."""
 
-    def __init__(self, args, sok, tf):
+    def __init__(self, args, sok, tf, rank=0):
         self.args, self.sok, self.tf = args, sok, tf
+        self.fault = args.fault if rank == 1 else None
+        dim = DIM + 1 if self.fault == "shape" else DIM
         self.graph = args.mode == "graph"
         if args.api == "v2":
             if args.table == "static":
-                self.embs = [sok.Variable(table_values(ROWS, 1), name="ta"),
-                             sok.Variable(table_values(ROWS, 2), name="tb")]
+                self.embs = [sok.Variable(table_values(ROWS, 1, dim), name="ta"),
+                             sok.Variable(table_values(ROWS, 2, dim), name="tb")]
             else:
-                self.embs = [sok.DynamicVariable(dimension=DIM, initializer="zeros", name="da"),
-                             sok.DynamicVariable(dimension=DIM, initializer="zeros", name="db")]
-            in_dim = 2 * DIM
+                self.embs = [sok.DynamicVariable(dimension=dim, initializer="zeros", name="da"),
+                             sok.DynamicVariable(dimension=dim, initializer="zeros", name="db")]
+            in_dim = 2 * dim
         else:
             cls = sok.All2AllDenseEmbedding if args.api == "a2a" else sok.DistributedEmbedding
             kw = dict(max_vocabulary_size_per_gpu=VOCAB * (args.world if args.engine == "none"
@@ -262,16 +268,27 @@ class Model:
                            tf.compat.v1.local_variables_initializer()])
             if init is not None:
                 self.sess.run(init)
-            for batch in data:
+            for i, batch in enumerate(data):
+                self._maybe_fail(i)
                 losses.append(float(self.sess.run(loss, self._feed(ph, batch))))
             return losses
         self._set_initial_rows()
         step = tf.function(lambda inputs: self.step(inputs, comm), reduce_retracing=True)
-        for batch in data:
+        for i, batch in enumerate(data):
+            self._maybe_fail(i)
             inputs = {k: tuple(tf.constant(x) for x in v) if isinstance(v, tuple)
                       else tf.constant(v) for k, v in batch.items()}
             losses.append(float(step(inputs)))
         return losses
+
+    def _maybe_fail(self, step):
+        if step != 2 or self.fault not in ("kill", "stall"):
+            return
+        print(f"rank 1: {self.fault} before step {step}", flush=True)
+        if self.fault == "kill":
+            os.kill(os.getpid(), 9)
+        while True:
+            time.sleep(60)
 
     def _placeholders(self, example):
         tf = self.tf
