@@ -29,10 +29,11 @@ needs_horovod = pytest.mark.skipif(
     reason="Horovod is not installed (scripts/install_horovod.sh builds it; CI requires it)")
 
 CONFIGS = [f"{api}:{table}:{mode}" for api in ("v2", "a2a", "dist")
-           for table in ("static", "dynamic") for mode in ("function", "graph")]
+           for table in ("static", "dynamic") for mode in ("function", "graph")] + [
+    "v2:localized:function", "v2:localized:graph"]
 # Three workers: one config per API, both table kinds and both modes among them.
 CONFIGS_3 = ["v2:static:graph", "v2:dynamic:function", "a2a:static:function",
-             "dist:dynamic:graph"]
+             "dist:dynamic:graph", "v2:localized:function"]
 
 
 def _env():

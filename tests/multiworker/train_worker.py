@@ -11,7 +11,11 @@ one process it is the single-process reference the test compares against.
   --api     v2 | a2a | dist          sok.lookup_sparse on two tables; the 1.x
                                      All2AllDenseEmbedding; DistributedEmbedding
   --table   static | dynamic         sok.Variable / DynamicVariable (v2), or
-                                     use_hashtable False / True (1.x layers)
+            | localized              use_hashtable False / True (1.x layers);
+                                     localized: the first v2 table lives whole
+                                     on the last worker
+  The 1.x layers train with sok.optimizers.Adam (a2a) and with a native
+  Adam through sok.OptimizerScope (dist); v2 with sok.OptimizerWrapper.
   --world   N                        the multi-worker run's size: static 1.x
                                      tables have vocab * N rows
 """
@@ -47,7 +51,7 @@ def parse():
     configs = []
     for text in args.configs.split(","):
         api, table, mode = text.split(":")
-        assert api in ("v2", "a2a", "dist") and table in ("static", "dynamic") \
+        assert api in ("v2", "a2a", "dist") and table in ("static", "dynamic", "localized") \
             and mode in ("function", "graph"), text
         configs.append(argparse.Namespace(api=api, table=table, mode=mode, text=text,
                                           engine=args.engine, world=args.world,
@@ -63,7 +67,7 @@ def zipf_ids(rng, shape, high):
 def batches(args):
     """The global batches: per step, ragged ids for two features and labels."""
     rng = np.random.default_rng(1234)
-    key_space = ROWS if args.table == "static" else 10 ** 9
+    key_space = 10 ** 9 if args.table == "dynamic" else ROWS
     out = []
     for _ in range(args.steps):
         b = {}
@@ -175,8 +179,11 @@ class Model:
         dim = DIM + 1 if self.fault == "shape" else DIM
         self.graph = args.mode == "graph"
         if args.api == "v2":
-            if args.table == "static":
-                self.embs = [sok.Variable(table_values(ROWS, 1, dim), name="ta"),
+            if args.table in ("static", "localized"):
+                # "localized": the first table lives whole on the last worker.
+                mode = f"localized:{args.world - 1 if args.engine != 'none' else 0}" \
+                    if args.table == "localized" else "distributed"
+                self.embs = [sok.Variable(table_values(ROWS, 1, dim), name="ta", mode=mode),
                              sok.Variable(table_values(ROWS, 2, dim), name="tb")]
             else:
                 self.embs = [sok.DynamicVariable(dimension=dim, initializer="zeros", name="da"),
@@ -200,7 +207,13 @@ class Model:
             # Same starting rows on every run: keys 0 .. R-1 of the whole table.
             rows = VOCAB * args.world if args.api != "v2" else 0
             self.initial = table_values(rows, 3) if rows else None
-        if args.api != "v2":
+        self.scope = None
+        if args.api == "dist":
+            # A native optimizer on the tables, through sok.OptimizerScope.
+            self.emb_opt = tf.compat.v1.train.AdamOptimizer(0.05) if self.graph else \
+                tf.keras.optimizers.Adam(0.05)
+            self.scope = sok.OptimizerScope(self.embs)
+        elif args.api == "a2a":
             self.emb_opt = sok.optimizers.Adam(learning_rate=0.05)
         elif self.graph:
             self.emb_opt = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(0.05))
@@ -241,8 +254,9 @@ class Model:
                 loss = self.forward(inputs)
             grads = tape.gradient(loss, self.embs + [self.w])
         dense_grad = comm.allreduce(tf.convert_to_tensor(grads[-1]))
-        ops = [self.emb_opt.apply_gradients(zip(grads[:-1], self.embs)),
-               self.dense_opt.apply_gradients([(dense_grad, self.w)])]
+        with self.scope if self.scope is not None else _null():
+            emb_update = self.emb_opt.apply_gradients(zip(grads[:-1], self.embs))
+        ops = [emb_update, self.dense_opt.apply_gradients([(dense_grad, self.w)])]
         total = comm.allreduce(loss)
         if self.graph:
             with tf.control_dependencies([op for op in ops if op is not None]):
