@@ -24,10 +24,12 @@ from sok_graph.embedding_layers import (All2AllDenseEmbedding, DistributedEmbedd
 from sok_graph.optimizers import OptimizerScope, split_embedding_variable_from_others
 from sok_graph.saver import Saver
 from sok_graph.session import Init, InitHook, global_variables_initializer, initialize_session
+from sok_graph.collective_strategy import CollectiveStrategy  # DeepRec's front end
 
 __all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
            "OptimizerWrapper", "SGD", "assign", "export", "filter_variables",
            "sparse_read_and_evict", "dump", "load", "incremental_model_dump", "__version__",
            "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "OptimizerScope",
            "split_embedding_variable_from_others", "optimizers", "Saver", "get_embedding",
-           "GraphKeys", "InitHook", "initialize_session", "global_variables_initializer"]
+           "GraphKeys", "InitHook", "initialize_session", "global_variables_initializer",
+           "CollectiveStrategy"]
