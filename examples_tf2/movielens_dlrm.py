@@ -11,6 +11,13 @@ a popularity baseline (the item's share of positive ratings in training),
 dumps the tables with sok.dump and writes a loss/AUC plot.
 
     python examples_tf2/movielens_dlrm.py [--mode tf2|tf1] [--epochs 5] [--out DIR]
+    python -m sok_graph.launch -np 2 examples_tf2/movielens_dlrm.py ...   # 2 workers
+
+Under the launcher (with Horovod installed) the tables are sharded over the
+workers, each worker trains on its slice of every global batch (the dense
+gradients are summed over workers, the tables' gradients arrive summed
+through the exchange), and every worker evaluates the whole test set, so
+the numbers match a single-process run up to float rounding.
 """
 
 import argparse
@@ -54,12 +61,14 @@ def prepare(out_dir):
     return train, test, sizes
 
 
-def batches(data, batch, shuffle_seed=None):
-    """(values per feature, row_splits per feature, labels) numpy batches."""
+def batches(data, batch, shuffle_seed=None, rank=0, world=1):
+    """(values per feature, row_splits per feature, labels) numpy batches;
+    with several workers, this worker's slice of each global batch."""
     n = len(data["label"])
     order = np.arange(n) if shuffle_seed is None else np.random.default_rng(shuffle_seed).permutation(n)
     for start in range(0, n, batch):
-        part = movielens.take(data, order[start:start + batch])
+        rows = order[start:start + batch]
+        part = movielens.take(data, np.array_split(rows, world)[rank])
         m = len(part["label"])
         ones = np.arange(m + 1, dtype=np.int64)
         values = [part[name] for name in movielens.CATEGORICAL] + [part["genres_values"]]
@@ -109,8 +118,19 @@ class Model:
         return tf.squeeze(x, 1)
 
 
-def loss_of(logits, labels):
-    return tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels, logits=logits))
+def loss_of(logits, labels, global_batch):
+    """This worker's share of the global batch's mean loss (summed over
+    workers, it is the mean)."""
+    return tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+        labels=labels, logits=logits)) / tf.cast(global_batch, tf.float32)
+
+
+def sum_dense_gradients(grads, model):
+    """Dense (data-parallel) gradients summed over workers; the tables'
+    gradients already are."""
+    comm = sok.context.communicator()
+    n = len(model.tables)
+    return list(grads[:n]) + [comm.allreduce(tf.convert_to_tensor(g)) for g in grads[n:]]
 
 
 def popularity_auc(train, test):
@@ -136,16 +156,19 @@ def progress(total, quiet, desc):
 def train_tf2(model, train, test, args):
     opt = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(args.lr))
     spec = ([tf.TensorSpec([None], tf.int64)] * len(FEATURES),) * 2
+    comm = sok.context.communicator()
 
-    @tf.function(input_signature=spec + (tf.TensorSpec([None], tf.float32),))
-    def step(values, splits, labels):
+    @tf.function(input_signature=spec + (tf.TensorSpec([None], tf.float32),
+                                         tf.TensorSpec([], tf.int64)))
+    def step(values, splits, labels, global_batch):
         with tf.GradientTape() as tape:
-            loss = loss_of(model.logits(values, splits), labels)
-        opt.apply_gradients(zip(tape.gradient(loss, model.variables), model.variables))
-        return loss
+            loss = loss_of(model.logits(values, splits), labels, global_batch)
+        grads = sum_dense_gradients(tape.gradient(loss, model.variables), model)
+        opt.apply_gradients(zip(grads, model.variables))
+        return comm.allreduce(loss)
 
     predict = tf.function(lambda v, s: tf.sigmoid(model.logits(v, s)), input_signature=spec)
-    return _loop(lambda v, s, y: float(step(v, s, y)),
+    return _loop(lambda v, s, y, g: float(step(v, s, y, g)),
                  lambda v, s: predict(v, s).numpy(), train, test, args), opt
 
 
@@ -156,41 +179,49 @@ def train_tf1(model_args, train, test, args):
         values = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in FEATURES]
         splits = [tf.compat.v1.placeholder(tf.int64, [None]) for _ in FEATURES]
         labels = tf.compat.v1.placeholder(tf.float32, [None])
+        global_batch = tf.compat.v1.placeholder(tf.int64, [])
         logits = model.logits(values, splits)
-        loss = loss_of(logits, labels)
+        loss = loss_of(logits, labels, global_batch)
         grads = tf.gradients(loss, [v.handle if isinstance(v, sok.DynamicVariable) else v
                                     for v in model.variables])
         opt = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(args.lr))
-        train_op = opt.apply_gradients(zip(grads, model.variables))
+        train_op = opt.apply_gradients(zip(sum_dense_gradients(grads, model), model.variables))
+        total_loss = sok.context.communicator().allreduce(loss)
         probs = tf.sigmoid(logits)
         init = tf.compat.v1.global_variables_initializer()
     sess = tf.compat.v1.Session(graph=graph)
     sess.run(init)
 
-    def feed(v, s, y=None):
+    def feed(v, s, y=None, g=None):
         f = dict(zip(values, v))
         f.update(zip(splits, s))
         if y is not None:
-            f[labels] = y
+            f[labels], f[global_batch] = y, g
         return f
 
-    history = _loop(lambda v, s, y: sess.run([train_op, loss], feed(v, s, y))[1],
+    history = _loop(lambda v, s, y, g: sess.run([train_op, total_loss], feed(v, s, y, g))[1],
                     lambda v, s: sess.run(probs, feed(v, s)), train, test, args)
     return history, model, opt, sess
 
 
 def _loop(train_step, predict, train, test, args):
-    steps_per_epoch = -(-len(train["label"]) // args.batch)
+    world, rank = sok.context.world()
+    n = len(train["label"])
+    steps_per_epoch = -(-n // args.batch)
     history = {"loss": [], "auc": []}
     for epoch in range(args.epochs):
-        bar = progress(steps_per_epoch, args.quiet, f"epoch {epoch + 1}/{args.epochs}")
-        for values, splits, labels in batches(train, args.batch, shuffle_seed=epoch):
-            history["loss"].append(train_step(values, splits, labels))
+        bar = progress(steps_per_epoch, args.quiet or rank > 0,
+                       f"epoch {epoch + 1}/{args.epochs}")
+        for k, (values, splits, labels) in enumerate(
+                batches(train, args.batch, shuffle_seed=epoch, rank=rank, world=world)):
+            global_batch = min(args.batch, n - k * args.batch)
+            history["loss"].append(train_step(values, splits, labels, global_batch))
             if bar is not None:
                 bar.set_postfix(loss=f"{np.mean(history['loss'][-20:]):.4f}")
                 bar.update(1)
         if bar is not None:
             bar.close()
+        # Every worker scores the whole test set (lookups are collective).
         scores = np.concatenate([predict(v, s) for v, s, _ in batches(test, 4096)])
         history["auc"].append(metrics.auc(test["label"], scores))
         print(f"epoch {epoch + 1}: train loss {np.mean(history['loss'][-steps_per_epoch:]):.4f}"
@@ -216,13 +247,28 @@ def plot(history, path, baseline):
     fig.savefig(path, dpi=100)
 
 
+def init_workers():
+    """Horovod when the launcher started several workers; sok.init() then
+    uses it. Returns this worker's rank."""
+    if int(os.environ.get("SOK_GRAPH_WORLD_SIZE", "1")) > 1:
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        return hvd.rank()
+    return 0
+
+
 def main():
     args = parse_args()
+    rank = init_workers()
+    if rank > 0:
+        args.out = os.path.join(args.out, f"rank{rank}")  # rank 0 writes the results
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
     train, test, sizes = prepare(args.out)
     print(f"MovieLens-100k: {len(train['label'])} train / {len(test['label'])} test ratings, "
-          f"{sum(sizes.values())} ids in {len(FEATURES)} features; mode {args.mode}")
+          f"{sum(sizes.values())} ids in {len(FEATURES)} features; mode {args.mode}; "
+          f"worker {rank} of {os.environ.get('SOK_GRAPH_WORLD_SIZE', '1')}")
     baseline = popularity_auc(train, test)
     if args.mode == "tf1":
         tf.compat.v1.disable_eager_execution()
