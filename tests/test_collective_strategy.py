@@ -13,9 +13,7 @@ TensorFlow in one process (a PartitionedVariable table), and the exported
 SavedModel served by plain TensorFlow.
 """
 
-import importlib.util
 import os
-import subprocess
 import sys
 
 import numpy as np
@@ -25,35 +23,22 @@ import tensorflow as tf
 import sok_graph as sok
 from sok_graph import collective_strategy as cs
 from sok_graph import context
+from multiworker.launching import launch, needs_horovod, run_process
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 EXAMPLE = os.path.join(ROOT, "examples_tf1", "collective_strategy.py")
 WORKER = os.path.join(HERE, "multiworker", "collective_worker.py")
 
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
-needs_horovod = pytest.mark.skipif(
-    not HAVE_HOROVOD and not os.environ.get("SOK_GRAPH_REQUIRE_HOROVOD"),
-    reason="Horovod is not installed (scripts/install_horovod.sh builds it; CI requires it)")
 HAVE_ESTIMATOR = hasattr(tf, "estimator") and hasattr(tf.estimator, "Estimator")
 
 
-def _env(**extra):
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.update(extra)
-    return env
-
-
 def _run(argv, timeout=300, **env):
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=_env(**env), timeout=timeout, cwd=HERE)
-    assert proc.returncode == 0, f"{argv} exited {proc.returncode}:\n{proc.stdout[-6000:]}"
-    return proc.stdout
+    return run_process(argv, timeout, cwd=HERE, **env)
 
 
 def _launch(n, script, args=(), timeout=300):
-    return _run([sys.executable, "-m", "sok_graph.launch", "-np", str(n), "--timeout",
-                 str(timeout - 30), script] + list(args), timeout)
+    return launch(n, script, args, timeout)
 
 
 def _rel_sq_err(a, b):

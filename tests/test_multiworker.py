@@ -11,22 +11,17 @@ optimizer state).
 """
 
 import glob
-import importlib.util
 import os
-import subprocess
 import sys
 
 import numpy as np
 import pytest
 
+from multiworker.launching import launch, launch_failing, needs_horovod, rel_sq_err, run_process
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "multiworker", "train_worker.py")
 DUMP = os.path.join(HERE, "multiworker", "dump_worker.py")
-
-HAVE_HOROVOD = importlib.util.find_spec("horovod") is not None
-needs_horovod = pytest.mark.skipif(
-    not HAVE_HOROVOD and not os.environ.get("SOK_GRAPH_REQUIRE_HOROVOD"),
-    reason="Horovod is not installed (scripts/install_horovod.sh builds it; CI requires it)")
 
 CONFIGS = [f"{api}:{table}:{mode}" for api in ("v2", "a2a", "dist")
            for table in ("static", "dynamic") for mode in ("function", "graph")] + [
@@ -36,21 +31,8 @@ CONFIGS_3 = ["v2:static:graph", "v2:dynamic:function", "a2a:static:function",
              "dist:dynamic:graph", "v2:localized:function"]
 
 
-def _env():
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    return env
-
-
 def _run(argv, timeout=600):
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=_env(), timeout=timeout)
-    assert proc.returncode == 0, f"{argv} exited {proc.returncode}:\n{proc.stdout[-6000:]}"
-    return proc.stdout
-
-
-def _launch(n, script, args, timeout=600):
-    return _run([sys.executable, "-m", "sok_graph.launch", "-np", str(n), "--timeout",
-                 str(timeout - 30), script] + args, timeout)
+    return run_process(argv, timeout)
 
 
 def _merged(directory):
@@ -74,11 +56,6 @@ def _merged(directory):
     return out
 
 
-def _rel_sq_err(a, b):
-    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-    return float(np.sum((a - b) ** 2) / max(np.sum(b ** 2), 1e-30))
-
-
 def _compare(got, want, what):
     for k in want:
         if k == "bytes_sent":
@@ -86,7 +63,7 @@ def _compare(got, want, what):
         if k.startswith("keys"):
             np.testing.assert_array_equal(got[k], want[k], err_msg=f"{what}: {k}")
         else:
-            err = _rel_sq_err(got[k], want[k])
+            err = rel_sq_err(got[k], want[k])
             assert err < 1e-6, f"{what}: {k} differs from single-process training " \
                                f"(relative squared error {err:.3g})"
 
@@ -105,7 +82,7 @@ def reference(tmp_path_factory):
 
 
 def _check_engine(engine, world, configs, reference, tmp_path):
-    _launch(world, TRAIN, ["--engine", engine, "--configs", ",".join(configs), "--world",
+    launch(world, TRAIN, ["--engine", engine, "--configs", ",".join(configs), "--world",
                            str(world), "--out", str(tmp_path)])
     for c in configs:
         sub = c.replace(":", "-")
@@ -133,7 +110,7 @@ def test_dedup_sends_fewer_bytes(reference, tmp_path):
     sent = {}
     for dedup in (True, False):
         out = tmp_path / ("dedup" if dedup else "nodedup")
-        _launch(2, TRAIN, ["--engine", "horovod", "--configs", ",".join(configs),
+        launch(2, TRAIN, ["--engine", "horovod", "--configs", ",".join(configs),
                            "--world", "2", "--out", str(out)] + ([] if dedup else ["--no-dedup"]))
         for c in configs:
             got = _merged(os.path.join(out, c.replace(":", "-")))
@@ -170,7 +147,7 @@ def test_dump_load_across_world_sizes(tmp_path):
         if world == 1:
             _run([sys.executable, DUMP, "--engine", "none"] + args)
         else:
-            _launch(world, DUMP, ["--engine", "horovod"] + args)
+            launch(world, DUMP, ["--engine", "horovod"] + args)
 
     run(chain[0], ["--phase", "dump", "--path", str(tmp_path / "ckpt0"),
                    "--out", str(tmp_path / "out0")])
@@ -187,31 +164,24 @@ def test_dump_load_across_world_sizes(tmp_path):
                 err_msg=f"{name} after {chain[k - 1]} -> {world} workers")
 
 
-def _launch_failing(args, timeout):
-    """Runs the launcher expecting failure: (exit status, seconds taken, output)."""
-    import time
-
-    t0 = time.monotonic()
-    proc = subprocess.run([sys.executable, "-m", "sok_graph.launch"] + args,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=_env(), timeout=timeout)
-    return proc.returncode, time.monotonic() - t0, proc.stdout
+def _faulty_run(tmp_path, fault, *launcher_flags):
+    """2 workers on the v2 workload, rank 1 at fault: (status, seconds, output)."""
+    return launch_failing(
+        ["-np", "2", *launcher_flags, TRAIN, "--engine", "horovod", "--configs",
+         "v2:static:function", "--world", "2", "--out", str(tmp_path), "--fault", fault],
+        timeout=300)
 
 
 @needs_horovod
 def test_worker_killed_mid_training_stops_the_others(tmp_path):
-    rc, took, out = _launch_failing(
-        ["-np", "2", TRAIN, "--engine", "horovod", "--configs", "v2:static:function",
-         "--world", "2", "--out", str(tmp_path), "--fault", "kill"], timeout=300)
+    rc, took, out = _faulty_run(tmp_path, "kill")
     assert rc != 0, out[-3000:]
     assert "rank 1" in out and "SIGKILL" in out, out[-3000:]
 
 
 @needs_horovod
 def test_worker_with_another_table_shape_fails_with_the_cause(tmp_path):
-    rc, took, out = _launch_failing(
-        ["-np", "2", TRAIN, "--engine", "horovod", "--configs", "v2:static:function",
-         "--world", "2", "--out", str(tmp_path), "--fault", "shape"], timeout=300)
+    rc, took, out = _faulty_run(tmp_path, "shape")
     assert rc != 0, out[-3000:]
     assert "Mismatched ALLTOALL tensor shapes" in out and "equal to 9" in out, out[-3000:]
 
@@ -219,10 +189,7 @@ def test_worker_with_another_table_shape_fails_with_the_cause(tmp_path):
 @needs_horovod
 def test_stalled_worker_fails_the_job_within_the_bound(tmp_path):
     bound = 20
-    rc, took, out = _launch_failing(
-        ["-np", "2", "--stall-timeout", str(bound), TRAIN, "--engine", "horovod", "--configs",
-         "v2:static:function", "--world", "2", "--out", str(tmp_path), "--fault", "stall"],
-        timeout=300)
+    rc, took, out = _faulty_run(tmp_path, "stall", "--stall-timeout", str(bound))
     assert rc != 0, out[-3000:]
     assert "stall" in out.lower(), out[-3000:]
     # Start-up and the first steps take a few seconds; the stall is bounded.
