@@ -450,8 +450,14 @@ def _utc_micros(time_threshold):
         if time_threshold.tzinfo is None:  # naive datetimes are taken as UTC
             time_threshold = time_threshold.replace(tzinfo=datetime.timezone.utc)
         return int(round(time_threshold.timestamp() * 1e6))
-    if isinstance(time_threshold, (int, np.integer)):
-        return int(time_threshold)
+    # bool is an int to Python, but True / False as a time is a mistake.
+    if isinstance(time_threshold, (int, np.integer)) and not isinstance(
+            time_threshold, (bool, np.bool_)):
+        micros = int(time_threshold)
+        if not -(1 << 63) <= micros < (1 << 63):
+            raise ValueError(f"time_threshold must fit in int64 microseconds since the epoch; "
+                             f"got {micros}")
+        return micros
     raise TypeError(f"time_threshold must be a datetime (UTC) or microseconds since the epoch; "
                     f"got {type(time_threshold).__name__}")
 
@@ -460,6 +466,9 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
     """(keys, values): per variable, numpy arrays of the rows updated (looked
     up for training, assigned or optimized) after `time_threshold`."""
     after = _utc_micros(time_threshold)
+    if is_sok_variable(sok_vars) or not isinstance(sok_vars, (list, tuple)):
+        raise TypeError(f"sok_vars must be a list of sok.DynamicVariable; got "
+                        f"{type(sok_vars).__name__}")
     fetches = []
     for var in sok_vars:
         if not isinstance(var, DynamicVariable):

@@ -91,6 +91,12 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         if self.key_dtype not in (tf.int32, tf.int64):
             raise TypeError(f"key_dtype must be int32 or int64; got {self.key_dtype.name}")
         seed = context.v1_config("seed")
+        if use_hashtable and isinstance(embedding_initializer, (np.ndarray, tf.Tensor,
+                                                                  tf.Variable, list)):
+            # A hashtable has no row numbers that an array of rows could fill.
+            raise TypeError("embedding_initializer of a hashtable layer (use_hashtable=True) "
+                            "must be None, a name, a number or an initializer; got an array "
+                            f"({type(embedding_initializer).__name__})")
         if embedding_initializer is None:
             # A Keras Embedding's default: uniform in [-0.05, 0.05).
             embedding_initializer = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=seed)
@@ -247,14 +253,35 @@ class DistributedEmbedding(_EmbeddingLayer):
                          key_dtype, embedding_initializer, **kwargs)
 
     def call(self, inputs, training=True):
+        checks = []
         if isinstance(inputs, tf.SparseTensor):
             static = tf.get_static_value(inputs.dense_shape)
+            if static is not None and len(static) != 2:
+                raise ValueError(f"{self.name}: inputs must be a 2-D SparseTensor [batch * "
+                                 f"slot_num, max_nnz]; got dense_shape {list(static)}")
             if static is not None and static[-1] > self.max_nnz:
                 raise ValueError(f"{self.name}: the SparseTensor's second dimension "
                                  f"({static[-1]}) exceeds max_nnz={self.max_nnz}")
+            if static is not None and static[0] % self.slot_num:
+                raise ValueError(f"{self.name}: the SparseTensor has {static[0]} rows; it must "
+                                 f"have batch * slot_num rows (slot_num={self.slot_num})")
             values = inputs.values
         elif isinstance(inputs, tf.RaggedTensor):
             values = inputs.flat_values
+            if inputs.ragged_rank == 1:
+                # A SparseTensor's dense shape bounds its rows by max_nnz; a
+                # RaggedTensor's rows are bounded here, at run time.
+                nrows = inputs.nrows()
+                checks += [
+                    tf.debugging.assert_less_equal(
+                        tf.reduce_max(tf.concat([[0], inputs.row_lengths()], 0)),
+                        tf.cast(self.max_nnz, inputs.row_splits.dtype),
+                        message=f"{self.name}: a row of the RaggedTensor has more than "
+                                f"max_nnz={self.max_nnz} keys"),
+                    tf.debugging.assert_equal(
+                        nrows % self.slot_num, tf.zeros([], nrows.dtype),
+                        message=f"{self.name}: the RaggedTensor must have batch * slot_num "
+                                f"rows (slot_num={self.slot_num})")]
         else:
             raise TypeError(f"{self.name}: inputs must be a tf.SparseTensor (or RaggedTensor) "
                             f"[batch * slot_num, max_nnz]; got {type(inputs).__name__}")
@@ -264,7 +291,7 @@ class DistributedEmbedding(_EmbeddingLayer):
         else:
             inputs = inputs.with_flat_values(ids)
         # Everything the lookup reads waits for the check (graph mode).
-        with tf.control_dependencies(session.check_initialized()):
+        with tf.control_dependencies(session.check_initialized() + checks):
             rows = lookup_sparse(self.embedding_variable, inputs, combiners=self.combiner,
                                  name=self.name)
         return tf.reshape(rows, [-1, self.slot_num, self.embedding_vec_size])

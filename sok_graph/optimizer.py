@@ -274,9 +274,14 @@ class OptimizerWrapper:
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):
         """Applies gradients; sok variables get sparse updates, others go to
         the wrapped optimizer. Returns an op in graph mode."""
-        pairs = [(g, v) for g, v in grads_and_vars if g is not None]
+        pairs = [(g, v) for g, v in _pairs(grads_and_vars) if g is not None]
         sok_pairs = [(g, v) for g, v in pairs if is_sok_variable(v)]
         others = [(g, v) for g, v in pairs if not is_sok_variable(v)]
+        # Every sok gradient is checked before anything (the wrapped
+        # optimizer's variables, the step, slots) changes: a bad one
+        # raises and leaves all variables as they were.
+        for g, v in sok_pairs:
+            _check_gradient(g, v)
         ops = []
         if others:
             ops.append(self._optimizer.apply_gradients(others, **kwargs))
@@ -343,6 +348,71 @@ class OptimizerWrapper:
         dense = tf.scatter_nd(tf.expand_dims(unique, 1), values,
                               tf.stack([rows, tf.shape(values, out_type=tf.int64)[1]]))
         return tf.range(rows), dense
+
+
+def _pairs(grads_and_vars):
+    """grads_and_vars as a list of (gradient, variable), or a TypeError
+    naming the first item that is not such a pair."""
+    pairs = []
+    for i, pair in enumerate(grads_and_vars):
+        if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+            raise TypeError(f"grads_and_vars must hold (gradient, variable) pairs; item {i} is "
+                            f"{type(pair).__name__}" + (f" of length {len(pair)}" if isinstance(
+                                pair, (tuple, list)) else ""))
+        g, v = pair
+        if not is_sok_variable(v) and not hasattr(v, "assign_sub"):
+            raise TypeError(f"grads_and_vars[{i}] pairs a gradient with a "
+                            f"{type(v).__name__}, which is not a variable")
+        pairs.append((g, v))
+    return pairs
+
+
+def _check_gradient(grad, var):
+    """Raises TypeError / ValueError unless `grad` can update sok variable
+    `var`: IndexedSlices of rows [n, dim] of the variable's dtype with n
+    integer indices (keys of the table's key type for a DynamicVariable), or
+    for a static table a dense gradient of its shape. TensorFlow would
+    otherwise broadcast a row of the wrong width into the update, or fail
+    inside the update with a message naming no argument."""
+    name = getattr(var, "name", type(var).__name__)
+    dynamic = isinstance(var, DynamicVariable)
+    dim = var.dimension if dynamic else var.shape[1]
+    if isinstance(grad, tf.IndexedSlices):
+        values, indices = grad.values, grad.indices
+        if not indices.dtype.is_integer:
+            raise TypeError(f"the gradient of {name} has indices of dtype {indices.dtype.name}; "
+                            f"they must be integers")
+        if dynamic:
+            var._check_keys(indices)  # TypeError naming the table's key type
+        if indices.shape.rank not in (None, 1):
+            raise ValueError(f"the gradient of {name} must have a vector of indices; got shape "
+                             f"{indices.shape}")
+    else:
+        if dynamic:
+            raise TypeError(f"the gradient of DynamicVariable {name} must be tf.IndexedSlices "
+                            f"(keys and rows); got {type(grad).__name__}")
+        values, indices = tf.convert_to_tensor(grad), None
+    if values.dtype != var.dtype:
+        raise TypeError(f"the gradient of {name} must be {var.dtype.name}; got "
+                        f"{values.dtype.name}")
+    if indices is None:
+        if not values.shape.is_compatible_with(var.shape):
+            raise ValueError(f"the dense gradient of {name} must have the variable's shape "
+                             f"{var.shape}; got {values.shape}")
+        return
+    n = indices.shape[0] if indices.shape.rank == 1 else None
+    if values.shape.rank is not None and (
+            values.shape.rank != 2 or values.shape[1] not in (None, dim)
+            or None not in (n, values.shape[0]) and values.shape[0] != n):
+        raise ValueError(f"the gradient of {name} must have rows of shape [len(indices), {dim}] "
+                         f"(indices has shape {indices.shape}); got {values.shape}")
+    if not dynamic and tf.executing_eagerly() and n:
+        rows = var.shape[0]
+        bad = tf.logical_or(indices < 0, indices >= rows).numpy()
+        if bad.any():
+            first = int(bad.argmax())
+            raise ValueError(f"the gradient indices of {name} must be in [0, {rows}) (the "
+                             f"variable's rows); got {int(indices[first])} at position {first}")
 
 
 # native optimizer -> the OptimizerWrapper that keeps its slots for sok

@@ -16,8 +16,10 @@ factor). The last test prints how many cases ran.
 """
 
 import collections
+import datetime
 import os
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -1101,6 +1103,517 @@ def test_dump_load_round_trip_and_argument_errors(data):
                 np.testing.assert_array_equal(a[x], b[x])
         else:
             np.testing.assert_array_equal(v.numpy(), c.numpy())
+
+
+# ------------------------------------------------ optimizers' apply_gradients
+
+V1_TRAIN = tf.compat.v1.train
+# name -> (factory, algorithm, flavor); learning rates and epsilons explicit,
+# so that the numpy reference below uses the same ones.
+OPTIMIZERS = {
+    "sok_sgd": (lambda: sok.SGD(0.25), "sgd", None),
+    "keras_sgd": (lambda: tf.keras.optimizers.SGD(0.25), "sgd", None),
+    "tf1_sgd": (lambda: V1_TRAIN.GradientDescentOptimizer(0.25), "sgd", None),
+    "keras_adagrad": (lambda: tf.keras.optimizers.Adagrad(0.3, epsilon=1e-7), "adagrad",
+                      "keras"),
+    "tf1_adagrad": (lambda: V1_TRAIN.AdagradOptimizer(0.3, initial_accumulator_value=0.1),
+                    "adagrad", "tf1"),
+    "keras_adam": (lambda: tf.keras.optimizers.Adam(0.05, epsilon=1e-7), "adam", "keras"),
+    "tf1_adam": (lambda: V1_TRAIN.AdamOptimizer(0.05, epsilon=1e-8), "adam", "tf1"),
+}
+GRAD_FAULTS = ("out_of_range", "f64_values", "int_values", "wide_rows", "narrow_rows",
+               "float_indices", "indices_rank2", "rows_count", "dense_dynamic",
+               "dense_shape", "not_a_pair", "tensor_variable", "key_dtype")
+
+
+class RefOptimizer:
+    """numpy model of OptimizerWrapper's sparse update of one table: repeated
+    indices summed first, then the algorithm on the touched rows only (lazy;
+    the step counts apply_gradients calls), in float64 (the test compares with
+    a tolerance). Rows and slots live in dicts, so one model serves static
+    (row numbers) and dynamic (keys) tables."""
+
+    def __init__(self, algorithm, flavor, dim):
+        self.algorithm, self.flavor, self.dim = algorithm, flavor, dim
+        self.step = 0
+        self.slots = collections.defaultdict(dict)
+
+    def apply(self, rows, indices, values):
+        """rows: dict key -> row (missing keys read as zeros, as the wrapper
+        reads a key a DynamicVariable lacks)."""
+        self.step += 1
+        summed = collections.OrderedDict()
+        with np.errstate(all="ignore"):
+            for k, v in zip(indices, values.astype(np.float64)):
+                summed[k] = summed[k] + v if k in summed else v.copy()
+            for k, g in summed.items():
+                w = rows.get(k, np.zeros(self.dim)).astype(np.float64)
+                rows[k] = self._update(k, w, g)
+
+    def _update(self, k, w, g):
+        a, s = self.algorithm, self.slots[k]
+        if a == "sgd":
+            return w - 0.25 * g
+        if a == "adagrad":
+            acc = s.get("acc", np.full(self.dim, 0.1)) + g * g
+            s["acc"] = acc
+            return w - 0.3 * g / (np.sqrt(acc) if self.flavor == "tf1" else np.sqrt(acc + 1e-7))
+        eps = 1e-8 if self.flavor == "tf1" else 1e-7
+        m = 0.9 * s.get("m", np.zeros(self.dim)) + 0.1 * g
+        v = 0.999 * s.get("v", np.zeros(self.dim)) + 0.001 * g * g
+        s["m"], s["v"] = m, v
+        alpha = 0.05 * np.sqrt(1 - 0.999 ** self.step) / (1 - 0.9 ** self.step)
+        return w - alpha * m / (np.sqrt(v) + eps)
+
+
+def grad_values_strategy(n, dim):
+    return st.lists(st.one_of(finite(-10, 10, 32), finite(-10, 10, 32),
+                              st.sampled_from(SPECIAL_FLOATS)), min_size=n * dim,
+                    max_size=n * dim)
+
+
+def table_dict(var, static_rows=None):
+    if static_rows is not None:
+        return dict(enumerate(var.numpy()))
+    return export_dict(var)
+
+
+@fuzz(120)
+@given(st.data())
+def test_optimizer_apply_gradients(data):
+    """1-4 apply_gradients calls of sok.SGD or OptimizerWrapper(Keras / TF1
+    SGD, Adagrad, Adam) on a static or dynamic table: IndexedSlices with
+    repeated, extreme (dynamic) or no indices and NaN/Inf rows, dense
+    gradients of static tables, a plain tf.Variable beside; or one malformed
+    call, which must raise a clear error and change nothing (rows, slots,
+    step)."""
+    draw = data.draw
+    opt_name = draw(st.sampled_from(sorted(OPTIMIZERS)))
+    make, algorithm, flavor = OPTIMIZERS[opt_name]
+    dim = draw(st.integers(1, 3))
+    dynamic = draw(st.booleans())
+    if dynamic:
+        var = sok.DynamicVariable(dim, initializer="zeros")
+        pool = draw(st.lists(st.one_of(st.integers(-3, 9), st.sampled_from(
+            [I64.min, I64.max, 2 ** 40])), min_size=1, max_size=6, unique=True))
+        start = draw(st.lists(st.sampled_from(pool), unique=True))
+        if start:
+            sok.assign(var, tf.constant(start, tf.int64), np.array(draw(grad_values_strategy(
+                len(start), dim)), np.float32).reshape(-1, dim))
+        rows_model = export_dict(var)
+        n_rows = None
+    else:
+        n_rows = draw(st.integers(1, 6))
+        value = np.array(draw(st.lists(finite(-4, 4, 32), min_size=n_rows * dim,
+                                       max_size=n_rows * dim)), np.float32).reshape(n_rows, dim)
+        var = sok.Variable(value)
+        pool = list(range(n_rows))
+        rows_model = dict(enumerate(value))
+    opt = sok.SGD(0.25) if opt_name == "sok_sgd" else sok.OptimizerWrapper(make())
+    ref = RefOptimizer(algorithm, flavor, dim)
+    # A plain variable beside, updated by the wrapped optimizer (sok.SGD: by
+    # w -= lr * g); its reference is the same native optimizer on a copy.
+    plain = plain_ref = plain_opt = None
+    if draw(st.booleans()):
+        start_plain = np.array(draw(st.lists(finite(-4, 4, 32), min_size=2, max_size=2)),
+                               np.float32)
+        plain, plain_ref = tf.Variable(start_plain), tf.Variable(start_plain)
+        plain_opt = None if opt_name == "sok_sgd" else make()
+    for _ in range(draw(st.integers(1, 4))):
+        count("optimizer_apply_gradients")
+        fault = draw(st.sampled_from((None,) * 8 + GRAD_FAULTS))
+        n = draw(st.integers(0, 6))
+        indices = [draw(st.sampled_from(pool)) for _ in range(n)]
+        values = np.array(draw(grad_values_strategy(n, dim)), np.float32).reshape(n, dim)
+        dense = not dynamic and draw(st.integers(0, 4)) == 0
+        if dense:
+            indices = list(range(n_rows))
+            values = np.array(draw(grad_values_strategy(n_rows, dim)),
+                              np.float32).reshape(n_rows, dim)
+        grad = tf.constant(values) if dense else tf.IndexedSlices(
+            tf.constant(values), tf.constant(indices, tf.int64))
+        pairs = [(grad, var)]
+        words = None
+        if fault == "out_of_range" and not dynamic:
+            bad = list(indices) + [draw(st.sampled_from([-1, n_rows, 2 ** 40, I64.min]))]
+            pairs = [(tf.IndexedSlices(tf.zeros([len(bad), dim]), tf.constant(bad, tf.int64)),
+                      var)]
+            words = ["must be in [0,"]
+        elif fault in ("f64_values", "int_values"):
+            dt = tf.float64 if fault == "f64_values" else tf.int32
+            bad_values = tf.cast(tf.constant(values), dt)
+            pairs = [(bad_values if dense else tf.IndexedSlices(
+                bad_values, tf.constant(indices, tf.int64)), var)]
+            words = ["must be float32"]
+        elif fault in ("wide_rows", "narrow_rows") and (fault == "wide_rows" or dim > 1):
+            width = dim + 1 if fault == "wide_rows" else 1
+            pairs = [(tf.IndexedSlices(tf.zeros([n, width]), tf.constant(indices, tf.int64)),
+                      var)]
+            words = ["rows of shape"]
+        elif fault == "float_indices":
+            pairs = [(tf.IndexedSlices(tf.constant(values), tf.constant(indices, tf.float32)),
+                      var)]
+            words = ["must be integers"]
+        elif fault == "indices_rank2":
+            pairs = [(tf.IndexedSlices(tf.constant(values), tf.constant(
+                np.array(indices, np.int64).reshape(-1, 1))), var)]
+            words = ["vector of indices"]
+        elif fault == "rows_count":
+            pairs = [(tf.IndexedSlices(tf.zeros([n + draw(st.sampled_from([1, 2])), dim]),
+                                       tf.constant(indices, tf.int64)), var)]
+            words = ["rows of shape"]
+        elif fault == "dense_dynamic" and dynamic:
+            pairs = [(tf.zeros([3, dim]), var)]
+            words = ["must be tf.IndexedSlices"]
+        elif fault == "dense_shape" and not dynamic:
+            shape = draw(st.sampled_from([[n_rows + 1, dim], [n_rows, dim + 1], [n_rows * dim]]
+                                         + ([[n_rows - 1, dim]] if n_rows > 1 else [])))
+            pairs = [(tf.zeros(shape), var)]
+            words = ["the variable's shape"]
+        elif fault == "not_a_pair":
+            pairs = [draw(st.sampled_from([(grad,), (grad, var, var), var]))]
+            words = ["(gradient, variable) pairs"]
+        elif fault == "tensor_variable":
+            pairs = [(grad, var), (tf.ones([2]), tf.ones([2]))]
+            words = ["not a variable"]
+        elif fault == "key_dtype" and dynamic:
+            pairs = [(tf.IndexedSlices(tf.constant(values), tf.constant(
+                np.array(indices, np.int64).astype(np.int32))), var)]
+            words = ["keys for DynamicVariable"]
+        plain_grad = None
+        if plain is not None and words is None or plain is not None and draw(st.booleans()):
+            plain_grad = tf.constant(np.array(draw(st.lists(finite(-4, 4, 32), min_size=2,
+                                                             max_size=2)), np.float32))
+            pairs = [(plain_grad, plain)] + pairs if draw(st.booleans()) else \
+                pairs + [(plain_grad, plain)]
+        before_plain = None if plain is None else plain.numpy().copy()
+        if words is not None:
+            step = int(opt.iterations)
+            expect_error(lambda: opt.apply_gradients(pairs), words)
+            # Nothing changed: rows, the plain variable, the step count.
+            got = table_dict(var, n_rows)
+            assert set(got) == set(rows_model)
+            for k in got:
+                close(got[k], rows_model[k])
+            if plain is not None:
+                np.testing.assert_array_equal(plain.numpy(), before_plain)
+            assert int(opt.iterations) == step
+            continue
+        opt.apply_gradients(pairs)
+        ref.apply(rows_model, indices, values)
+        if plain_grad is not None:
+            if plain_opt is None:
+                plain_ref.assign_sub(0.25 * plain_grad)
+            else:
+                plain_opt.apply_gradients([(plain_grad, plain_ref)])
+            close(plain.numpy(), plain_ref.numpy())
+        got = table_dict(var, n_rows)
+        assert set(got) == set(rows_model), f"keys {sorted(got)} != {sorted(rows_model)}"
+        for k in got:
+            close(got[k], rows_model[k], rtol=1e-4, atol=1e-5)
+        rows_model = {k: r.astype(np.float32) for k, r in got.items()}  # no drift
+    assert int(opt.iterations) == ref.step
+
+
+# ------------------------------------------------------- incremental_model_dump
+
+def utc_micros_now():
+    return time.time_ns() // 1000
+
+
+def as_threshold(draw, micros):
+    """The same instant in one of the documented forms."""
+    form = draw(st.sampled_from(["int", "np", "naive", "aware"]))
+    if form == "int":
+        return micros
+    if form == "np":
+        return np.int64(micros)
+    utc = datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=micros)
+    if form == "naive":
+        return utc  # naive datetimes are taken as UTC
+    tz = datetime.timezone(datetime.timedelta(minutes=draw(st.sampled_from(
+        [-600, -90, 0, 330, 840]))))
+    return utc.replace(tzinfo=datetime.timezone.utc).astimezone(tz)
+
+
+@fuzz(50)
+@given(st.data())
+def test_incremental_model_dump(data):
+    """Random lookups, finds, assigns and removals on 1-2 tables, with marks
+    (wall-clock thresholds, 1 ms away from any op) between them: for every
+    mark, incremental_model_dump returns exactly the keys looked up or
+    assigned after it (and not removed since), with their current rows;
+    malformed thresholds or variables give TypeError / ValueError."""
+    draw = data.draw
+    tables = [sok.DynamicVariable(draw(st.integers(1, 3)), initializer="zeros",
+                                  key_type=draw(st.sampled_from([tf.int64, tf.int32])))
+              for _ in range(draw(st.integers(1, 2)))]
+    models = [{} for _ in tables]      # key -> row
+    touched = [{} for _ in tables]     # key -> index of the op that last touched it
+    marks = []                         # (threshold micros, ops done before it)
+    pool = draw(st.lists(st.one_of(st.integers(-5, 20), st.sampled_from(["min", "max"])),
+                         min_size=1, max_size=8, unique=True))
+    n_ops = 0
+    for item in draw(st.lists(st.sampled_from(["lookup", "find", "assign", "remove", "mark"]),
+                              min_size=1, max_size=8)) + ["mark"]:
+        count("incremental_model_dump")
+        if item == "mark":
+            time.sleep(0.001)
+            marks.append((utc_micros_now(), n_ops))
+            time.sleep(0.001)
+            continue
+        t = draw(st.integers(0, len(tables) - 1))
+        var, model = tables[t], models[t]
+        info = np.iinfo(var.key_type.as_numpy_dtype)
+        keys = [int(info.min) if x == "min" else int(info.max) if x == "max" else x
+                for x in draw(st.lists(st.sampled_from(pool), max_size=5))]
+        k = tf.constant(keys, var.key_type)
+        n_ops += 1
+        if item == "lookup":
+            var.sparse_read(k)
+            for x in keys:
+                model.setdefault(x, np.zeros(var.dimension, np.float32))
+                touched[t][x] = n_ops
+        elif item == "find":
+            var.find(k)  # reads, inserts and touches nothing
+        elif item == "assign":
+            rows = np.array(draw(rows_strategy(len(keys), var.dimension)),
+                            np.float32).reshape(-1, var.dimension)
+            sok.assign(var, k, rows)
+            for x, r in zip(keys, rows):
+                model[x] = r
+                touched[t][x] = n_ops
+        else:
+            var.remove(k)
+            for x in keys:
+                model.pop(x, None)
+                touched[t].pop(x, None)
+    for micros, done in marks:
+        threshold = as_threshold(draw, micros)
+        got_keys, got_rows = sok.incremental_model_dump(tables, threshold)
+        assert len(got_keys) == len(got_rows) == len(tables)
+        for t, var in enumerate(tables):
+            want = {x for x, op in touched[t].items() if op > done}
+            got = got_keys[t].tolist()
+            assert len(got) == len(set(got)), f"a key listed twice: {got}"
+            assert set(got) == want, f"threshold after {done} ops: keys {got}, expected {want}"
+            for x, r in zip(got, got_rows[t]):
+                close(r, models[t][x])
+    # Before every op (also before the epoch): every row.
+    got_keys, _ = sok.incremental_model_dump(tables, draw(st.sampled_from(
+        [-1, I64.min, 0, datetime.datetime(1900, 1, 1)])))
+    for t in range(len(tables)):
+        assert set(got_keys[t].tolist()) == set(models[t])
+    # After every op: none.
+    got_keys, _ = sok.incremental_model_dump(tables, draw(st.sampled_from(
+        [I64.max, datetime.datetime(9999, 1, 1)])))
+    assert all(len(k) == 0 for k in got_keys)
+    bad = draw(st.sampled_from(["str", "float", "none", "bool", "too_big", "too_small",
+                                "np_float", "datetime64", "one_var", "static", "tf_var"]))
+    args = {"str": (tables, "2024-01-01"), "float": (tables, 1.5e15), "none": (tables, None),
+            "bool": (tables, True), "too_big": (tables, 2 ** 63),
+            "too_small": (tables, -(2 ** 63) - 1), "np_float": (tables, np.float64(3)),
+            "datetime64": (tables, np.datetime64("2020-01-01")), "one_var": (tables[0], 0),
+            "static": ([sok.Variable(np.zeros((2, 1), np.float32))], 0),
+            "tf_var": ([tf.Variable([[1.0]])], 0)}[bad]
+    expect_error(lambda: sok.incremental_model_dump(*args),
+                 ["time_threshold", "sok_vars", "sok.DynamicVariable"])
+
+
+# ------------------------------------------------ the 1.x embedding layers
+
+V1_CTOR_FAULTS = ("vocab_zero", "vocab_negative", "vocab_bool", "vocab_str", "vocab_float",
+                  "dim_zero", "dim_bool", "slots_zero", "slots_str", "nnz_zero",
+                  "nnz_negative", "combiner", "feature_num", "use_hashtable", "key_dtype",
+                  "init_shape", "init_array_hashtable", "init_name")
+V1_CALL_FAULTS = ("rank", "dims", "float_ids", "uint_ids", "out_of_range", "too_many_keys",
+                  "sparse_rank3", "sparse_rank1", "sparse_rows", "max_nnz", "ragged_nnz",
+                  "ragged_rows", "dense_input")
+
+
+@fuzz(150)
+@given(st.data())
+def test_v1_embedding_layers(data):
+    """sok.All2AllDenseEmbedding / sok.DistributedEmbedding after sok.Init:
+    valid constructions and calls (empty batches, any key for a hashtable,
+    SparseTensor or RaggedTensor, every combiner) equal
+    tf.nn.embedding_lookup / the numpy form of embedding_lookup_sparse on the
+    same rows; bad constructor arguments and malformed inputs raise clear
+    errors."""
+    draw = data.draw
+    sok.Init(global_batch_size=4)
+    kind = draw(st.sampled_from(["a2a", "dist"]))
+    vocab, dim = draw(st.integers(1, 12)), draw(st.integers(1, 3))
+    slots, nnz = draw(st.integers(1, 3)), draw(st.integers(1, 3))
+    hashtable = draw(st.booleans())
+    combiner = draw(st.sampled_from(COMBINERS + ("SUM", "Mean")))
+    key_dtype = draw(st.sampled_from([None, tf.int32, tf.int64]))
+    table = np.array(draw(st.lists(finite(-4, 4, 32), min_size=vocab * dim,
+                                   max_size=vocab * dim)), np.float32).reshape(vocab, dim)
+    init = 0.5 if hashtable else draw(st.sampled_from(["constant", "array"]))
+    init = tf.keras.initializers.Constant(table) if init == "constant" else \
+        table if init == "array" else init
+    args = dict(max_vocabulary_size_per_gpu=vocab, embedding_vec_size=dim, slot_num=slots,
+                use_hashtable=hashtable, key_dtype=key_dtype, embedding_initializer=init)
+    args["max_nnz" if kind == "dist" else "nnz_per_slot"] = nnz
+    if kind == "dist":
+        args.update(combiner=combiner)
+    fault = draw(st.sampled_from((None,) * 6 + V1_CTOR_FAULTS))
+    words = None
+    nnz_arg = "max_nnz" if kind == "dist" else "nnz_per_slot"
+    bad_args = {
+        "vocab_zero": ("max_vocabulary_size_per_gpu", 0),
+        "vocab_negative": ("max_vocabulary_size_per_gpu", -3),
+        "vocab_bool": ("max_vocabulary_size_per_gpu", True),
+        "vocab_str": ("max_vocabulary_size_per_gpu", "8"),
+        "vocab_float": ("max_vocabulary_size_per_gpu", 8.0),
+        "dim_zero": ("embedding_vec_size", 0), "dim_bool": ("embedding_vec_size", False),
+        "slots_zero": ("slot_num", 0), "slots_str": ("slot_num", "2"),
+        "nnz_zero": (nnz_arg, 0), "nnz_negative": (nnz_arg, -1),
+        "use_hashtable": ("use_hashtable", draw(st.sampled_from(["yes", 1, None]))),
+        "key_dtype": ("key_dtype", draw(st.sampled_from([tf.float32, "string", tf.uint8]))),
+    }
+    if fault in bad_args:
+        key, value = bad_args[fault]
+        args[key] = value
+        words = [key]
+    elif fault == "combiner" and kind == "dist":
+        args["combiner"] = draw(st.sampled_from(["max", "", None, 1, "sum "]))
+        words = ["combiner"]
+    elif fault == "feature_num" and kind == "dist":
+        args["max_feature_num"] = draw(st.sampled_from([0, -2, 1.0]))
+        words = ["max_feature_num"]
+    elif fault == "init_shape" and not hashtable:
+        args["embedding_initializer"] = np.zeros((vocab + 1, dim), np.float32)
+        words = ["embedding_initializer"]
+    elif fault == "init_array_hashtable" and hashtable:
+        args["embedding_initializer"] = table
+        words = ["embedding_initializer"]
+    elif fault == "init_name":
+        args["embedding_initializer"] = "no_such_initializer"
+        words = ["initializer", "no_such_initializer"]
+    cls = sok.DistributedEmbedding if kind == "dist" else sok.All2AllDenseEmbedding
+    count("v1_layer_constructor")
+    if words is not None:
+        expect_error(lambda: cls(**args), words)
+        return
+    layer = cls(**args)
+    assert layer.embedding_variable in layer.trainable_variables
+    np_key = (key_dtype or tf.int64).as_numpy_dtype
+    if hashtable:
+        # Some keys given rows first; the others start at the initializer's 0.5.
+        info = np.iinfo(np_key)
+        pool = draw(st.lists(st.one_of(st.integers(-5, 40), st.sampled_from(
+            [int(info.min), int(info.max)])), min_size=1, max_size=vocab, unique=True))
+        model = {x: np.full(dim, 0.5, np.float32) for x in pool}
+        assigned = draw(st.lists(st.sampled_from(pool), unique=True))
+        if assigned:
+            rows = table[:len(assigned)]
+            sok.assign(layer.embedding_variable, tf.constant(assigned, np_key), rows)
+            model.update(zip(assigned, rows))
+    else:
+        pool = list(range(vocab))
+    batch = draw(st.integers(0, 3))
+    call_fault = draw(st.sampled_from((None,) * 6 + V1_CALL_FAULTS))
+    count("v1_layer_call")
+    if kind == "a2a":
+        ids = np.array([draw(st.sampled_from(pool)) for _ in range(batch * slots * nnz)],
+                       np_key).reshape(batch, slots, nnz)
+        inputs, words = tf.constant(ids), None
+        if call_fault == "rank":
+            inputs = tf.constant(ids.reshape(draw(st.sampled_from(
+                [[-1], [batch, slots * nnz], [batch, slots, nnz, 1]]))))
+            words = ["inputs must have shape"]
+        elif call_fault == "dims":
+            inputs = tf.zeros([batch, slots + 1, nnz], np_key)
+            words = ["inputs must have shape"]
+        elif call_fault in ("float_ids", "uint_ids"):
+            inputs = tf.constant(ids.astype(np.float32 if call_fault == "float_ids"
+                                            else np.uint8))
+            words = ["int32 or int64 keys"]
+        elif call_fault == "out_of_range" and not hashtable:
+            bad = ids.copy() if batch else np.zeros((1, slots, nnz), np_key)
+            bad.reshape(-1)[draw(st.integers(0, bad.size - 1))] = draw(
+                st.sampled_from([-1, vocab, int(np.iinfo(np_key).max)]))
+            inputs = tf.constant(bad)
+            words = ["must be in [0,"]
+        elif call_fault == "too_many_keys" and hashtable:
+            inputs = tf.reshape(tf.range(vocab + 1, vocab + 1 + slots * nnz * (vocab + 1),
+                                         dtype=np_key), [vocab + 1, slots, nnz])
+            words = ["distinct keys"]
+        if words is not None:
+            expect_error(lambda: layer(inputs), words)
+            return
+        out = layer(inputs).numpy()
+        assert out.shape == (batch, slots, nnz, dim)
+        if hashtable:
+            close(out, np.array([model[x] for x in ids.reshape(-1).tolist()]).reshape(out.shape))
+        else:
+            close(out, tf.nn.embedding_lookup(tf.constant(table), ids).numpy())
+        return
+    # DistributedEmbedding: [batch * slot_num, max_nnz] rows of 0..max_nnz keys.
+    lengths = [draw(st.integers(0, nnz)) for _ in range(batch * slots)]
+    ids = np.array([draw(st.sampled_from(pool)) for _ in range(sum(lengths))], np_key)
+    splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    ragged = tf.RaggedTensor.from_row_splits(tf.constant(ids), splits)
+    as_sparse = draw(st.booleans())
+
+    def sparse(values, indices, shape):
+        return tf.SparseTensor(tf.constant(np.array(indices, np.int64).reshape(-1, len(shape))),
+                               tf.constant(values), shape)
+
+    inputs = ragged.to_sparse() if as_sparse else ragged
+    if as_sparse:  # the layer's documented dense shape, not the tightest one
+        inputs = tf.SparseTensor(inputs.indices, inputs.values, [batch * slots, nnz])
+    words = None
+    if call_fault == "sparse_rank3":
+        inputs = sparse(np.zeros([0], np_key), np.zeros((0, 3)), [batch * slots, nnz, 1])
+        words = ["2-D SparseTensor"]
+    elif call_fault == "sparse_rank1":
+        inputs = sparse(np.zeros([1], np_key), [[0]], [1])
+        words = ["2-D SparseTensor"]
+    elif call_fault == "sparse_rows":
+        inputs = sparse(np.zeros([0], np_key), np.zeros((0, 2)), [slots * 2 + 1, nnz]) \
+            if slots > 1 else sparse(np.zeros([0], np_key), np.zeros((0, 3)), [1, nnz, 1])
+        words = ["batch * slot_num rows", "2-D SparseTensor"]
+    elif call_fault == "max_nnz":
+        inputs = sparse(np.zeros([0], np_key), np.zeros((0, 2)), [batch * slots, nnz + 1])
+        words = ["exceeds max_nnz"]
+    elif call_fault == "ragged_nnz":
+        inputs = tf.RaggedTensor.from_row_lengths(tf.zeros([nnz + 1], np_key),
+                                                  [nnz + 1] + [0] * (slots - 1))
+        words = ["more than max_nnz"]
+    elif call_fault == "ragged_rows" and slots > 1:
+        inputs = tf.RaggedTensor.from_row_lengths(tf.zeros([0], np_key), [0] * (slots + 1))
+        words = ["batch * slot_num rows"]
+    elif call_fault == "dense_input":
+        inputs = tf.zeros([batch * slots, nnz], np_key)
+        words = ["must be a tf.SparseTensor"]
+    elif call_fault in ("float_ids", "uint_ids"):
+        inputs = ragged.with_flat_values(tf.cast(ragged.flat_values, tf.float32 if
+                                                 call_fault == "float_ids" else tf.uint8))
+        words = ["int32 or int64 keys"]
+    elif call_fault == "out_of_range" and not hashtable:
+        inputs = tf.ragged.constant([[draw(st.sampled_from([-1, vocab, 2 ** 31 - 1]))]] +
+                                    [[]] * (slots - 1), np_key)
+        words = ["must be in [0,"]
+    if words is not None:
+        expect_error(lambda: layer(inputs), words)
+        return
+    out = layer(inputs).numpy()
+    assert out.shape == (batch, slots, dim)
+    if hashtable:
+        keys = sorted(set(ids.tolist()))
+        dense = np.array([model[x] for x in keys], np.float32).reshape(-1, dim)
+        local = np.searchsorted(keys, ids) if keys else ids.astype(np.int64)
+    else:
+        dense, local = table, ids.astype(np.int64)
+    want = ref_lookup(dense, local, splits, None, combiner.lower(), None)
+    close(out.reshape(-1, dim), want)
+    if not hashtable and batch and min(lengths) > 0:
+        tf_out = tf.nn.embedding_lookup_sparse(tf.constant(table), ragged.to_sparse(), None,
+                                               combiner=combiner.lower())
+        close(out.reshape(-1, dim), tf_out.numpy())
 
 
 # ------------------------------------------------------------------- summary
