@@ -188,9 +188,16 @@ def test_worker_with_another_table_shape_fails_with_the_cause(tmp_path):
 
 @needs_horovod
 def test_stalled_worker_fails_the_job_within_the_bound(tmp_path):
+    import re
+    import time
+
     bound = 20
     rc, took, out = _faulty_run(tmp_path, "stall", "--stall-timeout", str(bound))
+    ended = time.time()
     assert rc != 0, out[-3000:]
     assert "stall" in out.lower(), out[-3000:]
-    # Start-up and the first steps take a few seconds; the stall is bounded.
-    assert took < bound + 60, f"took {took:.0f} s with a {bound} s stall bound"
+    # Measured from the moment rank 1 stopped taking part (start-up time on
+    # a busy machine does not count against the bound).
+    stalled_at = float(re.search(r"stall before step \d+ at ([\d.]+)", out).group(1))
+    assert ended - stalled_at < bound + 30, \
+        f"the job ended {ended - stalled_at:.0f} s after the stall with a {bound} s bound"

@@ -298,7 +298,7 @@ class Model:
     def _maybe_fail(self, step):
         if step != 2 or self.fault not in ("kill", "stall"):
             return
-        print(f"rank 1: {self.fault} before step {step}", flush=True)
+        print(f"rank 1: {self.fault} before step {step} at {time.time():.3f}", flush=True)
         if self.fault == "kill":
             os.kill(os.getpid(), 9)
         while True:
