@@ -7,8 +7,8 @@
 # Afterwards $SOK_PYTHON is the Python of a virtualenv that has that
 # TensorFlow and sok_graph installed. What is safe to reuse is cached under
 # ~/.cache/sok_graph (override with SOK_GRAPH_CACHE): the virtualenvs (marked
-# complete only after a successful install) and Bazel's per-TF-version build
-# outputs. Installs use only Debian's apt and PyPI.
+# complete only after a successful install), Bazel's per-TF-version build
+# outputs and the Horovod wheels. Installs use only Debian's apt and PyPI.
 set -euo pipefail
 
 SOK_TF_VERSION="${1:-${SOK_TF_VERSION:-2.15.1}}"
@@ -63,4 +63,9 @@ export SOK_PYTHON SOK_TF_VERSION
 log "building and installing sok_graph for TensorFlow $SOK_TF_VERSION"
 (cd "$SOK_REPO" && "$SOK_PYTHON" -m pip install -q --no-deps --no-build-isolation \
    --force-reinstall . )
+
+# --- Horovod, the multi-worker engine: its wheel is built once per TensorFlow
+# version and cached (scripts/install_horovod.sh); SOK_GRAPH_WITHOUT_HOROVOD=1
+# skips it.
+bash "$SOK_REPO/scripts/install_horovod.sh" "$SOK_PYTHON" "$SOK_TF_VERSION"
 log "ready: $SOK_PYTHON"
