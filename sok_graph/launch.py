@@ -1,6 +1,7 @@
 """Starts one worker process per device and watches them.
 
-    python -m sok_graph.launch [-np N] [--cpu] [--timeout S] [--grace S] script.py args...
+    python -m sok_graph.launch [-np N] [--cpu] [--timeout S] [--grace S]
+                               [--stall-timeout S] [--no-horovod] script.py args...
 
 Devices: on GPU machines one worker per GPU in CUDA_VISIBLE_DEVICES (every
 GPU `nvidia-smi -L` lists when the variable is unset; `-np N` takes the first
@@ -13,9 +14,10 @@ CUDA_VISIBLE_DEVICES set to its one GPU (empty on CPU) and:
   SOK_GRAPH_WORLD_SIZE         number of workers
   SOK_GRAPH_LOCAL_WORLD_SIZE   workers on this host (= world size)
   SOK_GRAPH_COORDINATOR_ADDR   127.0.0.1
-  SOK_GRAPH_COORDINATOR_PORT   a free port no worker address uses; for an
-                               engine's rendezvous (e.g. rank 0 serving
-                               Horovod's Gloo key-value store)
+  SOK_GRAPH_COORDINATOR_PORT   a free port no worker address uses, for an
+                               engine that needs a rendezvous of its own
+  SOK_GRAPH_STALL_TIMEOUT      seconds a collective may wait for a worker
+                               that does not join it (--stall-timeout)
   SOK_GRAPH_TF_CONFIG          the TF_CONFIG below, always set
   TF_CONFIG                    {"cluster": {"worker": ["127.0.0.1:<port>", ...]},
                                 "task": {"type": "worker", "index": <rank>}}
@@ -24,8 +26,28 @@ CUDA_VISIBLE_DEVICES set to its one GPU (empty on CPU) and:
                                RunConfig rejects a cluster without a "chief")
   PYTHONUNBUFFERED=1           unless already set, so lines arrive as printed
 
-Horovod's variables (HOROVOD_RANK, HOROVOD_GLOO_RENDEZVOUS_ADDR, ...) are not
-set: Gloo needs a rendezvous server that the Horovod engine provides.
+Horovod: when this Python can import `horovod` (and unless --no-horovod is
+given), the launcher serves Horovod's Gloo rendezvous (horovod.runner's
+RendezvousServer, as `horovodrun --gloo` does) for as long as the workers run,
+and gives each worker the variables horovodrun's Gloo mode sets, so that
+`hvd.init()` in the script joins one Horovod job of all the workers:
+
+  HOROVOD_GLOO_RENDEZVOUS_ADDR, HOROVOD_GLOO_RENDEZVOUS_PORT   the server
+  HOROVOD_CONTROLLER=gloo, HOROVOD_CPU_OPERATIONS=gloo
+  HOROVOD_GLOO_IFACE, NCCL_SOCKET_IFNAME   the loopback interface ("lo")
+  HOROVOD_HOSTNAME=localhost
+  HOROVOD_RANK, HOROVOD_SIZE, HOROVOD_LOCAL_RANK, HOROVOD_LOCAL_SIZE,
+  HOROVOD_CROSS_RANK (0), HOROVOD_CROSS_SIZE (1)
+
+Stalls: `--stall-timeout S` (default 120, or SOK_GRAPH_STALL_TIMEOUT) bounds
+how long the workers wait in a collective that one of them never joins. With
+Horovod it becomes Horovod's stall inspector settings (a check every S/6 s,
+shutdown once a collective has waited S/2 s: whole seconds, at least 1) and
+Gloo's timeout (S), so a worker that stalls, or freezes whole, makes the
+others' collectives fail within about S seconds; the launcher then stops the
+stalled one as below. HOROVOD_STALL_CHECK_TIME_SECONDS,
+HOROVOD_STALL_SHUTDOWN_TIME_SECONDS and HOROVOD_GLOO_TIMEOUT_SECONDS already
+in the launcher's environment are passed on as they are.
 
 Each output line of a worker is printed with its rank in front ("[1] ..."),
 stdout to stdout and stderr to stderr. SIGINT, SIGTERM and SIGHUP are
@@ -35,14 +57,17 @@ seconds later (default 10, or SOK_GRAPH_LAUNCH_GRACE), SIGKILL; the launcher
 prints which rank failed and the end of its stderr and exits with its status
 (128 + N for signal N). `--timeout S` (or SOK_GRAPH_LAUNCH_TIMEOUT) stops the
 whole job after S seconds with status 124; by default there is none. Exit
-status 2: bad arguments; 128 + N: the launcher got signal N.
+status 1: a worker or Horovod's rendezvous server could not be started;
+2: bad arguments; 128 + N: the launcher got signal N.
 
-This module uses the standard library only, so `python path/to/launch.py`
-also works without importing TensorFlow.
+This module imports the standard library only (Horovod's runner, which does
+not import TensorFlow, only when the workers get a Horovod job), so
+`python path/to/launch.py` also works without importing TensorFlow.
 """
 
 import argparse
 import collections
+import importlib.util
 import json
 import math
 import os
@@ -62,12 +87,18 @@ ENV_COORDINATOR_PORT = "SOK_GRAPH_COORDINATOR_PORT"
 ENV_TF_CONFIG = "SOK_GRAPH_TF_CONFIG"
 ENV_TIMEOUT = "SOK_GRAPH_LAUNCH_TIMEOUT"
 ENV_GRACE = "SOK_GRAPH_LAUNCH_GRACE"
+ENV_STALL_TIMEOUT = "SOK_GRAPH_STALL_TIMEOUT"
 
 DEFAULT_GRACE_S = 10.0
+DEFAULT_STALL_TIMEOUT_S = 120.0
+EXIT_START_FAILED = 1
 EXIT_BAD_ARGS = 2
 EXIT_TIMEOUT = 124
 STDERR_TAIL_LINES = 20
 HOST = "127.0.0.1"
+# The host name the Horovod rendezvous knows the workers' (one) host by, as in
+# `horovodrun -H localhost:N`.
+HOROVOD_HOST = "localhost"
 # How often the watch loop looks at the workers: the delay between a worker's
 # death and the others' SIGTERM.
 _POLL_S = 0.05
@@ -78,6 +109,11 @@ _REAP_S = 5.0
 # it left behind may hold them open).
 _DRAIN_S = 2.0
 _FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+class LaunchError(RuntimeError):
+    """The launcher could not start the job (a worker or Horovod's rendezvous)."""
+
 
 WorkerInfo = collections.namedtuple("WorkerInfo", ["rank", "local_rank", "world_size"])
 
@@ -189,13 +225,124 @@ def free_ports(count):
             s.close()
 
 
-def worker_environments(world_size, gpus, ports, coordinator_port, tf_config=True, base_env=None):
+def horovod_available():
+    """Whether the workers' Python (the launcher's own) finds a `horovod`
+    package; looks it up without importing it."""
+    try:
+        return importlib.util.find_spec("horovod") is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def horovod_stall_settings(stall_timeout):
+    """Horovod's stall and Gloo timeout settings (whole seconds) for a bound of
+    `stall_timeout` seconds on a collective that a worker never joins.
+
+    Horovod's coordinator looks for stalled collectives once a check time has
+    passed since the last look, and shuts Horovod down at the first look that
+    finds one waiting longer than the shutdown time: up to shutdown + check
+    after the collective began. A collective that ran before (its response is
+    cached) is first seen stalled up to two checks after it began, and only
+    then starts its shutdown clock. So shutdown + 3 checks <= stall_timeout
+    (for a stall_timeout of at least 4 s; Horovod ignores a shutdown time
+    below the check time). Gloo's timeout, which fails a collective whose
+    peer does not answer at all (a frozen or unreachable process), is the
+    bound itself.
+    """
+    check = max(1, int(stall_timeout / 6))
+    shutdown = max(check, int(stall_timeout) - 3 * check)
+    return {
+        "HOROVOD_STALL_CHECK_TIME_SECONDS": str(check),
+        "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(shutdown),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, math.ceil(stall_timeout))),
+    }
+
+
+def horovod_environment(slot, rendezvous_port, iface="lo"):
+    """The variables horovodrun's Gloo mode gives one worker
+    (horovod/runner/gloo_run.py: create_run_env_vars and
+    create_slot_env_vars); `slot` has the fields of Horovod's SlotInfo."""
+    return {
+        "HOROVOD_GLOO_RENDEZVOUS_ADDR": HOST,
+        "HOROVOD_GLOO_RENDEZVOUS_PORT": str(rendezvous_port),
+        "HOROVOD_CONTROLLER": "gloo",
+        "HOROVOD_CPU_OPERATIONS": "gloo",
+        "HOROVOD_GLOO_IFACE": iface,
+        "NCCL_SOCKET_IFNAME": iface,
+        "HOROVOD_HOSTNAME": str(slot.hostname),
+        "HOROVOD_RANK": str(slot.rank),
+        "HOROVOD_SIZE": str(slot.size),
+        "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+        "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+        "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+        "HOROVOD_CROSS_SIZE": str(slot.cross_size),
+    }
+
+
+class HorovodRendezvous:
+    """Horovod's Gloo rendezvous server for `world_size` workers on this host,
+    started and initialised as horovodrun's gloo_run does; `stop()` ends it.
+
+    Raises LaunchError when Horovod's runner cannot be imported or the server
+    cannot start.
+    """
+
+    def __init__(self, world_size):
+        try:
+            from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+            from horovod.runner.http.http_server import RendezvousServer
+            from horovod.runner.util.network import get_local_intfs
+        except Exception as e:  # any import-time failure of an installed package
+            raise LaunchError(
+                f"Horovod is installed but its runner cannot be imported ({type(e).__name__}: "
+                f"{e}); install Horovod's dependencies (cloudpickle psutil pyyaml packaging) "
+                "or run with --no-horovod"
+            ) from e
+        # The interface that has 127.0.0.1, found as horovodrun finds it for
+        # local hosts (driver_service.get_common_interfaces).
+        ifaces = sorted(get_local_intfs())
+        self.iface = ifaces[0] if ifaces else "lo"
+        self.slots = get_host_assignments(parse_hosts(f"{HOROVOD_HOST}:{world_size}"), world_size)
+        self._server = RendezvousServer()
+        try:
+            self.port = self._server.start()
+            self._server.init(self.slots)
+        except Exception as e:
+            raise LaunchError(
+                f"could not start Horovod's rendezvous server ({type(e).__name__}: {e}); "
+                "run with --no-horovod to launch without it"
+            ) from e
+
+    def environments(self):
+        """horovod_environment() of each rank, in rank order."""
+        return [horovod_environment(slot, self.port, self.iface) for slot in self.slots]
+
+    def stop(self):
+        self._server.stop()
+
+
+def worker_environments(
+    world_size,
+    gpus,
+    ports,
+    coordinator_port,
+    tf_config=True,
+    base_env=None,
+    stall_timeout=DEFAULT_STALL_TIMEOUT_S,
+    horovod=None,
+):
     """The environment of each worker (see the module docstring).
 
     gpus: one CUDA device id per worker, or None for CPU workers.
     ports: one port per worker for TF_CONFIG.
+    horovod: None, or one horovod_environment() per worker; its stall
+      settings then come from stall_timeout.
     """
     base_env = os.environ if base_env is None else base_env
+    if horovod is not None and len(horovod) != world_size:
+        raise ValueError(
+            f"horovod must have one environment per worker ({world_size}); got {len(horovod)}"
+        )
     cluster = [f"{HOST}:{port}" for port in ports]
     envs = []
     for rank in range(world_size):
@@ -212,9 +359,14 @@ def worker_environments(world_size, gpus, ports, coordinator_port, tf_config=Tru
                 ENV_COORDINATOR_ADDR: HOST,
                 ENV_COORDINATOR_PORT: str(coordinator_port),
                 ENV_TF_CONFIG: config,
+                ENV_STALL_TIMEOUT: f"{stall_timeout:g}",
                 "CUDA_VISIBLE_DEVICES": gpus[rank] if gpus is not None else "",
             }
         )
+        if horovod is not None:
+            env.update(horovod[rank])
+            for name, value in horovod_stall_settings(stall_timeout).items():
+                env.setdefault(name, value)
         if tf_config:
             env["TF_CONFIG"] = config
         else:
@@ -259,8 +411,8 @@ def _seconds(text):
 def _parser():
     p = _Parser(
         prog="python -m sok_graph.launch",
-        usage="%(prog)s [-h] [-np N] [--cpu] [--timeout S] [--grace S] [--no-tf-config] "
-        "script.py [args...]",
+        usage="%(prog)s [-h] [-np N] [--cpu] [--timeout S] [--grace S] [--stall-timeout S] "
+        "[--no-tf-config] [--no-horovod] script.py [args...]",
         description="Runs script.py in one worker process per GPU (or -np N CPU processes), "
         "with the rank, world size and TF_CONFIG in each worker's environment; "
         "if a worker fails, stops the others and exits with its status.",
@@ -290,6 +442,22 @@ def _parser():
         metavar="S",
         help="seconds between SIGTERM and SIGKILL when workers are stopped "
         f"(default {DEFAULT_GRACE_S:g}; env {ENV_GRACE})",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="bound on how long workers wait in a collective that another worker does not "
+        f"join; given to them as {ENV_STALL_TIMEOUT} and, with Horovod, as its stall and Gloo "
+        f"timeouts (default {DEFAULT_STALL_TIMEOUT_S:g}; env {ENV_STALL_TIMEOUT})",
+    )
+    p.add_argument(
+        "--no-horovod",
+        dest="horovod",
+        action="store_false",
+        help="do not serve a Horovod rendezvous or set HOROVOD_* variables, even where "
+        "Horovod is installed",
     )
     p.add_argument(
         "--no-tf-config",
@@ -332,6 +500,10 @@ def parse_args(argv):
         args.timeout = _env_seconds(parser, ENV_TIMEOUT)
     if args.grace is None:
         args.grace = _env_seconds(parser, ENV_GRACE) or DEFAULT_GRACE_S
+    if args.stall_timeout is None:
+        args.stall_timeout = _env_seconds(parser, ENV_STALL_TIMEOUT) or DEFAULT_STALL_TIMEOUT_S
+    # The workers run this Python, so they can import Horovod if it can.
+    args.horovod = args.horovod and horovod_available()
     if not os.path.isfile(args.script):
         parser.error(
             f"script {args.script!r} is not a file (expected: python -m "
@@ -455,11 +627,15 @@ class _Worker:
         return self.proc.returncode is None
 
     def signal(self, signum):
-        """Sends signum to the worker's process group (the worker and its children)."""
+        """Sends signum to the worker's process group (the worker and its
+        children), and SIGCONT after it: a stopped (frozen) process acts on
+        no signal but SIGKILL until it is continued."""
         if not self.running:
             return
         try:
             os.killpg(self.proc.pid, signum)
+            if signum != signal.SIGKILL:
+                os.killpg(self.proc.pid, signal.SIGCONT)
         except (ProcessLookupError, PermissionError):
             pass
 
@@ -479,9 +655,17 @@ def _describe(returncode):
     return f"exited with status {returncode}"
 
 
-def _start(args, output):
+def _start(args, output, rendezvous):
     ports = free_ports(args.np + 1)
-    envs = worker_environments(args.np, args.gpus, ports[:-1], ports[-1], args.tf_config)
+    envs = worker_environments(
+        args.np,
+        args.gpus,
+        ports[:-1],
+        ports[-1],
+        args.tf_config,
+        stall_timeout=args.stall_timeout,
+        horovod=None if rendezvous is None else rendezvous.environments(),
+    )
     hook = _die_with_parent_hook()
     cmd = [sys.executable, args.script] + list(args.script_args)
     procs = []
@@ -505,7 +689,7 @@ def _start(args, output):
             except OSError:
                 pass
             p.wait()
-        raise RuntimeError(f"could not start worker {len(procs)} ({cmd[0]}): {e}") from e
+        raise LaunchError(f"could not start worker {len(procs)} ({cmd[0]}): {e}") from e
     # Readers start after every fork, so no fork happens while they run.
     workers = [_Worker(rank, p, output) for rank, p in enumerate(procs)]
     for w in workers:
@@ -525,13 +709,20 @@ def run(args):
     forwarded = [getattr(signal, name) for name in _FORWARDED if hasattr(signal, name)]
     previous = {s: signal.signal(s, on_signal) for s in forwarded}
     workers = []
+    rendezvous = None
     try:
-        workers = _start(args, output)
+        # Before free_ports: the server's port is then taken, so no worker
+        # address can be the same.
+        if args.horovod:
+            rendezvous = HorovodRendezvous(args.np)
+        workers = _start(args, output, rendezvous)
         return _watch(workers, args, output, received)
     finally:
         # Only reached with workers running if the launcher itself failed.
         for w in workers:
             w.signal(signal.SIGKILL)
+        if rendezvous is not None:
+            rendezvous.stop()
         for s, handler in previous.items():
             signal.signal(s, handler)
 
@@ -629,7 +820,11 @@ def _drain(workers):
 
 def main(argv=None):
     args = parse_args(sys.argv[1:] if argv is None else argv)
-    return run(args)
+    try:
+        return run(args)
+    except LaunchError as e:
+        sys.stderr.write(f"sok_graph.launch: error: {e}\n")
+        return EXIT_START_FAILED
 
 
 if __name__ == "__main__":

@@ -552,3 +552,94 @@ def test_free_ports_are_distinct_and_bindable():
         s = socket.socket()
         s.bind(("127.0.0.1", port))
         s.close()
+
+
+# -- stall timeout and Horovod's variables ---------------------------------------
+#
+# Horovod under the launcher: test_launch_horovod.py.
+
+HVD_ENV_REPORT = """
+import json, os
+print(json.dumps({k: v for k, v in os.environ.items()
+                  if k.startswith(("HOROVOD_", "NCCL_")) or k == "SOK_GRAPH_STALL_TIMEOUT"}))
+"""
+
+
+def _env_reports(tmp_path, launcher_args, **env):
+    script = tmp_path / "hvd_env.py"
+    script.write_text(HVD_ENV_REPORT)
+    p = subprocess.run(
+        [sys.executable, LAUNCH_PY] + launcher_args + [str(script)],
+        env=_env(**env),
+        capture_output=True,
+        check=False,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert p.returncode == 0, p.stderr.decode()
+    by_rank = _lines_by_rank(p.stdout.decode())
+    return [json.loads(by_rank[r][0]) for r in sorted(by_rank)]
+
+
+def test_no_horovod_and_stall_timeout_from_the_environment(tmp_path):
+    # Without Horovod (--no-horovod, or not installed) no HOROVOD_ variable
+    # is set; the stall bound still reaches the workers.
+    for env in _env_reports(tmp_path, ["-np", "2", "--no-horovod"], SOK_GRAPH_STALL_TIMEOUT="7.5"):
+        assert env == {"SOK_GRAPH_STALL_TIMEOUT": "7.5"}
+
+
+def test_horovod_only_where_it_is_installed_and_not_turned_off(tmp_path, monkeypatch):
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    for installed in (False, True):
+        monkeypatch.setattr(launch, "horovod_available", lambda v=installed: v)
+        assert launch.parse_args(["--cpu", str(script)]).horovod is installed
+        assert launch.parse_args(["--cpu", "--no-horovod", str(script)]).horovod is False
+
+
+def test_horovod_stall_settings():
+    def settings(s):
+        e = launch.horovod_stall_settings(s)
+        return tuple(
+            int(e[k])
+            for k in (
+                "HOROVOD_STALL_CHECK_TIME_SECONDS",
+                "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS",
+                "HOROVOD_GLOO_TIMEOUT_SECONDS",
+            )
+        )
+
+    assert settings(120) == (20, 60, 120)
+    assert settings(10) == (1, 7, 10)
+    assert settings(2.5) == (1, 1, 3)  # whole seconds, never 0 (0 turns them off)
+    assert settings(0.1) == (1, 1, 1)
+    for s in (4, 5, 7, 10, 11, 60, 120, 1000):
+        check, shutdown, gloo = settings(s)
+        # Horovod ignores a shutdown time below the check time.
+        assert 1 <= check <= shutdown
+        # Worst case (a cached collective): up to two checks until it counts
+        # as stalled, then up to one check past the shutdown time.
+        assert shutdown + 3 * check <= s and gloo == s
+
+
+@pytest.mark.parametrize(
+    "args, env, message",
+    [
+        (["--stall-timeout", "0"], {}, "argument --stall-timeout: must be a positive number"),
+        (
+            [],
+            {"SOK_GRAPH_STALL_TIMEOUT": "never"},
+            "environment variable SOK_GRAPH_STALL_TIMEOUT must be a positive number of seconds",
+        ),
+    ],
+)
+def test_bad_stall_timeout_exits_2(tmp_path, args, env, message):
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    p = subprocess.run(
+        [sys.executable, LAUNCH_PY] + args + [str(script)],
+        env=_env(**env),
+        capture_output=True,
+        check=False,
+        timeout=RUN_TIMEOUT_S,
+    )
+    assert p.returncode == 2 and message in p.stderr.decode(), p.stderr.decode()
