@@ -1,100 +1,204 @@
 """The tf.distribute engine: TensorFlow's own collective ops across the
 workers of a MultiWorkerMirroredStrategy (one replica per worker process).
 
-Use it with `sok.init(comm_tool="tf")` (or `sok.Init`) called under the
-strategy's scope. Every collective runs on the worker's CPU over gRPC, in
-three settings, all checked by tests/test_tf_distribute_comm.py:
+Use it through `sok.init(comm_tool="tf")` (or `sok.Init`) called under the
+strategy's scope; `python -m sok_graph.launch -np N` gives each worker the
+TF_CONFIG the strategy reads. Every collective runs on the worker's CPU over
+gRPC, in each of these settings (tests/test_tf_distribute_comm.py checks them
+on 2 and 3 workers):
 
 - tf.function, called inside `strategy.run` or directly (cross-replica
-  context; with one replica per worker both are the same collective);
-- eagerly (each call is a new collective: fine for set-up, barrier(),
-  dump/load; use tf.function for training steps);
-- tf.compat.v1 graph mode: the Session must be one of this worker's gRPC
-  server, e.g. ``comm.session()`` or
+  context): with one replica per worker both build the same collectives;
+- eagerly: each call is a collective of its own (right for set-up, barrier(),
+  dump/load; put training steps in a tf.function);
+- tf.compat.v1 graph mode, with eager execution disabled before the strategy
+  is built or with a tf.Graph in a TF2 program. The Session must be one of
+  this worker's gRPC server: ``comm.session()``, or
   ``tf.compat.v1.Session(comm.session_target(), config=comm.session_config())``.
-  A plain ``tf.compat.v1.Session()`` is local to the process and cannot
-  reach the other workers. No special RunOptions are needed (see below).
+  A plain ``tf.compat.v1.Session()`` is local to its process: it cannot reach
+  the other workers (placing the ops fails, as they name this worker's
+  device). No RunOptions are needed (see "Sessions" below).
 
-How collectives are matched across workers
-------------------------------------------
-A collective is identified by a (group key, instance key) pair. This engine
-uses one group key of its own (all workers' CPUs, far from the small keys
-MultiWorkerMirroredStrategy allocates) and takes instance keys from a
-process-wide counter in graph-construction order. Every worker must
-therefore build the same collectives in the same order -- the same tables,
-lookups and layers, and the same tf.function traces (a function that
-retraces on one worker only, e.g. for a batch of another shape, desynchronizes
-the keys; give steps an input_signature or equal shapes). The gradient of
-an op uses a key reserved when the op is built, so the order in which
-gradients are built does not matter.
+Matching collectives across workers
+-----------------------------------
+TensorFlow matches a collective by (group key, instance key). This engine uses
+one group key of its own (every worker's CPU; far from the small keys that
+MultiWorkerMirroredStrategy allocates) and instance keys from a process-wide
+counter:
 
-Sessions and collective_graph_key
----------------------------------
+- in a tf.function, keys are fed at every call (as MultiWorkerMirroredStrategy
+  does for its own collectives: `capture_call_time_value`), so no key is used
+  twice, shapes may change from call to call, and a function retraced on one
+  worker only (say, for a batch of another shape) still matches its peers;
+- eagerly, every call takes new keys;
+- in a Session graph keys are fixed when the graph is built (see below).
+
+So every worker must build its collectives in the same order (the same
+tables, lookups and layers) and run the same ones in every step: a Session
+that fetches an exchange on one worker only, or a value that one worker
+leaves unused so that TensorFlow prunes its op, leaves the others waiting.
+A gradient takes keys reserved when its forward op is built, so the order in
+which gradients are built does not matter.
+
+Sessions
+--------
 A distributed Session runs collectives only in steps that carry a collective
-graph key, which TensorFlow computes itself from the `instance_key`
-attributes of the graph's "v1" collective ops (CollectiveReduce,
-CollectiveGather, CollectiveBcastSend/Recv); "v2" ops (keys as tensors)
-contribute none. So in graphs this engine builds v1 ops, and its one v2 op
-(CollectiveAllToAllV2; there is no v1 all-to-all) always depends on a v1
-gather of the splits. Every step that runs one of these collectives thus
-gets its graph key without RunOptions.experimental.collective_graph_key.
-Eagerly, the v2 ops are used (their keys are inputs, so no kernel is cached
-per call).
+graph key. TensorFlow derives that key itself from the `instance_key`
+attributes of the "v1" collective ops (CollectiveReduce, CollectiveGather,
+CollectiveBcastSend/Recv) a step runs; "v2" ops (keys as input tensors) give
+none, and a step of v2 ops alone fails with "Failed to get CollectiveExecutor"
+unless RunOptions.experimental.collective_graph_key is set. So Session graphs
+get v1 ops, which also accept new shapes in every step; the one v2 op
+(CollectiveAllToAllV2: there is no v1 all-to-all) always depends on a v1
+gather of the splits in the same step. An all-to-all's instance key stays
+tied to the first shape it saw, so in a Session graph each exchange holds a
+block of keys, one per padded chunk size (chunks are padded to one of 17
+sizes per power of two, at most 1/16 more rows; see _bucket).
 
 Uneven all-to-all
 -----------------
-CollectiveAllToAllV2 exchanges equal chunks only ([world_size, ...] in, one
-chunk per peer). So: all-gather every worker's splits (a [world, world]
-matrix, known to all), pad each outgoing chunk to the largest entry of the
-matrix, exchange, and keep the valid rows of each received chunk. The
-buffers hold world_size x max(splits) rows, so a very skewed exchange costs
-up to world_size times the data actually sent. The gradient is the reverse
-exchange with the transposed matrix, which needs no second gather.
-all-gather with uneven first dimensions is padded the same way.
+CollectiveAllToAllV2 exchanges equal chunks only (a [world_size, ...] input,
+chunk w to worker w; CollectiveAllToAllV3 does not work across processes).
+So: gather every worker's splits (a [world, world] matrix that all hold), pad
+every outgoing chunk to the largest entry of the matrix, exchange, keep the
+valid rows of each received chunk. The buffers hold world_size x max(splits)
+rows: a very skewed exchange moves up to world_size times the data sent. The
+gradient is the reverse exchange with the transposed matrix (no second
+gather). allgather with uneven first dimensions is padded the same way.
 
 Stalls and failures
 -------------------
 Every collective gets a completion timeout of SOK_GRAPH_STALL_TIMEOUT seconds
 (default 120; 0 waits forever): a peer that died or never reaches the
 collective gives a DeadlineExceededError (or UnavailableError) instead of a
-hang. TensorFlow then aborts every collective of the process: the process
-cannot run another one and should exit (the launcher stops the others).
+hang. TensorFlow then aborts every collective of the process, which can run
+no other one and should exit (the launcher then stops the other workers).
+
+Limits: one replica (device) per worker process; the collectives run on the
+worker's CPU (on a GPU worker the rows pass through host memory); a
+tf.function holding these collectives cannot be saved in a SavedModel (its
+keys are fed at call time); TensorFlow 1.15 has none of the v2 ops, so
+create() refuses comm_tool "tf" there.
 """
 
 import os
 import threading
 
+import tensorflow as tf
+from tensorflow.python.distribute import (
+    collective_all_reduce_strategy,
+    multi_worker_util,
+)
+from tensorflow.python.eager import context as eager_context
+from tensorflow.python.ops import collective_ops
+
+from sok_graph import compat
 from sok_graph.communication import Communicator, SingleProcess
 
 STALL_TIMEOUT_ENV = "SOK_GRAPH_STALL_TIMEOUT"
 DEFAULT_STALL_TIMEOUT_S = 120.0
 
 # MultiWorkerMirroredStrategy numbers its groups from 1 (+100000 per strategy
-# object); keys of this magnitude never meet them. Both keys are int32 attrs.
+# object); keys of this size never meet them. Keys are int32.
 GROUP_KEY = 0x50C06000
-_INSTANCE_KEY_START = 1_000_000_000
+_INSTANCE_KEY_START = 1 << 20
+_INT32_MAX = 0x7FFFFFFF
+# A Session's all-to-all takes one instance key per padded chunk size (see
+# _bucket): a block of this many keys.
+_BUCKETS = 1024
 
 _key_lock = threading.Lock()
 _next_instance_key = _INSTANCE_KEY_START
 
-# The gRPC server this module started for TF1-style graph mode (eager
+# The gRPC server started here for TF1-style graph mode (eager
 # MultiWorkerMirroredStrategy starts its own); one per process.
 _server_lock = threading.Lock()
 _server = None
 
+# These methods have no Python control flow on tensors; AutoGraph converting
+# them (it converts whatever a tf.function calls) would only cost trace time.
+_not_converted = tf.autograph.experimental.do_not_convert
 
-def _new_instance_key():
+# Where collectives are being built (see _mode).
+_EAGER, _FUNCTION, _SESSION = "eager", "function", "session"
+
+
+def _new_instance_keys(count):
+    """The first of `count` consecutive instance keys never handed out before."""
     global _next_instance_key
     with _key_lock:
-        key = _next_instance_key
-        _next_instance_key += 1
-    if key > 0x7FFFFFFF:
-        raise RuntimeError("sok_graph's tf.distribute engine ran out of collective instance keys")
-    return key
+        first = _next_instance_key
+        _next_instance_key += count
+    if first + count - 1 > _INT32_MAX:
+        raise RuntimeError("sok_graph's tf.distribute engine ran out of collective instance "
+                           "keys (2^31 - 1)")
+    return first
+
+
+def _outermost_graph():
+    """The default graph, or the function graph a control-flow branch or
+    loop body being built belongs to."""
+    graph = tf.compat.v1.get_default_graph()
+    while getattr(graph, "is_control_flow_graph", False):
+        graph = graph.outer_graph
+    return graph
+
+
+def _mode():
+    """_EAGER, _FUNCTION (building a tf.function) or _SESSION (building a
+    graph for tf.compat.v1.Session)."""
+    if tf.executing_eagerly():
+        return _EAGER
+    return _FUNCTION if _outermost_graph().building_function else _SESSION
+
+
+def _call_time_keys(count):
+    """In a tf.function being built: an int32 placeholder that every call of
+    the function feeds with the first of `count` fresh keys (in a function
+    called by another, the outer one's call feeds it). Eagerly: that key."""
+    graph = _outermost_graph()
+    if not tf.executing_eagerly() and graph.building_function:
+        with graph.as_default():
+            return graph.capture_call_time_value(lambda: _call_time_keys(count),
+                                                 tf.TensorSpec([], tf.int32))
+    return tf.constant(_new_instance_keys(count), tf.int32)
+
+
+def _keys(count):
+    """`count` instance keys for collectives built now.
+
+    Eagerly and in Session graphs, Python ints, fixed from now on. In a
+    tf.function, int32 tensors with fresh values at every call (as
+    MultiWorkerMirroredStrategy's own collectives): no key is ever used
+    twice, so shapes may change from call to call and a retrace on one
+    worker only does not put the workers' keys out of step.
+    """
+    if _mode() == _FUNCTION:
+        first = _call_time_keys(count)
+    else:
+        first = _new_instance_keys(count)
+    return [first] + [first + i for i in range(1, count)]
+
+
+def _bucket(chunk):
+    """(padded, index) for a chunk of `chunk` rows (1 <= chunk < 2^41; also
+    elementwise): padded is chunk rounded up to one of 17 steps from 2^b to
+    2^(b+1), b = floor(log2 chunk) (exact below 16 rows, at most 1/16 more
+    above); index < _BUCKETS names it. A Session's all-to-all keeps one instance key per padded size:
+    TensorFlow ties an all-to-all's instance key to its first shape for good,
+    and a Session graph's keys are fixed."""
+    powers = tf.constant([1 << b for b in range(1, 41)], tf.int64)
+    bits = tf.reduce_sum(tf.cast(chunk[..., None] >= powers, tf.int64), axis=-1)
+    one = tf.constant(1, tf.int64)
+    low = tf.bitwise.left_shift(one, bits)
+    step = tf.bitwise.left_shift(one, tf.maximum(bits - 4, 0))
+    k = (chunk - low + step - 1) // step
+    return low + k * step, 17 * bits + k
 
 
 def stall_timeout():
-    """Seconds a collective may wait for its peers ($SOK_GRAPH_STALL_TIMEOUT)."""
+    """Seconds a collective may wait for its peers: $SOK_GRAPH_STALL_TIMEOUT,
+    default 120; 0 means no timeout."""
     raw = os.environ.get(STALL_TIMEOUT_ENV)
     if raw is None or raw.strip() == "":
         return DEFAULT_STALL_TIMEOUT_S
@@ -102,39 +206,41 @@ def stall_timeout():
         value = float(raw)
     except ValueError:
         value = -1.0
-    if not value >= 0 or value == float("inf"):
+    if not 0 <= value < float("inf"):  # also refuses nan
         raise ValueError(f"{STALL_TIMEOUT_ENV} must be a number of seconds >= 0 (0: no "
                          f"timeout); got {raw!r}")
     return value
 
 
 class _GradientKey:
-    """An instance key reserved when a forward op is built, for the first
-    gradient built from it; any later gradient of the same op (a second
-    tf.gradients call) takes a fresh key."""
+    """The key (or key block) reserved when a forward op is built, for the
+    first gradient built from it, so the order in which gradients are built
+    does not matter; a later gradient of the same op (tf.gradients called
+    again) gets fresh ones from `fresh()`."""
 
-    def __init__(self):
-        self._key = _new_instance_key()
+    def __init__(self, reserved, fresh):
+        self._reserved, self._fresh = reserved, fresh
 
     def take(self):
-        key, self._key = self._key, None
-        return key if key is not None else _new_instance_key()
+        key, self._reserved = self._reserved, None
+        return key if key is not None else self._fresh()
 
 
 class TFDistribute(Communicator):
+    """Collectives among the workers of a MultiWorkerMirroredStrategy; see the
+    module's docstring. Made by create()."""
+
     name = "tf"
 
     def __init__(self, strategy):
-        from tensorflow.python.distribute import multi_worker_util
-
         resolver = strategy.cluster_resolver
         self._cluster_spec = multi_worker_util.normalize_cluster_spec(resolver.cluster_spec())
         self._task_type = resolver.task_type
         self._task_id = resolver.task_id
         self._rpc_layer = resolver.rpc_layer or "grpc"
         self._size = multi_worker_util.worker_count(self._cluster_spec, self._task_type)
-        # TensorFlow ranks a group's members by job name, then task index;
-        # id_in_cluster counts the same way (chief first, then the workers).
+        # TensorFlow orders a group's members by job name, then task index;
+        # id_in_cluster counts the same way (a chief first, then the workers).
         self._rank = multi_worker_util.id_in_cluster(self._cluster_spec, self._task_type,
                                                      self._task_id)
         self._device = f"/job:{self._task_type}/replica:0/task:{self._task_id}/device:CPU:0"
@@ -156,15 +262,12 @@ class TFDistribute(Communicator):
     def describe(self):
         return f"{super().describe()}, CPU collectives over {self._rpc_layer}"
 
-    # --- graph-mode sessions --------------------------------------------
+    # --- graph-mode sessions ----------------------------------------------
 
     def session_config(self, config=None):
         """A copy of `config` (a tf.compat.v1.ConfigProto, or a new one) that
-        names the collective group leader and keeps this worker's session to
-        its own devices -- what a Session running this engine's ops needs."""
-        import tensorflow as tf
-        from tensorflow.python.distribute import multi_worker_util
-
+        names the collective group leader and keeps this worker's Session to
+        its own devices: what a Session running these collectives needs."""
         updated = tf.compat.v1.ConfigProto()
         if config is not None:
             if not isinstance(config, tf.compat.v1.ConfigProto):
@@ -180,16 +283,12 @@ class TFDistribute(Communicator):
     def session_target(self):
         """The target of this worker's gRPC server, for tf.compat.v1.Session.
 
-        With eager execution on, MultiWorkerMirroredStrategy has started the
-        server already; with it disabled (TF1 style) the first call starts
-        one, configured with session_config().
+        With eager execution on, MultiWorkerMirroredStrategy started the
+        server when it was built; with eager execution disabled the first
+        call starts one (configured with session_config()), once per process.
         """
         global _server
-        import tensorflow as tf
-        from tensorflow.python.eager import context as eager_context
-
-        server_def = getattr(eager_context.context(), "_collective_ops_server_def", None)
-        if server_def is not None:
+        if getattr(eager_context.context(), "_collective_ops_server_def", None) is not None:
             address = self._cluster_spec.task_address(self._task_type, self._task_id)
             return f"{self._rpc_layer}://{address}"
         with _server_lock:
@@ -201,120 +300,157 @@ class TFDistribute(Communicator):
             return _server.target
 
     def session(self, config=None, graph=None):
-        """A tf.compat.v1.Session of this worker's server (see session_target)."""
-        import tensorflow as tf
-
+        """A tf.compat.v1.Session of this worker's server (session_target())
+        with session_config(config)."""
         return tf.compat.v1.Session(self.session_target(), graph=graph,
                                     config=self.session_config(config))
 
-    # --- the collectives, one op each -----------------------------------
+    # --- single collective ops ----------------------------------------------
+    #
+    # In Session graphs the "v1" ops (keys as attributes: they give the step
+    # its collective graph key, and they accept new shapes in every step);
+    # eagerly and in tf.functions the "v2" ops (keys as tensors).
 
     def _gather_equal(self, tensor, key):
-        """Concatenation along axis 0 of equally shaped tensors, rank order."""
-        import tensorflow as tf
-        from tensorflow.python.ops import collective_ops
-
-        if tf.executing_eagerly():
-            return collective_ops.all_gather_v2(tensor, self._size, GROUP_KEY, key,
-                                                timeout=self._timeout)
-        return collective_ops.all_gather(tensor, self._size, GROUP_KEY, key,
-                                         timeout=self._timeout)
+        """Equally shaped tensors of every worker, concatenated along axis 0
+        in rank order."""
+        if _mode() == _SESSION:
+            return collective_ops.all_gather(  # tf2-only: TFDistribute exists on TF 2.x only
+                tensor, self._size, GROUP_KEY, key, timeout=self._timeout)
+        return collective_ops.all_gather_v2(  # tf2-only: TFDistribute exists on TF 2.x only
+            tensor, self._size, GROUP_KEY, key, timeout=self._timeout)
 
     def _reduce(self, tensor, key):
-        import tensorflow as tf
-        from tensorflow.python.ops import collective_ops
+        if _mode() == _SESSION:
+            return collective_ops.all_reduce(  # tf2-only: TFDistribute exists on TF 2.x only
+                tensor, self._size, GROUP_KEY, key, "Add", "Id", timeout=self._timeout)
+        return collective_ops.all_reduce_v2(  # tf2-only: TFDistribute exists on TF 2.x only
+            tensor, self._size, GROUP_KEY, key, "Add", "Id", timeout=self._timeout)
 
-        if tf.executing_eagerly():
-            return collective_ops.all_reduce_v2(tensor, self._size, GROUP_KEY, key, "Add", "Id",
-                                                timeout=self._timeout)
-        return collective_ops.all_reduce(tensor, self._size, GROUP_KEY, key, "Add", "Id",
-                                         timeout=self._timeout)
+    def _send_or_receive(self, tensor, root_rank, keys):
+        """root_rank's tensor, through a broadcast (keys: two)."""
+        size, timeout = self._size, self._timeout
+        is_root = self._rank == root_rank
+        if _mode() != _SESSION:
+            if is_root:
+                return collective_ops.broadcast_send_v2(  # tf2-only: TFDistribute is TF 2.x only
+                    tensor, size, GROUP_KEY, keys[0], timeout=timeout)
+            return collective_ops.broadcast_recv_v2(  # tf2-only: TFDistribute is TF 2.x only
+                tf.shape(tensor), tensor.dtype, size, GROUP_KEY, keys[0], timeout=timeout)
+        if tensor.shape.is_fully_defined():
+            if is_root:
+                return collective_ops.broadcast_send(  # tf2-only: TFDistribute is TF 2.x only
+                    tensor, tensor.shape, tensor.dtype, size, GROUP_KEY, keys[0],
+                    timeout=timeout)
+            return collective_ops.broadcast_recv(  # tf2-only: TFDistribute is TF 2.x only
+                tensor.shape, tensor.dtype, size, GROUP_KEY, keys[0], timeout=timeout)
+        # The v1 broadcast needs a static shape: gather the root's flattened
+        # tensor (the others send no element) and give it the local shape.
+        flat = tf.reshape(tensor, [-1])
+        sent = flat if is_root else flat[:0]
+        counts = tf.reshape(self._gather_equal(tf.shape(sent, out_type=tf.int64), keys[0]),
+                            [size])
+        chunk = tf.maximum(tf.reduce_max(counts), 1)
+        padding = tf.zeros(tf.reshape(chunk - tf.size(sent, out_type=tf.int64), [1]),
+                           tensor.dtype)
+        gathered = self._gather_equal(tf.concat([sent, padding], 0), keys[1])
+        start = root_rank * chunk
+        return tf.reshape(gathered[start:start + counts[root_rank]], tf.shape(tensor))
 
-    def _valid_rows(self, counts, chunk):
-        """Row indices of the first counts[w] rows of every block w of a
-        [world * chunk, ...] buffer."""
-        import tensorflow as tf
+    @staticmethod
+    def _valid_rows(counts, chunk):
+        """Indices of the first counts[w] rows of every block w of a
+        [world_size * chunk, ...] buffer, in order. (A few ops: tf.repeat
+        builds many more, which slowed traces with many exchanges.)"""
+        valid = tf.range(chunk)[None, :] < counts[:, None]
+        return tf.where(tf.reshape(valid, [-1]))[:, 0]
 
-        total = tf.reduce_sum(counts)
-        block = tf.range(self._size, dtype=tf.int64)
-        starts = tf.cumsum(counts, exclusive=True)
-        return (tf.repeat(block * chunk - starts, counts)
-                + tf.range(total, dtype=tf.int64))
+    # --- all-to-all -----------------------------------------------------------
 
-    # --- all-to-all -------------------------------------------------------
-
-    def _exchange(self, tensor, send_splits, recv_splits, chunk, key):
-        """Rows to every worker, each chunk padded to `chunk` rows, through
-        one CollectiveAllToAllV2; the received valid rows in sender order."""
-        import tensorflow as tf
-        from tensorflow.python.ops import collective_ops
-
+    def _exchange(self, tensor, send_splits, recv_splits, chunk, key, bucketed):
+        """Rows to every worker through one CollectiveAllToAllV2, each chunk
+        padded to `chunk` rows; the received valid rows, in sender order.
+        `bucketed` (Session graphs): `key` is the first of a block of _BUCKETS
+        keys, and the chunk is padded further to the size whose key it takes."""
         size = self._size
         tensor = tf.convert_to_tensor(tensor)
-        shape = tf.shape(tensor, out_type=tf.int64)
-        rows, row_shape = shape[0], shape[1:]
-        # Slot of every outgoing row in the [size * chunk] send buffer.
+        if bucketed:
+            chunk, index = _bucket(chunk)
+            key = tf.cast(key + index, tf.int32)
+        row_shape = tf.shape(tensor, out_type=tf.int64)[1:]
+        # Rows are sorted by destination, so the valid slots of the send
+        # buffer, in order, are where rows 0, 1, 2, ... go.
         slots = self._valid_rows(send_splits, chunk)
         buffer = tf.scatter_nd(slots[:, None], tensor, tf.concat([[size * chunk], row_shape], 0))
         buffer = tf.reshape(buffer, tf.concat([[size, chunk], row_shape], 0))
-        received = collective_ops.all_to_all_v2(buffer, size, GROUP_KEY, key,
-                                                timeout=self._timeout)
+        received = collective_ops.all_to_all_v2(  # tf2-only: TFDistribute exists on TF 2.x only
+            buffer, size, GROUP_KEY, key, timeout=self._timeout)
         received = tf.reshape(received, tf.concat([[size * chunk], row_shape], 0))
         out = tf.gather(received, self._valid_rows(recv_splits, chunk))
         out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-        del rows
         return out
 
+    @_not_converted
     def _alltoall(self, tensor, splits, name):
-        import tensorflow as tf
-
         size = self._size
         tensor = tf.convert_to_tensor(tensor)
         if tensor.shape.rank == 0:
-            raise ValueError(f"alltoall needs a tensor of rank >= 1 (rows to send); got a "
-                             f"scalar {tensor}")
+            raise ValueError(f"alltoall needs a tensor of rank >= 1 (the rows to send); got "
+                             f"a scalar: {tensor}")
         if splits.shape.rank is not None and (splits.shape.rank != 1 or (
                 splits.shape[0] is not None and splits.shape[0] != size)):
-            raise ValueError(f"splits must have shape [world_size] = [{size}]; got "
+            raise ValueError(f"splits must have shape [world_size] = [{size}]; got shape "
                              f"{splits.shape}")
-        with tf.name_scope(name or "sok_alltoall"), tf.device(self._device):
+        device = self._device
+        with tf.name_scope(name or "sok_alltoall"):
+            # Caught here, before any collective, so this worker's error says
+            # what is wrong (its peers then time out in the exchange).
             check = tf.debugging.assert_equal(
                 tf.reduce_sum(splits), tf.shape(tensor, out_type=tf.int64)[0],
-                message="alltoall: splits must add up to the number of rows of the tensor")
+                message="alltoall: splits must add up to the tensor's number of rows")
             with tf.control_dependencies([check]):
                 splits = tf.identity(splits)
-            # [sender, receiver] -> rows; every worker holds the whole matrix.
-            matrix = tf.reshape(self._gather_equal(tf.reshape(splits, [1, size]),
-                                                   _new_instance_key()), [size, size])
-            recv_splits = matrix[:, self._rank]
-            # At least one row per chunk, so no buffer is ever empty.
-            chunk = tf.maximum(tf.reduce_max(matrix), 1)
-            forward_key = _new_instance_key()
-            gradient_key = _GradientKey()
-            device = self._device
+            bucketed = _mode() == _SESSION
+            if bucketed:
+                gather_key, key = _keys(1)[0], _new_instance_keys(_BUCKETS)
+                gradient_key = _GradientKey(_new_instance_keys(_BUCKETS),
+                                            lambda: _new_instance_keys(_BUCKETS))
+            else:
+                gather_key, key, reserved = _keys(3)
+                gradient_key = _GradientKey(reserved, lambda: _keys(1)[0])
+            with tf.device(device):
+                # [sender, receiver] -> rows, on every worker.
+                matrix = tf.reshape(
+                    self._gather_equal(tf.reshape(splits, [1, size]), gather_key), [size, size])
+                recv_splits = matrix[:, self._rank]
+                # At least one row per chunk: no buffer is ever empty.
+                chunk = tf.maximum(tf.reduce_max(matrix), 1)
 
-            @tf.custom_gradient
-            def exchange(x):
-                def grad(dy):
-                    with tf.device(device):
-                        return self._exchange(tf.convert_to_tensor(dy), recv_splits, splits,
-                                              chunk, gradient_key.take())
+                # Every tensor the exchange uses is an argument: in graphs,
+                # custom_gradient looks for variables upstream of what the
+                # function captures, which would reach into the caller's graph.
+                @tf.custom_gradient
+                def exchange(x, send, receive, rows):
+                    def grad(dy):
+                        with tf.device(device):
+                            return (self._exchange(dy, receive, send, rows, gradient_key.take(),
+                                                   bucketed), None, None, None)
 
-                return self._exchange(x, splits, recv_splits, chunk, forward_key), grad
+                    return self._exchange(x, send, receive, rows, key, bucketed), grad
 
-            return exchange(tensor), recv_splits
+                return exchange(tensor, splits, recv_splits, chunk), recv_splits
 
-    # --- all-reduce, all-gather, broadcast -------------------------------
+    # --- all-reduce, all-gather, broadcast --------------------------------------
 
+    @_not_converted
     def allreduce(self, tensor, name=None):
-        """Sum over workers. Its gradient is the sum of the gradients (as
-        Horovod's)."""
-        import tensorflow as tf
-
-        with tf.name_scope(name or "sok_allreduce"), tf.device(self._device):
+        """Sum over workers. Gradient (as Horovod's): the sum of the workers'
+        gradients."""
+        device = self._device
+        with tf.name_scope(name or "sok_allreduce"), tf.device(device):
             tensor = tf.convert_to_tensor(tensor)
-            key, gradient_key = _new_instance_key(), _GradientKey()
-            device = self._device
+            key, reserved = _keys(2)
+            gradient_key = _GradientKey(reserved, lambda: _keys(1)[0])
 
             @tf.custom_gradient
             def reduce(x):
@@ -326,25 +462,28 @@ class TFDistribute(Communicator):
 
             return reduce(tensor)
 
+    @_not_converted
     def allgather(self, tensor, name=None):
-        """Rank-ordered concatenation; first dimensions may differ. Gradient:
-        this worker's rows of the summed gradient (as Horovod's)."""
-        import tensorflow as tf
-
-        with tf.name_scope(name or "sok_allgather"), tf.device(self._device):
+        """Every worker's tensor, concatenated along axis 0 in rank order;
+        first dimensions may differ. Gradient (as Horovod's): this worker's
+        rows of the sum of the workers' gradients."""
+        device = self._device
+        with tf.name_scope(name or "sok_allgather"), tf.device(device):
             tensor = tf.convert_to_tensor(tensor)
             if tensor.shape.rank == 0:
-                raise ValueError(f"allgather needs a tensor of rank >= 1; got a scalar {tensor}")
+                raise ValueError(f"allgather needs a tensor of rank >= 1; got a scalar: "
+                                 f"{tensor}")
+            counts_key, key, reserved = _keys(3)
+            gradient_key = _GradientKey(reserved, lambda: _keys(1)[0])
             shape = tf.shape(tensor, out_type=tf.int64)
-            counts = tf.reshape(self._gather_equal(shape[:1], _new_instance_key()),
-                                [self._size])
+            counts = tf.reshape(self._gather_equal(shape[:1], counts_key), [self._size])
             chunk = tf.maximum(tf.reduce_max(counts), 1)
-            key, gradient_key = _new_instance_key(), _GradientKey()
             start = tf.reduce_sum(counts[:self._rank])
-            device = self._device
 
+            # Tensors as arguments, not captures: see _alltoall.
             @tf.custom_gradient
-            def gather(x):
+            def gather(x, counts, chunk, start):
+                shape = tf.shape(x, out_type=tf.int64)
                 padding = tf.zeros(tf.concat([[chunk - shape[0]], shape[1:]], 0), x.dtype)
                 gathered = self._gather_equal(tf.concat([x, padding], 0), key)
                 out = tf.gather(gathered, self._valid_rows(counts, chunk))
@@ -353,83 +492,60 @@ class TFDistribute(Communicator):
                 def grad(dy):
                     with tf.device(device):
                         summed = self._reduce(tf.convert_to_tensor(dy), gradient_key.take())
-                        return summed[start:start + shape[0]]
+                        return summed[start:start + shape[0]], None, None, None
 
                 return out, grad
 
-            return gather(tensor)
+            return gather(tensor, counts, chunk, start)
 
+    @_not_converted
     def broadcast(self, tensor, root_rank=0, name=None):
         """root_rank's `tensor` on every worker; every worker passes a tensor
-        of the same shape and dtype. Gradient (as Horovod's): the summed
-        gradient on the root, zeros elsewhere."""
-        import tensorflow as tf
-        from tensorflow.python.ops import collective_ops
-
+        of the same shape and dtype. Gradient (as Horovod's): on the root the
+        sum of the workers' gradients, zeros elsewhere."""
         if isinstance(root_rank, bool) or not isinstance(root_rank, int) or \
                 not 0 <= root_rank < self._size:
             raise ValueError(f"root_rank must be an int in [0, {self._size}); got {root_rank!r}")
-        with tf.name_scope(name or "sok_broadcast"), tf.device(self._device):
+        device = self._device
+        is_root = self._rank == root_rank
+        with tf.name_scope(name or "sok_broadcast"), tf.device(device):
             tensor = tf.convert_to_tensor(tensor)
-            is_root = self._rank == root_rank
-            key, gradient_key = _new_instance_key(), _GradientKey()
-            device = self._device
-
-            def send_receive(x):
-                size, timeout = self._size, self._timeout
-                if tf.executing_eagerly():
-                    if is_root:
-                        return collective_ops.broadcast_send_v2(x, size, GROUP_KEY, key,
-                                                                timeout=timeout)
-                    return collective_ops.broadcast_recv_v2(tf.shape(x), x.dtype, size,
-                                                            GROUP_KEY, key, timeout=timeout)
-                if x.shape.is_fully_defined():
-                    if is_root:
-                        return collective_ops.broadcast_send(x, x.shape, x.dtype, size,
-                                                             GROUP_KEY, key, timeout=timeout)
-                    return collective_ops.broadcast_recv(x.shape, x.dtype, size, GROUP_KEY,
-                                                         key, timeout=timeout)
-                # The v1 ops need a static shape: gather the root's flattened
-                # tensor (the others contribute no rows) and give it their shape.
-                flat = tf.reshape(x, [-1])
-                rows = flat if is_root else flat[:0]
-                counts = tf.reshape(self._gather_equal(tf.shape(rows, out_type=tf.int64),
-                                                       key), [size])
-                chunk = tf.maximum(tf.reduce_max(counts), 1)
-                padding = tf.zeros(tf.reshape(chunk - tf.size(rows, out_type=tf.int64), [1]),
-                                   x.dtype)
-                gathered = self._gather_equal(tf.concat([rows, padding], 0),
-                                              _new_instance_key())
-                root_rows = gathered[root_rank * chunk:root_rank * chunk + counts[root_rank]]
-                return tf.reshape(root_rows, tf.shape(x))
+            *keys, reserved = _keys(3)
+            gradient_key = _GradientKey(reserved, lambda: _keys(1)[0])
 
             @tf.custom_gradient
             def broadcast(x):
                 def grad(dy):
                     with tf.device(device):
                         summed = self._reduce(tf.convert_to_tensor(dy), gradient_key.take())
-                        return summed if is_root else tf.zeros_like(summed)
+                        if is_root:
+                            return summed
+                        # The root waits for this worker's share of the sum,
+                        # so the reduction must run although its value is not
+                        # needed here: zeros_like(summed) would let
+                        # TensorFlow prune it, and the root would stall.
+                        with tf.control_dependencies([summed]):
+                            return tf.zeros_like(dy)
 
-                out = send_receive(x)
+                out = self._send_or_receive(x, root_rank, keys)
                 out.set_shape(x.shape)
                 return out, grad
 
             return broadcast(tensor)
 
+    @_not_converted
     def barrier(self):
-        """Returns once every worker has called it; works eagerly and, with
-        eager execution disabled, through a one-op graph in a Session of this
+        """Returns once every worker has called it: eagerly, or with eager
+        execution disabled through a one-op graph in a Session of this
         worker's server."""
-        import tensorflow as tf
-
         with tf.init_scope():
             if tf.executing_eagerly():
                 with tf.device(self._device):
-                    self._reduce(tf.zeros([], tf.float32), _new_instance_key()).numpy()
+                    self._reduce(tf.zeros([], tf.float32), _keys(1)[0]).numpy()
                 return
         with tf.Graph().as_default() as graph:
             with tf.device(self._device):
-                done = self._reduce(tf.zeros([], tf.float32), _new_instance_key())
+                done = self._reduce(tf.zeros([], tf.float32), _keys(1)[0])
             with self.session(graph=graph) as sess:
                 sess.run(done)
 
@@ -437,19 +553,22 @@ class TFDistribute(Communicator):
 def create():
     """The communicator for the active tf.distribute strategy (call it under
     the strategy's scope): a single process when the strategy has one replica
-    (no strategy, or MirroredStrategy on one device), TFDistribute under a
-    MultiWorkerMirroredStrategy with one replica per worker."""
-    import tensorflow as tf
-    from tensorflow.python.distribute import collective_all_reduce_strategy as mwms
-
+    (no strategy, MirroredStrategy on one device, one worker), TFDistribute
+    under a MultiWorkerMirroredStrategy with one replica per worker."""
     strategy = tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
     if replicas == 1:
         return SingleProcess()
     name = type(strategy).__name__
-    if not isinstance(strategy.extended, mwms.CollectiveAllReduceExtended) or \
-            strategy.cluster_resolver is None or \
-            not strategy.cluster_resolver.cluster_spec().as_dict():
+    if compat.IS_TF1:
+        raise NotImplementedError(
+            f"comm_tool='tf' needs TensorFlow 2.x (its all-to-all and timeouts); the active "
+            f"{name} has {replicas} replicas on TensorFlow {tf.__version__}. Use "
+            f"comm_tool='horovod'.")
+    resolver = strategy.cluster_resolver
+    multi_worker = isinstance(strategy.extended,
+                              collective_all_reduce_strategy.CollectiveAllReduceExtended)
+    if not multi_worker or resolver is None or not resolver.cluster_spec().as_dict():
         raise NotImplementedError(
             f"comm_tool='tf' supports MultiWorkerMirroredStrategy with one replica per "
             f"worker process; the active {name} has {replicas} replicas in one process, "
