@@ -29,7 +29,30 @@ GPU_KERNELS = {
                               {"num_segments"}),
     "SokBucketizeByOwner": ({"T": {INT64}}, set()),
     "SokLocalRows": ({"T": {INT64}}, set()),
+    # Dynamic tables: int64 keys on the GPU hash table, int32 tables on the CPU.
+    "SokDynamicTableHandle": ({}, {"table"}),
+    "SokDynamicTableCreate": ({"key_dtype": {INT64}}, {"table"}),
+    "SokDynamicTableIsInitialized": ({}, {"table", "is_initialized"}),
+    "SokDynamicTableFindOrInsert": ({"Tkeys": {INT64}}, {"table", "num_evicted"}),
+    "SokDynamicTableFind": ({"Tkeys": {INT64}}, {"table", "default_value"}),
+    "SokDynamicTableScatter": ({"Tkeys": {INT64}}, {"table", "num_evicted"}),
+    "SokDynamicTableRemove": ({"Tkeys": {INT64}}, {"table"}),
+    "SokDynamicTableStats": ({}, {"table", "size", "row_limit", "evicted_total",
+                                  "memory_bytes"}),
+    "SokDynamicTableExport": ({"Tkeys": {INT64}}, {"table", "offset", "limit", "updated_after",
+                                                   "next_offset"}),
+    "SokDynamicTableImport": ({"Tkeys": {INT64}}, {"table", "frequencies", "num_evicted"}),
+    "SokDynamicTableClear": ({}, {"table"}),
 }
+
+
+def test_every_dynamic_table_op_has_a_gpu_kernel():
+    """Ops on one table are placed together: one op without a GPU kernel
+    would move the whole table to the CPU."""
+    lib = _ops.load()
+    dynamic = {"".join(w.capitalize() for w in name.split("_")) for name in dir(lib)
+               if name.startswith("sok_dynamic_table_") and not name.endswith("_eager_fallback")}
+    assert dynamic and dynamic <= set(GPU_KERNELS), sorted(dynamic - set(GPU_KERNELS))
 
 
 def _gpu_kernels(op):
@@ -79,6 +102,8 @@ def test_launchers_fail_cleanly_without_a_gpu():
         rc = lib.sok_lookup_forward_f32(None, None, 1, I64(1), 1, 8, None, None)
         assert rc > 0, rc
         assert lib.sok_gpu_fill_i64(None, I64(0), I64(4), None) > 0
+        lib.sok_gpu_error_name.restype = ctypes.c_char_p
+        assert lib.sok_gpu_error_name(2) == b"cudaErrorMemoryAllocation"
         size = ctypes.c_size_t(0)
         # Size queries and launches may fail (no device) but must return.
         lib.sok_unique_with_counts_i64_i64(None, I64(4), None, None, None, None, None,

@@ -1,8 +1,7 @@
 // CPU kernels of the dynamic-table ops: the resource that owns a
-// core::DynamicTable, its lock, and argument checking around the batch
-// operations in tf_ops/dynamic/core/batch_ops.h.
-#include <chrono>
-#include <limits>
+// core::DynamicTable, its lock, and argument checking (shared with the GPU
+// kernels: dynamic_kernel_common.h) around the batch operations in
+// tf_ops/dynamic/core/batch_ops.h.
 #include <new>
 #include <string>
 #include <vector>
@@ -13,12 +12,12 @@
 #include "tensorflow/core/platform/mutex.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dynamic/core/batch_ops.h"
+#include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
 
 namespace sok_graph {
 namespace {
 
 using ::tensorflow::DataType;
-using ::tensorflow::DataTypeString;
 using ::tensorflow::OpKernel;
 using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
@@ -26,6 +25,9 @@ using ::tensorflow::Status;
 using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
+using dynamic_kernels::CheckRows;
+using dynamic_kernels::ScalarOutput;
+using dynamic_kernels::WallMicros;
 
 // The TensorFlow resource: one table, one lock. Finds share the lock; every
 // op that changes the table holds it alone, so concurrent ops behave as some
@@ -51,27 +53,10 @@ class DynamicTableResource : public ::tensorflow::ResourceBase {
   const DataType key_dtype_;
 };
 
-int64_t WallMicros() {
-  return std::chrono::duration_cast<std::chrono::microseconds>(
-             std::chrono::system_clock::now().time_since_epoch())
-      .count();
-}
-
 core::ParallelRunner RunnerFor(OpKernelContext* ctx) {
   return [ctx](int64_t total, int64_t cost, const std::function<void(int64_t, int64_t)>& fn) {
     ParallelFor(ctx, total, cost, fn);
   };
-}
-
-// Looks up the table of input 0; the caller Unrefs it (TableInputs does).
-Status GetTable(OpKernelContext* ctx, DynamicTableResource** table) {
-  Status s = ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table);
-  if (!s.ok()) {
-    return errors::FailedPrecondition(
-        "the dynamic table does not exist: run its initializer first (in graph mode, ",
-        "tf.compat.v1.global_variables_initializer()); ", s.ToString());
-  }
-  return OkStatus();
 }
 
 // Keys of input `index` as int64 (int32 keys are widened); checks the dtype
@@ -79,13 +64,7 @@ Status GetTable(OpKernelContext* ctx, DynamicTableResource** table) {
 Status ReadKeys(OpKernelContext* ctx, int index, const DynamicTableResource& table,
                 std::vector<int64_t>* widened, const int64_t** keys, int64_t* n) {
   const Tensor& t = ctx->input(index);
-  if (t.dtype() != table.key_dtype()) {
-    return errors::InvalidArgument("keys must be ", DataTypeString(table.key_dtype()),
-                                   " (the table's key dtype); got ", DataTypeString(t.dtype()));
-  }
-  if (t.dims() != 1) {
-    return errors::InvalidArgument("keys must be a vector; got shape ", t.shape().DebugString());
-  }
+  TF_RETURN_IF_ERROR(dynamic_kernels::CheckKeys(t, table.key_dtype()));
   *n = t.NumElements();
   if (t.dtype() == ::tensorflow::DT_INT64) {
     *keys = reinterpret_cast<const int64_t*>(t.flat<TfInt64>().data());
@@ -98,26 +77,7 @@ Status ReadKeys(OpKernelContext* ctx, int index, const DynamicTableResource& tab
 }
 
 Status CheckDimAttr(const DynamicTableResource& table, int dim) {
-  if (dim != table.table().dim()) {
-    return errors::InvalidArgument("dim=", dim, " does not match the table's dimension ",
-                                   table.table().dim());
-  }
-  return OkStatus();
-}
-
-Status CheckRows(const Tensor& rows, int64_t n, int64_t dim) {
-  if (rows.dims() != 2 || rows.dim_size(0) != n || rows.dim_size(1) != dim) {
-    return errors::InvalidArgument("rows must be [", n, ", ", dim, "] (one row of the table's ",
-                                   "dimension per key); got ", rows.shape().DebugString());
-  }
-  return OkStatus();
-}
-
-Status ScalarOutput(OpKernelContext* ctx, int index, int64_t value) {
-  Tensor* out = nullptr;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(index, TensorShape({}), &out));
-  out->scalar<TfInt64>()() = value;
-  return OkStatus();
+  return dynamic_kernels::CheckDimAttr(dim, table.table().dim());
 }
 
 // What most table ops read first: the table of input 0 and, if asked, the
@@ -132,7 +92,7 @@ struct TableInputs {
     if (table != nullptr) table->Unref();
   }
   Status Read(OpKernelContext* ctx, bool with_keys) {
-    TF_RETURN_IF_ERROR(GetTable(ctx, &table));
+    TF_RETURN_IF_ERROR(dynamic_kernels::LookupTable(ctx, &table));
     if (with_keys) TF_RETURN_IF_ERROR(ReadKeys(ctx, 1, *table, &widened, &keys, &n));
     return OkStatus();
   }
@@ -166,55 +126,7 @@ Status RunWrite(OpKernelContext* ctx, DynamicTableResource* table, int evicted_o
 class CreateOp : public OpKernel {
  public:
   explicit CreateOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("key_dtype", &key_dtype_));
-    int dim = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim));
-    config_.dim = dim;
-    std::string init, eviction;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("initializer", &init));
-    OP_REQUIRES(ctx, core::ParseInitKind(init, &config_.initializer.kind),
-                errors::InvalidArgument("initializer must be one of 'normal', ",
-                                        "'truncated_normal', 'uniform', 'zeros', 'constant'; ",
-                                        "got '", init, "'"));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_mean", &config_.initializer.mean));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_stddev", &config_.initializer.stddev));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_minval", &config_.initializer.minval));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_maxval", &config_.initializer.maxval));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_value", &config_.initializer.value));
-    TfInt64 seed = 0, init_capacity = 0, max_capacity = 0, max_bytes = 0;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("seed", &seed));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("init_capacity", &init_capacity));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_capacity", &max_capacity));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_bytes", &max_bytes));
-    OP_REQUIRES(ctx, init_capacity >= 0,
-                errors::InvalidArgument("init_capacity must be >= 0; got ", init_capacity));
-    OP_REQUIRES(ctx, init_capacity <= core::DynamicTable::kMaxEntries,
-                errors::InvalidArgument("init_capacity must be <= ",
-                                        core::DynamicTable::kMaxEntries,
-                                        " (the most rows a table holds); got ", init_capacity));
-    OP_REQUIRES(ctx, max_capacity >= 0,
-                errors::InvalidArgument("max_capacity must be >= 0 (0: no bound); got ",
-                                        max_capacity));
-    OP_REQUIRES(ctx, max_bytes >= 0,
-                errors::InvalidArgument("max_bytes must be >= 0 (0: no bound); got ", max_bytes));
-    OP_REQUIRES(ctx, max_capacity <= core::DynamicTable::kMaxEntries,
-                errors::InvalidArgument("max_capacity must be <= ",
-                                        core::DynamicTable::kMaxEntries, "; got ", max_capacity));
-    config_.initializer.seed = static_cast<uint64_t>(seed);
-    int64_t limit = max_capacity;
-    if (max_bytes > 0) {
-      const int64_t by_bytes = max_bytes / (dim * static_cast<int64_t>(sizeof(float)));
-      OP_REQUIRES(ctx, by_bytes >= 1,
-                  errors::InvalidArgument("max_bytes=", max_bytes, " holds no row of ", dim,
-                                          " floats"));
-      limit = limit > 0 ? std::min(limit, by_bytes) : by_bytes;
-    }
-    config_.max_rows = limit;
-    config_.init_capacity = limit > 0 ? std::min<int64_t>(init_capacity, limit) : init_capacity;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("eviction", &eviction));
-    OP_REQUIRES(ctx, eviction == "lru" || eviction == "lfu",
-                errors::InvalidArgument("eviction must be 'lru' or 'lfu'; got '", eviction, "'"));
-    config_.eviction = eviction == "lru" ? core::Eviction::kLru : core::Eviction::kLfu;
+    OP_REQUIRES_OK(ctx, dynamic_kernels::ParseCreateAttrs(ctx, &config_, &key_dtype_));
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -235,10 +147,8 @@ class CreateOp : public OpKernel {
                               return OkStatus();
                             }));
     ::tensorflow::core::ScopedUnref unref(table);
-    OP_REQUIRES(ctx, table->table().dim() == config_.dim && table->key_dtype() == key_dtype_,
-                errors::InvalidArgument("a dynamic table of dimension ", table->table().dim(),
-                                        " and keys ", DataTypeString(table->key_dtype()),
-                                        " already exists under this name"));
+    OP_REQUIRES_OK(ctx, dynamic_kernels::CheckExistingTable(
+                            table->table().dim(), table->key_dtype(), config_.dim, key_dtype_));
   }
 
  private:
@@ -308,14 +218,8 @@ class FindOp : public OpKernel {
     const int64_t* keys = in.keys;
     const int64_t n = in.n;
     DynamicTableResource* table = in.table;
-    const Tensor& def = ctx->input(2);
-    OP_REQUIRES(ctx, def.NumElements() == 1 || (def.dims() == 1 && def.dim_size(0) == dim_),
-                errors::InvalidArgument("default_value must be a scalar or a [", dim_,
-                                        "] row; got shape ", def.shape().DebugString()));
-    std::vector<float> default_row(static_cast<size_t>(dim_));
-    for (int d = 0; d < dim_; ++d) {
-      default_row[d] = def.NumElements() == 1 ? def.flat<float>()(0) : def.flat<float>()(d);
-    }
+    std::vector<float> default_row;
+    OP_REQUIRES_OK(ctx, dynamic_kernels::ReadDefaultRow(ctx->input(2), dim_, &default_row));
     Tensor *rows = nullptr, *found = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &found));
@@ -331,10 +235,7 @@ class FindOp : public OpKernel {
 class ScatterOp : public OpKernel {
  public:
   explicit ScatterOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    std::string mode;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("mode", &mode));
-    mode_ = mode == "add" ? core::ScatterMode::kAdd
-                          : mode == "sub" ? core::ScatterMode::kSub : core::ScatterMode::kUpdate;
+    OP_REQUIRES_OK(ctx, dynamic_kernels::ParseScatterMode(ctx, &mode_));
   }
   void Compute(OpKernelContext* ctx) override {
     TableInputs in;
@@ -400,25 +301,14 @@ class ExportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
     DynamicTableResource* table = in.table;
     OP_REQUIRES_OK(ctx, CheckDimAttr(*table, dim_));
-    // scalar<>() aborts the process on any other shape: check first.
-    const char* const names[] = {"offset", "limit", "updated_after"};
-    for (int i = 1; i <= 3; ++i) {
-      OP_REQUIRES(ctx, ::tensorflow::TensorShapeUtils::IsScalar(ctx->input(i).shape()),
-                  errors::InvalidArgument(names[i - 1], " must be a scalar; got shape ",
-                                          ctx->input(i).shape().DebugString()));
-    }
-    const int64_t offset = ctx->input(1).scalar<TfInt64>()();
-    const int64_t limit = ctx->input(2).scalar<TfInt64>()();
-    const int64_t after = ctx->input(3).scalar<TfInt64>()();
-    OP_REQUIRES(ctx, offset >= 0, errors::InvalidArgument("offset must be >= 0; got ", offset));
-    OP_REQUIRES(ctx, limit >= 1, errors::InvalidArgument("limit must be >= 1; got ", limit));
-    OP_REQUIRES(ctx, table->key_dtype() == ::tensorflow::DataTypeToEnum<K>::value,
-                errors::InvalidArgument("Tkeys must be ", DataTypeString(table->key_dtype()),
-                                        " (the table's key dtype)"));
+    dynamic_kernels::ExportArgs args;
+    OP_REQUIRES_OK(ctx, dynamic_kernels::ReadExportArgs(ctx, ::tensorflow::DataTypeToEnum<K>::value,
+                                                        table->key_dtype(), &args));
     ::tensorflow::tf_shared_lock lock(*table->mu());
     const core::DynamicTable& t = table->table();
     std::vector<int64_t> entries;
-    const int64_t next = core::ExportEntries(t, offset, limit, after, &entries);
+    const int64_t next =
+        core::ExportEntries(t, args.offset, args.limit, args.updated_after, &entries);
     const int64_t m = static_cast<int64_t>(entries.size());
     Tensor *keys = nullptr, *rows = nullptr, *ts = nullptr, *freq = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &keys));
@@ -454,24 +344,13 @@ class ImportOp : public OpKernel {
     DynamicTableResource* table = in.table;
     const Tensor& rows = ctx->input(2);
     OP_REQUIRES_OK(ctx, CheckRows(rows, n, table->table().dim()));
+    OP_REQUIRES_OK(ctx, dynamic_kernels::CheckImportMetadata(ctx, n));
     const Tensor& ts = ctx->input(3);
     const Tensor& freq = ctx->input(4);
-    for (const Tensor* m : {&ts, &freq}) {
-      OP_REQUIRES(ctx, m->dims() == 1 && (m->NumElements() == 0 || m->NumElements() == n),
-                  errors::InvalidArgument("timestamps and frequencies must be empty or have one ",
-                                          "entry per key (", n, "); got shape ",
-                                          m->shape().DebugString()));
-    }
+    // In range: CheckImportMetadata read every one.
     std::vector<uint32_t> counts;
-    if (freq.NumElements() > 0) {
-      counts.resize(static_cast<size_t>(n));
-      for (int64_t i = 0; i < n; ++i) {
-        const int64_t f = freq.flat<TfInt64>()(i);
-        OP_REQUIRES(ctx, f >= 0 && f <= std::numeric_limits<uint32_t>::max(),
-                    errors::InvalidArgument("frequencies must be in [0, 2^32); got ", f,
-                                            " at position ", i));
-        counts[i] = static_cast<uint32_t>(f);
-      }
+    for (int64_t i = 0; i < freq.NumElements(); ++i) {
+      counts.push_back(static_cast<uint32_t>(freq.flat<TfInt64>()(i)));
     }
     const int64_t* times =
         ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())

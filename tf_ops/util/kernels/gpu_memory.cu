@@ -49,3 +49,7 @@ SOK_EXPORT int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stre
   FillI64<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(p, value, n);
   return static_cast<int>(cudaGetLastError());
 }
+
+SOK_EXPORT const char* sok_gpu_error_name(int error) {
+  return cudaGetErrorName(static_cast<cudaError_t>(error));
+}

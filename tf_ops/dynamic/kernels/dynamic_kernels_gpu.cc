@@ -1,0 +1,582 @@
+// GPU kernels of the dynamic-table ops: a resource that owns a GPU hash
+// table (dynamic_table.cu through dynamic_table_launcher.h) on the device
+// the create op runs on, and OpKernels that check their inputs on the host
+// exactly as the CPU kernels do (dynamic_kernel_common.h), then call the C
+// launchers on the op's stream. Compiled only when the build found a CUDA
+// toolkit (SOK_GRAPH_WITH_CUDA); machines without a GPU never place the ops
+// here.
+//
+// Keys are int64 only: TensorFlow keeps int32 tensors of GPU kernels in host
+// memory, so int32 tables run on the CPU kernels. Placement follows the
+// resource: every op on a table runs where its handle op runs.
+//
+// Memory: keys, rows and their metadata stay on the device; the scalars the
+// host reads or writes (counts, offsets and limits, default_value, and the
+// frequencies checked before import) are HostMemory. Ops whose output size
+// depends on the table (the evicted keys, an export chunk, stats) wait for
+// the stream once to learn it; a find never does.
+//
+// Export order is the GPU table's slot order, and `offset` counts the rows
+// that pass `updated_after` (the CPU table counts every row): chunks read
+// from next_offset until it reaches the table's size still cover each row
+// once, as long as the table does not change in between.
+#if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/resource_mgr.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tensorflow/core/platform/mutex.h"
+#include "tf_ops/common/gpu_stream.h"
+#include "tf_ops/common/tf_compat.h"
+#include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
+#include "tf_ops/dynamic/kernels/dynamic_table_launcher.h"
+#include "tf_ops/util/kernels/gpu_memory_launcher.h"
+
+namespace sok_graph {
+namespace {
+
+using ::tensorflow::DataType;
+using ::tensorflow::OpKernel;
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+namespace dk = ::sok_graph::dynamic_kernels;
+
+// The launcher takes initializer kinds in the order of core::InitKind.
+static_assert(static_cast<int>(core::InitKind::kNormal) == SOK_INIT_NORMAL, "init kinds");
+static_assert(static_cast<int>(core::InitKind::kTruncatedNormal) == SOK_INIT_TRUNCATED_NORMAL,
+              "init kinds");
+static_assert(static_cast<int>(core::InitKind::kUniform) == SOK_INIT_UNIFORM, "init kinds");
+static_assert(static_cast<int>(core::InitKind::kZeros) == SOK_INIT_ZEROS, "init kinds");
+static_assert(static_cast<int>(core::InitKind::kConstant) == SOK_INIT_CONSTANT, "init kinds");
+static_assert(sizeof(SokGpuTableConfig) == 64, "the launcher's config layout");
+static_assert(sizeof(bool) == sizeof(uint8_t), "found flags are written as bytes");
+
+// cub counts items in int: a call takes fewer than 2^31 keys.
+constexpr int64_t kMaxKeysPerCall = std::numeric_limits<int32_t>::max() - 1;
+
+// A launcher's return code as a TensorFlow error naming the op and the
+// table. `result` (may be null) tells how many distinct keys a batch had.
+Status TableError(OpKernelContext* ctx, int rc, const SokGpuTableResult* result,
+                  int64_t row_limit) {
+  if (rc == 0) return OkStatus();
+  const std::string where = ctx->op_kernel().type_string() + " on the GPU dynamic table '" +
+                            ::tensorflow::HandleFromInput(ctx, 0).name() + "': ";
+  switch (rc) {
+    case SOK_GPU_TABLE_TOO_MANY_KEYS:
+      return errors::InvalidArgument(where, "the batch has ",
+                                     result != nullptr ? result->distinct_keys : -1,
+                                     " distinct keys but the table holds at most ", row_limit,
+                                     " rows (keys used in this batch are never evicted)");
+    case SOK_GPU_TABLE_BAD_ARGUMENT:
+      return errors::InvalidArgument(where, "the GPU table rejected its arguments (a table ",
+                                     "that failed to allocate, a negative count, dim < 1 or an ",
+                                     "unknown mode)");
+    case SOK_GPU_TABLE_FULL:
+      return errors::Internal(where, "no free slot was found for a new key (an invariant of ",
+                              "the GPU hash table broke)");
+    default:
+      break;
+  }
+  const char* name = sok_gpu_error_name(rc);
+  const std::string cuda = "CUDA error " + std::to_string(rc) + " (" +
+                           (name != nullptr ? name : "unknown") + ")";
+  // cudaErrorMemoryAllocation. The table allocates with cudaMalloc, outside
+  // TensorFlow's allocator, which by default reserves most of the GPU.
+  if (rc == 2) {
+    return errors::ResourceExhausted(
+        where, "out of GPU memory: ", cuda, ". The table's memory is allocated outside ",
+        "TensorFlow's allocator: let TensorFlow grow its own on demand ",
+        "(TF_FORCE_GPU_ALLOW_GROWTH=true or tf.config.experimental.set_memory_growth) or bound ",
+        "the table (max_capacity / max_bytes)");
+  }
+  return errors::Internal(where, cuda);
+}
+
+// Owns one launcher table on the device that created it. Every call that
+// changes the table (or its host-side bookkeeping: sizes, scratch) holds the
+// lock alone; finds share it.
+class GpuTableResource : public ::tensorflow::ResourceBase {
+ public:
+  GpuTableResource(SokGpuTable* table, int64_t dim, void* stream)
+      : table_(table), dim_(dim), stream_(stream) {}
+  ~GpuTableResource() override {
+    // Waits for the device's stream (the one every op of this table ran
+    // on) before freeing.
+    sok_gpu_table_destroy(table_, stream_);
+  }
+
+  std::string DebugString() const override {
+    return "SokDynamicTable(GPU, dim=" + std::to_string(dim_) + ")";
+  }
+  TfInt64 MemoryUsed() const override { return sok_gpu_table_memory_bytes(table_); }
+
+  ::tensorflow::mutex* mu() { return &mu_; }
+  SokGpuTable* table() { return table_; }
+  int64_t dim() const { return dim_; }
+  int64_t row_limit() const { return sok_gpu_table_row_limit(table_); }
+  // The time of a call that changes the table, as core::DynamicTable::Tick:
+  // the wall clock in microseconds, strictly after every earlier call.
+  // Call with the lock held.
+  int64_t Tick() {
+    now_ = std::max(dk::WallMicros(), now_ + 1);
+    return now_;
+  }
+
+ private:
+  ::tensorflow::mutex mu_;
+  SokGpuTable* const table_;
+  const int64_t dim_;
+  void* const stream_;
+  int64_t now_ = 0;
+};
+
+// The table of input 0 and, if asked, the int64 keys of input 1 (device).
+struct GpuInputs {
+  GpuTableResource* table = nullptr;
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+
+  ~GpuInputs() {
+    if (table != nullptr) table->Unref();
+  }
+  Status Read(OpKernelContext* ctx, bool with_keys) {
+    TF_RETURN_IF_ERROR(dk::LookupTable(ctx, &table));
+    if (!with_keys) return OkStatus();
+    const Tensor& k = ctx->input(1);
+    TF_RETURN_IF_ERROR(dk::CheckKeys(k, ::tensorflow::DT_INT64));
+    n = k.NumElements();
+    if (n > kMaxKeysPerCall) {
+      return errors::InvalidArgument("keys has ", n, " entries; the GPU table takes at most ",
+                                     kMaxKeysPerCall, " per call");
+    }
+    keys = reinterpret_cast<const int64_t*>(k.flat<TfInt64>().data());
+    return OkStatus();
+  }
+};
+
+int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().data()); }
+
+Status CudaCall(int rc, const char* what) {
+  if (rc == 0) return OkStatus();
+  const char* name = sok_gpu_error_name(rc);
+  return errors::Internal(what, " failed: CUDA error ", rc, " (", name ? name : "unknown", ")");
+}
+
+class CreateGpuOp : public OpKernel {
+ public:
+  explicit CreateGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, dk::ParseCreateAttrs(ctx, &config_, &key_dtype_));
+    OP_REQUIRES(ctx, config_.dim <= std::numeric_limits<int32_t>::max() / 4,
+                errors::InvalidArgument("dim must be <= ", std::numeric_limits<int32_t>::max() / 4,
+                                        " for a GPU table; got ", config_.dim));
+    std::memset(&gpu_config_, 0, sizeof(gpu_config_));
+    gpu_config_.dim = config_.dim;
+    gpu_config_.init_capacity = config_.init_capacity;
+    gpu_config_.max_rows = config_.max_rows;
+    gpu_config_.eviction = config_.eviction == core::Eviction::kLfu ? 1 : 0;
+    gpu_config_.init_kind = static_cast<int32_t>(config_.initializer.kind);
+    gpu_config_.mean = config_.initializer.mean;
+    gpu_config_.stddev = config_.initializer.stddev;
+    gpu_config_.minval = config_.initializer.minval;
+    gpu_config_.maxval = config_.initializer.maxval;
+    gpu_config_.value = config_.initializer.value;
+    gpu_config_.seed = config_.initializer.seed;
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    GpuTableResource* table = nullptr;
+    void* stream = GpuStreamOf(ctx);
+    const SokGpuTableConfig config = gpu_config_;
+    OP_REQUIRES_OK(ctx, ::tensorflow::LookupOrCreateResource<GpuTableResource>(
+                            ctx, ::tensorflow::HandleFromInput(ctx, 0), &table,
+                            [ctx, stream, &config](GpuTableResource** out) -> Status {
+                              SokGpuTable* t = nullptr;
+                              const int rc = sok_gpu_table_create(&config, stream, &t);
+                              if (rc != 0) return TableError(ctx, rc, nullptr, config.max_rows);
+                              *out = new GpuTableResource(t, config.dim, stream);
+                              return OkStatus();
+                            }));
+    ::tensorflow::core::ScopedUnref unref(table);
+    OP_REQUIRES_OK(ctx, dk::CheckExistingTable(table->dim(), ::tensorflow::DT_INT64, config_.dim,
+                                               key_dtype_));
+  }
+
+ private:
+  core::TableConfig config_;
+  DataType key_dtype_;
+  SokGpuTableConfig gpu_config_;
+};
+
+class IsInitializedGpuOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    GpuTableResource* table = nullptr;
+    const bool exists =
+        ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), &table).ok();
+    if (exists) table->Unref();
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &out));
+    out->scalar<bool>()() = exists;
+  }
+};
+
+class FindOrInsertGpuOp : public OpKernel {
+ public:
+  explicit FindOrInsertGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    GpuTableResource* table = in.table;
+    OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
+    void* stream = GpuStreamOf(ctx);
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.n, dim_}), &rows));
+    // Room for every key the call could evict (at most one per key).
+    Tensor evicted;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
+                                           TensorShape({std::max<int64_t>(in.n, 1)}), &evicted));
+    SokGpuTableResult result{0, -1};
+    {
+      ::tensorflow::mutex_lock lock(*table->mu());
+      const int rc = sok_gpu_table_find_or_insert(table->table(), in.keys, in.n, table->Tick(),
+                                                  rows->flat<float>().data(), I64(&evicted),
+                                                  &result, stream);
+      OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
+    }
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 1, result.num_evicted));
+    Tensor* evicted_keys = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({result.num_evicted}),
+                                             &evicted_keys));
+    OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(evicted_keys), I64(&evicted),
+                                                        sizeof(int64_t) * result.num_evicted,
+                                                        stream),
+                                 "copying the evicted keys"));
+  }
+
+ private:
+  int dim_ = 0;
+};
+
+class FindGpuOp : public OpKernel {
+ public:
+  explicit FindGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    GpuTableResource* table = in.table;
+    OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
+    std::vector<float> default_row;
+    OP_REQUIRES_OK(ctx, dk::ReadDefaultRow(ctx->input(2), dim_, &default_row));
+    void* stream = GpuStreamOf(ctx);
+    Tensor *rows = nullptr, *found = nullptr, default_dev;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.n, dim_}), &rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({in.n}), &found));
+    if (in.n == 0) return;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({dim_}),
+                                           &default_dev));
+    OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_device(default_dev.flat<float>().data(),
+                                                        default_row.data(),
+                                                        sizeof(float) * dim_, stream),
+                                 "copying default_value to the GPU"));
+    ::tensorflow::tf_shared_lock lock(*table->mu());
+    const int rc = sok_gpu_table_find(table->table(), in.keys, in.n,
+                                      default_dev.flat<float>().data(), rows->flat<float>().data(),
+                                      reinterpret_cast<uint8_t*>(found->flat<bool>().data()),
+                                      stream);
+    OP_REQUIRES_OK(ctx, TableError(ctx, rc, nullptr, table->row_limit()));
+  }
+
+ private:
+  int dim_ = 0;
+};
+
+class ScatterGpuOp : public OpKernel {
+ public:
+  explicit ScatterGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    core::ScatterMode mode = core::ScatterMode::kAdd;
+    OP_REQUIRES_OK(ctx, dk::ParseScatterMode(ctx, &mode));
+    // The launcher's modes: 0 add, 1 subtract, 2 update.
+    mode_ = mode == core::ScatterMode::kAdd ? 0 : mode == core::ScatterMode::kSub ? 1 : 2;
+  }
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    GpuTableResource* table = in.table;
+    const Tensor& rows = ctx->input(2);
+    OP_REQUIRES_OK(ctx, dk::CheckRows(rows, in.n, table->dim()));
+    SokGpuTableResult result{0, -1};
+    {
+      ::tensorflow::mutex_lock lock(*table->mu());
+      const int rc = sok_gpu_table_scatter(table->table(), in.keys, in.n,
+                                           rows.flat<float>().data(), mode_, table->Tick(),
+                                           &result, GpuStreamOf(ctx));
+      OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
+    }
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 0, result.num_evicted));
+  }
+
+ private:
+  int mode_ = 0;
+};
+
+class RemoveGpuOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    GpuTableResource* table = in.table;
+    // num_removed stays on the device: no wait for the stream.
+    Tensor* removed = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({}), &removed));
+    ::tensorflow::mutex_lock lock(*table->mu());
+    const int rc = sok_gpu_table_remove(table->table(), in.keys, in.n, I64(removed),
+                                        GpuStreamOf(ctx));
+    OP_REQUIRES_OK(ctx, TableError(ctx, rc, nullptr, table->row_limit()));
+  }
+};
+
+class StatsGpuOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, false));
+    GpuTableResource* table = in.table;
+    int64_t size = 0, slots = 0, evicted = 0, bytes = 0;
+    {
+      ::tensorflow::mutex_lock lock(*table->mu());
+      const int rc = sok_gpu_table_size(table->table(), &size, &slots, GpuStreamOf(ctx));
+      OP_REQUIRES_OK(ctx, TableError(ctx, rc, nullptr, table->row_limit()));
+      evicted = sok_gpu_table_evicted_total(table->table());
+      bytes = sok_gpu_table_memory_bytes(table->table());
+    }
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 0, size));
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 1, table->row_limit()));
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 2, evicted));
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 3, bytes));
+  }
+};
+
+class ExportGpuOp : public OpKernel {
+ public:
+  explicit ExportGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, false));
+    GpuTableResource* table = in.table;
+    OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
+    dk::ExportArgs args;
+    OP_REQUIRES_OK(ctx, dk::ReadExportArgs(ctx, ::tensorflow::DT_INT64, ::tensorflow::DT_INT64,
+                                           &args));
+    void* stream = GpuStreamOf(ctx);
+    // [0]: the count; [1]: the (unwritten) key buffer of the counting pass.
+    Tensor count_dev;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({2}),
+                                           &count_dev));
+    // The table changes under no other op until the chunk is copied out.
+    ::tensorflow::mutex_lock lock(*table->mu());
+    int64_t size = 0, slots = 0;
+    OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_size(table->table(), &size, &slots, stream),
+                                   nullptr, table->row_limit()));
+    // How many rows pass the filter: all of them, or a counting pass.
+    int64_t count = size;
+    if (args.updated_after != std::numeric_limits<int64_t>::min()) {
+      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(table->table(), args.updated_after,
+                                                               I64(&count_dev) + 1, nullptr,
+                                                               nullptr, nullptr, 0, I64(&count_dev),
+                                                               stream),
+                                     nullptr, table->row_limit()));
+      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_host(&count, I64(&count_dev), sizeof(count),
+                                                        stream),
+                                   "reading the export count back"));
+    }
+    const int64_t m = std::max<int64_t>(0, std::min(count - std::min(args.offset, count),
+                                                    args.limit));
+    Tensor *keys = nullptr, *rows = nullptr, *ts = nullptr, *freq = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m, dim_}), &rows));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &ts));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({m}), &freq));
+    if (m > 0 && args.offset == 0) {
+      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(
+                                              table->table(), args.updated_after, I64(keys),
+                                              rows->flat<float>().data(), I64(ts), I64(freq), m,
+                                              I64(&count_dev), stream),
+                                     nullptr, table->row_limit()));
+    } else if (m > 0) {
+      // The launcher writes the first `capacity` rows: take keys and
+      // metadata up to the chunk's end (8 bytes a field), keep the chunk,
+      // and read its rows with a find, so row storage stays at `limit`.
+      const int64_t end = args.offset + m;
+      Tensor head;
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({3, end}),
+                                             &head));
+      int64_t* k = I64(&head);
+      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(table->table(), args.updated_after,
+                                                               k, nullptr, k + end, k + 2 * end,
+                                                               end, I64(&count_dev), stream),
+                                     nullptr, table->row_limit()));
+      const size_t bytes = sizeof(int64_t) * m;
+      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(keys), k + args.offset, bytes,
+                                                          stream),
+                                   "copying exported keys"));
+      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(ts), k + end + args.offset, bytes,
+                                                          stream),
+                                   "copying exported timestamps"));
+      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(freq), k + 2 * end + args.offset,
+                                                          bytes, stream),
+                                   "copying exported frequencies"));
+      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_find(table->table(), I64(keys), m,
+                                                             nullptr, rows->flat<float>().data(),
+                                                             nullptr, stream),
+                                     nullptr, table->row_limit()));
+    }
+    // Done once the chunk reaches the last row that passes the filter.
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 4, args.offset + m < count ? args.offset + m : size));
+  }
+
+ private:
+  int dim_ = 0;
+};
+
+class ImportGpuOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    GpuTableResource* table = in.table;
+    const Tensor& rows = ctx->input(2);
+    OP_REQUIRES_OK(ctx, dk::CheckRows(rows, in.n, table->dim()));
+    OP_REQUIRES_OK(ctx, dk::CheckImportMetadata(ctx, in.n));
+    void* stream = GpuStreamOf(ctx);
+    const Tensor& ts = ctx->input(3);
+    const Tensor& freq = ctx->input(4);  // host memory, checked above
+    Tensor freq_dev;
+    const int64_t* counts = nullptr;
+    if (freq.NumElements() > 0) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, freq.shape(), &freq_dev));
+      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_device(I64(&freq_dev),
+                                                          freq.flat<TfInt64>().data(),
+                                                          sizeof(int64_t) * freq.NumElements(),
+                                                          stream),
+                                   "copying frequencies to the GPU"));
+      counts = I64(&freq_dev);
+    }
+    const int64_t* times =
+        ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())
+                             : nullptr;
+    SokGpuTableResult result{0, -1};
+    {
+      ::tensorflow::mutex_lock lock(*table->mu());
+      const int rc = sok_gpu_table_import(table->table(), in.keys, in.n,
+                                          rows.flat<float>().data(), times, counts, table->Tick(),
+                                          &result, stream);
+      OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
+    }
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 0, result.num_evicted));
+  }
+};
+
+class ClearGpuOp : public OpKernel {
+ public:
+  using OpKernel::OpKernel;
+  void Compute(OpKernelContext* ctx) override {
+    GpuInputs in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, false));
+    GpuTableResource* table = in.table;
+    ::tensorflow::mutex_lock lock(*table->mu());
+    OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_clear(table->table(), GpuStreamOf(ctx)),
+                                   nullptr, table->row_limit()));
+  }
+};
+
+using ::tensorflow::DEVICE_GPU;
+
+// The resource handle lives in host memory on every device (as TensorFlow's
+// own resource ops declare it).
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableHandle").Device(DEVICE_GPU).HostMemory("table"),
+                        ::tensorflow::ResourceHandleOp<GpuTableResource>);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableCreate")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .TypeConstraint<TfInt64>("key_dtype"),
+                        CreateGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableIsInitialized")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .HostMemory("is_initialized"),
+                        IsInitializedGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFindOrInsert")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .HostMemory("num_evicted")
+                            .TypeConstraint<TfInt64>("Tkeys"),
+                        FindOrInsertGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFind")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .HostMemory("default_value")
+                            .TypeConstraint<TfInt64>("Tkeys"),
+                        FindGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableScatter")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .HostMemory("num_evicted")
+                            .TypeConstraint<TfInt64>("Tkeys"),
+                        ScatterGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableRemove")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .TypeConstraint<TfInt64>("Tkeys"),
+                        RemoveGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableStats")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .HostMemory("size")
+                            .HostMemory("row_limit")
+                            .HostMemory("evicted_total")
+                            .HostMemory("memory_bytes"),
+                        StatsGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableExport")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .HostMemory("offset")
+                            .HostMemory("limit")
+                            .HostMemory("updated_after")
+                            .HostMemory("next_offset")
+                            .TypeConstraint<TfInt64>("Tkeys"),
+                        ExportGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableImport")
+                            .Device(DEVICE_GPU)
+                            .HostMemory("table")
+                            .HostMemory("frequencies")
+                            .HostMemory("num_evicted")
+                            .TypeConstraint<TfInt64>("Tkeys"),
+                        ImportGpuOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_GPU).HostMemory("table"),
+                        ClearGpuOp);
+
+}  // namespace
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_WITH_CUDA
