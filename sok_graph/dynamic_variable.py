@@ -13,8 +13,11 @@ Gradients w.r.t. a DynamicVariable are IndexedSlices whose indices are keys
 rows a batch used.
 """
 
+import contextlib
+
 import numpy as np
 import tensorflow as tf
+from tensorflow.python.util import object_identity
 
 from sok_graph import compat, context
 from sok_graph.distributed_variable import parse_mode
@@ -140,7 +143,10 @@ class DynamicVariable(compat.trackable_base_class()):
         else:
             shared_name = tf.compat.v1.get_default_graph().unique_name(self._name,
                                                                        mark_as_used=True)
-        with tf.name_scope(self._name):
+        # The GPU hash table takes int64 keys only: an int32 table stays on
+        # the CPU even where a GPU is visible (its ops follow its handle).
+        device = tf.device("/CPU:0") if self._key_type == tf.int32 else contextlib.nullcontext()
+        with tf.name_scope(self._name), device:
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
         self._shared_name = shared_name
@@ -263,6 +269,12 @@ class DynamicVariable(compat.trackable_base_class()):
     @property
     def graph(self):
         return self._handle.graph
+
+    def ref(self):
+        """A hashable reference to this table, as tf.Variable.ref() gives;
+        TensorFlow asks it of every GLOBAL_VARIABLES entry (tf.custom_gradient
+        in graph mode does)."""
+        return object_identity.Reference(self)
 
     def __repr__(self):
         return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "

@@ -1,6 +1,7 @@
 """Model parallelism over N worker processes on localhost, under the launcher.
 
-For each engine, N-worker training of the workloads in
+For each engine (Horovod; tf.distribute's MultiWorkerMirroredStrategy),
+N-worker training of the workloads in
 tests/multiworker/train_worker.py (two tables through sok.lookup_sparse; the
 1.x layers All2AllDenseEmbedding and DistributedEmbedding; static and dynamic
 tables; tf.function and graph-mode Sessions) must equal single-process
@@ -100,6 +101,16 @@ def test_horovod_two_workers_equal_single_process(reference, tmp_path):
 @needs_horovod
 def test_horovod_three_workers_equal_single_process(reference, tmp_path):
     _check_engine("horovod", 3, CONFIGS_3, reference, tmp_path)
+
+
+def test_tf_distribute_two_workers_equal_single_process(reference, tmp_path):
+    """The tf.distribute engine (MultiWorkerMirroredStrategy; TF_CONFIG from
+    the launcher): graph mode runs in the engine's Session."""
+    _check_engine("tf", 2, CONFIGS, reference, tmp_path)
+
+
+def test_tf_distribute_three_workers_equal_single_process(reference, tmp_path):
+    _check_engine("tf", 3, CONFIGS_3, reference, tmp_path)
 
 
 @needs_horovod

@@ -275,7 +275,9 @@ class Model:
             ph = self._placeholders(data[0])
             loss = self.step(ph, comm)
             init = self._set_initial_rows()
-            self.sess = tf.compat.v1.Session()
+            # The tf.distribute engine runs graphs in a Session of its worker's
+            # gRPC server; the others in a plain one.
+            self.sess = comm.session() if hasattr(comm, "session") else tf.compat.v1.Session()
             if init_op is not None:
                 self.sess.run(init_op)
             self.sess.run([tf.compat.v1.global_variables_initializer(),
