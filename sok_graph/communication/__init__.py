@@ -86,8 +86,8 @@ class Communicator(abc.ABC):
             for d in tensor.shape[1:]:
                 row_bytes *= int(d)
             to_others = tf.reduce_sum(splits) - splits[self.rank]
-            counted = tf.numpy_function(_add_bytes, [to_others * row_bytes], tf.int64,
-                                        stateful=True)
+            # numpy_function is stateful (never pruned or merged) by default.
+            counted = tf.numpy_function(_add_bytes, [to_others * row_bytes], tf.int64)
             with tf.control_dependencies([counted]):
                 received = tf.identity(received)
         return received, received_splits
