@@ -62,15 +62,18 @@ class Communicator(abc.ABC):
 
     name = "abstract"
 
-    @property
-    @abc.abstractmethod
-    def world_size(self):
-        """Number of workers (a Python int)."""
+    def __init__(self, world_size, rank):
+        self._size, self._rank = int(world_size), int(rank)
 
     @property
-    @abc.abstractmethod
+    def world_size(self):
+        """Number of workers (a Python int)."""
+        return self._size
+
+    @property
     def rank(self):
         """This worker's index in [0, world_size) (a Python int)."""
+        return self._rank
 
     def alltoall(self, tensor, splits, name=None):
         """Sends rows [sum(splits[:w]), sum(splits[:w+1])) of `tensor` to worker w;
@@ -124,13 +127,8 @@ class SingleProcess(Communicator):
 
     name = "none"
 
-    @property
-    def world_size(self):
-        return 1
-
-    @property
-    def rank(self):
-        return 0
+    def __init__(self):
+        super().__init__(world_size=1, rank=0)
 
     def _alltoall(self, tensor, splits, name):
         return tensor, splits

@@ -27,17 +27,8 @@ class Horovod(Communicator):
     name = "horovod"
 
     def __init__(self, hvd):
+        super().__init__(world_size=hvd.size(), rank=hvd.rank())
         self._hvd = hvd
-        self._size = hvd.size()
-        self._rank = hvd.rank()
-
-    @property
-    def world_size(self):
-        return self._size
-
-    @property
-    def rank(self):
-        return self._rank
 
     def _alltoall(self, tensor, splits, name):
         import tensorflow as tf

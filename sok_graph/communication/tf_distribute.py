@@ -238,21 +238,14 @@ class TFDistribute(Communicator):
         self._task_type = resolver.task_type
         self._task_id = resolver.task_id
         self._rpc_layer = resolver.rpc_layer or "grpc"
-        self._size = multi_worker_util.worker_count(self._cluster_spec, self._task_type)
         # TensorFlow orders a group's members by job name, then task index;
         # id_in_cluster counts the same way (a chief first, then the workers).
-        self._rank = multi_worker_util.id_in_cluster(self._cluster_spec, self._task_type,
-                                                     self._task_id)
+        super().__init__(
+            world_size=multi_worker_util.worker_count(self._cluster_spec, self._task_type),
+            rank=multi_worker_util.id_in_cluster(self._cluster_spec, self._task_type,
+                                                 self._task_id))
         self._device = f"/job:{self._task_type}/replica:0/task:{self._task_id}/device:CPU:0"
         self._timeout = stall_timeout()
-
-    @property
-    def world_size(self):
-        return self._size
-
-    @property
-    def rank(self):
-        return self._rank
 
     @property
     def timeout(self):
