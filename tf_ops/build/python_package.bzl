@@ -26,8 +26,12 @@ staged_python_package = rule(
     },
 )
 
-def sok_py_tests(srcs, data = []):
-    """One py_test per pytest file; each runs pytest on the staged package."""
+def sok_py_tests(srcs, data = [], large = []):
+    """One py_test per pytest file; each runs pytest on the staged package.
+
+    large: files that need Bazel's "large" timeout (900 s) instead of
+    "medium" (300 s), such as those that start many worker processes.
+    """
     for src in srcs:
         native.py_test(
             name = src[:-len(".py")].replace("/", "_"),
@@ -36,5 +40,5 @@ def sok_py_tests(srcs, data = []):
             args = [src],
             data = data + ["//:sok_graph_site"],
             python_version = "PY3",
-            size = "medium",
+            size = "large" if src in large else "medium",
         )
