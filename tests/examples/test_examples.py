@@ -103,3 +103,22 @@ def test_parquet_demo_trains_on_its_part():
     assert all(l == l and abs(l) < 1e6 for l in losses), stdout  # noqa: E741
     assert sum(losses[-10:]) < sum(losses[:10]), stdout
     assert float(re.search(r"held-out AUC ([\d.]+)", stdout).group(1)) > 0.6, stdout
+
+
+def test_collective_strategy_example_single_process():
+    """DeepRec's MonitoredTrainingSession example (the script checks its rows
+    and loss against numpy itself)."""
+    env_none = dict(os.environ, COLLECTIVE_STRATEGY="none")
+    out = subprocess.run([sys.executable, os.path.join(REPO, "examples_tf1/collective_strategy.py")],
+                         capture_output=True, text=True, env=env_none, timeout=600, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "36.0" in out.stdout and "equal a single process's" in out.stdout, out.stdout
+
+
+@needs_horovod
+def test_collective_strategy_example_two_workers():
+    out = run_example("examples_tf1/collective_strategy.py", workers=2)
+    for r in (0, 1):
+        assert f"[{r}] rank {r} of 2 (holds 500 of 1000 rows): embeddings and loss equal a " \
+               "single process's" in out, out[-3000:]
+        assert f"[{r}]  [1. 1. 1.]] 36.0" in out, out[-3000:]
