@@ -67,7 +67,9 @@ def main():
         dense_opt.apply_gradients(zip(other_grads, other_var))
         if first_batch:
             hvd.broadcast_variables(other_var, root_rank=0)
-            hvd.broadcast_variables(dense_opt.variables(), root_rank=0)
+            # Keras 2: variables() is a method; Keras 3: a list.
+            opt_vars = dense_opt.variables
+            hvd.broadcast_variables(opt_vars() if callable(opt_vars) else opt_vars, root_rank=0)
         return loss
 
     local_batch = global_batch_size // hvd.size()
