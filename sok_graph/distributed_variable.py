@@ -105,6 +105,16 @@ def is_sok_variable(value):
     return getattr(value, "is_sok_variable", False) is True
 
 
+def owner_of(var, ids):
+    """The worker holding each of the global ids or keys `ids` (int64 tensor):
+    id mod N for a distributed table, the owning rank for a localized one."""
+    world_size, _, fixed_owner = var.placement
+    ids = tf.cast(ids, tf.int64)
+    if fixed_owner >= 0:
+        return tf.fill(tf.shape(ids), tf.constant(fixed_owner, tf.int64))
+    return tf.math.floormod(ids, world_size)
+
+
 def owned_rows(var, ids, rows):
     """The entries of (global ids or keys, rows) that this worker holds, as
     (local ids, rows): local row numbers for a sok.Variable (global row i of a
@@ -114,13 +124,9 @@ def owned_rows(var, ids, rows):
     if world_size == 1:
         return ids, rows
     ids = tf.convert_to_tensor(ids)
-    static = not hasattr(var, "key_type")
-    if fixed_owner >= 0:
-        keep = tf.fill(tf.shape(ids), fixed_owner == rank)
-    else:
-        keep = tf.equal(tf.math.floormod(tf.cast(ids, tf.int64), world_size), rank)
+    keep = tf.equal(owner_of(var, ids), rank)
     ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
-    if static and fixed_owner < 0:
+    if not hasattr(var, "key_type") and fixed_owner < 0:
         ids = tf.math.floordiv(ids, world_size)
     return ids, rows
 

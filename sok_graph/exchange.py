@@ -17,6 +17,7 @@ k mod N; a localized table holds everything on one worker.
 
 import tensorflow as tf
 
+from sok_graph.distributed_variable import owner_of
 from sok_graph.ops import dist as dist_ops
 from sok_graph.ops import util as util_ops
 
@@ -44,21 +45,11 @@ def static_rows(comm, var, ids, name="sok_exchange"):
     """Rows [n, dim] of global row ids `ids` (int64, each in [0, global rows))
     of a sharded sok.Variable."""
     world_size, _, fixed_owner = var.placement
-    if fixed_owner >= 0:
-        owner = tf.fill(tf.shape(ids), tf.constant(fixed_owner, tf.int64))
-        local = ids
-    else:
-        owner = tf.math.floormod(ids, world_size)
-        local = tf.math.floordiv(ids, world_size)
-    return _exchange(comm, local, owner, lambda rows: tf.gather(var, rows), name)
+    local = ids if fixed_owner >= 0 else tf.math.floordiv(ids, world_size)
+    return _exchange(comm, local, owner_of(var, ids), lambda rows: tf.gather(var, rows), name)
 
 
 def dynamic_rows(comm, table, keys, name="sok_exchange"):
     """Rows [n, dim] of `keys` of a sharded sok.DynamicVariable; each owner
     inserts the keys it has not seen."""
-    world_size, _, fixed_owner = table.placement
-    if fixed_owner >= 0:
-        owner = tf.fill(tf.shape(keys), tf.constant(fixed_owner, tf.int64))
-    else:
-        owner = tf.math.floormod(tf.cast(keys, tf.int64), world_size)
-    return _exchange(comm, keys, owner, table.sparse_read, name)
+    return _exchange(comm, keys, owner_of(table, keys), table.sparse_read, name)

@@ -198,6 +198,16 @@ def test_worker_with_another_table_shape_fails_with_the_cause(tmp_path):
 
 
 @needs_horovod
+def test_out_of_range_id_on_one_worker_is_a_clear_error(tmp_path):
+    """A row id past the end of a sharded table is caught before it is sent
+    to its owner, with the argument, the bound and the id in the message."""
+    rc, took, out = _faulty_run(tmp_path, "badid")
+    assert rc != 0, out[-3000:]
+    assert "InvalidArgumentError" in out and "sp_ids[0] must hold row ids in [0, 90)" in out \
+        and "90" in out, out[-3000:]
+
+
+@needs_horovod
 def test_stalled_worker_fails_the_job_within_the_bound(tmp_path):
     import re
     import time

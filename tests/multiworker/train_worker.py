@@ -44,9 +44,10 @@ def parse():
     p.add_argument("--out", required=True)
     p.add_argument("--no-dedup", action="store_true")
     p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--fault", choices=["kill", "stall", "shape"],
-                   help="rank 1 kills itself before step 3, stalls there forever, or "
-                        "builds its tables with another dimension")
+    p.add_argument("--fault", choices=["kill", "stall", "shape", "badid"],
+                   help="rank 1 kills itself before step 3, stalls there forever, "
+                        "builds its tables with another dimension, or looks up a row "
+                        "id past the end of the first (static v2) table")
     args = p.parse_args()
     configs = []
     for text in args.configs.split(","):
@@ -151,6 +152,11 @@ def run_config(config, args, strategy, rank, world, sok, tf):
     comm = sok.context.communicator()
     assert comm.world_size == world, (comm.world_size, world)
     data = [local_slice(b, rank, world, config.api) for b in batches(config)]
+    if config.fault == "badid" and rank == 1:
+        ids, lengths = data[0]["a"]
+        lengths = lengths.copy()
+        lengths[0] += 1  # the first sample gets the id ROWS as well
+        data[0]["a"] = (np.concatenate([[ROWS], ids]), lengths)
     sok.communication.reset_bytes_sent()
     model = Model(config, sok, tf, rank)
     losses = model.train(data, comm, init_op)
