@@ -91,6 +91,27 @@ def resource_variable_class():
     return resource_variable_ops.ResourceVariable
 
 
+def is_resource_variable(value):
+    """True for resource variables (tf.Variable in TF2, use_resource=True in
+    TF1, and tf.distribute's variables that act as one); false for TF1 ref
+    variables and tensors."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    return resource_variable_ops.is_resource_variable(value)
+
+
+def is_plain_resource_variable(value):
+    """True for a resource variable that owns its handle (tf.Variable,
+    sok.Variable), whose handle kernels may read directly; false for
+    wrappers that act as one (tf.distribute's and mixed precision's
+    variables, which choose a component or cast on read)."""
+    from tensorflow.python.ops import resource_variable_ops
+
+    base = getattr(resource_variable_ops, "BaseResourceVariable",
+                   resource_variable_ops.ResourceVariable)
+    return isinstance(value, base)
+
+
 def record_variable_access(variable):
     """Tells active GradientTapes that `variable` was read, as reading a
     tf.Variable does, so gradients w.r.t. it are recorded automatically."""

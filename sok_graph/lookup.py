@@ -7,7 +7,7 @@ with unique indices.
 
 import tensorflow as tf
 
-from sok_graph import context, exchange
+from sok_graph import compat, context, exchange
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import lookup as lookup_ops
@@ -70,36 +70,65 @@ def _is_sharded(param):
     return is_sok_variable(param) and placement is not None and placement[0] > 1
 
 
-def _checked_ids(ids, rows, index):
-    """ids, after a check that each is in [0, rows) (sharded tables: the owner
-    must not be asked for a row that does not exist)."""
+def _checked_ids(ids, rows, index, name):
+    """ids, after a check that each is in [0, rows): the table (or, when it is
+    sharded, its owner) must not be asked for a row that does not exist —
+    TensorFlow's gather would fail on the CPU without naming the table and
+    give zeros on a GPU."""
     bad = tf.logical_or(ids < 0, ids >= rows)
     first = tf.gather(ids, tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)[None])
     check = tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(bad)),
-        [f"sp_ids[{index}] must hold row ids in [0, {rows}) (the table's rows); got", first])
+        [f"ids of {name} (sp_ids[{index}]) must be in [0, {rows}) (the table's rows); got",
+         first])
     with tf.control_dependencies([check]):
         return tf.identity(ids)
 
 
-def _gathered_rows(param, ids, index):
+def _check_table(table, index):
+    dtype = tf.as_dtype(table.dtype).base_dtype
+    if dtype not in _FLOAT_DTYPES:
+        raise TypeError(f"params[{index}] must be float32, float16 or bfloat16; got {dtype.name}")
+    if table.shape.rank is not None and table.shape.rank != 2:
+        raise ValueError(f"params[{index}] must be a [rows, dim] matrix; got shape "
+                         f"{table.shape}")
+
+
+def _reads_rows(param):
+    """Whether a static table's rows are gathered before the fused op rather
+    than read by it: for variables that act as resource variables without
+    owning one handle (tf.distribute's, mixed precision's), which pick a
+    component or cast on every read. Plain resource variables go to the op,
+    which reads their rows in place."""
+    return compat.is_resource_variable(param) and not compat.is_plain_resource_variable(param)
+
+
+def _gathered_rows(param, ids, index, name):
     """(rows, positions): the rows of `param` for the distinct ids, and each
     id's position in them."""
     if isinstance(param, DynamicVariable) and ids.dtype != param.key_type:
         raise TypeError(
             f"sp_ids[{index}] must hold {param.key_type.name} keys (the key_type of "
             f"DynamicVariable '{param.name}'); got {ids.dtype.name}")
-    world_size = param.placement[0]
+    placement = getattr(param, "placement", None)
+    world_size = 1 if placement is None else placement[0]
     if world_size > 1 and not dedup_before_exchange:
         keys, positions = ids, tf.range(tf.size(ids, out_type=tf.int64))
     else:
         keys, positions, _ = util_ops.unique_with_counts(ids, out_idx=tf.int64)
-    if world_size == 1:
-        return param.sparse_read(keys), positions
-    comm = context.communicator("a lookup in a sharded table")
     if isinstance(param, DynamicVariable):
+        if world_size == 1:
+            return param.sparse_read(keys), positions
+        comm = context.communicator("a lookup in a sharded table")
         return exchange.dynamic_rows(comm, param, keys), positions
-    keys = _checked_ids(tf.cast(keys, tf.int64), param.global_shape[0], index)
+    if world_size == 1:
+        rows = param.shape[0] if param.shape[0] is not None else tf.shape(
+            param, out_type=keys.dtype)[0]
+        # tf.gather: sparse_read where the variable has one, else a read of
+        # the replica's component (tf.distribute's variables)
+        return tf.gather(param, _checked_ids(keys, rows, index, name)), positions
+    comm = context.communicator("a lookup in a sharded table")
+    keys = _checked_ids(tf.cast(keys, tf.int64), param.global_shape[0], index, name)
     return exchange.static_rows(comm, param, keys), positions
 
 
@@ -150,18 +179,16 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     with tf.name_scope(name or "sok_lookup_sparse"):
         tensors, names = [], []
         for t, p in enumerate(params):
-            if isinstance(p, DynamicVariable) or _is_sharded(p):
+            if isinstance(p, DynamicVariable) or _is_sharded(p) or _reads_rows(p):
+                _check_table(p, t)
                 tensors.append(None)  # rows come from the table (and other workers), below
                 names.append(_table_name(p, t))
                 continue
-            tensor = tf.convert_to_tensor(p)
-            if tensor.dtype not in _FLOAT_DTYPES:
-                raise TypeError(
-                    f"params[{t}] must be float32, float16 or bfloat16; got {tensor.dtype.name}"
-                )
-            if tensor.shape.rank is not None and tensor.shape.rank != 2:
-                raise ValueError(f"params[{t}] must be a [rows, dim] matrix; got shape "
-                                 f"{tensor.shape}")
+            # A plain resource variable goes to the op as it is (it reads
+            # the rows in place: a whole-table read copies the table once
+            # sparse updates have touched it); anything else as a tensor.
+            tensor = p if compat.is_plain_resource_variable(p) else tf.convert_to_tensor(p)
+            _check_table(tensor, t)
             tensors.append(tensor)
             names.append(_table_name(p, t))
         dtypes = [p.dtype if x is None else x.dtype for x, p in zip(tensors, params)]
@@ -180,12 +207,12 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
             if tensors[t] is None:
-                # A dynamic or sharded table: each distinct id is fetched once
-                # (looked up or inserted; from its owner when the table is
-                # sharded), and the fused op combines rows of that small
-                # gathered table. Its gradient reaches the table as
-                # (unique ids, summed rows).
-                tensors[t], v = _gathered_rows(params[t], v, t)
+                # A variable: each distinct id is fetched once (read, looked
+                # up or inserted; from its owner when the table is sharded),
+                # and the fused op combines rows of that small gathered
+                # table. Its gradient reaches the table as (unique ids,
+                # summed rows).
+                tensors[t], v = _gathered_rows(params[t], v, t, names[t])
             values.append(v)
             splits.append(s)
         if len({v.dtype for v in values}) > 1:

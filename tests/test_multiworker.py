@@ -203,7 +203,7 @@ def test_out_of_range_id_on_one_worker_is_a_clear_error(tmp_path):
     to its owner, with the argument, the bound and the id in the message."""
     rc, took, out = _faulty_run(tmp_path, "badid")
     assert rc != 0, out[-3000:]
-    assert "InvalidArgumentError" in out and "sp_ids[0] must hold row ids in [0, 90)" in out \
+    assert "InvalidArgumentError" in out and "(sp_ids[0]) must be in [0, 90)" in out \
         and "90" in out, out[-3000:]
 
 

@@ -8,6 +8,7 @@ the gradient of ``tf.gather`` but never see the same row twice.
 import tensorflow as tf
 
 from sok_graph import _ops
+from sok_graph import compat
 from sok_graph.compat import IndexedSlices, register_gradient
 
 COMBINERS = ("sum", "mean", "sqrtn")
@@ -17,7 +18,8 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
                  table_names=None, name=None):
     """Combined embeddings of N tables in one op.
 
-    params:      N tensors [rows_t, dim_t] (float32, float16 or bfloat16; all alike)
+    params:      N tables [rows_t, dim_t] (float32, float16 or bfloat16; all alike):
+                 tensors, or resource variables, which are read in place
     ids:         N tensors [nnz_t] int32/int64, each in [0, rows_t)
     row_splits:  N tensors [batch_t + 1] int64 (ragged row partition of ids)
     weights:     None, or N entries each None or a [nnz_t] tensor of params' dtype
@@ -26,12 +28,14 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     returns:     N tensors [batch_t, dim_t]
     """
     n = len(params)
-    params = [tf.convert_to_tensor(p) for p in params]
-    dtype = params[0].dtype
-    if any(p.dtype != dtype for p in params) or dtype not in (tf.float32, tf.float16,
-                                                               tf.bfloat16):
+    tables = [_table_input(p) for p in params]
+    dtypes = [tf.as_dtype(p.dtype).base_dtype if t.dtype == tf.resource else t.dtype
+              for p, t in zip(params, tables)]
+    params = tables
+    dtype = dtypes[0]
+    if any(d != dtype for d in dtypes) or dtype not in (tf.float32, tf.float16, tf.bfloat16):
         raise TypeError(f"params of all tables must have one dtype, float32, float16 or "
-                        f"bfloat16; got {[p.dtype.name for p in params]}")
+                        f"bfloat16; got {[d.name for d in dtypes]}")
     weights = list(weights) if weights is not None else [None] * n
     max_norms = list(max_norms) if max_norms is not None else [None] * n
     for what, items in (("ids", ids), ("row_splits", row_splits), ("weights", weights),
@@ -60,6 +64,24 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     )
 
 
+def _table_input(param):
+    """What the op takes for a table: a resource variable's handle (the op
+    reads the rows it needs in place; a whole-table read would copy the table
+    once sparse updates have touched it), else the table as a tensor."""
+    if compat.is_plain_resource_variable(param):
+        compat.record_variable_access(param)  # so GradientTapes watch it
+        return param.handle
+    return tf.convert_to_tensor(param)
+
+
+def _table_shape(table):
+    """[rows, dim] of a table input, as an int32 tensor (what tf.gather's
+    gradient gives as dense_shape)."""
+    if table.dtype == tf.resource:
+        return tf.raw_ops.VariableShape(input=table, out_type=tf.int32)
+    return tf.shape(table)
+
+
 def _attrs(op):
     return dict(
         combiners=[c.decode() if isinstance(c, bytes) else c for c in op.get_attr("combiners")],
@@ -85,7 +107,7 @@ def _fused_lookup_grad(op, *grads):
         **_attrs(op),
     )
     param_grads = [
-        IndexedSlices(grad_rows[t], unique_ids[t], tf.shape(params[t]))
+        IndexedSlices(grad_rows[t], unique_ids[t], _table_shape(params[t]))
         for t in range(n)
     ]
     # ids, row_splits: integer inputs. weights: not differentiated (documented

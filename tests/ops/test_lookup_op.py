@@ -305,3 +305,88 @@ def test_graph_mode_errors_at_run_time_name_the_table():
         with tf.compat.v1.Session(graph=graph) as sess:
             with pytest.raises(tf.errors.InvalidArgumentError, match="table 'user'.*got 9"):
                 sess.run(out, {ids: [9]})
+
+
+# --------------------------------------------- tables that are variables
+
+def test_variable_tables_are_read_in_place_not_copied_whole(rng):
+    """A plain resource variable reaches the op as its handle: no
+    ReadVariableOp of the whole table (which copies it once sparse updates
+    have touched the variable)."""
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.get_variable("t", initializer=rng.standard_normal((50, 4)).astype(
+            np.float32), use_resource=True)
+        before = set(graph.get_operations())
+        sok.lookup_sparse(v, ragged([[1, 2], [3]]))
+        added = [op for op in graph.get_operations() if op not in before]
+        lookups = [op for op in added if op.type == "SokFusedLookup"]
+        assert len(lookups) == 1
+        assert lookups[0].inputs[0].dtype == tf.resource
+        assert not [op for op in added if op.type == "ReadVariableOp"]
+
+
+@pytest.mark.parametrize("in_function", [False, True])
+def test_variables_after_sparse_updates_tensors_and_dynamic_tables_in_one_call(rng, in_function):
+    tables = [rng.standard_normal((30, 4)).astype(np.float32) for _ in range(3)]
+    tf_var, sok_var = tf.Variable(tables[0]), sok.Variable(tables[1])
+    dyn = sok.DynamicVariable(dimension=4, initializer="zeros")
+    new_rows = rng.standard_normal((3, 4)).astype(np.float32)
+    for var, table in ((tf_var, tables[0]), (sok_var, tables[1])):
+        var.scatter_update(tf.IndexedSlices(tf.constant(new_rows), tf.constant([0, 7, 29])))
+        table[[0, 7, 29]] = new_rows  # the reference follows the updates
+    samples = [random_ragged(rng, 12, 30, 4) for _ in range(4)]
+    params = [tf_var, sok_var, tf.constant(tables[2]), dyn]
+
+    def lookup():
+        return sok.lookup_sparse(params, [ragged(s) for s in samples], combiners="sum")
+
+    got = (tf.function(lookup) if in_function else lookup)()
+    for t in range(3):
+        np.testing.assert_allclose(got[t].numpy(), numpy_lookup(tables[t], samples[t], None,
+                                                                "sum"), rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(got[3].numpy(), np.zeros((12, 4), np.float32))
+
+
+def test_variable_in_a_mirrored_strategy_matches_tf(rng):
+    """tf.distribute's variables pick a replica's component on read: their rows
+    are gathered before the fused op."""
+    table = rng.standard_normal((20, 3)).astype(np.float32)
+    samples = random_ragged(rng, 6, 20, 3, empty_fraction=0.0)
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        v = tf.Variable(table)
+
+    def step():
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse(v, ragged(samples), combiners="mean")
+            loss = tf.reduce_sum(out * out)
+        return out, tf.convert_to_tensor(tape.gradient(loss, v))
+
+    out, grad = strategy.run(tf.function(step))
+    ref_var = tf.Variable(table)
+    with tf.GradientTape() as tape:
+        ref = tf.nn.embedding_lookup_sparse(ref_var, ragged(samples).to_sparse(), None,
+                                            combiner="mean")
+        loss = tf.reduce_sum(ref * ref)
+    np.testing.assert_allclose(out.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(grad.numpy(), tf.convert_to_tensor(
+        tape.gradient(loss, ref_var)).numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_uninitialized_variable_table_is_a_clear_error():
+    graph = tf.Graph()
+    with graph.as_default():
+        v = tf.compat.v1.get_variable("emb", shape=[10, 2], use_resource=True)
+        out = sok.lookup_sparse(v, ragged([[1]]))
+        with tf.compat.v1.Session(graph=graph) as sess:
+            with pytest.raises(tf.errors.FailedPreconditionError,
+                               match="the variable of table 'emb' .*initialized"):
+                sess.run(out)
+
+
+def test_variable_tables_of_different_dtypes_are_rejected(rng):
+    a = tf.Variable(rng.standard_normal((4, 2)).astype(np.float16))
+    b = tf.constant(rng.standard_normal((4, 2)).astype(np.float32))
+    with pytest.raises(TypeError, match="one dtype"):
+        sok.lookup_sparse([a, b], [ragged([[1]]), ragged([[2]])])

@@ -7,6 +7,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
+#include "tf_ops/common/table_inputs.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/lookup/core/lookup.h"
 
@@ -94,23 +95,35 @@ class FusedLookupBase : public OpKernel {
 
   // Checks the shapes and row_splits of every table and describes them as
   // TableViews. Ids are range-checked by the passes that read them (CheckIds).
-  Status ReadTables(OpKernelContext* ctx, std::vector<core::TableView<T, K>>* views,
-                    std::vector<int64_t>* nnz) {
-    OpInputList params, ids, splits, weights;
-    TF_RETURN_IF_ERROR(ctx->input_list("params", &params));
+  // Variables among the params stay read-locked while `params` lives.
+  Status ReadTables(OpKernelContext* ctx, TableInputs* params,
+                    std::vector<core::TableView<T, K>>* views, std::vector<int64_t>* nnz) {
+    OpInputList ids, splits, weights;
+    TF_RETURN_IF_ERROR(
+        params->Read(ctx, "params", [this](int t) { return this->TableName(t); }));
+    if (params->size() != num_tables_) {
+      return errors::InvalidArgument("params must have num_tables=", num_tables_,
+                                     " entries; got ", params->size());
+    }
     TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
     TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
     TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
     views->assign(num_tables_, core::TableView<T, K>());
     nnz->assign(num_tables_, 0);
     for (int t = 0; t < num_tables_; ++t) {
-      const Tensor& p = params[t];
+      const Tensor& p = (*params)[t];
       const Tensor& i = ids[t];
       const Tensor& s = splits[t];
       const Tensor& w = weights[t];
       if (p.dims() != 2) {
         return errors::InvalidArgument("params of ", TableName(t), " must be a matrix [rows, ",
                                        "dim]; got shape ", p.shape().DebugString());
+      }
+      if (p.dtype() != ::tensorflow::DataTypeToEnum<T>::v()) {
+        return errors::InvalidArgument(
+            "params of ", TableName(t), " must be ",
+            ::tensorflow::DataTypeString(::tensorflow::DataTypeToEnum<T>::v()),
+            " like the weights and embeddings; got ", ::tensorflow::DataTypeString(p.dtype()));
       }
       if (i.dims() != 1) {
         return errors::InvalidArgument("ids of ", TableName(t), " must be a vector; got ",
@@ -206,9 +219,10 @@ class FusedLookupOp : public FusedLookupBase<T, K> {
   using FusedLookupBase<T, K>::FusedLookupBase;
 
   void Compute(OpKernelContext* ctx) override {
+    TableInputs params;
     std::vector<core::TableView<T, K>> views;
     std::vector<int64_t> nnz;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &views, &nnz));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &views, &nnz));
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
     std::vector<T*> out(views.size());
@@ -237,9 +251,10 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
   using FusedLookupBase<T, K>::FusedLookupBase;
 
   void Compute(OpKernelContext* ctx) override {
+    TableInputs params;
     std::vector<core::TableView<T, K>> views;
     std::vector<int64_t> nnz;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &views, &nnz));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &views, &nnz));
     const int n = this->num_tables_;
     OpInputList grads_in;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads_in));

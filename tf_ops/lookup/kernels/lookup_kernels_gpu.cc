@@ -16,6 +16,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/gpu_stream.h"
+#include "tf_ops/common/table_inputs.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/lookup/core/combiner.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
@@ -82,10 +83,17 @@ class FusedLookupGpuBase : public OpKernel {
 
   // Checks every table's shapes and (host) row_splits, copies the splits to
   // the device and describes each table. `out` pointers are left null.
-  Status ReadTables(OpKernelContext* ctx, std::vector<SokLookupTable>* tables,
-                    std::vector<int64_t>* nnz, std::vector<Tensor>* device_splits) {
-    OpInputList params, ids, splits, weights;
-    TF_RETURN_IF_ERROR(ctx->input_list("params", &params));
+  // Variables among the params stay read-locked while `params` lives.
+  Status ReadTables(OpKernelContext* ctx, TableInputs* params,
+                    std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz,
+                    std::vector<Tensor>* device_splits) {
+    OpInputList ids, splits, weights;
+    TF_RETURN_IF_ERROR(
+        params->Read(ctx, "params", [this](int t) { return this->TableName(t); }));
+    if (params->size() != num_tables_) {
+      return errors::InvalidArgument("params must have num_tables=", num_tables_,
+                                     " entries; got ", params->size());
+    }
     TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
     TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
     TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
@@ -94,13 +102,18 @@ class FusedLookupGpuBase : public OpKernel {
     device_splits->resize(num_tables_);
     void* stream = GpuStreamOf(ctx);
     for (int t = 0; t < num_tables_; ++t) {
-      const Tensor& p = params[t];
+      const Tensor& p = (*params)[t];
       const Tensor& i = ids[t];
       const Tensor& s = splits[t];
       const Tensor& w = weights[t];
       if (p.dims() != 2) {
         return errors::InvalidArgument("params of ", TableName(t), " must be a matrix [rows, ",
                                        "dim]; got shape ", p.shape().DebugString());
+      }
+      if (p.dtype() != ::tensorflow::DT_FLOAT) {
+        return errors::InvalidArgument("params of ", TableName(t), " must be float32 like ",
+                                       "the weights and embeddings; got ",
+                                       ::tensorflow::DataTypeString(p.dtype()));
       }
       if (p.dim_size(1) > INT32_MAX / 4) {
         return errors::InvalidArgument("params of ", TableName(t), " has dim ", p.dim_size(1),
@@ -160,9 +173,9 @@ class FusedLookupGpuBase : public OpKernel {
 
   // The CPU kernel's error for the first table with a bad id, if any;
   // first_bad holds each table's first bad position (kNoBadId if none).
-  Status CheckIds(OpKernelContext* ctx, const std::vector<int64_t>& first_bad) {
-    OpInputList params, ids;
-    TF_RETURN_IF_ERROR(ctx->input_list("params", &params));
+  Status CheckIds(OpKernelContext* ctx, const std::vector<int64_t>& first_bad,
+                  const std::vector<SokLookupTable>& tables) {
+    OpInputList ids;
     TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
     for (int t = 0; t < num_tables_; ++t) {
       const int64_t j = first_bad[t];
@@ -172,7 +185,7 @@ class FusedLookupGpuBase : public OpKernel {
                                                    GpuStreamOf(ctx)),
                               "reading a bad id back"));
       return errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ",
-                                     params[t].dim_size(0), ") (the table's rows); got ",
+                                     tables[t].rows, ") (the table's rows); got ",
                                      static_cast<int64_t>(id), " at position ", j);
     }
     return OkStatus();
@@ -196,7 +209,8 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
     std::vector<Tensor> splits;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &tables, &nnz, &splits));
+    TableInputs params;
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
     Tensor bad_dev;
@@ -246,7 +260,7 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(first_bad.data(), bad, sizeof(int64_t) * n,
                                                   stream),
                              "reading the id check back"));
-    OP_REQUIRES_OK(ctx, this->CheckIds(ctx, first_bad));
+    OP_REQUIRES_OK(ctx, this->CheckIds(ctx, first_bad, tables));
   }
 };
 
@@ -261,7 +275,8 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
     std::vector<Tensor> splits;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &tables, &nnz, &splits));
+    TableInputs params;
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     for (int t = 0; t < n; ++t) {
@@ -304,7 +319,7 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
                              "reading the gradient's sizes back"));
     std::vector<int64_t> first_bad(n);
     for (int t = 0; t < n; ++t) first_bad[t] = host[2 * t + 1];
-    OP_REQUIRES_OK(ctx, this->CheckIds(ctx, first_bad));
+    OP_REQUIRES_OK(ctx, this->CheckIds(ctx, first_bad, tables));
     OpOutputList unique_out, rows_out;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
     OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));

@@ -26,6 +26,12 @@ Status CheckTableAttrs(InferenceContext* c, int num_tables) {
   TF_RETURN_IF_ERROR(c->GetAttr("weighted", &weighted));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norms", &max_norms));
   TF_RETURN_IF_ERROR(c->GetAttr("table_names", &names));
+  std::vector<::tensorflow::DataType> param_types;
+  TF_RETURN_IF_ERROR(c->GetAttr("Tparams", &param_types));
+  if (static_cast<int>(param_types.size()) != num_tables) {
+    return ::tensorflow::errors::InvalidArgument("params must have num_tables=", num_tables,
+                                                 " entries; got ", param_types.size());
+  }
   if (static_cast<int>(combiners.size()) != num_tables ||
       static_cast<int>(weighted.size()) != num_tables ||
       static_cast<int>(max_norms.size()) != num_tables ||
@@ -45,6 +51,18 @@ Status CheckTableAttrs(InferenceContext* c, int num_tables) {
   return OkStatus();
 }
 
+// The shape of table t: a [rows, dim] tensor input, or the shape recorded on
+// a resource variable's handle (unknown [rows, dim] where none is recorded).
+Status TableShape(InferenceContext* c, int t, ShapeHandle* shape) {
+  std::vector<::tensorflow::DataType> param_types;
+  TF_RETURN_IF_ERROR(c->GetAttr("Tparams", &param_types));
+  if (param_types[t] != ::tensorflow::DT_RESOURCE) return c->WithRank(c->input(t), 2, shape);
+  const auto* handle = c->input_handle_shapes_and_types(t);
+  if (handle != nullptr && !handle->empty()) return c->WithRank((*handle)[0].shape, 2, shape);
+  *shape = c->UnknownShapeOfRank(2);
+  return OkStatus();
+}
+
 // Output t is [batch_t, dim_t] with batch_t = len(row_splits[t]) - 1.
 Status LookupShape(InferenceContext* c) {
   int n = 0;
@@ -52,7 +70,7 @@ Status LookupShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(CheckTableAttrs(c, n));
   for (int t = 0; t < n; ++t) {
     ShapeHandle params, ids, splits, weights;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &params));
+    TF_RETURN_IF_ERROR(TableShape(c, t, &params));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 1, &ids));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + t), 1, &splits));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(3 * n + t), 1, &weights));
@@ -70,7 +88,7 @@ Status LookupGradShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(CheckTableAttrs(c, n));
   for (int t = 0; t < n; ++t) {
     ShapeHandle params, grads;
-    TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &params));
+    TF_RETURN_IF_ERROR(TableShape(c, t, &params));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(4 * n + t), 2, &grads));
     auto unique = c->UnknownDim();
     c->set_output(t, c->Vector(unique));
@@ -82,7 +100,7 @@ Status LookupGradShape(InferenceContext* c) {
 }  // namespace
 
 REGISTER_OP("SokFusedLookup")
-    .Input("params: num_tables * T")
+    .Input("params: Tparams")
     .Input("ids: num_tables * Tindices")
     .Input("row_splits: num_tables * int64")
     .Input("weights: num_tables * T")
@@ -93,6 +111,7 @@ REGISTER_OP("SokFusedLookup")
     .Attr("max_norms: list(float)")
     .Attr("table_names: list(string) = []")
     .Attr("T: {float, half, bfloat16}")
+    .Attr("Tparams: list({float, half, bfloat16, resource})")
     .Attr("Tindices: {int32, int64}")
     .SetShapeFn(LookupShape)
     .Doc(R"doc(
@@ -103,7 +122,8 @@ For table t and sample b, with ids j in [row_splits[t][b], row_splits[t][b+1]):
 as tf.nn.embedding_lookup_sparse computes it. A sample with no ids gives a
 zero row.
 
-params: tables, each [rows, dim].
+params: tables, each a [rows, dim] tensor or a resource variable of one
+  (read in place under a shared lock, without copying the table).
 ids: row ids, each [nnz]; must lie in [0, rows).
 row_splits: ragged row partitions, each [batch + 1].
 weights: per-id weights [nnz] where weighted[t], else ignored (pass [0]).
@@ -114,7 +134,7 @@ table_names: names used in error messages.
 )doc");
 
 REGISTER_OP("SokFusedLookupGrad")
-    .Input("params: num_tables * T")
+    .Input("params: Tparams")
     .Input("ids: num_tables * Tindices")
     .Input("row_splits: num_tables * int64")
     .Input("weights: num_tables * T")
@@ -127,6 +147,7 @@ REGISTER_OP("SokFusedLookupGrad")
     .Attr("max_norms: list(float)")
     .Attr("table_names: list(string) = []")
     .Attr("T: {float, half, bfloat16}")
+    .Attr("Tparams: list({float, half, bfloat16, resource})")
     .Attr("Tindices: {int32, int64}")
     .SetShapeFn(LookupGradShape)
     .Doc(R"doc(
