@@ -170,3 +170,64 @@ def test_bad_arguments(criteo):
         ParquetReader(criteo, 0, ["C1"])
     with pytest.raises(TypeError, match="ragged must be True or False; got 'no'"):
         ParquetReader(criteo, 10, ["C1"]).dataset(ragged="no")
+
+
+def _write(path, columns, row_group_size):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table(columns), path, row_group_size=row_group_size)
+
+
+def test_other_column_types_nulls_and_batches_inside_row_groups(tmp_path):
+    """int32 / uint64 id lists, float64 / int / nullable dense columns, and
+    batches that start inside a row group (offsets that do not start at 0)."""
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    rng = np.random.default_rng(5)
+    n = 700
+    ids32 = [list(rng.integers(0, 100, rng.integers(0, 4))) for _ in range(n)]
+    ids64 = [list(rng.integers(0, 2 ** 40, rng.integers(1, 3))) for _ in range(n)]
+    f64 = rng.standard_normal(n)
+    nullable = [None if i % 7 == 0 else float(i) for i in range(n)]
+    ints = rng.integers(-50, 50, n)
+    path = str(tmp_path / "types.parquet")
+    _write(path, {"a": pa.array(ids32, pa.list_(pa.int32())),
+                  "b": pa.array(ids64, pa.list_(pa.uint64())),
+                  "f64": pa.array(f64), "nullable": pa.array(nullable, pa.float32()),
+                  "ints": pa.array(ints), "label": pa.array(np.arange(n, dtype=np.float32))},
+           row_group_size=256)
+    got = list(ParquetReader(path, 97, ["a", "b"], ["f64", "nullable", "ints"]))
+    assert sum(len(b["label"]) for b in got) == n
+    start = 0
+    for b in got:
+        m = len(b["label"])
+        for col, ref in (("a", ids32), ("b", ids64)):
+            assert b[col].dtype == np.int64 and b[col + "_splits"].dtype == np.int64
+            s = b[col + "_splits"]
+            assert [b[col][s[i]:s[i + 1]].tolist() for i in range(m)] == \
+                [[int(x) for x in r] for r in ref[start:start + m]]
+        expected = np.stack([f64[start:start + m],
+                             [np.nan if x is None else x for x in nullable[start:start + m]],
+                             ints[start:start + m]], axis=1).astype(np.float32)
+        assert b["dense"].dtype == np.float32 and b["dense"].flags.c_contiguous
+        np.testing.assert_array_equal(b["dense"], expected)
+        np.testing.assert_array_equal(b["label"], np.arange(start, start + m))
+        start += m
+
+
+@pytest.mark.parametrize("values, words", [
+    ([[1, None], [2]], "holds null ids"),
+    ([[1.5], [2.0]], "must hold lists of integer ids"),
+])
+def test_bad_id_values_are_clear_errors(tmp_path, values, words):
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "bad.parquet")
+    _write(path, {"a": pa.array(values), "label": pa.array([0.0, 1.0], pa.float32())}, 10)
+    with pytest.raises(ValueError, match=f"column 'a' {words}"):
+        list(ParquetReader(path, 2, ["a"]))
