@@ -260,6 +260,7 @@ def main():
     p.add_argument("--demo_layers", type=int, default=7)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--plot", default=None, help="write a PNG of the step times here")
     args = p.parse_args()
     rng = np.random.default_rng(0)
     models = ["dlrm", "demo"] if args.model == "both" else [args.model]
@@ -269,6 +270,7 @@ def main():
           f"after {args.warmup} warm-up steps")
     print(f"{'model':6} {'mode':9} {'sok steps/s':>12} {'plain TF steps/s':>17} {'ratio':>6} "
           f"{'sok emb share':>14} {'TF emb share':>13}")
+    rows = []
     for model in models:
         batches = (dlrm_batches if model == "dlrm" else demo_batches)(args, rng, 4)
         for mode in modes:
@@ -281,6 +283,44 @@ def main():
             print(f"{model:6} {mode:9} {1 / full['sok']:12.2f} {1 / full['tf']:17.2f} "
                   f"{full['tf'] / full['sok']:5.2f}x {emb['sok'] / full['sok']:13.0%} "
                   f"{emb['tf'] / full['tf']:12.0%}", flush=True)
+            rows.append((model, mode, full, emb))
+    if args.plot:
+        plot(rows, args.plot, f"TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, batch "
+                              f"{args.batch}, optimizer {args.optimizer}")
+
+
+def plot(rows, path, title):
+    """Step time per variant, split into the embedding work (lookups,
+    gradients, table update) and the rest (dense layers), sok next to plain
+    TF, with the speed-up over each pair."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(2.6 + 2.2 * len(rows), 4))
+    highest = 0.0
+    for i, (model, mode, full, emb) in enumerate(rows):
+        for j, side in enumerate(("sok", "tf")):
+            x = 3 * i + j
+            e, rest = emb[side] * 1e3, (full[side] - min(emb[side], full[side])) * 1e3
+            ax.bar(x, e, color="tab:orange" if side == "sok" else "tab:gray",
+                   label=None if i else f"{'sok' if side == 'sok' else 'plain TF'}: embedding")
+            ax.bar(x, rest, bottom=e, color="tab:blue", alpha=0.5,
+                   label=None if i or j else "dense layers and the rest")
+        top = max(full.values()) * 1e3
+        highest = max(highest, top)
+        ax.text(3 * i + 0.5, top * 1.03, f"{full['tf'] / full['sok']:.2f}x", ha="center")
+    ax.set_xticks([3 * i + 0.5 for i in range(len(rows))])
+    ax.set_xticklabels([f"{model}\n{'tf.function' if mode == 'function' else 'graph'}"
+                        for model, mode, _, _ in rows])
+    ax.set_ylabel("ms per training step (left: sok, right: plain TF)")
+    ax.set_title(title, fontsize=9)
+    ax.set_ylim(0, highest * 1.45)  # room for the legend above the bars
+    ax.legend(fontsize=8, loc="upper center", ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
