@@ -31,13 +31,18 @@ class TableInputs {
   TableInputs& operator=(const TableInputs&) = delete;
   ~TableInputs() { Release(); }
 
-  // Reads the input list `name`. table_name(t) names table t in errors.
-  ::tensorflow::Status Read(::tensorflow::OpKernelContext* ctx, const char* name,
+  // Reads the input list `name`, which must have `count` entries.
+  // table_name(t) names table t in errors.
+  ::tensorflow::Status Read(::tensorflow::OpKernelContext* ctx, const char* name, int count,
                             const std::function<std::string(int)>& table_name) {
     namespace errors = ::tensorflow::errors;
     Release();
     int start = 0, stop = 0;
     TF_RETURN_IF_ERROR(ctx->op_kernel().InputRange(name, &start, &stop));
+    if (stop - start != count) {
+      return errors::InvalidArgument(name, " must have ", count, " entries (num_tables); got ",
+                                     stop - start);
+    }
     tensors_.assign(static_cast<size_t>(stop - start), nullptr);
     std::vector<::tensorflow::Var*> vars(tensors_.size(), nullptr);
     for (int i = start; i < stop; ++i) {

@@ -99,12 +99,8 @@ class FusedLookupBase : public OpKernel {
   Status ReadTables(OpKernelContext* ctx, TableInputs* params,
                     std::vector<core::TableView<T, K>>* views, std::vector<int64_t>* nnz) {
     OpInputList ids, splits, weights;
-    TF_RETURN_IF_ERROR(
-        params->Read(ctx, "params", [this](int t) { return this->TableName(t); }));
-    if (params->size() != num_tables_) {
-      return errors::InvalidArgument("params must have num_tables=", num_tables_,
-                                     " entries; got ", params->size());
-    }
+    TF_RETURN_IF_ERROR(params->Read(ctx, "params", num_tables_,
+                                    [this](int t) { return this->TableName(t); }));
     TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
     TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
     TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));

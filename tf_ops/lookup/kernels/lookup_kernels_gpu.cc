@@ -88,12 +88,8 @@ class FusedLookupGpuBase : public OpKernel {
                     std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz,
                     std::vector<Tensor>* device_splits) {
     OpInputList ids, splits, weights;
-    TF_RETURN_IF_ERROR(
-        params->Read(ctx, "params", [this](int t) { return this->TableName(t); }));
-    if (params->size() != num_tables_) {
-      return errors::InvalidArgument("params must have num_tables=", num_tables_,
-                                     " entries; got ", params->size());
-    }
+    TF_RETURN_IF_ERROR(params->Read(ctx, "params", num_tables_,
+                                    [this](int t) { return this->TableName(t); }));
     TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
     TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
     TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
