@@ -4,9 +4,12 @@
 // ReadVariableOp: once a sparse update (an optimizer's scatter) has touched
 // a variable, TensorFlow copies the whole table on every dense read
 // (copy-on-read), which for large tables costs more than the lookup itself.
-// The locking matches TensorFlow's own ResourceGather (shared lock; writers
-// take the exclusive lock), and locks are taken in increasing mutex address,
-// the order TensorFlow's multi-variable kernels use, so no deadlock.
+// The locking matches TensorFlow's own ResourceGather: a shared lock, so
+// assignments and dense updates (exclusive lock) wait for the read, while
+// TensorFlow's scatters of float rows, which also run under the shared lock,
+// may be seen half-applied by a lookup running at the same time, as by a
+// gather. Locks are taken in increasing mutex address, the order
+// TensorFlow's multi-variable kernels use, so no deadlock.
 #ifndef SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
 #define SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
 
