@@ -184,10 +184,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 tensors.append(None)  # rows come from the table (and other workers), below
                 names.append(_table_name(p, t))
                 continue
-            # A plain resource variable goes to the op as it is (it reads
-            # the rows in place: a whole-table read copies the table once
-            # sparse updates have touched it); anything else as a tensor.
-            tensor = p if compat.is_plain_resource_variable(p) else tf.convert_to_tensor(p)
+            # A variable goes to the fused op as it is: the op reads a
+            # resource variable's rows in place (see ops/lookup.py).
+            tensor = p if isinstance(p, tf.Variable) else tf.convert_to_tensor(p)
             _check_table(tensor, t)
             tensors.append(tensor)
             names.append(_table_name(p, t))

@@ -175,6 +175,17 @@ class Job:
             time.sleep(0.05)
 
 
+def _launch(script, launcher_args, timeout=RUN_TIMEOUT_S, **env):
+    """The finished launcher run of `script` (stdout and stderr captured)."""
+    return subprocess.run(
+        [sys.executable, LAUNCH_PY] + list(launcher_args) + [str(script)],
+        env=_env(**env),
+        capture_output=True,
+        check=False,
+        timeout=timeout,
+    )
+
+
 def _lines_by_rank(text):
     """{rank: [line, ...]} of '[rank] line' lines; other lines under None."""
     out = {}
@@ -481,13 +492,8 @@ def test_tf_config_drives_multi_worker_mirrored_strategy(tmp_path):
     # needs: 2 workers on localhost all-reduce rank + 1 to 1 + 2.
     script = tmp_path / "mwms.py"
     script.write_text(MWMS_WORKER)
-    p = subprocess.run(
-        [sys.executable, LAUNCH_PY, "-np", "2", "--timeout", "240", str(script)],
-        env=_env(TF_CPP_MIN_LOG_LEVEL="2"),
-        capture_output=True,
-        check=False,
-        timeout=300,
-    )
+    p = _launch(script, ["-np", "2", "--timeout", "240"], timeout=300,
+                TF_CPP_MIN_LOG_LEVEL="2")
     assert p.returncode == 0, p.stderr.decode()[-3000:]
     by_rank = _lines_by_rank(p.stdout.decode())
     for rank in range(2):
@@ -568,13 +574,7 @@ print(json.dumps({k: v for k, v in os.environ.items()
 def _env_reports(tmp_path, launcher_args, **env):
     script = tmp_path / "hvd_env.py"
     script.write_text(HVD_ENV_REPORT)
-    p = subprocess.run(
-        [sys.executable, LAUNCH_PY] + launcher_args + [str(script)],
-        env=_env(**env),
-        capture_output=True,
-        check=False,
-        timeout=RUN_TIMEOUT_S,
-    )
+    p = _launch(script, launcher_args, **env)
     assert p.returncode == 0, p.stderr.decode()
     by_rank = _lines_by_rank(p.stdout.decode())
     return [json.loads(by_rank[r][0]) for r in sorted(by_rank)]
@@ -635,11 +635,5 @@ def test_horovod_stall_settings():
 def test_bad_stall_timeout_exits_2(tmp_path, args, env, message):
     script = tmp_path / "noop.py"
     script.write_text("")
-    p = subprocess.run(
-        [sys.executable, LAUNCH_PY] + args + [str(script)],
-        env=_env(**env),
-        capture_output=True,
-        check=False,
-        timeout=RUN_TIMEOUT_S,
-    )
+    p = _launch(script, args, **env)
     assert p.returncode == 2 and message in p.stderr.decode(), p.stderr.decode()

@@ -287,6 +287,22 @@ def test_attr_list_length_mismatch():
                  [tf.constant([0, 1], tf.int64)], combiners=["sum", "sum"])
 
 
+def test_raw_op_with_more_tables_than_ids_is_rejected():
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                       match="params must have 1 entries"):
+        sok._ops.load().sok_fused_lookup(
+            params=[tf.zeros([4, 2]), tf.zeros([4, 2])], ids=[tf.constant([0], tf.int64)],
+            row_splits=[tf.constant([0, 1], tf.int64)], weights=[tf.zeros([0])],
+            combiners=["sum"], weighted=[False], max_norms=[0.0], table_names=["user"])
+
+
+def test_raw_op_table_of_another_dtype_than_the_weights_is_rejected():
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="params of table 'user' .* must be float.*got half"):
+        call_raw([tf.zeros([4, 2], tf.float16)], [tf.constant([0], tf.int64)],
+                 [tf.constant([0, 1], tf.int64)])
+
+
 def test_unknown_combiner_in_raw_op():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="'max'"):
         call_raw([tf.zeros([4, 2])], [tf.constant([0], tf.int64)],

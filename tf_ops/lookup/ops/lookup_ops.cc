@@ -16,8 +16,10 @@ using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
 // Checks the per-table attributes against num_tables; shared by forward and
-// backward so both reject the same graphs at construction time.
-Status CheckTableAttrs(InferenceContext* c, int num_tables) {
+// backward so both reject the same graphs at construction time. Gives the
+// tables' input types (Tparams).
+Status CheckTableAttrs(InferenceContext* c, int num_tables,
+                       std::vector<::tensorflow::DataType>* param_types) {
   std::vector<std::string> combiners;
   std::vector<bool> weighted;
   std::vector<float> max_norms;
@@ -26,11 +28,10 @@ Status CheckTableAttrs(InferenceContext* c, int num_tables) {
   TF_RETURN_IF_ERROR(c->GetAttr("weighted", &weighted));
   TF_RETURN_IF_ERROR(c->GetAttr("max_norms", &max_norms));
   TF_RETURN_IF_ERROR(c->GetAttr("table_names", &names));
-  std::vector<::tensorflow::DataType> param_types;
-  TF_RETURN_IF_ERROR(c->GetAttr("Tparams", &param_types));
-  if (static_cast<int>(param_types.size()) != num_tables) {
+  TF_RETURN_IF_ERROR(c->GetAttr("Tparams", param_types));
+  if (static_cast<int>(param_types->size()) != num_tables) {
     return ::tensorflow::errors::InvalidArgument("params must have num_tables=", num_tables,
-                                                 " entries; got ", param_types.size());
+                                                 " entries; got ", param_types->size());
   }
   if (static_cast<int>(combiners.size()) != num_tables ||
       static_cast<int>(weighted.size()) != num_tables ||
@@ -53,10 +54,8 @@ Status CheckTableAttrs(InferenceContext* c, int num_tables) {
 
 // The shape of table t: a [rows, dim] tensor input, or the shape recorded on
 // a resource variable's handle (unknown [rows, dim] where none is recorded).
-Status TableShape(InferenceContext* c, int t, ShapeHandle* shape) {
-  std::vector<::tensorflow::DataType> param_types;
-  TF_RETURN_IF_ERROR(c->GetAttr("Tparams", &param_types));
-  if (param_types[t] != ::tensorflow::DT_RESOURCE) return c->WithRank(c->input(t), 2, shape);
+Status TableShape(InferenceContext* c, int t, ::tensorflow::DataType type, ShapeHandle* shape) {
+  if (type != ::tensorflow::DT_RESOURCE) return c->WithRank(c->input(t), 2, shape);
   const auto* handle = c->input_handle_shapes_and_types(t);
   if (handle != nullptr && !handle->empty()) return c->WithRank((*handle)[0].shape, 2, shape);
   *shape = c->UnknownShapeOfRank(2);
@@ -67,10 +66,11 @@ Status TableShape(InferenceContext* c, int t, ShapeHandle* shape) {
 Status LookupShape(InferenceContext* c) {
   int n = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
-  TF_RETURN_IF_ERROR(CheckTableAttrs(c, n));
+  std::vector<::tensorflow::DataType> param_types;
+  TF_RETURN_IF_ERROR(CheckTableAttrs(c, n, &param_types));
   for (int t = 0; t < n; ++t) {
     ShapeHandle params, ids, splits, weights;
-    TF_RETURN_IF_ERROR(TableShape(c, t, &params));
+    TF_RETURN_IF_ERROR(TableShape(c, t, param_types[t], &params));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(n + t), 1, &ids));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(2 * n + t), 1, &splits));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(3 * n + t), 1, &weights));
@@ -85,10 +85,11 @@ Status LookupShape(InferenceContext* c) {
 Status LookupGradShape(InferenceContext* c) {
   int n = 0;
   TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
-  TF_RETURN_IF_ERROR(CheckTableAttrs(c, n));
+  std::vector<::tensorflow::DataType> param_types;
+  TF_RETURN_IF_ERROR(CheckTableAttrs(c, n, &param_types));
   for (int t = 0; t < n; ++t) {
     ShapeHandle params, grads;
-    TF_RETURN_IF_ERROR(TableShape(c, t, &params));
+    TF_RETURN_IF_ERROR(TableShape(c, t, param_types[t], &params));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(4 * n + t), 2, &grads));
     auto unique = c->UnknownDim();
     c->set_output(t, c->Vector(unique));
