@@ -115,19 +115,26 @@ def owner_of(var, ids):
     return tf.math.floormod(ids, world_size)
 
 
+def local_rows(var, ids):
+    """The row numbers in their owner's shard of global row ids `ids` of a
+    sok.Variable: i // N for a distributed table, i for a localized one."""
+    world_size, _, fixed_owner = var.placement
+    return ids if fixed_owner >= 0 else tf.math.floordiv(ids, world_size)
+
+
 def owned_rows(var, ids, rows):
     """The entries of (global ids or keys, rows) that this worker holds, as
     (local ids, rows): local row numbers for a sok.Variable (global row i of a
     distributed table is local row i // N on worker i % N), keys for a
     sok.DynamicVariable (key k on worker k mod N). With one worker, all."""
-    world_size, rank, fixed_owner = var.placement
+    world_size, rank, _ = var.placement
     if world_size == 1:
         return ids, rows
     ids = tf.convert_to_tensor(ids)
     keep = tf.equal(owner_of(var, ids), rank)
     ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
-    if not hasattr(var, "key_type") and fixed_owner < 0:
-        ids = tf.math.floordiv(ids, world_size)
+    if not hasattr(var, "key_type"):  # keys of a DynamicVariable stay keys
+        ids = local_rows(var, ids)
     return ids, rows
 
 

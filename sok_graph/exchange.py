@@ -17,7 +17,7 @@ k mod N; a localized table holds everything on one worker.
 
 import tensorflow as tf
 
-from sok_graph.distributed_variable import owner_of
+from sok_graph.distributed_variable import local_rows, owner_of
 from sok_graph.ops import dist as dist_ops
 from sok_graph.ops import util as util_ops
 
@@ -44,9 +44,8 @@ def _exchange(comm, ids, owner_of, read, name):
 def static_rows(comm, var, ids, name="sok_exchange"):
     """Rows [n, dim] of global row ids `ids` (int64, each in [0, global rows))
     of a sharded sok.Variable."""
-    world_size, _, fixed_owner = var.placement
-    local = ids if fixed_owner >= 0 else tf.math.floordiv(ids, world_size)
-    return _exchange(comm, local, owner_of(var, ids), lambda rows: tf.gather(var, rows), name)
+    return _exchange(comm, local_rows(var, ids), owner_of(var, ids),
+                     lambda rows: tf.gather(var, rows), name)
 
 
 def dynamic_rows(comm, table, keys, name="sok_exchange"):
