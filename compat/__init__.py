@@ -112,6 +112,14 @@ def is_plain_resource_variable(value):
     return isinstance(value, base)
 
 
+def reference(obj):
+    """A hashable reference to `obj` by identity, what tf.Variable.ref()
+    returns."""
+    from tensorflow.python.util import object_identity
+
+    return object_identity.Reference(obj)
+
+
 def record_variable_access(variable):
     """Tells active GradientTapes that `variable` was read, as reading a
     tf.Variable does, so gradients w.r.t. it are recorded automatically."""

@@ -17,7 +17,6 @@ import contextlib
 
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.util import object_identity
 
 from sok_graph import compat, context
 from sok_graph.distributed_variable import parse_mode
@@ -274,7 +273,7 @@ class DynamicVariable(compat.trackable_base_class()):
         """A hashable reference to this table, as tf.Variable.ref() gives;
         TensorFlow asks it of every GLOBAL_VARIABLES entry (tf.custom_gradient
         in graph mode does)."""
-        return object_identity.Reference(self)
+        return compat.reference(self)
 
     def __repr__(self):
         return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "
