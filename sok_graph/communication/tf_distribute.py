@@ -94,9 +94,9 @@ from tensorflow.python.ops import collective_ops
 
 from sok_graph import compat
 from sok_graph.communication import Communicator, SingleProcess
-
-STALL_TIMEOUT_ENV = "SOK_GRAPH_STALL_TIMEOUT"
-DEFAULT_STALL_TIMEOUT_S = 120.0
+# The launcher sets the variable; its name and default are the launcher's.
+from sok_graph.launch import DEFAULT_STALL_TIMEOUT_S
+from sok_graph.launch import ENV_STALL_TIMEOUT as STALL_TIMEOUT_ENV
 
 # MultiWorkerMirroredStrategy numbers its groups from 1 (+100000 per strategy
 # object); keys of this size never meet them. Keys are int32.
