@@ -42,6 +42,11 @@ def communicator(caller="this call"):
     return _communicator
 
 
+def active():
+    """The active communicator, or None before init()."""
+    return _communicator
+
+
 def world():
     """(world_size, rank) of the active communicator; one worker before init()."""
     comm = _communicator

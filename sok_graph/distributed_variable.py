@@ -5,13 +5,16 @@ mode="distributed": global row i lives on worker i % N as local row i // N
 mode="localized:<rank>": the whole table lives on worker <rank>.
 
 The Python object holds this worker's shard; `global_shape` is the shape of
-the whole table. With one worker the shard is the whole table.
+the whole table. With one worker the shard is the whole table. Under a
+MirroredStrategy whose replicas are the workers (one process), the
+constructor returns a ReplicaShards holding every replica's shard
+(sok_graph/replica_shards.py).
 """
 
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, context
+from sok_graph import compat, context, replica_shards
 
 _ResourceVariable = compat.resource_variable_class()
 
@@ -44,6 +47,14 @@ class Variable(_ResourceVariable):
 
     initial_value: [rows, dim] of the whole table (or a callable giving it).
     """
+
+    def __new__(cls, initial_value=None, mode="distributed", *args, **kwargs):
+        comm = context.active()
+        if getattr(comm, "in_process", False) and replica_shards.building_rank() is None \
+                and callable(initial_value):
+            initial_value = initial_value()  # one whole table for every replica's shard
+        shards = replica_shards.replicate(cls, (initial_value, mode) + args, kwargs, comm)
+        return shards if shards is not None else super().__new__(cls)
 
     def __init__(self, initial_value=None, mode="distributed", *args, **kwargs):
         comm = context.communicator("creating a sok.Variable")

@@ -35,7 +35,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context
+from sok_graph import context, replica_shards
 from sok_graph.distributed_variable import is_sok_variable, owned_mask
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -179,6 +179,23 @@ def _export(var, optimizer):
         # Slots not made yet (no step taken) are dumped at their initial
         # values, so that a load with this optimizer always finds them.
         optimizer._create_slots(var)
+    # The shards this process holds: one per worker process, or all of them
+    # when the workers are the replicas of this process's MirroredStrategy.
+    parts = [_shard_tensors(shard, optimizer) for shard in replica_shards.shards_of(var)]
+    fetch = {k: tf.concat([p[k] for p in parts], 0) if len(parts) > 1 else parts[0][k]
+             for k in parts[0]}
+    comm = context.active()
+    if replica_shards.shards_of(var)[0].placement[0] > 1 and not comm.in_process:
+        fetch = {k: comm.allgather(t, name=f"sok_dump_{k.replace('.', '_')}")
+                 for k, t in fetch.items()}
+    out = _run(fetch)
+    order = np.argsort(out["keys"], kind="stable")
+    return {k: np.asarray(v)[order] for k, v in out.items()}
+
+
+def _shard_tensors(var, optimizer):
+    """Tensors of one shard's keys (global ids or keys), values, metadata and
+    slots."""
     if isinstance(var, DynamicVariable):
         keys, rows, times, counts, _ = dynamic_ops.export(
             var.handle, var.key_type, var.dimension, offset=0, limit=(1 << 62))
@@ -195,19 +212,14 @@ def _export(var, optimizer):
         if optimizer is not None and id(var) in optimizer._slots:
             for name, _ in _slot_specs(optimizer):
                 fetch["slot." + name] = tf.convert_to_tensor(optimizer.get_slot(var, name))
-    if var.placement[0] > 1:
-        comm = context.communicator("sok.dump with several workers")
-        fetch = {k: comm.allgather(t, name=f"sok_dump_{k.replace('.', '_')}")
-                 for k, t in fetch.items()}
-    out = _run(fetch)
-    order = np.argsort(out["keys"], kind="stable")
-    return {k: np.asarray(v)[order] for k, v in out.items()}
+    return fetch
 
 
 def _barrier(world_size):
-    """Waits for every worker (graph mode: through the default Session)."""
-    if world_size > 1:
-        comm = context.communicator("sok.dump with several workers")
+    """Waits for every worker process (graph mode: through the default
+    Session)."""
+    comm = context.active()
+    if world_size > 1 and not comm.in_process:
         _run(comm.allreduce(tf.zeros([], tf.float32), name="sok_dump_barrier"))
 
 
@@ -227,8 +239,10 @@ def dump(path, dump_vars, optimizer=None):
                            "slots": [n for n, _ in _slot_specs(optimizer)]}
     # With several workers, each holds every row now; the first writes the
     # dump (atomically, as with one) and the others wait until it is there.
-    world_size, rank = context.world()
-    if rank == 0:
+    # Replicas of one process are written once, by that process.
+    comm = context.active()
+    world_size = 1 if comm is None else comm.world_size
+    if comm is None or comm.in_process or comm.rank == 0:
         write_dump(path, tables, optimizer_entry, world_size=world_size)
     _barrier(world_size)
 
@@ -346,37 +360,47 @@ def load(path, load_vars, optimizer=None):
     variables = _check_vars(load_vars, "load_vars")
     optimizer = None if optimizer is None else wrapper_for(optimizer)
     slots = _slot_specs(optimizer)
+    # Every shard of a table sharded over replicas has the kind, dimension
+    # and global rows of the first.
+    first = {name: replica_shards.shards_of(var)[0] for name, var in variables.items()}
     dims = {name: var.dimension if isinstance(var, DynamicVariable) else int(var.shape[1])
-            for name, var in variables.items()}
-    static_rows = {name: int(var.global_shape[0]) for name, var in variables.items()
+            for name, var in first.items()}
+    static_rows = {name: int(var.global_shape[0]) for name, var in first.items()
                    if not isinstance(var, DynamicVariable)}
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
         algorithm=None if optimizer is None else optimizer._spec.algorithm)
     ops = []
-    for name, var in variables.items():
-        a = loaded[name]
+    for name, table in variables.items():
         if optimizer is not None:
-            optimizer._create_slots(var)
-        # Each worker takes the rows it owns, whatever the dumping world size.
-        keep = owned_mask(var, a["keys"])
-        a = {k: v[keep] for k, v in a.items()}
-        if isinstance(var, DynamicVariable):
-            keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
-            ops.append(_replace_rows(var, keys, a["values"], a.get("timestamps"),
-                                     a.get("frequencies")))
-            for slot, _ in slots:
-                ops.append(_replace_rows(optimizer.get_slot(var, slot), keys,
-                                         a["slot." + slot]))
-        else:
-            # Keys are sorted, so the owned rows come in local-row order.
-            ops.append(var.assign(a["values"]))
-            for slot, _ in slots:
-                ops.append(optimizer.get_slot(var, slot).assign(a["slot." + slot]))
+            optimizer._create_slots(table)
+        for var in replica_shards.shards_of(table):
+            ops.extend(_load_shard(var, loaded[name], optimizer, slots))
     if optimizer is not None:
-        ops.append(optimizer.iterations.assign(manifest["optimizer"]["step"]))
+        ops.extend(optimizer._set_step(manifest["optimizer"]["step"]))
     if not tf.executing_eagerly():
         _run([op for op in ops if op is not None])
+
+
+def _load_shard(var, a, optimizer, slots):
+    """Assignments of the rows of dumped arrays `a` that shard `var` owns."""
+    ops = []
+    # Each worker takes the rows it owns, whatever the dumping world size.
+    keep = owned_mask(var, a["keys"])
+    a = {k: v[keep] for k, v in a.items()}
+    if isinstance(var, DynamicVariable):
+        keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
+        ops.append(_replace_rows(var, keys, a["values"], a.get("timestamps"),
+                                 a.get("frequencies")))
+        for slot, _ in slots:
+            ops.append(_replace_rows(optimizer.get_slot(var, slot), keys,
+                                     a["slot." + slot]))
+    else:
+        # Keys are sorted, so the owned rows come in local-row order.
+        ops.append(var.assign(a["values"]))
+        for slot, _ in slots:
+            ops.append(optimizer.get_slot(var, slot).assign(a["slot." + slot]))
+    return ops
 
 
 def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None):

@@ -18,7 +18,7 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, context
+from sok_graph import compat, context, replica_shards
 from sok_graph.distributed_variable import parse_mode
 from sok_graph.ops import dynamic as dynamic_ops
 
@@ -98,6 +98,12 @@ class DynamicVariable(compat.trackable_base_class()):
 
     _TABLE_CONFIG_KEYS = ("init_capacity", "max_capacity", "max_hbm_for_vectors",
                           "evict_strategy", "seed")
+
+    def __new__(cls, *args, **kwargs):
+        # Under a MirroredStrategy whose replicas are the workers: one shard
+        # per replica (sok_graph/replica_shards.py).
+        shards = replica_shards.replicate(cls, args, kwargs, context.active())
+        return shards if shards is not None else super().__new__(cls)
 
     def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
                  trainable=True, key_type=None, dtype=None, mode=None, **table_config):

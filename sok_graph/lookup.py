@@ -7,7 +7,7 @@ with unique indices.
 
 import tensorflow as tf
 
-from sok_graph import compat, context, exchange
+from sok_graph import compat, context, exchange, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import lookup as lookup_ops
@@ -153,6 +153,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     context.communicator("sok.lookup_sparse")
     single = not isinstance(params, (list, tuple))
     params = [params] if single else list(params)
+    # A table sharded over replicas: the shard of the replica being built.
+    params = [replica_shards.resolve(p, "sok.lookup_sparse") for p in params]
     n = len(params)
     if n == 0:
         raise ValueError("params must name at least one table; got an empty list")

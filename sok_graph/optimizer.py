@@ -18,7 +18,12 @@ what TensorFlow's own sparse kernels compute for the rows they touch.
 
 Slots of a static variable are tf.Variables of its shape; slots of a dynamic
 variable are dynamic tables with its keys (new keys start from the slot's
-initial value) that drop every key the variable evicts.
+initial value) that drop every key the variable evicts. A table sharded over
+the replicas of a MirroredStrategy in one process (ReplicaShards) has slots
+per shard, on the shard's device, and each replica updates its own shard
+inside strategy.run, with a step counter of its own (all count alike): the
+exchange's backward already brought every replica's gradient rows to the
+shard that owns them, so nothing is aggregated across replicas.
 
 `update_all_rows=True` (used by the 1.x API's `sok.optimizers.Adam`) applies
 the algorithm to every row of the table each step, with a zero gradient for
@@ -30,7 +35,7 @@ import weakref
 
 import tensorflow as tf
 
-from sok_graph import compat
+from sok_graph import compat, context, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -216,7 +221,9 @@ class OptimizerWrapper:
             self._spec.tf1 = optimizer.tf1_formulas
         self._slots = {}  # id(var) -> {slot name: tf.Variable or DynamicVariable}
         self._slot_vars = []
-        self._step = None
+        # replica -> step counter: one (0) but with a MirroredStrategy's
+        # replicas as workers (each replica counts its own applies).
+        self._steps = {}
         self._update_all_rows = bool(update_all_rows)
 
     @property
@@ -226,14 +233,30 @@ class OptimizerWrapper:
     @property
     def iterations(self):
         """Number of apply_gradients calls that updated sok variables."""
-        self._ensure_step()
-        return self._step
+        return self._step_variable()
 
-    def _ensure_step(self):
-        if self._step is None:
-            with tf.init_scope():
-                self._step = tf.Variable(0, dtype=tf.int64, trainable=False,
-                                         name="sok_optimizer_step")
+    def _step_variable(self, replica=None):
+        """The step counter of `replica` (default: the replica being built
+        inside strategy.run with replicas as workers, else the only one)."""
+        comm = context.active()
+        in_process = getattr(comm, "in_process", False)
+        if replica is None:
+            replica = 0
+            if replica_shards.in_replica():
+                replica = comm.rank
+        if replica not in self._steps:
+            with tf.init_scope(), replica_shards.shard_scope(
+                    replica if in_process else None,
+                    comm.devices[replica] if in_process else None):
+                self._steps[replica] = replica_shards.new_variable(
+                    0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
+        return self._steps[replica]
+
+    def _set_step(self, value):
+        """Assignments of `value` to every step counter (one per replica)."""
+        comm = context.active()
+        replicas = comm.world_size if getattr(comm, "in_process", False) else 1
+        return [self._step_variable(r).assign(value) for r in range(replicas)]
 
     def _learning_rate(self, step):
         lr = self._spec.lr
@@ -245,18 +268,26 @@ class OptimizerWrapper:
         return [name for name, _ in self._spec.slots()]
 
     def get_slot(self, var, name):
-        return self._slots[id(var)][name]
+        return self._slots[id(replica_shards.resolve(var, "get_slot"))][name]
 
     def variables(self):
-        """Every slot (tf.Variable or DynamicVariable) and the step counter."""
-        self._ensure_step()
-        return [self._step] + list(self._slot_vars)
+        """Every slot (tf.Variable or DynamicVariable) and the step counter(s)."""
+        self._step_variable()
+        return list(self._steps.values()) + list(self._slot_vars)
 
     def _create_slots(self, var):
+        if isinstance(var, replica_shards.ReplicaShards):
+            for shard in var.shards:
+                self._create_slots(shard)
+            return None
         if id(var) in self._slots:
             return self._slots[id(var)]
         slots = {}
-        with tf.init_scope():
+        comm = context.active()
+        in_process = getattr(comm, "in_process", False)
+        # A replica's shard keeps its slots on its device, as its own.
+        with tf.init_scope(), replica_shards.shard_scope(
+                var.placement[1] if in_process else None, var.device if in_process else None):
             for name, init in self._spec.slots():
                 if isinstance(var, DynamicVariable):
                     slot = DynamicVariable(var.dimension, initializer=float(init),
@@ -264,8 +295,9 @@ class OptimizerWrapper:
                                            name=f"{var.name}/{name}")
                     var.add_shadow(slot)
                 else:
-                    slot = tf.Variable(tf.fill(tf.shape(var), tf.cast(init, var.dtype)),
-                                       trainable=False, name=f"{var.name.split(':')[0]}/{name}")
+                    slot = replica_shards.new_variable(
+                        tf.fill(tf.shape(var), tf.cast(init, var.dtype)), trainable=False,
+                        name=f"{var.name.split(':')[0]}/{name}")
                 slots[name] = slot
                 self._slot_vars.append(slot)
         self._slots[id(var)] = slots
@@ -275,7 +307,9 @@ class OptimizerWrapper:
         """Applies gradients; sok variables get sparse updates, others go to
         the wrapped optimizer. Returns an op in graph mode."""
         pairs = [(g, v) for g, v in _pairs(grads_and_vars) if g is not None]
-        sok_pairs = [(g, v) for g, v in pairs if is_sok_variable(v)]
+        # A table sharded over replicas: the shard of the replica being built.
+        sok_pairs = [(g, replica_shards.resolve(v, "apply_gradients"))
+                     for g, v in pairs if is_sok_variable(v)]
         others = [(g, v) for g, v in pairs if not is_sok_variable(v)]
         # Every sok gradient is checked before anything (the wrapped
         # optimizer's variables, the step, slots) changes: a bad one
@@ -288,8 +322,7 @@ class OptimizerWrapper:
         if sok_pairs:
             for _, v in sok_pairs:
                 self._create_slots(v)
-            self._ensure_step()
-            step = self._step.assign_add(1)
+            step = self._step_variable().assign_add(1)
             lr = self._learning_rate(step)
             for g, v in sok_pairs:
                 ops.append(self._apply_sparse(g, v, step, lr))

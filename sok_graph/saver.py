@@ -14,6 +14,7 @@ so it can sit in a graph next to the training op.
 import numpy as np
 import tensorflow as tf
 
+from sok_graph import replica_shards
 from sok_graph.distributed_variable import is_sok_variable, owned_rows
 from sok_graph.dump_load import read_dump, write_dump
 from sok_graph.dynamic_variable import DynamicVariable
@@ -59,6 +60,8 @@ class Saver:
     def dump_to_file(self, embedding_variable, filepath):
         """Writes the table's keys and rows to the directory `filepath`."""
         _check(embedding_variable, "dump_to_file")
+        # One shard: that of the replica being built (inside strategy.run).
+        embedding_variable = replica_shards.resolve(embedding_variable, "Saver.dump_to_file")
         path = str(filepath)
         kind = "dynamic" if isinstance(embedding_variable, DynamicVariable) else "static"
 
@@ -79,6 +82,8 @@ class Saver:
         """Replaces the table's contents with what dump_to_file wrote to
         `filepath` (checked before anything changes)."""
         _check(embedding_variable, "restore_from_file")
+        # One shard: that of the replica being built (inside strategy.run).
+        embedding_variable = replica_shards.resolve(embedding_variable, "Saver.restore_from_file")
         var = embedding_variable
         path = str(filepath)
         dim = _dimension(var)
@@ -103,10 +108,11 @@ class Saver:
         must have exactly that many rows."""
         _check(embedding_variable, "load_embedding_values")
         var = embedding_variable
+        table = replica_shards.shards_of(var)[0]  # the kind, dimension and rows of every shard
         parts = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
         if not parts:
             raise ValueError("tensors must hold at least one [rows, dim] tensor")
-        dim = _dimension(var)
+        dim = _dimension(table)
         values = []
         for i, t in enumerate(parts):
             t = tf.convert_to_tensor(t, tf.float32)
@@ -116,14 +122,18 @@ class Saver:
             values.append(t)
         rows = tf.concat(values, 0) if len(values) > 1 else values[0]
         n = rows.shape[0]
-        if not isinstance(var, DynamicVariable) and n is not None \
-                and n != int(var.global_shape[0]):
-            raise ValueError(f"the table has {int(var.global_shape[0])} rows; tensors hold {n}")
-        keys = tf.range(tf.shape(rows, out_type=tf.int64)[0])
-        # Each worker keeps the rows it owns.
-        keys, rows = owned_rows(var, keys, rows)
-        if isinstance(var, DynamicVariable):
-            op = var.import_rows(tf.cast(keys, var.key_type), rows)
-        else:
-            op = var.scatter_update(tf.IndexedSlices(rows, keys))
-        return None if tf.executing_eagerly() else tf.group(op, name="sok_load_embedding_values")
+        if not isinstance(table, DynamicVariable) and n is not None \
+                and n != int(table.global_shape[0]):
+            raise ValueError(f"the table has {int(table.global_shape[0])} rows; tensors hold {n}")
+        all_keys = tf.range(tf.shape(rows, out_type=tf.int64)[0])
+        ops = []
+        # Each worker keeps the rows it owns (each replica's shard, when the
+        # replicas of a MirroredStrategy are the workers).
+        for shard in replica_shards.shards_of(var):
+            keys, owned = owned_rows(shard, all_keys, rows)
+            if isinstance(shard, DynamicVariable):
+                ops.append(shard.import_rows(tf.cast(keys, shard.key_type), owned))
+            else:
+                ops.append(shard.scatter_update(tf.IndexedSlices(owned, keys)))
+        return None if tf.executing_eagerly() else tf.group(*ops,
+                                                             name="sok_load_embedding_values")

@@ -2,10 +2,14 @@
 export, filter_variables, sparse_read_and_evict.
 
 assign / export act on this worker's shard (with one worker, the table).
+A table sharded over the replicas of a MirroredStrategy in one process: the
+replica's shard inside strategy.run; outside, export gives every shard's rows
+(the process holds them all) and assign needs a replica.
 """
 
 import tensorflow as tf
 
+from sok_graph import replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -25,6 +29,7 @@ def assign(var, indices, values):
     values: [len(indices), dim].
     """
     _check_sok(var, "assign")
+    var = replica_shards.resolve(var, "sok.assign")
     values = tf.convert_to_tensor(values, dtype=var.dtype)
     indices = tf.convert_to_tensor(indices)
     # TensorFlow's scatter does not check an empty update's row width.
@@ -54,6 +59,11 @@ def export(var):
     and rows of a sok.Variable (local row r of a distributed table on worker
     w of N is global row r * N + w), keys and rows of a sok.DynamicVariable."""
     _check_sok(var, "export")
+    if isinstance(var, replica_shards.ReplicaShards):
+        if not replica_shards.in_replica():
+            parts = [export(shard) for shard in var.shards]
+            return (tf.concat([k for k, _ in parts], 0), tf.concat([v for _, v in parts], 0))
+        var = var.shard("sok.export")
     if isinstance(var, DynamicVariable):
         keys, rows, _, _, _ = dynamic_ops.export(var.handle, var.key_type, var.dimension,
                                                  offset=0, limit=(1 << 62))

@@ -1,6 +1,7 @@
 """Model parallelism over N worker processes on localhost, under the launcher.
 
-For each engine (Horovod; tf.distribute's MultiWorkerMirroredStrategy),
+For each engine (Horovod; tf.distribute's MultiWorkerMirroredStrategy, one
+replica per process; MirroredStrategy with N replicas in one process),
 N-worker training of the workloads in
 tests/multiworker/train_worker.py (two tables through sok.lookup_sparse; the
 1.x layers All2AllDenseEmbedding and DistributedEmbedding; static and dynamic
@@ -111,6 +112,29 @@ def test_tf_distribute_two_workers_equal_single_process(reference, tmp_path):
 
 def test_tf_distribute_three_workers_equal_single_process(reference, tmp_path):
     _check_engine("tf", 3, CONFIGS_3, reference, tmp_path)
+
+
+def _check_mirrored(world, configs, reference, tmp_path):
+    """One process, a MirroredStrategy over `world` logical CPUs, each replica
+    a worker (sok_graph/communication/replicas.py)."""
+    _run([sys.executable, TRAIN, "--engine", "mirrored", "--configs", ",".join(configs),
+          "--world", str(world), "--out", str(tmp_path)])
+    for c in configs:
+        sub = c.replace(":", "-")
+        got = _merged(os.path.join(tmp_path, sub))
+        want = _merged(os.path.join(reference[world], sub))
+        _compare(got, want, f"MirroredStrategy, {world} replicas, {c}")
+        assert got["bytes_sent"] > 0, f"{c}: no bytes counted"
+
+
+def test_mirrored_two_replicas_equal_single_process(reference, tmp_path):
+    """tf.distribute's MirroredStrategy with two replicas in one process:
+    each replica holds a shard, in tf.function and in Session graphs."""
+    _check_mirrored(2, CONFIGS, reference, tmp_path)
+
+
+def test_mirrored_three_replicas_equal_single_process(reference, tmp_path):
+    _check_mirrored(3, CONFIGS_3, reference, tmp_path)
 
 
 @needs_horovod

@@ -9,8 +9,10 @@ so supporting another engine means adding a module here and nothing else.
 Engines:
   SingleProcess  world size 1, no communication (the default)
   Horovod        horovod.tensorflow (Gloo on CPU, NCCL on GPUs): horovod.py
-  TFDistribute   tf.distribute collectives (MultiWorkerMirroredStrategy):
-                 tf_distribute.py
+  TFDistribute   tf.distribute collectives (MultiWorkerMirroredStrategy, one
+                 replica per process): tf_distribute.py
+  MirroredReplicas  the replicas of a MirroredStrategy in one process, each a
+                 worker (ReplicaContext collectives): replicas.py
 
 Every all-to-all can count the bytes it sends to other workers (see
 `count_bytes`), so benchmarks can report bytes per step.
@@ -61,6 +63,10 @@ class Communicator(abc.ABC):
     per-destination row counts ([world_size] int32/int64 tensor)."""
 
     name = "abstract"
+    # True when every worker is a replica in this process (MirroredReplicas):
+    # the process holds every shard, and `rank` depends on the replica being
+    # built.
+    in_process = False
 
     def __init__(self, world_size, rank):
         self._size, self._rank = int(world_size), int(rank)
@@ -120,6 +126,31 @@ class Communicator(abc.ABC):
 
     def describe(self):
         return f"{self.name} (rank {self.rank} of {self.world_size})"
+
+
+def valid_rows(counts, chunk):
+    """Indices of the first counts[w] rows of every block w of a
+    [len(counts) * chunk, ...] buffer, in order (a padded exchange's valid
+    rows). A few ops: tf.repeat builds many more, which slowed traces with
+    many exchanges."""
+    import tensorflow as tf
+
+    valid = tf.range(chunk)[None, :] < counts[:, None]
+    return tf.where(tf.reshape(valid, [-1]))[:, 0]
+
+
+def pack_chunks(tensor, splits, chunk, size):
+    """[size, chunk, ...]: the rows of `tensor` (sorted by destination,
+    splits[w] of them for worker w) with each destination's chunk padded with
+    zeros to `chunk` rows — the equal-sized blocks that all-to-all and
+    all-gather collectives exchange."""
+    import tensorflow as tf
+
+    row_shape = tf.shape(tensor, out_type=tf.int64)[1:]
+    # The valid slots of the buffer, in order, are where rows 0, 1, 2, ... go.
+    slots = valid_rows(splits, chunk)
+    buffer = tf.scatter_nd(slots[:, None], tensor, tf.concat([[size * chunk], row_shape], 0))
+    return tf.reshape(buffer, tf.concat([[size, chunk], row_shape], 0))
 
 
 class SingleProcess(Communicator):

@@ -87,13 +87,14 @@ import threading
 import tensorflow as tf
 from tensorflow.python.distribute import (
     collective_all_reduce_strategy,
+    mirrored_strategy,
     multi_worker_util,
 )
 from tensorflow.python.eager import context as eager_context
 from tensorflow.python.ops import collective_ops
 
 from sok_graph import compat
-from sok_graph.communication import Communicator, SingleProcess
+from sok_graph.communication import Communicator, SingleProcess, pack_chunks, valid_rows
 # The launcher sets the variable; its name and default are the launcher's.
 from sok_graph.launch import DEFAULT_STALL_TIMEOUT_S
 from sok_graph.launch import ENV_STALL_TIMEOUT as STALL_TIMEOUT_ENV
@@ -350,14 +351,6 @@ class TFDistribute(Communicator):
         start = root_rank * chunk
         return tf.reshape(gathered[start:start + counts[root_rank]], tf.shape(tensor))
 
-    @staticmethod
-    def _valid_rows(counts, chunk):
-        """Indices of the first counts[w] rows of every block w of a
-        [world_size * chunk, ...] buffer, in order. (A few ops: tf.repeat
-        builds many more, which slowed traces with many exchanges.)"""
-        valid = tf.range(chunk)[None, :] < counts[:, None]
-        return tf.where(tf.reshape(valid, [-1]))[:, 0]
-
     # --- all-to-all -----------------------------------------------------------
 
     def _exchange(self, tensor, send_splits, recv_splits, chunk, key, bucketed):
@@ -371,15 +364,11 @@ class TFDistribute(Communicator):
             chunk, index = _bucket(chunk)
             key = tf.cast(key + index, tf.int32)
         row_shape = tf.shape(tensor, out_type=tf.int64)[1:]
-        # Rows are sorted by destination, so the valid slots of the send
-        # buffer, in order, are where rows 0, 1, 2, ... go.
-        slots = self._valid_rows(send_splits, chunk)
-        buffer = tf.scatter_nd(slots[:, None], tensor, tf.concat([[size * chunk], row_shape], 0))
-        buffer = tf.reshape(buffer, tf.concat([[size, chunk], row_shape], 0))
+        buffer = pack_chunks(tensor, send_splits, chunk, size)
         received = collective_ops.all_to_all_v2(  # tf2-only: TFDistribute exists on TF 2.x only
             buffer, size, GROUP_KEY, key, timeout=self._timeout)
         received = tf.reshape(received, tf.concat([[size * chunk], row_shape], 0))
-        out = tf.gather(received, self._valid_rows(recv_splits, chunk))
+        out = tf.gather(received, valid_rows(recv_splits, chunk))
         out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
         return out
 
@@ -479,7 +468,7 @@ class TFDistribute(Communicator):
                 shape = tf.shape(x, out_type=tf.int64)
                 padding = tf.zeros(tf.concat([[chunk - shape[0]], shape[1:]], 0), x.dtype)
                 gathered = self._gather_equal(tf.concat([x, padding], 0), key)
-                out = tf.gather(gathered, self._valid_rows(counts, chunk))
+                out = tf.gather(gathered, valid_rows(counts, chunk))
                 out.set_shape(tf.TensorShape([None]).concatenate(x.shape[1:]))
 
                 def grad(dy):
@@ -547,7 +536,9 @@ def create():
     """The communicator for the active tf.distribute strategy (call it under
     the strategy's scope): a single process when the strategy has one replica
     (no strategy, MirroredStrategy on one device, one worker), TFDistribute
-    under a MultiWorkerMirroredStrategy with one replica per worker."""
+    under a MultiWorkerMirroredStrategy with one replica per worker,
+    MirroredReplicas under a MirroredStrategy with several devices in this
+    process."""
     strategy = tf.distribute.get_strategy()
     replicas = strategy.num_replicas_in_sync
     if replicas == 1:
@@ -562,12 +553,14 @@ def create():
     multi_worker = isinstance(strategy.extended,
                               collective_all_reduce_strategy.CollectiveAllReduceExtended)
     if not multi_worker or resolver is None or not resolver.cluster_spec().as_dict():
-        raise NotImplementedError(
-            f"comm_tool='tf' supports MultiWorkerMirroredStrategy with one replica per "
-            f"worker process; the active {name} has {replicas} replicas in one process, "
-            f"which is not supported yet. Run one process per device (python -m "
-            f"sok_graph.launch -np N) under MultiWorkerMirroredStrategy, or use "
-            f"comm_tool='horovod'.")
+        # Every replica in this process: each replica is a worker.
+        if not isinstance(strategy.extended, mirrored_strategy.MirroredExtended):
+            raise NotImplementedError(
+                f"comm_tool='tf' supports MirroredStrategy and MultiWorkerMirroredStrategy; "
+                f"the active strategy is a {name} with {replicas} replicas")
+        from sok_graph.communication.replicas import MirroredReplicas
+
+        return MirroredReplicas(strategy)
     comm = TFDistribute(strategy)
     if replicas != comm.world_size:
         raise NotImplementedError(

@@ -6,7 +6,9 @@ worker's part of the result (its table rows with their global ids/keys, the
 dense weights, the losses) to <out>/rank<r>.npz. Run with --engine none and
 one process it is the single-process reference the test compares against.
 
-  --engine  horovod | tf | none      communication engine
+  --engine  horovod | tf | none      communication engine; or mirrored: one
+            | mirrored               process, a MirroredStrategy over --world
+                                     logical CPUs, each replica a worker
   --mode    function | graph         tf.function, or a tf.compat.v1 Session
   --api     v2 | a2a | dist          sok.lookup_sparse on two tables; the 1.x
                                      All2AllDenseEmbedding; DistributedEmbedding
@@ -37,7 +39,7 @@ SLOTS, NNZ = 3, 2  # slot_num, nnz_per_slot (All2AllDenseEmbedding)
 
 def parse():
     p = argparse.ArgumentParser()
-    p.add_argument("--engine", choices=["horovod", "tf", "none"], required=True)
+    p.add_argument("--engine", choices=["horovod", "tf", "none", "mirrored"], required=True)
     p.add_argument("--configs", required=True,
                    help="comma-separated api:table:mode, e.g. v2:static:function,a2a:dynamic:graph")
     p.add_argument("--world", type=int, default=1)
@@ -130,6 +132,13 @@ def main():
         strategy = tf.distribute.MultiWorkerMirroredStrategy()
         rank = strategy.cluster_resolver.task_id
         world = strategy.num_replicas_in_sync
+    elif args.engine == "mirrored":
+        # One process: each replica (a logical CPU) is a worker.
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.world)
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.world)])
+        rank, world = 0, args.world
     else:
         rank, world = 0, 1
     if args.no_dedup:
@@ -144,21 +153,30 @@ def main():
 
 def run_config(config, args, strategy, rank, world, sok, tf):
     init_op = None
+    mirrored = config.engine == "mirrored"
     with strategy.scope() if strategy is not None else _null():
         if config.api == "v2":
-            sok.init(comm_tool=config.engine)
+            sok.init(comm_tool="tf" if mirrored else config.engine)
         else:
             init_op = sok.Init(global_batch_size=GLOBAL_BATCH)
     comm = sok.context.communicator()
     assert comm.world_size == world, (comm.world_size, world)
-    data = [local_slice(b, rank, world, config.api) for b in batches(config)]
+    assert comm.in_process == mirrored, comm.describe()
+    if mirrored:  # per step, every replica's slice
+        data = [[local_slice(b, r, world, config.api) for r in range(world)]
+                for b in batches(config)]
+    else:
+        data = [local_slice(b, rank, world, config.api) for b in batches(config)]
     if config.fault == "badid" and rank == 1:
         ids, lengths = data[0]["a"]
         lengths = lengths.copy()
         lengths[0] += 1  # the first sample gets the id ROWS as well
         data[0]["a"] = (np.concatenate([[ROWS], ids]), lengths)
     sok.communication.reset_bytes_sent()
-    model = Model(config, sok, tf, rank)
+    # The mirrored run builds its model (Keras optimizers, the dense weight)
+    # under the strategy's scope and steps through strategy.run.
+    with strategy.scope() if mirrored else _null():
+        model = Model(config, sok, tf, rank, strategy if mirrored else None)
     losses = model.train(data, comm, init_op)
     out = os.path.join(args.out, config.text.replace(":", "-"))
     os.makedirs(out, exist_ok=True)
@@ -179,8 +197,9 @@ class _null:
 class Model:
     """The model, built once for tf.function or graph mode."""
 
-    def __init__(self, args, sok, tf, rank=0):
+    def __init__(self, args, sok, tf, rank=0, strategy=None):
         self.args, self.sok, self.tf = args, sok, tf
+        self.strategy = strategy
         self.fault = args.fault if rank == 1 else None
         dim = DIM + 1 if self.fault == "shape" else DIM
         self.graph = args.mode == "graph"
@@ -259,7 +278,9 @@ class Model:
             with tf.GradientTape() as tape:
                 loss = self.forward(inputs)
             grads = tape.gradient(loss, self.embs + [self.w])
-        dense_grad = comm.allreduce(tf.convert_to_tensor(grads[-1]))
+        # Under MirroredStrategy the dense optimizer sums the replicas' gradients.
+        dense_grad = grads[-1] if self.strategy is not None else comm.allreduce(
+            tf.convert_to_tensor(grads[-1]))
         with self.scope if self.scope is not None else _null():
             emb_update = self.emb_opt.apply_gradients(zip(grads[:-1], self.embs))
         ops = [emb_update, self.dense_opt.apply_gradients([(dense_grad, self.w)])]
@@ -268,6 +289,22 @@ class Model:
             with tf.control_dependencies([op for op in ops if op is not None]):
                 return tf.identity(total)
         return total
+
+    def replicated_step(self, inputs, comm):
+        """The step: on this worker, or (mirrored) on every replica, each on
+        its slice inputs[replica]; the loss of the first."""
+        tf = self.tf
+        if self.strategy is None:
+            return self.step(inputs, comm)
+
+        def replica_step():
+            ctx = tf.distribute.get_replica_context()
+            return self.step(inputs[tf.get_static_value(ctx.replica_id_in_sync_group)], comm)
+
+        losses = self.strategy.experimental_local_results(self.strategy.run(replica_step))
+        # In a Session every replica's step (its updates) runs only if fetched.
+        with tf.control_dependencies(losses):
+            return tf.identity(losses[0])
 
     def _set_initial_rows(self):
         if getattr(self, "initial", None) is None:
@@ -278,11 +315,13 @@ class Model:
         tf = self.tf
         losses = []
         if self.graph:
-            ph = self._placeholders(data[0])
-            loss = self.step(ph, comm)
+            ph = [self._placeholders(d) for d in data[0]] if self.strategy is not None \
+                else self._placeholders(data[0])
+            loss = self.replicated_step(ph, comm)
             init = self._set_initial_rows()
             # The tf.distribute engine runs graphs in a Session of its worker's
-            # gRPC server; the others in a plain one.
+            # gRPC server, the mirrored run in one that sees every replica's
+            # CPU; the others in a plain one.
             self.sess = comm.session() if hasattr(comm, "session") else tf.compat.v1.Session()
             if init_op is not None:
                 self.sess.run(init_op)
@@ -295,11 +334,11 @@ class Model:
                 losses.append(float(self.sess.run(loss, self._feed(ph, batch))))
             return losses
         self._set_initial_rows()
-        step = tf.function(lambda inputs: self.step(inputs, comm), reduce_retracing=True)
+        step = tf.function(lambda inputs: self.replicated_step(inputs, comm),
+                           reduce_retracing=True)
         for i, batch in enumerate(data):
             self._maybe_fail(i)
-            inputs = {k: tuple(tf.constant(x) for x in v) if isinstance(v, tuple)
-                      else tf.constant(v) for k, v in batch.items()}
+            inputs = tf.nest.map_structure(tf.constant, batch)
             losses.append(float(step(inputs)))
         return losses
 
@@ -324,6 +363,11 @@ class Model:
         return ph
 
     def _feed(self, ph, batch):
+        if isinstance(batch, list):  # mirrored: every replica's slice
+            feed = {}
+            for p, b in zip(ph, batch):
+                feed.update(self._feed(p, b))
+            return feed
         feed = {}
         for k, v in batch.items():
             if isinstance(v, tuple):

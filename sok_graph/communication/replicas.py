@@ -1,0 +1,239 @@
+"""The in-process engine: the replicas of a tf.distribute.MirroredStrategy
+with several devices in one process, each acting as one worker.
+
+`sok.init(comm_tool="tf")` (or `sok.Init`) under such a strategy's scope
+picks it. Worker r is replica r (on the strategy's r-th device): it holds
+shard r of every sok table (see sok_graph/replica_shards.py) and talks to the
+other replicas through the strategy's merge_call (see _merged), so it works
+wherever that does: inside `strategy.run`, eagerly, in a tf.function and in
+a tf.compat.v1 Session graph.
+
+- `rank` is the replica id of the replica context being built (a Python int:
+  MirroredStrategy builds each replica's ops separately); outside a replica
+  context it is only defined while a shard is being created for one replica.
+- Uneven all-to-all: the [replicas, replicas] split matrix and every
+  replica's send buffer (each chunk padded to the largest split) are
+  all-gathered; each replica keeps the chunks addressed to it. Within one
+  process an all-gather is a copy, so the padding costs memory, not network.
+  The gradient is the reverse exchange.
+- A Session must see every replica's device (logical CPUs exist for eager
+  execution only): `comm.session_config()` / `comm.session()`.
+- barrier() has nothing to wait for: the replicas share one Python process.
+"""
+
+import tensorflow as tf
+
+from sok_graph import replica_shards
+from sok_graph.communication import Communicator, pack_chunks, valid_rows
+
+_not_converted = tf.autograph.experimental.do_not_convert
+
+
+def _with_gradient(x, result, gradient):
+    """`result` (built from x and the other replicas' tensors), whose gradient
+    with respect to x is gradient(dy) and which passes none to the other
+    replicas' tensors: each replica's own gradient carries what flows to
+    them. `result` enters as an argument: in Session graphs
+    tf.custom_gradient searches the forward for variables upstream of its
+    captures, which would reach into the other replicas' subgraphs."""
+    @tf.custom_gradient
+    def attach(x, result):
+        return tf.identity(result), lambda dy: (gradient(tf.convert_to_tensor(dy)), None)
+
+    return attach(x, result)
+
+
+class MirroredReplicas(Communicator):
+    """Collectives among the replicas of one process's MirroredStrategy; see
+    the module's docstring. Made by tf_distribute.create()."""
+
+    name = "replicas"
+    in_process = True
+
+    def __init__(self, strategy):
+        self._strategy = strategy
+        self._devices = tuple(strategy.extended.worker_devices)
+        super().__init__(world_size=len(self._devices), rank=0)
+
+    @property
+    def devices(self):
+        """The device of each replica, in replica order."""
+        return self._devices
+
+    @property
+    def rank(self):
+        """The replica whose ops are being built (inside strategy.run), or the
+        one whose shard is being created."""
+        building = replica_shards.building_rank()
+        if building is not None:
+            return building
+        return self._replica_context()[1]
+
+    def in_replica(self):
+        """Whether a replica of this strategy is being built (inside
+        strategy.run)."""
+        ctx = tf.distribute.get_replica_context()
+        return ctx is not None and ctx.strategy is self._strategy
+
+    def _replica_context(self, what="this"):
+        """(replica context, replica id) of the replica being built; a clear
+        error outside strategy.run."""
+        ctx = tf.distribute.get_replica_context()
+        if not self.in_replica():
+            raise RuntimeError(
+                f"sok_graph runs on the {self.world_size} replicas of a MirroredStrategy: "
+                f"{what} needs a replica context; call it inside strategy.run(...) of the "
+                f"strategy sok.init was called under")
+        replica = tf.get_static_value(ctx.replica_id_in_sync_group)
+        if replica is None:
+            raise RuntimeError("the replica id of this MirroredStrategy replica context is not "
+                               "known while building; sok_graph needs it as a constant")
+        return ctx, int(replica)
+
+    def describe(self):
+        return (f"MirroredStrategy replicas in one process ({self.world_size}: "
+                f"{', '.join(self._devices)})")
+
+    # --- graph-mode sessions ----------------------------------------------
+
+    def session_config(self, config=None):
+        """A copy of `config` (a tf.compat.v1.ConfigProto, or a new one) whose
+        Session sees every replica's device: logical CPUs made with
+        tf.config.set_logical_device_configuration exist for eager execution
+        only, and a Session makes as many as its device_count says."""
+        updated = tf.compat.v1.ConfigProto()
+        if config is not None:
+            if not isinstance(config, tf.compat.v1.ConfigProto):
+                raise TypeError(f"config must be a tf.compat.v1.ConfigProto or None; got "
+                                f"{type(config).__name__}")
+            updated.CopyFrom(config)
+        cpus = sum(1 for d in self._devices if tf.DeviceSpec.from_string(d).device_type == "CPU")
+        if cpus > updated.device_count.get("CPU", 1):
+            updated.device_count["CPU"] = cpus
+        return updated
+
+    def session(self, config=None, graph=None):
+        """A tf.compat.v1.Session with session_config(config)."""
+        return tf.compat.v1.Session(graph=graph, config=self.session_config(config))
+
+    # --- the two primitives ----------------------------------------------------
+    #
+    # Built with merge_call: the merge function sees every replica's tensor
+    # and builds, on each replica's device, the concatenation or the sum;
+    # replica r takes the r-th. The result is plain dataflow between the
+    # devices of one graph (copies and adds, no collective kernels, no
+    # instance keys), the same in tf.function, eagerly and in a Session.
+
+    def _merged(self, ctx, rank, tensor, combine):
+        def merge(strategy, value):
+            parts = strategy.experimental_local_results(value)
+            out = []
+            for device in self._devices:
+                with tf.device(device):
+                    out.append(combine(parts))
+            return out
+
+        return ctx.merge_call(merge, args=(tensor,))[rank]
+
+    def _gather(self, ctx, rank, tensor):
+        """Every replica's tensor, concatenated along axis 0 in replica order
+        (first dimensions may differ). Not differentiated: callers give the
+        gradient."""
+        return self._merged(ctx, rank, tensor, lambda parts: tf.concat(list(parts), 0))
+
+    def _sum(self, ctx, rank, tensor):
+        return self._merged(ctx, rank, tensor, lambda parts: tf.add_n(list(parts)))
+
+    # --- all-to-all ---------------------------------------------------------
+
+    def _exchange(self, ctx, rank, tensor, send_splits, recv_splits, chunk):
+        """Rows to every replica (each chunk padded to `chunk` rows, every
+        replica's buffer all-gathered); the received valid rows, in sender
+        order."""
+        size = self.world_size
+        row_shape = tf.shape(tensor, out_type=tf.int64)[1:]
+        buffer = pack_chunks(tensor, send_splits, chunk, size)  # [size, chunk, ...]
+        # [sender, receiver, chunk, ...]: every replica's buffer.
+        everything = self._gather(ctx, rank, buffer[None])
+        mine = tf.reshape(everything[:, rank], tf.concat([[size * chunk], row_shape], 0))
+        out = tf.gather(mine, valid_rows(recv_splits, chunk))
+        out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
+        return out
+
+    @_not_converted
+    def _alltoall(self, tensor, splits, name):
+        ctx, rank = self._replica_context("an all-to-all")
+        size = self.world_size
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.shape.rank == 0:
+            raise ValueError(f"alltoall needs a tensor of rank >= 1 (the rows to send); got "
+                             f"a scalar: {tensor}")
+        with tf.name_scope(name or "sok_alltoall"):
+            check = tf.debugging.assert_equal(
+                tf.reduce_sum(splits), tf.shape(tensor, out_type=tf.int64)[0],
+                message="alltoall: splits must add up to the tensor's number of rows")
+            with tf.control_dependencies([check]):
+                splits = tf.identity(splits)
+            # [sender, receiver] -> rows, the same on every replica.
+            matrix = self._gather(ctx, rank, tf.reshape(splits, [1, size]))
+            received_splits = matrix[:, rank]
+            chunk = tf.maximum(tf.reduce_max(matrix), 1)
+
+            received = self._exchange(ctx, rank, tensor, splits, received_splits, chunk)
+            # The gradient: the reverse exchange.
+            return _with_gradient(tensor, received, lambda dy: self._exchange(
+                ctx, rank, dy, received_splits, splits, chunk)), received_splits
+
+    # --- all-reduce, all-gather, broadcast --------------------------------------
+
+    @_not_converted
+    def allreduce(self, tensor, name=None):
+        """Sum over replicas; gradient: the sum of the replicas' gradients."""
+        ctx, rank = self._replica_context("allreduce")
+        with tf.name_scope(name or "sok_allreduce"):
+            tensor = tf.convert_to_tensor(tensor)
+            return _with_gradient(tensor, self._sum(ctx, rank, tensor),
+                                  lambda dy: self._sum(ctx, rank, dy))
+
+    @_not_converted
+    def allgather(self, tensor, name=None):
+        """Every replica's tensor along axis 0 in replica order (first
+        dimensions may differ); gradient: this replica's rows of the sum of
+        the replicas' gradients."""
+        ctx, rank = self._replica_context("allgather")
+        tensor = tf.convert_to_tensor(tensor)
+        if tensor.shape.rank == 0:
+            raise ValueError(f"allgather needs a tensor of rank >= 1; got a scalar: {tensor}")
+        with tf.name_scope(name or "sok_allgather"):
+            rows = tf.shape(tensor, out_type=tf.int64)[:1]
+            start = tf.reduce_sum(self._gather(ctx, rank, rows)[:rank])
+            return _with_gradient(tensor, self._gather(ctx, rank, tensor),
+                                  lambda dy: self._sum(ctx, rank, dy)[start:start + rows[0]])
+
+    @_not_converted
+    def broadcast(self, tensor, root_rank=0, name=None):
+        """root_rank's tensor: a sum to which only the root contributes. Its
+        gradient, as Horovod's: the sum of the replicas' gradients on the
+        root, zeros elsewhere."""
+        if isinstance(root_rank, bool) or not isinstance(root_rank, int) or \
+                not 0 <= root_rank < self.world_size:
+            raise ValueError(f"root_rank must be an int in [0, {self.world_size}); got "
+                             f"{root_rank!r}")
+        ctx, rank = self._replica_context("broadcast")
+        is_root = rank == root_rank
+
+        def grad(dy):
+            summed = self._sum(ctx, rank, dy)
+            if is_root:
+                return summed
+            # The root waits for this replica's share of the sum.
+            with tf.control_dependencies([summed]):
+                return tf.zeros_like(dy)
+
+        with tf.name_scope(name or "sok_broadcast"):
+            tensor = tf.convert_to_tensor(tensor)
+            sent = tensor if is_root else tf.zeros_like(tensor)
+            return _with_gradient(tensor, self._sum(ctx, rank, sent), grad)
+
+    def barrier(self):
+        return None

@@ -1,0 +1,205 @@
+"""Sok tables sharded over the replicas of one process's MirroredStrategy.
+
+Under `MirroredReplicas` (sok_graph/communication/replicas.py) every replica
+is a worker, so a table needs one shard per replica, each on its replica's
+device. `sok.Variable(...)` and `sok.DynamicVariable(...)` then return a
+`ReplicaShards`: one object holding shard r for replica r, built as shard r
+would be built by worker r of N separate processes (same rows, same
+placement), so everything downstream — the exchange, the optimizer, dump and
+load — works on shards exactly as it does across processes.
+
+Inside `strategy.run` a ReplicaShards acts as the shard of the replica being
+built (`resolve`): lookups read it, the tape differentiates it (its `handle`
+is that shard's), the optimizer updates it. Outside a replica context only
+what concerns the whole table works (dump, load, export, checkpoints); what
+needs one shard says so.
+"""
+
+import contextlib
+import threading
+
+import tensorflow as tf
+
+from sok_graph import compat
+
+_building = threading.local()
+
+
+def building_rank():
+    """The replica whose shard is being created in this thread, or None."""
+    return getattr(_building, "rank", None)
+
+
+@contextlib.contextmanager
+def building_shard(rank, device):
+    """Creates variables as worker `rank`'s shard, on `device`: sok.Variable
+    and DynamicVariable made inside are plain shards, and the communicator's
+    rank is `rank` meanwhile."""
+    previous = building_rank()
+    _building.rank = rank
+    try:
+        with tf.device(device):
+            yield
+    finally:
+        _building.rank = previous
+
+
+@contextlib.contextmanager
+def shard_scope(rank, device):
+    """building_shard(rank, device); nothing when rank is None."""
+    if rank is None:
+        yield
+        return
+    with building_shard(rank, device):
+        yield
+
+
+def new_variable(initial_value, **kwargs):
+    """A tf.Variable; while a replica's shard is being built, a plain
+    resource variable (the strategy's variable creator would make it a
+    MirroredVariable, one value for every replica)."""
+    if building_rank() is None:
+        return tf.Variable(initial_value, **kwargs)
+    return compat.resource_variable_class()(initial_value, **kwargs)
+
+
+def replicate(cls, args, kwargs, communicator):
+    """A ReplicaShards of `cls(*args, **kwargs)` built once per replica, when
+    `communicator` runs the replicas of this process and no shard is being
+    built already; else None (build the object itself)."""
+    if communicator is None or not communicator.in_process or building_rank() is not None:
+        return None
+    shards = []
+    for rank, device in enumerate(communicator.devices):
+        with building_shard(rank, device):
+            shards.append(cls(*args, **kwargs))
+    return ReplicaShards(shards)
+
+
+def current_replica(communicator, what):
+    """The replica id being built, with a clear error naming `what` outside
+    strategy.run."""
+    return communicator._replica_context(what)[1]
+
+
+def in_replica():
+    """Whether the replica of a MirroredStrategy whose replicas are the
+    workers is being built (inside its strategy.run)."""
+    from sok_graph import context
+
+    comm = context.active()
+    return getattr(comm, "in_process", False) and comm.in_replica()
+
+
+class ReplicaShards(compat.trackable_base_class()):
+    """A sok table whose shard r lives on replica r of this process (see the
+    module docstring). `shards` lists them in replica order."""
+
+    # The tape and tf.Module treat objects with this attribute as resource
+    # variables: a gradient w.r.t. this table is one w.r.t. `handle`, the
+    # shard of the replica being built.
+    _should_act_as_resource_variable = True
+
+    def __init__(self, shards):
+        self._shards = list(shards)
+        for rank, shard in enumerate(self._shards):
+            # tf.train.Checkpoint saves and restores every shard.
+            self._track_trackable(shard, name=f"replica_{rank}")
+
+    @property
+    def shards(self):
+        return list(self._shards)
+
+    def shard(self, what="this"):
+        """The shard of the replica being built; a clear error outside
+        strategy.run."""
+        from sok_graph import context
+
+        comm = context.communicator(what)
+        return self._shards[current_replica(comm, f"{what} on {self.name!r}")]
+
+    # What every shard shares.
+    @property
+    def name(self):
+        return self._shards[0].name
+
+    @property
+    def dtype(self):
+        return self._shards[0].dtype
+
+    @property
+    def trainable(self):
+        return self._shards[0].trainable
+
+    @property
+    def is_sok_variable(self):
+        return True
+
+    @property
+    def mode(self):
+        return self._shards[0].mode
+
+    @property
+    def global_shape(self):
+        return self._shards[0].global_shape
+
+    @property
+    def target_gpu(self):
+        return self._shards[0].target_gpu
+
+    @property
+    def dimension(self):
+        return self._shards[0].dimension
+
+    @property
+    def key_type(self):
+        return self._shards[0].key_type
+
+    @property
+    def initializer(self):
+        """Every shard's initializer (graph mode)."""
+        return tf.group(*[s.initializer for s in self._shards])
+
+    @property
+    def _unique_id(self):
+        return "replicas:" + ",".join(str(s._unique_id) for s in self._shards)
+
+    def ref(self):
+        return compat.reference(self)
+
+    # What belongs to the replica being built.
+    @property
+    def handle(self):
+        return self.shard("reading the table").handle
+
+    @property
+    def shape(self):
+        """The shape of the replica's shard inside strategy.run; [None, dim]
+        outside (shards differ in rows)."""
+        if not in_replica():
+            return tf.TensorShape([None, self._shards[0].shape[1]])
+        return self.shard("shape").shape
+
+    @property
+    def placement(self):
+        return self.shard("placement").placement
+
+    @property
+    def device(self):
+        return self.shard("device").device
+
+    def __repr__(self):
+        return (f"<sok table {self.name!r} sharded over {len(self._shards)} MirroredStrategy "
+                f"replicas>")
+
+
+def resolve(var, what="this"):
+    """The variable to work on: the replica's shard of a ReplicaShards
+    (inside strategy.run), else `var` itself."""
+    return var.shard(what) if isinstance(var, ReplicaShards) else var
+
+
+def shards_of(var):
+    """Every shard of `var` this process holds: all of a ReplicaShards', else
+    [var]."""
+    return var.shards if isinstance(var, ReplicaShards) else [var]
