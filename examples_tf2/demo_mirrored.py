@@ -9,6 +9,11 @@ learnable synthetic set, demo_model.py) and sizes small enough for a CPU
 (flags; the guide uses batch 65536 and 7 dense layers of 1024 units).
 
     python examples_tf2/demo_mirrored.py --use_tf_opt 1 --steps 30
+    python examples_tf2/demo_mirrored.py --replicas 2   # 2 replicas on the CPU
+
+With several replicas (GPUs, or --replicas N logical CPUs) each replica is a
+worker: it holds a shard of the embedding table, gets its slice of every
+global batch, and the lookups exchange rows between the replicas.
 """
 
 import os
@@ -22,12 +27,19 @@ from demo_model import DemoModel, check_learned, parse_args, synthetic_batches  
 
 
 def main():
-    args = parse_args(__doc__.splitlines()[0])
+    args = parse_args(__doc__.splitlines()[0], replicas=True)
     global_batch_size = args.global_batch_size
     use_tf_opt = bool(args.use_tf_opt)
     slot_num, nnz_per_slot, vocabulary = 10, 5, 1024
 
-    strategy = tf.distribute.MirroredStrategy()
+    devices = None  # every visible GPU (or the CPU)
+    if args.replicas > 1:
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * args.replicas)
+        devices = [f"/cpu:{i}" for i in range(args.replicas)]
+    strategy = tf.distribute.MirroredStrategy(devices)
+    replicas = strategy.num_replicas_in_sync
     with strategy.scope():
         sok.Init(global_batch_size=global_batch_size)
 
@@ -68,6 +80,11 @@ def main():
     batches = synthetic_batches(args.steps, global_batch_size, slot_num, nnz_per_slot,
                                 vocabulary)
     for i, (inputs, labels) in enumerate(batches):
+        if replicas > 1:  # each replica its slice of the global batch
+            per = global_batch_size // replicas
+            inputs, labels = (strategy.experimental_distribute_values_from_function(
+                lambda ctx, x=x: tf.constant(x[ctx.replica_id_in_sync_group * per:][:per]))
+                for x in (inputs, labels))
         replica_loss = strategy.run(_train_step, args=(inputs, labels))
         total_loss = strategy.reduce(tf.distribute.ReduceOp.SUM, replica_loss, axis=None)
         losses.append(float(total_loss))

@@ -74,10 +74,14 @@ def check_learned(losses, name):
         raise SystemExit(f"{name}: the loss did not decrease")
 
 
-def parse_args(description):
+def parse_args(description, replicas=False):
     """The flags every DemoModel example takes (CPU-sized defaults; SOK's
-    guide uses batch 65536 and 7 dense layers of 1024 units)."""
+    guide uses batch 65536 and 7 dense layers of 1024 units); `replicas`
+    adds --replicas (MirroredStrategy over that many logical CPUs)."""
     p = argparse.ArgumentParser(description=description)
+    if replicas:
+        p.add_argument("--replicas", type=int, default=1,
+                       help="> 1: a MirroredStrategy over that many logical CPUs")
     p.add_argument("--use_tf_opt", type=int, default=1,
                    help="1: a native optimizer in sok.OptimizerScope; 0: sok.optimizers.Adam")
     p.add_argument("--global_batch_size", type=int, default=1024)

@@ -421,25 +421,18 @@ def test_without_a_multi_worker_strategy_it_is_a_single_process():
         assert isinstance(communication.create("tf"), communication.SingleProcess)
 
 
-def test_several_replicas_in_one_process_are_not_supported(tmp_path):
-    # Two logical CPUs must be set up before TensorFlow starts: a fresh process.
-    script = (
-        "import tensorflow as tf\n"
-        "cpu = tf.config.list_physical_devices('CPU')[0]\n"
-        "tf.config.set_logical_device_configuration(\n"
-        "    cpu, [tf.config.LogicalDeviceConfiguration()] * 2)\n"
-        "from sok_graph import communication\n"
-        "with tf.distribute.MirroredStrategy(['/cpu:0', '/cpu:1']).scope():\n"
-        "    try:\n"
-        "        communication.create('tf')\n"
-        "    except NotImplementedError as e:\n"
-        "        print('REFUSED:', e)\n"
-    )
-    proc = subprocess.run([sys.executable, "-c", script], check=False, env=_child_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    assert "REFUSED:" in proc.stdout and "MirroredStrategy has 2 replicas in one process" \
-        in proc.stdout, proc.stdout
+@pytest.mark.parametrize("mode", ["function", "graph"])
+def test_replicas_in_one_process_are_the_workers(mode):
+    """MirroredStrategy over 3 logical CPUs: comm_tool='tf' makes each
+    replica a worker; every collective and its gradient vs numpy, and clear
+    errors outside strategy.run (tests/multiworker/replica_checks.py; a fresh
+    process, as the logical CPUs must exist before TensorFlow starts)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker",
+                          "replica_checks.py")
+    proc = subprocess.run([sys.executable, script, "--mode", mode, "--replicas", "3"],
+                          check=False, env=_child_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
 
 
 def _unconnected(world=2, rank=0):

@@ -82,6 +82,17 @@ def test_sok_v1_demo_model_learns(script, use_tf_opt):
     assert sum(losses[-6:]) < sum(losses[:6]), stdout
 
 
+@pytest.mark.parametrize("use_tf_opt", ["1", "0"])
+def test_sok_v1_demo_model_on_two_mirrored_replicas(use_tf_opt):
+    """The walkthrough as written, with MirroredStrategy over two logical
+    CPUs: each replica holds a shard of the table and its batch slice."""
+    stdout = run_example("examples_tf2/demo_mirrored.py", "--use_tf_opt", use_tf_opt,
+                         "--steps", "24", "--replicas", "2")
+    losses = _losses(stdout)
+    assert len(losses) == 24, stdout
+    assert sum(losses[-6:]) < sum(losses[:6]), stdout
+
+
 @needs_horovod
 def test_sok_v1_demo_model_with_horovod():
     stdout = run_example("examples_tf2/demo_horovod.py", "--steps", "24", workers=2)

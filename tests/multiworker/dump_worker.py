@@ -9,7 +9,9 @@
       --redump, dumps again (so a chain of world sizes can be checked).
 
 Run by N workers for the dump and M for the load, the union of the npz files
-must be the same rows and slots, bit for bit.
+must be the same rows and slots, bit for bit. --engine mirrored --world N:
+one process whose MirroredStrategy has N replicas (logical CPUs), each a
+worker; it writes one npz per replica.
 """
 
 import argparse
@@ -23,7 +25,8 @@ DIM, ROWS, BATCH = 4, 50, 12
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--phase", choices=["dump", "load"], required=True)
-    p.add_argument("--engine", choices=["horovod", "none"], required=True)
+    p.add_argument("--engine", choices=["horovod", "none", "mirrored"], required=True)
+    p.add_argument("--world", type=int, default=1, help="replicas of --engine mirrored")
     p.add_argument("--path", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--redump", help="after loading, dump again to this path")
@@ -33,22 +36,37 @@ def main():
     import sok_graph as sok
 
     rank, world = 0, 1
+    strategy = None
     if args.engine == "horovod":
         import horovod.tensorflow as hvd
 
         hvd.init()
         rank, world = hvd.rank(), hvd.size()
-    sok.init(comm_tool=args.engine)
+    if args.engine == "mirrored":
+        world = args.world
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * world)
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(world)])
+        with strategy.scope():
+            sok.init(comm_tool="tf")
+    else:
+        sok.init(comm_tool=args.engine)
     init = np.random.default_rng(7).normal(size=(ROWS, DIM)).astype(np.float32)
     static = sok.Variable(init, name="static_table")
     dynamic = sok.DynamicVariable(dimension=DIM, initializer="normal", name="dynamic_table")
     tables = [static, dynamic]
     opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
     if args.phase == "dump":
-        rng = np.random.default_rng(100 + rank)  # each worker its own ids
+        # Each worker (replica) its own ids.
+        rngs = [np.random.default_rng(100 + r) for r in range(rank, rank + (
+            world if strategy is not None else 1))]
 
-        @tf.function
-        def step(ids_s, ids_d):
+        def replica_step(inputs):
+            if strategy is not None:
+                ctx = tf.distribute.get_replica_context()
+                inputs = inputs[tf.get_static_value(ctx.replica_id_in_sync_group)]
+            ids_s, ids_d = inputs
             with tf.GradientTape() as tape:
                 a, b = sok.lookup_sparse(tables, [ids_s, ids_d], combiners=["sum", "sum"])
                 loss = tf.reduce_sum(a * a) + tf.reduce_sum(b)
@@ -56,30 +74,42 @@ def main():
             opt.apply_gradients(zip(grads, tables))
             return loss
 
+        @tf.function
+        def step(inputs):
+            if strategy is None:
+                return replica_step(inputs[0])
+            return strategy.run(replica_step, args=(inputs,))
+
         for _ in range(3):
-            ids_s = tf.RaggedTensor.from_row_lengths(rng.integers(0, ROWS, 2 * BATCH),
-                                                     [2] * BATCH)
-            ids_d = tf.RaggedTensor.from_row_lengths(
-                rng.integers(-10 ** 6, 10 ** 6, 2 * BATCH), [2] * BATCH)
-            step(ids_s, ids_d)
+            inputs = []
+            for rng in rngs:
+                ids_s = tf.RaggedTensor.from_row_lengths(rng.integers(0, ROWS, 2 * BATCH),
+                                                         [2] * BATCH)
+                ids_d = tf.RaggedTensor.from_row_lengths(
+                    rng.integers(-10 ** 6, 10 ** 6, 2 * BATCH), [2] * BATCH)
+                inputs.append((ids_s, ids_d))
+            step(inputs)
         sok.dump(args.path, tables, optimizer=opt)
     else:
         sok.load(args.path, tables, optimizer=opt)
         if args.redump:
             sok.dump(args.redump, tables, optimizer=opt)
-    out = {"step": np.int64(opt.iterations.numpy())}
-    for name, t in (("static", static), ("dynamic", dynamic)):
-        keys, rows = sok.export(t)
-        out[f"{name}_keys"], out[f"{name}_rows"] = keys.numpy(), rows.numpy()
-        for slot in ("m", "v"):
-            s = opt.get_slot(t, slot)
-            if isinstance(t, sok.DynamicVariable):
-                vals = s.find(tf.cast(keys, s.key_type))[0]
-            else:
-                vals = tf.convert_to_tensor(s)
-            out[f"{name}_{slot}"] = vals.numpy()
     os.makedirs(args.out, exist_ok=True)
-    np.savez(os.path.join(args.out, f"rank{rank}.npz"), **out)
+    # A mirrored run holds every replica's shard: one file per replica.
+    for r, shards in enumerate(zip(*[getattr(t, "shards", [t]) for t in tables]), rank):
+        step_var = opt._step_variable(r - rank) if strategy is not None else opt.iterations
+        out = {"step": np.int64(step_var.numpy())}
+        for name, t in zip(("static", "dynamic"), shards):
+            keys, rows = sok.export(t)
+            out[f"{name}_keys"], out[f"{name}_rows"] = keys.numpy(), rows.numpy()
+            for slot in ("m", "v"):
+                s = opt.get_slot(t, slot)
+                if isinstance(t, sok.DynamicVariable):
+                    vals = s.find(tf.cast(keys, s.key_type))[0]
+                else:
+                    vals = tf.convert_to_tensor(s)
+                out[f"{name}_{slot}"] = vals.numpy()
+        np.savez(os.path.join(args.out, f"rank{r}.npz"), **out)
     print(f"rank {rank}/{world} {args.phase}: ok", flush=True)
 
 

@@ -1,0 +1,118 @@
+"""Checks of the MirroredReplicas engine (tests/test_tf_distribute_comm.py):
+one process, a MirroredStrategy over --replicas logical CPUs, each replica a
+worker. Every collective against numpy, values and gradients, in a
+tf.function (--mode function) or a tf.compat.v1 Session graph (--mode
+graph); then what must fail outside strategy.run. Prints "OK" at the end;
+any mismatch is an AssertionError.
+"""
+
+import argparse
+
+import numpy as np
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--replicas", type=int, default=3)
+    p.add_argument("--mode", choices=["function", "graph"], required=True)
+    args = p.parse_args()
+    n = args.replicas
+    import tensorflow as tf
+
+    cpu = tf.config.list_physical_devices("CPU")[0]
+    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    import sok_graph as sok
+    from sok_graph.communication.replicas import MirroredReplicas
+
+    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+    with strategy.scope():
+        comm = sok.init(comm_tool="tf")
+    assert isinstance(comm, MirroredReplicas) and comm.world_size == n, comm.describe()
+    assert len(comm.devices) == n and comm.devices[1].endswith("CPU:1"), comm.devices
+
+    # Replica r sends splits[r][w] rows to replica w; rows are tagged by
+    # sender, destination and position so a misrouted row shows.
+    rng = np.random.default_rng(5)
+    splits = rng.integers(0, 4, size=(n, n))
+    splits[0, 1] = 0  # an empty chunk
+    sent = [np.array([[100 * r + 10 * w + k, -(100 * r + 10 * w + k)]
+                      for w in range(n) for k in range(splits[r, w])],
+                     np.float32).reshape(-1, 2) for r in range(n)]
+    upstream = [rng.normal(size=(splits[:, r].sum(), 2)).astype(np.float32) for r in range(n)]
+    gathered_rows = [r + 1 for r in range(n)]  # uneven first dimensions
+
+    def replica_fn():
+        r = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+        assert comm.rank == r
+        x = tf.constant(sent[r])
+        g = tf.fill([gathered_rows[r], 3], float(r + 1))
+        b = tf.constant([[1.0, 2.0]]) * (r + 1)
+        with tf.GradientTape(persistent=True) as tape:
+            tape.watch([x, g, b])
+            received, received_splits = comm.alltoall(x, tf.constant(splits[r]))
+            loss_a = tf.reduce_sum(received * upstream[r])
+            gathered = comm.allgather(g)
+            loss_g = tf.reduce_sum(gathered * tf.range(tf.cast(tf.shape(gathered)[0], tf.float32))[:, None])
+            summed = comm.allreduce(b)
+            broadcast = comm.broadcast(b, root_rank=n - 1)
+            loss_b = tf.reduce_sum(broadcast) * (r + 1)
+        return (received, received_splits, tape.gradient(loss_a, x), gathered,
+                tape.gradient(loss_g, g), summed, broadcast, tape.gradient(loss_b, b))
+
+    if args.mode == "function":
+        out = tf.function(lambda: strategy.run(replica_fn))()
+        results = [[t.numpy() for t in strategy.experimental_local_results(o)] for o in out]
+    else:
+        with tf.Graph().as_default():
+            out = strategy.run(replica_fn)
+            fetches = [strategy.experimental_local_results(o) for o in out]
+            with comm.session() as sess:
+                results = sess.run(fetches)
+
+    for r in range(n):
+        received, received_splits, grad_x, gathered, grad_g, summed, broadcast, grad_b = [
+            res[r] for res in results]
+        want = np.concatenate([sent[s][splits[s, :r].sum():splits[s, :r + 1].sum()]
+                               for s in range(n)]).reshape(-1, 2)
+        np.testing.assert_array_equal(received, want)
+        np.testing.assert_array_equal(received_splits, splits[:, r])
+        # Each of my rows went to replica w at some position: its gradient
+        # is that replica's upstream row.
+        want_grad = np.concatenate([
+            upstream[w][splits[:r, w].sum():splits[:r + 1, w].sum()] for w in range(n)])
+        np.testing.assert_allclose(grad_x.reshape(-1, 2), want_grad.reshape(-1, 2))
+        all_g = np.concatenate([np.full((gathered_rows[s], 3), s + 1.0) for s in range(n)])
+        np.testing.assert_array_equal(gathered, all_g)
+        start = sum(gathered_rows[:r])
+        positions = np.arange(start, start + gathered_rows[r], dtype=np.float32)
+        # Every replica's loss weights row i by i: the gradient sums n of them.
+        np.testing.assert_allclose(grad_g, n * np.repeat(positions[:, None], 3, 1))
+        np.testing.assert_allclose(summed, np.array([[1.0, 2.0]]) * sum(range(1, n + 1)))
+        np.testing.assert_allclose(broadcast, np.array([[1.0, 2.0]]) * n)
+        want_b = np.full((1, 2), sum(range(1, n + 1))) if r == n - 1 else np.zeros((1, 2))
+        np.testing.assert_allclose(grad_b, want_b)
+
+    # Outside strategy.run there is no replica: clear errors, not a guess.
+    table = sok.Variable(np.arange(20, dtype=np.float32).reshape(10, 2))
+    assert len(table.shards) == n and int(table.shards[1].shape[0]) == len(range(1, 10, n))
+    for what, call in (
+            ("rank", lambda: comm.rank),
+            ("sok.lookup_sparse", lambda: sok.lookup_sparse(
+                table, tf.ragged.constant([[1]], dtype=tf.int64))),
+            ("sok.assign", lambda: sok.assign(table, [0], [[1.0, 1.0]]))):
+        try:
+            call()
+        except RuntimeError as e:
+            assert "strategy.run" in str(e), (what, e)
+        else:
+            raise AssertionError(f"{what} outside strategy.run did not raise")
+    # Whole-table views work outside: export gives every replica's rows.
+    keys, rows = sok.export(table)
+    order = np.argsort(keys.numpy())
+    np.testing.assert_array_equal(rows.numpy()[order],
+                                  np.arange(20, dtype=np.float32).reshape(10, 2))
+    print("OK", flush=True)
+
+
+if __name__ == "__main__":
+    main()
