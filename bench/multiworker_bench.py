@@ -4,7 +4,9 @@ A DLRM-shaped model (--tables tables of --rows x 16 sok.Variables, ragged
 Zipf-distributed ids, hotness 1..4, combiner sum, MLP 256-128-1) trains with
 the same global batch on one worker (no communication: the baseline) and on
 --workers workers (Horovod over Gloo, started by sok_graph.launch), with and
-without deduplicating ids before the exchange. Each run reports the median
+without deduplicating ids before the exchange, and on a MirroredStrategy
+with --workers replicas (logical CPUs) in one process, each replica a worker
+(the in-process engine; no wire at all). Each run reports the median
 step time and the bytes each worker sent per step (all-to-all payloads to
 other workers; sok_graph.communication counts them). The single-worker run in
 the same invocation is the baseline of the printed ratios.
@@ -53,12 +55,23 @@ def worker(args):
     import sok_graph as sok
 
     rank, world = 0, 1
+    strategy = None
     if args.engine == "horovod":
         import horovod.tensorflow as hvd
 
         hvd.init()
         rank, world = hvd.rank(), hvd.size()
-    sok.init(comm_tool=args.engine)
+    if args.engine == "mirrored":
+        world = args.workers
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * world)
+        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(world)])
+        scope = strategy.scope()
+        scope.__enter__()  # tables, dense variables and optimizers: the strategy's
+        sok.init(comm_tool="tf")
+    else:
+        sok.init(comm_tool=args.engine)
     comm = sok.context.communicator()
     sok.lookup.dedup_before_exchange = not args.no_dedup
     sok.communication.count_bytes(True)
@@ -71,7 +84,7 @@ def worker(args):
     dense_opt = tf.keras.optimizers.SGD(0.05)
     local = args.batch // world
 
-    def batch(step):
+    def batch(step, rank=rank):
         r = np.random.default_rng(1000 + step * world + rank)
         ids = []
         for _ in range(args.tables):
@@ -80,8 +93,7 @@ def worker(args):
             ids.append(tf.RaggedTensor.from_row_lengths(v.astype(np.int64), lengths))
         return ids, tf.constant(r.integers(0, 2, local).astype(np.float32))
 
-    @tf.function(reduce_retracing=True)
-    def step(ids, labels):
+    def replica_step(ids, labels):
         with tf.GradientTape() as tape:
             x = tf.concat(sok.lookup_sparse(tables, ids, combiners="sum"), 1)
             for i, w in enumerate(dense):
@@ -92,10 +104,27 @@ def worker(args):
                 labels=labels, logits=tf.squeeze(x, 1))) / args.batch
         grads = tape.gradient(loss, tables + dense)
         emb_opt.apply_gradients(zip(grads[:len(tables)], tables))
-        dense_opt.apply_gradients(zip([comm.allreduce(g) for g in grads[len(tables):]], dense))
+        dense_grads = grads[len(tables):]
+        if strategy is None:  # MirroredStrategy's optimizer sums over replicas itself
+            dense_grads = [comm.allreduce(g) for g in dense_grads]
+        dense_opt.apply_gradients(zip(dense_grads, dense))
         return comm.allreduce(loss)
 
-    data = [batch(s) for s in range(args.steps + 3)]
+    @tf.function(reduce_retracing=True)
+    def step(ids, labels):
+        if strategy is None:
+            return replica_step(ids, labels)
+
+        def on_replica():  # each replica its slice: data[r]
+            r = tf.get_static_value(tf.distribute.get_replica_context().replica_id_in_sync_group)
+            return replica_step(ids[r], labels[r])
+
+        return strategy.experimental_local_results(strategy.run(on_replica))[0]
+
+    if strategy is None:
+        data = [batch(s) for s in range(args.steps + 3)]
+    else:
+        data = [tuple(zip(*[batch(s, r) for r in range(world)])) for s in range(args.steps + 3)]
     for ids, labels in data[:3]:
         step(ids, labels).numpy()
     sok.communication.reset_bytes_sent()
@@ -104,13 +133,15 @@ def worker(args):
         t0 = time.perf_counter()
         step(ids, labels).numpy()
         times.append(time.perf_counter() - t0)
+    # One process counts every replica's bytes.
+    senders = world if strategy is not None else 1
     result = {"rank": rank, "world": world, "median_step_s": float(np.median(times)),
-              "bytes_per_step": sok.communication.bytes_sent() / args.steps}
+              "bytes_per_step": sok.communication.bytes_sent() / args.steps / senders}
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(result, f)
 
 
-def run(args, world, dedup):
+def run(args, world, dedup, engine="horovod"):
     out = tempfile.mkdtemp(prefix="mwbench-")
     me = os.path.abspath(__file__)
     common = ["--worker", "--batch", str(args.batch), "--tables", str(args.tables), "--rows",
@@ -118,6 +149,8 @@ def run(args, world, dedup):
               "--out", out] + ([] if dedup else ["--no-dedup"])
     if world == 1:
         cmd = [sys.executable, me, "--engine", "none"] + common
+    elif engine == "mirrored":
+        cmd = [sys.executable, me, "--engine", "mirrored", "--workers", str(world)] + common
     else:
         cmd = [sys.executable, "-m", "sok_graph.launch", "-np", str(world), me,
                "--engine", "horovod"] + common
@@ -139,9 +172,11 @@ def main():
     for dedup in (True, False):
         rows.append((f"{args.workers} workers, dedup {'on' if dedup else 'off'}",
                      run(args, args.workers, dedup)))
-    print(f"{'run':28s} {'steps/s':>9s} {'vs 1 worker':>12s} {'bytes/step/worker':>18s}")
+    rows.append((f"{args.workers} MirroredStrategy replicas",
+                 run(args, args.workers, True, engine="mirrored")))
+    print(f"{'run':32s} {'steps/s':>9s} {'vs 1 worker':>12s} {'bytes/step/worker':>18s}")
     for name, r in rows:
-        print(f"{name:28s} {r['steps_per_s']:9.2f} {r['steps_per_s'] / base['steps_per_s']:11.2f}x "
+        print(f"{name:32s} {r['steps_per_s']:9.2f} {r['steps_per_s'] / base['steps_per_s']:11.2f}x "
               f"{r['bytes_per_step_per_worker']:18,.0f}")
     on, off = rows[1][1], rows[2][1]
     print(f"dedup saves {1 - on['bytes_per_step_per_worker'] / off['bytes_per_step_per_worker']:.1%}"

@@ -62,6 +62,10 @@ def check_build(path):
         )
 
 
+# The first load can happen while a tf.function is traced (inside
+# strategy.run, AutoGraph converts what the replica function calls): file
+# checks are not graph code.
+@tf.autograph.experimental.do_not_convert
 def load():
     """The loaded op module (snake_case op functions such as sok_fused_lookup)."""
     global _library

@@ -74,7 +74,8 @@ collective gives a DeadlineExceededError (or UnavailableError) instead of a
 hang. TensorFlow then aborts every collective of the process, which can run
 no other one and should exit (the launcher then stops the other workers).
 
-Limits: one replica (device) per worker process; the collectives run on the
+Limits: one replica (device) per worker process (a MirroredStrategy with
+several replicas in one process gets MirroredReplicas, replicas.py); the collectives run on the
 worker's CPU (on a GPU worker the rows pass through host memory); a
 tf.function holding these collectives cannot be saved in a SavedModel (its
 keys are fed at call time); TensorFlow 1.15 has none of the v2 ops, so

@@ -7,6 +7,7 @@ any mismatch is an AssertionError.
 """
 
 import argparse
+import os
 
 import numpy as np
 
@@ -111,6 +112,26 @@ def main():
     order = np.argsort(keys.numpy())
     np.testing.assert_array_equal(rows.numpy()[order],
                                   np.arange(20, dtype=np.float32).reshape(10, 2))
+    # tf.train.Checkpoint saves and restores every shard.
+    import tempfile
+
+    dynamic = sok.DynamicVariable(dimension=2, initializer="ones")
+    keys = tf.constant([[1, 2, 3, 7]], tf.int64)
+    strategy.run(tf.function(lambda: sok.lookup_sparse(dynamic, tf.RaggedTensor.from_tensor(
+        keys), combiners="sum")))
+    sizes = [int(shard.size()) for shard in dynamic.shards]
+    assert sizes == [int(np.sum(np.array([1, 2, 3, 7]) % n == r)) for r in range(n)], sizes
+    checkpoint = tf.train.Checkpoint(table=table, dynamic=dynamic)
+    path = checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    for shard in table.shards:
+        shard.assign(tf.zeros_like(shard))
+    for shard in dynamic.shards:
+        shard.clear()
+    checkpoint.restore(path)
+    keys_, rows = sok.export(table)
+    np.testing.assert_array_equal(rows.numpy()[np.argsort(keys_.numpy())],
+                                  np.arange(20, dtype=np.float32).reshape(10, 2))
+    assert [int(shard.size()) for shard in dynamic.shards] == sizes
     print("OK", flush=True)
 
 
