@@ -76,15 +76,27 @@ def main():
         dense_opt.apply_gradients(zip(grads, other_var))
         return loss
 
+    def per_replica(inputs, labels):
+        if replicas == 1:
+            return inputs, labels
+        per = global_batch_size // replicas  # each replica its slice of the global batch
+        return tuple(strategy.experimental_distribute_values_from_function(
+            lambda ctx, x=x: tf.constant(x[ctx.replica_id_in_sync_group * per:][:per]))
+            for x in (inputs, labels))
+
     losses = []
-    batches = synthetic_batches(args.steps, global_batch_size, slot_num, nnz_per_slot,
-                                vocabulary)
+    batches = list(synthetic_batches(args.steps, global_batch_size, slot_num, nnz_per_slot,
+                                     vocabulary))
+    if replicas > 1:
+        # Keras 3 cannot create an optimizer's variables inside a replicated
+        # tf.function step (with or without sok_graph): build the dense layers
+        # (one forward) and the dense optimizer before training.
+        strategy.run(lambda x: model(x, training=False), args=(per_replica(*batches[0])[0],))
+        with strategy.scope():
+            dense_opt.build(sok.split_embedding_variable_from_others(
+                model.trainable_variables)[1])
     for i, (inputs, labels) in enumerate(batches):
-        if replicas > 1:  # each replica its slice of the global batch
-            per = global_batch_size // replicas
-            inputs, labels = (strategy.experimental_distribute_values_from_function(
-                lambda ctx, x=x: tf.constant(x[ctx.replica_id_in_sync_group * per:][:per]))
-                for x in (inputs, labels))
+        inputs, labels = per_replica(inputs, labels)
         replica_loss = strategy.run(_train_step, args=(inputs, labels))
         total_loss = strategy.reduce(tf.distribute.ReduceOp.SUM, replica_loss, axis=None)
         losses.append(float(total_loss))
