@@ -128,6 +128,20 @@ class Communicator(abc.ABC):
         return f"{self.name} (rank {self.rank} of {self.world_size})"
 
 
+def copied_session_config(config):
+    """A copy of `config` (a tf.compat.v1.ConfigProto, or a new one) for an
+    engine to complete with what its Session needs."""
+    import tensorflow as tf
+
+    updated = tf.compat.v1.ConfigProto()
+    if config is not None:
+        if not isinstance(config, tf.compat.v1.ConfigProto):
+            raise TypeError(f"config must be a tf.compat.v1.ConfigProto or None; got "
+                            f"{type(config).__name__}")
+        updated.CopyFrom(config)
+    return updated
+
+
 def valid_rows(counts, chunk):
     """Indices of the first counts[w] rows of every block w of a
     [len(counts) * chunk, ...] buffer, in order (a padded exchange's valid

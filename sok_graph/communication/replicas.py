@@ -24,7 +24,8 @@ a tf.compat.v1 Session graph.
 import tensorflow as tf
 
 from sok_graph import replica_shards
-from sok_graph.communication import Communicator, pack_chunks, valid_rows
+from sok_graph.communication import (Communicator, copied_session_config, pack_chunks,
+                                     valid_rows)
 
 _not_converted = tf.autograph.experimental.do_not_convert
 
@@ -101,12 +102,7 @@ class MirroredReplicas(Communicator):
         Session sees every replica's device: logical CPUs made with
         tf.config.set_logical_device_configuration exist for eager execution
         only, and a Session makes as many as its device_count says."""
-        updated = tf.compat.v1.ConfigProto()
-        if config is not None:
-            if not isinstance(config, tf.compat.v1.ConfigProto):
-                raise TypeError(f"config must be a tf.compat.v1.ConfigProto or None; got "
-                                f"{type(config).__name__}")
-            updated.CopyFrom(config)
+        updated = copied_session_config(config)
         cpus = sum(1 for d in self._devices if tf.DeviceSpec.from_string(d).device_type == "CPU")
         if cpus > updated.device_count.get("CPU", 1):
             updated.device_count["CPU"] = cpus

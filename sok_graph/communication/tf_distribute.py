@@ -95,7 +95,8 @@ from tensorflow.python.eager import context as eager_context
 from tensorflow.python.ops import collective_ops
 
 from sok_graph import compat
-from sok_graph.communication import Communicator, SingleProcess, pack_chunks, valid_rows
+from sok_graph.communication import (Communicator, SingleProcess, copied_session_config,
+                                     pack_chunks, valid_rows)
 # The launcher sets the variable; its name and default are the launcher's.
 from sok_graph.launch import DEFAULT_STALL_TIMEOUT_S
 from sok_graph.launch import ENV_STALL_TIMEOUT as STALL_TIMEOUT_ENV
@@ -263,12 +264,7 @@ class TFDistribute(Communicator):
         """A copy of `config` (a tf.compat.v1.ConfigProto, or a new one) that
         names the collective group leader and keeps this worker's Session to
         its own devices: what a Session running these collectives needs."""
-        updated = tf.compat.v1.ConfigProto()
-        if config is not None:
-            if not isinstance(config, tf.compat.v1.ConfigProto):
-                raise TypeError(f"config must be a tf.compat.v1.ConfigProto or None; got "
-                                f"{type(config).__name__}")
-            updated.CopyFrom(config)
+        updated = copied_session_config(config)
         updated.experimental.collective_group_leader = multi_worker_util.collective_leader(
             self._cluster_spec, self._task_type, self._task_id)
         del updated.device_filters[:]
