@@ -50,8 +50,7 @@ class Variable(_ResourceVariable):
 
     def __new__(cls, initial_value=None, mode="distributed", *args, **kwargs):
         comm = context.active()
-        if getattr(comm, "in_process", False) and replica_shards.building_rank() is None \
-                and callable(initial_value):
+        if replica_shards.replicates(comm) and callable(initial_value):
             initial_value = initial_value()  # one whole table for every replica's shard
         shards = replica_shards.replicate(cls, (initial_value, mode) + args, kwargs, comm)
         return shards if shards is not None else super().__new__(cls)

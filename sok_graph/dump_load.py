@@ -181,11 +181,12 @@ def _export(var, optimizer):
         optimizer._create_slots(var)
     # The shards this process holds: one per worker process, or all of them
     # when the workers are the replicas of this process's MirroredStrategy.
-    parts = [_shard_tensors(shard, optimizer) for shard in replica_shards.shards_of(var)]
+    shards = replica_shards.shards_of(var)
+    parts = [_shard_tensors(shard, optimizer) for shard in shards]
     fetch = {k: tf.concat([p[k] for p in parts], 0) if len(parts) > 1 else parts[0][k]
              for k in parts[0]}
     comm = context.active()
-    if replica_shards.shards_of(var)[0].placement[0] > 1 and not comm.in_process:
+    if shards[0].placement[0] > 1 and not comm.in_process:
         fetch = {k: comm.allgather(t, name=f"sok_dump_{k.replace('.', '_')}")
                  for k, t in fetch.items()}
     out = _run(fetch)

@@ -238,16 +238,10 @@ class OptimizerWrapper:
     def _step_variable(self, replica=None):
         """The step counter of `replica` (default: the replica being built
         inside strategy.run with replicas as workers, else the only one)."""
-        comm = context.active()
-        in_process = getattr(comm, "in_process", False)
         if replica is None:
-            replica = 0
-            if replica_shards.in_replica():
-                replica = comm.rank
+            replica = context.active().rank if replica_shards.in_replica() else 0
         if replica not in self._steps:
-            with tf.init_scope(), replica_shards.shard_scope(
-                    replica if in_process else None,
-                    comm.devices[replica] if in_process else None):
+            with tf.init_scope(), replica_shards.shard_scope(replica):
                 self._steps[replica] = replica_shards.new_variable(
                     0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
         return self._steps[replica]
@@ -283,11 +277,8 @@ class OptimizerWrapper:
         if id(var) in self._slots:
             return self._slots[id(var)]
         slots = {}
-        comm = context.active()
-        in_process = getattr(comm, "in_process", False)
         # A replica's shard keeps its slots on its device, as its own.
-        with tf.init_scope(), replica_shards.shard_scope(
-                var.placement[1] if in_process else None, var.device if in_process else None):
+        with tf.init_scope(), replica_shards.shard_scope(var.placement[1]):
             for name, init in self._spec.slots():
                 if isinstance(var, DynamicVariable):
                     slot = DynamicVariable(var.dimension, initializer=float(init),

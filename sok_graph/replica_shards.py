@@ -44,13 +44,25 @@ def building_shard(rank, device):
         _building.rank = previous
 
 
+def replicates(communicator):
+    """Whether sok tables made now are split into one shard per replica:
+    `communicator` runs the replicas of this process as workers and no shard
+    is being built already."""
+    return getattr(communicator, "in_process", False) and building_rank() is None
+
+
 @contextlib.contextmanager
-def shard_scope(rank, device):
-    """building_shard(rank, device); nothing when rank is None."""
-    if rank is None:
+def shard_scope(rank):
+    """What belongs with replica `rank`'s shard (its optimizer state) is
+    built as that shard is: building_shard(rank, its device) when the
+    replicas of this process are the workers; nothing otherwise."""
+    from sok_graph import context
+
+    comm = context.active()
+    if not getattr(comm, "in_process", False):
         yield
         return
-    with building_shard(rank, device):
+    with building_shard(rank, comm.devices[rank]):
         yield
 
 
@@ -67,19 +79,13 @@ def replicate(cls, args, kwargs, communicator):
     """A ReplicaShards of `cls(*args, **kwargs)` built once per replica, when
     `communicator` runs the replicas of this process and no shard is being
     built already; else None (build the object itself)."""
-    if communicator is None or not communicator.in_process or building_rank() is not None:
+    if not replicates(communicator):
         return None
     shards = []
     for rank, device in enumerate(communicator.devices):
         with building_shard(rank, device):
             shards.append(cls(*args, **kwargs))
     return ReplicaShards(shards)
-
-
-def current_replica(communicator, what):
-    """The replica id being built, with a clear error naming `what` outside
-    strategy.run."""
-    return communicator._replica_context(what)[1]
 
 
 def in_replica():
@@ -116,7 +122,7 @@ class ReplicaShards(compat.trackable_base_class()):
         from sok_graph import context
 
         comm = context.communicator(what)
-        return self._shards[current_replica(comm, f"{what} on {self.name!r}")]
+        return self._shards[comm.replica_id(f"{what} on {self.name!r}")]
 
     # What every shard shares.
     @property

@@ -86,11 +86,15 @@ def reference(tmp_path_factory):
 def _check_engine(engine, world, configs, reference, tmp_path):
     launch(world, TRAIN, ["--engine", engine, "--configs", ",".join(configs), "--world",
                            str(world), "--out", str(tmp_path)])
+    _compare_configs(configs, tmp_path, reference[world], f"{engine}, {world} workers")
+
+
+def _compare_configs(configs, directory, reference, what):
+    """Each config's results in `directory` equal the single-process ones."""
     for c in configs:
         sub = c.replace(":", "-")
-        got = _merged(os.path.join(tmp_path, sub))
-        want = _merged(os.path.join(reference[world], sub))
-        _compare(got, want, f"{engine}, {world} workers, {c}")
+        got = _merged(os.path.join(directory, sub))
+        _compare(got, _merged(os.path.join(reference, sub)), f"{what}, {c}")
         assert got["bytes_sent"] > 0, f"{c}: no bytes counted"
 
 
@@ -119,12 +123,7 @@ def _check_mirrored(world, configs, reference, tmp_path):
     a worker (sok_graph/communication/replicas.py)."""
     _run([sys.executable, TRAIN, "--engine", "mirrored", "--configs", ",".join(configs),
           "--world", str(world), "--out", str(tmp_path)])
-    for c in configs:
-        sub = c.replace(":", "-")
-        got = _merged(os.path.join(tmp_path, sub))
-        want = _merged(os.path.join(reference[world], sub))
-        _compare(got, want, f"MirroredStrategy, {world} replicas, {c}")
-        assert got["bytes_sent"] > 0, f"{c}: no bytes counted"
+    _compare_configs(configs, tmp_path, reference[world], f"MirroredStrategy, {world} replicas")
 
 
 def test_mirrored_two_replicas_equal_single_process(reference, tmp_path):

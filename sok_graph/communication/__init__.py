@@ -12,7 +12,8 @@ Engines:
   TFDistribute   tf.distribute collectives (MultiWorkerMirroredStrategy, one
                  replica per process): tf_distribute.py
   MirroredReplicas  the replicas of a MirroredStrategy in one process, each a
-                 worker (ReplicaContext collectives): replicas.py
+                 worker (dataflow built with the strategy's merge_call):
+                 replicas.py
 
 Every all-to-all can count the bytes it sends to other workers (see
 `count_bytes`), so benchmarks can report bytes per step.
@@ -87,7 +88,23 @@ class Communicator(abc.ABC):
         Differentiable with respect to `tensor`."""
         import tensorflow as tf
 
+        tensor = tf.convert_to_tensor(tensor)
         splits = tf.cast(splits, tf.int64)
+        size = self.world_size
+        if tensor.shape.rank == 0:
+            raise ValueError(f"alltoall needs a tensor of rank >= 1 (the rows to send); got "
+                             f"a scalar: {tensor}")
+        if splits.shape.rank is not None and (splits.shape.rank != 1 or (
+                splits.shape[0] is not None and splits.shape[0] != size)):
+            raise ValueError(f"splits must have shape [world_size] = [{size}]; got shape "
+                             f"{splits.shape}")
+        # Checked before any exchange, in every engine, so this worker's error
+        # says what is wrong (its peers then fail or time out in the exchange).
+        check = tf.debugging.assert_equal(
+            tf.reduce_sum(splits), tf.shape(tensor, out_type=tf.int64)[0],
+            message="alltoall: splits must add up to the tensor's number of rows")
+        with tf.control_dependencies([check]):
+            splits = tf.identity(splits)
         received, received_splits = self._alltoall(tensor, splits, name)
         received_splits = tf.cast(received_splits, tf.int64)
         if _count_enabled and self.world_size > 1:

@@ -68,7 +68,12 @@ class MirroredReplicas(Communicator):
         building = replica_shards.building_rank()
         if building is not None:
             return building
-        return self._replica_context()[1]
+        return self.replica_id("rank")
+
+    def replica_id(self, what="this"):
+        """The id of the replica being built; a RuntimeError naming `what`
+        outside strategy.run."""
+        return self._replica_context(what)[1]
 
     def in_replica(self):
         """Whether a replica of this strategy is being built (inside
@@ -80,7 +85,7 @@ class MirroredReplicas(Communicator):
         """(replica context, replica id) of the replica being built; a clear
         error outside strategy.run."""
         ctx = tf.distribute.get_replica_context()
-        if not self.in_replica():
+        if ctx is None or ctx.strategy is not self._strategy:
             raise RuntimeError(
                 f"sok_graph runs on the {self.world_size} replicas of a MirroredStrategy: "
                 f"{what} needs a replica context; call it inside strategy.run(...) of the "
@@ -160,16 +165,7 @@ class MirroredReplicas(Communicator):
     def _alltoall(self, tensor, splits, name):
         ctx, rank = self._replica_context("an all-to-all")
         size = self.world_size
-        tensor = tf.convert_to_tensor(tensor)
-        if tensor.shape.rank == 0:
-            raise ValueError(f"alltoall needs a tensor of rank >= 1 (the rows to send); got "
-                             f"a scalar: {tensor}")
         with tf.name_scope(name or "sok_alltoall"):
-            check = tf.debugging.assert_equal(
-                tf.reduce_sum(splits), tf.shape(tensor, out_type=tf.int64)[0],
-                message="alltoall: splits must add up to the tensor's number of rows")
-            with tf.control_dependencies([check]):
-                splits = tf.identity(splits)
             # [sender, receiver] -> rows, the same on every replica.
             matrix = self._gather(ctx, rank, tf.reshape(splits, [1, size]))
             received_splits = matrix[:, rank]

@@ -43,11 +43,10 @@ def main():
         hvd.init()
         rank, world = hvd.rank(), hvd.size()
     if args.engine == "mirrored":
+        from mirrored_cpus import mirrored_strategy_on_cpus
+
         world = args.world
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * world)
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(world)])
+        strategy = mirrored_strategy_on_cpus(world)
         with strategy.scope():
             sok.init(comm_tool="tf")
     else:

@@ -20,12 +20,12 @@ def main():
     n = args.replicas
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    from mirrored_cpus import mirrored_strategy_on_cpus
+
+    strategy = mirrored_strategy_on_cpus(n)
     import sok_graph as sok
     from sok_graph.communication.replicas import MirroredReplicas
 
-    strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
     with strategy.scope():
         comm = sok.init(comm_tool="tf")
     assert isinstance(comm, MirroredReplicas) and comm.world_size == n, comm.describe()
@@ -107,6 +107,34 @@ def main():
             assert "strategy.run" in str(e), (what, e)
         else:
             raise AssertionError(f"{what} outside strategy.run did not raise")
+    # Bad arguments are caught before any exchange, naming what is wrong.
+    for call, error, words in (
+            (lambda: comm.alltoall(tf.zeros([4, 2]), [2, 2]), ValueError,
+             f"splits must have shape [world_size] = [{n}]"),
+            (lambda: comm.alltoall(tf.constant(1.0), [1] + [0] * (n - 1)), ValueError,
+             "alltoall needs a tensor of rank >= 1"),
+            (lambda: comm.alltoall(tf.zeros([4, 2]), [1] * n), tf.errors.InvalidArgumentError,
+             "splits must add up"),
+            (lambda: comm.broadcast(tf.zeros([2]), root_rank=n), ValueError,
+             f"root_rank must be an int in [0, {n})")):
+        try:
+            call()
+        except error as e:
+            assert words in str(e), (words, e)
+        else:
+            raise AssertionError(f"no {error.__name__} ({words})")
+    # A strategy whose replicas are not mirrored workers is refused by name.
+    from sok_graph import communication
+
+    central = tf.distribute.experimental.CentralStorageStrategy(
+        [f"/cpu:{i}" for i in range(n)])
+    with central.scope():
+        try:
+            communication.create("tf")
+        except NotImplementedError as e:
+            assert "CentralStorageStrategy" in str(e), e
+        else:
+            raise AssertionError("comm_tool='tf' under CentralStorageStrategy was accepted")
     # Whole-table views work outside: export gives every replica's rows.
     keys, rows = sok.export(table)
     order = np.argsort(keys.numpy())

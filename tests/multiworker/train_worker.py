@@ -133,11 +133,10 @@ def main():
         rank = strategy.cluster_resolver.task_id
         world = strategy.num_replicas_in_sync
     elif args.engine == "mirrored":
+        from mirrored_cpus import mirrored_strategy_on_cpus
+
         # One process: each replica (a logical CPU) is a worker.
-        cpu = tf.config.list_physical_devices("CPU")[0]
-        tf.config.set_logical_device_configuration(
-            cpu, [tf.config.LogicalDeviceConfiguration()] * args.world)
-        strategy = tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(args.world)])
+        strategy = mirrored_strategy_on_cpus(args.world)
         rank, world = 0, args.world
     else:
         rank, world = 0, 1
