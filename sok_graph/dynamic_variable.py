@@ -13,8 +13,6 @@ Gradients w.r.t. a DynamicVariable are IndexedSlices whose indices are keys
 rows a batch used.
 """
 
-import contextlib
-
 import numpy as np
 import tensorflow as tf
 
@@ -148,10 +146,9 @@ class DynamicVariable(compat.trackable_base_class()):
         else:
             shared_name = tf.compat.v1.get_default_graph().unique_name(self._name,
                                                                        mark_as_used=True)
-        # The GPU hash table takes int64 keys only: an int32 table stays on
-        # the CPU even where a GPU is visible (its ops follow its handle).
-        device = tf.device("/CPU:0") if self._key_type == tf.int32 else contextlib.nullcontext()
-        with tf.name_scope(self._name), device:
+        # The table lives where its handle op is placed (a GPU where one is
+        # visible, int32 or int64 keys alike); its ops follow the handle.
+        with tf.name_scope(self._name):
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
         self._shared_name = shared_name

@@ -11,6 +11,40 @@ import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
 
+# tests/gpu/run_tf_suite.sh sets this to "/GPU:0": every test then runs with
+# that device as the default device (ops with a GPU kernel go there, others
+# fall back to the CPU as TensorFlow's soft placement decides).
+TEST_DEVICE = os.environ.get("SOK_GRAPH_TEST_DEVICE", "")
+ON_GPU = "GPU" in TEST_DEVICE.upper()
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "cpu_only(reason): the test checks something only the CPU has; "
+        "skipped when the suite runs with a GPU as default device (reason required)")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        marker = item.get_closest_marker("cpu_only")
+        if marker is None:
+            continue
+        reason = marker.kwargs.get("reason") or (marker.args[0] if marker.args else "")
+        if not reason:
+            raise pytest.UsageError(f"{item.nodeid}: cpu_only needs a reason")
+        if ON_GPU:
+            item.add_marker(pytest.mark.skip(reason="CPU-only: " + reason))
+
+
+@pytest.fixture(autouse=True)
+def default_device():
+    """The suite's default device (SOK_GRAPH_TEST_DEVICE), if one is set."""
+    if not TEST_DEVICE:
+        yield
+        return
+    with tf.device(TEST_DEVICE):
+        yield
+
 
 @pytest.fixture(autouse=True)
 def sok_initialized():

@@ -87,6 +87,7 @@ def test_cuda_launchers_fail_cleanly_without_a_gpu():
 
 
 @pytest.mark.skipif(not _ops.built_with_cuda(), reason="built without a CUDA toolkit")
+@pytest.mark.cpu_only(reason="checks the CPU fallback of a machine that has no GPU")
 def test_gpu_kernel_registered_but_cpu_used_without_gpu():
     # The GPU OpKernel of SokLocalRows is compiled in; with no GPU TensorFlow
     # places the op on the CPU and it still runs.

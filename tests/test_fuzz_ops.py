@@ -61,15 +61,36 @@ def count(name):
 
 
 def expect_error(fn, words):
-    """fn() must raise one of ERRORS with a message containing one of `words`."""
+    """fn() must raise one of ERRORS with a message containing one of `words`,
+    and leave the process able to compute (still_computes)."""
     try:
         fn()
     except ERRORS as e:
         message = str(e)
         assert any(w in message for w in words), (
             f"error message names none of {words}: {type(e).__name__}: {message}")
+        still_computes()
         return e
     raise AssertionError(f"expected an error naming one of {words}; the call succeeded")
+
+
+AFTER_ERROR_CHECKS = collections.Counter()
+
+
+def still_computes():
+    """A small fused lookup and its gradient on the default device give
+    numpy's answer. On a GPU, a kernel that faulted on the rejected input
+    would have poisoned the CUDA context and every later op fails."""
+    table = tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    with tf.GradientTape() as tape:
+        tape.watch(table)
+        out, = lookup_ops.fused_lookup([table], [tf.constant([2, 0, 2], tf.int64)],
+                                       [tf.constant([0, 2, 3], tf.int64)], combiners=["sum"])
+    grad = tape.gradient(out, table)
+    np.testing.assert_array_equal(out.numpy(), [[6.0, 8.0], [5.0, 6.0]])
+    np.testing.assert_array_equal(tf.convert_to_tensor(grad).numpy(),
+                                  [[1.0, 1.0], [0.0, 0.0], [2.0, 2.0]])
+    AFTER_ERROR_CHECKS["checks"] += 1
 
 
 def close(got, want, rtol=1e-5, atol=1e-5):
@@ -1624,7 +1645,8 @@ def test_zz_enough_cases_ran(request):
     total = sum(CASES.values())
     reporter = request.config.pluginmanager.get_plugin("terminalreporter")
     capture = request.config.pluginmanager.get_plugin("capturemanager")
-    line = f"fuzz cases run: {total} ({dict(sorted(CASES.items()))})"
+    line = (f"fuzz cases run: {total} ({dict(sorted(CASES.items()))}); "
+            f"{AFTER_ERROR_CHECKS['checks']} rejected inputs each followed by a working op")
     if reporter is not None and capture is not None:
         with capture.global_and_fixture_disabled():  # shown even when output is captured
             reporter.write_line(line)

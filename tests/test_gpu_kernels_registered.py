@@ -1,6 +1,6 @@
 """The CUDA build as a machine without a GPU sees it: the TensorFlow GPU
-kernels are registered for the types they handle (never int32, which
-TensorFlow keeps in host memory for GPU kernels), and the C launchers report
+kernels are registered for the types they handle (int32 ids and keys too,
+which TensorFlow keeps in host memory for GPU kernels), and the C launchers report
 errors instead of crashing when no GPU is usable. The kernels themselves are
 checked on a GPU by tests/gpu/run_all.sh."""
 
@@ -22,26 +22,28 @@ INT32, INT64, FLOAT = (tf.int32.as_datatype_enum, tf.int64.as_datatype_enum,
 
 # op -> (type attribute -> the types its GPU kernels take, host-memory args)
 GPU_KERNELS = {
-    "SokFusedLookup": ({"T": {FLOAT}, "Tindices": {INT64}}, {"row_splits"}),
-    "SokFusedLookupGrad": ({"T": {FLOAT}, "Tindices": {INT64}}, {"row_splits"}),
+    # int32 ids and keys: registered too, their tensors in host memory
+    # (TensorFlow's rule for int32 on GPUs; the kernels copy them over).
+    "SokFusedLookup": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, {"row_splits"}),
+    "SokFusedLookupGrad": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, {"row_splits"}),
     "SokUniqueWithCounts": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     "SokUnsortedSegmentSum": ({"T": {FLOAT}, "Tindices": {INT64}, "Tnumsegments": {INT32, INT64}},
                               {"num_segments"}),
     "SokBucketizeByOwner": ({"T": {INT64}}, set()),
     "SokLocalRows": ({"T": {INT64}}, set()),
-    # Dynamic tables: int64 keys on the GPU hash table, int32 tables on the CPU.
+    # Dynamic tables: int64 and int32 keys on the GPU hash table.
     "SokDynamicTableHandle": ({}, {"table"}),
-    "SokDynamicTableCreate": ({"key_dtype": {INT64}}, {"table"}),
+    "SokDynamicTableCreate": ({"key_dtype": {INT32, INT64}}, {"table"}),
     "SokDynamicTableIsInitialized": ({}, {"table", "is_initialized"}),
-    "SokDynamicTableFindOrInsert": ({"Tkeys": {INT64}}, {"table", "num_evicted"}),
-    "SokDynamicTableFind": ({"Tkeys": {INT64}}, {"table", "default_value"}),
-    "SokDynamicTableScatter": ({"Tkeys": {INT64}}, {"table", "num_evicted"}),
-    "SokDynamicTableRemove": ({"Tkeys": {INT64}}, {"table"}),
+    "SokDynamicTableFindOrInsert": ({"Tkeys": {INT32, INT64}}, {"table", "num_evicted"}),
+    "SokDynamicTableFind": ({"Tkeys": {INT32, INT64}}, {"table", "default_value"}),
+    "SokDynamicTableScatter": ({"Tkeys": {INT32, INT64}}, {"table", "num_evicted"}),
+    "SokDynamicTableRemove": ({"Tkeys": {INT32, INT64}}, {"table"}),
     "SokDynamicTableStats": ({}, {"table", "size", "row_limit", "evicted_total",
                                   "memory_bytes"}),
-    "SokDynamicTableExport": ({"Tkeys": {INT64}}, {"table", "offset", "limit", "updated_after",
+    "SokDynamicTableExport": ({"Tkeys": {INT32, INT64}}, {"table", "offset", "limit", "updated_after",
                                                    "next_offset"}),
-    "SokDynamicTableImport": ({"Tkeys": {INT64}}, {"table", "frequencies", "num_evicted"}),
+    "SokDynamicTableImport": ({"Tkeys": {INT32, INT64}}, {"table", "frequencies", "num_evicted"}),
     "SokDynamicTableClear": ({}, {"table"}),
 }
 
@@ -95,9 +97,9 @@ def test_launchers_fail_cleanly_without_a_gpu():
 
         table = P()
         bad = Config(0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0)       # dim 0
-        assert lib.sok_gpu_table_create(ctypes.byref(bad), None, ctypes.byref(table)) == -2
+        assert lib.sok_gpu_table_create(ctypes.byref(bad), None, None, ctypes.byref(table)) == -2
         good = Config(8, 100, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0)
-        rc = lib.sok_gpu_table_create(ctypes.byref(good), None, ctypes.byref(table))
+        rc = lib.sok_gpu_table_create(ctypes.byref(good), None, None, ctypes.byref(table))
         assert rc > 0 and not table.value, (rc, table.value)   # a CUDA error, no table
         rc = lib.sok_lookup_forward_f32(None, None, 1, I64(1), 1, 8, None, None)
         assert rc > 0, rc

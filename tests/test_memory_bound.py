@@ -4,6 +4,7 @@ within its bound plus a slack however many keys arrive; an unbounded one
 grows linearly, by about the bytes per key its layout promises."""
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
 import sok_graph as sok
@@ -38,6 +39,11 @@ def warm_up():
     del v
 
 
+GPU_TABLE = ("measures host RSS; with a GPU the table lives in GPU memory, from "
+             "TensorFlow's allocator (tests/test_gpu_tables.py checks that)")
+
+
+@pytest.mark.cpu_only(reason=GPU_TABLE)
 def test_bounded_table_stays_within_its_bound():
     warm_up()
     capacity = 1 << 15
@@ -55,6 +61,7 @@ def test_bounded_table_stays_within_its_bound():
     assert max(growth[len(growth) // 4:]) - full <= SLACK // 3, growth
 
 
+@pytest.mark.cpu_only(reason=GPU_TABLE)
 def test_unbounded_table_grows_linearly_by_its_bytes_per_key():
     warm_up()
     base = rss_bytes()

@@ -39,14 +39,17 @@ def loss_of(emb):
 
 
 def train_reference(make_opt, table, batches):
-    ref = tf.Variable(table)
-    opt = make_opt()
-    for ids in batches:
-        with tf.GradientTape() as tape:
-            loss = loss_of(tf.nn.embedding_lookup_sparse(ref, ids.to_sparse(), None,
-                                                          combiner="sum"))
-        opt.apply_gradients([(tape.gradient(loss, ref), ref)])
-    return ref.numpy()
+    # On the CPU: TensorFlow's sparse optimizers (ResourceSparseApplyMomentum,
+    # ...RMSProp) have no GPU kernels.
+    with tf.device("/CPU:0"):
+        ref = tf.Variable(table)
+        opt = make_opt()
+        for ids in batches:
+            with tf.GradientTape() as tape:
+                loss = loss_of(tf.nn.embedding_lookup_sparse(ref, ids.to_sparse(), None,
+                                                              combiner="sum"))
+            opt.apply_gradients([(tape.gradient(loss, ref), ref)])
+        return ref.numpy()
 
 
 def train_sok(make_opt, var, batches, wrapper=None):

@@ -391,7 +391,9 @@ def _child_env():
 
 def launch(tmp_path, world, mode):
     env = _child_env()
-    cmd = [sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout",
+    # CPU workers also where a GPU is visible (the launcher gives each GPU
+    # worker a GPU of its own).
+    cmd = [sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--cpu", "--timeout",
            str(JOB_TIMEOUT_S), os.path.abspath(__file__), "worker", mode, str(tmp_path)]
     proc = subprocess.run(cmd, check=False, env=env, cwd=str(tmp_path), capture_output=True,
                           text=True, timeout=JOB_TIMEOUT_S + 30)

@@ -38,7 +38,7 @@ P, I64, I32, F, U64 = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_f
 
 def bind(lib, ref):
     sig = {
-        "sok_gpu_table_create": [P, P, P],
+        "sok_gpu_table_create": [P, P, P, P],  # config, allocator (NULL: cudaMalloc), stream, out
         "sok_gpu_table_destroy": [P, P],
         "sok_gpu_table_clear": [P, P],
         "sok_gpu_table_size": [P, P, P, P],
@@ -92,7 +92,7 @@ class GpuTable:
         cfg = Config(dim, init_capacity, max_rows, eviction, INIT_KINDS[init], mean, stddev,
                      minval, maxval, value, 0, seed)
         handle = ctypes.c_void_p()
-        rc = lib.sok_gpu_table_create(ctypes.byref(cfg), stream(), ctypes.byref(handle))
+        rc = lib.sok_gpu_table_create(ctypes.byref(cfg), None, stream(), ctypes.byref(handle))
         if rc != 0:
             raise RuntimeError(f"sok_gpu_table_create returned {rc}")
         self.h = handle

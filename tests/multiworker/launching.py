@@ -36,8 +36,10 @@ def run_process(argv, timeout=600, cwd=None, **extra_env):
 
 
 def launch(n, script, args=(), timeout=600, **extra_env):
-    """Runs `script args` on n workers under sok_graph.launch; must succeed."""
-    return run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(n), "--timeout",
+    """Runs `script args` on n CPU workers under sok_graph.launch (also
+    where GPUs are visible: the equivalence runs are about the engines, and
+    one GPU cannot hold a worker per rank); must succeed."""
+    return run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(n), "--cpu", "--timeout",
                         str(timeout - 30), script] + list(args), timeout, **extra_env)
 
 

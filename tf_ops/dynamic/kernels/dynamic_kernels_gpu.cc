@@ -6,11 +6,17 @@
 // toolkit (SOK_GRAPH_WITH_CUDA); machines without a GPU never place the ops
 // here.
 //
-// Keys are int64 only: TensorFlow keeps int32 tensors of GPU kernels in host
-// memory, so int32 tables run on the CPU kernels. Placement follows the
-// resource: every op on a table runs where its handle op runs.
+// The GPU table stores int64 keys. An int32-keyed table keeps them there
+// widened: TensorFlow holds int32 tensors of GPU kernels in host memory, so
+// int32 keys arrive on the host, are widened and copied to the device, and
+// int32 keys going out (evicted keys, exports) come back to the host and are
+// narrowed (lossless: every stored key came in as an int32). Placement
+// follows the resource: every op on a table runs where its handle op runs.
 //
-// Memory: keys, rows and their metadata stay on the device; the scalars the
+// Memory: the table's storage and scratch come from the device's
+// TensorFlow allocator (SokGpuAllocator), so TensorFlow's memory settings
+// and statistics cover them. Keys, rows and their metadata stay on the
+// device; the scalars the
 // host reads or writes (counts, offsets and limits, default_value, and the
 // frequencies checked before import) are HostMemory. Ops whose output size
 // depends on the table (the evicted keys, an export chunk, stats) wait for
@@ -91,14 +97,14 @@ Status TableError(OpKernelContext* ctx, int rc, const SokGpuTableResult* result,
   const char* name = sok_gpu_error_name(rc);
   const std::string cuda = "CUDA error " + std::to_string(rc) + " (" +
                            (name != nullptr ? name : "unknown") + ")";
-  // cudaErrorMemoryAllocation. The table allocates with cudaMalloc, outside
-  // TensorFlow's allocator, which by default reserves most of the GPU.
+  // cudaErrorMemoryAllocation: TensorFlow's allocator for the device (which
+  // the table allocates from) had no room left.
   if (rc == 2) {
     return errors::ResourceExhausted(
-        where, "out of GPU memory: ", cuda, ". The table's memory is allocated outside ",
-        "TensorFlow's allocator: let TensorFlow grow its own on demand ",
-        "(TF_FORCE_GPU_ALLOW_GROWTH=true or tf.config.experimental.set_memory_growth) or bound ",
-        "the table (max_capacity / max_bytes)");
+        where, "out of GPU memory: TensorFlow's allocator for this GPU could not give the ",
+        "table the memory it needs to grow. Bound the table (max_capacity / ",
+        "max_hbm_for_vectors), or give TensorFlow more of the GPU (a larger memory_limit in ",
+        "tf.config.set_logical_device_configuration, or fewer processes sharing the GPU)");
   }
   return errors::Internal(where, cuda);
 }
@@ -108,8 +114,8 @@ Status TableError(OpKernelContext* ctx, int rc, const SokGpuTableResult* result,
 // lock alone; finds share it.
 class GpuTableResource : public ::tensorflow::ResourceBase {
  public:
-  GpuTableResource(SokGpuTable* table, int64_t dim, void* stream)
-      : table_(table), dim_(dim), stream_(stream) {}
+  GpuTableResource(SokGpuTable* table, int64_t dim, DataType key_dtype, void* stream)
+      : table_(table), dim_(dim), key_dtype_(key_dtype), stream_(stream) {}
   ~GpuTableResource() override {
     // Waits for the device's stream (the one every op of this table ran
     // on) before freeing.
@@ -124,6 +130,7 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
   ::tensorflow::mutex* mu() { return &mu_; }
   SokGpuTable* table() { return table_; }
   int64_t dim() const { return dim_; }
+  DataType key_dtype() const { return key_dtype_; }
   int64_t row_limit() const { return sok_gpu_table_row_limit(table_); }
   // The time of a call that changes the table, as core::DynamicTable::Tick:
   // the wall clock in microseconds, strictly after every earlier call.
@@ -137,32 +144,9 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
   ::tensorflow::mutex mu_;
   SokGpuTable* const table_;
   const int64_t dim_;
+  const DataType key_dtype_;
   void* const stream_;
   int64_t now_ = 0;
-};
-
-// The table of input 0 and, if asked, the int64 keys of input 1 (device).
-struct GpuInputs {
-  GpuTableResource* table = nullptr;
-  const int64_t* keys = nullptr;
-  int64_t n = 0;
-
-  ~GpuInputs() {
-    if (table != nullptr) table->Unref();
-  }
-  Status Read(OpKernelContext* ctx, bool with_keys) {
-    TF_RETURN_IF_ERROR(dk::LookupTable(ctx, &table));
-    if (!with_keys) return OkStatus();
-    const Tensor& k = ctx->input(1);
-    TF_RETURN_IF_ERROR(dk::CheckKeys(k, ::tensorflow::DT_INT64));
-    n = k.NumElements();
-    if (n > kMaxKeysPerCall) {
-      return errors::InvalidArgument("keys has ", n, " entries; the GPU table takes at most ",
-                                     kMaxKeysPerCall, " per call");
-    }
-    keys = reinterpret_cast<const int64_t*>(k.flat<TfInt64>().data());
-    return OkStatus();
-  }
 };
 
 int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().data()); }
@@ -171,6 +155,71 @@ Status CudaCall(int rc, const char* what) {
   if (rc == 0) return OkStatus();
   const char* name = sok_gpu_error_name(rc);
   return errors::Internal(what, " failed: CUDA error ", rc, " (", name ? name : "unknown", ")");
+}
+
+// The table of input 0 and, if asked, the keys of input 1 as int64 in
+// device memory: the tensor itself for int64 keys, a widened device copy
+// of int32 keys (which TensorFlow hands a GPU kernel in host memory).
+struct GpuInputs {
+  GpuTableResource* table = nullptr;
+  const int64_t* keys = nullptr;
+  int64_t n = 0;
+  Tensor widened;
+
+  ~GpuInputs() {
+    if (table != nullptr) table->Unref();
+  }
+  Status Read(OpKernelContext* ctx, bool with_keys) {
+    TF_RETURN_IF_ERROR(dk::LookupTable(ctx, &table));
+    if (!with_keys) return OkStatus();
+    const Tensor& k = ctx->input(1);
+    TF_RETURN_IF_ERROR(dk::CheckKeys(k, table->key_dtype()));
+    n = k.NumElements();
+    if (n > kMaxKeysPerCall) {
+      return errors::InvalidArgument("keys has ", n, " entries; the GPU table takes at most ",
+                                     kMaxKeysPerCall, " per call");
+    }
+    if (k.dtype() == ::tensorflow::DT_INT64) {
+      keys = reinterpret_cast<const int64_t*>(k.flat<TfInt64>().data());
+      return OkStatus();
+    }
+    const int32_t* narrow = k.flat<int32_t>().data();
+    const std::vector<int64_t> wide(narrow, narrow + n);
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
+                                          TensorShape({std::max<int64_t>(n, 1)}), &widened));
+    TF_RETURN_IF_ERROR(CudaCall(sok_gpu_copy_to_device(I64(&widened), wide.data(),
+                                                       sizeof(int64_t) * n, GpuStreamOf(ctx)),
+                                "copying int32 keys to the GPU"));
+    keys = I64(&widened);
+    return OkStatus();
+  }
+};
+
+// Writes m int64 keys from device memory to a keys output: a device copy
+// for int64, a host copy narrowed to int32 (the output is in host memory).
+Status KeysToOutput(OpKernelContext* ctx, const int64_t* device_keys, int64_t m, Tensor* out) {
+  if (m == 0) return OkStatus();
+  if (out->dtype() == ::tensorflow::DT_INT64) {
+    return CudaCall(sok_gpu_copy_on_device(I64(out), device_keys, sizeof(int64_t) * m,
+                                           GpuStreamOf(ctx)),
+                    "copying keys");
+  }
+  std::vector<int64_t> wide(m);
+  TF_RETURN_IF_ERROR(CudaCall(sok_gpu_copy_to_host(wide.data(), device_keys,
+                                                   sizeof(int64_t) * m, GpuStreamOf(ctx)),
+                              "copying int32 keys to the host"));
+  int32_t* narrow = out->flat<int32_t>().data();
+  for (int64_t i = 0; i < m; ++i) narrow[i] = static_cast<int32_t>(wide[i]);
+  return OkStatus();
+}
+
+// The device's TensorFlow allocator behind SokGpuAllocator.
+void* TfAlloc(void* allocator, size_t bytes) {
+  return static_cast<::tensorflow::Allocator*>(allocator)->AllocateRaw(
+      ::tensorflow::Allocator::kAllocatorAlignment, bytes);
+}
+void TfFree(void* allocator, void* p) {
+  static_cast<::tensorflow::Allocator*>(allocator)->DeallocateRaw(p);
 }
 
 class CreateGpuOp : public OpKernel {
@@ -198,17 +247,25 @@ class CreateGpuOp : public OpKernel {
     GpuTableResource* table = nullptr;
     void* stream = GpuStreamOf(ctx);
     const SokGpuTableConfig config = gpu_config_;
+    const DataType key_dtype = key_dtype_;
+    // The device's allocator lives as long as the device, which outlives
+    // the resources of its resource manager.
+    SokGpuAllocator allocator;
+    allocator.alloc = TfAlloc;
+    allocator.free = TfFree;
+    allocator.context = ctx->device()->GetAllocator(::tensorflow::AllocatorAttributes());
     OP_REQUIRES_OK(ctx, ::tensorflow::LookupOrCreateResource<GpuTableResource>(
                             ctx, ::tensorflow::HandleFromInput(ctx, 0), &table,
-                            [ctx, stream, &config](GpuTableResource** out) -> Status {
+                            [ctx, stream, &config, &allocator,
+                             key_dtype](GpuTableResource** out) -> Status {
                               SokGpuTable* t = nullptr;
-                              const int rc = sok_gpu_table_create(&config, stream, &t);
+                              const int rc = sok_gpu_table_create(&config, &allocator, stream, &t);
                               if (rc != 0) return TableError(ctx, rc, nullptr, config.max_rows);
-                              *out = new GpuTableResource(t, config.dim, stream);
+                              *out = new GpuTableResource(t, config.dim, key_dtype, stream);
                               return OkStatus();
                             }));
     ::tensorflow::core::ScopedUnref unref(table);
-    OP_REQUIRES_OK(ctx, dk::CheckExistingTable(table->dim(), ::tensorflow::DT_INT64, config_.dim,
+    OP_REQUIRES_OK(ctx, dk::CheckExistingTable(table->dim(), table->key_dtype(), config_.dim,
                                                key_dtype_));
   }
 
@@ -261,10 +318,7 @@ class FindOrInsertGpuOp : public OpKernel {
     Tensor* evicted_keys = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({result.num_evicted}),
                                              &evicted_keys));
-    OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(evicted_keys), I64(&evicted),
-                                                        sizeof(int64_t) * result.num_evicted,
-                                                        stream),
-                                 "copying the evicted keys"));
+    OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&evicted), result.num_evicted, evicted_keys));
   }
 
  private:
@@ -385,7 +439,7 @@ class ExportGpuOp : public OpKernel {
     GpuTableResource* table = in.table;
     OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
     dk::ExportArgs args;
-    OP_REQUIRES_OK(ctx, dk::ReadExportArgs(ctx, ::tensorflow::DT_INT64, ::tensorflow::DT_INT64,
+    OP_REQUIRES_OK(ctx, dk::ReadExportArgs(ctx, ctx->expected_output_dtype(0), table->key_dtype(),
                                            &args));
     void* stream = GpuStreamOf(ctx);
     // [0]: the count; [1]: the (unwritten) key buffer of the counting pass.
@@ -411,14 +465,25 @@ class ExportGpuOp : public OpKernel {
     }
     const int64_t m = std::max<int64_t>(0, std::min(count - std::min(args.offset, count),
                                                     args.limit));
-    Tensor *keys = nullptr, *rows = nullptr, *ts = nullptr, *freq = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &keys));
+    Tensor *keys_out = nullptr, *rows = nullptr, *ts = nullptr, *freq = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &keys_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m, dim_}), &rows));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &ts));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({m}), &freq));
+    // int64 keys go straight to the output; int32 ones through device
+    // scratch, narrowed on the host at the end.
+    Tensor keys_dev;
+    int64_t* keys = nullptr;
+    if (keys_out->dtype() == ::tensorflow::DT_INT64) {
+      keys = I64(keys_out);
+    } else {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
+                                             TensorShape({std::max<int64_t>(m, 1)}), &keys_dev));
+      keys = I64(&keys_dev);
+    }
     if (m > 0 && args.offset == 0) {
       OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(
-                                              table->table(), args.updated_after, I64(keys),
+                                              table->table(), args.updated_after, keys,
                                               rows->flat<float>().data(), I64(ts), I64(freq), m,
                                               I64(&count_dev), stream),
                                      nullptr, table->row_limit()));
@@ -436,7 +501,7 @@ class ExportGpuOp : public OpKernel {
                                                                end, I64(&count_dev), stream),
                                      nullptr, table->row_limit()));
       const size_t bytes = sizeof(int64_t) * m;
-      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(keys), k + args.offset, bytes,
+      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(keys, k + args.offset, bytes,
                                                           stream),
                                    "copying exported keys"));
       OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(ts), k + end + args.offset, bytes,
@@ -445,11 +510,12 @@ class ExportGpuOp : public OpKernel {
       OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(freq), k + 2 * end + args.offset,
                                                           bytes, stream),
                                    "copying exported frequencies"));
-      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_find(table->table(), I64(keys), m,
+      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_find(table->table(), keys, m,
                                                              nullptr, rows->flat<float>().data(),
                                                              nullptr, stream),
                                      nullptr, table->row_limit()));
     }
+    if (keys != I64(keys_out)) OP_REQUIRES_OK(ctx, KeysToOutput(ctx, keys, m, keys_out));
     // Done once the chunk reaches the last row that passes the filter.
     OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 4, args.offset + m < count ? args.offset + m : size));
   }
@@ -516,39 +582,11 @@ using ::tensorflow::DEVICE_GPU;
 // own resource ops declare it).
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableHandle").Device(DEVICE_GPU).HostMemory("table"),
                         ::tensorflow::ResourceHandleOp<GpuTableResource>);
-REGISTER_KERNEL_BUILDER(Name("SokDynamicTableCreate")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("table")
-                            .TypeConstraint<TfInt64>("key_dtype"),
-                        CreateGpuOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableIsInitialized")
                             .Device(DEVICE_GPU)
                             .HostMemory("table")
                             .HostMemory("is_initialized"),
                         IsInitializedGpuOp);
-REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFindOrInsert")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("table")
-                            .HostMemory("num_evicted")
-                            .TypeConstraint<TfInt64>("Tkeys"),
-                        FindOrInsertGpuOp);
-REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFind")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("table")
-                            .HostMemory("default_value")
-                            .TypeConstraint<TfInt64>("Tkeys"),
-                        FindGpuOp);
-REGISTER_KERNEL_BUILDER(Name("SokDynamicTableScatter")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("table")
-                            .HostMemory("num_evicted")
-                            .TypeConstraint<TfInt64>("Tkeys"),
-                        ScatterGpuOp);
-REGISTER_KERNEL_BUILDER(Name("SokDynamicTableRemove")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("table")
-                            .TypeConstraint<TfInt64>("Tkeys"),
-                        RemoveGpuOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableStats")
                             .Device(DEVICE_GPU)
                             .HostMemory("table")
@@ -557,24 +595,59 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableStats")
                             .HostMemory("evicted_total")
                             .HostMemory("memory_bytes"),
                         StatsGpuOp);
-REGISTER_KERNEL_BUILDER(Name("SokDynamicTableExport")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("table")
-                            .HostMemory("offset")
-                            .HostMemory("limit")
-                            .HostMemory("updated_after")
-                            .HostMemory("next_offset")
-                            .TypeConstraint<TfInt64>("Tkeys"),
-                        ExportGpuOp);
-REGISTER_KERNEL_BUILDER(Name("SokDynamicTableImport")
-                            .Device(DEVICE_GPU)
-                            .HostMemory("table")
-                            .HostMemory("frequencies")
-                            .HostMemory("num_evicted")
-                            .TypeConstraint<TfInt64>("Tkeys"),
-                        ImportGpuOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_GPU).HostMemory("table"),
                         ClearGpuOp);
+
+// The ops that take or give keys, per key type. TensorFlow keeps every
+// int32 tensor of a GPU kernel in host memory, so int32 keys (inputs and
+// outputs) are on the host (GpuInputs, KeysToOutput); int64 keys on the
+// device.
+#define SOK_REGISTER_DYNAMIC_GPU(K)                                                       \
+  REGISTER_KERNEL_BUILDER(                                                               \
+      Name("SokDynamicTableCreate").Device(DEVICE_GPU).HostMemory("table").TypeConstraint<K>( \
+          "key_dtype"),                                                                  \
+      CreateGpuOp);                                                                      \
+  REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFindOrInsert")                            \
+                              .Device(DEVICE_GPU)                                        \
+                              .HostMemory("table")                                       \
+                              .HostMemory("num_evicted")                                 \
+                              .TypeConstraint<K>("Tkeys"),                               \
+                          FindOrInsertGpuOp);                                            \
+  REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFind")                                    \
+                              .Device(DEVICE_GPU)                                        \
+                              .HostMemory("table")                                       \
+                              .HostMemory("default_value")                               \
+                              .TypeConstraint<K>("Tkeys"),                               \
+                          FindGpuOp);                                                    \
+  REGISTER_KERNEL_BUILDER(Name("SokDynamicTableScatter")                                 \
+                              .Device(DEVICE_GPU)                                        \
+                              .HostMemory("table")                                       \
+                              .HostMemory("num_evicted")                                 \
+                              .TypeConstraint<K>("Tkeys"),                               \
+                          ScatterGpuOp);                                                 \
+  REGISTER_KERNEL_BUILDER(                                                               \
+      Name("SokDynamicTableRemove").Device(DEVICE_GPU).HostMemory("table").TypeConstraint<K>( \
+          "Tkeys"),                                                                      \
+      RemoveGpuOp);                                                                      \
+  REGISTER_KERNEL_BUILDER(Name("SokDynamicTableExport")                                  \
+                              .Device(DEVICE_GPU)                                        \
+                              .HostMemory("table")                                       \
+                              .HostMemory("offset")                                      \
+                              .HostMemory("limit")                                       \
+                              .HostMemory("updated_after")                               \
+                              .HostMemory("next_offset")                                 \
+                              .TypeConstraint<K>("Tkeys"),                               \
+                          ExportGpuOp);                                                  \
+  REGISTER_KERNEL_BUILDER(Name("SokDynamicTableImport")                                  \
+                              .Device(DEVICE_GPU)                                        \
+                              .HostMemory("table")                                       \
+                              .HostMemory("frequencies")                                 \
+                              .HostMemory("num_evicted")                                 \
+                              .TypeConstraint<K>("Tkeys"),                               \
+                          ImportGpuOp);
+SOK_REGISTER_DYNAMIC_GPU(TfInt64)
+SOK_REGISTER_DYNAMIC_GPU(int32_t)
+#undef SOK_REGISTER_DYNAMIC_GPU
 
 }  // namespace
 }  // namespace sok_graph

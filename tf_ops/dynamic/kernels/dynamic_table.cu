@@ -729,6 +729,7 @@ __global__ void ExportKernel(DevTable t, const int64_t* __restrict__ flags,
 
 struct SokGpuTable {
   SokGpuTableConfig config;
+  SokGpuAllocator allocator{};  // all device memory below comes from it
   DevInit init;
   int64_t row_limit = 0;
   DevTable dev{};
@@ -776,35 +777,48 @@ int64_t SlotsFor(int64_t keys) {
   return s;
 }
 
+// Device memory through the table's allocator (SokGpuAllocator).
+int AllocBytes(const SokGpuAllocator& a, void** p, size_t bytes) {
+  if (a.alloc == nullptr) return static_cast<int>(cudaMalloc(p, bytes));
+  *p = a.alloc(a.context, bytes);
+  return *p != nullptr ? 0 : static_cast<int>(cudaErrorMemoryAllocation);
+}
+
 template <typename T>
-int Alloc(T** p, int64_t count) {
+int Alloc(const SokGpuAllocator& a, T** p, int64_t count) {
   *p = nullptr;
   if (count <= 0) return 0;
-  return static_cast<int>(cudaMalloc(reinterpret_cast<void**>(p), sizeof(T) * count));
+  return AllocBytes(a, reinterpret_cast<void**>(p), sizeof(T) * count);
 }
 
 template <typename T>
-void Free(T** p) {
-  if (*p) cudaFree(*p);
+void Free(const SokGpuAllocator& a, T** p) {
+  if (*p) {
+    if (a.free == nullptr) {
+      cudaFree(*p);
+    } else {
+      a.free(a.context, *p);
+    }
+  }
   *p = nullptr;
 }
 
-int AllocTable(DevTable* t, int64_t slots, int dim) {
+int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim) {
   t->slots = slots;
   t->mask = static_cast<uint64_t>(slots - 1);
   t->dim = dim;
-  int rc = Alloc(&t->keys, slots);
-  if (!rc) rc = Alloc(&t->rows, (slots + 2) * dim);
-  if (!rc) rc = Alloc(&t->ts, slots + 2);
-  if (!rc) rc = Alloc(&t->freq, slots + 2);
+  int rc = Alloc(a, &t->keys, slots);
+  if (!rc) rc = Alloc(a, &t->rows, (slots + 2) * dim);
+  if (!rc) rc = Alloc(a, &t->ts, slots + 2);
+  if (!rc) rc = Alloc(a, &t->freq, slots + 2);
   return rc;
 }
 
-void FreeTable(DevTable* t) {
-  Free(&t->keys);
-  Free(&t->rows);
-  Free(&t->ts);
-  Free(&t->freq);
+void FreeTable(const SokGpuAllocator& a, DevTable* t) {
+  Free(a, &t->keys);
+  Free(a, &t->rows);
+  Free(a, &t->ts);
+  Free(a, &t->freq);
 }
 
 int Sync(SokGpuTable* t, cudaStream_t s) {
@@ -821,19 +835,19 @@ int EnsureScratch(SokGpuTable* t, int64_t n) {
   if (n <= t->scratch_n) return 0;
   SOK_CUDA(cudaDeviceSynchronize());  // earlier calls may still use the old buffers
   const int64_t m = std::max<int64_t>(n, 2 * t->scratch_n);
-  Free(&t->slot_of);
-  Free(&t->buf_a);
-  Free(&t->buf_b);
-  Free(&t->buf_c);
-  Free(&t->buf_d);
-  Free(&t->flags8);
+  Free(t->allocator, &t->slot_of);
+  Free(t->allocator, &t->buf_a);
+  Free(t->allocator, &t->buf_b);
+  Free(t->allocator, &t->buf_c);
+  Free(t->allocator, &t->buf_d);
+  Free(t->allocator, &t->flags8);
   t->scratch_n = 0;
-  int rc = Alloc(&t->slot_of, m);
-  if (!rc) rc = Alloc(&t->buf_a, m);
-  if (!rc) rc = Alloc(&t->buf_b, m);
-  if (!rc) rc = Alloc(&t->buf_c, m);
-  if (!rc) rc = Alloc(&t->buf_d, m);
-  if (!rc) rc = Alloc(&t->flags8, m);
+  int rc = Alloc(t->allocator, &t->slot_of, m);
+  if (!rc) rc = Alloc(t->allocator, &t->buf_a, m);
+  if (!rc) rc = Alloc(t->allocator, &t->buf_b, m);
+  if (!rc) rc = Alloc(t->allocator, &t->buf_c, m);
+  if (!rc) rc = Alloc(t->allocator, &t->buf_d, m);
+  if (!rc) rc = Alloc(t->allocator, &t->flags8, m);
   if (!rc) t->scratch_n = m;
   return rc;
 }
@@ -843,15 +857,15 @@ int EnsureSlotScratch(SokGpuTable* t) {
   const int64_t n = t->dev.slots + 2;
   if (n <= t->slot_scratch_n) return 0;
   SOK_CUDA(cudaDeviceSynchronize());
-  Free(&t->slot_a);
-  Free(&t->slot_b);
-  Free(&t->slot_c);
-  Free(&t->slot_d);
+  Free(t->allocator, &t->slot_a);
+  Free(t->allocator, &t->slot_b);
+  Free(t->allocator, &t->slot_c);
+  Free(t->allocator, &t->slot_d);
   t->slot_scratch_n = 0;
-  int rc = Alloc(&t->slot_a, n);
-  if (!rc) rc = Alloc(&t->slot_b, n);
-  if (!rc) rc = Alloc(&t->slot_c, n);
-  if (!rc) rc = Alloc(&t->slot_d, n);
+  int rc = Alloc(t->allocator, &t->slot_a, n);
+  if (!rc) rc = Alloc(t->allocator, &t->slot_b, n);
+  if (!rc) rc = Alloc(t->allocator, &t->slot_c, n);
+  if (!rc) rc = Alloc(t->allocator, &t->slot_d, n);
   if (!rc) t->slot_scratch_n = n;
   return rc;
 }
@@ -859,9 +873,9 @@ int EnsureSlotScratch(SokGpuTable* t) {
 int EnsureCubTemp(SokGpuTable* t, size_t bytes) {
   if (bytes <= t->cub_bytes) return 0;
   SOK_CUDA(cudaDeviceSynchronize());
-  Free(reinterpret_cast<char**>(&t->cub_temp));
+  Free(t->allocator, reinterpret_cast<char**>(&t->cub_temp));
   t->cub_bytes = 0;
-  SOK_CUDA(cudaMalloc(&t->cub_temp, bytes));
+  SOK_CUDA(static_cast<cudaError_t>(AllocBytes(t->allocator, &t->cub_temp, bytes)));
   t->cub_bytes = bytes;
   return 0;
 }
@@ -892,9 +906,9 @@ int BitsFor(int64_t max_value) {
 int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s) {
   DevTable fresh{};
   fresh.side = t->dev.side;
-  int rc = AllocTable(&fresh, slots, t->dev.dim);
+  int rc = AllocTable(t->allocator, &fresh, slots, t->dev.dim);
   if (rc) {
-    FreeTable(&fresh);
+    FreeTable(t->allocator, &fresh);
     return rc;
   }
   FillKernel<<<GridStride(slots + 2), 256, 0, s>>>(fresh);
@@ -915,13 +929,13 @@ int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s) {
   }
   SOK_CUDA(cudaGetLastError());
   SOK_CUDA(cudaStreamSynchronize(s));
-  FreeTable(&t->dev);
+  FreeTable(t->allocator, &t->dev);
   t->dev = fresh;
   // Per-slot scratch is sized by the old index.
-  Free(&t->slot_a);
-  Free(&t->slot_b);
-  Free(&t->slot_c);
-  Free(&t->slot_d);
+  Free(t->allocator, &t->slot_a);
+  Free(t->allocator, &t->slot_b);
+  Free(t->allocator, &t->slot_c);
+  Free(t->allocator, &t->slot_d);
   t->slot_scratch_n = 0;
   return Sync(t, s);
 }
@@ -1057,9 +1071,9 @@ bool BadTable(const SokGpuTable* t) { return t == nullptr || t->dev.keys == null
 
 extern "C" {
 
-__attribute__((visibility("default"))) int sok_gpu_table_create(const SokGpuTableConfig* config,
-                                                                void* stream,
-                                                                SokGpuTable** table) {
+__attribute__((visibility("default"))) int sok_gpu_table_create(
+    const SokGpuTableConfig* config, const SokGpuAllocator* allocator, void* stream,
+    SokGpuTable** table) {
   if (table == nullptr) return SOK_GPU_TABLE_BAD_ARGUMENT;
   *table = nullptr;
   if (config == nullptr || config->dim < 1 || config->dim > INT32_MAX / 4 ||
@@ -1070,6 +1084,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(const SokGpuTabl
   SokGpuTable* t = new (std::nothrow) SokGpuTable();
   if (t == nullptr) return static_cast<int>(cudaErrorMemoryAllocation);
   t->config = *config;
+  if (allocator != nullptr) t->allocator = *allocator;
   t->init.kind = config->init_kind;
   t->init.mean = config->mean;
   t->init.stddev = config->stddev;
@@ -1084,9 +1099,9 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(const SokGpuTabl
     while (MaxOccupied(slots) < t->row_limit) slots *= 2;
   }
   cudaStream_t s = StreamOf(stream);
-  int rc = AllocTable(&t->dev, slots, static_cast<int>(config->dim));
-  if (!rc) rc = Alloc(&t->dev.side, 2);
-  if (!rc) rc = Alloc(&t->counters, kNumCounters);
+  int rc = AllocTable(t->allocator, &t->dev, slots, static_cast<int>(config->dim));
+  if (!rc) rc = Alloc(t->allocator, &t->dev.side, 2);
+  if (!rc) rc = Alloc(t->allocator, &t->counters, kNumCounters);
   if (!rc) {
     rc = static_cast<int>(cudaMallocHost(reinterpret_cast<void**>(&t->host_counters),
                                          sizeof(long long) * kNumCounters));
@@ -1104,21 +1119,21 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(const SokGpuTabl
 __attribute__((visibility("default"))) int sok_gpu_table_destroy(SokGpuTable* t, void* stream) {
   if (t == nullptr) return 0;
   cudaStreamSynchronize(StreamOf(stream));
-  FreeTable(&t->dev);
-  Free(&t->dev.side);
-  Free(&t->counters);
+  FreeTable(t->allocator, &t->dev);
+  Free(t->allocator, &t->dev.side);
+  Free(t->allocator, &t->counters);
   if (t->host_counters) cudaFreeHost(t->host_counters);
-  Free(&t->slot_of);
-  Free(&t->buf_a);
-  Free(&t->buf_b);
-  Free(&t->buf_c);
-  Free(&t->buf_d);
-  Free(&t->flags8);
-  Free(&t->slot_a);
-  Free(&t->slot_b);
-  Free(&t->slot_c);
-  Free(&t->slot_d);
-  Free(reinterpret_cast<char**>(&t->cub_temp));
+  Free(t->allocator, &t->slot_of);
+  Free(t->allocator, &t->buf_a);
+  Free(t->allocator, &t->buf_b);
+  Free(t->allocator, &t->buf_c);
+  Free(t->allocator, &t->buf_d);
+  Free(t->allocator, &t->flags8);
+  Free(t->allocator, &t->slot_a);
+  Free(t->allocator, &t->slot_b);
+  Free(t->allocator, &t->slot_c);
+  Free(t->allocator, &t->slot_d);
+  Free(t->allocator, reinterpret_cast<char**>(&t->cub_temp));
   delete t;
   return 0;
 }

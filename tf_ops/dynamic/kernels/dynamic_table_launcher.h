@@ -71,9 +71,22 @@ typedef struct {
   int64_t distinct_keys;  // distinct keys of the batch, when counted (else -1)
 } SokGpuTableResult;
 
+// Where a table's device memory (storage and scratch) comes from. The
+// TensorFlow kernels pass the device's allocator, so TensorFlow's memory
+// settings (memory growth, logical-device limits, get_memory_info) cover the
+// tables; `alloc` returns NULL when out of memory, `free` takes what `alloc`
+// gave. A NULL allocator (or NULL functions) means cudaMalloc / cudaFree.
+typedef struct {
+  void* (*alloc)(void* context, size_t bytes);
+  void (*free)(void* context, void* ptr);
+  void* context;
+} SokGpuAllocator;
+
 typedef struct SokGpuTable SokGpuTable;
 
-int sok_gpu_table_create(const SokGpuTableConfig* config, void* stream, SokGpuTable** table);
+// The allocator is copied; its context must outlive the table.
+int sok_gpu_table_create(const SokGpuTableConfig* config, const SokGpuAllocator* allocator,
+                         void* stream, SokGpuTable** table);
 // Frees the table's device memory (waits for the stream first).
 int sok_gpu_table_destroy(SokGpuTable* table, void* stream);
 // Empties the table (keeps its memory).

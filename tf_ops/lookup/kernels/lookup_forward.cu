@@ -128,7 +128,14 @@ __global__ void LookupForwardKernel(const SokLookupTable* __restrict__ tables,
     for (int d = lane; d < t.dim; d += kWarp) t.out[b * t.dim + d] = 0.0f;
     return;
   }
-  if (kVec4 && chunks <= kWarp / 2 && (chunks & (chunks - 1)) == 0) {
+  if (t.dim <= 0) {  // nothing to add up (the paths below divide by the row's chunks)
+    for (int64_t j = begin + lane; j < end; j += kWarp) {
+      if (!IdOk(IdAt<K>(t, j), t.rows)) my_bad = min(my_bad, j);
+    }
+    ReportBad(my_bad, bad);
+    return;
+  }
+  if (kVec4 && chunks >= 1 && chunks <= kWarp / 2 && (chunks & (chunks - 1)) == 0) {
     // Narrow rows (dim 4, 8, 16, 32 or 64): `chunks` lanes read one row, so the warp works
     // on 32 / chunks ids at once; the groups are then summed by a fixed
     // shuffle tree, so the result is the same on every run.

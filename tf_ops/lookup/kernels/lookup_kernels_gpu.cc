@@ -5,11 +5,14 @@
 //
 // row_splits arrive in host memory (HostMemory), so they are checked on the
 // host exactly as the CPU kernel checks them before any kernel reads through
-// them. Ids are checked on the device by the kernels that read them: a bad
+// them. int64 ids are in device memory; int32 ids, like every int32 tensor
+// of a TensorFlow GPU kernel, arrive in host memory and are copied to the
+// device (and the gradient's int32 unique ids go back to the host). Ids are checked on the device by the kernels that read them: a bad
 // id is never read through, its first position is read back (the forward's
 // one host synchronisation) and reported as the CPU kernel reports it.
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -86,7 +89,7 @@ class FusedLookupGpuBase : public OpKernel {
   // Variables among the params stay read-locked while `params` lives.
   Status ReadTables(OpKernelContext* ctx, TableInputs* params,
                     std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz,
-                    std::vector<Tensor>* device_splits) {
+                    std::vector<Tensor>* device_splits, std::vector<Tensor>* device_ids) {
     OpInputList ids, splits, weights;
     TF_RETURN_IF_ERROR(params->Read(ctx, "params", num_tables_,
                                     [this](int t) { return this->TableName(t); }));
@@ -96,6 +99,7 @@ class FusedLookupGpuBase : public OpKernel {
     tables->assign(num_tables_, SokLookupTable());
     nnz->assign(num_tables_, 0);
     device_splits->resize(num_tables_);
+    device_ids->resize(num_tables_);
     void* stream = GpuStreamOf(ctx);
     for (int t = 0; t < num_tables_; ++t) {
       const Tensor& p = (*params)[t];
@@ -153,6 +157,15 @@ class FusedLookupGpuBase : public OpKernel {
       SokLookupTable& v = (*tables)[t];
       v.params = p.flat<float>().data();
       v.ids = i.flat<K>().data();
+      if (kIdsOnHost) {
+        Tensor& di = (*device_ids)[t];
+        TF_RETURN_IF_ERROR(
+            ctx->allocate_temp(i.dtype(), TensorShape({std::max<int64_t>(1, (*nnz)[t])}), &di));
+        TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_device(Data(di), i.flat<K>().data(),
+                                                       sizeof(K) * (*nnz)[t], stream),
+                                "copying int32 ids to the GPU"));
+        v.ids = Data(di);
+      }
       v.row_splits = reinterpret_cast<const int64_t*>(Data(d));
       v.weights = weighted_[t] ? w.flat<float>().data() : nullptr;
       v.clip = nullptr;
@@ -177,8 +190,8 @@ class FusedLookupGpuBase : public OpKernel {
       const int64_t j = first_bad[t];
       if (j == kNoBadId) continue;
       K id = 0;
-      TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_host(&id, ids[t].flat<K>().data() + j, sizeof(K),
-                                                   GpuStreamOf(ctx)),
+      TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_host(&id, static_cast<const K*>(tables[t].ids) + j,
+                                                   sizeof(K), GpuStreamOf(ctx)),
                               "reading a bad id back"));
       return errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ",
                                      tables[t].rows, ") (the table's rows); got ",
@@ -186,6 +199,9 @@ class FusedLookupGpuBase : public OpKernel {
     }
     return OkStatus();
   }
+
+  // int32 ids come in host memory (TensorFlow's rule for GPU kernels).
+  static constexpr bool kIdsOnHost = sizeof(K) == 4;
 
   int num_tables_ = 0;
   std::vector<int32_t> combiners_;
@@ -204,9 +220,9 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
-    std::vector<Tensor> splits;
+    std::vector<Tensor> splits, device_ids;
     TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits, &device_ids));
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
     Tensor bad_dev;
@@ -270,9 +286,9 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
-    std::vector<Tensor> splits;
+    std::vector<Tensor> splits, device_ids;
     TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits, &device_ids));
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     for (int t = 0; t < n; ++t) {
@@ -326,11 +342,23 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
       OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({u}), &ids_out));
       OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({u, tables[t].dim}), &rows));
       if (u == 0) continue;
+      // int32 unique ids go to host memory: written to the device first.
+      Tensor ids_dev;
+      K* unique_ids = ids_out->flat<K>().data();
+      if (this->kIdsOnHost) {
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(ids_out->dtype(), TensorShape({u}), &ids_dev));
+        unique_ids = ids_dev.flat<K>().data();
+      }
       OP_REQUIRES_OK(ctx, Cuda(sok_lookup_backward_rows(&tables[t], nnz[t],
                                                         grads[t].flat<float>().data(),
-                                                        Data(plans[t]), ids_out->flat<K>().data(),
+                                                        Data(plans[t]), unique_ids,
                                                         rows->flat<float>().data(), stream),
                                "sok_lookup_backward_rows"));
+      if (this->kIdsOnHost) {
+        OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(ids_out->flat<K>().data(), unique_ids,
+                                                      sizeof(K) * u, stream),
+                                 "copying int32 unique ids to the host"));
+      }
     }
   }
 };
@@ -348,10 +376,8 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
                               .TypeConstraint<K>("Tindices")               \
                               .HostMemory("row_splits"),                   \
                           FusedLookupGradGpuOp<K>);
-// int64 ids only: TensorFlow keeps int32 tensors of GPU kernels in host
-// memory, so int32 ids would reach the launchers as host pointers; with
-// int32 ids TensorFlow runs the CPU kernel.
 SOK_REGISTER_LOOKUP_GPU(TfInt64)
+SOK_REGISTER_LOOKUP_GPU(int32_t)  // ids in host memory, copied over (ReadTables)
 #undef SOK_REGISTER_LOOKUP_GPU
 
 }  // namespace
