@@ -119,3 +119,13 @@ def test_launchers_fail_cleanly_without_a_gpu():
                          timeout=120)
     assert out.returncode == 0, out.stderr
     assert "clean" in out.stdout
+
+
+def test_runtime_version_and_driver_floor_are_reported():
+    """The error an old driver gives names the CUDA runtime the kernels were
+    built with and the oldest driver it runs on (tf_ops/common/cuda_status.h)."""
+    import ctypes
+    lib = ctypes.CDLL(os.path.join(os.path.dirname(_ops.library_path()), "libsok_cuda_kernels.so"))
+    runtime, floor = lib.sok_cuda_runtime_version(), lib.sok_cuda_min_driver()
+    assert 11000 <= runtime < 14000, runtime
+    assert floor == {11: 450, 12: 525, 13: 580}[runtime // 1000], (runtime, floor)

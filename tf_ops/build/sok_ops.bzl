@@ -148,7 +148,8 @@ def sok_op_family(core_deps = []):
                            op registrations and kernels (":srcs", compiled
                            into libsok_ops.so by //tf_ops:BUILD)
       kernels/*.cu, *.cuh, *_launcher.h
-                           CUDA kernels and their C launchers (":cuda_srcs")
+                           CUDA kernels and their C launchers (":cuda_srcs"),
+                           which may include the TF-independent core/*.h
     """
     sok_core_library(name = "core", hdrs = native.glob(["core/*.h"]), deps = core_deps)
     sok_core_tests(srcs = native.glob(["core/*_test.cc"]), deps = [":core"])
@@ -159,6 +160,6 @@ def sok_op_family(core_deps = []):
     )
     native.filegroup(
         name = "cuda_srcs",
-        srcs = native.glob(["kernels/*.cu", "kernels/*.cuh", "kernels/*_launcher.h"]),
+        srcs = native.glob(["kernels/*.cu", "kernels/*.cuh", "kernels/*_launcher.h", "core/*.h"]),
         visibility = ["//tf_ops:__subpackages__"],
     )

@@ -5,6 +5,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dist/core/bucketize.h"
+#include "tf_ops/dist/kernels/dist_args.h"
 
 namespace sok_graph {
 namespace {
@@ -18,10 +19,7 @@ namespace errors = ::tensorflow::errors;
 
 template <typename K>
 ::tensorflow::Status CheckNonNegative(const Tensor& ids) {
-  const int64_t bad = core::FirstNegative(ids.flat<K>().data(), ids.NumElements());
-  if (bad < 0) return OkStatus();
-  return errors::InvalidArgument("ids must be >= 0 to have an owner; got ",
-                                 static_cast<int64_t>(ids.flat<K>()(bad)), " at position ", bad);
+  return ::sok_graph::CheckNonNegative(ids.flat<K>().data(), ids.NumElements());
 }
 
 constexpr int kMaxWorldSize = 1 << 20;

@@ -4,10 +4,15 @@
 // without a GPU, where TensorFlow simply never places the op there.
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
+#include <type_traits>
+#include <vector>
+
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dist/kernels/bucketize_launcher.h"
+#include "tf_ops/dist/kernels/dist_args.h"
 #include "tf_ops/dist/kernels/local_rows_launcher.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 
@@ -37,15 +42,31 @@ class LocalRowsGpuOp : public OpKernel {
     const Tensor& ids = ctx->input(0);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids.shape(), &out));
-    // Negative ids give -1 rows here: checking them would need a host
-    // synchronisation, and the bucketing op before this one rejects them.
+    // Negative ids are counted on the device and read back (one wait for
+    // the stream): an error as on the CPU, not a silent -1 row.
+    void* stream = GpuStreamOf(ctx);
+    Tensor negative_dev;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}),
+                                           &negative_dev));
+    int64_t* negative = reinterpret_cast<int64_t*>(negative_dev.flat<TfInt64>().data());
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(negative, 0, 1, stream),
+                                   "SokLocalRows: clearing a counter"));
     using C = typename std::conditional<sizeof(K) == 8, int64_t, int32_t>::type;
-    const int rc = LaunchLocalRows(reinterpret_cast<const C*>(ids.flat<K>().data()),
-                                   ids.NumElements(), world_size_,
-                                   reinterpret_cast<C*>(out->flat<K>().data()), nullptr,
-                                   GpuStreamOf(ctx));
-    OP_REQUIRES(ctx, rc == 0, errors::Internal("SokLocalRows CUDA launch failed (cudaError ",
-                                               rc, ")"));
+    const C* in = reinterpret_cast<const C*>(ids.flat<K>().data());
+    const int64_t n = ids.NumElements();
+    const int rc = LaunchLocalRows(in, n, world_size_, reinterpret_cast<C*>(out->flat<K>().data()),
+                                   negative, stream);
+    OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokLocalRows"));
+    int64_t negatives = 0;
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&negatives, negative, sizeof(negatives),
+                                                        stream),
+                                   "SokLocalRows: reading the id check back"));
+    if (negatives > 0) {  // the error path: the ids come to the host to name the first
+      std::vector<C> host(static_cast<size_t>(n));
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), in, sizeof(C) * n, stream),
+                                     "SokLocalRows: reading the ids back"));
+      OP_REQUIRES_OK(ctx, ::sok_graph::CheckNonNegative(host.data(), n));
+    }
   }
 
  private:
@@ -93,8 +114,8 @@ class BucketizeByOwnerGpuOp : public OpKernel {
     Tensor neg_dev, temp;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &neg_dev));
     int64_t* neg = reinterpret_cast<int64_t*>(neg_dev.flat<TfInt64>().data());
-    OP_REQUIRES(ctx, sok_gpu_fill_i64(neg, INT64_MAX, 1, stream) == 0,
-                errors::Internal("SokBucketizeByOwner: clearing a flag failed"));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(neg, INT64_MAX, 1, stream),
+                                   "SokBucketizeByOwner: clearing a flag"));
     const int64_t* in = reinterpret_cast<const int64_t*>(ids.flat<TfInt64>().data());
     int64_t* out = reinterpret_cast<int64_t*>(bucketed->flat<TfInt64>().data());
     int64_t* sz = reinterpret_cast<int64_t*>(sizes->flat<TfInt64>().data());
@@ -103,21 +124,19 @@ class BucketizeByOwnerGpuOp : public OpKernel {
     size_t bytes = 0;
     int rc = sok_bucketize_by_owner_i64(in, n, world_size_, fixed_owner_, out, sz, p, inv, neg,
                                         nullptr, &bytes, stream);
-    OP_REQUIRES(ctx, rc == 0, errors::Internal("SokBucketizeByOwner: sizing failed (", rc, ")"));
+    OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner: sizing"));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
                                            TensorShape({static_cast<int64_t>(bytes) + 1}), &temp));
     rc = sok_bucketize_by_owner_i64(in, n, world_size_, fixed_owner_, out, sz, p, inv, neg,
                                     const_cast<char*>(temp.tensor_data().data()), &bytes, stream);
-    OP_REQUIRES(ctx, rc == 0,
-                errors::Internal("SokBucketizeByOwner CUDA launch failed (cudaError ", rc, ")"));
+    OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner"));
     int64_t first = INT64_MAX;
     rc = sok_gpu_copy_to_host(&first, neg, sizeof(first), stream);
-    OP_REQUIRES(ctx, rc == 0, errors::Internal("SokBucketizeByOwner: read-back failed (", rc, ")"));
+    OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner: read-back"));
     if (first != INT64_MAX) {
       int64_t id = 0;
       rc = sok_gpu_copy_to_host(&id, in + first, sizeof(id), stream);
-      OP_REQUIRES(ctx, rc == 0,
-                  errors::Internal("SokBucketizeByOwner: read-back failed (", rc, ")"));
+      OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner: read-back"));
       ctx->CtxFailure(errors::InvalidArgument("ids must be >= 0 to have an owner; got ", id,
                                               " at position ", first));
     }

@@ -39,6 +39,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/mutex.h"
+#include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
@@ -94,9 +95,6 @@ Status TableError(OpKernelContext* ctx, int rc, const SokGpuTableResult* result,
     default:
       break;
   }
-  const char* name = sok_gpu_error_name(rc);
-  const std::string cuda = "CUDA error " + std::to_string(rc) + " (" +
-                           (name != nullptr ? name : "unknown") + ")";
   // cudaErrorMemoryAllocation: TensorFlow's allocator for the device (which
   // the table allocates from) had no room left.
   if (rc == 2) {
@@ -106,7 +104,7 @@ Status TableError(OpKernelContext* ctx, int rc, const SokGpuTableResult* result,
         "max_hbm_for_vectors), or give TensorFlow more of the GPU (a larger memory_limit in ",
         "tf.config.set_logical_device_configuration, or fewer processes sharing the GPU)");
   }
-  return errors::Internal(where, cuda);
+  return CudaStatus(rc, where + "the table's kernels");
 }
 
 // Owns one launcher table on the device that created it. Every call that
@@ -151,11 +149,7 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
 
 int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().data()); }
 
-Status CudaCall(int rc, const char* what) {
-  if (rc == 0) return OkStatus();
-  const char* name = sok_gpu_error_name(rc);
-  return errors::Internal(what, " failed: CUDA error ", rc, " (", name ? name : "unknown", ")");
-}
+Status CudaCall(int rc, const char* what) { return CudaStatus(rc, what); }
 
 // The table of input 0 and, if asked, the keys of input 1 as int64 in
 // device memory: the tensor itself for int64 keys, a widened device copy
@@ -229,6 +223,12 @@ class CreateGpuOp : public OpKernel {
     OP_REQUIRES(ctx, config_.dim <= std::numeric_limits<int32_t>::max() / 4,
                 errors::InvalidArgument("dim must be <= ", std::numeric_limits<int32_t>::max() / 4,
                                         " for a GPU table; got ", config_.dim));
+    OP_REQUIRES(ctx,
+                config_.max_rows <= SOK_GPU_TABLE_MAX_ROWS &&
+                    config_.init_capacity <= SOK_GPU_TABLE_MAX_ROWS,
+                errors::InvalidArgument("a GPU table holds at most ", SOK_GPU_TABLE_MAX_ROWS,
+                                        " rows; got init_capacity=", config_.init_capacity,
+                                        ", max_capacity=", config_.max_rows));
     std::memset(&gpu_config_, 0, sizeof(gpu_config_));
     gpu_config_.dim = config_.dim;
     gpu_config_.init_capacity = config_.init_capacity;
@@ -474,7 +474,8 @@ class ExportGpuOp : public OpKernel {
     // scratch, narrowed on the host at the end.
     Tensor keys_dev;
     int64_t* keys = nullptr;
-    if (keys_out->dtype() == ::tensorflow::DT_INT64) {
+    const bool narrow = keys_out->dtype() != ::tensorflow::DT_INT64;
+    if (!narrow) {
       keys = I64(keys_out);
     } else {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
@@ -515,7 +516,7 @@ class ExportGpuOp : public OpKernel {
                                                              nullptr, stream),
                                      nullptr, table->row_limit()));
     }
-    if (keys != I64(keys_out)) OP_REQUIRES_OK(ctx, KeysToOutput(ctx, keys, m, keys_out));
+    if (narrow) OP_REQUIRES_OK(ctx, KeysToOutput(ctx, keys, m, keys_out));
     // Done once the chunk reaches the last row that passes the filter.
     OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 4, args.offset + m < count ? args.offset + m : size));
   }

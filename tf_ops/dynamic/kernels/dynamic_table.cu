@@ -1077,7 +1077,9 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
   if (table == nullptr) return SOK_GPU_TABLE_BAD_ARGUMENT;
   *table = nullptr;
   if (config == nullptr || config->dim < 1 || config->dim > INT32_MAX / 4 ||
-      config->init_capacity < 0 || config->max_rows < 0 || config->eviction < 0 ||
+      config->init_capacity < 0 || config->max_rows < 0 ||
+      config->init_capacity > SOK_GPU_TABLE_MAX_ROWS || config->max_rows > SOK_GPU_TABLE_MAX_ROWS ||
+      config->eviction < 0 ||
       config->eviction > 1 || config->init_kind < 0 || config->init_kind > SOK_INIT_CONSTANT) {
     return SOK_GPU_TABLE_BAD_ARGUMENT;
   }

@@ -45,6 +45,12 @@ extern "C" {
 // No free slot was found: an internal invariant broke. Never expected.
 #define SOK_GPU_TABLE_FULL (-3)
 
+// The most rows a bounded GPU table (max_rows) or its initial capacity may
+// ask for: 3/4 of 2^30 slots (CUB counts a call's items, slots included, in
+// int). An unbounded table that grows past it fails its growth with a CUDA
+// error rather than faulting.
+#define SOK_GPU_TABLE_MAX_ROWS (3LL << 28)
+
 // Initializer kinds, in the order of core::InitKind.
 #define SOK_INIT_NORMAL 0
 #define SOK_INIT_TRUNCATED_NORMAL 1

@@ -11,7 +11,7 @@
 namespace sok_graph {
 namespace core {
 
-enum class Combiner { kSum, kMean, kSqrtn };
+enum class Combiner { kSum = 0, kMean = 1, kSqrtn = 2 };
 
 inline bool ParseCombiner(const std::string& name, Combiner* out) {
   if (name == "sum") {
@@ -26,17 +26,26 @@ inline bool ParseCombiner(const std::string& name, Combiner* out) {
   return true;
 }
 
+// Compiled for the host and, in the CUDA launchers (which include this
+// header), for the device too: one formula for the CPU and GPU kernels.
+#if defined(__CUDACC__)
+#define SOK_HOST_DEVICE __host__ __device__
+#else
+#define SOK_HOST_DEVICE
+#endif
+
 // The factor that turns a sample's weighted sum of rows into its output:
 // 1, 1 / sum(w), or 1 / sqrt(sum(w^2)). A sample with no ids (or weights that
-// sum to zero) gets 0, so its output is a zero row rather than NaN.
-inline float CombinerScale(Combiner c, float weight_sum, float weight_sq_sum) {
+// sum to zero) gets 0, so its output is a zero row rather than NaN. The
+// GPU launchers pass the combiner as its int (kSum 0, kMean 1, kSqrtn 2).
+SOK_HOST_DEVICE inline float CombinerScale(Combiner c, float weight_sum, float weight_sq_sum) {
   switch (c) {
     case Combiner::kSum:
       return 1.0f;
     case Combiner::kMean:
       return weight_sum != 0.0f ? 1.0f / weight_sum : 0.0f;
     case Combiner::kSqrtn:
-      return weight_sq_sum > 0.0f ? 1.0f / std::sqrt(weight_sq_sum) : 0.0f;
+      return weight_sq_sum > 0.0f ? 1.0f / sqrtf(weight_sq_sum) : 0.0f;
   }
   return 0.0f;
 }

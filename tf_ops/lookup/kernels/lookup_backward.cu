@@ -9,6 +9,7 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
+#include "tf_ops/lookup/core/combiner.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
 
 namespace {
@@ -233,9 +234,8 @@ __global__ void PlanSamples(SokLookupTable t, int32_t* __restrict__ sample_of,
       sum += w;
       sq += w * w;
     }
-    float scale = 1.0f;
-    if (t.combiner == 1) scale = sum != 0.0f ? 1.0f / sum : 0.0f;
-    if (t.combiner == 2) scale = sq > 0.0f ? 1.0f / sqrtf(sq) : 0.0f;
+    const float scale =
+        sok_graph::core::CombinerScale(static_cast<sok_graph::core::Combiner>(t.combiner), sum, sq);
     for (int64_t j = j0; j < j1; ++j) {
       sample_of[j] = static_cast<int32_t>(b);
       factor[j] = (t.weights ? t.weights[j] : 1.0f) * scale;

@@ -4,6 +4,7 @@
 
 #include <cuda_runtime.h>
 
+#include "tf_ops/lookup/core/combiner.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
 
 namespace {
@@ -13,9 +14,8 @@ constexpr int kWarpsPerBlock = 8;
 constexpr unsigned kFull = 0xffffffffu;
 
 __device__ __forceinline__ float CombinerScale(int combiner, float wsum, float wsq) {
-  if (combiner == 1) return wsum != 0.0f ? 1.0f / wsum : 0.0f;
-  if (combiner == 2) return wsq > 0.0f ? rsqrtf(wsq) : 0.0f;
-  return 1.0f;
+  return sok_graph::core::CombinerScale(static_cast<sok_graph::core::Combiner>(combiner), wsum,
+                                        wsq);
 }
 
 template <typename K>

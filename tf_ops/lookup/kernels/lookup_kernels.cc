@@ -10,6 +10,7 @@
 #include "tf_ops/common/table_inputs.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/lookup/core/lookup.h"
+#include "tf_ops/lookup/kernels/lookup_args.h"
 
 namespace sok_graph {
 namespace {
@@ -66,32 +67,11 @@ template <typename T, typename K>
 class FusedLookupBase : public OpKernel {
  public:
   explicit FusedLookupBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
-    std::vector<std::string> combiners;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &combiners));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("weighted", &weighted_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_norms", &max_norms_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
-    OP_REQUIRES(ctx,
-                static_cast<int>(combiners.size()) == num_tables_ &&
-                    static_cast<int>(weighted_.size()) == num_tables_ &&
-                    static_cast<int>(max_norms_.size()) == num_tables_ &&
-                    (names_.empty() || static_cast<int>(names_.size()) == num_tables_),
-                errors::InvalidArgument("combiners, weighted, max_norms and table_names must ",
-                                        "each have num_tables=", num_tables_, " entries"));
-    combiners_.resize(num_tables_);
-    for (int t = 0; t < num_tables_; ++t) {
-      OP_REQUIRES(ctx, core::ParseCombiner(combiners[t], &combiners_[t]),
-                  errors::InvalidArgument("combiners[", t, "] must be one of 'sum', 'mean', ",
-                                          "'sqrtn'; got '", combiners[t], "'"));
-    }
+    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
   }
 
  protected:
-  std::string TableName(int t) const {
-    if (names_.empty()) return "table " + std::to_string(t);
-    return "table '" + names_[t] + "' (table " + std::to_string(t) + ")";
-  }
+  std::string TableName(int t) const { return attrs_.TableName(t); }
 
   // Checks the shapes and row_splits of every table and describes them as
   // TableViews. Ids are range-checked by the passes that read them (CheckIds).
@@ -99,42 +79,19 @@ class FusedLookupBase : public OpKernel {
   Status ReadTables(OpKernelContext* ctx, TableInputs* params,
                     std::vector<core::TableView<T, K>>* views, std::vector<int64_t>* nnz) {
     OpInputList ids, splits, weights;
-    TF_RETURN_IF_ERROR(params->Read(ctx, "params", num_tables_,
+    TF_RETURN_IF_ERROR(params->Read(ctx, "params", attrs_.num_tables,
                                     [this](int t) { return this->TableName(t); }));
     TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
     TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
     TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
-    views->assign(num_tables_, core::TableView<T, K>());
-    nnz->assign(num_tables_, 0);
-    for (int t = 0; t < num_tables_; ++t) {
+    views->assign(attrs_.num_tables, core::TableView<T, K>());
+    nnz->assign(attrs_.num_tables, 0);
+    for (int t = 0; t < attrs_.num_tables; ++t) {
       const Tensor& p = (*params)[t];
       const Tensor& i = ids[t];
       const Tensor& s = splits[t];
-      const Tensor& w = weights[t];
-      if (p.dims() != 2) {
-        return errors::InvalidArgument("params of ", TableName(t), " must be a matrix [rows, ",
-                                       "dim]; got shape ", p.shape().DebugString());
-      }
-      if (p.dtype() != ::tensorflow::DataTypeToEnum<T>::v()) {
-        return errors::InvalidArgument(
-            "params of ", TableName(t), " must be ",
-            ::tensorflow::DataTypeString(::tensorflow::DataTypeToEnum<T>::v()),
-            " like the weights and embeddings; got ", ::tensorflow::DataTypeString(p.dtype()));
-      }
-      if (i.dims() != 1) {
-        return errors::InvalidArgument("ids of ", TableName(t), " must be a vector; got ",
-                                       "shape ", i.shape().DebugString());
-      }
-      if (s.dims() != 1 || s.NumElements() < 1) {
-        return errors::InvalidArgument("row_splits of ", TableName(t), " must be a vector of ",
-                                       "batch + 1 >= 1 entries; got shape ",
-                                       s.shape().DebugString());
-      }
-      if (w.dims() != 1 || (weighted_[t] && w.NumElements() != i.NumElements())) {
-        return errors::InvalidArgument("weights of ", TableName(t), " must be a vector with ",
-                                       "one weight per id (", i.NumElements(), "); got shape ",
-                                       w.shape().DebugString());
-      }
+      TF_RETURN_IF_ERROR(attrs_.CheckTable(t, p, ::tensorflow::DataTypeToEnum<T>::v(), i, s,
+                                           weights[t]));
       core::TableView<T, K>& v = (*views)[t];
       v.params = p.flat<T>().data();
       v.rows = p.dim_size(0);
@@ -142,25 +99,10 @@ class FusedLookupBase : public OpKernel {
       v.ids = i.flat<K>().data();
       v.row_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
       v.batch = s.NumElements() - 1;
-      v.weights = weighted_[t] ? w.flat<T>().data() : nullptr;
-      v.combiner = combiners_[t];
-      v.max_norm = max_norms_[t];
+      v.weights = attrs_.weighted[t] ? weights[t].flat<T>().data() : nullptr;
+      v.combiner = attrs_.combiners[t];
+      v.max_norm = attrs_.max_norms[t];
       (*nnz)[t] = i.NumElements();
-
-      const core::SplitsProblem problem = core::CheckRowSplits(v.row_splits, v.batch + 1,
-                                                               (*nnz)[t]);
-      if (problem.kind != core::SplitsProblem::kNone) {
-        const int64_t k = problem.position;
-        std::string got = "row_splits[" + std::to_string(k) + "]=" +
-                          std::to_string(v.row_splits[k]);
-        if (problem.kind == core::SplitsProblem::kDecreasing) {
-          got += " after row_splits[" + std::to_string(k - 1) +
-                 "]=" + std::to_string(v.row_splits[k - 1]);
-        }
-        return errors::InvalidArgument("row_splits of ", TableName(t), " must start at 0, ",
-                                       "never decrease and end at the number of ids (",
-                                       (*nnz)[t], "); got ", got);
-      }
     }
     return OkStatus();
   }
@@ -179,22 +121,16 @@ class FusedLookupBase : public OpKernel {
 
   // The error for the first table with a bad id, if any.
   Status CheckIds(const BadIds& bad, const std::vector<core::TableView<T, K>>& views) const {
-    for (int t = 0; t < num_tables_; ++t) {
+    for (int t = 0; t < attrs_.num_tables; ++t) {
       const int64_t j = bad.first[t].load();
       if (j == kNoProblem) continue;
-      return errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ", views[t].rows,
-                                     ") (the table's rows); got ",
-                                     static_cast<int64_t>(views[t].ids[j]), " at position ", j);
+      return attrs_.BadId(t, static_cast<int64_t>(views[t].ids[j]), j, views[t].rows);
     }
     return OkStatus();
   }
 
   static constexpr int64_t kNoProblem = INT64_MAX;
-  int num_tables_ = 0;
-  std::vector<core::Combiner> combiners_;
-  std::vector<bool> weighted_;
-  std::vector<float> max_norms_;
-  std::vector<std::string> names_;
+  FusedLookupAttrs attrs_;
 };
 
 // Rough cost of one unit of work, in cycles, for the thread pool's sharding.
@@ -231,7 +167,7 @@ class FusedLookupOp : public FusedLookupBase<T, K> {
       batch[t] = views[t].batch;
       max_dim = std::max(max_dim, views[t].dim);
     }
-    typename FusedLookupBase<T, K>::BadIds bad(this->num_tables_);
+    typename FusedLookupBase<T, K>::BadIds bad(this->attrs_.num_tables);
     ForEachAcrossTables(ctx, batch, CostPerSample(nnz, batch, max_dim),
                         [&](size_t t, int64_t b0, int64_t b1) {
                           std::vector<float> acc(static_cast<size_t>(views[t].dim) + 1);
@@ -251,7 +187,7 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     std::vector<core::TableView<T, K>> views;
     std::vector<int64_t> nnz;
     OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &views, &nnz));
-    const int n = this->num_tables_;
+    const int n = this->attrs_.num_tables;
     OpInputList grads_in;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads_in));
     std::vector<const T*> grads(n);

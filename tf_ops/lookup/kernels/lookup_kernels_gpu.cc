@@ -18,10 +18,11 @@
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/table_inputs.h"
 #include "tf_ops/common/tf_compat.h"
-#include "tf_ops/lookup/core/combiner.h"
+#include "tf_ops/lookup/kernels/lookup_args.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 
@@ -40,10 +41,7 @@ namespace errors = ::tensorflow::errors;
 
 constexpr int64_t kNoBadId = INT64_MAX;
 
-Status Cuda(int rc, const char* what) {
-  if (rc == 0) return OkStatus();
-  return errors::Internal(what, " failed (CUDA error ", rc, ")");
-}
+Status Cuda(int rc, const char* what) { return CudaStatus(rc, what); }
 
 Status Temp(OpKernelContext* ctx, int64_t bytes, Tensor* t) {
   return ctx->allocate_temp(::tensorflow::DT_INT8, TensorShape({bytes > 0 ? bytes : 1}), t);
@@ -55,34 +53,11 @@ template <typename K>
 class FusedLookupGpuBase : public OpKernel {
  public:
   explicit FusedLookupGpuBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
-    std::vector<std::string> combiners;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("combiners", &combiners));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("weighted", &weighted_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("max_norms", &max_norms_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
-    OP_REQUIRES(ctx,
-                static_cast<int>(combiners.size()) == num_tables_ &&
-                    static_cast<int>(weighted_.size()) == num_tables_ &&
-                    static_cast<int>(max_norms_.size()) == num_tables_ &&
-                    (names_.empty() || static_cast<int>(names_.size()) == num_tables_),
-                errors::InvalidArgument("combiners, weighted, max_norms and table_names must ",
-                                        "each have num_tables=", num_tables_, " entries"));
-    combiners_.resize(num_tables_);
-    for (int t = 0; t < num_tables_; ++t) {
-      core::Combiner c;
-      OP_REQUIRES(ctx, core::ParseCombiner(combiners[t], &c),
-                  errors::InvalidArgument("combiners[", t, "] must be one of 'sum', 'mean', ",
-                                          "'sqrtn'; got '", combiners[t], "'"));
-      combiners_[t] = c == core::Combiner::kSum ? 0 : (c == core::Combiner::kMean ? 1 : 2);
-    }
+    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
   }
 
  protected:
-  std::string TableName(int t) const {
-    if (names_.empty()) return "table " + std::to_string(t);
-    return "table '" + names_[t] + "' (table " + std::to_string(t) + ")";
-  }
+  std::string TableName(int t) const { return attrs_.TableName(t); }
 
   // Checks every table's shapes and (host) row_splits, copies the splits to
   // the device and describes each table. `out` pointers are left null.
@@ -91,64 +66,28 @@ class FusedLookupGpuBase : public OpKernel {
                     std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz,
                     std::vector<Tensor>* device_splits, std::vector<Tensor>* device_ids) {
     OpInputList ids, splits, weights;
-    TF_RETURN_IF_ERROR(params->Read(ctx, "params", num_tables_,
+    TF_RETURN_IF_ERROR(params->Read(ctx, "params", attrs_.num_tables,
                                     [this](int t) { return this->TableName(t); }));
     TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
     TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
     TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
-    tables->assign(num_tables_, SokLookupTable());
-    nnz->assign(num_tables_, 0);
-    device_splits->resize(num_tables_);
-    device_ids->resize(num_tables_);
+    tables->assign(attrs_.num_tables, SokLookupTable());
+    nnz->assign(attrs_.num_tables, 0);
+    device_splits->resize(attrs_.num_tables);
+    device_ids->resize(attrs_.num_tables);
     void* stream = GpuStreamOf(ctx);
-    for (int t = 0; t < num_tables_; ++t) {
+    for (int t = 0; t < attrs_.num_tables; ++t) {
       const Tensor& p = (*params)[t];
       const Tensor& i = ids[t];
       const Tensor& s = splits[t];
       const Tensor& w = weights[t];
-      if (p.dims() != 2) {
-        return errors::InvalidArgument("params of ", TableName(t), " must be a matrix [rows, ",
-                                       "dim]; got shape ", p.shape().DebugString());
-      }
-      if (p.dtype() != ::tensorflow::DT_FLOAT) {
-        return errors::InvalidArgument("params of ", TableName(t), " must be float32 like ",
-                                       "the weights and embeddings; got ",
-                                       ::tensorflow::DataTypeString(p.dtype()));
-      }
+      TF_RETURN_IF_ERROR(attrs_.CheckTable(t, p, ::tensorflow::DT_FLOAT, i, s, w));
       if (p.dim_size(1) > INT32_MAX / 4) {
         return errors::InvalidArgument("params of ", TableName(t), " has dim ", p.dim_size(1),
                                        "; the GPU kernel takes at most ", INT32_MAX / 4);
       }
-      if (i.dims() != 1) {
-        return errors::InvalidArgument("ids of ", TableName(t), " must be a vector; got ",
-                                       "shape ", i.shape().DebugString());
-      }
-      if (s.dims() != 1 || s.NumElements() < 1) {
-        return errors::InvalidArgument("row_splits of ", TableName(t), " must be a vector of ",
-                                       "batch + 1 >= 1 entries; got shape ",
-                                       s.shape().DebugString());
-      }
-      if (w.dims() != 1 || (weighted_[t] && w.NumElements() != i.NumElements())) {
-        return errors::InvalidArgument("weights of ", TableName(t), " must be a vector with ",
-                                       "one weight per id (", i.NumElements(), "); got shape ",
-                                       w.shape().DebugString());
-      }
       (*nnz)[t] = i.NumElements();
       const int64_t* host_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
-      const core::SplitsProblem problem =
-          core::CheckRowSplits(host_splits, s.NumElements(), (*nnz)[t]);
-      if (problem.kind != core::SplitsProblem::kNone) {
-        const int64_t k = problem.position;
-        std::string got = "row_splits[" + std::to_string(k) + "]=" +
-                          std::to_string(host_splits[k]);
-        if (problem.kind == core::SplitsProblem::kDecreasing) {
-          got += " after row_splits[" + std::to_string(k - 1) +
-                 "]=" + std::to_string(host_splits[k - 1]);
-        }
-        return errors::InvalidArgument("row_splits of ", TableName(t), " must start at 0, ",
-                                       "never decrease and end at the number of ids (",
-                                       (*nnz)[t], "); got ", got);
-      }
       Tensor& d = (*device_splits)[t];
       TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, s.shape(), &d));
       TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_device(Data(d), host_splits,
@@ -167,15 +106,15 @@ class FusedLookupGpuBase : public OpKernel {
         v.ids = Data(di);
       }
       v.row_splits = reinterpret_cast<const int64_t*>(Data(d));
-      v.weights = weighted_[t] ? w.flat<float>().data() : nullptr;
+      v.weights = attrs_.weighted[t] ? w.flat<float>().data() : nullptr;
       v.clip = nullptr;
       v.out = nullptr;
       v.batch = s.NumElements() - 1;
       v.rows = p.dim_size(0);
       v.dim = static_cast<int32_t>(p.dim_size(1));
-      v.combiner = combiners_[t];
+      v.combiner = static_cast<int32_t>(attrs_.combiners[t]);  // the launcher's int
       v.id_bytes = static_cast<int32_t>(sizeof(K));
-      v.max_norm = max_norms_[t];
+      v.max_norm = attrs_.max_norms[t];
     }
     return OkStatus();
   }
@@ -184,18 +123,14 @@ class FusedLookupGpuBase : public OpKernel {
   // first_bad holds each table's first bad position (kNoBadId if none).
   Status CheckIds(OpKernelContext* ctx, const std::vector<int64_t>& first_bad,
                   const std::vector<SokLookupTable>& tables) {
-    OpInputList ids;
-    TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
-    for (int t = 0; t < num_tables_; ++t) {
+    for (int t = 0; t < attrs_.num_tables; ++t) {
       const int64_t j = first_bad[t];
       if (j == kNoBadId) continue;
       K id = 0;
       TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_host(&id, static_cast<const K*>(tables[t].ids) + j,
                                                    sizeof(K), GpuStreamOf(ctx)),
                               "reading a bad id back"));
-      return errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ",
-                                     tables[t].rows, ") (the table's rows); got ",
-                                     static_cast<int64_t>(id), " at position ", j);
+      return attrs_.BadId(t, static_cast<int64_t>(id), j, tables[t].rows);
     }
     return OkStatus();
   }
@@ -203,11 +138,7 @@ class FusedLookupGpuBase : public OpKernel {
   // int32 ids come in host memory (TensorFlow's rule for GPU kernels).
   static constexpr bool kIdsOnHost = sizeof(K) == 4;
 
-  int num_tables_ = 0;
-  std::vector<int32_t> combiners_;
-  std::vector<bool> weighted_;
-  std::vector<float> max_norms_;
-  std::vector<std::string> names_;
+  FusedLookupAttrs attrs_;
 };
 
 template <typename K>
@@ -216,7 +147,7 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
   using FusedLookupGpuBase<K>::FusedLookupGpuBase;
 
   void Compute(OpKernelContext* ctx) override {
-    const int n = this->num_tables_;
+    const int n = this->attrs_.num_tables;
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
@@ -282,7 +213,7 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
   using FusedLookupGpuBase<K>::FusedLookupGpuBase;
 
   void Compute(OpKernelContext* ctx) override {
-    const int n = this->num_tables_;
+    const int n = this->attrs_.num_tables;
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
@@ -303,6 +234,11 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
       OP_REQUIRES(ctx, nnz[t] < INT32_MAX,
                   errors::InvalidArgument("ids of ", this->TableName(t), " has ", nnz[t],
                                           " entries; the GPU gradient takes fewer than 2^31"));
+      // The gradient's plan numbers samples in int32 too.
+      OP_REQUIRES(ctx, tables[t].batch < INT32_MAX,
+                  errors::InvalidArgument("row_splits of ", this->TableName(t), " describe ",
+                                          tables[t].batch, " samples; the GPU gradient takes ",
+                                          "fewer than 2^31"));
     }
     // Per table: [0] distinct ids, [1] first bad position; read back at once.
     Tensor counts_dev;

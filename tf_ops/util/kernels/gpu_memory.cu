@@ -53,3 +53,20 @@ SOK_EXPORT int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stre
 SOK_EXPORT const char* sok_gpu_error_name(int error) {
   return cudaGetErrorName(static_cast<cudaError_t>(error));
 }
+
+SOK_EXPORT int sok_cuda_runtime_version(void) { return CUDART_VERSION; }
+
+SOK_EXPORT int sok_cuda_min_driver(void) {
+  // NVIDIA's minimum drivers per CUDA major version (Linux), for the
+  // minor-version compatibility the static runtime relies on.
+  switch (CUDART_VERSION / 1000) {
+    case 11:
+      return 450;
+    case 12:
+      return 525;
+    case 13:
+      return 580;
+    default:
+      return 0;
+  }
+}

@@ -27,6 +27,12 @@ int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stream);
 // of kernels that do not include the CUDA headers.
 const char* sok_gpu_error_name(int error);
 
+// The CUDA runtime version the kernels were built with (1000 * major +
+// 10 * minor, e.g. 12090), and the oldest NVIDIA driver that runtime
+// supports (its major version: 525 for CUDA 12, 580 for CUDA 13).
+int sok_cuda_runtime_version(void);
+int sok_cuda_min_driver(void);
+
 #ifdef __cplusplus
 }
 #endif

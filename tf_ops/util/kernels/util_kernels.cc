@@ -6,6 +6,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
 #include "tf_ops/common/tf_compat.h"
+#include "tf_ops/util/kernels/segment_sum_args.h"
 #include "tf_ops/util/core/segment_sum.h"
 #include "tf_ops/util/core/unique.h"
 
@@ -65,19 +66,9 @@ class UnsortedSegmentSumOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& data = ctx->input(0);
     const Tensor& ids = ctx->input(1);
-    const Tensor& num = ctx->input(2);
-    OP_REQUIRES(ctx, data.dims() >= 1,
-                errors::InvalidArgument("data must have rank >= 1; got a scalar"));
-    OP_REQUIRES(ctx, ids.dims() == 1 && ids.dim_size(0) == data.dim_size(0),
-                errors::InvalidArgument("segment_ids must be a vector with one id per row of ",
-                                        "data (", data.dim_size(0), "); got shape ",
-                                        ids.shape().DebugString()));
-    OP_REQUIRES(ctx, num.dims() == 0,
-                errors::InvalidArgument("num_segments must be a scalar; got shape ",
-                                        num.shape().DebugString()));
-    const int64_t num_segments = static_cast<int64_t>(num.scalar<N>()());
-    OP_REQUIRES(ctx, num_segments >= 0,
-                errors::InvalidArgument("num_segments must be >= 0; got ", num_segments));
+    int64_t num_segments = 0, width = 1;
+    TensorShape out_shape;
+    OP_REQUIRES_OK(ctx, SegmentSumArgs<N>(ctx, &num_segments, &width, &out_shape));
     const int64_t n = ids.NumElements();
     const I* seg = ids.flat<I>().data();
     for (int64_t i = 0; i < n; ++i) {
@@ -86,23 +77,6 @@ class UnsortedSegmentSumOp : public OpKernel {
                                           "); got ", static_cast<int64_t>(seg[i]),
                                           " at position ", i));
     }
-    // set_dim aborts the process when a running product of the output's
-    // dimensions (num_segments, data.shape[1:]...) overflows int64, even if a
-    // later dimension is 0: reject exactly those shapes first.
-    int64_t elements = num_segments;
-    for (int d = 1; d < data.dims(); ++d) {
-      const int64_t size = data.dim_size(d);
-      OP_REQUIRES(ctx, size == 0 || elements <= std::numeric_limits<int64_t>::max() / size,
-                  errors::InvalidArgument("num_segments=", num_segments, " is too large: an ",
-                                          "output of shape [", num_segments, "] + ",
-                                          data.shape().DebugString(), "[1:] overflows a ",
-                                          "tensor's element count"));
-      elements *= size;
-    }
-    int64_t width = 1;
-    for (int d = 1; d < data.dims(); ++d) width *= data.dim_size(d);
-    TensorShape out_shape = data.shape();
-    out_shape.set_dim(0, num_segments);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     // Segments nobody maps to still get their zero row from SumSegments.

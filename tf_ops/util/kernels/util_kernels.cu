@@ -232,7 +232,9 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
   int64_t* pos = c.Take<int64_t>(n);
   int64_t* sorted = c.Take<int64_t>(n);
   int64_t* order = c.Take<int64_t>(n);
-  int64_t* start = c.Take<int64_t>(num_segments + 1);
+  // Segment starts only when there is something to sum (no scratch for the
+  // 2^60 empty segments a zero-width call may ask for).
+  int64_t* start = c.Take<int64_t>(num_segments == 0 || width == 0 ? 0 : num_segments + 1);
   void* cub_temp = c.Take<char>(static_cast<int64_t>(sort_bytes));
   if (temp == nullptr) {
     *temp_bytes = c.used();

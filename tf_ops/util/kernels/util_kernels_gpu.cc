@@ -8,9 +8,11 @@
 #include <type_traits>
 
 #include "tensorflow/core/framework/op_kernel.h"
+#include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
+#include "tf_ops/util/kernels/segment_sum_args.h"
 #include "tf_ops/util/kernels/util_launcher.h"
 
 namespace sok_graph {
@@ -24,10 +26,7 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-Status Cuda(int rc, const char* what) {
-  if (rc == 0) return OkStatus();
-  return errors::Internal(what, " failed (CUDA error ", rc, ")");
-}
+Status Cuda(int rc, const char* what) { return CudaStatus(rc, what); }
 
 void* Data(const Tensor& t) { return const_cast<char*>(t.tensor_data().data()); }
 
@@ -106,31 +105,13 @@ class UnsortedSegmentSumGpuOp : public OpKernel {
   void Compute(OpKernelContext* ctx) override {
     const Tensor& data = ctx->input(0);
     const Tensor& ids = ctx->input(1);
-    const Tensor& num = ctx->input(2);
-    OP_REQUIRES(ctx, data.dims() >= 1,
-                errors::InvalidArgument("data must have rank >= 1; got a scalar"));
-    OP_REQUIRES(ctx, ids.dims() == 1 && ids.dim_size(0) == data.dim_size(0),
-                errors::InvalidArgument("segment_ids must be a vector with one id per row of ",
-                                        "data (", data.dim_size(0), "); got shape ",
-                                        ids.shape().DebugString()));
-    OP_REQUIRES(ctx, num.dims() == 0,
-                errors::InvalidArgument("num_segments must be a scalar; got shape ",
-                                        num.shape().DebugString()));
-    const int64_t num_segments = static_cast<int64_t>(num.scalar<N>()());
-    OP_REQUIRES(ctx, num_segments >= 0,
-                errors::InvalidArgument("num_segments must be >= 0; got ", num_segments));
+    int64_t num_segments = 0, width = 1;
+    TensorShape out_shape;
+    OP_REQUIRES_OK(ctx, SegmentSumArgs<N>(ctx, &num_segments, &width, &out_shape));
     const int64_t n = ids.NumElements();
     OP_REQUIRES(ctx, n < INT32_MAX,
                 errors::InvalidArgument("segment_ids has ", n, " entries; the GPU kernel takes ",
                                         "fewer than 2^31"));
-    int64_t width = 1;
-    for (int d = 1; d < data.dims(); ++d) width *= data.dim_size(d);
-    OP_REQUIRES(ctx, width == 0 || num_segments <= std::numeric_limits<int64_t>::max() / width,
-                errors::InvalidArgument("num_segments=", num_segments, " is too large: ",
-                                        num_segments, " segments of ", width, " elements ",
-                                        "each overflow a tensor's element count"));
-    TensorShape out_shape = data.shape();
-    out_shape.set_dim(0, num_segments);
     Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     void* stream = GpuStreamOf(ctx);

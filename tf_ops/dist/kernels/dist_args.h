@@ -1,0 +1,26 @@
+// The bucketing and local-rows ops' id check, in one place for their CPU
+// (dist_kernels.cc) and GPU (dist_kernels_gpu.cc) kernels.
+#ifndef SOK_GRAPH_TF_OPS_DIST_KERNELS_DIST_ARGS_H_
+#define SOK_GRAPH_TF_OPS_DIST_KERNELS_DIST_ARGS_H_
+
+#include <cstdint>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tf_ops/common/tf_compat.h"
+#include "tf_ops/dist/core/bucketize.h"
+
+namespace sok_graph {
+
+// Every id must be >= 0 to have an owner; `ids` in host memory.
+template <typename K>
+::tensorflow::Status CheckNonNegative(const K* ids, int64_t n) {
+  const int64_t bad = core::FirstNegative(ids, n);
+  if (bad < 0) return OkStatus();
+  return ::tensorflow::errors::InvalidArgument("ids must be >= 0 to have an owner; got ",
+                                               static_cast<int64_t>(ids[bad]), " at position ",
+                                               bad);
+}
+
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_TF_OPS_DIST_KERNELS_DIST_ARGS_H_

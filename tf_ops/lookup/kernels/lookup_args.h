@@ -1,0 +1,115 @@
+// The fused lookup's attributes and per-table input checks, in one place for
+// the CPU kernels (lookup_kernels.cc) and the GPU kernels
+// (lookup_kernels_gpu.cc) of SokFusedLookup and SokFusedLookupGrad: both
+// reject the same inputs with the same messages before touching any memory.
+#ifndef SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_ARGS_H_
+#define SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_ARGS_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tf_ops/common/tf_compat.h"
+#include "tf_ops/lookup/core/combiner.h"
+
+namespace sok_graph {
+
+class FusedLookupAttrs {
+ public:
+  ::tensorflow::Status Parse(::tensorflow::OpKernelConstruction* ctx) {
+    namespace errors = ::tensorflow::errors;
+    std::vector<std::string> combiners;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("num_tables", &num_tables));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("combiners", &combiners));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("weighted", &weighted));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("max_norms", &max_norms));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("table_names", &names));
+    const size_t n = static_cast<size_t>(num_tables);
+    if (combiners.size() != n || weighted.size() != n || max_norms.size() != n ||
+        (!names.empty() && names.size() != n)) {
+      return errors::InvalidArgument("combiners, weighted, max_norms and table_names must ",
+                                     "each have num_tables=", num_tables, " entries");
+    }
+    this->combiners.resize(n);
+    for (size_t t = 0; t < n; ++t) {
+      if (!core::ParseCombiner(combiners[t], &this->combiners[t])) {
+        return errors::InvalidArgument("combiners[", t, "] must be one of 'sum', 'mean', ",
+                                       "'sqrtn'; got '", combiners[t], "'");
+      }
+    }
+    return OkStatus();
+  }
+
+  std::string TableName(int t) const {
+    if (names.empty()) return "table " + std::to_string(t);
+    return "table '" + names[t] + "' (table " + std::to_string(t) + ")";
+  }
+
+  // Table t's inputs: params a [rows, dim] matrix of `dtype`, ids a vector,
+  // row_splits (host memory) a vector that starts at 0, never decreases and
+  // ends at the number of ids, weights one per id when the table is
+  // weighted. Ids are range-checked by the passes that read them.
+  ::tensorflow::Status CheckTable(int t, const ::tensorflow::Tensor& params,
+                                  ::tensorflow::DataType dtype, const ::tensorflow::Tensor& ids,
+                                  const ::tensorflow::Tensor& row_splits,
+                                  const ::tensorflow::Tensor& weights) const {
+    namespace errors = ::tensorflow::errors;
+    if (params.dims() != 2) {
+      return errors::InvalidArgument("params of ", TableName(t), " must be a matrix [rows, ",
+                                     "dim]; got shape ", params.shape().DebugString());
+    }
+    if (params.dtype() != dtype) {
+      return errors::InvalidArgument("params of ", TableName(t), " must be ",
+                                     ::tensorflow::DataTypeString(dtype),
+                                     " like the weights and embeddings; got ",
+                                     ::tensorflow::DataTypeString(params.dtype()));
+    }
+    if (ids.dims() != 1) {
+      return errors::InvalidArgument("ids of ", TableName(t), " must be a vector; got shape ",
+                                     ids.shape().DebugString());
+    }
+    if (row_splits.dims() != 1 || row_splits.NumElements() < 1) {
+      return errors::InvalidArgument("row_splits of ", TableName(t), " must be a vector of ",
+                                     "batch + 1 >= 1 entries; got shape ",
+                                     row_splits.shape().DebugString());
+    }
+    if (weights.dims() != 1 || (weighted[t] && weights.NumElements() != ids.NumElements())) {
+      return errors::InvalidArgument("weights of ", TableName(t), " must be a vector with ",
+                                     "one weight per id (", ids.NumElements(), "); got shape ",
+                                     weights.shape().DebugString());
+    }
+    const int64_t nnz = ids.NumElements();
+    const int64_t* splits = reinterpret_cast<const int64_t*>(row_splits.flat<TfInt64>().data());
+    const core::SplitsProblem problem =
+        core::CheckRowSplits(splits, row_splits.NumElements(), nnz);
+    if (problem.kind != core::SplitsProblem::kNone) {
+      const int64_t k = problem.position;
+      std::string got = "row_splits[" + std::to_string(k) + "]=" + std::to_string(splits[k]);
+      if (problem.kind == core::SplitsProblem::kDecreasing) {
+        got += " after row_splits[" + std::to_string(k - 1) + "]=" + std::to_string(splits[k - 1]);
+      }
+      return errors::InvalidArgument("row_splits of ", TableName(t), " must start at 0, ",
+                                     "never decrease and end at the number of ids (", nnz,
+                                     "); got ", got);
+    }
+    return OkStatus();
+  }
+
+  // The error for a bad id at `position` of table t.
+  ::tensorflow::Status BadId(int t, int64_t id, int64_t position, int64_t rows) const {
+    return ::tensorflow::errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ",
+                                                 rows, ") (the table's rows); got ", id,
+                                                 " at position ", position);
+  }
+
+  int num_tables = 0;
+  std::vector<core::Combiner> combiners;
+  std::vector<bool> weighted;
+  std::vector<float> max_norms;
+  std::vector<std::string> names;
+};
+
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_ARGS_H_
