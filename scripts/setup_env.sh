@@ -59,6 +59,19 @@ fi
 SOK_PYTHON="$VENV/bin/python"
 export SOK_PYTHON SOK_TF_VERSION
 
+# --- CUDA 12 for the GPU kernels: clang-19 from apt, CUDA 12.9 from PyPI
+# (scripts/cuda12_toolchain.sh, cached under $SOK_GRAPH_CACHE/cuda12). Kernels
+# built with it run on NVIDIA drivers >= 525, like TensorFlow's CUDA 12 builds;
+# the build falls back to nvcc ($CUDA_HOME, /usr/local/cuda) only without it.
+# SOK_GRAPH_WITHOUT_CUDA=1 builds CPU-only; a preset SOK_GRAPH_CUDA12_HOME is kept.
+if [ "${SOK_GRAPH_WITHOUT_CUDA:-0}" = 1 ]; then
+  unset SOK_GRAPH_CUDA12_HOME
+elif [ -z "${SOK_GRAPH_CUDA12_HOME:-}" ]; then
+  log "assembling the CUDA 12 toolchain (scripts/cuda12_toolchain.sh)"
+  SOK_GRAPH_CUDA12_HOME="$(PYTHON="$VENV/bin/python" bash "$SOK_REPO/scripts/cuda12_toolchain.sh")"
+  export SOK_GRAPH_CUDA12_HOME
+fi
+
 # --- build the ops for this TensorFlow and install sok_graph ----------------
 log "building and installing sok_graph for TensorFlow $SOK_TF_VERSION"
 (cd "$SOK_REPO" && "$SOK_PYTHON" -m pip install -q --no-deps --no-build-isolation \

@@ -4,8 +4,11 @@
                          that $TF_PYTHON_BIN_PATH imports, plus a py_runtime
                          toolchain for that same Python (so py_test imports the
                          TensorFlow the library was built against).
-  @local_config_cuda     nvcc, the CUDA headers and the static cudart, when a
-                         CUDA toolkit is installed; otherwise a CPU-only build.
+  @local_config_cuda     the CUDA compiler, headers and static cudart: the
+                         CUDA 12 tree of $SOK_GRAPH_CUDA12_HOME (clang compiles
+                         the .cu files; scripts/cuda12_toolchain.sh makes the
+                         tree), else nvcc of $CUDA_HOME or /usr/local/cuda;
+                         with neither (or SOK_GRAPH_WITHOUT_CUDA=1) CPU-only.
   @system_gtest          Debian's googletest (libgtest-dev).
   @rules_cc, @rules_java, @remote_coverage_tools
                          what Bazel 4.2.3's own tools reference; small local
@@ -96,31 +99,73 @@ tf_configure = repository_rule(
     local = True,
 )
 
+def _cuda_runtime_version(rctx, include):
+    """"12.9" for the CUDART_VERSION 12090 in include/cuda_runtime_api.h."""
+    header = include + "/cuda_runtime_api.h"
+    if not rctx.path(header).exists:
+        fail("no %s: not a CUDA toolkit" % header)
+    for line in rctx.read(header).splitlines():
+        words = [w for w in line.replace("\t", " ").split(" ") if w]
+        if len(words) == 3 and words[0] == "#define" and words[1] == "CUDART_VERSION":
+            number = int(words[2])
+            return "%d.%d" % (number // 1000, (number % 1000) // 10)
+    fail("no CUDART_VERSION in " + header)
+
+def _cuda12_clang(rctx, home):
+    """The clang that compiles the .cu files against the CUDA 12 tree `home`."""
+    for part in ["bin/ptxas", "bin/fatbinary", "nvvm/libdevice", "lib64/libcudart_static.a",
+                 "include/cuda_runtime_api.h", "include/cub/cub.cuh"]:
+        if not rctx.path(home + "/" + part).exists:
+            fail(("SOK_GRAPH_CUDA12_HOME=%s has no %s; run scripts/cuda12_toolchain.sh " +
+                  "(it prints the path to use) or unset SOK_GRAPH_CUDA12_HOME to build " +
+                  "with nvcc") % (home, part))
+    name = rctx.os.environ.get("SOK_GRAPH_CUDA_CLANG", "") or "clang++-19"
+    clang = rctx.which(name) if "/" not in name else rctx.path(name)
+    if not clang or not clang.exists:
+        fail(("%s (SOK_GRAPH_CUDA_CLANG) not found: it compiles the CUDA kernels against " +
+              "SOK_GRAPH_CUDA12_HOME; scripts/cuda12_toolchain.sh installs clang-19") % name)
+    return str(clang)
+
 def _cuda_configure_impl(rctx):
     env = rctx.os.environ
-    nvcc = ""
+    compiler = ""  # "clang" (CUDA 12 tree) or "nvcc"
+    tool = ""
+    home = ""
     if env.get("SOK_GRAPH_WITHOUT_CUDA", "0") not in ("1", "true", "yes"):
-        for home in [env.get("CUDA_HOME", ""), env.get("CUDA_PATH", ""), "/usr/local/cuda"]:
-            if home and rctx.path(home + "/bin/nvcc").exists:
-                nvcc = home + "/bin/nvcc"
-                break
-    if not nvcc:
+        if env.get("SOK_GRAPH_CUDA12_HOME", ""):
+            home = env["SOK_GRAPH_CUDA12_HOME"].rstrip("/")
+            compiler = "clang"
+            tool = _cuda12_clang(rctx, home)
+        else:
+            for candidate in [env.get("CUDA_HOME", ""), env.get("CUDA_PATH", ""), "/usr/local/cuda"]:
+                if candidate and rctx.path(candidate + "/bin/nvcc").exists:
+                    home = candidate
+                    compiler = "nvcc"
+                    tool = candidate + "/bin/nvcc"
+                    break
+    if not compiler:
         rctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 cc_library(name = "cudart_static")
 """)
-        rctx.file("cuda_info.bzl", "CUDA_AVAILABLE = False\nNVCC = ''\nCUDA_HOME = ''\n")
+        rctx.file("cuda_info.bzl", "\n".join([
+            "CUDA_AVAILABLE = False",
+            "CUDA_COMPILER = ''",
+            "CUDA_TOOL = ''",
+            "CUDA_HOME = ''",
+            "CUDA_VERSION = ''",
+        ]) + "\n")
         return
-    home = nvcc[:-len("/bin/nvcc")]
     lib = home + "/lib64"
     if not rctx.path(lib + "/libcudart_static.a").exists:
         lib = home + "/targets/x86_64-linux/lib"
     rctx.symlink(home + "/include", "include")
+    version = _cuda_runtime_version(rctx, home + "/include")
     rctx.file("BUILD", """
 package(default_visibility = ["//visibility:public"])
 
-# Static cudart: the library then loads on machines with no CUDA and no
-# driver; CUDA calls simply report that no device exists.
+# Static cudart (CUDA {version}): the library then loads on machines with no
+# CUDA and no driver; CUDA calls simply report that no device exists.
 cc_library(
     name = "cudart_static",
     linkopts = ["{lib}/libcudart_static.a", "-ldl", "-lrt", "-lpthread"],
@@ -131,12 +176,24 @@ cc_library(
     hdrs = glob(["include/**/*.h", "include/**/*.hpp"]),
     includes = ["include"],
 )
-""".format(lib = lib))
-    rctx.file("cuda_info.bzl", "CUDA_AVAILABLE = True\nNVCC = %r\nCUDA_HOME = %r\n" % (nvcc, home))
+""".format(lib = lib, version = version))
+    rctx.file("cuda_info.bzl", "\n".join([
+        "CUDA_AVAILABLE = True",
+        "CUDA_COMPILER = %r" % compiler,
+        "CUDA_TOOL = %r" % tool,
+        "CUDA_HOME = %r" % home,
+        "CUDA_VERSION = %r" % version,
+    ]) + "\n")
 
 cuda_configure = repository_rule(
     implementation = _cuda_configure_impl,
-    environ = ["CUDA_HOME", "CUDA_PATH", "SOK_GRAPH_WITHOUT_CUDA"],
+    environ = [
+        "CUDA_HOME",
+        "CUDA_PATH",
+        "SOK_GRAPH_CUDA12_HOME",
+        "SOK_GRAPH_CUDA_CLANG",
+        "SOK_GRAPH_WITHOUT_CUDA",
+    ],
     local = True,
 )
 

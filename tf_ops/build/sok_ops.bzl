@@ -5,75 +5,117 @@ helpers each op family's BUILD file uses.
 
 `srcs` are C++ files that may include TensorFlow headers (op registrations,
 CPU kernels, and the GPU OpKernels that call C launchers). `cuda_srcs` are
-plain `.cu` files plus their launcher headers: nvcc compiles them without any
-TensorFlow header, and cudart is linked statically so the library loads on
-machines with no CUDA at all. Without a CUDA toolkit the library is CPU-only.
+plain `.cu` files plus their launcher headers, compiled without any TensorFlow
+header: by clang against the CUDA 12 tree of $SOK_GRAPH_CUDA12_HOME
+(scripts/cuda12_toolchain.sh; cudart 12.9 runs on drivers >= 525), else by
+the nvcc of $CUDA_HOME or /usr/local/cuda. cudart is linked statically so the
+library loads on machines with no CUDA at all. Without either the library is
+CPU-only.
 """
 
-load("@local_config_cuda//:cuda_info.bzl", "CUDA_AVAILABLE", "NVCC")
+load(
+    "@local_config_cuda//:cuda_info.bzl",
+    "CUDA_AVAILABLE",
+    "CUDA_COMPILER",
+    "CUDA_HOME",
+    "CUDA_TOOL",
+    "CUDA_VERSION",
+)
 load("@local_config_tf//:tf_info.bzl", "TF_VERSION")
 
-# nvcc 13 has no targets below sm_75: Ampere and Hopper SASS, plus Hopper PTX
-# so newer GPUs can JIT.
+# Ampere and Hopper SASS, plus Hopper PTX so newer GPUs can JIT (nvcc 13 has
+# no targets below sm_75); sm_86/sm_89 GPUs run the sm_80 cubins. The same
+# targets in nvcc's and in clang's spelling.
 CUDA_ARCH_FLAGS = [
     "-gencode=arch=compute_80,code=sm_80",
     "-gencode=arch=compute_90,code=sm_90",
     "-gencode=arch=compute_90,code=compute_90",
+]
+CLANG_CUDA_ARCH_FLAGS = [
+    "--cuda-gpu-arch=sm_80",
+    "--cuda-gpu-arch=sm_90",
+    "--no-cuda-include-ptx=sm_80",
 ]
 
 # The core of each family is TF-independent and must stay valid C++14 (the
 # TF 1.15 toolchain); the op and kernel sources follow TensorFlow's C++17.
 CORE_COPTS = ["-std=c++14", "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
-def _nvcc_objects_impl(ctx):
+def _cuda_objects_impl(ctx):
     headers = [f for f in ctx.files.srcs if not f.path.endswith(".cu")]
+    includes = ["-I.", "-I" + ctx.bin_dir.path]
+    if ctx.attr.compiler == "clang":
+        # The CUDA 12 tree of scripts/cuda12_toolchain.sh: its ptxas, libdevice,
+        # headers and fatbinary wrapper. clang-19 knows CUDA up to 12.5 and
+        # says so for 12.9; the PTX it emits (ISA 8.5) needs a 12.5 driver.
+        flags = [
+            "-x",
+            "cuda",
+            "--cuda-path=" + ctx.attr.cuda_home,
+            # CUB's __FILE__ strings name the tree, not this machine's cache.
+            "-ffile-prefix-map=%s=cuda-%s" % (ctx.attr.cuda_home, ctx.attr.cuda_version),
+            "-Wno-unknown-cuda-version",
+            "-c",
+            "-O3",
+            "-std=c++17",
+            "-fPIC",
+        ] + CLANG_CUDA_ARCH_FLAGS
+        mnemonic = "CudaClang"
+    else:
+        flags = ["-c", "-O3", "-std=c++17", "-Xcompiler", "-fPIC"] + CUDA_ARCH_FLAGS
+        mnemonic = "Nvcc"
     objects = []
     for src in ctx.files.srcs:
         if not src.path.endswith(".cu"):
             continue
         obj = ctx.actions.declare_file("%s/%s.pic.o" % (ctx.label.name, src.short_path))
         ctx.actions.run(
-            executable = ctx.attr.nvcc,
-            arguments = [
-                "-c",
-                "-O3",
-                "-std=c++17",
-                "-Xcompiler",
-                "-fPIC",
-                "-I.",
-                "-I" + ctx.bin_dir.path,
-            ] + CUDA_ARCH_FLAGS + ["-o", obj.path, src.path],
+            executable = ctx.attr.tool,
+            arguments = flags + includes + ["-o", obj.path, src.path],
             inputs = [src] + headers,
             outputs = [obj],
-            mnemonic = "Nvcc",
-            progress_message = "nvcc %s" % src.short_path,
+            mnemonic = mnemonic,
+            progress_message = "%s (CUDA %s) %s" % (ctx.attr.compiler, ctx.attr.cuda_version,
+                                                    src.short_path),
             use_default_shell_env = True,
         )
         objects.append(obj)
     return [DefaultInfo(files = depset(objects))]
 
-_nvcc_objects = rule(
-    implementation = _nvcc_objects_impl,
+_cuda_objects = rule(
+    implementation = _cuda_objects_impl,
     attrs = {
         "srcs": attr.label_list(allow_files = True),
-        "nvcc": attr.string(),
+        "compiler": attr.string(values = ["clang", "nvcc"]),
+        "tool": attr.string(),
+        "cuda_home": attr.string(),
+        "cuda_version": attr.string(),
     },
 )
 
 def _build_info_impl(ctx):
     # Python reads this string out of the file before loading it, so a library
     # built for another TensorFlow is reported instead of failing to load.
+    # cuda is 1 or 0; a CUDA build adds the cudart version and the compiler.
+    cuda = "cuda=0;"
+    if ctx.attr.cuda_version:
+        cuda = "cuda=1;cuda_version=%s;cuda_compiler=%s;" % (ctx.attr.cuda_version,
+                                                            ctx.attr.cuda_compiler)
     out = ctx.actions.declare_file(ctx.label.name + ".cc")
     ctx.actions.write(out, """// Generated by //tf_ops/build:sok_ops.bzl.
 extern "C" __attribute__((used, visibility("default")))
 const char sok_graph_build_info[] =
-    "SOK_GRAPH_BUILD_INFO{tf_version=%s;cuda=%d;}";
-""" % (ctx.attr.tf_version, 1 if ctx.attr.cuda else 0))
+    "SOK_GRAPH_BUILD_INFO{tf_version=%s;%s}";
+""" % (ctx.attr.tf_version, cuda))
     return [DefaultInfo(files = depset([out]))]
 
 _build_info = rule(
     implementation = _build_info_impl,
-    attrs = {"tf_version": attr.string(), "cuda": attr.bool()},
+    attrs = {
+        "tf_version": attr.string(),
+        "cuda_version": attr.string(),
+        "cuda_compiler": attr.string(),
+    },
 )
 
 def sok_op_library(name, srcs = [], cuda_srcs = [], deps = [], **kwargs):
@@ -86,23 +128,39 @@ def sok_op_library(name, srcs = [], cuda_srcs = [], deps = [], **kwargs):
     defines = []
     cuda_deps = []
     if CUDA_AVAILABLE and cuda_srcs:
-        _nvcc_objects(name = name + "_cuda_objects", srcs = cuda_srcs, nvcc = NVCC)
+        _cuda_objects(
+            name = name + "_cuda_objects",
+            srcs = cuda_srcs,
+            compiler = CUDA_COMPILER,
+            tool = CUDA_TOOL,
+            cuda_home = CUDA_HOME,
+            cuda_version = CUDA_VERSION,
+        )
         cuda_objects = [":" + name + "_cuda_objects"]
         defines = ["SOK_GRAPH_WITH_CUDA=1"]
         cuda_deps = ["@local_config_cuda//:cudart_static"]
+        version_script = "//tf_ops/build:cuda_kernels.lds"
         native.cc_binary(
             name = "libsok_cuda_kernels.so",
             srcs = cuda_objects,
-            deps = cuda_deps,
+            deps = cuda_deps + [version_script],
             linkshared = 1,
-            linkopts = ["-Wl,--no-undefined"],
+            linkopts = [
+                "-Wl,--no-undefined",
+                "-Wl,--version-script=$(location %s)" % version_script,
+            ],
         )
     # The C launchers as their own library when CUDA is available; empty otherwise.
     native.filegroup(
         name = "cuda_kernel_library",
         srcs = [":libsok_cuda_kernels.so"] if cuda_objects else [],
     )
-    _build_info(name = name + "_build_info", tf_version = TF_VERSION, cuda = CUDA_AVAILABLE)
+    _build_info(
+        name = name + "_build_info",
+        tf_version = TF_VERSION,
+        cuda_version = CUDA_VERSION if cuda_objects else "",
+        cuda_compiler = CUDA_COMPILER if cuda_objects else "",
+    )
     native.cc_binary(
         name = name,
         srcs = srcs + cuda_objects + [":" + name + "_build_info"],
