@@ -1,6 +1,6 @@
 """The CUDA build as a machine without a GPU sees it: the TensorFlow GPU
 kernels are registered for the types they handle (int32 ids and keys too,
-which TensorFlow keeps in host memory for GPU kernels), and the C launchers report
+in device memory like int64 ones), and the C launchers report
 errors instead of crashing when no GPU is usable. The kernels themselves are
 checked on a GPU by tests/gpu/run_all.sh."""
 
@@ -22,8 +22,8 @@ INT32, INT64, FLOAT = (tf.int32.as_datatype_enum, tf.int64.as_datatype_enum,
 
 # op -> (type attribute -> the types its GPU kernels take, host-memory args)
 GPU_KERNELS = {
-    # int32 ids and keys: registered too, their tensors in host memory
-    # (TensorFlow's rule for int32 on GPUs; the kernels copy them over).
+    # int32 ids and keys: registered too, in device memory (a registered
+    # kernel's int32 tensors stay on the device unless declared HostMemory).
     "SokFusedLookup": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, {"row_splits"}),
     "SokFusedLookupGrad": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, {"row_splits"}),
     "SokUniqueWithCounts": ({"T": {INT64}, "out_idx": {INT64}}, set()),

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/lib/core/errors.h"
@@ -36,6 +37,17 @@ using TfInt64 = int64_t;
 // The OK status: a default-constructed Status in every version
 // (Status::OK() is gone in 2.x, OkStatus() does not exist in 1.x).
 inline ::tensorflow::Status OkStatus() { return ::tensorflow::Status(); }
+
+// Asks an allocator to fail at once instead of waiting for memory to be
+// freed (1.x: no_retry_on_failure; 2.x: retry_on_failure). The attributes
+// are not copyable in 2.x, so they are set in place.
+inline void SetNoRetry(::tensorflow::AllocationAttributes* attributes) {
+#if SOK_GRAPH_TF_MAJOR < 2
+  attributes->no_retry_on_failure = true;
+#else
+  attributes->retry_on_failure = false;
+#endif
+}
 
 // Runs fn(begin, end) over [0, total) on the op's intra-op thread pool.
 // `cost_per_unit` is a rough count of cycles for one unit of work.

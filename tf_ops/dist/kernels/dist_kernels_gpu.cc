@@ -73,9 +73,8 @@ class LocalRowsGpuOp : public OpKernel {
   int world_size_ = 1;
 };
 
-// int64 only: TensorFlow keeps int32 tensors of GPU kernels in host memory
-// (memory_types.cc), so an int32 kernel here would be handed host pointers.
-// int32 ids run on the CPU kernel.
+// int64 only (sok_graph's sharded lookups use int64 ids); int32 ids run on
+// the CPU kernel.
 REGISTER_KERNEL_BUILDER(
     Name("SokLocalRows").Device(::tensorflow::DEVICE_GPU).TypeConstraint<TfInt64>("T"),
     LocalRowsGpuOp<TfInt64>);

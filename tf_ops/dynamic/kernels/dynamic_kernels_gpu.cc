@@ -7,11 +7,11 @@
 // here.
 //
 // The GPU table stores int64 keys. An int32-keyed table keeps them there
-// widened: TensorFlow holds int32 tensors of GPU kernels in host memory, so
-// int32 keys arrive on the host, are widened and copied to the device, and
-// int32 keys going out (evicted keys, exports) come back to the host and are
-// narrowed (lossless: every stored key came in as an int32). Placement
-// follows the resource: every op on a table runs where its handle op runs.
+// widened: int32 keys (in device memory, like every tensor of a registered
+// GPU kernel that is not declared HostMemory) are widened on the device on
+// the way in and narrowed on the way out (evicted keys, exports; exact, as
+// every stored key came in as an int32). Placement follows the resource:
+// every op on a table runs where its handle op runs.
 //
 // Memory: the table's storage and scratch come from the device's
 // TensorFlow allocator (SokGpuAllocator), so TensorFlow's memory settings
@@ -152,8 +152,8 @@ int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().d
 Status CudaCall(int rc, const char* what) { return CudaStatus(rc, what); }
 
 // The table of input 0 and, if asked, the keys of input 1 as int64 in
-// device memory: the tensor itself for int64 keys, a widened device copy
-// of int32 keys (which TensorFlow hands a GPU kernel in host memory).
+// device memory: the tensor itself for int64 keys, a widened copy of int32
+// keys.
 struct GpuInputs {
   GpuTableResource* table = nullptr;
   const int64_t* keys = nullptr;
@@ -177,20 +177,18 @@ struct GpuInputs {
       keys = reinterpret_cast<const int64_t*>(k.flat<TfInt64>().data());
       return OkStatus();
     }
-    const int32_t* narrow = k.flat<int32_t>().data();
-    const std::vector<int64_t> wide(narrow, narrow + n);
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
                                           TensorShape({std::max<int64_t>(n, 1)}), &widened));
-    TF_RETURN_IF_ERROR(CudaCall(sok_gpu_copy_to_device(I64(&widened), wide.data(),
-                                                       sizeof(int64_t) * n, GpuStreamOf(ctx)),
-                                "copying int32 keys to the GPU"));
+    TF_RETURN_IF_ERROR(CudaCall(sok_gpu_widen_i32(k.flat<int32_t>().data(), I64(&widened), n,
+                                                  GpuStreamOf(ctx)),
+                                "widening int32 keys"));
     keys = I64(&widened);
     return OkStatus();
   }
 };
 
-// Writes m int64 keys from device memory to a keys output: a device copy
-// for int64, a host copy narrowed to int32 (the output is in host memory).
+// Writes m int64 keys (device memory) to a keys output of the table's key
+// type: copied for int64, narrowed for int32.
 Status KeysToOutput(OpKernelContext* ctx, const int64_t* device_keys, int64_t m, Tensor* out) {
   if (m == 0) return OkStatus();
   if (out->dtype() == ::tensorflow::DT_INT64) {
@@ -198,19 +196,19 @@ Status KeysToOutput(OpKernelContext* ctx, const int64_t* device_keys, int64_t m,
                                            GpuStreamOf(ctx)),
                     "copying keys");
   }
-  std::vector<int64_t> wide(m);
-  TF_RETURN_IF_ERROR(CudaCall(sok_gpu_copy_to_host(wide.data(), device_keys,
-                                                   sizeof(int64_t) * m, GpuStreamOf(ctx)),
-                              "copying int32 keys to the host"));
-  int32_t* narrow = out->flat<int32_t>().data();
-  for (int64_t i = 0; i < m; ++i) narrow[i] = static_cast<int32_t>(wide[i]);
-  return OkStatus();
+  return CudaCall(sok_gpu_narrow_i64(device_keys, out->flat<int32_t>().data(), m,
+                                     GpuStreamOf(ctx)),
+                  "narrowing keys to int32");
 }
 
-// The device's TensorFlow allocator behind SokGpuAllocator.
+// The device's TensorFlow allocator behind SokGpuAllocator. Out of memory
+// is reported at once (no waiting for other ops to free some): the op then
+// fails with ResourceExhausted and the table stays as it was.
 void* TfAlloc(void* allocator, size_t bytes) {
+  ::tensorflow::AllocationAttributes attributes;
+  SetNoRetry(&attributes);
   return static_cast<::tensorflow::Allocator*>(allocator)->AllocateRaw(
-      ::tensorflow::Allocator::kAllocatorAlignment, bytes);
+      ::tensorflow::Allocator::kAllocatorAlignment, bytes, attributes);
 }
 void TfFree(void* allocator, void* p) {
   static_cast<::tensorflow::Allocator*>(allocator)->DeallocateRaw(p);
@@ -470,8 +468,8 @@ class ExportGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m, dim_}), &rows));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &ts));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({m}), &freq));
-    // int64 keys go straight to the output; int32 ones through device
-    // scratch, narrowed on the host at the end.
+    // int64 keys go straight to the output; int32 ones through int64
+    // scratch, narrowed at the end.
     Tensor keys_dev;
     int64_t* keys = nullptr;
     const bool narrow = keys_out->dtype() != ::tensorflow::DT_INT64;
@@ -599,10 +597,8 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableStats")
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_GPU).HostMemory("table"),
                         ClearGpuOp);
 
-// The ops that take or give keys, per key type. TensorFlow keeps every
-// int32 tensor of a GPU kernel in host memory, so int32 keys (inputs and
-// outputs) are on the host (GpuInputs, KeysToOutput); int64 keys on the
-// device.
+// The ops that take or give keys, per key type; keys of either type in
+// device memory (GpuInputs, KeysToOutput convert int32 ones).
 #define SOK_REGISTER_DYNAMIC_GPU(K)                                                       \
   REGISTER_KERNEL_BUILDER(                                                               \
       Name("SokDynamicTableCreate").Device(DEVICE_GPU).HostMemory("table").TypeConstraint<K>( \

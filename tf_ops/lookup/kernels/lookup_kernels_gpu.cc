@@ -5,9 +5,8 @@
 //
 // row_splits arrive in host memory (HostMemory), so they are checked on the
 // host exactly as the CPU kernel checks them before any kernel reads through
-// them. int64 ids are in device memory; int32 ids, like every int32 tensor
-// of a TensorFlow GPU kernel, arrive in host memory and are copied to the
-// device (and the gradient's int32 unique ids go back to the host). Ids are checked on the device by the kernels that read them: a bad
+// them. Ids of either type (int32, int64) are in device memory, which the
+// launchers read at their width (id_bytes). Ids are checked on the device by the kernels that read them: a bad
 // id is never read through, its first position is read back (the forward's
 // one host synchronisation) and reported as the CPU kernel reports it.
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
@@ -64,7 +63,7 @@ class FusedLookupGpuBase : public OpKernel {
   // Variables among the params stay read-locked while `params` lives.
   Status ReadTables(OpKernelContext* ctx, TableInputs* params,
                     std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz,
-                    std::vector<Tensor>* device_splits, std::vector<Tensor>* device_ids) {
+                    std::vector<Tensor>* device_splits) {
     OpInputList ids, splits, weights;
     TF_RETURN_IF_ERROR(params->Read(ctx, "params", attrs_.num_tables,
                                     [this](int t) { return this->TableName(t); }));
@@ -74,7 +73,6 @@ class FusedLookupGpuBase : public OpKernel {
     tables->assign(attrs_.num_tables, SokLookupTable());
     nnz->assign(attrs_.num_tables, 0);
     device_splits->resize(attrs_.num_tables);
-    device_ids->resize(attrs_.num_tables);
     void* stream = GpuStreamOf(ctx);
     for (int t = 0; t < attrs_.num_tables; ++t) {
       const Tensor& p = (*params)[t];
@@ -96,15 +94,6 @@ class FusedLookupGpuBase : public OpKernel {
       SokLookupTable& v = (*tables)[t];
       v.params = p.flat<float>().data();
       v.ids = i.flat<K>().data();
-      if (kIdsOnHost) {
-        Tensor& di = (*device_ids)[t];
-        TF_RETURN_IF_ERROR(
-            ctx->allocate_temp(i.dtype(), TensorShape({std::max<int64_t>(1, (*nnz)[t])}), &di));
-        TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_device(Data(di), i.flat<K>().data(),
-                                                       sizeof(K) * (*nnz)[t], stream),
-                                "copying int32 ids to the GPU"));
-        v.ids = Data(di);
-      }
       v.row_splits = reinterpret_cast<const int64_t*>(Data(d));
       v.weights = attrs_.weighted[t] ? w.flat<float>().data() : nullptr;
       v.clip = nullptr;
@@ -135,9 +124,6 @@ class FusedLookupGpuBase : public OpKernel {
     return OkStatus();
   }
 
-  // int32 ids come in host memory (TensorFlow's rule for GPU kernels).
-  static constexpr bool kIdsOnHost = sizeof(K) == 4;
-
   FusedLookupAttrs attrs_;
 };
 
@@ -151,9 +137,9 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
-    std::vector<Tensor> splits, device_ids;
+    std::vector<Tensor> splits;
     TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits, &device_ids));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
     Tensor bad_dev;
@@ -217,9 +203,9 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
-    std::vector<Tensor> splits, device_ids;
+    std::vector<Tensor> splits;
     TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits, &device_ids));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     for (int t = 0; t < n; ++t) {
@@ -278,23 +264,11 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
       OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({u}), &ids_out));
       OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({u, tables[t].dim}), &rows));
       if (u == 0) continue;
-      // int32 unique ids go to host memory: written to the device first.
-      Tensor ids_dev;
-      K* unique_ids = ids_out->flat<K>().data();
-      if (this->kIdsOnHost) {
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(ids_out->dtype(), TensorShape({u}), &ids_dev));
-        unique_ids = ids_dev.flat<K>().data();
-      }
       OP_REQUIRES_OK(ctx, Cuda(sok_lookup_backward_rows(&tables[t], nnz[t],
                                                         grads[t].flat<float>().data(),
-                                                        Data(plans[t]), unique_ids,
+                                                        Data(plans[t]), ids_out->flat<K>().data(),
                                                         rows->flat<float>().data(), stream),
                                "sok_lookup_backward_rows"));
-      if (this->kIdsOnHost) {
-        OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(ids_out->flat<K>().data(), unique_ids,
-                                                      sizeof(K) * u, stream),
-                                 "copying int32 unique ids to the host"));
-      }
     }
   }
 };
@@ -313,7 +287,7 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
                               .HostMemory("row_splits"),                   \
                           FusedLookupGradGpuOp<K>);
 SOK_REGISTER_LOOKUP_GPU(TfInt64)
-SOK_REGISTER_LOOKUP_GPU(int32_t)  // ids in host memory, copied over (ReadTables)
+SOK_REGISTER_LOOKUP_GPU(int32_t)
 #undef SOK_REGISTER_LOOKUP_GPU
 
 }  // namespace

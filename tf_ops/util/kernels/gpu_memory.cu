@@ -15,6 +15,22 @@ __global__ void FillI64(int64_t* p, int64_t value, int64_t n) {
   }
 }
 
+template <typename From, typename To>
+__global__ void Convert(const From* in, To* out, int64_t n) {
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    out[i] = static_cast<To>(in[i]);
+  }
+}
+
+template <typename From, typename To>
+int LaunchConvert(const From* in, To* out, int64_t n, void* stream) {
+  if (n <= 0) return 0;
+  const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 4096));
+  Convert<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(in, out, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
 }  // namespace
 
 #define SOK_EXPORT extern "C" __attribute__((visibility("default")))
@@ -48,6 +64,14 @@ SOK_EXPORT int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stre
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));
   FillI64<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(p, value, n);
   return static_cast<int>(cudaGetLastError());
+}
+
+SOK_EXPORT int sok_gpu_widen_i32(const int32_t* in, int64_t* out, int64_t n, void* stream) {
+  return LaunchConvert(in, out, n, stream);
+}
+
+SOK_EXPORT int sok_gpu_narrow_i64(const int64_t* in, int32_t* out, int64_t n, void* stream) {
+  return LaunchConvert(in, out, n, stream);
 }
 
 SOK_EXPORT const char* sok_gpu_error_name(int error) {

@@ -23,6 +23,12 @@ int sok_gpu_copy_to_device(void* device, const void* host, size_t bytes, void* s
 int sok_gpu_copy_on_device(void* dst, const void* src, size_t bytes, void* stream);
 // p[0, n) <- value, queued on the stream.
 int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stream);
+
+// out[i] = in[i] on the device, int32 -> int64 and back (int32-keyed GPU
+// tables store their keys widened; narrowing is exact for keys that came in
+// as int32).
+int sok_gpu_widen_i32(const int32_t* in, int64_t* out, int64_t n, void* stream);
+int sok_gpu_narrow_i64(const int64_t* in, int32_t* out, int64_t n, void* stream);
 // The name of a cudaError_t ("cudaErrorMemoryAllocation"), for error messages
 // of kernels that do not include the CUDA headers.
 const char* sok_gpu_error_name(int error);

@@ -152,9 +152,8 @@ class UnsortedSegmentSumGpuOp : public OpKernel {
                               .TypeConstraint<K>("T")             \
                               .TypeConstraint<I>("out_idx"),      \
                           UniqueWithCountsGpuOp<K, I>);
-// int64 only: TensorFlow keeps int32 tensors of GPU kernels in host memory,
-// so int32 inputs or outputs would reach the launchers as host pointers.
-// Other types run on the CPU kernel, where TensorFlow places them.
+// int64 only (the launchers' types); other types run on the CPU kernel,
+// where TensorFlow places them.
 SOK_REGISTER_UNIQUE_GPU(TfInt64, TfInt64)
 #undef SOK_REGISTER_UNIQUE_GPU
 
