@@ -831,10 +831,8 @@ int Sync(SokGpuTable* t, cudaStream_t s) {
   return 0;
 }
 
-int EnsureScratch(SokGpuTable* t, int64_t n) {
-  if (n <= t->scratch_n) return 0;
-  SOK_CUDA(cudaDeviceSynchronize());  // earlier calls may still use the old buffers
-  const int64_t m = std::max<int64_t>(n, 2 * t->scratch_n);
+// The per-key scratch of a call, and the per-slot scratch, freed.
+void FreeScratch(SokGpuTable* t) {
   Free(t->allocator, &t->slot_of);
   Free(t->allocator, &t->buf_a);
   Free(t->allocator, &t->buf_b);
@@ -842,6 +840,21 @@ int EnsureScratch(SokGpuTable* t, int64_t n) {
   Free(t->allocator, &t->buf_d);
   Free(t->allocator, &t->flags8);
   t->scratch_n = 0;
+}
+
+void FreeSlotScratch(SokGpuTable* t) {
+  Free(t->allocator, &t->slot_a);
+  Free(t->allocator, &t->slot_b);
+  Free(t->allocator, &t->slot_c);
+  Free(t->allocator, &t->slot_d);
+  t->slot_scratch_n = 0;
+}
+
+int EnsureScratch(SokGpuTable* t, int64_t n) {
+  if (n <= t->scratch_n) return 0;
+  SOK_CUDA(cudaDeviceSynchronize());  // earlier calls may still use the old buffers
+  const int64_t m = std::max<int64_t>(n, 2 * t->scratch_n);
+  FreeScratch(t);
   int rc = Alloc(t->allocator, &t->slot_of, m);
   if (!rc) rc = Alloc(t->allocator, &t->buf_a, m);
   if (!rc) rc = Alloc(t->allocator, &t->buf_b, m);
@@ -857,11 +870,7 @@ int EnsureSlotScratch(SokGpuTable* t) {
   const int64_t n = t->dev.slots + 2;
   if (n <= t->slot_scratch_n) return 0;
   SOK_CUDA(cudaDeviceSynchronize());
-  Free(t->allocator, &t->slot_a);
-  Free(t->allocator, &t->slot_b);
-  Free(t->allocator, &t->slot_c);
-  Free(t->allocator, &t->slot_d);
-  t->slot_scratch_n = 0;
+  FreeSlotScratch(t);
   int rc = Alloc(t->allocator, &t->slot_a, n);
   if (!rc) rc = Alloc(t->allocator, &t->slot_b, n);
   if (!rc) rc = Alloc(t->allocator, &t->slot_c, n);
@@ -931,12 +940,7 @@ int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s) {
   SOK_CUDA(cudaStreamSynchronize(s));
   FreeTable(t->allocator, &t->dev);
   t->dev = fresh;
-  // Per-slot scratch is sized by the old index.
-  Free(t->allocator, &t->slot_a);
-  Free(t->allocator, &t->slot_b);
-  Free(t->allocator, &t->slot_c);
-  Free(t->allocator, &t->slot_d);
-  t->slot_scratch_n = 0;
+  FreeSlotScratch(t);  // sized by the old index
   return Sync(t, s);
 }
 
@@ -1125,16 +1129,8 @@ __attribute__((visibility("default"))) int sok_gpu_table_destroy(SokGpuTable* t,
   Free(t->allocator, &t->dev.side);
   Free(t->allocator, &t->counters);
   if (t->host_counters) cudaFreeHost(t->host_counters);
-  Free(t->allocator, &t->slot_of);
-  Free(t->allocator, &t->buf_a);
-  Free(t->allocator, &t->buf_b);
-  Free(t->allocator, &t->buf_c);
-  Free(t->allocator, &t->buf_d);
-  Free(t->allocator, &t->flags8);
-  Free(t->allocator, &t->slot_a);
-  Free(t->allocator, &t->slot_b);
-  Free(t->allocator, &t->slot_c);
-  Free(t->allocator, &t->slot_d);
+  FreeScratch(t);
+  FreeSlotScratch(t);
   Free(t->allocator, reinterpret_cast<char**>(&t->cub_temp));
   delete t;
   return 0;

@@ -96,6 +96,17 @@ class FusedLookupAttrs {
     return OkStatus();
   }
 
+  // The gradient op's upstream gradient of table t: the embeddings' shape.
+  ::tensorflow::Status CheckGrads(int t, const ::tensorflow::Tensor& grads, int64_t batch,
+                                  int64_t dim) const {
+    if (grads.dims() == 2 && grads.dim_size(0) == batch && grads.dim_size(1) == dim) {
+      return OkStatus();
+    }
+    return ::tensorflow::errors::InvalidArgument(
+        "grads of ", TableName(t), " must have shape [", batch, ", ", dim,
+        "] (the embeddings' shape); got ", grads.shape().DebugString());
+  }
+
   // The error for a bad id at `position` of table t.
   ::tensorflow::Status BadId(int t, int64_t id, int64_t position, int64_t rows) const {
     return ::tensorflow::errors::InvalidArgument("ids of ", TableName(t), " must be in [0, ",

@@ -195,13 +195,7 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     int64_t max_dim = 1;
     for (int t = 0; t < n; ++t) {
       const Tensor& g = grads_in[t];
-      OP_REQUIRES(ctx,
-                  g.dims() == 2 && g.dim_size(0) == views[t].batch &&
-                      g.dim_size(1) == views[t].dim,
-                  errors::InvalidArgument("grads of ", this->TableName(t), " must have shape [",
-                                          views[t].batch, ", ", views[t].dim,
-                                          "] (the embeddings' shape); got ",
-                                          g.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, this->attrs_.CheckGrads(t, g, views[t].batch, views[t].dim));
       grads[t] = g.flat<T>().data();
       batch[t] = views[t].batch;
       max_dim = std::max(max_dim, views[t].dim);

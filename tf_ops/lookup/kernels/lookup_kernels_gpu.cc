@@ -210,13 +210,7 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     for (int t = 0; t < n; ++t) {
       const Tensor& g = grads[t];
-      OP_REQUIRES(ctx,
-                  g.dims() == 2 && g.dim_size(0) == tables[t].batch &&
-                      g.dim_size(1) == tables[t].dim,
-                  errors::InvalidArgument("grads of ", this->TableName(t), " must have shape [",
-                                          tables[t].batch, ", ", tables[t].dim,
-                                          "] (the embeddings' shape); got ",
-                                          g.shape().DebugString()));
+      OP_REQUIRES_OK(ctx, this->attrs_.CheckGrads(t, g, tables[t].batch, tables[t].dim));
       OP_REQUIRES(ctx, nnz[t] < INT32_MAX,
                   errors::InvalidArgument("ids of ", this->TableName(t), " has ", nnz[t],
                                           " entries; the GPU gradient takes fewer than 2^31"));
