@@ -6,8 +6,9 @@
 # on one GPU (TF_FORCE_GPU_ALLOW_GROWTH=true, so each process takes only the
 # memory it uses). Ends with one summary line:
 #
-#   run_tf_suite: 28 files, 1234 tests, 1200 passed, 0 failed, 30 skipped
-#   (12 CPU-only), fuzz cases 4000, CUDA errors 0, device /GPU:0, 300 s
+#   run_tf_suite: 27 files, 468 tests, 442 passed, 0 failed, 26 skipped
+#   (3 CPU-only), fuzz cases 3893 (1896 rejected, each followed by a working
+#   op), CUDA errors 0, device /GPU:0, 347 s
 #
 # and exits non-zero when a test failed, a file's process died, no GPU was
 # visible, or any log mentions a CUDA error.
@@ -62,7 +63,7 @@ import glob, os, re, sys
 import xml.etree.ElementTree as ET
 
 logs, seconds, nfiles = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-tests = failed = skipped = cpu_only = fuzz = cuda_errors = 0
+tests = failed = skipped = cpu_only = fuzz = rejected = cuda_errors = 0
 broken = []
 cuda = re.compile(r"CUDA error|CUDA_ERROR|illegal memory access|Error recording CUDA event|"
                   r"cudaError|misaligned address")
@@ -74,6 +75,9 @@ for rc_file in sorted(glob.glob(os.path.join(logs, "*.rc"))):
     m = re.search(r"fuzz cases run: (\d+)", log)
     if m:
         fuzz += int(m.group(1))
+    m = re.search(r"(\d+) rejected inputs each followed by a working op", log)
+    if m:
+        rejected += int(m.group(1))
     try:
         root = ET.parse(base + ".xml").getroot()
     except (OSError, ET.ParseError):
@@ -95,7 +99,8 @@ for b in broken:
     print("BROKEN", b)
 passed = tests - failed - skipped
 print(f"run_tf_suite: {nfiles} files, {tests} tests, {passed} passed, {failed} failed, "
-      f"{skipped} skipped ({cpu_only} CPU-only), fuzz cases {fuzz}, CUDA errors {cuda_errors}, "
+      f"{skipped} skipped ({cpu_only} CPU-only), fuzz cases {fuzz} ({rejected} rejected, each "
+      f"followed by a working op), CUDA errors {cuda_errors}, "
       f"device {os.environ['SOK_GRAPH_TEST_DEVICE']}, {seconds} s")
 sys.exit(1 if failed or broken or cuda_errors else 0)
 EOF
