@@ -5,6 +5,7 @@ errors instead of crashing when no GPU is usable. The kernels themselves are
 checked on a GPU by tests/gpu/run_all.sh."""
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -127,5 +128,11 @@ def test_runtime_version_and_driver_floor_are_reported():
     import ctypes
     lib = ctypes.CDLL(os.path.join(os.path.dirname(_ops.library_path()), "libsok_cuda_kernels.so"))
     runtime, floor = lib.sok_cuda_runtime_version(), lib.sok_cuda_min_driver()
-    assert 11000 <= runtime < 14000, runtime
+    # The build stamps the CUDA version its toolkit headers declare
+    # (tf_ops/build): the runtime linked in must be that one.
+    stamp = re.search(rb"cuda_version=(\d+)\.(\d+)", open(_ops.library_path(), "rb").read())
+    if stamp:
+        assert runtime // 1000 == int(stamp.group(1)) and (runtime % 1000) // 10 == \
+            int(stamp.group(2)), (runtime, stamp.group(0))
+    # NVIDIA's minimum Linux drivers per CUDA major version (CUDA release notes).
     assert floor == {11: 450, 12: 525, 13: 580}[runtime // 1000], (runtime, floor)

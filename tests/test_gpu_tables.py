@@ -68,7 +68,7 @@ LIMITED = textwrap.dedent("""
     rows, found = var.find(tf.constant([inserted - 2, inserted - 1], tf.int64))
     assert bool(tf.reduce_all(found)), found
     print("STILL_WORKS", float(tf.reduce_sum(tf.ones([1000, 1000]) @ tf.ones([1000, 1]))))
-    print("IN_USE", tf.config.experimental.get_memory_info("GPU:0")["current"])
+    print("TABLE_BYTES", int(var.stats()["memory_bytes"]))
 """)
 
 
@@ -92,8 +92,10 @@ def test_memory_limit_bounds_the_table_with_a_clear_error():
     assert inserted * DIM * 2 * 4 < 512 << 20, line  # it did stop at the limit
     assert "TensorFlow's allocator" in line and "max_capacity" in line, line
     assert "STILL_WORKS 1000000.0" in out, out
-    in_use = int(next(l for l in out.splitlines() if l.startswith("IN_USE")).split()[1])
-    assert in_use <= 512 << 20
+    # The table kept what it had before the failed call: at least the rows
+    # of every key inserted, inside the limit.
+    table = int(next(l for l in out.splitlines() if l.startswith("TABLE_BYTES")).split()[1])
+    assert inserted * 64 * 4 <= table < 512 << 20, (inserted, table)
 
 
 def test_bounded_table_fits_inside_tensorflows_reservation():
@@ -111,6 +113,9 @@ def test_bounded_table_fits_inside_tensorflows_reservation():
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     assert "NO_LIMIT_REACHED 4194304" in proc.stdout, proc.stdout
     assert "STILL_WORKS" in proc.stdout
+    table = int(next(l for l in proc.stdout.splitlines()
+                      if l.startswith("TABLE_BYTES")).split()[1])
+    assert (1 << 19) * 64 * 4 <= table < 1 << 30, table
 
 
 def test_int32_and_int64_tables_live_on_the_gpu_and_agree_with_the_cpu():
@@ -153,3 +158,13 @@ def test_int32_ids_with_gpu_resident_tables_match_tensorflow():
     g_got = tf.convert_to_tensor(tape.gradient(g_loss, table))
     g_want = tf.convert_to_tensor(tape.gradient(w_loss, table))
     np.testing.assert_allclose(g_got.numpy(), g_want.numpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_gpu_table_size_limits_are_clear_errors():
+    from sok_graph.ops import dynamic as dyn
+    with tf.device("/GPU:0"):
+        for kwargs, words in ((dict(init_capacity=(1 << 29) + 1), "unbounded GPU table"),
+                              (dict(max_capacity=(3 << 28) + 1), "bounded GPU table")):
+            handle = dyn.handle(f"limits{np.random.randint(1 << 40)}")
+            with pytest.raises(tf.errors.InvalidArgumentError, match=words):
+                dyn.create(handle, tf.int64, 4, **kwargs)

@@ -577,9 +577,12 @@ def _env_reports(tmp_path, launcher_args, **env):
     p = _launch(script, launcher_args, **env)
     assert p.returncode == 0, p.stderr.decode()
     by_rank = _lines_by_rank(p.stdout.decode())
-    # What the launcher set: variables the workers merely inherited (a GPU
-    # machine's image sets NCCL_VERSION, say) are left out.
-    return [{k: v for k, v in json.loads(by_rank[r][0]).items() if os.environ.get(k) != v}
+    # What the launcher set: NCCL_ variables the workers merely inherited (a
+    # GPU machine's image sets NCCL_VERSION, say) are left out; HOROVOD_ ones
+    # always count.
+    def set_by_launcher(k, v):
+        return k.startswith("HOROVOD_") or os.environ.get(k) != v
+    return [{k: v for k, v in json.loads(by_rank[r][0]).items() if set_by_launcher(k, v)}
             for r in sorted(by_rank)]
 
 

@@ -83,17 +83,19 @@ for rc_file in sorted(glob.glob(os.path.join(logs, "*.rc"))):
     except (OSError, ET.ParseError):
         broken.append(name.strip() + " (no report: the process died)")
         continue
+    failed_here = 0
     for case in root.iter("testcase"):
         tests += 1
         if case.find("failure") is not None or case.find("error") is not None:
-            failed += 1
+            failed_here += 1
             print("FAILED", case.get("classname"), case.get("name"))
         skip = case.find("skipped")
         if skip is not None:
             skipped += 1
             if "CPU-only" in (skip.get("message") or ""):
                 cpu_only += 1
-    if rc.strip() not in ("0", "5") and not failed:
+    failed += failed_here
+    if rc.strip() not in ("0", "5") and not failed_here:
         broken.append(f"{name.strip()} (pytest exit {rc.strip()})")
 for b in broken:
     print("BROKEN", b)

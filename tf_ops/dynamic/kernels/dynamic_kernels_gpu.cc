@@ -221,12 +221,14 @@ class CreateGpuOp : public OpKernel {
     OP_REQUIRES(ctx, config_.dim <= std::numeric_limits<int32_t>::max() / 4,
                 errors::InvalidArgument("dim must be <= ", std::numeric_limits<int32_t>::max() / 4,
                                         " for a GPU table; got ", config_.dim));
-    OP_REQUIRES(ctx,
-                config_.max_rows <= SOK_GPU_TABLE_MAX_ROWS &&
-                    config_.init_capacity <= SOK_GPU_TABLE_MAX_ROWS,
-                errors::InvalidArgument("a GPU table holds at most ", SOK_GPU_TABLE_MAX_ROWS,
-                                        " rows; got init_capacity=", config_.init_capacity,
-                                        ", max_capacity=", config_.max_rows));
+    OP_REQUIRES(ctx, config_.max_rows <= SOK_GPU_TABLE_MAX_ROWS,
+                errors::InvalidArgument("a bounded GPU table holds at most ",
+                                        SOK_GPU_TABLE_MAX_ROWS, " rows; got max_capacity=",
+                                        config_.max_rows));
+    OP_REQUIRES(ctx, config_.max_rows > 0 || config_.init_capacity <= SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS,
+                errors::InvalidArgument("an unbounded GPU table holds at most ",
+                                        SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS,
+                                        " rows; got init_capacity=", config_.init_capacity));
     std::memset(&gpu_config_, 0, sizeof(gpu_config_));
     gpu_config_.dim = config_.dim;
     gpu_config_.init_capacity = config_.init_capacity;
@@ -540,9 +542,12 @@ class ImportGpuOp : public OpKernel {
     const int64_t* counts = nullptr;
     if (freq.NumElements() > 0) {
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, freq.shape(), &freq_dev));
-      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_device(I64(&freq_dev),
-                                                          freq.flat<TfInt64>().data(),
-                                                          sizeof(int64_t) * freq.NumElements(),
+      // Through a vector: an input in pinned host memory would be copied
+      // truly asynchronously, after this op may have released it.
+      const TfInt64* f = freq.flat<TfInt64>().data();
+      const std::vector<int64_t> staged(f, f + freq.NumElements());
+      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_device(I64(&freq_dev), staged.data(),
+                                                          sizeof(int64_t) * staged.size(),
                                                           stream),
                                    "copying frequencies to the GPU"));
       counts = I64(&freq_dev);

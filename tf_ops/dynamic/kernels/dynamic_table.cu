@@ -36,8 +36,9 @@ constexpr unsigned kFull = 0xffffffffu;
 constexpr int kWarp = 32;
 constexpr int kWarpsPerBlock = 8;
 constexpr int kThreads = kWarp * kWarpsPerBlock;
-// Same bound as core::DynamicTable::kMaxEntries, so unbounded tables agree.
-constexpr int64_t kUnboundedRows = INT32_MAX / 2;
+// An unbounded GPU table stays at most half full: 2^30 slots hold 2^29 rows
+// (the CPU table's bound, core::DynamicTable::kMaxEntries, is 2^30 - 1).
+constexpr int64_t kUnboundedRows = SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS;
 
 // Device counters, one int64 each.
 enum Counter { kSize = 0, kOcc, kDistinct, kNew, kCand, kFail, kNumCounters };
@@ -911,15 +912,21 @@ int BitsFor(int64_t max_value) {
   return bits;
 }
 
-// Moves every key into a fresh index of `slots` slots (dropping tombstones).
-int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s) {
-  DevTable fresh{};
-  fresh.side = t->dev.side;
-  int rc = AllocTable(t->allocator, &fresh, slots, t->dev.dim);
-  if (rc) {
-    FreeTable(t->allocator, &fresh);
-    return rc;
-  }
+// A fresh, empty index of `slots` slots for Rehash, allocated before
+// anything changes, so that running out of memory leaves the table as it
+// was. A table never has more than SOK_GPU_TABLE_MAX_SLOTS slots.
+int AllocFresh(SokGpuTable* t, int64_t slots, DevTable* fresh) {
+  *fresh = DevTable{};
+  if (slots > SOK_GPU_TABLE_MAX_SLOTS) return SOK_GPU_TABLE_TOO_MANY_KEYS;
+  fresh->side = t->dev.side;
+  const int rc = AllocTable(t->allocator, fresh, slots, t->dev.dim);
+  if (rc) FreeTable(t->allocator, fresh);
+  return rc;
+}
+
+// Moves every key into `fresh` (from AllocFresh), dropping tombstones.
+int MoveInto(SokGpuTable* t, DevTable fresh, cudaStream_t s) {
+  const int64_t slots = fresh.slots;
   FillKernel<<<GridStride(slots + 2), 256, 0, s>>>(fresh);
   const int64_t dim = t->dev.dim;
   // The side slots (keys kEmpty and kTomb) keep their rows and metadata.
@@ -942,6 +949,12 @@ int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s) {
   t->dev = fresh;
   FreeSlotScratch(t);  // sized by the old index
   return Sync(t, s);
+}
+
+int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s) {
+  DevTable fresh;
+  const int rc = AllocFresh(t, slots, &fresh);
+  return rc ? rc : MoveInto(t, fresh, s);
 }
 
 // Evicts `excess` keys not used at `now`, in eviction order.
@@ -1028,22 +1041,29 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
   const int64_t num_new = t->host_counters[kNew];
   if (result) result->distinct_keys = distinct;
   if (distinct > t->row_limit) return SOK_GPU_TABLE_TOO_MANY_KEYS;
+  // A rehash after evicting gets its memory first: if there is none, the
+  // call fails before any key is evicted or touched.
+  const bool rehash = occ + num_new > MaxOccupied(t->dev.slots);
+  DevTable fresh{};
+  if (rehash) {
+    const int64_t kept = std::min(size, t->row_limit - num_new);  // the size after evicting
+    int64_t slots = t->dev.slots;
+    while (MaxOccupied(slots) < kept + num_new) slots *= 2;
+    if ((rc = AllocFresh(t, slots, &fresh))) return rc;
+  }
   TouchKernel<<<GridStride(n), 256, 0, s>>>(t->dev, t->slot_of, n, now, accessed);
   SOK_CUDA(cudaGetLastError());
   const int64_t excess = size + num_new - t->row_limit;
   if (excess > 0) {
-    if ((rc = Evict(t, excess, now, evicted_keys, s))) return rc;
+    if ((rc = Evict(t, excess, now, evicted_keys, s))) {
+      if (rehash) FreeTable(t->allocator, &fresh);
+      return rc;
+    }
     if (result) result->num_evicted = excess;
   }
   // Inserts take tombstones first but may still fill empty slots.
-  bool rehashed = false;
-  if (occ + num_new > MaxOccupied(t->dev.slots)) {
-    if ((rc = Sync(t, s))) return rc;  // the size after evicting
-    int64_t slots = t->dev.slots;
-    while (MaxOccupied(slots) < t->size_ub + num_new) slots *= 2;
-    if ((rc = Rehash(t, slots, s))) return rc;
-    rehashed = true;
-  }
+  if (rehash && (rc = MoveInto(t, fresh, s))) return rc;
+  const bool rehashed = rehash;
   if (num_new > 0) {
     InsertAbsentKernel<<<BlocksFor(num_new), kThreads, 0, s>>>(t->dev, t->buf_d, num_new, now,
                                                                initialize, t->init, t->counters);
@@ -1082,7 +1102,10 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
   *table = nullptr;
   if (config == nullptr || config->dim < 1 || config->dim > INT32_MAX / 4 ||
       config->init_capacity < 0 || config->max_rows < 0 ||
-      config->init_capacity > SOK_GPU_TABLE_MAX_ROWS || config->max_rows > SOK_GPU_TABLE_MAX_ROWS ||
+      config->max_rows > SOK_GPU_TABLE_MAX_ROWS ||
+      config->init_capacity >
+          (config->max_rows > 0 ? config->max_rows : SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS) ||
+      (allocator != nullptr && (allocator->alloc == nullptr) != (allocator->free == nullptr)) ||
       config->eviction < 0 ||
       config->eviction > 1 || config->init_kind < 0 || config->init_kind > SOK_INIT_CONSTANT) {
     return SOK_GPU_TABLE_BAD_ARGUMENT;
@@ -1099,10 +1122,12 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
   t->init.value = config->value;
   t->init.seed_mix = SplitMix64(config->seed ^ 0x5851f42d4c957f2dULL);
   t->row_limit = config->max_rows > 0 ? config->max_rows : kUnboundedRows;
-  int64_t slots = SlotsFor(std::min(config->init_capacity, t->row_limit));
+  int64_t slots = 64;
   if (config->max_rows > 0) {
-    // A full bounded table is at most 3/4 occupied.
+    // A full bounded table is at most 3/4 occupied; it never grows.
     while (MaxOccupied(slots) < t->row_limit) slots *= 2;
+  } else {
+    slots = SlotsFor(config->init_capacity);
   }
   cudaStream_t s = StreamOf(stream);
   int rc = AllocTable(t->allocator, &t->dev, slots, static_cast<int>(config->dim));

@@ -45,11 +45,15 @@ extern "C" {
 // No free slot was found: an internal invariant broke. Never expected.
 #define SOK_GPU_TABLE_FULL (-3)
 
-// The most rows a bounded GPU table (max_rows) or its initial capacity may
-// ask for: 3/4 of 2^30 slots (CUB counts a call's items, slots included, in
-// int). An unbounded table that grows past it fails its growth with a CUDA
-// error rather than faulting.
+// Size limits: a table has at most 2^30 slots (CUB counts a call's items,
+// slots included, in int). A bounded table (max_rows) keeps at most 3/4 of
+// its slots occupied, so it holds at most SOK_GPU_TABLE_MAX_ROWS rows; an
+// unbounded one stays at most half full as it grows, so its initial
+// capacity, and its size, are at most SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS (a
+// call that would pass that fails with SOK_GPU_TABLE_TOO_MANY_KEYS).
+#define SOK_GPU_TABLE_MAX_SLOTS (1LL << 30)
 #define SOK_GPU_TABLE_MAX_ROWS (3LL << 28)
+#define SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS (1LL << 29)
 
 // Initializer kinds, in the order of core::InitKind.
 #define SOK_INIT_NORMAL 0

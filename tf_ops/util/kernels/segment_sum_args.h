@@ -48,6 +48,10 @@ template <typename N>
                                      data.shape().DebugString(), "[1:] overflows a tensor's ",
                                      "element count");
     }
+    if (size != 0 && *width > std::numeric_limits<int64_t>::max() / size) {
+      return errors::InvalidArgument("data's rows of shape ", data.shape().DebugString(),
+                                     "[1:] overflow a tensor's element count");
+    }
     elements *= size;
     *width *= size;
   }
