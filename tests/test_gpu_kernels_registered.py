@@ -99,6 +99,18 @@ def test_launchers_fail_cleanly_without_a_gpu():
         table = P()
         bad = Config(0, 0, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0)       # dim 0
         assert lib.sok_gpu_table_create(ctypes.byref(bad), None, None, ctypes.byref(table)) == -2
+        # An allocator with alloc but no free (or the reverse) is refused
+        # before anything is allocated.
+        ALLOC = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t)
+
+        class Allocator(ctypes.Structure):
+            _fields_ = [("alloc", ALLOC), ("free", ctypes.c_void_p), ("context", P)]
+
+        half = Allocator(ALLOC(lambda context, size: None), None, None)
+        fine = Config(8, 100, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0)
+        assert lib.sok_gpu_table_create(ctypes.byref(fine), ctypes.byref(half), None,
+                                        ctypes.byref(table)) == -2
+        assert not table.value
         good = Config(8, 100, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0)
         rc = lib.sok_gpu_table_create(ctypes.byref(good), None, None, ctypes.byref(table))
         assert rc > 0 and not table.value, (rc, table.value)   # a CUDA error, no table

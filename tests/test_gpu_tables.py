@@ -72,10 +72,11 @@ LIMITED = textwrap.dedent("""
 """)
 
 
-def run_limited(limit_mb):
+def run_limited(limit_mb, script=LIMITED):
+    """stdout of `script` in a fresh process whose GPU has a memory limit."""
     env = dict(os.environ)
     env.pop("TF_FORCE_GPU_ALLOW_GROWTH", None)  # a memory limit instead of growth
-    proc = subprocess.run([sys.executable, "-c", LIMITED, str(limit_mb)], env=env,
+    proc = subprocess.run([sys.executable, "-c", script, str(limit_mb)], env=env,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
     return proc.stdout
@@ -106,15 +107,10 @@ def test_bounded_table_fits_inside_tensorflows_reservation():
                              'var = sok.DynamicVariable(dim, initializer="zeros", '
                              'var_type="hybrid", max_capacity=1 << 19, init_capacity=1 << 19)')
     script = script.replace("range(0, 1 << 26, 1 << 18)", "range(0, 1 << 22, 1 << 18)")
-    env = dict(os.environ)
-    env.pop("TF_FORCE_GPU_ALLOW_GROWTH", None)
-    proc = subprocess.run([sys.executable, "-c", script, "1024"], env=env, capture_output=True,
-                          text=True, timeout=600)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    assert "NO_LIMIT_REACHED 4194304" in proc.stdout, proc.stdout
-    assert "STILL_WORKS" in proc.stdout
-    table = int(next(l for l in proc.stdout.splitlines()
-                      if l.startswith("TABLE_BYTES")).split()[1])
+    out = run_limited(1024, script)
+    assert "NO_LIMIT_REACHED 4194304" in out, out
+    assert "STILL_WORKS" in out
+    table = int(next(l for l in out.splitlines() if l.startswith("TABLE_BYTES")).split()[1])
     assert (1 << 19) * 64 * 4 <= table < 1 << 30, table
 
 

@@ -98,6 +98,13 @@ def test_segment_ids_length_mismatch():
         util.unsorted_segment_sum(tf.ones([3, 2]), tf.constant([0, 1]), 3)
 
 
+def test_segment_sum_rows_whose_size_overflows_are_an_error():
+    # No elements, but each row's size (2^40 * 2^40) does not fit an int64.
+    data = tf.zeros([0, 2 ** 40, 2 ** 40])
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="overflow"):
+        util.unsorted_segment_sum(data, tf.zeros([0], tf.int64), 0)
+
+
 def test_negative_num_segments():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="num_segments"):
         util.unsorted_segment_sum(tf.ones([2, 2]), tf.constant([0, 1]), -1)

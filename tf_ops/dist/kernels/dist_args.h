@@ -11,14 +11,18 @@
 
 namespace sok_graph {
 
+// The error for the first negative id, `id` at `position`.
+inline ::tensorflow::Status NegativeIdError(int64_t id, int64_t position) {
+  return ::tensorflow::errors::InvalidArgument("ids must be >= 0 to have an owner; got ", id,
+                                               " at position ", position);
+}
+
 // Every id must be >= 0 to have an owner; `ids` in host memory.
 template <typename K>
 ::tensorflow::Status CheckNonNegative(const K* ids, int64_t n) {
   const int64_t bad = core::FirstNegative(ids, n);
   if (bad < 0) return OkStatus();
-  return ::tensorflow::errors::InvalidArgument("ids must be >= 0 to have an owner; got ",
-                                               static_cast<int64_t>(ids[bad]), " at position ",
-                                               bad);
+  return NegativeIdError(static_cast<int64_t>(ids[bad]), bad);
 }
 
 }  // namespace sok_graph

@@ -136,8 +136,7 @@ class BucketizeByOwnerGpuOp : public OpKernel {
       int64_t id = 0;
       rc = sok_gpu_copy_to_host(&id, in + first, sizeof(id), stream);
       OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner: read-back"));
-      ctx->CtxFailure(errors::InvalidArgument("ids must be >= 0 to have an owner; got ", id,
-                                              " at position ", first));
+      ctx->CtxFailure(NegativeIdError(id, first));
     }
   }
 

@@ -149,8 +149,6 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
 
 int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().data()); }
 
-Status CudaCall(int rc, const char* what) { return CudaStatus(rc, what); }
-
 // The table of input 0 and, if asked, the keys of input 1 as int64 in
 // device memory: the tensor itself for int64 keys, a widened copy of int32
 // keys.
@@ -179,7 +177,7 @@ struct GpuInputs {
     }
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
                                           TensorShape({std::max<int64_t>(n, 1)}), &widened));
-    TF_RETURN_IF_ERROR(CudaCall(sok_gpu_widen_i32(k.flat<int32_t>().data(), I64(&widened), n,
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_widen_i32(k.flat<int32_t>().data(), I64(&widened), n,
                                                   GpuStreamOf(ctx)),
                                 "widening int32 keys"));
     keys = I64(&widened);
@@ -192,11 +190,11 @@ struct GpuInputs {
 Status KeysToOutput(OpKernelContext* ctx, const int64_t* device_keys, int64_t m, Tensor* out) {
   if (m == 0) return OkStatus();
   if (out->dtype() == ::tensorflow::DT_INT64) {
-    return CudaCall(sok_gpu_copy_on_device(I64(out), device_keys, sizeof(int64_t) * m,
+    return CudaStatus(sok_gpu_copy_on_device(I64(out), device_keys, sizeof(int64_t) * m,
                                            GpuStreamOf(ctx)),
                     "copying keys");
   }
-  return CudaCall(sok_gpu_narrow_i64(device_keys, out->flat<int32_t>().data(), m,
+  return CudaStatus(sok_gpu_narrow_i64(device_keys, out->flat<int32_t>().data(), m,
                                      GpuStreamOf(ctx)),
                   "narrowing keys to int32");
 }
@@ -344,7 +342,7 @@ class FindGpuOp : public OpKernel {
     if (in.n == 0) return;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({dim_}),
                                            &default_dev));
-    OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_device(default_dev.flat<float>().data(),
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(default_dev.flat<float>().data(),
                                                         default_row.data(),
                                                         sizeof(float) * dim_, stream),
                                  "copying default_value to the GPU"));
@@ -459,7 +457,7 @@ class ExportGpuOp : public OpKernel {
                                                                nullptr, nullptr, 0, I64(&count_dev),
                                                                stream),
                                      nullptr, table->row_limit()));
-      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_host(&count, I64(&count_dev), sizeof(count),
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&count, I64(&count_dev), sizeof(count),
                                                         stream),
                                    "reading the export count back"));
     }
@@ -502,13 +500,13 @@ class ExportGpuOp : public OpKernel {
                                                                end, I64(&count_dev), stream),
                                      nullptr, table->row_limit()));
       const size_t bytes = sizeof(int64_t) * m;
-      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(keys, k + args.offset, bytes,
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(keys, k + args.offset, bytes,
                                                           stream),
                                    "copying exported keys"));
-      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(ts), k + end + args.offset, bytes,
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(I64(ts), k + end + args.offset, bytes,
                                                           stream),
                                    "copying exported timestamps"));
-      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_on_device(I64(freq), k + 2 * end + args.offset,
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(I64(freq), k + 2 * end + args.offset,
                                                           bytes, stream),
                                    "copying exported frequencies"));
       OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_find(table->table(), keys, m,
@@ -546,7 +544,7 @@ class ImportGpuOp : public OpKernel {
       // truly asynchronously, after this op may have released it.
       const TfInt64* f = freq.flat<TfInt64>().data();
       const std::vector<int64_t> staged(f, f + freq.NumElements());
-      OP_REQUIRES_OK(ctx, CudaCall(sok_gpu_copy_to_device(I64(&freq_dev), staged.data(),
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(I64(&freq_dev), staged.data(),
                                                           sizeof(int64_t) * staged.size(),
                                                           stream),
                                    "copying frequencies to the GPU"));

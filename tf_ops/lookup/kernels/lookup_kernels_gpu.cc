@@ -40,8 +40,6 @@ namespace errors = ::tensorflow::errors;
 
 constexpr int64_t kNoBadId = INT64_MAX;
 
-Status Cuda(int rc, const char* what) { return CudaStatus(rc, what); }
-
 Status Temp(OpKernelContext* ctx, int64_t bytes, Tensor* t) {
   return ctx->allocate_temp(::tensorflow::DT_INT8, TensorShape({bytes > 0 ? bytes : 1}), t);
 }
@@ -88,7 +86,7 @@ class FusedLookupGpuBase : public OpKernel {
       const int64_t* host_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
       Tensor& d = (*device_splits)[t];
       TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, s.shape(), &d));
-      TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_device(Data(d), host_splits,
+      TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(d), host_splits,
                                                      sizeof(int64_t) * s.NumElements(), stream),
                               "copying row_splits to the GPU"));
       SokLookupTable& v = (*tables)[t];
@@ -116,7 +114,7 @@ class FusedLookupGpuBase : public OpKernel {
       const int64_t j = first_bad[t];
       if (j == kNoBadId) continue;
       K id = 0;
-      TF_RETURN_IF_ERROR(Cuda(sok_gpu_copy_to_host(&id, static_cast<const K*>(tables[t].ids) + j,
+      TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(&id, static_cast<const K*>(tables[t].ids) + j,
                                                    sizeof(K), GpuStreamOf(ctx)),
                               "reading a bad id back"));
       return attrs_.BadId(t, static_cast<int64_t>(id), j, tables[t].rows);
@@ -145,7 +143,7 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     Tensor bad_dev;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &bad_dev));
     int64_t* bad = reinterpret_cast<int64_t*>(Data(bad_dev));
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_fill_i64(bad, kNoBadId, n, stream), "clearing flags"));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(bad, kNoBadId, n, stream), "clearing flags"));
     std::vector<Tensor> clips(n);
     std::vector<int64_t> offsets(n + 1, 0);
     bool vectorized = true;
@@ -162,7 +160,7 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
         OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({nnz[t]}),
                                                &clips[t]));
         float* clip = clips[t].flat<float>().data();
-        OP_REQUIRES_OK(ctx, Cuda(sok_lookup_clip_factors(&v, nnz[t], clip, bad + t, stream),
+        OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_clip_factors(&v, nnz[t], clip, bad + t, stream),
                                  "sok_lookup_clip_factors"));
         v.clip = clip;
       }
@@ -172,13 +170,13 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
       OP_REQUIRES_OK(ctx, Temp(ctx, sizeof(SokLookupTable) * n, &descs));
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n + 1}),
                                              &offsets_dev));
-      OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_device(Data(descs), tables.data(),
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(descs), tables.data(),
                                                       sizeof(SokLookupTable) * n, stream),
                                "copying table descriptors"));
-      OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_device(Data(offsets_dev), offsets.data(),
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(offsets_dev), offsets.data(),
                                                       sizeof(int64_t) * (n + 1), stream),
                                "copying sample offsets"));
-      OP_REQUIRES_OK(ctx, Cuda(sok_lookup_forward_f32(
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_forward_f32(
                                    static_cast<const SokLookupTable*>(Data(descs)),
                                    static_cast<const int64_t*>(Data(offsets_dev)), n,
                                    offsets[n], vectorized ? 1 : 0, static_cast<int>(sizeof(K)),
@@ -186,7 +184,7 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
                                "sok_lookup_forward_f32"));
     }
     std::vector<int64_t> first_bad(n);
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(first_bad.data(), bad, sizeof(int64_t) * n,
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(first_bad.data(), bad, sizeof(int64_t) * n,
                                                   stream),
                              "reading the id check back"));
     OP_REQUIRES_OK(ctx, this->CheckIds(ctx, first_bad, tables));
@@ -225,24 +223,24 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({2 * n}),
                                            &counts_dev));
     int64_t* counts = reinterpret_cast<int64_t*>(Data(counts_dev));
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_fill_i64(counts, kNoBadId, 2 * n, stream), "clearing"));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(counts, kNoBadId, 2 * n, stream), "clearing"));
     std::vector<Tensor> plans(n);
     for (int t = 0; t < n; ++t) {
       // Static tables bound their ids: the sort looks at those bits only.
       int bits = 1;
       while (bits < 63 && (int64_t{1} << bits) < tables[t].rows) ++bits;
       size_t bytes = 0;
-      OP_REQUIRES_OK(ctx, Cuda(sok_lookup_backward_plan(&tables[t], nnz[t], bits, nullptr,
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(&tables[t], nnz[t], bits, nullptr,
                                                         nullptr, nullptr, &bytes, stream),
                                "sizing the gradient's scratch"));
       OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plans[t]));
-      OP_REQUIRES_OK(ctx, Cuda(sok_lookup_backward_plan(&tables[t], nnz[t], bits, counts + 2 * t,
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(&tables[t], nnz[t], bits, counts + 2 * t,
                                                         counts + 2 * t + 1, Data(plans[t]),
                                                         &bytes, stream),
                                "sok_lookup_backward_plan"));
     }
     std::vector<int64_t> host(2 * n);
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(host.data(), counts, sizeof(int64_t) * 2 * n,
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), counts, sizeof(int64_t) * 2 * n,
                                                   stream),
                              "reading the gradient's sizes back"));
     std::vector<int64_t> first_bad(n);
@@ -258,7 +256,7 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
       OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({u}), &ids_out));
       OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({u, tables[t].dim}), &rows));
       if (u == 0) continue;
-      OP_REQUIRES_OK(ctx, Cuda(sok_lookup_backward_rows(&tables[t], nnz[t],
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_rows(&tables[t], nnz[t],
                                                         grads[t].flat<float>().data(),
                                                         Data(plans[t]), ids_out->flat<K>().data(),
                                                         rows->flat<float>().data(), stream),

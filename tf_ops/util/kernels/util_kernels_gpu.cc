@@ -26,8 +26,6 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-Status Cuda(int rc, const char* what) { return CudaStatus(rc, what); }
-
 void* Data(const Tensor& t) { return const_cast<char*>(t.tensor_data().data()); }
 
 // The registered (int64) variant; the launchers' int32 variants serve
@@ -72,22 +70,22 @@ class UniqueWithCountsGpuOp : public OpKernel {
     C<I>* idxs = reinterpret_cast<C<I>*>(idx->flat<I>().data());
     C<I>* counts = reinterpret_cast<C<I>*>(Data(count_all));
     int64_t* u_dev = reinterpret_cast<int64_t*>(Data(num));
-    OP_REQUIRES_OK(ctx, Cuda(Unique(xs, n, ys, idxs, counts, u_dev, nullptr, &bytes, stream),
+    OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, ys, idxs, counts, u_dev, nullptr, &bytes, stream),
                              "sizing unique's scratch"));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
                                            TensorShape({static_cast<int64_t>(bytes) + 1}), &temp));
-    OP_REQUIRES_OK(ctx, Cuda(Unique(xs, n, ys, idxs, counts, u_dev, Data(temp), &bytes, stream),
+    OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, ys, idxs, counts, u_dev, Data(temp), &bytes, stream),
                              "sok_unique_with_counts"));
     int64_t u = 0;
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(&u, u_dev, sizeof(u), stream),
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&u, u_dev, sizeof(u), stream),
                              "reading the number of distinct values back"));
     Tensor* y = nullptr;
     Tensor* count = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &y));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u}), &count));
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_on_device(Data(*y), ys, sizeof(K) * u, stream),
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*y), ys, sizeof(K) * u, stream),
                              "copying unique values"));
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_on_device(Data(*count), counts, sizeof(I) * u, stream),
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*count), counts, sizeof(I) * u, stream),
                              "copying counts"));
   }
 };
@@ -118,26 +116,26 @@ class UnsortedSegmentSumGpuOp : public OpKernel {
     Tensor bad_dev, temp;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &bad_dev));
     int64_t* bad = reinterpret_cast<int64_t*>(Data(bad_dev));
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_fill_i64(bad, INT64_MAX, 1, stream), "clearing a flag"));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(bad, INT64_MAX, 1, stream), "clearing a flag"));
     const C<I>* seg = reinterpret_cast<const C<I>*>(ids.flat<I>().data());
     const float* src = data.flat<float>().data();
     float* dst = out->flat<float>().data();
     size_t bytes = 0;
-    OP_REQUIRES_OK(ctx, Cuda(SegmentSum(src, seg, n, width, num_segments, dst, bad, nullptr,
+    OP_REQUIRES_OK(ctx, CudaStatus(SegmentSum(src, seg, n, width, num_segments, dst, bad, nullptr,
                                         &bytes, stream),
                              "sizing the segment sum's scratch"));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
                                            TensorShape({static_cast<int64_t>(bytes) + 1}), &temp));
-    OP_REQUIRES_OK(ctx, Cuda(SegmentSum(src, seg, n, width, num_segments, dst, bad, Data(temp),
+    OP_REQUIRES_OK(ctx, CudaStatus(SegmentSum(src, seg, n, width, num_segments, dst, bad, Data(temp),
                                         &bytes, stream),
                              "sok_unsorted_segment_sum"));
     // Ids >= num_segments are an error, as on the CPU: one read-back.
     int64_t first_bad = INT64_MAX;
-    OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(&first_bad, bad, sizeof(first_bad), stream),
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&first_bad, bad, sizeof(first_bad), stream),
                              "reading the id check back"));
     if (first_bad != INT64_MAX) {
       C<I> id = 0;
-      OP_REQUIRES_OK(ctx, Cuda(sok_gpu_copy_to_host(&id, seg + first_bad, sizeof(id), stream),
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&id, seg + first_bad, sizeof(id), stream),
                                "reading a bad id back"));
       ctx->CtxFailure(errors::InvalidArgument("segment_ids must be < num_segments (",
                                               num_segments, "); got ", static_cast<int64_t>(id),
