@@ -167,11 +167,17 @@ def test_sigkill_at_every_kind_of_point_keeps_a_whole_checkpoint(tmp_path):
 
 def test_sigkill_at_random_times_keeps_a_whole_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt")
-    rows = 40000  # ~1 MB per table file: a dump takes long enough to land in
+    rows = 200000  # ~5 MB per table file: a dump takes long enough to land in
     write(path, 0, rows)
-    start = time.perf_counter()
-    write(str(tmp_path / "timing"), 0, rows)
-    duration = time.perf_counter() - start
+    # How long a forked writer takes, start to end, as the killed ones run:
+    # the fastest of three, so that a slow first write (a loaded machine)
+    # does not stretch the kill times past most writers' end.
+    durations = []
+    for _ in range(3):
+        start = time.perf_counter()
+        os.waitpid(fork_writer(str(tmp_path / "timing"), 0, rows), 0)
+        durations.append(time.perf_counter() - start)
+    duration = min(durations)
     rng = random.Random(99)
     current, kills = 0, 0
     for _ in range(TIMED_KILLS):
