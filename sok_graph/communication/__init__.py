@@ -3,17 +3,18 @@
 Model parallelism needs all-to-all with uneven splits (ids one way, rows
 back), all-reduce, all-gather and broadcast, inside the graph (tf.function
 and graph-mode Sessions) and with gradients. Every engine implements
-`Communicator`; the rest of the package only ever calls its public methods,
-so supporting another engine means adding a module here and nothing else.
+`Communicator` (base.py); the rest of the package only ever calls its
+public methods, so supporting another engine means adding a module here and
+nothing else. Engines import base.py, never this package, which imports them.
 
 Engines:
-  SingleProcess  world size 1, no communication (the default)
+  SingleProcess  world size 1, no communication (the default): base.py
   Horovod        horovod.tensorflow (Gloo on CPU, NCCL on GPUs): horovod.py
   TFDistribute   tf.distribute collectives (MultiWorkerMirroredStrategy, one
                  replica per process): tf_distribute.py
   MirroredReplicas  the replicas of a MirroredStrategy in one process, each a
-                 worker (dataflow built with the strategy's merge_call):
-                 replicas.py
+                 worker (dataflow built with the strategy's merge_call); it
+                 also says which shard a replica builds and sees: replicas.py
 
 Every all-to-all can count the bytes it sends to other workers (see
 `count_bytes`), so benchmarks can report bytes per step.
