@@ -1,6 +1,6 @@
 """pip install . — builds libsok_ops.so with Bazel for the TensorFlow of the
-Python that runs pip, then installs sok_graph (with compat/ as
-sok_graph.compat) and the sparse_operation_kit import name."""
+Python that runs pip, then installs sok_graph and the sparse_operation_kit
+import name."""
 
 import os
 import shutil
@@ -52,9 +52,7 @@ setup(
     name="sok_graph",
     version="0.1.0",
     description="Model-parallel, fused and dynamic embeddings for TensorFlow (SOK-compatible API)",
-    packages=find_packages(include=["sok_graph", "sok_graph.*", "sparse_operation_kit"])
-    + ["sok_graph.compat"],
-    package_dir={"sok_graph.compat": "compat"},
+    packages=find_packages(include=["sok_graph", "sok_graph.*", "sparse_operation_kit"]),
     python_requires=">=3.7",
     cmdclass={"build_py": BuildWithBazel},
     distclass=BinaryDistribution,

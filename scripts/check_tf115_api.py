@@ -6,7 +6,7 @@
 TF 1.15 needs Python <= 3.7 and cannot run here, so nothing is imported: the
 checker reads the source with `ast` and TF 1.15's API from the .py files of
 its wheel (scripts/tf115_wheel.py fetches and unpacks them once). Checked, for
-every .py file under sok_graph/, compat/, examples_tf1/ and
+every .py file under sok_graph/ (sok_graph/compat/ included), examples_tf1/ and
 sparse_operation_kit/ (or the paths given):
 
 1. TensorFlow symbols. Every attribute chain rooted at a TensorFlow import
@@ -71,7 +71,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tf115_wheel  # next to this script
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DEFAULT_PATHS = ("sok_graph", "compat", "examples_tf1", "sparse_operation_kit")
+DEFAULT_PATHS = ("sok_graph", "examples_tf1", "sparse_operation_kit")
 MARKER_RE = re.compile(r"#\s*tf2-only:(.*)$")
 SWITCH_FLAG = "IS_TF1"
 TF_ROOTS = ("tensorflow", "tensorflow_core", "tensorflow_estimator")

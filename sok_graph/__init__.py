@@ -14,16 +14,17 @@ from sok_graph.distributed_variable import Variable
 from sok_graph.dump_load import dump, incremental_model_dump, load
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
-from sok_graph.optimizer import SGD, OptimizerWrapper
+from sok_graph.optimization import SGD, OptimizerWrapper
 from sok_graph.variables import assign, export, filter_variables, sparse_read_and_evict
 
-# The SOK 1.x API, on the same engine.
-from sok_graph import optimizers  # noqa: E402  (sok.optimizers.Adam / LazyAdam)
-from sok_graph.embedding_layers import (All2AllDenseEmbedding, DistributedEmbedding, GraphKeys,
-                                        get_embedding)
-from sok_graph.optimizers import OptimizerScope, split_embedding_variable_from_others
-from sok_graph.saver import Saver
-from sok_graph.session import Init, InitHook, global_variables_initializer, initialize_session
+# The SOK 1.x API (sok_graph/v1/), on the same engine.
+from sok_graph.v1 import optimizers  # noqa: E402  (sok.optimizers.Adam / LazyAdam)
+from sok_graph.v1.embedding_layers import (All2AllDenseEmbedding, DistributedEmbedding,
+                                           GraphKeys, get_embedding)
+from sok_graph.v1.optimizers import OptimizerScope, split_embedding_variable_from_others
+from sok_graph.v1.saver import Saver
+from sok_graph.v1.session import (Init, InitHook, global_variables_initializer,
+                                  initialize_session)
 from sok_graph.collective_strategy import CollectiveStrategy  # DeepRec's front end
 
 __all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",

@@ -36,10 +36,11 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context, replica_shards
-from sok_graph.distributed_variable import is_sok_variable, owned_mask
+from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.placement import owned_mask
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.optimizer import wrapper_for
+from sok_graph.optimization.wrapper import wrapper_for
 from sok_graph.variables import export as export_rows
 
 FORMAT_VERSION = 1
@@ -168,7 +169,7 @@ def _check_vars(variables, what):
 
 
 def _slot_specs(optimizer):
-    return list(optimizer._spec.slots()) if optimizer is not None else []
+    return optimizer.slot_specs() if optimizer is not None else []
 
 
 def _export(var, optimizer):
@@ -178,7 +179,7 @@ def _export(var, optimizer):
     if optimizer is not None and tf.executing_eagerly():
         # Slots not made yet (no step taken) are dumped at their initial
         # values, so that a load with this optimizer always finds them.
-        optimizer._create_slots(var)
+        optimizer.create_slots(var)
     # The shards this process holds: one per worker process, or all of them
     # when the workers are the replicas of this process's MirroredStrategy.
     shards = replica_shards.shards_of(var)
@@ -202,7 +203,7 @@ def _shard_tensors(var, optimizer):
             var.handle, var.key_type, var.dimension, offset=0, limit=(1 << 62))
         fetch = {"keys": tf.cast(keys, tf.int64), "values": rows, "timestamps": times,
                  "frequencies": counts}
-        if optimizer is not None and id(var) in optimizer._slots:
+        if optimizer is not None and optimizer.has_slots(var):
             for name, init in _slot_specs(optimizer):
                 slot = optimizer.get_slot(var, name)
                 fetch["slot." + name] = dynamic_ops.find(slot.handle, keys, var.dimension,
@@ -210,7 +211,7 @@ def _shard_tensors(var, optimizer):
     else:
         keys, values = export_rows(var)
         fetch = {"keys": keys, "values": values}
-        if optimizer is not None and id(var) in optimizer._slots:
+        if optimizer is not None and optimizer.has_slots(var):
             for name, _ in _slot_specs(optimizer):
                 fetch["slot." + name] = tf.convert_to_tensor(optimizer.get_slot(var, name))
     return fetch
@@ -236,7 +237,7 @@ def dump(path, dump_vars, optimizer=None):
     optimizer_entry = None
     if optimizer is not None:
         step = _run(optimizer.iterations)
-        optimizer_entry = {"algorithm": optimizer._spec.algorithm, "step": int(step),
+        optimizer_entry = {"algorithm": optimizer.algorithm, "step": int(step),
                            "slots": [n for n, _ in _slot_specs(optimizer)]}
     # With several workers, each holds every row now; the first writes the
     # dump (atomically, as with one) and the others wait until it is there.
@@ -370,15 +371,15 @@ def load(path, load_vars, optimizer=None):
                    if not isinstance(var, DynamicVariable)}
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
-        algorithm=None if optimizer is None else optimizer._spec.algorithm)
+        algorithm=None if optimizer is None else optimizer.algorithm)
     ops = []
     for name, table in variables.items():
         if optimizer is not None:
-            optimizer._create_slots(table)
+            optimizer.create_slots(table)
         for var in replica_shards.shards_of(table):
             ops.extend(_load_shard(var, loaded[name], optimizer, slots))
     if optimizer is not None:
-        ops.extend(optimizer._set_step(manifest["optimizer"]["step"]))
+        ops.extend(optimizer.set_step(manifest["optimizer"]["step"]))
     if not tf.executing_eagerly():
         _run([op for op in ops if op is not None])
 

@@ -16,8 +16,7 @@ rows a batch used.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, context, replica_shards
-from sok_graph.distributed_variable import parse_mode
+from sok_graph import compat, context, placement, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
 
 _DEFAULT_INIT_CAPACITY = 1 << 16
@@ -127,7 +126,7 @@ class DynamicVariable(compat.trackable_base_class()):
         world_size, rank = context.world()
         if mode is None:
             mode = "distributed"
-        kind, target = parse_mode(mode, world_size)
+        kind, target = placement.parse_mode(mode, world_size)
         self._mode = mode
         self._placement = (world_size, rank, -1 if target is None else target)
         self._trainable = bool(trainable)

@@ -17,8 +17,8 @@ k mod N; a localized table holds everything on one worker.
 
 import tensorflow as tf
 
-from sok_graph.distributed_variable import local_rows, owner_of
-from sok_graph.ops import dist as dist_ops
+from sok_graph.placement import local_rows, owner_of
+from sok_graph.ops import sharding as sharding_ops
 from sok_graph.ops import util as util_ops
 
 
@@ -33,7 +33,7 @@ def _exchange(comm, ids, owner_of, read, name):
     """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
     the ids travel to their owners, which answer with read(received ids)."""
     with tf.name_scope(name):
-        buckets = dist_ops.bucketize_by_owner(owner_of, comm.world_size)
+        buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size)
         send = tf.gather(ids, buckets.permutation)
         received, received_splits = comm.alltoall(send, buckets.sizes)
         rows = _read_each_once(received, read)

@@ -16,54 +16,24 @@ needs one shard says so.
 """
 
 import contextlib
-import threading
 
 import tensorflow as tf
 
-from sok_graph import compat
-
-_building = threading.local()
-
-
-def building_rank():
-    """The replica whose shard is being created in this thread, or None."""
-    return getattr(_building, "rank", None)
-
-
-@contextlib.contextmanager
-def building_shard(rank, device):
-    """Creates variables as worker `rank`'s shard, on `device`: sok.Variable
-    and DynamicVariable made inside are plain shards, and the communicator's
-    rank is `rank` meanwhile."""
-    previous = building_rank()
-    _building.rank = rank
-    try:
-        with tf.device(device):
-            yield
-    finally:
-        _building.rank = previous
+from sok_graph import compat, context
+from sok_graph.communication.replicas import building_rank
 
 
 def replicates(communicator):
-    """Whether sok tables made now are split into one shard per replica:
-    `communicator` runs the replicas of this process as workers and no shard
-    is being built already."""
-    return getattr(communicator, "in_process", False) and building_rank() is None
+    """Whether sok tables made now are split into one shard per replica of
+    this process (`communicator` decides; see Communicator.replicates)."""
+    return communicator is not None and communicator.replicates()
 
 
-@contextlib.contextmanager
 def shard_scope(rank):
-    """What belongs with replica `rank`'s shard (its optimizer state) is
-    built as that shard is: building_shard(rank, its device) when the
-    replicas of this process are the workers; nothing otherwise."""
-    from sok_graph import context
-
+    """What belongs with worker `rank`'s shard (its optimizer state) is built
+    as that shard is (see Communicator.shard_scope)."""
     comm = context.active()
-    if not getattr(comm, "in_process", False):
-        yield
-        return
-    with building_shard(rank, comm.devices[rank]):
-        yield
+    return comm.shard_scope(rank) if comm is not None else contextlib.nullcontext()
 
 
 def new_variable(initial_value, **kwargs):
@@ -77,24 +47,22 @@ def new_variable(initial_value, **kwargs):
 
 def replicate(cls, args, kwargs, communicator):
     """A ReplicaShards of `cls(*args, **kwargs)` built once per replica, when
-    `communicator` runs the replicas of this process and no shard is being
-    built already; else None (build the object itself)."""
+    `communicator` splits tables over the replicas of this process; else
+    None (build the object itself)."""
     if not replicates(communicator):
         return None
     shards = []
-    for rank, device in enumerate(communicator.devices):
-        with building_shard(rank, device):
+    for rank in range(len(communicator.devices)):
+        with communicator.building_shard(rank):
             shards.append(cls(*args, **kwargs))
     return ReplicaShards(shards)
 
 
 def in_replica():
-    """Whether the replica of a MirroredStrategy whose replicas are the
-    workers is being built (inside its strategy.run)."""
-    from sok_graph import context
-
+    """Whether a replica of a MirroredStrategy whose replicas are the workers
+    is being built (inside its strategy.run)."""
     comm = context.active()
-    return getattr(comm, "in_process", False) and comm.in_replica()
+    return comm is not None and comm.in_replica()
 
 
 class ReplicaShards(compat.trackable_base_class()):
@@ -119,8 +87,6 @@ class ReplicaShards(compat.trackable_base_class()):
     def shard(self, what="this"):
         """The shard of the replica being built; a clear error outside
         strategy.run."""
-        from sok_graph import context
-
         comm = context.communicator(what)
         return self._shards[comm.replica_id(f"{what} on {self.name!r}")]
 

@@ -9,7 +9,7 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 
 import tensorflow as tf
 
-from sok_graph import replica_shards
+from sok_graph import placement, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -69,11 +69,7 @@ def export(var):
                                                  offset=0, limit=(1 << 62))
         return keys, rows
     value = tf.convert_to_tensor(var)
-    local = tf.range(tf.shape(value, out_type=tf.int64)[0])
-    world_size, rank, fixed_owner = var.placement
-    if fixed_owner >= 0:
-        return local, value
-    return local * world_size + rank, value
+    return placement.global_rows(var, tf.range(tf.shape(value, out_type=tf.int64)[0])), value
 
 
 def filter_variables(vars):  # noqa: A002 (SOK's argument name)

@@ -9,12 +9,21 @@ import importlib
 import importlib.abc
 import importlib.util
 import sys
+import types
 
 import sok_graph
 from sok_graph import *  # noqa: F401,F403
 from sok_graph import __all__, __version__  # noqa: F401
 
 _PREFIX = __name__ + "."
+
+
+def _public_module(dotted):
+    """The module sok_graph exposes as attribute path `dotted`, or None."""
+    obj = sys.modules["sok_graph"]
+    for part in dotted.split("."):
+        obj = getattr(obj, part, None)
+    return obj if isinstance(obj, types.ModuleType) else None
 
 
 class _AliasLoader(importlib.abc.Loader):
@@ -36,7 +45,12 @@ class _AliasFinder(importlib.abc.MetaPathFinder):
             return None
         target_name = "sok_graph." + fullname[len(_PREFIX):]
         if importlib.util.find_spec(target_name) is None:
-            return None
+            # A public name that is a module kept elsewhere in the package
+            # (sok.optimizers is sok_graph/v1/optimizers.py).
+            module = _public_module(fullname[len(_PREFIX):])
+            if module is None:
+                return None
+            target_name = module.__name__
         return importlib.util.spec_from_loader(fullname, _AliasLoader(target_name))
 
 

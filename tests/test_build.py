@@ -8,7 +8,7 @@ import textwrap
 import pytest
 import tensorflow as tf
 
-from sok_graph import _ops
+from sok_graph.ops import library as _ops
 
 
 def test_stamp_matches_running_tensorflow():
@@ -93,9 +93,9 @@ def test_gpu_kernel_registered_but_cpu_used_without_gpu():
     # places the op on the CPU and it still runs.
     assert b"SokLocalRows" in open(_ops.library_path(), "rb").read()
     assert not tf.config.list_physical_devices("GPU")
-    from sok_graph.ops import dist
+    from sok_graph.ops import sharding
 
-    assert dist.local_rows(tf.constant([5, 8], tf.int64), 2).numpy().tolist() == [2, 4]
+    assert sharding.local_rows(tf.constant([5, 8], tf.int64), 2).numpy().tolist() == [2, 4]
 
 
 def test_ops_load_in_a_process_with_no_cuda_visible():

@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 import sok_graph as sok
 from sok_graph.dump_load import CheckpointError
-from sok_graph.ops import dist as dist_ops
+from sok_graph.ops import sharding as sharding_ops
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import lookup as lookup_ops
 from sok_graph.ops import util as util_ops
@@ -697,28 +697,28 @@ def test_bucketize_and_local_rows(data):
     count("bucketize_by_owner")
     if fault == "negative":
         neg = np.append(ids, draw(st.sampled_from([-1, int(np.iinfo(dtype).min)]))).astype(dtype)
-        expect_error(lambda: dist_ops.bucketize_by_owner(neg, world, fixed), ["ids must be >= 0"])
-        expect_error(lambda: dist_ops.local_rows(neg, world), ["ids must be >= 0"])
+        expect_error(lambda: sharding_ops.bucketize_by_owner(neg, world, fixed), ["ids must be >= 0"])
+        expect_error(lambda: sharding_ops.local_rows(neg, world), ["ids must be >= 0"])
         return
     if fault in ("world_zero", "world_huge", "world_int64"):
         w = {"world_zero": draw(st.sampled_from([0, -3])), "world_huge": 2 ** 31 - 1,
              "world_int64": 2 ** 40}[fault]
-        expect_error(lambda: dist_ops.bucketize_by_owner(ids, w), ["world_size"])
-        expect_error(lambda: dist_ops.local_rows(ids, w), ["world_size"]) \
+        expect_error(lambda: sharding_ops.bucketize_by_owner(ids, w), ["world_size"])
+        expect_error(lambda: sharding_ops.local_rows(ids, w), ["world_size"]) \
             if fault != "world_huge" else None
         return
     if fault == "fixed_too_big":
-        expect_error(lambda: dist_ops.bucketize_by_owner(ids, world, world + 1), ["fixed_owner"])
+        expect_error(lambda: sharding_ops.bucketize_by_owner(ids, world, world + 1), ["fixed_owner"])
         return
     if fault == "float":
-        expect_error(lambda: dist_ops.bucketize_by_owner(ids.astype(np.float32), world),
+        expect_error(lambda: sharding_ops.bucketize_by_owner(ids.astype(np.float32), world),
                      ["'T'", "attr"])
         return
     if fault == "rank2":
-        expect_error(lambda: dist_ops.bucketize_by_owner(ids.reshape(-1, 1), world),
+        expect_error(lambda: sharding_ops.bucketize_by_owner(ids.reshape(-1, 1), world),
                      ["ids must be a vector"])
         return
-    b = dist_ops.bucketize_by_owner(tf.constant(ids), world, fixed)
+    b = sharding_ops.bucketize_by_owner(tf.constant(ids), world, fixed)
     owner = np.full(len(ids), fixed) if fixed >= 0 else ids.astype(np.int64) % world
     perm = np.argsort(owner, kind="stable")
     np.testing.assert_array_equal(b.permutation.numpy(), perm)
@@ -726,7 +726,7 @@ def test_bucketize_and_local_rows(data):
     np.testing.assert_array_equal(b.sizes.numpy(), np.bincount(owner, minlength=world))
     np.testing.assert_array_equal(b.inverse_permutation.numpy(), np.argsort(perm))
     shaped = ids.reshape(draw(st.sampled_from([[-1], [1, -1], [-1, 1]]))) if len(ids) else ids
-    np.testing.assert_array_equal(dist_ops.local_rows(tf.constant(shaped), world).numpy(),
+    np.testing.assert_array_equal(sharding_ops.local_rows(tf.constant(shaped), world).numpy(),
                                   shaped // world)
 
 

@@ -14,7 +14,7 @@ import pytest
 import tensorflow as tf
 from tensorflow.python.framework import kernels
 
-from sok_graph import _ops
+from sok_graph.ops import library as _ops
 
 pytestmark = pytest.mark.skipif(not _ops.built_with_cuda(), reason="built without a CUDA toolkit")
 

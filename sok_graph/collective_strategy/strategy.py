@@ -7,10 +7,9 @@ import inspect
 import os
 import tempfile
 
-import numpy as np
 import tensorflow as tf
 
-from sok_graph import context
+from sok_graph import context, placement
 from sok_graph.distributed_variable import is_sok_variable
 
 from .data_parallel import BroadcastHook, _model_parallel_variables, _scope_patches, _worker_dir
@@ -253,17 +252,6 @@ class CollectiveStrategy:
                 return out
             with tf.compat.v1.Session(graph=g) as sess:
                 results = sess.run(gathered, {ph: t[1] for ph, t in zip(feeds, tables)})
-        n = self._comm.world_size
-        for (name, shard, placement, global_shape), rows in zip(tables, results):
-            fixed_owner = placement[2]
-            if fixed_owner >= 0:
-                out[name] = rows  # a localized table: only its owner sent rows
-                continue
-            whole = np.zeros(global_shape, rows.dtype)
-            start = 0
-            for r in range(n):
-                count = len(range(r, global_shape[0], n))
-                whole[r::n] = rows[start:start + count]
-                start += count
-            out[name] = whole
+        for (name, _, where, global_shape), rows in zip(tables, results):
+            out[name] = placement.assemble(rows, where, global_shape)
         return out

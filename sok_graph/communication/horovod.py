@@ -7,7 +7,7 @@ order) — as any Horovod program must. Horovod's alltoall has a registered
 gradient (the reverse exchange), so lookups differentiate through it.
 """
 
-from sok_graph.communication import Communicator, SingleProcess
+from sok_graph.communication.base import Communicator, SingleProcess
 
 
 def _initialized_horovod():

@@ -21,13 +21,23 @@ a tf.compat.v1 Session graph.
 - barrier() has nothing to wait for: the replicas share one Python process.
 """
 
+import contextlib
+import threading
+
 import tensorflow as tf
 
-from sok_graph import replica_shards
-from sok_graph.communication import (Communicator, copied_session_config, pack_chunks,
-                                     valid_rows)
+from sok_graph.communication.base import (Communicator, copied_session_config, pack_chunks,
+                                          valid_rows)
 
 _not_converted = tf.autograph.experimental.do_not_convert
+
+# The replica whose shard is being created in this thread (see building_shard).
+_building = threading.local()
+
+
+def building_rank():
+    """The replica whose shard is being created in this thread, or None."""
+    return getattr(_building, "rank", None)
 
 
 def _with_gradient(x, result, gradient):
@@ -65,7 +75,7 @@ class MirroredReplicas(Communicator):
     def rank(self):
         """The replica whose ops are being built (inside strategy.run), or the
         one whose shard is being created."""
-        building = replica_shards.building_rank()
+        building = building_rank()
         if building is not None:
             return building
         return self.replica_id("rank")
@@ -80,6 +90,29 @@ class MirroredReplicas(Communicator):
         strategy.run)."""
         ctx = tf.distribute.get_replica_context()
         return ctx is not None and ctx.strategy is self._strategy
+
+    def replicates(self):
+        """Whether sok tables made now get one shard per replica: yes, unless
+        one replica's shard is being built already."""
+        return building_rank() is None
+
+    @contextlib.contextmanager
+    def building_shard(self, rank):
+        """Variables made inside are replica `rank`'s shard, on its device:
+        sok.Variable and DynamicVariable made there are plain shards, and
+        `rank` is `rank` meanwhile."""
+        previous = building_rank()
+        _building.rank = rank
+        try:
+            with tf.device(self._devices[rank]):
+                yield
+        finally:
+            _building.rank = previous
+
+    def shard_scope(self, rank):
+        """What belongs with replica `rank`'s shard (its optimizer state) is
+        built as that shard is."""
+        return self.building_shard(rank)
 
     def _replica_context(self, what="this"):
         """(replica context, replica id) of the replica being built; a clear

@@ -95,8 +95,9 @@ from tensorflow.python.eager import context as eager_context
 from tensorflow.python.ops import collective_ops
 
 from sok_graph import compat
-from sok_graph.communication import (Communicator, SingleProcess, copied_session_config,
-                                     pack_chunks, valid_rows)
+from sok_graph.communication.base import (Communicator, SingleProcess, copied_session_config,
+                                          pack_chunks, valid_rows)
+from sok_graph.communication.replicas import MirroredReplicas
 # The launcher sets the variable; its name and default are the launcher's
 # (its environment module alone: not the supervisor).
 from sok_graph.launch.environment import DEFAULT_STALL_TIMEOUT_S
@@ -541,8 +542,6 @@ def create():
             raise NotImplementedError(
                 f"comm_tool='tf' supports MirroredStrategy and MultiWorkerMirroredStrategy; "
                 f"the active strategy is a {name} with {replicas} replicas")
-        from sok_graph.communication.replicas import MirroredReplicas
-
         return MirroredReplicas(strategy)
     comm = TFDistribute(strategy)
     if replicas != comm.world_size:

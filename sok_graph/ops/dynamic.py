@@ -4,7 +4,7 @@ into (unique keys, summed rows) for the table."""
 
 import tensorflow as tf
 
-from sok_graph import _ops
+from sok_graph.ops import library
 from sok_graph.compat import IndexedSlices, register_gradient
 
 INT64_MIN = -(2 ** 63)
@@ -14,14 +14,14 @@ EVICTIONS = ("lru", "lfu")
 
 def handle(shared_name, container=""):
     """A resource handle [] for the table named `shared_name`."""
-    return _ops.load().sok_dynamic_table_handle(container=container, shared_name=shared_name)
+    return library.load().sok_dynamic_table_handle(container=container, shared_name=shared_name)
 
 
 def create(table, key_dtype, dim, initializer="normal", mean=0.0, stddev=1.0, minval=0.0,
            maxval=1.0, value=0.0, seed=0, init_capacity=0, max_capacity=0, max_bytes=0,
            eviction="lru"):
     """Creates the table behind `table` if it does not exist yet (an op in graph mode)."""
-    return _ops.load().sok_dynamic_table_create(
+    return library.load().sok_dynamic_table_create(
         table, key_dtype=key_dtype, dim=int(dim), initializer=initializer,
         init_mean=float(mean), init_stddev=float(stddev), init_minval=float(minval),
         init_maxval=float(maxval), init_value=float(value), seed=int(seed),
@@ -30,7 +30,7 @@ def create(table, key_dtype, dim, initializer="normal", mean=0.0, stddev=1.0, mi
 
 
 def is_initialized(table):
-    return _ops.load().sok_dynamic_table_is_initialized(table)
+    return library.load().sok_dynamic_table_is_initialized(table)
 
 
 def find_or_insert(table, keys, dim):
@@ -41,46 +41,46 @@ def find_or_insert(table, keys, dim):
 def find_or_insert_evicting(table, keys, dim):
     """(rows, num_evicted, evicted_keys): as find_or_insert, plus the keys that
     were evicted to make room."""
-    return _ops.load().sok_dynamic_table_find_or_insert(table, keys, dim=int(dim))
+    return library.load().sok_dynamic_table_find_or_insert(table, keys, dim=int(dim))
 
 
 def find(table, keys, dim, default_value=0.0):
     """(rows [n, dim], found [n] bool) for inference; inserts nothing."""
-    return _ops.load().sok_dynamic_table_find(
+    return library.load().sok_dynamic_table_find(
         table, keys, tf.cast(default_value, tf.float32), dim=int(dim))
 
 
 def scatter(table, keys, rows, mode):
     """row(key) += / -= / = rows ('add' / 'sub' / 'update'); returns num_evicted."""
-    return _ops.load().sok_dynamic_table_scatter(table, keys, rows, mode=mode)
+    return library.load().sok_dynamic_table_scatter(table, keys, rows, mode=mode)
 
 
 def remove(table, keys):
-    return _ops.load().sok_dynamic_table_remove(table, keys)
+    return library.load().sok_dynamic_table_remove(table, keys)
 
 
 def stats(table):
     """(size, row_limit, evicted_total, memory_bytes), int64 scalars."""
-    return _ops.load().sok_dynamic_table_stats(table)
+    return library.load().sok_dynamic_table_stats(table)
 
 
 def export(table, key_dtype, dim, offset=0, limit=1 << 20, updated_after=INT64_MIN):
     """(keys, rows, timestamps, frequencies, next_offset) of one chunk."""
-    return _ops.load().sok_dynamic_table_export(
+    return library.load().sok_dynamic_table_export(
         table, tf.constant(offset, tf.int64), tf.constant(limit, tf.int64),
         tf.constant(updated_after, tf.int64), Tkeys=key_dtype, dim=int(dim))
 
 
 def import_rows(table, keys, rows, timestamps=None, frequencies=None):
     empty = tf.zeros([0], tf.int64)
-    return _ops.load().sok_dynamic_table_import(
+    return library.load().sok_dynamic_table_import(
         table, keys, rows,
         empty if timestamps is None else tf.cast(timestamps, tf.int64),
         empty if frequencies is None else tf.cast(frequencies, tf.int64))
 
 
 def clear(table):
-    return _ops.load().sok_dynamic_table_clear(table)
+    return library.load().sok_dynamic_table_clear(table)
 
 
 @register_gradient("SokDynamicTableFindOrInsert")

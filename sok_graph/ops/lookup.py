@@ -7,7 +7,7 @@ the gradient of ``tf.gather`` but never see the same row twice.
 
 import tensorflow as tf
 
-from sok_graph import _ops
+from sok_graph.ops import library
 from sok_graph import compat
 from sok_graph.compat import IndexedSlices, register_gradient
 
@@ -51,7 +51,7 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     weight_tensors = [
         tf.zeros([0], dtype=dtype) if w is None else tf.cast(w, dtype) for w in weights
     ]
-    return _ops.load().sok_fused_lookup(
+    return library.load().sok_fused_lookup(
         params=list(params),
         ids=list(ids),
         row_splits=list(row_splits),
@@ -98,7 +98,7 @@ def _fused_lookup_grad(op, *grads):
     grads = [
         tf.zeros_like(op.outputs[t]) if g is None else g for t, g in enumerate(grads)
     ]
-    unique_ids, grad_rows = _ops.load().sok_fused_lookup_grad(
+    unique_ids, grad_rows = library.load().sok_fused_lookup_grad(
         params=list(params),
         ids=list(op.inputs[n:2 * n]),
         row_splits=list(op.inputs[2 * n:3 * n]),

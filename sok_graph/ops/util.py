@@ -2,7 +2,7 @@
 
 import tensorflow as tf
 
-from sok_graph import _ops
+from sok_graph.ops import library
 from sok_graph.compat import register_gradient
 
 
@@ -11,7 +11,7 @@ def unique_with_counts(x, out_idx=tf.int32, name=None):
 
     x: [n] int32/int64.
     """
-    return _ops.load().sok_unique_with_counts(x, out_idx=out_idx, name=name)
+    return library.load().sok_unique_with_counts(x, out_idx=out_idx, name=name)
 
 
 def unsorted_segment_sum(data, segment_ids, num_segments, name=None):
@@ -20,7 +20,7 @@ def unsorted_segment_sum(data, segment_ids, num_segments, name=None):
     data: [n, ...]; segment_ids: [n] (negative ids are dropped); returns
     [num_segments, ...].
     """
-    return _ops.load().sok_unsorted_segment_sum(data, segment_ids, num_segments, name=name)
+    return library.load().sok_unsorted_segment_sum(data, segment_ids, num_segments, name=name)
 
 
 @register_gradient("SokUnsortedSegmentSum")

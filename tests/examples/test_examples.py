@@ -134,3 +134,24 @@ def test_collective_strategy_example_two_workers():
         assert f"[{r}] rank {r} of 2 (holds 500 of 1000 rows): embeddings and loss equal a " \
                "single process's" in out, out[-3000:]
         assert f"[{r}]  [1. 1. 1.]] 36.0" in out, out[-3000:]
+
+
+def test_source_checkout_imports_like_the_install():
+    """From the repository root (where `python -m` puts the checkout first on
+    sys.path) the package imports and finds the installed op library, and
+    the launcher starts: README's `python -m sok_graph.launch ...` works there."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    code = ("import sok_graph, sparse_operation_kit, tensorflow as tf; "
+            "print(sok_graph.__file__); sok_graph.init(comm_tool='none'); "
+            "v = sok_graph.Variable(tf.ones([4, 2])); "
+            "print(float(tf.reduce_sum(sok_graph.lookup_sparse("
+            "[v], [tf.ragged.constant([[1, 2]], tf.int64)], combiners=['sum'])[0])))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
+                         timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.split()
+    assert lines[0] == os.path.join(REPO, "sok_graph", "__init__.py"), out.stdout
+    assert float(lines[-1]) == 4.0, out.stdout
+    out = subprocess.run([sys.executable, "-m", "sok_graph.launch", "--help"],
+                         capture_output=True, text=True, env=env, timeout=300, cwd=REPO)
+    assert out.returncode == 0 and "-np" in out.stdout, out.stdout + out.stderr

@@ -239,7 +239,7 @@ def test_sparse_tensor_input_equals_ragged(rng):
 def call_raw(params, ids, splits, combiners=("sum",), weighted=(False,), weights=None,
              names=("user",)):
     n = len(params)
-    return sok._ops.load().sok_fused_lookup(
+    return sok.ops.library.load().sok_fused_lookup(
         params=params, ids=ids, row_splits=splits,
         weights=weights if weights is not None else [tf.zeros([0])] * n,
         combiners=list(combiners), weighted=list(weighted), max_norms=[0.0] * n,
@@ -290,7 +290,7 @@ def test_attr_list_length_mismatch():
 def test_raw_op_with_more_tables_than_ids_is_rejected():
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
                        match="params must have 1 entries"):
-        sok._ops.load().sok_fused_lookup(
+        sok.ops.library.load().sok_fused_lookup(
             params=[tf.zeros([4, 2]), tf.zeros([4, 2])], ids=[tf.constant([0], tf.int64)],
             row_splits=[tf.constant([0, 1], tf.int64)], weights=[tf.zeros([0])],
             combiners=["sum"], weighted=[False], max_norms=[0.0], table_names=["user"])

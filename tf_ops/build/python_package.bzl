@@ -9,9 +9,6 @@ def _staged_python_package_impl(ctx):
     outputs = []
     for f in ctx.files.package_srcs + ctx.files.extra_packages:
         outputs.append(_stage(ctx, f, f.short_path))
-    for f in ctx.files.compat_srcs:
-        # compat/ is installed as sok_graph.compat (see setup.py).
-        outputs.append(_stage(ctx, f, "sok_graph/" + f.short_path))
     for f in ctx.files.libraries:
         outputs.append(_stage(ctx, f, "sok_graph/" + f.basename))
     return [DefaultInfo(files = depset(outputs), runfiles = ctx.runfiles(files = outputs))]
@@ -20,7 +17,6 @@ staged_python_package = rule(
     implementation = _staged_python_package_impl,
     attrs = {
         "package_srcs": attr.label_list(allow_files = [".py"]),
-        "compat_srcs": attr.label_list(allow_files = [".py"]),
         "extra_packages": attr.label_list(allow_files = [".py"]),
         "libraries": attr.label_list(allow_files = [".so"]),
     },

@@ -80,15 +80,16 @@ Status CheckDimAttr(const DynamicTableResource& table, int dim) {
   return dynamic_kernels::CheckDimAttr(dim, table.table().dim());
 }
 
-// What most table ops read first: the table of input 0 and, if asked, the
-// keys of input 1 (checked against the table, widened to int64).
-struct TableInputs {
+// What most table ops read first: the table of input 0 (a reference held
+// until destruction) and, if asked, the keys of input 1 (checked against the
+// table, widened to int64). GpuTableAndKeys is its GPU counterpart.
+struct DynamicTableAndKeys {
   DynamicTableResource* table = nullptr;
   std::vector<int64_t> widened;
   const int64_t* keys = nullptr;
   int64_t n = 0;
 
-  ~TableInputs() {
+  ~DynamicTableAndKeys() {
     if (table != nullptr) table->Unref();
   }
   Status Read(OpKernelContext* ctx, bool with_keys) {
@@ -177,7 +178,7 @@ class FindOrInsertOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     OP_REQUIRES_OK(ctx, CheckDimAttr(*in.table, dim_));
     const int64_t* keys = in.keys;
@@ -212,7 +213,7 @@ class FindOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     OP_REQUIRES_OK(ctx, CheckDimAttr(*in.table, dim_));
     const int64_t* keys = in.keys;
@@ -238,7 +239,7 @@ class ScatterOp : public OpKernel {
     OP_REQUIRES_OK(ctx, dynamic_kernels::ParseScatterMode(ctx, &mode_));
   }
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     const int64_t* keys = in.keys;
     const int64_t n = in.n;
@@ -260,7 +261,7 @@ class RemoveOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     const int64_t* keys = in.keys;
     const int64_t n = in.n;
@@ -278,7 +279,7 @@ class StatsOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
     DynamicTableResource* table = in.table;
     ::tensorflow::tf_shared_lock lock(*table->mu());
@@ -297,7 +298,7 @@ class ExportOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
     DynamicTableResource* table = in.table;
     OP_REQUIRES_OK(ctx, CheckDimAttr(*table, dim_));
@@ -337,7 +338,7 @@ class ImportOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     const int64_t* keys = in.keys;
     const int64_t n = in.n;
@@ -369,7 +370,7 @@ class ClearOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    TableInputs in;
+    DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
     DynamicTableResource* table = in.table;
     ::tensorflow::mutex_lock lock(*table->mu());

@@ -151,14 +151,14 @@ int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().d
 
 // The table of input 0 and, if asked, the keys of input 1 as int64 in
 // device memory: the tensor itself for int64 keys, a widened copy of int32
-// keys.
-struct GpuInputs {
+// keys (DynamicTableAndKeys of dynamic_kernels.cc on the GPU).
+struct GpuTableAndKeys {
   GpuTableResource* table = nullptr;
   const int64_t* keys = nullptr;
   int64_t n = 0;
   Tensor widened;
 
-  ~GpuInputs() {
+  ~GpuTableAndKeys() {
     if (table != nullptr) table->Unref();
   }
   Status Read(OpKernelContext* ctx, bool with_keys) {
@@ -293,7 +293,7 @@ class FindOrInsertGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     GpuTableResource* table = in.table;
     OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
@@ -329,7 +329,7 @@ class FindGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     GpuTableResource* table = in.table;
     OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
@@ -367,7 +367,7 @@ class ScatterGpuOp : public OpKernel {
     mode_ = mode == core::ScatterMode::kAdd ? 0 : mode == core::ScatterMode::kSub ? 1 : 2;
   }
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     GpuTableResource* table = in.table;
     const Tensor& rows = ctx->input(2);
@@ -391,7 +391,7 @@ class RemoveGpuOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     GpuTableResource* table = in.table;
     // num_removed stays on the device: no wait for the stream.
@@ -408,7 +408,7 @@ class StatsGpuOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
     GpuTableResource* table = in.table;
     int64_t size = 0, slots = 0, evicted = 0, bytes = 0;
@@ -432,7 +432,7 @@ class ExportGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
     GpuTableResource* table = in.table;
     OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
@@ -527,7 +527,7 @@ class ImportGpuOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
     GpuTableResource* table = in.table;
     const Tensor& rows = ctx->input(2);
@@ -569,7 +569,7 @@ class ClearGpuOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
   void Compute(OpKernelContext* ctx) override {
-    GpuInputs in;
+    GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
     GpuTableResource* table = in.table;
     ::tensorflow::mutex_lock lock(*table->mu());
@@ -601,7 +601,7 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_GPU).HostMemo
                         ClearGpuOp);
 
 // The ops that take or give keys, per key type; keys of either type in
-// device memory (GpuInputs, KeysToOutput convert int32 ones).
+// device memory (GpuTableAndKeys, KeysToOutput convert int32 ones).
 #define SOK_REGISTER_DYNAMIC_GPU(K)                                                       \
   REGISTER_KERNEL_BUILDER(                                                               \
       Name("SokDynamicTableCreate").Device(DEVICE_GPU).HostMemory("table").TypeConstraint<K>( \

@@ -19,7 +19,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
-#include "tf_ops/common/table_inputs.h"
+#include "tf_ops/lookup/kernels/lookup_tables.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/lookup/kernels/lookup_args.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"

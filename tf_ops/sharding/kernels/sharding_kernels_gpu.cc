@@ -11,9 +11,9 @@
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/tf_compat.h"
-#include "tf_ops/dist/kernels/bucketize_launcher.h"
-#include "tf_ops/dist/kernels/dist_args.h"
-#include "tf_ops/dist/kernels/local_rows_launcher.h"
+#include "tf_ops/sharding/kernels/bucketize_launcher.h"
+#include "tf_ops/sharding/kernels/local_rows_launcher.h"
+#include "tf_ops/sharding/kernels/sharding_args.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 
 namespace sok_graph {

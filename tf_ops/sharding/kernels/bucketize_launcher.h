@@ -1,6 +1,6 @@
 // C launcher of the GPU bucketing by owner (plain C, like local_rows_launcher.h).
-#ifndef SOK_GRAPH_TF_OPS_DIST_KERNELS_BUCKETIZE_LAUNCHER_H_
-#define SOK_GRAPH_TF_OPS_DIST_KERNELS_BUCKETIZE_LAUNCHER_H_
+#ifndef SOK_GRAPH_TF_OPS_SHARDING_KERNELS_BUCKETIZE_LAUNCHER_H_
+#define SOK_GRAPH_TF_OPS_SHARDING_KERNELS_BUCKETIZE_LAUNCHER_H_
 
 #include <stddef.h>
 #include <stdint.h>
@@ -30,4 +30,4 @@ int sok_bucketize_by_owner_i32(const int32_t* ids, int64_t n, int64_t world_size
 }
 #endif
 
-#endif  // SOK_GRAPH_TF_OPS_DIST_KERNELS_BUCKETIZE_LAUNCHER_H_
+#endif  // SOK_GRAPH_TF_OPS_SHARDING_KERNELS_BUCKETIZE_LAUNCHER_H_

@@ -1,13 +1,13 @@
 // The bucketing and local-rows ops' id check, in one place for their CPU
-// (dist_kernels.cc) and GPU (dist_kernels_gpu.cc) kernels.
-#ifndef SOK_GRAPH_TF_OPS_DIST_KERNELS_DIST_ARGS_H_
-#define SOK_GRAPH_TF_OPS_DIST_KERNELS_DIST_ARGS_H_
+// (sharding_kernels.cc) and GPU (sharding_kernels_gpu.cc) kernels.
+#ifndef SOK_GRAPH_TF_OPS_SHARDING_KERNELS_SHARDING_ARGS_H_
+#define SOK_GRAPH_TF_OPS_SHARDING_KERNELS_SHARDING_ARGS_H_
 
 #include <cstdint>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/tf_compat.h"
-#include "tf_ops/dist/core/bucketize.h"
+#include "tf_ops/sharding/core/bucketize.h"
 
 namespace sok_graph {
 
@@ -27,4 +27,4 @@ template <typename K>
 
 }  // namespace sok_graph
 
-#endif  // SOK_GRAPH_TF_OPS_DIST_KERNELS_DIST_ARGS_H_
+#endif  // SOK_GRAPH_TF_OPS_SHARDING_KERNELS_SHARDING_ARGS_H_

@@ -6,15 +6,16 @@ optimizer (Keras 2 or 3) and applies its algorithm to sok variables (static
 gradient touches change, and their optimizer state ("slots") changes with
 them. Other variables are passed to the wrapped optimizer unchanged.
 
-Algorithms, with the wrapped optimizer's own hyperparameters:
-  SGD, Momentum (Keras SGD with momentum; nesterov too), Adagrad, Ftrl
-  (l1, l2, l2 shrinkage, beta), RMSprop (momentum, centered), Adadelta,
-  Adam and Adamax (both lazy: untouched rows keep their moments, as
-  LazyAdam does; the bias correction uses this wrapper's step count).
-Each follows the formula of the optimizer family it wraps (e.g. Keras'
-Adagrad divides by sqrt(accum + epsilon), TF1's by sqrt(accum); TF1's
-RMSProp starts its mean square at 1, Keras' at 0), so sparse updates equal
-what TensorFlow's own sparse kernels compute for the rows they touch.
+Algorithms, with the wrapped optimizer's own hyperparameters (the table and
+the formulas are in algorithms.py): SGD, Momentum (Keras SGD with momentum;
+nesterov too), Adagrad, Ftrl (l1, l2, l2 shrinkage, beta), RMSprop
+(momentum, centered), Adadelta, Adam and Adamax (both lazy: untouched rows
+keep their moments, as LazyAdam does; the bias correction uses this
+wrapper's step count).
+
+The slot API (`algorithm`, `slot_specs`, `slot_names`, `create_slots`,
+`has_slots`, `get_slot`, `variables`, `set_step`) is what dump/load and the
+savers use to write and restore optimizer state.
 
 Slots of a static variable are tf.Variables of its shape; slots of a dynamic
 variable are dynamic tables with its keys (new keys start from the slot's
@@ -40,169 +41,7 @@ from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
-
-# class name of the wrapped optimizer -> algorithm
-_ALGORITHMS = {
-    "GradientDescentOptimizer": "sgd", "SGD": "sgd",
-    "MomentumOptimizer": "momentum",
-    "AdagradOptimizer": "adagrad", "Adagrad": "adagrad",
-    "FtrlOptimizer": "ftrl", "Ftrl": "ftrl",
-    "RMSPropOptimizer": "rmsprop", "RMSprop": "rmsprop",
-    "AdadeltaOptimizer": "adadelta", "Adadelta": "adadelta",
-    "AdamOptimizer": "adam", "Adam": "adam", "LazyAdam": "adam", "LazyAdamOptimizer": "adam",
-    "Adamax": "adamax",
-}
-
-
-def _attr(opt, *names, default=None):
-    """The first of `names` that `opt` has and that is not None."""
-    for name in names:
-        value = getattr(opt, name, None)
-        if value is not None:
-            return value
-    return default
-
-
-def _value(x):
-    """A float or tensor hyperparameter, called if callable (TF1 style)."""
-    return x() if callable(x) and not hasattr(x, "get_config") else x
-
-
-class _Spec:
-    """What to compute for one wrapped optimizer: algorithm, flavor (tf1 or
-    keras) and hyperparameters."""
-
-    def __init__(self, opt):
-        name = type(opt).__name__
-        for cls in type(opt).__mro__:
-            if cls.__name__ in _ALGORITHMS:
-                name = cls.__name__
-                break
-        if name not in _ALGORITHMS:
-            raise TypeError(
-                f"sok.OptimizerWrapper supports SGD, Momentum, Adagrad, Ftrl, RMSprop, "
-                f"Adadelta, Adam and Adamax optimizers; got {type(opt).__name__}")
-        self.algorithm = _ALGORITHMS[name]
-        self.tf1 = compat.is_tf1_optimizer(opt)
-        o = opt
-        # TF1's Adam and Adadelta keep it as _lr.
-        self.lr = _attr(o, "_learning_rate", "_lr", "learning_rate")
-        if self.tf1:
-            self.momentum = _attr(o, "_momentum", default=0.0)
-            self.nesterov = _attr(o, "_use_nesterov", default=False)
-            self.epsilon = _attr(o, "_epsilon", default=1e-8)
-            self.beta_1 = _attr(o, "_beta1", default=0.9)
-            self.beta_2 = _attr(o, "_beta2", default=0.999)
-            self.rho = _attr(o, "_decay", "_rho", default=0.95)
-            self.centered = _attr(o, "_centered", default=False)
-            self.initial_accumulator = _attr(o, "_initial_accumulator_value", default=0.1)
-            self.lr_power = _attr(o, "_learning_rate_power", default=-0.5)
-            self.l1 = _attr(o, "_l1_regularization_strength", default=0.0)
-            self.l2 = _attr(o, "_l2_regularization_strength", default=0.0)
-            self.l2_shrinkage = _attr(o, "_l2_shrinkage_regularization_strength", default=0.0)
-            self.beta = 0.0
-            if self.algorithm == "sgd":
-                self.momentum = 0.0
-        else:
-            self.momentum = _attr(o, "momentum", default=0.0)
-            self.nesterov = _attr(o, "nesterov", default=False)
-            self.epsilon = _attr(o, "epsilon", default=1e-7)
-            self.beta_1 = _attr(o, "beta_1", default=0.9)
-            self.beta_2 = _attr(o, "beta_2", default=0.999)
-            self.rho = _attr(o, "rho", default=0.9)
-            self.centered = _attr(o, "centered", default=False)
-            self.initial_accumulator = _attr(o, "initial_accumulator_value", default=0.1)
-            self.lr_power = _attr(o, "learning_rate_power", default=-0.5)
-            self.l1 = _attr(o, "l1_regularization_strength", default=0.0)
-            self.l2 = _attr(o, "l2_regularization_strength", default=0.0)
-            self.l2_shrinkage = _attr(o, "l2_shrinkage_regularization_strength", default=0.0)
-            self.beta = _attr(o, "beta", default=0.0)
-            if self.algorithm == "adam" and _attr(o, "amsgrad", default=False):
-                raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
-        if self.algorithm == "sgd" and self.momentum and float(_value(self.momentum)) > 0:
-            self.algorithm = "momentum"
-
-    def slots(self):
-        """(name, initial value) of each slot this algorithm keeps per row."""
-        a = self.algorithm
-        if a == "sgd":
-            return []
-        if a == "momentum":
-            return [("momentum", 0.0)]
-        if a == "adagrad":
-            return [("accumulator", float(self.initial_accumulator))]
-        if a == "ftrl":
-            return [("accumulator", float(self.initial_accumulator)), ("linear", 0.0)]
-        if a == "rmsprop":
-            slots = [("rms", 1.0 if self.tf1 else 0.0)]
-            if float(_value(self.momentum)) > 0:
-                slots.append(("momentum", 0.0))
-            if self.centered:
-                slots.append(("mg", 0.0))
-            return slots
-        if a == "adadelta":
-            return [("accum", 0.0), ("accum_update", 0.0)]
-        return [("m", 0.0), ("v", 0.0)]  # adam, adamax
-
-    def update(self, w, g, s, lr, step):
-        """(new rows, new slot rows) from rows w, gradient rows g, slot rows s."""
-        a = self.algorithm
-        f = lambda x: tf.cast(_value(x), w.dtype)  # noqa: E731
-        if a == "sgd":
-            return w - lr * g, {}
-        if a == "momentum":
-            m = f(self.momentum)
-            if self.tf1:
-                acc = m * s["momentum"] + g
-                step_ = lr * g + lr * m * acc if self.nesterov else lr * acc
-                return w - step_, {"momentum": acc}
-            vel = m * s["momentum"] - lr * g
-            return (w + m * vel - lr * g if self.nesterov else w + vel), {"momentum": vel}
-        if a == "adagrad":
-            acc = s["accumulator"] + g * g
-            denom = tf.sqrt(acc) if self.tf1 else tf.sqrt(acc + f(self.epsilon))
-            return w - lr * g / denom, {"accumulator": acc}
-        if a == "ftrl":
-            p = -f(self.lr_power)
-            acc, lin = s["accumulator"], s["linear"]
-            new_acc = acc + g * g
-            g_shrunk = g + 2.0 * f(self.l2_shrinkage) * w
-            lin = lin + g_shrunk - (tf.pow(new_acc, p) - tf.pow(acc, p)) / lr * w
-            quad = tf.pow(new_acc, p) / lr + 2.0 * (f(self.l2) + f(self.beta) / (2.0 * lr))
-            l1 = f(self.l1)
-            new_w = (tf.clip_by_value(lin, -l1, l1) - lin) / quad
-            return new_w, {"accumulator": new_acc, "linear": lin}
-        if a == "rmsprop":
-            rho = f(self.rho)
-            ms = rho * s["rms"] + (1.0 - rho) * g * g
-            new = {"rms": ms}
-            denom = ms + f(self.epsilon)
-            if self.centered:
-                mg = rho * s["mg"] + (1.0 - rho) * g
-                new["mg"] = mg
-                denom = denom - mg * mg
-            inc = lr * g * tf.math.rsqrt(denom)
-            if "momentum" in s:
-                mom = f(self.momentum) * s["momentum"] + inc
-                new["momentum"] = mom
-                return w - mom, new
-            return w - inc, new
-        if a == "adadelta":
-            rho, eps = f(self.rho), f(self.epsilon)
-            acc = rho * s["accum"] + (1.0 - rho) * g * g
-            upd = tf.sqrt(s["accum_update"] + eps) * tf.math.rsqrt(acc + eps) * g
-            acc_upd = rho * s["accum_update"] + (1.0 - rho) * upd * upd
-            return w - lr * upd, {"accum": acc, "accum_update": acc_upd}
-        b1, b2, eps = f(self.beta_1), f(self.beta_2), f(self.epsilon)
-        t = tf.cast(step, w.dtype)
-        m = b1 * s["m"] + (1.0 - b1) * g
-        if a == "adam":
-            v = b2 * s["v"] + (1.0 - b2) * g * g
-            alpha = lr * tf.sqrt(1.0 - tf.pow(b2, t)) / (1.0 - tf.pow(b1, t))
-            return w - alpha * m / (tf.sqrt(v) + eps), {"m": m, "v": v}
-        u = tf.maximum(b2 * s["v"], tf.abs(g))  # adamax
-        return w - lr / (1.0 - tf.pow(b1, t)) * m / (u + eps), {"m": m, "v": u}
-
+from sok_graph.optimization.algorithms import Hyperparameters, value
 
 class OptimizerWrapper:
     """``OptimizerWrapper(optimizer)``: ``apply_gradients`` works on sok variables.
@@ -216,9 +55,8 @@ class OptimizerWrapper:
                 f"optimizer must be a tf.compat.v1.train or Keras optimizer; got "
                 f"{type(optimizer).__name__}")
         self._optimizer = optimizer
-        self._spec = _Spec(optimizer)
-        if isinstance(optimizer, OwnRule):
-            self._spec.tf1 = optimizer.tf1_formulas
+        self._hp = Hyperparameters(optimizer, tf1_formulas=getattr(optimizer, "tf1_formulas",
+                                                                   None))
         self._slots = {}  # id(var) -> {slot name: tf.Variable or DynamicVariable}
         self._slot_vars = []
         # replica -> step counter: one (0) but with a MirroredStrategy's
@@ -246,20 +84,33 @@ class OptimizerWrapper:
                     0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
         return self._steps[replica]
 
-    def _set_step(self, value):
-        """Assignments of `value` to every step counter (one per replica)."""
+    def set_step(self, step):
+        """Assignments of `step` to every step counter (one per replica)."""
         comm = context.active()
         replicas = comm.world_size if getattr(comm, "in_process", False) else 1
-        return [self._step_variable(r).assign(value) for r in range(replicas)]
+        return [self._step_variable(r).assign(step) for r in range(replicas)]
 
     def _learning_rate(self, step):
-        lr = self._spec.lr
+        lr = self._hp.lr
         if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
             return lr(step - 1)
-        return _value(lr)
+        return value(lr)
+
+    @property
+    def algorithm(self):
+        """The algorithm's name in the table ("sgd", "adam", ...)."""
+        return self._hp.algorithm.name
+
+    def slot_specs(self):
+        """(name, initial value) of each slot kept per row."""
+        return list(self._hp.slots())
 
     def slot_names(self):
-        return [name for name, _ in self._spec.slots()]
+        return [name for name, _ in self.slot_specs()]
+
+    def has_slots(self, var):
+        """Whether the slots of sok variable (or shard) `var` exist yet."""
+        return id(var) in self._slots
 
     def get_slot(self, var, name):
         return self._slots[id(replica_shards.resolve(var, "get_slot"))][name]
@@ -269,17 +120,20 @@ class OptimizerWrapper:
         self._step_variable()
         return list(self._steps.values()) + list(self._slot_vars)
 
-    def _create_slots(self, var):
+    def create_slots(self, var):
+        """The slots of sok variable `var` ({name: tf.Variable or
+        DynamicVariable}), created on first use; every shard's for a table
+        sharded over replicas."""
         if isinstance(var, replica_shards.ReplicaShards):
             for shard in var.shards:
-                self._create_slots(shard)
+                self.create_slots(shard)
             return None
         if id(var) in self._slots:
             return self._slots[id(var)]
         slots = {}
         # A replica's shard keeps its slots on its device, as its own.
         with tf.init_scope(), replica_shards.shard_scope(var.placement[1]):
-            for name, init in self._spec.slots():
+            for name, init in self._hp.slots():
                 if isinstance(var, DynamicVariable):
                     slot = DynamicVariable(var.dimension, initializer=float(init),
                                            key_type=var.key_type, trainable=False,
@@ -312,7 +166,7 @@ class OptimizerWrapper:
             ops.append(self._optimizer.apply_gradients(others, **kwargs))
         if sok_pairs:
             for _, v in sok_pairs:
-                self._create_slots(v)
+                self.create_slots(v)
             step = self._step_variable().assign_add(1)
             lr = self._learning_rate(step)
             for g, v in sok_pairs:
@@ -340,14 +194,14 @@ class OptimizerWrapper:
             rows, _ = var.find(unique)  # a row evicted meanwhile reads as 0 and is reinserted
             slot_rows = {n: dynamic_ops.find_or_insert(s.handle, unique, var.dimension)[0]
                          for n, s in slots.items()}
-            new_rows, new_slots = self._spec.update(rows, values, slot_rows, lr, step)
+            new_rows, new_slots = self._hp.update(rows, values, slot_rows, lr, step)
             writes = [dynamic_ops.scatter(var.handle, unique, new_rows, "update")]
             writes += [dynamic_ops.scatter(slots[n].handle, unique, r, "update")
                        for n, r in new_slots.items()]
         else:
             rows = tf.gather(var, unique)
             slot_rows = {n: tf.gather(s, unique) for n, s in slots.items()}
-            new_rows, new_slots = self._spec.update(rows, values, slot_rows, lr, step)
+            new_rows, new_slots = self._hp.update(rows, values, slot_rows, lr, step)
             writes = [var.scatter_update(tf.IndexedSlices(new_rows, unique))]
             writes += [slots[n].scatter_update(tf.IndexedSlices(r, unique))
                        for n, r in new_slots.items()]
@@ -463,6 +317,8 @@ class OwnRule:
     tf.compat.v1.train variant of the algorithm's formulas."""
 
     tf1_formulas = False
+    # The entry of optimization/algorithms.py's table this rule selects.
+    sok_algorithm = None
 
     def apply_gradients(self, grads_and_vars, **kwargs):
         names = [getattr(v, "name", repr(v)) for _, v in grads_and_vars]
@@ -473,21 +329,20 @@ class OwnRule:
 class _PlainSGD(OwnRule):
     """The optimizer behind sok.SGD: w -= lr * g, for any variable."""
 
+    sok_algorithm = "sgd"
+
     def __init__(self, learning_rate):
         self.learning_rate = learning_rate
 
     def apply_gradients(self, grads_and_vars, **kwargs):
         ops = []
         for g, v in grads_and_vars:
-            lr = tf.cast(_value(self.learning_rate), v.dtype)
+            lr = tf.cast(value(self.learning_rate), v.dtype)
             if isinstance(g, tf.IndexedSlices):
                 ops.append(v.scatter_sub(tf.IndexedSlices(lr * g.values, g.indices)))
             else:
                 ops.append(v.assign_sub(lr * g))
         return None if tf.executing_eagerly() else tf.group(*ops)
-
-
-_ALGORITHMS["_PlainSGD"] = "sgd"
 
 
 class SGD(OptimizerWrapper):

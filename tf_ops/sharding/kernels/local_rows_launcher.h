@@ -1,8 +1,8 @@
-// C launchers of the dist family's CUDA kernels. Plain C so that the .cu
+// C launchers of the sharding family's CUDA kernels. Plain C so that the .cu
 // files compile without TensorFlow headers and so that the GPU test harness
 // can call them through ctypes.
-#ifndef SOK_GRAPH_TF_OPS_DIST_KERNELS_LOCAL_ROWS_LAUNCHER_H_
-#define SOK_GRAPH_TF_OPS_DIST_KERNELS_LOCAL_ROWS_LAUNCHER_H_
+#ifndef SOK_GRAPH_TF_OPS_SHARDING_KERNELS_LOCAL_ROWS_LAUNCHER_H_
+#define SOK_GRAPH_TF_OPS_SHARDING_KERNELS_LOCAL_ROWS_LAUNCHER_H_
 
 #include <stdint.h>
 
@@ -27,4 +27,4 @@ int sok_cuda_device_count(void);
 }
 #endif
 
-#endif  // SOK_GRAPH_TF_OPS_DIST_KERNELS_LOCAL_ROWS_LAUNCHER_H_
+#endif  // SOK_GRAPH_TF_OPS_SHARDING_KERNELS_LOCAL_ROWS_LAUNCHER_H_

@@ -4,8 +4,8 @@
 //
 // Distributed tables: global row i lives on worker i % N as local row i // N.
 // Localized tables: every row lives on one fixed worker under its own id.
-#ifndef SOK_GRAPH_TF_OPS_DIST_CORE_BUCKETIZE_H_
-#define SOK_GRAPH_TF_OPS_DIST_CORE_BUCKETIZE_H_
+#ifndef SOK_GRAPH_TF_OPS_SHARDING_CORE_BUCKETIZE_H_
+#define SOK_GRAPH_TF_OPS_SHARDING_CORE_BUCKETIZE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -58,4 +58,4 @@ void LocalRows(const K* ids, int64_t begin, int64_t end, int64_t world_size, K* 
 }  // namespace core
 }  // namespace sok_graph
 
-#endif  // SOK_GRAPH_TF_OPS_DIST_CORE_BUCKETIZE_H_
+#endif  // SOK_GRAPH_TF_OPS_SHARDING_CORE_BUCKETIZE_H_

@@ -15,10 +15,11 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import replica_shards
-from sok_graph.distributed_variable import is_sok_variable, owned_rows
+from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dump_load import read_dump, write_dump
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.placement import owned_rows
 
 _TABLE = "table"  # the one variable in a Saver's dump directory
 

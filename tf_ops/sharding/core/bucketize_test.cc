@@ -1,5 +1,5 @@
-// Tests for tf_ops/dist/core/bucketize.h against naive per-worker scans.
-#include "tf_ops/dist/core/bucketize.h"
+// Tests for tf_ops/sharding/core/bucketize.h against naive per-worker scans.
+#include "tf_ops/sharding/core/bucketize.h"
 
 #include <algorithm>
 #include <cstdint>

@@ -22,10 +22,11 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context, session
+from sok_graph import context
 from sok_graph.distributed_variable import Variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
+from sok_graph.v1 import session
 
 
 class GraphKeys:

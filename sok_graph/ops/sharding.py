@@ -1,4 +1,4 @@
-"""Placement of ids over workers (tf_ops/dist).
+"""The sharding ops (tf_ops/sharding): ids grouped by owning worker, and local rows.
 
 Distributed tables: global row i lives on worker i % world_size as local row
 i // world_size. Localized tables: all rows on one worker (``fixed_owner``).
@@ -6,7 +6,7 @@ i // world_size. Localized tables: all rows on one worker (``fixed_owner``).
 
 import collections
 
-from sok_graph import _ops
+from sok_graph.ops import library
 
 Buckets = collections.namedtuple(
     "Buckets", ["ids", "sizes", "permutation", "inverse_permutation"]
@@ -20,7 +20,7 @@ def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None):
     permutation, inverse_permutation); ``tf.gather(rows, inverse_permutation)``
     puts rows fetched in bucket order back in input order.
     """
-    out = _ops.load().sok_bucketize_by_owner(
+    out = library.load().sok_bucketize_by_owner(
         ids, world_size=int(world_size), fixed_owner=int(fixed_owner), name=name
     )
     return Buckets(*out)
@@ -28,4 +28,4 @@ def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None):
 
 def local_rows(ids, world_size, name=None):
     """id // world_size: the row an id occupies in its owner's shard."""
-    return _ops.load().sok_local_rows(ids, world_size=int(world_size), name=name)
+    return library.load().sok_local_rows(ids, world_size=int(world_size), name=name)

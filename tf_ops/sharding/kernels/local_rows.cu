@@ -1,7 +1,7 @@
 // CUDA kernel behind SokLocalRows (see local_rows_launcher.h).
 #include <cuda_runtime.h>
 
-#include "tf_ops/dist/kernels/local_rows_launcher.h"
+#include "tf_ops/sharding/kernels/local_rows_launcher.h"
 
 namespace {
 

@@ -7,6 +7,7 @@ embeds in the file is read and compared with the running TensorFlow.
 
 import os
 import re
+import sys
 import threading
 
 import tensorflow as tf
@@ -23,12 +24,27 @@ class OpLibraryError(ImportError):
     """libsok_ops.so is missing or was built for another TensorFlow."""
 
 
+def _package_dir():
+    return os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
 def library_path():
-    """Where the op library is looked for: $SOK_GRAPH_OPS_LIBRARY, else next to
-    this file (where `pip install .` puts it)."""
-    return os.environ.get("SOK_GRAPH_OPS_LIBRARY") or os.path.join(
-        os.path.dirname(os.path.abspath(__file__)), LIBRARY_NAME
-    )
+    """Where the op library is: $SOK_GRAPH_OPS_LIBRARY if set; else in the
+    sok_graph package directory (where `pip install .` puts it); else, when
+    this package is a source checkout (`python -m sok_graph.launch` from the
+    checkout root puts it first on sys.path), in the installed sok_graph
+    found further along sys.path. A path that does not exist is the package
+    directory's, for the error message."""
+    if os.environ.get("SOK_GRAPH_OPS_LIBRARY"):
+        return os.environ["SOK_GRAPH_OPS_LIBRARY"]
+    own = os.path.join(_package_dir(), LIBRARY_NAME)
+    if os.path.exists(own):
+        return own
+    for entry in sys.path:
+        candidate = os.path.join(os.path.abspath(entry or os.curdir), "sok_graph", LIBRARY_NAME)
+        if os.path.exists(candidate):
+            return candidate
+    return own
 
 
 def read_build_info(path):

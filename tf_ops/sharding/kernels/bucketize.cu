@@ -9,7 +9,7 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
-#include "tf_ops/dist/kernels/bucketize_launcher.h"
+#include "tf_ops/sharding/kernels/bucketize_launcher.h"
 
 namespace {
 

@@ -1,4 +1,4 @@
-"""The TensorFlow-version layer, installed as ``sok_graph.compat``.
+"""The TensorFlow-version layer (``sok_graph.compat``).
 
 sok_graph supports TensorFlow 2.15 (Keras 2, ``tf.estimator``) and the newest
 TensorFlow (Keras 3), and keeps graph-mode code on ``tf.compat.v1`` so that it
@@ -10,7 +10,7 @@ import os
 
 import tensorflow as tf
 
-from ._keras import (  # noqa: F401  (re-exported)
+from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
     KERAS_MAJOR_VERSION,
     is_keras_optimizer,
     is_optimizer,

@@ -4,8 +4,8 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/tf_compat.h"
-#include "tf_ops/dist/core/bucketize.h"
-#include "tf_ops/dist/kernels/dist_args.h"
+#include "tf_ops/sharding/core/bucketize.h"
+#include "tf_ops/sharding/kernels/sharding_args.h"
 
 namespace sok_graph {
 namespace {
@@ -88,16 +88,16 @@ class LocalRowsOp : public OpKernel {
   int world_size_ = 1;
 };
 
-#define SOK_REGISTER_DIST(K)                                                              \
+#define SOK_REGISTER_SHARDING(K)                                                          \
   REGISTER_KERNEL_BUILDER(                                                                \
       Name("SokBucketizeByOwner").Device(::tensorflow::DEVICE_CPU).TypeConstraint<K>("T"), \
       BucketizeByOwnerOp<K>);                                                             \
   REGISTER_KERNEL_BUILDER(                                                                \
       Name("SokLocalRows").Device(::tensorflow::DEVICE_CPU).TypeConstraint<K>("T"),        \
       LocalRowsOp<K>);
-SOK_REGISTER_DIST(int32_t)
-SOK_REGISTER_DIST(TfInt64)
-#undef SOK_REGISTER_DIST
+SOK_REGISTER_SHARDING(int32_t)
+SOK_REGISTER_SHARDING(TfInt64)
+#undef SOK_REGISTER_SHARDING
 
 }  // namespace
 }  // namespace sok_graph

@@ -10,8 +10,8 @@
 // may be seen half-applied by a lookup running at the same time, as by a
 // gather. Locks are taken in increasing mutex address, the order
 // TensorFlow's multi-variable kernels use, so no deadlock.
-#ifndef SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
-#define SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
+#ifndef SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_TABLES_H_
+#define SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_TABLES_H_
 
 #include <algorithm>
 #include <functional>
@@ -99,4 +99,4 @@ class TableInputs {
 
 }  // namespace sok_graph
 
-#endif  // SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
+#endif  // SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_TABLES_H_

@@ -1,7 +1,7 @@
 """The SOK 1.x optimizer API: `sok.optimizers.Adam`, `sok.optimizers.LazyAdam`
 (`LazyAdamOptimizer`), `sok.OptimizerScope` and
 `sok.split_embedding_variable_from_others`, all on the engine in
-sok_graph/optimizer.py (OptimizerWrapper: per-row updates and slots of sok
+sok_graph/optimization/ (OptimizerWrapper: per-row updates and slots of sok
 variables).
 
 Adam vs LazyAdam: `Adam` computes what TensorFlow's Adam computes for a
@@ -28,11 +28,13 @@ import tensorflow as tf
 
 from sok_graph import compat
 from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.optimizer import _ALGORITHMS, OptimizerWrapper, OwnRule, wrapper_for
+from sok_graph.optimization.wrapper import OptimizerWrapper, OwnRule, wrapper_for
 
 
 class _AdamRule(OwnRule):
     """Adam's hyperparameters, as Keras names them."""
+
+    sok_algorithm = "adam"
 
     def __init__(self, learning_rate, beta_1, beta_2, epsilon):
         self.learning_rate = learning_rate
@@ -40,9 +42,6 @@ class _AdamRule(OwnRule):
         self.beta_2 = beta_2
         self.epsilon = epsilon
         self.amsgrad = False
-
-
-_ALGORITHMS["_AdamRule"] = "adam"
 
 
 class Adam(OptimizerWrapper):

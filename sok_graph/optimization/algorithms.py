@@ -1,0 +1,222 @@
+"""The sparse optimizer algorithms: one table, one entry per algorithm.
+
+An entry says which optimizer classes it serves (by class name, so that
+tf.compat.v1.train, Keras 2, Keras 3 and sok_graph's own rules all find it),
+which slots it keeps per row (name and initial value) and how it updates
+rows: update(hp, w, g, slots, lr, step) -> (new rows, {slot: new rows}),
+where w, g and the slot rows are the rows the gradient touches. Adding an
+algorithm is adding an entry here.
+
+Each formula follows the optimizer family it wraps (e.g. Keras' Adagrad
+divides by sqrt(accum + epsilon), TF1's by sqrt(accum); TF1's RMSProp starts
+its mean square at 1, Keras' at 0), so sparse updates equal what
+TensorFlow's own sparse kernels compute for the rows they touch. `hp.tf1`
+selects the tf.compat.v1.train variant.
+"""
+
+import collections
+
+import tensorflow as tf
+
+from sok_graph import compat
+
+Algorithm = collections.namedtuple("Algorithm", ["name", "optimizer_classes", "slots", "update"])
+
+
+def value(x):
+    """A float or tensor hyperparameter, called if callable (TF1 style)."""
+    return x() if callable(x) and not hasattr(x, "get_config") else x
+
+
+def _f(x, like):
+    return tf.cast(value(x), like.dtype)
+
+
+# --------------------------------------------------------------- formulas
+
+def _sgd(hp, w, g, s, lr, step):
+    return w - lr * g, {}
+
+
+def _momentum(hp, w, g, s, lr, step):
+    m = _f(hp.momentum, w)
+    if hp.tf1:
+        acc = m * s["momentum"] + g
+        step_ = lr * g + lr * m * acc if hp.nesterov else lr * acc
+        return w - step_, {"momentum": acc}
+    vel = m * s["momentum"] - lr * g
+    return (w + m * vel - lr * g if hp.nesterov else w + vel), {"momentum": vel}
+
+
+def _adagrad(hp, w, g, s, lr, step):
+    acc = s["accumulator"] + g * g
+    denom = tf.sqrt(acc) if hp.tf1 else tf.sqrt(acc + _f(hp.epsilon, w))
+    return w - lr * g / denom, {"accumulator": acc}
+
+
+def _ftrl(hp, w, g, s, lr, step):
+    p = -_f(hp.lr_power, w)
+    acc, lin = s["accumulator"], s["linear"]
+    new_acc = acc + g * g
+    g_shrunk = g + 2.0 * _f(hp.l2_shrinkage, w) * w
+    lin = lin + g_shrunk - (tf.pow(new_acc, p) - tf.pow(acc, p)) / lr * w
+    quad = tf.pow(new_acc, p) / lr + 2.0 * (_f(hp.l2, w) + _f(hp.beta, w) / (2.0 * lr))
+    l1 = _f(hp.l1, w)
+    new_w = (tf.clip_by_value(lin, -l1, l1) - lin) / quad
+    return new_w, {"accumulator": new_acc, "linear": lin}
+
+
+def _rmsprop_slots(hp):
+    slots = [("rms", 1.0 if hp.tf1 else 0.0)]
+    if float(value(hp.momentum)) > 0:
+        slots.append(("momentum", 0.0))
+    if hp.centered:
+        slots.append(("mg", 0.0))
+    return slots
+
+
+def _rmsprop(hp, w, g, s, lr, step):
+    rho = _f(hp.rho, w)
+    ms = rho * s["rms"] + (1.0 - rho) * g * g
+    new = {"rms": ms}
+    denom = ms + _f(hp.epsilon, w)
+    if hp.centered:
+        mg = rho * s["mg"] + (1.0 - rho) * g
+        new["mg"] = mg
+        denom = denom - mg * mg
+    inc = lr * g * tf.math.rsqrt(denom)
+    if "momentum" in s:
+        mom = _f(hp.momentum, w) * s["momentum"] + inc
+        new["momentum"] = mom
+        return w - mom, new
+    return w - inc, new
+
+
+def _adadelta(hp, w, g, s, lr, step):
+    rho, eps = _f(hp.rho, w), _f(hp.epsilon, w)
+    acc = rho * s["accum"] + (1.0 - rho) * g * g
+    upd = tf.sqrt(s["accum_update"] + eps) * tf.math.rsqrt(acc + eps) * g
+    acc_upd = rho * s["accum_update"] + (1.0 - rho) * upd * upd
+    return w - lr * upd, {"accum": acc, "accum_update": acc_upd}
+
+
+def _adam(hp, w, g, s, lr, step):
+    """Lazy Adam: untouched rows keep their moments; the bias correction uses
+    the wrapper's step count."""
+    b1, b2, eps = _f(hp.beta_1, w), _f(hp.beta_2, w), _f(hp.epsilon, w)
+    t = tf.cast(step, w.dtype)
+    m = b1 * s["m"] + (1.0 - b1) * g
+    v = b2 * s["v"] + (1.0 - b2) * g * g
+    alpha = lr * tf.sqrt(1.0 - tf.pow(b2, t)) / (1.0 - tf.pow(b1, t))
+    return w - alpha * m / (tf.sqrt(v) + eps), {"m": m, "v": v}
+
+
+def _adamax(hp, w, g, s, lr, step):
+    b1, b2, eps = _f(hp.beta_1, w), _f(hp.beta_2, w), _f(hp.epsilon, w)
+    t = tf.cast(step, w.dtype)
+    m = b1 * s["m"] + (1.0 - b1) * g
+    u = tf.maximum(b2 * s["v"], tf.abs(g))
+    return w - lr / (1.0 - tf.pow(b1, t)) * m / (u + eps), {"m": m, "v": u}
+
+
+# ------------------------------------------------------------------ table
+
+ALGORITHMS = {a.name: a for a in (
+    Algorithm("sgd", ("GradientDescentOptimizer", "SGD"), lambda hp: [], _sgd),
+    Algorithm("momentum", ("MomentumOptimizer",), lambda hp: [("momentum", 0.0)], _momentum),
+    Algorithm("adagrad", ("AdagradOptimizer", "Adagrad"),
+              lambda hp: [("accumulator", float(hp.initial_accumulator))], _adagrad),
+    Algorithm("ftrl", ("FtrlOptimizer", "Ftrl"),
+              lambda hp: [("accumulator", float(hp.initial_accumulator)), ("linear", 0.0)],
+              _ftrl),
+    Algorithm("rmsprop", ("RMSPropOptimizer", "RMSprop"), _rmsprop_slots, _rmsprop),
+    Algorithm("adadelta", ("AdadeltaOptimizer", "Adadelta"),
+              lambda hp: [("accum", 0.0), ("accum_update", 0.0)], _adadelta),
+    Algorithm("adam", ("AdamOptimizer", "Adam", "LazyAdam", "LazyAdamOptimizer"),
+              lambda hp: [("m", 0.0), ("v", 0.0)], _adam),
+    Algorithm("adamax", ("Adamax",), lambda hp: [("m", 0.0), ("v", 0.0)], _adamax),
+)}
+
+_BY_CLASS_NAME = {cls: a.name for a in ALGORITHMS.values() for cls in a.optimizer_classes}
+
+
+def _algorithm_name(optimizer):
+    """The table's name for `optimizer`: its class's `sok_algorithm` (sok_graph's
+    own rules say it), else by the name of the first class in its MRO that
+    the table lists."""
+    own = getattr(type(optimizer), "sok_algorithm", None)
+    if own is not None:
+        return own
+    for cls in type(optimizer).__mro__:
+        if cls.__name__ in _BY_CLASS_NAME:
+            return _BY_CLASS_NAME[cls.__name__]
+    raise TypeError(
+        f"sok.OptimizerWrapper supports SGD, Momentum, Adagrad, Ftrl, RMSprop, Adadelta, Adam "
+        f"and Adamax optimizers; got {type(optimizer).__name__}")
+
+
+def _attr(opt, *names, default=None):
+    """The first of `names` that `opt` has and that is not None."""
+    for name in names:
+        found = getattr(opt, name, None)
+        if found is not None:
+            return found
+    return default
+
+
+class Hyperparameters:
+    """One wrapped optimizer's algorithm (an entry of ALGORITHMS), formula
+    flavor (`tf1`) and hyperparameters, read from its attributes."""
+
+    def __init__(self, opt, tf1_formulas=None):
+        name = _algorithm_name(opt)
+        tf1_names = compat.is_tf1_optimizer(opt)  # how its attributes are spelled
+        # tf1_formulas: sok_graph's own rules choose the formula flavor.
+        self.tf1 = tf1_names if tf1_formulas is None else bool(tf1_formulas)
+        o = opt
+        # TF1's Adam and Adadelta keep it as _lr.
+        self.lr = _attr(o, "_learning_rate", "_lr", "learning_rate")
+        if tf1_names:
+            self.momentum = _attr(o, "_momentum", default=0.0)
+            self.nesterov = _attr(o, "_use_nesterov", default=False)
+            self.epsilon = _attr(o, "_epsilon", default=1e-8)
+            self.beta_1 = _attr(o, "_beta1", default=0.9)
+            self.beta_2 = _attr(o, "_beta2", default=0.999)
+            self.rho = _attr(o, "_decay", "_rho", default=0.95)
+            self.centered = _attr(o, "_centered", default=False)
+            self.initial_accumulator = _attr(o, "_initial_accumulator_value", default=0.1)
+            self.lr_power = _attr(o, "_learning_rate_power", default=-0.5)
+            self.l1 = _attr(o, "_l1_regularization_strength", default=0.0)
+            self.l2 = _attr(o, "_l2_regularization_strength", default=0.0)
+            self.l2_shrinkage = _attr(o, "_l2_shrinkage_regularization_strength", default=0.0)
+            self.beta = 0.0
+            if name == "sgd":
+                self.momentum = 0.0
+        else:
+            self.momentum = _attr(o, "momentum", default=0.0)
+            self.nesterov = _attr(o, "nesterov", default=False)
+            self.epsilon = _attr(o, "epsilon", default=1e-7)
+            self.beta_1 = _attr(o, "beta_1", default=0.9)
+            self.beta_2 = _attr(o, "beta_2", default=0.999)
+            self.rho = _attr(o, "rho", default=0.9)
+            self.centered = _attr(o, "centered", default=False)
+            self.initial_accumulator = _attr(o, "initial_accumulator_value", default=0.1)
+            self.lr_power = _attr(o, "learning_rate_power", default=-0.5)
+            self.l1 = _attr(o, "l1_regularization_strength", default=0.0)
+            self.l2 = _attr(o, "l2_regularization_strength", default=0.0)
+            self.l2_shrinkage = _attr(o, "l2_shrinkage_regularization_strength", default=0.0)
+            self.beta = _attr(o, "beta", default=0.0)
+            if name == "adam" and _attr(o, "amsgrad", default=False):
+                raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
+        # Keras' SGD with momentum is the momentum algorithm.
+        if name == "sgd" and self.momentum and float(value(self.momentum)) > 0:
+            name = "momentum"
+        self.algorithm = ALGORITHMS[name]
+
+    def slots(self):
+        """(name, initial value) of each slot the algorithm keeps per row."""
+        return self.algorithm.slots(self)
+
+    def update(self, w, g, s, lr, step):
+        """(new rows, new slot rows) from rows w, gradient rows g, slot rows s."""
+        return self.algorithm.update(self, w, g, s, lr, step)

@@ -1,0 +1,119 @@
+"""Where a sharded table's rows live: the placement rule, stated once.
+
+A table is placed over N workers in one of two ways (SOK's modes):
+  distributed     global row (or key) i lives on worker i mod N, as local
+                  row i div N of that worker's shard (keys of a dynamic
+                  table stay keys);
+  localized:<r>   every row lives on worker r, at its global row number.
+
+A sok table describes its placement as the triple `var.placement` =
+(world_size, rank, fixed_owner): fixed_owner is -1 for a distributed table
+and r for a localized one. Everything that needs the rule asks this module:
+the lookup's exchange (TensorFlow form), load and the savers (numpy form),
+the initial values of shards and the assembly of whole tables. The C++
+bucketing op (tf_ops/sharding) applies the same rule inside the graph; its
+tests compare it with this module.
+"""
+
+import numpy as np
+import tensorflow as tf
+
+DISTRIBUTED = "distributed"
+LOCALIZED_PREFIX = "localized:"
+
+
+def parse_mode(mode, world_size):
+    """("distributed", None) or ("localized", rank) from a mode string."""
+    if not isinstance(mode, str):
+        raise TypeError(f"mode must be a string; got {mode!r}")
+    if mode == DISTRIBUTED:
+        return DISTRIBUTED, None
+    if mode.startswith(LOCALIZED_PREFIX):
+        text = mode[len(LOCALIZED_PREFIX):]
+        try:
+            rank = int(text)
+        except ValueError:
+            rank = None
+        if rank is None or not 0 <= rank < world_size:
+            raise ValueError(
+                f"mode={mode!r}: the rank after 'localized:' must be an integer in "
+                f"[0, {world_size}) (the number of workers)"
+            )
+        return "localized", rank
+    raise ValueError(
+        f"mode must be 'distributed' or 'localized:<rank>'; got {mode!r}"
+    )
+
+
+def shard_of(value, world_size, rank, fixed_owner):
+    """The rows of a whole table's value (array or tensor, [rows, dim]) that
+    worker `rank` holds, in local row order."""
+    if fixed_owner < 0:
+        return value[rank::world_size]
+    if rank == fixed_owner:
+        return value
+    return value[:0]  # a localized table lives on one worker; the others hold no rows
+
+
+def owner_of(var, ids):
+    """The worker holding each of the global ids or keys `ids` (int64 tensor)."""
+    world_size, _, fixed_owner = var.placement
+    ids = tf.cast(ids, tf.int64)
+    if fixed_owner >= 0:
+        return tf.fill(tf.shape(ids), tf.constant(fixed_owner, tf.int64))
+    return tf.math.floormod(ids, world_size)
+
+
+def local_rows(var, ids):
+    """The row numbers in their owner's shard of global row ids `ids` of a
+    static table."""
+    world_size, _, fixed_owner = var.placement
+    return ids if fixed_owner >= 0 else tf.math.floordiv(ids, world_size)
+
+
+def global_rows(var, local):
+    """The global row numbers of this worker's local rows `local` of a static
+    table (the inverse of local_rows)."""
+    world_size, rank, fixed_owner = var.placement
+    return local if fixed_owner >= 0 else local * world_size + rank
+
+
+def owned_rows(var, ids, rows):
+    """The entries of (global ids or keys, rows) that this worker holds, as
+    (local ids, rows): local row numbers for a static table, keys for a
+    dynamic one. With one worker, all."""
+    world_size, rank, _ = var.placement
+    if world_size == 1:
+        return ids, rows
+    ids = tf.convert_to_tensor(ids)
+    keep = tf.equal(owner_of(var, ids), rank)
+    ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
+    if not hasattr(var, "key_type"):  # keys of a DynamicVariable stay keys
+        ids = local_rows(var, ids)
+    return ids, rows
+
+
+def owned_mask(var, ids):
+    """numpy: which of the global ids or keys `ids` this worker holds."""
+    world_size, rank, fixed_owner = var.placement
+    ids = np.asarray(ids)
+    if world_size == 1:
+        return np.ones(ids.shape, bool)
+    if fixed_owner >= 0:
+        return np.full(ids.shape, fixed_owner == rank)
+    return np.mod(ids.astype(np.int64), world_size) == rank
+
+
+def assemble(shard_rows, placement, global_shape):
+    """numpy: the whole static table from every worker's shard concatenated in
+    rank order (`shard_rows`, as an all-gather returns them)."""
+    world_size, _, fixed_owner = placement
+    if world_size == 1 or fixed_owner >= 0:
+        return shard_rows  # one worker, or a localized table: only its owner sent rows
+    whole = np.zeros(global_shape, shard_rows.dtype)
+    start = 0
+    for r in range(world_size):
+        count = len(range(r, global_shape[0], world_size))
+        whole[r::world_size] = shard_rows[start:start + count]
+        start += count
+    return whole
