@@ -223,8 +223,8 @@ class CollectiveStrategy:
         table_names = self._known_tables()
         for name in sorted(shapes):
             if name in table_names:
-                placement, global_shape = table_names[name]
-                tables.append((name, reader.get_tensor(name), placement, global_shape))
+                where, global_shape = table_names[name]
+                tables.append((name, reader.get_tensor(name), where, global_shape))
             elif not name.startswith(tuple(t + "/" for t in table_names)):
                 values[name] = reader.get_tensor(name)
         return values, tables
