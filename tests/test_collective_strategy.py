@@ -21,7 +21,7 @@ import pytest
 import tensorflow as tf
 
 import sok_graph as sok
-from sok_graph import collective_strategy as cs
+from sok_graph.collective_strategy import lookups as cs_lookups
 from sok_graph import context
 from multiworker.launching import launch, needs_horovod, run_process
 
@@ -146,8 +146,8 @@ def test_lookups_route_sok_variables_and_leave_others_to_tensorflow(none_engine)
         plain = tf.compat.v1.get_variable("plain", initializer=tf.constant(values))
         assert isinstance(table, sok.Variable) and not isinstance(plain, sok.Variable)
         sp, weights = tf.SparseTensor.from_value(sp), tf.SparseTensor.from_value(weights)
-        old = cs.lookup_sparse, cs.all2all_dense_embedding
-        cs.lookup_sparse, cs.all2all_dense_embedding = spy(old[0]), spy(old[1])
+        old = cs_lookups.lookup_sparse, cs_lookups.all2all_dense_embedding
+        cs_lookups.lookup_sparse, cs_lookups.all2all_dense_embedding = spy(old[0]), spy(old[1])
         try:
             got = [tf.nn.embedding_lookup(table, ids),
                    tf.compat.v1.nn.embedding_lookup(table, ids),
@@ -164,7 +164,7 @@ def test_lookups_route_sok_variables_and_leave_others_to_tensorflow(none_engine)
                     tf.nn.safe_embedding_lookup_sparse(plain, sp, weights, combiner="sum"),
                     tf.compat.v1.nn.safe_embedding_lookup_sparse([plain], sp, None)]
         finally:
-            cs.lookup_sparse, cs.all2all_dense_embedding = old
+            cs_lookups.lookup_sparse, cs_lookups.all2all_dense_embedding = old
         # Every lookup on the sok table went to sok (the first two to
         # all2all_dense_embedding), none on the plain one (TF's own).
         assert calls == ["all2all_dense_embedding"] * 2 + ["lookup_sparse"] * 5, calls

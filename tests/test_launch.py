@@ -1,8 +1,8 @@
 """The launcher, `python -m sok_graph.launch`: CPU workers on localhost.
 
-Most tests run the installed launch.py by its path (it uses the standard
-library only), so each run costs a Python start instead of a TensorFlow
-import; one test runs the documented `python -m sok_graph.launch`. The
+Most tests run the installed sok_graph/launch directory by its path (it
+uses the standard library only), so each run costs a Python start instead of
+a TensorFlow import; one test runs the documented `python -m sok_graph.launch`. The
 workers are small scripts written to tmp_path. Each worker records its pid,
 and every test checks by pid that no worker outlives the launcher.
 """
@@ -18,8 +18,10 @@ import time
 import pytest
 
 from sok_graph import launch
+from sok_graph.launch import cli as launch_cli
 
-LAUNCH_PY = launch.__file__
+# The package directory: `python <it>` runs its __main__.py.
+LAUNCH_PY = os.path.dirname(launch.__file__)
 # Generous bounds for a loaded 2-core machine; a hang fails the test instead
 # of stalling the suite.
 RUN_TIMEOUT_S = 60
@@ -439,7 +441,7 @@ def test_bad_arguments_exit_2_with_a_message(job, args, env, message):
 
 def test_python_dash_m_entry_point(job):
     # What users type. Imports sok_graph (and TensorFlow) in the launcher.
-    site = os.path.dirname(os.path.dirname(os.path.abspath(launch.__file__)))
+    site = os.path.dirname(os.path.dirname(os.path.abspath(LAUNCH_PY)))
     env = _env(
         PYTHONPATH=os.pathsep.join(
             [site] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -597,7 +599,7 @@ def test_horovod_only_where_it_is_installed_and_not_turned_off(tmp_path, monkeyp
     script = tmp_path / "noop.py"
     script.write_text("")
     for installed in (False, True):
-        monkeypatch.setattr(launch, "horovod_available", lambda v=installed: v)
+        monkeypatch.setattr(launch_cli, "horovod_available", lambda v=installed: v)
         assert launch.parse_args(["--cpu", str(script)]).horovod is installed
         assert launch.parse_args(["--cpu", "--no-horovod", str(script)]).horovod is False
 

@@ -98,9 +98,10 @@ from sok_graph import compat
 from sok_graph.communication.base import (Communicator, SingleProcess, copied_session_config,
                                           pack_chunks, valid_rows)
 from sok_graph.communication.replicas import MirroredReplicas
-# The launcher sets the variable; its name and default are the launcher's.
-from sok_graph.launch import DEFAULT_STALL_TIMEOUT_S
-from sok_graph.launch import ENV_STALL_TIMEOUT as STALL_TIMEOUT_ENV
+# The launcher sets the variable; its name and default are the launcher's
+# (its environment module alone: not the supervisor).
+from sok_graph.launch.environment import DEFAULT_STALL_TIMEOUT_S
+from sok_graph.launch.environment import ENV_STALL_TIMEOUT as STALL_TIMEOUT_ENV
 
 # MultiWorkerMirroredStrategy numbers its groups from 1 (+100000 per strategy
 # object); keys of this size never meet them. Keys are int32.

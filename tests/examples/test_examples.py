@@ -15,8 +15,9 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 
 def _installed_launcher():
+    # The package's directory: `python <it>` runs its __main__.py.
     spec = importlib.util.find_spec("sok_graph.launch")
-    return spec.origin
+    return os.path.dirname(spec.origin)
 
 
 def run_example(path, *args, workers=1):

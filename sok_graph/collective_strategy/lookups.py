@@ -1,0 +1,163 @@
+"""The patched embedding lookups (tf.nn and tf.compat.v1.nn, dense, sparse and
+safe sparse): on a sok variable they run sok's lookups, else TensorFlow's own.
+"""
+
+import tensorflow as tf
+
+from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
+
+from .patching import _bound, _originals, _tf_modules
+
+
+def _single_sok_table(params):
+    """The sok variable `params` stands for (itself, or the only entry of a
+    list), else None."""
+    if isinstance(params, (list, tuple)):
+        if len(params) == 1 and is_sok_variable(params[0]):
+            return params[0]
+        if any(is_sok_variable(p) for p in params):
+            raise ValueError(
+                "params lists a sok variable together with other tables; a sok "
+                "variable holds the whole table, pass it alone")
+        return None
+    return params if is_sok_variable(params) else None
+
+
+def _dense_lookup(table, ids, max_norm, name):
+    if max_norm is None:
+        return all2all_dense_embedding(table, ids, name=name)
+    with tf.name_scope(name or "embedding_lookup"):
+        ids = tf.convert_to_tensor(ids)
+        flat = tf.reshape(ids, [-1])
+        one_each = tf.RaggedTensor.from_row_lengths(
+            flat, tf.ones_like(flat, dtype=tf.int64), validate=False)
+        rows = lookup_sparse(table, one_each, combiners="sum", max_norm=max_norm)
+        out = tf.reshape(rows, tf.concat([tf.shape(ids), tf.shape(rows)[1:]], 0))
+        out.set_shape(ids.shape.concatenate(rows.shape[1:]))
+        return out
+
+
+def _make_dense_lookup(key):
+    def embedding_lookup(*args, **kwargs):
+        orig = _originals()[key]
+        a = _bound(orig, args, kwargs)
+        table = _single_sok_table(a["params"])
+        if table is None:
+            return orig(*args, **kwargs)
+        return _dense_lookup(table, a["ids"], a.get("max_norm"), a.get("name"))
+
+    embedding_lookup.__doc__ = _originals()[key].__doc__
+    return embedding_lookup
+
+
+def _as_2d(sp, what):
+    """`sp` with a static rank of 2 (a sparse_placeholder's rank is unknown
+    until it is fed; a fed rank other than 2 then fails in ensure_shape)."""
+    if sp is None:
+        return None
+    if isinstance(sp, tf.compat.v1.SparseTensorValue):
+        sp = tf.SparseTensor.from_value(sp)
+    rank = sp.shape.rank
+    if rank is not None and rank != 2:
+        raise ValueError(f"{what} must be a 2-D SparseTensor [batch, ids] for a sok variable; "
+                         f"got rank {rank}")
+    if rank is None:
+        sp = tf.SparseTensor(sp.indices, sp.values, tf.ensure_shape(sp.dense_shape, [2]))
+    return sp
+
+
+def _sparse_lookup_2d(table, sp_ids, sp_weights, combiner, max_norm, name):
+    combiner = combiner or "mean"
+    return lookup_sparse(table, _as_2d(sp_ids, "sp_ids"), _as_2d(sp_weights, "sp_weights"),
+                         combiners=combiner, max_norm=max_norm, name=name)
+
+
+def _make_sparse_lookup(key):
+    def embedding_lookup_sparse(*args, **kwargs):
+        orig = _originals()[key]
+        a = _bound(orig, args, kwargs)
+        table = _single_sok_table(a["params"])
+        if table is None:
+            return orig(*args, **kwargs)
+        return _sparse_lookup_2d(table, a["sp_ids"], a["sp_weights"], a["combiner"],
+                                 a["max_norm"], a["name"])
+
+    embedding_lookup_sparse.__doc__ = _originals()[key].__doc__
+    return embedding_lookup_sparse
+
+
+def _make_safe_sparse_lookup(key):
+    def safe_embedding_lookup_sparse(*args, **kwargs):
+        orig = _originals()[key]
+        a = _bound(orig, args, kwargs)
+        table = _single_sok_table(a["embedding_weights"])
+        if table is None:
+            return orig(*args, **kwargs)
+        if a["default_id"] is not None:
+            raise NotImplementedError(
+                "safe_embedding_lookup_sparse on a sok variable: default_id="
+                f"{a['default_id']!r} is not supported (samples without ids get zero rows); "
+                "pass default_id=None")
+        sp_ids, sp_weights = a["sparse_ids"], a["sparse_weights"]
+        with tf.name_scope(a["name"] or "embedding_lookup"):
+            # As TensorFlow's safe lookup: ids of any rank >= 2 are looked up
+            # per row of their last dimension; negative ids and non-positive
+            # weights are dropped.
+            if isinstance(sp_ids, tf.compat.v1.SparseTensorValue):
+                sp_ids = tf.SparseTensor.from_value(sp_ids)
+            if isinstance(sp_weights, tf.compat.v1.SparseTensorValue):
+                sp_weights = tf.SparseTensor.from_value(sp_weights)
+            shape = sp_ids.dense_shape
+            rank = sp_ids.shape.rank
+            if rank is None or rank != 2:
+                batch = tf.reduce_prod(shape[:-1])
+                sp_ids = tf.sparse.reshape(sp_ids, tf.stack([batch, shape[-1]]))
+                if sp_weights is not None:
+                    sp_weights = tf.sparse.reshape(sp_weights, tf.stack([batch, shape[-1]]))
+            keep = sp_ids.values >= 0
+            if sp_weights is not None:
+                keep = tf.logical_and(keep, sp_weights.values > 0)
+                sp_weights = tf.sparse.retain(sp_weights, keep)
+            sp_ids = tf.sparse.retain(sp_ids, keep)
+            out = lookup_sparse(table, _as_2d(sp_ids, "sparse_ids"),
+                                _as_2d(sp_weights, "sparse_weights"),
+                                combiners=a["combiner"] or "mean", max_norm=a["max_norm"])
+            if rank is None or rank != 2:
+                out = tf.reshape(out, tf.concat(
+                    [shape[:-1], tf.shape(out, out_type=tf.int64)[1:]], 0))
+            return out
+
+    safe_embedding_lookup_sparse.__doc__ = _originals()[key].__doc__
+    return safe_embedding_lookup_sparse
+
+
+def _lookup_patches():
+    embedding_ops = _tf_modules()[0]
+    dense_v1, dense_v2 = _make_dense_lookup("embedding_lookup"), \
+        _make_dense_lookup("embedding_lookup_v2")
+    sparse_v1, sparse_v2 = _make_sparse_lookup("embedding_lookup_sparse"), \
+        _make_sparse_lookup("embedding_lookup_sparse_v2")
+    safe_v1, safe_v2 = _make_safe_sparse_lookup("safe_embedding_lookup_sparse"), \
+        _make_safe_sparse_lookup("safe_embedding_lookup_sparse_v2")
+    patches = [
+        # Feature columns call these through the module at call time.
+        (embedding_ops, "embedding_lookup", dense_v1),
+        (embedding_ops, "embedding_lookup_v2", dense_v2),
+        (embedding_ops, "embedding_lookup_sparse", sparse_v1),
+        (embedding_ops, "embedding_lookup_sparse_v2", sparse_v2),
+        (embedding_ops, "safe_embedding_lookup_sparse", safe_v1),
+        (embedding_ops, "safe_embedding_lookup_sparse_v2", safe_v2),
+        # The public names are separate references to the same functions.
+        (tf.nn, "embedding_lookup", dense_v2),
+        (tf.nn, "embedding_lookup_sparse", sparse_v2),
+        (tf.nn, "safe_embedding_lookup_sparse", safe_v2),
+        (tf.compat.v1.nn, "embedding_lookup", dense_v1),
+        (tf.compat.v1.nn, "embedding_lookup_sparse", sparse_v1),
+        (tf.compat.v1.nn, "safe_embedding_lookup_sparse", safe_v1),
+    ]
+    if hasattr(tf.compat, "v2"):
+        patches += [(tf.compat.v2.nn, "embedding_lookup", dense_v2),
+                    (tf.compat.v2.nn, "embedding_lookup_sparse", sparse_v2),
+                    (tf.compat.v2.nn, "safe_embedding_lookup_sparse", safe_v2)]
+    return patches

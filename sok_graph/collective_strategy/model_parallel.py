@@ -1,0 +1,79 @@
+"""embedding_scope()'s patch: a partitioned get_variable of a [rows, dim]
+table makes one sok.Variable sharded over the workers (an ordinary one on export).
+"""
+
+import tensorflow as tf
+
+from sok_graph.distributed_variable import Variable as _SokVariable
+from sok_graph.distributed_variable import is_sok_variable
+
+from .export import _exporting
+from .patching import _bound, _originals, _tf_modules
+
+
+def _store_get_variable(store, *args, **kwargs):
+    orig = _originals()["store_get_variable"]
+    a = _bound(orig, (store,) + args, kwargs)
+    shape = a["shape"]
+    partitioner = a["partitioner"]
+    if partitioner is None or shape is None or len(tf.TensorShape(shape)) != 2:
+        return orig(store, *args, **kwargs)
+    if _exporting():
+        # The serving graph holds the whole table as one ordinary variable.
+        a["partitioner"] = None
+        a.pop("self")
+        return orig(store, **a)
+    from tensorflow.python.ops import variable_scope
+
+    name, dtype = a["name"], tf.as_dtype(a["dtype"])
+    reuse = a["reuse"]
+    existing = store._vars.get(name)
+    if existing is not None:
+        if reuse is True or reuse == variable_scope.AUTO_REUSE:
+            if not is_sok_variable(existing):
+                raise ValueError(f"variable {name!r} exists and is not a sok variable; it "
+                                 "cannot be reused as a model-parallel table")
+            return existing
+        raise ValueError(f"Variable {name} already exists, disallowed. Did you mean to set "
+                         "reuse=True or reuse=tf.compat.v1.AUTO_REUSE in VarScope?")
+    if reuse is True:
+        raise ValueError(f"Variable {name} does not exist, or was not created with "
+                         "tf.compat.v1.get_variable(). Did you mean to set "
+                         "reuse=tf.compat.v1.AUTO_REUSE in VarScope?")
+    full_shape = tf.TensorShape(shape).as_list()
+    if None in full_shape:
+        raise ValueError(f"variable {name!r}: a model-parallel table needs a fully defined "
+                         f"[rows, dim] shape; got {full_shape}")
+    initializer = a["initializer"]
+    with tf.compat.v1.name_scope(None), tf.compat.v1.name_scope(name + "/Initializer/"):
+        if initializer is None:
+            initializer = tf.compat.v1.glorot_uniform_initializer()
+        if isinstance(initializer, type):
+            initializer = initializer(dtype=dtype)
+        if callable(initializer):
+            value = initializer(full_shape, dtype=dtype)
+        else:
+            value = tf.convert_to_tensor(initializer, dtype=dtype)
+            if value.shape.as_list() != full_shape:
+                raise ValueError(f"variable {name!r}: the initializer's value has shape "
+                                 f"{value.shape.as_list()}, the variable {full_shape}")
+        value = tf.convert_to_tensor(value, dtype=dtype)
+    trainable = a["trainable"]
+    if trainable is None:
+        trainable = a["synchronization"] != tf.VariableSynchronization.ON_READ
+    with tf.compat.v1.name_scope(None):
+        var = _SokVariable(initial_value=value, mode="distributed", name=name, dtype=dtype,
+                           trainable=trainable, collections=a["collections"],
+                           caching_device=a["caching_device"], constraint=a["constraint"])
+    store._vars[name] = var
+    if a["regularizer"] is not None:
+        with tf.compat.v1.name_scope(None), tf.compat.v1.name_scope(name + "/Regularizer/"):
+            loss = a["regularizer"](var)
+        if loss is not None:
+            tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES, loss)
+    return var
+
+
+def _embedding_patches():
+    variable_scope = _tf_modules()[1]
+    return [(variable_scope._VariableStore, "get_variable", _store_get_variable)]

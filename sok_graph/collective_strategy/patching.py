@@ -1,0 +1,78 @@
+"""The patches the strategy's scopes install: a registry that installs and
+removes them, TensorFlow's own functions they replace, and binding a call to them.
+"""
+
+import inspect
+import threading
+
+# Patching: every patch is (owner, attribute, replacement); the original is
+# put back when the last scope using it closes.
+
+
+
+class _Patches:
+    def __init__(self):
+        self._lock = threading.RLock()
+        self._depth = {}     # group -> open scopes
+        self._saved = {}     # group -> [(owner, attr, original)]
+
+    def enter(self, group, patches):
+        with self._lock:
+            depth = self._depth.get(group, 0)
+            if depth == 0:
+                saved = []
+                for owner, attr, new in patches:
+                    saved.append((owner, attr, getattr(owner, attr)))
+                    setattr(owner, attr, new)
+                self._saved[group] = saved
+            self._depth[group] = depth + 1
+
+    def exit(self, group):
+        with self._lock:
+            depth = self._depth.get(group, 0) - 1
+            self._depth[group] = max(depth, 0)
+            if depth == 0:
+                for owner, attr, old in reversed(self._saved.pop(group, [])):
+                    setattr(owner, attr, old)
+
+    def active(self, group):
+        return self._depth.get(group, 0) > 0
+
+
+_PATCHES = _Patches()
+
+
+def _tf_modules():
+    from tensorflow.python.ops import embedding_ops, variable_scope
+    from tensorflow.python.training import monitored_session, optimizer, training
+
+    return embedding_ops, variable_scope, monitored_session, optimizer, training
+
+
+def _originals():
+    """TensorFlow's own functions (captured once, before any patch)."""
+    global _ORIG
+    if _ORIG is None:
+        embedding_ops, variable_scope, monitored_session, optimizer, _ = _tf_modules()
+        _ORIG = {
+            "embedding_lookup": embedding_ops.embedding_lookup,
+            "embedding_lookup_v2": embedding_ops.embedding_lookup_v2,
+            "embedding_lookup_sparse": embedding_ops.embedding_lookup_sparse,
+            "embedding_lookup_sparse_v2": embedding_ops.embedding_lookup_sparse_v2,
+            "safe_embedding_lookup_sparse": embedding_ops.safe_embedding_lookup_sparse,
+            "safe_embedding_lookup_sparse_v2": embedding_ops.safe_embedding_lookup_sparse_v2,
+            "store_get_variable": variable_scope._VariableStore.get_variable,
+            "compute_gradients": optimizer.Optimizer.compute_gradients,
+            "MonitoredTrainingSession": monitored_session.MonitoredTrainingSession,
+        }
+    return _ORIG
+
+
+_ORIG = None
+
+
+def _bound(fn, args, kwargs):
+    sig = inspect.signature(fn)
+    bound = sig.bind(*args, **kwargs)
+    bound.apply_defaults()
+    return bound.arguments

@@ -1,0 +1,257 @@
+"""The CollectiveStrategy class: engine, rank and world size, the two scopes,
+estimator() and export_saved_model() (the tables' shards gathered whole).
+"""
+
+import contextlib
+import inspect
+import os
+import tempfile
+
+import tensorflow as tf
+
+from sok_graph import context, placement
+from sok_graph.distributed_variable import is_sok_variable
+
+from .data_parallel import BroadcastHook, _model_parallel_variables, _scope_patches, _worker_dir
+from .engine import _engine_from_env, _start_horovod
+from .export import _write_saved_model
+from .lookups import _lookup_patches
+from .model_parallel import _embedding_patches
+from .patching import _PATCHES, _originals
+
+
+class _CallableInt(int):
+    """An int that also answers a call with itself: DeepRec's examples use
+    both `strategy.world_size()` and `strategy.world_size` (handed straight to
+    tf.fixed_size_partitioner)."""
+
+    def __call__(self):
+        return int(self)
+
+
+class CollectiveStrategy:
+    """DeepRec's synchronous-training interface on sok_graph (see the docstring
+    of sok_graph.collective_strategy)."""
+
+    def __init__(self):
+        self._engine = _engine_from_env()
+        _originals()  # TensorFlow's functions, before any scope patches them
+        if self._engine == "none":
+            self._comm = context.init(comm_tool="none")
+        else:
+            self._comm = _start_horovod()
+
+    @property
+    def engine(self):
+        return self._engine
+
+    @property
+    def communicator(self):
+        return self._comm
+
+    @property
+    def world_size(self):
+        """Number of workers: `strategy.world_size()` or `strategy.world_size`."""
+        return _CallableInt(self._comm.world_size)
+
+    @property
+    def rank(self):
+        """This worker's rank: `strategy.rank()` or `strategy.rank`."""
+        return _CallableInt(self._comm.rank)
+
+    def _make_current(self):
+        # sok variables and lookups use the process-wide communicator; make it
+        # this strategy's again if something re-initialized sok_graph since.
+        if context._communicator is not self._comm:
+            context._communicator = self._comm
+
+    @contextlib.contextmanager
+    def scope(self, *args, **kwargs):
+        """Data-parallel scope (see sok_graph.collective_strategy). Arguments are
+        accepted for DeepRec compatibility and ignored."""
+        del args, kwargs
+        self._make_current()
+        _PATCHES.enter("scope", _scope_patches())
+        _PATCHES.enter("lookup", _lookup_patches())
+        try:
+            yield self
+        finally:
+            _PATCHES.exit("lookup")
+            _PATCHES.exit("scope")
+
+    @contextlib.contextmanager
+    def embedding_scope(self, **kwargs):
+        """Model-parallel scope: partitioned get_variable -> one sharded
+        sok.Variable (see sok_graph.collective_strategy)."""
+        del kwargs
+        self._make_current()
+        _PATCHES.enter("embedding", _embedding_patches())
+        _PATCHES.enter("lookup", _lookup_patches())
+        try:
+            yield self
+        finally:
+            _PATCHES.exit("lookup")
+            _PATCHES.exit("embedding")
+
+    # ---------------------------------------------------------- estimator
+    def estimator(self, model_fn, model_dir=None, config=None, params=None,
+                  warm_start_from=None):
+        """A tf.estimator.Estimator training `model_fn` under this strategy.
+
+        model_fn runs inside scope(); its training hooks get the broadcast of
+        dense variables. The launcher's TF_CONFIG (workers only, which
+        RunConfig rejects) is hidden while the RunConfig is built: each worker
+        is a local estimator and Horovod does the communication. Rank 0 uses
+        `model_dir`; rank r > 0 uses <model_dir>/worker<r> (its checkpoints hold
+        its shard of the sok tables) and writes no summaries.
+
+        The estimator's own export_saved_model serves one process's tables:
+        with several workers use strategy.export_saved_model (every worker
+        calls it), which gathers the tables whole.
+        """
+        estimator_lib = getattr(tf, "estimator", None)
+        if estimator_lib is None or not hasattr(estimator_lib, "Estimator"):
+            raise NotImplementedError(
+                f"CollectiveStrategy.estimator needs tf.estimator, which TensorFlow "
+                f"{tf.__version__} does not have (it was removed in 2.16); use "
+                "MonitoredTrainingSession under strategy.scope() instead")
+        rank = self._comm.rank
+        saved = os.environ.pop("TF_CONFIG", None)
+        try:
+            if config is None:
+                config = estimator_lib.RunConfig()
+            if model_dir is None:
+                model_dir = config.model_dir
+            if model_dir is None and self._comm.world_size > 1:
+                model_dir = tempfile.mkdtemp(prefix=f"collective_strategy_rank{rank}_")
+            model_dir = _worker_dir(model_dir, rank)
+            replace = {"model_dir": model_dir}
+            if rank > 0:
+                replace.update(save_summary_steps=None, log_step_count_steps=None)
+            config = config.replace(**replace)
+            strategy = self
+
+            def wrapped_model_fn(features, labels, mode, params, config):
+                kwargs = {}
+                names = inspect.signature(model_fn).parameters
+                if "params" in names:
+                    kwargs["params"] = params
+                if "config" in names:
+                    kwargs["config"] = config
+                if "mode" in names:
+                    kwargs["mode"] = mode
+                if "labels" in names:
+                    kwargs["labels"] = labels
+                with strategy.scope():
+                    spec = model_fn(features, **kwargs)
+                    if mode == estimator_lib.ModeKeys.TRAIN and strategy.world_size > 1:
+                        hooks = list(spec.training_hooks or [])
+                        if not any(isinstance(h, BroadcastHook) for h in hooks):
+                            hooks.append(BroadcastHook(0))
+                        spec = spec._replace(training_hooks=hooks)
+                return spec
+
+            return estimator_lib.Estimator(model_fn=wrapped_model_fn, config=config,
+                                           params=params, warm_start_from=warm_start_from)
+        finally:
+            if saved is not None:
+                os.environ["TF_CONFIG"] = saved
+
+    # ---------------------------------------------------------- export
+    def export_saved_model(self, savedmodel_dir, checkpoint_dir=None, signature_def_fn=None,
+                           assets_extra=None, as_text=False, clear_devices=True,
+                           strip_default_attrs=True, session=None):
+        """Writes a SavedModel (tag "serve") that one process can serve, with
+        every sok table whole. Every worker must call it (the tables' shards
+        are gathered); rank 0 writes it and returns its directory, the others
+        return None.
+
+        signature_def_fn: called with no arguments in a new graph; rebuilds
+          the model (the same variable names as in training) and returns a
+          {key: SignatureDef} map, or (map, main_op). While it runs,
+          partitioned get_variable under embedding_scope() makes ordinary
+          variables of the whole table's shape and lookups are TensorFlow's
+          own, so the SavedModel needs no sok_graph op.
+        session: a session (tf.compat.v1.Session or MonitoredSession) of the
+          training graph, whose variable values are exported; or
+        checkpoint_dir: the training checkpoint directory (rank r > 0 reads
+          its shard from <checkpoint_dir>/worker<r>), when no session is given.
+        savedmodel_dir: the export directory (must not exist), as
+          tf.compat.v1.saved_model.Builder takes it.
+        """
+        if signature_def_fn is None or not callable(signature_def_fn):
+            raise ValueError("signature_def_fn must be a function building the serving graph "
+                             f"and returning its SignatureDef map; got {signature_def_fn!r}")
+        if session is None and checkpoint_dir is None:
+            raise ValueError("export_saved_model needs session=<a session of the training "
+                             "graph> or checkpoint_dir=<its checkpoint directory>")
+        values, tables = (self._session_values(session) if session is not None
+                          else self._checkpoint_values(checkpoint_dir))
+        full = self._gather_tables(tables)
+        values.update(full)
+        if self._comm.rank != 0:
+            return None
+        return _write_saved_model(savedmodel_dir, values, signature_def_fn, assets_extra,
+                                  as_text, clear_devices, strip_default_attrs, self._comm)
+
+    def _session_values(self, session):
+        raw = session._tf_sess() if hasattr(session, "_tf_sess") else session
+        graph = raw.graph
+        variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        got = raw.run(list(variables)) if variables else []
+        values, tables = {}, []
+        skip, prefixes = _model_parallel_variables(graph)
+        for v, x in zip(variables, got):
+            name = v.op.name
+            if is_sok_variable(v):
+                tables.append((name, x, v.placement, tuple(v.global_shape.as_list())))
+            elif id(v) in skip or name.startswith(prefixes):
+                continue  # optimizer slots of sharded tables are not served
+            else:
+                values[name] = x
+        return values, tables
+
+    def _checkpoint_values(self, checkpoint_dir):
+        own = _worker_dir(checkpoint_dir, self._comm.rank)
+        path = tf.train.latest_checkpoint(own)
+        if path is None:
+            raise ValueError(f"checkpoint_dir={checkpoint_dir!r}: no checkpoint in {own!r} for "
+                             f"rank {self._comm.rank}")
+        reader = tf.train.load_checkpoint(path)
+        shapes = reader.get_variable_to_shape_map()
+        values, tables = {}, []
+        table_names = self._known_tables()
+        for name in sorted(shapes):
+            if name in table_names:
+                where, global_shape = table_names[name]
+                tables.append((name, reader.get_tensor(name), where, global_shape))
+            elif not name.startswith(tuple(t + "/" for t in table_names)):
+                values[name] = reader.get_tensor(name)
+        return values, tables
+
+    def _known_tables(self):
+        graph = tf.compat.v1.get_default_graph()
+        return {v.op.name: (v.placement, tuple(v.global_shape.as_list()))
+                for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                if is_sok_variable(v)}
+
+    def _gather_tables(self, tables):
+        """{name: whole table} on rank 0 from every worker's shards."""
+        out = {}
+        if self._comm.world_size == 1:
+            return {name: shard for name, shard, _, _ in tables}
+        # A graph of its own, built the same way on every worker, so Horovod
+        # matches the gathers whatever the training graph's state.
+        with tf.Graph().as_default() as g:
+            feeds, gathered = [], []
+            for i, (name, shard, _, _) in enumerate(tables):
+                ph = tf.compat.v1.placeholder(tf.as_dtype(shard.dtype), [None, shard.shape[1]])
+                feeds.append(ph)
+                gathered.append(self._comm.allgather(ph, name=f"collective_export_gather_{i}"))
+            if not tables:
+                return out
+            with tf.compat.v1.Session(graph=g) as sess:
+                results = sess.run(gathered, {ph: t[1] for ph, t in zip(feeds, tables)})
+        for (name, _, where, global_shape), rows in zip(tables, results):
+            out[name] = placement.assemble(rows, where, global_shape)
+        return out

@@ -1,0 +1,172 @@
+"""The launcher's command line: its options, checked, with the worker count
+and GPUs they and the environment give.
+"""
+
+import argparse
+import math
+import os
+import sys
+
+from .environment import (
+    DEFAULT_GRACE_S,
+    DEFAULT_STALL_TIMEOUT_S,
+    ENV_GRACE,
+    ENV_STALL_TIMEOUT,
+    ENV_TIMEOUT,
+    horovod_available,
+    visible_gpus,
+)
+
+EXIT_BAD_ARGS = 2
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):
+        self.print_usage(sys.stderr)
+        sys.stderr.write(f"sok_graph.launch: error: {message}\n")
+        sys.exit(EXIT_BAD_ARGS)
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(
+            f"must be a positive integer (number of workers); got {text!r}"
+        )
+    return value
+
+
+def _seconds(text):
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"must be a positive number of seconds; got {text!r}")
+    return value
+
+
+def _parser():
+    p = _Parser(
+        prog="python -m sok_graph.launch",
+        usage="%(prog)s [-h] [-np N] [--cpu] [--timeout S] [--grace S] [--stall-timeout S] "
+        "[--no-tf-config] [--no-horovod] script.py [args...]",
+        description="Runs script.py in one worker process per GPU (or -np N CPU processes), "
+        "with the rank, world size and TF_CONFIG in each worker's environment; "
+        "if a worker fails, stops the others and exits with its status.",
+    )
+    p.add_argument(
+        "-np",
+        "--np",
+        dest="np",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="number of workers (default: one per GPU; 1 without GPUs)",
+    )
+    p.add_argument("--cpu", action="store_true", help="run CPU workers even where GPUs are visible")
+    p.add_argument(
+        "--timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="stop every worker after S seconds and exit 124 (default: no limit; "
+        f"env {ENV_TIMEOUT})",
+    )
+    p.add_argument(
+        "--grace",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="seconds between SIGTERM and SIGKILL when workers are stopped "
+        f"(default {DEFAULT_GRACE_S:g}; env {ENV_GRACE})",
+    )
+    p.add_argument(
+        "--stall-timeout",
+        type=_seconds,
+        default=None,
+        metavar="S",
+        help="bound on how long workers wait in a collective that another worker does not "
+        f"join; given to them as {ENV_STALL_TIMEOUT} and, with Horovod, as its stall and Gloo "
+        f"timeouts (default {DEFAULT_STALL_TIMEOUT_S:g}; env {ENV_STALL_TIMEOUT})",
+    )
+    p.add_argument(
+        "--no-horovod",
+        dest="horovod",
+        action="store_false",
+        help="do not serve a Horovod rendezvous or set HOROVOD_* variables, even where "
+        "Horovod is installed",
+    )
+    p.add_argument(
+        "--no-tf-config",
+        dest="tf_config",
+        action="store_false",
+        help="do not set TF_CONFIG (SOK_GRAPH_TF_CONFIG is still set)",
+    )
+    p.add_argument(
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="script.py args...",
+        help="the Python script each worker runs, and its arguments",
+    )
+    return p
+
+
+def _env_seconds(parser, name):
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return None
+    try:
+        return _seconds(text)
+    except argparse.ArgumentTypeError as e:
+        parser.error(f"environment variable {name} {e}")
+
+
+def parse_args(argv):
+    """Parsed and checked arguments; exits with status 2 and a message on bad ones."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    command = list(args.command)
+    if command[:1] == ["--"]:
+        command = command[1:]
+    if not command:
+        parser.error(
+            "no script given (expected: python -m sok_graph.launch [-np N] script.py args...)"
+        )
+    args.script, args.script_args = command[0], command[1:]
+    if args.timeout is None:
+        args.timeout = _env_seconds(parser, ENV_TIMEOUT)
+    if args.grace is None:
+        args.grace = _env_seconds(parser, ENV_GRACE) or DEFAULT_GRACE_S
+    if args.stall_timeout is None:
+        args.stall_timeout = _env_seconds(parser, ENV_STALL_TIMEOUT) or DEFAULT_STALL_TIMEOUT_S
+    # The workers run this Python, so they can import Horovod if it can.
+    args.horovod = args.horovod and horovod_available()
+    if not os.path.isfile(args.script):
+        parser.error(
+            f"script {args.script!r} is not a file (expected: python -m "
+            "sok_graph.launch [-np N] script.py args...)"
+        )
+    gpus = [] if args.cpu else visible_gpus()
+    if gpus:
+        if args.np is None:
+            args.np = len(gpus)
+        elif args.np > len(gpus):
+            where = (
+                "CUDA_VISIBLE_DEVICES=" + os.environ["CUDA_VISIBLE_DEVICES"]
+                if "CUDA_VISIBLE_DEVICES" in os.environ
+                else "nvidia-smi -L"
+            )
+            parser.error(
+                f"-np {args.np} asks for more workers than there are GPUs "
+                f"({len(gpus)}, from {where}); use -np <= {len(gpus)}, or --cpu "
+                "for CPU workers"
+            )
+        args.gpus = gpus[: args.np]
+    else:
+        args.np = 1 if args.np is None else args.np
+        args.gpus = None
+    return args

@@ -1,0 +1,373 @@
+"""The launcher's supervisor: starts Horovod's rendezvous server and the
+workers, forwards their output and signals, stops them all when one fails.
+"""
+
+import collections
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from .cli import parse_args
+from .environment import free_ports, horovod_environment, worker_environments
+
+EXIT_START_FAILED = 1
+EXIT_TIMEOUT = 124
+STDERR_TAIL_LINES = 20
+# The host name the Horovod rendezvous knows the workers' (one) host by, as in
+# `horovodrun -H localhost:N`.
+HOROVOD_HOST = "localhost"
+# How often the watch loop looks at the workers: the delay between a worker's
+# death and the others' SIGTERM.
+_POLL_S = 0.05
+# After SIGKILL, how long to wait for the kernel to reap before giving up
+# (a process stuck in uninterruptible sleep must not hang the launcher).
+_REAP_S = 5.0
+# How long to wait for a worker's pipes to reach EOF once it is gone (a child
+# it left behind may hold them open).
+_DRAIN_S = 2.0
+_FORWARDED = ("SIGINT", "SIGTERM", "SIGHUP")
+
+
+class LaunchError(RuntimeError):
+    """The launcher could not start the job (a worker or Horovod's rendezvous)."""
+
+
+class HorovodRendezvous:
+    """Horovod's Gloo rendezvous server for `world_size` workers on this host,
+    started and initialised as horovodrun's gloo_run does; `stop()` ends it.
+
+    Raises LaunchError when Horovod's runner cannot be imported or the server
+    cannot start.
+    """
+
+    def __init__(self, world_size):
+        try:
+            from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+            from horovod.runner.http.http_server import RendezvousServer
+            from horovod.runner.util.network import get_local_intfs
+        except Exception as e:  # any import-time failure of an installed package
+            raise LaunchError(
+                f"Horovod is installed but its runner cannot be imported ({type(e).__name__}: "
+                f"{e}); install Horovod's dependencies (cloudpickle psutil pyyaml packaging) "
+                "or run with --no-horovod"
+            ) from e
+        # The interface that has 127.0.0.1, found as horovodrun finds it for
+        # local hosts (driver_service.get_common_interfaces).
+        ifaces = sorted(get_local_intfs())
+        self.iface = ifaces[0] if ifaces else "lo"
+        self.slots = get_host_assignments(parse_hosts(f"{HOROVOD_HOST}:{world_size}"), world_size)
+        self._server = RendezvousServer()
+        try:
+            self.port = self._server.start()
+            self._server.init(self.slots)
+        except Exception as e:
+            raise LaunchError(
+                f"could not start Horovod's rendezvous server ({type(e).__name__}: {e}); "
+                "run with --no-horovod to launch without it"
+            ) from e
+
+    def environments(self):
+        """horovod_environment() of each rank, in rank order."""
+        return [horovod_environment(slot, self.port, self.iface) for slot in self.slots]
+
+    def stop(self):
+        self._server.stop()
+
+
+# -- the workers ------------------------------------------------------------------
+
+
+def _die_with_parent_hook():
+    """A preexec_fn that makes the kernel SIGKILL the worker if the launcher
+    dies without stopping it (e.g. by SIGKILL); None where that is not
+    available (not Linux)."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+    pr_set_pdeathsig = 1
+
+    def hook():
+        # Runs in the child between fork and exec: only the pre-resolved
+        # prctl and plain os calls.
+        prctl(pr_set_pdeathsig, int(signal.SIGKILL), 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before prctl
+            os._exit(1)
+
+    return hook
+
+
+class _Output:
+    """Prefixes lines with a rank and writes them whole, one at a time."""
+
+    def __init__(self):
+        self.lock = threading.Lock()
+        self._broken = set()
+
+    def write(self, stream, data):
+        with self.lock:
+            if stream in self._broken:
+                return
+            try:
+                buf = getattr(stream, "buffer", None)
+                if buf is not None:
+                    buf.write(data)
+                    buf.flush()
+                else:
+                    stream.write(data.decode("utf-8", "replace"))
+                    stream.flush()
+            except (OSError, ValueError):
+                # A closed reader of our output (`| head`) must not stop us
+                # from draining the workers' pipes, or they would block.
+                self._broken.add(stream)
+
+    def message(self, text):
+        self.write(sys.stderr, f"sok_graph.launch: {text}\n".encode())
+
+
+class _Worker:
+    def __init__(self, rank, proc, output):
+        self.rank = rank
+        self.proc = proc
+        self.stderr_tail = collections.deque(maxlen=STDERR_TAIL_LINES)
+        prefix = f"[{rank}] ".encode()
+        self.readers = [
+            threading.Thread(
+                target=self._pump, args=(proc.stdout, sys.stdout, prefix, None, output), daemon=True
+            ),
+            threading.Thread(
+                target=self._pump,
+                args=(proc.stderr, sys.stderr, prefix, self.stderr_tail, output),
+                daemon=True,
+            ),
+        ]
+
+    @staticmethod
+    def _pump(pipe, stream, prefix, tail, output):
+        # One thread per pipe keeps every pipe drained, so no worker blocks on
+        # a full pipe while we wait on another.
+        try:
+            for line in iter(lambda: pipe.readline(1 << 16), b""):
+                if not line.endswith(b"\n"):
+                    line += b"\n"
+                if tail is not None:
+                    tail.append(line)
+                output.write(stream, prefix + line)
+        except (OSError, ValueError):
+            pass
+        finally:
+            pipe.close()
+
+    @property
+    def running(self):
+        # returncode is set only when we reap the worker, so until then its pid
+        # (and process group) cannot belong to anyone else.
+        return self.proc.returncode is None
+
+    def signal(self, signum):
+        """Sends signum to the worker's process group (the worker and its
+        children), and SIGCONT after it: a stopped (frozen) process acts on
+        no signal but SIGKILL until it is continued."""
+        if not self.running:
+            return
+        try:
+            os.killpg(self.proc.pid, signum)
+            if signum != signal.SIGKILL:
+                os.killpg(self.proc.pid, signal.SIGCONT)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
+def _status(returncode):
+    """Exit status to report for a worker: its code, or 128 + N for signal N."""
+    return 128 - returncode if returncode < 0 else returncode
+
+
+def _describe(returncode):
+    if returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = "an unknown signal"
+        return f"was killed by {name} (signal {-returncode})"
+    return f"exited with status {returncode}"
+
+
+def _start(args, output, rendezvous):
+    ports = free_ports(args.np + 1)
+    envs = worker_environments(
+        args.np,
+        args.gpus,
+        ports[:-1],
+        ports[-1],
+        args.tf_config,
+        stall_timeout=args.stall_timeout,
+        horovod=None if rendezvous is None else rendezvous.environments(),
+    )
+    hook = _die_with_parent_hook()
+    cmd = [sys.executable, args.script] + list(args.script_args)
+    procs = []
+    try:
+        for env in envs:
+            procs.append(
+                subprocess.Popen(
+                    cmd,
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.PIPE,
+                    start_new_session=True,
+                    preexec_fn=hook,  # noqa: PLW1509  (see _die_with_parent_hook)
+                )
+            )
+    except OSError as e:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            p.wait()
+        raise LaunchError(f"could not start worker {len(procs)} ({cmd[0]}): {e}") from e
+    # Readers start after every fork, so no fork happens while they run.
+    workers = [_Worker(rank, p, output) for rank, p in enumerate(procs)]
+    for w in workers:
+        for t in w.readers:
+            t.start()
+    return workers
+
+
+def run(args):
+    """Runs the workers of parsed `args` to the end; returns the exit status."""
+    output = _Output()
+    received = []  # signals the launcher got, in order
+
+    def on_signal(signum, frame):
+        received.append(signum)
+
+    forwarded = [getattr(signal, name) for name in _FORWARDED if hasattr(signal, name)]
+    previous = {s: signal.signal(s, on_signal) for s in forwarded}
+    workers = []
+    rendezvous = None
+    try:
+        # Before free_ports: the server's port is then taken, so no worker
+        # address can be the same.
+        if args.horovod:
+            rendezvous = HorovodRendezvous(args.np)
+        workers = _start(args, output, rendezvous)
+        return _watch(workers, args, output, received)
+    finally:
+        # Only reached with workers running if the launcher itself failed.
+        for w in workers:
+            w.signal(signal.SIGKILL)
+        if rendezvous is not None:
+            rendezvous.stop()
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def _watch(workers, args, output, received):
+    start = time.monotonic()
+    failed = None  # the first worker that exited non-zero
+    status = None  # the launcher's exit status once stopping began
+    kill_at = None  # when SIGTERMed workers get SIGKILL
+    n_signals = 0
+    while True:
+        now = time.monotonic()
+        newly_failed = []
+        for w in workers:
+            if w.running and w.proc.poll() is not None and w.proc.returncode != 0:
+                newly_failed.append(w)
+        if failed is None and status is None and newly_failed:
+            failed = newly_failed[0]
+            status = _status(failed.proc.returncode)
+            others = [w for w in workers if w.running]
+            output.message(
+                f"rank {failed.rank} {_describe(failed.proc.returncode)}; "
+                f"stopping {len(others)} other worker(s)"
+            )
+            for w in others:
+                w.signal(signal.SIGTERM)
+            kill_at = now + args.grace
+        while n_signals < len(received):
+            signum = received[n_signals]
+            n_signals += 1
+            running = [w for w in workers if w.running]
+            if status is None:
+                output.message(
+                    f"got {signal.Signals(signum).name}; forwarding it to {len(running)} worker(s)"
+                )
+                for w in running:
+                    w.signal(signum)
+                status = 128 + signum
+                kill_at = now + args.grace
+            else:
+                output.message(
+                    f"got {signal.Signals(signum).name} while stopping the "
+                    "workers; killing them now"
+                )
+                kill_at = now
+        if status is None and args.timeout is not None and now - start >= args.timeout:
+            running = [w for w in workers if w.running]
+            output.message(
+                f"timeout of {args.timeout:g} s reached; stopping {len(running)} worker(s)"
+            )
+            for w in running:
+                w.signal(signal.SIGTERM)
+            status = EXIT_TIMEOUT
+            kill_at = now + args.grace
+        running = [w for w in workers if w.running]
+        if not running:
+            break
+        if kill_at is not None and now >= kill_at:
+            ranks = ",".join(str(w.rank) for w in running)
+            output.message(f"sending SIGKILL to rank(s) {ranks}")
+            for w in running:
+                w.signal(signal.SIGKILL)
+            _reap(running, output)
+            break
+        time.sleep(_POLL_S)
+    _drain(workers)
+    if failed is not None:
+        prefix = f"[{failed.rank}] "
+        tail = "".join(prefix + line.decode("utf-8", "replace") for line in failed.stderr_tail)
+        output.message(
+            f"rank {failed.rank} failed: it {_describe(failed.proc.returncode)}; "
+            "the last lines of its stderr:\n" + (tail or "(it wrote nothing to stderr)\n")
+        )
+    return 0 if status is None else status
+
+
+def _reap(workers, output):
+    deadline = time.monotonic() + _REAP_S
+    for w in workers:
+        try:
+            w.proc.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            output.message(
+                f"rank {w.rank} (pid {w.proc.pid}) did not die from SIGKILL "
+                f"within {_REAP_S:g} s; leaving it"
+            )
+
+
+def _drain(workers):
+    deadline = time.monotonic() + _DRAIN_S
+    for w in workers:
+        for t in w.readers:
+            t.join(max(0.0, deadline - time.monotonic()))
+
+
+def main(argv=None):
+    args = parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        return run(args)
+    except LaunchError as e:
+        sys.stderr.write(f"sok_graph.launch: error: {e}\n")
+        return EXIT_START_FAILED
