@@ -62,7 +62,7 @@ def test_new_keys_are_inserted_with_initializer():
     out = sok.lookup_sparse(v, tf.ragged.constant([[123456789012, 5], [5]], tf.int64),
                             combiners="sum")
     np.testing.assert_allclose(out.numpy(), [[0.5] * 4, [0.25] * 4])
-    assert int(v.size()) == 2
+    assert int(v.size[0]) == 2
 
 
 def _train_steps(rng, steps, make_step):

@@ -42,8 +42,46 @@ def is_tf1_optimizer(opt):
     return isinstance(opt, tf.compat.v1.train.Optimizer)
 
 
+# Packages whose optimizers are Keras optimizers even when tf.keras is
+# another Keras: tf_keras (Keras 2 as a package, which SOK scripts on
+# TF >= 2.17 import for its legacy optimizers) and keras itself.
+_KERAS_PACKAGES = ("tf_keras", "keras")
+# Base classes of those packages' optimizers, by name: Keras 2's legacy
+# OptimizerV2 (tf_keras.optimizers.legacy.*), Keras 2's new Optimizer and
+# Keras 3's (Base)Optimizer.
+_KERAS_BASE_NAMES = ("OptimizerV2", "Optimizer", "BaseOptimizer", "TFOptimizer")
+
+
+def is_package_keras_optimizer(opt):
+    """An optimizer of the tf_keras (or keras) package, recognised by the
+    package and name of a base class, without importing the package: tf_keras
+    need not be installed, and its classes are not tf.keras's on TF >= 2.16."""
+    for cls in type(opt).__mro__:
+        package = (getattr(cls, "__module__", "") or "").split(".")[0]
+        if package in _KERAS_PACKAGES and cls.__name__ in _KERAS_BASE_NAMES:
+            return callable(getattr(opt, "apply_gradients", None))
+    return False
+
+
 def is_keras_optimizer(opt):
-    return isinstance(opt, keras_optimizer_classes())
+    return isinstance(opt, keras_optimizer_classes()) or is_package_keras_optimizer(opt)
+
+
+def legacy_optimizers_module():
+    """``tf.keras.optimizers.legacy`` where it holds Keras 2's OptimizerV2
+    optimizers (TF 2.11 to 2.15, or TF_USE_LEGACY_KERAS=1 with tf_keras);
+    None where it does not (Keras 3, whose ``legacy`` names only raise, and
+    TensorFlow before 2.11, whose optimizers are all OptimizerV2 already)."""
+    try:
+        legacy = tf.keras.optimizers.legacy
+        base = legacy.Optimizer
+    except (AttributeError, ImportError):
+        return None
+    if not isinstance(base, type):
+        return None
+    if "OptimizerV2" not in [cls.__name__ for cls in base.__mro__]:
+        return None
+    return legacy
 
 
 def is_optimizer(opt):
