@@ -26,7 +26,12 @@ def _is_localized(mode):
 def _whole_value(initial_value, kwargs):
     """The whole table's value from initial_value, or (as SOK allows) from
     shape= and initializer= (a Keras / tf initializer called with the shape
-    and dtype) when initial_value is None. A vector [dim] is one row."""
+    and dtype) when initial_value is None.
+
+    A vector is refused: SOK means it as one row [1, dim], but its
+    distributed path fails on it (a misspelt attribute) and its localized
+    path makes a 1-D variable whose global_shape says [1, dim]; here a table
+    is always [rows, dim]."""
     shape = kwargs.pop("shape", None)
     initializer = kwargs.pop("initializer", None)
     value = initial_value() if callable(initial_value) else initial_value
@@ -42,16 +47,14 @@ def _whole_value(initial_value, kwargs):
                          "shape= and initializer=")
     if isinstance(value, list):
         value = np.asarray(value)
-    if len(np.shape(value) if not isinstance(value, tf.Tensor) else value.shape) == 1:
-        value = value[None, :] if not isinstance(value, tf.Tensor) else value[tf.newaxis]
     return value
 
 
 class Variable(_ResourceVariable):
     """A sok embedding table: ``Variable(initial_value, mode="distributed", **tf.Variable kwargs)``.
 
-    initial_value: [rows, dim] of the whole table (or a callable giving it;
-      a vector [dim] is one row, as in SOK). Without it, shape=[rows, dim]
+    initial_value: [rows, dim] of the whole table (or a callable giving it).
+      Without it, shape=[rows, dim]
       and initializer= (a Keras / tf initializer or its name) make it.
     mode: "distributed" or "localized:<rank>". The object is a
       DistributedVariable or a LocalizedVariable, as SOK's sok.Variable

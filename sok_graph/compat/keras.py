@@ -2,6 +2,8 @@
 kind: Keras 2 (``tf.keras.optimizers`` up to TF 2.15, plus its ``legacy``
 optimizers), Keras 3 (TF 2.16+), and ``tf.compat.v1.train`` optimizers."""
 
+import sys
+
 import tensorflow as tf
 
 
@@ -34,7 +36,24 @@ def keras_optimizer_classes():
     base = getattr(legacy, "Optimizer", None)
     if isinstance(base, type) and hasattr(base, "apply_gradients"):
         classes.append(base)
+    for cls in package_keras_optimizer_classes():
+        if cls not in classes:
+            classes.append(cls)
     return tuple(classes)
+
+
+def package_keras_optimizer_classes():
+    """The optimizer base classes of tf_keras (Keras 2 as a package: its new
+    Optimizer and its legacy OptimizerV2) when a script has imported it;
+    sok_graph never imports it itself."""
+    module = sys.modules.get("tf_keras")
+    optimizers = getattr(module, "optimizers", None)
+    classes = []
+    for holder in (optimizers, getattr(optimizers, "legacy", None)):
+        base = getattr(holder, "Optimizer", None)
+        if isinstance(base, type) and hasattr(base, "apply_gradients"):
+            classes.append(base)
+    return classes
 
 
 def is_tf1_optimizer(opt):
