@@ -341,26 +341,36 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
                 f"key_type={self._key_type.name} var_type={self._var_type}>")
 
     # ---------------------------------------------------------------- table ops
-    def _check_keys(self, keys):
+    def _check_keys(self, keys, widen=False):
         keys = tf.convert_to_tensor(keys)
-        if keys.dtype == tf.int32 and self._key_type == tf.int64:
-            keys = tf.cast(keys, tf.int64)  # widening, as SOK does
+        if widen and keys.dtype == tf.int32 and self._key_type == tf.int64:
+            keys = tf.cast(keys, tf.int64)  # SOK's sparse_read widens int32 keys too
         if keys.dtype != self._key_type:
             raise TypeError(f"keys for DynamicVariable '{self._name}' must be "
                             f"{self._key_type.name} (its key_type); got {keys.dtype.name}")
         return keys
 
     def sparse_read(self, keys, name=None):
-        """Rows [n, dimension] of keys, inserting missing ones; differentiable."""
-        keys = self._check_keys(keys)
+        """Rows keys.shape + [dimension] of keys (any shape), inserting
+        missing ones; differentiable. int32 keys of an int64 table are
+        widened (as SOK does)."""
+        keys = self._check_keys(keys, widen=True)
         if self._trainable:
             compat.record_variable_access(self)
+        shaped = keys.shape.rank != 1
+        if shaped:  # keys of any shape, as tf.nn.embedding_lookup passes them
+            key_shape = tf.shape(keys)
+            static_shape = keys.shape
+            keys = tf.reshape(keys, [-1])
         rows, _, evicted = dynamic_ops.find_or_insert_evicting(self._handle, keys,
                                                                self._dimension)
         if self._shadows:
             drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
             with tf.control_dependencies(drops):
                 rows = tf.identity(rows)
+        if shaped:
+            rows = tf.reshape(rows, tf.concat([key_shape, [self._dimension]], 0))
+            rows.set_shape(static_shape.concatenate([self._dimension]))
         return rows
 
     def add_shadow(self, table):
