@@ -169,10 +169,10 @@ def native_object_class():
     """The marker base that lets TensorFlow's ops take an object as it is
     instead of converting it to a tensor (tf.nn.embedding_lookup passes such
     params to their sparse_read); `object` where TensorFlow has none."""
-    try:
-        from tensorflow.python.types import internal
-    except ImportError:  # TF 1.x
+    if IS_TF1:
         return object
+    from tensorflow.python.types import internal
+
     return getattr(internal, "NativeObject", object)
 
 

@@ -92,15 +92,16 @@ def legacy_optimizers_module():
     None where it does not (Keras 3, whose ``legacy`` names only raise, and
     TensorFlow before 2.11, whose optimizers are all OptimizerV2 already)."""
     try:
-        legacy = tf.keras.optimizers.legacy
-        base = legacy.Optimizer
-    except (AttributeError, ImportError):
+        optimizers = getattr(tf.keras, "optimizers", None)
+        module = getattr(optimizers, "legacy", None)
+        legacy_base = getattr(module, "Optimizer", None)
+    except ImportError:  # a lazily loaded Keras that is not installed
         return None
-    if not isinstance(base, type):
+    if not isinstance(legacy_base, type):
         return None
-    if "OptimizerV2" not in [cls.__name__ for cls in base.__mro__]:
+    if "OptimizerV2" not in [cls.__name__ for cls in getattr(legacy_base, "__mro__", ())]:
         return None
-    return legacy
+    return module
 
 
 def is_optimizer(opt):
