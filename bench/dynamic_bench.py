@@ -123,7 +123,7 @@ class Sok:
         return int(dynamic_ops.remove(self.handle, keys))
 
     def size(self):
-        return int(self.var.size())
+        return int(self.var.size[0])
 
 
 class MutableHashTable:

@@ -9,8 +9,8 @@
 __version__ = "0.1.0"
 
 from sok_graph import compat  # noqa: F401  (the TF-version layer)
-from sok_graph.context import init
-from sok_graph.distributed_variable import Variable
+from sok_graph.context import init, set_comm_tool
+from sok_graph.distributed_variable import DistributedVariable, LocalizedVariable, Variable
 from sok_graph.dump_load import dump, incremental_model_dump, load
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
@@ -27,7 +27,23 @@ from sok_graph.v1.session import (Init, InitHook, global_variables_initializer,
                                   initialize_session)
 from sok_graph.collective_strategy import CollectiveStrategy  # DeepRec's front end
 
-__all__ = ["init", "Variable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
+# SOK's module attributes: TensorFlow's version as a list of ints, and
+# `raw_ops`, the op library (sok_graph's own, with sok_graph's op names),
+# loaded when first asked for, as every op of the package loads it.
+tf_version = compat.TF_VERSION_LIST
+
+
+def __getattr__(name):
+    if name == "raw_ops":
+        from sok_graph.ops import library
+
+        return library.load()
+    raise AttributeError(f"module 'sok_graph' has no attribute {name!r}")
+
+# raw_ops is public too; it stays out of __all__ so that `import *` does not
+# load the op library.
+__all__ = ["init", "set_comm_tool", "tf_version", "Variable",
+           "DistributedVariable", "LocalizedVariable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
            "OptimizerWrapper", "SGD", "assign", "export", "filter_variables",
            "sparse_read_and_evict", "dump", "load", "incremental_model_dump", "__version__",
            "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "OptimizerScope",

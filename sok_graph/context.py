@@ -1,13 +1,17 @@
 """Process-wide sok_graph state: which communicator is in use.
 
-`init` is pure Python and creates no graph op (SOK 2.x semantics); it never
-touches anything global outside this module — in particular it does not
-rebind ``tf.keras.optimizers``.
+`init` is pure Python and creates no graph op (SOK 2.x semantics). Like
+SOK's, with use_legacy_optimizer=True (the default) it makes
+``tf.keras.optimizers`` and ``tf.optimizers`` the legacy (OptimizerV2)
+optimizers where TensorFlow has them (see `use_legacy_keras_optimizers`);
+that is the only state it changes outside this module.
 """
 
 import threading
 
-from sok_graph import communication
+import tensorflow as tf
+
+from sok_graph import communication, compat
 
 _lock = threading.Lock()
 _communicator = None
@@ -20,17 +24,69 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
 
     comm_tool: "horovod" (SOK's default), "tf" (tf.distribute) or "none". With
       Horovod absent or not initialized, "horovod" means a single process.
-    use_legacy_optimizer: accepted for SOK compatibility; sok_graph works
-      with both legacy and new Keras optimizers and changes no global state.
+    use_legacy_optimizer: True (SOK's default) makes ``tf.keras.optimizers``
+      and ``tf.optimizers`` the legacy optimizers, as SOK does, where
+      TensorFlow has them (TF 2.11 to 2.15, Keras 2): one legacy optimizer
+      object then updates any variable it is given, at any time, while
+      Keras 2's new optimizers only update the variables of their first
+      call. On Keras 3 (TF >= 2.16) nothing changes, as in SOK: tf.keras
+      has no legacy optimizers there (SOK scripts use
+      ``tf_keras.optimizers.legacy`` explicitly, which sok_graph accepts),
+      and rebinding tf.keras to tf_keras's would break Keras 3 models.
+      False leaves tf.keras alone. sok.OptimizerWrapper takes either kind.
+
+    Calling init again replaces the communicator (SOK allows one call).
+    Returns the communicator (SOK returns None).
     """
-    global _communicator
     if not isinstance(use_legacy_optimizer, bool):
         raise TypeError(
             f"use_legacy_optimizer must be a bool; got {use_legacy_optimizer!r}"
         )
+    if use_legacy_optimizer:
+        use_legacy_keras_optimizers()
+    return set_comm_tool(comm_tool)
+
+
+def set_comm_tool(tool):
+    """Selects the communicator by name ("horovod", "tf" or "none"), as
+    sok.init does. SOK refuses a second call; here a later call replaces the
+    communicator, so scripts and notebooks can initialize again."""
+    global _communicator
     with _lock:
-        _communicator = communication.create(comm_tool)
+        _communicator = communication.create(tool)
     return _communicator
+
+
+# (module, attribute, original value) of every rebinding init made, so that
+# restore_keras_optimizers can undo them.
+_rebound = []
+
+
+def use_legacy_keras_optimizers():
+    """Makes tf.keras.optimizers and tf.optimizers the legacy optimizers
+    where TensorFlow has OptimizerV2 ones; True when it did."""
+    legacy = compat.legacy_optimizers_module()
+    if legacy is None:
+        return False
+    with _lock:
+        for module, attr in ((tf.keras, "optimizers"), (tf, "optimizers")):
+            current = getattr(module, attr, None)
+            if current is None or current is legacy:
+                continue
+            target = getattr(current, "legacy", None)
+            if target is None:
+                continue
+            _rebound.append((module, attr, current))
+            setattr(module, attr, target)
+    return True
+
+
+def restore_keras_optimizers():
+    """Undoes use_legacy_keras_optimizers (tests use it to isolate)."""
+    with _lock:
+        while _rebound:
+            module, attr, original = _rebound.pop()
+            setattr(module, attr, original)
 
 
 def communicator(caller="this call"):

@@ -19,25 +19,64 @@ from sok_graph import compat, context, placement, replica_shards
 _ResourceVariable = compat.resource_variable_class()
 
 
+def _is_localized(mode):
+    return isinstance(mode, str) and mode.startswith(placement.LOCALIZED_PREFIX)
+
+
+def _whole_value(initial_value, kwargs):
+    """The whole table's value from initial_value, or (as SOK allows) from
+    shape= and initializer= (a Keras / tf initializer called with the shape
+    and dtype) when initial_value is None.
+
+    A vector is refused: SOK means it as one row [1, dim], but its
+    distributed path fails on it (a misspelt attribute) and its localized
+    path makes a 1-D variable whose global_shape says [1, dim]; here a table
+    is always [rows, dim]."""
+    shape = kwargs.pop("shape", None)
+    initializer = kwargs.pop("initializer", None)
+    value = initial_value() if callable(initial_value) else initial_value
+    if value is None and initializer is not None:
+        if shape is None:
+            raise ValueError("sok.Variable(initializer=...) needs shape=[rows, dim]")
+        dtype = kwargs.get("dtype") or tf.float32
+        if isinstance(initializer, str):
+            initializer = tf.keras.initializers.get(initializer)
+        value = initializer(shape=tf.TensorShape(shape).as_list(), dtype=tf.as_dtype(dtype))
+    if value is None:
+        raise ValueError("initial_value must be given (a [rows, dim] array or tensor), or "
+                         "shape= and initializer=")
+    if isinstance(value, list):
+        value = np.asarray(value)
+    return value
+
+
 class Variable(_ResourceVariable):
     """A sok embedding table: ``Variable(initial_value, mode="distributed", **tf.Variable kwargs)``.
 
     initial_value: [rows, dim] of the whole table (or a callable giving it).
+      Without it, shape=[rows, dim]
+      and initializer= (a Keras / tf initializer or its name) make it.
+    mode: "distributed" or "localized:<rank>". The object is a
+      DistributedVariable or a LocalizedVariable, as SOK's sok.Variable
+      returns; both are sok.Variable subclasses.
     """
 
     def __new__(cls, initial_value=None, mode="distributed", *args, **kwargs):
+        if cls is Variable:
+            cls = LocalizedVariable if _is_localized(mode) else DistributedVariable
         comm = context.active()
-        if replica_shards.replicates(comm) and callable(initial_value):
-            initial_value = initial_value()  # one whole table for every replica's shard
+        if replica_shards.replicates(comm) and (callable(initial_value) or (
+                initial_value is None and "initializer" in kwargs)):
+            # one whole table for every replica's shard
+            kwargs = dict(kwargs)
+            initial_value = _whole_value(initial_value, kwargs)
         shards = replica_shards.replicate(cls, (initial_value, mode) + args, kwargs, comm)
         return shards if shards is not None else super().__new__(cls)
 
     def __init__(self, initial_value=None, mode="distributed", *args, **kwargs):
         comm = context.communicator("creating a sok.Variable")
         self._sok_mode, self._sok_target_rank = placement.parse_mode(mode, comm.world_size)
-        value = initial_value() if callable(initial_value) else initial_value
-        if value is None:
-            raise ValueError("initial_value must be given (a [rows, dim] array or tensor)")
+        value = _whole_value(initial_value, kwargs)
         shape = tuple(tf.TensorShape(np.shape(value) if not isinstance(value, tf.Tensor)
                                      else value.shape).as_list())
         if len(shape) != 2:
@@ -66,6 +105,22 @@ class Variable(_ResourceVariable):
         return self._sok_global_shape
 
     @property
+    def num_gpus(self):
+        """The number of workers the table is placed over (SOK's name)."""
+        return self._sok_world_size
+
+    @property
+    def global_gpu_id(self):
+        """This worker's rank (SOK's name)."""
+        return self._sok_rank
+
+    def key_map(self, indices):
+        """The local row numbers, in their owner's shard, of global row ids
+        `indices` (SOK's name): id // workers for a distributed table, the
+        ids themselves for a localized one."""
+        return placement.local_rows(self, indices)
+
+    @property
     def is_sok_variable(self):
         return True
 
@@ -75,6 +130,28 @@ class Variable(_ResourceVariable):
         sok_graph/placement.py reads (fixed_owner -1: distributed)."""
         owner = -1 if self._sok_target_rank is None else self._sok_target_rank
         return self._sok_world_size, self._sok_rank, owner
+
+
+class DistributedVariable(Variable):
+    """A sok.Variable with mode="distributed" (what SOK's sok.Variable
+    returns for that mode): global row i on worker i % N."""
+
+    def __init__(self, initial_value=None, mode="distributed", *args, **kwargs):
+        if _is_localized(mode):
+            raise ValueError(f"a DistributedVariable has mode='distributed'; got {mode!r} "
+                             f"(use sok.Variable or sok.LocalizedVariable)")
+        super().__init__(initial_value, mode, *args, **kwargs)
+
+
+class LocalizedVariable(Variable):
+    """A sok.Variable with mode="localized:<rank>" (what SOK's sok.Variable
+    returns for that mode): every row on worker <rank>. Made directly,
+    ``LocalizedVariable(value, mode="localized:0")``."""
+
+    def __init__(self, initial_value=None, mode="distributed", *args, **kwargs):
+        if not _is_localized(mode):
+            raise ValueError(f"a LocalizedVariable needs mode='localized:<rank>'; got {mode!r}")
+        super().__init__(initial_value, mode, *args, **kwargs)
 
 
 def is_sok_variable(value):

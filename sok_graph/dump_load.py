@@ -153,6 +153,8 @@ def _check_vars(variables, what):
     repeats (e.g. eager tf.Variables are all "Variable") gets _1, _2, ... in
     list order, so load() matches them when given the same list."""
     names = {}
+    if is_sok_variable(variables):
+        variables = [variables]  # SOK takes one variable or a list
     for v in list(variables):
         if not is_sok_variable(v):
             raise TypeError(f"{what} must hold sok.Variable or sok.DynamicVariable objects; got "

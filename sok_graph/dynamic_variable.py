@@ -1,8 +1,11 @@
 """`sok.DynamicVariable`: an embedding table keyed by arbitrary int32/int64 ids
 that grows as new ids arrive, backed by the dynamic-table resource.
 
-var_type="hbm": no bound on rows (SOK's GPU-memory table; on CPU the rows
-  live in host memory).
+var_type="hbm" (the default, as in SOK): no bound on rows (SOK's
+  GPU-memory table; on CPU the rows live in host memory). SOK's capacity
+  settings (init_capacity, max_capacity, max_hbm_for_vectors) are accepted
+  with it, as SOK passes them to that table too: init_capacity sizes the
+  first allocation; the others neither bound nor evict ("hbm" never evicts).
 var_type="hybrid": bounded by max_capacity rows and/or max_hbm_for_vectors
   GiB of row storage; when full, the least recently (evict_strategy="lru",
   the default) or least frequently ("lfu") used rows are evicted. On CPU
@@ -26,17 +29,29 @@ def _is_power_of_two(x):
     return isinstance(x, (int, np.integer)) and x > 0 and (x & (x - 1)) == 0
 
 
+def _number(text):
+    """The float a string holds ("13", "-0.5", "1e-3"), else None."""
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
 def initializer_spec(initializer, seed=None):
-    """The table's initializer attributes from SOK's accepted forms: None or
-    "uniform" (uniform in [-0.05, 0.05), as a Keras Embedding starts),
+    """The table's initializer attributes from SOK's accepted forms: None,
+    "random" (SOK's default name) or "uniform" (uniform in [-0.05, 0.05), as
+    a Keras Embedding starts), a string holding a number ("13": constant),
     "normal" / "truncated_normal" (mean 0, stddev 0.05, as Keras' defaults),
     "zeros", "ones", a number (constant), or a Keras / tf initializer object
     (RandomNormal, TruncatedNormal, RandomUniform, Zeros, Ones, Constant)."""
     spec = dict(initializer="normal", mean=0.0, stddev=0.05, seed=seed or 0)
-    if initializer is None:
-        initializer = "uniform"
+    if initializer is None or initializer in ("", "random"):
+        initializer = "uniform"  # SOK's default, "random", a small uniform range
     if initializer in ("normal", "random_normal"):
         return spec
+    if isinstance(initializer, str) and _number(initializer) is not None:
+        # SOK: a string holding a number is a constant initializer ("13").
+        return dict(spec, initializer="constant", value=_number(initializer))
     if isinstance(initializer, str):
         names = {"uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
                  "random_uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
@@ -79,7 +94,7 @@ def initializer_spec(initializer, seed=None):
         f"TruncatedNormal, RandomUniform, Zeros, Ones, Constant or one of their names")
 
 
-class DynamicVariable(compat.trackable_base_class()):
+class DynamicVariable(compat.trackable_base_class(), compat.native_object_class()):
     """``DynamicVariable(dimension, initializer=None, var_type=None, name=None,
     constraint=None, trainable=True, key_type=None, dtype=None, mode=None,
     **table_config)``
@@ -92,6 +107,10 @@ class DynamicVariable(compat.trackable_base_class()):
     # The tape and tf.Module treat objects with this attribute as resource
     # variables: gradients w.r.t. them are gradients w.r.t. `handle`.
     _should_act_as_resource_variable = True
+    # As a NativeObject (the base above), TensorFlow's ops take the table as
+    # it is: tf.nn.embedding_lookup(table, keys) reads rows through
+    # sparse_read, as it does for a tf.Variable, and its gradient is
+    # IndexedSlices of keys.
 
     _TABLE_CONFIG_KEYS = ("init_capacity", "max_capacity", "max_hbm_for_vectors",
                           "evict_strategy", "seed")
@@ -138,6 +157,8 @@ class DynamicVariable(compat.trackable_base_class()):
             raise ValueError(f"evict_strategy must be 'lru' or 'lfu'; got "
                              f"{table_config.get('evict_strategy')!r}")
         spec = initializer_spec(initializer, table_config.get("seed"))
+        self._table_config = dict(table_config)
+        self._initializer_arg = initializer
         self._config = dict(limits, eviction=eviction, **spec)
 
         if tf.executing_eagerly():
@@ -168,9 +189,13 @@ class DynamicVariable(compat.trackable_base_class()):
         if not isinstance(init_capacity, (int, np.integer)) or init_capacity < 0:
             raise ValueError(f"init_capacity must be a non-negative integer; got {init_capacity!r}")
         if self._var_type == "hbm":
+            # SOK hands every setting to the table as configuration; its
+            # unbounded table takes the capacities as sizes, not limits.
             for key in ("max_capacity", "max_hbm_for_vectors"):
-                if cfg.get(key):
-                    raise ValueError(f"{key} bounds a table: use var_type='hybrid' with it")
+                value = cfg.get(key, 0)
+                if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                        or value < 0:
+                    raise ValueError(f"{key} must be a non-negative number; got {value!r}")
             return dict(init_capacity=int(init_capacity), max_capacity=0, max_bytes=0)
         max_capacity = cfg.get("max_capacity", init_capacity)
         for key, value in (("init_capacity", init_capacity), ("max_capacity", max_capacity)):
@@ -264,6 +289,40 @@ class DynamicVariable(compat.trackable_base_class()):
         return self._var_type
 
     @property
+    def backend_type(self):
+        """SOK's name for var_type ("hbm" or "hybrid")."""
+        return self._var_type
+
+    @property
+    def handle_dtype(self):
+        """SOK's name for the rows' dtype."""
+        return self._dtype
+
+    @property
+    def config_dict(self):
+        """The table settings given as keyword arguments (SOK's name)."""
+        return dict(self._table_config)
+
+    @property
+    def initializer_str(self):
+        """The initializer as given (SOK's name; "" for the default)."""
+        return "" if self._initializer_arg is None else self._initializer_arg
+
+    @property
+    def target_gpu(self):
+        """The worker holding every key (mode="localized:<rank>"), else -1."""
+        return self._placement[2]
+
+    @property
+    def num_gpus(self):
+        """The number of workers the table is placed over (SOK's name)."""
+        return self._placement[0]
+
+    def key_map(self, indices):
+        """Keys stay keys on their owner (SOK's name)."""
+        return indices
+
+    @property
     def _unique_id(self):
         return self._shared_name
 
@@ -282,24 +341,36 @@ class DynamicVariable(compat.trackable_base_class()):
                 f"key_type={self._key_type.name} var_type={self._var_type}>")
 
     # ---------------------------------------------------------------- table ops
-    def _check_keys(self, keys):
+    def _check_keys(self, keys, widen=False):
         keys = tf.convert_to_tensor(keys)
+        if widen and keys.dtype == tf.int32 and self._key_type == tf.int64:
+            keys = tf.cast(keys, tf.int64)  # SOK's sparse_read widens int32 keys too
         if keys.dtype != self._key_type:
             raise TypeError(f"keys for DynamicVariable '{self._name}' must be "
                             f"{self._key_type.name} (its key_type); got {keys.dtype.name}")
         return keys
 
     def sparse_read(self, keys, name=None):
-        """Rows [n, dimension] of keys, inserting missing ones; differentiable."""
-        keys = self._check_keys(keys)
+        """Rows keys.shape + [dimension] of keys (any shape), inserting
+        missing ones; differentiable. int32 keys of an int64 table are
+        widened (as SOK does)."""
+        keys = self._check_keys(keys, widen=True)
         if self._trainable:
             compat.record_variable_access(self)
+        shaped = keys.shape.rank != 1
+        if shaped:  # keys of any shape, as tf.nn.embedding_lookup passes them
+            key_shape = tf.shape(keys)
+            static_shape = keys.shape
+            keys = tf.reshape(keys, [-1])
         rows, _, evicted = dynamic_ops.find_or_insert_evicting(self._handle, keys,
                                                                self._dimension)
         if self._shadows:
             drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
             with tf.control_dependencies(drops):
                 rows = tf.identity(rows)
+        if shaped:
+            rows = tf.reshape(rows, tf.concat([key_shape, [self._dimension]], 0))
+            rows.set_shape(static_shape.concatenate([self._dimension]))
         return rows
 
     def add_shadow(self, table):
@@ -326,7 +397,14 @@ class DynamicVariable(compat.trackable_base_class()):
     def remove(self, keys):
         return dynamic_ops.remove(self._handle, self._check_keys(keys))
 
+    @property
     def size(self):
+        """[number of keys, dimension] as an int64 tensor, as SOK's
+        ``v.size``: ``v.size[0]`` is the number of rows the table holds."""
+        count = dynamic_ops.stats(self._handle)[0]
+        return tf.stack([tf.cast(count, tf.int64), tf.constant(self._dimension, tf.int64)])
+
+    def _num_keys(self):
         return dynamic_ops.stats(self._handle)[0]
 
     def stats(self):
@@ -359,7 +437,7 @@ class DynamicVariable(compat.trackable_base_class()):
             if k.shape[0]:
                 yield k, r, t, f
             offset = int(nxt)
-            if offset >= int(self.size()):
+            if offset >= int(self._num_keys()):
                 return
 
     def import_rows(self, keys, rows, timestamps=None, frequencies=None):

@@ -106,6 +106,9 @@ def _reads_rows(param):
 def _gathered_rows(param, ids, index, name):
     """(rows, positions): the rows of `param` for the distinct ids, and each
     id's position in them."""
+    if isinstance(param, DynamicVariable) and ids.dtype == tf.int32 \
+            and param.key_type == tf.int64:
+        ids = tf.cast(ids, tf.int64)  # widening, as SOK does
     if isinstance(param, DynamicVariable) and ids.dtype != param.key_type:
         raise TypeError(
             f"sp_ids[{index}] must hold {param.key_type.name} keys (the key_type of "

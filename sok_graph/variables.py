@@ -15,6 +15,11 @@ from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
 
 
+class BackendError(TypeError, ValueError):
+    """A table of the wrong var_type for an operation: SOK raises TypeError
+    there; sok_graph raised ValueError before, so it is both."""
+
+
 def _check_sok(var, fn):
     if not is_sok_variable(var):
         raise TypeError(f"sok.{fn} takes a sok.Variable or sok.DynamicVariable; got "
@@ -88,7 +93,7 @@ def sparse_read_and_evict(var, indices, name=None):
         raise TypeError("sok.sparse_read_and_evict takes a sok.DynamicVariable; got "
                         f"{type(var).__name__}")
     if var.var_type != "hybrid":
-        raise ValueError("sok.sparse_read_and_evict needs a bounded table "
+        raise BackendError("sok.sparse_read_and_evict needs a bounded table "
                          "(var_type='hybrid'); got var_type='hbm'")
     keys = var._check_keys(indices)
     with tf.name_scope(name or "sparse_read_and_evict"):

@@ -59,3 +59,9 @@ if not any(isinstance(f, _AliasFinder) for f in sys.meta_path):
 
 __path__ = []  # a package, so that submodule imports reach the finder
 del sok_graph
+
+
+def __getattr__(name):
+    # Names sok_graph makes on first use (raw_ops: the op library).
+    return getattr(sys.modules["sok_graph"], name)
+

@@ -10,6 +10,7 @@ import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
+from sok_graph import context  # noqa: E402
 
 # tests/gpu/run_tf_suite.sh sets this to "/GPU:0": every test then runs with
 # that device as the default device (ops with a GPU kernel go there, others
@@ -48,9 +49,12 @@ def default_device():
 
 @pytest.fixture(autouse=True)
 def sok_initialized():
-    """Every test runs with sok_graph initialized for a single process."""
-    sok.init(comm_tool="none")
+    """Every test runs with sok_graph initialized for a single process,
+    with tf.keras.optimizers as TensorFlow made it (a test that asks init
+    for legacy optimizers gets them until it ends)."""
+    sok.init(comm_tool="none", use_legacy_optimizer=False)
     yield
+    context.restore_keras_optimizers()
 
 
 @pytest.fixture

@@ -62,7 +62,7 @@ def test_new_keys_are_inserted_with_initializer():
     out = sok.lookup_sparse(v, tf.ragged.constant([[123456789012, 5], [5]], tf.int64),
                             combiners="sum")
     np.testing.assert_allclose(out.numpy(), [[0.5] * 4, [0.25] * 4])
-    assert int(v.size()) == 2
+    assert int(v.size[0]) == 2
 
 
 def _train_steps(rng, steps, make_step):
@@ -155,7 +155,7 @@ def test_hybrid_bounded_table_evicts():
     (dict(var_type="hybrid", init_capacity=16, max_capacity=8), ValueError,
      r"init_capacity \(16\) must be <= max_capacity \(8\)"),
     (dict(var_type="ssd"), ValueError, "var_type must be 'hbm' or 'hybrid'"),
-    (dict(max_capacity=8), ValueError, "use var_type='hybrid'"),
+    (dict(max_capacity=-1), ValueError, "max_capacity must be a non-negative number"),
     (dict(initializer="xavier"), ValueError, "initializer must be one of"),
     (dict(evict_strategy="fifo"), ValueError, "evict_strategy must be 'lru' or 'lfu'"),
     (dict(key_type=tf.float32), TypeError, "key_type must be int32 or int64"),

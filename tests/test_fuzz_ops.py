@@ -515,7 +515,7 @@ def test_lookup_sparse_static_and_dynamic(data):
             local = np.searchsorted(keys, ids).astype(np.int64) if keys else ids
             want = ref_lookup(dense, local, splits, w, combiners[k], max_norms[k])
             # Every key looked up is now in the table, with its row.
-            assert int(params[k].size()) == len(set(model) | set(ids.tolist()))
+            assert int(params[k].size[0]) == len(set(model) | set(ids.tolist()))
             if keys:
                 rows, found = params[k].find(tf.constant(keys, tf.int64))
                 assert found.numpy().all()

@@ -52,7 +52,7 @@ def test_bounded_table_stays_within_its_bound():
                               max_capacity=capacity, initializer="zeros")
     samples = list(feed(var, 0, 40 * capacity))  # 1.3M distinct keys, 40x the bound
     bound = capacity * ROW_BUDGET
-    assert int(var.size()) == capacity
+    assert int(var.size[0]) == capacity
     assert int(var.stats()["memory_bytes"]) <= bound
     growth = [rss - base for _, rss in samples]
     assert max(growth) <= bound + SLACK, (max(growth), bound)
@@ -72,7 +72,7 @@ def test_unbounded_table_grows_linearly_by_its_bytes_per_key():
     # Least-squares slope over the second half (past the small-table steps).
     half = len(keys) // 2
     slope, intercept = np.polyfit(keys[half:], growth[half:], 1)
-    per_key = int(var.stats()["memory_bytes"]) / int(var.size())
+    per_key = int(var.stats()["memory_bytes"]) / int(var.size[0])
     assert DIM * 4 <= slope <= 1.6 * ROW_BUDGET, slope
     assert per_key <= 2 * ROW_BUDGET  # storage doubles as it grows: up to 2x
     # Linear: no sample far from the fitted line (the index and storage grow

@@ -14,8 +14,10 @@ from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
     KERAS_MAJOR_VERSION,
     is_keras_optimizer,
     is_optimizer,
+    is_package_keras_optimizer,
     is_tf1_optimizer,
     keras_optimizer_classes,
+    legacy_optimizers_module,
 )
 
 
@@ -32,6 +34,10 @@ def _parse_version(text):
 TF_VERSION_STRING = tf.__version__
 TF_VERSION = _parse_version(TF_VERSION_STRING)
 IS_TF1 = TF_VERSION[0] < 2
+# SOK's `sok.tf_version`: TensorFlow's version as a list of ints. SOK splits
+# the string at dots and fails on suffixes ("2.16.0rc0"); this keeps the
+# digits of each of the three parts.
+TF_VERSION_LIST = list(TF_VERSION)
 
 # IndexedSlices moved from tensorflow.python.framework.ops (1.x) to
 # tensorflow.python.framework.indexed_slices (2.5+); the public name is stable.
@@ -157,6 +163,17 @@ def trackable_base_class():
         from tensorflow.python.trackable import base
 
     return base.Trackable
+
+
+def native_object_class():
+    """The marker base that lets TensorFlow's ops take an object as it is
+    instead of converting it to a tensor (tf.nn.embedding_lookup passes such
+    params to their sparse_read); `object` where TensorFlow has none."""
+    if IS_TF1:
+        return object
+    from tensorflow.python.types import internal
+
+    return getattr(internal, "NativeObject", object)
 
 
 def dataset_from_generator(generator, signature):

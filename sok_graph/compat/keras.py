@@ -2,6 +2,8 @@
 kind: Keras 2 (``tf.keras.optimizers`` up to TF 2.15, plus its ``legacy``
 optimizers), Keras 3 (TF 2.16+), and ``tf.compat.v1.train`` optimizers."""
 
+import sys
+
 import tensorflow as tf
 
 
@@ -34,7 +36,24 @@ def keras_optimizer_classes():
     base = getattr(legacy, "Optimizer", None)
     if isinstance(base, type) and hasattr(base, "apply_gradients"):
         classes.append(base)
+    for cls in package_keras_optimizer_classes():
+        if cls not in classes:
+            classes.append(cls)
     return tuple(classes)
+
+
+def package_keras_optimizer_classes():
+    """The optimizer base classes of tf_keras (Keras 2 as a package: its new
+    Optimizer and its legacy OptimizerV2) when a script has imported it;
+    sok_graph never imports it itself."""
+    module = sys.modules.get("tf_keras")
+    optimizers = getattr(module, "optimizers", None)
+    classes = []
+    for holder in (optimizers, getattr(optimizers, "legacy", None)):
+        base = getattr(holder, "Optimizer", None)
+        if isinstance(base, type) and hasattr(base, "apply_gradients"):
+            classes.append(base)
+    return classes
 
 
 def is_tf1_optimizer(opt):
@@ -42,8 +61,47 @@ def is_tf1_optimizer(opt):
     return isinstance(opt, tf.compat.v1.train.Optimizer)
 
 
+# Packages whose optimizers are Keras optimizers even when tf.keras is
+# another Keras: tf_keras (Keras 2 as a package, which SOK scripts on
+# TF >= 2.17 import for its legacy optimizers) and keras itself.
+_KERAS_PACKAGES = ("tf_keras", "keras")
+# Base classes of those packages' optimizers, by name: Keras 2's legacy
+# OptimizerV2 (tf_keras.optimizers.legacy.*), Keras 2's new Optimizer and
+# Keras 3's (Base)Optimizer.
+_KERAS_BASE_NAMES = ("OptimizerV2", "Optimizer", "BaseOptimizer", "TFOptimizer")
+
+
+def is_package_keras_optimizer(opt):
+    """An optimizer of the tf_keras (or keras) package, recognised by the
+    package and name of a base class, without importing the package: tf_keras
+    need not be installed, and its classes are not tf.keras's on TF >= 2.16."""
+    for cls in type(opt).__mro__:
+        package = (getattr(cls, "__module__", "") or "").split(".")[0]
+        if package in _KERAS_PACKAGES and cls.__name__ in _KERAS_BASE_NAMES:
+            return callable(getattr(opt, "apply_gradients", None))
+    return False
+
+
 def is_keras_optimizer(opt):
-    return isinstance(opt, keras_optimizer_classes())
+    return isinstance(opt, keras_optimizer_classes()) or is_package_keras_optimizer(opt)
+
+
+def legacy_optimizers_module():
+    """``tf.keras.optimizers.legacy`` where it holds Keras 2's OptimizerV2
+    optimizers (TF 2.11 to 2.15, or TF_USE_LEGACY_KERAS=1 with tf_keras);
+    None where it does not (Keras 3, whose ``legacy`` names only raise, and
+    TensorFlow before 2.11, whose optimizers are all OptimizerV2 already)."""
+    try:
+        optimizers = getattr(tf.keras, "optimizers", None)
+        module = getattr(optimizers, "legacy", None)
+        legacy_base = getattr(module, "Optimizer", None)
+    except ImportError:  # a lazily loaded Keras that is not installed
+        return None
+    if not isinstance(legacy_base, type):
+        return None
+    if "OptimizerV2" not in [cls.__name__ for cls in getattr(legacy_base, "__mro__", ())]:
+        return None
+    return module
 
 
 def is_optimizer(opt):

@@ -147,7 +147,7 @@ def main():
     keys = tf.constant([[1, 2, 3, 7]], tf.int64)
     strategy.run(tf.function(lambda: sok.lookup_sparse(dynamic, tf.RaggedTensor.from_tensor(
         keys), combiners="sum")))
-    sizes = [int(shard.size()) for shard in dynamic.shards]
+    sizes = [int(shard.size[0]) for shard in dynamic.shards]
     assert sizes == [int(np.sum(np.array([1, 2, 3, 7]) % n == r)) for r in range(n)], sizes
     checkpoint = tf.train.Checkpoint(table=table, dynamic=dynamic)
     path = checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"))
@@ -159,7 +159,7 @@ def main():
     keys_, rows = sok.export(table)
     np.testing.assert_array_equal(rows.numpy()[np.argsort(keys_.numpy())],
                                   np.arange(20, dtype=np.float32).reshape(10, 2))
-    assert [int(shard.size()) for shard in dynamic.shards] == sizes
+    assert [int(shard.size[0]) for shard in dynamic.shards] == sizes
     print("OK", flush=True)
 
 

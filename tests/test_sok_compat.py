@@ -1,0 +1,500 @@
+"""SOK 2.x scripts run unchanged: one test per public behaviour listed in
+docs/sok_compat.md, each checked against numpy or plain TensorFlow.
+
+The expectations come from SOK's documentation (its API pages and the
+examples in its docstrings), not from SOK's own tests.
+"""
+
+import importlib.util
+import inspect
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import types
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_graph
+import sparse_operation_kit as sok
+from sok_graph import compat, context
+from sok_graph.optimization.wrapper import OptimizerWrapper
+
+SOK2_NAMES = ["init", "set_comm_tool", "tf_version", "raw_ops", "Variable", "DistributedVariable",
+              "LocalizedVariable", "DynamicVariable", "assign", "export", "OptimizerWrapper",
+              "SGD", "lookup_sparse", "all2all_dense_embedding", "dump", "load",
+              "filter_variables", "sparse_read_and_evict", "incremental_model_dump"]
+SOK1_NAMES = ["Init", "All2AllDenseEmbedding", "DistributedEmbedding", "OptimizerScope",
+              "split_embedding_variable_from_others", "optimizers", "Saver", "get_embedding",
+              "GraphKeys"]
+
+
+def _params(fn):
+    return [(p.name, p.default) for p in inspect.signature(fn).parameters.values()]
+
+
+# ----------------------------------------------------------------- names
+
+
+@pytest.mark.parametrize("name", SOK2_NAMES + SOK1_NAMES)
+def test_every_public_sok_name_exists(name):
+    assert getattr(sok, name) is getattr(sok_graph, name)
+
+
+def test_sok1_optimizers_module():
+    assert callable(sok.optimizers.Adam) and callable(sok.optimizers.LazyAdam)
+
+
+def test_signatures_and_defaults_match_sok():
+    empty = inspect.Parameter.empty
+    assert _params(sok.init) == [("comm_tool", "horovod"), ("use_legacy_optimizer", True)]
+    assert _params(sok.set_comm_tool) == [("tool", empty)]
+    assert _params(sok.lookup_sparse)[:4] == [("params", empty), ("sp_ids", empty),
+                                              ("sp_weights", None), ("combiners", None)]
+    assert _params(sok.all2all_dense_embedding)[:2] == [("param", empty), ("indices", empty)]
+    assert _params(sok.assign) == [("var", empty), ("indices", empty), ("values", empty)]
+    assert _params(sok.export) == [("var", empty)]
+    assert _params(sok.filter_variables) == [("vars", empty)]
+    assert _params(sok.dump)[:3] == [("path", empty), ("dump_vars", empty), ("optimizer", None)]
+    assert _params(sok.load)[:3] == [("path", empty), ("load_vars", empty), ("optimizer", None)]
+    assert _params(sok.sparse_read_and_evict) == [("var", empty), ("indices", empty),
+                                                  ("name", None)]
+    dyn = _params(sok.DynamicVariable.__init__)
+    assert dyn[1:10] == [("dimension", empty), ("initializer", None), ("var_type", None),
+                         ("name", None), ("constraint", None), ("trainable", True),
+                         ("key_type", None), ("dtype", None), ("mode", None)]
+    assert inspect.signature(sok.DynamicVariable.__init__).parameters[
+        "table_config"].kind is inspect.Parameter.VAR_KEYWORD
+    assert _params(sok.SGD.__init__)[1] == ("lr", 0.01)
+
+
+# ------------------------------------------------------ module attributes
+
+
+def test_tf_version_is_a_list_of_ints():
+    expected = [int("".join(c for c in part if c.isdigit()) or 0)
+                for part in tf.__version__.split(".")[:3]]
+    assert sok.tf_version == expected
+    assert all(isinstance(x, int) for x in sok.tf_version)
+    assert sok.tf_version[0] == 2 and sok.tf_version[1] >= 15 or sok.tf_version[0] == 1
+
+
+def test_raw_ops_is_the_op_library():
+    assert isinstance(sok.raw_ops, types.ModuleType)
+    assert hasattr(sok.raw_ops, "sok_dynamic_table_handle")
+
+
+def test_set_comm_tool_selects_the_communicator():
+    comm = sok.set_comm_tool("none")
+    assert context.active() is comm and (comm.world_size, comm.rank) == (1, 0)
+    with pytest.raises(ValueError, match="comm_tool"):
+        sok.set_comm_tool("mpi")
+
+
+# ------------------------------------------------------------- init / Keras
+
+
+def test_init_with_legacy_optimizers_where_tensorflow_has_them():
+    """SOK's default: tf.keras.optimizers becomes the legacy module where it
+    holds OptimizerV2 optimizers; on Keras 3 nothing changes."""
+    legacy = compat.legacy_optimizers_module()
+    before = tf.keras.optimizers
+    sok.init(comm_tool="horovod", use_legacy_optimizer=True)
+    if legacy is None:
+        assert tf.keras.optimizers is before
+        return
+    assert tf.keras.optimizers is legacy
+    assert "OptimizerV2" in [c.__name__ for c in type(tf.keras.optimizers.SGD(0.1)).__mro__]
+    context.restore_keras_optimizers()
+    assert tf.keras.optimizers is before
+
+
+def test_one_optimizer_updates_a_sok_variable_then_a_tf_variable():
+    """The SOK script pattern: one tf.keras SGD for a sok.Variable, later for
+    a tf.Variable it has not seen (legacy optimizers after sok.init where TF
+    has them; through sok.OptimizerWrapper on every Keras)."""
+    sok.init(comm_tool="horovod")
+    table0 = np.arange(12, dtype=np.float32).reshape(4, 3)
+    dense0 = np.ones((3, 2), np.float32)
+    table, dense = sok.Variable(table0), tf.Variable(dense0)
+    opt = tf.keras.optimizers.SGD(learning_rate=0.5)
+    if compat.legacy_optimizers_module() is None:
+        opt = sok.OptimizerWrapper(opt)
+    ids = tf.ragged.constant([[1, 3]], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse(table, ids, combiners="sum"))
+    opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.matmul(tf.ones([1, 3]), dense))
+    opt.apply_gradients(zip(tape.gradient(loss, [dense]), [dense]))
+    expected = table0.copy()
+    expected[[1, 3]] -= 0.5
+    np.testing.assert_allclose(table.numpy(), expected)
+    np.testing.assert_allclose(dense.numpy(), dense0 - 0.5)
+
+
+class _OptimizerV2:
+    """Stands for tf_keras.optimizers.legacy.Optimizer where tf_keras is
+    not installed: recognised by its package and class name."""
+
+    def apply_gradients(self, grads_and_vars, name=None, **kwargs):
+        for g, v in grads_and_vars:
+            v.assign_sub(self.learning_rate * tf.convert_to_tensor(g))
+
+
+_OptimizerV2.__name__ = "OptimizerV2"
+_OptimizerV2.__module__ = "tf_keras.src.optimizers.legacy.optimizer_v2"
+
+
+class _TfKerasSGD(_OptimizerV2):
+    def __init__(self, learning_rate=0.01):
+        self.learning_rate = learning_rate
+
+
+_TfKerasSGD.__name__ = "SGD"
+_TfKerasSGD.__module__ = "tf_keras.src.optimizers.legacy.gradient_descent"
+
+
+HAVE_TF_KERAS = importlib.util.find_spec("tf_keras") is not None
+
+
+def _tf_keras_sgd(lr):
+    if HAVE_TF_KERAS:
+        import tf_keras
+
+        return tf_keras.optimizers.legacy.SGD(learning_rate=lr)
+    return _TfKerasSGD(lr)
+
+
+def test_tf_keras_legacy_optimizers_are_recognised():
+    opt = _tf_keras_sgd(0.25)
+    assert compat.is_keras_optimizer(opt) and compat.is_optimizer(opt)
+    assert not compat.is_keras_optimizer(object())
+    stranger = type("SGD", (), {"apply_gradients": lambda self, gv: None,
+                                "__module__": "mylib.optim"})()
+    assert not compat.is_keras_optimizer(stranger)
+
+
+def test_optimizer_wrapper_takes_a_tf_keras_legacy_optimizer():
+    opt = sok.OptimizerWrapper(_tf_keras_sgd(0.25))
+    assert opt.algorithm == "sgd"
+    v = sok.DynamicVariable(dimension=2, initializer="1")
+    keys = tf.constant([5, 9], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, keys))
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    got_keys, rows = sok.export(v)
+    order = np.argsort(got_keys.numpy())
+    np.testing.assert_array_equal(got_keys.numpy()[order], [5, 9])
+    np.testing.assert_allclose(rows.numpy()[order], np.full((2, 2), 0.75))
+
+
+def test_optimizer_scope_routes_a_tf_keras_optimizer(monkeypatch):
+    """Native use: under sok.OptimizerScope a tf_keras optimizer's own
+    apply_gradients updates sok variables row by row."""
+    fake = types.ModuleType("tf_keras")
+    fake.optimizers = types.SimpleNamespace(Optimizer=None,
+                                            legacy=types.SimpleNamespace(Optimizer=_OptimizerV2))
+    if not HAVE_TF_KERAS:
+        monkeypatch.setitem(sys.modules, "tf_keras", fake)
+    opt = _tf_keras_sgd(0.5)
+    v = sok.DynamicVariable(dimension=3, initializer="2")
+    keys = tf.constant([1, 4], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, keys))
+    grads = tape.gradient(loss, [v])
+    with sok.OptimizerScope([v]):
+        opt.apply_gradients(zip(grads, [v]))
+    rows, _ = v.find(keys)
+    np.testing.assert_allclose(rows.numpy(), np.full((2, 3), 1.5))
+
+
+# ----------------------------------------------------------------- Variable
+
+
+def test_variable_modes_give_sok_classes():
+    value = np.arange(15, dtype=np.float32).reshape(5, 3)
+    d = sok.Variable(value, dtype=tf.float32)
+    loc = sok.Variable(value, dtype=tf.float32, mode="localized:0")
+    assert type(d) is sok.DistributedVariable and type(loc) is sok.LocalizedVariable
+    assert isinstance(d, sok.Variable) and isinstance(d, tf.Variable)
+    assert (d.target_gpu, loc.target_gpu) == (-1, 0)
+    assert d.num_gpus == 1 and d.global_gpu_id == 0 and tuple(d.global_shape) == (5, 3)
+    np.testing.assert_array_equal(d.numpy(), value)
+    np.testing.assert_array_equal(loc.numpy(), value)
+    ids = tf.constant([0, 4], tf.int64)
+    np.testing.assert_array_equal(d.key_map(ids).numpy(), [0, 4])  # one worker: id // 1
+    np.testing.assert_array_equal(loc.key_map(ids).numpy(), [0, 4])
+    with pytest.raises(ValueError, match="localized"):
+        sok.LocalizedVariable(value)
+
+
+def test_variable_from_shape_and_initializer():
+    v = sok.Variable(shape=[6, 4], initializer=tf.keras.initializers.Constant(0.25),
+                     dtype=tf.float32)
+    np.testing.assert_array_equal(v.numpy(), np.full((6, 4), 0.25, np.float32))
+    assert v.dtype == tf.float32 and tuple(v.global_shape) == (6, 4)
+    z = sok.Variable(shape=[2, 3], initializer="zeros")
+    np.testing.assert_array_equal(z.numpy(), np.zeros((2, 3)))
+
+
+# ---------------------------------------------------------- DynamicVariable
+
+
+def test_dynamic_variable_defaults():
+    v = sok.DynamicVariable(dimension=3)
+    assert v.var_type == "hbm" and v.backend_type == "hbm"
+    assert v.key_type == tf.int64 and v.handle_dtype == tf.float32 and v.dtype == tf.float32
+    assert v.dimension == 3 and v.target_gpu == -1 and v.num_gpus == 1
+    assert v.config_dict == {} and v.initializer_str == ""
+    rows = tf.nn.embedding_lookup(v, tf.constant([7, 8], tf.int64)).numpy()
+    assert rows.shape == (2, 3) and np.all(np.abs(rows) <= 0.05)  # SOK's small random start
+
+
+@pytest.mark.parametrize("text,value", [("13", 13.0), ("-0.5", -0.5), ("1e-2", 0.01)])
+def test_dynamic_variable_string_number_is_a_constant(text, value):
+    v = sok.DynamicVariable(dimension=3, initializer=text)
+    rows = tf.nn.embedding_lookup(v, tf.constant([0, 1, 2 ** 40], tf.int64))
+    np.testing.assert_allclose(rows.numpy(), np.full((3, 3), value, np.float32))
+    assert v.initializer_str == text
+
+
+def test_dynamic_variable_size_is_keys_and_dimension():
+    v = sok.DynamicVariable(dimension=3, initializer="13")
+    np.testing.assert_array_equal(v.size.numpy(), [0, 3])
+    tf.nn.embedding_lookup(v, tf.constant([0, 1, 2 ** 40, 1], tf.int64))
+    assert int(v.size[0]) == 3 and int(v.size[1]) == 3
+
+
+def test_capacities_without_var_type():
+    """SOK scripts pass init_capacity/max_capacity with the default
+    var_type ("hbm"), which keeps every key."""
+    v = sok.DynamicVariable(dimension=2, initializer="1", init_capacity=8, max_capacity=16)
+    assert v.var_type == "hbm"
+    assert v.config_dict == {"init_capacity": 8, "max_capacity": 16}
+    keys = np.arange(40, dtype=np.int64)
+    tf.nn.embedding_lookup(v, tf.constant(keys))
+    assert int(v.size[0]) == 40
+    assert sorted(sok.export(v)[0].numpy().tolist()) == keys.tolist()
+
+
+def test_hybrid_table_is_bounded():
+    v = sok.DynamicVariable(dimension=2, var_type="hybrid", init_capacity=8, max_capacity=8)
+    for start in range(0, 32, 4):
+        tf.nn.embedding_lookup(v, tf.constant(np.arange(start, start + 4, dtype=np.int64)))
+    assert int(v.size[0]) == 8
+    assert set(sok.export(v)[0].numpy().tolist()) >= {28, 29, 30, 31}  # the latest stay
+
+
+def test_embedding_lookup_gradient_matches_tf_variable():
+    """tf.nn.embedding_lookup on a DynamicVariable trains like on a tf.Variable."""
+    dense = tf.Variable(np.full((10, 2), 3.0, np.float32))
+    v = sok.DynamicVariable(dimension=2, initializer="3")
+    ids = tf.constant([[1, 4], [4, 9]], tf.int64)
+    wrapped, plain = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1)), None
+    with tf.GradientTape(persistent=True) as tape:
+        a = tf.nn.embedding_lookup(v, ids)
+        b = tf.nn.embedding_lookup(dense, ids)
+        la, lb = tf.reduce_sum(a * a), tf.reduce_sum(b * b)
+    np.testing.assert_allclose(a.numpy(), b.numpy())
+    ga, gb = tape.gradient(la, [v])[0], tape.gradient(lb, [dense])[0]
+    assert isinstance(ga, tf.IndexedSlices)
+    wrapped.apply_gradients([(ga, v)])
+    plain = dense - 0.1 * tf.convert_to_tensor(gb)
+    rows, found = v.find(tf.constant([1, 4, 9], tf.int64))
+    assert found.numpy().all()
+    np.testing.assert_allclose(rows.numpy(), plain.numpy()[[1, 4, 9]], rtol=1e-6)
+
+
+def test_int32_ids_read_an_int64_table():
+    v = sok.DynamicVariable(dimension=2, initializer="4")
+    rows = tf.nn.embedding_lookup(v, tf.constant([3, 5], tf.int32))
+    np.testing.assert_array_equal(rows.numpy(), np.full((2, 2), 4.0))
+    emb = sok.lookup_sparse(v, tf.ragged.constant([[3, 5]], tf.int32), combiners="sum")
+    np.testing.assert_array_equal(emb.numpy(), [[8.0, 8.0]])
+
+
+def test_assign_and_export():
+    v = sok.DynamicVariable(dimension=3, initializer="0")
+    keys = np.array([2 ** 40, 7, 11], np.int64)
+    values = np.arange(9, dtype=np.float32).reshape(3, 3)
+    sok.assign(v, tf.constant(keys), tf.constant(values))
+    got_keys, got_rows = sok.export(v)
+    order = np.argsort(got_keys.numpy())
+    ref = np.argsort(keys)
+    np.testing.assert_array_equal(got_keys.numpy()[order], keys[ref])
+    np.testing.assert_array_equal(got_rows.numpy()[order], values[ref])
+
+
+def test_filter_variables_as_documented():
+    v1 = tf.Variable([[0, 1, 2]])
+    v2 = sok.Variable([[3, 4, 5]])
+    v3 = sok.Variable([[6, 7, 8]], mode="localized:0")
+    v4 = sok.DynamicVariable(dimension=3, initializer="13")
+    sok_vars, other_vars = sok.filter_variables([v1, v2, v3, v4])
+    assert sok_vars == [v2, v3, v4] and other_vars == [v1]
+
+
+def test_sparse_read_and_evict_needs_hybrid():
+    v = sok.DynamicVariable(dimension=2, var_type="hybrid", init_capacity=8, max_capacity=8,
+                            initializer="2")
+    tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64))
+    rows = sok.sparse_read_and_evict(v, tf.constant([2], tf.int64))
+    np.testing.assert_array_equal(rows.numpy(), [[2.0, 2.0]])
+    assert sok.export(v)[0].numpy().tolist() == [1]
+    with pytest.raises(TypeError, match="bounded"):  # SOK raises TypeError
+        sok.sparse_read_and_evict(sok.DynamicVariable(2), tf.constant([1], tf.int64))
+
+
+# ------------------------------------------------------------------- lookup
+
+
+def test_lookup_sparse_as_documented():
+    """The lookup_sparse example of SOK's docs, checked with numpy."""
+    t1 = np.arange(17 * 3).reshape(17, 3)
+    t2 = np.arange(7 * 5).reshape(7, 5)
+    v1 = sok.Variable(t1, dtype=tf.float32)
+    v2 = sok.Variable(t2, dtype=tf.float32)
+    indices1 = tf.SparseTensor(indices=[[0, 0], [0, 1], [1, 0], [1, 1], [1, 2]],
+                               values=tf.constant([1, 1, 3, 4, 5], tf.int64),
+                               dense_shape=[2, 3])
+    indices2 = tf.SparseTensor(indices=[[0, 0], [1, 0], [1, 1]],
+                               values=tf.constant([1, 2, 3], tf.int64), dense_shape=[2, 2])
+    emb = sok.lookup_sparse([v1, v2], [indices1, indices2], combiners=["sum", "sum"])
+    assert isinstance(emb, list) and len(emb) == 2
+    np.testing.assert_allclose(emb[0].numpy(), [t1[1] + t1[1], t1[3] + t1[4] + t1[5]])
+    np.testing.assert_allclose(emb[1].numpy(), [t2[1], t2[2] + t2[3]])
+    mean = sok.lookup_sparse([v1], [indices1])  # SOK's default combiner is mean
+    np.testing.assert_allclose(mean[0].numpy(), [t1[1], (t1[3] + t1[4] + t1[5]) / 3])
+    single = sok.lookup_sparse(v1, indices1, combiners="sum")
+    assert isinstance(single, tf.Tensor)
+
+
+def test_lookup_sparse_weights_match_tf():
+    table = np.random.default_rng(3).standard_normal((9, 4)).astype(np.float32)
+    v = sok.Variable(table)
+    ids = tf.ragged.constant([[1, 2], [8]], tf.int64)
+    weights = tf.ragged.constant([[0.5, 2.0], [3.0]], tf.float32)
+    got = sok.lookup_sparse([v], [ids], [weights], combiners=["sum"])[0]
+    ref = tf.nn.embedding_lookup_sparse(tf.constant(table), ids.to_sparse(),
+                                        weights.to_sparse(), combiner="sum")
+    np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-6)
+
+
+def test_all2all_dense_embedding_is_a_gather():
+    table = np.arange(20, dtype=np.float32).reshape(10, 2)
+    v = sok.Variable(table)
+    ids = tf.constant([[0, 9], [3, 3]], tf.int64)
+    np.testing.assert_array_equal(sok.all2all_dense_embedding(v, ids).numpy(),
+                                  tf.gather(table, ids).numpy())
+
+
+def test_sok_sgd_updates_rows():
+    table = np.ones((5, 2), np.float32)
+    v = sok.Variable(table)
+    opt = sok.SGD(lr=0.5)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse(v, tf.ragged.constant([[2]], tf.int64),
+                                               combiners="sum"))
+    opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+    expected = table.copy()
+    expected[2] -= 0.5
+    np.testing.assert_allclose(v.numpy(), expected)
+
+
+# ---------------------------------------------------------------- dump/load
+
+
+def test_dump_load_as_documented(tmp_path):
+    """The dump/load example of SOK's docs: a DynamicVariable trained one
+    step with a wrapped SGD, dumped, loaded into a fresh table."""
+    v = sok.DynamicVariable(dimension=3, initializer="13")
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0))
+    indices = tf.convert_to_tensor([0, 1, 2 ** 40], dtype=tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, indices))
+    grads = tape.gradient(loss, [v])
+    optimizer.apply_gradients(zip(grads, [v]))
+    sok.dump(str(tmp_path), v, optimizer)
+    fresh = sok.DynamicVariable(dimension=3, initializer="0", name=v.name)
+    sok.load(str(tmp_path), fresh, sok.OptimizerWrapper(tf.keras.optimizers.SGD(1.0)))
+    keys, rows = sok.export(fresh)
+    order = np.argsort(keys.numpy())
+    np.testing.assert_array_equal(keys.numpy()[order], [0, 1, 2 ** 40])
+    np.testing.assert_allclose(rows.numpy()[order], np.full((3, 3), 12.0))
+
+
+def test_incremental_model_dump_returns_updated_rows():
+    import datetime
+    import time
+
+    v = sok.DynamicVariable(dimension=2, var_type="hybrid", init_capacity=16, max_capacity=16,
+                            initializer="1")
+    tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64))
+    time.sleep(0.01)
+    threshold = datetime.datetime.now(datetime.timezone.utc)
+    time.sleep(0.01)
+    tf.nn.embedding_lookup(v, tf.constant([5], tf.int64))
+    keys, values = sok.incremental_model_dump([v], threshold)
+    assert np.asarray(keys[0]).tolist() == [5]
+    np.testing.assert_array_equal(np.asarray(values[0]), [[1.0, 1.0]])
+
+
+# ---------------------------------------------------------- a SOK script
+
+
+SCRIPT = textwrap.dedent("""
+    import numpy as np
+    import tensorflow as tf
+    try:
+        import horovod.tensorflow as hvd
+    except ImportError:  # the script's habits, without Horovod
+        class hvd:
+            init = staticmethod(lambda: None)
+            local_rank = staticmethod(lambda: 0)
+    import sparse_operation_kit as sok
+
+    hvd.init()
+    gpus = tf.config.experimental.list_physical_devices("GPU")
+    for gpu in gpus:
+        tf.config.experimental.set_memory_growth(gpu, True)
+    if gpus:
+        tf.config.experimental.set_visible_devices(gpus[hvd.local_rank()], "GPU")
+    sok.init()
+
+    v = sok.Variable(np.arange(4 * 3).reshape(4, 3), dtype=tf.float32)
+    d = sok.DynamicVariable(dimension=3, initializer="13")
+    print("v.size:", d.size)
+    emb = tf.nn.embedding_lookup(d, tf.convert_to_tensor([0, 1, 2**40], dtype=tf.int64))
+    print("v.size:", d.size)
+    sp = tf.SparseTensor(indices=[[0, 0], [0, 1], [1, 0]],
+                         values=tf.constant([0, 3, 2], tf.int64), dense_shape=[2, 2])
+    out = sok.lookup_sparse([v], [sp], combiners=["sum"])[0]
+    opt = tf.keras.optimizers.SGD(learning_rate=0.1)
+    sok_vars, others = sok.filter_variables([v, d])
+    assert len(sok_vars) == 2 and not others
+    import json
+    print("RESULT " + json.dumps(dict(keys=int(d.size[0]), emb=emb.numpy().tolist(),
+                                      out=out.numpy().tolist())))
+""")
+
+
+def test_sok_documentation_script_runs_unchanged(tmp_path):
+    path = tmp_path / "script.py"
+    path.write_text(SCRIPT)
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(
+        [os.path.dirname(os.path.dirname(sok_graph.__file__))] + sys.path)
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    done = subprocess.run([sys.executable, str(path)], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")][-1]
+    result = json.loads(line[len("RESULT "):])
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    assert result["keys"] == 3
+    np.testing.assert_array_equal(result["emb"], np.full((3, 3), 13.0))
+    np.testing.assert_array_equal(result["out"], [table[0] + table[3], table[2]])
