@@ -8,6 +8,7 @@ that is the only state it changes outside this module.
 """
 
 import threading
+import types
 
 import tensorflow as tf
 
@@ -62,8 +63,24 @@ def set_comm_tool(tool):
 _rebound = []
 
 
+def _with_legacy_optimizers(current, legacy):
+    """A module like `current` (tf.keras.optimizers) whose optimizer names are
+    `legacy`'s: everything else it holds (schedules, serialize, get, the
+    `legacy` module itself, ...) stays reachable, which SOK's plain
+    rebinding to the legacy module loses."""
+    merged = types.ModuleType(current.__name__, getattr(current, "__doc__", None))
+    for name in dir(current):
+        if not name.startswith("__"):
+            setattr(merged, name, getattr(current, name))
+    for name in dir(legacy):
+        if not name.startswith("_"):
+            setattr(merged, name, getattr(legacy, name))
+    merged.legacy = legacy
+    return merged
+
+
 def use_legacy_keras_optimizers():
-    """Makes tf.keras.optimizers and tf.optimizers the legacy optimizers
+    """Makes tf.keras.optimizers and tf.optimizers hold the legacy optimizers
     where TensorFlow has OptimizerV2 ones; True when it did."""
     legacy = compat.legacy_optimizers_module()
     if legacy is None:
@@ -71,13 +88,15 @@ def use_legacy_keras_optimizers():
     with _lock:
         for module, attr in ((tf.keras, "optimizers"), (tf, "optimizers")):
             current = getattr(module, attr, None)
-            if current is None or current is legacy:
+            if current is None or getattr(current, "_sok_graph_legacy", False):
                 continue
             target = getattr(current, "legacy", None)
             if target is None:
                 continue
+            merged = _with_legacy_optimizers(current, target)
+            merged._sok_graph_legacy = True
             _rebound.append((module, attr, current))
-            setattr(module, attr, target)
+            setattr(module, attr, merged)
     return True
 
 

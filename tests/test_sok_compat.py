@@ -98,16 +98,19 @@ def test_set_comm_tool_selects_the_communicator():
 
 
 def test_init_with_legacy_optimizers_where_tensorflow_has_them():
-    """SOK's default: tf.keras.optimizers becomes the legacy module where it
-    holds OptimizerV2 optimizers; on Keras 3 nothing changes."""
+    """SOK's default: tf.keras.optimizers' optimizers become the legacy ones
+    where it holds OptimizerV2 optimizers (the rest of the module, such as
+    schedules, stays reachable); on Keras 3 nothing changes."""
     legacy = compat.legacy_optimizers_module()
     before = tf.keras.optimizers
     sok.init(comm_tool="horovod", use_legacy_optimizer=True)
     if legacy is None:
         assert tf.keras.optimizers is before
         return
-    assert tf.keras.optimizers is legacy
+    assert tf.keras.optimizers.SGD is legacy.SGD and tf.keras.optimizers.Adam is legacy.Adam
     assert "OptimizerV2" in [c.__name__ for c in type(tf.keras.optimizers.SGD(0.1)).__mro__]
+    assert tf.keras.optimizers.schedules is before.schedules
+    assert tf.keras.optimizers.legacy is legacy
     context.restore_keras_optimizers()
     assert tf.keras.optimizers is before
 

@@ -68,7 +68,7 @@ def _ftrl(hp, w, g, s, lr, step):
 
 def _rmsprop_slots(hp):
     slots = [("rms", 1.0 if hp.tf1 else 0.0)]
-    if float(value(hp.momentum)) > 0:
+    if hp.uses_momentum:
         slots.append(("momentum", 0.0))
     if hp.centered:
         slots.append(("mg", 0.0))
@@ -155,6 +155,17 @@ def _algorithm_name(optimizer):
         f"and Adamax optimizers; got {type(optimizer).__name__}")
 
 
+def _uses_momentum(opt, momentum):
+    """Whether `momentum` (the optimizer's hyperparameter) is > 0. Keras 2's
+    OptimizerV2 SGD and RMSprop (the legacy optimizers, and all of Keras on
+    TF 1.15) keep the answer as the flag _momentum: their momentum may be a
+    variable by now, which has no float value while a graph is built."""
+    flag = getattr(opt, "_momentum", None)
+    if isinstance(flag, bool):
+        return flag
+    return bool(momentum) and float(value(momentum)) > 0
+
+
 def _attr(opt, *names, default=None):
     """The first of `names` that `opt` has and that is not None."""
     for name in names:
@@ -200,7 +211,9 @@ class Hyperparameters:
             self.beta_2 = _attr(o, "beta_2", default=0.999)
             self.rho = _attr(o, "rho", default=0.9)
             self.centered = _attr(o, "centered", default=False)
-            self.initial_accumulator = _attr(o, "initial_accumulator_value", default=0.1)
+            # Keras 2's OptimizerV2 Adagrad keeps it private.
+            self.initial_accumulator = _attr(o, "initial_accumulator_value",
+                                             "_initial_accumulator_value", default=0.1)
             self.lr_power = _attr(o, "learning_rate_power", default=-0.5)
             self.l1 = _attr(o, "l1_regularization_strength", default=0.0)
             self.l2 = _attr(o, "l2_regularization_strength", default=0.0)
@@ -208,8 +221,9 @@ class Hyperparameters:
             self.beta = _attr(o, "beta", default=0.0)
             if name == "adam" and _attr(o, "amsgrad", default=False):
                 raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
+        self.uses_momentum = _uses_momentum(o, self.momentum)
         # Keras' SGD with momentum is the momentum algorithm.
-        if name == "sgd" and self.momentum and float(value(self.momentum)) > 0:
+        if name == "sgd" and self.uses_momentum:
             name = "momentum"
         self.algorithm = ALGORITHMS[name]
 
