@@ -9,6 +9,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+# TF 1.x starts in graph mode; the suite is written for TF2's eager default
+# (graph-mode tests build their own tf.Graph and Session). This must run
+# before any op is created.
+if tf.__version__.startswith("1."):
+    tf.compat.v1.enable_eager_execution()
+
 import sok_graph as sok  # noqa: E402
 
 # tests/gpu/run_tf_suite.sh sets this to "/GPU:0": every test then runs with
