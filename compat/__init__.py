@@ -170,3 +170,24 @@ def dataset_from_generator(generator, signature):
             output_shapes=tf.nest.map_structure(lambda spec: spec.shape, signature),
         )
     return tf.data.Dataset.from_generator(generator, output_signature=signature)
+
+
+def constant_value(tensor):
+    """tf.get_static_value(tensor), leaving `tensor` feedable. TF 1.x's marks
+    each graph tensor whose value it finds as unfeedable, and TF 1.x's
+    sparse_placeholder with a fully defined shape has a constant dense_shape,
+    which feeding a SparseTensorValue feeds ("may not be fed")."""
+    op = getattr(tensor, "op", None) if not tf.executing_eagerly() else None
+    if op is not None and op.type == "Const":
+        return tf.make_ndarray(op.get_attr("value"))
+    return tf.get_static_value(tensor)
+
+
+def sparse_static_shape(sp):
+    """The static shape of the SparseTensor `sp`, leaving its dense_shape
+    feedable (TF 1.x's SparseTensor.shape makes a constant one unfeedable;
+    see constant_value)."""
+    value = constant_value(sp.dense_shape)
+    if value is not None:
+        return tf.TensorShape([int(d) for d in value])
+    return sp.shape

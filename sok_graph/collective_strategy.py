@@ -65,7 +65,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import communication, context
+from sok_graph import communication, compat, context
 from sok_graph.distributed_variable import Variable as _SokVariable
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
@@ -254,7 +254,7 @@ def _as_2d(sp, what):
         return None
     if isinstance(sp, tf.compat.v1.SparseTensorValue):
         sp = tf.SparseTensor.from_value(sp)
-    rank = sp.shape.rank
+    rank = compat.sparse_static_shape(sp).rank
     if rank is not None and rank != 2:
         raise ValueError(f"{what} must be a 2-D SparseTensor [batch, ids] for a sok variable; "
                          f"got rank {rank}")

@@ -68,6 +68,17 @@ def _value(x):
     return x() if callable(x) and not hasattr(x, "get_config") else x
 
 
+def _uses_momentum(opt, momentum):
+    """Whether `momentum` (the optimizer's hyperparameter) is > 0. Keras 2's
+    OptimizerV2 SGD and RMSprop (all of Keras on TF 1.15) keep the answer as
+    the flag _momentum: their momentum may be a variable by now, which has no
+    float value while a graph is built."""
+    flag = getattr(opt, "_momentum", None)
+    if isinstance(flag, bool):
+        return flag
+    return bool(momentum) and float(_value(momentum)) > 0
+
+
 class _Spec:
     """What to compute for one wrapped optimizer: algorithm, flavor (tf1 or
     keras) and hyperparameters."""
@@ -111,7 +122,9 @@ class _Spec:
             self.beta_2 = _attr(o, "beta_2", default=0.999)
             self.rho = _attr(o, "rho", default=0.9)
             self.centered = _attr(o, "centered", default=False)
-            self.initial_accumulator = _attr(o, "initial_accumulator_value", default=0.1)
+            # Keras 2's OptimizerV2 Adagrad (TF 1.15) keeps it private.
+            self.initial_accumulator = _attr(o, "initial_accumulator_value",
+                                             "_initial_accumulator_value", default=0.1)
             self.lr_power = _attr(o, "learning_rate_power", default=-0.5)
             self.l1 = _attr(o, "l1_regularization_strength", default=0.0)
             self.l2 = _attr(o, "l2_regularization_strength", default=0.0)
@@ -119,7 +132,8 @@ class _Spec:
             self.beta = _attr(o, "beta", default=0.0)
             if self.algorithm == "adam" and _attr(o, "amsgrad", default=False):
                 raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
-        if self.algorithm == "sgd" and self.momentum and float(_value(self.momentum)) > 0:
+        self._uses_momentum = _uses_momentum(o, self.momentum)
+        if self.algorithm == "sgd" and self._uses_momentum:
             self.algorithm = "momentum"
 
     def slots(self):
@@ -135,7 +149,7 @@ class _Spec:
             return [("accumulator", float(self.initial_accumulator)), ("linear", 0.0)]
         if a == "rmsprop":
             slots = [("rms", 1.0 if self.tf1 else 0.0)]
-            if float(_value(self.momentum)) > 0:
+            if self._uses_momentum:
                 slots.append(("momentum", 0.0))
             if self.centered:
                 slots.append(("mg", 0.0))

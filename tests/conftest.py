@@ -73,3 +73,9 @@ def run_in_graph(build):
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(init)
             return sess.run(fetches)
+
+
+def strategy_run(strategy, fn, args=()):
+    """strategy.run(fn, args): TF 1.15 spells it experimental_run_v2."""
+    run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+    return run(fn, args=args)
