@@ -151,12 +151,51 @@ def trackable_base_class():
     """The base of objects tf.train.Checkpoint and Saver can save
     (through _serialize_to_tensors / _restore_from_tensors)."""
     if IS_TF1:
-        # Moved to tensorflow.python.trackable in TF 2.10.
-        from tensorflow.python.training.tracking import base
-    else:
-        from tensorflow.python.trackable import base
+        return _tf1_trackable_class()
+    from tensorflow.python.trackable import base
 
     return base.Trackable
+
+
+_TF1_TRACKABLE = []
+
+
+def _tf1_trackable_class():
+    """TF 1.x's Trackable (tensorflow.python.training.tracking, moved in TF
+    2.10) with TF 2.11's checkpoint API on top: TF 1.x's Saver and
+    tf.train.Checkpoint know only _gather_saveables_for_checkpoint, so that
+    returns one SaveableObject of what _serialize_to_tensors gives (a tensor
+    per "-suffix", saved under name + suffix as TF 2.x does), restored
+    through _restore_from_tensors."""
+    if _TF1_TRACKABLE:
+        return _TF1_TRACKABLE[0]
+    from tensorflow.python.training.saving import saveable_object
+    from tensorflow.python.training.tracking import base
+
+    class TensorsSaveable(saveable_object.SaveableObject):
+        def __init__(self, obj, name):
+            tensors = obj._serialize_to_tensors()
+            self._obj = obj
+            self._suffixes = sorted(tensors)
+            specs = [saveable_object.SaveSpec(tensors[s], "", name + s) for s in self._suffixes]
+            super().__init__(obj, specs, name)
+
+        def restore(self, restored_tensors, restored_shapes):
+            return self._obj._restore_from_tensors(dict(zip(self._suffixes, restored_tensors)))
+
+    class Trackable(base.Trackable):
+        def _gather_saveables_for_checkpoint(self):
+            if not hasattr(self, "_serialize_to_tensors"):
+                return super()._gather_saveables_for_checkpoint()
+
+            def factory(name=None):
+                return TensorsSaveable(self, name or self.name)
+
+            # VARIABLE_VALUE_KEY: a Saver keeps the object's own name.
+            return {base.VARIABLE_VALUE_KEY: factory}
+
+    _TF1_TRACKABLE.append(Trackable)
+    return Trackable
 
 
 def dataset_from_generator(generator, signature):
