@@ -79,3 +79,12 @@ def strategy_run(strategy, fn, args=()):
     """strategy.run(fn, args): TF 1.15 spells it experimental_run_v2."""
     run = getattr(strategy, "run", None) or strategy.experimental_run_v2
     return run(fn, args=args)
+
+
+def relaxed_function(fn):
+    """tf.function(fn, reduce_retracing=True); TF 1.15 spells it
+    experimental_relax_shapes."""
+    try:
+        return tf.function(fn, reduce_retracing=True)
+    except TypeError:
+        return tf.function(fn, experimental_relax_shapes=True)
