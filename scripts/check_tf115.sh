@@ -20,7 +20,8 @@ TF="$(python3 "$REPO/scripts/tf115_wheel.py" headers)"
 OBJ="$(mktemp -d)"
 trap 'rm -rf "$OBJ"' EXIT
 cd "$REPO"
-FLAGS=(-std=c++14 -D_GLIBCXX_USE_CXX11_ABI=0 -DSOK_GRAPH_WITH_CUDA=1 -fPIC -O0 -w -I.
+# -DNDEBUG as in the Bazel build (tf_ops/build/sok_ops.bzl says why).
+FLAGS=(-std=c++14 -D_GLIBCXX_USE_CXX11_ABI=0 -DNDEBUG -DSOK_GRAPH_WITH_CUDA=1 -fPIC -O0 -w -I.
        -I"$TF/tensorflow_cpu-1.15.0.data/purelib/tensorflow_core/include"
        -I"$TF/tensorflow_core/include")
 JOBS="${SOK_GRAPH_JOBS:-2}"

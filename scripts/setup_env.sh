@@ -2,7 +2,12 @@
 # Sets up everything sok_graph needs on a fresh Debian machine with Python 3.11
 # and installs sok_graph, built for one TensorFlow version:
 #
-#   source scripts/setup_env.sh 2.15.1     # or 2.21.0; default 2.15.1
+#   source scripts/setup_env.sh 2.15.1     # or 2.21.0 or 1.15.0; default 2.15.1
+#
+# TensorFlow 1.15 needs Python 3.7: its virtualenv is made from pyenv's
+# CPython 3.7.16 (or a python3.7 on PATH), with the last versions of the test
+# dependencies that still support 3.7, and its ops are built CPU-only (C++14,
+# the old libstdc++ ABI of TF 1.15's headers; see README, "TensorFlow 1.15").
 #
 # Afterwards $SOK_PYTHON is the Python of a virtualenv that has that
 # TensorFlow and sok_graph installed. What is safe to reuse is cached under
@@ -35,7 +40,6 @@ if [ ${#need_apt[@]} -gt 0 ]; then
 fi
 
 # --- a virtualenv per TensorFlow version ------------------------------------
-PY_BASE="${PYTHON:-python3}"
 VENV="$SOK_GRAPH_CACHE/venvs/tf-$SOK_TF_VERSION"
 # What the tests and the main job need next to TensorFlow. pyarrow 17 works
 # with numpy 1.x (TF 2.15) and 2.x (TF 2.21). MovieLens-100k comes inside the
@@ -43,6 +47,28 @@ VENV="$SOK_GRAPH_CACHE/venvs/tf-$SOK_TF_VERSION"
 # hypothesis drives the fuzz tests (tests/test_fuzz_ops.py).
 REQUIREMENTS="tensorflow-cpu==$SOK_TF_VERSION pytest>=7 pyarrow==17.0.0 tqdm matplotlib hypothesis"
 NO_DEPS="recbole==1.2.1"
+case "$SOK_TF_VERSION" in
+  1.*)
+    # TF 1.15 has wheels for Python <= 3.7 only. numpy 1.18.5 is the newest
+    # it works with; without protobuf 3.20.x `import tensorflow` fails; the
+    # rest are the last releases with Python 3.7 wheels.
+    if [ -n "${PYTHON:-}" ]; then
+      PY_BASE="$PYTHON"
+    else
+      PY_BASE="$(PYENV_VERSION=3.7.16 pyenv which python3.7 2>/dev/null || command -v python3.7 || true)"
+    fi
+    if [ -z "$PY_BASE" ] || ! "$PY_BASE" -c 'import sys; assert sys.version_info[:2] == (3, 7)' 2>/dev/null; then
+      log "TensorFlow $SOK_TF_VERSION needs Python 3.7; looked for \`PYENV_VERSION=3.7.16 pyenv which python3.7\`" \
+          "and python3.7 on PATH and found ${PY_BASE:-neither} (install it: pyenv install 3.7.16, or set PYTHON)"
+      return 1 2>/dev/null || exit 1
+    fi
+    REQUIREMENTS="tensorflow-cpu==$SOK_TF_VERSION numpy==1.18.5 protobuf==3.20.3 pytest==7.4.4"
+    REQUIREMENTS="$REQUIREMENTS hypothesis==6.79.4 pyarrow==12.0.1 tqdm matplotlib==3.5.3"
+    ;;
+  *)
+    PY_BASE="${PYTHON:-python3}"
+    ;;
+esac
 if [ ! -f "$VENV/.complete" ]; then
   log "creating $VENV with tensorflow-cpu==$SOK_TF_VERSION"
   rm -rf "$VENV"
@@ -64,7 +90,10 @@ export SOK_PYTHON SOK_TF_VERSION
 # built with it run on NVIDIA drivers >= 525, like TensorFlow's CUDA 12 builds;
 # the build falls back to nvcc ($CUDA_HOME, /usr/local/cuda) only without it.
 # SOK_GRAPH_WITHOUT_CUDA=1 builds CPU-only; a preset SOK_GRAPH_CUDA12_HOME is kept.
-if [ "${SOK_GRAPH_WITHOUT_CUDA:-0}" = 1 ]; then
+# TensorFlow 1.x builds are CPU-only (tf_ops/build/bazelw.py sees to it):
+# the kernels target CUDA 12, TF 1.15's GPU build is CUDA 10.0.
+if [ "${SOK_GRAPH_WITHOUT_CUDA:-0}" = 1 ] || [ "${SOK_TF_VERSION%%.*}" = 1 ]; then
+  [ "${SOK_TF_VERSION%%.*}" != 1 ] || log "TensorFlow $SOK_TF_VERSION: building CPU-only"
   unset SOK_GRAPH_CUDA12_HOME
 elif [ -z "${SOK_GRAPH_CUDA12_HOME:-}" ]; then
   log "assembling the CUDA 12 toolchain (scripts/cuda12_toolchain.sh)"

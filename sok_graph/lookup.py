@@ -32,10 +32,11 @@ def _ragged_parts(ids, index, what="sp_ids"):
     if isinstance(ids, tf.compat.v1.SparseTensorValue):
         ids = tf.SparseTensor.from_value(ids)
     if isinstance(ids, tf.SparseTensor):
-        if ids.shape.rank is not None and ids.shape.rank != 2:
+        rank = compat.sparse_static_shape(ids).rank
+        if rank is not None and rank != 2:
             raise ValueError(
                 f"{what}[{index}] must be a 2-D SparseTensor [batch, max_nnz]; got rank "
-                f"{ids.shape.rank}"
+                f"{rank}"
             )
         ids = tf.RaggedTensor.from_sparse(ids)
     if isinstance(ids, tf.RaggedTensor):

@@ -9,6 +9,12 @@ import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+# TF 1.x starts in graph mode; the suite is written for TF2's eager default
+# (graph-mode tests build their own tf.Graph and Session). This must run
+# before any op is created.
+if tf.__version__.startswith("1."):
+    tf.compat.v1.enable_eager_execution()
+
 import sok_graph as sok  # noqa: E402
 from sok_graph import context  # noqa: E402
 
@@ -71,3 +77,18 @@ def run_in_graph(build):
         with tf.compat.v1.Session(graph=graph) as sess:
             sess.run(init)
             return sess.run(fetches)
+
+
+def strategy_run(strategy, fn, args=()):
+    """strategy.run(fn, args): TF 1.15 spells it experimental_run_v2."""
+    run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+    return run(fn, args=args)
+
+
+def relaxed_function(fn):
+    """tf.function(fn, reduce_retracing=True); TF 1.15 spells it
+    experimental_relax_shapes."""
+    try:
+        return tf.function(fn, reduce_retracing=True)
+    except TypeError:
+        return tf.function(fn, experimental_relax_shapes=True)

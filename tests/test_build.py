@@ -92,14 +92,16 @@ def test_gpu_kernel_registered_but_cpu_used_without_gpu():
     # The GPU OpKernel of SokLocalRows is compiled in; with no GPU TensorFlow
     # places the op on the CPU and it still runs.
     assert b"SokLocalRows" in open(_ops.library_path(), "rb").read()
-    assert not tf.config.list_physical_devices("GPU")
+    assert not tf.config.experimental.list_physical_devices("GPU")
     from sok_graph.ops import sharding
 
     assert sharding.local_rows(tf.constant([5, 8], tf.int64), 2).numpy().tolist() == [2, 4]
 
 
 def test_ops_load_in_a_process_with_no_cuda_visible():
-    script = "import sok_graph as sok, tensorflow as tf; sok.init(); " \
+    # Eager as on TF 2.x (a no-op there; TF 1.x starts in graph mode).
+    script = "import tensorflow as tf; tf.compat.v1.enable_eager_execution(); " \
+             "import sok_graph as sok; sok.init(); " \
              "print(sok.lookup_sparse(tf.ones([3, 2]), tf.ragged.constant([[0, 2]], tf.int64)," \
              " combiners='sum').numpy().tolist())"
     env = dict(os.environ, CUDA_VISIBLE_DEVICES="", TF_CPP_MIN_LOG_LEVEL="3")

@@ -7,10 +7,14 @@ from sok_graph import compat
 
 def test_version_tuple():
     assert compat.TF_VERSION[:2] == tuple(int(x) for x in tf.__version__.split(".")[:2])
-    assert compat.IS_TF1 is False
+    assert compat.IS_TF1 is tf.__version__.startswith("1.")
 
 
 def test_keras_major_version_matches_optimizer_module():
+    if tf.__version__.startswith("1."):
+        # TF 1.x's Keras is tf.keras alone (no keras package): Keras 2.
+        assert compat.KERAS_MAJOR_VERSION == 2
+        return
     import keras
 
     expected = 3 if keras.__version__.startswith("3") and not compat.legacy_keras_requested() \

@@ -30,6 +30,7 @@ import time
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import relaxed_function
 
 import sok_graph as sok
 from sok_graph import dump_load
@@ -205,13 +206,13 @@ def test_eager_tf_functions_exports_and_dumps_share_one_table(tmp_path):
     var = sok.DynamicVariable(DIM, initializer="zeros", name="shared")
     log = Log()
 
-    @tf.function(reduce_retracing=True)
+    @relaxed_function
     def train_step(keys, deltas):
         rows = var.sparse_read(keys)
         var.scatter_add(keys, deltas)
         return rows
 
-    @tf.function(reduce_retracing=True)
+    @relaxed_function
     def update_and_read(keys, deltas):
         var.scatter_sub(keys, deltas)
         return var.find(keys)[0]

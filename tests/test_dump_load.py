@@ -18,7 +18,9 @@ from sok_graph.dump_load import CheckpointError
 # Builds the same model in any process: a static and a dynamic table, an
 # Adagrad OptimizerWrapper, and a deterministic training step.
 MODEL = textwrap.dedent("""
-    import numpy as np, tensorflow as tf, sok_graph as sok
+    import numpy as np, tensorflow as tf
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+    import sok_graph as sok
     sok.init()
     static = sok.Variable(np.linspace(-1, 1, 40, dtype=np.float32).reshape(10, 4), name="static")
     dyn = sok.DynamicVariable(4, initializer="normal", seed=7, name="dyn")
@@ -132,7 +134,9 @@ def test_interrupted_dump_keeps_previous_dump_loadable(tmp_path):
     complete dump, the old one or the new one, never a broken one."""
     path = str(tmp_path / "big")
     script = textwrap.dedent(f"""
-        import sys, numpy as np, tensorflow as tf, sok_graph as sok
+        import sys, numpy as np, tensorflow as tf
+        tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+        import sok_graph as sok
         sok.init()
         v = sok.Variable(np.full((400000, 64), float(sys.argv[1]), np.float32), name="big")
         sok.dump({path!r}, [v])

@@ -16,7 +16,7 @@ import tensorflow as tf
 
 import sok_graph as sok
 
-pytestmark = pytest.mark.skipif(not tf.config.list_physical_devices("GPU"),
+pytestmark = pytest.mark.skipif(not tf.config.experimental.list_physical_devices("GPU"),
                                 reason="needs a GPU that TensorFlow sees")
 
 DIM = 32

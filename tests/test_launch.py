@@ -475,16 +475,28 @@ MWMS_WORKER = """
 import os
 import tensorflow as tf
 
+tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
 rank = int(os.environ["SOK_GRAPH_RANK"])
-strategy = tf.distribute.MultiWorkerMirroredStrategy()
+# TF 1.15 spells them experimental.MultiWorkerMirroredStrategy and
+# experimental_run_v2.
+mwms = (getattr(tf.distribute, "MultiWorkerMirroredStrategy", None)
+        or tf.distribute.experimental.MultiWorkerMirroredStrategy)
+strategy = mwms()
+
+
+run = getattr(strategy, "run", None) or strategy.experimental_run_v2
+
+
+def replica_step():
+    return tf.distribute.get_replica_context().all_reduce("sum", tf.constant(rank + 1.0))
 
 
 @tf.function
 def step():
-    return tf.distribute.get_replica_context().all_reduce("sum", tf.constant(rank + 1.0))
+    return run(replica_step)
 
 
-total = strategy.experimental_local_results(strategy.run(step))[0]
+total = strategy.experimental_local_results(step())[0]
 print("replicas", strategy.num_replicas_in_sync, "sum", float(total))
 """
 

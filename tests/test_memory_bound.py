@@ -31,7 +31,21 @@ def feed(var, start, keys):
         yield min(first + BATCH, start + keys) - start, rss_bytes()
 
 
+def fixed_mmap_threshold():
+    """On TF 1.x, glibc's dynamic mmap threshold rises as TensorFlow frees its
+    batch-sized tensors, which then come from the heap between the table's
+    allocations: RSS creeps up by ~0.5 MiB a batch with the table's own bytes
+    flat (not on TF 2.x). A fixed threshold (what MALLOC_MMAP_THRESHOLD_=131072
+    sets) keeps what is measured the table's."""
+    if tf.__version__.startswith("1."):
+        import ctypes
+
+        M_MMAP_THRESHOLD = -3
+        ctypes.CDLL("libc.so.6").mallopt(M_MMAP_THRESHOLD, 128 * 1024)
+
+
 def warm_up():
+    fixed_mmap_threshold()
     # TensorFlow's first-call allocations (kernels, thread pools) happen here,
     # outside what is measured.
     v = sok.DynamicVariable(DIM, initializer="zeros")

@@ -19,7 +19,8 @@ import sys
 import numpy as np
 import pytest
 
-from multiworker.launching import launch, launch_failing, needs_horovod, rel_sq_err, run_process
+from multiworker.launching import (launch, launch_failing, needs_horovod, needs_tf2_collectives,
+                                   rel_sq_err, run_process)
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 TRAIN = os.path.join(HERE, "multiworker", "train_worker.py")
@@ -108,12 +109,14 @@ def test_horovod_three_workers_equal_single_process(reference, tmp_path):
     _check_engine("horovod", 3, CONFIGS_3, reference, tmp_path)
 
 
+@needs_tf2_collectives
 def test_tf_distribute_two_workers_equal_single_process(reference, tmp_path):
     """The tf.distribute engine (MultiWorkerMirroredStrategy; TF_CONFIG from
     the launcher): graph mode runs in the engine's Session."""
     _check_engine("tf", 2, CONFIGS, reference, tmp_path)
 
 
+@needs_tf2_collectives
 def test_tf_distribute_three_workers_equal_single_process(reference, tmp_path):
     _check_engine("tf", 3, CONFIGS_3, reference, tmp_path)
 
@@ -126,12 +129,14 @@ def _check_mirrored(world, configs, reference, tmp_path):
     _compare_configs(configs, tmp_path, reference[world], f"MirroredStrategy, {world} replicas")
 
 
+@needs_tf2_collectives
 def test_mirrored_two_replicas_equal_single_process(reference, tmp_path):
     """tf.distribute's MirroredStrategy with two replicas in one process:
     each replica holds a shard, in tf.function and in Session graphs."""
     _check_mirrored(2, CONFIGS, reference, tmp_path)
 
 
+@needs_tf2_collectives
 def test_mirrored_three_replicas_equal_single_process(reference, tmp_path):
     _check_mirrored(3, CONFIGS_3, reference, tmp_path)
 
@@ -204,6 +209,7 @@ def _check_dump_chain(chain, run, tmp_path):
                 err_msg=f"{name} after {chain[k - 1]} -> {world} workers")
 
 
+@needs_tf2_collectives
 def test_dump_load_across_mirrored_replicas(tmp_path):
     """The same chain with MirroredStrategy replicas as the workers
     (2 replicas -> 1 process -> 3 replicas -> 1 process): rows, Adam's m and

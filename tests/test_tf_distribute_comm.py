@@ -30,6 +30,7 @@ import time
 
 import numpy as np
 import pytest
+from multiworker.launching import needs_tf2_collectives
 
 ROW_DIM = 3
 GATHER_DIM = 2
@@ -404,10 +405,12 @@ def launch(tmp_path, world, mode):
     return timings
 
 
+@needs_tf2_collectives
 def test_two_workers_eager_tf_function_strategy_run_and_session(tmp_path):
     launch(tmp_path, 2, "tf2")
 
 
+@needs_tf2_collectives
 def test_three_workers_tf1_graph_mode_session_barrier_and_stall_timeout(tmp_path):
     timings = launch(tmp_path, 3, "tf1")
     assert timings[0]["stall_error"] in ("DeadlineExceededError", "UnavailableError")
@@ -423,6 +426,7 @@ def test_without_a_multi_worker_strategy_it_is_a_single_process():
         assert isinstance(communication.create("tf"), communication.SingleProcess)
 
 
+@needs_tf2_collectives
 @pytest.mark.parametrize("mode", ["function", "graph"])
 def test_replicas_in_one_process_are_the_workers(mode):
     """MirroredStrategy over 3 logical CPUs: comm_tool='tf' makes each

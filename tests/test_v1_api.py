@@ -17,6 +17,7 @@ Also: the graph-mode ordering rules of sok.Init, the session helpers, Saver.
 import numpy as np
 import pytest
 import tensorflow as tf
+from conftest import strategy_run
 
 import sok_graph as sok
 from sok_graph import context
@@ -244,8 +245,11 @@ def test_graph_mode_equals_plain_tf(kind, use_hashtable, path):
                       tf.compat.v1.local_variables_initializer()])
             sess.run(load)
             for step, (ids, lengths, y) in enumerate(_data()):
-                feed = {ids_ph: ids, y_ph: y,
-                        sp_ph: tf.compat.v1.SparseTensorValue(*_sparse_value(ids, lengths))}
+                # Indices and values only: TF 1.x's sparse_placeholder of a
+                # fully defined shape has a constant dense_shape, which Keras
+                # layers (1.x) read statically and so make unfeedable.
+                indices, values, _ = _sparse_value(ids, lengths)
+                feed = {ids_ph: ids, y_ph: y, sp_ph.indices: indices, sp_ph.values: values}
                 got, want = sess.run([emb, ref_emb], feed)
                 np.testing.assert_allclose(got, want, **TOL, err_msg=f"forward, step {step}")
                 sess.run([train, ref_train], feed)
@@ -340,7 +344,8 @@ def test_init_under_mirrored_strategy_runs_at_once():
     with strategy.scope():
         assert sok.Init(global_batch_size=8) is None
         layer = sok.All2AllDenseEmbedding(16, 2, 1, 1)
-    out = strategy.run(tf.function(lambda x: layer(x)), args=(tf.zeros([8, 1, 1], tf.int64),))
+    out = strategy_run(strategy, tf.function(lambda x: layer(x)),
+                       args=(tf.zeros([8, 1, 1], tf.int64),))
     assert out.shape == (8, 1, 1, 2)
 
 

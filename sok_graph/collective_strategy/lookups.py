@@ -4,6 +4,9 @@ safe sparse): on a sok variable they run sok's lookups, else TensorFlow's own.
 
 import tensorflow as tf
 
+from sok_graph import compat
+
+from sok_graph import compat
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 
@@ -58,7 +61,7 @@ def _as_2d(sp, what):
         return None
     if isinstance(sp, tf.compat.v1.SparseTensorValue):
         sp = tf.SparseTensor.from_value(sp)
-    rank = sp.shape.rank
+    rank = compat.sparse_static_shape(sp).rank
     if rank is not None and rank != 2:
         raise ValueError(f"{what} must be a 2-D SparseTensor [batch, ids] for a sok variable; "
                          f"got rank {rank}")

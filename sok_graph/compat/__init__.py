@@ -157,10 +157,8 @@ def trackable_base_class():
     """The base of objects tf.train.Checkpoint and Saver can save
     (through _serialize_to_tensors / _restore_from_tensors)."""
     if IS_TF1:
-        # Moved to tensorflow.python.trackable in TF 2.10.
-        from tensorflow.python.training.tracking import base
-    else:
-        from tensorflow.python.trackable import base
+        return _tf1_trackable_class()
+    from tensorflow.python.trackable import base
 
     return base.Trackable
 
@@ -176,6 +174,47 @@ def native_object_class():
     return getattr(internal, "NativeObject", object)
 
 
+_TF1_TRACKABLE = []
+
+
+def _tf1_trackable_class():
+    """TF 1.x's Trackable (tensorflow.python.training.tracking, moved in TF
+    2.10) with TF 2.11's checkpoint API on top: TF 1.x's Saver and
+    tf.train.Checkpoint know only _gather_saveables_for_checkpoint, so that
+    returns one SaveableObject of what _serialize_to_tensors gives (a tensor
+    per "-suffix", saved under name + suffix as TF 2.x does), restored
+    through _restore_from_tensors."""
+    if _TF1_TRACKABLE:
+        return _TF1_TRACKABLE[0]
+    from tensorflow.python.training.saving import saveable_object
+    from tensorflow.python.training.tracking import base
+
+    class TensorsSaveable(saveable_object.SaveableObject):
+        def __init__(self, obj, name):
+            tensors = obj._serialize_to_tensors()
+            self._obj = obj
+            self._suffixes = sorted(tensors)
+            specs = [saveable_object.SaveSpec(tensors[s], "", name + s) for s in self._suffixes]
+            super().__init__(obj, specs, name)
+
+        def restore(self, restored_tensors, restored_shapes):
+            return self._obj._restore_from_tensors(dict(zip(self._suffixes, restored_tensors)))
+
+    class Trackable(base.Trackable):
+        def _gather_saveables_for_checkpoint(self):
+            if not hasattr(self, "_serialize_to_tensors"):
+                return super()._gather_saveables_for_checkpoint()
+
+            def factory(name=None):
+                return TensorsSaveable(self, name or self.name)
+
+            # VARIABLE_VALUE_KEY: a Saver keeps the object's own name.
+            return {base.VARIABLE_VALUE_KEY: factory}
+
+    _TF1_TRACKABLE.append(Trackable)
+    return Trackable
+
+
 def dataset_from_generator(generator, signature):
     """tf.data.Dataset.from_generator for a structure of tf.TensorSpec.
     `output_signature` is new in TF 2.4; TF 1.x takes the same structure as
@@ -187,3 +226,24 @@ def dataset_from_generator(generator, signature):
             output_shapes=tf.nest.map_structure(lambda spec: spec.shape, signature),
         )
     return tf.data.Dataset.from_generator(generator, output_signature=signature)
+
+
+def constant_value(tensor):
+    """tf.get_static_value(tensor), leaving `tensor` feedable. TF 1.x's marks
+    each graph tensor whose value it finds as unfeedable, and TF 1.x's
+    sparse_placeholder with a fully defined shape has a constant dense_shape,
+    which feeding a SparseTensorValue feeds ("may not be fed")."""
+    op = getattr(tensor, "op", None) if not tf.executing_eagerly() else None
+    if op is not None and op.type == "Const":
+        return tf.make_ndarray(op.get_attr("value"))
+    return tf.get_static_value(tensor)
+
+
+def sparse_static_shape(sp):
+    """The static shape of the SparseTensor `sp`, leaving its dense_shape
+    feedable (TF 1.x's SparseTensor.shape makes a constant one unfeedable;
+    see constant_value)."""
+    value = constant_value(sp.dense_shape)
+    if value is not None:
+        return tf.TensorShape([int(d) for d in value])
+    return sp.shape

@@ -31,4 +31,5 @@ def _unsorted_segment_sum_grad(op, grad):
     ids = op.inputs[1]
     padded = tf.concat([grad, tf.zeros(tf.concat([[1], tf.shape(grad)[1:]], 0), grad.dtype)], 0)
     num = tf.cast(tf.shape(grad)[0], ids.dtype)
-    return [tf.gather(padded, tf.where(ids >= 0, ids, num)), None, None]
+    # tf.fill: TF 1.x's tf.where does not broadcast.
+    return [tf.gather(padded, tf.where(ids >= 0, ids, tf.fill(tf.shape(ids), num))), None, None]

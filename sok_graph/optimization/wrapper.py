@@ -184,7 +184,7 @@ class OptimizerWrapper:
         # Repeated indices would be applied as separate updates of one row:
         # sum them first.
         unique, position, _ = util_ops.unique_with_counts(indices, out_idx=tf.int64)
-        values = util_ops.unsorted_segment_sum(values, position, tf.size(unique, tf.int64))
+        values = util_ops.unsorted_segment_sum(values, position, tf.size(unique, out_type=tf.int64))
         if self._update_all_rows:
             unique, values = self._every_row(var, unique, values)
         slots = self._slots[id(var)]

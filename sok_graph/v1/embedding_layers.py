@@ -22,7 +22,7 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context
+from sok_graph import compat, context
 from sok_graph.distributed_variable import Variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
@@ -256,7 +256,7 @@ class DistributedEmbedding(_EmbeddingLayer):
     def call(self, inputs, training=True):
         checks = []
         if isinstance(inputs, tf.SparseTensor):
-            static = tf.get_static_value(inputs.dense_shape)
+            static = compat.constant_value(inputs.dense_shape)
             if static is not None and len(static) != 2:
                 raise ValueError(f"{self.name}: inputs must be a 2-D SparseTensor [batch * "
                                  f"slot_num, max_nnz]; got dense_shape {list(static)}")

@@ -10,8 +10,17 @@ import subprocess
 import sys
 
 import pytest
+import tensorflow as tf
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+# examples_tf2/ are TF 2.x programs (eager by default, TF 2.x's Keras and
+# tf.config); on TF 1.x the examples_tf1/ ones and movielens_dlrm.py's
+# --mode tf1 run.
+tf2_program = pytest.mark.skipif(
+    tf.__version__.startswith("1."),
+    reason="a TF 2.x program (examples_tf2/); TensorFlow %s" % tf.__version__)
 
 
 def _installed_launcher():
@@ -33,7 +42,8 @@ def run_example(path, *args, workers=1):
     return out.stdout
 
 
-@pytest.mark.parametrize("script", ["examples_tf2/lookup_demo.py", "examples_tf1/lookup_demo.py"])
+@pytest.mark.parametrize("script", [pytest.param("examples_tf2/lookup_demo.py", marks=tf2_program),
+                                    "examples_tf1/lookup_demo.py"])
 def test_lookup_demo_learns(script):
     stdout = run_example(script, "--steps", "80", "--batch", "512")
     first, last = map(float, re.search(r"first loss ([\d.]+), last loss ([\d.]+)", stdout).groups())
@@ -42,6 +52,7 @@ def test_lookup_demo_learns(script):
     assert auc > 0.65, stdout
 
 
+@tf2_program
 def test_get_started_walkthrough():
     stdout = run_example("examples_tf2/get_started.py")
     assert "get started: OK" in stdout
@@ -54,8 +65,9 @@ needs_horovod = pytest.mark.skipif(
 
 
 @pytest.mark.parametrize("mode,workers", [
-    ("tf2", 1), ("tf1", 1),
-    pytest.param("tf2", 2, marks=needs_horovod), pytest.param("tf1", 2, marks=needs_horovod)])
+    pytest.param("tf2", 1, marks=tf2_program), ("tf1", 1),
+    pytest.param("tf2", 2, marks=[needs_horovod, tf2_program]),
+    pytest.param("tf1", 2, marks=needs_horovod)])
 def test_movielens_main_job_beats_popularity(tmp_path, mode, workers):
     stdout = run_example("examples_tf2/movielens_dlrm.py", "--mode", mode, "--epochs", "2",
                          "--out", str(tmp_path), "--quiet", workers=workers)
@@ -71,7 +83,8 @@ def _losses(stdout):
 
 
 @pytest.mark.parametrize("use_tf_opt", ["1", "0"])
-@pytest.mark.parametrize("script", ["examples_tf2/demo_mirrored.py",
+@pytest.mark.parametrize("script", [pytest.param("examples_tf2/demo_mirrored.py",
+                                                 marks=tf2_program),
                                     "examples_tf1/demo_session.py"])
 def test_sok_v1_demo_model_learns(script, use_tf_opt):
     """SOK's DemoModel walkthroughs (1.x API): the script itself checks that
@@ -83,6 +96,7 @@ def test_sok_v1_demo_model_learns(script, use_tf_opt):
     assert sum(losses[-6:]) < sum(losses[:6]), stdout
 
 
+@tf2_program
 @pytest.mark.parametrize("use_tf_opt", ["1", "0"])
 def test_sok_v1_demo_model_on_two_mirrored_replicas(use_tf_opt):
     """The walkthrough as written, with MirroredStrategy over two logical
@@ -95,12 +109,14 @@ def test_sok_v1_demo_model_on_two_mirrored_replicas(use_tf_opt):
 
 
 @needs_horovod
+@tf2_program
 def test_sok_v1_demo_model_with_horovod():
     stdout = run_example("examples_tf2/demo_horovod.py", "--steps", "24", workers=2)
     losses = _losses(stdout)
     assert sum(losses[-6:]) < sum(losses[:6]), stdout
 
 
+@tf2_program
 def test_parquet_demo_trains_on_its_part():
     """The seed notebook's generate -> Parquet -> split per worker -> train
     flow (examples_tf2/parquet_demo.py), run as worker 1 of 2 for 40 steps

@@ -103,6 +103,8 @@ def main():
     args = p.parse_args()
     import tensorflow as tf
 
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+
     strategy = None
     if args.mode == "strategy":
         import sok_graph as sok

@@ -33,6 +33,8 @@ def main():
     args = p.parse_args()
     import tensorflow as tf
 
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+
     import sok_graph as sok
 
     rank, world = 0, 1

@@ -20,6 +20,15 @@ needs_horovod = pytest.mark.skipif(
     not HAVE_HOROVOD and not os.environ.get("SOK_GRAPH_REQUIRE_HOROVOD"),
     reason="Horovod is not installed (scripts/install_horovod.sh builds it; CI requires it)")
 
+_TF_VERSION = __import__("tensorflow").__version__
+# comm_tool='tf' with several workers (MultiWorkerMirroredStrategy, or the
+# replicas of a MirroredStrategy) is TensorFlow 2.x only
+# (sok_graph.communication.tf_distribute.create says so on 1.x).
+needs_tf2_collectives = pytest.mark.skipif(
+    _TF_VERSION.startswith("1."),
+    reason="comm_tool='tf' with several workers needs TensorFlow 2.x's collectives "
+           "(all-to-all, timeouts); TensorFlow %s" % _TF_VERSION)
+
 
 def env(**extra):
     out = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")

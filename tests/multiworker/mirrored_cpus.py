@@ -6,6 +6,8 @@ started (logical devices cannot change afterwards)."""
 def mirrored_strategy_on_cpus(n):
     import tensorflow as tf
 
-    cpu = tf.config.list_physical_devices("CPU")[0]
-    tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+    # The tf.config.experimental spellings: TF 1.15 has only those.
+    config = tf.config.experimental
+    cpu = config.list_physical_devices("CPU")[0]
+    config.set_virtual_device_configuration(cpu, [config.VirtualDeviceConfiguration()] * n)
     return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])

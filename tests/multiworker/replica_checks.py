@@ -20,6 +20,8 @@ def main():
     n = args.replicas
     import tensorflow as tf
 
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+
     from mirrored_cpus import mirrored_strategy_on_cpus
 
     strategy = mirrored_strategy_on_cpus(n)

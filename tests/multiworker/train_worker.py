@@ -120,6 +120,8 @@ def main():
     args, configs = parse()
     import tensorflow as tf
 
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+
     import sok_graph as sok
 
     strategy = None
@@ -333,8 +335,11 @@ class Model:
                 losses.append(float(self.sess.run(loss, self._feed(ph, batch))))
             return losses
         self._set_initial_rows()
-        step = tf.function(lambda inputs: self.replicated_step(inputs, comm),
-                           reduce_retracing=True)
+        replicated = lambda inputs: self.replicated_step(inputs, comm)  # noqa: E731
+        try:
+            step = tf.function(replicated, reduce_retracing=True)
+        except TypeError:  # TF 1.15's name for it
+            step = tf.function(replicated, experimental_relax_shapes=True)
         for i, batch in enumerate(data):
             self._maybe_fail(i)
             inputs = tf.nest.map_structure(tf.constant, batch)

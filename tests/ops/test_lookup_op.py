@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_in_graph
+from conftest import run_in_graph, strategy_run
 
 import sok_graph as sok
 from sok_graph.ops import lookup as lookup_ops
@@ -379,7 +379,7 @@ def test_variable_in_a_mirrored_strategy_matches_tf(rng):
             loss = tf.reduce_sum(out * out)
         return out, tf.convert_to_tensor(tape.gradient(loss, v))
 
-    out, grad = strategy.run(tf.function(step))
+    out, grad = strategy_run(strategy, tf.function(step))
     ref_var = tf.Variable(table)
     with tf.GradientTape() as tape:
         ref = tf.nn.embedding_lookup_sparse(ref_var, ragged(samples).to_sparse(), None,

@@ -100,7 +100,9 @@ def test_segment_ids_length_mismatch():
 
 def test_segment_sum_rows_whose_size_overflows_are_an_error():
     # No elements, but each row's size (2^40 * 2^40) does not fit an int64.
-    data = tf.zeros([0, 2 ** 40, 2 ** 40])
+    # tf.reshape with an int64 shape: TF 1.x's tf.zeros takes the shape as
+    # int32, which wraps 2^40 to 0.
+    data = tf.reshape(tf.zeros([0]), tf.constant([0, 2 ** 40, 2 ** 40], tf.int64))
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="overflow"):
         util.unsorted_segment_sum(data, tf.zeros([0], tf.int64), 0)
 

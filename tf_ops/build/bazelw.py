@@ -30,13 +30,16 @@ def clean_env(**extra):
 def tensorflow_install(python):
     """(version, library directory) of the TensorFlow that `python` imports."""
     env = clean_env(TF_CPP_MIN_LOG_LEVEL="3")
+    # stdout/stderr=PIPE and universal_newlines, not capture_output/text:
+    # this also runs under the Python 3.7 of TF 1.15, and stays 3.6-clean.
     out = subprocess.run(
         [python, "-c", "import tensorflow as tf; print(tf.__version__, tf.sysconfig.get_lib())"],
-        env=env, capture_output=True, text=True,
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
     )
     if out.returncode != 0:
-        sys.exit(f"sok_graph builds its ops for the TensorFlow of the Python that builds it, "
-                 f"but {python} cannot import tensorflow; install tensorflow first:\n{out.stderr}")
+        sys.exit("sok_graph builds its ops for the TensorFlow of the Python that builds it, "
+                 "but %s cannot import tensorflow; install tensorflow first:\n%s"
+                 % (python, out.stderr))
     version, lib = out.stdout.strip().splitlines()[-1].split(" ", 1)
     return version, lib
 
@@ -45,15 +48,28 @@ def output_base(tf_version, tf_lib):
     # Keyed by the TensorFlow installation, not by the spelling of the Python
     # path: `python`, `python3` and pip's build subprocess share one cache.
     cache = os.environ.get("SOK_GRAPH_CACHE", os.path.expanduser("~/.cache/sok_graph"))
-    key = hashlib.sha256(f"{REPO_ROOT}\0{tf_lib}\0{tf_version}".encode()).hexdigest()[:12]
-    return os.path.join(cache, "bazel", f"tf-{tf_version}-{key}")
+    key = hashlib.sha256(("%s\0%s\0%s" % (REPO_ROOT, tf_lib, tf_version)).encode()).hexdigest()[:12]
+    return os.path.join(cache, "bazel", "tf-%s-%s" % (tf_version, key))
+
+
+def is_tf1(tf_version):
+    return tf_version.split(".")[0] == "1"
+
+
+def tf1_options():
+    """What a TensorFlow 1.x build changes: its headers are C++14 (a C++17
+    library compiles but does not link against libtensorflow_framework.so.1);
+    the old libstdc++ ABI comes from tf.sysconfig's compile flags
+    (repositories.bzl)."""
+    return ["--cxxopt=-std=c++14", "--host_cxxopt=-std=c++14"]
 
 
 def bazel_command(args, python=None):
     python = python or sys.executable
+    tf_version, tf_lib = tensorflow_install(python)
     startup = [
         "bazel",
-        f"--output_base={output_base(*tensorflow_install(python))}",
+        "--output_base=%s" % output_base(tf_version, tf_lib),
         # Bazel's JVM is sized for big machines; this one has 2 cores.
         "--host_jvm_args=-Xmx3g",
         # Don't leave an idle server holding memory for hours.
@@ -67,13 +83,22 @@ def bazel_command(args, python=None):
             "--symlink_prefix=/",
             "--jobs=%d" % max(1, min(os.cpu_count() or 1, 4)),
             "--local_test_jobs=%d" % max(1, os.cpu_count() or 1),
-        ] + rest
-    return startup + command + rest, python
+        ] + (tf1_options() if is_tf1(tf_version) else []) + rest
+    return startup + command + rest, python, tf_version
+
+
+def build_env(python, tf_version):
+    # TF 1.x builds are CPU-only: the CUDA kernels target CUDA 12, TF 1.15's
+    # GPU build is CUDA 10.0 (README, "TensorFlow 1.15").
+    extra = {"TF_PYTHON_BIN_PATH": python}
+    if is_tf1(tf_version):
+        extra["SOK_GRAPH_WITHOUT_CUDA"] = "1"
+    return clean_env(**extra)
 
 
 def run(args, python=None, check=True):
-    cmd, python = bazel_command(args, python)
-    env = clean_env(TF_PYTHON_BIN_PATH=python)
+    cmd, python, tf_version = bazel_command(args, python)
+    env = build_env(python, tf_version)
     print("+ " + " ".join(cmd), file=sys.stderr, flush=True)
     proc = subprocess.run(cmd, cwd=REPO_ROOT, env=env)
     if check and proc.returncode != 0:
@@ -82,10 +107,10 @@ def run(args, python=None, check=True):
 
 
 def bazel_bin(python=None):
-    cmd, python = bazel_command(["info", "bazel-bin"], python)
-    env = clean_env(TF_PYTHON_BIN_PATH=python)
-    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True,
-                          capture_output=True, text=True).stdout.strip()
+    cmd, python, tf_version = bazel_command(["info", "bazel-bin"], python)
+    env = build_env(python, tf_version)
+    return subprocess.run(cmd, cwd=REPO_ROOT, env=env, check=True, stdout=subprocess.PIPE,
+                          universal_newlines=True).stdout.strip()
 
 
 if __name__ == "__main__":

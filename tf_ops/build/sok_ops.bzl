@@ -164,8 +164,14 @@ def sok_op_library(name, srcs = [], cuda_srcs = [], deps = [], **kwargs):
     native.cc_binary(
         name = name,
         srcs = srcs + cuda_objects + [":" + name + "_build_info"],
-        copts = ["-pthread", "-O3", "-Wall", "-Wno-sign-compare", "-Wno-unknown-pragmas"] +
-                ["-D" + d for d in defines],
+        # -DNDEBUG in every compilation mode: TensorFlow's inline code must
+        # match its release build. TF 1.15's RefCounted::Unref, run inside
+        # the framework library, deletes a resource whose count is 1 without
+        # zeroing it (that store sits in a DCHECK), so a resource destructor
+        # compiled here with DCHECKs on aborts the process when TensorFlow
+        # drops the last reference (Session close, ResourceMgr::Clear).
+        copts = ["-pthread", "-O3", "-DNDEBUG", "-Wall", "-Wno-sign-compare",
+                 "-Wno-unknown-pragmas"] + ["-D" + d for d in defines],
         deps = deps + cuda_deps + [
             "@local_config_tf//:tf_headers",
             "@local_config_tf//:tf_framework",
