@@ -48,10 +48,12 @@ def table_name(table):
 
 # ------------------------------------------------------------ filling tables
 
-def _fill(serving_table, count, chunks, runner):
-    """Writes the (keys, rows) chunks of a whole table into serving_table's
-    variables: the rows scattered into place as they come, then (dynamic)
-    the sorted keys and their row numbers."""
+def _fill_from(serving_table, source, source_runner, runner, chunk_rows):
+    """Copies sok table `source` (every worker's rows) into serving_table's
+    variables, a chunk at a time: the rows are scattered into place as they
+    come. A dynamic table is read twice: its keys first (sorted, they give
+    every row its place: row 1 + i for the i-th key), then its rows, so the
+    export does not depend on how the keys were spread over workers."""
     dim = serving_table.dimension
     dtype = serving_table.dtype
     rows_var = serving_table.rows
@@ -71,33 +73,41 @@ def _fill(serving_table, count, chunks, runner):
     alloc = runner.make(allocate, [tf.TensorSpec([], tf.int64)])
     put = runner.make(scatter, [tf.TensorSpec([None], tf.int64),
                                 tf.TensorSpec([None, dim], dtype)])
-    alloc(np.int64(count))
-    keys_all = np.empty([count], np.int64) if dynamic else None
-    filled = 0
-    for keys, rows in chunks:
-        n = len(keys)
-        if dynamic:
-            if filled + n > count:
+    sorted_keys = None
+    if dynamic:
+        count, chunks = sources.whole_table(source, source_runner, chunk_rows, keys_only=True)
+        keys_all = np.empty([count], np.int64)
+        filled = 0
+        for keys, _ in chunks:
+            if filled + len(keys) > count:
                 raise RuntimeError(f"table {serving_table.table_name!r} changed while it was "
                                    "exported (more rows than counted)")
-            keys_all[filled:filled + n] = keys
-            put(np.arange(base + filled, base + filled + n, dtype=np.int64), rows)
+            keys_all[filled:filled + len(keys)] = keys
+            filled += len(keys)
+        keys_all = keys_all[:filled]
+        keys_all.sort()
+        sorted_keys = keys_all
+    count, chunks = sources.whole_table(source, source_runner, chunk_rows)
+    alloc(np.int64(count if sorted_keys is None else len(sorted_keys)))
+    for keys, rows in chunks:
+        if dynamic:
+            at = np.searchsorted(sorted_keys, keys)
+            if len(keys) and (at.max() >= len(sorted_keys)
+                              or (sorted_keys[np.minimum(at, len(sorted_keys) - 1)]
+                                  != keys).any()):
+                raise RuntimeError(f"table {serving_table.table_name!r} changed while it was "
+                                   "exported (a key appeared)")
+            put(at.astype(np.int64) + base, rows)
         else:
             put(np.asarray(keys, np.int64), rows)
-        filled += n
     if not dynamic:
         return
-    keys_all = keys_all[:filled]
-    order = np.argsort(keys_all, kind="stable")
-    sorted_keys = keys_all[order].astype(serving_table.key_dtype.as_numpy_dtype)
-    del keys_all
-    order += 1  # row 0 is the default row
     key_spec = tf.TensorSpec([None], serving_table.key_dtype)
     set_keys = runner.make(lambda k: _assigned(serving_table.keys.assign(k)), [key_spec])
     set_index = runner.make(lambda i: _assigned(serving_table.index.assign(i)),
                             [tf.TensorSpec([None], tf.int64)])
-    set_keys(sorted_keys)
-    set_index(order)
+    set_keys(sorted_keys.astype(serving_table.key_dtype.as_numpy_dtype))
+    set_index(np.arange(1, len(sorted_keys) + 1, dtype=np.int64))
 
 
 def _assigned(update):
@@ -105,13 +115,6 @@ def _assigned(update):
     op = update.op if hasattr(update, "op") else update
     with tf.control_dependencies([op]):
         return tf.constant(0, tf.int64)
-
-
-def _fill_from(serving_table, source, source_runner, target_runner, chunk_rows):
-    count, chunks = sources.whole_table(source, source_runner, chunk_rows)
-    _fill(serving_table, count, chunks, target_runner)
-    for _ in chunks:  # ranks > 0 take part in every gather round
-        pass
 
 
 # ------------------------------------------------------------ resolvers

@@ -66,7 +66,7 @@ def _int64_scalar():
     return tf.TensorSpec([], tf.int64)
 
 
-def shard_reader(shard, runner, updated_after=None):
+def shard_reader(shard, runner, updated_after=None, keys_only=False):
     """(count, read): the shard's number of rows, and read(offset, limit) ->
     (keys int64, rows, next offset) of its next chunk."""
     if isinstance(shard, DynamicVariable):
@@ -79,7 +79,7 @@ def shard_reader(shard, runner, updated_after=None):
             keys, rows, _, _, nxt = library.load().sok_dynamic_table_export(
                 shard.handle, offset, limit, tf.constant(after, tf.int64),
                 Tkeys=shard.key_type, dim=shard.dimension)
-            return tf.cast(keys, tf.int64), rows, nxt
+            return tf.cast(keys, tf.int64), rows[:0] if keys_only else rows, nxt
         count = int(runner.make(size, [])())
         return count, runner.make(chunk, [_int64_scalar(), _int64_scalar()])
 
@@ -87,20 +87,19 @@ def shard_reader(shard, runner, updated_after=None):
 
     def static_chunk(offset, limit):
         local = tf.range(offset, tf.minimum(offset + limit, count), dtype=tf.int64)
-        return placement.global_rows(shard, local), tf.gather(shard, local), offset + limit
+        rows = tf.zeros([0, shard.shape[1]], shard.dtype) if keys_only else tf.gather(shard, local)
+        return placement.global_rows(shard, local), rows, offset + limit
     return count, runner.make(static_chunk, [_int64_scalar(), _int64_scalar()])
 
 
-def _shard_chunks(shard, runner, chunk_rows, updated_after=None):
-    count, read = shard_reader(shard, runner, updated_after)
+def _shard_chunks(shard, runner, chunk_rows, updated_after=None, keys_only=False):
+    count, read = shard_reader(shard, runner, updated_after, keys_only)
     offset = 0
     while offset < count:
         keys, rows, offset = read(np.int64(offset), np.int64(chunk_rows))
         offset = int(offset)
         if len(keys):
             yield np.asarray(keys), np.asarray(rows)
-        if not isinstance(shard, DynamicVariable):
-            continue
 
 
 def dimension_of(table):
@@ -142,10 +141,11 @@ class _Gather:
             self._session.close()
 
 
-def whole_table(table, runner, chunk_rows=1 << 20, updated_after=None):
+def whole_table(table, runner, chunk_rows=1 << 20, updated_after=None, keys_only=False):
     """(count, chunks): the number of rows of the whole table (on rank 0; 0
     on other ranks) and an iterator of its (keys, rows) numpy chunks (empty
-    on ranks > 0, which still take part in the gathers)."""
+    on ranks > 0, which still take part in the gathers). keys_only: the
+    chunks' rows are empty."""
     shards = replica_shards.shards_of(table)
     comm = context.active()
     world_size = shards[0].placement[0]
@@ -154,13 +154,14 @@ def whole_table(table, runner, chunk_rows=1 << 20, updated_after=None):
 
         def local():
             for shard in shards:
-                for chunk in _shard_chunks(shard, runner, chunk_rows, updated_after):
+                for chunk in _shard_chunks(shard, runner, chunk_rows, updated_after,
+                                           keys_only):
                     yield chunk
         return sum(counts), local()
-    return _gathered(shards[0], runner, chunk_rows, updated_after, comm)
+    return _gathered(shards[0], runner, chunk_rows, updated_after, keys_only, comm)
 
 
-def _gathered(shard, runner, chunk_rows, updated_after, comm):
+def _gathered(shard, runner, chunk_rows, updated_after, keys_only, comm):
     dim = dimension_of(shard)
     dtype = _dtype_of(shard)
     eager = runner.session is None
@@ -174,7 +175,7 @@ def _gathered(shard, runner, chunk_rows, updated_after, comm):
         gather = _Gather(comm, eager, [tf.TensorSpec([None], tf.int64),
                                        tf.TensorSpec([None, dim], dtype),
                                        tf.TensorSpec([None], tf.int64)], "rows")
-        mine = _shard_chunks(shard, runner, chunk_rows, updated_after)
+        mine = _shard_chunks(shard, runner, chunk_rows, updated_after, keys_only)
         try:
             while True:
                 chunk = next(mine, None)
