@@ -8,7 +8,9 @@ Pairwise dot products of the embeddings (DLRM's interaction) and the
 embeddings themselves feed an MLP that predicts rating >= 4. Trains on a
 random 80% of the ratings on CPU, reports test AUC after every epoch next to
 a popularity baseline (the item's share of positive ratings in training),
-dumps the tables with sok.dump and writes a loss/AUC plot.
+dumps the tables with sok.dump, exports a servable SavedModel (no sok_graph
+op in it: sok.export_for_serving) and prints one prediction of the loaded
+SavedModel next to the training model's, and writes a loss/AUC plot.
 
     python examples_tf2/movielens_dlrm.py [--mode tf2|tf1] [--epochs 5] [--out DIR]
     python -m sok_graph.launch -np 2 examples_tf2/movielens_dlrm.py ...   # 2 workers
@@ -168,8 +170,9 @@ def train_tf2(model, train, test, args):
         return comm.allreduce(loss)
 
     predict = tf.function(lambda v, s: tf.sigmoid(model.logits(v, s)), input_signature=spec)
+    run_predict = lambda v, s: predict(v, s).numpy()  # noqa: E731
     return _loop(lambda v, s, y, g: float(step(v, s, y, g)),
-                 lambda v, s: predict(v, s).numpy(), train, test, args), opt
+                 run_predict, train, test, args), opt, run_predict
 
 
 def train_tf1(model_args, train, test, args):
@@ -199,9 +202,10 @@ def train_tf1(model_args, train, test, args):
             f[labels], f[global_batch] = y, g
         return f
 
+    predict = lambda v, s: sess.run(probs, feed(v, s))  # noqa: E731
     history = _loop(lambda v, s, y, g: sess.run([train_op, total_loss], feed(v, s, y, g))[1],
-                    lambda v, s: sess.run(probs, feed(v, s)), train, test, args)
-    return history, model, opt, sess
+                    predict, train, test, args)
+    return history, model, opt, sess, predict
 
 
 def _loop(train_step, predict, train, test, args):
@@ -227,6 +231,63 @@ def _loop(train_step, predict, train, test, args):
         print(f"epoch {epoch + 1}: train loss {np.mean(history['loss'][-steps_per_epoch:]):.4f}"
               f"  test AUC {history['auc'][-1]:.4f}", flush=True)
     return history
+
+
+def serving_inputs(values, splits):
+    """The SavedModel's inputs: each feature's ragged ids as two dense
+    tensors (values, row_splits), which TF Serving can feed."""
+    out = {}
+    for name, v, s in zip(FEATURES, values, splits):
+        out[f"{name}_values"], out[f"{name}_splits"] = v, s
+    return out
+
+
+def serving_signature():
+    return {f"{name}_{part}": tf.TensorSpec([None], tf.int64, name=f"{name}_{part}")
+            for name in FEATURES for part in ("values", "splits")}
+
+
+def _split_inputs(inputs):
+    return ([inputs[f"{name}_values"] for name in FEATURES],
+            [inputs[f"{name}_splits"] for name in FEATURES])
+
+
+def export_tf2(model, predict, export_dir, sample):
+    """Exports the model for serving; returns (served, trained) predictions
+    of `sample` (rank 0; None elsewhere)."""
+    trained = predict(*sample)
+
+    def serve(inputs):
+        return {"probability": tf.sigmoid(model.logits(*_split_inputs(inputs)))}
+
+    written = sok.export_for_serving(serve, export_dir, [serving_signature()])
+    if written is None:
+        return None
+    loaded = tf.saved_model.load(export_dir)
+    feed = {k: tf.constant(v) for k, v in serving_inputs(*sample).items()}
+    served = loaded.signatures["serving_default"](**feed)["probability"].numpy()
+    return served, trained
+
+
+def export_tf1(model_args, sess, predict, export_dir, sample):
+    """The same from the TF1 session: the serving graph is built again."""
+    trained = predict(*sample)
+
+    def build():
+        inputs = {k: tf.compat.v1.placeholder(tf.int64, [None], name=k)
+                  for k in serving_signature()}
+        model = Model(*model_args)
+        return inputs, {"probability": tf.sigmoid(model.logits(*_split_inputs(inputs)))}
+
+    if sok.export_for_serving(build, export_dir, session=sess) is None:
+        return None
+    with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as serving_sess:
+        meta = tf.compat.v1.saved_model.load(serving_sess, [tf.saved_model.SERVING], export_dir)
+        sig = meta.signature_def["serving_default"]
+        feed = {g.get_tensor_by_name(sig.inputs[k].name): v
+                for k, v in serving_inputs(*sample).items()}
+        served = serving_sess.run(g.get_tensor_by_name(sig.outputs["probability"].name), feed)
+    return served, trained
 
 
 def plot(history, path, baseline):
@@ -270,17 +331,24 @@ def main():
           f"{sum(sizes.values())} ids in {len(FEATURES)} features; mode {args.mode}; "
           f"worker {rank} of {os.environ.get('SOK_GRAPH_WORLD_SIZE', '1')}")
     baseline = popularity_auc(train, test)
+    export_dir = os.path.join(args.out, "serving", str(int(time.time())))
+    sample = next(batches(test, 8))[:2]  # the first test ratings, for the serving check
     if args.mode == "tf1":
         tf.compat.v1.disable_eager_execution()
         sok.init()
-        history, model, opt, sess = train_tf1((sizes,), train, test, args)
+        history, model, opt, sess, predict = train_tf1((sizes,), train, test, args)
         with sess.as_default():
             sok.dump(os.path.join(args.out, "tables"), model.tables, opt)
+        served = export_tf1((sizes,), sess, predict, export_dir, sample)
     else:
         sok.init()
         model = Model(sizes)
-        history, opt = train_tf2(model, train, test, args)
+        history, opt, predict = train_tf2(model, train, test, args)
         sok.dump(os.path.join(args.out, "tables"), model.tables, opt)
+        served = export_tf2(model, predict, export_dir, sample)
+    if served is not None:
+        print(f"serving: SavedModel {export_dir} (stock TensorFlow ops only) predicts "
+              f"{served[0][0]:.6f}; the training model {served[1][0]:.6f}")
     plot(history, os.path.join(args.out, "training.png"), baseline)
     print(f"popularity baseline test AUC {baseline:.4f}")
     print(f"sok_graph DLRM      test AUC {history['auc'][-1]:.4f}")

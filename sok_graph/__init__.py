@@ -15,6 +15,8 @@ from sok_graph.dump_load import dump, incremental_model_dump, load
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.optimization import SGD, OptimizerWrapper
+from sok_graph.serving.delta import apply_serving_delta, export_serving_delta
+from sok_graph.serving.export import export_for_serving
 from sok_graph.variables import assign, export, filter_variables, sparse_read_and_evict
 
 # The SOK 1.x API (sok_graph/v1/), on the same engine.
@@ -49,4 +51,5 @@ __all__ = ["init", "set_comm_tool", "tf_version", "Variable",
            "Init", "All2AllDenseEmbedding", "DistributedEmbedding", "OptimizerScope",
            "split_embedding_variable_from_others", "optimizers", "Saver", "get_embedding",
            "GraphKeys", "InitHook", "initialize_session", "global_variables_initializer",
-           "CollectiveStrategy"]
+           "CollectiveStrategy", "export_for_serving", "export_serving_delta",
+           "apply_serving_delta"]

@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from sok_graph import compat, context, placement, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.serving import mode as serving_mode
 
 _DEFAULT_INIT_CAPACITY = 1 << 16
 
@@ -116,6 +117,12 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
                           "evict_strategy", "seed")
 
     def __new__(cls, *args, **kwargs):
+        if serving_mode.active():
+            # A servable graph being built: a serving table of plain
+            # variables stands for the table (sok_graph/serving).
+            from sok_graph.serving.export import dynamic_stand_in
+
+            return dynamic_stand_in(args, kwargs)
         # Under a MirroredStrategy whose replicas are the workers: one shard
         # per replica (sok_graph/replica_shards.py).
         shards = replica_shards.replicate(cls, args, kwargs, context.active())
@@ -362,9 +369,12 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
             key_shape = tf.shape(keys)
             static_shape = keys.shape
             keys = tf.reshape(keys, [-1])
-        rows, _, evicted = dynamic_ops.find_or_insert_evicting(self._handle, keys,
-                                                               self._dimension)
-        if self._shadows:
+        if serving_mode.active():
+            rows = serving_mode.table_for(self).lookup(keys)
+        else:
+            rows, _, evicted = dynamic_ops.find_or_insert_evicting(self._handle, keys,
+                                                                   self._dimension)
+        if self._shadows and not serving_mode.active():
             drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
             with tf.control_dependencies(drops):
                 rows = tf.identity(rows)

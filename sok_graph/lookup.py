@@ -12,6 +12,7 @@ from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import lookup as lookup_ops
 from sok_graph.ops import util as util_ops
+from sok_graph.serving import mode as serving_mode
 
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
@@ -154,11 +155,14 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     returns:    per table a [batch, dim] tensor (a single tensor when params
                 is a single table). Samples with no ids give zero rows.
     """
-    context.communicator("sok.lookup_sparse")
+    serving = serving_mode.active()
+    if not serving:
+        context.communicator("sok.lookup_sparse")
     single = not isinstance(params, (list, tuple))
     params = [params] if single else list(params)
-    # A table sharded over replicas: the shard of the replica being built.
-    params = [replica_shards.resolve(p, "sok.lookup_sparse") for p in params]
+    if not serving:
+        # A table sharded over replicas: the shard of the replica being built.
+        params = [replica_shards.resolve(p, "sok.lookup_sparse") for p in params]
     n = len(params)
     if n == 0:
         raise ValueError("params must name at least one table; got an empty list")
@@ -181,6 +185,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     if max_norm is None or isinstance(max_norm, (int, float)):
         max_norm = [max_norm] * n
     max_norm = _as_list(max_norm, "max_norm", n)
+
+    if serving:
+        return _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, name)
 
     with tf.name_scope(name or "sok_lookup_sparse"):
         tensors, names = [], []
@@ -238,6 +245,46 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             max_norms=max_norm, table_names=names,
         )
     return out[0] if single else list(out)
+
+
+def _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, name):
+    """lookup_sparse in serving mode (sok_graph/serving): stock ops on the
+    tables' serving copies, the same results as the fused op."""
+    from sok_graph.serving import tables as serving_tables
+
+    out = []
+    with tf.name_scope(name or "sok_lookup_sparse"):
+        dtype = None
+        for t, p in enumerate(params):
+            if is_sok_variable(p) or isinstance(p, (serving_tables.StaticTable,
+                                                    serving_tables.DynamicTable)):
+                table = serving_mode.table_for(p)
+                table_dtype = table.dtype
+            else:  # a plain tensor or tf.Variable serves as it is
+                table = serving_tables.StaticTable(_table_name(p, t), variable=p) \
+                    if isinstance(p, tf.Variable) else _TensorTable(tf.convert_to_tensor(p))
+                table_dtype = tf.as_dtype(p.dtype).base_dtype
+            dtype = dtype or table_dtype
+            if table_dtype != dtype:
+                raise TypeError(f"all tables must share one dtype; params[0] is {dtype.name}, "
+                                f"params[{t}] is {table_dtype.name}")
+            values, splits = _ragged_parts(sp_ids[t], t)
+            weights = None
+            if sp_weights[t] is not None:
+                weights, _ = _ragged_parts(sp_weights[t], t, "sp_weights")
+            out.append(serving_tables.combine(table, values, splits, weights, combiners[t],
+                                              max_norm[t], dtype))
+    return out[0] if single else out
+
+
+class _TensorTable:
+    """A table given as a tensor, in serving mode."""
+
+    def __init__(self, tensor):
+        self.tensor = tensor
+
+    def lookup(self, ids):
+        return tf.gather(self.tensor, tf.cast(ids, tf.int64))
 
 
 def all2all_dense_embedding(param, indices, name=None):

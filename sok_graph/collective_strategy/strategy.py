@@ -11,6 +11,8 @@ import tensorflow as tf
 
 from sok_graph import context, placement
 from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.serving import sources
 
 from .data_parallel import BroadcastHook, _model_parallel_variables, _scope_patches, _worker_dir
 from .engine import _engine_from_env, _start_horovod
@@ -187,19 +189,28 @@ class CollectiveStrategy:
                              "graph> or checkpoint_dir=<its checkpoint directory>")
         values, tables = (self._session_values(session) if session is not None
                           else self._checkpoint_values(checkpoint_dir))
-        full = self._gather_tables(tables)
+        dynamic = {name: v for name, v, _, _ in tables if isinstance(v, DynamicVariable)}
+        full = self._gather_tables([t for t in tables if t[0] not in dynamic])
         values.update(full)
-        if self._comm.rank != 0:
-            return None
+        runner = None
+        if dynamic:
+            raw = session._tf_sess() if hasattr(session, "_tf_sess") else session
+            runner = sources.Runner(raw)
+        # Every worker builds the serving graph (dynamic tables are gathered
+        # while it is filled); rank 0 writes.
         return _write_saved_model(savedmodel_dir, values, signature_def_fn, assets_extra,
-                                  as_text, clear_devices, strip_default_attrs, self._comm)
+                                  as_text, clear_devices, strip_default_attrs, self._comm,
+                                  table_sources=dynamic, source_runner=runner)
 
     def _session_values(self, session):
         raw = session._tf_sess() if hasattr(session, "_tf_sess") else session
         graph = raw.graph
         variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+        dynamic = [v for v in variables if isinstance(v, DynamicVariable)]
+        variables = [v for v in variables if not isinstance(v, DynamicVariable)]
         got = raw.run(list(variables)) if variables else []
-        values, tables = {}, []
+        # dynamic tables are read in chunks while the serving graph is filled
+        values, tables = {}, [(v.name, v, None, None) for v in dynamic]
         skip, prefixes = _model_parallel_variables(graph)
         for v, x in zip(variables, got):
             name = v.op.name

@@ -22,6 +22,7 @@ import weakref
 import tensorflow as tf
 
 from sok_graph import compat, context
+from sok_graph.serving import mode as serving_mode
 
 _INIT_ARGS = ("global_batch_size", "seed")
 
@@ -102,7 +103,7 @@ _NOT_RUN = ("the op returned by sok.Init has not run in this session. Run it fir
 def check_initialized():
     """Ops that fail with a clear message when Init's op has not run in the
     session that runs them (graph mode); nothing in TF2."""
-    if not compat.v1_graph_mode():
+    if not compat.v1_graph_mode() or serving_mode.active():
         return []
     state = _graph_inits.get(tf.compat.v1.get_default_graph())
     if state is None:

@@ -76,6 +76,11 @@ def test_movielens_main_job_beats_popularity(tmp_path, mode, workers):
     assert model > baseline + 0.03, stdout
     assert os.path.exists(tmp_path / "training.png")
     assert os.path.exists(tmp_path / "tables" / "manifest.json")
+    # the servable SavedModel predicts what the training model does
+    served, trained = map(float, re.search(
+        r"serving: SavedModel .* predicts ([\d.]+); the training model ([\d.]+)",
+        stdout).groups())
+    assert abs(served - trained) <= 1e-5, stdout
 
 
 def _losses(stdout):

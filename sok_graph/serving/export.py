@@ -1,0 +1,460 @@
+"""sok.export_for_serving: a SavedModel that stock TensorFlow serves.
+
+One mechanism for both front ends. Serving mode (serving/mode.py) is
+turned on and the model is built or traced: every sok lookup then reads a
+serving table (serving/tables.py, plain variables) instead of the sok
+table, through gather / segment ops. The serving tables are filled from the
+sok tables in chunks (serving/sources.py: every worker's shard, gathered on
+rank 0) and saved with the model.
+
+TF2: `export_for_serving(model, export_dir, input_signature=[...])` traces
+  model(*inputs) into a tf.function and saves a tf.Module holding it (as the
+  "serving_default" signature when every input is a dense tensor, and as
+  the attribute `serve`), the variables it reads and the serving tables
+  (`sok_tables`, by table name, each with `lookup` and `apply_delta`).
+TF1: `export_for_serving(build_fn, export_dir, session=sess)` calls
+  build_fn() in a new graph, where sok.Variable holds the whole table and
+  sok.DynamicVariable makes a serving table; build_fn returns (inputs,
+  outputs), two dicts of tensors, or a {key: SignatureDef} map. Variable
+  values come from `session` (matched by name; dynamic tables by their
+  name); tf.compat.v1.saved_model.Builder writes the model.
+
+`assets.extra/sok_serving.json` lists the serving tables and where their
+variables are in the checkpoint (for sok.apply_serving_delta).
+"""
+
+import inspect
+import json
+import os
+
+import numpy as np
+import tensorflow as tf
+
+from sok_graph import communication, context, replica_shards
+from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.serving import mode, sources
+from sok_graph.serving.tables import DynamicTable, StaticTable
+
+MANIFEST = "sok_serving.json"
+MANIFEST_FORMAT = 1
+
+
+def table_name(table):
+    """A sok table's name without the output suffix (":0")."""
+    name = getattr(table, "name", None) or "table"
+    return name[:-2] if name.endswith(":0") else name
+
+
+# ------------------------------------------------------------ filling tables
+
+def _fill_from(serving_table, source, source_runner, runner, chunk_rows):
+    """Copies sok table `source` (every worker's rows) into serving_table's
+    variables, a chunk at a time: the rows are scattered into place as they
+    come. A dynamic table is read twice: its keys first (sorted, they give
+    every row its place: row 1 + i for the i-th key), then its rows, so the
+    export does not depend on how the keys were spread over workers."""
+    dim = serving_table.dimension
+    dtype = serving_table.dtype
+    rows_var = serving_table.rows
+    dynamic = isinstance(serving_table, DynamicTable)
+    base = 1 if dynamic else 0
+
+    def allocate(n):
+        # Built in one graph, so the new buffer goes to the variable without
+        # a copy (an eager tensor would be copied).
+        head = tf.convert_to_tensor(rows_var)[:base]
+        return _assigned(rows_var.assign(
+            tf.concat([head, tf.zeros(tf.stack([n, dim]), dtype)], 0)))
+
+    def scatter(positions, rows):
+        return _assigned(rows_var.scatter_update(tf.IndexedSlices(rows, positions)))
+
+    alloc = runner.make(allocate, [tf.TensorSpec([], tf.int64)])
+    put = runner.make(scatter, [tf.TensorSpec([None], tf.int64),
+                                tf.TensorSpec([None, dim], dtype)])
+    sorted_keys = None
+    if dynamic:
+        count, chunks = sources.whole_table(source, source_runner, chunk_rows, keys_only=True)
+        keys_all = np.empty([count], np.int64)
+        filled = 0
+        for keys, _ in chunks:
+            if filled + len(keys) > count:
+                raise RuntimeError(f"table {serving_table.table_name!r} changed while it was "
+                                   "exported (more rows than counted)")
+            keys_all[filled:filled + len(keys)] = keys
+            filled += len(keys)
+        keys_all = keys_all[:filled]
+        keys_all.sort()
+        sorted_keys = keys_all
+    count, chunks = sources.whole_table(source, source_runner, chunk_rows)
+    alloc(np.int64(count if sorted_keys is None else len(sorted_keys)))
+    for keys, rows in chunks:
+        if dynamic:
+            at = np.searchsorted(sorted_keys, keys)
+            if len(keys) and (at.max() >= len(sorted_keys)
+                              or (sorted_keys[np.minimum(at, len(sorted_keys) - 1)]
+                                  != keys).any()):
+                raise RuntimeError(f"table {serving_table.table_name!r} changed while it was "
+                                   "exported (a key appeared)")
+            put(at.astype(np.int64) + base, rows)
+        else:
+            put(np.asarray(keys, np.int64), rows)
+    if not dynamic:
+        return
+    key_spec = tf.TensorSpec([None], serving_table.key_dtype)
+    set_keys = runner.make(lambda k: _assigned(serving_table.keys.assign(k)), [key_spec])
+    set_index = runner.make(lambda i: _assigned(serving_table.index.assign(i)),
+                            [tf.TensorSpec([None], tf.int64)])
+    set_keys(sorted_keys.astype(serving_table.key_dtype.as_numpy_dtype))
+    set_index(np.arange(1, len(sorted_keys) + 1, dtype=np.int64))
+
+
+def _assigned(update):
+    """A tensor that is ready once `update` (an assign's result) ran."""
+    op = update.op if hasattr(update, "op") else update
+    with tf.control_dependencies([op]):
+        return tf.constant(0, tf.int64)
+
+
+# ------------------------------------------------------------ resolvers
+
+class LiveResolver:
+    """TF2: the serving table of a live sok table is made (and filled) the
+    first time a lookup names it, outside the function being traced."""
+
+    def __init__(self, default_row, chunk_rows):
+        self.default_row = default_row
+        self.chunk_rows = chunk_rows
+        self.tables = {}
+        self._by_id = {}
+        self._runner = sources.Runner()
+
+    @tf.autograph.experimental.do_not_convert
+    def table_for(self, param):
+        if isinstance(param, (StaticTable, DynamicTable)):
+            return param
+        if not is_sok_variable(param):
+            raise TypeError(f"serving mode: a lookup table must be a sok table; got "
+                            f"{type(param).__name__}")
+        key = id(param)
+        if key in self._by_id:
+            return self._by_id[key][1]
+        name = base = table_name(param)
+        k = 0
+        while name in self.tables:
+            k += 1
+            name = f"{base}_{k}"
+        with tf.init_scope():
+            first = replica_shards.shards_of(param)[0]
+            if hasattr(first, "key_type"):
+                serving_table = DynamicTable(name, first.key_type, first.dimension,
+                                             first.dtype, self.default_row)
+            else:
+                serving_table = StaticTable(name, shape=tf.TensorShape(
+                    [None, int(first.shape[1])]), dtype=tf.as_dtype(first.dtype).base_dtype)
+            _fill_from(serving_table, param, self._runner, self._runner, self.chunk_rows)
+        self.tables[name] = serving_table
+        self._by_id[key] = (param, serving_table)  # keeps param alive: ids stay unique
+        return serving_table
+
+    def new_dynamic(self, name, key_type, dimension, dtype):
+        raise RuntimeError("sok.DynamicVariable cannot be created while a model is traced "
+                           "for serving; create it before sok.export_for_serving")
+
+
+class GraphResolver:
+    """TF1: the serving graph is built anew; sok.Variable (one process: the
+    whole table) serves as it is, sok.DynamicVariable makes a serving table."""
+
+    def __init__(self, default_row):
+        self.default_row = default_row
+        self.tables = {}
+        self._by_id = {}
+
+    def table_for(self, param):
+        if isinstance(param, (StaticTable, DynamicTable)):
+            return param
+        if isinstance(param, replica_shards.ReplicaShards) or not is_sok_variable(param):
+            raise TypeError(f"serving mode: a lookup table must be a sok table of the serving "
+                            f"graph; got {param!r}")
+        if id(param) in self._by_id:
+            return self._by_id[id(param)]
+        name = param.op.name
+        if name in self.tables:
+            raise ValueError(f"two serving tables named {name!r}")
+        serving_table = StaticTable(name, variable=param)
+        self.tables[name] = serving_table
+        self._by_id[id(param)] = serving_table
+        return serving_table
+
+    def new_dynamic(self, name, key_type, dimension, dtype):
+        if name in self.tables:
+            raise ValueError(f"two sok.DynamicVariable named {name!r} in the serving graph; "
+                             "give each its own name= (tables are matched by name)")
+        table = DynamicTable(name, key_type or tf.int64, dimension, dtype or tf.float32,
+                             self.default_row)
+        self.tables[name] = table
+        return table
+
+
+def dynamic_stand_in(args, kwargs):
+    """What sok.DynamicVariable(*args, **kwargs) makes in serving mode."""
+    bound = inspect.signature(DynamicVariable.__init__).bind(None, *args, **kwargs)
+    a = dict(bound.arguments)
+    return mode.resolver().new_dynamic(a.get("name") or "DynamicVariable", a.get("key_type"),
+                                       int(a["dimension"]), a.get("dtype"))
+
+
+# ------------------------------------------------------------ checks
+
+def saved_op_types(export_dir):
+    """Every op type of a SavedModel's graphs and function libraries."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    model = saved_model_pb2.SavedModel()
+    with tf.io.gfile.GFile(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+        model.ParseFromString(f.read())
+    types = set()
+    for meta in model.meta_graphs:
+        types.update(node.op for node in meta.graph_def.node)
+        for fn in meta.graph_def.library.function:
+            types.update(node.op for node in fn.node_def)
+    return types
+
+
+def _check_stock(export_dir):
+    sok_ops = sorted(t for t in saved_op_types(export_dir) if t.startswith("Sok"))
+    if sok_ops:
+        raise RuntimeError(
+            f"the servable model at {export_dir} still holds sok_graph ops {sok_ops}: the "
+            "model reads a sok table other than through sok.lookup_sparse / "
+            "all2all_dense_embedding / DynamicVariable.sparse_read")
+
+
+def _write_manifest(export_dir, tables, keys_of):
+    entries = []
+    for name, t in tables.items():
+        entries.append(dict(name=name, kind=t.kind, key_dtype=t.key_dtype.name,
+                            dtype=t.dtype.name, dimension=t.dimension,
+                            checkpoint_keys=keys_of(name, t)))
+    extra = os.path.join(export_dir, "assets.extra")
+    tf.io.gfile.makedirs(extra)
+    with tf.io.gfile.GFile(os.path.join(extra, MANIFEST), "w") as f:
+        f.write(json.dumps(dict(format=MANIFEST_FORMAT, tables=entries), indent=1))
+
+
+def _object_graph_keys(export_dir):
+    """{path of child names from the root: checkpoint key} of the variables
+    of a TF2 SavedModel."""
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    reader = tf.train.load_checkpoint(os.path.join(export_dir, "variables", "variables"))
+    graph = trackable_object_graph_pb2.TrackableObjectGraph()
+    graph.ParseFromString(reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH"))
+    out, stack, seen = {}, [((), 0)], set()
+    while stack:
+        path, node_id = stack.pop()
+        if node_id in seen:
+            continue
+        seen.add(node_id)
+        node = graph.nodes[node_id]
+        for attribute in node.attributes:
+            if attribute.name == "VARIABLE_VALUE":
+                out[path] = attribute.checkpoint_key
+        for child in node.children:
+            stack.append((path + (child.local_name,), child.node_id))
+    return out
+
+
+# ------------------------------------------------------------ TF2
+
+class _ServingModule(tf.Module):
+    pass
+
+
+def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
+    if input_signature is None:
+        raise ValueError("export_for_serving(model, export_dir, input_signature=[...]): the "
+                         "input signature (a list of tf.TensorSpec / RaggedTensorSpec / "
+                         "SparseTensorSpec, or of dicts of them) is needed to trace the model")
+    comm = context.active()
+    rank = 0 if comm is None or comm.in_process else comm.rank
+    resolver = LiveResolver(default_row, chunk_rows)
+
+    def serve(*inputs):
+        return model(*inputs)
+
+    with mode.serving(resolver):
+        function = tf.function(serve, input_signature=list(input_signature))
+        concrete = function.get_concrete_function()
+        if rank != 0:
+            return None
+        root = _ServingModule()
+        table_vars = {id(v) for t in resolver.tables.values()
+                      for v in t.variables_by_role().values()}
+        root.model_variables = [v for v in concrete.graph.variables
+                                if id(v) not in table_vars]
+        root.sok_tables = dict(resolver.tables)
+        for t in resolver.tables.values():
+            lookup_spec, delta_spec = t.function_signatures()
+            t.lookup_fn = tf.function(t.lookup, input_signature=lookup_spec)
+            t.apply_delta_fn = tf.function(t.apply_delta, input_signature=delta_spec)
+        root.serve = function
+        flat = tf.nest.flatten(list(input_signature), expand_composites=False)
+        signatures = None
+        if all(isinstance(s, tf.TensorSpec) for s in flat):
+            signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: concrete}
+        tf.saved_model.save(root, export_dir, signatures=signatures)
+    paths = _object_graph_keys(export_dir)
+
+    def keys_of(name, t):
+        return {role: paths[("sok_tables", name, role)] for role in t.variables_by_role()}
+    _write_manifest(export_dir, resolver.tables, keys_of)
+    _check_stock(export_dir)
+    return export_dir
+
+
+# ------------------------------------------------------------ TF1
+
+def _is_signature_map(result):
+    return isinstance(result, dict) and bool(result) and all(
+        hasattr(v, "inputs") and hasattr(v, "method_name") for v in result.values())
+
+
+def _signature_map(result):
+    if _is_signature_map(result):
+        return result
+    if isinstance(result, (tuple, list)) and len(result) == 2 and all(
+            isinstance(x, dict) for x in result):
+        inputs, outputs = result
+        return {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY:
+                tf.compat.v1.saved_model.predict_signature_def(inputs, outputs)}
+    raise TypeError("the serving graph's build function must return (inputs, outputs), two "
+                    "dicts of tensors, or a {key: SignatureDef} map")
+
+
+def _session_values(session):
+    """(values of the training graph's plain variables by name, its sok
+    tables by name); sok tables are read later, in chunks."""
+    raw = session._tf_sess() if hasattr(session, "_tf_sess") else session
+    graph = raw.graph
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    plain = [v for v in variables if not is_sok_variable(v)]
+    got = raw.run(plain) if plain else []
+    values = {v.op.name: x for v, x in zip(plain, got)}
+    tables = {}
+    for v in variables:
+        if is_sok_variable(v):
+            tables[v.name if isinstance(v, DynamicVariable) else v.op.name] = v
+    return raw, values, tables
+
+
+def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_runner,
+                            default_row=None, chunk_rows=1 << 20, assets_extra=None,
+                            as_text=False, clear_devices=True, strip_default_attrs=True,
+                            rank=0):
+    """The TF1 writer (also CollectiveStrategy.export_saved_model's): builds
+    the serving graph with build_fn in serving mode, loads `values` ({variable
+    name: array}) and fills the serving tables from `table_sources` ({name:
+    sok table of the training graph}, read through source_runner), then rank 0
+    writes the SavedModel. Every worker calls it (tables are gathered)."""
+    saved_comm = context._communicator
+    resolver = GraphResolver(default_row)
+    context._communicator = communication.SingleProcess()
+    try:
+        with tf.Graph().as_default() as graph, mode.serving(resolver):
+            result = build_fn()
+            main_op = None
+            if isinstance(result, (tuple, list)) and result and _is_signature_map(result[0]):
+                result, main_op = result[0], (result[1] if len(result) > 1 else None)
+            signature_map = _signature_map(result)
+        table_vars = {id(v) for t in resolver.tables.values()
+                      for v in t.variables_by_role().values()}
+    finally:
+        context._communicator = saved_comm
+    variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+    with tf.compat.v1.Session(graph=graph) as sess:
+        with graph.as_default():
+            sess.run(tf.compat.v1.global_variables_initializer())
+        missing = []
+        for v in variables:
+            if id(v) in table_vars and v.op.name not in values:
+                continue
+            if v.op.name in values:
+                v.load(values[v.op.name], sess)
+            else:
+                missing.append(v.op.name)
+        target = sources.Runner(sess)
+        for name, t in resolver.tables.items():
+            source = table_sources.get(name)
+            if source is None:
+                if name not in values:
+                    missing.append(name)
+                continue
+            if isinstance(t, StaticTable) and name in values:
+                continue
+            _fill_from(t, source, source_runner, target, chunk_rows)
+        if rank != 0:
+            return None
+        if missing:
+            tf.compat.v1.logging.warning(
+                "export_for_serving: no trained value for %s; they keep their initial "
+                "values", missing)
+        with graph.as_default():
+            builder = tf.compat.v1.saved_model.Builder(export_dir)
+            builder.add_meta_graph_and_variables(
+                sess, [tf.saved_model.SERVING], signature_def_map=signature_map,
+                assets_collection=graph.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
+                main_op=main_op, strip_default_attrs=strip_default_attrs,
+                clear_devices=clear_devices)
+            builder.save(as_text=as_text)
+    if assets_extra:
+        extra = os.path.join(export_dir, "assets.extra")
+        for dst, src in assets_extra.items():
+            target_path = os.path.join(extra, dst)
+            tf.io.gfile.makedirs(os.path.dirname(target_path))
+            tf.io.gfile.copy(src, target_path, overwrite=True)
+
+    def keys_of(name, t):
+        return {role: v.op.name for role, v in t.variables_by_role().items()}
+    _write_manifest(export_dir, resolver.tables, keys_of)
+    _check_stock(export_dir)
+    return export_dir
+
+
+def _export_v1(build_fn, export_dir, session, default_row, chunk_rows):
+    raw, values, tables = _session_values(session)
+    comm = context.active()
+    rank = 0 if comm is None or comm.in_process else comm.rank
+    return write_graph_saved_model(export_dir, build_fn, values, tables, sources.Runner(raw),
+                                   default_row=default_row, chunk_rows=chunk_rows, rank=rank)
+
+
+def export_for_serving(model, export_dir, input_signature=None, session=None,
+                       default_row=None, chunk_rows=1 << 20):
+    """Writes a SavedModel of `model` that stock TensorFlow (and TF Serving)
+    loads: no sok_graph op, every sok table whole (gathered from all
+    workers; every worker calls this, rank 0 writes). Returns export_dir on
+    rank 0, None on the others.
+
+    model:           TF2: a Keras model, tf.Module or callable whose call uses sok
+                     lookups; TF1 (with session): a function building the
+                     serving graph, returning (inputs, outputs) dicts of
+                     tensors or a {key: SignatureDef} map
+    export_dir:      where the SavedModel goes
+    input_signature: TF2: the list of specs the model is called with
+    session:         TF1: the Session (or MonitoredSession) of the trained graph
+    default_row:     the row of keys a dynamic table does not hold: None
+                     (zeros), a number, a [dim] vector, or {table name: either}
+    chunk_rows:      rows read at a time while tables are copied
+    """
+    if session is not None:
+        if not callable(model):
+            raise TypeError("with session=, model must be a function building the serving "
+                            "graph")
+        return _export_v1(model, export_dir, session, default_row, chunk_rows)
+    if not tf.executing_eagerly():
+        raise RuntimeError("export_for_serving in graph mode needs session=<the trained "
+                           "graph's Session> and a function building the serving graph")
+    return _export_v2(model, export_dir, input_signature, default_row, chunk_rows)

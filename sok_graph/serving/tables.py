@@ -1,0 +1,212 @@
+"""Serving tables: what stands for a sok table in a servable model, built
+from stock TensorFlow ops only.
+
+StaticTable   a sok.Variable's whole table as one plain variable [rows, dim];
+              ids are global row numbers, read with tf.gather.
+DynamicTable  a sok.DynamicVariable as three plain variables:
+                keys   [n]        every key, sorted ascending
+                index  [n]        the row of rows holding keys[i]
+                rows   [m, dim]   row 0 is the default row (keys the table
+                                  does not hold), then every key's row
+              A lookup is a binary search (tf.searchsorted) in keys, then a
+              gather in rows. Delta updates overwrite rows in place and
+              append rows of new keys (apply_delta, plain TF too).
+
+`combine` is the forward pass of sok.lookup_sparse (sum / mean / sqrtn,
+weights, max_norm) from gather and segment ops, as the fused kernel computes
+it (float32 accumulation; samples without ids, or whose weights sum to zero,
+give zero rows).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from sok_graph import compat
+
+
+def _variable(initial_value, shape, name):
+    """A plain resource variable (also in TF1 graphs), not trainable."""
+    return compat.resource_variable_class()(initial_value=initial_value, shape=shape,
+                                            trainable=False, name=name)
+
+
+def safe_name(name):
+    """`name` with only characters variable and file names take."""
+    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "table"
+
+
+def default_row_value(default_row, name, dim, dtype):
+    """The row a DynamicTable returns for a key it does not hold: zeros, or
+    default_row (a number, a [dim] vector, or {table name: either})."""
+    if isinstance(default_row, dict):
+        default_row = default_row.get(name)
+    if default_row is None:
+        default_row = 0.0
+    row = np.asarray(default_row, dtype=np.float64)
+    if row.ndim == 0:
+        row = np.full([dim], float(row))
+    if row.shape != (dim,):
+        raise ValueError(f"default row of table {name!r} must be a number or a vector of "
+                         f"{dim} (the table's dimension); got shape {list(row.shape)}")
+    return row.astype(tf.as_dtype(dtype).as_numpy_dtype)
+
+
+class StaticTable(tf.Module):
+    """A sok.Variable's whole table, served from a plain variable."""
+
+    kind = "static"
+
+    def __init__(self, table_name, variable=None, shape=None, dtype=tf.float32):
+        super().__init__()
+        self.table_name = table_name
+        if variable is None:
+            with tf.name_scope("sok_serving/" + safe_name(table_name)):
+                shape = tf.TensorShape(shape)
+                start = [0 if d is None else d for d in shape.as_list()]
+                variable = _variable(tf.zeros(start, dtype), shape, "rows")
+        self.rows = variable
+        self.dimension = int(self.rows.shape[1])
+        self.key_dtype = tf.int64
+        self.dtype = tf.as_dtype(self.rows.dtype).base_dtype
+
+    def variables_by_role(self):
+        return {"rows": self.rows}
+
+    def lookup(self, ids):
+        """Rows [n, dim] of global row numbers `ids` [n]."""
+        return tf.gather(self.rows, tf.cast(ids, tf.int64))
+
+    def apply_delta(self, keys, rows):
+        """Overwrites the rows of global row numbers `keys`; returns their number."""
+        update = self.rows.scatter_update(tf.IndexedSlices(tf.cast(rows, self.dtype),
+                                                           tf.cast(keys, tf.int64)))
+        with tf.control_dependencies([_as_op(update)]):
+            return tf.size(keys, out_type=tf.int64)
+
+    def function_signatures(self):
+        return ([tf.TensorSpec([None], tf.int64, name="keys")],
+                [tf.TensorSpec([None], tf.int64, name="keys"),
+                 tf.TensorSpec([None, self.dimension], self.dtype, name="rows")])
+
+
+def _as_op(value):
+    return value.op if hasattr(value, "op") and value.op is not None else value
+
+
+def _search(sorted_keys, keys):
+    """(position, found): where each of `keys` is, or would go, in the
+    ascending `sorted_keys`, and whether it is there."""
+    n = tf.size(sorted_keys, out_type=tf.int64)
+    position = tf.searchsorted(sorted_keys, keys, side="left", out_type=tf.int64)
+    probe = tf.minimum(position, tf.maximum(n - 1, 0))
+    # tf.gather of an empty table would fail even for a clipped position.
+    candidate = tf.cond(n > 0, lambda: tf.gather(sorted_keys, probe),
+                        lambda: tf.zeros_like(keys))
+    found = tf.logical_and(position < n, tf.equal(candidate, keys))
+    return probe, found
+
+
+class DynamicTable(tf.Module):
+    """A sok.DynamicVariable's rows, served from plain variables (see the
+    module docstring)."""
+
+    kind = "dynamic"
+
+    def __init__(self, table_name, key_dtype, dimension, dtype=tf.float32, default_row=None):
+        super().__init__()
+        self.table_name = table_name
+        self.key_dtype = tf.as_dtype(key_dtype)
+        self.dimension = int(dimension)
+        self.dtype = tf.as_dtype(dtype)
+        default = default_row_value(default_row, table_name, self.dimension, self.dtype)
+        with tf.name_scope("sok_serving/" + safe_name(table_name)):
+            self.keys = _variable(tf.zeros([0], self.key_dtype), tf.TensorShape([None]), "keys")
+            self.index = _variable(tf.zeros([0], tf.int64), tf.TensorShape([None]), "index")
+            self.rows = _variable(tf.constant(default[None, :]),
+                                  tf.TensorShape([None, self.dimension]), "rows")
+
+    def variables_by_role(self):
+        return {"keys": self.keys, "index": self.index, "rows": self.rows}
+
+    def _keys(self, keys):
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != self.key_dtype:
+            keys = tf.cast(keys, self.key_dtype)
+        return keys
+
+    def lookup(self, keys):
+        """Rows [n, dim] of keys [n]; the default row for keys not held."""
+        keys = self._keys(keys)
+        probe, found = _search(tf.convert_to_tensor(self.keys), keys)
+        row = tf.where(found, tf.gather(self.index, probe), tf.zeros_like(probe))
+        return tf.gather(self.rows, row)
+
+    def apply_delta(self, keys, rows):
+        """Sets the rows of `keys` (unique): held keys are overwritten in place,
+        new keys are added. Returns the number of new keys."""
+        keys = self._keys(keys)
+        rows = tf.cast(rows, self.dtype)
+        sorted_keys = tf.convert_to_tensor(self.keys)
+        probe, found = _search(sorted_keys, keys)
+        held_rows = tf.boolean_mask(tf.gather(self.index, probe), found)
+        updated = self.rows.scatter_update(
+            tf.IndexedSlices(tf.boolean_mask(rows, found), held_rows))
+        with tf.control_dependencies([_as_op(updated)]):
+            new = tf.logical_not(found)
+            new_keys, new_rows = tf.boolean_mask(keys, new), tf.boolean_mask(rows, new)
+            order = tf.argsort(new_keys, stable=True)
+            new_keys, new_rows = tf.gather(new_keys, order), tf.gather(new_rows, order)
+            n = tf.size(sorted_keys, out_type=tf.int64)
+            m = tf.size(new_keys, out_type=tf.int64)
+            first_row = tf.shape(self.rows, out_type=tf.int64)[0]
+            # Where each entry of the merged key list comes from: held key i
+            # moves up by the number of new keys below it, new key j goes
+            # after the held keys below it and the new keys before it.
+            held_to = tf.range(n, dtype=tf.int64) + tf.searchsorted(
+                new_keys, sorted_keys, side="left", out_type=tf.int64)
+            new_to = tf.searchsorted(sorted_keys, new_keys, side="left",
+                                     out_type=tf.int64) + tf.range(m, dtype=tf.int64)
+            source = tf.math.invert_permutation(tf.concat([held_to, new_to], 0))
+            merged_keys = tf.gather(tf.concat([sorted_keys, new_keys], 0), source)
+            merged_index = tf.gather(
+                tf.concat([tf.convert_to_tensor(self.index),
+                           first_row + tf.range(m, dtype=tf.int64)], 0), source)
+            grown = self.rows.assign(tf.concat([tf.convert_to_tensor(self.rows), new_rows], 0))
+        with tf.control_dependencies([_as_op(grown)]):
+            assigned = [self.keys.assign(merged_keys), self.index.assign(merged_index)]
+        with tf.control_dependencies([_as_op(a) for a in assigned]):
+            return tf.identity(m)
+
+    def function_signatures(self):
+        return ([tf.TensorSpec([None], self.key_dtype, name="keys")],
+                [tf.TensorSpec([None], self.key_dtype, name="keys"),
+                 tf.TensorSpec([None, self.dimension], self.dtype, name="rows")])
+
+
+def combine(table, ids, row_splits, weights, combiner, max_norm, dtype):
+    """sok.lookup_sparse's result for one table: [batch, dim] of `dtype`."""
+    row_splits = tf.cast(row_splits, tf.int64)
+    batch = tf.shape(row_splits, out_type=tf.int64)[0] - 1
+    segments = tf.ragged.row_splits_to_segment_ids(row_splits, out_type=tf.int64)
+    rows = tf.cast(table.lookup(ids), tf.float32)
+    if weights is None:
+        w = tf.ones(tf.shape(ids)[:1], tf.float32)
+    else:
+        # the fused op gets weights in the table's dtype
+        w = tf.cast(tf.cast(weights, dtype), tf.float32)
+    scale = w
+    if max_norm is not None and max_norm > 0:
+        norm = tf.sqrt(tf.reduce_sum(rows * rows, axis=1))
+        limit = tf.constant(float(max_norm), tf.float32)
+        scale = w * tf.where(norm > limit, limit / tf.maximum(norm, limit),
+                             tf.ones_like(norm))
+    total = tf.math.unsorted_segment_sum(rows * scale[:, None], segments, batch)
+    if combiner == "sum":
+        out = total
+    else:
+        if combiner == "mean":
+            denominator = tf.math.unsorted_segment_sum(w, segments, batch)
+        else:
+            denominator = tf.sqrt(tf.math.unsorted_segment_sum(w * w, segments, batch))
+        out = total * tf.math.divide_no_nan(tf.ones_like(denominator), denominator)[:, None]
+    return tf.cast(out, dtype)

@@ -1,0 +1,386 @@
+"""sok.export_for_serving, export_serving_delta and apply_serving_delta.
+
+Each exported model is loaded in a fresh interpreter in which sok_graph
+cannot be imported, with stock TensorFlow only, and must give the training
+model's predictions (relative error <= 1e-6) on batches that hold keys the
+tables never saw; its saved_model.pb must list only stock ops.
+"""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_graph as sok
+from sok_graph import compat
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+MULTIWORKER = os.path.join(HERE, "multiworker")
+
+tf2_only = pytest.mark.skipif(compat.IS_TF1, reason="TF2 export (eager)")
+
+# The preamble of every plain-TensorFlow check: sok_graph (and SOK's name
+# for it) cannot be imported.
+_NO_SOK = textwrap.dedent("""
+    import sys
+    sys.modules["sok_graph"] = None
+    sys.modules["sparse_operation_kit"] = None
+    import json, os
+    import numpy as np
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    def op_types(export_dir):
+        model = saved_model_pb2.SavedModel()
+        with open(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
+            model.ParseFromString(f.read())
+        types = set()
+        for meta in model.meta_graphs:
+            types.update(n.op for n in meta.graph_def.node)
+            for fn in meta.graph_def.library.function:
+                types.update(n.op for n in fn.node_def)
+        return types
+
+    def rel_err(got, want):
+        got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+        return float(np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30))
+""")
+
+
+def _plain_tf(body, *args):
+    """Runs `body` after _NO_SOK in a fresh interpreter; returns its last
+    stdout line as JSON."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    env.pop("PYTHONPATH", None)
+    out = subprocess.run([sys.executable, "-c", _NO_SOK + textwrap.dedent(body)] + list(args),
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+_SERVE_TF2 = """
+    export_dir, batch_file = sys.argv[1], sys.argv[2]
+    data = dict(np.load(batch_file))
+    want = data.pop("want")
+    loaded = tf.saved_model.load(export_dir)
+    got = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in data.items()})
+    got = list(got.values())[0].numpy()
+    sok_ops = sorted(t for t in op_types(export_dir) if t.startswith("Sok"))
+    print(json.dumps({"err": rel_err(got, want), "sok_ops": sok_ops, "n": len(op_types(export_dir)),
+                      "shape": list(got.shape)}))
+"""
+
+
+def _rng():
+    return np.random.default_rng(7)
+
+
+class ServingModel(tf.keras.Model):
+    """Static and dynamic tables (int64 and int32 keys), weights, mean /
+    sqrtn, max_norm, a dense lookup and a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        rng = _rng()
+        self.static = sok.Variable(rng.normal(size=(40, 6)).astype(np.float32),
+                                   name="static_table")
+        self.dyn = sok.DynamicVariable(dimension=6, initializer="zeros", name="dyn_a")
+        self.dyn_b = sok.DynamicVariable(dimension=3, initializer="0.5", name="dyn_b",
+                                         key_type=tf.int32)
+        self.kernel = tf.Variable(rng.normal(size=(15, 2)).astype(np.float32))
+
+    def call(self, inputs):
+        ids_s = tf.RaggedTensor.from_tensor(inputs["static_ids"], padding=-1)
+        weights = tf.RaggedTensor.from_tensor(inputs["static_w"], lengths=ids_s.row_lengths())
+        ids_d = tf.RaggedTensor.from_tensor(inputs["dyn_ids"], padding=-1)
+        a, b = sok.lookup_sparse([self.static, self.dyn], [ids_s, ids_d], [weights, None],
+                                 combiners=["mean", "sqrtn"], max_norm=[None, 1.5])
+        c = sok.all2all_dense_embedding(self.dyn_b, inputs["single"])
+        return tf.matmul(tf.concat([a, b, c], 1), self.kernel)
+
+
+_SIGNATURE = [{
+    "static_ids": tf.TensorSpec([None, 3], tf.int64, name="static_ids"),
+    "static_w": tf.TensorSpec([None, 3], tf.float32, name="static_w"),
+    "dyn_ids": tf.TensorSpec([None, 4], tf.int64, name="dyn_ids"),
+    "single": tf.TensorSpec([None], tf.int32, name="single"),
+}]
+
+
+def _trained(model, seen_keys):
+    rng = _rng()
+    rows = rng.normal(size=(len(seen_keys), 6)).astype(np.float32)
+    sok.assign(model.dyn, tf.constant(seen_keys, tf.int64), tf.constant(rows))
+    sok.assign(model.dyn_b, tf.constant([3, 9, -4], tf.int32),
+               tf.constant(rng.normal(size=(3, 3)).astype(np.float32)))
+    return model
+
+
+def _batch(seen_keys, unseen=True):
+    rng = np.random.default_rng(11)
+    n = 16
+    static_ids = rng.integers(0, 40, size=(n, 3))
+    static_ids[::4, 1:] = -1  # fewer ids in some samples
+    static_ids[5] = -1  # a sample without ids: zeros
+    pool = np.concatenate([seen_keys, [10 ** 12, -77, 123456]]) if unseen else seen_keys
+    dyn_ids = rng.choice(pool, size=(n, 4))
+    dyn_ids[::3, 2:] = -1
+    single = rng.choice([3, 9, -4, 5, 1000] if unseen else [3, 9, -4], size=n)
+    return {"static_ids": static_ids.astype(np.int64),
+            "static_w": rng.uniform(0.1, 2.0, size=(n, 3)).astype(np.float32),
+            "dyn_ids": dyn_ids.astype(np.int64), "single": single.astype(np.int32)}
+
+
+def _predict(model, batch):
+    return model({k: tf.constant(v) for k, v in batch.items()}).numpy()
+
+
+def _serve_check(export_dir, batch, want, tmp_path, tag="batch"):
+    batch_file = str(tmp_path / f"{tag}.npz")
+    np.savez(batch_file, want=want, **batch)
+    result = _plain_tf(_SERVE_TF2, export_dir, batch_file)
+    assert result["sok_ops"] == [], result
+    assert result["err"] <= 1e-6, result
+    return result
+
+
+@tf2_only
+def test_tf2_keras_model_serves_in_plain_tensorflow(tmp_path):
+    sok.init()
+    seen = np.array([5, 17, 2 ** 40, -3, 8, 1001, 64], np.int64)
+    model = _trained(ServingModel(), seen)
+    export_dir = str(tmp_path / "model")
+    # chunk_rows=3: every table is copied in several chunks
+    assert sok.export_for_serving(model, export_dir, _SIGNATURE, chunk_rows=3,
+                                  default_row={"dyn_b": 0.5}) == export_dir
+    batch = _batch(seen)
+    want = _predict(model, batch)  # unseen keys: zeros / 0.5, as their initializers give
+    _serve_check(export_dir, batch, want, tmp_path)
+    with open(os.path.join(export_dir, "assets.extra", "sok_serving.json")) as f:
+        manifest = json.load(f)
+    assert sorted(t["name"] for t in manifest["tables"]) == ["dyn_a", "dyn_b", "static_table"]
+
+
+@tf2_only
+def test_tf2_v1_layers_and_module(tmp_path):
+    """SOK 1.x layers and a tf.Module with a sparse input served by `serve`
+    (not a signature: it takes a RaggedTensor)."""
+    sok.init()
+    layer = sok.DistributedEmbedding("mean", 64, 4, slot_num=2, max_nnz=3,
+                                     embedding_initializer="zeros")
+    dense = sok.All2AllDenseEmbedding(64, 4, slot_num=2, nnz_per_slot=1,
+                                      embedding_initializer="zeros")
+    rng = _rng()
+    sok.assign(layer.embedding_variable, tf.constant([1, 2, 3, 40], tf.int64),
+               tf.constant(rng.normal(size=(4, 4)).astype(np.float32)))
+    sok.assign(dense.embedding_variable, tf.constant([7, 8], tf.int64),
+               tf.constant(rng.normal(size=(2, 4)).astype(np.float32)))
+
+    class Module(tf.Module):
+        def __call__(self, ids, keys):
+            return tf.reduce_sum(layer(ids), 1) + tf.reduce_sum(dense(keys), [1, 2])
+
+    module = Module()
+    export_dir = str(tmp_path / "module")
+    sok.export_for_serving(module, export_dir, [
+        tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1),
+        tf.TensorSpec([None, 2, 1], tf.int64)])
+    ids = tf.ragged.constant([[1, 2], [3], [], [40, 99, 1], [5], [2, 2]], tf.int64)
+    keys = tf.constant([[[7], [8]], [[8], [500]], [[1], [7]]], tf.int64)
+    want = module(ids, keys).numpy()
+    result = _plain_tf("""
+        loaded = tf.saved_model.load(sys.argv[1])
+        ids = tf.ragged.constant([[1, 2], [3], [], [40, 99, 1], [5], [2, 2]], tf.int64)
+        keys = tf.constant([[[7], [8]], [[8], [500]], [[1], [7]]], tf.int64)
+        got = loaded.serve(ids, keys).numpy()
+        want = np.array(json.loads(sys.argv[2]))
+        print(json.dumps({"err": rel_err(got, want),
+                          "sok": [t for t in op_types(sys.argv[1]) if t.startswith("Sok")]}))
+    """, export_dir, json.dumps(want.tolist()))
+    assert result["sok"] == [] and result["err"] <= 1e-6, result
+
+
+@tf2_only
+def test_delta_round_trip(tmp_path):
+    sok.init()
+    seen = np.array([5, 17, 2 ** 40, -3, 8, 1001, 64], np.int64)
+    model = _trained(ServingModel(), seen)
+    export_dir = str(tmp_path / "model")
+    sok.export_for_serving(model, export_dir, _SIGNATURE, default_row={"dyn_b": 0.5})
+    time.sleep(0.01)
+    since = int(time.time() * 1e6)
+    time.sleep(0.01)
+    # "Training" after the export: held and new keys of both dynamic tables,
+    # and rows of the static table.
+    rng = np.random.default_rng(3)
+    changed = np.array([17, 64, 555, -9], np.int64)
+    sok.assign(model.dyn, tf.constant(changed), tf.constant(
+        rng.normal(size=(4, 6)).astype(np.float32)))
+    sok.assign(model.dyn_b, tf.constant([9, 77], tf.int32), tf.constant(
+        rng.normal(size=(2, 3)).astype(np.float32)))
+    model.static.scatter_update(tf.IndexedSlices(
+        tf.constant(rng.normal(size=(2, 6)).astype(np.float32)), tf.constant([0, 39])))
+    delta_dir = str(tmp_path / "delta")
+    assert sok.export_serving_delta([model.static, model.dyn, model.dyn_b], since,
+                                    delta_dir) == delta_dir
+    manifest = json.load(open(os.path.join(delta_dir, "manifest.json")))
+    counts = {t["name"]: t["rows"] for t in manifest["tables"]}
+    assert counts == {"static_table": 40, "dyn_a": 4, "dyn_b": 2}, counts
+
+    batch = _batch(np.concatenate([seen, changed]))
+    batch["single"][:3] = [9, 77, 3]
+    want = _predict(model, batch)
+
+    # 1. offline: the delta written into a copy of the export
+    updated = str(tmp_path / "updated")
+    applied = sok.apply_serving_delta(export_dir, delta_dir, output_dir=updated)
+    assert applied == counts
+    _serve_check(updated, batch, want, tmp_path, "offline")
+
+    # 2. online: the loaded model's own function, in plain TensorFlow
+    batch_file = str(tmp_path / "online.npz")
+    np.savez(batch_file, want=want, **batch)
+    result = _plain_tf("""
+        export_dir, delta_dir, batch_file = sys.argv[1:4]
+        loaded = tf.saved_model.load(export_dir)
+        manifest = json.load(open(os.path.join(delta_dir, "manifest.json")))
+        for table in manifest["tables"]:
+            keys = np.load(os.path.join(delta_dir, table["files"]["keys"]["file"]))
+            rows = np.load(os.path.join(delta_dir, table["files"]["rows"]["file"]))
+            fn = loaded.sok_tables[table["name"]].apply_delta_fn
+            fn(tf.constant(keys.astype(table["key_dtype"])), tf.constant(rows))
+        data = dict(np.load(batch_file))
+        want = data.pop("want")
+        got = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in data.items()})
+        print(json.dumps({"err": rel_err(list(got.values())[0].numpy(), want)}))
+    """, export_dir, delta_dir, batch_file)
+    assert result["err"] <= 1e-6, result
+
+    # a corrupted file is refused before anything changes
+    rows_file = os.path.join(delta_dir, manifest["tables"][1]["files"]["rows"]["file"])
+    with open(rows_file, "r+b") as f:
+        f.seek(-4, 2)
+        f.write(b"\x00\x01\x02\x03")
+    with pytest.raises(sok.serving.delta.DeltaError, match="corrupted"):
+        sok.apply_serving_delta(export_dir, delta_dir)
+
+
+def _worker(n, out):
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([ROOT, MULTIWORKER]))
+    run = subprocess.run([sys.executable, os.path.join(MULTIWORKER, "serving_worker.py"),
+                          "--replicas", str(n), "--out", out],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+@tf2_only
+def test_two_workers_export_equals_one_worker(tmp_path):
+    """Tables sharded over 2 workers (the in-process replica engine) export
+    the same model as the same tables in one worker."""
+    one = _worker(1, str(tmp_path / "one"))
+    two = _worker(2, str(tmp_path / "two"))
+    assert two["world_size"] == 2 and one["world_size"] == 1
+    readers = [tf.train.load_checkpoint(os.path.join(d, "variables", "variables"))
+               for d in (one["export_dir"], two["export_dir"])]
+    keys = [k for k in readers[0].get_variable_to_shape_map() if k.startswith("sok_tables/")]
+    assert len(keys) == 4, keys  # static rows; dynamic keys, index, rows
+    for key in keys:
+        np.testing.assert_array_equal(readers[0].get_tensor(key), readers[1].get_tensor(key))
+    batch = {k: np.asarray(v) for k, v in one["batch"].items()}
+    want = np.asarray(one["want"], np.float32)
+    np.testing.assert_allclose(np.asarray(two["want"], np.float32), want, rtol=1e-6)
+    for d in (one["export_dir"], two["export_dir"]):
+        _serve_check(d, batch, want, tmp_path, os.path.basename(os.path.dirname(d)))
+
+
+_TF1_BUILD = """
+def build(tf, sok):
+    ids = tf.compat.v1.sparse_placeholder(tf.int64, shape=[None, None], name="ids")
+    keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
+    static = sok.Variable(tf.zeros([30, 4]), name="emb_static")
+    dyn = sok.DynamicVariable(dimension=4, initializer="zeros", name="emb_dyn")
+    a = sok.lookup_sparse(static, ids, combiners="sum")
+    b = sok.all2all_dense_embedding(dyn, keys)
+    w = tf.compat.v1.get_variable("w", [8, 1])
+    return ids, keys, tf.matmul(tf.concat([a, b], 1), w)
+"""
+
+
+def test_tf1_session_export_serves_in_plain_tensorflow(tmp_path):
+    namespace = {}
+    exec(_TF1_BUILD, namespace)
+    build = namespace["build"]
+    rng = _rng()
+    with tf.Graph().as_default():
+        sok.init()
+        ids, keys, out = build(tf, sok)
+        static = [v for v in tf.compat.v1.global_variables() if v.op.name == "emb_static"][0]
+        dyn = [v for v in tf.compat.v1.global_variables()
+               if isinstance(v, sok.DynamicVariable)][0]
+        fill = [static.assign(rng.normal(size=(30, 4)).astype(np.float32)),
+                sok.assign(dyn, tf.constant([4, 10 ** 9, -2], tf.int64),
+                           tf.constant(rng.normal(size=(3, 4)).astype(np.float32)))]
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(fill)
+            export_dir = str(tmp_path / "tf1")
+
+            def build_fn():
+                i, k, o = build(tf, sok)
+                return {"ids": i, "keys": k}, {"out": o}
+            assert sok.export_for_serving(build_fn, export_dir, session=sess) == export_dir
+            sp = tf.compat.v1.SparseTensorValue(
+                np.array([[0, 0], [0, 1], [2, 0]], np.int64), np.array([3, 29, 7], np.int64),
+                np.array([3, 2], np.int64))
+            key_batch = np.array([4, 55, -2], np.int64)  # 55: unseen
+            want = sess.run(out, {ids: sp, keys: key_batch})
+    result = _plain_tf("""
+        export_dir = sys.argv[1]
+        want = np.array(json.loads(sys.argv[2]))
+        with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
+            meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export_dir)
+            sig = meta.signature_def["serving_default"]
+            sp = sig.inputs["ids"].coo_sparse
+            feed = {g.get_tensor_by_name(sp.indices_tensor_name):
+                    np.array([[0, 0], [0, 1], [2, 0]], np.int64),
+                    g.get_tensor_by_name(sp.values_tensor_name): np.array([3, 29, 7], np.int64),
+                    g.get_tensor_by_name(sp.dense_shape_tensor_name): np.array([3, 2], np.int64),
+                    g.get_tensor_by_name(sig.inputs["keys"].name): np.array([4, 55, -2], np.int64)}
+            got = sess.run(g.get_tensor_by_name(sig.outputs["out"].name), feed)
+        print(json.dumps({"err": rel_err(got, want),
+                          "sok": [t for t in op_types(export_dir) if t.startswith("Sok")]}))
+    """, export_dir, json.dumps(want.tolist()))
+    assert result["sok"] == [] and result["err"] <= 1e-6, result
+
+
+def test_collective_strategy_export_uses_serving_writer(tmp_path):
+    """One worker of tests/multiworker/collective_worker.py exports through
+    sok.export_for_serving's graph writer: stock ops, and a manifest."""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
+               PYTHONPATH=os.pathsep.join([ROOT, MULTIWORKER]))
+    export_dir = str(tmp_path / "cs")
+    run = subprocess.run([sys.executable, os.path.join(MULTIWORKER, "collective_worker.py"),
+                          "--mode", "strategy", "--api", "lookup", "--opt", "adagrad",
+                          "--out", str(tmp_path / "out"), "--export", export_dir],
+                         capture_output=True, text=True, env=env, timeout=300)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert os.path.exists(os.path.join(export_dir, "assets.extra", "sok_serving.json"))
+    result = _plain_tf("""
+        export_dir = sys.argv[1]
+        with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
+            meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export_dir)
+            table = [v for v in tf.compat.v1.global_variables() if v.op.name == "emb/table"]
+            shape = sess.run(table[0]).shape
+        print(json.dumps({"shape": list(shape),
+                          "sok": [t for t in op_types(export_dir) if t.startswith("Sok")]}))
+    """, export_dir)
+    assert result["sok"] == [] and result["shape"][0] > 0, result
