@@ -52,7 +52,9 @@ def _member(value):
     """A class attribute as found in the class body."""
     if isinstance(value, (staticmethod, classmethod)):
         return {"kind": type(value).__name__, "signature": _signature(value.__func__)}
-    if isinstance(value, property):
+    # A namedtuple's field reads as a property on Python 3.7 (TF 1.15's) and
+    # as a _tuplegetter on 3.8+: the same read-only attribute either way.
+    if isinstance(value, property) or type(value).__name__ == "_tuplegetter":
         return {"kind": "property"}
     if inspect.isfunction(value):
         return {"kind": "method", "signature": _signature(value)}

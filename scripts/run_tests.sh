@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # The full test suite, for every supported TensorFlow version:
 #   bash scripts/run_tests.sh
-# For each version (SOK_GRAPH_TF_VERSIONS, default "2.15.1 2.21.0"): set up
+# For each version (SOK_GRAPH_TF_VERSIONS, default "1.15.0 2.15.1 2.21.0"): set up
 # and install (scripts/setup_env.sh), run `bazel test //...` (C++ core tests
 # and the Python tests against the Bazel-built package), then run the examples
 # against the pip-installed package; for the first version also the C++
 # core tests under AddressSanitizer and UBSan (.bazelrc). Finally, check
-# that the C++ still compiles and links against TensorFlow 1.15
-# (scripts/check_tf115.sh). The TF 1.15 / Python 3.7 check of the Python
+# that the host side of the GPU kernels compiles and links against TensorFlow
+# 1.15 (scripts/check_tf115.sh; 1.15's own build is CPU-only). The static
+# TF 1.15 / Python 3.7 check of the Python
 # (scripts/check_tf115_api.py) runs first, and the public API must be the same
 # on every version (scripts/api_signatures.py).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-VERSIONS="${SOK_GRAPH_TF_VERSIONS:-2.15.1 2.21.0}"
+VERSIONS="${SOK_GRAPH_TF_VERSIONS:-1.15.0 2.15.1 2.21.0}"
 # The Horovod tests fail instead of skipping when Horovod is missing:
 # setup_env.sh installs it.
 export SOK_GRAPH_REQUIRE_HOROVOD=1

@@ -7,6 +7,13 @@ A library built for one TensorFlow version does not load in another, so each
 (Python, TensorFlow version) pair gets its own Bazel output base under
 ~/.cache/sok_graph/bazel: switching between TF versions never rebuilds from
 scratch, and two versions never overwrite each other's outputs.
+
+All output bases share one Bazel disk cache (~/.cache/sok_graph/bazel-disk-cache):
+an action whose command and inputs are the same for every TensorFlow version
+(the CUDA kernels, compiled without TensorFlow headers; the C++ cores and
+their googletests) runs once, for the first version built, and a fresh clone
+reuses what an earlier clone built. Test results are never taken from it
+(scripts/run_tests.sh runs tests with --cache_test_results=no).
 """
 
 import hashlib
@@ -44,10 +51,14 @@ def tensorflow_install(python):
     return version, lib
 
 
+def _cache_dir():
+    return os.environ.get("SOK_GRAPH_CACHE", os.path.expanduser("~/.cache/sok_graph"))
+
+
 def output_base(tf_version, tf_lib):
     # Keyed by the TensorFlow installation, not by the spelling of the Python
     # path: `python`, `python3` and pip's build subprocess share one cache.
-    cache = os.environ.get("SOK_GRAPH_CACHE", os.path.expanduser("~/.cache/sok_graph"))
+    cache = _cache_dir()
     key = hashlib.sha256(("%s\0%s\0%s" % (REPO_ROOT, tf_lib, tf_version)).encode()).hexdigest()[:12]
     return os.path.join(cache, "bazel", "tf-%s-%s" % (tf_version, key))
 
@@ -81,6 +92,7 @@ def bazel_command(args, python=None):
             # No bazel-* symlinks in the source tree: two TF versions would
             # fight over them, and setuptools would wander into them.
             "--symlink_prefix=/",
+            "--disk_cache=%s" % os.path.join(_cache_dir(), "bazel-disk-cache"),
             "--jobs=%d" % max(1, min(os.cpu_count() or 1, 4)),
             "--local_test_jobs=%d" % max(1, os.cpu_count() or 1),
         ] + (tf1_options() if is_tf1(tf_version) else []) + rest
