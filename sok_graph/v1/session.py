@@ -64,7 +64,9 @@ def Init(**kwargs):  # noqa: N802 (SOK's name)
         raise ValueError(f"seed must be None or a non-negative integer; got {seed!r}")
     # Under a tf.distribute strategy the strategy is the communication engine.
     comm_tool = "tf" if tf.distribute.has_strategy() else "horovod"
-    context.init(comm_tool=comm_tool)
+    # SOK 1.x's Init predates Keras' legacy optimizers and leaves
+    # tf.keras.optimizers as it is (only SOK 2.x's init rebinds it).
+    context.init(comm_tool=comm_tool, use_legacy_optimizer=False)
     comm = context.communicator()
     if batch % comm.world_size:
         raise ValueError(f"global_batch_size ({batch}) must be a multiple of the number of "
