@@ -157,7 +157,10 @@ def run_config(config, args, strategy, rank, world, sok, tf):
     mirrored = config.engine == "mirrored"
     with strategy.scope() if strategy is not None else _null():
         if config.api == "v2":
-            sok.init(comm_tool="tf" if mirrored else config.engine)
+            # The same Keras optimizers for every configuration of this process
+            # (init's legacy rebinding would otherwise carry over into the 1.x
+            # configurations run after it).
+            sok.init(comm_tool="tf" if mirrored else config.engine, use_legacy_optimizer=False)
         else:
             init_op = sok.Init(global_batch_size=GLOBAL_BATCH)
     comm = sok.context.communicator()
