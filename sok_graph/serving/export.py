@@ -48,12 +48,14 @@ def table_name(table):
 
 # ------------------------------------------------------------ filling tables
 
-def _fill_from(serving_table, source, source_runner, runner, chunk_rows):
+def _fill_from(serving_table, source, source_runner, runner, chunk_rows, writer=True):
     """Copies sok table `source` (every worker's rows) into serving_table's
     variables, a chunk at a time: the rows are scattered into place as they
     come. A dynamic table is read twice: its keys first (sorted, they give
     every row its place: row 1 + i for the i-th key), then its rows, so the
-    export does not depend on how the keys were spread over workers."""
+    export does not depend on how the keys were spread over workers.
+    writer: whether this worker fills the variables (rank 0); the others
+    only take part in the gathers, which give them no rows."""
     dim = serving_table.dimension
     dtype = serving_table.dtype
     rows_var = serving_table.rows
@@ -88,6 +90,10 @@ def _fill_from(serving_table, source, source_runner, runner, chunk_rows):
         keys_all.sort()
         sorted_keys = keys_all
     count, chunks = sources.whole_table(source, source_runner, chunk_rows)
+    if not writer:
+        for _ in chunks:
+            pass
+        return
     alloc(np.int64(count if sorted_keys is None else len(sorted_keys)))
     for keys, rows in chunks:
         if dynamic:
@@ -394,7 +400,7 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
                 continue
             if isinstance(t, StaticTable) and name in values:
                 continue
-            _fill_from(t, source, source_runner, target, chunk_rows)
+            _fill_from(t, source, source_runner, target, chunk_rows, writer=rank == 0)
         if rank != 0:
             return None
         if missing:
