@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The full test suite, for every supported TensorFlow version:
 #   bash scripts/run_tests.sh
-# For each version (SOK_GRAPH_TF_VERSIONS, default "1.15.0 2.15.1 2.21.0"): set up
+# For each version (SOK_GRAPH_TF_VERSIONS, default "2.15.1 2.21.0 1.15.0"): set up
 # and install (scripts/setup_env.sh), run `bazel test //...` (C++ core tests
 # and the Python tests against the Bazel-built package), then run the examples
 # against the pip-installed package; for the first version also the C++
@@ -14,7 +14,7 @@
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$REPO"
-VERSIONS="${SOK_GRAPH_TF_VERSIONS:-1.15.0 2.15.1 2.21.0}"
+VERSIONS="${SOK_GRAPH_TF_VERSIONS:-2.15.1 2.21.0 1.15.0}"
 # The Horovod tests fail instead of skipping when Horovod is missing:
 # setup_env.sh installs it.
 export SOK_GRAPH_REQUIRE_HOROVOD=1
