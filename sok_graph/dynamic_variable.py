@@ -120,9 +120,7 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         if serving_mode.active():
             # A servable graph being built: a serving table of plain
             # variables stands for the table (sok_graph/serving).
-            from sok_graph.serving.export import dynamic_stand_in
-
-            return dynamic_stand_in(args, kwargs)
+            return serving_mode.resolver().dynamic_stand_in(args, kwargs)
         # Under a MirroredStrategy whose replicas are the workers: one shard
         # per replica (sok_graph/replica_shards.py).
         shards = replica_shards.replicate(cls, args, kwargs, context.active())

@@ -452,6 +452,8 @@ def test_incremental_model_dump_returns_updated_rows():
 SCRIPT = textwrap.dedent("""
     import numpy as np
     import tensorflow as tf
+    if tf.__version__.startswith("1."):  # a TF2 script; TF 1.x starts in graph mode
+        tf.compat.v1.enable_eager_execution()
     try:
         import horovod.tensorflow as hvd
     except ImportError:  # the script's habits, without Horovod

@@ -166,9 +166,12 @@ def trackable_base_class():
 def native_object_class():
     """The marker base that lets TensorFlow's ops take an object as it is
     instead of converting it to a tensor (tf.nn.embedding_lookup passes such
-    params to their sparse_read); `object` where TensorFlow has none."""
+    params to their sparse_read); `object` where TensorFlow has none. TF
+    1.x's embedding_lookup keeps params that are `_TensorLike` as they are."""
     if IS_TF1:
-        return object
+        from tensorflow.python.framework import indexed_slices
+
+        return getattr(indexed_slices, "_TensorLike", object)
     from tensorflow.python.types import internal
 
     return getattr(internal, "NativeObject", object)

@@ -125,7 +125,19 @@ def _assigned(update):
 
 # ------------------------------------------------------------ resolvers
 
-class LiveResolver:
+class _StandIns:
+    """What both resolvers do when a sok.DynamicVariable is created while a
+    servable model is built: a serving table stands for it."""
+
+    def dynamic_stand_in(self, args, kwargs):
+        """The serving table for sok.DynamicVariable(*args, **kwargs)."""
+        bound = inspect.signature(DynamicVariable.__init__).bind(None, *args, **kwargs)
+        a = dict(bound.arguments)
+        return self.new_dynamic(a.get("name") or "DynamicVariable", a.get("key_type"),
+                                int(a["dimension"]), a.get("dtype"))
+
+
+class LiveResolver(_StandIns):
     """TF2: the serving table of a live sok table is made (and filled) the
     first time a lookup names it, outside the function being traced."""
 
@@ -169,7 +181,7 @@ class LiveResolver:
                            "for serving; create it before sok.export_for_serving")
 
 
-class GraphResolver:
+class GraphResolver(_StandIns):
     """TF1: the serving graph is built anew; sok.Variable (one process: the
     whole table) serves as it is, sok.DynamicVariable makes a serving table."""
 
@@ -202,14 +214,6 @@ class GraphResolver:
                              self.default_row)
         self.tables[name] = table
         return table
-
-
-def dynamic_stand_in(args, kwargs):
-    """What sok.DynamicVariable(*args, **kwargs) makes in serving mode."""
-    bound = inspect.signature(DynamicVariable.__init__).bind(None, *args, **kwargs)
-    a = dict(bound.arguments)
-    return mode.resolver().new_dynamic(a.get("name") or "DynamicVariable", a.get("key_type"),
-                                       int(a["dimension"]), a.get("dtype"))
 
 
 # ------------------------------------------------------------ checks
