@@ -8,6 +8,10 @@
 # scripts/setup_env.sh, which runs this). Nothing happens when
 # SOK_GRAPH_WITHOUT_HOROVOD=1.
 #
+# One version serves every TensorFlow: 0.28.1, Horovod's last release, still
+# accepts TensorFlow 1.15 (its CMake asks for >= 1.15.0; below TF 2.10 it
+# builds with C++14 and the ABI flag from tf.sysconfig) and Python 3.6+.
+#
 # Horovod ships as an sdist only, and its compiled ops must match the
 # TensorFlow they are loaded into, so the wheel is built here (~7 min on
 # 2 cores) and cached per TensorFlow and Python version under
@@ -59,7 +63,15 @@ VENV_MARK="$VENV/.horovod"
 cached_wheel() { [ -f "$WHEEL_MARK" ] && echo "$WHEEL_DIR/$(cat "$WHEEL_MARK")"; }
 
 installed_version() {
-  "$PY" -c 'import importlib.metadata as m; print(m.version("horovod"))' 2>/dev/null || true
+  # importlib.metadata is Python 3.8+; pkg_resources serves Python 3.7.
+  "$PY" -c '
+try:
+    import importlib.metadata as m
+    print(m.version("horovod"))
+except ImportError:
+    import pkg_resources
+    print(pkg_resources.get_distribution("horovod").version)
+' 2>/dev/null || true
 }
 
 # Already installed from the cached wheel (and still there): nothing to do.

@@ -46,6 +46,8 @@ import numpy as np
 import tensorflow as tf
 import horovod.tensorflow as hvd
 
+tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+
 rank = int(os.environ["SOK_GRAPH_RANK"])
 size = int(os.environ["SOK_GRAPH_WORLD_SIZE"])
 syncdir, mode = sys.argv[1], sys.argv[2]

@@ -254,7 +254,9 @@ def _check_gradient(grad, var):
     inside the update with a message naming no argument."""
     name = getattr(var, "name", type(var).__name__)
     dynamic = isinstance(var, DynamicVariable)
-    dim = var.dimension if dynamic else var.shape[1]
+    # Plain ints or None: TF 1.x shapes index to Dimension objects, which
+    # compare unequal to None even when unknown.
+    dim = tf.compat.dimension_value(var.dimension if dynamic else var.shape[1])
     if isinstance(grad, tf.IndexedSlices):
         values, indices = grad.values, grad.indices
         if not indices.dtype.is_integer:
@@ -278,14 +280,15 @@ def _check_gradient(grad, var):
             raise ValueError(f"the dense gradient of {name} must have the variable's shape "
                              f"{var.shape}; got {values.shape}")
         return
-    n = indices.shape[0] if indices.shape.rank == 1 else None
-    if values.shape.rank is not None and (
-            values.shape.rank != 2 or values.shape[1] not in (None, dim)
-            or None not in (n, values.shape[0]) and values.shape[0] != n):
+    n = indices.shape.as_list()[0] if indices.shape.rank == 1 else None
+    shape = values.shape.as_list() if values.shape.rank is not None else None
+    if shape is not None and (
+            len(shape) != 2 or shape[1] not in (None, dim)
+            or None not in (n, shape[0]) and shape[0] != n):
         raise ValueError(f"the gradient of {name} must have rows of shape [len(indices), {dim}] "
                          f"(indices has shape {indices.shape}); got {values.shape}")
     if not dynamic and tf.executing_eagerly() and n:
-        rows = var.shape[0]
+        rows = tf.compat.dimension_value(var.shape[0])
         bad = tf.logical_or(indices < 0, indices >= rows).numpy()
         if bad.any():
             first = int(bad.argmax())

@@ -230,8 +230,12 @@ class Model:
                 self.layer = cls(combiner="sum", max_nnz=4, **kw)
             self.embs = [self.layer.embedding_variable]
             in_dim = SLOTS * (NNZ if args.api == "a2a" else 1) * DIM
+        # A resource variable on TF 1.x too (TF2's default): a TF1 graph's ref
+        # variable is read again by the backward matmul, which may then see
+        # the dense update of the same step.
         self.w = tf.compat.v1.Variable(
-            np.linspace(-0.3, 0.3, in_dim, dtype=np.float32).reshape(in_dim, 1), name="w")
+            np.linspace(-0.3, 0.3, in_dim, dtype=np.float32).reshape(in_dim, 1), name="w",
+            use_resource=True)
         if args.api != "v2" or args.table == "dynamic":
             # Same starting rows on every run: keys 0 .. R-1 of the whole table.
             rows = VOCAB * args.world if args.api != "v2" else 0
