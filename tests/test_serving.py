@@ -58,7 +58,12 @@ def _plain_tf(body, *args):
     """Runs `body` after _NO_SOK in a fresh interpreter; returns its last
     stdout line as JSON."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    env.pop("PYTHONPATH", None)
+    # sys.modules["sok_graph"] = None already makes it unimportable; the
+    # entries that hold it leave the path too (TensorFlow's may stay: on some
+    # machines TensorFlow itself comes through PYTHONPATH).
+    kept = [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+            if p and not os.path.isdir(os.path.join(p, "sok_graph"))]
+    env["PYTHONPATH"] = os.pathsep.join(kept)
     out = subprocess.run([sys.executable, "-c", _NO_SOK + textwrap.dedent(body)] + list(args),
                          capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
