@@ -21,7 +21,6 @@ import sok_graph as sok
 from sok_graph import compat
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 MULTIWORKER = os.path.join(HERE, "multiworker")
 
 tf2_only = pytest.mark.skipif(compat.IS_TF1, reason="TF2 export (eager)")
@@ -277,9 +276,18 @@ def test_delta_round_trip(tmp_path):
         sok.apply_serving_delta(export_dir, delta_dir)
 
 
+def _worker_path():
+    """The worker scripts' helpers first, then the sok_graph this test
+    imports (installed, or staged by Bazel) and whatever else is on the path
+    (TensorFlow, on some machines)."""
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(sok.__file__)))
+    rest = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    return os.pathsep.join([MULTIWORKER, package_root] + rest)
+
+
 def _worker(n, out):
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([ROOT, MULTIWORKER]))
+               PYTHONPATH=_worker_path())
     run = subprocess.run([sys.executable, os.path.join(MULTIWORKER, "serving_worker.py"),
                           "--replicas", str(n), "--out", out],
                          capture_output=True, text=True, env=env, timeout=300)
@@ -371,7 +379,7 @@ def test_collective_strategy_export_uses_serving_writer(tmp_path):
     """One worker of tests/multiworker/collective_worker.py exports through
     sok.export_for_serving's graph writer: stock ops, and a manifest."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2",
-               PYTHONPATH=os.pathsep.join([ROOT, MULTIWORKER]))
+               PYTHONPATH=_worker_path())
     export_dir = str(tmp_path / "cs")
     run = subprocess.run([sys.executable, os.path.join(MULTIWORKER, "collective_worker.py"),
                           "--mode", "strategy", "--api", "lookup", "--opt", "adagrad",
