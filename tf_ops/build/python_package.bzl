@@ -10,7 +10,9 @@ def _staged_python_package_impl(ctx):
     for f in ctx.files.package_srcs + ctx.files.extra_packages:
         outputs.append(_stage(ctx, f, f.short_path))
     for f in ctx.files.libraries:
-        outputs.append(_stage(ctx, f, "sok_graph/" + f.basename))
+        # A CPU-only build's CUDA kernel library is empty (no .so at all).
+        if f.basename.endswith(".so"):
+            outputs.append(_stage(ctx, f, "sok_graph/" + f.basename))
     return [DefaultInfo(files = depset(outputs), runfiles = ctx.runfiles(files = outputs))]
 
 staged_python_package = rule(
@@ -18,7 +20,7 @@ staged_python_package = rule(
     attrs = {
         "package_srcs": attr.label_list(allow_files = [".py"]),
         "extra_packages": attr.label_list(allow_files = [".py"]),
-        "libraries": attr.label_list(allow_files = [".so"]),
+        "libraries": attr.label_list(allow_files = True),
     },
 )
 
