@@ -162,7 +162,9 @@ def test_source_checkout_imports_like_the_install():
     sys.path) the package imports and finds the installed op library, and
     the launcher starts: README's `python -m sok_graph.launch ...` works there."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
-    code = ("import sok_graph, sparse_operation_kit, tensorflow as tf; "
+    code = ("import tensorflow as tf; "
+            "tf.__version__.startswith('1.') and tf.compat.v1.enable_eager_execution(); "
+            "import sok_graph, sparse_operation_kit; "
             "print(sok_graph.__file__); sok_graph.init(comm_tool='none'); "
             "v = sok_graph.Variable(tf.ones([4, 2])); "
             "print(float(tf.reduce_sum(sok_graph.lookup_sparse("
