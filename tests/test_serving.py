@@ -397,3 +397,15 @@ def test_collective_strategy_export_uses_serving_writer(tmp_path):
                           "sok": [t for t in op_types(export_dir) if t.startswith("Sok")]}))
     """, export_dir)
     assert result["sok"] == [] and result["shape"][0] > 0, result
+
+
+def test_bad_arguments_are_named_errors(tmp_path):
+    """The serving entry points refuse what they cannot use, naming it,
+    before anything is written."""
+    table = sok.Variable(tf.ones([4, 2]))
+    with pytest.raises(TypeError, match="model must be a function"):
+        sok.export_for_serving("not callable", str(tmp_path / "a"),
+                               session=tf.compat.v1.Session(graph=tf.Graph()))
+    with pytest.raises(TypeError, match="export_serving_delta takes sok tables"):
+        sok.export_serving_delta([table, tf.Variable(1.0)], 0, str(tmp_path / "d"))
+    assert not os.path.exists(str(tmp_path / "a")) and not os.path.exists(str(tmp_path / "d"))
