@@ -49,6 +49,12 @@ embedding_scope()
     get_variable would give; not a PartitionedVariable. Feature columns
     (tf.compat.v1.feature_column.input_layer with embedding_column) use it,
     and their lookups are routed as above.
+  - ids address the table as plain TensorFlow would address the partitioned
+    variable: with partition_strategy='div' (TF 2, feature columns) id i is
+    row i; with 'mod' (TF 1's default for tf.nn.embedding_lookup and
+    embedding_lookup_sparse, every tf.compat.v1.nn lookup) id i is row i // n
+    of part i % n, so the same initializer gives the same training on one
+    process and on N workers. The exported serving table keeps that layout.
 
 Limits: only tf.compat.v1 optimizers are patched (Keras optimizers are not);
 wrapping an optimizer in hvd.DistributedOptimizer as well would average

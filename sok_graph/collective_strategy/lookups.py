@@ -25,6 +25,45 @@ def _single_sok_table(params):
     return params if is_sok_variable(params) else None
 
 
+def partitioned_rows(params, ids, partition_strategy):
+    """The table rows plain TensorFlow reads for `ids` of a table that was made
+    from a partitioned get_variable. With partition_strategy='div' (TF 2's only
+    strategy, TF 1's feature columns) id i is row i; with 'mod' (TF 1's default
+    for tf.nn.embedding_lookup*) id i is row i // n of part i % n, that is row
+    offset[i % n] + i // n of the whole table. Ids outside [0, rows) are left
+    as they are, so the lookup rejects them as it would unpartitioned."""
+    parts = getattr(params, "_sok_partition_rows", None)
+    if partition_strategy != "mod" or not parts:
+        return ids
+    ids = tf.convert_to_tensor(ids)
+    n = len(parts)
+    offsets = tf.constant([sum(parts[:i]) for i in range(n)], dtype=ids.dtype)
+    rows = tf.gather(offsets, tf.math.floormod(ids, n)) + tf.math.floordiv(ids, n)
+    valid = tf.logical_and(ids >= 0, ids < sum(parts))
+    return tf.where(valid, rows, ids)
+
+
+def _sparse_rows(params, sp_ids, partition_strategy):
+    if partition_strategy != "mod" or not getattr(params, "_sok_partition_rows", None) \
+            or sp_ids is None:
+        return sp_ids
+    if isinstance(sp_ids, tf.compat.v1.SparseTensorValue):
+        sp_ids = tf.SparseTensor.from_value(sp_ids)
+    return tf.SparseTensor(sp_ids.indices,
+                           partitioned_rows(params, sp_ids.values, partition_strategy),
+                           sp_ids.dense_shape)
+
+
+def _exported_table(params):
+    """The ordinary variable a table becomes in a serving graph (export mode),
+    else None. Its lookups run in TensorFlow with the ids turned into rows
+    first; they then call TensorFlow with partition_strategy='div', since
+    TF 1's sparse lookups call the (patched) dense one with theirs."""
+    if isinstance(params, (list, tuple)):
+        params = params[0] if len(params) == 1 else None
+    return params if getattr(params, "_sok_partition_rows", None) else None
+
+
 def _dense_lookup(table, ids, max_norm, name):
     if max_norm is None:
         return all2all_dense_embedding(table, ids, name=name)
@@ -44,9 +83,17 @@ def _make_dense_lookup(key):
         orig = _originals()[key]
         a = _bound(orig, args, kwargs)
         table = _single_sok_table(a["params"])
+        strategy = a.get("partition_strategy")
         if table is None:
-            return orig(*args, **kwargs)
-        return _dense_lookup(table, a["ids"], a.get("max_norm"), a.get("name"))
+            exported = _exported_table(a["params"])
+            if exported is None:
+                return orig(*args, **kwargs)
+            a["ids"] = partitioned_rows(exported, a["ids"], strategy)
+            if strategy is not None:  # ids are rows now; TF's inner lookups keep them
+                a["partition_strategy"] = "div"
+            return orig(**a)
+        ids = partitioned_rows(table, a["ids"], strategy)
+        return _dense_lookup(table, ids, a.get("max_norm"), a.get("name"))
 
     embedding_lookup.__doc__ = _originals()[key].__doc__
     return embedding_lookup
@@ -79,9 +126,17 @@ def _make_sparse_lookup(key):
         orig = _originals()[key]
         a = _bound(orig, args, kwargs)
         table = _single_sok_table(a["params"])
+        strategy = a.get("partition_strategy")
         if table is None:
-            return orig(*args, **kwargs)
-        return _sparse_lookup_2d(table, a["sp_ids"], a["sp_weights"], a["combiner"],
+            exported = _exported_table(a["params"])
+            if exported is None:
+                return orig(*args, **kwargs)
+            a["sp_ids"] = _sparse_rows(exported, a["sp_ids"], strategy)
+            if strategy is not None:  # ids are rows now; TF's inner lookups keep them
+                a["partition_strategy"] = "div"
+            return orig(**a)
+        sp_ids = _sparse_rows(table, a["sp_ids"], strategy)
+        return _sparse_lookup_2d(table, sp_ids, a["sp_weights"], a["combiner"],
                                  a["max_norm"], a["name"])
 
     embedding_lookup_sparse.__doc__ = _originals()[key].__doc__
@@ -93,8 +148,15 @@ def _make_safe_sparse_lookup(key):
         orig = _originals()[key]
         a = _bound(orig, args, kwargs)
         table = _single_sok_table(a["embedding_weights"])
+        strategy = a.get("partition_strategy")
         if table is None:
-            return orig(*args, **kwargs)
+            exported = _exported_table(a["embedding_weights"])
+            if exported is None:
+                return orig(*args, **kwargs)
+            a["sparse_ids"] = _sparse_rows(exported, a["sparse_ids"], strategy)
+            if strategy is not None:  # ids are rows now; TF's inner lookups keep them
+                a["partition_strategy"] = "div"
+            return orig(**a)
         if a["default_id"] is not None:
             raise NotImplementedError(
                 "safe_embedding_lookup_sparse on a sok variable: default_id="
@@ -120,7 +182,7 @@ def _make_safe_sparse_lookup(key):
             if sp_weights is not None:
                 keep = tf.logical_and(keep, sp_weights.values > 0)
                 sp_weights = tf.sparse.retain(sp_weights, keep)
-            sp_ids = tf.sparse.retain(sp_ids, keep)
+            sp_ids = _sparse_rows(table, tf.sparse.retain(sp_ids, keep), strategy)
             out = lookup_sparse(table, _as_2d(sp_ids, "sparse_ids"),
                                 _as_2d(sp_weights, "sparse_weights"),
                                 combiners=a["combiner"] or "mean", max_norm=a["max_norm"])
@@ -141,6 +203,11 @@ def _lookup_patches():
         _make_sparse_lookup("embedding_lookup_sparse_v2")
     safe_v1, safe_v2 = _make_safe_sparse_lookup("safe_embedding_lookup_sparse"), \
         _make_safe_sparse_lookup("safe_embedding_lookup_sparse_v2")
+    # tf.nn's names are TensorFlow 1's functions on 1.x ('mod' by default),
+    # the _v2 ones on 2.x: each is replaced by the patch of what it is.
+    def public(name, v1, v2):
+        return v1 if compat.IS_TF1 else v2
+
     patches = [
         # Feature columns call these through the module at call time.
         (embedding_ops, "embedding_lookup", dense_v1),
@@ -150,9 +217,11 @@ def _lookup_patches():
         (embedding_ops, "safe_embedding_lookup_sparse", safe_v1),
         (embedding_ops, "safe_embedding_lookup_sparse_v2", safe_v2),
         # The public names are separate references to the same functions.
-        (tf.nn, "embedding_lookup", dense_v2),
-        (tf.nn, "embedding_lookup_sparse", sparse_v2),
-        (tf.nn, "safe_embedding_lookup_sparse", safe_v2),
+        (tf.nn, "embedding_lookup", public("embedding_lookup", dense_v1, dense_v2)),
+        (tf.nn, "embedding_lookup_sparse",
+         public("embedding_lookup_sparse", sparse_v1, sparse_v2)),
+        (tf.nn, "safe_embedding_lookup_sparse",
+         public("safe_embedding_lookup_sparse", safe_v1, safe_v2)),
         (tf.compat.v1.nn, "embedding_lookup", dense_v1),
         (tf.compat.v1.nn, "embedding_lookup_sparse", sparse_v1),
         (tf.compat.v1.nn, "safe_embedding_lookup_sparse", safe_v1),

@@ -18,11 +18,14 @@ def _store_get_variable(store, *args, **kwargs):
     partitioner = a["partitioner"]
     if partitioner is None or shape is None or len(tf.TensorShape(shape)) != 2:
         return orig(store, *args, **kwargs)
+    parts = _partition_rows(partitioner, shape, a["dtype"])
     if _exporting():
         # The serving graph holds the whole table as one ordinary variable.
         a["partitioner"] = None
         a.pop("self")
-        return orig(store, **a)
+        var = orig(store, **a)
+        var._sok_partition_rows = parts
+        return var
     from tensorflow.python.ops import variable_scope
 
     name, dtype = a["name"], tf.as_dtype(a["dtype"])
@@ -65,6 +68,7 @@ def _store_get_variable(store, *args, **kwargs):
         var = _SokVariable(initial_value=value, mode="distributed", name=name, dtype=dtype,
                            trainable=trainable, collections=a["collections"],
                            caching_device=a["caching_device"], constraint=a["constraint"])
+    var._sok_partition_rows = parts
     store._vars[name] = var
     if a["regularizer"] is not None:
         with tf.compat.v1.name_scope(None), tf.compat.v1.name_scope(name + "/Regularizer/"):
@@ -72,6 +76,22 @@ def _store_get_variable(store, *args, **kwargs):
         if loss is not None:
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return var
+
+
+def _partition_rows(partitioner, shape, dtype):
+    """The row counts of the parts plain TensorFlow would make: the table's rows
+    split in order, the first `rows % n` parts one row longer. A 'mod' lookup
+    addresses rows through this layout (lookups.partitioned_rows)."""
+    shape = tf.TensorShape(shape)
+    try:
+        counts = list(partitioner(shape=shape, dtype=tf.as_dtype(dtype or tf.float32)))
+    except (TypeError, ValueError):
+        return None  # the partitioner itself rejects the call later, as plain TF
+    n = int(counts[0]) if counts else 1
+    rows = shape.as_list()[0]
+    if rows is None or n <= 1:
+        return None
+    return [rows // n + (1 if i < rows % n else 0) for i in range(n)]
 
 
 def _embedding_patches():
