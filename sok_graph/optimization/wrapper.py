@@ -41,6 +41,7 @@ from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
+from sok_graph.optimization import fused_apply
 from sok_graph.optimization.algorithms import Hyperparameters, value
 
 class OptimizerWrapper:
@@ -169,22 +170,43 @@ class OptimizerWrapper:
                 self.create_slots(v)
             step = self._step_variable().assign_add(1)
             lr = self._learning_rate(step)
+            fused = [(g, v) for g, v in sok_pairs if self._fusable(v)]
+            for group in _by_device(fused):
+                ops.append(self._apply_fused(group, step, lr))
             for g, v in sok_pairs:
-                ops.append(self._apply_sparse(g, v, step, lr))
+                if not self._fusable(v):
+                    ops.append(self._apply_sparse(g, v, step, lr))
         if tf.executing_eagerly():
             return None
         return tf.group(*[op for op in ops if op is not None], name=name or "sok_apply")
 
+    def _fusable(self, var):
+        """Whether `var`'s update runs in the fused sparse-apply op: a static
+        float32 table (and slots) held as plain resource variables, an
+        algorithm the op has (fused_apply.FUSED_ALGORITHMS), sparse updates."""
+        if isinstance(var, DynamicVariable) or self._update_all_rows:
+            return False
+        if self._hp.algorithm.name not in fused_apply.FUSED_ALGORITHMS:
+            return False
+        if tf.as_dtype(var.dtype).base_dtype != tf.float32:
+            return False
+        return compat.is_plain_resource_variable(var) and all(
+            compat.is_plain_resource_variable(s) for s in self._slots[id(var)].values())
+
+    def _apply_fused(self, pairs, step, lr):
+        """One SokSparseApply op for the tables of `pairs` (one device)."""
+        indices, values = [], []
+        for g, _ in pairs:
+            i, v = _distinct_rows(g)
+            indices.append(i)
+            values.append(v)
+        slots = [self._slots[id(v)][name] for _, v in pairs for name in self.slot_names()]
+        op = fused_apply.sparse_apply([v for _, v in pairs], slots, indices, values, self._hp,
+                                      lr, step)
+        return None if tf.executing_eagerly() else op
+
     def _apply_sparse(self, grad, var, step, lr):
-        if isinstance(grad, tf.IndexedSlices):
-            indices, values = grad.indices, grad.values
-        else:  # a dense gradient of a static table: every row
-            values = tf.convert_to_tensor(grad)
-            indices = tf.range(tf.shape(values, out_type=tf.int64)[0])
-        # Repeated indices would be applied as separate updates of one row:
-        # sum them first.
-        unique, position, _ = util_ops.unique_with_counts(indices, out_idx=tf.int64)
-        values = util_ops.unsorted_segment_sum(values, position, tf.size(unique, out_type=tf.int64))
+        unique, values = _distinct_rows(grad)
         if self._update_all_rows:
             unique, values = self._every_row(var, unique, values)
         slots = self._slots[id(var)]
@@ -226,6 +248,31 @@ class OptimizerWrapper:
         dense = tf.scatter_nd(tf.expand_dims(unique, 1), values,
                               tf.stack([rows, tf.shape(values, out_type=tf.int64)[1]]))
         return tf.range(rows), dense
+
+
+def _distinct_rows(grad):
+    """(distinct row indices, their gradient rows) of a table's gradient:
+    repeated indices would be applied as separate updates of one row, so
+    their rows are summed first. The fused lookup's gradient has distinct
+    indices already (SokFusedLookupGrad) and is taken as it is; a dense
+    gradient of a static table covers every row."""
+    if not isinstance(grad, tf.IndexedSlices):
+        values = tf.convert_to_tensor(grad)
+        return tf.range(tf.shape(values, out_type=tf.int64)[0]), values
+    op = None if tf.executing_eagerly() else getattr(grad.indices, "op", None)
+    if op is not None and op.type == "SokFusedLookupGrad":
+        return grad.indices, grad.values
+    unique, position, _ = util_ops.unique_with_counts(grad.indices, out_idx=tf.int64)
+    return unique, util_ops.unsorted_segment_sum(grad.values, position,
+                                                 tf.size(unique, out_type=tf.int64))
+
+
+def _by_device(pairs):
+    """`pairs` grouped by their variable's device, in first-seen order."""
+    groups = {}
+    for g, v in pairs:
+        groups.setdefault(v.device, []).append((g, v))
+    return list(groups.values())
 
 
 def _pairs(grads_and_vars):

@@ -1,0 +1,133 @@
+// The sparse optimizer updates of SokSparseApply, one element of one row at
+// a time: the same formulas as sok_graph/optimization/algorithms.py (which
+// stays the reference and the path for the algorithms not fused here), so a
+// fused step equals the TensorFlow-op step. One header for the CPU kernel
+// and the CUDA launcher.
+//
+// Rows are touched once per step (the caller passes distinct indices), so
+// each element's update reads and writes only its own table and slot cells.
+#ifndef SOK_GRAPH_TF_OPS_OPTIMIZER_CORE_SPARSE_APPLY_H_
+#define SOK_GRAPH_TF_OPS_OPTIMIZER_CORE_SPARSE_APPLY_H_
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+#if defined(__CUDACC__)
+#define SOK_OPT_HOST_DEVICE __host__ __device__
+#else
+#define SOK_OPT_HOST_DEVICE
+#endif
+
+namespace sok_graph {
+namespace core {
+
+// The fused algorithms; the GPU launcher takes them as these ints.
+enum class SparseAlgorithm : int32_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3, kFtrl = 4 };
+
+// Slots each algorithm keeps per row, in the order the op takes them
+// (algorithms.py's slot order: momentum; accumulator; m, v; accumulator, linear).
+inline int SlotCount(SparseAlgorithm a) {
+  switch (a) {
+    case SparseAlgorithm::kSgd: return 0;
+    case SparseAlgorithm::kMomentum:
+    case SparseAlgorithm::kAdagrad: return 1;
+    case SparseAlgorithm::kAdam:
+    case SparseAlgorithm::kFtrl: return 2;
+  }
+  return -1;
+}
+
+inline bool ParseSparseAlgorithm(const char* name, SparseAlgorithm* out) {
+  static const struct { const char* name; SparseAlgorithm a; } kNames[] = {
+      {"sgd", SparseAlgorithm::kSgd},         {"momentum", SparseAlgorithm::kMomentum},
+      {"adagrad", SparseAlgorithm::kAdagrad}, {"adam", SparseAlgorithm::kAdam},
+      {"ftrl", SparseAlgorithm::kFtrl}};
+  for (const auto& n : kNames) {
+    if (std::strcmp(n.name, name) == 0) {
+      *out = n.a;
+      return true;
+    }
+  }
+  return false;
+}
+
+// The hyperparameters, in the order of the op's `hyper` input.
+enum HyperIndex : int {
+  kLr = 0, kMomentumCoef, kEpsilon, kBeta1, kBeta2, kLrPower, kL1, kL2, kL2Shrinkage, kBeta,
+  kNumHyper
+};
+
+struct SparseApplyConfig {
+  int32_t algorithm;  // SparseAlgorithm
+  int32_t tf1;        // tf.compat.v1.train's formula variant
+  int32_t nesterov;
+};
+
+// Adam's step size for step t (1-based): lr * sqrt(1 - b2^t) / (1 - b1^t).
+SOK_OPT_HOST_DEVICE inline float AdamAlpha(const float* h, int64_t step) {
+  const float t = static_cast<float>(step);
+  return h[kLr] * sqrtf(1.0f - powf(h[kBeta2], t)) / (1.0f - powf(h[kBeta1], t));
+}
+
+// Updates one element: w (the table), s0 and s1 (its slots, as the
+// algorithm has them) from gradient g. `alpha` is AdamAlpha for Adam.
+SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const float* h,
+                                             float alpha, float g, float* w, float* s0,
+                                             float* s1) {
+  const float lr = h[kLr];
+  switch (static_cast<SparseAlgorithm>(c.algorithm)) {
+    case SparseAlgorithm::kSgd:
+      *w = *w - lr * g;
+      return;
+    case SparseAlgorithm::kMomentum: {
+      const float m = h[kMomentumCoef];
+      if (c.tf1) {  // accumulation = m * accumulation + g
+        const float acc = m * *s0 + g;
+        *s0 = acc;
+        *w = *w - (c.nesterov ? lr * g + lr * m * acc : lr * acc);
+      } else {  // velocity = m * velocity - lr * g
+        const float vel = m * *s0 - lr * g;
+        *s0 = vel;
+        *w = c.nesterov ? *w + m * vel - lr * g : *w + vel;
+      }
+      return;
+    }
+    case SparseAlgorithm::kAdagrad: {
+      const float acc = *s0 + g * g;
+      *s0 = acc;
+      const float denom = c.tf1 ? sqrtf(acc) : sqrtf(acc + h[kEpsilon]);
+      *w = *w - lr * g / denom;
+      return;
+    }
+    case SparseAlgorithm::kAdam: {
+      const float b1 = h[kBeta1], b2 = h[kBeta2];
+      const float m = b1 * *s0 + (1.0f - b1) * g;
+      const float v = b2 * *s1 + (1.0f - b2) * g * g;
+      *s0 = m;
+      *s1 = v;
+      *w = *w - alpha * m / (sqrtf(v) + h[kEpsilon]);
+      return;
+    }
+    case SparseAlgorithm::kFtrl: {
+      const float p = -h[kLrPower];
+      const float acc = *s0, new_acc = acc + g * g;
+      const float x = *w;
+      const float g_shrunk = g + 2.0f * h[kL2Shrinkage] * x;
+      const float pow_new = powf(new_acc, p);
+      const float lin = *s1 + g_shrunk - (pow_new - powf(acc, p)) / lr * x;
+      const float quad = pow_new / lr + 2.0f * (h[kL2] + h[kBeta] / (2.0f * lr));
+      const float l1 = h[kL1];
+      const float clipped = lin < -l1 ? -l1 : (lin > l1 ? l1 : lin);
+      *s0 = new_acc;
+      *s1 = lin;
+      *w = (clipped - lin) / quad;
+      return;
+    }
+  }
+}
+
+}  // namespace core
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_TF_OPS_OPTIMIZER_CORE_SPARSE_APPLY_H_

@@ -1,0 +1,100 @@
+// Tests for tf_ops/optimizer/core/sparse_apply.h against the algorithms'
+// textbook forms, written out here in double precision.
+#include "tf_ops/optimizer/core/sparse_apply.h"
+
+#include <cmath>
+
+#include "gtest/gtest.h"
+
+namespace sok_graph {
+namespace core {
+namespace {
+
+struct Cell {
+  float w, s0, s1;
+};
+
+void Hyper(float* h) {
+  h[kLr] = 0.1f; h[kMomentumCoef] = 0.9f; h[kEpsilon] = 1e-7f; h[kBeta1] = 0.8f;
+  h[kBeta2] = 0.95f; h[kLrPower] = -0.5f; h[kL1] = 0.01f; h[kL2] = 0.02f;
+  h[kL2Shrinkage] = 0.03f; h[kBeta] = 0.5f;
+
+}
+
+Cell Step(SparseAlgorithm a, int tf1, int nesterov, Cell c, float g, int64_t step = 1) {
+  float h[kNumHyper];
+  Hyper(h);
+  SparseApplyConfig config{static_cast<int32_t>(a), tf1, nesterov};
+  ApplyElement(config, h, a == SparseAlgorithm::kAdam ? AdamAlpha(h, step) : 0.0f, g, &c.w,
+               &c.s0, &c.s1);
+  return c;
+}
+
+TEST(SparseApplyTest, Sgd) {
+  EXPECT_FLOAT_EQ(Step(SparseAlgorithm::kSgd, 0, 0, {1.0f, 0, 0}, 2.0f).w, 1.0f - 0.1f * 2.0f);
+}
+
+TEST(SparseApplyTest, MomentumBothFlavours) {
+  // tf.compat.v1.train.MomentumOptimizer: acc = m acc + g; w -= lr acc.
+  Cell c = Step(SparseAlgorithm::kMomentum, 1, 0, {1.0f, 0.5f, 0}, 2.0f);
+  EXPECT_NEAR(c.s0, 0.9 * 0.5 + 2.0, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 - 0.1 * (0.9 * 0.5 + 2.0), 1e-6);
+  // Nesterov (TF1): w -= lr g + lr m acc.
+  c = Step(SparseAlgorithm::kMomentum, 1, 1, {1.0f, 0.5f, 0}, 2.0f);
+  EXPECT_NEAR(c.w, 1.0 - (0.1 * 2.0 + 0.1 * 0.9 * (0.9 * 0.5 + 2.0)), 1e-6);
+  // Keras SGD(momentum): v = m v - lr g; w += v.
+  c = Step(SparseAlgorithm::kMomentum, 0, 0, {1.0f, 0.5f, 0}, 2.0f);
+  EXPECT_NEAR(c.s0, 0.9 * 0.5 - 0.1 * 2.0, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 + (0.9 * 0.5 - 0.1 * 2.0), 1e-6);
+  c = Step(SparseAlgorithm::kMomentum, 0, 1, {1.0f, 0.5f, 0}, 2.0f);
+  EXPECT_NEAR(c.w, 1.0 + 0.9 * (0.9 * 0.5 - 0.1 * 2.0) - 0.1 * 2.0, 1e-6);
+}
+
+TEST(SparseApplyTest, AdagradEpsilonOnlyInKeras) {
+  Cell c = Step(SparseAlgorithm::kAdagrad, 1, 0, {1.0f, 0.1f, 0}, 2.0f);
+  EXPECT_NEAR(c.s0, 4.1, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 - 0.1 * 2.0 / std::sqrt(4.1), 1e-6);
+  c = Step(SparseAlgorithm::kAdagrad, 0, 0, {1.0f, 0.1f, 0}, 2.0f);
+  EXPECT_NEAR(c.w, 1.0 - 0.1 * 2.0 / std::sqrt(4.1 + 1e-7), 1e-6);
+}
+
+TEST(SparseApplyTest, AdamBiasCorrectedStep) {
+  const double b1 = 0.8, b2 = 0.95, g = 2.0;
+  for (int64_t t : {1, 2, 10}) {
+    Cell c = Step(SparseAlgorithm::kAdam, 0, 0, {1.0f, 0.3f, 0.4f}, 2.0f, t);
+    const double m = b1 * 0.3 + (1 - b1) * g, v = b2 * 0.4 + (1 - b2) * g * g;
+    const double alpha = 0.1 * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
+    EXPECT_NEAR(c.s0, m, 1e-6);
+    EXPECT_NEAR(c.s1, v, 1e-6);
+    EXPECT_NEAR(c.w, 1.0 - alpha * m / (std::sqrt(v) + 1e-7), 1e-5) << "step " << t;
+  }
+}
+
+TEST(SparseApplyTest, FtrlProximalStep) {
+  // McMahan et al.'s FTRL-Proximal with TF's l2 shrinkage and Keras' beta.
+  const double lr = 0.1, acc = 0.2, lin = 0.05, w = 1.0, g = 2.0, p = 0.5;
+  const double l1 = 0.01, l2 = 0.02, shrink = 0.03, beta = 0.5;
+  Cell c = Step(SparseAlgorithm::kFtrl, 0, 0, {1.0f, 0.2f, 0.05f}, 2.0f);
+  const double new_acc = acc + g * g;
+  const double new_lin =
+      lin + (g + 2 * shrink * w) - (std::pow(new_acc, p) - std::pow(acc, p)) / lr * w;
+  const double quad = std::pow(new_acc, p) / lr + 2 * (l2 + beta / (2 * lr));
+  const double want = std::fabs(new_lin) <= l1 ? 0.0 : (std::copysign(l1, new_lin) - new_lin) / quad;
+  EXPECT_NEAR(c.s0, new_acc, 1e-6);
+  EXPECT_NEAR(c.s1, new_lin, 1e-5);
+  EXPECT_NEAR(c.w, want, 1e-6);
+}
+
+TEST(SparseApplyTest, NamesAndSlotCounts) {
+  SparseAlgorithm a;
+  EXPECT_TRUE(ParseSparseAlgorithm("ftrl", &a));
+  EXPECT_EQ(a, SparseAlgorithm::kFtrl);
+  EXPECT_EQ(SlotCount(a), 2);
+  EXPECT_FALSE(ParseSparseAlgorithm("rmsprop", &a));
+  EXPECT_TRUE(ParseSparseAlgorithm("sgd", &a));
+  EXPECT_EQ(SlotCount(a), 0);
+}
+
+}  // namespace
+}  // namespace core
+}  // namespace sok_graph
