@@ -25,8 +25,12 @@ INT32, INT64, FLOAT = (tf.int32.as_datatype_enum, tf.int64.as_datatype_enum,
 GPU_KERNELS = {
     # int32 ids and keys: registered too, in device memory (a registered
     # kernel's int32 tensors stay on the device unless declared HostMemory).
-    "SokFusedLookup": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, {"row_splits"}),
-    "SokFusedLookupGrad": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, {"row_splits"}),
+    # row_splits stay on the device too: checked there, never waited for.
+    "SokFusedLookup": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),
+    "SokFusedLookupGrad": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),
+    # The forward's check is reported on the host, next to a GPU lookup.
+    "SokLookupCheck": ({}, {"checks"}),
+    "SokSparseApply": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),
     "SokUniqueWithCounts": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     "SokUnsortedSegmentSum": ({"T": {FLOAT}, "Tindices": {INT64}, "Tnumsegments": {INT32, INT64}},
                               {"num_segments"}),

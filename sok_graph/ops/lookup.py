@@ -51,7 +51,8 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     weight_tensors = [
         tf.zeros([0], dtype=dtype) if w is None else tf.cast(w, dtype) for w in weights
     ]
-    return library.load().sok_fused_lookup(
+    names = list(table_names) if table_names is not None else []
+    outputs = library.load().sok_fused_lookup(
         params=list(params),
         ids=list(ids),
         row_splits=list(row_splits),
@@ -59,9 +60,32 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
         combiners=list(combiners),
         weighted=weighted,
         max_norms=[float(m) if m is not None else 0.0 for m in max_norms],
-        table_names=list(table_names) if table_names is not None else [],
+        table_names=names,
         name=name,
     )
+    embeddings, checks = list(outputs[0]), outputs[1]
+    return _checked(embeddings, checks, names)
+
+
+def _checked(embeddings, checks, names):
+    """The embeddings, with the lookup's input check (bad ids, malformed
+    row_splits) reported by SokLookupCheck. On a GPU the forward leaves its
+    finding in `checks` instead of waiting for it. Eagerly, the check runs at
+    once; in a tf.function it runs as a stateful op of the function, beside
+    the ops that use the embeddings, which never wait for it (a bad input
+    fails the call); in a TF1 graph nothing runs that is not fetched, so the
+    embeddings wait for the check there."""
+    check = library.load().sok_lookup_check(checks, num_tables=len(embeddings),
+                                            table_names=names)
+    if tf.executing_eagerly() or _in_function():
+        return embeddings
+    with tf.control_dependencies([check]):
+        return [tf.identity(e) for e in embeddings]
+
+
+def _in_function():
+    graph = tf.compat.v1.get_default_graph()
+    return bool(getattr(graph, "_building_function", False))
 
 
 def _table_input(param):
@@ -95,8 +119,8 @@ def _attrs(op):
 def _fused_lookup_grad(op, *grads):
     n = op.get_attr("num_tables")
     params = op.inputs[:n]
-    grads = [
-        tf.zeros_like(op.outputs[t]) if g is None else g for t, g in enumerate(grads)
+    grads = [  # the last output, the input check, has no gradient
+        tf.zeros_like(op.outputs[t]) if g is None else g for t, g in enumerate(grads[:n])
     ]
     unique_ids, grad_rows = library.load().sok_fused_lookup_grad(
         params=list(params),

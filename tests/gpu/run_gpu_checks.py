@@ -27,11 +27,12 @@ class Table(ctypes.Structure):
     _fields_ = [("params", ctypes.c_void_p), ("ids", ctypes.c_void_p),
                 ("row_splits", ctypes.c_void_p), ("weights", ctypes.c_void_p),
                 ("clip", ctypes.c_void_p), ("out", ctypes.c_void_p), ("batch", ctypes.c_int64),
-                ("rows", ctypes.c_int64), ("dim", ctypes.c_int32), ("combiner", ctypes.c_int32),
+                ("rows", ctypes.c_int64), ("nnz", ctypes.c_int64), ("dim", ctypes.c_int32),
+                ("combiner", ctypes.c_int32),
                 ("id_bytes", ctypes.c_int32), ("max_norm", ctypes.c_float)]
 
 
-assert ctypes.sizeof(Table) == 80, "SokLookupTable layout changed"
+assert ctypes.sizeof(Table) == 88, "SokLookupTable layout changed"
 COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
 I64_MAX = 2**63 - 1
 
@@ -147,7 +148,7 @@ def describe(t, out=None, clip=None):
                  w.data.ptr if w is not None else None,
                  clip.data.ptr if clip is not None else None,
                  out.data.ptr if out is not None else None, batch, int(t["params"].shape[0]),
-                 int(t["params"].shape[1]), COMBINERS[t["combiner"]], t["ids"].dtype.itemsize,
+                 int(t["ids"].shape[0]), int(t["params"].shape[1]), COMBINERS[t["combiner"]], t["ids"].dtype.itemsize,
                  float(t.get("max_norm", 0.0)))
 
 

@@ -238,12 +238,17 @@ def test_sparse_tensor_input_equals_ragged(rng):
 
 def call_raw(params, ids, splits, combiners=("sum",), weighted=(False,), weights=None,
              names=("user",)):
+    """The raw op and, as its contract asks, SokLookupCheck of its check
+    output (a GPU kernel reports bad input there; the CPU kernel at once)."""
     n = len(params)
-    return sok.ops.library.load().sok_fused_lookup(
+    lib = sok.ops.library.load()
+    embeddings, checks = lib.sok_fused_lookup(
         params=params, ids=ids, row_splits=splits,
         weights=weights if weights is not None else [tf.zeros([0])] * n,
         combiners=list(combiners), weighted=list(weighted), max_norms=[0.0] * n,
         table_names=list(names))
+    lib.sok_lookup_check(checks, num_tables=n, table_names=list(names))
+    return embeddings
 
 
 def test_id_out_of_range_names_table_and_position():
@@ -406,3 +411,60 @@ def test_variable_tables_of_different_dtypes_are_rejected(rng):
     b = tf.constant(rng.standard_normal((4, 2)).astype(np.float32))
     with pytest.raises(TypeError, match="one dtype"):
         sok.lookup_sparse([a, b], [ragged([[1]]), ragged([[2]])])
+
+
+# ------------------------------------------------------- the deferred check
+
+def _check_of(bad_position=None, bad_id=0, split_key=None, values=(0, 0), rows=4, nnz=3):
+    """A check output [7, 1] as a GPU forward leaves it (SOK_LOOKUP_CHECK_ROWS)."""
+    none = np.iinfo(np.int64).max
+    return tf.constant([[none if bad_position is None else bad_position], [bad_id], [rows],
+                        [none if split_key is None else split_key], [values[0]], [values[1]],
+                        [nnz]], tf.int64)
+
+
+@pytest.mark.parametrize("check,pattern", [
+    (dict(bad_position=2, bad_id=9), r"ids of table 'user' \(table 0\) must be in \[0, 4\).*"
+                                     r"got 9 at position 2"),
+    (dict(split_key=4, values=(1, 2)), r"row_splits\[2\]=1 after row_splits\[1\]=2"),
+    (dict(split_key=0, values=(1, 0)), r"start at 0.*got row_splits\[0\]=1(?! after)"),
+    (dict(split_key=5, values=(2, 0)), r"end at the number of ids \(3\); got row_splits\[2\]=2(?! after)"),
+    # row_splits are reported first, as the CPU kernel checks them first
+    (dict(bad_position=0, bad_id=-1, split_key=0, values=(1, 0)), r"row_splits\[0\]=1")])
+def test_check_op_reports_what_a_gpu_forward_found(check, pattern):
+    lib = sok.ops.library.load()
+    with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
+        lib.sok_lookup_check(_check_of(**check), num_tables=1, table_names=["user"])
+    lib.sok_lookup_check(_check_of(), num_tables=1, table_names=["user"])  # nothing found
+
+
+def test_check_runs_in_a_function_without_holding_up_the_embeddings():
+    """Inside a tf.function the check is a stateful op of its own (nothing
+    consumes it) and still fails the call; in a TF1 graph the embeddings
+    depend on it."""
+    lib = sok.ops.library.load()
+
+    @tf.function
+    def step(check):
+        lib.sok_lookup_check(check, num_tables=1, table_names=["user"])
+        return tf.constant(1.0)
+
+    assert float(step(_check_of())) == 1.0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="got 9 at position 2"):
+        step(_check_of(bad_position=2, bad_id=9))
+
+    @tf.function
+    def lookup():
+        return lookup_ops.fused_lookup([tf.ones([4, 2])], [tf.constant([1, 2], tf.int64)],
+                                       [tf.constant([0, 2], tf.int64)], combiners=["sum"])[0]
+
+    ops = lookup.get_concrete_function().graph.get_operations()
+    check = [o for o in ops if o.type == "SokLookupCheck"]
+    assert len(check) == 1 and not check[0].outputs
+    # Only the function's own NoOp (its control outputs) waits for it.
+    waiting = [o.type for o in ops if check[0] in o.control_inputs]
+    assert set(waiting) <= {"NoOp"}, waiting
+    with tf.Graph().as_default():
+        out = lookup_ops.fused_lookup([tf.ones([4, 2])], [tf.constant([1, 2], tf.int64)],
+                                      [tf.constant([0, 2], tf.int64)], combiners=["sum"])[0]
+        assert [o.type for o in out.op.control_inputs] == ["SokLookupCheck"]

@@ -5,6 +5,7 @@
 #ifndef SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_ARGS_H_
 #define SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_ARGS_H_
 
+#include <climits>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -47,13 +48,16 @@ class FusedLookupAttrs {
   }
 
   // Table t's inputs: params a [rows, dim] matrix of `dtype`, ids a vector,
-  // row_splits (host memory) a vector that starts at 0, never decreases and
-  // ends at the number of ids, weights one per id when the table is
-  // weighted. Ids are range-checked by the passes that read them.
+  // row_splits a vector that starts at 0, never decreases and ends at the
+  // number of ids, weights one per id when the table is weighted. Ids are
+  // range-checked by the passes that read them; row_splits' values here when
+  // they are in host memory (the CPU kernels), else by the GPU kernels
+  // (sok_lookup_check_splits, reported through CheckedColumn).
   ::tensorflow::Status CheckTable(int t, const ::tensorflow::Tensor& params,
                                   ::tensorflow::DataType dtype, const ::tensorflow::Tensor& ids,
                                   const ::tensorflow::Tensor& row_splits,
-                                  const ::tensorflow::Tensor& weights) const {
+                                  const ::tensorflow::Tensor& weights,
+                                  bool splits_on_host = true) const {
     namespace errors = ::tensorflow::errors;
     if (params.dims() != 2) {
       return errors::InvalidArgument("params of ", TableName(t), " must be a matrix [rows, ",
@@ -80,20 +84,62 @@ class FusedLookupAttrs {
                                      weights.shape().DebugString());
     }
     const int64_t nnz = ids.NumElements();
+    if (!splits_on_host) {
+      if (row_splits.NumElements() == 1 && nnz > 0) {  // no sample, yet ids
+        return errors::InvalidArgument("row_splits of ", TableName(t), " must start at 0, ",
+                                       "never decrease and end at the number of ids (", nnz,
+                                       "); got 1 entry (no samples)");
+      }
+      return OkStatus();
+    }
     const int64_t* splits = reinterpret_cast<const int64_t*>(row_splits.flat<TfInt64>().data());
     const core::SplitsProblem problem =
         core::CheckRowSplits(splits, row_splits.NumElements(), nnz);
     if (problem.kind != core::SplitsProblem::kNone) {
       const int64_t k = problem.position;
-      std::string got = "row_splits[" + std::to_string(k) + "]=" + std::to_string(splits[k]);
-      if (problem.kind == core::SplitsProblem::kDecreasing) {
-        got += " after row_splits[" + std::to_string(k - 1) + "]=" + std::to_string(splits[k - 1]);
-      }
-      return errors::InvalidArgument("row_splits of ", TableName(t), " must start at 0, ",
-                                     "never decrease and end at the number of ids (", nnz,
-                                     "); got ", got);
+      return SplitsError(t, k, problem.kind == core::SplitsProblem::kDecreasing, splits[k],
+                         k > 0 ? splits[k - 1] : 0, nnz);
     }
     return OkStatus();
+  }
+
+  // The error for row_splits[k] = value of table t (after row_splits[k - 1]
+  // = previous where `decreasing`).
+  ::tensorflow::Status SplitsError(int t, int64_t k, bool decreasing, int64_t value,
+                                   int64_t previous, int64_t nnz) const {
+    std::string got = "row_splits[" + std::to_string(k) + "]=" + std::to_string(value);
+    if (decreasing) {
+      got += " after row_splits[" + std::to_string(k - 1) + "]=" + std::to_string(previous);
+    }
+    return ::tensorflow::errors::InvalidArgument(
+        "row_splits of ", TableName(t), " must start at 0, never decrease and end at the ",
+        "number of ids (", nnz, "); got ", got);
+  }
+
+  // Column t of a check filled on the GPU (int64 [kCheckRows, num_tables],
+  // see SOK_LOOKUP_CHECK_ROWS in lookup_launcher.h): the error the CPU
+  // kernel gives for the same input, row_splits first, else OK.
+  static constexpr int kCheckRows = 7;
+  static constexpr int64_t kNoProblem = INT64_MAX;
+  ::tensorflow::Status CheckedColumn(int t, const int64_t* checks) const {
+    const int n = num_tables;
+    const int64_t key = checks[3 * n + t];
+    if (key != kNoProblem) {
+      const int64_t k = key / 2;
+      return SplitsError(t, k, key % 2 == 0 && k > 0, checks[4 * n + t], checks[5 * n + t],
+                         checks[6 * n + t]);
+    }
+    if (checks[t] != kNoProblem) return BadId(t, checks[n + t], checks[t], checks[2 * n + t]);
+    return OkStatus();
+  }
+
+  // A check column with no problem (the CPU kernels, which report at once).
+  static void ClearColumn(int64_t* checks, int n, int t, int64_t rows, int64_t nnz) {
+    for (int r = 0; r < kCheckRows; ++r) checks[r * n + t] = 0;
+    checks[t] = kNoProblem;
+    checks[3 * n + t] = kNoProblem;
+    checks[2 * n + t] = rows;
+    checks[6 * n + t] = nnz;
   }
 
   // The gradient op's upstream gradient of table t: the embeddings' shape.

@@ -227,7 +227,11 @@ __global__ void PlanRanks(const int32_t* __restrict__ order, const int64_t* num_
 __global__ void PlanSamples(SokLookupTable t, int32_t* __restrict__ sample_of,
                             float* __restrict__ factor) {
   SOK_FOR_EACH(b, t.batch) {
-    const int64_t j0 = t.row_splits[b], j1 = t.row_splits[b + 1];
+    // Clamped as in the forward: malformed row_splits (reported before the
+    // rows are written) never lead outside the ids.
+    const int64_t s0 = t.row_splits[b], s1 = t.row_splits[b + 1];
+    const int64_t j0 = s0 < 0 ? 0 : (s0 > t.nnz ? t.nnz : s0);
+    const int64_t j1 = s1 < j0 ? j0 : (s1 > t.nnz ? t.nnz : s1);
     float sum = 0.0f, sq = 0.0f;
     for (int64_t j = j0; j < j1; ++j) {
       const float w = t.weights ? t.weights[j] : 1.0f;

@@ -31,6 +31,10 @@ __device__ __forceinline__ bool IdOk(int64_t id, int64_t rows) {
   return static_cast<uint64_t>(id) < static_cast<uint64_t>(rows);
 }
 
+__device__ __forceinline__ int64_t ClampSplit(int64_t v, int64_t lo, int64_t hi) {
+  return v < lo ? lo : (v > hi ? hi : v);
+}
+
 __device__ __forceinline__ void ReportBad(int64_t my_bad, int64_t* first_bad) {
   if (first_bad && my_bad != INT64_MAX) {
     atomicMin(reinterpret_cast<unsigned long long*>(first_bad),
@@ -106,7 +110,10 @@ __global__ void LookupForwardKernel(const SokLookupTable* __restrict__ tables,
   const SokLookupTable t = tables[lo];
   int64_t* bad = first_bad ? first_bad + lo : nullptr;
   const int64_t b = warp - sample_offsets[lo];
-  const int64_t begin = t.row_splits[b], end = t.row_splits[b + 1];
+  // Clamped: malformed row_splits (reported by sok_lookup_check_splits)
+  // never lead outside the ids.
+  const int64_t begin = ClampSplit(t.row_splits[b], 0, t.nnz);
+  const int64_t end = ClampSplit(t.row_splits[b + 1], begin, t.nnz);
   // The combiner's weight sums use the weights alone, not the clip.
   float wsum = 0.0f, wsq = 0.0f;
   if (t.combiner != 0) {
@@ -221,7 +228,63 @@ __global__ void ClipFactorsKernel(SokLookupTable t, int64_t nnz, float* __restri
   }
 }
 
+// Table blockIdx.y's row_splits problem (see SOK_LOOKUP_CHECK_ROWS), the
+// smallest key over its batch + 1 entries.
+__global__ void CheckSplitsKernel(const SokLookupTable* __restrict__ tables, int num_tables,
+                                  int64_t* checks) {
+  const SokLookupTable t = tables[blockIdx.y];
+  int64_t key = INT64_MAX;
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i <= t.batch;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t v = t.row_splits[i];
+    if (i == 0 && v != 0) key = min(key, int64_t{0});
+    if (i > 0 && v < t.row_splits[i - 1]) key = min(key, 2 * i);
+    if (i == t.batch && v != t.nnz) key = min(key, 2 * i + 1);
+  }
+  ReportBad(key, checks + 3 * num_tables + blockIdx.y);
+}
+
+__global__ void FillCheckValuesKernel(const SokLookupTable* __restrict__ tables, int num_tables,
+                                      int64_t* checks) {
+  const int t = blockIdx.x * blockDim.x + threadIdx.x;
+  if (t >= num_tables) return;
+  const SokLookupTable tb = tables[t];
+  const int64_t pos = checks[t];
+  if (pos != INT64_MAX && pos >= 0 && pos < tb.nnz) {
+    checks[num_tables + t] = tb.id_bytes == 8 ? static_cast<const int64_t*>(tb.ids)[pos]
+                                              : static_cast<const int32_t*>(tb.ids)[pos];
+  }
+  const int64_t key = checks[3 * num_tables + t];
+  if (key != INT64_MAX) {
+    const int64_t k = key / 2;
+    checks[4 * num_tables + t] = tb.row_splits[k];
+    checks[5 * num_tables + t] = k > 0 ? tb.row_splits[k - 1] : 0;
+  }
+}
+
 }  // namespace
+
+extern "C" __attribute__((visibility("default"))) int sok_lookup_check_splits(
+    const SokLookupTable* tables, int num_tables, int64_t max_batch, int64_t* checks,
+    void* stream) {
+  if (num_tables <= 0) return 0;
+  if (num_tables > 65535) return static_cast<int>(cudaErrorInvalidValue);
+  const int threads = 256;
+  const int64_t blocks = std::min<int64_t>((max_batch + 1 + threads - 1) / threads, 1024);
+  CheckSplitsKernel<<<dim3(static_cast<unsigned>(blocks), static_cast<unsigned>(num_tables)),
+                      threads, 0, static_cast<cudaStream_t>(stream)>>>(tables, num_tables,
+                                                                       checks);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" __attribute__((visibility("default"))) int sok_lookup_fill_check_values(
+    const SokLookupTable* tables, int num_tables, int64_t* checks, void* stream) {
+  if (num_tables <= 0) return 0;
+  const int threads = 128;
+  FillCheckValuesKernel<<<(num_tables + threads - 1) / threads, threads, 0,
+                          static_cast<cudaStream_t>(stream)>>>(tables, num_tables, checks);
+  return static_cast<int>(cudaGetLastError());
+}
 
 extern "C" __attribute__((visibility("default"))) int sok_lookup_forward_f32(
     const SokLookupTable* tables, const int64_t* sample_offsets, int num_tables,

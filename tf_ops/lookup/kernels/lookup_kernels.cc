@@ -174,8 +174,55 @@ class FusedLookupOp : public FusedLookupBase<T, K> {
                           bad.Record(t, core::LookupForward(views[t], b0, b1, out[t], acc.data()));
                         });
     OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
+    // Everything was checked above: the check output says so.
+    const int n = this->attrs_.num_tables;
+    Tensor* checks = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output("checks",
+                                             TensorShape({FusedLookupAttrs::kCheckRows, n}),
+                                             &checks));
+    int64_t* c = reinterpret_cast<int64_t*>(checks->flat<TfInt64>().data());
+    for (int t = 0; t < n; ++t) {
+      FusedLookupAttrs::ClearColumn(c, n, t, views[t].rows, nnz[t]);
+    }
   }
 };
+
+// SokLookupCheck: the error of a lookup's check output, if any. It runs on
+// the host (a GPU forward's check is copied there by TensorFlow, without
+// holding up the ops that consume the embeddings).
+class LookupCheckOp : public OpKernel {
+ public:
+  explicit LookupCheckOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &attrs_.num_tables));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &attrs_.names));
+    OP_REQUIRES(ctx, attrs_.names.empty() ||
+                         static_cast<int>(attrs_.names.size()) == attrs_.num_tables,
+                errors::InvalidArgument("table_names must have num_tables=", attrs_.num_tables,
+                                        " entries; got ", attrs_.names.size()));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    const Tensor& checks = ctx->input(0);
+    const int n = attrs_.num_tables;
+    OP_REQUIRES(ctx, checks.dims() == 2 && checks.dim_size(0) == FusedLookupAttrs::kCheckRows &&
+                         checks.dim_size(1) == n,
+                errors::InvalidArgument("checks must be [", FusedLookupAttrs::kCheckRows, ", ", n,
+                                        "] (a SokFusedLookup's check output); got shape ",
+                                        checks.shape().DebugString()));
+    const int64_t* c = reinterpret_cast<const int64_t*>(checks.flat<TfInt64>().data());
+    for (int t = 0; t < n; ++t) OP_REQUIRES_OK(ctx, attrs_.CheckedColumn(t, c));
+  }
+
+ private:
+  FusedLookupAttrs attrs_;
+};
+
+REGISTER_KERNEL_BUILDER(Name("SokLookupCheck").Device(::tensorflow::DEVICE_CPU), LookupCheckOp);
+#if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
+// Next to a GPU lookup: the check is read in host memory.
+REGISTER_KERNEL_BUILDER(Name("SokLookupCheck").Device(::tensorflow::DEVICE_GPU)
+                            .HostMemory("checks"), LookupCheckOp);
+#endif
 
 template <typename T, typename K>
 class FusedLookupGradOp : public FusedLookupBase<T, K> {

@@ -3,12 +3,14 @@
 // lookup_forward.cu / lookup_backward.cu, run on the op's stream. Compiled
 // only when the build found a CUDA toolkit (SOK_GRAPH_WITH_CUDA).
 //
-// row_splits arrive in host memory (HostMemory), so they are checked on the
-// host exactly as the CPU kernel checks them before any kernel reads through
-// them. Ids of either type (int32, int64) are in device memory, which the
-// launchers read at their width (id_bytes). Ids are checked on the device by the kernels that read them: a bad
-// id is never read through, its first position is read back (the forward's
-// one host synchronisation) and reported as the CPU kernel reports it.
+// Everything stays in device memory: ids and row_splits are checked on the
+// device by the kernels that read them (a bad id is never read through,
+// malformed row_splits are read clamped to the ids). The forward waits for
+// nothing: it leaves what it found in its `checks` output, which
+// SokLookupCheck reports on the host once TensorFlow has copied it there.
+// The gradient must know how many distinct ids each table has before it
+// can allocate its outputs: its one host synchronisation reads those counts
+// and the checks together, and reports a problem as the CPU kernel does.
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
 #include <algorithm>
@@ -38,7 +40,6 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-constexpr int64_t kNoBadId = INT64_MAX;
 
 Status Temp(OpKernelContext* ctx, int64_t bytes, Tensor* t) {
   return ctx->allocate_temp(::tensorflow::DT_INT8, TensorShape({bytes > 0 ? bytes : 1}), t);
@@ -56,12 +57,11 @@ class FusedLookupGpuBase : public OpKernel {
  protected:
   std::string TableName(int t) const { return attrs_.TableName(t); }
 
-  // Checks every table's shapes and (host) row_splits, copies the splits to
-  // the device and describes each table. `out` pointers are left null.
+  // Checks every table's shapes and describes each table (device
+  // pointers, row_splits included). `out` pointers are left null.
   // Variables among the params stay read-locked while `params` lives.
   Status ReadTables(OpKernelContext* ctx, TableInputs* params,
-                    std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz,
-                    std::vector<Tensor>* device_splits) {
+                    std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz) {
     OpInputList ids, splits, weights;
     TF_RETURN_IF_ERROR(params->Read(ctx, "params", attrs_.num_tables,
                                     [this](int t) { return this->TableName(t); }));
@@ -70,34 +70,28 @@ class FusedLookupGpuBase : public OpKernel {
     TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
     tables->assign(attrs_.num_tables, SokLookupTable());
     nnz->assign(attrs_.num_tables, 0);
-    device_splits->resize(attrs_.num_tables);
-    void* stream = GpuStreamOf(ctx);
     for (int t = 0; t < attrs_.num_tables; ++t) {
       const Tensor& p = (*params)[t];
       const Tensor& i = ids[t];
       const Tensor& s = splits[t];
       const Tensor& w = weights[t];
-      TF_RETURN_IF_ERROR(attrs_.CheckTable(t, p, ::tensorflow::DT_FLOAT, i, s, w));
+      TF_RETURN_IF_ERROR(attrs_.CheckTable(t, p, ::tensorflow::DT_FLOAT, i, s, w,
+                                           /*splits_on_host=*/false));
       if (p.dim_size(1) > INT32_MAX / 4) {
         return errors::InvalidArgument("params of ", TableName(t), " has dim ", p.dim_size(1),
                                        "; the GPU kernel takes at most ", INT32_MAX / 4);
       }
       (*nnz)[t] = i.NumElements();
-      const int64_t* host_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
-      Tensor& d = (*device_splits)[t];
-      TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, s.shape(), &d));
-      TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(d), host_splits,
-                                                     sizeof(int64_t) * s.NumElements(), stream),
-                              "copying row_splits to the GPU"));
       SokLookupTable& v = (*tables)[t];
       v.params = p.flat<float>().data();
       v.ids = i.flat<K>().data();
-      v.row_splits = reinterpret_cast<const int64_t*>(Data(d));
+      v.row_splits = reinterpret_cast<const int64_t*>(s.tensor_data().data());
       v.weights = attrs_.weighted[t] ? w.flat<float>().data() : nullptr;
       v.clip = nullptr;
       v.out = nullptr;
       v.batch = s.NumElements() - 1;
       v.rows = p.dim_size(0);
+      v.nnz = i.NumElements();
       v.dim = static_cast<int32_t>(p.dim_size(1));
       v.combiner = static_cast<int32_t>(attrs_.combiners[t]);  // the launcher's int
       v.id_bytes = static_cast<int32_t>(sizeof(K));
@@ -106,20 +100,28 @@ class FusedLookupGpuBase : public OpKernel {
     return OkStatus();
   }
 
-  // The CPU kernel's error for the first table with a bad id, if any;
-  // first_bad holds each table's first bad position (kNoBadId if none).
-  Status CheckIds(OpKernelContext* ctx, const std::vector<int64_t>& first_bad,
-                  const std::vector<SokLookupTable>& tables) {
-    for (int t = 0; t < attrs_.num_tables; ++t) {
-      const int64_t j = first_bad[t];
-      if (j == kNoBadId) continue;
-      K id = 0;
-      TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(&id, static_cast<const K*>(tables[t].ids) + j,
-                                                   sizeof(K), GpuStreamOf(ctx)),
-                              "reading a bad id back"));
-      return attrs_.BadId(t, static_cast<int64_t>(id), j, tables[t].rows);
+  // A cleared check [kCheckRows, n] at `checks` (device), the table
+  // descriptors copied to `descs` (device), and row_splits checked into it.
+  Status StartChecks(OpKernelContext* ctx, const std::vector<SokLookupTable>& tables,
+                     int64_t* checks, Tensor* descs) {
+    const int n = attrs_.num_tables;
+    void* stream = GpuStreamOf(ctx);
+    std::vector<int64_t> host(static_cast<size_t>(FusedLookupAttrs::kCheckRows) * n);
+    int64_t max_batch = 0;
+    for (int t = 0; t < n; ++t) {
+      FusedLookupAttrs::ClearColumn(host.data(), n, t, tables[t].rows, tables[t].nnz);
+      max_batch = std::max(max_batch, tables[t].batch);
     }
-    return OkStatus();
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(checks, host.data(),
+                                                         sizeof(int64_t) * host.size(), stream),
+                                  "clearing the input check"));
+    TF_RETURN_IF_ERROR(Temp(ctx, sizeof(SokLookupTable) * n, descs));
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(*descs), tables.data(),
+                                                         sizeof(SokLookupTable) * n, stream),
+                                  "copying table descriptors"));
+    return CudaStatus(sok_lookup_check_splits(static_cast<const SokLookupTable*>(Data(*descs)),
+                                              n, max_batch, checks, stream),
+                      "sok_lookup_check_splits");
   }
 
   FusedLookupAttrs attrs_;
@@ -135,15 +137,15 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
-    std::vector<Tensor> splits;
     TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz));
     OpOutputList outputs;
     OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
-    Tensor bad_dev;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &bad_dev));
-    int64_t* bad = reinterpret_cast<int64_t*>(Data(bad_dev));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(bad, kNoBadId, n, stream), "clearing flags"));
+    Tensor* checks_out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            "checks", TensorShape({FusedLookupAttrs::kCheckRows, n}), &checks_out));
+    int64_t* checks = reinterpret_cast<int64_t*>(Data(*checks_out));
+    int64_t* bad = checks;  // row 0: each table's first bad id position
     std::vector<Tensor> clips(n);
     std::vector<int64_t> offsets(n + 1, 0);
     bool vectorized = true;
@@ -159,35 +161,35 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
       if (v.max_norm > 0.0f && nnz[t] > 0) {
         OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({nnz[t]}),
                                                &clips[t]));
-        float* clip = clips[t].flat<float>().data();
-        OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_clip_factors(&v, nnz[t], clip, bad + t, stream),
-                                 "sok_lookup_clip_factors"));
-        v.clip = clip;
+        v.clip = clips[t].flat<float>().data();
       }
     }
+    // The descriptors (with their outputs and clip buffers) and the check.
+    Tensor descs;
+    OP_REQUIRES_OK(ctx, this->StartChecks(ctx, tables, checks, &descs));
+    for (int t = 0; t < n; ++t) {
+      if (tables[t].clip == nullptr) continue;
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_clip_factors(&tables[t], nnz[t],
+                                                             const_cast<float*>(tables[t].clip),
+                                                             bad + t, stream),
+                                     "sok_lookup_clip_factors"));
+    }
+    const SokLookupTable* descs_dev = static_cast<const SokLookupTable*>(Data(descs));
     if (offsets[n] > 0) {
-      Tensor descs, offsets_dev;
-      OP_REQUIRES_OK(ctx, Temp(ctx, sizeof(SokLookupTable) * n, &descs));
+      Tensor offsets_dev;
       OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n + 1}),
                                              &offsets_dev));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(descs), tables.data(),
-                                                      sizeof(SokLookupTable) * n, stream),
-                               "copying table descriptors"));
       OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(offsets_dev), offsets.data(),
-                                                      sizeof(int64_t) * (n + 1), stream),
-                               "copying sample offsets"));
+                                                            sizeof(int64_t) * (n + 1), stream),
+                                     "copying sample offsets"));
       OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_forward_f32(
-                                   static_cast<const SokLookupTable*>(Data(descs)),
-                                   static_cast<const int64_t*>(Data(offsets_dev)), n,
-                                   offsets[n], vectorized ? 1 : 0, static_cast<int>(sizeof(K)),
-                                   bad, stream),
-                               "sok_lookup_forward_f32"));
+                                         descs_dev, static_cast<const int64_t*>(Data(offsets_dev)),
+                                         n, offsets[n], vectorized ? 1 : 0,
+                                         static_cast<int>(sizeof(K)), bad, stream),
+                                     "sok_lookup_forward_f32"));
     }
-    std::vector<int64_t> first_bad(n);
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(first_bad.data(), bad, sizeof(int64_t) * n,
-                                                  stream),
-                             "reading the id check back"));
-    OP_REQUIRES_OK(ctx, this->CheckIds(ctx, first_bad, tables));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
+                                   "sok_lookup_fill_check_values"));
   }
 };
 
@@ -201,9 +203,8 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
     std::vector<int64_t> nnz;
-    std::vector<Tensor> splits;
     TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz, &splits));
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz));
     OpInputList grads;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
     for (int t = 0; t < n; ++t) {
@@ -218,12 +219,17 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
                                           tables[t].batch, " samples; the GPU gradient takes ",
                                           "fewer than 2^31"));
     }
-    // Per table: [0] distinct ids, [1] first bad position; read back at once.
+    // The check [kCheckRows, n], then each table's distinct ids [n]: read
+    // back at once, the op's one host synchronisation.
+    const int64_t check_size = static_cast<int64_t>(FusedLookupAttrs::kCheckRows) * n;
     Tensor counts_dev;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({2 * n}),
-                                           &counts_dev));
-    int64_t* counts = reinterpret_cast<int64_t*>(Data(counts_dev));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(counts, kNoBadId, 2 * n, stream), "clearing"));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
+                                           TensorShape({check_size + n}), &counts_dev));
+    int64_t* checks = reinterpret_cast<int64_t*>(Data(counts_dev));
+    int64_t* counts = checks + check_size;
+    Tensor descs;
+    OP_REQUIRES_OK(ctx, this->StartChecks(ctx, tables, checks, &descs));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(counts, 0, n, stream), "clearing"));
     std::vector<Tensor> plans(n);
     for (int t = 0; t < n; ++t) {
       // Static tables bound their ids: the sort looks at those bits only.
@@ -234,23 +240,25 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
                                                         nullptr, nullptr, &bytes, stream),
                                "sizing the gradient's scratch"));
       OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plans[t]));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(&tables[t], nnz[t], bits, counts + 2 * t,
-                                                        counts + 2 * t + 1, Data(plans[t]),
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(&tables[t], nnz[t], bits, counts + t,
+                                                        checks + t, Data(plans[t]),
                                                         &bytes, stream),
                                "sok_lookup_backward_plan"));
     }
-    std::vector<int64_t> host(2 * n);
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), counts, sizeof(int64_t) * 2 * n,
-                                                  stream),
-                             "reading the gradient's sizes back"));
-    std::vector<int64_t> first_bad(n);
-    for (int t = 0; t < n; ++t) first_bad[t] = host[2 * t + 1];
-    OP_REQUIRES_OK(ctx, this->CheckIds(ctx, first_bad, tables));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(
+                                       static_cast<const SokLookupTable*>(Data(descs)), n, checks,
+                                       stream),
+                                   "sok_lookup_fill_check_values"));
+    std::vector<int64_t> host(check_size + n);
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), checks,
+                                                        sizeof(int64_t) * host.size(), stream),
+                                   "reading the gradient's sizes back"));
+    for (int t = 0; t < n; ++t) OP_REQUIRES_OK(ctx, this->attrs_.CheckedColumn(t, host.data()));
     OpOutputList unique_out, rows_out;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
     OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
     for (int t = 0; t < n; ++t) {
-      const int64_t u = nnz[t] > 0 ? host[2 * t] : 0;
+      const int64_t u = nnz[t] > 0 ? host[check_size + t] : 0;
       Tensor* ids_out = nullptr;
       Tensor* rows = nullptr;
       OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({u}), &ids_out));
@@ -269,14 +277,12 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
   REGISTER_KERNEL_BUILDER(Name("SokFusedLookup")                           \
                               .Device(::tensorflow::DEVICE_GPU)            \
                               .TypeConstraint<float>("T")                  \
-                              .TypeConstraint<K>("Tindices")               \
-                              .HostMemory("row_splits"),                   \
+                              .TypeConstraint<K>("Tindices"),              \
                           FusedLookupGpuOp<K>);                            \
   REGISTER_KERNEL_BUILDER(Name("SokFusedLookupGrad")                       \
                               .Device(::tensorflow::DEVICE_GPU)            \
                               .TypeConstraint<float>("T")                  \
-                              .TypeConstraint<K>("Tindices")               \
-                              .HostMemory("row_splits"),                   \
+                              .TypeConstraint<K>("Tindices"),              \
                           FusedLookupGradGpuOp<K>);
 SOK_REGISTER_LOOKUP_GPU(TfInt64)
 SOK_REGISTER_LOOKUP_GPU(int32_t)

@@ -10,16 +10,17 @@ extern "C" {
 #endif
 
 // One table of a fused lookup, all pointers in device memory. Layout is
-// part of the C interface (tests/gpu builds it with ctypes): 80 bytes.
+// part of the C interface (tests/gpu builds it with ctypes): 88 bytes.
 typedef struct {
   const float* params;        // [rows, dim]
   const void* ids;            // [nnz] int32 or int64 (id_bytes 4 or 8)
-  const int64_t* row_splits;  // [batch + 1], checked by the caller
+  const int64_t* row_splits;  // [batch + 1]; read clamped to [0, nnz], checked on the device
   const float* weights;       // [nnz] or NULL (all 1)
   const float* clip;          // [nnz] max_norm factors (sok_lookup_clip_factors) or NULL
   float* out;                 // [batch, dim]
   int64_t batch;
   int64_t rows;               // ids must lie in [0, rows)
+  int64_t nnz;                // number of ids (row_splits must end there)
   int32_t dim;
   int32_t combiner;  // 0 sum, 1 mean, 2 sqrtn
   int32_t id_bytes;  // 4 or 8
@@ -39,6 +40,23 @@ typedef struct {
 int sok_lookup_forward_f32(const SokLookupTable* tables, const int64_t* sample_offsets,
                            int num_tables, int64_t total_samples, int vectorized,
                            int id_bytes, int64_t* first_bad, void* stream);
+
+// The input check of a lookup, in device memory: int64 [SOK_LOOKUP_CHECK_ROWS,
+// num_tables], column t for table t. Rows: 0 the first position of an id
+// outside [0, rows) (INT64_MAX if none), 1 that id, 2 rows, 3 the first
+// row_splits problem as 2 * k for "row_splits[k] is not 0 (k = 0) or is
+// below row_splits[k - 1]", 2 * batch + 1 for "does not end at nnz"
+// (INT64_MAX if none), 4 row_splits[k], 5 row_splits[k - 1], 6 nnz. The
+// caller sets rows 0 and 3 to INT64_MAX and 2 and 6; the kernels fill the rest.
+#define SOK_LOOKUP_CHECK_ROWS 7
+
+// Row 3 of `checks` for every table (device descriptors). One launch.
+int sok_lookup_check_splits(const SokLookupTable* tables, int num_tables, int64_t max_batch,
+                            int64_t* checks, void* stream);
+// Rows 1, 4 and 5 of `checks` from rows 0 and 3 (after the kernels that
+// fill those). One launch.
+int sok_lookup_fill_check_values(const SokLookupTable* tables, int num_tables, int64_t* checks,
+                                 void* stream);
 
 // clip[j] <- tf.clip_by_norm's factor max_norm / max(||params[ids[j]]||,
 // max_norm) for the nnz ids of one table (host struct, device pointers;

@@ -78,6 +78,7 @@ Status LookupShape(InferenceContext* c) {
     TF_RETURN_IF_ERROR(c->Subtract(c->Dim(splits, 0), 1, &batch));
     c->set_output(t, c->Matrix(batch, c->Dim(params, 1)));
   }
+  c->set_output(n, c->Matrix(7, n));  // checks: FusedLookupAttrs::kCheckRows x num_tables
   return OkStatus();
 }
 
@@ -106,6 +107,7 @@ REGISTER_OP("SokFusedLookup")
     .Input("row_splits: num_tables * int64")
     .Input("weights: num_tables * T")
     .Output("embeddings: num_tables * T")
+    .Output("checks: int64")
     .Attr("num_tables: int >= 1")
     .Attr("combiners: list(string)")
     .Attr("weighted: list(bool)")
@@ -132,6 +134,23 @@ combiners: per table, "sum", "mean" or "sqrtn".
 max_norms: per table; rows whose L2 norm exceeds it are scaled down to it
   before combining. <= 0 disables clipping.
 table_names: names used in error messages.
+checks: the input check, int64 [7, num_tables], for SokLookupCheck. The CPU
+  kernel rejects bad ids and row_splits at once (its check is clear); the GPU
+  kernel checks them on the device and leaves the finding here instead of
+  waiting for it, so the lookup's consumers never wait for the host:
+  SokLookupCheck, which sok_graph adds next to every lookup, reports it.
+)doc");
+
+REGISTER_OP("SokLookupCheck")
+    .Input("checks: int64")
+    .Attr("num_tables: int >= 1")
+    .Attr("table_names: list(string) = []")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Fails with the error SokFusedLookup's CPU kernel gives for the same input
+(a bad id, malformed row_splits) when `checks` (a SokFusedLookup's check
+output) records one. Runs on the host.
 )doc");
 
 REGISTER_OP("SokFusedLookupGrad")
