@@ -45,14 +45,33 @@ def _xspace(logdir):
     return space
 
 
-def _events(plane):
-    """(line id, line name, event name, start ps, end ps) of every event."""
+def _events(plane, with_op=False):
+    """(line id, line name, event name, start ps, end ps[, tf_op]) of every
+    event; tf_op is the TensorFlow op a device event ran for."""
     names = {k: v.name for k, v in plane.event_metadata.items()}
+    stat_names = {k: v.name for k, v in plane.stat_metadata.items()}
     for line in plane.lines:
         base = line.timestamp_ns * 1000
         for e in line.events:
             start = base + e.offset_ps
-            yield line.id, line.name, names.get(e.metadata_id, "?"), start, start + e.duration_ps
+            out = (line.id, line.name, names.get(e.metadata_id, "?"), start,
+                   start + e.duration_ps)
+            if with_op:
+                op = ""
+                for st in e.stats:
+                    if stat_names.get(st.metadata_id) == "tf_op":
+                        op = st.str_value or stat_names.get(st.ref_value, "")
+                out += (op,)
+            yield out
+
+
+def _op_type(traceme):
+    """The op type of a TensorFlow op's TraceMe name ("scope/name:Type"), else
+    None (kernel launches and executor events have other names)."""
+    if ":" not in traceme or "(" in traceme or " " in traceme or traceme.startswith("__"):
+        return None
+    kind = traceme.rsplit(":", 1)[1]
+    return kind if kind.isidentifier() else None
 
 
 def _is_blocking(name):
@@ -60,53 +79,72 @@ def _is_blocking(name):
         "Synchronize" in name
 
 
-def analyse(space, steps):
+def analyse(space):
+    """(planes, blocking calls by (op, call), device-to-host copies,
+    host time by TensorFlow op type, device time by kernel/copy name) of a
+    trace."""
     host_ops = collections.defaultdict(list)  # thread id -> [(start, end, name)]
-    blocking, dtoh, planes = [], 0, []
+    blocking, dtoh, planes = [], collections.Counter(), []
+    op_time, device_time = collections.Counter(), collections.Counter()
     for plane in space.planes:
         planes.append(plane.name)
         if plane.name.startswith("/host:CPU"):
             for tid, _, name, s, e in _events(plane):
                 host_ops[tid].append((s, e, name))
+                kind = _op_type(name)
+                if kind:
+                    op_time[kind] += e - s
     for plane in space.planes:
-        if plane.name == "/host:CUPTI" or "CUPTI" in plane.name:
+        if "CUPTI" in plane.name:
             for tid, _, name, s, e in _events(plane):
                 if _is_blocking(name):
                     blocking.append((tid, name, s, e))
         elif plane.name.startswith("/device:GPU"):
-            for _, line, name, _, _ in _events(plane):
-                if "DtoH" in name or ("Memcpy" in line and "DtoH" in name):
-                    dtoh += 1
+            for _, line, name, s, e, op in _events(plane, with_op=True):
+                if "D2H" in name or "DtoH" in name:
+                    dtoh[op.split(":")[-1] or "(no TensorFlow op)"] += 1
+                if "Stream" in line:
+                    device_time[name[:70]] += e - s
     by_op = collections.Counter()
     for tid, name, s, e in blocking:
         enclosing = [(os_, oe, on) for os_, oe, on in host_ops.get(tid, []) if os_ <= s and e <= oe]
         # The innermost TensorFlow op (TraceMe names look like "name:Type").
         ops = [on for os_, oe, on in sorted(enclosing, key=lambda x: x[1] - x[0]) if ":" in on]
         by_op[(ops[0].split(":")[-1] if ops else "(no TensorFlow op)", name)] += 1
-    return planes, by_op, dtoh
+    return planes, by_op, dtoh, op_time, device_time
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--model", choices=["dlrm", "demo"], default="dlrm")
+    p.add_argument("--demo_batch", type=int, default=8192)
+    p.add_argument("--demo_vocab", type=int, default=8192)
+    p.add_argument("--demo_units", type=int, default=1024)
+    p.add_argument("--demo_layers", type=int, default=7)
     p.add_argument("--mode", choices=["function", "graph", "both"], default="both")
     p.add_argument("--side", choices=["sok", "tf", "both"], default="both")
     p.add_argument("--batch", type=int, default=8192)
     p.add_argument("--rows", type=int, default=100000)
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
+    p.add_argument("--top", type=int, default=12)
+    p.add_argument("--emb_only", action="store_true",
+                   help="the embedding work alone (lookups, gradients, table update)")
     args = p.parse_args()
-    bench_args = argparse.Namespace(batch=args.batch, rows=args.rows, optimizer=args.optimizer)
+    bench_args = args
     import numpy as np
 
-    batches = e2e_bench.dlrm_batches(bench_args, np.random.default_rng(0), 4)
+    make = e2e_bench.dlrm_batches if args.model == "dlrm" else e2e_bench.demo_batches
+    batches = make(bench_args, np.random.default_rng(0), 4)
     modes = ["function", "graph"] if args.mode == "both" else [args.mode]
     sides = ["sok", "tf"] if args.side == "both" else [args.side]
     print(f"TensorFlow {tf.__version__}, GPUs {len(tf.config.list_physical_devices('GPU'))}; "
-          f"DLRM batch {args.batch}, {args.steps} traced steps, optimizer {args.optimizer}")
+          f"{args.model} ({'embedding work alone' if args.emb_only else 'whole step'}), "
+          f"{args.steps} traced steps, optimizer {args.optimizer}")
     for mode in modes:
         for side in sides:
             build = e2e_bench.function_step if mode == "function" else e2e_bench.graph_step
-            step = build("dlrm", side, bench_args, batches, False)
+            step = build(args.model, side, bench_args, batches, args.emb_only)
             for i in range(3):
                 step(i)
             logdir = tempfile.mkdtemp(prefix="sok_syncs_")
@@ -114,14 +152,25 @@ def main():
             for i in range(args.steps):
                 step(i)
             tf.profiler.experimental.stop()
-            planes, by_op, dtoh = analyse(_xspace(logdir), args.steps)
+            planes, by_op, dtoh, op_time, device_time = analyse(_xspace(logdir))
             total = sum(by_op.values())
-            print(f"\n{side} / {mode}: {total / args.steps:.1f} blocking CUDA calls per step, "
-                  f"{dtoh / args.steps:.1f} device-to-host copies per step")
+            print(f"\n{side} / {mode}: {total / args.steps:.1f} blocking CUDA calls per step "
+                  f"(CUPTI API trace), {sum(dtoh.values()) / args.steps:.1f} device-to-host "
+                  f"copies per step:")
+            for op, n in dtoh.most_common():
+                print(f"  {n / args.steps:6.1f}/step  device-to-host copy for {op}")
             for (op, call), n in sorted(by_op.items(), key=lambda x: -x[1]):
                 print(f"  {n / args.steps:6.1f}/step  {call:28} in {op}")
             if not any("CUPTI" in pl for pl in planes):
                 print(f"  (no CUPTI plane in the trace: planes {planes})")
+            print(f"  host time per step by TensorFlow op type (top {args.top}):")
+            for name, ps in op_time.most_common(args.top):
+                print(f"    {ps / 1e9 / args.steps:8.3f} ms  {name}")
+            if device_time:
+                total_ms = sum(device_time.values()) / 1e9 / args.steps
+                print(f"  GPU busy {total_ms:.3f} ms per step; top {args.top}:")
+                for name, ps in device_time.most_common(args.top):
+                    print(f"    {ps / 1e9 / args.steps:8.3f} ms  {name}")
 
 
 if __name__ == "__main__":

@@ -84,8 +84,10 @@ def _checked(embeddings, checks, names):
 
 
 def _in_function():
-    graph = tf.compat.v1.get_default_graph()
-    return bool(getattr(graph, "_building_function", False))
+    """Whether a tf.function (a FuncGraph, TF 1.15's too) is being built."""
+    from tensorflow.python.framework import func_graph
+
+    return isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph)
 
 
 def _table_input(param):

@@ -195,14 +195,17 @@ class OptimizerWrapper:
 
     def _apply_fused(self, pairs, step, lr):
         """One SokSparseApply op for the tables of `pairs` (one device)."""
-        indices, values = [], []
-        for g, _ in pairs:
-            i, v = _distinct_rows(g)
-            indices.append(i)
-            values.append(v)
-        slots = [self._slots[id(v)][name] for _, v in pairs for name in self.slot_names()]
-        op = fused_apply.sparse_apply([v for _, v in pairs], slots, indices, values, self._hp,
-                                      lr, step)
+        # Plain loops: TF 1.x's AutoGraph, which converts this code inside a
+        # tf.function, swaps the two loops of a nested list comprehension.
+        tables = [var for _, var in pairs]
+        indices, values, slots = [], [], []
+        for grad, table in pairs:
+            distinct, rows = _distinct_rows(grad)
+            indices.append(distinct)
+            values.append(rows)
+            for name in self.slot_names():
+                slots.append(self._slots[id(table)][name])
+        op = fused_apply.sparse_apply(tables, slots, indices, values, self._hp, lr, step)
         return None if tf.executing_eagerly() else op
 
     def _apply_sparse(self, grad, var, step, lr):

@@ -86,7 +86,7 @@ def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
 
 
 def test_a_bad_index_names_the_table_and_changes_nothing():
-    if tf.config.list_physical_devices("GPU"):
+    if tf.config.experimental.list_physical_devices("GPU"):
         pytest.skip("on a GPU the op skips bad indices; OptimizerWrapper passes checked ones")
     a = tf.Variable(np.ones((4, 2), np.float32))
     b = tf.Variable(np.ones((3, 2), np.float32))

@@ -132,6 +132,7 @@ struct Plan {
   int32_t* rank_of;       // run -> its index in the output
   int32_t* sample_of;     // position -> sample
   float* factor;          // position -> weight * combiner factor
+  float* piece_sum;       // [n, dim]: a run's piece within a chunk, at its first sorted index
   int64_t* num_runs;
   void* cub;
   size_t cub_bytes;
@@ -140,7 +141,7 @@ struct Plan {
 
 size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
-cudaError_t LayPlan(char* base, int64_t n, int key_bits, Plan* p, cudaStream_t s) {
+cudaError_t LayPlan(char* base, int64_t n, int dim, int key_bits, Plan* p, cudaStream_t s) {
   const int num = static_cast<int>(n);
   size_t a = 0, b = 0, c = 0;
   cudaError_t err = cub::DeviceRadixSort::SortPairs(
@@ -169,6 +170,7 @@ cudaError_t LayPlan(char* base, int64_t n, int key_bits, Plan* p, cudaStream_t s
                       &p->first_pos, &p->first_sorted, &p->order, &p->rank_of, &p->sample_of};
   for (int32_t** q : ints) *q = reinterpret_cast<int32_t*>(take(4 * m));
   p->factor = reinterpret_cast<float*>(take(4 * m));
+  p->piece_sum = reinterpret_cast<float*>(take(4 * m * static_cast<size_t>(dim > 0 ? dim : 1)));
   p->num_runs = reinterpret_cast<int64_t*>(take(8));
   p->cub = take(p->cub_bytes);
   p->total = off;
@@ -255,22 +257,51 @@ __global__ void RowsIds(const int64_t* __restrict__ sorted_keys,
   SOK_FOR_EACH(r, runs) unique_ids[rank_of[r]] = static_cast<K>(sorted_keys[run_start[r]]);
 }
 
-// One thread per (run, column): the run's positions in order.
-__global__ void RowsSum(const float* __restrict__ grads, const int32_t* __restrict__ sorted_pos,
-                        const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of,
-                        const int32_t* __restrict__ sample_of, const float* __restrict__ factor,
-                        const int64_t* num_runs, int64_t n, int dim,
-                        float* __restrict__ grad_rows) {
+// A run's gradient row is the sum over its sorted positions, in order. A
+// hot id (a Zipf-skewed feature's head, or a small vocabulary) has
+// thousands of positions, so the sum is taken in two deterministic steps:
+// the sorted positions are cut into chunks of kChunk, and a run's piece in
+// each chunk is summed in order (RowsPieces), then a run's pieces are added
+// in order (RowsSum). A run inside one chunk is summed exactly as one loop
+// over its positions would sum it.
+constexpr int64_t kChunk = 32;
+
+// One thread per (chunk, column): each piece's sum, at its first index.
+__global__ void RowsPieces(const float* __restrict__ grads, const int32_t* __restrict__ sorted_pos,
+                           const int32_t* __restrict__ head, const int32_t* __restrict__ sample_of,
+                           const float* __restrict__ factor, int64_t n, int dim,
+                           float* __restrict__ piece_sum) {
+  const int64_t chunks = (n + kChunk - 1) / kChunk;
+  SOK_FOR_EACH(i, chunks * dim) {
+    const int64_t c = i / dim;
+    const int d = static_cast<int>(i - c * dim);
+    const int64_t k0 = c * kChunk, k1 = k0 + kChunk < n ? k0 + kChunk : n;
+    int64_t first = k0;
+    float acc = 0.0f;
+    for (int64_t k = k0; k < k1; ++k) {
+      if (k > k0 && head[k]) {
+        piece_sum[first * dim + d] = acc;
+        acc = 0.0f;
+        first = k;
+      }
+      const int32_t p = sorted_pos[k];
+      acc += factor[p] * grads[static_cast<int64_t>(sample_of[p]) * dim + d];
+    }
+    piece_sum[first * dim + d] = acc;
+  }
+}
+
+// One thread per (run, column): the run's pieces, in order.
+__global__ void RowsSum(const float* __restrict__ piece_sum, const int32_t* __restrict__ run_start,
+                        const int32_t* __restrict__ rank_of, const int64_t* num_runs, int64_t n,
+                        int dim, float* __restrict__ grad_rows) {
   const int64_t runs = *num_runs;
   SOK_FOR_EACH(i, runs * dim) {
     const int64_t r = i / dim;
     const int d = static_cast<int>(i - r * dim);
     const int64_t k0 = run_start[r], k1 = r + 1 < runs ? run_start[r + 1] : n;
     float acc = 0.0f;
-    for (int64_t k = k0; k < k1; ++k) {
-      const int32_t p = sorted_pos[k];
-      acc += factor[p] * grads[static_cast<int64_t>(sample_of[p]) * dim + d];
-    }
+    for (int64_t k = k0; k < k1; k = (k / kChunk + 1) * kChunk) acc += piece_sum[k * dim + d];
     grad_rows[static_cast<int64_t>(rank_of[r]) * dim + d] = acc;
   }
 }
@@ -313,7 +344,7 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   const int bits = key_bits > 0 && key_bits < 64 ? key_bits : 64;
   Plan p;
-  cudaError_t err = LayPlan(static_cast<char*>(temp), nnz, bits, &p, s);
+  cudaError_t err = LayPlan(static_cast<char*>(temp), nnz, table->dim, bits, &p, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   if (temp == nullptr) {
     *temp_bytes = p.total;
@@ -358,7 +389,7 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
   Plan p;
   // Same layout as the plan call: the key bits only change CUB's scratch
   // size, which comes last, so any value lays the pieces out the same way.
-  cudaError_t err = LayPlan(static_cast<char*>(temp), nnz, 64, &p, s);
+  cudaError_t err = LayPlan(static_cast<char*>(temp), nnz, t.dim, 64, &p, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   if (t.id_bytes == 4) {
     RowsIds<int32_t><<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, p.run_start, p.rank_of, p.num_runs,
@@ -367,9 +398,10 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
     RowsIds<int64_t><<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, p.run_start, p.rank_of, p.num_runs,
                                                 static_cast<int64_t*>(unique_ids));
   }
-  RowsSum<<<Grid(nnz * t.dim), 256, 0, s>>>(grads, p.sorted_pos, p.run_start, p.rank_of,
-                                             p.sample_of, p.factor, p.num_runs, nnz, t.dim,
-                                             grad_rows);
+  RowsPieces<<<Grid((nnz + kChunk - 1) / kChunk * t.dim), 256, 0, s>>>(
+      grads, p.sorted_pos, p.head, p.sample_of, p.factor, nnz, t.dim, p.piece_sum);
+  RowsSum<<<Grid(nnz * t.dim), 256, 0, s>>>(p.piece_sum, p.run_start, p.rank_of, p.num_runs,
+                                             nnz, t.dim, grad_rows);
   if (t.max_norm > 0.0f) {
     RowsClip<<<Grid(nnz * 32), 256, 0, s>>>(t, p.sorted_keys, p.run_start, p.rank_of, p.num_runs,
                                              grad_rows);

@@ -115,7 +115,14 @@ class SparseApplyVariables {
     for (::tensorflow::Var* var : vars_) {
       if (var->copy_on_read_mode.load()) continue;
       ::tensorflow::Tensor* t = var->tensor();
-      if (!t->RefCountIsOne()) {
+#if SOK_GRAPH_TF_MAJOR < 2
+      // TF 1.x keeps a tensor's reference count private: copy once, as if
+      // shared (only the first sparse update of a variable pays for it).
+      const bool shared = true;
+#else
+      const bool shared = !t->RefCountIsOne();
+#endif
+      if (shared) {
         ::tensorflow::Tensor fresh;
         ::tensorflow::AllocatorAttributes attr;
         attr.set_gpu_compatible(true);
