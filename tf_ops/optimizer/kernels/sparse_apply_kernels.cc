@@ -61,6 +61,14 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
         attrs_.config.algorithm == static_cast<int32_t>(core::SparseAlgorithm::kAdam)
             ? core::AdamAlpha(hyper, step) : 0.0f;
     struct Table { float* var; float* s0; float* s1; const K* idx; const float* g; int64_t dim; };
+    constexpr int64_t kAhead = 8;
+    const auto Prefetch = [](const Table& tb, int64_t i) {
+      const int64_t base = static_cast<int64_t>(tb.idx[i]) * tb.dim;
+      for (float* p : {tb.var, tb.s0, tb.s1}) {
+        if (p == nullptr) continue;
+        for (int64_t d = 0; d < tb.dim; d += 16) __builtin_prefetch(p + base + d, 1, 1);
+      }
+    };
     std::vector<Table> tables(n);
     int64_t max_dim = 1;
     for (int t = 0; t < n; ++t) {
@@ -77,6 +85,9 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
         while (r >= offsets[t + 1]) ++t;
         const Table& tb = tables[t];
         const int64_t i = r - offsets[t];
+        // The rows are scattered over large tables: fetch a later row's
+        // table and slot lines while this one is computed.
+        if (r + kAhead < offsets[t + 1]) Prefetch(tb, i + kAhead);
         const int64_t base = static_cast<int64_t>(tb.idx[i]) * tb.dim;
         const float* g = tb.g + i * tb.dim;
         for (int64_t d = 0; d < tb.dim; ++d) {
