@@ -30,7 +30,9 @@ import tensorflow as tf  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import e2e_bench  # noqa: E402
 
-BLOCKING = ("Synchronize", "cuMemcpyDtoH_v2", "cuMemcpyDtoH ", "cudaMemcpy ", "cuMemcpy_v2")
+# CUDA API calls that make the host wait for the GPU: every *Synchronize,
+# and the synchronous (not *Async) copies.
+BLOCKING_COPIES = ("cuMemcpyDtoH", "cuMemcpy", "cudaMemcpy")
 
 
 def _xspace(logdir):
@@ -75,8 +77,7 @@ def _op_type(traceme):
 
 
 def _is_blocking(name):
-    return any(b.strip() == name or name.startswith(b) for b in BLOCKING) or \
-        "Synchronize" in name
+    return "Synchronize" in name or (name.split("_v")[0] in BLOCKING_COPIES)
 
 
 def analyse(space):

@@ -32,9 +32,9 @@ def partitioned_rows(params, ids, partition_strategy):
     for tf.nn.embedding_lookup*) id i is row i // n of part i % n, that is row
     offset[i % n] + i // n of the whole table. Ids outside [0, rows) are left
     as they are, so the lookup rejects them as it would unpartitioned."""
-    parts = getattr(params, "_sok_partition_rows", None)
-    if partition_strategy != "mod" or not parts:
+    if not _translates(params, partition_strategy):
         return ids
+    parts = params._sok_partition_rows
     ids = tf.convert_to_tensor(ids)
     n = len(parts)
     offsets = tf.constant([sum(parts[:i]) for i in range(n)], dtype=ids.dtype)
@@ -43,15 +43,33 @@ def partitioned_rows(params, ids, partition_strategy):
     return tf.where(valid, rows, ids)
 
 
+def _translates(params, partition_strategy):
+    """Whether ids of `params` are not simply rows (partitioned_rows)."""
+    return partition_strategy == "mod" and bool(getattr(params, "_sok_partition_rows", None))
+
+
 def _sparse_rows(params, sp_ids, partition_strategy):
-    if partition_strategy != "mod" or not getattr(params, "_sok_partition_rows", None) \
-            or sp_ids is None:
+    if sp_ids is None or not _translates(params, partition_strategy):
         return sp_ids
     if isinstance(sp_ids, tf.compat.v1.SparseTensorValue):
         sp_ids = tf.SparseTensor.from_value(sp_ids)
     return tf.SparseTensor(sp_ids.indices,
                            partitioned_rows(params, sp_ids.values, partition_strategy),
                            sp_ids.dense_shape)
+
+
+def _tensorflow_lookup(orig, args, kwargs, a, params_arg, ids_arg, to_rows):
+    """TensorFlow's own lookup `orig` (bound arguments `a`) for params that
+    are not a sok variable; on a table's serving copy, after to_rows turned
+    its ids (argument `ids_arg`) into rows."""
+    exported = _exported_table(a[params_arg])
+    if exported is None:
+        return orig(*args, **kwargs)
+    strategy = a.get("partition_strategy")
+    a[ids_arg] = to_rows(exported, a[ids_arg], strategy)
+    if strategy is not None:  # ids are rows now; TF's inner lookups keep them
+        a["partition_strategy"] = "div"
+    return orig(**a)
 
 
 def _exported_table(params):
@@ -85,13 +103,7 @@ def _make_dense_lookup(key):
         table = _single_sok_table(a["params"])
         strategy = a.get("partition_strategy")
         if table is None:
-            exported = _exported_table(a["params"])
-            if exported is None:
-                return orig(*args, **kwargs)
-            a["ids"] = partitioned_rows(exported, a["ids"], strategy)
-            if strategy is not None:  # ids are rows now; TF's inner lookups keep them
-                a["partition_strategy"] = "div"
-            return orig(**a)
+            return _tensorflow_lookup(orig, args, kwargs, a, "params", "ids", partitioned_rows)
         ids = partitioned_rows(table, a["ids"], strategy)
         return _dense_lookup(table, ids, a.get("max_norm"), a.get("name"))
 
@@ -128,13 +140,7 @@ def _make_sparse_lookup(key):
         table = _single_sok_table(a["params"])
         strategy = a.get("partition_strategy")
         if table is None:
-            exported = _exported_table(a["params"])
-            if exported is None:
-                return orig(*args, **kwargs)
-            a["sp_ids"] = _sparse_rows(exported, a["sp_ids"], strategy)
-            if strategy is not None:  # ids are rows now; TF's inner lookups keep them
-                a["partition_strategy"] = "div"
-            return orig(**a)
+            return _tensorflow_lookup(orig, args, kwargs, a, "params", "sp_ids", _sparse_rows)
         sp_ids = _sparse_rows(table, a["sp_ids"], strategy)
         return _sparse_lookup_2d(table, sp_ids, a["sp_weights"], a["combiner"],
                                  a["max_norm"], a["name"])
@@ -150,13 +156,7 @@ def _make_safe_sparse_lookup(key):
         table = _single_sok_table(a["embedding_weights"])
         strategy = a.get("partition_strategy")
         if table is None:
-            exported = _exported_table(a["embedding_weights"])
-            if exported is None:
-                return orig(*args, **kwargs)
-            a["sparse_ids"] = _sparse_rows(exported, a["sparse_ids"], strategy)
-            if strategy is not None:  # ids are rows now; TF's inner lookups keep them
-                a["partition_strategy"] = "div"
-            return orig(**a)
+            return _tensorflow_lookup(orig, args, kwargs, a, "embedding_weights", "sparse_ids", _sparse_rows)
         if a["default_id"] is not None:
             raise NotImplementedError(
                 "safe_embedding_lookup_sparse on a sok variable: default_id="

@@ -170,11 +170,12 @@ class OptimizerWrapper:
                 self.create_slots(v)
             step = self._step_variable().assign_add(1)
             lr = self._learning_rate(step)
-            fused = [(g, v) for g, v in sok_pairs if self._fusable(v)]
+            fusable = [self._fusable(v) for _, v in sok_pairs]
+            fused = [pair for pair, f in zip(sok_pairs, fusable) if f]
             for group in _by_device(fused):
                 ops.append(self._apply_fused(group, step, lr))
-            for g, v in sok_pairs:
-                if not self._fusable(v):
+            for (g, v), f in zip(sok_pairs, fusable):
+                if not f:
                     ops.append(self._apply_sparse(g, v, step, lr))
         if tf.executing_eagerly():
             return None
