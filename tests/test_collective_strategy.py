@@ -194,6 +194,26 @@ def test_lookups_route_sok_variables_and_leave_others_to_tensorflow(none_engine)
         np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=f"lookup {i}")
 
 
+@pytest.mark.parametrize("bad", [21, 20, -1])
+def test_mod_lookup_rejects_ids_outside_the_table(none_engine, bad):
+    """With partition_strategy='mod' over 3 parts of a 20-row table, id 21
+    would land on part 0's row 7 if it were translated: ids outside
+    [0, rows) stay as they are and are rejected, naming the table."""
+    s = sok.CollectiveStrategy()
+    with s.scope(), tf.Graph().as_default():
+        with s.embedding_scope():
+            table = tf.compat.v1.get_variable(
+                "table", shape=(20, 3), initializer=tf.compat.v1.zeros_initializer(),
+                partitioner=tf.compat.v1.fixed_size_partitioner(3))
+        out = tf.compat.v1.nn.embedding_lookup(table, tf.constant([1, bad], tf.int64),
+                                               partition_strategy="mod")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=rf"table.*must be in \[0, 20\).*got {bad}"):
+                sess.run(out)
+
+
 def test_scope_patches_are_undone(none_engine):
     from tensorflow.python.ops import embedding_ops, variable_scope
     from tensorflow.python.training import monitored_session, optimizer

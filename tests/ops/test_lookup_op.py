@@ -439,6 +439,12 @@ def test_check_op_reports_what_a_gpu_forward_found(check, pattern):
     lib.sok_lookup_check(_check_of(), num_tables=1, table_names=["user"])  # nothing found
 
 
+def test_check_op_rejects_a_check_of_the_wrong_shape():
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"checks must be \[7, 2\].*got shape \[7,1\]"):
+        sok.ops.library.load().sok_lookup_check(_check_of(), num_tables=2)
+
+
 def test_check_runs_in_a_function_without_holding_up_the_embeddings():
     """Inside a tf.function the check is a stateful op of its own (nothing
     consumes it) and still fails the call; in a TF1 graph the embeddings

@@ -113,6 +113,11 @@ def test_shapes_and_slot_counts_are_checked():
         library.load().sok_sparse_apply(vars=[v.handle], slots=[],
                                         indices=[tf.constant([0], tf.int64)],
                                         grads=[tf.ones((1, 2))], algorithm="adam", **common)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hyper must have 10 entries; got 3"):
+        library.load().sok_sparse_apply(vars=[v.handle], slots=[],
+                                        indices=[tf.constant([0], tf.int64)],
+                                        grads=[tf.ones((1, 2))], hyper=tf.ones([3]),
+                                        step=tf.constant(1, tf.int64), algorithm="sgd")
     wrong = tf.Variable(np.ones((5, 2), np.float32))
     with pytest.raises(tf.errors.InvalidArgumentError, match=r"slots\[0\] \(of vars\[0\]\) has "
                                                              r"shape \[5,2\]"):
