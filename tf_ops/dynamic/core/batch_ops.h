@@ -18,9 +18,13 @@
 #include <vector>
 
 #include "tf_ops/dynamic/core/dynamic_table.h"
+#include "tf_ops/util/core/scratch.h"
 
 namespace sok_graph {
 namespace core {
+
+// Scratch slots (tf_ops/util/core/scratch.h) of the arrays below.
+enum ScratchSlot { kEntriesSlot, kMissingSlot, kFreshSlot, kPositionsSlot };
 
 // runner(total, cost_per_unit, fn): calls fn(begin, end) over [0, total).
 using ParallelRunner =
@@ -37,37 +41,88 @@ inline ParallelRunner SerialRunner() {
 // whose slot has arrived by then.
 constexpr int64_t kTablePrefetch = 4;
 
-inline void PrefetchAhead(const DynamicTable& t, const int64_t* keys, int64_t i, int64_t end) {
+inline void PrefetchAhead(const DynamicTable& t, const int64_t* keys, int64_t i, int64_t end,
+                          bool with_row = true) {
   if (i + 2 * kTablePrefetch < end) t.PrefetchKey(keys[i + 2 * kTablePrefetch]);
-  if (i + kTablePrefetch < end) t.PrefetchEntryOfKey(keys[i + kTablePrefetch]);
+  if (i + kTablePrefetch < end) t.PrefetchEntryOfKey(keys[i + kTablePrefetch], with_row);
+}
+
+// Loops that know their entries already (copying or updating rows) fetch
+// only rows, further ahead: measured 3-4x faster than the two-stage
+// prefetch of key and row four ahead.
+constexpr int64_t kRowPrefetch = 16;
+
+// The loops over a batch are plain functions of [begin, end), which the
+// runners' lambdas call, so the serial paths and the threads share them.
+
+inline void FindEntriesIn(const DynamicTable& t, const int64_t* keys, int64_t begin, int64_t end,
+                          int64_t* entries) {
+  for (int64_t i = begin; i < end; ++i) {
+    PrefetchAhead(t, keys, i, end, false);
+    entries[i] = t.Find(keys[i]);
+  }
 }
 
 // entries[i] <- entry of keys[i] or -1, in parallel.
 inline void FindEntries(const DynamicTable& t, const int64_t* keys, int64_t n, int64_t* entries,
                         const ParallelRunner& run) {
-  run(n, 200, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      PrefetchAhead(t, keys, i, end);
-      entries[i] = t.Find(keys[i]);
+  run(n, 200, [&](int64_t begin, int64_t end) { FindEntriesIn(t, keys, begin, end, entries); });
+}
+
+// out[i] <- row of entries[i] for i in [begin, end); entries < 0 (missing
+// keys) get `default_row` and found[i] = false (when `found` is given).
+inline void CopyRowsIn(const DynamicTable& t, const int64_t* entries, int64_t begin, int64_t end,
+                       const float* default_row, float* out, bool* found) {
+  const size_t row_bytes = static_cast<size_t>(t.dim()) * sizeof(float);
+  for (int64_t i = begin; i < end; ++i) {
+    if (i + kRowPrefetch < end && entries[i + kRowPrefetch] >= 0) {
+      t.PrefetchRow(entries[i + kRowPrefetch]);
     }
-  });
+    const int64_t e = entries[i];
+    if (found != nullptr) found[i] = e >= 0;
+    std::memcpy(out + i * t.dim(), e >= 0 ? t.Row(e) : default_row, row_bytes);
+  }
 }
 
 // out[i] <- row of keys[i] ([n, dim]); missing keys get `default_row`
 // (dim floats) and found[i] = false. Nothing is inserted or touched.
+// Entries first, then rows: the copy then knows its rows far ahead, which
+// measured 10-20% faster than fetching key and row together.
 inline void FindBatch(const DynamicTable& t, const int64_t* keys, int64_t n,
                       const float* default_row, float* out, bool* found,
                       const ParallelRunner& run) {
-  const int64_t dim = t.dim();
-  run(n, 200 + 2 * dim, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      PrefetchAhead(t, keys, i, end);
-      const int64_t e = t.Find(keys[i]);
-      found[i] = e >= 0;
-      std::memcpy(out + i * dim, e >= 0 ? t.Row(e) : default_row,
-                  static_cast<size_t>(dim) * sizeof(float));
-    }
+  Scratch<int64_t, kEntriesSlot> entries(static_cast<size_t>(n));
+  int64_t* e = entries->data();
+  run(n, 200 + 2 * t.dim(), [&](int64_t begin, int64_t end) {
+    FindEntriesIn(t, keys, begin, end, e);
+    CopyRowsIn(t, e, begin, end, default_row, out, found);
   });
+}
+
+// Touches the entries of a batch in input order (a repeated key counts
+// each use). Serial: repeats may fall anywhere in the batch.
+inline void TouchEntries(DynamicTable& t, const int64_t* entries, int64_t n, int64_t now,
+                         bool accessed) {
+  constexpr int64_t kAhead = 8;
+  for (int64_t i = 0; i < n; ++i) {
+    if (i + kAhead < n && entries[i + kAhead] >= 0) t.PrefetchMetadata(entries[i + kAhead]);
+    if (entries[i] >= 0) t.Touch(entries[i], now, accessed);
+  }
+}
+
+// How many distinct keys the batch has, and how many of them are missing
+// from the table (entries[i] < 0). Only needed near the table's bound: far
+// from it, the number of missing positions bounds both well enough.
+inline void CountDistinct(const int64_t* keys, int64_t n, const int64_t* entries,
+                          int64_t* distinct_keys, int64_t* distinct_missing) {
+  FirstOccurrenceIndex<int64_t> distinct(n);
+  *distinct_missing = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t before = distinct.size();
+    distinct.Insert(keys[i]);
+    if (distinct.size() > before && entries[i] < 0) ++*distinct_missing;
+  }
+  *distinct_keys = distinct.size();
 }
 
 // Makes sure every key of the batch has an entry: existing keys are touched
@@ -80,53 +135,51 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
                              const ParallelRunner& run, std::string* error,
                              std::vector<int64_t>* evicted_keys = nullptr) {
   FindEntries(t, keys, n, entries, run);
-  // Distinct keys of the batch (`which[i]`: the distinct key at position i)
-  // and the first position of each missing one. Checked before anything
-  // changes: a batch that cannot fit leaves the table as it was.
-  std::vector<int64_t> missing;
-  std::vector<int64_t> which(static_cast<size_t>(n));
-  FirstOccurrenceIndex<int64_t> distinct(n);
+  Scratch<int64_t, kMissingSlot> missing;  // positions whose key the table lacks
   for (int64_t i = 0; i < n; ++i) {
-    const int64_t before = distinct.size();
-    which[i] = distinct.Insert(keys[i]);
-    if (distinct.size() > before && entries[i] < 0) missing.push_back(i);
+    if (entries[i] < 0) missing->push_back(i);
   }
-  if (distinct.size() > t.row_limit()) {
-    *error = "the batch has " + std::to_string(distinct.size()) +
-             " distinct keys but the table holds at most " + std::to_string(t.row_limit()) +
-             " rows (keys used in this batch are never evicted)";
-    return -1;
+  // Checked before anything changes: a batch that cannot fit leaves the
+  // table as it was. Repeats make the counts of positions upper bounds.
+  int64_t incoming = static_cast<int64_t>(missing->size());
+  if (n > t.row_limit() || t.size() + incoming > t.row_limit()) {
+    int64_t distinct_keys = 0;
+    CountDistinct(keys, n, entries, &distinct_keys, &incoming);
+    if (distinct_keys > t.row_limit()) {
+      *error = "the batch has " + std::to_string(distinct_keys) +
+               " distinct keys but the table holds at most " + std::to_string(t.row_limit()) +
+               " rows (keys used in this batch are never evicted)";
+      return -1;
+    }
   }
-  for (int64_t i = 0; i < n; ++i) {
-    if (entries[i] >= 0) t.Touch(entries[i], now, accessed);
-  }
-  if (missing.empty()) return 0;
+  TouchEntries(t, entries, n, now, accessed);
+  if (missing->empty()) return 0;
   // Cannot fail: every key the batch protects is one of its distinct keys.
-  const int64_t evicted = t.MakeRoom(static_cast<int64_t>(missing.size()), now, evicted_keys);
+  const int64_t evicted = t.MakeRoom(incoming, now, evicted_keys);
   if (evicted > 0) FindEntries(t, keys, n, entries, run);  // evictions move entries
-  std::vector<int64_t> fresh;  // entry of each missing key, in `missing` order
-  std::vector<int64_t> entry_of(static_cast<size_t>(distinct.size()), -1);
-  fresh.reserve(missing.size());
-  for (int64_t i : missing) {
-    fresh.push_back(t.InsertUninitialized(keys[i], now, accessed));
-    entry_of[which[i]] = fresh.back();
-  }
-  if (initialize) {
-    run(static_cast<int64_t>(fresh.size()), 40 * t.dim(), [&](int64_t begin, int64_t end) {
-      for (int64_t k = begin; k < end; ++k) t.InitializeEntry(fresh[k]);
-    });
-  }
-  // Entries of new keys; a repeat of a new key within the batch counts as
-  // another use, as it would in a serial loop.
-  size_t next_missing = 0;
-  for (int64_t i = 0; i < n; ++i) {
-    if (entries[i] >= 0) continue;
-    entries[i] = entry_of[which[i]];
-    if (next_missing < missing.size() && missing[next_missing] == i) {
-      ++next_missing;  // the insertion itself, counted by InsertUninitialized
+  // New keys in input order; a repeat of a new key within the batch finds
+  // the entry its first occurrence added and counts as another use, as it
+  // would in a serial loop.
+  Scratch<int64_t, kFreshSlot> fresh;  // entries added, in order
+  const int64_t* miss = missing->data();
+  const int64_t m = static_cast<int64_t>(missing->size());
+  for (int64_t k = 0; k < m; ++k) {
+    if (k + 2 * kTablePrefetch < m) t.PrefetchKey(keys[miss[k + 2 * kTablePrefetch]]);
+    if (k + kTablePrefetch < m) t.PrefetchEntryOfKey(keys[miss[k + kTablePrefetch]], false);
+    bool added = false;
+    const int64_t i = miss[k];
+    entries[i] = t.FindOrInsertUninitialized(keys[i], now, accessed, &added);
+    if (added) {
+      fresh->push_back(entries[i]);
     } else if (accessed) {
       t.Touch(entries[i], now, true);
     }
+  }
+  if (initialize) {
+    const int64_t* added = fresh->data();
+    run(static_cast<int64_t>(fresh->size()), 40 * t.dim(), [&](int64_t begin, int64_t end) {
+      for (int64_t k = begin; k < end; ++k) t.InitializeEntry(added[k]);
+    });
   }
   return evicted;
 }
@@ -136,52 +189,71 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
 inline int64_t FindOrInsertBatch(DynamicTable& t, const int64_t* keys, int64_t n, int64_t now,
                                  float* out, const ParallelRunner& run, std::string* error,
                                  std::vector<int64_t>* evicted_keys = nullptr) {
-  std::vector<int64_t> entries(static_cast<size_t>(n));
+  Scratch<int64_t, kEntriesSlot> entries(static_cast<size_t>(n));
   const int64_t evicted =
-      EnsureEntries(t, keys, n, now, true, true, entries.data(), run, error, evicted_keys);
+      EnsureEntries(t, keys, n, now, true, true, entries->data(), run, error, evicted_keys);
   if (evicted < 0) return -1;
-  const int64_t dim = t.dim();
-  run(n, 2 * dim + 20, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) {
-      if (i + kTablePrefetch < end) t.PrefetchEntry(entries[i + kTablePrefetch]);
-      std::memcpy(out + i * dim, t.Row(entries[i]), static_cast<size_t>(dim) * sizeof(float));
-    }
-  });
+  const int64_t* e = entries->data();
+  run(n, 2 * t.dim() + 20,
+      [&](int64_t begin, int64_t end) { CopyRowsIn(t, e, begin, end, nullptr, out, nullptr); });
   return evicted;
 }
 
 enum class ScatterMode { kAdd, kSub, kUpdate };
 
+// Applies rows[pos] to the row of entries[pos] for pos in positions[0, m),
+// in that order.
+inline void ScatterIn(DynamicTable& t, const int64_t* entries, const int64_t* positions, int64_t m,
+                      const float* rows, ScatterMode mode) {
+  const int64_t dim = t.dim();
+  for (int64_t k = 0; k < m; ++k) {
+    if (k + kRowPrefetch < m) {
+      const int64_t ahead = positions[k + kRowPrefetch];
+      t.PrefetchRow(entries[ahead]);
+      PrefetchSpan(rows + ahead * dim, dim * static_cast<int64_t>(sizeof(float)));
+    }
+    const int64_t i = positions[k];
+    float* dst = t.MutableRow(entries[i]);
+    const float* src = rows + i * dim;
+    switch (mode) {
+      case ScatterMode::kAdd:
+        for (int64_t d = 0; d < dim; ++d) dst[d] += src[d];
+        break;
+      case ScatterMode::kSub:
+        for (int64_t d = 0; d < dim; ++d) dst[d] -= src[d];
+        break;
+      case ScatterMode::kUpdate:
+        std::memcpy(dst, src, static_cast<size_t>(dim) * sizeof(float));
+        break;
+    }
+  }
+}
+
 // rows [n, dim] applied to the rows of keys: row += r, row -= r or row = r.
 // Missing keys are inserted first (with their initial rows). Updates of one
-// key apply in input order; keys are split over threads by entry, so no two
-// threads write one row.
+// key apply in input order: positions are bucketed by entry (a stable
+// counting sort), and each bucket goes to one thread, so no two threads
+// write one row.
 inline int64_t ScatterBatch(DynamicTable& t, const int64_t* keys, int64_t n, const float* rows,
                             ScatterMode mode, int64_t now, const ParallelRunner& run,
                             std::string* error) {
-  std::vector<int64_t> entries(static_cast<size_t>(n));
-  const int64_t evicted = EnsureEntries(t, keys, n, now, false, true, entries.data(), run, error);
+  Scratch<int64_t, kEntriesSlot> entries(static_cast<size_t>(n));
+  const int64_t* e = entries->data();
+  const int64_t evicted = EnsureEntries(t, keys, n, now, false, true, entries->data(), run, error);
   if (evicted < 0) return -1;
-  const int64_t dim = t.dim();
-  const int64_t parts = 16;
-  run(parts, (n / parts + 1) * (dim + 4), [&](int64_t p0, int64_t p1) {
-    for (int64_t i = 0; i < n; ++i) {
-      const int64_t e = entries[i];
-      if (e % parts < p0 || e % parts >= p1) continue;
-      float* dst = t.MutableRow(e);
-      const float* src = rows + i * dim;
-      switch (mode) {
-        case ScatterMode::kAdd:
-          for (int64_t d = 0; d < dim; ++d) dst[d] += src[d];
-          break;
-        case ScatterMode::kSub:
-          for (int64_t d = 0; d < dim; ++d) dst[d] -= src[d];
-          break;
-        case ScatterMode::kUpdate:
-          std::memcpy(dst, src, static_cast<size_t>(dim) * sizeof(float));
-          break;
-      }
-    }
+  constexpr int64_t kParts = 16;
+  int64_t starts[kParts + 1] = {0};
+  for (int64_t i = 0; i < n; ++i) ++starts[e[i] % kParts + 1];
+  for (int64_t p = 0; p < kParts; ++p) starts[p + 1] += starts[p];
+  Scratch<int64_t, kPositionsSlot> positions(static_cast<size_t>(n));
+  int64_t* pos = positions->data();
+  {
+    int64_t next[kParts];
+    std::copy(starts, starts + kParts, next);
+    for (int64_t i = 0; i < n; ++i) pos[next[e[i] % kParts]++] = i;
+  }
+  run(kParts, (n / kParts + 1) * (t.dim() + 20), [&](int64_t p0, int64_t p1) {
+    ScatterIn(t, e, pos + starts[p0], starts[p1] - starts[p0], rows, mode);
   });
   return evicted;
 }
@@ -191,15 +263,16 @@ inline int64_t ScatterBatch(DynamicTable& t, const int64_t* keys, int64_t n, con
 inline int64_t ImportBatch(DynamicTable& t, const int64_t* keys, int64_t n, const float* rows,
                            const int64_t* timestamps, const uint32_t* frequencies, int64_t now,
                            const ParallelRunner& run, std::string* error) {
-  std::vector<int64_t> entries(static_cast<size_t>(n));
+  Scratch<int64_t, kEntriesSlot> entries(static_cast<size_t>(n));
   const int64_t evicted =
-      EnsureEntries(t, keys, n, now, false, false, entries.data(), run, error);
+      EnsureEntries(t, keys, n, now, false, false, entries->data(), run, error);
   if (evicted < 0) return -1;
   const int64_t dim = t.dim();
   // Serial: the last occurrence of a repeated key wins, as in a serial loop.
   for (int64_t i = 0; i < n; ++i) {
-    std::memcpy(t.MutableRow(entries[i]), rows + i * dim, static_cast<size_t>(dim) * sizeof(float));
-    t.SetMetadata(entries[i], timestamps ? timestamps[i] : now, frequencies ? frequencies[i] : 0);
+    std::memcpy(t.MutableRow((*entries)[i]), rows + i * dim,
+                static_cast<size_t>(dim) * sizeof(float));
+    t.SetMetadata((*entries)[i], timestamps ? timestamps[i] : now, frequencies ? frequencies[i] : 0);
   }
   return evicted;
 }

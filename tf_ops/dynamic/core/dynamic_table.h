@@ -79,15 +79,23 @@ class DynamicTable {
   }
 
   void PrefetchKey(int64_t key) const { __builtin_prefetch(&index_[Slot(key)], 0, 1); }
+  void PrefetchMetadata(int64_t e) const {
+    __builtin_prefetch(&timestamps_[e], 1, 1);
+    __builtin_prefetch(&frequencies_[e], 1, 1);
+  }
   // Second stage of a two-stage prefetch: the key's home slot (fetched by
   // PrefetchKey a little earlier) names its likely entry; fetch that entry's
   // key and row.
-  void PrefetchEntryOfKey(int64_t key) const {
+  // `with_row`: the row too, for callers that read it next.
+  void PrefetchEntryOfKey(int64_t key, bool with_row = true) const {
     const int32_t e = index_[Slot(key)];
-    if (e >= 0) PrefetchEntry(e);
-  }
-  void PrefetchEntry(int64_t e) const {
+    if (e < 0) return;
     __builtin_prefetch(&keys_[e], 0, 1);
+    if (with_row) PrefetchRow(e);
+  }
+  // Only the row: callers that know the entry already (copying or updating
+  // rows) would waste a memory access on its key.
+  void PrefetchRow(int64_t e) const {
     PrefetchSpan(&rows_[e * dim()], dim() * static_cast<int64_t>(sizeof(float)));
   }
 
@@ -159,6 +167,28 @@ class DynamicTable {
     return e;
   }
 
+  // The entry of `key`; when absent, `key` is added as by
+  // InsertUninitialized and *added is set. One probe does both, so a batch
+  // of new keys that may repeat needs no set of its own. Room must have been
+  // made (MakeRoom) for every key that may be added.
+  int64_t FindOrInsertUninitialized(int64_t key, int64_t now, bool accessed, bool* added) {
+    uint64_t pos = Slot(key);
+    while (true) {
+      const int32_t e = index_[pos];
+      if (e < 0) break;
+      if (keys_[e] == key) {
+        *added = false;
+        return e;
+      }
+      pos = (pos + 1) & mask_;
+    }
+    *added = true;
+    const int64_t e = AppendAt(pos, key);
+    timestamps_[e] = now;
+    frequencies_[e] = accessed ? 1 : 0;
+    return e;
+  }
+
   void InitializeEntry(int64_t e) {
     InitializeRow(config_.initializer, keys_[e], dim(), MutableRow(e));
   }
@@ -221,13 +251,18 @@ class DynamicTable {
   }
 
   int64_t AppendEntry(int64_t key) {
+    uint64_t pos = Slot(key);
+    while (index_[pos] >= 0) pos = (pos + 1) & mask_;
+    return AppendAt(pos, key);
+  }
+
+  // Appends an entry for `key` and points the free index slot `pos` at it.
+  int64_t AppendAt(uint64_t pos, int64_t key) {
     const int64_t e = size();
     keys_.push_back(key);
     timestamps_.push_back(0);
     frequencies_.push_back(0);
     rows_.resize(rows_.size() + static_cast<size_t>(dim()));
-    uint64_t pos = Slot(key);
-    while (index_[pos] >= 0) pos = (pos + 1) & mask_;
     index_[pos] = static_cast<int32_t>(e);
     return e;
   }

@@ -50,26 +50,39 @@ inline uint64_t SplitMix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
-// A uniform double in (0, 1) for draw `counter` of `key`.
-inline double UniformOpen(uint64_t seed, int64_t key, uint64_t counter) {
-  const uint64_t bits =
-      SplitMix64(SplitMix64(seed ^ 0x5851f42d4c957f2dULL) ^ SplitMix64(static_cast<uint64_t>(key)) ^
-                 (counter * 0xd1b54a32d192ed03ULL));
+// A draw's bits mix three parts: the seed's and the key's (each hashed once
+// per row, not once per draw) and the draw counter's.
+struct DrawMix {
+  uint64_t seed_key;  // SplitMix64(seed ^ constant) ^ SplitMix64(key)
+  DrawMix(uint64_t seed, int64_t key)
+      : seed_key(SplitMix64(seed ^ 0x5851f42d4c957f2dULL) ^
+                 SplitMix64(static_cast<uint64_t>(key))) {}
+};
+
+// A uniform double in (0, 1) for draw `counter`.
+inline double UniformOpen(const DrawMix& mix, uint64_t counter) {
+  const uint64_t bits = SplitMix64(mix.seed_key ^ (counter * 0xd1b54a32d192ed03ULL));
   return (static_cast<double>(bits >> 11) + 0.5) * (1.0 / 9007199254740992.0);
+}
+inline double UniformOpen(uint64_t seed, int64_t key, uint64_t counter) {
+  return UniformOpen(DrawMix(seed, key), counter);
 }
 
 // A standard normal for draw `counter` (Box-Muller on two uniforms).
-inline double StandardNormal(uint64_t seed, int64_t key, uint64_t counter) {
-  const double u1 = UniformOpen(seed, key, 2 * counter);
-  const double u2 = UniformOpen(seed, key, 2 * counter + 1);
+inline double StandardNormal(const DrawMix& mix, uint64_t counter) {
+  const double u1 = UniformOpen(mix, 2 * counter);
+  const double u2 = UniformOpen(mix, 2 * counter + 1);
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(6.283185307179586 * u2);
+}
+inline double StandardNormal(uint64_t seed, int64_t key, uint64_t counter) {
+  return StandardNormal(DrawMix(seed, key), counter);
 }
 
 // Both standard normals of Box-Muller pair `pair` (uniforms 2*pair, 2*pair+1):
 // half the logarithms and square roots of drawing them one at a time.
-inline void StandardNormalPair(uint64_t seed, int64_t key, uint64_t pair, double* a, double* b) {
-  const double u1 = UniformOpen(seed, key, 2 * pair);
-  const double u2 = UniformOpen(seed, key, 2 * pair + 1);
+inline void StandardNormalPair(const DrawMix& mix, uint64_t pair, double* a, double* b) {
+  const double u1 = UniformOpen(mix, 2 * pair);
+  const double u2 = UniformOpen(mix, 2 * pair + 1);
   const double r = std::sqrt(-2.0 * std::log(u1));
   const double theta = 6.283185307179586 * u2;
   *a = r * std::cos(theta);
@@ -78,6 +91,7 @@ inline void StandardNormalPair(uint64_t seed, int64_t key, uint64_t pair, double
 
 // Writes the initial row of `key` (dim floats).
 inline void InitializeRow(const InitializerSpec& s, int64_t key, int64_t dim, float* row) {
+  const DrawMix mix(s.seed, key);
   switch (s.kind) {
     case InitKind::kZeros:
       for (int64_t d = 0; d < dim; ++d) row[d] = 0.0f;
@@ -87,7 +101,7 @@ inline void InitializeRow(const InitializerSpec& s, int64_t key, int64_t dim, fl
       return;
     case InitKind::kUniform:
       for (int64_t d = 0; d < dim; ++d) {
-        const double u = UniformOpen(s.seed, key, static_cast<uint64_t>(d));
+        const double u = UniformOpen(mix, static_cast<uint64_t>(d));
         const float v = static_cast<float>(s.minval + (s.maxval - s.minval) * u);
         // u within about 2^-25 of 1 rounds to maxval in float: keep the
         // range half-open, as tf.random.uniform's [minval, maxval).
@@ -97,7 +111,7 @@ inline void InitializeRow(const InitializerSpec& s, int64_t key, int64_t dim, fl
     case InitKind::kNormal:
       for (int64_t d = 0; d < dim; d += 2) {
         double a, b;
-        StandardNormalPair(s.seed, key, static_cast<uint64_t>(d / 2), &a, &b);
+        StandardNormalPair(mix, static_cast<uint64_t>(d / 2), &a, &b);
         row[d] = static_cast<float>(s.mean + s.stddev * a);
         if (d + 1 < dim) row[d + 1] = static_cast<float>(s.mean + s.stddev * b);
       }
@@ -108,8 +122,8 @@ inline void InitializeRow(const InitializerSpec& s, int64_t key, int64_t dim, fl
       {
         uint64_t counter = static_cast<uint64_t>(dim);
         for (int64_t d = 0; d < dim; ++d) {
-          double z = StandardNormal(s.seed, key, static_cast<uint64_t>(d));
-          while (std::fabs(z) > 2.0) z = StandardNormal(s.seed, key, counter++);
+          double z = StandardNormal(mix, static_cast<uint64_t>(d));
+          while (std::fabs(z) > 2.0) z = StandardNormal(mix, counter++);
           row[d] = static_cast<float>(s.mean + s.stddev * z);
         }
       }

@@ -9,6 +9,7 @@
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_vars.h"
+#include "tf_ops/util/core/prefetch.h"
 
 namespace sok_graph {
 namespace {
@@ -66,7 +67,7 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
       const int64_t base = static_cast<int64_t>(tb.idx[i]) * tb.dim;
       for (float* p : {tb.var, tb.s0, tb.s1}) {
         if (p == nullptr) continue;
-        for (int64_t d = 0; d < tb.dim; d += 16) __builtin_prefetch(p + base + d, 1, 1);
+        core::PrefetchSpan(p + base, tb.dim * static_cast<int64_t>(sizeof(float)));
       }
     };
     std::vector<Table> tables(n);
