@@ -118,8 +118,14 @@ def test_launchers_fail_cleanly_without_a_gpu():
         good = Config(8, 100, 0, 0, 0, 0, 1, 0, 1, 0, 0, 0)
         rc = lib.sok_gpu_table_create(ctypes.byref(good), None, None, ctypes.byref(table))
         assert rc > 0 and not table.value, (rc, table.value)   # a CUDA error, no table
-        rc = lib.sok_lookup_forward_f32(None, None, 1, I64(1), 1, 8, None, None)
+        rc = lib.sok_lookup_forward_f32(None, None, 1, I64(1), 1, 8, 32, None, None)
         assert rc > 0, rc
+        # Lane counts other than 4, 8, 16, 32, and teams without float4
+        # loads, are refused before anything is launched (cudaErrorInvalidValue).
+        for lanes, vectorized in ((5, 1), (64, 1), (0, 1), (4, 0)):
+            rc = lib.sok_lookup_forward_f32(None, None, 1, I64(1), vectorized, 8, lanes, None,
+                                            None)
+            assert rc == 1, (lanes, vectorized, rc)
         assert lib.sok_gpu_fill_i64(None, I64(0), I64(4), None) > 0
         lib.sok_gpu_error_name.restype = ctypes.c_char_p
         assert lib.sok_gpu_error_name(2) == b"cudaErrorMemoryAllocation"

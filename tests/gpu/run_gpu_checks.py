@@ -41,7 +41,7 @@ def load(path):
     lib = ctypes.CDLL(path)
     P = ctypes.c_void_p
     lib.sok_lookup_forward_f32.argtypes = [P, P, ctypes.c_int, ctypes.c_int64, ctypes.c_int,
-                                           ctypes.c_int, P, P]
+                                           ctypes.c_int, ctypes.c_int, P, P]
     lib.sok_lookup_forward_f32.restype = ctypes.c_int
     lib.sok_lookup_clip_factors.argtypes = [P, ctypes.c_int64, P, P, P]
     lib.sok_lookup_clip_factors.restype = ctypes.c_int
@@ -152,9 +152,10 @@ def describe(t, out=None, clip=None):
                  float(t.get("max_norm", 0.0)))
 
 
-def forward(lib, tables, vectorized=None, with_bad=False):
+def forward(lib, tables, vectorized=None, with_bad=False, lanes=32):
     """tables: list of dicts of cupy arrays (see describe). Returns the
-    outputs (cupy) and, with with_bad, each table's first bad id position."""
+    outputs (cupy) and, with with_bad, each table's first bad id position.
+    lanes: lanes per sample (32: a warp; 4, 8, 16: teams, float4 layouts)."""
     descs = (Table * len(tables))()
     outs, keep = [], []
     stream = cp.cuda.get_current_stream().ptr
@@ -183,7 +184,8 @@ def forward(lib, tables, vectorized=None, with_bad=False):
     keep += [d_descs, offsets]
     rc = lib.sok_lookup_forward_f32(d_descs.data.ptr, offsets.data.ptr, len(tables),
                                     int(offsets[-1]), int(vectorized),
-                                    tables[0]["ids"].dtype.itemsize, first_bad.data.ptr, stream)
+                                    tables[0]["ids"].dtype.itemsize, lanes, first_bad.data.ptr,
+                                    stream)
     if rc != 0:
         raise RuntimeError(f"sok_lookup_forward_f32 returned cudaError {rc}")
     cp.cuda.get_current_stream().synchronize()
@@ -323,17 +325,22 @@ def check(lib, rng):
                                          if rng.random() < 0.35 else 0.0)
                     dev = [to_device(h) for h in host]
                     outs = forward(lib, dev)
-                    for h, d, o in zip(host, dev, outs):
-                        got = cp.asnumpy(o)
+                    # Teams of lanes per sample (float4 layouts only).
+                    team_outs = ([(lanes, forward(lib, dev, lanes=lanes)) for lanes in (4, 8, 16)]
+                                 if all(d % 4 == 0 for d in dims) else [])
+                    for k, (h, d, o) in enumerate(zip(host, dev, outs)):
                         want = reference(h["params"], h["ids"], h["splits"], h["weights"],
                                          combiner, h["max_norm"])
-                        cases += 1
-                        err = rel_err(got, want)
-                        if np.isnan(got).any() or err > 1e-5:
-                            failures += 1
-                            print(f"FAIL dims={dims} {combiner} weighted={weighted} {case} "
-                                  f"{id_type.__name__} max_norm={h['max_norm']:.2f}: "
-                                  f"rel err {err:.2e}, NaN {np.isnan(got).sum()}")
+                        for lanes, got in [(32, o)] + [(ln, to[k]) for ln, to in team_outs]:
+                            got = cp.asnumpy(got)
+                            cases += 1
+                            err = rel_err(got, want)
+                            if np.isnan(got).any() or err > 1e-5:
+                                failures += 1
+                                print(f"FAIL dims={dims} lanes={lanes} {combiner} "
+                                      f"weighted={weighted} {case} {id_type.__name__} "
+                                      f"max_norm={h['max_norm']:.2f}: rel err {err:.2e}, "
+                                      f"NaN {np.isnan(got).sum()}")
                         batch, dim = o.shape
                         grads = rng.standard_normal((batch, dim)).astype(np.float32)
                         u, rows, bad = backward(lib, d, cp.asarray(grads))
@@ -361,12 +368,13 @@ def check(lib, rng):
         for max_norm in (0.0, 2.0):
             h["max_norm"] = max_norm
             d = to_device(h)
-            outs, bad = forward(lib, [d], with_bad=True)
-            cases += 1
-            if bad[0] != spots[0] or np.isnan(cp.asnumpy(outs[0])).any():
-                failures += 1
-                print(f"FAIL bad ids ({id_type.__name__}, max_norm {max_norm}): reported "
-                      f"{bad[0]}, want {spots[0]}")
+            for lanes in (32, 4, 8, 16):
+                outs, bad = forward(lib, [d], with_bad=True, lanes=lanes)
+                cases += 1
+                if bad[0] != spots[0] or np.isnan(cp.asnumpy(outs[0])).any():
+                    failures += 1
+                    print(f"FAIL bad ids ({id_type.__name__}, max_norm {max_norm}, lanes "
+                          f"{lanes}): reported {bad[0]}, want {spots[0]}")
         bwd_cases += 1
         if backward(lib, d, cp.zeros((50, 16), cp.float32))[2] != spots[0]:
             bwd_failures += 1
@@ -374,11 +382,13 @@ def check(lib, rng):
     # determinism: identical bits on repeat
     h = random_table(rng, 1000, 64, 4096, 20, "mean", True)
     dev = [to_device(h)]
-    a, b = cp.asnumpy(forward(lib, dev)[0]), cp.asnumpy(forward(lib, dev)[0])
-    cases += 1
-    if a.tobytes() != b.tobytes():
-        failures += 1
-        print("FAIL: forward is not deterministic")
+    for lanes in (32, 4, 8, 16):
+        a = cp.asnumpy(forward(lib, dev, lanes=lanes)[0])
+        b = cp.asnumpy(forward(lib, dev, lanes=lanes)[0])
+        cases += 1
+        if a.tobytes() != b.tobytes():
+            failures += 1
+            print(f"FAIL: forward with {lanes} lanes per sample is not deterministic")
     grads = cp.asarray(rng.standard_normal((4096, 64)).astype(np.float32))
     bwd_cases += 1
     if backward(lib, dev[0], grads)[1].tobytes() != backward(lib, dev[0], grads)[1].tobytes():
@@ -404,7 +414,7 @@ def time_ms(fn, warmup=3, repeat=20):
     return float(np.median(times))
 
 
-def bench(lib, rng, rows, dim, batch, hot):
+def bench(lib, rng, rows, dim, batch, hot, lanes=32):
     params = cp.random.standard_normal((rows, dim), dtype=cp.float32)
     nnz = batch * hot
     ids = cp.random.randint(0, rows, size=nnz, dtype=cp.int64)
@@ -417,7 +427,7 @@ def bench(lib, rng, rows, dim, batch, hot):
     stream = cp.cuda.get_current_stream().ptr
     # The kernel alone; the op adds one 8-byte read-back of first_bad.
     ms = time_ms(lambda: lib.sok_lookup_forward_f32(d_desc.data.ptr, offsets.data.ptr, 1, batch,
-                                                    1, 8, first_bad.data.ptr, stream))
+                                                    1, 8, lanes, first_bad.data.ptr, stream))
     assert int(first_bad[0]) == I64_MAX
     moved = nnz * 8 + nnz * dim * 4 + batch * dim * 4
     result = {"sok ms": ms, "sok GB/s": moved / ms / 1e6}
@@ -523,6 +533,15 @@ def main():
         print(f"{f'fwd {rows}x{dim}, {batch}x104':<28}{r['sok ms']:>9.3f}{r['sok GB/s']:>9.0f}"
               f"{r['copy GB/s']:>11.0f}{r['sok GB/s'] / r['copy GB/s']:>8.0%}"
               f"{r['torch ms']:>10.3f}{r['torch ms'] / r['sok ms']:>9.2f}x")
+    # Short samples (one id, DemoModel's shape): a warp per sample against
+    # teams of 4 lanes, 8 samples per warp.
+    short = batch * 32
+    for lanes in (32, 4):
+        r = bench(lib, rng, rows, 16, short, 1, lanes)
+        print(f"{f'fwd {rows}x16, {short}x1, {lanes} lanes':<28}{r['sok ms']:>9.3f}"
+              f"{r['sok GB/s']:>9.0f}{r['copy GB/s']:>11.0f}"
+              f"{r['sok GB/s'] / r['copy GB/s']:>8.0%}{r['torch ms']:>10.3f}"
+              f"{r['torch ms'] / r['sok ms']:>9.2f}x")
     n = 1 << 20 if args.quick else 1 << 23
     for bits, what in ((23, "static table of 8M rows: 23-bit sort"),
                        (64, "any int64 keys: 64-bit sort")):

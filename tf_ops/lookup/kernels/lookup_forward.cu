@@ -199,6 +199,94 @@ __global__ void LookupForwardKernel(const SokLookupTable* __restrict__ tables,
   ReportBad(my_bad, bad);
 }
 
+// A team of kTeam lanes (4, 8 or 16) per sample, 32 / kTeam samples per
+// warp: for short samples (DLRM's one to a few ids), where a warp per sample
+// leaves most lanes idle. float4 loads only. Rows of at most kTeam chunks
+// are read by `chunks` lanes each, kTeam / chunks ids at once, summed by a
+// fixed shuffle tree within the team; wider rows are covered kTeam chunks
+// at a time, ids in order. Deterministic either way.
+template <int kTeam, typename K>
+__global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
+                                        const int64_t* __restrict__ sample_offsets,
+                                        int num_tables, int64_t total, int64_t* first_bad) {
+  static_assert(kTeam >= 2 && kTeam < kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
+  const int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
+  const int tl = threadIdx.x % kTeam;
+  // A team's lanes share `sample`, so they leave or stay together and
+  // shuffles within the team see all of its lanes.
+  const unsigned team_mask = ((1u << kTeam) - 1u) << (threadIdx.x % kWarp / kTeam * kTeam);
+  if (sample >= total) return;
+  int lo = 0, hi = num_tables;
+  while (hi - lo > 1) {
+    const int mid = (lo + hi) / 2;
+    if (sample_offsets[mid] <= sample) lo = mid; else hi = mid;
+  }
+  const SokLookupTable& t = tables[lo];
+  int64_t* bad = first_bad ? first_bad + lo : nullptr;
+  const int64_t b = sample - sample_offsets[lo];
+  const int64_t begin = ClampSplit(t.row_splits[b], 0, t.nnz);
+  const int64_t end = ClampSplit(t.row_splits[b + 1], begin, t.nnz);
+  const int64_t rows = t.rows;
+  const int dim = t.dim;
+  float* out = t.out + b * dim;
+  float wsum = 0.0f, wsq = 0.0f;
+  if (t.combiner != 0) {
+    if (t.weights) {
+      for (int64_t j = begin; j < end; ++j) {
+        const float w = __ldg(t.weights + j);
+        wsum += w;
+        wsq += w * w;
+      }
+    } else {
+      wsum = wsq = static_cast<float>(end - begin);
+    }
+  }
+  const float s = CombinerScale(t.combiner, wsum, wsq);
+  int64_t my_bad = INT64_MAX;
+  if (rows <= 0 || dim <= 0) {  // as the warp kernel: zeros, every id bad
+    if (rows <= 0) {
+      if (tl == 0 && begin < end) ReportBad(begin, bad);
+      for (int d = tl; d < dim; d += kTeam) out[d] = 0.0f;
+      return;
+    }
+    for (int64_t j = begin + tl; j < end; j += kTeam) {
+      if (!IdOk(IdAt<K>(t, j), rows)) my_bad = min(my_bad, j);
+    }
+    ReportBad(my_bad, bad);
+    return;
+  }
+  const int chunks = dim / 4;
+  if (chunks <= kTeam && (chunks & (chunks - 1)) == 0) {
+    const int groups = kTeam / chunks;
+    const int g = tl / chunks, c = tl % chunks;
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int64_t j = begin + g; j < end; j += kBatch * groups) {
+      AddRows4<K>(t, j, groups, end, c, &acc, &my_bad);
+    }
+    for (int off = kTeam / 2; off >= chunks; off /= 2) {
+      acc.x += __shfl_down_sync(team_mask, acc.x, off, kTeam);
+      acc.y += __shfl_down_sync(team_mask, acc.y, off, kTeam);
+      acc.z += __shfl_down_sync(team_mask, acc.z, off, kTeam);
+      acc.w += __shfl_down_sync(team_mask, acc.w, off, kTeam);
+    }
+    if (tl < chunks) {
+      reinterpret_cast<float4*>(out)[c] = make_float4(acc.x * s, acc.y * s, acc.z * s, acc.w * s);
+    }
+  } else {
+    for (int c0 = 0; c0 < chunks; c0 += kTeam) {
+      const int c = c0 + tl;
+      const int cc = c < chunks ? c : 0;  // lanes past the row's end load chunk 0, unused
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      for (int64_t j = begin; j < end; j += kBatch) AddRows4<K>(t, j, 1, end, cc, &acc, &my_bad);
+      if (c < chunks) {
+        reinterpret_cast<float4*>(out)[c] =
+            make_float4(acc.x * s, acc.y * s, acc.z * s, acc.w * s);
+      }
+    }
+  }
+  ReportBad(my_bad, bad);
+}
+
 // A warp per id: the row's norm, summed in a fixed order (deterministic).
 template <typename K>
 __global__ void ClipFactorsKernel(SokLookupTable t, int64_t nnz, float* __restrict__ clip,
@@ -286,15 +374,51 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_fill_check_valu
   return static_cast<int>(cudaGetLastError());
 }
 
+template <int kTeam, typename K>
+void LaunchTeams(const SokLookupTable* tables, const int64_t* sample_offsets, int num_tables,
+                 int64_t total_samples, int64_t* first_bad, cudaStream_t s) {
+  const int threads = kWarp * kWarpsPerBlock;
+  const int64_t per_block = threads / kTeam;
+  const unsigned grid = static_cast<unsigned>((total_samples + per_block - 1) / per_block);
+  LookupForwardTeamKernel<kTeam, K><<<grid, threads, 0, s>>>(tables, sample_offsets, num_tables,
+                                                             total_samples, first_bad);
+}
+
+template <typename K>
+void LaunchTeams(int lanes, const SokLookupTable* tables, const int64_t* sample_offsets,
+                 int num_tables, int64_t total_samples, int64_t* first_bad, cudaStream_t s) {
+  if (lanes == 4) {
+    LaunchTeams<4, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+  } else if (lanes == 8) {
+    LaunchTeams<8, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+  } else {
+    LaunchTeams<16, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+  }
+}
+
 extern "C" __attribute__((visibility("default"))) int sok_lookup_forward_f32(
     const SokLookupTable* tables, const int64_t* sample_offsets, int num_tables,
-    int64_t total_samples, int vectorized, int id_bytes, int64_t* first_bad, void* stream) {
+    int64_t total_samples, int vectorized, int id_bytes, int lanes_per_sample,
+    int64_t* first_bad, void* stream) {
+  if (id_bytes != 4 && id_bytes != 8) return static_cast<int>(cudaErrorInvalidValue);
+  const int lanes = lanes_per_sample;
+  if (lanes != 4 && lanes != 8 && lanes != 16 && lanes != kWarp) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (lanes < kWarp && !vectorized) return static_cast<int>(cudaErrorInvalidValue);
   if (total_samples <= 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  if (lanes < kWarp) {
+    if (id_bytes == 8) {
+      LaunchTeams<int64_t>(lanes, tables, sample_offsets, num_tables, total_samples, first_bad, s);
+    } else {
+      LaunchTeams<int32_t>(lanes, tables, sample_offsets, num_tables, total_samples, first_bad, s);
+    }
+    return static_cast<int>(cudaGetLastError());
+  }
   const int threads = kWarp * kWarpsPerBlock;
   const int64_t blocks = (total_samples + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
   const unsigned grid = static_cast<unsigned>(blocks);
-  if (id_bytes != 4 && id_bytes != 8) return static_cast<int>(cudaErrorInvalidValue);
   if (vectorized && id_bytes == 8) {
     LookupForwardKernel<true, int64_t><<<grid, threads, 0, s>>>(tables, sample_offsets,
                                                                 num_tables, total_samples, first_bad);

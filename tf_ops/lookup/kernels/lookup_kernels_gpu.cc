@@ -182,10 +182,18 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
       OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(offsets_dev), offsets.data(),
                                                             sizeof(int64_t) * (n + 1), stream),
                                      "copying sample offsets"));
+      int32_t max_dim = 0;
+      int64_t total_nnz = 0;
+      for (int t = 0; t < n; ++t) {
+        max_dim = std::max(max_dim, tables[t].dim);
+        total_nnz += nnz[t];
+      }
+      const int lanes = sok_lookup_lanes_per_sample(vectorized ? 1 : 0, max_dim, total_nnz,
+                                                    offsets[n]);
       OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_forward_f32(
                                          descs_dev, static_cast<const int64_t*>(Data(offsets_dev)),
                                          n, offsets[n], vectorized ? 1 : 0,
-                                         static_cast<int>(sizeof(K)), bad, stream),
+                                         static_cast<int>(sizeof(K)), lanes, bad, stream),
                                      "sok_lookup_forward_f32"));
     }
     OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),

@@ -27,8 +27,8 @@ typedef struct {
   float max_norm;    // <= 0: no clipping
 } SokLookupTable;
 
-// out of every table: the combined rows of each sample, one warp per sample,
-// all tables in one launch. sample_offsets [num_tables + 1] (device) is the
+// out of every table: the combined rows of each sample, a warp or a team of
+// lanes per sample, all tables in one launch. sample_offsets [num_tables + 1] (device) is the
 // prefix sum of the tables' batch sizes; total_samples its last entry.
 // Deterministic: ids of a sample are added in order. `vectorized` (16-byte
 // loads) needs every dim % 4 == 0 and params/out 16-byte aligned: the caller
@@ -36,10 +36,28 @@ typedef struct {
 // id_bytes). Ids outside [0, rows) are never read through: they add nothing,
 // and first_bad[t] (device, num_tables int64 the caller sets to INT64_MAX;
 // may be NULL) receives the smallest such position of table t, for the
-// caller to read back and report. Returns a cudaError_t.
+// caller to read back and report. lanes_per_sample: 32 (a warp per
+// sample: long samples, any layout) or 4, 8 or 16 (teams of that many lanes,
+// 32 / lanes samples per warp: short samples; vectorized only); see
+// sok_lookup_lanes_per_sample. Returns a cudaError_t (cudaErrorInvalidValue for
+// other lane counts, or teams without `vectorized`).
 int sok_lookup_forward_f32(const SokLookupTable* tables, const int64_t* sample_offsets,
                            int num_tables, int64_t total_samples, int vectorized,
-                           int id_bytes, int64_t* first_bad, void* stream);
+                           int id_bytes, int lanes_per_sample, int64_t* first_bad,
+                           void* stream);
+
+// The lanes per sample for a forward launch, from what the host knows
+// without reading the device: teams while samples average at most 8 ids (a
+// warp per sample then leaves most lanes idle: at dim 16 and one id, 4 of
+// 32 work), as many lanes as the widest row has float4 chunks (at least 4,
+// at most 16); else a warp per sample.
+static inline int sok_lookup_lanes_per_sample(int vectorized, int32_t max_dim, int64_t total_nnz,
+                                              int64_t total_samples) {
+  if (!vectorized || total_samples <= 0 || total_nnz > 8 * total_samples) return 32;
+  int lanes = 4;
+  while (lanes < max_dim / 4 && lanes < 32) lanes *= 2;
+  return lanes <= 16 ? lanes : 32;
+}
 
 // The input check of a lookup, in device memory: int64 [SOK_LOOKUP_CHECK_ROWS,
 // num_tables], column t for table t. Rows: 0 the first position of an id
