@@ -46,18 +46,26 @@ int64_t FirstBadId(const TableView<T, K>& t, int64_t begin, int64_t end) {
   return -1;
 }
 
+// The combiner's factor of the sample whose ids are positions [j0, j1).
+template <typename T, typename K>
+float SampleScale(const TableView<T, K>& t, int64_t j0, int64_t j1) {
+  if (t.weights == nullptr) {  // the sums of j1 - j0 ones, exactly
+    const float count = static_cast<float>(j1 - j0);
+    return CombinerScale(t.combiner, count, count);
+  }
+  float sum = 0.0f, sq = 0.0f;
+  for (int64_t j = j0; j < j1; ++j) {
+    const float w = t.weight(j);
+    sum += w;
+    sq += w * w;
+  }
+  return CombinerScale(t.combiner, sum, sq);
+}
+
 // The combiner's factor for each sample in [b0, b1).
 template <typename T, typename K>
 void SampleScales(const TableView<T, K>& t, int64_t b0, int64_t b1, float* scales) {
-  for (int64_t b = b0; b < b1; ++b) {
-    float sum = 0.0f, sq = 0.0f;
-    for (int64_t j = t.row_splits[b]; j < t.row_splits[b + 1]; ++j) {
-      const float w = t.weight(j);
-      sum += w;
-      sq += w * w;
-    }
-    scales[b] = CombinerScale(t.combiner, sum, sq);
-  }
+  for (int64_t b = b0; b < b1; ++b) scales[b] = SampleScale(t, t.row_splits[b], t.row_splits[b + 1]);
 }
 
 // How many ids ahead the forward pass prefetches rows. Rows are read at
@@ -134,7 +142,9 @@ int64_t PlanBackward(const TableView<T, K>& t, int64_t nnz, BackwardPlan<K>* pla
 
 // grad_rows[u, :] for unique ids [u0, u1): the sum over the id's occurrences
 // of weight * combiner factor * grads[sample, :], then through the max_norm
-// clip. One pass over the table's ids in position order, adding each into
+// clip. `scales`: each sample's combiner factor (SampleScales), or nullptr
+// to compute it here, sample by sample (the same values, without a pass of
+// its own). One pass over the table's ids in position order, adding each into
 // its unique row when that row is in [u0, u1): the gradient buffers stay in
 // cache, and every row is summed in position order however [0, U) is split,
 // so results are deterministic.
@@ -157,7 +167,9 @@ void LookupBackward(const TableView<T, K>& t, const BackwardPlan<K>& plan, const
   const int64_t nnz = t.row_splits[t.batch];
   for (int64_t b = 0; b < t.batch; ++b) {
     const T* __restrict__ g_row = grads + b * dim;
-    for (int64_t j = t.row_splits[b]; j < t.row_splits[b + 1]; ++j) {
+    const int64_t j0 = t.row_splits[b], j1 = t.row_splits[b + 1];
+    const float scale = scales != nullptr ? scales[b] : SampleScale(t, j0, j1);
+    for (int64_t j = j0; j < j1; ++j) {
       if (j + kPrefetchDistance < nnz) {  // the row updated a few ids from now
         const int64_t ahead = plan.inverse[j + kPrefetchDistance];
         if (whole || (ahead >= u0 && ahead < u1)) {
@@ -166,7 +178,7 @@ void LookupBackward(const TableView<T, K>& t, const BackwardPlan<K>& plan, const
       }
       const int64_t u = plan.inverse[j];
       if (!whole && (u < u0 || u >= u1)) continue;
-      const float s = t.weight(j) * scales[b];
+      const float s = t.weight(j) * scale;
       float* __restrict__ a = acc_base + (u - u0) * dim;
       if (u == next_new) {
         for (int64_t d = 0; d < dim; ++d) a[d] = s * static_cast<float>(g_row[d]);

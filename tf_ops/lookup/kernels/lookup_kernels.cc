@@ -238,13 +238,11 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     OpInputList grads_in;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads_in));
     std::vector<const T*> grads(n);
-    std::vector<int64_t> batch(n);
     int64_t max_dim = 1;
     for (int t = 0; t < n; ++t) {
       const Tensor& g = grads_in[t];
       OP_REQUIRES_OK(ctx, this->attrs_.CheckGrads(t, g, views[t].batch, views[t].dim));
       grads[t] = g.flat<T>().data();
-      batch[t] = views[t].batch;
       max_dim = std::max(max_dim, views[t].dim);
     }
 
@@ -260,13 +258,6 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
       }
     });
     OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
-
-    std::vector<std::vector<float>> scales(n);
-    for (int t = 0; t < n; ++t) scales[t].resize(static_cast<size_t>(batch[t]));
-    ForEachAcrossTables(ctx, batch, CostPerSample(nnz, batch, 1),
-                        [&](size_t t, int64_t b0, int64_t b1) {
-                          core::SampleScales(views[t], b0, b1, scales[t].data());
-                        });
 
     OpOutputList unique_out, rows_out;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
@@ -305,7 +296,7 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
                 [&](int64_t c0, int64_t c1) {
                   for (int64_t c = c0; c < c1; ++c) {
                     const Chunk& k = chunks[c];
-                    core::LookupBackward(views[k.table], plans[k.table], scales[k.table].data(),
+                    core::LookupBackward(views[k.table], plans[k.table], nullptr,
                                          grads[k.table], k.u0, k.u1, rows[k.table]);
                   }
                 });
