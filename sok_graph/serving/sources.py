@@ -48,6 +48,12 @@ class Runner:
     def make(self, fn, specs):
         if self.session is None:
             function = tf.function(fn, input_signature=specs)
+            # Each table gets its own small functions, traced once each; the
+            # same code traced for table after table is not the retracing
+            # TensorFlow warns about ("N out of the last N calls ... triggered
+            # tf.function retracing"), so that warning is off for them.
+            if hasattr(function, "_omit_frequent_tracing_warning"):
+                function._omit_frequent_tracing_warning = True
 
             def run(*args):
                 out = function(*args)
