@@ -92,170 +92,99 @@ __device__ __forceinline__ void AddRows4(const SokLookupTable& t, int64_t j0, in
   }
 }
 
-// One warp per sample. Lanes cover the row in float4 chunks when the
-// dimension and the table allow, else in single floats; ids are read once
-// per warp and broadcast.
-template <bool kVec4, typename K>
-__global__ void LookupForwardKernel(const SokLookupTable* __restrict__ tables,
-                                    const int64_t* __restrict__ sample_offsets, int num_tables,
-                                    int64_t total, int64_t* first_bad) {
-  const int64_t warp = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
-  const int lane = threadIdx.x % kWarp;
-  if (warp >= total) return;
-  int lo = 0, hi = num_tables;  // the table holding global sample `warp`
-  while (hi - lo > 1) {
-    const int mid = (lo + hi) / 2;
-    if (sample_offsets[mid] <= warp) lo = mid; else hi = mid;
-  }
-  const SokLookupTable t = tables[lo];
-  int64_t* bad = first_bad ? first_bad + lo : nullptr;
-  const int64_t b = warp - sample_offsets[lo];
-  // Clamped: malformed row_splits (reported by sok_lookup_check_splits)
-  // never lead outside the ids.
-  const int64_t begin = ClampSplit(t.row_splits[b], 0, t.nnz);
-  const int64_t end = ClampSplit(t.row_splits[b + 1], begin, t.nnz);
-  // The combiner's weight sums use the weights alone, not the clip.
-  float wsum = 0.0f, wsq = 0.0f;
-  if (t.combiner != 0) {
-    if (t.weights) {
-      for (int64_t j = begin; j < end; ++j) {
-        const float w = __ldg(t.weights + j);
-        wsum += w;
-        wsq += w * w;
-      }
-    } else {
-      wsum = wsq = static_cast<float>(end - begin);
-    }
-  }
-  const float s = CombinerScale(t.combiner, wsum, wsq);
-  const int chunks = t.dim / 4;
-  int64_t my_bad = INT64_MAX;
-  if (t.rows <= 0) {  // every id is bad; the output row is zeros
-    if (lane == 0 && begin < end) ReportBad(begin, bad);
-    for (int d = lane; d < t.dim; d += kWarp) t.out[b * t.dim + d] = 0.0f;
-    return;
-  }
-  if (t.dim <= 0) {  // nothing to add up (the paths below divide by the row's chunks)
-    for (int64_t j = begin + lane; j < end; j += kWarp) {
-      if (!IdOk(IdAt<K>(t, j), t.rows)) my_bad = min(my_bad, j);
-    }
-    ReportBad(my_bad, bad);
-    return;
-  }
-  if (kVec4 && chunks >= 1 && chunks <= kWarp / 2 && (chunks & (chunks - 1)) == 0) {
-    // Narrow rows (dim 4, 8, 16, 32 or 64): `chunks` lanes read one row, so the warp works
-    // on 32 / chunks ids at once; the groups are then summed by a fixed
-    // shuffle tree, so the result is the same on every run.
-    const int groups = kWarp / chunks;
-    const int g = lane / chunks, c = lane % chunks;
-    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-    for (int64_t j = begin + g; j < end; j += kBatch * groups) {
-      AddRows4<K>(t, j, groups, end, c, &acc, &my_bad);
-    }
-    ReportBad(my_bad, bad);
-    for (int off = kWarp / 2; off >= chunks; off /= 2) {
-      acc.x += __shfl_down_sync(kFull, acc.x, off);
-      acc.y += __shfl_down_sync(kFull, acc.y, off);
-      acc.z += __shfl_down_sync(kFull, acc.z, off);
-      acc.w += __shfl_down_sync(kFull, acc.w, off);
-    }
-    if (lane < chunks) {
-      reinterpret_cast<float4*>(t.out + b * t.dim)[c] =
-          make_float4(acc.x * s, acc.y * s, acc.z * s, acc.w * s);
-    }
-    return;
-  }
-  if (kVec4) {
-    for (int c0 = 0; c0 < chunks; c0 += kWarp) {
-      const int c = c0 + lane;
-      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-      // Lanes past the row's end load its first chunk and discard it.
-      const int cc = c < chunks ? c : 0;
-      for (int64_t j = begin; j < end; j += kBatch) {
-        AddRows4<K>(t, j, 1, end, cc, &acc, &my_bad);
-      }
-      if (c < chunks) {
-        reinterpret_cast<float4*>(t.out + b * t.dim)[c] =
-            make_float4(acc.x * s, acc.y * s, acc.z * s, acc.w * s);
-      }
-    }
-  } else {
-    for (int d0 = 0; d0 < t.dim; d0 += kWarp) {
-      const int d = d0 + lane;
-      float acc = 0.0f;
-      for (int64_t j = begin; j < end; ++j) {
-        int64_t id = IdAt<K>(t, j);
-        float w = Factor(t, j);
-        if (!IdOk(id, t.rows)) {
-          my_bad = min(my_bad, j);
-          id = 0;
-          w = 0.0f;
-        }
-        if (d < t.dim) acc += w * __ldg(t.params + id * t.dim + d);
-      }
-      if (d < t.dim) t.out[b * t.dim + d] = acc * s;
-    }
-  }
-  ReportBad(my_bad, bad);
-}
+// Where global sample `sample` lies: its table, its row in that table's
+// batch, its ids [begin, end) and its combiner factor.
+struct SampleSpan {
+  int table;
+  int64_t b, begin, end;
+  float scale;
+};
 
-// A team of kTeam lanes (4, 8 or 16) per sample, 32 / kTeam samples per
-// warp: for short samples (DLRM's one to a few ids), where a warp per sample
-// leaves most lanes idle. float4 loads only. Rows of at most kTeam chunks
-// are read by `chunks` lanes each, kTeam / chunks ids at once, summed by a
-// fixed shuffle tree within the team; wider rows are covered kTeam chunks
-// at a time, ids in order. Deterministic either way.
-template <int kTeam, typename K>
-__global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
-                                        const int64_t* __restrict__ sample_offsets,
-                                        int num_tables, int64_t total, int64_t* first_bad) {
-  static_assert(kTeam >= 2 && kTeam < kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
-  const int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
-  const int tl = threadIdx.x % kTeam;
-  // A team's lanes share `sample`, so they leave or stay together and
-  // shuffles within the team see all of its lanes.
-  const unsigned team_mask = ((1u << kTeam) - 1u) << (threadIdx.x % kWarp / kTeam * kTeam);
-  if (sample >= total) return;
+__device__ __forceinline__ SampleSpan LocateSample(const SokLookupTable* __restrict__ tables,
+                                                   const int64_t* __restrict__ sample_offsets,
+                                                   int num_tables, int64_t sample) {
+  SampleSpan span;
   int lo = 0, hi = num_tables;
   while (hi - lo > 1) {
     const int mid = (lo + hi) / 2;
     if (sample_offsets[mid] <= sample) lo = mid; else hi = mid;
   }
   const SokLookupTable& t = tables[lo];
-  int64_t* bad = first_bad ? first_bad + lo : nullptr;
-  const int64_t b = sample - sample_offsets[lo];
-  const int64_t begin = ClampSplit(t.row_splits[b], 0, t.nnz);
-  const int64_t end = ClampSplit(t.row_splits[b + 1], begin, t.nnz);
-  const int64_t rows = t.rows;
-  const int dim = t.dim;
-  float* out = t.out + b * dim;
+  span.table = lo;
+  span.b = sample - sample_offsets[lo];
+  // Clamped: malformed row_splits (reported by sok_lookup_check_splits)
+  // never lead outside the ids.
+  span.begin = ClampSplit(t.row_splits[span.b], 0, t.nnz);
+  span.end = ClampSplit(t.row_splits[span.b + 1], span.begin, t.nnz);
+  // The combiner's weight sums use the weights alone, not the clip.
   float wsum = 0.0f, wsq = 0.0f;
   if (t.combiner != 0) {
     if (t.weights) {
-      for (int64_t j = begin; j < end; ++j) {
+      for (int64_t j = span.begin; j < span.end; ++j) {
         const float w = __ldg(t.weights + j);
         wsum += w;
         wsq += w * w;
       }
     } else {
-      wsum = wsq = static_cast<float>(end - begin);
+      wsum = wsq = static_cast<float>(span.end - span.begin);
     }
   }
-  const float s = CombinerScale(t.combiner, wsum, wsq);
-  int64_t my_bad = INT64_MAX;
-  if (rows <= 0 || dim <= 0) {  // as the warp kernel: zeros, every id bad
-    if (rows <= 0) {
-      if (tl == 0 && begin < end) ReportBad(begin, bad);
-      for (int d = tl; d < dim; d += kTeam) out[d] = 0.0f;
-      return;
-    }
-    for (int64_t j = begin + tl; j < end; j += kTeam) {
-      if (!IdOk(IdAt<K>(t, j), rows)) my_bad = min(my_bad, j);
+  span.scale = CombinerScale(t.combiner, wsum, wsq);
+  return span;
+}
+
+// A table without rows (every id is bad; the output row is zeros) or
+// without columns (nothing to add; ids are still checked): handled here by
+// the `width` lanes of a sample, lane `lane` of them. Returns whether it was
+// such a table.
+template <typename K>
+__device__ __forceinline__ bool NothingToAdd(const SokLookupTable& t, const SampleSpan& span,
+                                             int lane, int width, int64_t* bad) {
+  if (t.rows <= 0) {
+    if (lane == 0 && span.begin < span.end) ReportBad(span.begin, bad);
+    for (int d = lane; d < t.dim; d += width) t.out[span.b * t.dim + d] = 0.0f;
+    return true;
+  }
+  if (t.dim <= 0) {
+    int64_t my_bad = INT64_MAX;
+    for (int64_t j = span.begin + lane; j < span.end; j += width) {
+      if (!IdOk(IdAt<K>(t, j), t.rows)) my_bad = min(my_bad, j);
     }
     ReportBad(my_bad, bad);
-    return;
+    return true;
   }
-  const int chunks = dim / 4;
+  return false;
+}
+
+// A team of kTeam lanes (4, 8, 16, or a whole warp) per sample, 32 / kTeam
+// samples per warp; float4 loads. Short samples (DLRM's one to a few ids)
+// take small teams, since a warp per sample would leave most lanes idle;
+// long ones a warp. Rows of at most kTeam chunks are read by `chunks` lanes
+// each, kTeam / chunks ids at once, summed by a fixed shuffle tree within
+// the team; wider rows are covered kTeam chunks at a time, ids in order.
+// Deterministic either way.
+template <int kTeam, typename K>
+__global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
+                                        const int64_t* __restrict__ sample_offsets,
+                                        int num_tables, int64_t total, int64_t* first_bad) {
+  static_assert(kTeam >= 2 && kTeam <= kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
+  const int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
+  const int tl = threadIdx.x % kTeam;
+  // A team's lanes share `sample`, so they leave or stay together and
+  // shuffles within the team see all of its lanes.
+  const unsigned team_mask =
+      kTeam == kWarp ? kFull
+                     : ((1u << (kTeam % kWarp)) - 1u) << (threadIdx.x % kWarp / kTeam * kTeam);
+  if (sample >= total) return;
+  const SampleSpan span = LocateSample(tables, sample_offsets, num_tables, sample);
+  const SokLookupTable& t = tables[span.table];
+  int64_t* bad = first_bad ? first_bad + span.table : nullptr;
+  if (NothingToAdd<K>(t, span, tl, kTeam, bad)) return;
+  float* out = t.out + span.b * t.dim;
+  const float s = span.scale;
+  const int64_t begin = span.begin, end = span.end;
+  int64_t my_bad = INT64_MAX;
+  const int chunks = t.dim / 4;
   if (chunks <= kTeam && (chunks & (chunks - 1)) == 0) {
     const int groups = kTeam / chunks;
     const int g = tl / chunks, c = tl % chunks;
@@ -283,6 +212,39 @@ __global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ table
             make_float4(acc.x * s, acc.y * s, acc.z * s, acc.w * s);
       }
     }
+  }
+  ReportBad(my_bad, bad);
+}
+
+// A warp per sample in single floats, for layouts float4 loads cannot take
+// (a dim not a multiple of 4, or unaligned tensors); ids are read once per
+// warp and broadcast.
+template <typename K>
+__global__ void LookupForwardScalarKernel(const SokLookupTable* __restrict__ tables,
+                                          const int64_t* __restrict__ sample_offsets,
+                                          int num_tables, int64_t total, int64_t* first_bad) {
+  const int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kWarp;
+  const int lane = threadIdx.x % kWarp;
+  if (sample >= total) return;
+  const SampleSpan span = LocateSample(tables, sample_offsets, num_tables, sample);
+  const SokLookupTable& t = tables[span.table];
+  int64_t* bad = first_bad ? first_bad + span.table : nullptr;
+  if (NothingToAdd<K>(t, span, lane, kWarp, bad)) return;
+  int64_t my_bad = INT64_MAX;
+  for (int d0 = 0; d0 < t.dim; d0 += kWarp) {
+    const int d = d0 + lane;
+    float acc = 0.0f;
+    for (int64_t j = span.begin; j < span.end; ++j) {
+      int64_t id = IdAt<K>(t, j);
+      float w = Factor(t, j);
+      if (!IdOk(id, t.rows)) {
+        my_bad = min(my_bad, j);
+        id = 0;
+        w = 0.0f;
+      }
+      if (d < t.dim) acc += w * __ldg(t.params + id * t.dim + d);
+    }
+    if (d < t.dim) t.out[span.b * t.dim + d] = acc * span.scale;
   }
   ReportBad(my_bad, bad);
 }
@@ -385,14 +347,23 @@ void LaunchTeams(const SokLookupTable* tables, const int64_t* sample_offsets, in
 }
 
 template <typename K>
-void LaunchTeams(int lanes, const SokLookupTable* tables, const int64_t* sample_offsets,
-                 int num_tables, int64_t total_samples, int64_t* first_bad, cudaStream_t s) {
-  if (lanes == 4) {
+void LaunchForward(int vectorized, int lanes, const SokLookupTable* tables,
+                   const int64_t* sample_offsets, int num_tables, int64_t total_samples,
+                   int64_t* first_bad, cudaStream_t s) {
+  if (!vectorized) {
+    const int threads = kWarp * kWarpsPerBlock;
+    const unsigned grid =
+        static_cast<unsigned>((total_samples + kWarpsPerBlock - 1) / kWarpsPerBlock);
+    LookupForwardScalarKernel<K><<<grid, threads, 0, s>>>(tables, sample_offsets, num_tables,
+                                                          total_samples, first_bad);
+  } else if (lanes == 4) {
     LaunchTeams<4, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
   } else if (lanes == 8) {
     LaunchTeams<8, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
-  } else {
+  } else if (lanes == 16) {
     LaunchTeams<16, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+  } else {
+    LaunchTeams<kWarp, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
   }
 }
 
@@ -408,29 +379,12 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_forward_f32(
   if (lanes < kWarp && !vectorized) return static_cast<int>(cudaErrorInvalidValue);
   if (total_samples <= 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  if (lanes < kWarp) {
-    if (id_bytes == 8) {
-      LaunchTeams<int64_t>(lanes, tables, sample_offsets, num_tables, total_samples, first_bad, s);
-    } else {
-      LaunchTeams<int32_t>(lanes, tables, sample_offsets, num_tables, total_samples, first_bad, s);
-    }
-    return static_cast<int>(cudaGetLastError());
-  }
-  const int threads = kWarp * kWarpsPerBlock;
-  const int64_t blocks = (total_samples + kWarpsPerBlock - 1) / kWarpsPerBlock;
-  const unsigned grid = static_cast<unsigned>(blocks);
-  if (vectorized && id_bytes == 8) {
-    LookupForwardKernel<true, int64_t><<<grid, threads, 0, s>>>(tables, sample_offsets,
-                                                                num_tables, total_samples, first_bad);
-  } else if (vectorized) {
-    LookupForwardKernel<true, int32_t><<<grid, threads, 0, s>>>(tables, sample_offsets,
-                                                                num_tables, total_samples, first_bad);
-  } else if (id_bytes == 8) {
-    LookupForwardKernel<false, int64_t><<<grid, threads, 0, s>>>(
-        tables, sample_offsets, num_tables, total_samples, first_bad);
+  if (id_bytes == 8) {
+    LaunchForward<int64_t>(vectorized, lanes, tables, sample_offsets, num_tables, total_samples,
+                           first_bad, s);
   } else {
-    LookupForwardKernel<false, int32_t><<<grid, threads, 0, s>>>(
-        tables, sample_offsets, num_tables, total_samples, first_bad);
+    LaunchForward<int32_t>(vectorized, lanes, tables, sample_offsets, num_tables, total_samples,
+                           first_bad, s);
   }
   return static_cast<int>(cudaGetLastError());
 }
