@@ -33,6 +33,11 @@ class Table(ctypes.Structure):
 
 
 assert ctypes.sizeof(Table) == 88, "SokLookupTable layout changed"
+
+
+class GradTable(ctypes.Structure):
+    _fields_ = [("grads", ctypes.c_void_p), ("unique_ids", ctypes.c_void_p),
+                ("grad_rows", ctypes.c_void_p)]
 COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
 I64_MAX = 2**63 - 1
 
@@ -45,10 +50,10 @@ def load(path):
     lib.sok_lookup_forward_f32.restype = ctypes.c_int
     lib.sok_lookup_clip_factors.argtypes = [P, ctypes.c_int64, P, P, P]
     lib.sok_lookup_clip_factors.restype = ctypes.c_int
-    lib.sok_lookup_backward_plan.argtypes = [P, ctypes.c_int64, ctypes.c_int, P, P, P,
+    lib.sok_lookup_backward_plan.argtypes = [P, P, ctypes.c_int, P, P, P,
                                              ctypes.POINTER(ctypes.c_size_t), P]
     lib.sok_lookup_backward_plan.restype = ctypes.c_int
-    lib.sok_lookup_backward_rows.argtypes = [P, ctypes.c_int64, P, P, P, P, P]
+    lib.sok_lookup_backward_rows.argtypes = [P, P, ctypes.c_int, P, P, P]
     lib.sok_lookup_backward_rows.restype = ctypes.c_int
     lib.sok_unique_segment_sum_f32.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
@@ -222,32 +227,50 @@ def reference(params, ids, splits, weights, combiner, max_norm=0.0):
 
 
 def backward(lib, t, grads):
-    """sok_lookup_backward_plan + _rows on one table (dict of cupy arrays):
-    unique ids, gradient rows, first bad position."""
-    nnz = int(t["ids"].shape[0])
-    desc = describe(t)
+    """The gradient of one table (dict of cupy arrays): unique ids, gradient
+    rows, first bad position."""
+    return backward_tables(lib, [t], [grads])[0]
+
+
+def backward_tables(lib, tables, grads):
+    """sok_lookup_backward_plan + _rows on every table at once (dicts of
+    cupy arrays; grads: one cupy [batch, dim] per table): per table its
+    unique ids, gradient rows and first bad position."""
+    n = len(tables)
+    host = (Table * n)(*[describe(t) for t in tables])
+    dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
     stream = cp.cuda.get_current_stream().ptr
-    rows = int(t["params"].shape[0])
-    bits = max(1, int(rows - 1).bit_length())
     size = ctypes.c_size_t(0)
-    num = cp.full(1, -7, cp.int64)
-    bad = cp.full(1, I64_MAX, cp.int64)
-    rc = lib.sok_lookup_backward_plan(ctypes.byref(desc), nnz, bits, num.data.ptr, bad.data.ptr,
-                                      None, ctypes.byref(size), stream)
+    num = cp.full(n, -7, cp.int64)
+    bad = cp.full(n, I64_MAX, cp.int64)
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, bad.data.ptr, None,
+                                      ctypes.byref(size), stream)
     assert rc == 0, rc
     temp = cp.empty(max(size.value, 1), cp.uint8)
-    rc = lib.sok_lookup_backward_plan(ctypes.byref(desc), nnz, bits, num.data.ptr, bad.data.ptr,
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, bad.data.ptr,
                                       temp.data.ptr, ctypes.byref(size), stream)
     assert rc == 0, rc
-    u = int(num[0])  # the host synchronisation the op needs for its output size
-    uniq = cp.full(max(u, 1), -7, t["ids"].dtype)
-    out = cp.full((max(u, 1), int(t["params"].shape[1])), cp.nan, cp.float32)
-    if int(bad[0]) == I64_MAX:
-        rc = lib.sok_lookup_backward_rows(ctypes.byref(desc), nnz, grads.data.ptr, temp.data.ptr,
-                                          uniq.data.ptr, out.data.ptr, stream)
+    counts = cp.asnumpy(num)  # the host synchronisation the op needs for its output sizes
+    firsts = cp.asnumpy(bad)
+    # Poisoned outputs, one spare row each: a write past a table's count shows.
+    uniq = [cp.full(int(u) + 1, -7, t["ids"].dtype) for t, u in zip(tables, counts)]
+    rows = [cp.full((int(u) + 1, int(t["params"].shape[1])), cp.nan, cp.float32)
+            for t, u in zip(tables, counts)]
+    if (firsts == I64_MAX).all():
+        outs = (GradTable * n)(*[GradTable(g.data.ptr, u.data.ptr, r.data.ptr)
+                                 for g, u, r in zip(grads, uniq, rows)])
+        d_outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
+        rc = lib.sok_lookup_backward_rows(host, dev.data.ptr, n, d_outs.data.ptr, temp.data.ptr,
+                                          stream)
         assert rc == 0, rc
     cp.cuda.get_current_stream().synchronize()
-    return cp.asnumpy(uniq[:u]), cp.asnumpy(out[:u]), int(bad[0])
+    result = []
+    for u, ids, r, first in zip(counts, uniq, rows, firsts):
+        u = int(u)
+        spare_clean = int(ids[u]) == -7 and bool(cp.isnan(r[u]).all())
+        assert spare_clean or first != I64_MAX, "the gradient wrote past a table's rows"
+        result.append((cp.asnumpy(ids[:u]), cp.asnumpy(r[:u]), int(first)))
+    return result
 
 
 def backward_reference(params, ids, splits, weights, combiner, max_norm, grads):
@@ -341,23 +364,31 @@ def check(lib, rng):
                                       f"weighted={weighted} {case} {id_type.__name__} "
                                       f"max_norm={h['max_norm']:.2f}: rel err {err:.2e}, "
                                       f"NaN {np.isnan(got).sum()}")
-                        batch, dim = o.shape
-                        grads = rng.standard_normal((batch, dim)).astype(np.float32)
-                        u, rows, bad = backward(lib, d, cp.asarray(grads))
+                    # The gradient of the tables together (one launch
+                    # sequence) and of each alone: both against the
+                    # reference, and bit-identical to each other.
+                    grads = [rng.standard_normal(o.shape).astype(np.float32) for o in outs]
+                    together = backward_tables(lib, dev, [cp.asarray(g) for g in grads])
+                    for h, d, g, (u, rows, bad) in zip(host, dev, grads, together):
+                        alone = backward(lib, d, cp.asarray(g))
                         wu, wrows = backward_reference(h["params"], h["ids"], h["splits"],
-                                                       h["weights"], combiner, h["max_norm"],
-                                                       grads)
+                                                       h["weights"], combiner, h["max_norm"], g)
                         bwd_cases += 1
+                        dim = g.shape[1]
                         # Relative to at least 1: at dim 1 a clipped row's
                         # gradient is exactly 0, leaving only rounding.
                         err = (np.linalg.norm(rows - wrows) / max(np.linalg.norm(wrows), 1.0)
                                if rows.shape == wrows.shape else np.inf)
+                        same = (np.array_equal(alone[0], u) and alone[2] == bad
+                                and alone[1].tobytes() == rows.tobytes())
                         if (bad != I64_MAX or not np.array_equal(u, wu) or u.dtype != id_type
-                                or np.isnan(rows).any() or err > 1e-5):
+                                or np.isnan(rows).any() or err > 1e-5 or not same):
                             bwd_failures += 1
-                            print(f"FAIL backward dim={dim} {combiner} weighted={weighted} "
-                                  f"{case} {id_type.__name__} max_norm={h['max_norm']:.2f}: "
-                                  f"ids equal {np.array_equal(u, wu)}, rel err {err:.2e}")
+                            print(f"FAIL backward dims={dims} dim={dim} {combiner} "
+                                  f"weighted={weighted} {case} {id_type.__name__} "
+                                  f"max_norm={h['max_norm']:.2f}: ids equal "
+                                  f"{np.array_equal(u, wu)}, rel err {err:.2e}, "
+                                  f"together == alone {same}")
     # Bad ids: reported at their first position, never read through.
     for id_type in (np.int32, np.int64):
         h = random_table(rng, 100, 16, 50, 6, "sum", False)
@@ -379,6 +410,31 @@ def check(lib, rng):
         if backward(lib, d, cp.zeros((50, 16), cp.float32))[2] != spots[0]:
             bwd_failures += 1
             print(f"FAIL backward did not report the bad id at {spots[0]}")
+    # Tables together: a bad id is reported for its table only, and an
+    # empty table (no ids, or no samples) among others has no rows.
+    good = [random_table(rng, 300, 8, 40, 4, "sum", False) for _ in range(3)]
+    good[1]["ids"][[3, 7]] = [300, -5]
+    empty = [random_table(rng, 50, 4, 6, 0, "mean", False),  # samples without ids
+             random_table(rng, 50, 4, 0, 3, "mean", False)]  # no samples
+    for tables, want_bad in ((good, [I64_MAX, 3, I64_MAX]),
+                             ([good[0], empty[0], good[2], empty[1]], [I64_MAX] * 4)):
+        dev = [to_device(h) for h in tables]
+        grads = [cp.asarray(rng.standard_normal((len(h["splits"]) - 1,
+                                                 h["params"].shape[1])).astype(np.float32))
+                 for h in tables]
+        got = backward_tables(lib, dev, grads)
+        bwd_cases += 1
+        firsts = [g[2] for g in got]
+        ok = firsts == want_bad
+        if ok and want_bad[1] == I64_MAX:
+            for h, g, (u, rows, _) in zip(tables, grads, got):
+                wu, wrows = backward_reference(h["params"], h["ids"], h["splits"], None,
+                                               h["combiner"], 0.0, cp.asnumpy(g))
+                ok = ok and np.array_equal(u, wu) and rows.shape == wrows.shape and (
+                    rows.size == 0 or np.abs(rows - wrows).max() < 1e-5)
+        if not ok:
+            bwd_failures += 1
+            print(f"FAIL backward of tables together: first bad {firsts}, want {want_bad}")
     # determinism: identical bits on repeat
     h = random_table(rng, 1000, 64, 4096, 20, "mean", True)
     dev = [to_device(h)]
@@ -461,26 +517,7 @@ def bench_backward(lib, rows, dim, batch, hot):
                  splits=cp.arange(0, nnz + 1, hot, dtype=cp.int64), weights=None,
                  combiner="mean")
     grads = cp.random.standard_normal((batch, dim), dtype=cp.float32)
-    desc = describe(table)
-    stream = cp.cuda.get_current_stream().ptr
-    bits = int(rows - 1).bit_length()
-    size = ctypes.c_size_t(0)
-    num = cp.zeros(1, cp.int64)
-    bad = cp.full(1, I64_MAX, cp.int64)
-    lib.sok_lookup_backward_plan(ctypes.byref(desc), nnz, bits, num.data.ptr, bad.data.ptr,
-                                 None, ctypes.byref(size), stream)
-    temp = cp.empty(size.value, cp.uint8)
-    uniq = cp.empty(nnz, cp.int64)
-    out = cp.empty((nnz, dim), cp.float32)
-
-    def run():
-        lib.sok_lookup_backward_plan(ctypes.byref(desc), nnz, bits, num.data.ptr, bad.data.ptr,
-                                     temp.data.ptr, ctypes.byref(size), stream)
-        int(num[0])  # the op's one host synchronisation (output size)
-        lib.sok_lookup_backward_rows(ctypes.byref(desc), nnz, grads.data.ptr, temp.data.ptr,
-                                     uniq.data.ptr, out.data.ptr, stream)
-
-    ms = time_ms(run)
+    ms = time_ms(BackwardRun(lib, [table], [grads]))
     torch_ms = float("nan")
     try:
         import torch
@@ -499,6 +536,74 @@ def bench_backward(lib, rows, dim, batch, hot):
     print(f"whole backward (mean), {batch}x{hot} ids over {rows} rows, dim {dim}: sok "
           f"{ms:.3f} ms (incl. one read-back), torch unique + expand + index_add_ "
           f"{torch_ms:.3f} ms, {torch_ms / ms:.2f}x")
+
+
+class BackwardRun:
+    """One whole gradient of `tables` as the op runs it: plan, one read-back
+    of the counts, rows; buffers allocated once."""
+
+    def __init__(self, lib, tables, grads):
+        self.lib, self.n = lib, len(tables)
+        self.host = (Table * self.n)(*[describe(t) for t in tables])
+        self.dev = cp.asarray(np.frombuffer(bytes(self.host), np.uint8))
+        self.size = ctypes.c_size_t(0)
+        self.num = cp.zeros(self.n, cp.int64)
+        self.bad = cp.full(self.n, I64_MAX, cp.int64)
+        lib.sok_lookup_backward_plan(self.host, self.dev.data.ptr, self.n, None, None, None,
+                                     ctypes.byref(self.size), None)
+        self.temp = cp.empty(self.size.value, cp.uint8)
+        self.keep = [(cp.empty(int(t["ids"].shape[0]), t["ids"].dtype),
+                      cp.empty((int(t["ids"].shape[0]), int(t["params"].shape[1])), cp.float32))
+                     for t in tables]
+        outs = (GradTable * self.n)(*[GradTable(g.data.ptr, u.data.ptr, r.data.ptr)
+                                      for g, (u, r) in zip(grads, self.keep)])
+        self.outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
+
+    def plan(self):
+        rc = self.lib.sok_lookup_backward_plan(
+            self.host, self.dev.data.ptr, self.n, self.num.data.ptr, self.bad.data.ptr,
+            self.temp.data.ptr, ctypes.byref(self.size), cp.cuda.get_current_stream().ptr)
+        assert rc == 0, rc
+
+    def rows(self):
+        rc = self.lib.sok_lookup_backward_rows(self.host, self.dev.data.ptr, self.n,
+                                               self.outs.data.ptr, self.temp.data.ptr,
+                                               cp.cuda.get_current_stream().ptr)
+        assert rc == 0, rc
+
+    def __call__(self):
+        self.plan()
+        cp.asnumpy(self.num)  # the op's one host synchronisation (output sizes)
+        self.rows()
+
+
+def bench_backward_tables(lib, rng):
+    """DLRM's shape (26 tables x 100k x 16, batch 8192, hotness 1-5, Zipf ids,
+    mean): the gradient of the 26 tables in one call against 26 calls of
+    one table each (the launch sequence per table the op ran before)."""
+    tables, grads = [], []
+    for _ in range(26):
+        lengths = rng.integers(1, 6, size=8192)
+        splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        ids = np.minimum(rng.zipf(1.2, size=int(splits[-1])) - 1, 99999).astype(np.int64)
+        tables.append(dict(params=cp.random.standard_normal((100000, 16), dtype=cp.float32),
+                           ids=cp.asarray(ids), splits=cp.asarray(splits), weights=None,
+                           combiner="mean"))
+        grads.append(cp.random.standard_normal((8192, 16), dtype=cp.float32))
+    together = time_ms(BackwardRun(lib, tables, grads))
+    singles = [BackwardRun(lib, [t], [g]) for t, g in zip(tables, grads)]
+
+    def one_by_one():  # plans, the one read-back, rows: as the op ran them
+        for run in singles:
+            run.plan()
+        cp.asnumpy(singles[-1].num)
+        for run in singles:
+            run.rows()
+
+    alone = time_ms(one_by_one)
+    print(f"whole backward, DLRM shape (26 tables x 8192 x 1-5 Zipf ids, dim 16): 26 tables "
+          f"in one call {together:.3f} ms, one call per table {alone:.3f} ms, "
+          f"{alone / together:.2f}x")
 
 
 def main():
@@ -550,6 +655,7 @@ def main():
               f"sok {ms:.3f} ms, torch unique+index_add_ {torch_ms:.3f} ms, "
               f"{torch_ms / ms:.2f}x")
     bench_backward(lib, rows, 16, batch, 32)
+    bench_backward_tables(lib, rng)
     util_checks.bench_util(lib, time_ms)
     table_checks.bench_table(lib, time_ms, batch=1 << 18 if args.quick else 1 << 20)
     print(f"\ntotal failures: {failures}")

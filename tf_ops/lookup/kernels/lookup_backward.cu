@@ -97,8 +97,16 @@ extern "C" __attribute__((visibility("default"))) int sok_unique_segment_sum_f32
 }
 
 // ---------------------------------------------------------------------------
-// The whole gradient of one table: plan (sort, runs, order of first
-// appearance, per-position factors), then rows.
+// The whole gradient of every table of a lookup, all tables in one launch
+// sequence (a launch per step, not per step and table: with 26 small tables
+// the launches, not the arithmetic, were the gradient's cost). A sort key
+// is (table, id), so after the sort a table's ids fill one contiguous
+// stretch of the sorted keys — the stretch its positions fill,
+// [pos_begin, pos_begin + nnz) — and its distinct ids one contiguous stretch
+// of the runs. Sorting the runs by their first (global) position then gives
+// every table's runs in order of first appearance, tables one after the
+// other, so a run's place in its table's output is its rank minus the
+// table's first run.
 
 namespace {
 
@@ -110,30 +118,80 @@ inline unsigned Grid(int64_t items) {
   return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((items + 255) / 256, 8192)));
 }
 
+// blockIdx.y is the table; blockIdx.x strides over the table's items, of
+// which the largest table has max_items.
+inline dim3 TableGrid(int64_t max_items, int num_tables) {
+  return dim3(Grid(max_items), static_cast<unsigned>(num_tables));
+}
+
 int BitsFor(int64_t max_value) {
   int bits = 1;
   while (bits < 63 && (int64_t{1} << bits) <= max_value) ++bits;
   return bits;
 }
 
+// Where a table's pieces lie in the plan (device, one per table).
+struct PlanTable {
+  int64_t pos_begin;    // its first global position, and its first sorted index
+  int64_t piece_begin;  // its first element of piece_sum ([nnz, dim] per table)
+  int64_t run_begin;    // its first run, and its first rank
+  int64_t runs;         // its distinct ids
+};
+
+// Sizes of the whole lookup, from the host copies of the descriptors.
+struct PlanSizes {
+  int64_t nnz = 0;          // all tables' ids
+  int64_t piece_elems = 0;  // sum of nnz * dim
+  int64_t max_nnz = 0, max_batch = 0, max_elems = 0, max_chunk_elems = 0;
+  int64_t max_rows = 0;
+  bool any_max_norm = false;
+};
+
+// A run's gradient row is the sum over its sorted positions, in order. A
+// hot id (a Zipf-skewed feature's head, or a small vocabulary) has
+// thousands of positions, so the sum is taken in two deterministic steps:
+// a table's sorted positions are cut into chunks of kChunk, and a run's
+// piece in each chunk is summed in order (RowsPieces), then a run's pieces
+// are added in order (RowsSum). A run inside one chunk is summed exactly as
+// one loop over its positions would sum it.
+constexpr int64_t kChunk = 32;
+
+PlanSizes SizesOf(const SokLookupTable* tables, int num_tables) {
+  PlanSizes z;
+  for (int t = 0; t < num_tables; ++t) {
+    const SokLookupTable& v = tables[t];
+    const int64_t dim = v.dim > 0 ? v.dim : 0;
+    z.nnz += v.nnz;
+    z.piece_elems += v.nnz * dim;
+    z.max_nnz = std::max(z.max_nnz, v.nnz);
+    z.max_batch = std::max(z.max_batch, v.batch);
+    z.max_elems = std::max(z.max_elems, v.nnz * dim);
+    z.max_chunk_elems = std::max(z.max_chunk_elems, (v.nnz + kChunk - 1) / kChunk * dim);
+    z.max_rows = std::max(z.max_rows, v.rows);
+    z.any_max_norm = z.any_max_norm || (v.max_norm > 0.0f && v.nnz > 0);
+  }
+  return z;
+}
+
 // The plan's scratch, carved from one block in a fixed order (both calls
-// compute the same layout from nnz and the sort sizes).
+// compute the same layout from the sizes and the sort sizes).
 struct Plan {
-  int64_t* keys;          // ids as int64
+  int64_t* keys;  // (table, id)
   int64_t* sorted_keys;
-  int32_t* pos;           // 0..n-1, then reused for run numbers
+  int32_t* pos;  // global positions 0..n-1, then reused for run numbers
   int32_t* sorted_pos;
   int32_t* head;
-  int32_t* run_of;        // 1-based run of each sorted index
+  int32_t* run_of;  // 1-based run of each sorted index
   int32_t* run_start;
-  int32_t* first_pos;     // per run; n for unused entries
+  int32_t* first_pos;  // per run; n for unused entries
   int32_t* first_sorted;
-  int32_t* order;         // runs in order of first appearance
-  int32_t* rank_of;       // run -> its index in the output
-  int32_t* sample_of;     // position -> sample
-  float* factor;          // position -> weight * combiner factor
-  float* piece_sum;       // [n, dim]: a run's piece within a chunk, at its first sorted index
+  int32_t* order;      // runs in order of first appearance
+  int32_t* rank_of;    // run -> its index in the order
+  int32_t* sample_of;  // position -> sample of its table
+  float* factor;       // position -> weight * combiner factor
+  float* piece_sum;    // a run's piece within a chunk, at its first sorted index
   int64_t* num_runs;
+  PlanTable* per_table;
   void* cub;
   size_t cub_bytes;
   size_t total;
@@ -141,7 +199,9 @@ struct Plan {
 
 size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
-cudaError_t LayPlan(char* base, int64_t n, int dim, int key_bits, Plan* p, cudaStream_t s) {
+cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits, Plan* p,
+                    cudaStream_t s) {
+  const int64_t n = z.nnz;
   const int num = static_cast<int>(n);
   size_t a = 0, b = 0, c = 0;
   cudaError_t err = cub::DeviceRadixSort::SortPairs(
@@ -170,8 +230,9 @@ cudaError_t LayPlan(char* base, int64_t n, int dim, int key_bits, Plan* p, cudaS
                       &p->first_pos, &p->first_sorted, &p->order, &p->rank_of, &p->sample_of};
   for (int32_t** q : ints) *q = reinterpret_cast<int32_t*>(take(4 * m));
   p->factor = reinterpret_cast<float*>(take(4 * m));
-  p->piece_sum = reinterpret_cast<float*>(take(4 * m * static_cast<size_t>(dim > 0 ? dim : 1)));
+  p->piece_sum = reinterpret_cast<float*>(take(4 * static_cast<size_t>(z.piece_elems)));
   p->num_runs = reinterpret_cast<int64_t*>(take(8));
+  p->per_table = reinterpret_cast<PlanTable*>(take(sizeof(PlanTable) * num_tables));
   p->cub = take(p->cub_bytes);
   p->total = off;
   return cudaSuccess;
@@ -182,16 +243,39 @@ __device__ __forceinline__ int64_t LoadId(const SokLookupTable& t, int64_t j) {
                          : static_cast<const int64_t*>(t.ids)[j];
 }
 
-__global__ void PlanKeys(SokLookupTable t, int64_t n, int64_t* __restrict__ keys,
-                         int32_t* __restrict__ pos, int64_t* first_bad) {
-  SOK_FOR_EACH(j, n) {
-    const int64_t id = LoadId(t, j);
-    if (id < 0 || id >= t.rows) {
-      atomicMin(reinterpret_cast<unsigned long long*>(first_bad),
+// Each table's first position and first piece element (a prefix sum over a
+// handful of tables: one thread).
+__global__ void PlanTables(const SokLookupTable* __restrict__ tables, int num_tables,
+                           PlanTable* __restrict__ per_table) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  int64_t pos = 0, piece = 0;
+  for (int t = 0; t < num_tables; ++t) {
+    per_table[t].pos_begin = pos;
+    per_table[t].piece_begin = piece;
+    pos += tables[t].nnz;
+    piece += tables[t].nnz * (tables[t].dim > 0 ? tables[t].dim : 0);
+  }
+}
+
+// Sort keys (table << id_bits | id) and global positions. An id outside
+// [0, rows) is reported at its table's first such position and sorted as
+// id 0, so the keys stay well formed (the rows are never computed then).
+__global__ void PlanKeys(const SokLookupTable* __restrict__ tables,
+                         const PlanTable* __restrict__ per_table, int id_bits,
+                         int64_t* __restrict__ keys, int32_t* __restrict__ pos,
+                         int64_t* first_bad) {
+  const int t = blockIdx.y;
+  const SokLookupTable tb = tables[t];
+  const int64_t base = per_table[t].pos_begin;
+  SOK_FOR_EACH(j, tb.nnz) {
+    int64_t id = LoadId(tb, j);
+    if (id < 0 || id >= tb.rows) {
+      atomicMin(reinterpret_cast<unsigned long long*>(first_bad + t),
                 static_cast<unsigned long long>(j));
+      id = 0;
     }
-    keys[j] = id;
-    pos[j] = static_cast<int32_t>(j);
+    keys[base + j] = (static_cast<int64_t>(t) << id_bits) | id;
+    pos[base + j] = static_cast<int32_t>(base + j);
   }
 }
 
@@ -224,10 +308,30 @@ __global__ void PlanRanks(const int32_t* __restrict__ order, const int64_t* num_
   SOK_FOR_EACH(k, runs) rank_of[order[k]] = static_cast<int32_t>(k);
 }
 
+// Each table's runs: its stretch of sorted indices starts a run (the keys
+// before it belong to another table), so its first run and its count of
+// runs come from the run numbers at the stretch's two ends.
+__global__ void PlanCounts(const SokLookupTable* __restrict__ tables, int num_tables,
+                           const int32_t* __restrict__ run_of, PlanTable* __restrict__ per_table,
+                           int64_t* __restrict__ num_unique) {
+  SOK_FOR_EACH(t, num_tables) {
+    const int64_t nnz = tables[t].nnz;
+    const int64_t b = per_table[t].pos_begin;
+    const int64_t first = nnz > 0 ? run_of[b] - 1 : 0;
+    const int64_t runs = nnz > 0 ? run_of[b + nnz - 1] - first : 0;
+    per_table[t].run_begin = first;
+    per_table[t].runs = runs;
+    num_unique[t] = runs;
+  }
+}
+
 // One thread per sample: its combiner factor (weights summed in order, as
 // the CPU kernel does), then each of its positions' factor and sample.
-__global__ void PlanSamples(SokLookupTable t, int32_t* __restrict__ sample_of,
-                            float* __restrict__ factor) {
+__global__ void PlanSamples(const SokLookupTable* __restrict__ tables,
+                            const PlanTable* __restrict__ per_table,
+                            int32_t* __restrict__ sample_of, float* __restrict__ factor) {
+  const SokLookupTable t = tables[blockIdx.y];
+  const int64_t base = per_table[blockIdx.y].pos_begin;
   SOK_FOR_EACH(b, t.batch) {
     // Clamped as in the forward: malformed row_splits (reported before the
     // rows are written) never lead outside the ids.
@@ -243,34 +347,49 @@ __global__ void PlanSamples(SokLookupTable t, int32_t* __restrict__ sample_of,
     const float scale =
         sok_graph::core::CombinerScale(static_cast<sok_graph::core::Combiner>(t.combiner), sum, sq);
     for (int64_t j = j0; j < j1; ++j) {
-      sample_of[j] = static_cast<int32_t>(b);
-      factor[j] = (t.weights ? t.weights[j] : 1.0f) * scale;
+      sample_of[base + j] = static_cast<int32_t>(b);
+      factor[base + j] = (t.weights ? t.weights[j] : 1.0f) * scale;
     }
   }
 }
 
-template <typename K>
-__global__ void RowsIds(const int64_t* __restrict__ sorted_keys,
+// Each table's distinct ids, in order of first appearance.
+__global__ void RowsIds(const SokLookupTable* __restrict__ tables,
+                        const PlanTable* __restrict__ per_table,
+                        const SokLookupGradTable* __restrict__ outs,
+                        const int64_t* __restrict__ sorted_keys,
                         const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of,
-                        const int64_t* num_runs, K* __restrict__ unique_ids) {
-  const int64_t runs = *num_runs;
-  SOK_FOR_EACH(r, runs) unique_ids[rank_of[r]] = static_cast<K>(sorted_keys[run_start[r]]);
+                        int64_t id_mask) {
+  const int t = blockIdx.y;
+  const PlanTable pt = per_table[t];
+  const bool narrow = tables[t].id_bytes == 4;
+  void* out = outs[t].unique_ids;
+  SOK_FOR_EACH(i, pt.runs) {
+    const int64_t r = pt.run_begin + i;
+    const int64_t id = sorted_keys[run_start[r]] & id_mask;
+    const int64_t k = rank_of[r] - pt.run_begin;
+    if (narrow) {
+      static_cast<int32_t*>(out)[k] = static_cast<int32_t>(id);
+    } else {
+      static_cast<int64_t*>(out)[k] = id;
+    }
+  }
 }
 
-// A run's gradient row is the sum over its sorted positions, in order. A
-// hot id (a Zipf-skewed feature's head, or a small vocabulary) has
-// thousands of positions, so the sum is taken in two deterministic steps:
-// the sorted positions are cut into chunks of kChunk, and a run's piece in
-// each chunk is summed in order (RowsPieces), then a run's pieces are added
-// in order (RowsSum). A run inside one chunk is summed exactly as one loop
-// over its positions would sum it.
-constexpr int64_t kChunk = 32;
-
-// One thread per (chunk, column): each piece's sum, at its first index.
-__global__ void RowsPieces(const float* __restrict__ grads, const int32_t* __restrict__ sorted_pos,
+// One thread per (chunk, column) of a table: each piece's sum, at its first
+// index.
+__global__ void RowsPieces(const SokLookupTable* __restrict__ tables,
+                           const PlanTable* __restrict__ per_table,
+                           const SokLookupGradTable* __restrict__ outs,
+                           const int32_t* __restrict__ sorted_pos,
                            const int32_t* __restrict__ head, const int32_t* __restrict__ sample_of,
-                           const float* __restrict__ factor, int64_t n, int dim,
-                           float* __restrict__ piece_sum) {
+                           const float* __restrict__ factor, float* __restrict__ piece_sum) {
+  const int t = blockIdx.y;
+  const int64_t n = tables[t].nnz;
+  const int dim = tables[t].dim;
+  const int64_t base = per_table[t].pos_begin;
+  float* pieces = piece_sum + per_table[t].piece_begin;
+  const float* __restrict__ grads = outs[t].grads;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
   SOK_FOR_EACH(i, chunks * dim) {
     const int64_t c = i / dim;
@@ -279,48 +398,65 @@ __global__ void RowsPieces(const float* __restrict__ grads, const int32_t* __res
     int64_t first = k0;
     float acc = 0.0f;
     for (int64_t k = k0; k < k1; ++k) {
-      if (k > k0 && head[k]) {
-        piece_sum[first * dim + d] = acc;
+      if (k > k0 && head[base + k]) {
+        pieces[first * dim + d] = acc;
         acc = 0.0f;
         first = k;
       }
-      const int32_t p = sorted_pos[k];
+      const int32_t p = sorted_pos[base + k];
       acc += factor[p] * grads[static_cast<int64_t>(sample_of[p]) * dim + d];
     }
-    piece_sum[first * dim + d] = acc;
+    pieces[first * dim + d] = acc;
   }
 }
 
-// One thread per (run, column): the run's pieces, in order.
-__global__ void RowsSum(const float* __restrict__ piece_sum, const int32_t* __restrict__ run_start,
-                        const int32_t* __restrict__ rank_of, const int64_t* num_runs, int64_t n,
-                        int dim, float* __restrict__ grad_rows) {
-  const int64_t runs = *num_runs;
-  SOK_FOR_EACH(i, runs * dim) {
-    const int64_t r = i / dim;
-    const int d = static_cast<int>(i - r * dim);
-    const int64_t k0 = run_start[r], k1 = r + 1 < runs ? run_start[r + 1] : n;
+// One thread per (run, column) of a table: the run's pieces, in order.
+__global__ void RowsSum(const SokLookupTable* __restrict__ tables,
+                        const PlanTable* __restrict__ per_table,
+                        const SokLookupGradTable* __restrict__ outs,
+                        const float* __restrict__ piece_sum, const int32_t* __restrict__ run_start,
+                        const int32_t* __restrict__ rank_of) {
+  const int t = blockIdx.y;
+  const int64_t n = tables[t].nnz;
+  const int dim = tables[t].dim;
+  const PlanTable pt = per_table[t];
+  const float* __restrict__ pieces = piece_sum + pt.piece_begin;
+  float* __restrict__ grad_rows = outs[t].grad_rows;
+  SOK_FOR_EACH(i, pt.runs * dim) {
+    const int64_t ri = i / dim;
+    const int d = static_cast<int>(i - ri * dim);
+    const int64_t r = pt.run_begin + ri;
+    // Sorted indices relative to the table's stretch (chunks start there).
+    const int64_t k0 = run_start[r] - pt.pos_begin;
+    const int64_t k1 = ri + 1 < pt.runs ? run_start[r + 1] - pt.pos_begin : n;
     float acc = 0.0f;
-    for (int64_t k = k0; k < k1; k = (k / kChunk + 1) * kChunk) acc += piece_sum[k * dim + d];
-    grad_rows[static_cast<int64_t>(rank_of[r]) * dim + d] = acc;
+    for (int64_t k = k0; k < k1; k = (k / kChunk + 1) * kChunk) acc += pieces[k * dim + d];
+    grad_rows[(rank_of[r] - pt.run_begin) * dim + d] = acc;
   }
 }
 
-// max_norm's clip, backwards, on each unique row (a warp per row):
-// g <- (m / |x|) (g - x (x.g) / |x|^2) where |x| > m.
-__global__ void RowsClip(SokLookupTable t, const int64_t* __restrict__ sorted_keys,
+// max_norm's clip, backwards, on each distinct row of the tables that clip
+// (a warp per row): g <- (m / |x|) (g - x (x.g) / |x|^2) where |x| > m.
+__global__ void RowsClip(const SokLookupTable* __restrict__ tables,
+                         const PlanTable* __restrict__ per_table,
+                         const SokLookupGradTable* __restrict__ outs,
+                         const int64_t* __restrict__ sorted_keys,
                          const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of,
-                         const int64_t* num_runs, float* __restrict__ grad_rows) {
-  const int64_t runs = *num_runs;
+                         int64_t id_mask) {
+  const SokLookupTable tb = tables[blockIdx.y];
+  if (!(tb.max_norm > 0.0f)) return;
+  const PlanTable pt = per_table[blockIdx.y];
+  float* __restrict__ grad_rows = outs[blockIdx.y].grad_rows;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
-  for (int64_t r = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32; r < runs;
-       r += warps) {
-    const int64_t id = sorted_keys[run_start[r]];
-    const float* x = t.params + id * t.dim;
-    float* g = grad_rows + static_cast<int64_t>(rank_of[r]) * t.dim;
+  for (int64_t ri = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
+       ri < pt.runs; ri += warps) {
+    const int64_t r = pt.run_begin + ri;
+    const int64_t id = sorted_keys[run_start[r]] & id_mask;
+    const float* x = tb.params + id * tb.dim;
+    float* g = grad_rows + (rank_of[r] - pt.run_begin) * tb.dim;
     float sq = 0.0f, dot = 0.0f;
-    for (int d = lane; d < t.dim; d += 32) {
+    for (int d = lane; d < tb.dim; d += 32) {
       sq += x[d] * x[d];
       dot += x[d] * g[d];
     }
@@ -329,39 +465,63 @@ __global__ void RowsClip(SokLookupTable t, const int64_t* __restrict__ sorted_ke
       dot += __shfl_xor_sync(0xffffffffu, dot, off);
     }
     const float norm = sqrtf(sq);
-    if (!(norm > t.max_norm)) continue;
-    const float scale = t.max_norm / norm, proj = dot / sq;
-    for (int d = lane; d < t.dim; d += 32) g[d] = scale * (g[d] - x[d] * proj);
+    if (!(norm > tb.max_norm)) continue;
+    const float scale = tb.max_norm / norm, proj = dot / sq;
+    for (int d = lane; d < tb.dim; d += 32) g[d] = scale * (g[d] - x[d] * proj);
   }
+}
+
+// The sort's key layout: the id in the low id_bits (enough for the largest
+// table), the table above it. Fails (false) when they do not fit 63 bits.
+bool KeyBits(const PlanSizes& z, int num_tables, int* id_bits, int* key_bits) {
+  *id_bits = BitsFor(z.max_rows > 0 ? z.max_rows - 1 : 0);
+  *key_bits = *id_bits + BitsFor(num_tables > 0 ? num_tables - 1 : 0);
+  return *key_bits <= 63;
+}
+
+// Checks shared by both calls; false for arguments no plan can take.
+bool Valid(const PlanSizes& z, int num_tables) {
+  return num_tables > 0 && num_tables <= 65535 && z.nnz >= 0 && z.nnz < INT_MAX;
 }
 
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
-    const SokLookupTable* table, int64_t nnz, int key_bits, int64_t* num_unique,
-    int64_t* first_bad, void* temp, size_t* temp_bytes, void* stream) {
-  if (nnz < 0 || nnz >= INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
+    const SokLookupTable* host_tables, const SokLookupTable* tables, int num_tables,
+    int64_t* num_unique, int64_t* first_bad, void* temp, size_t* temp_bytes, void* stream) {
+  const PlanSizes z = SizesOf(host_tables, num_tables);
+  int id_bits = 0, key_bits = 0;
+  if (!Valid(z, num_tables) || !KeyBits(z, num_tables, &id_bits, &key_bits)) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const int bits = key_bits > 0 && key_bits < 64 ? key_bits : 64;
   Plan p;
-  cudaError_t err = LayPlan(static_cast<char*>(temp), nnz, table->dim, bits, &p, s);
+  cudaError_t err = LayPlan(static_cast<char*>(temp), z, num_tables, key_bits, &p, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   if (temp == nullptr) {
     *temp_bytes = p.total;
     return 0;
   }
   if (*temp_bytes < p.total) return static_cast<int>(cudaErrorInvalidValue);
-  const SokLookupTable t = *table;
-  if (nnz == 0) {
+  PlanTables<<<1, 32, 0, s>>>(tables, num_tables, p.per_table);
+  if (z.nnz == 0) {
     err = cudaMemsetAsync(p.num_runs, 0, sizeof(int64_t), s);
-    if (err == cudaSuccess) err = cudaMemsetAsync(num_unique, 0, sizeof(int64_t), s);
+    if (err == cudaSuccess) err = cudaMemsetAsync(num_unique, 0, sizeof(int64_t) * num_tables, s);
+    // The rows call reads each table's runs (none).
+    if (err == cudaSuccess) {
+      PlanCounts<<<Grid(num_tables), 256, 0, s>>>(tables, num_tables, p.run_of, p.per_table,
+                                                   num_unique);
+      err = cudaGetLastError();
+    }
     return static_cast<int>(err);
   }
+  const int64_t nnz = z.nnz;
   const int num = static_cast<int>(nnz);
-  PlanKeys<<<Grid(nnz), 256, 0, s>>>(t, nnz, p.keys, p.pos, first_bad);
+  PlanKeys<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(tables, p.per_table, id_bits, p.keys,
+                                                            p.pos, first_bad);
   size_t bytes = p.cub_bytes;
   err = cub::DeviceRadixSort::SortPairs(p.cub, bytes, p.keys, p.sorted_keys, p.pos, p.sorted_pos,
-                                        num, 0, bits, s);
+                                        num, 0, key_bits, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   PlanHeads<<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, nnz, p.head, p.first_pos);
   bytes = p.cub_bytes;
@@ -374,37 +534,38 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
                                         num, 0, BitsFor(nnz), s);
   if (err != cudaSuccess) return static_cast<int>(err);
   PlanRanks<<<Grid(nnz), 256, 0, s>>>(p.order, p.num_runs, p.rank_of);
-  PlanSamples<<<Grid(t.batch), 256, 0, s>>>(t, p.sample_of, p.factor);
-  err = cudaMemcpyAsync(num_unique, p.num_runs, sizeof(int64_t), cudaMemcpyDeviceToDevice, s);
-  if (err != cudaSuccess) return static_cast<int>(err);
+  PlanCounts<<<Grid(num_tables), 256, 0, s>>>(tables, num_tables, p.run_of, p.per_table,
+                                               num_unique);
+  PlanSamples<<<TableGrid(z.max_batch, num_tables), 256, 0, s>>>(tables, p.per_table, p.sample_of,
+                                                                 p.factor);
   return static_cast<int>(cudaGetLastError());
 }
 
 extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
-    const SokLookupTable* table, int64_t nnz, const float* grads, void* temp, void* unique_ids,
-    float* grad_rows, void* stream) {
-  if (nnz <= 0) return 0;
-  cudaStream_t s = static_cast<cudaStream_t>(stream);
-  const SokLookupTable t = *table;
-  Plan p;
-  // Same layout as the plan call: the key bits only change CUB's scratch
-  // size, which comes last, so any value lays the pieces out the same way.
-  cudaError_t err = LayPlan(static_cast<char*>(temp), nnz, t.dim, 64, &p, s);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  if (t.id_bytes == 4) {
-    RowsIds<int32_t><<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, p.run_start, p.rank_of, p.num_runs,
-                                                static_cast<int32_t*>(unique_ids));
-  } else {
-    RowsIds<int64_t><<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, p.run_start, p.rank_of, p.num_runs,
-                                                static_cast<int64_t*>(unique_ids));
+    const SokLookupTable* host_tables, const SokLookupTable* tables, int num_tables,
+    const SokLookupGradTable* outs, void* temp, void* stream) {
+  const PlanSizes z = SizesOf(host_tables, num_tables);
+  int id_bits = 0, key_bits = 0;
+  if (!Valid(z, num_tables) || !KeyBits(z, num_tables, &id_bits, &key_bits)) {
+    return static_cast<int>(cudaErrorInvalidValue);
   }
-  RowsPieces<<<Grid((nnz + kChunk - 1) / kChunk * t.dim), 256, 0, s>>>(
-      grads, p.sorted_pos, p.head, p.sample_of, p.factor, nnz, t.dim, p.piece_sum);
-  RowsSum<<<Grid(nnz * t.dim), 256, 0, s>>>(p.piece_sum, p.run_start, p.rank_of, p.num_runs,
-                                             nnz, t.dim, grad_rows);
-  if (t.max_norm > 0.0f) {
-    RowsClip<<<Grid(nnz * 32), 256, 0, s>>>(t, p.sorted_keys, p.run_start, p.rank_of, p.num_runs,
-                                             grad_rows);
+  if (z.nnz == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  Plan p;
+  // Same layout as the plan call (same sizes and key bits).
+  cudaError_t err = LayPlan(static_cast<char*>(temp), z, num_tables, key_bits, &p, s);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  const int64_t id_mask = (int64_t{1} << id_bits) - 1;
+  RowsIds<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(tables, p.per_table, outs,
+                                                           p.sorted_keys, p.run_start, p.rank_of,
+                                                           id_mask);
+  RowsPieces<<<TableGrid(z.max_chunk_elems, num_tables), 256, 0, s>>>(
+      tables, p.per_table, outs, p.sorted_pos, p.head, p.sample_of, p.factor, p.piece_sum);
+  RowsSum<<<TableGrid(z.max_elems, num_tables), 256, 0, s>>>(tables, p.per_table, outs,
+                                                             p.piece_sum, p.run_start, p.rank_of);
+  if (z.any_max_norm) {
+    RowsClip<<<TableGrid(z.max_nnz * 32, num_tables), 256, 0, s>>>(
+        tables, p.per_table, outs, p.sorted_keys, p.run_start, p.rank_of, id_mask);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -218,15 +218,20 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     for (int t = 0; t < n; ++t) {
       const Tensor& g = grads[t];
       OP_REQUIRES_OK(ctx, this->attrs_.CheckGrads(t, g, tables[t].batch, tables[t].dim));
-      OP_REQUIRES(ctx, nnz[t] < INT32_MAX,
-                  errors::InvalidArgument("ids of ", this->TableName(t), " has ", nnz[t],
-                                          " entries; the GPU gradient takes fewer than 2^31"));
       // The gradient's plan numbers samples in int32 too.
       OP_REQUIRES(ctx, tables[t].batch < INT32_MAX,
                   errors::InvalidArgument("row_splits of ", this->TableName(t), " describe ",
                                           tables[t].batch, " samples; the GPU gradient takes ",
                                           "fewer than 2^31"));
     }
+    // The gradient sorts every table's ids together and numbers their
+    // positions in int32.
+    int64_t total_nnz = 0;
+    for (int t = 0; t < n; ++t) total_nnz += nnz[t];
+    OP_REQUIRES(ctx, total_nnz < INT32_MAX,
+                errors::InvalidArgument("the ids of the ", n, " tables have ", total_nnz,
+                                        " entries in all; the GPU gradient takes fewer than "
+                                        "2^31 - 1"));
     // The check [kCheckRows, n], then each table's distinct ids [n]: read
     // back at once, the op's one host synchronisation.
     const int64_t check_size = static_cast<int64_t>(FusedLookupAttrs::kCheckRows) * n;
@@ -237,25 +242,18 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     int64_t* counts = checks + check_size;
     Tensor descs;
     OP_REQUIRES_OK(ctx, this->StartChecks(ctx, tables, checks, &descs));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_fill_i64(counts, 0, n, stream), "clearing"));
-    std::vector<Tensor> plans(n);
-    for (int t = 0; t < n; ++t) {
-      // Static tables bound their ids: the sort looks at those bits only.
-      int bits = 1;
-      while (bits < 63 && (int64_t{1} << bits) < tables[t].rows) ++bits;
-      size_t bytes = 0;
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(&tables[t], nnz[t], bits, nullptr,
-                                                        nullptr, nullptr, &bytes, stream),
-                               "sizing the gradient's scratch"));
-      OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plans[t]));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(&tables[t], nnz[t], bits, counts + t,
-                                                        checks + t, Data(plans[t]),
-                                                        &bytes, stream),
-                               "sok_lookup_backward_plan"));
-    }
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(
-                                       static_cast<const SokLookupTable*>(Data(descs)), n, checks,
-                                       stream),
+    const SokLookupTable* descs_dev = static_cast<const SokLookupTable*>(Data(descs));
+    // Every table's plan in one launch sequence.
+    size_t bytes = 0;
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n, nullptr,
+                                                            nullptr, nullptr, &bytes, stream),
+                                   "sizing the gradient's scratch"));
+    Tensor plan;
+    OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plan));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n, counts,
+                                                            checks, Data(plan), &bytes, stream),
+                                   "sok_lookup_backward_plan"));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
                                    "sok_lookup_fill_check_values"));
     std::vector<int64_t> host(check_size + n);
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), checks,
@@ -265,19 +263,27 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     OpOutputList unique_out, rows_out;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
     OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
+    std::vector<SokLookupGradTable> outs(n);
     for (int t = 0; t < n; ++t) {
       const int64_t u = nnz[t] > 0 ? host[check_size + t] : 0;
       Tensor* ids_out = nullptr;
       Tensor* rows = nullptr;
       OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({u}), &ids_out));
       OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({u, tables[t].dim}), &rows));
-      if (u == 0) continue;
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_rows(&tables[t], nnz[t],
-                                                        grads[t].flat<float>().data(),
-                                                        Data(plans[t]), ids_out->flat<K>().data(),
-                                                        rows->flat<float>().data(), stream),
-                               "sok_lookup_backward_rows"));
+      outs[t].grads = grads[t].flat<float>().data();
+      outs[t].unique_ids = u > 0 ? Data(*ids_out) : nullptr;
+      outs[t].grad_rows = u > 0 ? rows->flat<float>().data() : nullptr;
     }
+    Tensor outs_dev;
+    OP_REQUIRES_OK(ctx, Temp(ctx, sizeof(SokLookupGradTable) * n, &outs_dev));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(outs_dev), outs.data(),
+                                                          sizeof(SokLookupGradTable) * n, stream),
+                                   "copying the gradient's outputs"));
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_rows(
+                                       tables.data(), descs_dev, n,
+                                       static_cast<const SokLookupGradTable*>(Data(outs_dev)),
+                                       Data(plan), stream),
+                                   "sok_lookup_backward_rows"));
   }
 };
 

@@ -3,6 +3,7 @@
 #ifndef SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_LAUNCHER_H_
 #define SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_LAUNCHER_H_
 
+#include <stddef.h>
 #include <stdint.h>
 
 #ifdef __cplusplus
@@ -82,22 +83,37 @@ int sok_lookup_fill_check_values(const SokLookupTable* tables, int num_tables, i
 int sok_lookup_clip_factors(const SokLookupTable* table, int64_t nnz, float* clip,
                             int64_t* first_bad, void* stream);
 
-// The gradient of one table of the lookup (host struct, device pointers;
-// `out` unused), as the CPU kernel computes it: unique ids in order of first
-// appearance, and for each the sum over its occurrences j (sample b) of
-// weight_j * combiner factor_b * grads[b, :], in position order, then
-// through max_norm's clip. Two calls around one host synchronisation:
-//   plan: sorts the nnz ids; *num_unique (device int64) <- the number of
-//     distinct ids; *first_bad (device, INT64_MAX on entry) <- the first id
+// Where the gradient of one table goes (device pointers).
+typedef struct {
+  const float* grads;  // [batch, dim]: the gradient of the table's output
+  void* unique_ids;    // [distinct ids], the table's id type
+  float* grad_rows;    // [distinct ids, dim]
+} SokLookupGradTable;
+
+// The gradient of every table of a lookup, as the CPU kernel computes it:
+// per table, its distinct ids in order of first appearance, and for each
+// the sum over its occurrences j (sample b) of weight_j * combiner factor_b
+// * grads[b, :], in position order, then through max_norm's clip. All
+// tables go through one launch sequence. Two calls around one host
+// synchronisation, each given the descriptors twice: `host_tables` (host
+// memory: the sizes, from which both calls lay out `temp` alike) and
+// `tables` (the same, in device memory; `out` and `clip` unused):
+//   plan: sorts the ids of all tables; num_unique[t] (device int64
+//     [num_tables]) <- table t's number of distinct ids; first_bad[t]
+//     (device, INT64_MAX on entry) <- table t's first position of an id
 //     outside [0, rows). Call with temp == NULL for *temp_bytes first.
-//   rows: with the same temp, writes unique_ids [num_unique] (the table's id
-//     type) and grad_rows [num_unique, dim]; only valid when no id was bad.
-// key_bits as for sok_unique_segment_sum_f32 (the table's rows bound the ids).
-int sok_lookup_backward_plan(const SokLookupTable* table, int64_t nnz, int key_bits,
-                             int64_t* num_unique, int64_t* first_bad, void* temp,
+//   rows: with the same temp, writes each table's unique_ids and grad_rows
+//     (outs: device SokLookupGradTable [num_tables], sized by num_unique);
+//     only valid when no id was bad and every table's row_splits were valid.
+// The sort looks at as many bits as the largest table's rows and the
+// table count need. Returns a cudaError_t (cudaErrorInvalidValue for more
+// than 65535 tables or 2^31 - 1 ids in all).
+int sok_lookup_backward_plan(const SokLookupTable* host_tables, const SokLookupTable* tables,
+                             int num_tables, int64_t* num_unique, int64_t* first_bad, void* temp,
                              size_t* temp_bytes, void* stream);
-int sok_lookup_backward_rows(const SokLookupTable* table, int64_t nnz, const float* grads,
-                             void* temp, void* unique_ids, float* grad_rows, void* stream);
+int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupTable* tables,
+                             int num_tables, const SokLookupGradTable* outs, void* temp,
+                             void* stream);
 
 // Backward core: the distinct ids of `ids` [n] (ascending) and, for each, the
 // sum of the rows of `grads` [n, dim] at its positions, added in position
