@@ -188,6 +188,10 @@ def test_graph_mode_session_training(rng):
         loss = loss_of(sok.lookup_sparse(dyn, ids, combiners="sum"))
         (grad,) = tf.gradients(loss, [dyn.handle])
         train = sok.OptimizerWrapper(TF1_LAZY["ftrl"]()).apply_gradients([(grad, dyn)])
+        # The keys' gradient has distinct indices by construction: deduplicated
+        # once, by the lookup, not again by the update.
+        uniques = [op for op in graph.get_operations() if op.type == "SokUniqueWithCounts"]
+        assert len(uniques) == 1, [op.name for op in uniques]
         read = dyn.find(tf.range(30, dtype=tf.int64))[0]
         init = tf.compat.v1.global_variables_initializer()
         with tf.compat.v1.Session(graph=graph) as sess:
@@ -197,6 +201,47 @@ def test_graph_mode_session_training(rng):
                 sess.run(train, {values: b.values.numpy(), splits: b.row_splits.numpy()})
             got = sess.run(read)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_indices_distinct_by_construction():
+    from sok_graph.optimization.wrapper import _distinct_by_construction
+
+    with tf.Graph().as_default():
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        unique, idx = tf.unique(keys)
+        positions = tf.unique(tf.compat.v1.placeholder(tf.int32, [None]))[0]
+        assert _distinct_by_construction(unique)
+        assert _distinct_by_construction(tf.identity(unique))
+        assert _distinct_by_construction(tf.gather(unique, positions))
+        assert not _distinct_by_construction(idx)  # positions of repeated keys
+        assert not _distinct_by_construction(keys)
+        # Distinct values gathered at positions that may repeat, or values
+        # that may repeat gathered at distinct positions: not distinct.
+        assert not _distinct_by_construction(tf.gather(unique, tf.constant([0, 0])))
+        assert not _distinct_by_construction(tf.gather(keys, positions))
+        # Along another axis a gather repeats nothing it takes, but is not the
+        # case recognised: conservative.
+        assert not _distinct_by_construction(tf.gather(unique[None], positions, axis=1))
+
+
+def test_duplicate_keys_through_sparse_read_are_summed(rng):
+    """A dynamic table read with repeated keys (not deduplicated by a
+    lookup): its gradient's indices repeat and are summed before the update,
+    in graph mode too."""
+    graph = tf.Graph()
+    with graph.as_default():
+        dyn = sok.DynamicVariable(2, initializer="zeros")
+        keys = tf.constant([5, 7, 5, 5], tf.int64)
+        loss = tf.reduce_sum(dyn.sparse_read(keys) * tf.constant([[1.0, 2.0]]))
+        (grad,) = tf.gradients(loss, [dyn.handle])
+        train = sok.OptimizerWrapper(V1.GradientDescentOptimizer(1.0)).apply_gradients(
+            [(grad, dyn)])
+        read = dyn.find(tf.constant([5, 7], tf.int64))[0]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(train)
+            got = sess.run(read)
+    np.testing.assert_allclose(got, [[-3.0, -6.0], [-1.0, -2.0]])
 
 
 def test_slots_of_evicted_keys_are_dropped():

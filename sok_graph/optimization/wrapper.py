@@ -257,18 +257,48 @@ class OptimizerWrapper:
 def _distinct_rows(grad):
     """(distinct row indices, their gradient rows) of a table's gradient:
     repeated indices would be applied as separate updates of one row, so
-    their rows are summed first. The fused lookup's gradient has distinct
-    indices already (SokFusedLookupGrad) and is taken as it is; a dense
+    their rows are summed first. Indices distinct by construction (the fused
+    lookup's gradient, also through a dynamic table's keys: see
+    _distinct_by_construction) are taken as they are; a dense
     gradient of a static table covers every row."""
     if not isinstance(grad, tf.IndexedSlices):
         values = tf.convert_to_tensor(grad)
         return tf.range(tf.shape(values, out_type=tf.int64)[0]), values
-    op = None if tf.executing_eagerly() else getattr(grad.indices, "op", None)
-    if op is not None and op.type == "SokFusedLookupGrad":
+    if not tf.executing_eagerly() and _distinct_by_construction(grad.indices):
         return grad.indices, grad.values
     unique, position, _ = util_ops.unique_with_counts(grad.indices, out_idx=tf.int64)
     return unique, util_ops.unsorted_segment_sum(grad.values, position,
                                                  tf.size(unique, out_type=tf.int64))
+
+
+# Ops whose output 0 never repeats a value (the unique ops).
+_UNIQUE_OPS = ("SokUniqueWithCounts", "Unique", "UniqueWithCounts")
+
+
+def _distinct_by_construction(indices):
+    """Whether the graph that makes `indices` guarantees distinct values:
+    a table's ids from the fused lookup's gradient (its first num_tables
+    outputs), output 0 of a unique op, an identity of such, or a gather of
+    distinct values at distinct positions along axis 0 — the gradient of a
+    dynamic table looked up through lookup_sparse (its unique keys gathered
+    at the fused gradient's distinct positions), which then needs no second
+    deduplication."""
+    op = getattr(indices, "op", None)
+    if op is None:
+        return False
+    if op.type == "SokFusedLookupGrad":
+        return indices.value_index < op.get_attr("num_tables")
+    if op.type in _UNIQUE_OPS:
+        return indices.value_index == 0
+    if op.type == "Identity":
+        return _distinct_by_construction(op.inputs[0])
+    if op.type == "GatherV2":
+        axis = tf.get_static_value(op.inputs[2])
+        batch_dims = op.node_def.attr["batch_dims"].i if "batch_dims" in op.node_def.attr else 0
+        return (axis is not None and int(axis) == 0 and batch_dims == 0
+                and _distinct_by_construction(op.inputs[0])
+                and _distinct_by_construction(op.inputs[1]))
+    return False
 
 
 def _by_device(pairs):
