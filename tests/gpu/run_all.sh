@@ -26,7 +26,7 @@ ARCH=(-gencode=arch=compute_80,code=sm_80 -gencode=arch=compute_90,code=sm_90
 start=$(date +%s)
 if [[ -n "${SOK_GPU_LIB:-}" ]]; then
   [[ -f "$SOK_GPU_LIB" ]] || { echo "SOK_GPU_LIB=$SOK_GPU_LIB does not exist" >&2; exit 1; }
-  g++ -O2 -std=c++14 -shared -fPIC -I. tests/gpu/cpu_table_ref.cc -o "$BUILD/libcpu_table_ref.so"
+  g++ -O2 -std=c++14 -ffp-contract=off -shared -fPIC -I. tests/gpu/cpu_table_ref.cc -o "$BUILD/libcpu_table_ref.so"
   echo "prebuilt $SOK_GPU_LIB; built the CPU reference in $(( $(date +%s) - start )) s"
   LIB="$SOK_GPU_LIB"
 else
@@ -38,7 +38,7 @@ else
     "$NVCC" -c -O3 -std=c++17 -Xcompiler -fPIC -I. "${ARCH[@]}" -o "$obj" "$src" &
     pids+=($!)
   done
-  g++ -O2 -std=c++14 -shared -fPIC -I. tests/gpu/cpu_table_ref.cc -o "$BUILD/libcpu_table_ref.so"
+  g++ -O2 -std=c++14 -ffp-contract=off -shared -fPIC -I. tests/gpu/cpu_table_ref.cc -o "$BUILD/libcpu_table_ref.so"
   for pid in "${pids[@]}"; do wait "$pid"; done
   "$NVCC" -shared -cudart static -o "$BUILD/libsok_cuda_kernels.so" "${objs[@]}" \
     -Xlinker --no-undefined

@@ -39,7 +39,13 @@ CLANG_CUDA_ARCH_FLAGS = [
 
 # The core of each family is TF-independent and must stay valid C++14 (the
 # TF 1.15 toolchain); the op and kernel sources follow TensorFlow's C++17.
-CORE_COPTS = ["-std=c++14", "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+# -ffp-contract=off: no multiply-add fusion (GCC's default for C++ fuses
+# where the target has FMA: aarch64, or x86 with -mfma/-march), so that
+# the float arithmetic of tf_ops/dynamic/core/random_draws.h rounds each
+# operation as the GPU table's explicit __fmul_rn/__fadd_rn do and initial
+# rows stay bit-identical to the GPU's.
+FP_COPTS = ["-ffp-contract=off"]
+CORE_COPTS = ["-std=c++14", "-O3", "-Wall", "-Wextra", "-Wno-unused-parameter"] + FP_COPTS
 
 def _cuda_objects_impl(ctx):
     headers = [f for f in ctx.files.srcs if not f.path.endswith(".cu")]
@@ -173,8 +179,9 @@ def sok_op_library(name, srcs = [], cuda_srcs = [], deps = [], **kwargs):
         # -fno-math-errno: nothing here reads errno, and a sqrtf that may
         # set it is a library call, which keeps loops such as the fused
         # Adam update from vectorizing (results are the same: IEEE sqrt).
+        # -ffp-contract=off: see FP_COPTS.
         copts = ["-pthread", "-O3", "-DNDEBUG", "-fno-math-errno", "-Wall", "-Wno-sign-compare",
-                 "-Wno-unknown-pragmas"] + ["-D" + d for d in defines],
+                 "-Wno-unknown-pragmas"] + FP_COPTS + ["-D" + d for d in defines],
         deps = deps + cuda_deps + [
             "@local_config_tf//:tf_headers",
             "@local_config_tf//:tf_framework",

@@ -26,6 +26,7 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
+#include "tf_ops/dynamic/core/random_draws.h"
 #include "tf_ops/dynamic/kernels/dynamic_table_launcher.h"
 
 namespace {
@@ -44,48 +45,23 @@ constexpr int64_t kUnboundedRows = SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS;
 enum Counter { kSize = 0, kOcc, kDistinct, kNew, kCand, kFail, kNumCounters };
 
 // ---------------------------------------------------------------------------
-// The seeded initializer: a device copy of core/initializer.h. Products and
-// sums are rounded one at a time (no fused multiply-add), as on the CPU, so
-// that a row differs from the CPU's only where CUDA's log/sqrt/sin/cos round
-// differently from the C library's (within an ulp of a double, which almost
-// never moves the float result).
+// The seeded initializer: core/random_draws.h, the code the CPU table's
+// core/initializer.h draws with, so rows are bit-identical to the CPU's:
+// correctly rounded operations only (explicit __fadd_rn-style intrinsics,
+// never fused) and no transcendental library function.
 
 struct DevInit {
   int kind;
   float mean, stddev, minval, maxval, value;
-  uint64_t seed_mix;  // SplitMix64(seed ^ constant): the part shared by all keys
+  uint64_t seed_mix;  // draw::SeedMix(seed): the part shared by all keys
 };
-
-__host__ __device__ __forceinline__ uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-__device__ __forceinline__ double UniformOpen(uint64_t seed_mix, uint64_t key_mix,
-                                              uint64_t counter) {
-  const uint64_t bits = SplitMix64(seed_mix ^ key_mix ^ (counter * 0xd1b54a32d192ed03ULL));
-  return __dmul_rn(__dadd_rn(static_cast<double>(bits >> 11), 0.5), 1.0 / 9007199254740992.0);
-}
-
-__device__ __forceinline__ double StandardNormal(uint64_t seed_mix, uint64_t key_mix,
-                                                 uint64_t counter) {
-  const double u1 = UniformOpen(seed_mix, key_mix, 2 * counter);
-  const double u2 = UniformOpen(seed_mix, key_mix, 2 * counter + 1);
-  return __dmul_rn(sqrt(__dmul_rn(-2.0, log(u1))), cos(__dmul_rn(6.283185307179586, u2)));
-}
-
-__device__ __forceinline__ float Affine(float mean, float stddev, double z) {
-  return static_cast<float>(__dadd_rn(static_cast<double>(mean),
-                                      __dmul_rn(static_cast<double>(stddev), z)));
-}
 
 // Writes the initial row of `key` to dst (and dst2 when not null), the warp
 // working together; every lane calls it with the same arguments.
 __device__ void WarpInitRow(const DevInit& in, int64_t key, int dim, float* __restrict__ dst,
                             float* __restrict__ dst2, int lane) {
-  const uint64_t key_mix = SplitMix64(static_cast<uint64_t>(key));
+  namespace draw = sok_graph::core::draw;
+  const uint64_t seed_key = in.seed_mix ^ draw::KeyMix(key);
   switch (in.kind) {
     case SOK_INIT_ZEROS:
     case SOK_INIT_CONSTANT: {
@@ -99,9 +75,9 @@ __device__ void WarpInitRow(const DevInit& in, int64_t key, int dim, float* __re
     case SOK_INIT_UNIFORM: {
       const float span = __fsub_rn(in.maxval, in.minval);
       for (int d = lane; d < dim; d += kWarp) {
-        const double u = UniformOpen(in.seed_mix, key_mix, static_cast<uint64_t>(d));
+        const double u = draw::UniformOpen(seed_key, static_cast<uint64_t>(d));
         float v = static_cast<float>(
-            __dadd_rn(static_cast<double>(in.minval), __dmul_rn(static_cast<double>(span), u)));
+            draw::DAdd(static_cast<double>(in.minval), draw::DMul(static_cast<double>(span), u)));
         if (v >= in.maxval && in.maxval > in.minval) v = nextafterf(in.maxval, in.minval);
         dst[d] = v;
         if (dst2) dst2[d] = v;
@@ -109,17 +85,15 @@ __device__ void WarpInitRow(const DevInit& in, int64_t key, int dim, float* __re
       return;
     }
     case SOK_INIT_NORMAL: {
+      // Lane p draws pair p: values 2p and 2p + 1.
       for (int p = lane; 2 * p < dim; p += kWarp) {
-        const double u1 = UniformOpen(in.seed_mix, key_mix, 2 * static_cast<uint64_t>(p));
-        const double u2 = UniformOpen(in.seed_mix, key_mix, 2 * static_cast<uint64_t>(p) + 1);
-        const double r = sqrt(__dmul_rn(-2.0, log(u1)));
-        double s, c;
-        sincos(__dmul_rn(6.283185307179586, u2), &s, &c);
-        const float a = Affine(in.mean, in.stddev, __dmul_rn(r, c));
+        float z0, z1;
+        draw::NormalPair(draw::DrawBits(seed_key, static_cast<uint64_t>(p)), &z0, &z1);
+        const float a = draw::Affine(in.mean, in.stddev, z0);
         dst[2 * p] = a;
         if (dst2) dst2[2 * p] = a;
         if (2 * p + 1 < dim) {
-          const float b = Affine(in.mean, in.stddev, __dmul_rn(r, s));
+          const float b = draw::Affine(in.mean, in.stddev, z1);
           dst[2 * p + 1] = b;
           if (dst2) dst2[2 * p + 1] = b;
         }
@@ -127,24 +101,24 @@ __device__ void WarpInitRow(const DevInit& in, int64_t key, int dim, float* __re
       return;
     }
     case SOK_INIT_TRUNCATED_NORMAL: {
-      // Draws beyond two standard deviations are redrawn with counters that
+      // Draws beyond two standard deviations are redrawn with draws that
       // continue past dim, in column order: the lanes draw a chunk of columns
       // at once, then the few redraws run one column at a time, in order.
       uint64_t counter = static_cast<uint64_t>(dim);
       for (int d0 = 0; d0 < dim; d0 += kWarp) {
         const int d = d0 + lane;
-        double z = d < dim ? StandardNormal(in.seed_mix, key_mix, static_cast<uint64_t>(d)) : 0.0;
-        unsigned bad = __ballot_sync(kFull, fabs(z) > 2.0);
+        float z = d < dim ? draw::NormalDraw(seed_key, static_cast<uint64_t>(d)) : 0.0f;
+        unsigned bad = __ballot_sync(kFull, fabsf(z) > 2.0f);
         while (bad) {
           const int l = __ffs(bad) - 1;
           bad &= bad - 1;
           if (lane == l) {
-            while (fabs(z) > 2.0) z = StandardNormal(in.seed_mix, key_mix, counter++);
+            while (fabsf(z) > 2.0f) z = draw::NormalDraw(seed_key, counter++);
           }
           counter = __shfl_sync(kFull, counter, l);
         }
         if (d < dim) {
-          const float v = Affine(in.mean, in.stddev, z);
+          const float v = draw::Affine(in.mean, in.stddev, z);
           dst[d] = v;
           if (dst2) dst2[d] = v;
         }
@@ -1120,7 +1094,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
   t->init.minval = config->minval;
   t->init.maxval = config->maxval;
   t->init.value = config->value;
-  t->init.seed_mix = SplitMix64(config->seed ^ 0x5851f42d4c957f2dULL);
+  t->init.seed_mix = sok_graph::core::draw::SeedMix(config->seed);
   t->row_limit = config->max_rows > 0 ? config->max_rows : kUnboundedRows;
   int64_t slots = 64;
   if (config->max_rows > 0) {
