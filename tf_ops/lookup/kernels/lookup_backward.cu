@@ -103,10 +103,11 @@ extern "C" __attribute__((visibility("default"))) int sok_unique_segment_sum_f32
 // is (table, id), so after the sort a table's ids fill one contiguous
 // stretch of the sorted keys — the stretch its positions fill,
 // [pos_begin, pos_begin + nnz) — and its distinct ids one contiguous stretch
-// of the runs. Sorting the runs by their first (global) position then gives
-// every table's runs in order of first appearance, tables one after the
-// other, so a run's place in its table's output is its rank minus the
-// table's first run.
+// of the runs. Ranking the runs by their first (global) position — a flag
+// at each run's first position and a prefix sum over the flags, not a
+// second sort — gives every table's runs in order of first appearance,
+// tables one after the other, so a run's place in its table's output is its
+// rank minus the table's first run.
 
 namespace {
 
@@ -178,15 +179,14 @@ PlanSizes SizesOf(const SokLookupTable* tables, int num_tables) {
 struct Plan {
   int64_t* keys;  // (table, id)
   int64_t* sorted_keys;
-  int32_t* pos;  // global positions 0..n-1, then reused for run numbers
+  int32_t* pos;  // global positions 0..n-1
   int32_t* sorted_pos;
   int32_t* head;
   int32_t* run_of;  // 1-based run of each sorted index
   int32_t* run_start;
-  int32_t* first_pos;  // per run; n for unused entries
-  int32_t* first_sorted;
-  int32_t* order;      // runs in order of first appearance
-  int32_t* rank_of;    // run -> its index in the order
+  int32_t* first_flag;  // per position: 1 where a run first appears
+  int32_t* first_rank;  // inclusive prefix sum of first_flag
+  int32_t* rank_of;     // run -> its index in order of first appearance
   int32_t* sample_of;  // position -> sample of its table
   float* factor;       // position -> weight * combiner factor
   float* piece_sum;    // a run's piece within a chunk, at its first sorted index
@@ -203,20 +203,15 @@ cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits
                     cudaStream_t s) {
   const int64_t n = z.nnz;
   const int num = static_cast<int>(n);
-  size_t a = 0, b = 0, c = 0;
+  size_t a = 0, c = 0;
   cudaError_t err = cub::DeviceRadixSort::SortPairs(
       nullptr, a, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
       static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), num, 0, key_bits, s);
   if (err != cudaSuccess) return err;
-  err = cub::DeviceRadixSort::SortPairs(nullptr, b, static_cast<const int32_t*>(nullptr),
-                                        static_cast<int32_t*>(nullptr),
-                                        static_cast<const int32_t*>(nullptr),
-                                        static_cast<int32_t*>(nullptr), num, 0, 32, s);
-  if (err != cudaSuccess) return err;
   err = cub::DeviceScan::InclusiveSum(nullptr, c, static_cast<int32_t*>(nullptr),
                                       static_cast<int32_t*>(nullptr), num, s);
   if (err != cudaSuccess) return err;
-  p->cub_bytes = std::max(a, std::max(b, c));
+  p->cub_bytes = std::max(a, c);
   size_t off = 0;
   auto take = [&](size_t bytes) {
     char* q = base ? base + off : nullptr;
@@ -226,8 +221,8 @@ cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits
   const size_t m = static_cast<size_t>(n > 0 ? n : 1);
   p->keys = reinterpret_cast<int64_t*>(take(8 * m));
   p->sorted_keys = reinterpret_cast<int64_t*>(take(8 * m));
-  int32_t** ints[] = {&p->pos, &p->sorted_pos, &p->head, &p->run_of, &p->run_start,
-                      &p->first_pos, &p->first_sorted, &p->order, &p->rank_of, &p->sample_of};
+  int32_t** ints[] = {&p->pos,        &p->sorted_pos, &p->head,    &p->run_of,   &p->run_start,
+                      &p->first_flag, &p->first_rank, &p->rank_of, &p->sample_of};
   for (int32_t** q : ints) *q = reinterpret_cast<int32_t*>(take(4 * m));
   p->factor = reinterpret_cast<float*>(take(4 * m));
   p->piece_sum = reinterpret_cast<float*>(take(4 * static_cast<size_t>(z.piece_elems)));
@@ -280,32 +275,36 @@ __global__ void PlanKeys(const SokLookupTable* __restrict__ tables,
 }
 
 __global__ void PlanHeads(const int64_t* __restrict__ sorted, int64_t n, int32_t* __restrict__ head,
-                          int32_t* __restrict__ first_pos) {
+                          int32_t* __restrict__ first_flag) {
   SOK_FOR_EACH(j, n) {
     head[j] = (j == 0 || sorted[j] != sorted[j - 1]) ? 1 : 0;
-    first_pos[j] = static_cast<int32_t>(n);
+    first_flag[j] = 0;
   }
 }
 
+// Per run (run_of[j] = r + 1 at its head): its first sorted index, and a
+// flag at its first position (a run's positions ascend: the sort is stable).
 __global__ void PlanRuns(const int32_t* __restrict__ head, const int32_t* __restrict__ run_of,
                          const int32_t* __restrict__ sorted_pos, int64_t n,
-                         int32_t* __restrict__ run_start, int32_t* __restrict__ first_pos,
-                         int32_t* __restrict__ runs_iota, int64_t* num_runs) {
+                         int32_t* __restrict__ run_start, int32_t* __restrict__ first_flag,
+                         int64_t* num_runs) {
   SOK_FOR_EACH(j, n) {
     if (head[j]) {
-      const int32_t r = run_of[j] - 1;
-      run_start[r] = static_cast<int32_t>(j);
-      first_pos[r] = sorted_pos[j];
+      run_start[run_of[j] - 1] = static_cast<int32_t>(j);
+      first_flag[sorted_pos[j]] = 1;
     }
-    runs_iota[j] = static_cast<int32_t>(j);
     if (j == n - 1) *num_runs = run_of[j];
   }
 }
 
-__global__ void PlanRanks(const int32_t* __restrict__ order, const int64_t* num_runs,
+// A run's rank in order of first appearance: the number of runs that first
+// appear at or before its first position, minus one.
+__global__ void PlanRanks(const int32_t* __restrict__ run_start,
+                          const int32_t* __restrict__ sorted_pos,
+                          const int32_t* __restrict__ first_rank, const int64_t* num_runs,
                           int32_t* __restrict__ rank_of) {
   const int64_t runs = *num_runs;
-  SOK_FOR_EACH(k, runs) rank_of[order[k]] = static_cast<int32_t>(k);
+  SOK_FOR_EACH(r, runs) rank_of[r] = first_rank[sorted_pos[run_start[r]]] - 1;
 }
 
 // Each table's runs: its stretch of sorted indices starts a run (the keys
@@ -523,17 +522,17 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
   err = cub::DeviceRadixSort::SortPairs(p.cub, bytes, p.keys, p.sorted_keys, p.pos, p.sorted_pos,
                                         num, 0, key_bits, s);
   if (err != cudaSuccess) return static_cast<int>(err);
-  PlanHeads<<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, nnz, p.head, p.first_pos);
+  PlanHeads<<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, nnz, p.head, p.first_flag);
   bytes = p.cub_bytes;
   err = cub::DeviceScan::InclusiveSum(p.cub, bytes, p.head, p.run_of, num, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   PlanRuns<<<Grid(nnz), 256, 0, s>>>(p.head, p.run_of, p.sorted_pos, nnz, p.run_start,
-                                     p.first_pos, p.pos, p.num_runs);
+                                     p.first_flag, p.num_runs);
   bytes = p.cub_bytes;
-  err = cub::DeviceRadixSort::SortPairs(p.cub, bytes, p.first_pos, p.first_sorted, p.pos, p.order,
-                                        num, 0, BitsFor(nnz), s);
+  err = cub::DeviceScan::InclusiveSum(p.cub, bytes, p.first_flag, p.first_rank, num, s);
   if (err != cudaSuccess) return static_cast<int>(err);
-  PlanRanks<<<Grid(nnz), 256, 0, s>>>(p.order, p.num_runs, p.rank_of);
+  PlanRanks<<<Grid(nnz), 256, 0, s>>>(p.run_start, p.sorted_pos, p.first_rank, p.num_runs,
+                                      p.rank_of);
   PlanCounts<<<Grid(num_tables), 256, 0, s>>>(tables, num_tables, p.run_of, p.per_table,
                                                num_unique);
   PlanSamples<<<TableGrid(z.max_batch, num_tables), 256, 0, s>>>(tables, p.per_table, p.sample_of,

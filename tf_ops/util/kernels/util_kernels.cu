@@ -68,47 +68,48 @@ __global__ void Iota32(int32_t* out, int64_t n) {
   SOK_FOR_EACH(i, n) out[i] = static_cast<int32_t>(i);
 }
 
-// head[j] = 1 where sorted key j starts a run; first_pos starts at n
-// everywhere, so entries past the last run sort last.
+// head[j] = 1 where sorted key j starts a run; first_flag is cleared.
 template <typename K>
 __global__ void RunHeads(const K* __restrict__ sorted, int64_t n, int32_t* __restrict__ head,
-                         int32_t* __restrict__ first_pos) {
+                         int32_t* __restrict__ first_flag) {
   SOK_FOR_EACH(j, n) {
     head[j] = (j == 0 || sorted[j] != sorted[j - 1]) ? 1 : 0;
-    first_pos[j] = static_cast<int32_t>(n);
+    first_flag[j] = 0;
   }
 }
 
-// Per run r (run_of[j] = r + 1 at its head): its first sorted index and
-// first position (positions of a run are ascending: the sort is stable).
+// Per run r (run_of[j] = r + 1 at its head): its first sorted index, and a
+// flag at its first position (positions of a run are ascending: the sort is
+// stable).
 __global__ void Runs(const int32_t* __restrict__ sorted_pos, const int32_t* __restrict__ head,
                      const int32_t* __restrict__ run_of, int64_t n,
-                     int32_t* __restrict__ run_start, int32_t* __restrict__ first_pos,
-                     int32_t* __restrict__ runs_iota, int64_t* __restrict__ num_runs) {
+                     int32_t* __restrict__ run_start, int32_t* __restrict__ first_flag,
+                     int64_t* __restrict__ num_runs) {
   SOK_FOR_EACH(j, n) {
     if (head[j]) {
-      const int32_t r = run_of[j] - 1;
-      run_start[r] = static_cast<int32_t>(j);
-      first_pos[r] = sorted_pos[j];
+      run_start[run_of[j] - 1] = static_cast<int32_t>(j);
+      first_flag[sorted_pos[j]] = 1;
     }
-    runs_iota[j] = static_cast<int32_t>(j);
     if (j == n - 1) *num_runs = run_of[j];
   }
 }
 
-// Rank k of the runs in order of first appearance: y[k], count[k], and the
-// rank of each run.
+// Each run's rank k in order of first appearance — the number of runs that
+// first appear at or before its first position (first_rank, the prefix sum
+// of the flags), minus one — then y[k], count[k] and the run's rank.
 template <typename K, typename I>
-__global__ void UniqueOut(const int32_t* __restrict__ order, const K* __restrict__ sorted,
+__global__ void UniqueOut(const int32_t* __restrict__ first_rank,
+                          const int32_t* __restrict__ sorted_pos, const K* __restrict__ sorted,
                           const int32_t* __restrict__ run_start,
                           const int64_t* __restrict__ num_runs, int64_t n, K* __restrict__ y,
                           I* __restrict__ count, int32_t* __restrict__ rank_of) {
   const int64_t runs = *num_runs;
-  SOK_FOR_EACH(k, runs) {
-    const int32_t r = order[k];
-    y[k] = sorted[run_start[r]];
-    count[k] = static_cast<I>((r + 1 < runs ? run_start[r + 1] : n) - run_start[r]);
-    rank_of[r] = static_cast<int32_t>(k);
+  SOK_FOR_EACH(r, runs) {
+    const int32_t start = run_start[r];
+    const int32_t k = first_rank[sorted_pos[start]] - 1;
+    y[k] = sorted[start];
+    count[k] = static_cast<I>((r + 1 < runs ? run_start[r + 1] : n) - start);
+    rank_of[r] = k;
   }
 }
 
@@ -124,18 +125,14 @@ int UniqueWithCounts(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num
                      void* temp, size_t* temp_bytes, cudaStream_t s) {
   if (n >= INT_MAX) return static_cast<int>(cudaErrorInvalidValue);  // CUB counts are int
   const int num = static_cast<int>(n);
-  size_t sort_bytes = 0, sort2_bytes = 0, scan_bytes = 0;
+  size_t sort_bytes = 0, scan_bytes = 0;
   SOK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, x, static_cast<K*>(nullptr),
                                            static_cast<const int32_t*>(nullptr),
                                            static_cast<int32_t*>(nullptr), num, 0,
                                            static_cast<int>(8 * sizeof(K)), s));
-  SOK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort2_bytes, static_cast<int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr),
-                                           static_cast<const int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr), num, 0, 32, s));
   SOK_CUDA(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<int32_t*>(nullptr),
                                          static_cast<int32_t*>(nullptr), num, s));
-  const size_t cub_bytes = std::max(sort_bytes, std::max(sort2_bytes, scan_bytes));
+  const size_t cub_bytes = std::max(sort_bytes, scan_bytes);
   Carver c(temp);
   K* sorted = c.Take<K>(n);
   int32_t* pos = c.Take<int32_t>(n);
@@ -143,9 +140,8 @@ int UniqueWithCounts(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num
   int32_t* head = c.Take<int32_t>(n);
   int32_t* run_of = c.Take<int32_t>(n);
   int32_t* run_start = c.Take<int32_t>(n);
-  int32_t* first_pos = c.Take<int32_t>(n);
-  int32_t* first_pos_sorted = c.Take<int32_t>(n);
-  int32_t* order = c.Take<int32_t>(n);
+  int32_t* first_flag = c.Take<int32_t>(n);
+  int32_t* first_rank = c.Take<int32_t>(n);
   int32_t* rank_of = c.Take<int32_t>(n);
   void* cub_temp = c.Take<char>(static_cast<int64_t>(cub_bytes));
   if (temp == nullptr) {
@@ -158,16 +154,16 @@ int UniqueWithCounts(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num
   size_t bytes = cub_bytes;
   SOK_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, x, sorted, pos, sorted_pos, num, 0,
                                            static_cast<int>(8 * sizeof(K)), s));
-  RunHeads<<<Grid(n), 256, 0, s>>>(sorted, n, head, first_pos);
+  RunHeads<<<Grid(n), 256, 0, s>>>(sorted, n, head, first_flag);
   bytes = cub_bytes;
   SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, head, run_of, num, s));
-  Runs<<<Grid(n), 256, 0, s>>>(sorted_pos, head, run_of, n, run_start, first_pos, pos,
-                               num_unique);
-  // Runs in order of first appearance: sort run numbers by first position.
+  Runs<<<Grid(n), 256, 0, s>>>(sorted_pos, head, run_of, n, run_start, first_flag, num_unique);
+  // Runs in order of first appearance: a prefix sum over the flags at their
+  // first positions ranks them (no second sort).
   bytes = cub_bytes;
-  SOK_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, first_pos, first_pos_sorted, pos,
-                                           order, num, 0, BitsFor(n), s));
-  UniqueOut<<<Grid(n), 256, 0, s>>>(order, sorted, run_start, num_unique, n, y, count, rank_of);
+  SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, first_flag, first_rank, num, s));
+  UniqueOut<<<Grid(n), 256, 0, s>>>(first_rank, sorted_pos, sorted, run_start, num_unique, n, y,
+                                    count, rank_of);
   UniqueIdx<<<Grid(n), 256, 0, s>>>(sorted_pos, run_of, rank_of, n, idx);
   return static_cast<int>(cudaGetLastError());
 }
