@@ -30,7 +30,8 @@ std::vector<float> Row(const InitializerSpec& s, int64_t key, int64_t dim) {
 }
 
 bool BitwiseEqual(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 InitializerSpec Spec(InitKind kind, uint64_t seed) {
