@@ -55,6 +55,14 @@ def scatter(table, keys, rows, mode):
     return library.load().sok_dynamic_table_scatter(table, keys, rows, mode=mode)
 
 
+def sparse_apply(table, slots, keys, grads, hyper, step, algorithm, tf1=False, nesterov=False):
+    """One fused optimizer step for distinct `keys` of `table` and its slot
+    tables (SokDynamicSparseApply; see sok_graph/optimization/fused_apply.py)."""
+    return library.load().sok_dynamic_sparse_apply(
+        table, keys, grads, hyper, step, list(slots), algorithm=algorithm, tf1=bool(tf1),
+        nesterov=bool(nesterov))
+
+
 def remove(table, keys):
     return library.load().sok_dynamic_table_remove(table, keys)
 

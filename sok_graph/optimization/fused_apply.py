@@ -1,13 +1,16 @@
-"""The fused sparse optimizer op (tf_ops/optimizer, SokSparseApply): one op
-updates every static table of an apply_gradients call, and its slots, in
-place, instead of a gather, the formula's element-wise ops and a scatter per
-table and slot. Its kernels (CPU and GPU) compute the formulas of
-algorithms.py, which remain the path for the other algorithms, dynamic
-tables and non-float32 tables.
+"""The fused sparse optimizer ops: SokSparseApply (tf_ops/optimizer) updates
+every static table of an apply_gradients call, and its slots, in place, in
+one op, instead of a gather, the formula's element-wise ops and a scatter per
+table and slot; SokDynamicSparseApply (tf_ops/dynamic) does the same for one
+dynamic table and its slot tables, instead of a find, a find-or-insert per
+slot table, the formula's ops and a scatter per table. Their kernels (CPU
+and GPU) compute the formulas of algorithms.py, which remain the path for
+the other algorithms and for tables that are not float32.
 """
 
 import tensorflow as tf
 
+from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import library
 from sok_graph.optimization.algorithms import value
 
@@ -37,3 +40,12 @@ def sparse_apply(variables, slots, indices, values, hp, lr, step):
         indices=list(indices), grads=list(values), hyper=_hyper(hp, lr),
         step=tf.cast(step, tf.int64), algorithm=hp.algorithm.name, tf1=bool(hp.tf1),
         nesterov=bool(hp.nesterov))
+
+
+def dynamic_sparse_apply(table, slots, keys, values, hp, lr, step):
+    """One step of hp's algorithm for distinct `keys` of DynamicVariable
+    `table` from `values`; `slots`: its slot tables in the algorithm's order.
+    Returns the op."""
+    return dynamic_ops.sparse_apply(
+        table.handle, [s.handle for s in slots], keys, values, _hyper(hp, lr),
+        tf.cast(step, tf.int64), hp.algorithm.name, tf1=hp.tf1, nesterov=hp.nesterov)

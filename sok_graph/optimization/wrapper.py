@@ -171,26 +171,30 @@ class OptimizerWrapper:
             step = self._step_variable().assign_add(1)
             lr = self._learning_rate(step)
             fusable = [self._fusable(v) for _, v in sok_pairs]
-            fused = [pair for pair, f in zip(sok_pairs, fusable) if f]
+            fused = [pair for pair, f in zip(sok_pairs, fusable)
+                     if f and not isinstance(pair[1], DynamicVariable)]
             for group in _by_device(fused):
                 ops.append(self._apply_fused(group, step, lr))
             for (g, v), f in zip(sok_pairs, fusable):
-                if not f:
+                if f and isinstance(v, DynamicVariable):
+                    ops.append(self._apply_dynamic_fused(g, v, step, lr))
+                elif not f:
                     ops.append(self._apply_sparse(g, v, step, lr))
         if tf.executing_eagerly():
             return None
         return tf.group(*[op for op in ops if op is not None], name=name or "sok_apply")
 
     def _fusable(self, var):
-        """Whether `var`'s update runs in the fused sparse-apply op: a static
-        float32 table (and slots) held as plain resource variables, an
-        algorithm the op has (fused_apply.FUSED_ALGORITHMS), sparse updates."""
-        if isinstance(var, DynamicVariable) or self._update_all_rows:
-            return False
-        if self._hp.algorithm.name not in fused_apply.FUSED_ALGORITHMS:
+        """Whether `var`'s update runs in a fused sparse-apply op: an
+        algorithm the ops have (fused_apply.FUSED_ALGORITHMS), sparse
+        updates, and a float32 dynamic table, or a static float32 table (and
+        slots) held as plain resource variables."""
+        if self._update_all_rows or self._hp.algorithm.name not in fused_apply.FUSED_ALGORITHMS:
             return False
         if tf.as_dtype(var.dtype).base_dtype != tf.float32:
             return False
+        if isinstance(var, DynamicVariable):
+            return True
         return compat.is_plain_resource_variable(var) and all(
             compat.is_plain_resource_variable(s) for s in self._slots[id(var)].values())
 
@@ -207,6 +211,13 @@ class OptimizerWrapper:
             for name in self.slot_names():
                 slots.append(self._slots[id(table)][name])
         op = fused_apply.sparse_apply(tables, slots, indices, values, self._hp, lr, step)
+        return None if tf.executing_eagerly() else op
+
+    def _apply_dynamic_fused(self, grad, var, step, lr):
+        """One SokDynamicSparseApply op for dynamic table `var`."""
+        keys, values = _distinct_rows(grad)
+        slots = [self._slots[id(var)][name] for name in self.slot_names()]
+        op = fused_apply.dynamic_sparse_apply(var, slots, keys, values, self._hp, lr, step)
         return None if tf.executing_eagerly() else op
 
     def _apply_sparse(self, grad, var, step, lr):

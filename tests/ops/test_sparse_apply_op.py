@@ -10,43 +10,7 @@ import sok_graph as sok
 from sok_graph.ops import library
 from sok_graph.optimization import fused_apply
 from sok_graph.optimization.algorithms import ALGORITHMS
-
-
-def _hyper(lr=0.1, momentum=0.9, epsilon=1e-7, beta_1=0.8, beta_2=0.95, lr_power=-0.5, l1=0.01,
-           l2=0.02, l2_shrinkage=0.03, beta=0.5):
-    return np.array([lr, momentum, epsilon, beta_1, beta_2, lr_power, l1, l2, l2_shrinkage, beta],
-                    np.float32)
-
-
-def _numpy_step(algorithm, w, slots, g, h, step, tf1=False, nesterov=False):
-    """The algorithms' formulas in float64, on whole rows."""
-    lr, mom, eps, b1, b2, lr_power, l1, l2, shrink, beta = [float(x) for x in h]
-    if algorithm == "sgd":
-        return w - lr * g, []
-    if algorithm == "momentum":
-        if tf1:
-            acc = mom * slots[0] + g
-            return w - (lr * g + lr * mom * acc if nesterov else lr * acc), [acc]
-        vel = mom * slots[0] - lr * g
-        return (w + mom * vel - lr * g if nesterov else w + vel), [vel]
-    if algorithm == "adagrad":
-        acc = slots[0] + g * g
-        return w - lr * g / np.sqrt(acc if tf1 else acc + eps), [acc]
-    if algorithm == "adam":
-        m = b1 * slots[0] + (1 - b1) * g
-        v = b2 * slots[1] + (1 - b2) * g * g
-        alpha = lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
-        return w - alpha * m / (np.sqrt(v) + eps), [m, v]
-    p = -lr_power
-    acc, lin = slots
-    new_acc = acc + g * g
-    lin = lin + g + 2 * shrink * w - (new_acc ** p - acc ** p) / lr * w
-    quad = new_acc ** p / lr + 2 * (l2 + beta / (2 * lr))
-    return (np.clip(lin, -l1, l1) - lin) / quad, [new_acc, lin]
-
-
-def _slot_count(algorithm):
-    return {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2, "ftrl": 2}[algorithm]
+from sparse_apply_reference import hyper, numpy_step, slot_count
 
 
 @pytest.mark.parametrize("algorithm,tf1,nesterov", [
@@ -58,11 +22,11 @@ def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
     rng = np.random.default_rng(3)
     shapes = [(12, 4), (7, 3)]  # two tables, updated by one op
     tables = [rng.normal(size=s).astype(np.float32) for s in shapes]
-    slots = [[rng.uniform(0.1, 1.0, size=s).astype(np.float32) for _ in range(_slot_count(algorithm))]
+    slots = [[rng.uniform(0.1, 1.0, size=s).astype(np.float32) for _ in range(slot_count(algorithm))]
              for s in shapes]
     indices = [np.array([0, 11, 5], index_dtype), np.array([6, 2], index_dtype)]
     grads = [rng.normal(size=(len(i), s[1])).astype(np.float32) for i, s in zip(indices, shapes)]
-    h, step = _hyper(), 3
+    h, step = hyper(), 3
     vars_ = [tf.Variable(t) for t in tables]
     slot_vars = [tf.Variable(s) for per in slots for s in per]
     library.load().sok_sparse_apply(
@@ -74,7 +38,7 @@ def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
     for t, (table, idx, g) in enumerate(zip(tables, indices, grads)):
         want_w = table.astype(np.float64)
         want_s = [s.astype(np.float64) for s in slots[t]]
-        new_w, new_s = _numpy_step(algorithm, want_w[idx], [s[idx] for s in want_s], g, h, step,
+        new_w, new_s = numpy_step(algorithm, want_w[idx], [s[idx] for s in want_s], g, h, step,
                                    tf1, nesterov)
         want_w[idx] = new_w
         for s, n in zip(want_s, new_s):
@@ -95,7 +59,7 @@ def test_a_bad_index_names_the_table_and_changes_nothing():
         library.load().sok_sparse_apply(
             vars=[a.handle, b.handle], slots=[], indices=[tf.constant([0], tf.int64),
                                                           tf.constant([1, 3], tf.int64)],
-            grads=[tf.ones((1, 2)), tf.ones((2, 2))], hyper=tf.constant(_hyper()),
+            grads=[tf.ones((1, 2)), tf.ones((2, 2))], hyper=tf.constant(hyper()),
             step=tf.constant(1, tf.int64), algorithm="sgd")
     np.testing.assert_array_equal(a.numpy(), 1.0)  # table 0 was fine, and untouched too
     np.testing.assert_array_equal(b.numpy(), 1.0)
@@ -104,7 +68,7 @@ def test_a_bad_index_names_the_table_and_changes_nothing():
 def test_shapes_and_slot_counts_are_checked():
     v = tf.Variable(np.ones((4, 2), np.float32))
     s = tf.Variable(np.ones((4, 2), np.float32))
-    common = dict(hyper=tf.constant(_hyper()), step=tf.constant(1, tf.int64))
+    common = dict(hyper=tf.constant(hyper()), step=tf.constant(1, tf.int64))
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match=r"grads\[0\] must be"):
         library.load().sok_sparse_apply(vars=[v.handle], slots=[s.handle],
                                         indices=[tf.constant([0, 1], tf.int64)],
@@ -138,7 +102,7 @@ def test_a_value_read_before_the_update_keeps_its_rows():
         with tf.control_dependencies([before]):
             op = library.load().sok_sparse_apply(
                 vars=[v.handle], slots=[], indices=[tf.constant([2], tf.int64)],
-                grads=[tf.ones((1, 2))], hyper=tf.constant(_hyper(lr=1.0)),
+                grads=[tf.ones((1, 2))], hyper=tf.constant(hyper(lr=1.0)),
                 step=tf.constant(1, tf.int64), algorithm="sgd")
         with tf.control_dependencies([op]):
             return before + 0.0, v.read_value()

@@ -18,6 +18,7 @@
 #include "tensorflow/core/framework/tensor_shape.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dynamic/core/batch_ops.h"
+#include "tf_ops/optimizer/core/sparse_apply.h"
 
 namespace sok_graph {
 namespace dynamic_kernels {
@@ -238,6 +239,88 @@ inline ::tensorflow::Status CheckImportMetadata(::tensorflow::OpKernelContext* c
   }
   return OkStatus();
 }
+
+// SokDynamicSparseApply: its attributes, the shapes of its inputs (table 0,
+// keys 1, grads 2, hyper 3, step 4, then the slot tables) and its slot
+// tables, looked up as resource type R (the CPU or the GPU table).
+struct SparseApplyArgs {
+  core::SparseApplyConfig config{};
+  int num_slots = 0;
+
+  ::tensorflow::Status Parse(::tensorflow::OpKernelConstruction* ctx) {
+    std::string algorithm;
+    bool tf1 = false, nesterov = false;
+    TF_RETURN_IF_ERROR(ctx->GetAttr("algorithm", &algorithm));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("tf1", &tf1));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("nesterov", &nesterov));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("num_slots", &num_slots));
+    core::SparseAlgorithm a;
+    if (!core::ParseSparseAlgorithm(algorithm.c_str(), &a)) {
+      return ::tensorflow::errors::InvalidArgument("unknown algorithm '", algorithm, "'");
+    }
+    if (num_slots != core::SlotCount(a)) {
+      return ::tensorflow::errors::InvalidArgument(
+          "algorithm '", algorithm, "' keeps ", core::SlotCount(a), " slot tables; got ",
+          num_slots);
+    }
+    config = core::SparseApplyConfig{static_cast<int32_t>(a), tf1 ? 1 : 0, nesterov ? 1 : 0};
+    return OkStatus();
+  }
+
+  static ::tensorflow::Status CheckInputs(::tensorflow::OpKernelContext* ctx, int64_t n,
+                                          int64_t dim) {
+    const ::tensorflow::Tensor& grads = ctx->input(2);
+    if (grads.dims() != 2 || grads.dim_size(0) != n || grads.dim_size(1) != dim) {
+      return ::tensorflow::errors::InvalidArgument(
+          "grads must be [", n, ", ", dim, "] (one row of the table's dimension per key); got ",
+          grads.shape().DebugString());
+    }
+    if (ctx->input(3).dims() != 1 || ctx->input(3).NumElements() != core::kNumHyper) {
+      return ::tensorflow::errors::InvalidArgument(
+          "hyper must be a vector of ", static_cast<int>(core::kNumHyper), " entries; got shape ",
+          ctx->input(3).shape().DebugString());
+    }
+    if (!::tensorflow::TensorShapeUtils::IsScalar(ctx->input(4).shape())) {
+      return ::tensorflow::errors::InvalidArgument("step must be a scalar; got shape ",
+                                                   ctx->input(4).shape().DebugString());
+    }
+    return OkStatus();
+  }
+};
+
+// The slot tables of SokDynamicSparseApply (inputs 5...), each checked to
+// have the table's dimension and key dtype; Unref'd on destruction.
+template <typename R>
+struct SlotTables {
+  std::vector<R*> tables;
+
+  ~SlotTables() {
+    for (R* t : tables) t->Unref();
+  }
+  // dim_of(R&) gives a table's dimension.
+  template <typename DimOf>
+  ::tensorflow::Status Lookup(::tensorflow::OpKernelContext* ctx, int count, int64_t dim,
+                              ::tensorflow::DataType key_dtype, DimOf dim_of) {
+    for (int s = 0; s < count; ++s) {
+      R* slot = nullptr;
+      ::tensorflow::Status st =
+          ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 5 + s), &slot);
+      if (!st.ok()) {
+        return ::tensorflow::errors::FailedPrecondition(
+            "slot table ", s, " of the update does not exist: run its initializer first; ",
+            st.ToString());
+      }
+      tables.push_back(slot);
+      if (dim_of(*slot) != dim || slot->key_dtype() != key_dtype) {
+        return ::tensorflow::errors::InvalidArgument(
+            "slot table ", s, " has dimension ", dim_of(*slot), " and keys ",
+            ::tensorflow::DataTypeString(slot->key_dtype()), "; the table has dimension ", dim,
+            " and keys ", ::tensorflow::DataTypeString(key_dtype));
+      }
+    }
+    return OkStatus();
+  }
+};
 
 }  // namespace dynamic_kernels
 }  // namespace sok_graph

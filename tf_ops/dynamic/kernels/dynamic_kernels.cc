@@ -3,6 +3,7 @@
 // kernels: dynamic_kernel_common.h) around the batch operations in
 // tf_ops/dynamic/core/batch_ops.h.
 #include <new>
+#include <utility>
 #include <string>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dynamic/core/batch_ops.h"
 #include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
+#include "tf_ops/optimizer/kernels/apply_rows.h"
 
 namespace sok_graph {
 namespace {
@@ -101,26 +103,32 @@ struct DynamicTableAndKeys {
 };
 
 // Runs a batch operation that changes the table: under the table's lock, at
-// this call's time, writing the number of evicted rows to output
-// `evicted_output`. `op(table, now, error)` returns that number, or -1 with
-// `error` set.
+// this call's time. `op(table, now, error)` returns the number of evicted
+// rows (*evicted), or -1 with `error` set.
 template <typename Op>
-Status RunWrite(OpKernelContext* ctx, DynamicTableResource* table, int evicted_output, Op&& op) {
+Status RunLocked(DynamicTableResource* table, Op&& op, int64_t* evicted) {
   std::string error;
-  int64_t evicted;
   {
     ::tensorflow::mutex_lock lock(*table->mu());
     core::DynamicTable& t = table->table();
     // Growth allocates in this thread; running out of memory must be an
     // error, not std::terminate. Vector growth keeps the table consistent.
     try {
-      evicted = op(t, t.Tick(WallMicros()), &error);
+      *evicted = op(t, t.Tick(WallMicros()), &error);
     } catch (const std::bad_alloc&) {
       return errors::ResourceExhausted("out of memory growing a dynamic table of ", t.size(),
                                        " rows of dimension ", t.dim());
     }
   }
-  if (evicted < 0) return errors::InvalidArgument(error);
+  if (*evicted < 0) return errors::InvalidArgument(error);
+  return OkStatus();
+}
+
+// RunLocked, writing the number of evicted rows to output `evicted_output`.
+template <typename Op>
+Status RunWrite(OpKernelContext* ctx, DynamicTableResource* table, int evicted_output, Op&& op) {
+  int64_t evicted = 0;
+  TF_RETURN_IF_ERROR(RunLocked(table, std::forward<Op>(op), &evicted));
   return ScalarOutput(ctx, evicted_output, evicted);
 }
 
@@ -378,6 +386,79 @@ class ClearOp : public OpKernel {
   }
 };
 
+// SokDynamicSparseApply: the steps of the TensorFlow-op update of a
+// dynamic table (find, find-or-insert in each slot table, the formula,
+// scatter "update" into each table), each under its table's lock as the
+// separate ops would take it, with the formula of SokSparseApply.
+class SparseApplyOp : public OpKernel {
+ public:
+  explicit SparseApplyOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, args_.Parse(ctx));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    DynamicTableAndKeys in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    const int64_t dim = in.t().dim();
+    const int64_t n = in.n;
+    const int64_t* keys = in.keys;
+    OP_REQUIRES_OK(ctx, dynamic_kernels::SparseApplyArgs::CheckInputs(ctx, n, dim));
+    dynamic_kernels::SlotTables<DynamicTableResource> slots;
+    OP_REQUIRES_OK(ctx, slots.Lookup(ctx, args_.num_slots, dim, in.table->key_dtype(),
+                                     [](DynamicTableResource& r) { return r.table().dim(); }));
+    if (n == 0) return;
+    const size_t elems = static_cast<size_t>(n * dim);
+    std::vector<float> rows(elems);
+    std::vector<std::vector<float>> slot_rows(args_.num_slots, std::vector<float>(elems));
+    const std::vector<float> zeros(static_cast<size_t>(dim), 0.0f);
+    {
+      ::tensorflow::tf_shared_lock lock(*in.table->mu());
+      core::FindBatch(in.t(), keys, n, zeros.data(), rows.data(), nullptr, RunnerFor(ctx));
+    }
+    int64_t evicted = 0;
+    for (int s = 0; s < args_.num_slots; ++s) {
+      float* out = slot_rows[s].data();
+      OP_REQUIRES_OK(ctx, RunLocked(slots.tables[s],
+                                    [&](core::DynamicTable& t, int64_t now, std::string* error) {
+                                      return core::FindOrInsertBatch(t, keys, n, now, out,
+                                                                     RunnerFor(ctx), error);
+                                    },
+                                    &evicted));
+    }
+    const float* hyper = ctx->input(3).flat<float>().data();
+    const int64_t step = static_cast<int64_t>(ctx->input(4).scalar<TfInt64>()());
+    const core::SparseApplyConfig config = args_.config;
+    const float alpha = optimizer_kernels::AlphaFor(config, hyper, step);
+    const optimizer_kernels::ApplyRowFn apply_row = optimizer_kernels::ApplyRowFor(config.algorithm);
+    OP_REQUIRES(ctx, apply_row != nullptr,
+                errors::Internal("no CPU update for algorithm ", config.algorithm));
+    const float* grads = ctx->input(2).flat<float>().data();
+    float* s0 = args_.num_slots > 0 ? slot_rows[0].data() : nullptr;
+    float* s1 = args_.num_slots > 1 ? slot_rows[1].data() : nullptr;
+    ParallelFor(ctx, n, 20 * dim, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const int64_t o = i * dim;
+        apply_row(config, hyper, alpha, grads + o, rows.data() + o, s0 ? s0 + o : nullptr,
+                  s1 ? s1 + o : nullptr, dim);
+      }
+    });
+    const auto write_back = [&](DynamicTableResource* table, const float* values) {
+      return RunLocked(table,
+                       [&](core::DynamicTable& t, int64_t now, std::string* error) {
+                         return core::ScatterBatch(t, keys, n, values, core::ScatterMode::kUpdate,
+                                                   now, RunnerFor(ctx), error);
+                       },
+                       &evicted);
+    };
+    OP_REQUIRES_OK(ctx, write_back(in.table, rows.data()));
+    for (int s = 0; s < args_.num_slots; ++s) {
+      OP_REQUIRES_OK(ctx, write_back(slots.tables[s], slot_rows[s].data()));
+    }
+  }
+
+ private:
+  dynamic_kernels::SparseApplyArgs args_;
+};
+
 using ::tensorflow::DEVICE_CPU;
 
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableHandle").Device(DEVICE_CPU),
@@ -398,6 +479,7 @@ REGISTER_KERNEL_BUILDER(
     ExportOp<TfInt64>);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableImport").Device(DEVICE_CPU), ImportOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_CPU), ClearOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicSparseApply").Device(DEVICE_CPU), SparseApplyOp);
 
 }  // namespace
 }  // namespace sok_graph

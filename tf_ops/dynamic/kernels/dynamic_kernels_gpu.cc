@@ -44,6 +44,7 @@
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
 #include "tf_ops/dynamic/kernels/dynamic_table_launcher.h"
+#include "tf_ops/optimizer/kernels/sparse_apply_launcher.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 
 namespace sok_graph {
@@ -578,6 +579,76 @@ class ClearGpuOp : public OpKernel {
   }
 };
 
+// SokDynamicSparseApply on the GPU: the same steps as the CPU kernel, on
+// the op's stream with the table launchers, the formula on the gathered rows
+// (sok_dense_apply_f32, hyper and step read on the device), nothing read
+// back but what the launchers read (a table that must grow or make room).
+class SparseApplyGpuOp : public OpKernel {
+ public:
+  explicit SparseApplyGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, args_.Parse(ctx));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    GpuTableAndKeys in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    GpuTableResource* table = in.table;
+    const int64_t dim = table->dim();
+    const int64_t n = in.n;
+    OP_REQUIRES_OK(ctx, dk::SparseApplyArgs::CheckInputs(ctx, n, dim));
+    dk::SlotTables<GpuTableResource> slots;
+    OP_REQUIRES_OK(ctx, slots.Lookup(ctx, args_.num_slots, dim, table->key_dtype(),
+                                     [](GpuTableResource& r) { return r.dim(); }));
+    if (n == 0) return;
+    void* stream = GpuStreamOf(ctx);
+    // Scratch: the table's rows and each slot's, [n, dim] each, and room
+    // for the keys a slot table's insert may evict.
+    Tensor scratch, evicted;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
+                                           TensorShape({1 + args_.num_slots, n, dim}), &scratch));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &evicted));
+    float* rows = scratch.flat<float>().data();
+    const auto slot_rows = [&](int s) { return rows + (1 + s) * n * dim; };
+    {
+      ::tensorflow::tf_shared_lock lock(*table->mu());
+      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_find(table->table(), in.keys, n, nullptr,
+                                                             rows, nullptr, stream),
+                                     nullptr, table->row_limit()));
+    }
+    for (int s = 0; s < args_.num_slots; ++s) {
+      GpuTableResource* slot = slots.tables[s];
+      SokGpuTableResult result{0, -1};
+      ::tensorflow::mutex_lock lock(*slot->mu());
+      const int rc = sok_gpu_table_find_or_insert(slot->table(), in.keys, n, slot->Tick(),
+                                                  slot_rows(s), I64(&evicted), &result, stream);
+      OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, slot->row_limit()));
+    }
+    const core::SparseApplyConfig c = args_.config;
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_dense_apply_f32(
+                                       rows, args_.num_slots > 0 ? slot_rows(0) : nullptr,
+                                       args_.num_slots > 1 ? slot_rows(1) : nullptr,
+                                       ctx->input(2).flat<float>().data(), n, dim, c.algorithm,
+                                       c.tf1, c.nesterov, ctx->input(3).flat<float>().data(),
+                                       reinterpret_cast<const int64_t*>(
+                                           ctx->input(4).flat<TfInt64>().data()),
+                                       stream),
+                                   "sok_dense_apply_f32"));
+    const auto write_back = [&](GpuTableResource* t, const float* values) {
+      SokGpuTableResult result{0, -1};
+      ::tensorflow::mutex_lock lock(*t->mu());
+      const int rc = sok_gpu_table_scatter(t->table(), in.keys, n, values, /*update=*/2,
+                                           t->Tick(), &result, stream);
+      return TableError(ctx, rc, &result, t->row_limit());
+    };
+    OP_REQUIRES_OK(ctx, write_back(table, rows));
+    for (int s = 0; s < args_.num_slots; ++s) {
+      OP_REQUIRES_OK(ctx, write_back(slots.tables[s], slot_rows(s)));
+    }
+  }
+
+ private:
+  dk::SparseApplyArgs args_;
+};
+
 using ::tensorflow::DEVICE_GPU;
 
 // The resource handle lives in host memory on every device (as TensorFlow's
@@ -644,7 +715,13 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_GPU).HostMemo
                               .HostMemory("frequencies")                                 \
                               .HostMemory("num_evicted")                                 \
                               .TypeConstraint<K>("Tkeys"),                               \
-                          ImportGpuOp);
+                          ImportGpuOp);                                                  \
+  REGISTER_KERNEL_BUILDER(Name("SokDynamicSparseApply")                                  \
+                              .Device(DEVICE_GPU)                                        \
+                              .HostMemory("table")                                       \
+                              .HostMemory("slots")                                       \
+                              .TypeConstraint<K>("Tkeys"),                               \
+                          SparseApplyGpuOp);
 SOK_REGISTER_DYNAMIC_GPU(TfInt64)
 SOK_REGISTER_DYNAMIC_GPU(int32_t)
 #undef SOK_REGISTER_DYNAMIC_GPU

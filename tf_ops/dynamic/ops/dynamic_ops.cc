@@ -196,6 +196,41 @@ Inserts or overwrites keys with rows [n, dim]. timestamps and frequencies
 restore metadata when given ([n] each), or are empty ([0]).
 )doc");
 
+REGISTER_OP("SokDynamicSparseApply")
+    .Input("table: resource")
+    .Input("keys: Tkeys")
+    .Input("grads: float")
+    .Input("hyper: float")
+    .Input("step: int64")
+    .Input("slots: num_slots * resource")
+    .SetIsStateful()
+    .Attr("Tkeys: {int32, int64}")
+    .Attr("num_slots: int >= 0")
+    .Attr("algorithm: {'sgd', 'momentum', 'adagrad', 'adam', 'ftrl'}")
+    .Attr("tf1: bool = false")
+    .Attr("nesterov: bool = false")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle keys, grads, hyper, step;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 2, &grads));
+      ::tensorflow::shape_inference::DimensionHandle n;
+      TF_RETURN_IF_ERROR(c->Merge(c->Dim(keys, 0), c->Dim(grads, 0), &n));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &hyper));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(4), 0, &step));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+One optimizer step of `algorithm` for distinct keys of a dynamic table, in
+one op, as these table ops in turn would take it: the keys' rows are found
+(a missing key reads as zeros), each slot table's rows found or inserted
+(with the slot table's initializer), the rows and slots updated from grads
+[n, dim] (the formulas of SokSparseApply; hyper: [lr, momentum, epsilon,
+beta_1, beta_2, lr_power, l1, l2, l2_shrinkage, beta], step: Adam's 1-based
+step), then written back with scatter "update" (inserting keys the table
+has evicted meanwhile). slots: the algorithm's slot tables in its order
+(momentum 1, adagrad 1, adam 2: m, v, ftrl 2: accumulator, linear).
+)doc");
+
 REGISTER_OP("SokDynamicTableClear")
     .Input("table: resource")
     .SetIsStateful()

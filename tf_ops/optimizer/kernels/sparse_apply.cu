@@ -54,6 +54,28 @@ __global__ void SparseApplyKernel(const SokSparseApplyTable* tables, const int64
   }
 }
 
+// One thread per element of n contiguous rows (the rows a dynamic table's
+// update gathered into scratch).
+__global__ void DenseApplyKernel(float* __restrict__ rows, float* __restrict__ slot0,
+                                 float* __restrict__ slot1, const float* __restrict__ grads,
+                                 int64_t total, SparseApplyConfig config,
+                                 const float* hyper_dev, const int64_t* step) {
+  __shared__ float hyper[sok_graph::core::kNumHyper];
+  __shared__ float alpha;
+  if (threadIdx.x < sok_graph::core::kNumHyper) hyper[threadIdx.x] = hyper_dev[threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    alpha = config.algorithm == static_cast<int32_t>(sok_graph::core::SparseAlgorithm::kAdam)
+                ? sok_graph::core::AdamAlpha(hyper, *step) : 0.0f;
+  }
+  __syncthreads();
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    sok_graph::core::ApplyElement(config, hyper, alpha, grads[i], rows + i,
+                                  slot0 ? slot0 + i : nullptr, slot1 ? slot1 + i : nullptr);
+  }
+}
+
 }  // namespace
 
 #define SOK_EXPORT extern "C" __attribute__((visibility("default")))
@@ -68,5 +90,18 @@ SOK_EXPORT int sok_sparse_apply_f32(const SokSparseApplyTable* tables,
   const int blocks = static_cast<int>(blocks_needed < 65536 ? blocks_needed : 65536);
   SparseApplyKernel<<<blocks, kWarp * kWarpsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(
       tables, row_offsets, num_tables, total_rows, config, hyper, step);
+  return static_cast<int>(cudaGetLastError());
+}
+
+SOK_EXPORT int sok_dense_apply_f32(float* rows, float* slot0, float* slot1, const float* grads,
+                                   int64_t n, int64_t dim, int algorithm, int tf1, int nesterov,
+                                   const float* hyper, const int64_t* step, void* stream) {
+  const int64_t total = n * dim;
+  if (total <= 0) return 0;
+  SparseApplyConfig config{algorithm, tf1, nesterov};
+  const int64_t blocks_needed = (total + 255) / 256;
+  const int blocks = static_cast<int>(blocks_needed < 65536 ? blocks_needed : 65536);
+  DenseApplyKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(
+      rows, slot0, slot1, grads, total, config, hyper, step);
   return static_cast<int>(cudaGetLastError());
 }

@@ -8,6 +8,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
+#include "tf_ops/optimizer/kernels/apply_rows.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_vars.h"
 #include "tf_ops/util/core/prefetch.h"
 
@@ -18,36 +19,9 @@ using ::tensorflow::OpInputList;
 using ::tensorflow::OpKernelContext;
 namespace errors = ::tensorflow::errors;
 
-// One row of `dim` elements with the algorithm fixed at compile time: the
-// switch in ApplyElement folds away and, the pointers being restrict, the
-// element loop vectorizes (Adam's square roots and divisions four or eight
-// at a time instead of one). Not inlined, so the restrict qualifiers hold.
-template <core::SparseAlgorithm A>
-__attribute__((noinline)) void ApplyRow(core::SparseApplyConfig c, const float* __restrict__ h,
-                                        float alpha, const float* __restrict__ g,
-                                        float* __restrict__ w, float* __restrict__ s0,
-                                        float* __restrict__ s1, int64_t dim) {
-  c.algorithm = static_cast<int32_t>(A);
-  const int slots = core::SlotCount(A);
-  for (int64_t d = 0; d < dim; ++d) {
-    core::ApplyElement(c, h, alpha, g[d], w + d, slots > 0 ? s0 + d : nullptr,
-                       slots > 1 ? s1 + d : nullptr);
-  }
-}
-
-using ApplyRowFn = void (*)(core::SparseApplyConfig, const float*, float, const float*, float*,
-                            float*, float*, int64_t);
-
-ApplyRowFn ApplyRowFor(int32_t algorithm) {
-  switch (static_cast<core::SparseAlgorithm>(algorithm)) {
-    case core::SparseAlgorithm::kSgd: return ApplyRow<core::SparseAlgorithm::kSgd>;
-    case core::SparseAlgorithm::kMomentum: return ApplyRow<core::SparseAlgorithm::kMomentum>;
-    case core::SparseAlgorithm::kAdagrad: return ApplyRow<core::SparseAlgorithm::kAdagrad>;
-    case core::SparseAlgorithm::kAdam: return ApplyRow<core::SparseAlgorithm::kAdam>;
-    case core::SparseAlgorithm::kFtrl: return ApplyRow<core::SparseAlgorithm::kFtrl>;
-  }
-  return nullptr;
-}
+using optimizer_kernels::AlphaFor;
+using optimizer_kernels::ApplyRowFn;
+using optimizer_kernels::ApplyRowFor;
 
 template <typename K>
 class SparseApplyCpuOp : public ::tensorflow::OpKernel {
@@ -89,9 +63,7 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
     }
     const float* hyper = hyper_t.flat<float>().data();
     const int64_t step = static_cast<int64_t>(step_t.scalar<TfInt64>()());
-    const float alpha =
-        attrs_.config.algorithm == static_cast<int32_t>(core::SparseAlgorithm::kAdam)
-            ? core::AdamAlpha(hyper, step) : 0.0f;
+    const float alpha = AlphaFor(attrs_.config, hyper, step);
     struct Table { float* var; float* s0; float* s1; const K* idx; const float* g; int64_t dim; };
     constexpr int64_t kAhead = 8;
     const auto Prefetch = [](const Table& tb, int64_t i) {

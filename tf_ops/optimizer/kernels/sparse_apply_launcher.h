@@ -34,6 +34,14 @@ int sok_sparse_apply_f32(const SokSparseApplyTable* tables, const int64_t* row_o
                          int num_tables, int64_t total_rows, int algorithm, int tf1,
                          int nesterov, const float* hyper, const int64_t* step, void* stream);
 
+// The same update on n contiguous rows [n, dim]: rows (and slot0, slot1 as
+// the algorithm has them, else NULL) from grads, element by element; for
+// the rows a dynamic table's update gathers into scratch. hyper and step in
+// device memory, as above. Returns a cudaError_t.
+int sok_dense_apply_f32(float* rows, float* slot0, float* slot1, const float* grads, int64_t n,
+                        int64_t dim, int algorithm, int tf1, int nesterov, const float* hyper,
+                        const int64_t* step, void* stream);
+
 #ifdef __cplusplus
 }
 #endif

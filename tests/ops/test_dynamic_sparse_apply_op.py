@@ -1,0 +1,164 @@
+"""The fused sparse optimizer op of dynamic tables (SokDynamicSparseApply)
+against numpy, against the TensorFlow-op update it replaces, its bad input,
+and its use by OptimizerWrapper. Its results inside training are compared
+with TensorFlow's own optimizers by tests/test_optimizer.py."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_graph as sok
+from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.optimization import fused_apply
+from sparse_apply_reference import hyper, numpy_step, slot_count
+
+DIM = 4
+SLOT_INIT = 0.3  # the slot tables' initial value for keys they do not hold
+
+
+def _table(key_type, rows=None, initializer="zeros"):
+    """A DynamicVariable holding `rows` ({key: row}) and nothing else."""
+    v = sok.DynamicVariable(DIM, initializer=initializer, key_type=key_type)
+    if rows:
+        keys = sorted(rows)
+        v.import_rows(tf.constant(keys, key_type), tf.constant([rows[k] for k in keys],
+                                                              tf.float32))
+    return v
+
+
+def _rows(v, keys, key_type):
+    rows, found = v.find(tf.constant(keys, key_type))
+    return rows.numpy(), found.numpy()
+
+
+@pytest.mark.parametrize("algorithm,tf1,nesterov", [
+    ("sgd", False, False), ("momentum", True, False), ("momentum", False, True),
+    ("adagrad", True, False), ("adagrad", False, False), ("adam", False, False),
+    ("ftrl", False, False)])
+@pytest.mark.parametrize("key_type", [tf.int32, tf.int64])
+def test_updates_keys_as_numpy(algorithm, tf1, nesterov, key_type, rng):
+    """Keys the table holds and a key it does not (read as zeros, then
+    inserted); slot rows the slot tables hold and ones they insert with their
+    initializer. Rows, slots and their presence afterwards, against float64
+    numpy."""
+    held = {k: rng.standard_normal(DIM).astype(np.float32) for k in (3, 7, 11, 20)}
+    table = _table(key_type, held)
+    slots = []
+    slot_held = []
+    for _ in range(slot_count(algorithm)):
+        # ftrl's accumulator must stay positive: positive slot values
+        rows = {k: rng.uniform(0.2, 1.0, DIM).astype(np.float32) for k in (3, 11)}
+        slots.append(_table(key_type, rows, initializer=SLOT_INIT))
+        slot_held.append(rows)
+    keys = [11, 42, 3, 7]  # 42: in no table
+    grads = rng.standard_normal((len(keys), DIM)).astype(np.float32)
+    h = hyper()
+    dynamic_ops.sparse_apply(table.handle, [s.handle for s in slots], tf.constant(keys, key_type),
+                             tf.constant(grads), tf.constant(h), tf.constant(3, tf.int64),
+                             algorithm, tf1=tf1, nesterov=nesterov)
+    for i, k in enumerate(keys):
+        w = held.get(k, np.zeros(DIM, np.float32)).astype(np.float64)
+        s = [r.get(k, np.full(DIM, SLOT_INIT, np.float32)).astype(np.float64) for r in slot_held]
+        want_w, want_s = numpy_step(algorithm, w, s, grads[i].astype(np.float64), h, 3, tf1,
+                                     nesterov)
+        got_w, found = _rows(table, [k], key_type)
+        assert found.all()
+        np.testing.assert_allclose(got_w[0], want_w, rtol=2e-5, atol=2e-6)
+        for slot, want in zip(slots, want_s):
+            got, found = _rows(slot, [k], key_type)
+            assert found.all()
+            np.testing.assert_allclose(got[0], want, rtol=2e-5, atol=2e-6)
+    # A key the update was not given stays as it was.
+    np.testing.assert_array_equal(_rows(table, [20], key_type)[0][0], held[20])
+
+
+@pytest.mark.parametrize("algorithm", ["momentum", "adam", "ftrl"])
+def test_equals_the_tensorflow_op_update(algorithm, rng):
+    """Rows and slots after a few steps through OptimizerWrapper: the fused
+    op against the TensorFlow-op update (update_all_rows=False, fusing
+    turned off for the comparison), bit for bit or within float rounding."""
+    make = {"momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+            "adam": lambda: tf.keras.optimizers.Adam(0.05),
+            "ftrl": lambda: tf.keras.optimizers.Ftrl(0.1)}[algorithm]
+    init = {k: rng.standard_normal(DIM).astype(np.float32) for k in range(12)}
+    batches = [tf.ragged.constant([list(rng.integers(0, 16, size=rng.integers(1, 4)))
+                                   for _ in range(6)], tf.int64) for _ in range(3)]
+    results = []
+    for fused in (True, False):
+        table = _table(tf.int64, init)
+        opt = sok.OptimizerWrapper(make())
+        if not fused:
+            opt._fusable = lambda var: False
+        for ids in batches:
+            with tf.GradientTape() as tape:
+                emb = sok.lookup_sparse(table, ids, combiners="sum")
+                loss = tf.reduce_sum(emb * emb) + tf.reduce_sum(emb)
+            opt.apply_gradients([(tape.gradient(loss, table), table)])
+        keys = list(range(16))
+        got = [_rows(table, keys, tf.int64)]
+        got += [_rows(opt.get_slot(table, n), keys, tf.int64) for n in opt.slot_names()]
+        results.append(got)
+    for (a, fa), (b, fb) in zip(*results):
+        np.testing.assert_array_equal(fa, fb)
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+
+
+def test_bad_input_names_what_is_wrong():
+    table = _table(tf.int64, {1: np.ones(DIM, np.float32)})
+    other_dim = sok.DynamicVariable(DIM + 1, initializer="zeros")
+    int32_slot = sok.DynamicVariable(DIM, initializer="zeros", key_type=tf.int32)
+    keys = tf.constant([1], tf.int64)
+    grads = tf.ones([1, DIM])
+    h, step = tf.constant(hyper()), tf.constant(1, tf.int64)
+
+    def call(slots=(), k=keys, g=grads, hyper=h, st=step, algorithm="sgd"):
+        dynamic_ops.sparse_apply(table.handle, [s.handle for s in slots], k, g, hyper, st,
+                                 algorithm)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"grads must be \[1, 4\]"):
+        call(g=tf.ones([1, DIM + 1]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="keys must be int64"):
+        call(k=tf.constant([1], tf.int32))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hyper must be a vector of 10"):
+        call(hyper=tf.ones([9]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="step must be a scalar"):
+        call(st=tf.constant([1], tf.int64))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="'adam' keeps 2 slot tables"):
+        call(slots=[other_dim], algorithm="adam")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="slot table 0 has dimension 5"):
+        call(slots=[other_dim], algorithm="momentum")
+    with pytest.raises(tf.errors.InvalidArgumentError, match="slot table 0 has dimension 4 and "
+                                                             "keys int32"):
+        call(slots=[int32_slot], algorithm="adagrad")
+    # Nothing changed.
+    np.testing.assert_array_equal(_rows(table, [1], tf.int64)[0][0], np.ones(DIM))
+
+
+@pytest.mark.parametrize("name,make", [
+    ("adam", lambda: tf.keras.optimizers.Adam(0.1)),
+    ("ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.1)),
+    ("sgd", lambda: tf.keras.optimizers.SGD(0.1)),
+    ("rmsprop", lambda: tf.keras.optimizers.RMSprop(0.1))])
+def test_wrapper_fuses_dynamic_tables(name, make):
+    """OptimizerWrapper updates a dynamic table through one
+    SokDynamicSparseApply where the op has the algorithm (no find, scatter
+    or unique op of its own), through TensorFlow ops otherwise."""
+    sok.init()
+    table = sok.DynamicVariable(DIM, initializer="zeros")
+    opt = sok.OptimizerWrapper(make())
+    ids = tf.ragged.constant([[1, 2, 2], [3]], dtype=tf.int64)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            emb = sok.lookup_sparse(table, ids)
+            loss = tf.reduce_sum(emb * emb)
+        opt.apply_gradients([(tape.gradient(loss, table), table)])
+
+    ops = [o.type for o in step.get_concrete_function().graph.get_operations()]
+    fused = ops.count("SokDynamicSparseApply")
+    assert fused == (1 if name in fused_apply.FUSED_ALGORITHMS else 0), ops
+    if fused:
+        # The lookup's own unique and find-or-insert only.
+        assert ops.count("SokUniqueWithCounts") == 1, ops
+        assert not [t for t in ops if t in ("SokDynamicTableScatter", "SokDynamicTableFind")], ops

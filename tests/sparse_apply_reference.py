@@ -1,0 +1,42 @@
+"""The fused sparse optimizer ops' reference: the algorithms' formulas in
+float64 numpy, on whole rows (tests of SokSparseApply and
+SokDynamicSparseApply)."""
+
+import numpy as np
+
+
+def hyper(lr=0.1, momentum=0.9, epsilon=1e-7, beta_1=0.8, beta_2=0.95, lr_power=-0.5, l1=0.01,
+           l2=0.02, l2_shrinkage=0.03, beta=0.5):
+    return np.array([lr, momentum, epsilon, beta_1, beta_2, lr_power, l1, l2, l2_shrinkage, beta],
+                    np.float32)
+
+
+def numpy_step(algorithm, w, slots, g, h, step, tf1=False, nesterov=False):
+    """The algorithms' formulas in float64, on whole rows."""
+    lr, mom, eps, b1, b2, lr_power, l1, l2, shrink, beta = [float(x) for x in h]
+    if algorithm == "sgd":
+        return w - lr * g, []
+    if algorithm == "momentum":
+        if tf1:
+            acc = mom * slots[0] + g
+            return w - (lr * g + lr * mom * acc if nesterov else lr * acc), [acc]
+        vel = mom * slots[0] - lr * g
+        return (w + mom * vel - lr * g if nesterov else w + vel), [vel]
+    if algorithm == "adagrad":
+        acc = slots[0] + g * g
+        return w - lr * g / np.sqrt(acc if tf1 else acc + eps), [acc]
+    if algorithm == "adam":
+        m = b1 * slots[0] + (1 - b1) * g
+        v = b2 * slots[1] + (1 - b2) * g * g
+        alpha = lr * np.sqrt(1 - b2 ** step) / (1 - b1 ** step)
+        return w - alpha * m / (np.sqrt(v) + eps), [m, v]
+    p = -lr_power
+    acc, lin = slots
+    new_acc = acc + g * g
+    lin = lin + g + 2 * shrink * w - (new_acc ** p - acc ** p) / lr * w
+    quad = new_acc ** p / lr + 2 * (l2 + beta / (2 * lr))
+    return (np.clip(lin, -l1, l1) - lin) / quad, [new_acc, lin]
+
+
+def slot_count(algorithm):
+    return {"sgd": 0, "momentum": 1, "adagrad": 1, "adam": 2, "ftrl": 2}[algorithm]
