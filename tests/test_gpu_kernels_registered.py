@@ -50,6 +50,8 @@ GPU_KERNELS = {
                                                    "next_offset"}),
     "SokDynamicTableImport": ({"Tkeys": {INT32, INT64}}, {"table", "frequencies", "num_evicted"}),
     "SokDynamicTableClear": ({}, {"table"}),
+    # The fused optimizer step of a dynamic table and its slot tables.
+    "SokDynamicSparseApply": ({"Tkeys": {INT32, INT64}}, {"table", "slots"}),
 }
 
 
@@ -58,7 +60,7 @@ def test_every_dynamic_table_op_has_a_gpu_kernel():
     would move the whole table to the CPU."""
     lib = _ops.load()
     dynamic = {"".join(w.capitalize() for w in name.split("_")) for name in dir(lib)
-               if name.startswith("sok_dynamic_table_") and not name.endswith("_eager_fallback")}
+               if name.startswith("sok_dynamic_") and not name.endswith("_eager_fallback")}
     assert dynamic and dynamic <= set(GPU_KERNELS), sorted(dynamic - set(GPU_KERNELS))
 
 
