@@ -38,8 +38,11 @@ inline ParallelRunner SerialRunner() {
 
 // Lookups prefetch in two stages: the index slot of the key kTablePrefetch
 // * 2 ahead, then the entry (key and row) of the key kTablePrefetch ahead,
-// whose slot has arrived by then.
-constexpr int64_t kTablePrefetch = 4;
+// whose slot has arrived by then. The second stage reads the slot, so it
+// must come late enough for the first to have landed: 16 (slot 32 keys
+// ahead) found the entries of 65,536 keys in a 1M-key table 15-25% faster
+// than 4 did (one thread, dim 16).
+constexpr int64_t kTablePrefetch = 16;
 
 inline void PrefetchAhead(const DynamicTable& t, const int64_t* keys, int64_t i, int64_t end,
                           bool with_row = true) {
@@ -49,8 +52,8 @@ inline void PrefetchAhead(const DynamicTable& t, const int64_t* keys, int64_t i,
 
 // Loops that know their entries already (copying or updating rows) fetch
 // only rows, further ahead: measured 3-4x faster than the two-stage
-// prefetch of key and row four ahead.
-constexpr int64_t kRowPrefetch = 16;
+// prefetch of key and row four ahead; 32 ahead a little faster again than 16.
+constexpr int64_t kRowPrefetch = 32;
 
 // The loops over a batch are plain functions of [begin, end), which the
 // runners' lambdas call, so the serial paths and the threads share them.
