@@ -130,6 +130,10 @@ def test_bad_input_names_what_is_wrong():
     with pytest.raises(tf.errors.InvalidArgumentError, match="slot table 0 has dimension 4 and "
                                                              "keys int32"):
         call(slots=[int32_slot], algorithm="adagrad")
+    missing = dynamic_ops.handle("a_slot_table_never_created")
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="slot table 0 of the update does not exist"):
+        dynamic_ops.sparse_apply(table.handle, [missing], keys, grads, h, step, "adagrad")
     # Nothing changed.
     np.testing.assert_array_equal(_rows(table, [1], tf.int64)[0][0], np.ones(DIM))
 
