@@ -126,11 +126,14 @@ def check_util(lib, rng):
 
     # unique with counts
     for n, case in [(1000, "random"), (1, "random"), (0, "random"), (5000, "all_equal"),
-                    (4096, "extremes"), (100000, "random"), (3, "random")]:
+                    (4096, "extremes"), (100000, "random"), (3, "random"),
+                    (300000, "few"), (70000, "all_equal")]:
         for kd in (np.int64, np.int32):
             for idd in (np.int32, np.int64):
                 if case == "all_equal":
                     x = np.full(n, -42, kd)
+                elif case == "few":  # hot keys: many lanes of a warp share one
+                    x = rng.integers(-50, 50, size=n).astype(kd)
                 elif case == "extremes":
                     info = np.iinfo(kd)
                     x = rng.choice(np.array([info.min, info.max, -1, 0, 7], kd), size=n)
@@ -145,6 +148,12 @@ def check_util(lib, rng):
                 if not (np.array_equal(y, wy) and np.array_equal(idx, widx)
                         and np.array_equal(count, wcount) and y.dtype == kd):
                     fail(f"unique n={n} {case} keys {kd.__name__} idx {idd.__name__}")
+    # past the hash set's 32-bit slot numbers: refused at the size query
+    size = ctypes.c_size_t(0)
+    cases += 1
+    if lib.sok_unique_with_counts_i64_i64(None, 1 << 30, None, None, None, None, None,
+                                          ctypes.byref(size), None) == 0:
+        fail("unique of 2^30 keys was not refused")
     # unsorted segment sum: bit-identical to float32 sums in position order
     for n, width, segs, case in [(1000, 16, 50, "random"), (777, 3, 1000, "random"),
                                  (5000, 130, 7, "random"), (0, 4, 5, "random"),
@@ -237,6 +246,15 @@ def bench_util(lib, time_ms):
         # torch returns sorted values, not first-appearance order: a cheaper task.
         t_ms = time_ms(lambda: torch.unique(tx, return_inverse=True, return_counts=True))
     rows.append((f"unique_with_counts, {n} ids in [0, 8M)", ms,
+                 "torch.unique(inverse, counts), sorted order", t_ms))
+    # The DemoModel's batch: 8192 x 100 x 10 keys of an 8192-key vocabulary.
+    x = cp.random.randint(0, 8192, size=8192 * 1000, dtype=cp.int64)
+    op = Unique(lib, np.int64, np.int64, x.size)
+    ms = time_ms(lambda: op(x))
+    if torch is not None:
+        tx = torch.as_tensor(x, device="cuda")
+        t_ms = time_ms(lambda: torch.unique(tx, return_inverse=True, return_counts=True))
+    rows.append((f"unique_with_counts, {x.size} ids in [0, 8192) (DemoModel)", ms,
                  "torch.unique(inverse, counts), sorted order", t_ms))
     width, segs = 16, 1 << 20
     data = cp.random.standard_normal((n, width), dtype=cp.float32)

@@ -577,7 +577,7 @@ __global__ void ApplyRunsKernel(DevTable t, const int64_t* __restrict__ sorted_s
     const int64_t j = i / dim;
     const int d = static_cast<int>(i - j * dim);
     const int64_t s = sorted_slot[j];
-    if (j > 0 && sorted_slot[j - 1] == s) continue;
+    if (s < 0 || (j > 0 && sorted_slot[j - 1] == s)) continue;  // s < 0: see Ensure's end
     float* dst = t.rows + s * dim + d;
     if (mode <= 1) {
       float acc = *dst;
@@ -713,6 +713,10 @@ struct SokGpuTable {
   // Upper bounds on the size and on occupied main slots (live + tombstones),
   // kept without waiting for the device; exact after Sync().
   int64_t size_ub = 0, occ_ub = 0;
+  // Whether size_ub is the size itself: after Sync() and after the exact
+  // path (which knows what it inserted and evicted), not after the fast
+  // path or a remove, which change the size on the device only.
+  bool size_exact = true;
   int64_t evicted_total = 0;
   // Scratch, grown on demand.
   int64_t scratch_n = 0;
@@ -803,6 +807,7 @@ int Sync(SokGpuTable* t, cudaStream_t s) {
   if (t->host_counters[kFail] != 0) return SOK_GPU_TABLE_FULL;
   t->size_ub = t->host_counters[kSize];
   t->occ_ub = t->host_counters[kOcc];
+  t->size_exact = true;
   return 0;
 }
 
@@ -970,7 +975,12 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
   int rc = EnsureScratch(t, n);
   if (rc) return rc;
   bool fast = t->size_ub + n <= t->row_limit && t->occ_ub + n <= MaxOccupied(t->dev.slots);
-  if (!fast) {
+  // A full bounded table whose size is known exactly (a table that holds
+  // its whole vocabulary, called every step) goes straight to the exact
+  // path, which reads the counters once itself: waiting for them here
+  // would only tell what is known.
+  const bool known_full = t->size_exact && t->size_ub + n > t->row_limit;
+  if (!fast && !known_full) {
     if ((rc = Sync(t, s))) return rc;
     const int64_t size = t->size_ub, occ = t->occ_ub;
     if (size + n <= t->row_limit) {
@@ -991,11 +1001,13 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
     SOK_CUDA(cudaGetLastError());
     t->size_ub += n;
     t->occ_ub += n;
+    t->size_exact = false;
     return 0;
   }
 
-  // Exact path: the table may have to evict.
-  const int64_t size = t->size_ub, occ = t->occ_ub;
+  // Exact path: the table may have to evict. Its one wait for the device
+  // (below) reads the size and occupancy too: nothing before it changes
+  // them.
   ProbeKernel<<<GridStride(n), 256, 0, s>>>(t->dev, keys, n, t->slot_of);
   IotaKernel<<<GridStride(n), 256, 0, s>>>(t->buf_b, n);
   if ((rc = SortPairs(t, keys, t->buf_a, t->buf_b, t->buf_c, n, 64, s))) return rc;
@@ -1011,6 +1023,7 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
   SOK_CUDA(cub::DeviceSelect::Flagged(t->cub_temp, bytes, t->buf_a, t->flags8, t->buf_d,
                                       t->counters + kNew, static_cast<int>(n), s));
   if ((rc = Sync(t, s))) return rc;
+  const int64_t size = t->size_ub, occ = t->occ_ub;
   const int64_t distinct = t->host_counters[kDistinct];
   const int64_t num_new = t->host_counters[kNew];
   if (result) result->distinct_keys = distinct;
@@ -1046,7 +1059,14 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
                                              t->counters);
   SOK_CUDA(cudaMemsetAsync(t->flags8, 0, n, s));
   SOK_CUDA(cudaGetLastError());
-  if ((rc = Sync(t, s))) return rc;
+  // No second wait: the size after the call is what was there, less what
+  // was evicted, plus the new keys; every new key takes at most one more
+  // occupied slot (a tombstone it reuses takes none). A broken invariant
+  // (kFail) is reported by the next wait; a slot that was not found is -1,
+  // which the gather reads as the default row and the scatter skips.
+  t->size_ub = size - (excess > 0 ? excess : 0) + num_new;
+  t->occ_ub = (rehashed ? t->occ_ub : occ) + num_new;
+  t->size_exact = true;
   return 0;
 }
 
@@ -1143,6 +1163,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_clear(SokGpuTable* t, v
   SOK_CUDA(cudaMemsetAsync(t->dev.side, 0, 2 * sizeof(int), s));
   SOK_CUDA(cudaMemsetAsync(t->counters, 0, kNumCounters * sizeof(long long), s));
   t->size_ub = t->occ_ub = 0;
+  t->size_exact = true;
   return 0;
 }
 
@@ -1235,6 +1256,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_remove(SokGpuTable* t,
   cudaStream_t s = StreamOf(stream);
   if (num_removed) SOK_CUDA(cudaMemsetAsync(num_removed, 0, sizeof(int64_t), s));
   if (n == 0) return 0;
+  t->size_exact = false;  // size_ub stays an upper bound
   RemoveKernel<<<BlocksFor(n), kThreads, 0, s>>>(
       t->dev, keys, n, reinterpret_cast<long long*>(num_removed), t->counters);
   return static_cast<int>(cudaGetLastError());

@@ -375,7 +375,70 @@ __global__ void RowsIds(const SokLookupTable* __restrict__ tables,
   }
 }
 
-// One thread per (chunk, column) of a table: each piece's sum, at its first
+// A chunk's positions in groups of kUnroll: the group's loads are issued
+// before its sums, so a thread has kUnroll rows in flight (the loads of one
+// position depend on each other: sorted position, then sample, then row).
+constexpr int kUnroll = 4;
+
+// The pieces of one chunk [k0, k1) for the columns of V at column c:
+// V = float (one column) or float4 (four, when dim % 4 == 0). The sums are
+// the same float operations in the same order either way.
+__device__ __forceinline__ void AddScaled(float* acc, float f, float g) { *acc += f * g; }
+__device__ __forceinline__ void AddScaled(float4* acc, float f, float4 g) {
+  acc->x += f * g.x;
+  acc->y += f * g.y;
+  acc->z += f * g.z;
+  acc->w += f * g.w;
+}
+__device__ __forceinline__ void StorePiece(float* at, float v) { *at = v; }
+__device__ __forceinline__ void StorePiece(float* at, float4 v) {
+  at[0] = v.x;
+  at[1] = v.y;
+  at[2] = v.z;
+  at[3] = v.w;
+}
+__device__ __forceinline__ float Zero(float*) { return 0.0f; }
+__device__ __forceinline__ float4 Zero(float4*) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+
+template <typename V>
+__device__ __forceinline__ void ChunkPieces(const float* __restrict__ grads,
+                                            const int32_t* __restrict__ sorted_pos,
+                                            const int32_t* __restrict__ head,
+                                            const int32_t* __restrict__ sample_of,
+                                            const float* __restrict__ factor, int64_t k0,
+                                            int64_t k1, int dim, int c, float* __restrict__ pieces) {
+  int64_t first = k0;
+  V acc = Zero(static_cast<V*>(nullptr));
+  for (int64_t k = k0; k < k1; k += kUnroll) {
+    V g[kUnroll];
+    float f[kUnroll];
+    int32_t h[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u < k1) {
+        const int32_t p = sorted_pos[k + u];
+        h[u] = head[k + u];
+        f[u] = factor[p];
+        g[u] = *reinterpret_cast<const V*>(grads + static_cast<int64_t>(sample_of[p]) * dim + c);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      if (k + u < k1) {
+        if (k + u > k0 && h[u]) {
+          StorePiece(pieces + first * dim + c, acc);
+          acc = Zero(static_cast<V*>(nullptr));
+          first = k + u;
+        }
+        AddScaled(&acc, f[u], g[u]);
+      }
+    }
+  }
+  StorePiece(pieces + first * dim + c, acc);
+}
+
+// One thread per (chunk, column) of a table — per (chunk, four columns)
+// when the table's dim is a multiple of 4 — each piece's sum, at its first
 // index.
 __global__ void RowsPieces(const SokLookupTable* __restrict__ tables,
                            const PlanTable* __restrict__ per_table,
@@ -390,22 +453,20 @@ __global__ void RowsPieces(const SokLookupTable* __restrict__ tables,
   float* pieces = piece_sum + per_table[t].piece_begin;
   const float* __restrict__ grads = outs[t].grads;
   const int64_t chunks = (n + kChunk - 1) / kChunk;
-  SOK_FOR_EACH(i, chunks * dim) {
-    const int64_t c = i / dim;
-    const int d = static_cast<int>(i - c * dim);
-    const int64_t k0 = c * kChunk, k1 = k0 + kChunk < n ? k0 + kChunk : n;
-    int64_t first = k0;
-    float acc = 0.0f;
-    for (int64_t k = k0; k < k1; ++k) {
-      if (k > k0 && head[base + k]) {
-        pieces[first * dim + d] = acc;
-        acc = 0.0f;
-        first = k;
-      }
-      const int32_t p = sorted_pos[base + k];
-      acc += factor[p] * grads[static_cast<int64_t>(sample_of[p]) * dim + d];
+  // (A gradient that is a slice of a larger tensor may start anywhere.)
+  const bool vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(grads) % 16 == 0;
+  const int lanes = vec ? dim / 4 : dim;  // threads per chunk
+  SOK_FOR_EACH(i, chunks * lanes) {
+    const int64_t ch = i / lanes;
+    const int c = static_cast<int>(i - ch * lanes) * (vec ? 4 : 1);
+    const int64_t k0 = ch * kChunk, k1 = k0 + kChunk < n ? k0 + kChunk : n;
+    if (vec) {
+      ChunkPieces<float4>(grads, sorted_pos + base, head + base, sample_of, factor, k0, k1, dim,
+                          c, pieces);
+    } else {
+      ChunkPieces<float>(grads, sorted_pos + base, head + base, sample_of, factor, k0, k1, dim, c,
+                         pieces);
     }
-    pieces[first * dim + d] = acc;
   }
 }
 

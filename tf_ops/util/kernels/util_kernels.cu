@@ -1,8 +1,7 @@
-// CUDA kernels of the util family: unique-with-counts and a deterministic
-// unsorted segment sum (see util_launcher.h). Both group equal keys with a
-// stable radix sort of (key, position) pairs, so within a group positions
-// stay in input order: the first is the first appearance, and sums run in
-// position order as on the CPU.
+// CUDA kernels of the util family: unique-with-counts (by hashing) and a
+// deterministic unsorted segment sum (see util_launcher.h), which groups
+// equal ids with a stable radix sort of (id, position) pairs, so that a
+// segment's rows are added in position order as on the CPU.
 #include <algorithm>
 #include <climits>
 #include <cstdint>
@@ -59,112 +58,165 @@ __global__ void Iota(int64_t* out, int64_t n) {
 }
 
 // ---------------------------------------------------------------------------
-// Unique with counts.
+// Unique with counts, by hashing: every key is put in an open-addressing
+// set of at least 2n slots (linear probing; a new key claims an empty slot
+// by compare-and-swap), and each slot keeps its key's first position
+// (atomicMin) and count (atomicAdd). A flag at every first position and a
+// prefix sum over the flags rank the keys in order of first appearance.
+// Four passes over the keys and a fill of the slots, where a sort needed a
+// pass per 8 key bits (8 for int64): a batch of many repeated keys — a
+// dense layer's inputs, a hot feature — costs little more than reading it.
+// Which key wins a contested slot varies from run to run, but no output
+// depends on it: ranks, counts and first positions are integers.
 
-// Positions, run numbers and ranks are int32 (n < 2^31): half the bytes
-// of int64 through every sort and gather.
-
-__global__ void Iota32(int32_t* out, int64_t n) {
-  SOK_FOR_EACH(i, n) out[i] = static_cast<int32_t>(i);
-}
-
-// head[j] = 1 where sorted key j starts a run; first_flag is cleared.
+// A slot: its key, and the first position and count of that key, side by
+// side so that a key new to the set costs one sector of memory, not three.
 template <typename K>
-__global__ void RunHeads(const K* __restrict__ sorted, int64_t n, int32_t* __restrict__ head,
-                         int32_t* __restrict__ first_flag) {
-  SOK_FOR_EACH(j, n) {
-    head[j] = (j == 0 || sorted[j] != sorted[j - 1]) ? 1 : 0;
-    first_flag[j] = 0;
-  }
+struct HashSlot {
+  K key;
+  int32_t first;
+  int32_t count;
+};
+
+// Positions and slots are 32-bit (n < 2^30, so 2n rounded up to a power of
+// two, plus the side slot, fits); half the bytes of int64 in every pass.
+constexpr int64_t kMaxUniqueKeys = int64_t{1} << 30;
+
+// The key that marks an empty slot; a key equal to it lives in the side
+// slot (index `slots`) instead.
+template <typename K>
+struct EmptyKeyOf;
+template <>
+struct EmptyKeyOf<int64_t> {
+  static constexpr int64_t value = LLONG_MIN;
+};
+template <>
+struct EmptyKeyOf<int32_t> {
+  static constexpr int32_t value = INT_MIN;
+};
+template <typename K>
+__device__ __forceinline__ K EmptyKey() {
+  return EmptyKeyOf<K>::value;
 }
 
-// Per run r (run_of[j] = r + 1 at its head): its first sorted index, and a
-// flag at its first position (positions of a run are ascending: the sort is
-// stable).
-__global__ void Runs(const int32_t* __restrict__ sorted_pos, const int32_t* __restrict__ head,
-                     const int32_t* __restrict__ run_of, int64_t n,
-                     int32_t* __restrict__ run_start, int32_t* __restrict__ first_flag,
-                     int64_t* __restrict__ num_runs) {
-  SOK_FOR_EACH(j, n) {
-    if (head[j]) {
-      run_start[run_of[j] - 1] = static_cast<int32_t>(j);
-      first_flag[sorted_pos[j]] = 1;
+__device__ __forceinline__ uint64_t MixBits(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+__device__ __forceinline__ int64_t SwapIfEmpty(int64_t* at, int64_t empty, int64_t key) {
+  return static_cast<int64_t>(atomicCAS(reinterpret_cast<unsigned long long*>(at),
+                                        static_cast<unsigned long long>(empty),
+                                        static_cast<unsigned long long>(key)));
+}
+__device__ __forceinline__ int32_t SwapIfEmpty(int32_t* at, int32_t empty, int32_t key) {
+  return atomicCAS(at, empty, key);
+}
+
+template <typename K>
+__global__ void ClearSlots(HashSlot<K>* __restrict__ slot, int64_t slots) {
+  SOK_FOR_EACH(i, slots + 1) slot[i] = HashSlot<K>{EmptyKey<K>(), INT_MAX, 0};
+}
+
+// slot_of[p] <- the slot of x[p], claimed if new; the slot's first position
+// and count are updated once per warp for the lanes that share it (a hot
+// key appears many times in a warp).
+template <typename K>
+__global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set, uint32_t mask,
+                           uint32_t* __restrict__ slot_of) {
+  const int lane = threadIdx.x & 31;
+  const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
+  for (int64_t base = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32 * 32;
+       base < n; base += warps * 32) {
+    const int64_t p = base + lane;
+    uint32_t slot = 0xffffffffu;  // lanes past the end share no slot
+    if (p < n) {
+      const K k = x[p];
+      if (k == EmptyKey<K>()) {
+        slot = mask + 1;
+      } else {
+        uint32_t h = static_cast<uint32_t>(MixBits(static_cast<uint64_t>(k))) & mask;
+        for (;;) {
+          const K seen = *static_cast<volatile K*>(&set[h].key);
+          if (seen == k) break;
+          if (seen == EmptyKey<K>()) {
+            const K prev = SwapIfEmpty(&set[h].key, EmptyKey<K>(), k);
+            if (prev == EmptyKey<K>() || prev == k) break;
+          }
+          h = (h + 1) & mask;  // at most half the slots are taken: ends
+        }
+        slot = h;
+      }
+      slot_of[p] = slot;
     }
-    if (j == n - 1) *num_runs = run_of[j];
+    const unsigned peers = __match_any_sync(0xffffffffu, slot);
+    // The lowest lane of a group holds its smallest position.
+    if (p < n && lane == __ffs(peers) - 1) {
+      atomicAdd(&set[slot].count, __popc(peers));
+      if (static_cast<int32_t>(p) < *static_cast<volatile int32_t*>(&set[slot].first)) {
+        atomicMin(&set[slot].first, static_cast<int32_t>(p));
+      }
+    }
   }
 }
 
-// Each run's rank k in order of first appearance — the number of runs that
-// first appear at or before its first position (first_rank, the prefix sum
-// of the flags), minus one — then y[k], count[k] and the run's rank.
+template <typename K>
+__global__ void FirstFlags(const uint32_t* __restrict__ slot_of,
+                           const HashSlot<K>* __restrict__ set, int64_t n,
+                           int32_t* __restrict__ flag) {
+  SOK_FOR_EACH(p, n) flag[p] = set[slot_of[p]].first == static_cast<int32_t>(p) ? 1 : 0;
+}
+
+// rank[p]: first positions at or before p (the prefix sum of the flags).
+// (The side slot's key was never written: it is EmptyKey, its key.)
 template <typename K, typename I>
-__global__ void UniqueOut(const int32_t* __restrict__ first_rank,
-                          const int32_t* __restrict__ sorted_pos, const K* __restrict__ sorted,
-                          const int32_t* __restrict__ run_start,
-                          const int64_t* __restrict__ num_runs, int64_t n, K* __restrict__ y,
-                          I* __restrict__ count, int32_t* __restrict__ rank_of) {
-  const int64_t runs = *num_runs;
-  SOK_FOR_EACH(r, runs) {
-    const int32_t start = run_start[r];
-    const int32_t k = first_rank[sorted_pos[start]] - 1;
-    y[k] = sorted[start];
-    count[k] = static_cast<I>((r + 1 < runs ? run_start[r + 1] : n) - start);
-    rank_of[r] = k;
+__global__ void HashUniqueOut(int64_t n, const uint32_t* __restrict__ slot_of,
+                              const HashSlot<K>* __restrict__ set,
+                              const int32_t* __restrict__ rank, K* __restrict__ y,
+                              I* __restrict__ idx, I* __restrict__ count_out,
+                              int64_t* __restrict__ num_unique) {
+  SOK_FOR_EACH(p, n) {
+    const HashSlot<K> slot = set[slot_of[p]];
+    const int32_t k = rank[slot.first] - 1;
+    idx[p] = static_cast<I>(k);
+    if (slot.first == static_cast<int32_t>(p)) {
+      y[k] = slot.key;
+      count_out[k] = static_cast<I>(slot.count);
+    }
+    if (p == n - 1) *num_unique = rank[p];
   }
-}
-
-template <typename I>
-__global__ void UniqueIdx(const int32_t* __restrict__ sorted_pos,
-                          const int32_t* __restrict__ run_of,
-                          const int32_t* __restrict__ rank_of, int64_t n, I* __restrict__ idx) {
-  SOK_FOR_EACH(j, n) idx[sorted_pos[j]] = static_cast<I>(rank_of[run_of[j] - 1]);
 }
 
 template <typename K, typename I>
 int UniqueWithCounts(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num_unique,
                      void* temp, size_t* temp_bytes, cudaStream_t s) {
-  if (n >= INT_MAX) return static_cast<int>(cudaErrorInvalidValue);  // CUB counts are int
+  if (n < 0 || n >= kMaxUniqueKeys) return static_cast<int>(cudaErrorInvalidValue);
+  int64_t slots = 64;
+  while (slots < 2 * n) slots *= 2;
   const int num = static_cast<int>(n);
-  size_t sort_bytes = 0, scan_bytes = 0;
-  SOK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, x, static_cast<K*>(nullptr),
-                                           static_cast<const int32_t*>(nullptr),
-                                           static_cast<int32_t*>(nullptr), num, 0,
-                                           static_cast<int>(8 * sizeof(K)), s));
+  size_t scan_bytes = 0;
   SOK_CUDA(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<int32_t*>(nullptr),
                                          static_cast<int32_t*>(nullptr), num, s));
-  const size_t cub_bytes = std::max(sort_bytes, scan_bytes);
   Carver c(temp);
-  K* sorted = c.Take<K>(n);
-  int32_t* pos = c.Take<int32_t>(n);
-  int32_t* sorted_pos = c.Take<int32_t>(n);
-  int32_t* head = c.Take<int32_t>(n);
-  int32_t* run_of = c.Take<int32_t>(n);
-  int32_t* run_start = c.Take<int32_t>(n);
-  int32_t* first_flag = c.Take<int32_t>(n);
-  int32_t* first_rank = c.Take<int32_t>(n);
-  int32_t* rank_of = c.Take<int32_t>(n);
-  void* cub_temp = c.Take<char>(static_cast<int64_t>(cub_bytes));
+  HashSlot<K>* set = c.Take<HashSlot<K>>(slots + 1);
+  uint32_t* slot_of = c.Take<uint32_t>(n);
+  int32_t* flag = c.Take<int32_t>(n);
+  int32_t* rank = c.Take<int32_t>(n);
+  void* cub_temp = c.Take<char>(static_cast<int64_t>(scan_bytes));
   if (temp == nullptr) {
     *temp_bytes = c.used();
     return 0;
   }
   if (*temp_bytes < c.used()) return static_cast<int>(cudaErrorInvalidValue);
-  if (n <= 0) return static_cast<int>(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), s));
-  Iota32<<<Grid(n), 256, 0, s>>>(pos, n);
-  size_t bytes = cub_bytes;
-  SOK_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, x, sorted, pos, sorted_pos, num, 0,
-                                           static_cast<int>(8 * sizeof(K)), s));
-  RunHeads<<<Grid(n), 256, 0, s>>>(sorted, n, head, first_flag);
-  bytes = cub_bytes;
-  SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, head, run_of, num, s));
-  Runs<<<Grid(n), 256, 0, s>>>(sorted_pos, head, run_of, n, run_start, first_flag, num_unique);
-  // Runs in order of first appearance: a prefix sum over the flags at their
-  // first positions ranks them (no second sort).
-  bytes = cub_bytes;
-  SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, first_flag, first_rank, num, s));
-  UniqueOut<<<Grid(n), 256, 0, s>>>(first_rank, sorted_pos, sorted, run_start, num_unique, n, y,
-                                    count, rank_of);
-  UniqueIdx<<<Grid(n), 256, 0, s>>>(sorted_pos, run_of, rank_of, n, idx);
+  if (n == 0) return static_cast<int>(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), s));
+  ClearSlots<K><<<Grid(slots + 1), 256, 0, s>>>(set, slots);
+  HashInsert<K><<<Grid(n), 256, 0, s>>>(x, n, set, static_cast<uint32_t>(slots - 1), slot_of);
+  FirstFlags<K><<<Grid(n), 256, 0, s>>>(slot_of, set, n, flag);
+  size_t bytes = scan_bytes;
+  SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, flag, rank, num, s));
+  HashUniqueOut<K, I><<<Grid(n), 256, 0, s>>>(n, slot_of, set, rank, y, idx, count,
+                                              num_unique);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -52,9 +52,10 @@ class UniqueWithCountsGpuOp : public OpKernel {
     OP_REQUIRES(ctx, sizeof(I) == 8 || n <= INT32_MAX,
                 errors::InvalidArgument("x has ", n, " elements, too many for out_idx=int32; ",
                                         "use out_idx=int64"));
-    OP_REQUIRES(ctx, n < INT32_MAX,
+    // The GPU kernel's hash set has 2n slots or more, numbered in 32 bits.
+    OP_REQUIRES(ctx, n < (int64_t{1} << 30),
                 errors::InvalidArgument("x has ", n, " elements; the GPU kernel takes fewer ",
-                                        "than 2^31"));
+                                        "than 2^30"));
     void* stream = GpuStreamOf(ctx);
     Tensor* idx = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, x.shape(), &idx));
