@@ -129,6 +129,10 @@ def main():
     p.add_argument("--rows", type=int, default=100000)
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
     p.add_argument("--top", type=int, default=12)
+    p.add_argument("--host_level", type=int, default=2, choices=[1, 2, 3],
+                   help="the profiler's host tracer level: 3 records every op kernel's host "
+                        "time (most ops are 'inexpensive', traced at level 3 only), at some "
+                        "cost to the step")
     p.add_argument("--emb_only", action="store_true",
                    help="the embedding work alone (lookups, gradients, table update)")
     args = p.parse_args()
@@ -149,7 +153,8 @@ def main():
             for i in range(3):
                 step(i)
             logdir = tempfile.mkdtemp(prefix="sok_syncs_")
-            tf.profiler.experimental.start(logdir)
+            tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
+                host_tracer_level=args.host_level))
             for i in range(args.steps):
                 step(i)
             tf.profiler.experimental.stop()

@@ -294,8 +294,16 @@ def all2all_dense_embedding(param, indices, name=None):
     with tf.name_scope(name or "all2all_dense_embedding"):
         indices = tf.convert_to_tensor(indices)
         flat = tf.reshape(indices, [-1])
-        ids = tf.RaggedTensor.from_row_lengths(flat, tf.ones_like(flat, dtype=tf.int64),
-                                               validate=False)
+        n = flat.shape[0]
+        if n is not None:
+            # One id per sample: row_splits 0, 1, ..., n in one op, its
+            # bounds known on the host (a count computed on the device
+            # would be copied back to it first).
+            ids = tf.RaggedTensor.from_row_splits(
+                flat, tf.range(n + 1, dtype=tf.int64), validate=False)
+        else:
+            ids = tf.RaggedTensor.from_row_lengths(flat, tf.ones_like(flat, dtype=tf.int64),
+                                                   validate=False)
         rows = lookup_sparse(param, ids, combiners="sum")
         out = tf.reshape(rows, tf.concat([tf.shape(indices), tf.shape(rows)[1:]], 0))
         out.set_shape(indices.shape.concatenate(rows.shape[1:]))

@@ -131,6 +131,14 @@ int BitsFor(int64_t max_value) {
   return bits;
 }
 
+// A position's sample (in its table) and its weight times the sample's
+// combiner factor: read together, in the positions' sorted order, which is
+// random order in memory — one sector per position, not two.
+struct SampleFactor {
+  int32_t sample;
+  float factor;
+};
+
 // Where a table's pieces lie in the plan (device, one per table).
 struct PlanTable {
   int64_t pos_begin;    // its first global position, and its first sorted index
@@ -187,8 +195,7 @@ struct Plan {
   int32_t* first_flag;  // per position: 1 where a run first appears
   int32_t* first_rank;  // inclusive prefix sum of first_flag
   int32_t* rank_of;     // run -> its index in order of first appearance
-  int32_t* sample_of;  // position -> sample of its table
-  float* factor;       // position -> weight * combiner factor
+  SampleFactor* sample_factor;  // per position
   float* piece_sum;    // a run's piece within a chunk, at its first sorted index
   int64_t* num_runs;
   PlanTable* per_table;
@@ -222,9 +229,9 @@ cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits
   p->keys = reinterpret_cast<int64_t*>(take(8 * m));
   p->sorted_keys = reinterpret_cast<int64_t*>(take(8 * m));
   int32_t** ints[] = {&p->pos,        &p->sorted_pos, &p->head,    &p->run_of,   &p->run_start,
-                      &p->first_flag, &p->first_rank, &p->rank_of, &p->sample_of};
+                      &p->first_flag, &p->first_rank, &p->rank_of};
   for (int32_t** q : ints) *q = reinterpret_cast<int32_t*>(take(4 * m));
-  p->factor = reinterpret_cast<float*>(take(4 * m));
+  p->sample_factor = reinterpret_cast<SampleFactor*>(take(sizeof(SampleFactor) * m));
   p->piece_sum = reinterpret_cast<float*>(take(4 * static_cast<size_t>(z.piece_elems)));
   p->num_runs = reinterpret_cast<int64_t*>(take(8));
   p->per_table = reinterpret_cast<PlanTable*>(take(sizeof(PlanTable) * num_tables));
@@ -328,7 +335,7 @@ __global__ void PlanCounts(const SokLookupTable* __restrict__ tables, int num_ta
 // the CPU kernel does), then each of its positions' factor and sample.
 __global__ void PlanSamples(const SokLookupTable* __restrict__ tables,
                             const PlanTable* __restrict__ per_table,
-                            int32_t* __restrict__ sample_of, float* __restrict__ factor) {
+                            SampleFactor* __restrict__ sample_factor) {
   const SokLookupTable t = tables[blockIdx.y];
   const int64_t base = per_table[blockIdx.y].pos_begin;
   SOK_FOR_EACH(b, t.batch) {
@@ -346,8 +353,8 @@ __global__ void PlanSamples(const SokLookupTable* __restrict__ tables,
     const float scale =
         sok_graph::core::CombinerScale(static_cast<sok_graph::core::Combiner>(t.combiner), sum, sq);
     for (int64_t j = j0; j < j1; ++j) {
-      sample_of[base + j] = static_cast<int32_t>(b);
-      factor[base + j] = (t.weights ? t.weights[j] : 1.0f) * scale;
+      sample_factor[base + j] =
+          SampleFactor{static_cast<int32_t>(b), (t.weights ? t.weights[j] : 1.0f) * scale};
     }
   }
 }
@@ -404,8 +411,8 @@ template <typename V>
 __device__ __forceinline__ void ChunkPieces(const float* __restrict__ grads,
                                             const int32_t* __restrict__ sorted_pos,
                                             const int32_t* __restrict__ head,
-                                            const int32_t* __restrict__ sample_of,
-                                            const float* __restrict__ factor, int64_t k0,
+                                            const SampleFactor* __restrict__ sample_factor,
+                                            int64_t k0,
                                             int64_t k1, int dim, int c, float* __restrict__ pieces) {
   int64_t first = k0;
   V acc = Zero(static_cast<V*>(nullptr));
@@ -418,8 +425,9 @@ __device__ __forceinline__ void ChunkPieces(const float* __restrict__ grads,
       if (k + u < k1) {
         const int32_t p = sorted_pos[k + u];
         h[u] = head[k + u];
-        f[u] = factor[p];
-        g[u] = *reinterpret_cast<const V*>(grads + static_cast<int64_t>(sample_of[p]) * dim + c);
+        const SampleFactor sf = sample_factor[p];
+        f[u] = sf.factor;
+        g[u] = *reinterpret_cast<const V*>(grads + static_cast<int64_t>(sf.sample) * dim + c);
       }
     }
 #pragma unroll
@@ -444,8 +452,9 @@ __global__ void RowsPieces(const SokLookupTable* __restrict__ tables,
                            const PlanTable* __restrict__ per_table,
                            const SokLookupGradTable* __restrict__ outs,
                            const int32_t* __restrict__ sorted_pos,
-                           const int32_t* __restrict__ head, const int32_t* __restrict__ sample_of,
-                           const float* __restrict__ factor, float* __restrict__ piece_sum) {
+                           const int32_t* __restrict__ head,
+                           const SampleFactor* __restrict__ sample_factor,
+                           float* __restrict__ piece_sum) {
   const int t = blockIdx.y;
   const int64_t n = tables[t].nnz;
   const int dim = tables[t].dim;
@@ -461,10 +470,10 @@ __global__ void RowsPieces(const SokLookupTable* __restrict__ tables,
     const int c = static_cast<int>(i - ch * lanes) * (vec ? 4 : 1);
     const int64_t k0 = ch * kChunk, k1 = k0 + kChunk < n ? k0 + kChunk : n;
     if (vec) {
-      ChunkPieces<float4>(grads, sorted_pos + base, head + base, sample_of, factor, k0, k1, dim,
-                          c, pieces);
+      ChunkPieces<float4>(grads, sorted_pos + base, head + base, sample_factor, k0, k1, dim, c,
+                          pieces);
     } else {
-      ChunkPieces<float>(grads, sorted_pos + base, head + base, sample_of, factor, k0, k1, dim, c,
+      ChunkPieces<float>(grads, sorted_pos + base, head + base, sample_factor, k0, k1, dim, c,
                          pieces);
     }
   }
@@ -596,8 +605,8 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
                                       p.rank_of);
   PlanCounts<<<Grid(num_tables), 256, 0, s>>>(tables, num_tables, p.run_of, p.per_table,
                                                num_unique);
-  PlanSamples<<<TableGrid(z.max_batch, num_tables), 256, 0, s>>>(tables, p.per_table, p.sample_of,
-                                                                 p.factor);
+  PlanSamples<<<TableGrid(z.max_batch, num_tables), 256, 0, s>>>(tables, p.per_table,
+                                                                 p.sample_factor);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -620,7 +629,7 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
                                                            p.sorted_keys, p.run_start, p.rank_of,
                                                            id_mask);
   RowsPieces<<<TableGrid(z.max_chunk_elems, num_tables), 256, 0, s>>>(
-      tables, p.per_table, outs, p.sorted_pos, p.head, p.sample_of, p.factor, p.piece_sum);
+      tables, p.per_table, outs, p.sorted_pos, p.head, p.sample_factor, p.piece_sum);
   RowsSum<<<TableGrid(z.max_elems, num_tables), 256, 0, s>>>(tables, p.per_table, outs,
                                                              p.piece_sum, p.run_start, p.rank_of);
   if (z.any_max_norm) {
