@@ -295,12 +295,12 @@ def all2all_dense_embedding(param, indices, name=None):
         indices = tf.convert_to_tensor(indices)
         flat = tf.reshape(indices, [-1])
         n = flat.shape[0]
-        if n is not None:
-            # One id per sample: row_splits 0, 1, ..., n in one op, its
-            # bounds known on the host (a count computed on the device
-            # would be copied back to it first).
-            ids = tf.RaggedTensor.from_row_splits(
-                flat, tf.range(n + 1, dtype=tf.int64), validate=False)
+        if n is not None and n < 2**31 - 1:
+            # One id per sample: row_splits 0, 1, ..., n from a range whose
+            # bounds are int32 constants, which stay in host memory on a
+            # GPU (int64 ones would be copied back from the device first).
+            splits = tf.cast(tf.range(n + 1, dtype=tf.int32), tf.int64)
+            ids = tf.RaggedTensor.from_row_splits(flat, splits, validate=False)
         else:
             ids = tf.RaggedTensor.from_row_lengths(flat, tf.ones_like(flat, dtype=tf.int64),
                                                    validate=False)

@@ -647,6 +647,13 @@ def main():
               f"{r['sok GB/s']:>9.0f}{r['copy GB/s']:>11.0f}"
               f"{r['sok GB/s'] / r['copy GB/s']:>8.0%}{r['torch ms']:>10.3f}"
               f"{r['torch ms'] / r['sok ms']:>9.2f}x")
+    # The DemoModel's: 8192 x 100 x 10 one-id samples of its 8192 distinct keys.
+    demo = 8192 * 1000 if not args.quick else 1 << 20
+    r = bench(lib, rng, 8192, 16, demo, 1, 4)
+    print(f"{f'fwd 8192x16, {demo}x1, 4 lanes':<28}{r['sok ms']:>9.3f}"
+          f"{r['sok GB/s']:>9.0f}{r['copy GB/s']:>11.0f}"
+          f"{r['sok GB/s'] / r['copy GB/s']:>8.0%}{r['torch ms']:>10.3f}"
+          f"{r['torch ms'] / r['sok ms']:>9.2f}x")
     n = 1 << 20 if args.quick else 1 << 23
     for bits, what in ((23, "static table of 8M rows: 23-bit sort"),
                        (64, "any int64 keys: 64-bit sort")):
@@ -655,6 +662,7 @@ def main():
               f"sok {ms:.3f} ms, torch unique+index_add_ {torch_ms:.3f} ms, "
               f"{torch_ms / ms:.2f}x")
     bench_backward(lib, rows, 16, batch, 32)
+    bench_backward(lib, 8192, 16, demo, 1)  # the DemoModel's
     bench_backward_tables(lib, rng)
     util_checks.bench_util(lib, time_ms)
     table_checks.bench_table(lib, time_ms, batch=1 << 18 if args.quick else 1 << 20)

@@ -185,8 +185,12 @@ PlanSizes SizesOf(const SokLookupTable* tables, int num_tables) {
 // The plan's scratch, carved from one block in a fixed order (both calls
 // compute the same layout from the sizes and the sort sizes).
 struct Plan {
-  int64_t* keys;  // (table, id)
-  int64_t* sorted_keys;
+  // (table, id) sort keys: uint32_t when they fit 32 bits (the DemoModel's
+  // 13, DLRM's 22), else uint64_t — half the bytes through every pass of
+  // the sort.
+  void* keys;
+  void* sorted_keys;
+  bool narrow_keys;
   int32_t* pos;  // global positions 0..n-1
   int32_t* sorted_pos;
   int32_t* head;
@@ -206,14 +210,27 @@ struct Plan {
 
 size_t Align256(size_t x) { return (x + 255) & ~size_t{255}; }
 
+// The stable sort of (key, position) pairs on the key's low key_bits; with
+// temp == nullptr, its scratch size.
+template <typename KeyT>
+cudaError_t SortKeys(void* temp, size_t* bytes, const void* keys, void* sorted_keys,
+                     const int32_t* pos, int32_t* sorted_pos, int num, int key_bits,
+                     cudaStream_t s) {
+  return cub::DeviceRadixSort::SortPairs(temp, *bytes, static_cast<const KeyT*>(keys),
+                                         static_cast<KeyT*>(sorted_keys), pos, sorted_pos, num, 0,
+                                         key_bits, s);
+}
+
 cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits, Plan* p,
                     cudaStream_t s) {
   const int64_t n = z.nnz;
   const int num = static_cast<int>(n);
+  p->narrow_keys = key_bits <= 32;
   size_t a = 0, c = 0;
-  cudaError_t err = cub::DeviceRadixSort::SortPairs(
-      nullptr, a, static_cast<const int64_t*>(nullptr), static_cast<int64_t*>(nullptr),
-      static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr), num, 0, key_bits, s);
+  cudaError_t err =
+      p->narrow_keys
+          ? SortKeys<uint32_t>(nullptr, &a, nullptr, nullptr, nullptr, nullptr, num, key_bits, s)
+          : SortKeys<uint64_t>(nullptr, &a, nullptr, nullptr, nullptr, nullptr, num, key_bits, s);
   if (err != cudaSuccess) return err;
   err = cub::DeviceScan::InclusiveSum(nullptr, c, static_cast<int32_t*>(nullptr),
                                       static_cast<int32_t*>(nullptr), num, s);
@@ -226,8 +243,9 @@ cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits
     return q;
   };
   const size_t m = static_cast<size_t>(n > 0 ? n : 1);
-  p->keys = reinterpret_cast<int64_t*>(take(8 * m));
-  p->sorted_keys = reinterpret_cast<int64_t*>(take(8 * m));
+  const size_t key_bytes = p->narrow_keys ? 4 : 8;
+  p->keys = take(key_bytes * m);
+  p->sorted_keys = take(key_bytes * m);
   int32_t** ints[] = {&p->pos,        &p->sorted_pos, &p->head,    &p->run_of,   &p->run_start,
                       &p->first_flag, &p->first_rank, &p->rank_of};
   for (int32_t** q : ints) *q = reinterpret_cast<int32_t*>(take(4 * m));
@@ -262,9 +280,10 @@ __global__ void PlanTables(const SokLookupTable* __restrict__ tables, int num_ta
 // Sort keys (table << id_bits | id) and global positions. An id outside
 // [0, rows) is reported at its table's first such position and sorted as
 // id 0, so the keys stay well formed (the rows are never computed then).
+template <typename KeyT>
 __global__ void PlanKeys(const SokLookupTable* __restrict__ tables,
                          const PlanTable* __restrict__ per_table, int id_bits,
-                         int64_t* __restrict__ keys, int32_t* __restrict__ pos,
+                         KeyT* __restrict__ keys, int32_t* __restrict__ pos,
                          int64_t* first_bad) {
   const int t = blockIdx.y;
   const SokLookupTable tb = tables[t];
@@ -276,12 +295,13 @@ __global__ void PlanKeys(const SokLookupTable* __restrict__ tables,
                 static_cast<unsigned long long>(j));
       id = 0;
     }
-    keys[base + j] = (static_cast<int64_t>(t) << id_bits) | id;
+    keys[base + j] = (static_cast<KeyT>(t) << id_bits) | static_cast<KeyT>(id);
     pos[base + j] = static_cast<int32_t>(base + j);
   }
 }
 
-__global__ void PlanHeads(const int64_t* __restrict__ sorted, int64_t n, int32_t* __restrict__ head,
+template <typename KeyT>
+__global__ void PlanHeads(const KeyT* __restrict__ sorted, int64_t n, int32_t* __restrict__ head,
                           int32_t* __restrict__ first_flag) {
   SOK_FOR_EACH(j, n) {
     head[j] = (j == 0 || sorted[j] != sorted[j - 1]) ? 1 : 0;
@@ -359,20 +379,28 @@ __global__ void PlanSamples(const SokLookupTable* __restrict__ tables,
   }
 }
 
+// The id of the run that starts at sorted index `start`: the id at its
+// first position (an id outside [0, rows) reads as 0, as it was sorted; the
+// op never asks for rows then).
+__device__ __forceinline__ int64_t RunId(const SokLookupTable& t, const PlanTable& pt,
+                                         const int32_t* __restrict__ sorted_pos, int32_t start) {
+  const int64_t id = LoadId(t, sorted_pos[start] - pt.pos_begin);
+  return id < 0 || id >= t.rows ? 0 : id;
+}
+
 // Each table's distinct ids, in order of first appearance.
 __global__ void RowsIds(const SokLookupTable* __restrict__ tables,
                         const PlanTable* __restrict__ per_table,
                         const SokLookupGradTable* __restrict__ outs,
-                        const int64_t* __restrict__ sorted_keys,
-                        const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of,
-                        int64_t id_mask) {
+                        const int32_t* __restrict__ sorted_pos,
+                        const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of) {
   const int t = blockIdx.y;
   const PlanTable pt = per_table[t];
   const bool narrow = tables[t].id_bytes == 4;
   void* out = outs[t].unique_ids;
   SOK_FOR_EACH(i, pt.runs) {
     const int64_t r = pt.run_begin + i;
-    const int64_t id = sorted_keys[run_start[r]] & id_mask;
+    const int64_t id = RunId(tables[t], pt, sorted_pos, run_start[r]);
     const int64_t k = rank_of[r] - pt.run_begin;
     if (narrow) {
       static_cast<int32_t*>(out)[k] = static_cast<int32_t>(id);
@@ -509,9 +537,8 @@ __global__ void RowsSum(const SokLookupTable* __restrict__ tables,
 __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
                          const PlanTable* __restrict__ per_table,
                          const SokLookupGradTable* __restrict__ outs,
-                         const int64_t* __restrict__ sorted_keys,
-                         const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of,
-                         int64_t id_mask) {
+                         const int32_t* __restrict__ sorted_pos,
+                         const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of) {
   const SokLookupTable tb = tables[blockIdx.y];
   if (!(tb.max_norm > 0.0f)) return;
   const PlanTable pt = per_table[blockIdx.y];
@@ -521,7 +548,7 @@ __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
   for (int64_t ri = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
        ri < pt.runs; ri += warps) {
     const int64_t r = pt.run_begin + ri;
-    const int64_t id = sorted_keys[run_start[r]] & id_mask;
+    const int64_t id = RunId(tb, pt, sorted_pos, run_start[r]);
     const float* x = tb.params + id * tb.dim;
     float* g = grad_rows + (rank_of[r] - pt.run_begin) * tb.dim;
     float sq = 0.0f, dot = 0.0f;
@@ -586,13 +613,25 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
   }
   const int64_t nnz = z.nnz;
   const int num = static_cast<int>(nnz);
-  PlanKeys<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(tables, p.per_table, id_bits, p.keys,
-                                                            p.pos, first_bad);
+  const dim3 key_grid = TableGrid(z.max_nnz, num_tables);
   size_t bytes = p.cub_bytes;
-  err = cub::DeviceRadixSort::SortPairs(p.cub, bytes, p.keys, p.sorted_keys, p.pos, p.sorted_pos,
-                                        num, 0, key_bits, s);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  PlanHeads<<<Grid(nnz), 256, 0, s>>>(p.sorted_keys, nnz, p.head, p.first_flag);
+  if (p.narrow_keys) {
+    PlanKeys<<<key_grid, 256, 0, s>>>(tables, p.per_table, id_bits,
+                                      static_cast<uint32_t*>(p.keys), p.pos, first_bad);
+    err = SortKeys<uint32_t>(p.cub, &bytes, p.keys, p.sorted_keys, p.pos, p.sorted_pos, num,
+                             key_bits, s);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    PlanHeads<<<Grid(nnz), 256, 0, s>>>(static_cast<const uint32_t*>(p.sorted_keys), nnz, p.head,
+                                        p.first_flag);
+  } else {
+    PlanKeys<<<key_grid, 256, 0, s>>>(tables, p.per_table, id_bits,
+                                      static_cast<uint64_t*>(p.keys), p.pos, first_bad);
+    err = SortKeys<uint64_t>(p.cub, &bytes, p.keys, p.sorted_keys, p.pos, p.sorted_pos, num,
+                             key_bits, s);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    PlanHeads<<<Grid(nnz), 256, 0, s>>>(static_cast<const uint64_t*>(p.sorted_keys), nnz, p.head,
+                                        p.first_flag);
+  }
   bytes = p.cub_bytes;
   err = cub::DeviceScan::InclusiveSum(p.cub, bytes, p.head, p.run_of, num, s);
   if (err != cudaSuccess) return static_cast<int>(err);
@@ -624,17 +663,15 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
   // Same layout as the plan call (same sizes and key bits).
   cudaError_t err = LayPlan(static_cast<char*>(temp), z, num_tables, key_bits, &p, s);
   if (err != cudaSuccess) return static_cast<int>(err);
-  const int64_t id_mask = (int64_t{1} << id_bits) - 1;
   RowsIds<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(tables, p.per_table, outs,
-                                                           p.sorted_keys, p.run_start, p.rank_of,
-                                                           id_mask);
+                                                           p.sorted_pos, p.run_start, p.rank_of);
   RowsPieces<<<TableGrid(z.max_chunk_elems, num_tables), 256, 0, s>>>(
       tables, p.per_table, outs, p.sorted_pos, p.head, p.sample_factor, p.piece_sum);
   RowsSum<<<TableGrid(z.max_elems, num_tables), 256, 0, s>>>(tables, p.per_table, outs,
                                                              p.piece_sum, p.run_start, p.rank_of);
   if (z.any_max_norm) {
     RowsClip<<<TableGrid(z.max_nnz * 32, num_tables), 256, 0, s>>>(
-        tables, p.per_table, outs, p.sorted_keys, p.run_start, p.rank_of, id_mask);
+        tables, p.per_table, outs, p.sorted_pos, p.run_start, p.rank_of);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -156,26 +156,17 @@ __device__ __forceinline__ bool NothingToAdd(const SokLookupTable& t, const Samp
   return false;
 }
 
-// A team of kTeam lanes (4, 8, 16, or a whole warp) per sample, 32 / kTeam
-// samples per warp; float4 loads. Short samples (DLRM's one to a few ids)
-// take small teams, since a warp per sample would leave most lanes idle;
-// long ones a warp. Rows of at most kTeam chunks are read by `chunks` lanes
-// each, kTeam / chunks ids at once, summed by a fixed shuffle tree within
-// the team; wider rows are covered kTeam chunks at a time, ids in order.
-// Deterministic either way.
+// One sample's row, by the kTeam lanes of its team (tl: this lane).
 template <int kTeam, typename K>
-__global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
-                                        const int64_t* __restrict__ sample_offsets,
-                                        int num_tables, int64_t total, int64_t* first_bad) {
-  static_assert(kTeam >= 2 && kTeam <= kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
-  const int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
+__device__ __forceinline__ void TeamSample(const SokLookupTable* __restrict__ tables,
+                                           const int64_t* __restrict__ sample_offsets,
+                                           int num_tables, int64_t sample, int64_t* first_bad) {
   const int tl = threadIdx.x % kTeam;
   // A team's lanes share `sample`, so they leave or stay together and
   // shuffles within the team see all of its lanes.
   const unsigned team_mask =
       kTeam == kWarp ? kFull
                      : ((1u << (kTeam % kWarp)) - 1u) << (threadIdx.x % kWarp / kTeam * kTeam);
-  if (sample >= total) return;
   const SampleSpan span = LocateSample(tables, sample_offsets, num_tables, sample);
   const SokLookupTable& t = tables[span.table];
   int64_t* bad = first_bad ? first_bad + span.table : nullptr;
@@ -214,6 +205,27 @@ __global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ table
     }
   }
   ReportBad(my_bad, bad);
+}
+
+// A team of kTeam lanes (4, 8, 16, or a whole warp) per sample, 32 / kTeam
+// samples per warp; float4 loads. Short samples (DLRM's one to a few ids)
+// take small teams, since a warp per sample would leave most lanes idle;
+// long ones a warp. Rows of at most kTeam chunks are read by `chunks` lanes
+// each, kTeam / chunks ids at once, summed by a fixed shuffle tree within
+// the team; wider rows are covered kTeam chunks at a time, ids in order.
+// Deterministic either way. Teams stride over the samples (a grid of a few
+// blocks per SM): with one-id samples a team's work is one row, so a block
+// per 64 samples would spend much of its time being scheduled.
+template <int kTeam, typename K>
+__global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
+                                        const int64_t* __restrict__ sample_offsets,
+                                        int num_tables, int64_t total, int64_t* first_bad) {
+  static_assert(kTeam >= 2 && kTeam <= kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
+  const int64_t teams = static_cast<int64_t>(gridDim.x) * blockDim.x / kTeam;
+  for (int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
+       sample < total; sample += teams) {
+    TeamSample<kTeam, K>(tables, sample_offsets, num_tables, sample, first_bad);
+  }
 }
 
 // A warp per sample in single floats, for layouts float4 loads cannot take
@@ -336,12 +348,26 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_fill_check_valu
   return static_cast<int>(cudaGetLastError());
 }
 
+// Blocks of `threads` that fit on the current device at once (a grid-stride
+// kernel's grid); the device's SM count is a host-side attribute query.
+static int64_t ResidentBlocks(int threads) {
+  int device = 0, sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
+      sms <= 0) {
+    sms = 132;
+  }
+  return static_cast<int64_t>(sms) * (2048 / threads);
+}
+
 template <int kTeam, typename K>
 void LaunchTeams(const SokLookupTable* tables, const int64_t* sample_offsets, int num_tables,
                  int64_t total_samples, int64_t* first_bad, cudaStream_t s) {
   const int threads = kWarp * kWarpsPerBlock;
   const int64_t per_block = threads / kTeam;
-  const unsigned grid = static_cast<unsigned>((total_samples + per_block - 1) / per_block);
+  const int64_t blocks = std::min<int64_t>((total_samples + per_block - 1) / per_block,
+                                           ResidentBlocks(threads));
+  const unsigned grid = static_cast<unsigned>(std::max<int64_t>(blocks, 1));
   LookupForwardTeamKernel<kTeam, K><<<grid, threads, 0, s>>>(tables, sample_offsets, num_tables,
                                                              total_samples, first_bad);
 }
