@@ -1062,8 +1062,9 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
   // No second wait: the size after the call is what was there, less what
   // was evicted, plus the new keys; every new key takes at most one more
   // occupied slot (a tombstone it reuses takes none). A broken invariant
-  // (kFail) is reported by the next wait; a slot that was not found is -1,
-  // which the gather reads as the default row and the scatter skips.
+  // (kFail) is reported by the next wait, as on the fast path; a slot that
+  // was not found is -1, which the gather writes as zeros and the scatter
+  // skips, so nothing outside the table is touched meanwhile.
   t->size_ub = size - (excess > 0 ? excess : 0) + num_new;
   t->occ_ub = (rehashed ? t->occ_ub : occ) + num_new;
   t->size_exact = true;

@@ -43,6 +43,8 @@ extern "C" {
 // A bad argument (null table, negative count, dim < 1, unknown mode or kind).
 #define SOK_GPU_TABLE_BAD_ARGUMENT (-2)
 // No free slot was found: an internal invariant broke. Never expected.
+// Inserting calls do not wait for the device to learn it: the call after
+// the one that broke it reports it (and every later one, until a clear).
 #define SOK_GPU_TABLE_FULL (-3)
 
 // Size limits: a table has at most 2^30 slots (CUB counts a call's items,

@@ -349,15 +349,19 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_fill_check_valu
 }
 
 // Blocks of `threads` that fit on the current device at once (a grid-stride
-// kernel's grid); the device's SM count is a host-side attribute query.
+// kernel's grid): SMs times the threads an SM holds (2048 on sm_80 and
+// sm_90, 1536 on sm_86 and sm_89), host-side attribute queries.
 static int64_t ResidentBlocks(int threads) {
-  int device = 0, sms = 0;
+  int device = 0, sms = 0, per_sm = 0;
   if (cudaGetDevice(&device) != cudaSuccess ||
       cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess ||
-      sms <= 0) {
+      cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxThreadsPerMultiProcessor, device) !=
+          cudaSuccess ||
+      sms <= 0 || per_sm < threads) {
     sms = 132;
+    per_sm = 2048;
   }
-  return static_cast<int64_t>(sms) * (2048 / threads);
+  return static_cast<int64_t>(sms) * (per_sm / threads);
 }
 
 template <int kTeam, typename K>

@@ -20,8 +20,8 @@ extern "C" {
 // of first appearance (y has room for n; *num_unique, a device int64, says
 // how many are valid), idx[i] <- index of x[i] in y, count[k] <- occurrences
 // of y[k] (room for n). Deterministic. n < 2^30 (cudaErrorInvalidValue
-// otherwise); the scratch is about 16 bytes per slot of a hash set of 2n to
-// 4n slots, plus 12 bytes per key.
+// otherwise); the scratch is 16 bytes (int64 keys) or 12 (int32) per slot
+// of a hash set of 2n to 4n slots, plus 12 bytes per key.
 int sok_unique_with_counts_i64_i32(const int64_t* x, int64_t n, int64_t* y, int32_t* idx,
                                    int32_t* count, int64_t* num_unique, void* temp,
                                    size_t* temp_bytes, void* stream);
