@@ -334,6 +334,23 @@ __global__ void PlanRanks(const int32_t* __restrict__ run_start,
   SOK_FOR_EACH(r, runs) rank_of[r] = first_rank[sorted_pos[run_start[r]]] - 1;
 }
 
+// The plan's first steps, for sort keys of type KeyT (Plan::narrow_keys):
+// the keys, their stable sort with the positions, and the run heads.
+template <typename KeyT>
+cudaError_t SortedRunHeads(const SokLookupTable* tables, const PlanSizes& z, int num_tables,
+                           int id_bits, int key_bits, const Plan& p, int64_t* first_bad,
+                           cudaStream_t s) {
+  PlanKeys<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(
+      tables, p.per_table, id_bits, static_cast<KeyT*>(p.keys), p.pos, first_bad);
+  size_t bytes = p.cub_bytes;
+  const cudaError_t err = SortKeys<KeyT>(p.cub, &bytes, p.keys, p.sorted_keys, p.pos,
+                                         p.sorted_pos, static_cast<int>(z.nnz), key_bits, s);
+  if (err != cudaSuccess) return err;
+  PlanHeads<<<Grid(z.nnz), 256, 0, s>>>(static_cast<const KeyT*>(p.sorted_keys), z.nnz, p.head,
+                                        p.first_flag);
+  return cudaGetLastError();
+}
+
 // Each table's runs: its stretch of sorted indices starts a run (the keys
 // before it belong to another table), so its first run and its count of
 // runs come from the run numbers at the stretch's two ends.
@@ -415,9 +432,6 @@ __global__ void RowsIds(const SokLookupTable* __restrict__ tables,
 // position depend on each other: sorted position, then sample, then row).
 constexpr int kUnroll = 4;
 
-// The pieces of one chunk [k0, k1) for the columns of V at column c:
-// V = float (one column) or float4 (four, when dim % 4 == 0). The sums are
-// the same float operations in the same order either way.
 __device__ __forceinline__ void AddScaled(float* acc, float f, float g) { *acc += f * g; }
 __device__ __forceinline__ void AddScaled(float4* acc, float f, float4 g) {
   acc->x += f * g.x;
@@ -435,6 +449,9 @@ __device__ __forceinline__ void StorePiece(float* at, float4 v) {
 __device__ __forceinline__ float Zero(float*) { return 0.0f; }
 __device__ __forceinline__ float4 Zero(float4*) { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
 
+// The pieces of one chunk [k0, k1) for the columns of V at column c:
+// V = float (one column) or float4 (four, when dim % 4 == 0). The sums are
+// the same float operations in the same order either way.
 template <typename V>
 __device__ __forceinline__ void ChunkPieces(const float* __restrict__ grads,
                                             const int32_t* __restrict__ sorted_pos,
@@ -613,26 +630,12 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
   }
   const int64_t nnz = z.nnz;
   const int num = static_cast<int>(nnz);
-  const dim3 key_grid = TableGrid(z.max_nnz, num_tables);
+  err = p.narrow_keys ? SortedRunHeads<uint32_t>(tables, z, num_tables, id_bits, key_bits, p,
+                                                   first_bad, s)
+                      : SortedRunHeads<uint64_t>(tables, z, num_tables, id_bits, key_bits, p,
+                                                 first_bad, s);
+  if (err != cudaSuccess) return static_cast<int>(err);
   size_t bytes = p.cub_bytes;
-  if (p.narrow_keys) {
-    PlanKeys<<<key_grid, 256, 0, s>>>(tables, p.per_table, id_bits,
-                                      static_cast<uint32_t*>(p.keys), p.pos, first_bad);
-    err = SortKeys<uint32_t>(p.cub, &bytes, p.keys, p.sorted_keys, p.pos, p.sorted_pos, num,
-                             key_bits, s);
-    if (err != cudaSuccess) return static_cast<int>(err);
-    PlanHeads<<<Grid(nnz), 256, 0, s>>>(static_cast<const uint32_t*>(p.sorted_keys), nnz, p.head,
-                                        p.first_flag);
-  } else {
-    PlanKeys<<<key_grid, 256, 0, s>>>(tables, p.per_table, id_bits,
-                                      static_cast<uint64_t*>(p.keys), p.pos, first_bad);
-    err = SortKeys<uint64_t>(p.cub, &bytes, p.keys, p.sorted_keys, p.pos, p.sorted_pos, num,
-                             key_bits, s);
-    if (err != cudaSuccess) return static_cast<int>(err);
-    PlanHeads<<<Grid(nnz), 256, 0, s>>>(static_cast<const uint64_t*>(p.sorted_keys), nnz, p.head,
-                                        p.first_flag);
-  }
-  bytes = p.cub_bytes;
   err = cub::DeviceScan::InclusiveSum(p.cub, bytes, p.head, p.run_of, num, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   PlanRuns<<<Grid(nnz), 256, 0, s>>>(p.head, p.run_of, p.sorted_pos, nnz, p.run_start,
