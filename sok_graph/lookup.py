@@ -213,7 +213,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                     f"is {d.name}"
                 )
 
-        values, splits = [], []
+        values, splits, dense_grads = [], [], [False] * n
         for t, ids in enumerate(sp_ids):
             v, s = _ragged_parts(ids, t)
             if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
@@ -224,7 +224,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 # and the fused op combines rows of that small gathered
                 # table. Its gradient reaches the table as (unique ids,
                 # summed rows).
+                # Every row of that table is used, so its gradient is
+                # dense: on a GPU the fused gradient then need not count
+                # distinct ids, and waits for nothing.
                 tensors[t], v = _gathered_rows(params[t], v, t, names[t])
+                dense_grads[t] = True
             values.append(v)
             splits.append(s)
         if len({v.dtype for v in values}) > 1:
@@ -242,7 +246,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
 
         out = lookup_ops.fused_lookup(
             tensors, values, splits, weights=weights, combiners=combiners,
-            max_norms=max_norm, table_names=names,
+            max_norms=max_norm, table_names=names, dense_grads=dense_grads,
         )
     return out[0] if single else list(out)
 
@@ -297,8 +301,18 @@ def all2all_dense_embedding(param, indices, name=None):
         # One id per sample: row_splits 0, 1, ..., n as one int64 range.
         # On an H100 the cumulative sum of ones this replaces cost the
         # DemoModel's graph-mode step about 10 ms, and an int32 range is
-        # made in host memory and copied over (bench/RESULTS.md).
-        splits = tf.range(tf.size(flat, out_type=tf.int64) + 1, dtype=tf.int64)
+        # made in host memory and copied over (bench/RESULTS.md). The
+        # range's bounds are made on the host, where the range op reads
+        # them: made on a GPU they were three device-to-host copies a step,
+        # each a wait for the device.
+        size = flat.shape.num_elements()
+        if size is None:  # the shape op, beside the ids, gives it in host memory
+            size = tf.shape(flat, out_type=tf.int64)
+        with tf.device("/device:CPU:0"):
+            limit = (size + 1 if isinstance(size, int) else size[0] + 1)
+            bounds = (tf.constant(0, tf.int64), tf.convert_to_tensor(limit, tf.int64),
+                      tf.constant(1, tf.int64))
+        splits = tf.range(*bounds)
         ids = tf.RaggedTensor.from_row_splits(flat, splits, validate=False)
         rows = lookup_sparse(param, ids, combiners="sum")
         out = tf.reshape(rows, tf.concat([tf.shape(indices), tf.shape(rows)[1:]], 0))

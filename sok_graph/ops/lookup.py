@@ -2,7 +2,9 @@
 
 Each table's gradient comes back as a ``tf.IndexedSlices`` whose indices are
 unique, so ``tf.GradientTape``, ``tf.gradients`` and optimizers treat it like
-the gradient of ``tf.gather`` but never see the same row twice.
+the gradient of ``tf.gather`` but never see the same row twice — or, for a
+table marked in dense_grads (rows gathered for the batch, see
+sok_graph.lookup_sparse), as one dense tensor.
 """
 
 import tensorflow as tf
@@ -15,7 +17,7 @@ COMBINERS = ("sum", "mean", "sqrtn")
 
 
 def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norms=None,
-                 table_names=None, name=None):
+                 table_names=None, dense_grads=None, name=None):
     """Combined embeddings of N tables in one op.
 
     params:      N tables [rows_t, dim_t] (float32, float16 or bfloat16; all alike):
@@ -25,6 +27,10 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     weights:     None, or N entries each None or a [nnz_t] tensor of params' dtype
     combiners:   N of "sum" / "mean" / "sqrtn"
     max_norms:   None, or N entries each None or a float (clip rows to that L2 norm)
+    dense_grads: None, or N bools: the gradient of a table marked True is a dense
+                 [rows, dim] tensor, not an IndexedSlices — for a small table of rows
+                 gathered for the batch (every row used), whose GPU gradient then needs
+                 no count of distinct ids, so no wait for the device
     returns:     N tensors [batch_t, dim_t]
     """
     n = len(params)
@@ -52,6 +58,9 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
         tf.zeros([0], dtype=dtype) if w is None else tf.cast(w, dtype) for w in weights
     ]
     names = list(table_names) if table_names is not None else []
+    dense = [bool(d) for d in dense_grads] if dense_grads is not None else []
+    if dense and len(dense) != n:
+        raise ValueError(f"dense_grads must have one entry per table ({n}); got {len(dense)}")
     outputs = library.load().sok_fused_lookup(
         params=list(params),
         ids=list(ids),
@@ -61,6 +70,7 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
         weighted=weighted,
         max_norms=[float(m) if m is not None else 0.0 for m in max_norms],
         table_names=names,
+        dense_grads=dense if any(dense) else [],
         name=name,
     )
     embeddings, checks = list(outputs[0]), outputs[1]
@@ -114,7 +124,16 @@ def _attrs(op):
         weighted=list(op.get_attr("weighted")),
         max_norms=list(op.get_attr("max_norms")),
         table_names=[c.decode() if isinstance(c, bytes) else c for c in op.get_attr("table_names")],
+        dense_grads=_dense_grads(op),
     )
+
+
+def _dense_grads(op):
+    """The op's dense_grads (empty on graphs built before the attribute)."""
+    try:
+        return list(op.get_attr("dense_grads"))
+    except ValueError:
+        return []
 
 
 @register_gradient("SokFusedLookup")
@@ -132,7 +151,9 @@ def _fused_lookup_grad(op, *grads):
         grads=grads,
         **_attrs(op),
     )
+    dense = _dense_grads(op) or [False] * n
     param_grads = [
+        grad_rows[t] if dense[t] else
         IndexedSlices(grad_rows[t], unique_ids[t], _table_shape(params[t]))
         for t in range(n)
     ]

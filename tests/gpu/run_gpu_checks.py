@@ -37,7 +37,11 @@ assert ctypes.sizeof(Table) == 88, "SokLookupTable layout changed"
 
 class GradTable(ctypes.Structure):
     _fields_ = [("grads", ctypes.c_void_p), ("unique_ids", ctypes.c_void_p),
-                ("grad_rows", ctypes.c_void_p)]
+                ("grad_rows", ctypes.c_void_p), ("dense", ctypes.c_int32),
+                ("reserved", ctypes.c_int32)]
+
+
+assert ctypes.sizeof(GradTable) == 32, "SokLookupGradTable layout changed"
 COMBINERS = {"sum": 0, "mean": 1, "sqrtn": 2}
 I64_MAX = 2**63 - 1
 
@@ -53,7 +57,7 @@ def load(path):
     lib.sok_lookup_backward_plan.argtypes = [P, P, ctypes.c_int, P, P, P,
                                              ctypes.POINTER(ctypes.c_size_t), P]
     lib.sok_lookup_backward_plan.restype = ctypes.c_int
-    lib.sok_lookup_backward_rows.argtypes = [P, P, ctypes.c_int, P, P, P]
+    lib.sok_lookup_backward_rows.argtypes = [P, P, ctypes.c_int, P, P, P, P]
     lib.sok_lookup_backward_rows.restype = ctypes.c_int
     lib.sok_unique_segment_sum_f32.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
@@ -232,10 +236,15 @@ def backward(lib, t, grads):
     return backward_tables(lib, [t], [grads])[0]
 
 
-def backward_tables(lib, tables, grads):
+def backward_tables(lib, tables, grads, dense=False):
     """sok_lookup_backward_plan + _rows on every table at once (dicts of
     cupy arrays; grads: one cupy [batch, dim] per table): per table its
-    unique ids, gradient rows and first bad position."""
+    unique ids, gradient rows and first bad position. dense: every table's
+    gradient as the op's dense_grads lays it out, [rows, dim] (unique ids
+    then empty), without reading the counts, and with the bad-id check
+    passed to the rows call as the op passes it."""
+    if dense:
+        return backward_dense(lib, tables, grads)
     n = len(tables)
     host = (Table * n)(*[describe(t) for t in tables])
     dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
@@ -257,11 +266,11 @@ def backward_tables(lib, tables, grads):
     rows = [cp.full((int(u) + 1, int(t["params"].shape[1])), cp.nan, cp.float32)
             for t, u in zip(tables, counts)]
     if (firsts == I64_MAX).all():
-        outs = (GradTable * n)(*[GradTable(g.data.ptr, u.data.ptr, r.data.ptr)
+        outs = (GradTable * n)(*[GradTable(g.data.ptr, u.data.ptr, r.data.ptr, 0, 0)
                                  for g, u, r in zip(grads, uniq, rows)])
         d_outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
-        rc = lib.sok_lookup_backward_rows(host, dev.data.ptr, n, d_outs.data.ptr, temp.data.ptr,
-                                          stream)
+        rc = lib.sok_lookup_backward_rows(host, dev.data.ptr, n, d_outs.data.ptr, None,
+                                          temp.data.ptr, stream)
         assert rc == 0, rc
     cp.cuda.get_current_stream().synchronize()
     result = []
@@ -270,6 +279,43 @@ def backward_tables(lib, tables, grads):
         spare_clean = int(ids[u]) == -7 and bool(cp.isnan(r[u]).all())
         assert spare_clean or first != I64_MAX, "the gradient wrote past a table's rows"
         result.append((cp.asnumpy(ids[:u]), cp.asnumpy(r[:u]), int(first)))
+    return result
+
+
+def backward_dense(lib, tables, grads):
+    """backward_tables(..., dense=True): plan and rows with no read-back in
+    between; outputs zeroed as the op zeroes them, plus a poisoned spare row."""
+    n = len(tables)
+    host = (Table * n)(*[describe(t) for t in tables])
+    dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
+    stream = cp.cuda.get_current_stream().ptr
+    size = ctypes.c_size_t(0)
+    num = cp.zeros(n, cp.int64)
+    # The op's check [7, n]: row 0 (first bad position) is the plan's first_bad.
+    checks = cp.full((7, n), I64_MAX, cp.int64)
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, checks.data.ptr, None,
+                                      ctypes.byref(size), stream)
+    assert rc == 0, rc
+    temp = cp.empty(max(size.value, 1), cp.uint8)
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, checks.data.ptr,
+                                      temp.data.ptr, ctypes.byref(size), stream)
+    assert rc == 0, rc
+    rows = []
+    for t in tables:
+        r = cp.zeros((int(t["params"].shape[0]) + 1, int(t["params"].shape[1])), cp.float32)
+        r[-1] = cp.nan
+        rows.append(r)
+    outs = (GradTable * n)(*[GradTable(g.data.ptr, None, r.data.ptr, 1, 0)
+                             for g, r in zip(grads, rows)])
+    d_outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
+    rc = lib.sok_lookup_backward_rows(host, dev.data.ptr, n, d_outs.data.ptr, checks.data.ptr,
+                                      temp.data.ptr, stream)
+    assert rc == 0, rc
+    cp.cuda.get_current_stream().synchronize()
+    result = []
+    for r, first in zip(rows, cp.asnumpy(checks[0])):
+        assert bool(cp.isnan(r[-1]).all()), "the dense gradient wrote past a table's rows"
+        result.append((np.zeros(0), cp.asnumpy(r[:-1]), int(first)))
     return result
 
 
@@ -369,6 +415,9 @@ def check(lib, rng):
                     # reference, and bit-identical to each other.
                     grads = [rng.standard_normal(o.shape).astype(np.float32) for o in outs]
                     together = backward_tables(lib, dev, [cp.asarray(g) for g in grads])
+                    dense_together = backward_tables(lib, dev, [cp.asarray(g) for g in grads],
+                                                     dense=True)
+                    dense_checked = []
                     for h, d, g, (u, rows, bad) in zip(host, dev, grads, together):
                         alone = backward(lib, d, cp.asarray(g))
                         wu, wrows = backward_reference(h["params"], h["ids"], h["splits"],
@@ -381,6 +430,13 @@ def check(lib, rng):
                                if rows.shape == wrows.shape else np.inf)
                         same = (np.array_equal(alone[0], u) and alone[2] == bad
                                 and alone[1].tobytes() == rows.tobytes())
+                        # The dense layout: the same rows, bit for bit, at
+                        # their ids, and zeros at the ids that never occur.
+                        want_dense = np.zeros(h["params"].shape, np.float32)
+                        want_dense[u.astype(np.int64)] = rows
+                        dense_rows = dense_together[len(dense_checked)][1]
+                        dense_checked.append(1)
+                        same = same and dense_rows.tobytes() == want_dense.tobytes()
                         if (bad != I64_MAX or not np.array_equal(u, wu) or u.dtype != id_type
                                 or np.isnan(rows).any() or err > 1e-5 or not same):
                             bwd_failures += 1
@@ -388,7 +444,7 @@ def check(lib, rng):
                                   f"weighted={weighted} {case} {id_type.__name__} "
                                   f"max_norm={h['max_norm']:.2f}: ids equal "
                                   f"{np.array_equal(u, wu)}, rel err {err:.2e}, "
-                                  f"together == alone {same}")
+                                  f"together == alone == dense {same}")
     # Bad ids: reported at their first position, never read through.
     for id_type in (np.int32, np.int64):
         h = random_table(rng, 100, 16, 50, 6, "sum", False)
@@ -435,6 +491,24 @@ def check(lib, rng):
         if not ok:
             bwd_failures += 1
             print(f"FAIL backward of tables together: first bad {firsts}, want {want_bad}")
+        # Dense: a table whose check records a bad id keeps its zero
+        # gradient (the op does not wait for the check then); the others
+        # get theirs.
+        dense = backward_tables(lib, dev, grads, dense=True)
+        bwd_cases += 1
+        ok = [g[2] for g in dense] == want_bad
+        for t, (h, g, (_, rows, first)) in enumerate(zip(tables, grads, dense)):
+            if first != I64_MAX:
+                ok = ok and not rows.any()
+                continue
+            wu, wrows = backward_reference(h["params"], h["ids"], h["splits"], None,
+                                           h["combiner"], 0.0, cp.asnumpy(g))
+            want = np.zeros(h["params"].shape)
+            want[wu.astype(np.int64)] = wrows
+            ok = ok and np.abs(rows - want).max(initial=0.0) < 1e-5
+        if not ok:
+            bwd_failures += 1
+            print(f"FAIL dense backward of tables together (first bad {want_bad})")
     # determinism: identical bits on repeat
     h = random_table(rng, 1000, 64, 4096, 20, "mean", True)
     dev = [to_device(h)]
@@ -555,7 +629,7 @@ class BackwardRun:
         self.keep = [(cp.empty(int(t["ids"].shape[0]), t["ids"].dtype),
                       cp.empty((int(t["ids"].shape[0]), int(t["params"].shape[1])), cp.float32))
                      for t in tables]
-        outs = (GradTable * self.n)(*[GradTable(g.data.ptr, u.data.ptr, r.data.ptr)
+        outs = (GradTable * self.n)(*[GradTable(g.data.ptr, u.data.ptr, r.data.ptr, 0, 0)
                                       for g, (u, r) in zip(grads, self.keep)])
         self.outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
 
@@ -567,7 +641,7 @@ class BackwardRun:
 
     def rows(self):
         rc = self.lib.sok_lookup_backward_rows(self.host, self.dev.data.ptr, self.n,
-                                               self.outs.data.ptr, self.temp.data.ptr,
+                                               self.outs.data.ptr, None, self.temp.data.ptr,
                                                cp.cuda.get_current_stream().ptr)
         assert rc == 0, rc
 

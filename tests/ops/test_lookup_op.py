@@ -153,6 +153,72 @@ def test_gradient_is_unique_indexed_slices_equal_to_tf(rng, combiner, weighted):
                                    tf.convert_to_tensor(r).numpy(), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("max_norm", [None, 1.5])
+def test_dense_gradient_of_a_table_equals_tf(rng, combiner, max_norm):
+    """dense_grads: the marked table's gradient is one [rows, dim] tensor
+    (zero for ids that never occur), the unmarked one stays sparse; both
+    equal tf.nn.embedding_lookup_sparse's gradient."""
+    tables = [(2.0 * rng.standard_normal((12, 4))).astype(np.float32),
+              rng.standard_normal((7, 3)).astype(np.float32)]
+    samples = [random_ragged(rng, 20, 12, 4, empty_fraction=0.1),
+               random_ragged(rng, 20, 7, 3, empty_fraction=0.1)]
+    samples[0] = [[i for i in s if i != 5] for s in samples[0]]  # row 5 never looked up
+    weights = [[list(rng.uniform(0.5, 1.5, len(x))) for x in s] for s in samples]
+    rts = [ragged(s) for s in samples]
+    wts = [tf.ragged.constant(w, tf.float32, ragged_rank=1, inner_shape=()) for w in weights]
+    consts = [tf.constant(t) for t in tables]
+    upstream = [tf.constant(rng.standard_normal((20, t.shape[1])).astype(np.float32))
+                for t in tables]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(consts)
+        got = lookup_ops.fused_lookup(
+            consts, [r.values for r in rts], [r.row_splits for r in rts],
+            weights=[w.values for w in wts], combiners=[combiner] * 2,
+            max_norms=[max_norm] * 2, dense_grads=[True, False])
+        ref = [tf.nn.embedding_lookup_sparse(c, r.to_sparse(), w.to_sparse(), combiner=combiner,
+                                             max_norm=max_norm)
+               for c, r, w in zip(consts, rts, wts)]
+        loss_got = sum(tf.reduce_sum(g * u) for g, u in zip(got, upstream))
+        loss_ref = sum(tf.reduce_sum(g * u) for g, u in zip(ref, upstream))
+    grads = tape.gradient(loss_got, consts)
+    refs = tape.gradient(loss_ref, consts)
+    assert not isinstance(grads[0], tf.IndexedSlices)
+    assert grads[0].shape == (12, 4)
+    assert isinstance(grads[1], tf.IndexedSlices)
+    np.testing.assert_array_equal(grads[0].numpy()[5], np.zeros(4, np.float32))
+    for g, r in zip(grads, refs):
+        np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
+                                   tf.convert_to_tensor(r).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def test_dense_gradient_in_a_graph_and_every_table_dense(rng):
+    table = rng.standard_normal((6, 2)).astype(np.float32)
+    samples = random_ragged(rng, 9, 6, 3, empty_fraction=0.0)
+    upstream = rng.standard_normal((9, 2)).astype(np.float32)
+
+    def build():
+        rt = ragged(samples)
+        x = tf.constant(table)
+        got = lookup_ops.fused_lookup([x], [rt.values], [rt.row_splits], combiners=["mean"],
+                                      dense_grads=[True])[0]
+        ref = tf.nn.embedding_lookup_sparse(x, rt.to_sparse(), None, combiner="mean")
+        g = tf.gradients(tf.reduce_sum(got * upstream), x)[0]
+        r = tf.gradients(tf.reduce_sum(ref * upstream), x)[0]
+        return g, tf.convert_to_tensor(r)
+
+    g, r = run_in_graph(build)
+    assert g.shape == (6, 2)
+    np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
+
+
+def test_dense_grads_of_the_wrong_length_is_rejected():
+    with pytest.raises(ValueError, match=r"dense_grads must have one entry per table \(1\); got 2"):
+        lookup_ops.fused_lookup([tf.zeros([3, 2])], [tf.constant([0], tf.int64)],
+                                [tf.constant([0, 1], tf.int64)], combiners=["sum"],
+                                dense_grads=[True, False])
+
+
 def test_empty_batch_and_all_empty_rows(rng):
     table = tf.constant(rng.standard_normal((5, 3)).astype(np.float32))
     empty_batch = tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), [0])

@@ -26,7 +26,13 @@ class FusedLookupAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("weighted", &weighted));
     TF_RETURN_IF_ERROR(ctx->GetAttr("max_norms", &max_norms));
     TF_RETURN_IF_ERROR(ctx->GetAttr("table_names", &names));
+    TF_RETURN_IF_ERROR(ctx->GetAttr("dense_grads", &dense_grads));
     const size_t n = static_cast<size_t>(num_tables);
+    if (dense_grads.empty()) dense_grads.assign(n, false);
+    if (dense_grads.size() != n) {
+      return errors::InvalidArgument("dense_grads must be empty or have num_tables=",
+                                     num_tables, " entries; got ", dense_grads.size());
+    }
     if (combiners.size() != n || weighted.size() != n || max_norms.size() != n ||
         (!names.empty() && names.size() != n)) {
       return errors::InvalidArgument("combiners, weighted, max_norms and table_names must ",
@@ -165,6 +171,8 @@ class FusedLookupAttrs {
   std::vector<bool> weighted;
   std::vector<float> max_norms;
   std::vector<std::string> names;
+  // Per table: its gradient is a dense [rows, dim] tensor (SokFusedLookupGrad).
+  std::vector<bool> dense_grads;
 };
 
 }  // namespace sok_graph

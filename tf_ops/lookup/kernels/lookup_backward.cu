@@ -412,6 +412,7 @@ __global__ void RowsIds(const SokLookupTable* __restrict__ tables,
                         const int32_t* __restrict__ sorted_pos,
                         const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of) {
   const int t = blockIdx.y;
+  if (outs[t].dense) return;
   const PlanTable pt = per_table[t];
   const bool narrow = tables[t].id_bytes == 4;
   void* out = outs[t].unique_ids;
@@ -524,18 +525,43 @@ __global__ void RowsPieces(const SokLookupTable* __restrict__ tables,
   }
 }
 
+// The row of grad_rows that run r of table t fills: its rank among the
+// table's runs (order of first appearance), or its id when the table's
+// gradient is dense.
+__device__ __forceinline__ int64_t OutRow(const SokLookupTable& tb, const PlanTable& pt,
+                                          const SokLookupGradTable& out,
+                                          const int32_t* __restrict__ sorted_pos,
+                                          const int32_t* __restrict__ run_start,
+                                          const int32_t* __restrict__ rank_of, int64_t r) {
+  return out.dense ? RunId(tb, pt, sorted_pos, run_start[r]) : rank_of[r] - pt.run_begin;
+}
+
+// Whether table t's gradient is left as the caller zeroed it: a dense table
+// whose check (`checks`, may be NULL) records a bad id or malformed
+// row_splits — nothing reads the check before this gradient is used.
+__device__ __forceinline__ bool SkipDense(const SokLookupGradTable& out, const int64_t* checks,
+                                          int t, int num_tables) {
+  return out.dense && checks != nullptr &&
+         (checks[t] != INT64_MAX || checks[3 * num_tables + t] != INT64_MAX);
+}
+
 // One thread per (run, column) of a table: the run's pieces, in order.
 __global__ void RowsSum(const SokLookupTable* __restrict__ tables,
                         const PlanTable* __restrict__ per_table,
                         const SokLookupGradTable* __restrict__ outs,
-                        const float* __restrict__ piece_sum, const int32_t* __restrict__ run_start,
-                        const int32_t* __restrict__ rank_of) {
+                        const float* __restrict__ piece_sum,
+                        const int32_t* __restrict__ sorted_pos,
+                        const int32_t* __restrict__ run_start,
+                        const int32_t* __restrict__ rank_of, const int64_t* checks) {
   const int t = blockIdx.y;
-  const int64_t n = tables[t].nnz;
-  const int dim = tables[t].dim;
+  if (SkipDense(outs[t], checks, t, gridDim.y)) return;
+  const SokLookupTable tb = tables[t];
+  const int64_t n = tb.nnz;
+  const int dim = tb.dim;
   const PlanTable pt = per_table[t];
+  const SokLookupGradTable out = outs[t];
   const float* __restrict__ pieces = piece_sum + pt.piece_begin;
-  float* __restrict__ grad_rows = outs[t].grad_rows;
+  float* __restrict__ grad_rows = out.grad_rows;
   SOK_FOR_EACH(i, pt.runs * dim) {
     const int64_t ri = i / dim;
     const int d = static_cast<int>(i - ri * dim);
@@ -545,7 +571,7 @@ __global__ void RowsSum(const SokLookupTable* __restrict__ tables,
     const int64_t k1 = ri + 1 < pt.runs ? run_start[r + 1] - pt.pos_begin : n;
     float acc = 0.0f;
     for (int64_t k = k0; k < k1; k = (k / kChunk + 1) * kChunk) acc += pieces[k * dim + d];
-    grad_rows[(rank_of[r] - pt.run_begin) * dim + d] = acc;
+    grad_rows[OutRow(tb, pt, out, sorted_pos, run_start, rank_of, r) * dim + d] = acc;
   }
 }
 
@@ -555,11 +581,14 @@ __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
                          const PlanTable* __restrict__ per_table,
                          const SokLookupGradTable* __restrict__ outs,
                          const int32_t* __restrict__ sorted_pos,
-                         const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of) {
+                         const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of,
+                         const int64_t* checks) {
   const SokLookupTable tb = tables[blockIdx.y];
   if (!(tb.max_norm > 0.0f)) return;
+  if (SkipDense(outs[blockIdx.y], checks, blockIdx.y, gridDim.y)) return;
   const PlanTable pt = per_table[blockIdx.y];
-  float* __restrict__ grad_rows = outs[blockIdx.y].grad_rows;
+  const SokLookupGradTable out = outs[blockIdx.y];
+  float* __restrict__ grad_rows = out.grad_rows;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   const int lane = threadIdx.x % 32;
   for (int64_t ri = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 32;
@@ -567,7 +596,7 @@ __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
     const int64_t r = pt.run_begin + ri;
     const int64_t id = RunId(tb, pt, sorted_pos, run_start[r]);
     const float* x = tb.params + id * tb.dim;
-    float* g = grad_rows + (rank_of[r] - pt.run_begin) * tb.dim;
+    float* g = grad_rows + OutRow(tb, pt, out, sorted_pos, run_start, rank_of, r) * tb.dim;
     float sq = 0.0f, dot = 0.0f;
     for (int d = lane; d < tb.dim; d += 32) {
       sq += x[d] * x[d];
@@ -654,7 +683,7 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
 
 extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
     const SokLookupTable* host_tables, const SokLookupTable* tables, int num_tables,
-    const SokLookupGradTable* outs, void* temp, void* stream) {
+    const SokLookupGradTable* outs, const int64_t* checks, void* temp, void* stream) {
   const PlanSizes z = SizesOf(host_tables, num_tables);
   int id_bits = 0, key_bits = 0;
   if (!Valid(z, num_tables) || !KeyBits(z, num_tables, &id_bits, &key_bits)) {
@@ -670,11 +699,11 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
                                                            p.sorted_pos, p.run_start, p.rank_of);
   RowsPieces<<<TableGrid(z.max_chunk_elems, num_tables), 256, 0, s>>>(
       tables, p.per_table, outs, p.sorted_pos, p.head, p.sample_factor, p.piece_sum);
-  RowsSum<<<TableGrid(z.max_elems, num_tables), 256, 0, s>>>(tables, p.per_table, outs,
-                                                             p.piece_sum, p.run_start, p.rank_of);
+  RowsSum<<<TableGrid(z.max_elems, num_tables), 256, 0, s>>>(
+      tables, p.per_table, outs, p.piece_sum, p.sorted_pos, p.run_start, p.rank_of, checks);
   if (z.any_max_norm) {
     RowsClip<<<TableGrid(z.max_nnz * 32, num_tables), 256, 0, s>>>(
-        tables, p.per_table, outs, p.sorted_pos, p.run_start, p.rank_of);
+        tables, p.per_table, outs, p.sorted_pos, p.run_start, p.rank_of, checks);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -264,11 +264,25 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
     std::vector<T*> rows(n);
     std::vector<int64_t> num_unique(n);
+    // A dense table's distinct rows are summed into `summed` first, then
+    // placed at their ids in its [rows, dim] output (zero elsewhere).
+    std::vector<Tensor> summed(n);
+    std::vector<Tensor*> dense_out(n, nullptr);
     for (int t = 0; t < n; ++t) {
       num_unique[t] = static_cast<int64_t>(plans[t].unique_ids.size());
+      const bool dense = this->attrs_.dense_grads[t];
       Tensor* u = nullptr;
       Tensor* r = nullptr;
-      OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({num_unique[t]}), &u));
+      OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({dense ? 0 : num_unique[t]}), &u));
+      if (dense) {
+        OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({views[t].rows, views[t].dim}),
+                                              &dense_out[t]));
+        OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DataTypeToEnum<T>::value,
+                                               TensorShape({num_unique[t], views[t].dim}),
+                                               &summed[t]));
+        rows[t] = summed[t].flat<T>().data();
+        continue;
+      }
       OP_REQUIRES_OK(ctx,
                      rows_out.allocate(t, TensorShape({num_unique[t], views[t].dim}), &r));
       std::copy(plans[t].unique_ids.begin(), plans[t].unique_ids.end(), u->flat<K>().data());
@@ -300,6 +314,16 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
                                          grads[k.table], k.u0, k.u1, rows[k.table]);
                   }
                 });
+    for (int t = 0; t < n; ++t) {
+      if (dense_out[t] == nullptr) continue;
+      const int64_t dim = views[t].dim;
+      T* out = dense_out[t]->flat<T>().data();
+      std::fill(out, out + views[t].rows * dim, T(0.0f));
+      for (int64_t u = 0; u < num_unique[t]; ++u) {
+        const int64_t id = static_cast<int64_t>(plans[t].unique_ids[u]);
+        std::copy(rows[t] + u * dim, rows[t] + (u + 1) * dim, out + id * dim);
+      }
+    }
   }
 };
 

@@ -253,26 +253,43 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n, counts,
                                                             checks, Data(plan), &bytes, stream),
                                    "sok_lookup_backward_plan"));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
-                                   "sok_lookup_fill_check_values"));
-    std::vector<int64_t> host(check_size + n);
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), checks,
-                                                        sizeof(int64_t) * host.size(), stream),
-                                   "reading the gradient's sizes back"));
-    for (int t = 0; t < n; ++t) OP_REQUIRES_OK(ctx, this->attrs_.CheckedColumn(t, host.data()));
+    // Dense tables' outputs are sized by their rows: when every table is
+    // dense, nothing needs the counts, and the op does not wait (the check
+    // is then the forward's, SokLookupCheck; a table that fails it gets a
+    // zero gradient, see sok_lookup_backward_rows).
+    const auto& dense = this->attrs_.dense_grads;
+    const bool all_dense = std::all_of(dense.begin(), dense.end(), [](bool d) { return d; });
+    std::vector<int64_t> host(check_size + n, 0);
+    if (!all_dense) {
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
+                                     "sok_lookup_fill_check_values"));
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), checks,
+                                                          sizeof(int64_t) * host.size(), stream),
+                                     "reading the gradient's sizes back"));
+      for (int t = 0; t < n; ++t) OP_REQUIRES_OK(ctx, this->attrs_.CheckedColumn(t, host.data()));
+    }
     OpOutputList unique_out, rows_out;
     OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
     OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
     std::vector<SokLookupGradTable> outs(n);
     for (int t = 0; t < n; ++t) {
-      const int64_t u = nnz[t] > 0 ? host[check_size + t] : 0;
+      const int64_t u = dense[t] ? 0 : (nnz[t] > 0 ? host[check_size + t] : 0);
+      const int64_t out_rows = dense[t] ? tables[t].rows : u;
       Tensor* ids_out = nullptr;
       Tensor* rows = nullptr;
       OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({u}), &ids_out));
-      OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({u, tables[t].dim}), &rows));
+      OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({out_rows, tables[t].dim}), &rows));
       outs[t].grads = grads[t].flat<float>().data();
       outs[t].unique_ids = u > 0 ? Data(*ids_out) : nullptr;
-      outs[t].grad_rows = u > 0 ? rows->flat<float>().data() : nullptr;
+      outs[t].grad_rows = out_rows > 0 ? rows->flat<float>().data() : nullptr;
+      outs[t].dense = dense[t] ? 1 : 0;
+      outs[t].reserved = 0;
+      if (dense[t] && rows->NumElements() > 0) {
+        OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_memset_zero(outs[t].grad_rows,
+                                                           sizeof(float) * rows->NumElements(),
+                                                           stream),
+                                       "zeroing a dense gradient"));
+      }
     }
     Tensor outs_dev;
     OP_REQUIRES_OK(ctx, Temp(ctx, sizeof(SokLookupGradTable) * n, &outs_dev));
@@ -282,7 +299,7 @@ class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
     OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_rows(
                                        tables.data(), descs_dev, n,
                                        static_cast<const SokLookupGradTable*>(Data(outs_dev)),
-                                       Data(plan), stream),
+                                       checks, Data(plan), stream),
                                    "sok_lookup_backward_rows"));
   }
 };

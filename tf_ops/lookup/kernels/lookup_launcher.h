@@ -83,11 +83,14 @@ int sok_lookup_fill_check_values(const SokLookupTable* tables, int num_tables, i
 int sok_lookup_clip_factors(const SokLookupTable* table, int64_t nnz, float* clip,
                             int64_t* first_bad, void* stream);
 
-// Where the gradient of one table goes (device pointers).
+// Where the gradient of one table goes (device pointers). 32 bytes.
 typedef struct {
   const float* grads;  // [batch, dim]: the gradient of the table's output
-  void* unique_ids;    // [distinct ids], the table's id type
-  float* grad_rows;    // [distinct ids, dim]
+  void* unique_ids;    // [distinct ids], the table's id type; unused when dense
+  float* grad_rows;    // [distinct ids, dim]; [rows, dim] when dense
+  int32_t dense;       // 1: each distinct id's row goes to row id of grad_rows, which the
+                       // caller has zeroed (nothing needs the count of distinct ids)
+  int32_t reserved;
 } SokLookupGradTable;
 
 // The gradient of every table of a lookup, as the CPU kernel computes it:
@@ -103,8 +106,12 @@ typedef struct {
 //     (device, INT64_MAX on entry) <- table t's first position of an id
 //     outside [0, rows). Call with temp == NULL for *temp_bytes first.
 //   rows: with the same temp, writes each table's unique_ids and grad_rows
-//     (outs: device SokLookupGradTable [num_tables], sized by num_unique);
-//     only valid when no id was bad and every table's row_splits were valid.
+//     (outs: device SokLookupGradTable [num_tables], sized by num_unique, or
+//     by rows for a dense table); only valid when no id was bad and every
+//     table's row_splits were valid. `checks` (device, the lookup's check
+//     [SOK_LOOKUP_CHECK_ROWS, num_tables] with rows 0 and 3 filled, or
+//     NULL): a dense table whose column records a problem gets no rows —
+//     its gradient stays zero when the caller does not wait for the check.
 // The sort looks at as many bits as the largest table's rows and the
 // table count need. Returns a cudaError_t (cudaErrorInvalidValue for more
 // than 65535 tables or 2^31 - 1 ids in all).
@@ -112,8 +119,8 @@ int sok_lookup_backward_plan(const SokLookupTable* host_tables, const SokLookupT
                              int num_tables, int64_t* num_unique, int64_t* first_bad, void* temp,
                              size_t* temp_bytes, void* stream);
 int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupTable* tables,
-                             int num_tables, const SokLookupGradTable* outs, void* temp,
-                             void* stream);
+                             int num_tables, const SokLookupGradTable* outs,
+                             const int64_t* checks, void* temp, void* stream);
 
 // Backward core: the distinct ids of `ids` [n] (ascending) and, for each, the
 // sum of the rows of `grads` [n, dim] at its positions, added in position

@@ -62,6 +62,17 @@ Status TableShape(InferenceContext* c, int t, ::tensorflow::DataType type, Shape
   return OkStatus();
 }
 
+// dense_grads: empty (no table dense) or one flag per table.
+Status DenseGrads(InferenceContext* c, int num_tables, std::vector<bool>* dense) {
+  TF_RETURN_IF_ERROR(c->GetAttr("dense_grads", dense));
+  if (dense->empty()) dense->assign(num_tables, false);
+  if (static_cast<int>(dense->size()) != num_tables) {
+    return ::tensorflow::errors::InvalidArgument("dense_grads must be empty or have num_tables=",
+                                                 num_tables, " entries; got ", dense->size());
+  }
+  return OkStatus();
+}
+
 // Output t is [batch_t, dim_t] with batch_t = len(row_splits[t]) - 1.
 Status LookupShape(InferenceContext* c) {
   int n = 0;
@@ -79,7 +90,8 @@ Status LookupShape(InferenceContext* c) {
     c->set_output(t, c->Matrix(batch, c->Dim(params, 1)));
   }
   c->set_output(n, c->Matrix(7, n));  // checks: FusedLookupAttrs::kCheckRows x num_tables
-  return OkStatus();
+  std::vector<bool> dense;
+  return DenseGrads(c, n, &dense);
 }
 
 // unique_ids[t] is [num_unique_t]; grad_rows[t] is [num_unique_t, dim_t].
@@ -88,10 +100,17 @@ Status LookupGradShape(InferenceContext* c) {
   TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
   std::vector<::tensorflow::DataType> param_types;
   TF_RETURN_IF_ERROR(CheckTableAttrs(c, n, &param_types));
+  std::vector<bool> dense;
+  TF_RETURN_IF_ERROR(DenseGrads(c, n, &dense));
   for (int t = 0; t < n; ++t) {
     ShapeHandle params, grads;
     TF_RETURN_IF_ERROR(TableShape(c, t, param_types[t], &params));
     TF_RETURN_IF_ERROR(c->WithRank(c->input(4 * n + t), 2, &grads));
+    if (dense[t]) {  // no ids; the gradient of every row of the table
+      c->set_output(t, c->Vector(0));
+      c->set_output(n + t, params);
+      continue;
+    }
     auto unique = c->UnknownDim();
     c->set_output(t, c->Vector(unique));
     c->set_output(n + t, c->Matrix(unique, c->Dim(params, 1)));
@@ -113,6 +132,7 @@ REGISTER_OP("SokFusedLookup")
     .Attr("weighted: list(bool)")
     .Attr("max_norms: list(float)")
     .Attr("table_names: list(string) = []")
+    .Attr("dense_grads: list(bool) = []")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tparams: list({float, half, bfloat16, resource})")
     .Attr("Tindices: {int32, int64}")
@@ -134,6 +154,9 @@ combiners: per table, "sum", "mean" or "sqrtn".
 max_norms: per table; rows whose L2 norm exceeds it are scaled down to it
   before combining. <= 0 disables clipping.
 table_names: names used in error messages.
+dense_grads: empty, or per table whether its gradient (SokFusedLookupGrad)
+  is a dense [rows, dim] tensor rather than sparse rows; the forward only
+  carries it to the gradient.
 checks: the input check, int64 [7, num_tables], for SokLookupCheck. The CPU
   kernel rejects bad ids and row_splits at once (its check is clear); the GPU
   kernel checks them on the device and leaves the finding here instead of
@@ -166,6 +189,7 @@ REGISTER_OP("SokFusedLookupGrad")
     .Attr("weighted: list(bool)")
     .Attr("max_norms: list(float)")
     .Attr("table_names: list(string) = []")
+    .Attr("dense_grads: list(bool) = []")
     .Attr("T: {float, half, bfloat16}")
     .Attr("Tparams: list({float, half, bfloat16, resource})")
     .Attr("Tindices: {int32, int64}")
@@ -176,6 +200,15 @@ Gradient of SokFusedLookup with respect to params, as sparse rows.
 unique_ids[t] lists each id of table t once (in order of first appearance);
 grad_rows[t][u] is the summed gradient of the row unique_ids[t][u]. Together
 they form an IndexedSlices with no duplicate indices.
+
+A table marked in dense_grads instead gets unique_ids[t] empty and
+grad_rows[t] [rows, dim]: row r holds the summed gradient of id r (zero for
+an id that does not occur). For a small table whose every row is looked up
+(rows gathered for the batch's distinct ids), this is the same gradient
+without a count of distinct ids: a GPU kernel whose tables are all dense
+never waits for the device. Its input check is then the forward's
+(SokLookupCheck); a table whose ids or row_splits fail it gets a zero
+gradient here.
 )doc");
 
 }  // namespace sok_graph

@@ -21,6 +21,8 @@ int sok_gpu_copy_to_host(void* host, const void* device, size_t bytes, void* str
 int sok_gpu_copy_to_device(void* device, const void* host, size_t bytes, void* stream);
 // Device to device, queued on the stream.
 int sok_gpu_copy_on_device(void* dst, const void* src, size_t bytes, void* stream);
+// bytes zero bytes at p, queued on the stream.
+int sok_gpu_memset_zero(void* p, size_t bytes, void* stream);
 // p[0, n) <- value, queued on the stream.
 int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stream);
 
