@@ -24,7 +24,7 @@ namespace sok_graph {
 namespace core {
 
 // Scratch slots (tf_ops/util/core/scratch.h) of the arrays below.
-enum ScratchSlot { kEntriesSlot, kMissingSlot, kFreshSlot, kPositionsSlot };
+enum ScratchSlot { kEntriesSlot, kMissingSlot, kFreshSlot, kPositionsSlot, kFreeSlotsSlot };
 
 // runner(total, cost_per_unit, fn): calls fn(begin, end) over [0, total).
 using ParallelRunner =
@@ -59,17 +59,21 @@ constexpr int64_t kRowPrefetch = 32;
 // runners' lambdas call, so the serial paths and the threads share them.
 
 inline void FindEntriesIn(const DynamicTable& t, const int64_t* keys, int64_t begin, int64_t end,
-                          int64_t* entries) {
+                          int64_t* entries, uint64_t* free_slots = nullptr) {
+  uint64_t unused = 0;
   for (int64_t i = begin; i < end; ++i) {
     PrefetchAhead(t, keys, i, end, false);
-    entries[i] = t.Find(keys[i]);
+    entries[i] = t.FindOrFreeSlot(keys[i], free_slots != nullptr ? &free_slots[i] : &unused);
   }
 }
 
-// entries[i] <- entry of keys[i] or -1, in parallel.
+// entries[i] <- entry of keys[i] or -1, in parallel; where given,
+// free_slots[i] <- the free index slot that ended a missing key's probe.
 inline void FindEntries(const DynamicTable& t, const int64_t* keys, int64_t n, int64_t* entries,
-                        const ParallelRunner& run) {
-  run(n, 200, [&](int64_t begin, int64_t end) { FindEntriesIn(t, keys, begin, end, entries); });
+                        const ParallelRunner& run, uint64_t* free_slots = nullptr) {
+  run(n, 200, [&](int64_t begin, int64_t end) {
+    FindEntriesIn(t, keys, begin, end, entries, free_slots);
+  });
 }
 
 // out[i] <- row of entries[i] for i in [begin, end); entries < 0 (missing
@@ -137,7 +141,9 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
                              bool accessed, bool initialize, int64_t* entries,
                              const ParallelRunner& run, std::string* error,
                              std::vector<int64_t>* evicted_keys = nullptr) {
-  FindEntries(t, keys, n, entries, run);
+  // Where each missing key's probe ended: its insertion below starts there.
+  Scratch<uint64_t, kFreeSlotsSlot> free_slots(static_cast<size_t>(n));
+  FindEntries(t, keys, n, entries, run, free_slots->data());
   Scratch<int64_t, kMissingSlot> missing;  // positions whose key the table lacks
   for (int64_t i = 0; i < n; ++i) {
     if (entries[i] < 0) missing->push_back(i);
@@ -158,20 +164,27 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
   TouchEntries(t, entries, n, now, accessed);
   if (missing->empty()) return 0;
   // Cannot fail: every key the batch protects is one of its distinct keys.
+  const uint64_t slots_before = t.index_slots();
   const int64_t evicted = t.MakeRoom(incoming, now, evicted_keys);
-  if (evicted > 0) FindEntries(t, keys, n, entries, run);  // evictions move entries
+  if (evicted > 0 || t.index_slots() != slots_before) {
+    // Evictions move entries and free slots; a larger index moves every key.
+    FindEntries(t, keys, n, entries, run, free_slots->data());
+  }
   // New keys in input order; a repeat of a new key within the batch finds
   // the entry its first occurrence added and counts as another use, as it
   // would in a serial loop.
   Scratch<int64_t, kFreshSlot> fresh;  // entries added, in order
   const int64_t* miss = missing->data();
+  const uint64_t* slot = free_slots->data();
   const int64_t m = static_cast<int64_t>(missing->size());
   for (int64_t k = 0; k < m; ++k) {
-    if (k + 2 * kTablePrefetch < m) t.PrefetchKey(keys[miss[k + 2 * kTablePrefetch]]);
-    if (k + kTablePrefetch < m) t.PrefetchEntryOfKey(keys[miss[k + kTablePrefetch]], false);
+    if (k + kTablePrefetch < m) t.PrefetchSlot(slot[miss[k + kTablePrefetch]]);
     bool added = false;
     const int64_t i = miss[k];
-    entries[i] = t.FindOrInsertUninitialized(keys[i], now, accessed, &added);
+    // From the slot where its probe ended: the slots before it held other
+    // keys and still do (nothing was removed since), so no key is compared
+    // twice — unless a key added just before filled that slot.
+    entries[i] = t.FindOrInsertFrom(slot[i], keys[i], now, accessed, &added);
     if (added) {
       fresh->push_back(entries[i]);
     } else if (accessed) {

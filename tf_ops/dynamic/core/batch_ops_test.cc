@@ -357,6 +357,50 @@ TEST_P(BatchOpsTest, FindOrInsertInsertsRepeatedNewKeysOnce) {
   }
 }
 
+// New keys are inserted from the free slot their find ended at. With the
+// index near three quarters full and no growth during the batch, many new
+// keys end at the same free slots, and repeats of a new key find the entry
+// its first occurrence added there.
+TEST_P(BatchOpsTest, FindOrInsertIntoACrowdedIndex) {
+  TableConfig c = Config(2, 0, Eviction::kLru);
+  c.init_capacity = 3000;  // index of 4096 slots: holds 3072 keys without growing
+  DynamicTable t(c);
+  std::string error;
+  // 1700 keys, then 1000 new ones (1334 positions with their repeats:
+  // the room made for them) fill it to 3034 of 3072.
+  std::vector<int64_t> old_keys(1700);
+  for (size_t i = 0; i < old_keys.size(); ++i) old_keys[i] = static_cast<int64_t>(i) * 7919 + 3;
+  std::vector<float> out(old_keys.size() * 2);
+  ASSERT_EQ(FindOrInsertBatch(t, old_keys.data(), 1700, t.Tick(1), out.data(), run_, &error), 0);
+  const uint64_t slots = t.index_slots();
+  std::vector<int64_t> batch;
+  for (int64_t i = 0; i < 1000; ++i) {
+    batch.push_back(-(i * 104729) - 1);                       // new
+    if (i % 3 == 0) batch.push_back(-(i * 104729) - 1);       // its repeat
+    if (i % 5 == 0) batch.push_back(old_keys[i]);             // an existing key
+  }
+  const int64_t n = static_cast<int64_t>(batch.size());
+  out.assign(static_cast<size_t>(n) * 2, -1.0f);
+  ASSERT_EQ(FindOrInsertBatch(t, batch.data(), n, t.Tick(2), out.data(), run_, &error), 0);
+  EXPECT_EQ(t.index_slots(), slots) << "the index grew: the case is not the one meant";
+  EXPECT_EQ(t.size(), 2700);
+  std::set<int64_t> seen;
+  for (int64_t e = 0; e < t.size(); ++e) {
+    EXPECT_TRUE(seen.insert(t.Key(e)).second) << "key " << t.Key(e) << " twice";
+    EXPECT_EQ(t.Find(t.Key(e)), e);
+  }
+  for (int64_t i = 0; i < 1000; ++i) {
+    const int64_t key = -(i * 104729) - 1;
+    EXPECT_EQ(Freq(t, key), i % 3 == 0 ? 2 : 1) << key;
+    EXPECT_TRUE(SameBits(RowOf(t, key), InitialRow(c, key))) << key;
+  }
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_TRUE(SameBits(std::vector<float>(out.begin() + i * 2, out.begin() + i * 2 + 2),
+                         RowOf(t, batch[static_cast<size_t>(i)])))
+        << "position " << i;
+  }
+}
+
 TEST_P(BatchOpsTest, FindOrInsertOnlyRepeatsOfOneNewKey) {
   const TableConfig c = Config(2, 0, Eviction::kLfu);
   DynamicTable t(c);

@@ -69,16 +69,33 @@ class DynamicTable {
 
   // The entry holding `key`, or -1. Safe for concurrent readers.
   int64_t Find(int64_t key) const {
+    uint64_t unused;
+    return FindOrFreeSlot(key, &unused);
+  }
+
+  // The entry holding `key`; or -1, with *free_slot set to the empty index
+  // slot that ended the probe. Until entries are removed or the index
+  // grows (index_slots() changes), every slot from the key's home to that
+  // one holds another key, so FindOrInsertFrom can start there instead of
+  // probing again. Safe for concurrent readers.
+  int64_t FindOrFreeSlot(int64_t key, uint64_t* free_slot) const {
     uint64_t pos = Slot(key);
     while (true) {
       const int32_t e = index_[pos];
-      if (e < 0) return -1;
+      if (e < 0) {
+        *free_slot = pos;
+        return -1;
+      }
       if (keys_[e] == key) return e;
       pos = (pos + 1) & mask_;
     }
   }
 
+  // The index's size: it changes exactly when the index is rebuilt.
+  uint64_t index_slots() const { return index_.size(); }
+
   void PrefetchKey(int64_t key) const { __builtin_prefetch(&index_[Slot(key)], 0, 1); }
+  void PrefetchSlot(uint64_t slot) const { __builtin_prefetch(&index_[slot], 1, 1); }
   void PrefetchMetadata(int64_t e) const {
     __builtin_prefetch(&timestamps_[e], 1, 1);
     __builtin_prefetch(&frequencies_[e], 1, 1);
@@ -87,11 +104,24 @@ class DynamicTable {
   // PrefetchKey a little earlier) names its likely entry; fetch that entry's
   // key and row.
   // `with_row`: the row too, for callers that read it next.
+  // The keys of the entries after it in the probe, up to the end of the
+  // slot's cache line (already fetched), are fetched too: at half load a
+  // missing key compares about 1.5 keys, and a key not at its home slot
+  // one more.
   void PrefetchEntryOfKey(int64_t key, bool with_row = true) const {
-    const int32_t e = index_[Slot(key)];
+    uint64_t pos = Slot(key);
+    const int32_t e = index_[pos];
     if (e < 0) return;
     __builtin_prefetch(&keys_[e], 0, 1);
     if (with_row) PrefetchRow(e);
+    constexpr uint64_t kSlotsPerLine = 64 / sizeof(int32_t);
+    for (int more = 0; more < 2; ++more) {
+      pos = (pos + 1) & mask_;
+      if (pos % kSlotsPerLine == 0) return;  // next line: not fetched yet
+      const int32_t next = index_[pos];
+      if (next < 0) return;
+      __builtin_prefetch(&keys_[next], 0, 1);
+    }
   }
   // Only the row: callers that know the entry already (copying or updating
   // rows) would waste a memory access on its key.
@@ -172,7 +202,14 @@ class DynamicTable {
   // of new keys that may repeat needs no set of its own. Room must have been
   // made (MakeRoom) for every key that may be added.
   int64_t FindOrInsertUninitialized(int64_t key, int64_t now, bool accessed, bool* added) {
-    uint64_t pos = Slot(key);
+    return FindOrInsertFrom(Slot(key), key, now, accessed, added);
+  }
+
+  // FindOrInsertUninitialized, probing from `pos`: the key's home slot, or
+  // the free slot FindOrFreeSlot reported for it (entries added since may
+  // have filled it — a repeat of this key among them — so the probe goes on
+  // from there).
+  int64_t FindOrInsertFrom(uint64_t pos, int64_t key, int64_t now, bool accessed, bool* added) {
     while (true) {
       const int32_t e = index_[pos];
       if (e < 0) break;

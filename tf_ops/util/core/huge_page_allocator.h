@@ -9,6 +9,8 @@
 #include <cstddef>
 #include <cstdlib>
 #include <new>
+#include <type_traits>
+#include <utility>
 
 #if defined(__linux__)
 #include <sys/mman.h>
@@ -42,6 +44,19 @@ struct HugePageAllocator {
     return static_cast<T*>(p);
   }
   void deallocate(T* p, size_t) { std::free(p); }
+
+  // Elements a resize() adds are default-initialised: left as they are for
+  // arithmetic types, not zeroed. The table writes every row it appends
+  // (initializer, import) right after appending it, and zeroing first was
+  // a second pass over each new row.
+  template <typename U>
+  void construct(U* p) noexcept(std::is_nothrow_default_constructible<U>::value) {
+    ::new (static_cast<void*>(p)) U;
+  }
+  template <typename U, typename... Args>
+  void construct(U* p, Args&&... args) {
+    ::new (static_cast<void*>(p)) U(std::forward<Args>(args)...);
+  }
 };
 
 template <typename T, typename U>
