@@ -236,6 +236,26 @@ def backward(lib, t, grads):
     return backward_tables(lib, [t], [grads])[0]
 
 
+def backward_plan(lib, tables, num, first_bad):
+    """sok_lookup_backward_plan on every table (sized, then run): num and
+    first_bad (cupy int64, one per table, or a [7, n] check whose row 0 it
+    fills) are its outputs. Returns the host and device descriptors, the
+    plan's scratch and the stream, for the rows call."""
+    n = len(tables)
+    host = (Table * n)(*[describe(t) for t in tables])
+    dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
+    stream = cp.cuda.get_current_stream().ptr
+    size = ctypes.c_size_t(0)
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, first_bad.data.ptr,
+                                      None, ctypes.byref(size), stream)
+    assert rc == 0, rc
+    temp = cp.empty(max(size.value, 1), cp.uint8)
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, first_bad.data.ptr,
+                                      temp.data.ptr, ctypes.byref(size), stream)
+    assert rc == 0, rc
+    return host, dev, temp, stream
+
+
 def backward_tables(lib, tables, grads, dense=False):
     """sok_lookup_backward_plan + _rows on every table at once (dicts of
     cupy arrays; grads: one cupy [batch, dim] per table): per table its
@@ -246,19 +266,9 @@ def backward_tables(lib, tables, grads, dense=False):
     if dense:
         return backward_dense(lib, tables, grads)
     n = len(tables)
-    host = (Table * n)(*[describe(t) for t in tables])
-    dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
-    stream = cp.cuda.get_current_stream().ptr
-    size = ctypes.c_size_t(0)
     num = cp.full(n, -7, cp.int64)
     bad = cp.full(n, I64_MAX, cp.int64)
-    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, bad.data.ptr, None,
-                                      ctypes.byref(size), stream)
-    assert rc == 0, rc
-    temp = cp.empty(max(size.value, 1), cp.uint8)
-    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, bad.data.ptr,
-                                      temp.data.ptr, ctypes.byref(size), stream)
-    assert rc == 0, rc
+    host, dev, temp, stream = backward_plan(lib, tables, num, bad)
     counts = cp.asnumpy(num)  # the host synchronisation the op needs for its output sizes
     firsts = cp.asnumpy(bad)
     # Poisoned outputs, one spare row each: a write past a table's count shows.
@@ -286,20 +296,9 @@ def backward_dense(lib, tables, grads):
     """backward_tables(..., dense=True): plan and rows with no read-back in
     between; outputs zeroed as the op zeroes them, plus a poisoned spare row."""
     n = len(tables)
-    host = (Table * n)(*[describe(t) for t in tables])
-    dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
-    stream = cp.cuda.get_current_stream().ptr
-    size = ctypes.c_size_t(0)
-    num = cp.zeros(n, cp.int64)
     # The op's check [7, n]: row 0 (first bad position) is the plan's first_bad.
     checks = cp.full((7, n), I64_MAX, cp.int64)
-    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, checks.data.ptr, None,
-                                      ctypes.byref(size), stream)
-    assert rc == 0, rc
-    temp = cp.empty(max(size.value, 1), cp.uint8)
-    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, checks.data.ptr,
-                                      temp.data.ptr, ctypes.byref(size), stream)
-    assert rc == 0, rc
+    host, dev, temp, stream = backward_plan(lib, tables, cp.zeros(n, cp.int64), checks)
     rows = []
     for t in tables:
         r = cp.zeros((int(t["params"].shape[0]) + 1, int(t["params"].shape[1])), cp.float32)
