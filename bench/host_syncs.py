@@ -115,6 +115,34 @@ def analyse(space):
     return planes, by_op, dtoh, op_time, device_time
 
 
+def timeline(space, min_gap_us):
+    """The traced steps as one ordered list: every GPU kernel and copy (with
+    the TensorFlow op it ran for) and every blocking CUDA call, times in us
+    from the first event; GPU idle gaps of min_gap_us or more are marked, so
+    a wait can be told from the host work that follows it."""
+    rows = []
+    for plane in space.planes:
+        if "CUPTI" in plane.name:
+            for _, _, name, s, e in _events(plane):
+                if _is_blocking(name):
+                    rows.append((s, e, "host wait", name, ""))
+        elif plane.name.startswith("/device:GPU"):
+            for _, line, name, s, e, op in _events(plane, with_op=True):
+                if "Stream" in line:
+                    rows.append((s, e, "gpu", name[:60], op.split(":")[0][-50:]))
+    rows.sort()
+    if not rows:
+        return
+    t0, busy_end = rows[0][0], rows[0][0]
+    for s, e, kind, name, op in rows:
+        mark = ""
+        if kind == "gpu":
+            if s - busy_end >= min_gap_us * 1e6:
+                mark = f"  <- GPU idle {(s - busy_end) / 1e6:.0f} us"
+            busy_end = max(busy_end, e)
+        print(f"  {(s - t0) / 1e6:9.1f} {(e - s) / 1e6:8.1f}  {kind:9} {name:60} {op}{mark}")
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5)
@@ -133,6 +161,9 @@ def main():
                    help="the profiler's host tracer level: 3 records every op kernel's host "
                         "time (most ops are 'inexpensive', traced at level 3 only), at some "
                         "cost to the step")
+    p.add_argument("--timeline", type=float, default=None, metavar="MIN_GAP_US",
+                   help="also print the traced steps' GPU events and blocking calls in "
+                        "order, marking GPU idle gaps of at least MIN_GAP_US")
     p.add_argument("--emb_only", action="store_true",
                    help="the embedding work alone (lookups, gradients, table update)")
     args = p.parse_args()
@@ -158,7 +189,8 @@ def main():
             for i in range(args.steps):
                 step(i)
             tf.profiler.experimental.stop()
-            planes, by_op, dtoh, op_time, device_time = analyse(_xspace(logdir))
+            space = _xspace(logdir)
+            planes, by_op, dtoh, op_time, device_time = analyse(space)
             total = sum(by_op.values())
             print(f"\n{side} / {mode}: {total / args.steps:.1f} blocking CUDA calls per step "
                   f"(CUPTI API trace), {sum(dtoh.values()) / args.steps:.1f} device-to-host "
@@ -177,6 +209,9 @@ def main():
                 print(f"  GPU busy {total_ms:.3f} ms per step; top {args.top}:")
                 for name, ps in device_time.most_common(args.top):
                     print(f"    {ps / 1e9 / args.steps:8.3f} ms  {name}")
+            if args.timeline is not None:
+                print("  timeline (start us, duration us, kind, name, TensorFlow op):")
+                timeline(space, args.timeline)
 
 
 if __name__ == "__main__":

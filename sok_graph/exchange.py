@@ -25,7 +25,7 @@ from sok_graph.ops import util as util_ops
 def _read_each_once(ids, read):
     """read(ids) computed as read(unique ids) expanded, so the gradient that
     reaches the table has one summed row per distinct id."""
-    unique, position, _ = util_ops.unique_with_counts(ids, out_idx=tf.int64)
+    unique, position = util_ops.unique(ids, out_idx=tf.int64)
     return tf.gather(read(unique), position)
 
 

@@ -120,7 +120,7 @@ def _gathered_rows(param, ids, index, name):
     if world_size > 1 and not dedup_before_exchange:
         keys, positions = ids, tf.range(tf.size(ids, out_type=tf.int64))
     else:
-        keys, positions, _ = util_ops.unique_with_counts(ids, out_idx=tf.int64)
+        keys, positions = util_ops.unique(ids, out_idx=tf.int64)
     if isinstance(param, DynamicVariable):
         if world_size == 1:
             return param.sparse_read(keys), positions

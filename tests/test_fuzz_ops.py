@@ -603,6 +603,11 @@ def test_unique_with_counts(data):
         np.testing.assert_array_equal(idx.numpy(), rank[inverse.reshape(-1)])
         np.testing.assert_array_equal(counts.numpy(), c[order])
         assert idx.dtype == out_idx and counts.dtype == out_idx
+        # unique: the same values and positions, without the counts.
+        y2, idx2 = util_ops.unique(tf.constant(x), out_idx=out_idx)
+        np.testing.assert_array_equal(y2.numpy(), u[order])
+        np.testing.assert_array_equal(idx2.numpy(), rank[inverse.reshape(-1)])
+        assert idx2.dtype == out_idx
 
 
 @fuzz(300)

@@ -31,6 +31,7 @@ GPU_KERNELS = {
     # The forward's check is reported on the host, next to a GPU lookup.
     "SokLookupCheck": ({}, {"checks"}),
     "SokSparseApply": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),
+    "SokUnique": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     "SokUniqueWithCounts": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     "SokUnsortedSegmentSum": ({"T": {FLOAT}, "Tindices": {INT64}, "Tnumsegments": {INT32, INT64}},
                               {"num_segments"}),

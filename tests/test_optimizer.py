@@ -190,7 +190,7 @@ def test_graph_mode_session_training(rng):
         train = sok.OptimizerWrapper(TF1_LAZY["ftrl"]()).apply_gradients([(grad, dyn)])
         # The keys' gradient has distinct indices by construction: deduplicated
         # once, by the lookup, not again by the update.
-        uniques = [op for op in graph.get_operations() if op.type == "SokUniqueWithCounts"]
+        uniques = [op for op in graph.get_operations() if op.type == "SokUnique"]
         assert len(uniques) == 1, [op.name for op in uniques]
         read = dyn.find(tf.range(30, dtype=tf.int64))[0]
         init = tf.compat.v1.global_variables_initializer()

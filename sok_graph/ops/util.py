@@ -1,9 +1,18 @@
-"""Unique-with-counts and a deterministic unsorted segment sum (tf_ops/util)."""
+"""Unique (with or without counts) and a deterministic unsorted segment sum
+(tf_ops/util)."""
 
 import tensorflow as tf
 
 from sok_graph.ops import library
 from sok_graph.compat import register_gradient
+
+
+def unique(x, out_idx=tf.int32, name=None):
+    """As ``tf.unique``: (y, idx), y in order of first appearance.
+
+    x: [n] int32/int64. Cheaper than unique_with_counts on a GPU (no counts).
+    """
+    return library.load().sok_unique(x, out_idx=out_idx, name=name)
 
 
 def unique_with_counts(x, out_idx=tf.int32, name=None):

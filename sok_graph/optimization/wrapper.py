@@ -277,13 +277,13 @@ def _distinct_rows(grad):
         return tf.range(tf.shape(values, out_type=tf.int64)[0]), values
     if not tf.executing_eagerly() and _distinct_by_construction(grad.indices):
         return grad.indices, grad.values
-    unique, position, _ = util_ops.unique_with_counts(grad.indices, out_idx=tf.int64)
+    unique, position = util_ops.unique(grad.indices, out_idx=tf.int64)
     return unique, util_ops.unsorted_segment_sum(grad.values, position,
                                                  tf.size(unique, out_type=tf.int64))
 
 
 # Ops whose output 0 never repeats a value (the unique ops).
-_UNIQUE_OPS = ("SokUniqueWithCounts", "Unique", "UniqueWithCounts")
+_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "Unique", "UniqueWithCounts")
 
 
 def _distinct_by_construction(indices):

@@ -508,6 +508,52 @@ def check(lib, rng):
         if not ok:
             bwd_failures += 1
             print(f"FAIL dense backward of tables together (first bad {want_bad})")
+    # Samples of at most one id (the DemoModel's shape): the team kernel
+    # takes them several at a time. Against the reference, and bit for bit
+    # against the scalar kernel (a separate code path, the same operations);
+    # tables of several dims together (128: rows wider than a small team),
+    # weights, max_norm, empty samples, bad ids, batches not a multiple of
+    # the samples a team takes per turn.
+    for trial in range(12):
+        combiner = list(COMBINERS)[trial % len(COMBINERS)]
+        weighted = trial % 2 == 1
+        host = [random_table(rng, int(rng.integers(1, 300)), d, int(rng.integers(1, 3000)),
+                             1, combiner, weighted) for d in (16, 4, 8, 128)]
+        if trial >= 6:  # every sample has its id
+            for h in host:
+                h["splits"] = np.arange(len(h["splits"]), dtype=np.int64)
+                nnz = len(h["splits"]) - 1
+                h["ids"] = rng.integers(0, h["params"].shape[0], nnz).astype(np.int64)
+                h["weights"] = (rng.uniform(0.5, 1.5, nnz).astype(np.float32)
+                                if weighted else None)
+        for h in host:
+            h["max_norm"] = 2.0 if trial % 3 == 2 else 0.0
+        with_bad = trial % 4 == 3
+        want_bad = []
+        for h in host:
+            nnz = len(h["ids"])
+            spot = int(rng.integers(0, nnz)) if with_bad and nnz else None
+            if spot is not None:
+                h["ids"][spot] = h["params"].shape[0]
+            want_bad.append(I64_MAX if spot is None else spot)
+        dev = [to_device(h) for h in host]
+        scalar, scalar_bad = forward(lib, dev, vectorized=False, with_bad=True)
+        for lanes in (4, 8, 16, 32):
+            outs, bad = forward(lib, dev, lanes=lanes, with_bad=True)
+            for k, (h, o) in enumerate(zip(host, outs)):
+                cases += 1
+                got = cp.asnumpy(o)
+                same = got.tobytes() == cp.asnumpy(scalar[k]).tobytes()
+                ok = same and bad[k] == want_bad[k] == scalar_bad[k]
+                if not with_bad:
+                    want = reference(h["params"], h["ids"], h["splits"], h["weights"],
+                                     combiner, h["max_norm"])
+                    ok = ok and rel_err(got, want) <= 1e-5
+                if not ok:
+                    failures += 1
+                    print(f"FAIL one-id samples: trial {trial} table {k} lanes {lanes} "
+                          f"{combiner} weighted={weighted}: bit-identical to the scalar "
+                          f"kernel {same}, first bad {bad[k]} (want {want_bad[k]})")
     # determinism: identical bits on repeat
     h = random_table(rng, 1000, 64, 4096, 20, "mean", True)
     dev = [to_device(h)]
@@ -663,6 +709,19 @@ def bench_backward_tables(lib, rng):
                            ids=cp.asarray(ids), splits=cp.asarray(splits), weights=None,
                            combiner="mean"))
         grads.append(cp.random.standard_normal((8192, 16), dtype=cp.float32))
+    # The forward of the 26 tables (teams of 4 lanes, as the op launches
+    # them for this shape), the kernel alone.
+    outs = [cp.empty((8192, 16), cp.float32) for _ in tables]
+    descs = (Table * 26)(*[describe(t, o) for t, o in zip(tables, outs)])
+    d_descs = cp.asarray(np.frombuffer(bytes(descs), np.uint8))
+    offsets = cp.asarray(np.arange(27, dtype=np.int64) * 8192)
+    first_bad = cp.full(26, I64_MAX, cp.int64)
+    stream = cp.cuda.get_current_stream().ptr
+    fwd = time_ms(lambda: lib.sok_lookup_forward_f32(d_descs.data.ptr, offsets.data.ptr, 26,
+                                                     26 * 8192, 1, 8, 4, first_bad.data.ptr,
+                                                     stream))
+    print(f"forward, DLRM shape (26 tables x 8192 x 1-5 Zipf ids, dim 16, 4 lanes): "
+          f"{fwd:.3f} ms")
     together = time_ms(BackwardRun(lib, tables, grads))
     singles = [BackwardRun(lib, [t], [g]) for t, g in zip(tables, grads)]
 

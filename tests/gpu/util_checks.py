@@ -48,14 +48,17 @@ def call_with_temp(fn, *args):
 
 
 class Unique:
-    def __init__(self, lib, key_dtype, idx_dtype, n):
+    """The launcher with counts, or without (counts=False: count is NULL, as
+    the SokUnique op calls it)."""
+
+    def __init__(self, lib, key_dtype, idx_dtype, n, counts=True):
         k = "i64" if key_dtype == np.int64 else "i32"
         i = "i64" if idx_dtype == np.int64 else "i32"
         self.fn = getattr(lib, f"sok_unique_with_counts_{k}_{i}")
         self.n, self.kd, self.id = n, key_dtype, idx_dtype
         self.y = cp.full(max(n, 1), -7, key_dtype)
         self.idx = cp.full(max(n, 1), -7, idx_dtype)
-        self.count = cp.full(max(n, 1), -7, idx_dtype)
+        self.count = cp.full(max(n, 1), -7, idx_dtype) if counts else None
         self.num = cp.full(1, -7, cp.int64)
         size = ctypes.c_size_t(0)
         assert self.fn(None, n, None, None, None, None, None, ctypes.byref(size), None) == 0
@@ -64,7 +67,8 @@ class Unique:
 
     def __call__(self, x):
         rc = self.fn(x.data.ptr, self.n, self.y.data.ptr, self.idx.data.ptr,
-                     self.count.data.ptr, self.num.data.ptr, self.temp.data.ptr,
+                     None if self.count is None else self.count.data.ptr, self.num.data.ptr,
+                     self.temp.data.ptr,
                      ctypes.byref(self.size), stream())
         if rc != 0:
             raise RuntimeError(f"unique returned {rc}")
@@ -72,7 +76,7 @@ class Unique:
     def result(self):
         u = int(self.num[0])
         return (cp.asnumpy(self.y[:u]), cp.asnumpy(self.idx[:self.n]),
-                cp.asnumpy(self.count[:u]))
+                None if self.count is None else cp.asnumpy(self.count[:u]))
 
 
 def unique_reference(x):
@@ -148,6 +152,15 @@ def check_util(lib, rng):
                 if not (np.array_equal(y, wy) and np.array_equal(idx, widx)
                         and np.array_equal(count, wcount) and y.dtype == kd):
                     fail(f"unique n={n} {case} keys {kd.__name__} idx {idd.__name__}")
+                # Without counts: the same values and positions.
+                op = Unique(lib, kd, idd, n, counts=False)
+                op(cp.asarray(x) if n else cp.zeros(1, kd))
+                cp.cuda.get_current_stream().synchronize()
+                y, idx, _ = op.result()
+                cases += 1
+                if not (np.array_equal(y, wy) and np.array_equal(idx, widx) and y.dtype == kd):
+                    fail(f"unique without counts n={n} {case} keys {kd.__name__} "
+                         f"idx {idd.__name__}")
     # past the hash set's 32-bit slot numbers: refused at the size query
     size = ctypes.c_size_t(0)
     cases += 1
@@ -256,6 +269,12 @@ def bench_util(lib, time_ms):
         t_ms = time_ms(lambda: torch.unique(tx, return_inverse=True, return_counts=True))
     rows.append((f"unique_with_counts, {x.size} ids in [0, 8192) (DemoModel)", ms,
                  "torch.unique(inverse, counts), sorted order", t_ms))
+    op = Unique(lib, np.int64, np.int64, x.size, counts=False)
+    ms = time_ms(lambda: op(x))
+    if torch is not None:
+        t_ms = time_ms(lambda: torch.unique(tx, return_inverse=True))
+    rows.append((f"unique (no counts), {x.size} ids in [0, 8192) (DemoModel)", ms,
+                 "torch.unique(inverse), sorted order", t_ms))
     width, segs = 16, 1 << 20
     data = cp.random.standard_normal((n, width), dtype=cp.float32)
     ids = cp.random.randint(0, segs, size=n, dtype=cp.int64)

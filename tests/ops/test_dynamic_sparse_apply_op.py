@@ -164,5 +164,5 @@ def test_wrapper_fuses_dynamic_tables(name, make):
     assert fused == (1 if name in fused_apply.FUSED_ALGORITHMS else 0), ops
     if fused:
         # The lookup's own unique and find-or-insert only.
-        assert ops.count("SokUniqueWithCounts") == 1, ops
+        assert ops.count("SokUnique") == 1, ops
         assert not [t for t in ops if t in ("SokDynamicTableScatter", "SokDynamicTableFind")], ops

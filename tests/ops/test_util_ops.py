@@ -1,4 +1,4 @@
-"""unique_with_counts and unsorted_segment_sum against TensorFlow's own ops."""
+"""unique, unique_with_counts and unsorted_segment_sum against TensorFlow's own ops."""
 
 import numpy as np
 import pytest
@@ -29,9 +29,30 @@ def test_unique_with_counts_matches_tf(rng, dtype, out_idx, case):
         np.testing.assert_array_equal(g.numpy(), r.numpy())
 
 
-def test_unique_rejects_matrix():
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("out_idx", [tf.int32, tf.int64])
+@pytest.mark.parametrize("case", ["random", "empty", "single", "all_equal", "extremes"])
+def test_unique_matches_tf(rng, dtype, out_idx, case):
+    info = np.iinfo(dtype.as_numpy_dtype)
+    x = {
+        "random": rng.integers(-20, 50, size=3000),
+        "empty": np.zeros([0]),
+        "single": np.array([7]),
+        "all_equal": np.full(300, 3),
+        "extremes": np.array([info.max, 0, info.min, info.max, -1, 0, info.min]),
+    }[case].astype(dtype.as_numpy_dtype)
+    got = util.unique(tf.constant(x, dtype), out_idx=out_idx)
+    ref = tf.unique(tf.constant(x, dtype), out_idx=out_idx)
+    assert len(got) == 2
+    for g, r in zip(got, ref):
+        assert g.dtype == r.dtype
+        np.testing.assert_array_equal(g.numpy(), r.numpy())
+
+
+@pytest.mark.parametrize("unique", [util.unique, util.unique_with_counts])
+def test_unique_rejects_matrix(unique):
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
-        util.unique_with_counts(tf.zeros([2, 2], tf.int64))
+        unique(tf.zeros([2, 2], tf.int64))
 
 
 @pytest.mark.parametrize("dtype", [tf.float32, tf.float64])

@@ -156,18 +156,17 @@ __device__ __forceinline__ bool NothingToAdd(const SokLookupTable& t, const Samp
   return false;
 }
 
-// One sample's row, by the kTeam lanes of its team (tl: this lane).
+// One sample's row, by the kTeam lanes of its team (tl: this lane), its
+// span located.
 template <int kTeam, typename K>
 __device__ __forceinline__ void TeamSample(const SokLookupTable* __restrict__ tables,
-                                           const int64_t* __restrict__ sample_offsets,
-                                           int num_tables, int64_t sample, int64_t* first_bad) {
+                                           const SampleSpan& span, int64_t* first_bad) {
   const int tl = threadIdx.x % kTeam;
   // A team's lanes share `sample`, so they leave or stay together and
   // shuffles within the team see all of its lanes.
   const unsigned team_mask =
       kTeam == kWarp ? kFull
                      : ((1u << (kTeam % kWarp)) - 1u) << (threadIdx.x % kWarp / kTeam * kTeam);
-  const SampleSpan span = LocateSample(tables, sample_offsets, num_tables, sample);
   const SokLookupTable& t = tables[span.table];
   int64_t* bad = first_bad ? first_bad + span.table : nullptr;
   if (NothingToAdd<K>(t, span, tl, kTeam, bad)) return;
@@ -216,15 +215,99 @@ __device__ __forceinline__ void TeamSample(const SokLookupTable* __restrict__ ta
 // Deterministic either way. Teams stride over the samples (a grid of a few
 // blocks per SM): with one-id samples a team's work is one row, so a block
 // per 64 samples would spend much of its time being scheduled.
+//
+// A team takes kSamplesPerTurn samples a turn (teams apart, so each is
+// coalesced over the teams) and locates them all first. When each has at
+// most one id and its row fits the team (DemoModel-style inputs, one key
+// per sample), their ids, rows and outputs are loaded and stored side by
+// side: a turn then waits for three loads in a row instead of three per
+// sample, which is what bounds a one-id lookup. The sums are those of
+// TeamSample, operation for operation: 0 + w * row, times the scale.
+constexpr int kSamplesPerTurn = 4;
+
 template <int kTeam, typename K>
-__global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
+__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 4) LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
                                         const int64_t* __restrict__ sample_offsets,
                                         int num_tables, int64_t total, int64_t* first_bad) {
   static_assert(kTeam >= 2 && kTeam <= kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
   const int64_t teams = static_cast<int64_t>(gridDim.x) * blockDim.x / kTeam;
-  for (int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
-       sample < total; sample += teams) {
-    TeamSample<kTeam, K>(tables, sample_offsets, num_tables, sample, first_bad);
+  const int tl = threadIdx.x % kTeam;
+  for (int64_t first = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
+       first < total; first += kSamplesPerTurn * teams) {
+    SampleSpan span[kSamplesPerTurn];
+    bool short_rows = true;
+#pragma unroll
+    for (int u = 0; u < kSamplesPerTurn; ++u) {
+      const int64_t sample = first + u * teams;
+      if (sample >= total) {  // past the end: table 0, empty, never stored
+        span[u] = SampleSpan{0, 0, 0, 0, 0.0f};
+        continue;
+      }
+      span[u] = LocateSample(tables, sample_offsets, num_tables, sample);
+      const SokLookupTable& t = tables[span[u].table];
+      const int chunks = t.dim / 4;
+      short_rows = short_rows && span[u].end - span[u].begin <= 1 && t.rows > 0 && t.dim > 0 &&
+                   chunks <= kTeam && (chunks & (chunks - 1)) == 0;
+    }
+    if (!short_rows) {
+      // One sample after the other, each located again (its loads hit the
+      // cache): keeping the spans would put them in local memory.
+#pragma unroll 1
+      for (int u = 0; u < kSamplesPerTurn; ++u) {
+        const int64_t sample = first + u * teams;
+        if (sample < total) {
+          TeamSample<kTeam, K>(tables, LocateSample(tables, sample_offsets, num_tables, sample),
+                               first_bad);
+        }
+      }
+      continue;
+    }
+    // Lanes past a row's chunks (tl >= chunks) add nothing in TeamSample
+    // either: their zeros only reach the row through + 0.
+    int64_t id[kSamplesPerTurn];
+    float w[kSamplesPerTurn];
+    bool live[kSamplesPerTurn];
+#pragma unroll
+    for (int u = 0; u < kSamplesPerTurn; ++u) {
+      const SokLookupTable& t = tables[span[u].table];
+      live[u] = first + u * teams < total && tl < t.dim / 4;
+      id[u] = 0;
+      w[u] = 0.0f;
+      if (live[u] && span[u].begin < span[u].end) {
+        const int64_t j = span[u].begin;
+        id[u] = IdAt<K>(t, j);
+        w[u] = Factor(t, j);
+        if (!IdOk(id[u], t.rows)) {
+          ReportBad(j, first_bad ? first_bad + span[u].table : nullptr);
+          id[u] = 0;
+          w[u] = 0.0f;
+        }
+      }
+    }
+    float4 r[kSamplesPerTurn];
+#pragma unroll
+    for (int u = 0; u < kSamplesPerTurn; ++u) {
+      r[u] = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (live[u] && span[u].begin < span[u].end) {
+        r[u] = __ldg(reinterpret_cast<const float4*>(tables[span[u].table].params +
+                                                     id[u] * tables[span[u].table].dim) + tl);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kSamplesPerTurn; ++u) {
+      if (!live[u]) continue;
+      const SokLookupTable& t = tables[span[u].table];
+      float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+      if (span[u].begin < span[u].end) {
+        acc.x += w[u] * r[u].x;
+        acc.y += w[u] * r[u].y;
+        acc.z += w[u] * r[u].z;
+        acc.w += w[u] * r[u].w;
+      }
+      const float sc = span[u].scale;
+      reinterpret_cast<float4*>(t.out + span[u].b * t.dim)[tl] =
+          make_float4(acc.x * sc, acc.y * sc, acc.z * sc, acc.w * sc);
+    }
   }
 }
 

@@ -1,4 +1,4 @@
-// CPU kernels of SokUniqueWithCounts and SokUnsortedSegmentSum.
+// CPU kernels of SokUnique, SokUniqueWithCounts and SokUnsortedSegmentSum.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -20,8 +20,9 @@ using ::tensorflow::Tensor;
 using ::tensorflow::TensorShape;
 namespace errors = ::tensorflow::errors;
 
-template <typename K, typename I>
-class UniqueWithCountsOp : public OpKernel {
+// SokUniqueWithCounts (kCounts) and SokUnique.
+template <typename K, typename I, bool kCounts>
+class UniqueOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
 
@@ -38,14 +39,16 @@ class UniqueWithCountsOp : public OpKernel {
     std::vector<K> unique;
     std::vector<I> counts;
     core::UniqueWithInverse<K, I>(x.flat<K>().data(), n, &unique, idx->flat<I>().data(),
-                                  &counts);
+                                  kCounts ? &counts : nullptr);
     const int64_t u = static_cast<int64_t>(unique.size());
     Tensor* y = nullptr;
-    Tensor* count = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &y));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u}), &count));
     std::copy(unique.begin(), unique.end(), y->flat<K>().data());
-    std::copy(counts.begin(), counts.end(), count->flat<I>().data());
+    if (kCounts) {
+      Tensor* count = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u}), &count));
+      std::copy(counts.begin(), counts.end(), count->flat<I>().data());
+    }
   }
 };
 
@@ -99,7 +102,12 @@ class UnsortedSegmentSumOp : public OpKernel {
                               .Device(::tensorflow::DEVICE_CPU)   \
                               .TypeConstraint<K>("T")             \
                               .TypeConstraint<I>("out_idx"),      \
-                          UniqueWithCountsOp<K, I>);
+                          UniqueOp<K, I, true>);              \
+  REGISTER_KERNEL_BUILDER(Name("SokUnique")                       \
+                              .Device(::tensorflow::DEVICE_CPU)   \
+                              .TypeConstraint<K>("T")             \
+                              .TypeConstraint<I>("out_idx"),      \
+                          UniqueOp<K, I, false>);
 SOK_REGISTER_UNIQUE(int32_t, int32_t)
 SOK_REGISTER_UNIQUE(int32_t, TfInt64)
 SOK_REGISTER_UNIQUE(TfInt64, int32_t)

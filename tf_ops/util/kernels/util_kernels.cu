@@ -120,9 +120,11 @@ __global__ void ClearSlots(HashSlot<K>* __restrict__ slot, int64_t slots) {
 }
 
 // slot_of[p] <- the slot of x[p], claimed if new; the slot's first position
-// and count are updated once per warp for the lanes that share it (a hot
-// key appears many times in a warp).
-template <typename K>
+// and count (kCount) are updated once per warp for the lanes that share it
+// (a hot key appears many times in a warp). Without counts a warp whose
+// keys were all seen before changes nothing: a batch of few distinct keys
+// (8M keys of 8192, DemoModel-style) then inserts without an atomic.
+template <typename K, bool kCount>
 __global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set, uint32_t mask,
                            uint32_t* __restrict__ slot_of) {
   const int lane = threadIdx.x & 31;
@@ -153,7 +155,7 @@ __global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set,
     const unsigned peers = __match_any_sync(0xffffffffu, slot);
     // The lowest lane of a group holds its smallest position.
     if (p < n && lane == __ffs(peers) - 1) {
-      atomicAdd(&set[slot].count, __popc(peers));
+      if (kCount) atomicAdd(&set[slot].count, __popc(peers));
       if (static_cast<int32_t>(p) < *static_cast<volatile int32_t*>(&set[slot].first)) {
         atomicMin(&set[slot].first, static_cast<int32_t>(p));
       }
@@ -182,7 +184,7 @@ __global__ void HashUniqueOut(int64_t n, const uint32_t* __restrict__ slot_of,
     idx[p] = static_cast<I>(k);
     if (slot.first == static_cast<int32_t>(p)) {
       y[k] = slot.key;
-      count_out[k] = static_cast<I>(slot.count);
+      if (count_out != nullptr) count_out[k] = static_cast<I>(slot.count);
     }
     if (p == n - 1) *num_unique = rank[p];
   }
@@ -211,7 +213,13 @@ int UniqueWithCounts(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num
   if (*temp_bytes < c.used()) return static_cast<int>(cudaErrorInvalidValue);
   if (n == 0) return static_cast<int>(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), s));
   ClearSlots<K><<<Grid(slots + 1), 256, 0, s>>>(set, slots);
-  HashInsert<K><<<Grid(n), 256, 0, s>>>(x, n, set, static_cast<uint32_t>(slots - 1), slot_of);
+  if (count != nullptr) {
+    HashInsert<K, true><<<Grid(n), 256, 0, s>>>(x, n, set, static_cast<uint32_t>(slots - 1),
+                                                 slot_of);
+  } else {
+    HashInsert<K, false><<<Grid(n), 256, 0, s>>>(x, n, set, static_cast<uint32_t>(slots - 1),
+                                                  slot_of);
+  }
   FirstFlags<K><<<Grid(n), 256, 0, s>>>(slot_of, set, n, flag);
   size_t bytes = scan_bytes;
   SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, flag, rank, num, s));

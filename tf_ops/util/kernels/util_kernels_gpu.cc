@@ -1,4 +1,4 @@
-// GPU OpKernels of SokUniqueWithCounts and SokUnsortedSegmentSum (float
+// GPU OpKernels of SokUnique, SokUniqueWithCounts and SokUnsortedSegmentSum (float
 // data): the C launchers of util_kernels.cu on the op's stream. Compiled only
 // when the build found a CUDA toolkit (SOK_GRAPH_WITH_CUDA).
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
@@ -39,8 +39,9 @@ int Unique(const int64_t* x, int64_t n, int64_t* y, int64_t* idx, int64_t* count
 template <typename T>
 using C = typename std::conditional<sizeof(T) == 8, int64_t, int32_t>::type;
 
-template <typename K, typename I>
-class UniqueWithCountsGpuOp : public OpKernel {
+// SokUniqueWithCounts (kCounts) and SokUnique.
+template <typename K, typename I, bool kCounts>
+class UniqueGpuOp : public OpKernel {
  public:
   using OpKernel::OpKernel;
 
@@ -63,13 +64,13 @@ class UniqueWithCountsGpuOp : public OpKernel {
     Tensor y_all, count_all, num, temp;
     const TensorShape room({n > 0 ? n : 1});
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(x.dtype(), room, &y_all));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(idx->dtype(), room, &count_all));
+    if (kCounts) OP_REQUIRES_OK(ctx, ctx->allocate_temp(idx->dtype(), room, &count_all));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &num));
     size_t bytes = 0;
     const C<K>* xs = reinterpret_cast<const C<K>*>(x.flat<K>().data());
     C<K>* ys = reinterpret_cast<C<K>*>(Data(y_all));
     C<I>* idxs = reinterpret_cast<C<I>*>(idx->flat<I>().data());
-    C<I>* counts = reinterpret_cast<C<I>*>(Data(count_all));
+    C<I>* counts = kCounts ? reinterpret_cast<C<I>*>(Data(count_all)) : nullptr;
     int64_t* u_dev = reinterpret_cast<int64_t*>(Data(num));
     OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, ys, idxs, counts, u_dev, nullptr, &bytes, stream),
                              "sizing unique's scratch"));
@@ -81,13 +82,16 @@ class UniqueWithCountsGpuOp : public OpKernel {
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&u, u_dev, sizeof(u), stream),
                              "reading the number of distinct values back"));
     Tensor* y = nullptr;
-    Tensor* count = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &y));
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u}), &count));
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*y), ys, sizeof(K) * u, stream),
                              "copying unique values"));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*count), counts, sizeof(I) * u, stream),
-                             "copying counts"));
+    if (kCounts) {
+      Tensor* count = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u}), &count));
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*count), counts, sizeof(I) * u,
+                                                            stream),
+                                     "copying counts"));
+    }
   }
 };
 
@@ -150,7 +154,12 @@ class UnsortedSegmentSumGpuOp : public OpKernel {
                               .Device(::tensorflow::DEVICE_GPU)   \
                               .TypeConstraint<K>("T")             \
                               .TypeConstraint<I>("out_idx"),      \
-                          UniqueWithCountsGpuOp<K, I>);
+                          UniqueGpuOp<K, I, true>);           \
+  REGISTER_KERNEL_BUILDER(Name("SokUnique")                       \
+                              .Device(::tensorflow::DEVICE_GPU)   \
+                              .TypeConstraint<K>("T")             \
+                              .TypeConstraint<I>("out_idx"),      \
+                          UniqueGpuOp<K, I, false>);
 // int64 only (the launchers' types); other types run on the CPU kernel,
 // where TensorFlow places them.
 SOK_REGISTER_UNIQUE_GPU(TfInt64, TfInt64)

@@ -19,7 +19,8 @@ extern "C" {
 // tf.unique_with_counts on the GPU: y <- distinct values of x [n] in order
 // of first appearance (y has room for n; *num_unique, a device int64, says
 // how many are valid), idx[i] <- index of x[i] in y, count[k] <- occurrences
-// of y[k] (room for n). Deterministic. n < 2^30 (cudaErrorInvalidValue
+// of y[k] (room for n; NULL: not counted, as tf.unique, which saves an
+// atomic per warp of keys). Deterministic. n < 2^30 (cudaErrorInvalidValue
 // otherwise); the scratch is 16 bytes (int64 keys) or 12 (int32) per slot
 // of a hash set of 2n to 4n slots, plus 12 bytes per key.
 int sok_unique_with_counts_i64_i32(const int64_t* x, int64_t n, int64_t* y, int32_t* idx,

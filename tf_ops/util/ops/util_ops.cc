@@ -1,5 +1,6 @@
 // General sparse helpers the sparse optimizers and the distributed lookup
-// need: unique-with-counts and a deterministic unsorted segment sum.
+// need: unique (with or without counts) and a deterministic unsorted
+// segment sum.
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -30,6 +31,25 @@ REGISTER_OP("SokUniqueWithCounts")
     .Doc(R"doc(
 Distinct values of x in order of first appearance, as tf.unique_with_counts:
 y[idx[i]] == x[i], count[k] = occurrences of y[k].
+)doc");
+
+REGISTER_OP("SokUnique")
+    .Input("x: T")
+    .Output("y: T")
+    .Output("idx: out_idx")
+    .Attr("T: {int32, int64}")
+    .Attr("out_idx: {int32, int64} = DT_INT32")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &x));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, x);
+      return OkStatus();
+    })
+    .Doc(R"doc(
+Distinct values of x in order of first appearance, as tf.unique: y[idx[i]] ==
+x[i]. SokUniqueWithCounts without the counts, which cost the GPU kernel an
+atomic per warp of keys.
 )doc");
 
 REGISTER_OP("SokUnsortedSegmentSum")
