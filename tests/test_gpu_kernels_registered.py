@@ -123,9 +123,9 @@ def test_launchers_fail_cleanly_without_a_gpu():
         assert rc > 0 and not table.value, (rc, table.value)   # a CUDA error, no table
         rc = lib.sok_lookup_forward_f32(None, None, 1, I64(1), 1, 8, 32, None, None)
         assert rc > 0, rc
-        # Lane counts other than 4, 8, 16, 32, and teams without float4
-        # loads, are refused before anything is launched (cudaErrorInvalidValue).
-        for lanes, vectorized in ((5, 1), (64, 1), (0, 1), (4, 0)):
+        # Lane counts other than 4, 8, 16, 32, teams without float4 loads
+        # and unknown kernel kinds (`vectorized` not 0, 1 or 2) are refused before anything is launched (cudaErrorInvalidValue).
+        for lanes, vectorized in ((5, 1), (64, 1), (0, 1), (4, 0), (4, 3), (4, -1)):
             rc = lib.sok_lookup_forward_f32(None, None, 1, I64(1), vectorized, 8, lanes, None,
                                             None)
             assert rc == 1, (lanes, vectorized, rc)

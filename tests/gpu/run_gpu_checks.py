@@ -394,7 +394,9 @@ def check(lib, rng):
                     dev = [to_device(h) for h in host]
                     outs = forward(lib, dev)
                     # Teams of lanes per sample (float4 layouts only).
-                    team_outs = ([(lanes, forward(lib, dev, lanes=lanes)) for lanes in (4, 8, 16)]
+                    # Kernel 2 (samples of several ids take its fallback here).
+                    team_outs = ([(lanes, forward(lib, dev, vectorized=kind, lanes=lanes))
+                                  for lanes in (4, 8, 16) for kind in (1, 2)]
                                  if all(d % 4 == 0 for d in dims) else [])
                     for k, (h, d, o) in enumerate(zip(host, dev, outs)):
                         want = reference(h["params"], h["ids"], h["splits"], h["weights"],
@@ -538,8 +540,10 @@ def check(lib, rng):
             want_bad.append(I64_MAX if spot is None else spot)
         dev = [to_device(h) for h in host]
         scalar, scalar_bad = forward(lib, dev, vectorized=False, with_bad=True)
-        for lanes in (4, 8, 16, 32):
-            outs, bad = forward(lib, dev, lanes=lanes, with_bad=True)
+        # 2: the kernel for samples of at most one id on average; 1: the
+        # plain team kernel.
+        for lanes, kind in [(lanes, kind) for lanes in (4, 8, 16, 32) for kind in (1, 2)]:
+            outs, bad = forward(lib, dev, vectorized=kind, lanes=lanes, with_bad=True)
             for k, (h, o) in enumerate(zip(host, outs)):
                 cases += 1
                 got = cp.asnumpy(o)
@@ -552,6 +556,7 @@ def check(lib, rng):
                 if not ok:
                     failures += 1
                     print(f"FAIL one-id samples: trial {trial} table {k} lanes {lanes} "
+                          f"kernel {kind} "
                           f"{combiner} weighted={weighted}: bit-identical to the scalar "
                           f"kernel {same}, first bad {bad[k]} (want {want_bad[k]})")
     # determinism: identical bits on repeat
@@ -589,7 +594,7 @@ def time_ms(fn, warmup=3, repeat=20):
     return float(np.median(times))
 
 
-def bench(lib, rng, rows, dim, batch, hot, lanes=32):
+def bench(lib, rng, rows, dim, batch, hot, lanes=32, kind=1):
     params = cp.random.standard_normal((rows, dim), dtype=cp.float32)
     nnz = batch * hot
     ids = cp.random.randint(0, rows, size=nnz, dtype=cp.int64)
@@ -602,7 +607,7 @@ def bench(lib, rng, rows, dim, batch, hot, lanes=32):
     stream = cp.cuda.get_current_stream().ptr
     # The kernel alone; the op adds one 8-byte read-back of first_bad.
     ms = time_ms(lambda: lib.sok_lookup_forward_f32(d_desc.data.ptr, offsets.data.ptr, 1, batch,
-                                                    1, 8, lanes, first_bad.data.ptr, stream))
+                                                    kind, 8, lanes, first_bad.data.ptr, stream))
     assert int(first_bad[0]) == I64_MAX
     moved = nnz * 8 + nnz * dim * 4 + batch * dim * 4
     result = {"sok ms": ms, "sok GB/s": moved / ms / 1e6}
@@ -781,7 +786,7 @@ def main():
               f"{r['torch ms'] / r['sok ms']:>9.2f}x")
     # The DemoModel's: 8192 x 100 x 10 one-id samples of its 8192 distinct keys.
     demo = 8192 * 1000 if not args.quick else 1 << 20
-    r = bench(lib, rng, 8192, 16, demo, 1, 4)
+    r = bench(lib, rng, 8192, 16, demo, 1, 4, kind=2)
     print(f"{f'fwd 8192x16, {demo}x1, 4 lanes':<28}{r['sok ms']:>9.3f}"
           f"{r['sok GB/s']:>9.0f}{r['copy GB/s']:>11.0f}"
           f"{r['sok GB/s'] / r['copy GB/s']:>8.0%}{r['torch ms']:>10.3f}"

@@ -215,20 +215,39 @@ __device__ __forceinline__ void TeamSample(const SokLookupTable* __restrict__ ta
 // Deterministic either way. Teams stride over the samples (a grid of a few
 // blocks per SM): with one-id samples a team's work is one row, so a block
 // per 64 samples would spend much of its time being scheduled.
-//
-// A team takes kSamplesPerTurn samples a turn (teams apart, so each is
-// coalesced over the teams) and locates them all first. When each has at
-// most one id and its row fits the team (DemoModel-style inputs, one key
-// per sample), their ids, rows and outputs are loaded and stored side by
-// side: a turn then waits for three loads in a row instead of three per
-// sample, which is what bounds a one-id lookup. The sums are those of
-// TeamSample, operation for operation: 0 + w * row, times the scale.
+
+template <int kTeam, typename K>
+__global__ void LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
+                                        const int64_t* __restrict__ sample_offsets,
+                                        int num_tables, int64_t total, int64_t* first_bad) {
+  static_assert(kTeam >= 2 && kTeam <= kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
+  const int64_t teams = static_cast<int64_t>(gridDim.x) * blockDim.x / kTeam;
+  for (int64_t sample = (static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / kTeam;
+       sample < total; sample += teams) {
+    TeamSample<kTeam, K>(tables, LocateSample(tables, sample_offsets, num_tables, sample),
+                         first_bad);
+  }
+}
+
+// LookupForwardTeamKernel for batches whose samples average at most one id
+// (DemoModel-style inputs: one key per sample), launched when the host sees
+// that (sok_lookup_vectorized_kind). A team takes kSamplesPerTurn samples a
+// turn (teams apart, so each is coalesced over the teams) and locates them
+// all first. When each has at most one id and its row fits the team, their
+// ids, rows and outputs are loaded and stored side by side: a turn waits for
+// three loads in a row instead of three per sample, which is what bounds a
+// one-id lookup. The sums are those of TeamSample, operation for operation:
+// 0 + w * row, times the scale. A turn with a longer sample runs TeamSample
+// on each, locating it again (keeping the spans would put them in local
+// memory); that costs samples of several ids about twice the plain
+// kernel's time, hence the separate kernel.
 constexpr int kSamplesPerTurn = 4;
 
 template <int kTeam, typename K>
-__global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 4) LookupForwardTeamKernel(const SokLookupTable* __restrict__ tables,
-                                        const int64_t* __restrict__ sample_offsets,
-                                        int num_tables, int64_t total, int64_t* first_bad) {
+__global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
+    LookupForwardShortKernel(const SokLookupTable* __restrict__ tables,
+                             const int64_t* __restrict__ sample_offsets, int num_tables,
+                             int64_t total, int64_t* first_bad) {
   static_assert(kTeam >= 2 && kTeam <= kWarp && (kTeam & (kTeam - 1)) == 0, "team size");
   const int64_t teams = static_cast<int64_t>(gridDim.x) * blockDim.x / kTeam;
   const int tl = threadIdx.x % kTeam;
@@ -250,8 +269,6 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 4) LookupForwardTeamKe
                    chunks <= kTeam && (chunks & (chunks - 1)) == 0;
     }
     if (!short_rows) {
-      // One sample after the other, each located again (its loads hit the
-      // cache): keeping the spans would put them in local memory.
 #pragma unroll 1
       for (int u = 0; u < kSamplesPerTurn; ++u) {
         const int64_t sample = first + u * teams;
@@ -263,7 +280,7 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 4) LookupForwardTeamKe
       continue;
     }
     // Lanes past a row's chunks (tl >= chunks) add nothing in TeamSample
-    // either: their zeros only reach the row through + 0.
+    // either: their zeros reach the row only through + 0.
     int64_t id[kSamplesPerTurn];
     float w[kSamplesPerTurn];
     bool live[kSamplesPerTurn];
@@ -289,8 +306,8 @@ __global__ void __launch_bounds__(kWarp * kWarpsPerBlock, 4) LookupForwardTeamKe
     for (int u = 0; u < kSamplesPerTurn; ++u) {
       r[u] = make_float4(0.f, 0.f, 0.f, 0.f);
       if (live[u] && span[u].begin < span[u].end) {
-        r[u] = __ldg(reinterpret_cast<const float4*>(tables[span[u].table].params +
-                                                     id[u] * tables[span[u].table].dim) + tl);
+        const SokLookupTable& t = tables[span[u].table];
+        r[u] = __ldg(reinterpret_cast<const float4*>(t.params + id[u] * t.dim) + tl);
       }
     }
 #pragma unroll
@@ -448,15 +465,20 @@ static int64_t ResidentBlocks(int threads) {
 }
 
 template <int kTeam, typename K>
-void LaunchTeams(const SokLookupTable* tables, const int64_t* sample_offsets, int num_tables,
-                 int64_t total_samples, int64_t* first_bad, cudaStream_t s) {
+void LaunchTeams(bool short_samples, const SokLookupTable* tables, const int64_t* sample_offsets,
+                 int num_tables, int64_t total_samples, int64_t* first_bad, cudaStream_t s) {
   const int threads = kWarp * kWarpsPerBlock;
   const int64_t per_block = threads / kTeam;
   const int64_t blocks = std::min<int64_t>((total_samples + per_block - 1) / per_block,
                                            ResidentBlocks(threads));
   const unsigned grid = static_cast<unsigned>(std::max<int64_t>(blocks, 1));
-  LookupForwardTeamKernel<kTeam, K><<<grid, threads, 0, s>>>(tables, sample_offsets, num_tables,
-                                                             total_samples, first_bad);
+  if (short_samples) {
+    LookupForwardShortKernel<kTeam, K><<<grid, threads, 0, s>>>(
+        tables, sample_offsets, num_tables, total_samples, first_bad);
+  } else {
+    LookupForwardTeamKernel<kTeam, K><<<grid, threads, 0, s>>>(
+        tables, sample_offsets, num_tables, total_samples, first_bad);
+  }
 }
 
 template <typename K>
@@ -470,13 +492,13 @@ void LaunchForward(int vectorized, int lanes, const SokLookupTable* tables,
     LookupForwardScalarKernel<K><<<grid, threads, 0, s>>>(tables, sample_offsets, num_tables,
                                                           total_samples, first_bad);
   } else if (lanes == 4) {
-    LaunchTeams<4, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+    LaunchTeams<4, K>(vectorized == 2, tables, sample_offsets, num_tables, total_samples, first_bad, s);
   } else if (lanes == 8) {
-    LaunchTeams<8, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+    LaunchTeams<8, K>(vectorized == 2, tables, sample_offsets, num_tables, total_samples, first_bad, s);
   } else if (lanes == 16) {
-    LaunchTeams<16, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+    LaunchTeams<16, K>(vectorized == 2, tables, sample_offsets, num_tables, total_samples, first_bad, s);
   } else {
-    LaunchTeams<kWarp, K>(tables, sample_offsets, num_tables, total_samples, first_bad, s);
+    LaunchTeams<kWarp, K>(vectorized == 2, tables, sample_offsets, num_tables, total_samples, first_bad, s);
   }
 }
 
@@ -490,6 +512,7 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_forward_f32(
     return static_cast<int>(cudaErrorInvalidValue);
   }
   if (lanes < kWarp && !vectorized) return static_cast<int>(cudaErrorInvalidValue);
+  if (vectorized < 0 || vectorized > 2) return static_cast<int>(cudaErrorInvalidValue);
   if (total_samples <= 0) return 0;
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   if (id_bytes == 8) {

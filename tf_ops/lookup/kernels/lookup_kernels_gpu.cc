@@ -192,7 +192,10 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
                                                     offsets[n]);
       OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_forward_f32(
                                          descs_dev, static_cast<const int64_t*>(Data(offsets_dev)),
-                                         n, offsets[n], vectorized ? 1 : 0,
+                                         n, offsets[n],
+                                         vectorized ? sok_lookup_vectorized_kind(total_nnz,
+                                                                                 offsets[n])
+                                                    : 0,
                                          static_cast<int>(sizeof(K)), lanes, bad, stream),
                                      "sok_lookup_forward_f32"));
     }

@@ -33,7 +33,10 @@ typedef struct {
 // prefix sum of the tables' batch sizes; total_samples its last entry.
 // Deterministic: ids of a sample are added in order. `vectorized` (16-byte
 // loads) needs every dim % 4 == 0 and params/out 16-byte aligned: the caller
-// checks. id_bytes (4 or 8) is the width of every table's ids (their
+// checks; 2 is `vectorized` for batches whose samples average at most one id
+// (total nnz <= total_samples): a kernel that takes one-id samples several
+// at a time, the same results bit for bit
+// (sok_lookup_vectorized_kind). id_bytes (4 or 8) is the width of every table's ids (their
 // id_bytes). Ids outside [0, rows) are never read through: they add nothing,
 // and first_bad[t] (device, num_tables int64 the caller sets to INT64_MAX;
 // may be NULL) receives the smallest such position of table t, for the
@@ -46,6 +49,12 @@ int sok_lookup_forward_f32(const SokLookupTable* tables, const int64_t* sample_o
                            int num_tables, int64_t total_samples, int vectorized,
                            int id_bytes, int lanes_per_sample, int64_t* first_bad,
                            void* stream);
+
+// The `vectorized` argument of a forward launch: 2 (one-id samples several
+// at a time) when the samples average at most one id, else 1.
+static inline int sok_lookup_vectorized_kind(int64_t total_nnz, int64_t total_samples) {
+  return total_nnz <= total_samples ? 2 : 1;
+}
 
 // The lanes per sample for a forward launch, from what the host knows
 // without reading the device: teams while samples average at most 8 ids (a
