@@ -117,11 +117,17 @@ def analyse(space):
 
 def timeline(space, min_gap_us):
     """The traced steps as one ordered list: every GPU kernel and copy (with
-    the TensorFlow op it ran for) and every blocking CUDA call, times in us
-    from the first event; GPU idle gaps of min_gap_us or more are marked, so
-    a wait can be told from the host work that follows it."""
+    the TensorFlow op it ran for), every blocking CUDA call and every host op
+    of min_gap_us or more, times in us from the first GPU event; GPU idle
+    gaps of min_gap_us or more are marked, so a wait can be told from the
+    host work that follows it."""
     rows = []
     for plane in space.planes:
+        if plane.name.startswith("/host:CPU"):
+            # TensorFlow ops on the host (name:Type), long enough to matter.
+            for tid, _, name, s, e in _events(plane):
+                if _op_type(name) and e - s >= min_gap_us * 1e6:
+                    rows.append((s, e, f"host {tid % 1000:3}", name[-60:], ""))
         if "CUPTI" in plane.name:
             for _, _, name, s, e in _events(plane):
                 if _is_blocking(name):
@@ -131,9 +137,11 @@ def timeline(space, min_gap_us):
                 if "Stream" in line:
                     rows.append((s, e, "gpu", name[:60], op.split(":")[0][-50:]))
     rows.sort()
-    if not rows:
+    gpu = [r for r in rows if r[2] == "gpu"]
+    if not gpu:
         return
-    t0, busy_end = rows[0][0], rows[0][0]
+    t0, busy_end = gpu[0][0], gpu[0][0]
+    rows = [r for r in rows if r[0] >= t0]
     for s, e, kind, name, op in rows:
         mark = ""
         if kind == "gpu":
@@ -164,6 +172,8 @@ def main():
     p.add_argument("--timeline", type=float, default=None, metavar="MIN_GAP_US",
                    help="also print the traced steps' GPU events and blocking calls in "
                         "order, marking GPU idle gaps of at least MIN_GAP_US")
+    p.add_argument("--graph_inputs", choices=["device", "feed"], default="device",
+                   help="graph mode's inputs, as in e2e_bench.py")
     p.add_argument("--emb_only", action="store_true",
                    help="the embedding work alone (lookups, gradients, table update)")
     args = p.parse_args()

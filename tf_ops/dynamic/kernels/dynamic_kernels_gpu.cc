@@ -288,9 +288,9 @@ class IsInitializedGpuOp : public OpKernel {
   }
 };
 
-class FindOrInsertGpuOp : public OpKernel {
+class FindOrInsertGpuOp : public DeviceWaitingKernel<> {
  public:
-  explicit FindOrInsertGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit FindOrInsertGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
@@ -359,9 +359,9 @@ class FindGpuOp : public OpKernel {
   int dim_ = 0;
 };
 
-class ScatterGpuOp : public OpKernel {
+class ScatterGpuOp : public DeviceWaitingKernel<> {
  public:
-  explicit ScatterGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit ScatterGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
     core::ScatterMode mode = core::ScatterMode::kAdd;
     OP_REQUIRES_OK(ctx, dk::ParseScatterMode(ctx, &mode));
     // The launcher's modes: 0 add, 1 subtract, 2 update.
@@ -405,9 +405,9 @@ class RemoveGpuOp : public OpKernel {
   }
 };
 
-class StatsGpuOp : public OpKernel {
+class StatsGpuOp : public DeviceWaitingKernel<> {
  public:
-  using OpKernel::OpKernel;
+  using DeviceWaitingKernel::DeviceWaitingKernel;
   void Compute(OpKernelContext* ctx) override {
     GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, false));
@@ -427,9 +427,9 @@ class StatsGpuOp : public OpKernel {
   }
 };
 
-class ExportGpuOp : public OpKernel {
+class ExportGpuOp : public DeviceWaitingKernel<> {
  public:
-  explicit ExportGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit ExportGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
   }
   void Compute(OpKernelContext* ctx) override {
@@ -524,9 +524,9 @@ class ExportGpuOp : public OpKernel {
   int dim_ = 0;
 };
 
-class ImportGpuOp : public OpKernel {
+class ImportGpuOp : public DeviceWaitingKernel<> {
  public:
-  using OpKernel::OpKernel;
+  using DeviceWaitingKernel::DeviceWaitingKernel;
   void Compute(OpKernelContext* ctx) override {
     GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
@@ -583,9 +583,9 @@ class ClearGpuOp : public OpKernel {
 // the op's stream with the table launchers, the formula on the gathered rows
 // (sok_dense_apply_f32, hyper and step read on the device), nothing read
 // back but what the launchers read (a table that must grow or make room).
-class SparseApplyGpuOp : public OpKernel {
+class SparseApplyGpuOp : public DeviceWaitingKernel<> {
  public:
-  explicit SparseApplyGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit SparseApplyGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
     OP_REQUIRES_OK(ctx, args_.Parse(ctx));
   }
   void Compute(OpKernelContext* ctx) override {

@@ -204,10 +204,15 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
   }
 };
 
+// Waits for its sizes unless every table's gradient is dense.
 template <typename K>
-class FusedLookupGradGpuOp : public FusedLookupGpuBase<K> {
+class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
  public:
-  using FusedLookupGpuBase<K>::FusedLookupGpuBase;
+  explicit FusedLookupGradGpuOp(OpKernelConstruction* ctx)
+      : DeviceWaitingKernel<FusedLookupGpuBase<K>>(ctx) {
+    const auto& dense = this->attrs_.dense_grads;
+    this->set_waits(!std::all_of(dense.begin(), dense.end(), [](bool d) { return d; }));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const int n = this->attrs_.num_tables;

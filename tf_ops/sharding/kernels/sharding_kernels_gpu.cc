@@ -32,9 +32,9 @@ int LaunchLocalRows(const int64_t* ids, int64_t n, int64_t world, int64_t* out, 
 }
 
 template <typename K>
-class LocalRowsGpuOp : public OpKernel {
+class LocalRowsGpuOp : public DeviceWaitingKernel<> {
  public:
-  explicit LocalRowsGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit LocalRowsGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size_));
   }
 
@@ -82,9 +82,9 @@ REGISTER_KERNEL_BUILDER(
 // SokBucketizeByOwner on the GPU: a stable radix sort by owner
 // (bucketize.cu). Negative ids are found on the device; their first
 // position is read back and reported as the CPU kernel reports it.
-class BucketizeByOwnerGpuOp : public OpKernel {
+class BucketizeByOwnerGpuOp : public DeviceWaitingKernel<> {
  public:
-  explicit BucketizeByOwnerGpuOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+  explicit BucketizeByOwnerGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("fixed_owner", &fixed_owner_));
     OP_REQUIRES(ctx, fixed_owner_ < world_size_,

@@ -41,9 +41,9 @@ using C = typename std::conditional<sizeof(T) == 8, int64_t, int32_t>::type;
 
 // SokUniqueWithCounts (kCounts) and SokUnique.
 template <typename K, typename I, bool kCounts>
-class UniqueGpuOp : public OpKernel {
+class UniqueGpuOp : public DeviceWaitingKernel<> {
  public:
-  using OpKernel::OpKernel;
+  using DeviceWaitingKernel::DeviceWaitingKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
@@ -101,9 +101,9 @@ int SegmentSum(const float* data, const int64_t* ids, int64_t n, int64_t width, 
 }
 
 template <typename I, typename N>
-class UnsortedSegmentSumGpuOp : public OpKernel {
+class UnsortedSegmentSumGpuOp : public DeviceWaitingKernel<> {
  public:
-  using OpKernel::OpKernel;
+  using DeviceWaitingKernel::DeviceWaitingKernel;
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& data = ctx->input(0);
