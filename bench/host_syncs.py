@@ -190,7 +190,8 @@ def main():
     for mode in modes:
         for side in sides:
             build = e2e_bench.function_step if mode == "function" else e2e_bench.graph_step
-            step = build(args.model, side, bench_args, batches, args.emb_only)
+            step = build(args.model, side, bench_args, batches,
+                         "embedding" if args.emb_only else "whole")
             for i in range(3):
                 step(i)
             logdir = tempfile.mkdtemp(prefix="sok_syncs_")
