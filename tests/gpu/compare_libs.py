@@ -76,6 +76,19 @@ def main():
         t, same = forward_case(libs, tables, lanes, kind)
         print(f"{what}: before {t['before']:.3f} ms, after {t['after']:.3f} ms, "
               f"{t['before'] / t['after']:.2f}x, bit-identical {same}")
+    # The gradient (plan, read-back, rows) of the DemoModel's lookup.
+    grads = [cp.random.standard_normal((n, 16), dtype=cp.float32)]
+    runs = {name: g.BackwardRun(lib, demo, grads) for name, lib in libs.items()}
+    times = {name: min(g.time_ms(run) for _ in range(3)) for name, run in runs.items()}
+    rows = {}
+    for name, run in runs.items():
+        run()
+        cp.cuda.get_current_stream().synchronize()
+        count = int(run.num[0])
+        rows[name] = b"".join(cp.asnumpy(a[:count]).tobytes() for a in run.keep[0])
+    print(f"backward, DemoModel: before {times['before']:.3f} ms, after {times['after']:.3f} ms, "
+          f"{times['before'] / times['after']:.2f}x, bit-identical "
+          f"{rows['before'] == rows['after']}")
     for what, x in (("unique, the DemoModel's 8,192,000 keys in [0, 8192)",
                      cp.random.randint(0, 8192, size=n, dtype=cp.int64)),
                     ("unique, 8,388,608 keys in [0, 8M)",

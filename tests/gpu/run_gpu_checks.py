@@ -559,6 +559,52 @@ def check(lib, rng):
                           f"kernel {kind} "
                           f"{combiner} weighted={weighted}: bit-identical to the scalar "
                           f"kernel {same}, first bad {bad[k]} (want {want_bad[k]})")
+    # The gradient of one-id samples (each sample's id at its own position,
+    # no weights: the rows step takes the sample and factor without reading
+    # them), tables of it beside tables of other samples: against the
+    # reference, and the tables together bit-identical to each alone and to
+    # the dense layout. Tables with weights or an empty sample take the
+    # general path.
+    for trial in range(6):
+        combiner = list(COMBINERS)[trial % len(COMBINERS)]
+        host = []
+        for d, kind in ((16, "one_id"), (4, "one_id"), (8, "weighted"), (16, "empty"),
+                        (32, "random")):
+            rows = int(rng.integers(1, 400))
+            batch = int(rng.integers(1, 3000))
+            if kind == "random":
+                host.append(random_table(rng, rows, d, batch, 4, combiner, False))
+                continue
+            splits = np.arange(batch + 1, dtype=np.int64)
+            if kind == "empty":  # one sample without an id: not one-id
+                splits[batch // 2 + 1:] -= 1
+            nnz = int(splits[-1])
+            host.append(dict(params=rng.standard_normal((rows, d)).astype(np.float32),
+                             ids=rng.integers(0, rows, nnz).astype(np.int64), splits=splits,
+                             weights=(rng.uniform(0.5, 1.5, nnz).astype(np.float32)
+                                      if kind == "weighted" else None),
+                             combiner=combiner, max_norm=2.0 if trial % 2 else 0.0))
+        dev = [to_device(h) for h in host]
+        grads = [rng.standard_normal((len(h["splits"]) - 1, h["params"].shape[1]))
+                 .astype(np.float32) for h in host]
+        together = backward_tables(lib, dev, [cp.asarray(g) for g in grads])
+        dense = backward_tables(lib, dev, [cp.asarray(g) for g in grads], dense=True)
+        for k, (h, d, g, (u, rows, bad)) in enumerate(zip(host, dev, grads, together)):
+            bwd_cases += 1
+            alone = backward(lib, d, cp.asarray(g))
+            wu, wrows = backward_reference(h["params"], h["ids"], h["splits"], h["weights"],
+                                           combiner, h.get("max_norm", 0.0), g)
+            err = (np.linalg.norm(rows - wrows) / max(np.linalg.norm(wrows), 1.0)
+                   if rows.shape == wrows.shape else np.inf)
+            want_dense = np.zeros(h["params"].shape, np.float32)
+            want_dense[u.astype(np.int64)] = rows
+            same = (np.array_equal(alone[0], u) and alone[1].tobytes() == rows.tobytes()
+                    and dense[k][1].tobytes() == want_dense.tobytes())
+            if bad != I64_MAX or not np.array_equal(u, wu) or err > 1e-5 or not same:
+                bwd_failures += 1
+                print(f"FAIL backward of one-id samples: trial {trial} table {k} {combiner}: "
+                      f"ids equal {np.array_equal(u, wu)}, rel err {err:.2e}, together == "
+                      f"alone == dense {same}")
     # determinism: identical bits on repeat
     h = random_table(rng, 1000, 64, 4096, 20, "mean", True)
     dev = [to_device(h)]

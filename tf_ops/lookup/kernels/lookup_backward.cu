@@ -145,6 +145,11 @@ struct PlanTable {
   int64_t piece_begin;  // its first element of piece_sum ([nnz, dim] per table)
   int64_t run_begin;    // its first run, and its first rank
   int64_t runs;         // its distinct ids
+  // 1 when sample b's one id is at position b, for every b, and there are
+  // no weights (DemoModel-style inputs): a position's sample is then the
+  // position and its factor 1, so the rows step need not read them.
+  // PlanTables sets it from the sizes, PlanSamples clears it.
+  int64_t one_id;
 };
 
 // Sizes of the whole lookup, from the host copies of the descriptors.
@@ -272,6 +277,7 @@ __global__ void PlanTables(const SokLookupTable* __restrict__ tables, int num_ta
   for (int t = 0; t < num_tables; ++t) {
     per_table[t].pos_begin = pos;
     per_table[t].piece_begin = piece;
+    per_table[t].one_id = tables[t].nnz == tables[t].batch && tables[t].weights == nullptr;
     pos += tables[t].nnz;
     piece += tables[t].nnz * (tables[t].dim > 0 ? tables[t].dim : 0);
   }
@@ -370,8 +376,7 @@ __global__ void PlanCounts(const SokLookupTable* __restrict__ tables, int num_ta
 
 // One thread per sample: its combiner factor (weights summed in order, as
 // the CPU kernel does), then each of its positions' factor and sample.
-__global__ void PlanSamples(const SokLookupTable* __restrict__ tables,
-                            const PlanTable* __restrict__ per_table,
+__global__ void PlanSamples(const SokLookupTable* __restrict__ tables, PlanTable* per_table,
                             SampleFactor* __restrict__ sample_factor) {
   const SokLookupTable t = tables[blockIdx.y];
   const int64_t base = per_table[blockIdx.y].pos_begin;
@@ -381,6 +386,9 @@ __global__ void PlanSamples(const SokLookupTable* __restrict__ tables,
     const int64_t s0 = t.row_splits[b], s1 = t.row_splits[b + 1];
     const int64_t j0 = s0 < 0 ? 0 : (s0 > t.nnz ? t.nnz : s0);
     const int64_t j1 = s1 < j0 ? j0 : (s1 > t.nnz ? t.nnz : s1);
+    // Every thread that sees a sample other than "one id, at its own
+    // position" writes the same 0.
+    if (j0 != b || j1 != b + 1) per_table[blockIdx.y].one_id = 0;
     float sum = 0.0f, sq = 0.0f;
     for (int64_t j = j0; j < j1; ++j) {
       const float w = t.weights ? t.weights[j] : 1.0f;
@@ -453,12 +461,15 @@ __device__ __forceinline__ float4 Zero(float4*) { return make_float4(0.0f, 0.0f,
 // The pieces of one chunk [k0, k1) for the columns of V at column c:
 // V = float (one column) or float4 (four, when dim % 4 == 0). The sums are
 // the same float operations in the same order either way.
+// With one_id (see PlanTable), a position's sample is the position less the
+// table's base, and its factor 1: sample_factor, a random read per
+// position, is not read (the product 1 * g is g, so the sums are the same).
 template <typename V>
 __device__ __forceinline__ void ChunkPieces(const float* __restrict__ grads,
                                             const int32_t* __restrict__ sorted_pos,
                                             const int32_t* __restrict__ head,
                                             const SampleFactor* __restrict__ sample_factor,
-                                            int64_t k0,
+                                            bool one_id, int64_t base, int64_t k0,
                                             int64_t k1, int dim, int c, float* __restrict__ pieces) {
   int64_t first = k0;
   V acc = Zero(static_cast<V*>(nullptr));
@@ -471,7 +482,8 @@ __device__ __forceinline__ void ChunkPieces(const float* __restrict__ grads,
       if (k + u < k1) {
         const int32_t p = sorted_pos[k + u];
         h[u] = head[k + u];
-        const SampleFactor sf = sample_factor[p];
+        const SampleFactor sf = one_id ? SampleFactor{static_cast<int32_t>(p - base), 1.0f}
+                                       : sample_factor[p];
         f[u] = sf.factor;
         g[u] = *reinterpret_cast<const V*>(grads + static_cast<int64_t>(sf.sample) * dim + c);
       }
@@ -511,16 +523,17 @@ __global__ void RowsPieces(const SokLookupTable* __restrict__ tables,
   // (A gradient that is a slice of a larger tensor may start anywhere.)
   const bool vec = dim % 4 == 0 && reinterpret_cast<uintptr_t>(grads) % 16 == 0;
   const int lanes = vec ? dim / 4 : dim;  // threads per chunk
+  const bool one_id = per_table[t].one_id != 0;
   SOK_FOR_EACH(i, chunks * lanes) {
     const int64_t ch = i / lanes;
     const int c = static_cast<int>(i - ch * lanes) * (vec ? 4 : 1);
     const int64_t k0 = ch * kChunk, k1 = k0 + kChunk < n ? k0 + kChunk : n;
     if (vec) {
-      ChunkPieces<float4>(grads, sorted_pos + base, head + base, sample_factor, k0, k1, dim, c,
-                          pieces);
+      ChunkPieces<float4>(grads, sorted_pos + base, head + base, sample_factor, one_id, base, k0,
+                          k1, dim, c, pieces);
     } else {
-      ChunkPieces<float>(grads, sorted_pos + base, head + base, sample_factor, k0, k1, dim, c,
-                         pieces);
+      ChunkPieces<float>(grads, sorted_pos + base, head + base, sample_factor, one_id, base, k0,
+                         k1, dim, c, pieces);
     }
   }
 }
