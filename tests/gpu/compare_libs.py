@@ -55,14 +55,7 @@ def main():
     demo = [dict(params=cp.random.standard_normal((8192, 16), dtype=cp.float32),
                  ids=cp.random.randint(0, 8192, size=n, dtype=cp.int64),
                  splits=cp.arange(n + 1, dtype=cp.int64), weights=None, combiner="sum")]
-    dlrm = []
-    for _ in range(26):
-        lengths = rng.integers(1, 6, size=8192)
-        splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        ids = np.minimum(rng.zipf(1.2, size=int(splits[-1])) - 1, 99999).astype(np.int64)
-        dlrm.append(dict(params=cp.random.standard_normal((100000, 16), dtype=cp.float32),
-                         ids=cp.asarray(ids), splits=cp.asarray(splits), weights=None,
-                         combiner="mean"))
+    dlrm = g.dlrm_tables(rng)
     lengths = rng.choice([1, 1, 1, 1, 1, 1, 1, 2], size=1 << 22)
     splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
     mixed = [dict(params=cp.random.standard_normal((8192, 16), dtype=cp.float32),

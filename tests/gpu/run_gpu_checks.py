@@ -747,11 +747,10 @@ class BackwardRun:
         self.rows()
 
 
-def bench_backward_tables(lib, rng):
-    """DLRM's shape (26 tables x 100k x 16, batch 8192, hotness 1-5, Zipf ids,
-    mean): the gradient of the 26 tables in one call against 26 calls of
-    one table each (the launch sequence per table the op ran before)."""
-    tables, grads = [], []
+def dlrm_tables(rng):
+    """DLRM's lookup (26 tables x 100k x 16, batch 8192, hotness 1-5, Zipf
+    ids, mean), on the device."""
+    tables = []
     for _ in range(26):
         lengths = rng.integers(1, 6, size=8192)
         splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
@@ -759,7 +758,15 @@ def bench_backward_tables(lib, rng):
         tables.append(dict(params=cp.random.standard_normal((100000, 16), dtype=cp.float32),
                            ids=cp.asarray(ids), splits=cp.asarray(splits), weights=None,
                            combiner="mean"))
-        grads.append(cp.random.standard_normal((8192, 16), dtype=cp.float32))
+    return tables
+
+
+def bench_backward_tables(lib, rng):
+    """DLRM's shape (dlrm_tables): the gradient of the 26 tables in one call
+    against 26 calls of one table each (the launch sequence per table the op
+    ran before)."""
+    tables = dlrm_tables(rng)
+    grads = [cp.random.standard_normal((8192, 16), dtype=cp.float32) for _ in tables]
     # The forward of the 26 tables (teams of 4 lanes, as the op launches
     # them for this shape), the kernel alone.
     outs = [cp.empty((8192, 16), cp.float32) for _ in tables]
