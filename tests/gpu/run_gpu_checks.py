@@ -605,6 +605,22 @@ def check(lib, rng):
                 print(f"FAIL backward of one-id samples: trial {trial} table {k} {combiner}: "
                       f"ids equal {np.array_equal(u, wu)}, rel err {err:.2e}, together == "
                       f"alone == dense {same}")
+    # A product that underflows to -0 (tiny weights, tiny negative rows),
+    # rows narrower than the team: the short-samples kernel stores what the
+    # plain team kernel stores (whose shuffle tree adds +0), bit for bit.
+    h = dict(params=np.full((50, 8), -1e-20, np.float32), ids=np.arange(40, dtype=np.int64) % 50,
+             splits=np.arange(41, dtype=np.int64), weights=np.full(40, 1e-30, np.float32),
+             combiner="sum")
+    dev = [to_device(h)]
+    for lanes in (4, 8, 16):
+        cases += 1
+        plain = cp.asnumpy(forward(lib, dev, vectorized=1, lanes=lanes)[0])
+        short = cp.asnumpy(forward(lib, dev, vectorized=2, lanes=lanes)[0])
+        if plain.tobytes() != short.tobytes():
+            failures += 1
+            print(f"FAIL: an underflowing product at {lanes} lanes: the short-samples kernel "
+                  f"stores {short.view(np.uint32)[0, 0]:#x}, the team kernel "
+                  f"{plain.view(np.uint32)[0, 0]:#x}")
     # determinism: identical bits on repeat
     h = random_table(rng, 1000, 64, 4096, 20, "mean", True)
     dev = [to_device(h)]

@@ -280,7 +280,7 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
       continue;
     }
     // Lanes past a row's chunks (tl >= chunks) add nothing in TeamSample
-    // either: their zeros reach the row only through + 0.
+    // either: their zeros reach the row only through + 0 (below).
     int64_t id[kSamplesPerTurn];
     float w[kSamplesPerTurn];
     bool live[kSamplesPerTurn];
@@ -320,6 +320,14 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
         acc.y += w[u] * r[u].y;
         acc.z += w[u] * r[u].z;
         acc.w += w[u] * r[u].w;
+      }
+      if (t.dim / 4 < kTeam) {
+        // TeamSample's shuffle tree adds the idle groups' +0 here, which
+        // turns a -0 (a product that underflows) into +0; so does this.
+        acc.x += 0.0f;
+        acc.y += 0.0f;
+        acc.z += 0.0f;
+        acc.w += 0.0f;
       }
       const float sc = span[u].scale;
       reinterpret_cast<float4*>(t.out + span[u].b * t.dim)[tl] =
