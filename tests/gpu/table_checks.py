@@ -45,6 +45,7 @@ def bind(lib, ref):
         "sok_gpu_table_find": [P, P, I64, P, P, P, P],
         "sok_gpu_table_find_or_insert": [P, P, I64, I64, P, P, P, P],
         "sok_gpu_table_scatter": [P, P, I64, P, I32, I64, P, P],
+        "sok_gpu_table_scatter_present": [P, P, I64, P, I32, I64, P],
         "sok_gpu_table_remove": [P, P, I64, P, P],
         "sok_gpu_table_import": [P, P, I64, P, P, P, I64, P, P],
         "sok_gpu_table_export": [P, I64, P, P, P, P, I64, P, P],
@@ -54,6 +55,8 @@ def bind(lib, ref):
         getattr(lib, name).restype = ctypes.c_int
     lib.sok_gpu_table_memory_bytes.argtypes = [P]
     lib.sok_gpu_table_memory_bytes.restype = ctypes.c_int64
+    lib.sok_gpu_table_removals.argtypes = [P]
+    lib.sok_gpu_table_removals.restype = ctypes.c_int64
     if ref is not None:
         ref.ref_create.argtypes = [I64, I64, I64, I32, I32, F, F, F, F, F, U64]
         ref.ref_create.restype = P
@@ -155,6 +158,15 @@ class GpuTable:
         if rc not in (0, TOO_MANY_KEYS):
             raise RuntimeError(f"scatter returned {rc}")
         return -1 if rc == TOO_MANY_KEYS else res.num_evicted
+
+    def scatter_present(self, keys, rows, mode, now):
+        k, r = cp.asarray(keys), cp.asarray(rows)
+        self._check("scatter_present", self.lib.sok_gpu_table_scatter_present(
+            self.h, ptr(k), len(keys), ptr(r), mode, now, stream()))
+        cp.cuda.get_current_stream().synchronize()
+
+    def removals(self):
+        return self.lib.sok_gpu_table_removals(self.h)
 
     def remove(self, keys):
         removed = cp.full(1, -7, cp.int64)
@@ -312,7 +324,7 @@ def run_sequence(lib, ref, rng, t, steps, **cfg):
         compare_state(t, f"{tag} after a refused batch", gpu, cpu)
     for step in range(steps):
         now += int(rng.integers(1, 5))
-        op = rng.choice(["insert", "insert", "find", "scatter", "remove", "import"])
+        op = rng.choice(["insert", "insert", "find", "scatter", "remove", "import", "present"])
         n = int(rng.integers(0, max(2, (limit or 150) * 1.3)))
         if rng.random() < 0.1 and limit:
             n = limit + int(rng.integers(1, 20))  # may exceed the bound: both must refuse
@@ -339,8 +351,30 @@ def run_sequence(lib, ref, rng, t, steps, **cfg):
             rows = rng.standard_normal((n, dim)).astype(np.float32)
             t.equal(f"{where} mode {mode} evicted", gpu.scatter(keys, rows, mode, now),
                     cpu.scatter(keys, rows, mode, now))
+        elif op == "present":
+            # A find-or-insert, then a scatter of the same keys without
+            # inserts (as an optimizer's write-back after the step's lookup):
+            # the GPU table may skip the insert only while nothing was
+            # removed; the CPU table scatters as usual.
+            before = gpu.removals()
+            ge, _, _ = gpu.find_or_insert(keys, now)
+            ce, _, _ = cpu.find_or_insert(keys, now)
+            t.equal(f"{where} evicted count", ge, ce)
+            t.equal(f"{where} removal count moves only with evictions",
+                    gpu.removals() - before, 1 if ge > 0 else 0)
+            if ce >= 0:
+                now += 1
+                mode = int(rng.integers(0, 3))
+                rows = rng.standard_normal((n, dim)).astype(np.float32)
+                after = gpu.removals()
+                gpu.scatter_present(keys, rows, mode, now)
+                cpu.scatter(keys, rows, mode, now)
+                t.equal(f"{where} mode {mode} removal count after", gpu.removals(), after)
+                t.equal(f"{where} size after (no missing key)", gpu.size()[0] >= 0, True)
         elif op == "remove":
+            before = gpu.removals()
             t.equal(f"{where} removed", gpu.remove(keys), cpu.remove(keys))
+            t.equal(f"{where} removal count", gpu.removals() - before, 1 if n else 0)
         else:
             rows = rng.standard_normal((n, dim)).astype(np.float32)
             meta = rng.random() < 0.5
@@ -392,6 +426,20 @@ def check_table(lib, ref, rng, quick=False):
             compare_state(t, where, gpu, cpu)
         gpu.close()
         cpu.close()
+    # A key missing from a scatter that promised present keys is skipped and
+    # reported by the next call that waits, until a clear.
+    table = GpuTable(lib, 4, init="zeros")
+    table.find_or_insert(np.array([1, 2], np.int64), 5)
+    table.scatter_present(np.array([1, 3], np.int64), np.ones((2, 4), np.float32), 2, 6)
+    t.cases += 1
+    size, slots = ctypes.c_int64(), ctypes.c_int64()
+    rc = lib.sok_gpu_table_size(table.h, ctypes.byref(size), ctypes.byref(slots), stream())
+    t.equal("a missing key in scatter_present is reported", rc, -3)
+    before = table.removals()
+    lib.sok_gpu_table_clear(table.h, stream())
+    t.equal("a clear counts as a removal", table.removals() - before, 1)
+    t.equal("reported until a clear", table.size()[0], 0)
+    table.close()
     print(f"GPU hash table vs CPU table: {t.cases - t.failures} checks passed, {t.failures} "
           f"failed; {t.values} row values compared, {t.inexact} not bit-identical")
     return t.failures

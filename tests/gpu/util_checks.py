@@ -17,6 +17,9 @@ def bind(lib):
             f = getattr(lib, f"sok_unique_with_counts_{k}_{i}")
             f.argtypes = [P, I64, P, P, P, P, P, SIZE_P, P]
             f.restype = ctypes.c_int
+            f = getattr(lib, f"sok_unique_in_set_{k}_{i}")
+            f.argtypes = [P, I64, I64, P, P, P, P, P, SIZE_P, P]
+            f.restype = ctypes.c_int
         f = getattr(lib, f"sok_unsorted_segment_sum_f32_{k}")
         f.argtypes = [P, P, I64, I64, I64, P, P, P, SIZE_P, P]
         f.restype = ctypes.c_int
@@ -49,24 +52,31 @@ def call_with_temp(fn, *args):
 
 class Unique:
     """The launcher with counts, or without (counts=False: count is NULL, as
-    the SokUnique op calls it)."""
+    the SokUnique op calls it); with set_slots, the launcher that takes the
+    hash set's size (as the op calls it after its first batch)."""
 
-    def __init__(self, lib, key_dtype, idx_dtype, n, counts=True):
+    def __init__(self, lib, key_dtype, idx_dtype, n, counts=True, set_slots=None):
         k = "i64" if key_dtype == np.int64 else "i32"
         i = "i64" if idx_dtype == np.int64 else "i32"
-        self.fn = getattr(lib, f"sok_unique_with_counts_{k}_{i}")
+        if set_slots is None:
+            self.fn = getattr(lib, f"sok_unique_with_counts_{k}_{i}")
+            self.set_args = ()
+        else:
+            self.fn = getattr(lib, f"sok_unique_in_set_{k}_{i}")
+            self.set_args = (set_slots,)
         self.n, self.kd, self.id = n, key_dtype, idx_dtype
         self.y = cp.full(max(n, 1), -7, key_dtype)
         self.idx = cp.full(max(n, 1), -7, idx_dtype)
         self.count = cp.full(max(n, 1), -7, idx_dtype) if counts else None
         self.num = cp.full(1, -7, cp.int64)
         size = ctypes.c_size_t(0)
-        assert self.fn(None, n, None, None, None, None, None, ctypes.byref(size), None) == 0
+        assert self.fn(None, n, *self.set_args, None, None, None, None, None,
+                       ctypes.byref(size), None) == 0
         self.size = size
         self.temp = cp.empty(max(size.value, 1), cp.uint8)
 
     def __call__(self, x):
-        rc = self.fn(x.data.ptr, self.n, self.y.data.ptr, self.idx.data.ptr,
+        rc = self.fn(x.data.ptr, self.n, *self.set_args, self.y.data.ptr, self.idx.data.ptr,
                      None if self.count is None else self.count.data.ptr, self.num.data.ptr,
                      self.temp.data.ptr,
                      ctypes.byref(self.size), stream())
@@ -161,6 +171,43 @@ def check_util(lib, rng):
                 if not (np.array_equal(y, wy) and np.array_equal(idx, widx) and y.dtype == kd):
                     fail(f"unique without counts n={n} {case} keys {kd.__name__} "
                          f"idx {idd.__name__}")
+                # A set sized for the distinct values (as the op sizes it from
+                # its last batch), with and without counts: the same outputs.
+                # A set too small for them overflows: num_unique -1, and
+                # nothing else written.
+                fit = 64
+                while fit < 4 * len(wy):
+                    fit *= 2
+                small = 64 if len(wy) > 32 else None
+                for counts in (True, False):
+                    op = Unique(lib, kd, idd, n, counts=counts, set_slots=fit)
+                    op(cp.asarray(x) if n else cp.zeros(1, kd))
+                    cp.cuda.get_current_stream().synchronize()
+                    y, idx, count = op.result()
+                    cases += 1
+                    if not (np.array_equal(y, wy) and np.array_equal(idx, widx)
+                            and (count is None or np.array_equal(count, wcount))):
+                        fail(f"unique in a set of {fit} n={n} {case} keys {kd.__name__} "
+                             f"idx {idd.__name__} counts={counts}")
+                    if small is None:
+                        continue
+                    op = Unique(lib, kd, idd, n, counts=counts, set_slots=small)
+                    op(cp.asarray(x))
+                    cp.cuda.get_current_stream().synchronize()
+                    cases += 1
+                    untouched = (bool((op.y == -7).all()) and bool((op.idx == -7).all())
+                                 and (op.count is None or bool((op.count == -7).all())))
+                    if int(op.num[0]) != -1 or not untouched:
+                        fail(f"unique of {len(wy)} distinct values in a set of 64 did not "
+                             f"report the overflow cleanly (num_unique {int(op.num[0])}, "
+                             f"outputs untouched: {untouched}) n={n} {case}")
+    # A set size that is not a power of two >= 64 is refused.
+    for bad in (32, 100, -64):
+        size = ctypes.c_size_t(0)
+        cases += 1
+        if lib.sok_unique_in_set_i64_i64(None, 10, bad, None, None, None, None, None,
+                                         ctypes.byref(size), None) == 0:
+            fail(f"unique with set_slots={bad} was not refused")
     # past the hash set's 32-bit slot numbers: refused at the size query
     size = ctypes.c_size_t(0)
     cases += 1
@@ -274,6 +321,11 @@ def bench_util(lib, time_ms):
     if torch is not None:
         t_ms = time_ms(lambda: torch.unique(tx, return_inverse=True))
     rows.append((f"unique (no counts), {x.size} ids in [0, 8192) (DemoModel)", ms,
+                 "torch.unique(inverse), sorted order", t_ms))
+    # As the op calls it after its first batch: a set of 4 slots per value.
+    op = Unique(lib, np.int64, np.int64, x.size, counts=False, set_slots=4 * 8192)
+    ms = time_ms(lambda: op(x))
+    rows.append((f"unique (no counts), {x.size} ids in [0, 8192), set of 32768 slots", ms,
                  "torch.unique(inverse), sorted order", t_ms))
     width, segs = 16, 1 << 20
     data = cp.random.standard_normal((n, width), dtype=cp.float32)

@@ -139,6 +139,30 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
     return now_;
   }
 
+  // Keys known to be in the table: the keys tensor of the last call that
+  // made them all present, held here so that its buffer is neither freed
+  // nor reused meanwhile, and the table's removal count after that call
+  // (sok_gpu_table_removals). A later call given the same tensor while no
+  // key was taken out needs no insert and so no wait for the device: the
+  // optimizer's write-back of the keys that the step's lookup inserted (the
+  // gradient carries the lookup's keys tensor itself). Batches larger than
+  // the table's bound (never distinct) are not held. Call both with the
+  // lock held.
+  void NotePresent(const Tensor& keys) {
+    if (keys.NumElements() == 0 || keys.NumElements() > row_limit()) {
+      present_keys_ = Tensor();
+      return;
+    }
+    present_keys_ = keys;
+    present_removals_ = sok_gpu_table_removals(table_);
+  }
+  bool KnownPresent(const Tensor& keys) const {
+    return present_keys_.NumElements() > 0 && keys.dtype() == present_keys_.dtype() &&
+           keys.NumElements() == present_keys_.NumElements() &&
+           keys.tensor_data().data() == present_keys_.tensor_data().data() &&
+           sok_gpu_table_removals(table_) == present_removals_;
+  }
+
  private:
   ::tensorflow::mutex mu_;
   SokGpuTable* const table_;
@@ -146,6 +170,8 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
   const DataType key_dtype_;
   void* const stream_;
   int64_t now_ = 0;
+  Tensor present_keys_;
+  int64_t present_removals_ = 0;
 };
 
 int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().data()); }
@@ -312,6 +338,7 @@ class FindOrInsertGpuOp : public DeviceWaitingKernel<> {
                                                   rows->flat<float>().data(), I64(&evicted),
                                                   &result, stream);
       OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
+      table->NotePresent(ctx->input(1));
     }
     OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 1, result.num_evicted));
     Tensor* evicted_keys = nullptr;
@@ -359,6 +386,25 @@ class FindGpuOp : public OpKernel {
   int dim_ = 0;
 };
 
+// rows applied to the rows of `keys` (the tensor; `device_keys`, n: its
+// int64 keys on the device) in `mode` (the launcher's), without inserting
+// (and so without waiting) when the table knows they are all present.
+Status ScatterRows(OpKernelContext* ctx, GpuTableResource* table, const Tensor& keys,
+                   const int64_t* device_keys, int64_t n, const float* rows, int mode,
+                   SokGpuTableResult* result) {
+  ::tensorflow::mutex_lock lock(*table->mu());
+  if (table->KnownPresent(keys)) {
+    return TableError(ctx, sok_gpu_table_scatter_present(table->table(), device_keys, n, rows,
+                                                         mode, table->Tick(), GpuStreamOf(ctx)),
+                      nullptr, table->row_limit());
+  }
+  const int rc = sok_gpu_table_scatter(table->table(), device_keys, n, rows, mode, table->Tick(),
+                                       result, GpuStreamOf(ctx));
+  TF_RETURN_IF_ERROR(TableError(ctx, rc, result, table->row_limit()));
+  table->NotePresent(keys);
+  return OkStatus();
+}
+
 class ScatterGpuOp : public DeviceWaitingKernel<> {
  public:
   explicit ScatterGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
@@ -374,13 +420,8 @@ class ScatterGpuOp : public DeviceWaitingKernel<> {
     const Tensor& rows = ctx->input(2);
     OP_REQUIRES_OK(ctx, dk::CheckRows(rows, in.n, table->dim()));
     SokGpuTableResult result{0, -1};
-    {
-      ::tensorflow::mutex_lock lock(*table->mu());
-      const int rc = sok_gpu_table_scatter(table->table(), in.keys, in.n,
-                                           rows.flat<float>().data(), mode_, table->Tick(),
-                                           &result, GpuStreamOf(ctx));
-      OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
-    }
+    OP_REQUIRES_OK(ctx, ScatterRows(ctx, table, ctx->input(1), in.keys, in.n,
+                                    rows.flat<float>().data(), mode_, &result));
     OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 0, result.num_evicted));
   }
 
@@ -621,6 +662,7 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
       const int rc = sok_gpu_table_find_or_insert(slot->table(), in.keys, n, slot->Tick(),
                                                   slot_rows(s), I64(&evicted), &result, stream);
       OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, slot->row_limit()));
+      slot->NotePresent(ctx->input(1));
     }
     const core::SparseApplyConfig c = args_.config;
     OP_REQUIRES_OK(ctx, CudaStatus(sok_dense_apply_f32(
@@ -632,12 +674,11 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
                                            ctx->input(4).flat<TfInt64>().data()),
                                        stream),
                                    "sok_dense_apply_f32"));
+    // The keys are usually all present: the step's lookup inserted them
+    // (the table's), or the find-or-insert above did (the slots').
     const auto write_back = [&](GpuTableResource* t, const float* values) {
       SokGpuTableResult result{0, -1};
-      ::tensorflow::mutex_lock lock(*t->mu());
-      const int rc = sok_gpu_table_scatter(t->table(), in.keys, n, values, /*update=*/2,
-                                           t->Tick(), &result, stream);
-      return TableError(ctx, rc, &result, t->row_limit());
+      return ScatterRows(ctx, t, ctx->input(1), in.keys, n, values, /*update=*/2, &result);
     };
     OP_REQUIRES_OK(ctx, write_back(table, rows));
     for (int s = 0; s < args_.num_slots; ++s) {

@@ -423,6 +423,26 @@ __global__ void ProbeKernel(DevTable t, const int64_t* __restrict__ keys, int64_
   }
 }
 
+// Scatter of keys the caller knows are present: slot_of[i] <- slot of
+// keys[i], used at `now` (as the fast path marks them). A key that is
+// missing after all breaks the caller's promise: it counts as a failure,
+// which the next wait reports, and its row is skipped (slot -1).
+__global__ void ProbePresentKernel(DevTable t, const int64_t* __restrict__ keys, int64_t n,
+                                   int64_t now, int64_t* __restrict__ slot_of,
+                                   long long* counters) {
+  int64_t base;
+  int lane;
+  if (!WarpTile(n, &base, &lane)) return;
+  const int64_t i = base + lane;
+  int64_t slot = -1;
+  if (i < n) {
+    slot = FindSlot(t, keys[i]);
+    slot_of[i] = slot;
+    if (slot >= 0) t.ts[slot] = now;
+  }
+  WarpCount(i < n && slot < 0, counters + kFail, lane);
+}
+
 __global__ void IotaKernel(int64_t* out, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -718,6 +738,9 @@ struct SokGpuTable {
   // path or a remove, which change the size on the device only.
   bool size_exact = true;
   int64_t evicted_total = 0;
+  // Calls that may have taken keys out (evictions, removes, clears): keys
+  // made present while it stays the same are still present.
+  int64_t removals = 0;
   // Scratch, grown on demand.
   int64_t scratch_n = 0;
   int64_t *slot_of = nullptr, *buf_a = nullptr, *buf_b = nullptr, *buf_c = nullptr,
@@ -1007,6 +1030,7 @@ int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, cu
   EvictKernel<<<GridStride(excess), 256, 0, s>>>(t->dev, cand, excess, evicted_keys, t->counters);
   SOK_CUDA(cudaGetLastError());
   t->evicted_total += excess;
+  ++t->removals;
   return 0;
 }
 
@@ -1212,6 +1236,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_clear(SokGpuTable* t, v
   SOK_CUDA(cudaMemsetAsync(t->counters, 0, kNumCounters * sizeof(long long), s));
   t->size_ub = t->occ_ub = 0;
   t->size_exact = true;
+  ++t->removals;
   return 0;
 }
 
@@ -1296,6 +1321,24 @@ __attribute__((visibility("default"))) int sok_gpu_table_scatter(SokGpuTable* t,
   return ApplyRows(t, n, rows, mode, nullptr, nullptr, now, s);
 }
 
+__attribute__((visibility("default"))) int sok_gpu_table_scatter_present(
+    SokGpuTable* t, const int64_t* keys, int64_t n, const float* rows, int mode, int64_t now,
+    void* stream) {
+  if (BadTable(t) || n < 0 || mode < 0 || mode > 2) return SOK_GPU_TABLE_BAD_ARGUMENT;
+  if (n == 0) return 0;
+  cudaStream_t s = StreamOf(stream);
+  int rc = EnsureScratch(t, n);
+  if (rc) return rc;
+  ProbePresentKernel<<<BlocksFor(n), kThreads, 0, s>>>(t->dev, keys, n, now, t->slot_of,
+                                                       t->counters);
+  SOK_CUDA(cudaGetLastError());
+  return ApplyRows(t, n, rows, mode, nullptr, nullptr, now, s);
+}
+
+__attribute__((visibility("default"))) int64_t sok_gpu_table_removals(const SokGpuTable* t) {
+  return t ? t->removals : 0;
+}
+
 __attribute__((visibility("default"))) int sok_gpu_table_remove(SokGpuTable* t,
                                                                 const int64_t* keys, int64_t n,
                                                                 int64_t* num_removed,
@@ -1305,6 +1348,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_remove(SokGpuTable* t,
   if (num_removed) SOK_CUDA(cudaMemsetAsync(num_removed, 0, sizeof(int64_t), s));
   if (n == 0) return 0;
   t->size_exact = false;  // size_ub stays an upper bound
+  ++t->removals;
   RemoveKernel<<<BlocksFor(n), kThreads, 0, s>>>(
       t->dev, keys, n, reinterpret_cast<long long*>(num_removed), t->counters);
   return static_cast<int>(cudaGetLastError());

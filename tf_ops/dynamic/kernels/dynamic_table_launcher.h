@@ -132,6 +132,19 @@ int sok_gpu_table_find_or_insert(SokGpuTable* table, const int64_t* keys, int64_
 int sok_gpu_table_scatter(SokGpuTable* table, const int64_t* keys, int64_t n, const float* rows,
                           int mode, int64_t now, SokGpuTableResult* result, void* stream);
 
+// As sok_gpu_table_scatter, for keys the caller knows are all in the table
+// (a call made them present and sok_gpu_table_removals has not changed
+// since): nothing is inserted, so no bound is checked and nothing waits. A
+// key that is missing all the same is skipped and reported as
+// SOK_GPU_TABLE_FULL by the next call that waits.
+int sok_gpu_table_scatter_present(SokGpuTable* table, const int64_t* keys, int64_t n,
+                                  const float* rows, int mode, int64_t now, void* stream);
+
+// How many calls so far may have taken keys out of the table (evictions,
+// removes, clears). While it stays the same, every key a call made present
+// is still there.
+int64_t sok_gpu_table_removals(const SokGpuTable* table);
+
 // Removes keys; *num_removed (device int64, may be NULL) <- how many were present.
 int sok_gpu_table_remove(SokGpuTable* table, const int64_t* keys, int64_t n,
                          int64_t* num_removed, void* stream);

@@ -68,6 +68,13 @@ __global__ void Iota(int64_t* out, int64_t n) {
 // dense layer's inputs, a hot feature — costs little more than reading it.
 // Which key wins a contested slot varies from run to run, but no output
 // depends on it: ranks, counts and first positions are integers.
+//
+// A caller that expects few distinct keys (an op that saw its last batch)
+// may give a smaller set: clearing 2n slots is the largest single cost of
+// a batch of 8M keys with 8192 distinct ones (256 MB), and a small set stays
+// in the L2 cache. A key that finds the set more than half full, or no free
+// slot, marks the call as overflowed: the outputs are then not written and
+// *num_unique is -1, for the caller to call again with the full set.
 
 // A slot: its key, and the first position and count of that key, side by
 // side so that a key new to the set costs one sector of memory, not three.
@@ -114,9 +121,18 @@ __device__ __forceinline__ int32_t SwapIfEmpty(int32_t* at, int32_t empty, int32
   return atomicCAS(at, empty, key);
 }
 
+// slot_of of a key that found no slot (an overflowed call; also lanes past
+// the end inside HashInsert).
+constexpr uint32_t kNoSlot = 0xffffffffu;
+
+// Claims of a bounded set: [0] slots claimed, [1] overflowed (0 or 1).
 template <typename K>
-__global__ void ClearSlots(HashSlot<K>* __restrict__ slot, int64_t slots) {
-  SOK_FOR_EACH(i, slots + 1) slot[i] = HashSlot<K>{EmptyKey<K>(), INT_MAX, 0};
+__global__ void ClearSlots(HashSlot<K>* __restrict__ slot, int64_t slots,
+                           uint32_t* __restrict__ claims) {
+  SOK_FOR_EACH(i, slots + 1) {
+    slot[i] = HashSlot<K>{EmptyKey<K>(), INT_MAX, 0};
+    if (i < 2) claims[i] = 0;
+  }
 }
 
 // slot_of[p] <- the slot of x[p], claimed if new; the slot's first position
@@ -124,29 +140,40 @@ __global__ void ClearSlots(HashSlot<K>* __restrict__ slot, int64_t slots) {
 // (a hot key appears many times in a warp). Without counts a warp whose
 // keys were all seen before changes nothing: a batch of few distinct keys
 // (8M keys of 8192, DemoModel-style) then inserts without an atomic.
-template <typename K, bool kCount>
+// kBounded: a set smaller than 2n (see above): claims are counted, and a
+// probe sequence ends after visiting every slot.
+template <typename K, bool kCount, bool kBounded>
 __global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set, uint32_t mask,
-                           uint32_t* __restrict__ slot_of) {
+                           uint32_t* __restrict__ slot_of, uint32_t* __restrict__ claims) {
   const int lane = threadIdx.x & 31;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   for (int64_t base = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32 * 32;
        base < n; base += warps * 32) {
     const int64_t p = base + lane;
-    uint32_t slot = 0xffffffffu;  // lanes past the end share no slot
+    uint32_t slot = kNoSlot;  // lanes past the end share no slot
     if (p < n) {
       const K k = x[p];
       if (k == EmptyKey<K>()) {
         slot = mask + 1;
       } else {
         uint32_t h = static_cast<uint32_t>(MixBits(static_cast<uint64_t>(k))) & mask;
-        for (;;) {
+        for (uint32_t probes = 0;; ++probes) {
+          if (kBounded && probes > mask) {  // every slot visited: none left
+            claims[1] = 1;
+            h = kNoSlot;
+            break;
+          }
           const K seen = *static_cast<volatile K*>(&set[h].key);
           if (seen == k) break;
           if (seen == EmptyKey<K>()) {
             const K prev = SwapIfEmpty(&set[h].key, EmptyKey<K>(), k);
-            if (prev == EmptyKey<K>() || prev == k) break;
+            if (prev == EmptyKey<K>()) {
+              if (kBounded && atomicAdd(claims, 1u) >= (mask + 1) / 2) claims[1] = 1;
+              break;
+            }
+            if (prev == k) break;
           }
-          h = (h + 1) & mask;  // at most half the slots are taken: ends
+          h = (h + 1) & mask;  // an unbounded set is at most half full: ends
         }
         slot = h;
       }
@@ -154,7 +181,7 @@ __global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set,
     }
     const unsigned peers = __match_any_sync(0xffffffffu, slot);
     // The lowest lane of a group holds its smallest position.
-    if (p < n && lane == __ffs(peers) - 1) {
+    if (p < n && slot != kNoSlot && lane == __ffs(peers) - 1) {
       if (kCount) atomicAdd(&set[slot].count, __popc(peers));
       if (static_cast<int32_t>(p) < *static_cast<volatile int32_t*>(&set[slot].first)) {
         atomicMin(&set[slot].first, static_cast<int32_t>(p));
@@ -167,7 +194,10 @@ template <typename K>
 __global__ void FirstFlags(const uint32_t* __restrict__ slot_of,
                            const HashSlot<K>* __restrict__ set, int64_t n,
                            int32_t* __restrict__ flag) {
-  SOK_FOR_EACH(p, n) flag[p] = set[slot_of[p]].first == static_cast<int32_t>(p) ? 1 : 0;
+  SOK_FOR_EACH(p, n) {
+    const uint32_t slot = slot_of[p];
+    flag[p] = slot != kNoSlot && set[slot].first == static_cast<int32_t>(p) ? 1 : 0;
+  }
 }
 
 // rank[p]: first positions at or before p (the prefix sum of the flags).
@@ -177,7 +207,12 @@ __global__ void HashUniqueOut(int64_t n, const uint32_t* __restrict__ slot_of,
                               const HashSlot<K>* __restrict__ set,
                               const int32_t* __restrict__ rank, K* __restrict__ y,
                               I* __restrict__ idx, I* __restrict__ count_out,
-                              int64_t* __restrict__ num_unique) {
+                              int64_t* __restrict__ num_unique,
+                              const uint32_t* __restrict__ claims) {
+  if (claims[1] != 0) {  // overflowed: nothing is written but the sign
+    if (blockIdx.x == 0 && threadIdx.x == 0) *num_unique = -1;
+    return;
+  }
   SOK_FOR_EACH(p, n) {
     const HashSlot<K> slot = set[slot_of[p]];
     const int32_t k = rank[slot.first] - 1;
@@ -190,18 +225,26 @@ __global__ void HashUniqueOut(int64_t n, const uint32_t* __restrict__ slot_of,
   }
 }
 
+// set_slots: 0 for the full set (2n slots or more), else a power of two of
+// at least 64 (a smaller one is not bounded: it is the full set).
 template <typename K, typename I>
-int UniqueWithCounts(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num_unique,
-                     void* temp, size_t* temp_bytes, cudaStream_t s) {
+int UniqueWithCounts(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* count,
+                     int64_t* num_unique, void* temp, size_t* temp_bytes, cudaStream_t s) {
   if (n < 0 || n >= kMaxUniqueKeys) return static_cast<int>(cudaErrorInvalidValue);
+  if (set_slots < 0 || (set_slots > 0 && (set_slots < 64 || (set_slots & (set_slots - 1)) != 0))) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
   int64_t slots = 64;
   while (slots < 2 * n) slots *= 2;
+  const bool bounded = set_slots > 0 && set_slots < slots;
+  if (bounded) slots = set_slots;
   const int num = static_cast<int>(n);
   size_t scan_bytes = 0;
   SOK_CUDA(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<int32_t*>(nullptr),
                                          static_cast<int32_t*>(nullptr), num, s));
   Carver c(temp);
   HashSlot<K>* set = c.Take<HashSlot<K>>(slots + 1);
+  uint32_t* claims = c.Take<uint32_t>(2);
   uint32_t* slot_of = c.Take<uint32_t>(n);
   int32_t* flag = c.Take<int32_t>(n);
   int32_t* rank = c.Take<int32_t>(n);
@@ -212,19 +255,24 @@ int UniqueWithCounts(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num
   }
   if (*temp_bytes < c.used()) return static_cast<int>(cudaErrorInvalidValue);
   if (n == 0) return static_cast<int>(cudaMemsetAsync(num_unique, 0, sizeof(int64_t), s));
-  ClearSlots<K><<<Grid(slots + 1), 256, 0, s>>>(set, slots);
+  ClearSlots<K><<<Grid(slots + 1), 256, 0, s>>>(set, slots, claims);
+  const uint32_t mask = static_cast<uint32_t>(slots - 1);
   if (count != nullptr) {
-    HashInsert<K, true><<<Grid(n), 256, 0, s>>>(x, n, set, static_cast<uint32_t>(slots - 1),
-                                                 slot_of);
+    if (bounded) {
+      HashInsert<K, true, true><<<Grid(n), 256, 0, s>>>(x, n, set, mask, slot_of, claims);
+    } else {
+      HashInsert<K, true, false><<<Grid(n), 256, 0, s>>>(x, n, set, mask, slot_of, claims);
+    }
+  } else if (bounded) {
+    HashInsert<K, false, true><<<Grid(n), 256, 0, s>>>(x, n, set, mask, slot_of, claims);
   } else {
-    HashInsert<K, false><<<Grid(n), 256, 0, s>>>(x, n, set, static_cast<uint32_t>(slots - 1),
-                                                  slot_of);
+    HashInsert<K, false, false><<<Grid(n), 256, 0, s>>>(x, n, set, mask, slot_of, claims);
   }
   FirstFlags<K><<<Grid(n), 256, 0, s>>>(slot_of, set, n, flag);
   size_t bytes = scan_bytes;
   SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, flag, rank, num, s));
   HashUniqueOut<K, I><<<Grid(n), 256, 0, s>>>(n, slot_of, set, rank, y, idx, count,
-                                              num_unique);
+                                              num_unique, claims);
   return static_cast<int>(cudaGetLastError());
 }
 
@@ -322,16 +370,21 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
 
 #define SOK_EXPORT extern "C" __attribute__((visibility("default")))
 
-#define SOK_UNIQUE(NAME, K, I)                                                               \
+#define SOK_UNIQUE(NAME, IN_SET, K, I)                                                       \
   SOK_EXPORT int NAME(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num_unique,    \
                       void* temp, size_t* temp_bytes, void* stream) {                        \
-    return UniqueWithCounts<K, I>(x, n, y, idx, count, num_unique, temp, temp_bytes,         \
+    return UniqueWithCounts<K, I>(x, n, 0, y, idx, count, num_unique, temp, temp_bytes,      \
                                   static_cast<cudaStream_t>(stream));                        \
+  }                                                                                          \
+  SOK_EXPORT int IN_SET(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* count,    \
+                        int64_t* num_unique, void* temp, size_t* temp_bytes, void* stream) { \
+    return UniqueWithCounts<K, I>(x, n, set_slots, y, idx, count, num_unique, temp,          \
+                                  temp_bytes, static_cast<cudaStream_t>(stream));            \
   }
-SOK_UNIQUE(sok_unique_with_counts_i64_i32, int64_t, int32_t)
-SOK_UNIQUE(sok_unique_with_counts_i64_i64, int64_t, int64_t)
-SOK_UNIQUE(sok_unique_with_counts_i32_i32, int32_t, int32_t)
-SOK_UNIQUE(sok_unique_with_counts_i32_i64, int32_t, int64_t)
+SOK_UNIQUE(sok_unique_with_counts_i64_i32, sok_unique_in_set_i64_i32, int64_t, int32_t)
+SOK_UNIQUE(sok_unique_with_counts_i64_i64, sok_unique_in_set_i64_i64, int64_t, int64_t)
+SOK_UNIQUE(sok_unique_with_counts_i32_i32, sok_unique_in_set_i32_i32, int32_t, int32_t)
+SOK_UNIQUE(sok_unique_with_counts_i32_i64, sok_unique_in_set_i32_i64, int32_t, int64_t)
 #undef SOK_UNIQUE
 
 SOK_EXPORT int sok_unsorted_segment_sum_f32_i32(const float* data, const int32_t* segment_ids,

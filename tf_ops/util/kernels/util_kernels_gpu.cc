@@ -3,6 +3,7 @@
 // when the build found a CUDA toolkit (SOK_GRAPH_WITH_CUDA).
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
+#include <atomic>
 #include <cstdint>
 #include <limits>
 #include <type_traits>
@@ -30,9 +31,19 @@ void* Data(const Tensor& t) { return const_cast<char*>(t.tensor_data().data()); 
 
 // The registered (int64) variant; the launchers' int32 variants serve
 // callers outside TensorFlow (see the registrations below).
-int Unique(const int64_t* x, int64_t n, int64_t* y, int64_t* idx, int64_t* count, int64_t* u,
-           void* temp, size_t* bytes, void* s) {
-  return sok_unique_with_counts_i64_i64(x, n, y, idx, count, u, temp, bytes, s);
+int Unique(const int64_t* x, int64_t n, int64_t set_slots, int64_t* y, int64_t* idx,
+           int64_t* count, int64_t* u, void* temp, size_t* bytes, void* s) {
+  return sok_unique_in_set_i64_i64(x, n, set_slots, y, idx, count, u, temp, bytes, s);
+}
+
+// The hash set for a batch when the op's last batch had `last` distinct
+// values (-1: none yet): four slots per value, so that the set stays at
+// most a quarter full if the next batch is alike, else 0 (the full set).
+int64_t SetSlotsAfter(int64_t last, int64_t n) {
+  if (last < 0) return 0;
+  int64_t slots = 64;
+  while (slots < 4 * last) slots *= 2;
+  return slots < 2 * n ? slots : 0;
 }
 
 // TfInt64 is `long long` on TF 1.x; the launchers take int64_t.
@@ -40,6 +51,11 @@ template <typename T>
 using C = typename std::conditional<sizeof(T) == 8, int64_t, int32_t>::type;
 
 // SokUniqueWithCounts (kCounts) and SokUnique.
+// The hash set of a call is sized by the number of distinct values the op
+// saw last (a graph's op sees batches alike: the same feature every step),
+// and a call whose batch overflows it runs again with the full set, before
+// the op returns: one more pass, paid only when a batch has many more
+// distinct values than the one before.
 template <typename K, typename I, bool kCounts>
 class UniqueGpuOp : public DeviceWaitingKernel<> {
  public:
@@ -66,21 +82,29 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(x.dtype(), room, &y_all));
     if (kCounts) OP_REQUIRES_OK(ctx, ctx->allocate_temp(idx->dtype(), room, &count_all));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &num));
-    size_t bytes = 0;
     const C<K>* xs = reinterpret_cast<const C<K>*>(x.flat<K>().data());
     C<K>* ys = reinterpret_cast<C<K>*>(Data(y_all));
     C<I>* idxs = reinterpret_cast<C<I>*>(idx->flat<I>().data());
     C<I>* counts = kCounts ? reinterpret_cast<C<I>*>(Data(count_all)) : nullptr;
     int64_t* u_dev = reinterpret_cast<int64_t*>(Data(num));
-    OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, ys, idxs, counts, u_dev, nullptr, &bytes, stream),
-                             "sizing unique's scratch"));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
-                                           TensorShape({static_cast<int64_t>(bytes) + 1}), &temp));
-    OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, ys, idxs, counts, u_dev, Data(temp), &bytes, stream),
-                             "sok_unique_with_counts"));
-    int64_t u = 0;
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&u, u_dev, sizeof(u), stream),
-                             "reading the number of distinct values back"));
+    int64_t u = -1;
+    for (int64_t set_slots = SetSlotsAfter(last_distinct_.load(), n);; set_slots = 0) {
+      size_t bytes = 0;
+      OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, set_slots, ys, idxs, counts, u_dev, nullptr,
+                                            &bytes, stream),
+                                     "sizing unique's scratch"));
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
+                                             TensorShape({static_cast<int64_t>(bytes) + 1}),
+                                             &temp));
+      OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, set_slots, ys, idxs, counts, u_dev,
+                                            Data(temp), &bytes, stream),
+                                     "sok_unique_with_counts"));
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&u, u_dev, sizeof(u), stream),
+                                     "reading the number of distinct values back"));
+      if (u >= 0 || set_slots == 0) break;  // -1: the smaller set overflowed
+    }
+    OP_REQUIRES(ctx, u >= 0, errors::Internal("unique's full hash set overflowed"));
+    last_distinct_.store(u);
     Tensor* y = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &y));
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*y), ys, sizeof(K) * u, stream),
@@ -93,6 +117,9 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
                                      "copying counts"));
     }
   }
+
+ private:
+  std::atomic<int64_t> last_distinct_{-1};
 };
 
 int SegmentSum(const float* data, const int64_t* ids, int64_t n, int64_t width, int64_t segs,

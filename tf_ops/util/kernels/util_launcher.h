@@ -36,6 +36,24 @@ int sok_unique_with_counts_i32_i64(const int32_t* x, int64_t n, int32_t* y, int6
                                    int64_t* count, int64_t* num_unique, void* temp,
                                    size_t* temp_bytes, void* stream);
 
+// As sok_unique_with_counts_*, with a hash set of set_slots slots (a power
+// of two >= 64; 0, or one of at least 2n: the full set) for a caller that
+// expects few distinct values: the set's slots are what each call clears.
+// More than set_slots / 2 distinct values overflow it: *num_unique is then
+// -1 and nothing else is written; call again with set_slots = 0.
+int sok_unique_in_set_i64_i32(const int64_t* x, int64_t n, int64_t set_slots, int64_t* y,
+                              int32_t* idx, int32_t* count, int64_t* num_unique, void* temp,
+                              size_t* temp_bytes, void* stream);
+int sok_unique_in_set_i64_i64(const int64_t* x, int64_t n, int64_t set_slots, int64_t* y,
+                              int64_t* idx, int64_t* count, int64_t* num_unique, void* temp,
+                              size_t* temp_bytes, void* stream);
+int sok_unique_in_set_i32_i32(const int32_t* x, int64_t n, int64_t set_slots, int32_t* y,
+                              int32_t* idx, int32_t* count, int64_t* num_unique, void* temp,
+                              size_t* temp_bytes, void* stream);
+int sok_unique_in_set_i32_i64(const int32_t* x, int64_t n, int64_t set_slots, int32_t* y,
+                              int64_t* idx, int64_t* count, int64_t* num_unique, void* temp,
+                              size_t* temp_bytes, void* stream);
+
 // tf.math.unsorted_segment_sum for float data [n, width] and 1-D segment ids:
 // out [num_segments, width] (every row written; empty segments are zero).
 // Negative ids are dropped. Ids >= num_segments are an error: *first_bad
