@@ -21,6 +21,7 @@ import tensorflow as tf
 
 from sok_graph import compat, context, placement, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
 
 _DEFAULT_INIT_CAPACITY = 1 << 16
@@ -372,14 +373,41 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         else:
             rows, _, evicted = dynamic_ops.find_or_insert_evicting(self._handle, keys,
                                                                    self._dimension)
-        if self._shadows and not serving_mode.active():
-            drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
-            with tf.control_dependencies(drops):
-                rows = tf.identity(rows)
+        if not serving_mode.active():
+            rows = self._after_evictions(rows, evicted)
         if shaped:
             rows = tf.reshape(rows, tf.concat([key_shape, [self._dimension]], 0))
             rows.set_shape(static_shape.concatenate([self._dimension]))
         return rows
+
+    def unique_read(self, keys, name=None):
+        """(distinct keys [u] in order of first appearance, their rows [u,
+        dimension], each key's position among them [n] int64) of 1-D keys,
+        inserting missing ones, one use per distinct key; differentiable
+        through the rows. One op (SokDynamicTableUniqueFindOrInsert): on a
+        GPU a single wait for the device, where unique then sparse_read wait
+        once each when the table is full."""
+        keys = self._check_keys(keys, widen=True)
+        if keys.shape.rank is not None and keys.shape.rank != 1:
+            raise ValueError(f"keys for DynamicVariable.unique_read must be 1-D; got shape "
+                             f"{keys.shape}")
+        if self._trainable:
+            compat.record_variable_access(self)
+        if serving_mode.active():
+            distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
+            return distinct, serving_mode.table_for(self).lookup(distinct), positions
+        distinct, positions, rows, _, evicted = dynamic_ops.unique_find_or_insert(
+            self._handle, keys, self._dimension, name=name)
+        return distinct, self._after_evictions(rows, evicted), positions
+
+    def _after_evictions(self, rows, evicted):
+        """rows, once every shadow table has dropped the keys this table
+        evicted to make room for them."""
+        if not self._shadows:
+            return rows
+        drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
+        with tf.control_dependencies(drops):
+            return tf.identity(rows)
 
     def add_shadow(self, table):
         """Makes `table` (a DynamicVariable with the same keys, such as an

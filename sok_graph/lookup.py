@@ -117,13 +117,15 @@ def _gathered_rows(param, ids, index, name):
             f"DynamicVariable '{param.name}'); got {ids.dtype.name}")
     placement = getattr(param, "placement", None)
     world_size = 1 if placement is None else placement[0]
+    if isinstance(param, DynamicVariable) and world_size == 1:
+        # unique and the table's find-or-insert as one op
+        _, rows, positions = param.unique_read(ids)
+        return rows, positions
     if world_size > 1 and not dedup_before_exchange:
         keys, positions = ids, tf.range(tf.size(ids, out_type=tf.int64))
     else:
         keys, positions = util_ops.unique(ids, out_idx=tf.int64)
     if isinstance(param, DynamicVariable):
-        if world_size == 1:
-            return param.sparse_read(keys), positions
         comm = context.communicator("a lookup in a sharded table")
         return exchange.dynamic_rows(comm, param, keys), positions
     if world_size == 1:

@@ -65,6 +65,52 @@ def test_new_keys_are_inserted_with_initializer():
     assert int(v.size[0]) == 2
 
 
+def test_unique_read_and_its_gradient(rng):
+    rows = rng.standard_normal((10, 3)).astype(np.float32)
+    v = filled(rows)
+    keys = tf.constant([7, 3, 7, 7, 2, 3], tf.int32)  # widened, as sparse_read does
+    up = tf.constant(rng.standard_normal((6, 3)).astype(np.float32))
+    with tf.GradientTape() as tape:
+        distinct, got, positions = v.unique_read(keys)
+        loss = tf.reduce_sum(tf.gather(got, positions) * up)
+    np.testing.assert_array_equal(distinct.numpy(), [7, 3, 2])
+    np.testing.assert_array_equal(positions.numpy(), [0, 1, 0, 0, 2, 1])
+    np.testing.assert_array_equal(got.numpy(), rows[[7, 3, 2]])
+    grad = tape.gradient(loss, v)
+    # numpy reference: each distinct key's rows of `up`, summed
+    want = {7: up.numpy()[[0, 2, 3]].sum(0), 3: up.numpy()[[1, 5]].sum(0), 2: up.numpy()[4]}
+    got_sums = {}
+    for key, row in zip(grad.indices.numpy().tolist(), grad.values.numpy()):
+        got_sums[key] = got_sums.get(key, 0) + row
+    assert set(got_sums) == set(want)
+    for key, row in want.items():
+        np.testing.assert_allclose(got_sums[key], row, rtol=1e-6)
+    with pytest.raises(ValueError, match="1-D"):
+        v.unique_read(tf.constant([[1, 2]], tf.int64))
+
+
+def test_training_step_has_one_unique_find_or_insert_and_no_second_unique(rng):
+    """A single worker's lookup in a dynamic table deduplicates and inserts in
+    one op, and the fused optimizer takes that op's distinct keys as they are
+    (no second unique), as the GPU table's write-back without inserts needs."""
+    v = sok.DynamicVariable(4, initializer=0.1)
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1))
+    ids = ragged(rng, 8, 50, 3)
+
+    @tf.function
+    def step(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(v, ids, combiners="sum"))
+        opt.apply_gradients([(tape.gradient(loss, v), v)])
+        return loss
+
+    step(ids)
+    types = [op.type for op in step.get_concrete_function(ids).graph.get_operations()]
+    assert types.count("SokDynamicTableUniqueFindOrInsert") == 1
+    assert "SokUnique" not in types and "SokDynamicTableFindOrInsert" not in types
+    assert types.count("SokDynamicSparseApply") == 1
+
+
 def _train_steps(rng, steps, make_step):
     rows = rng.standard_normal((30, 4)).astype(np.float32)
     ids = ragged(rng, 12, 30, 4)

@@ -780,7 +780,7 @@ def rows_strategy(n, dim):
                     min_size=n * dim, max_size=n * dim)
 
 
-DYNAMIC_OPS = ("find_or_insert", "find", "add", "sub", "update", "remove", "import", "export",
+DYNAMIC_OPS = ("find_or_insert", "unique_read", "find", "add", "sub", "update", "remove", "import", "export",
                "clear", "stats", "bad_key_dtype", "bad_key_rank", "bad_rows", "bad_default",
                "bad_dim", "bad_import_meta", "bad_export_args", "bad_frequencies")
 
@@ -805,6 +805,14 @@ def test_dynamic_table_ops_against_a_dict(data):
             for key in keys.tolist():
                 model.setdefault(key, init_row.copy())
             close(got, np.array([model[x] for x in keys.tolist()]).reshape(-1, dim))
+        elif op == "unique_read":
+            distinct, got, positions = var.unique_read(k)
+            want = list(dict.fromkeys(keys.tolist()))
+            assert distinct.numpy().tolist() == want and distinct.dtype == key_type
+            assert positions.numpy().tolist() == [want.index(x) for x in keys.tolist()]
+            for key in want:
+                model.setdefault(key, init_row.copy())
+            close(got.numpy(), np.array([model[x] for x in want]).reshape(-1, dim))
         elif op == "find":
             default = draw(st.sampled_from([0.0, -1.0, float("nan")]))
             rows, found = var.find(k, default)
@@ -849,11 +857,15 @@ def test_dynamic_table_ops_against_a_dict(data):
             expect_error(lambda: dynamic_ops.scatter(var.handle, tf.constant(keys, other),
                                                      tf.zeros([len(keys), dim]), "add"),
                          ["keys must be"])
+            expect_error(lambda: dynamic_ops.unique_find_or_insert(
+                var.handle, tf.constant(keys, other), dim), ["keys must be"])
         elif op == "bad_key_rank":
             # sparse_read takes keys of any shape (tf.nn.embedding_lookup's);
             # the ops take a vector.
             expect_error(lambda: dynamic_ops.find(var.handle, tf.reshape(k, [-1, 1]), dim),
                          ["keys must be a vector"])
+            expect_error(lambda: dynamic_ops.unique_find_or_insert(
+                var.handle, tf.reshape(k, [-1, 1]), dim), ["keys must be a vector"])
         elif op == "bad_rows":
             shape = draw(st.sampled_from([[len(keys) + 1, dim], [len(keys), dim + 1],
                                           [len(keys)], [len(keys), dim, 1]]))
@@ -863,6 +875,8 @@ def test_dynamic_table_ops_against_a_dict(data):
             expect_error(lambda: var.find(k, tf.zeros([dim + 1])), ["default_value"])
         elif op == "bad_dim":
             expect_error(lambda: dynamic_ops.find_or_insert(var.handle, k, dim + 1),
+                         ["does not match the table's dimension"])
+            expect_error(lambda: dynamic_ops.unique_find_or_insert(var.handle, k, dim + 1),
                          ["does not match the table's dimension"])
         elif op == "bad_import_meta":
             expect_error(lambda: var.import_rows(k, tf.zeros([len(keys), dim]),

@@ -42,6 +42,8 @@ GPU_KERNELS = {
     "SokDynamicTableCreate": ({"key_dtype": {INT32, INT64}}, {"table"}),
     "SokDynamicTableIsInitialized": ({}, {"table", "is_initialized"}),
     "SokDynamicTableFindOrInsert": ({"Tkeys": {INT32, INT64}}, {"table", "num_evicted"}),
+    "SokDynamicTableUniqueFindOrInsert": ({"Tkeys": {INT32, INT64}},
+                                          {"table", "num_evicted"}),
     "SokDynamicTableFind": ({"Tkeys": {INT32, INT64}}, {"table", "default_value"}),
     "SokDynamicTableScatter": ({"Tkeys": {INT32, INT64}}, {"table", "num_evicted"}),
     "SokDynamicTableRemove": ({"Tkeys": {INT32, INT64}}, {"table"}),

@@ -189,9 +189,12 @@ def test_graph_mode_session_training(rng):
         (grad,) = tf.gradients(loss, [dyn.handle])
         train = sok.OptimizerWrapper(TF1_LAZY["ftrl"]()).apply_gradients([(grad, dyn)])
         # The keys' gradient has distinct indices by construction: deduplicated
-        # once, by the lookup, not again by the update.
-        uniques = [op for op in graph.get_operations() if op.type == "SokUnique"]
-        assert len(uniques) == 1, [op.name for op in uniques]
+        # once, by the lookup (with the table's find-or-insert), not again by
+        # the update.
+        uniques = [op for op in graph.get_operations()
+                   if op.type in ("SokUnique", "SokDynamicTableUniqueFindOrInsert")]
+        assert [op.type for op in uniques] == ["SokDynamicTableUniqueFindOrInsert"], [
+            op.name for op in uniques]
         read = dyn.find(tf.range(30, dtype=tf.int64))[0]
         init = tf.compat.v1.global_variables_initializer()
         with tf.compat.v1.Session(graph=graph) as sess:

@@ -44,6 +44,14 @@ def find_or_insert_evicting(table, keys, dim):
     return library.load().sok_dynamic_table_find_or_insert(table, keys, dim=int(dim))
 
 
+def unique_find_or_insert(table, keys, dim, name=None):
+    """(unique_keys [u], positions [n] int64, rows [u, dim], num_evicted,
+    evicted_keys): tf.unique of 1-D keys and find_or_insert of the distinct
+    ones, in one op (one wait for the device on a GPU)."""
+    return library.load().sok_dynamic_table_unique_find_or_insert(table, keys, dim=int(dim),
+                                                                   name=name)
+
+
 def find(table, keys, dim, default_value=0.0):
     """(rows [n, dim], found [n] bool) for inference; inserts nothing."""
     return library.load().sok_dynamic_table_find(
@@ -91,15 +99,24 @@ def clear(table):
     return library.load().sok_dynamic_table_clear(table)
 
 
+def _rows_grad(grad, keys):
+    """The gradient of rows [k, dim] of `keys` [k]: the table's IndexedSlices."""
+    if isinstance(grad, tf.IndexedSlices):
+        return IndexedSlices(grad.values, tf.gather(keys, grad.indices))
+    return IndexedSlices(grad, keys)
+
+
 @register_gradient("SokDynamicTableFindOrInsert")
 def _find_or_insert_grad(op, grad, *unused_grads_of_eviction_outputs):
-    """The gradient of the rows, addressed by key: the table's IndexedSlices.
+    """The gradient of the rows, addressed by key. With keys deduplicated
+    before the lookup the indices are unique."""
+    return [_rows_grad(grad, op.inputs[1]), None]
 
-    With keys deduplicated before the lookup (as sok_graph's lookups do) the
-    indices are unique."""
-    keys = op.inputs[1]
-    if isinstance(grad, tf.IndexedSlices):
-        slices = IndexedSlices(grad.values, tf.gather(keys, grad.indices))
-    else:
-        slices = IndexedSlices(grad, keys)
-    return [slices, None]
+
+@register_gradient("SokDynamicTableUniqueFindOrInsert")
+def _unique_find_or_insert_grad(op, unused_keys_grad, unused_positions_grad, grad,
+                                *unused_grads_of_eviction_outputs):
+    """The gradient of the rows, addressed by the op's distinct keys (its
+    output 0, which the GPU table also remembers as present: the optimizer's
+    write-back of exactly that tensor needs no insert)."""
+    return [_rows_grad(grad, op.outputs[0]), None]

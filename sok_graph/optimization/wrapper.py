@@ -282,8 +282,10 @@ def _distinct_rows(grad):
                                                  tf.size(unique, out_type=tf.int64))
 
 
-# Ops whose output 0 never repeats a value (the unique ops).
-_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "Unique", "UniqueWithCounts")
+# Ops whose output 0 never repeats a value (the unique ops, and a dynamic
+# table's unique find-or-insert).
+_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "Unique", "UniqueWithCounts",
+               "SokDynamicTableUniqueFindOrInsert")
 
 
 def _distinct_by_construction(indices):

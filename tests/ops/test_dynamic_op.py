@@ -109,7 +109,8 @@ def test_random_workload_matches_dict(rng, max_rows, eviction):
     ref = DictTable(dim, max_rows=max_rows, eviction=eviction)
     pool = SPECIAL + [int(x) for x in rng.integers(-50, 50, size=40)]
     for step in range(150):
-        op = rng.choice(["foi", "foi", "find", "add", "sub", "update", "remove", "empty"])
+        op = rng.choice(["foi", "foi", "ufoi", "find", "add", "sub", "update", "remove",
+                         "empty"])
         n = int(rng.integers(1, 9))
         keys = [pool[i] for i in rng.integers(0, len(pool), size=n)]
         if op == "empty":
@@ -121,6 +122,18 @@ def test_random_workload_matches_dict(rng, max_rows, eviction):
             want = ref.find_or_insert(keys)
             got, _ = dyn.find_or_insert(handle, t_keys, dim)
             np.testing.assert_array_equal(got.numpy(), want)
+        elif op == "ufoi":
+            # tf.unique of the batch, then its distinct keys through the table
+            distinct = list(dict.fromkeys(keys))
+            want = ref.find_or_insert(distinct)
+            u, positions, got, num_evicted, evicted = dyn.unique_find_or_insert(
+                handle, t_keys, dim)
+            assert u.numpy().tolist() == distinct
+            assert positions.dtype == tf.int64
+            assert positions.numpy().tolist() == [distinct.index(k) for k in keys]
+            np.testing.assert_array_equal(got.numpy(), want)
+            assert int(num_evicted) == evicted.shape[0]
+            assert not set(evicted.numpy().tolist()) & set(distinct)
         elif op == "find":
             got, found = dyn.find(handle, t_keys, dim, default_value=-7.0)
             for k, row, f in zip(keys, got.numpy(), found.numpy()):
@@ -161,6 +174,49 @@ def test_eviction_order(eviction):
     keys = set(export_dict(handle, 2))
     # LRU: 2 (t3) is oldest. LFU: 5 and 6 have 1 use at t5; the smaller key goes.
     assert keys == ({3, 5, 6, 7} if eviction == "lru" else {1, 2, 6, 7})
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("max_rows", [0, 6])
+def test_unique_find_or_insert_is_unique_then_find_or_insert(rng, key_dtype, max_rows):
+    """The fused op against tf.unique and find_or_insert of the distinct
+    keys on a second table of the same configuration: the same outputs,
+    evictions and table state, batch after batch."""
+    dim = 4
+    cfg = dict(max_capacity=max_rows, initializer="uniform", minval=-1.0, maxval=1.0, seed=3)
+    fused, plain = make_table(dim, key_dtype, **cfg), make_table(dim, key_dtype, **cfg)
+    for step in range(12):
+        keys = tf.constant(rng.integers(-6, 6, size=int(rng.integers(0, 12))), key_dtype)
+        want_u, want_positions = tf.unique(keys, out_idx=tf.int64)
+        if max_rows and want_u.shape[0] > max_rows:  # refused, as find_or_insert refuses
+            with pytest.raises(tf.errors.InvalidArgumentError, match="distinct keys"):
+                dyn.unique_find_or_insert(fused, keys, dim)
+            continue
+        u, positions, rows, num_evicted, evicted = dyn.unique_find_or_insert(fused, keys, dim)
+        want_rows, want_evicted, want_keys = dyn.find_or_insert_evicting(plain, want_u, dim)
+        assert u.dtype == key_dtype and evicted.dtype == key_dtype
+        np.testing.assert_array_equal(u.numpy(), want_u.numpy())
+        np.testing.assert_array_equal(positions.numpy(), want_positions.numpy())
+        np.testing.assert_array_equal(rows.numpy(), want_rows.numpy())
+        assert int(num_evicted) == int(want_evicted)
+        np.testing.assert_array_equal(np.sort(evicted.numpy()), np.sort(want_keys.numpy()))
+        got_state, want_state = export_dict(fused, dim, key_dtype), export_dict(plain, dim,
+                                                                                key_dtype)
+        assert got_state.keys() == want_state.keys(), f"step {step}"
+        for k, (row, _, freq) in got_state.items():
+            np.testing.assert_array_equal(row, want_state[k][0])
+            assert freq == want_state[k][2]
+
+
+def test_unique_find_or_insert_refuses_too_many_keys_and_bad_keys():
+    handle = make_table(2, max_capacity=4)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="5 distinct keys.*at most 4 rows"):
+        dyn.unique_find_or_insert(handle, tf.constant([1, 2, 1, 3, 4, 5], tf.int64), 2)
+    assert int(dyn.stats(handle)[0]) == 0
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="rank 1|vector|1-D"):
+        dyn.unique_find_or_insert(handle, tf.constant([[1, 2]], tf.int64), 2)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="dim"):
+        dyn.unique_find_or_insert(handle, tf.constant([1], tf.int64), 3)
 
 
 def test_lfu_keeps_frequent_old_keys():

@@ -163,6 +163,7 @@ def test_wrapper_fuses_dynamic_tables(name, make):
     fused = ops.count("SokDynamicSparseApply")
     assert fused == (1 if name in fused_apply.FUSED_ALGORITHMS else 0), ops
     if fused:
-        # The lookup's own unique and find-or-insert only.
-        assert ops.count("SokUnique") == 1, ops
-        assert not [t for t in ops if t in ("SokDynamicTableScatter", "SokDynamicTableFind")], ops
+        # The lookup's own unique find-or-insert only.
+        assert ops.count("SokDynamicTableUniqueFindOrInsert") == 1, ops
+        assert not [t for t in ops if t in ("SokUnique", "SokDynamicTableFindOrInsert",
+                                            "SokDynamicTableScatter", "SokDynamicTableFind")], ops

@@ -2,6 +2,7 @@
 // core::DynamicTable, its lock, and argument checking (shared with the GPU
 // kernels: dynamic_kernel_common.h) around the batch operations in
 // tf_ops/dynamic/core/batch_ops.h.
+#include <algorithm>
 #include <new>
 #include <utility>
 #include <string>
@@ -15,6 +16,7 @@
 #include "tf_ops/dynamic/core/batch_ops.h"
 #include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
 #include "tf_ops/optimizer/kernels/apply_rows.h"
+#include "tf_ops/util/core/unique.h"
 
 namespace sok_graph {
 namespace {
@@ -180,6 +182,16 @@ class IsInitializedOp : public OpKernel {
   }
 };
 
+// Table keys (int64) to a keys output of the table's key type (int32 keys
+// narrow exactly: every stored key came in as an int32).
+void CopyKeysOut(const std::vector<int64_t>& keys, Tensor* out) {
+  if (out->dtype() == ::tensorflow::DT_INT64) {
+    std::copy(keys.begin(), keys.end(), out->flat<TfInt64>().data());
+  } else {
+    std::copy(keys.begin(), keys.end(), out->flat<int32_t>().data());
+  }
+}
+
 class FindOrInsertOp : public OpKernel {
  public:
   explicit FindOrInsertOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
@@ -204,11 +216,47 @@ class FindOrInsertOp : public OpKernel {
     Tensor* out_keys = nullptr;
     const int64_t m = static_cast<int64_t>(evicted_keys.size());
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &out_keys));
-    if (out_keys->dtype() == ::tensorflow::DT_INT64) {
-      std::copy(evicted_keys.begin(), evicted_keys.end(), out_keys->flat<TfInt64>().data());
-    } else {
-      std::copy(evicted_keys.begin(), evicted_keys.end(), out_keys->flat<int32_t>().data());
-    }
+    CopyKeysOut(evicted_keys, out_keys);
+  }
+
+ private:
+  int dim_ = 0;
+};
+
+// SokDynamicTableUniqueFindOrInsert: core::UniqueWithInverse, then the
+// distinct keys through FindOrInsertBatch.
+class UniqueFindOrInsertOp : public OpKernel {
+ public:
+  explicit UniqueFindOrInsertOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    DynamicTableAndKeys in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    OP_REQUIRES_OK(ctx, CheckDimAttr(*in.table, dim_));
+    Tensor* positions = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({in.n}), &positions));
+    std::vector<int64_t> unique;
+    core::UniqueWithInverse<int64_t, TfInt64>(in.keys, in.n, &unique,
+                                              positions->flat<TfInt64>().data(), nullptr);
+    const int64_t u = static_cast<int64_t>(unique.size());
+    Tensor* unique_keys = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique_keys));
+    CopyKeysOut(unique, unique_keys);
+    Tensor* rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u, dim_}), &rows));
+    std::vector<int64_t> evicted_keys;
+    OP_REQUIRES_OK(ctx, RunWrite(ctx, in.table, 3,
+                                 [&](core::DynamicTable& t, int64_t now, std::string* error) {
+                                   return core::FindOrInsertBatch(
+                                       t, unique.data(), u, now, rows->flat<float>().data(),
+                                       RunnerFor(ctx), error, &evicted_keys);
+                                 }));
+    Tensor* out_keys = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            4, TensorShape({static_cast<int64_t>(evicted_keys.size())}),
+                            &out_keys));
+    CopyKeysOut(evicted_keys, out_keys);
   }
 
  private:
@@ -467,6 +515,8 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableCreate").Device(DEVICE_CPU), Create
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableIsInitialized").Device(DEVICE_CPU),
                         IsInitializedOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFindOrInsert").Device(DEVICE_CPU), FindOrInsertOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableUniqueFindOrInsert").Device(DEVICE_CPU),
+                        UniqueFindOrInsertOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFind").Device(DEVICE_CPU), FindOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableScatter").Device(DEVICE_CPU), ScatterOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableRemove").Device(DEVICE_CPU), RemoveOp);

@@ -29,6 +29,7 @@
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <limits>
@@ -46,6 +47,7 @@
 #include "tf_ops/dynamic/kernels/dynamic_table_launcher.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_launcher.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
+#include "tf_ops/util/kernels/util_launcher.h"
 
 namespace sok_graph {
 namespace {
@@ -349,6 +351,91 @@ class FindOrInsertGpuOp : public DeviceWaitingKernel<> {
 
  private:
   int dim_ = 0;
+};
+
+// SokDynamicTableUniqueFindOrInsert on the GPU: the unique launcher leaves
+// the distinct keys and their count on the device, and the table reads the
+// count back together with what its insert must know: one wait where
+// SokUnique and a find-or-insert of a full table wait once each. Unique's
+// hash set is sized by the op's last batch, as SokUnique's; the count of a
+// batch that overflows it comes back negative, and the batch runs again
+// with the full set (two more waits, once).
+class UniqueFindOrInsertGpuOp : public DeviceWaitingKernel<> {
+ public:
+  explicit UniqueFindOrInsertGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("dim", &dim_));
+  }
+  void Compute(OpKernelContext* ctx) override {
+    GpuTableAndKeys in;
+    OP_REQUIRES_OK(ctx, in.Read(ctx, true));
+    GpuTableResource* table = in.table;
+    OP_REQUIRES_OK(ctx, dk::CheckDimAttr(dim_, table->dim()));
+    const int64_t n = in.n;
+    // The unique launcher numbers its hash set's slots in 32 bits.
+    OP_REQUIRES(ctx, n < (int64_t{1} << 30),
+                errors::InvalidArgument("keys has ", n, " entries; the GPU op takes fewer than "
+                                        "2^30"));
+    void* stream = GpuStreamOf(ctx);
+    Tensor* positions = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &positions));
+    Tensor distinct, count, evicted, temp;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
+                                           TensorShape({std::max<int64_t>(n, 1)}), &distinct));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &count));
+    // Room for every key the call could evict (at most one per distinct key).
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(
+                            ::tensorflow::DT_INT64,
+                            TensorShape({std::max<int64_t>(std::min(n, table->row_limit()), 1)}),
+                            &evicted));
+    const auto unique = [&](int64_t set_slots) -> Status {
+      size_t bytes = 0;
+      TF_RETURN_IF_ERROR(CudaStatus(sok_unique_in_set_i64_i64(in.keys, n, set_slots, nullptr,
+                                                              nullptr, nullptr, nullptr,
+                                                              nullptr, &bytes, stream),
+                                    "sizing unique's scratch"));
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT8,
+                                            TensorShape({static_cast<int64_t>(bytes) + 1}),
+                                            &temp));
+      return CudaStatus(sok_unique_in_set_i64_i64(in.keys, n, set_slots, I64(&distinct),
+                                                  I64(positions), nullptr, I64(&count),
+                                                  temp.flat<int8_t>().data(), &bytes, stream),
+                        "unique keys");
+    };
+    SokGpuTableResult result{0, -1};
+    int64_t u = 0;
+    ::tensorflow::mutex_lock lock(*table->mu());
+    if (n > 0) {
+      OP_REQUIRES_OK(ctx, unique(sok_unique_set_slots_after(last_distinct_.load(), n)));
+      int rc = sok_gpu_table_ensure_distinct(table->table(), I64(&distinct), I64(&count), n,
+                                             table->Tick(), I64(&evicted), &result, &u, stream);
+      if (rc == 0 && u < 0) {  // unique's set overflowed: again, with the full set
+        OP_REQUIRES_OK(ctx, unique(0));
+        rc = sok_gpu_table_ensure_distinct(table->table(), I64(&distinct), I64(&count), n,
+                                           table->Tick(), I64(&evicted), &result, &u, stream);
+      }
+      OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
+      OP_REQUIRES(ctx, u >= 0, errors::Internal("unique's full hash set overflowed"));
+      last_distinct_.store(u);
+    }
+    Tensor *unique_keys = nullptr, *rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique_keys));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({u, dim_}), &rows));
+    OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_gather_ensured(table->table(), u,
+                                                                     rows->flat<float>().data(),
+                                                                     stream),
+                                   nullptr, table->row_limit()));
+    OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&distinct), u, unique_keys));
+    table->NotePresent(*unique_keys);
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 3, result.num_evicted));
+    Tensor* evicted_keys = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({result.num_evicted}),
+                                             &evicted_keys));
+    OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&evicted), result.num_evicted, evicted_keys));
+  }
+
+ private:
+  int dim_ = 0;
+  std::atomic<int64_t> last_distinct_{-1};
 };
 
 class FindGpuOp : public OpKernel {
@@ -725,6 +812,12 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_GPU).HostMemo
                               .HostMemory("num_evicted")                                 \
                               .TypeConstraint<K>("Tkeys"),                               \
                           FindOrInsertGpuOp);                                            \
+  REGISTER_KERNEL_BUILDER(Name("SokDynamicTableUniqueFindOrInsert")                      \
+                              .Device(DEVICE_GPU)                                        \
+                              .HostMemory("table")                                       \
+                              .HostMemory("num_evicted")                                 \
+                              .TypeConstraint<K>("Tkeys"),                               \
+                          UniqueFindOrInsertGpuOp);                                      \
   REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFind")                                    \
                               .Device(DEVICE_GPU)                                        \
                               .HostMemory("table")                                       \

@@ -443,6 +443,22 @@ __global__ void ProbePresentKernel(DevTable t, const int64_t* __restrict__ keys,
   WarpCount(i < n && slot < 0, counters + kFail, lane);
 }
 
+// The exact path's first step for distinct keys [0, *count) (a count on the
+// device, at most m; a negative one: none): slot_of[i] <- slot or -1, and
+// missing[i] flags the keys to insert; positions past the count are
+// neither found nor missing.
+__global__ void ProbeCountedKernel(DevTable t, const int64_t* __restrict__ keys,
+                                   const int64_t* __restrict__ count, int64_t m,
+                                   int64_t* __restrict__ slot_of, uint8_t* __restrict__ missing) {
+  const int64_t c = *count;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < m;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t slot = i < c ? FindSlot(t, keys[i]) : -1;
+    slot_of[i] = slot;
+    missing[i] = i < c && slot < 0;
+  }
+}
+
 __global__ void IotaKernel(int64_t* out, int64_t n) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
@@ -1034,6 +1050,10 @@ int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, cu
   return 0;
 }
 
+int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,
+                   bool initialize, int64_t* evicted_keys, SokGpuTableResult* result,
+                   cudaStream_t s);
+
 // Makes every batch key present: t->slot_of[i] <- its slot. flags8[i] = 1
 // where position i wrote its own new row to out (fast path), else 0.
 int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,
@@ -1094,11 +1114,22 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
   SOK_CUDA(cub::DeviceSelect::Flagged(t->cub_temp, bytes, t->buf_a, t->flags8, t->buf_d,
                                       t->counters + kNew, static_cast<int>(n), s));
   if ((rc = Sync(t, s))) return rc;
-  const int64_t size = t->size_ub, occ = t->occ_ub;
   const int64_t distinct = t->host_counters[kDistinct];
-  const int64_t num_new = t->host_counters[kNew];
   if (result) result->distinct_keys = distinct;
   if (distinct > t->row_limit) return SOK_GPU_TABLE_TOO_MANY_KEYS;
+  return ExactAfterWait(t, keys, n, now, accessed, initialize, evicted_keys, result, s);
+}
+
+// The exact path after its wait (Sync), which read the size, the occupancy
+// and counters[kNew], the number of distinct missing keys, now in buf_d:
+// touches the present keys, evicts, inserts the missing ones and finds
+// every position's slot.
+int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,
+                   bool initialize, int64_t* evicted_keys, SokGpuTableResult* result,
+                   cudaStream_t s) {
+  int rc = 0;
+  const int64_t size = t->size_ub, occ = t->occ_ub;
+  const int64_t num_new = t->host_counters[kNew];
   // A rehash after evicting gets its memory first: if there is none, the
   // call fails before any key is evicted or touched.
   const bool rehash = occ + num_new > MaxOccupied(t->dev.slots);
@@ -1299,6 +1330,70 @@ __attribute__((visibility("default"))) int sok_gpu_table_find_or_insert(
     GatherKernel<true><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, t->flags8, n, out);
   } else {
     GatherKernel<false><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, t->flags8, n, out);
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+__attribute__((visibility("default"))) int sok_gpu_table_ensure_distinct(
+    SokGpuTable* t, const int64_t* keys, const int64_t* count, int64_t max_n, int64_t now,
+    int64_t* evicted_keys, SokGpuTableResult* result, int64_t* n, void* stream) {
+  if (BadTable(t) || max_n < 0 || count == nullptr || n == nullptr) {
+    return SOK_GPU_TABLE_BAD_ARGUMENT;
+  }
+  if (result) {
+    result->num_evicted = 0;
+    result->distinct_keys = -1;
+  }
+  *n = 0;
+  if (max_n == 0) return 0;
+  cudaStream_t s = StreamOf(stream);
+  if (t->config.max_rows <= 0) {
+    // Unbounded: the count alone, then the usual insert, which has room
+    // (no wait) unless the table must grow.
+    SOK_CUDA(cudaMemcpyAsync(t->host_counters + kDistinct, count, sizeof(long long),
+                             cudaMemcpyDeviceToHost, s));
+    SOK_CUDA(cudaStreamSynchronize(s));
+    *n = t->host_counters[kDistinct];
+    if (*n <= 0) return 0;
+    if (result) result->distinct_keys = *n;
+    return Ensure(t, keys, *n, now, true, true, nullptr, evicted_keys, result, s);
+  }
+  // Bounded: the exact path, its one wait reading the count as well. A
+  // batch of more distinct keys than the bound fails after the wait, so
+  // the keys past the bound need no probe.
+  const int64_t m = std::min(max_n, t->row_limit);
+  int rc = EnsureScratch(t, m);
+  if (rc) return rc;
+  ProbeCountedKernel<<<GridStride(m), 256, 0, s>>>(t->dev, keys, count, m, t->slot_of,
+                                                   t->flags8);
+  SOK_CUDA(cudaGetLastError());
+  size_t bytes = 0;
+  SOK_CUDA(cub::DeviceSelect::Flagged(nullptr, bytes, keys, t->flags8, t->buf_d,
+                                      t->counters + kNew, static_cast<int>(m), s));
+  if ((rc = EnsureCubTemp(t, bytes))) return rc;
+  bytes = t->cub_bytes;
+  SOK_CUDA(cub::DeviceSelect::Flagged(t->cub_temp, bytes, keys, t->flags8, t->buf_d,
+                                      t->counters + kNew, static_cast<int>(m), s));
+  SOK_CUDA(cudaMemcpyAsync(t->counters + kDistinct, count, sizeof(long long),
+                           cudaMemcpyDeviceToDevice, s));
+  if ((rc = Sync(t, s))) return rc;
+  *n = t->host_counters[kDistinct];
+  if (*n <= 0) return 0;
+  if (result) result->distinct_keys = *n;
+  if (*n > t->row_limit) return SOK_GPU_TABLE_TOO_MANY_KEYS;
+  return ExactAfterWait(t, keys, *n, now, true, true, evicted_keys, result, s);
+}
+
+__attribute__((visibility("default"))) int sok_gpu_table_gather_ensured(SokGpuTable* t,
+                                                                        int64_t n, float* out,
+                                                                        void* stream) {
+  if (BadTable(t) || n < 0 || n > t->scratch_n) return SOK_GPU_TABLE_BAD_ARGUMENT;
+  if (n == 0) return 0;
+  cudaStream_t s = StreamOf(stream);
+  if (VecOk(t->dev.dim, out)) {
+    GatherKernel<true><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, nullptr, n, out);
+  } else {
+    GatherKernel<false><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, nullptr, n, out);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -126,6 +126,21 @@ int sok_gpu_table_find_or_insert(SokGpuTable* table, const int64_t* keys, int64_
                                  int64_t now, float* out, int64_t* evicted_keys,
                                  SokGpuTableResult* result, void* stream);
 
+// As sok_gpu_table_find_or_insert without the rows, for the distinct keys
+// [0, *count) of `keys` (count: a device int64, as unique leaves it; keys
+// has room for max_n >= *count), each counted as one use: *n <- the count.
+// Waits for the stream once, reading the count with what the insert must
+// know (a bounded table), or before inserting (an unbounded one, which
+// then waits again only to grow). A negative count does nothing but give
+// *n. sok_gpu_table_gather_ensured then writes the rows; no call on the
+// table may come between the two.
+int sok_gpu_table_ensure_distinct(SokGpuTable* table, const int64_t* keys, const int64_t* count,
+                                  int64_t max_n, int64_t now, int64_t* evicted_keys,
+                                  SokGpuTableResult* result, int64_t* n, void* stream);
+// out [n, dim] <- the rows of the n keys that sok_gpu_table_ensure_distinct
+// made present.
+int sok_gpu_table_gather_ensured(SokGpuTable* table, int64_t n, float* out, void* stream);
+
 // rows [n, dim] applied to the rows of keys in batch order: mode 0 add,
 // 1 subtract, 2 update (assign). Missing keys are inserted first (with their
 // initial rows). Keys are marked updated at `now`; use counts do not change.

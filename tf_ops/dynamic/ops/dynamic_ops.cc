@@ -96,6 +96,39 @@ num_evicted / evicted_keys: the rows evicted to make room (tables that
 shadow this one, such as optimizer slots, drop those keys too).
 )doc");
 
+REGISTER_OP("SokDynamicTableUniqueFindOrInsert")
+    .Input("table: resource")
+    .SetIsStateful()
+    .Input("keys: Tkeys")
+    .Output("unique_keys: Tkeys")
+    .Output("positions: int64")
+    .Output("rows: float")
+    .Output("num_evicted: int64")
+    .Output("evicted_keys: Tkeys")
+    .Attr("Tkeys: {int32, int64}")
+    .Attr("dim: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle keys;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &keys));
+      int dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      const DimensionHandle distinct = c->UnknownDim();
+      c->set_output(0, c->Vector(distinct));
+      c->set_output(1, keys);
+      c->set_output(2, c->Matrix(distinct, dim));
+      c->set_output(3, c->Scalar());
+      c->set_output(4, c->Vector(c->UnknownDim()));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The distinct keys of `keys` [n] in order of first appearance (as tf.unique)
+with each key's position among them, and their rows [u, dim] as
+SokDynamicTableFindOrInsert gives them for the distinct keys (one use of
+each). On a GPU the count of distinct keys and the table's own check for
+room are read back from the device together: one wait where tf.unique and
+a find-or-insert of a full table wait once each.
+)doc");
+
 REGISTER_OP("SokDynamicTableFind")
     .Input("table: resource")
     .SetIsStateful()

@@ -36,15 +36,6 @@ int Unique(const int64_t* x, int64_t n, int64_t set_slots, int64_t* y, int64_t* 
   return sok_unique_in_set_i64_i64(x, n, set_slots, y, idx, count, u, temp, bytes, s);
 }
 
-// The hash set for a batch when the op's last batch had `last` distinct
-// values (-1: none yet): four slots per value, so that the set stays at
-// most a quarter full if the next batch is alike, else 0 (the full set).
-int64_t SetSlotsAfter(int64_t last, int64_t n) {
-  if (last < 0) return 0;
-  int64_t slots = 64;
-  while (slots < 4 * last) slots *= 2;
-  return slots < 2 * n ? slots : 0;
-}
 
 // TfInt64 is `long long` on TF 1.x; the launchers take int64_t.
 template <typename T>
@@ -88,7 +79,7 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
     C<I>* counts = kCounts ? reinterpret_cast<C<I>*>(Data(count_all)) : nullptr;
     int64_t* u_dev = reinterpret_cast<int64_t*>(Data(num));
     int64_t u = -1;
-    for (int64_t set_slots = SetSlotsAfter(last_distinct_.load(), n);; set_slots = 0) {
+    for (int64_t set_slots = sok_unique_set_slots_after(last_distinct_.load(), n);; set_slots = 0) {
       size_t bytes = 0;
       OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, set_slots, ys, idxs, counts, u_dev, nullptr,
                                             &bytes, stream),

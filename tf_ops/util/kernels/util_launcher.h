@@ -41,6 +41,16 @@ int sok_unique_with_counts_i32_i64(const int32_t* x, int64_t n, int32_t* y, int6
 // expects few distinct values: the set's slots are what each call clears.
 // More than set_slots / 2 distinct values overflow it: *num_unique is then
 // -1 and nothing else is written; call again with set_slots = 0.
+// The hash set for a batch of n values after one with `last` distinct
+// values (-1: none seen yet): four slots per value, so that a batch alike
+// fills a quarter of it; 0 (the full set) when that is no smaller.
+static inline int64_t sok_unique_set_slots_after(int64_t last, int64_t n) {
+  int64_t slots = 64;
+  if (last < 0) return 0;
+  while (slots < 4 * last) slots *= 2;
+  return slots < 2 * n ? slots : 0;
+}
+
 int sok_unique_in_set_i64_i32(const int64_t* x, int64_t n, int64_t set_slots, int64_t* y,
                               int32_t* idx, int32_t* count, int64_t* num_unique, void* temp,
                               size_t* temp_bytes, void* stream);
