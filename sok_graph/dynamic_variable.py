@@ -342,6 +342,9 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         in graph mode does)."""
         return compat.reference(self)
 
+    # TensorFlow 1.15's name for ref(), which its tf.custom_gradient asks for.
+    experimental_ref = ref
+
     def __repr__(self):
         return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "
                 f"key_type={self._key_type.name} var_type={self._var_type}>")

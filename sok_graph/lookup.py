@@ -300,23 +300,78 @@ def all2all_dense_embedding(param, indices, name=None):
     with tf.name_scope(name or "all2all_dense_embedding"):
         indices = tf.convert_to_tensor(indices)
         flat = tf.reshape(indices, [-1])
-        # One id per sample: row_splits 0, 1, ..., n as one int64 range.
-        # On an H100 the cumulative sum of ones this replaces cost the
-        # DemoModel's graph-mode step about 10 ms, and an int32 range is
-        # made in host memory and copied over (bench/RESULTS.md). The
-        # range's bounds are made on the host, where the range op reads
-        # them: made on a GPU they were three device-to-host copies a step,
-        # each a wait for the device.
-        size = flat.shape.num_elements()
-        if size is None:  # the shape op, beside the ids, gives it in host memory
-            size = tf.shape(flat, out_type=tf.int64)
-        with tf.device("/device:CPU:0"):
-            limit = (size + 1 if isinstance(size, int) else size[0] + 1)
-            bounds = (tf.constant(0, tf.int64), tf.convert_to_tensor(limit, tf.int64),
-                      tf.constant(1, tf.int64))
-        splits = tf.range(*bounds)
-        ids = tf.RaggedTensor.from_row_splits(flat, splits, validate=False)
-        rows = lookup_sparse(param, ids, combiners="sum")
+        table = _single_worker_dynamic(param)
+        if table is not None:
+            rows = _rows_by_position(table, flat, _table_name(table, 0))
+        else:
+            ids = tf.RaggedTensor.from_row_splits(flat, _one_id_splits(flat), validate=False)
+            rows = lookup_sparse(param, ids, combiners="sum")
         out = tf.reshape(rows, tf.concat([tf.shape(indices), tf.shape(rows)[1:]], 0))
         out.set_shape(indices.shape.concatenate(rows.shape[1:]))
         return out
+
+
+def _single_worker_dynamic(param):
+    """The DynamicVariable (a replica's shard, where param is one sharded
+    over replicas) that `param` names when one worker holds all of it,
+    outside serving mode; else None."""
+    if serving_mode.active():
+        return None
+    context.communicator("sok.all2all_dense_embedding")
+    table = replica_shards.resolve(param, "sok.all2all_dense_embedding")
+    if not isinstance(table, DynamicVariable) or _is_sharded(table):
+        return None
+    return table
+
+
+def _one_id_splits(ids):
+    """row_splits 0, 1, ..., n of n one-id samples, as one int64 range.
+
+    On an H100 the cumulative sum of ones this replaces cost the DemoModel's
+    graph-mode step about 10 ms, and an int32 range is made in host memory
+    and copied over (bench/RESULTS.md). The range's bounds are made on the
+    host, where the range op reads them: made on a GPU they were three
+    device-to-host copies a step, each a wait for the device."""
+    size = ids.shape.num_elements()
+    if size is None:  # the shape op, beside the ids, gives it in host memory
+        size = tf.shape(ids, out_type=tf.int64)
+    with tf.device("/device:CPU:0"):
+        limit = (size + 1 if isinstance(size, int) else size[0] + 1)
+        bounds = (tf.constant(0, tf.int64), tf.convert_to_tensor(limit, tf.int64),
+                  tf.constant(1, tf.int64))
+    return tf.range(*bounds)
+
+
+def _rows_by_position(table, ids, table_name):
+    """Rows of a single worker's dynamic table for one id per sample: each
+    distinct key is found (or inserted) once, by unique_read, and its row is
+    gathered to every position with tf.gather — the lookup of one-id
+    samples by sum is a gather, and TensorFlow's is the fastest there is.
+    The gradient sums each distinct key's rows with the fused lookup's
+    gradient kernel (one-id samples, a dense gradient: no wait, position
+    order), bit for bit the gradient that lookup_sparse gives."""
+    rows, positions = _gathered_rows(table, ids, 0, table_name)
+
+    @tf.custom_gradient
+    def gather(rows, positions):
+        def grad(dy):
+            dy = tf.convert_to_tensor(dy)
+            _, grad_rows = _one_id_gradient(rows, positions, dy, table_name)
+            return grad_rows, None
+
+        return tf.gather(rows, positions), grad
+
+    return gather(rows, positions)
+
+
+def _one_id_gradient(rows, positions, dy, table_name):
+    """(ids, gradient rows [u, dim]) of one-id samples `positions` into
+    `rows` from their embeddings' gradient dy: SokFusedLookupGrad with a
+    dense gradient."""
+    from sok_graph.ops import library
+
+    ids, grads = library.load().sok_fused_lookup_grad(
+        params=[rows], ids=[positions], row_splits=[_one_id_splits(positions)],
+        weights=[tf.zeros([0], rows.dtype)], grads=[dy], combiners=["sum"], weighted=[False],
+        max_norms=[0.0], table_names=[table_name], dense_grads=[True])
+    return ids[0], grads[0]

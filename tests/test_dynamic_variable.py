@@ -111,6 +111,47 @@ def test_training_step_has_one_unique_find_or_insert_and_no_second_unique(rng):
     assert types.count("SokDynamicSparseApply") == 1
 
 
+def test_all2all_dense_embedding_of_a_dynamic_table_gathers_by_position(rng):
+    """A single worker's dynamic table: rows gathered to positions (tf.gather
+    after the table's unique find-or-insert), the gradient summed per key
+    by the fused gradient kernel: equal to tf.nn.embedding_lookup on a
+    tf.Variable, and bit for bit the gradient of lookup_sparse with one id
+    per sample."""
+    rows = rng.standard_normal((20, 3)).astype(np.float32)
+    dyn, ref = filled(rows), tf.Variable(rows)
+    keys = tf.constant(rng.integers(0, 20, size=(6, 5, 2)), tf.int64)
+    up = tf.constant(rng.standard_normal((6, 5, 2, 3)).astype(np.float32))
+    with tf.GradientTape(persistent=True) as tape:
+        got = sok.all2all_dense_embedding(dyn, keys)
+        want = tf.nn.embedding_lookup(ref, keys)
+        by_lookup = sok.lookup_sparse(
+            dyn, tf.RaggedTensor.from_row_lengths(tf.reshape(keys, [-1]), tf.ones([60], tf.int64)),
+            combiners="sum")
+        loss_got = tf.reduce_sum(got * up)
+        loss_want = tf.reduce_sum(want * up)
+        loss_lookup = tf.reduce_sum(by_lookup * tf.reshape(up, [60, 3]))
+    assert got.shape == (6, 5, 2, 3)
+    np.testing.assert_array_equal(got.numpy(), want.numpy())
+    g, w, lk = (tape.gradient(loss_got, dyn), tape.gradient(loss_want, ref),
+                tape.gradient(loss_lookup, dyn))
+    dense = np.zeros_like(rows)
+    np.add.at(dense, g.indices.numpy(), g.values.numpy())
+    np.testing.assert_allclose(dense, tf.convert_to_tensor(w).numpy(), rtol=1e-5, atol=1e-6)
+    assert len(set(g.indices.numpy().tolist())) == len(g.indices.numpy())  # distinct keys
+    np.testing.assert_array_equal(g.indices.numpy(), lk.indices.numpy())
+    np.testing.assert_array_equal(g.values.numpy(), lk.values.numpy())
+
+    @tf.function
+    def step(keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.all2all_dense_embedding(dyn, keys))
+        return tape.gradient(loss, dyn).values
+
+    types = [op.type for op in step.get_concrete_function(keys).graph.get_operations()]
+    assert "GatherV2" in types and "SokFusedLookup" not in types, types
+    assert types.count("SokFusedLookupGrad") == 1 and "SokUnique" not in types
+
+
 def _train_steps(rng, steps, make_step):
     rows = rng.standard_normal((30, 4)).astype(np.float32)
     ids = ragged(rng, 12, 30, 4)

@@ -45,7 +45,7 @@ def bind(lib, ref):
         "sok_gpu_table_find": [P, P, I64, P, P, P, P],
         "sok_gpu_table_find_or_insert": [P, P, I64, I64, P, P, P, P],
         "sok_gpu_table_scatter": [P, P, I64, P, I32, I64, P, P],
-        "sok_gpu_table_scatter_present": [P, P, I64, P, I32, I64, P],
+        "sok_gpu_table_scatter_present": [P, P, I64, P, I32, I32, I64, P],
         "sok_gpu_table_remove": [P, P, I64, P, P],
         "sok_gpu_table_import": [P, P, I64, P, P, P, I64, P, P],
         "sok_gpu_table_export": [P, I64, P, P, P, P, I64, P, P],
@@ -159,10 +159,10 @@ class GpuTable:
             raise RuntimeError(f"scatter returned {rc}")
         return -1 if rc == TOO_MANY_KEYS else res.num_evicted
 
-    def scatter_present(self, keys, rows, mode, now):
+    def scatter_present(self, keys, rows, mode, now, distinct=False):
         k, r = cp.asarray(keys), cp.asarray(rows)
         self._check("scatter_present", self.lib.sok_gpu_table_scatter_present(
-            self.h, ptr(k), len(keys), ptr(r), mode, now, stream()))
+            self.h, ptr(k), len(keys), ptr(r), mode, int(distinct), now, stream()))
         cp.cuda.get_current_stream().synchronize()
 
     def removals(self):
@@ -356,6 +356,9 @@ def run_sequence(lib, ref, rng, t, steps, **cfg):
             # inserts (as an optimizer's write-back after the step's lookup):
             # the GPU table may skip the insert only while nothing was
             # removed; the CPU table scatters as usual.
+            if rng.random() < 0.5:  # distinct keys, as a unique op gives them
+                keys = rng.permutation(np.unique(keys))
+                n = len(keys)
             before = gpu.removals()
             ge, _, _ = gpu.find_or_insert(keys, now)
             ce, _, _ = cpu.find_or_insert(keys, now)
@@ -367,7 +370,9 @@ def run_sequence(lib, ref, rng, t, steps, **cfg):
                 mode = int(rng.integers(0, 3))
                 rows = rng.standard_normal((n, dim)).astype(np.float32)
                 after = gpu.removals()
-                gpu.scatter_present(keys, rows, mode, now)
+                # distinct keys may skip the ordering of repeated ones
+                distinct = len(np.unique(keys)) == n and bool(rng.random() < 0.7)
+                gpu.scatter_present(keys, rows, mode, now, distinct)
                 cpu.scatter(keys, rows, mode, now)
                 t.equal(f"{where} mode {mode} removal count after", gpu.removals(), after)
                 t.equal(f"{where} size after (no missing key)", gpu.size()[0] >= 0, True)

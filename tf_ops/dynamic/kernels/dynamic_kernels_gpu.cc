@@ -143,26 +143,31 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
 
   // Keys known to be in the table: the keys tensor of the last call that
   // made them all present, held here so that its buffer is neither freed
-  // nor reused meanwhile, and the table's removal count after that call
-  // (sok_gpu_table_removals). A later call given the same tensor while no
-  // key was taken out needs no insert and so no wait for the device: the
+  // nor reused meanwhile, the table's removal count after that call
+  // (sok_gpu_table_removals), and whether the keys are known distinct (a
+  // unique op's). A later call given the same tensor while no key was
+  // taken out needs no insert and so no wait for the device: the
   // optimizer's write-back of the keys that the step's lookup inserted (the
   // gradient carries the lookup's keys tensor itself). Batches larger than
   // the table's bound (never distinct) are not held. Call both with the
   // lock held.
-  void NotePresent(const Tensor& keys) {
+  void NotePresent(const Tensor& keys, bool distinct = false) {
     if (keys.NumElements() == 0 || keys.NumElements() > row_limit()) {
       present_keys_ = Tensor();
       return;
     }
     present_keys_ = keys;
     present_removals_ = sok_gpu_table_removals(table_);
+    present_distinct_ = distinct;
   }
-  bool KnownPresent(const Tensor& keys) const {
-    return present_keys_.NumElements() > 0 && keys.dtype() == present_keys_.dtype() &&
-           keys.NumElements() == present_keys_.NumElements() &&
-           keys.tensor_data().data() == present_keys_.tensor_data().data() &&
-           sok_gpu_table_removals(table_) == present_removals_;
+  // *distinct (may be null) <- whether the keys are also known distinct.
+  bool KnownPresent(const Tensor& keys, bool* distinct = nullptr) const {
+    const bool known = present_keys_.NumElements() > 0 && keys.dtype() == present_keys_.dtype() &&
+                       keys.NumElements() == present_keys_.NumElements() &&
+                       keys.tensor_data().data() == present_keys_.tensor_data().data() &&
+                       sok_gpu_table_removals(table_) == present_removals_;
+    if (distinct != nullptr) *distinct = known && present_distinct_;
+    return known;
   }
 
  private:
@@ -174,6 +179,7 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
   int64_t now_ = 0;
   Tensor present_keys_;
   int64_t present_removals_ = 0;
+  bool present_distinct_ = false;
 };
 
 int64_t* I64(Tensor* t) { return reinterpret_cast<int64_t*>(t->flat<TfInt64>().data()); }
@@ -425,7 +431,7 @@ class UniqueFindOrInsertGpuOp : public DeviceWaitingKernel<> {
                                                                      stream),
                                    nullptr, table->row_limit()));
     OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&distinct), u, unique_keys));
-    table->NotePresent(*unique_keys);
+    table->NotePresent(*unique_keys, /*distinct=*/true);
     OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 3, result.num_evicted));
     Tensor* evicted_keys = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({result.num_evicted}),
@@ -475,14 +481,17 @@ class FindGpuOp : public OpKernel {
 
 // rows applied to the rows of `keys` (the tensor; `device_keys`, n: its
 // int64 keys on the device) in `mode` (the launcher's), without inserting
-// (and so without waiting) when the table knows they are all present.
+// (and so without waiting) when the table knows they are all present, and
+// without ordering them when it knows they are distinct.
 Status ScatterRows(OpKernelContext* ctx, GpuTableResource* table, const Tensor& keys,
                    const int64_t* device_keys, int64_t n, const float* rows, int mode,
                    SokGpuTableResult* result) {
   ::tensorflow::mutex_lock lock(*table->mu());
-  if (table->KnownPresent(keys)) {
+  bool distinct = false;
+  if (table->KnownPresent(keys, &distinct)) {
     return TableError(ctx, sok_gpu_table_scatter_present(table->table(), device_keys, n, rows,
-                                                         mode, table->Tick(), GpuStreamOf(ctx)),
+                                                         mode, distinct, table->Tick(),
+                                                         GpuStreamOf(ctx)),
                       nullptr, table->row_limit());
   }
   const int rc = sok_gpu_table_scatter(table->table(), device_keys, n, rows, mode, table->Tick(),
@@ -736,8 +745,12 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &evicted));
     float* rows = scratch.flat<float>().data();
     const auto slot_rows = [&](int s) { return rows + (1 + s) * n * dim; };
+    // Keys the table knows are a unique op's output are distinct for the
+    // slot tables too.
+    bool distinct = false;
     {
       ::tensorflow::tf_shared_lock lock(*table->mu());
+      table->KnownPresent(ctx->input(1), &distinct);
       OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_find(table->table(), in.keys, n, nullptr,
                                                              rows, nullptr, stream),
                                      nullptr, table->row_limit()));
@@ -749,7 +762,7 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
       const int rc = sok_gpu_table_find_or_insert(slot->table(), in.keys, n, slot->Tick(),
                                                   slot_rows(s), I64(&evicted), &result, stream);
       OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, slot->row_limit()));
-      slot->NotePresent(ctx->input(1));
+      slot->NotePresent(ctx->input(1), distinct);
     }
     const core::SparseApplyConfig c = args_.config;
     OP_REQUIRES_OK(ctx, CudaStatus(sok_dense_apply_f32(

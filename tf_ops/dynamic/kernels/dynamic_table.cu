@@ -635,6 +635,23 @@ __global__ void ApplyRunsKernel(DevTable t, const int64_t* __restrict__ sorted_s
   }
 }
 
+// ApplyRunsKernel (modes 0-2) for positions whose slots are all distinct:
+// each row goes straight to its slot, no sort needed (a run of one).
+__global__ void ApplyDistinctKernel(DevTable t, const int64_t* __restrict__ slot_of, int64_t n,
+                                    const float* __restrict__ rows, int mode) {
+  const int dim = t.dim;
+  const int64_t items = n * dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / dim;
+    const int64_t s = slot_of[j];
+    if (s < 0) continue;
+    float* dst = t.rows + s * dim + (i - j * dim);
+    const float r = rows[i];
+    *dst = mode == 0 ? *dst + r : mode == 1 ? *dst - r : r;
+  }
+}
+
 __global__ void RemoveKernel(DevTable t, const int64_t* __restrict__ keys, int64_t n,
                              long long* removed, long long* counters) {
   int64_t base;
@@ -1417,8 +1434,8 @@ __attribute__((visibility("default"))) int sok_gpu_table_scatter(SokGpuTable* t,
 }
 
 __attribute__((visibility("default"))) int sok_gpu_table_scatter_present(
-    SokGpuTable* t, const int64_t* keys, int64_t n, const float* rows, int mode, int64_t now,
-    void* stream) {
+    SokGpuTable* t, const int64_t* keys, int64_t n, const float* rows, int mode, int distinct,
+    int64_t now, void* stream) {
   if (BadTable(t) || n < 0 || mode < 0 || mode > 2) return SOK_GPU_TABLE_BAD_ARGUMENT;
   if (n == 0) return 0;
   cudaStream_t s = StreamOf(stream);
@@ -1427,7 +1444,10 @@ __attribute__((visibility("default"))) int sok_gpu_table_scatter_present(
   ProbePresentKernel<<<BlocksFor(n), kThreads, 0, s>>>(t->dev, keys, n, now, t->slot_of,
                                                        t->counters);
   SOK_CUDA(cudaGetLastError());
-  return ApplyRows(t, n, rows, mode, nullptr, nullptr, now, s);
+  if (!distinct) return ApplyRows(t, n, rows, mode, nullptr, nullptr, now, s);
+  ApplyDistinctKernel<<<GridStride(n * t->dev.dim), 256, 0, s>>>(t->dev, t->slot_of, n, rows,
+                                                                 mode);
+  return static_cast<int>(cudaGetLastError());
 }
 
 __attribute__((visibility("default"))) int64_t sok_gpu_table_removals(const SokGpuTable* t) {

@@ -151,9 +151,11 @@ int sok_gpu_table_scatter(SokGpuTable* table, const int64_t* keys, int64_t n, co
 // (a call made them present and sok_gpu_table_removals has not changed
 // since): nothing is inserted, so no bound is checked and nothing waits. A
 // key that is missing all the same is skipped and reported as
-// SOK_GPU_TABLE_FULL by the next call that waits.
+// SOK_GPU_TABLE_FULL by the next call that waits. distinct != 0: the keys
+// are distinct too (as unique gives them), so the rows need no ordering.
 int sok_gpu_table_scatter_present(SokGpuTable* table, const int64_t* keys, int64_t n,
-                                  const float* rows, int mode, int64_t now, void* stream);
+                                  const float* rows, int mode, int distinct, int64_t now,
+                                  void* stream);
 
 // How many calls so far may have taken keys out of the table (evictions,
 // removes, clears). While it stays the same, every key a call made present
