@@ -322,6 +322,15 @@ class IsInitializedGpuOp : public OpKernel {
   }
 };
 
+// The outputs num_evicted (at `first`) and evicted_keys (next) of an
+// inserting op, from the launcher's `evicted` keys (device, int64).
+Status EvictionOutputs(OpKernelContext* ctx, int first, Tensor* evicted, int64_t num_evicted) {
+  TF_RETURN_IF_ERROR(dk::ScalarOutput(ctx, first, num_evicted));
+  Tensor* keys = nullptr;
+  TF_RETURN_IF_ERROR(ctx->allocate_output(first + 1, TensorShape({num_evicted}), &keys));
+  return KeysToOutput(ctx, I64(evicted), num_evicted, keys);
+}
+
 class FindOrInsertGpuOp : public DeviceWaitingKernel<> {
  public:
   explicit FindOrInsertGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
@@ -348,11 +357,7 @@ class FindOrInsertGpuOp : public DeviceWaitingKernel<> {
       OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
       table->NotePresent(ctx->input(1));
     }
-    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 1, result.num_evicted));
-    Tensor* evicted_keys = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({result.num_evicted}),
-                                             &evicted_keys));
-    OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&evicted), result.num_evicted, evicted_keys));
+    OP_REQUIRES_OK(ctx, EvictionOutputs(ctx, 1, &evicted, result.num_evicted));
   }
 
  private:
@@ -432,11 +437,7 @@ class UniqueFindOrInsertGpuOp : public DeviceWaitingKernel<> {
                                    nullptr, table->row_limit()));
     OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&distinct), u, unique_keys));
     table->NotePresent(*unique_keys, /*distinct=*/true);
-    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 3, result.num_evicted));
-    Tensor* evicted_keys = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(4, TensorShape({result.num_evicted}),
-                                             &evicted_keys));
-    OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&evicted), result.num_evicted, evicted_keys));
+    OP_REQUIRES_OK(ctx, EvictionOutputs(ctx, 3, &evicted, result.num_evicted));
   }
 
  private:
