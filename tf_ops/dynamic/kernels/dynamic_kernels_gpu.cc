@@ -148,9 +148,13 @@ class GpuTableResource : public ::tensorflow::ResourceBase {
   // unique op's). A later call given the same tensor while no key was
   // taken out needs no insert and so no wait for the device: the
   // optimizer's write-back of the keys that the step's lookup inserted (the
-  // gradient carries the lookup's keys tensor itself). Batches larger than
-  // the table's bound (never distinct) are not held. Call both with the
-  // lock held.
+  // gradient carries the lookup's keys tensor itself). Only tensors a table
+  // op made itself are noted (the unique find-or-insert's distinct keys; a
+  // slot table's keys within one optimizer op): a tensor that came in as
+  // an input may share the buffer of a TF 1 ref variable, which an assign
+  // overwrites in place. Batches larger than the table's bound are not
+  // held. Call both with the lock held.
+  // An empty `keys` forgets the note.
   void NotePresent(const Tensor& keys, bool distinct = false) {
     if (keys.NumElements() == 0 || keys.NumElements() > row_limit()) {
       present_keys_ = Tensor();
@@ -355,7 +359,6 @@ class FindOrInsertGpuOp : public DeviceWaitingKernel<> {
                                                   rows->flat<float>().data(), I64(&evicted),
                                                   &result, stream);
       OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
-      table->NotePresent(ctx->input(1));
     }
     OP_REQUIRES_OK(ctx, EvictionOutputs(ctx, 1, &evicted, result.num_evicted));
   }
@@ -497,9 +500,7 @@ Status ScatterRows(OpKernelContext* ctx, GpuTableResource* table, const Tensor& 
   }
   const int rc = sok_gpu_table_scatter(table->table(), device_keys, n, rows, mode, table->Tick(),
                                        result, GpuStreamOf(ctx));
-  TF_RETURN_IF_ERROR(TableError(ctx, rc, result, table->row_limit()));
-  table->NotePresent(keys);
-  return OkStatus();
+  return TableError(ctx, rc, result, table->row_limit());
 }
 
 class ScatterGpuOp : public DeviceWaitingKernel<> {
@@ -776,7 +777,9 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
                                        stream),
                                    "sok_dense_apply_f32"));
     // The keys are usually all present: the step's lookup inserted them
-    // (the table's), or the find-or-insert above did (the slots').
+    // (the table's, when they are its unique find-or-insert's output), or
+    // the find-or-insert above did (the slots', noted for this op's own
+    // write-back and forgotten after it).
     const auto write_back = [&](GpuTableResource* t, const float* values) {
       SokGpuTableResult result{0, -1};
       return ScatterRows(ctx, t, ctx->input(1), in.keys, n, values, /*update=*/2, &result);
@@ -784,6 +787,9 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
     OP_REQUIRES_OK(ctx, write_back(table, rows));
     for (int s = 0; s < args_.num_slots; ++s) {
       OP_REQUIRES_OK(ctx, write_back(slots.tables[s], slot_rows(s)));
+      // The note was for this op's write-back only (the keys are an input).
+      ::tensorflow::mutex_lock lock(*slots.tables[s]->mu());
+      slots.tables[s]->NotePresent(Tensor());
     }
   }
 
