@@ -355,23 +355,9 @@ def _rows_by_position(table, ids, table_name):
     @tf.custom_gradient
     def gather(rows, positions):
         def grad(dy):
-            dy = tf.convert_to_tensor(dy)
-            _, grad_rows = _one_id_gradient(rows, positions, dy, table_name)
-            return grad_rows, None
+            return lookup_ops.one_id_sum_grad(rows, positions, _one_id_splits(positions),
+                                              tf.convert_to_tensor(dy), table_name), None
 
         return tf.gather(rows, positions), grad
 
     return gather(rows, positions)
-
-
-def _one_id_gradient(rows, positions, dy, table_name):
-    """(ids, gradient rows [u, dim]) of one-id samples `positions` into
-    `rows` from their embeddings' gradient dy: SokFusedLookupGrad with a
-    dense gradient."""
-    from sok_graph.ops import library
-
-    ids, grads = library.load().sok_fused_lookup_grad(
-        params=[rows], ids=[positions], row_splits=[_one_id_splits(positions)],
-        weights=[tf.zeros([0], rows.dtype)], grads=[dy], combiners=["sum"], weighted=[False],
-        max_norms=[0.0], table_names=[table_name], dense_grads=[True])
-    return ids[0], grads[0]

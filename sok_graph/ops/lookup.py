@@ -136,6 +136,17 @@ def _dense_grads(op):
         return []
 
 
+def one_id_sum_grad(rows, positions, row_splits, dy, table_name):
+    """The dense gradient [u, dim] of `rows` [u, dim] gathered to one-id
+    samples `positions` (row_splits 0, 1, ..., n) and summed, from the
+    samples' gradient dy: what the fused gradient gives such a lookup."""
+    _, grads = library.load().sok_fused_lookup_grad(
+        params=[rows], ids=[positions], row_splits=[row_splits],
+        weights=[tf.zeros([0], rows.dtype)], grads=[dy], combiners=["sum"], weighted=[False],
+        max_norms=[0.0], table_names=[table_name], dense_grads=[True])
+    return grads[0]
+
+
 @register_gradient("SokFusedLookup")
 def _fused_lookup_grad(op, *grads):
     n = op.get_attr("num_tables")
