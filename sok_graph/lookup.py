@@ -355,8 +355,8 @@ def _rows_by_position(table, ids, table_name):
     @tf.custom_gradient
     def gather(rows, positions):
         def grad(dy):
-            return lookup_ops.one_id_sum_grad(rows, positions, _one_id_splits(positions),
-                                              tf.convert_to_tensor(dy), table_name), None
+            return lookup_ops.one_id_sum_grad(rows, positions, tf.convert_to_tensor(dy),
+                                              table_name), None
 
         return tf.gather(rows, positions), grad
 

@@ -136,12 +136,13 @@ def _dense_grads(op):
         return []
 
 
-def one_id_sum_grad(rows, positions, row_splits, dy, table_name):
+def one_id_sum_grad(rows, positions, dy, table_name):
     """The dense gradient [u, dim] of `rows` [u, dim] gathered to one-id
-    samples `positions` (row_splits 0, 1, ..., n) and summed, from the
-    samples' gradient dy: what the fused gradient gives such a lookup."""
+    samples `positions` and summed, from the samples' gradient dy: what the
+    fused gradient gives such a lookup. Its empty row_splits says one id per
+    sample, so no splits are made nor checked."""
     _, grads = library.load().sok_fused_lookup_grad(
-        params=[rows], ids=[positions], row_splits=[row_splits],
+        params=[rows], ids=[positions], row_splits=[tf.zeros([0], tf.int64)],
         weights=[tf.zeros([0], rows.dtype)], grads=[dy], combiners=["sum"], weighted=[False],
         max_norms=[0.0], table_names=[table_name], dense_grads=[True])
     return grads[0]

@@ -150,10 +150,13 @@ def bench_unique_sum(lib, n, dim, id_range, key_bits):
 
 def describe(t, out=None, clip=None):
     """A SokLookupTable for a dict of cupy arrays (params, ids, splits,
-    weights|None, combiner, max_norm)."""
-    batch = int(t["splits"].shape[0]) - 1
+    weights|None, combiner, max_norm; no_splits: given as one id per sample,
+    row_splits NULL, as the gradient op passes an empty row_splits)."""
+    no_splits = t.get("no_splits", False)
+    batch = int(t["ids"].shape[0]) if no_splits else int(t["splits"].shape[0]) - 1
     w = t.get("weights")
-    return Table(t["params"].data.ptr, t["ids"].data.ptr, t["splits"].data.ptr,
+    return Table(t["params"].data.ptr, t["ids"].data.ptr,
+                 None if no_splits else t["splits"].data.ptr,
                  w.data.ptr if w is not None else None,
                  clip.data.ptr if clip is not None else None,
                  out.data.ptr if out is not None else None, batch, int(t["params"].shape[0]),
@@ -239,18 +242,20 @@ def backward(lib, t, grads):
 def backward_plan(lib, tables, num, first_bad):
     """sok_lookup_backward_plan on every table (sized, then run): num and
     first_bad (cupy int64, one per table, or a [7, n] check whose row 0 it
-    fills) are its outputs. Returns the host and device descriptors, the
-    plan's scratch and the stream, for the rows call."""
+    fills) are its outputs; num None for dense gradients alone, as the op
+    calls it then. Returns the host and device descriptors, the plan's
+    scratch and the stream, for the rows call."""
     n = len(tables)
     host = (Table * n)(*[describe(t) for t in tables])
     dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
     stream = cp.cuda.get_current_stream().ptr
     size = ctypes.c_size_t(0)
-    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, first_bad.data.ptr,
+    num_ptr = None if num is None else num.data.ptr
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num_ptr, first_bad.data.ptr,
                                       None, ctypes.byref(size), stream)
     assert rc == 0, rc
     temp = cp.empty(max(size.value, 1), cp.uint8)
-    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num.data.ptr, first_bad.data.ptr,
+    rc = lib.sok_lookup_backward_plan(host, dev.data.ptr, n, num_ptr, first_bad.data.ptr,
                                       temp.data.ptr, ctypes.byref(size), stream)
     assert rc == 0, rc
     return host, dev, temp, stream
@@ -298,7 +303,7 @@ def backward_dense(lib, tables, grads):
     n = len(tables)
     # The op's check [7, n]: row 0 (first bad position) is the plan's first_bad.
     checks = cp.full((7, n), I64_MAX, cp.int64)
-    host, dev, temp, stream = backward_plan(lib, tables, cp.zeros(n, cp.int64), checks)
+    host, dev, temp, stream = backward_plan(lib, tables, None, checks)
     rows = []
     for t in tables:
         r = cp.zeros((int(t["params"].shape[0]) + 1, int(t["params"].shape[1])), cp.float32)
@@ -568,8 +573,8 @@ def check(lib, rng):
     for trial in range(6):
         combiner = list(COMBINERS)[trial % len(COMBINERS)]
         host = []
-        for d, kind in ((16, "one_id"), (4, "one_id"), (8, "weighted"), (16, "empty"),
-                        (32, "random")):
+        kinds = ("one_id", "one_id", "weighted", "empty", "random")
+        for d, kind in zip((16, 4, 8, 16, 32), kinds):
             rows = int(rng.integers(1, 400))
             batch = int(rng.integers(1, 3000))
             if kind == "random":
@@ -589,6 +594,21 @@ def check(lib, rng):
                  .astype(np.float32) for h in host]
         together = backward_tables(lib, dev, [cp.asarray(g) for g in grads])
         dense = backward_tables(lib, dev, [cp.asarray(g) for g in grads], dense=True)
+        # The one-id tables again without row_splits (the gradient op's empty
+        # row_splits), among the others: the same bits, sparse and dense.
+        bare = [dict(d, no_splits=True) if kind == "one_id" else d
+                for d, kind in zip(dev, kinds)]
+        bare_sparse = backward_tables(lib, bare, [cp.asarray(g) for g in grads])
+        bare_dense = backward_tables(lib, bare, [cp.asarray(g) for g in grads], dense=True)
+        for k in range(len(host)):
+            bwd_cases += 1
+            if not (np.array_equal(bare_sparse[k][0], together[k][0])
+                    and bare_sparse[k][1].tobytes() == together[k][1].tobytes()
+                    and bare_sparse[k][2] == together[k][2]
+                    and bare_dense[k][1].tobytes() == dense[k][1].tobytes()):
+                bwd_failures += 1
+                print(f"FAIL backward of one-id samples without row_splits: trial {trial} "
+                      f"table {k} ({kinds[k]}) differs from the same table with them")
         for k, (h, d, g, (u, rows, bad)) in enumerate(zip(host, dev, grads, together)):
             bwd_cases += 1
             alone = backward(lib, d, cp.asarray(g))

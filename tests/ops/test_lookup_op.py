@@ -212,6 +212,66 @@ def test_dense_gradient_in_a_graph_and_every_table_dense(rng):
     np.testing.assert_allclose(g, r, rtol=1e-5, atol=1e-6)
 
 
+def raw_grad(params, ids, splits, grads, combiner="sum", weights=None, dense=False):
+    """SokFusedLookupGrad of one table named 'user': (unique ids, rows)."""
+    u, g = sok.ops.library.load().sok_fused_lookup_grad(
+        params=[params], ids=[ids], row_splits=[splits],
+        weights=[tf.zeros([0]) if weights is None else weights], grads=[grads],
+        combiners=[combiner], weighted=[weights is not None], max_norms=[0.0],
+        table_names=["user"], dense_grads=[dense])
+    return u[0].numpy(), g[0].numpy()
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
+@pytest.mark.parametrize("dense", [False, True])
+@pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
+def test_gradient_of_one_id_samples_without_row_splits(rng, combiner, dense, id_dtype):
+    """An empty row_splits in the gradient op stands for one id per sample:
+    bit for bit the gradient that the splits 0, 1, ..., n give, and each
+    id's upstream rows summed (numpy)."""
+    rows, n, dim = 9, 40, 3
+    params = tf.constant(rng.standard_normal((rows, dim)).astype(np.float32))
+    ids_np = rng.integers(0, rows - 1, n)  # the last row never occurs
+    ids = tf.constant(ids_np, id_dtype)
+    dy = tf.constant(rng.standard_normal((n, dim)).astype(np.float32))
+    u0, g0 = raw_grad(params, ids, tf.range(n + 1, dtype=tf.int64), dy, combiner, dense=dense)
+    u1, g1 = raw_grad(params, ids, tf.zeros([0], tf.int64), dy, combiner, dense=dense)
+    np.testing.assert_array_equal(u1, u0)
+    assert g1.tobytes() == g0.tobytes()
+    want = np.zeros((rows, dim))
+    np.add.at(want, ids_np, dy.numpy().astype(np.float64))
+    if dense:
+        assert u1.shape == (0,) and g1.shape == (rows, dim)
+        got = g1
+    else:
+        np.testing.assert_array_equal(u1, list(dict.fromkeys(ids_np)))  # first appearance
+        got = np.zeros((rows, dim))
+        got[u1] = g1
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_one_id_samples_without_row_splits_are_refused_where_they_cannot_be():
+    params = tf.zeros([4, 2])
+    ids = tf.constant([0, 3, 1], tf.int64)
+    empty = tf.zeros([0], tf.int64)
+    dy = tf.ones([3, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"row_splits of table 'user' \(table 0\) may be empty \(one id "
+                             r"per sample\) only for an unweighted table"):
+        raw_grad(params, ids, empty, dy, weights=tf.ones([3]))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"grads of table 'user' .*must have shape \[3, 2\].*got \[2,2\]"):
+        raw_grad(params, ids, empty, tf.ones([2, 2]))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"ids of table 'user' .*must be in \[0, 4\).*got 4 at position 1"):
+        raw_grad(params, tf.constant([0, 4, 1], tf.int64), empty, dy)
+    # The forward takes no such shorthand: its output's batch is the splits'.
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                       match=r"row_splits of table 'user' .*must be a vector of batch \+ 1 "
+                             r">= 1 entries; got shape \[0\]"):
+        call_raw([params], [ids], [empty])
+
+
 def test_dense_grads_of_the_wrong_length_is_rejected():
     with pytest.raises(ValueError, match=r"dense_grads must have one entry per table \(1\); got 2"):
         lookup_ops.fused_lookup([tf.zeros([3, 2])], [tf.constant([0], tf.int64)],

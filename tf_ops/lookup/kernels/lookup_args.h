@@ -53,9 +53,16 @@ class FusedLookupAttrs {
     return "table '" + names[t] + "' (table " + std::to_string(t) + ")";
   }
 
+  // Whether table t's row_splits is the empty vector that stands for one id
+  // per sample (0, 1, ..., nnz): only where one_id_splits allows it.
+  bool OneIdPerSample(const ::tensorflow::Tensor& row_splits) const {
+    return one_id_splits && row_splits.dims() == 1 && row_splits.NumElements() == 0;
+  }
+
   // Table t's inputs: params a [rows, dim] matrix of `dtype`, ids a vector,
   // row_splits a vector that starts at 0, never decreases and ends at the
-  // number of ids, weights one per id when the table is weighted. Ids are
+  // number of ids (or, where one_id_splits allows, empty: one id per sample,
+  // for an unweighted table), weights one per id when the table is weighted. Ids are
   // range-checked by the passes that read them; row_splits' values here when
   // they are in host memory (the CPU kernels), else by the GPU kernels
   // (sok_lookup_check_splits, reported through CheckedColumn).
@@ -79,15 +86,25 @@ class FusedLookupAttrs {
       return errors::InvalidArgument("ids of ", TableName(t), " must be a vector; got shape ",
                                      ids.shape().DebugString());
     }
-    if (row_splits.dims() != 1 || row_splits.NumElements() < 1) {
+    if (!OneIdPerSample(row_splits) &&
+        (row_splits.dims() != 1 || row_splits.NumElements() < 1)) {
       return errors::InvalidArgument("row_splits of ", TableName(t), " must be a vector of ",
-                                     "batch + 1 >= 1 entries; got shape ",
-                                     row_splits.shape().DebugString());
+                                     "batch + 1 >= 1 entries",
+                                     one_id_splits ? " (or empty: one id per sample)" : "",
+                                     "; got shape ", row_splits.shape().DebugString());
     }
     if (weights.dims() != 1 || (weighted[t] && weights.NumElements() != ids.NumElements())) {
       return errors::InvalidArgument("weights of ", TableName(t), " must be a vector with ",
                                      "one weight per id (", ids.NumElements(), "); got shape ",
                                      weights.shape().DebugString());
+    }
+    if (OneIdPerSample(row_splits)) {
+      if (weighted[t]) {
+        return errors::InvalidArgument("row_splits of ", TableName(t), " may be empty (one id ",
+                                       "per sample) only for an unweighted table; table ", t,
+                                       " is weighted");
+      }
+      return OkStatus();
     }
     const int64_t nnz = ids.NumElements();
     if (!splits_on_host) {
@@ -173,6 +190,10 @@ class FusedLookupAttrs {
   std::vector<std::string> names;
   // Per table: its gradient is a dense [rows, dim] tensor (SokFusedLookupGrad).
   std::vector<bool> dense_grads;
+  // An empty row_splits is taken as one id per sample (SokFusedLookupGrad's
+  // kernels set it: all2all_dense_embedding's gradient then needs no range
+  // of n + 1 splits, nor their check, nor the per-sample pass that reads them).
+  bool one_id_splits = false;
 };
 
 }  // namespace sok_graph

@@ -145,6 +145,11 @@ struct PlanTable {
   int64_t piece_begin;  // its first element of piece_sum ([nnz, dim] per table)
   int64_t run_begin;    // its first run, and its first rank
   int64_t runs;         // its distinct ids
+  // 1 when the plan ranked the runs in order of first appearance, which
+  // only a sparse gradient's rows use (a plan for dense gradients alone,
+  // called with num_unique NULL, does not); the rows step writes no sparse
+  // rows without it.
+  int64_t ranked;
   // 1 when sample b's one id is at position b, for every b, and there are
   // no weights (DemoModel-style inputs): a position's sample is then the
   // position and its factor 1, so the rows step need not read them.
@@ -159,6 +164,7 @@ struct PlanSizes {
   int64_t max_nnz = 0, max_batch = 0, max_elems = 0, max_chunk_elems = 0;
   int64_t max_rows = 0;
   bool any_max_norm = false;
+  bool any_splits = false;  // a table given with row_splits (not one id per sample)
 };
 
 // A run's gradient row is the sum over its sorted positions, in order. A
@@ -183,6 +189,7 @@ PlanSizes SizesOf(const SokLookupTable* tables, int num_tables) {
     z.max_chunk_elems = std::max(z.max_chunk_elems, (v.nnz + kChunk - 1) / kChunk * dim);
     z.max_rows = std::max(z.max_rows, v.rows);
     z.any_max_norm = z.any_max_norm || (v.max_norm > 0.0f && v.nnz > 0);
+    z.any_splits = z.any_splits || v.row_splits != nullptr;
   }
   return z;
 }
@@ -306,12 +313,14 @@ __global__ void PlanKeys(const SokLookupTable* __restrict__ tables,
   }
 }
 
+// first_flag is NULL when the runs are not to be ranked (here and in
+// PlanRuns).
 template <typename KeyT>
 __global__ void PlanHeads(const KeyT* __restrict__ sorted, int64_t n, int32_t* __restrict__ head,
                           int32_t* __restrict__ first_flag) {
   SOK_FOR_EACH(j, n) {
     head[j] = (j == 0 || sorted[j] != sorted[j - 1]) ? 1 : 0;
-    first_flag[j] = 0;
+    if (first_flag != nullptr) first_flag[j] = 0;
   }
 }
 
@@ -324,7 +333,7 @@ __global__ void PlanRuns(const int32_t* __restrict__ head, const int32_t* __rest
   SOK_FOR_EACH(j, n) {
     if (head[j]) {
       run_start[run_of[j] - 1] = static_cast<int32_t>(j);
-      first_flag[sorted_pos[j]] = 1;
+      if (first_flag != nullptr) first_flag[sorted_pos[j]] = 1;
     }
     if (j == n - 1) *num_runs = run_of[j];
   }
@@ -344,8 +353,8 @@ __global__ void PlanRanks(const int32_t* __restrict__ run_start,
 // the keys, their stable sort with the positions, and the run heads.
 template <typename KeyT>
 cudaError_t SortedRunHeads(const SokLookupTable* tables, const PlanSizes& z, int num_tables,
-                           int id_bits, int key_bits, const Plan& p, int64_t* first_bad,
-                           cudaStream_t s) {
+                           int id_bits, int key_bits, const Plan& p, bool ranked,
+                           int64_t* first_bad, cudaStream_t s) {
   PlanKeys<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(
       tables, p.per_table, id_bits, static_cast<KeyT*>(p.keys), p.pos, first_bad);
   size_t bytes = p.cub_bytes;
@@ -353,13 +362,14 @@ cudaError_t SortedRunHeads(const SokLookupTable* tables, const PlanSizes& z, int
                                          p.sorted_pos, static_cast<int>(z.nnz), key_bits, s);
   if (err != cudaSuccess) return err;
   PlanHeads<<<Grid(z.nnz), 256, 0, s>>>(static_cast<const KeyT*>(p.sorted_keys), z.nnz, p.head,
-                                        p.first_flag);
+                                        ranked ? p.first_flag : nullptr);
   return cudaGetLastError();
 }
 
 // Each table's runs: its stretch of sorted indices starts a run (the keys
 // before it belong to another table), so its first run and its count of
-// runs come from the run numbers at the stretch's two ends.
+// runs come from the run numbers at the stretch's two ends. num_unique
+// NULL: a plan for dense gradients alone (no ranks, no counts to report).
 __global__ void PlanCounts(const SokLookupTable* __restrict__ tables, int num_tables,
                            const int32_t* __restrict__ run_of, PlanTable* __restrict__ per_table,
                            int64_t* __restrict__ num_unique) {
@@ -370,15 +380,19 @@ __global__ void PlanCounts(const SokLookupTable* __restrict__ tables, int num_ta
     const int64_t runs = nnz > 0 ? run_of[b + nnz - 1] - first : 0;
     per_table[t].run_begin = first;
     per_table[t].runs = runs;
-    num_unique[t] = runs;
+    per_table[t].ranked = num_unique != nullptr;
+    if (num_unique != nullptr) num_unique[t] = runs;
   }
 }
 
 // One thread per sample: its combiner factor (weights summed in order, as
-// the CPU kernel does), then each of its positions' factor and sample.
+// the CPU kernel does), then each of its positions' factor and sample. A
+// table given without row_splits is one id per sample and unweighted: its
+// one_id (PlanTables) stands, and nothing reads its sample_factor.
 __global__ void PlanSamples(const SokLookupTable* __restrict__ tables, PlanTable* per_table,
                             SampleFactor* __restrict__ sample_factor) {
   const SokLookupTable t = tables[blockIdx.y];
+  if (t.row_splits == nullptr) return;
   const int64_t base = per_table[blockIdx.y].pos_begin;
   SOK_FOR_EACH(b, t.batch) {
     // Clamped as in the forward: malformed row_splits (reported before the
@@ -420,7 +434,7 @@ __global__ void RowsIds(const SokLookupTable* __restrict__ tables,
                         const int32_t* __restrict__ sorted_pos,
                         const int32_t* __restrict__ run_start, const int32_t* __restrict__ rank_of) {
   const int t = blockIdx.y;
-  if (outs[t].dense) return;
+  if (outs[t].dense || !per_table[t].ranked) return;
   const PlanTable pt = per_table[t];
   const bool narrow = tables[t].id_bytes == 4;
   void* out = outs[t].unique_ids;
@@ -549,12 +563,14 @@ __device__ __forceinline__ int64_t OutRow(const SokLookupTable& tb, const PlanTa
   return out.dense ? RunId(tb, pt, sorted_pos, run_start[r]) : rank_of[r] - pt.run_begin;
 }
 
-// Whether table t's gradient is left as the caller zeroed it: a dense table
-// whose check (`checks`, may be NULL) records a bad id or malformed
-// row_splits — nothing reads the check before this gradient is used.
-__device__ __forceinline__ bool SkipDense(const SokLookupGradTable& out, const int64_t* checks,
-                                          int t, int num_tables) {
-  return out.dense && checks != nullptr &&
+// Whether table t's gradient is left as it is: a dense table whose check
+// (`checks`, may be NULL) records a bad id or malformed row_splits, left as
+// the caller zeroed it (nothing reads the check before this gradient is
+// used); a sparse one whose runs the plan did not rank (no rows to place).
+__device__ __forceinline__ bool SkipTable(const SokLookupGradTable& out, const PlanTable& pt,
+                                          const int64_t* checks, int t, int num_tables) {
+  if (!out.dense) return pt.ranked == 0;
+  return checks != nullptr &&
          (checks[t] != INT64_MAX || checks[3 * num_tables + t] != INT64_MAX);
 }
 
@@ -567,7 +583,7 @@ __global__ void RowsSum(const SokLookupTable* __restrict__ tables,
                         const int32_t* __restrict__ run_start,
                         const int32_t* __restrict__ rank_of, const int64_t* checks) {
   const int t = blockIdx.y;
-  if (SkipDense(outs[t], checks, t, gridDim.y)) return;
+  if (SkipTable(outs[t], per_table[t], checks, t, gridDim.y)) return;
   const SokLookupTable tb = tables[t];
   const int64_t n = tb.nnz;
   const int dim = tb.dim;
@@ -598,7 +614,7 @@ __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
                          const int64_t* checks) {
   const SokLookupTable tb = tables[blockIdx.y];
   if (!(tb.max_norm > 0.0f)) return;
-  if (SkipDense(outs[blockIdx.y], checks, blockIdx.y, gridDim.y)) return;
+  if (SkipTable(outs[blockIdx.y], per_table[blockIdx.y], checks, blockIdx.y, gridDim.y)) return;
   const PlanTable pt = per_table[blockIdx.y];
   const SokLookupGradTable out = outs[blockIdx.y];
   float* __restrict__ grad_rows = out.grad_rows;
@@ -661,7 +677,9 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
   PlanTables<<<1, 32, 0, s>>>(tables, num_tables, p.per_table);
   if (z.nnz == 0) {
     err = cudaMemsetAsync(p.num_runs, 0, sizeof(int64_t), s);
-    if (err == cudaSuccess) err = cudaMemsetAsync(num_unique, 0, sizeof(int64_t) * num_tables, s);
+    if (err == cudaSuccess && num_unique != nullptr) {
+      err = cudaMemsetAsync(num_unique, 0, sizeof(int64_t) * num_tables, s);
+    }
     // The rows call reads each table's runs (none).
     if (err == cudaSuccess) {
       PlanCounts<<<Grid(num_tables), 256, 0, s>>>(tables, num_tables, p.run_of, p.per_table,
@@ -672,25 +690,30 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_plan(
   }
   const int64_t nnz = z.nnz;
   const int num = static_cast<int>(nnz);
+  const bool ranked = num_unique != nullptr;
   err = p.narrow_keys ? SortedRunHeads<uint32_t>(tables, z, num_tables, id_bits, key_bits, p,
-                                                   first_bad, s)
+                                                   ranked, first_bad, s)
                       : SortedRunHeads<uint64_t>(tables, z, num_tables, id_bits, key_bits, p,
-                                                 first_bad, s);
+                                                 ranked, first_bad, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   size_t bytes = p.cub_bytes;
   err = cub::DeviceScan::InclusiveSum(p.cub, bytes, p.head, p.run_of, num, s);
   if (err != cudaSuccess) return static_cast<int>(err);
   PlanRuns<<<Grid(nnz), 256, 0, s>>>(p.head, p.run_of, p.sorted_pos, nnz, p.run_start,
-                                     p.first_flag, p.num_runs);
-  bytes = p.cub_bytes;
-  err = cub::DeviceScan::InclusiveSum(p.cub, bytes, p.first_flag, p.first_rank, num, s);
-  if (err != cudaSuccess) return static_cast<int>(err);
-  PlanRanks<<<Grid(nnz), 256, 0, s>>>(p.run_start, p.sorted_pos, p.first_rank, p.num_runs,
-                                      p.rank_of);
+                                     ranked ? p.first_flag : nullptr, p.num_runs);
+  if (ranked) {
+    bytes = p.cub_bytes;
+    err = cub::DeviceScan::InclusiveSum(p.cub, bytes, p.first_flag, p.first_rank, num, s);
+    if (err != cudaSuccess) return static_cast<int>(err);
+    PlanRanks<<<Grid(nnz), 256, 0, s>>>(p.run_start, p.sorted_pos, p.first_rank, p.num_runs,
+                                        p.rank_of);
+  }
   PlanCounts<<<Grid(num_tables), 256, 0, s>>>(tables, num_tables, p.run_of, p.per_table,
                                                num_unique);
-  PlanSamples<<<TableGrid(z.max_batch, num_tables), 256, 0, s>>>(tables, p.per_table,
-                                                                 p.sample_factor);
+  if (z.any_splits) {
+    PlanSamples<<<TableGrid(z.max_batch, num_tables), 256, 0, s>>>(tables, p.per_table,
+                                                                   p.sample_factor);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 

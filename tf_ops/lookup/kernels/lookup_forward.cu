@@ -399,10 +399,12 @@ __global__ void ClipFactorsKernel(SokLookupTable t, int64_t nnz, float* __restri
 }
 
 // Table blockIdx.y's row_splits problem (see SOK_LOOKUP_CHECK_ROWS), the
-// smallest key over its batch + 1 entries.
+// smallest key over its batch + 1 entries. A table without row_splits (one
+// id per sample, the gradient's) has none.
 __global__ void CheckSplitsKernel(const SokLookupTable* __restrict__ tables, int num_tables,
                                   int64_t* checks) {
   const SokLookupTable t = tables[blockIdx.y];
+  if (t.row_splits == nullptr) return;
   int64_t key = INT64_MAX;
   for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i <= t.batch;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {

@@ -75,9 +75,13 @@ class FusedLookupBase : public OpKernel {
 
   // Checks the shapes and row_splits of every table and describes them as
   // TableViews. Ids are range-checked by the passes that read them (CheckIds).
-  // Variables among the params stay read-locked while `params` lives.
+  // Variables among the params stay read-locked while `params` lives. A
+  // table given one id per sample (an empty row_splits, where the op takes
+  // it) reads its splits 0, 1, ..., nnz from `implied_splits`, kept by the
+  // caller as long as the views.
   Status ReadTables(OpKernelContext* ctx, TableInputs* params,
-                    std::vector<core::TableView<T, K>>* views, std::vector<int64_t>* nnz) {
+                    std::vector<core::TableView<T, K>>* views, std::vector<int64_t>* nnz,
+                    std::vector<std::vector<int64_t>>* implied_splits = nullptr) {
     OpInputList ids, splits, weights;
     TF_RETURN_IF_ERROR(params->Read(ctx, "params", attrs_.num_tables,
                                     [this](int t) { return this->TableName(t); }));
@@ -97,8 +101,17 @@ class FusedLookupBase : public OpKernel {
       v.rows = p.dim_size(0);
       v.dim = p.dim_size(1);
       v.ids = i.flat<K>().data();
-      v.row_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
-      v.batch = s.NumElements() - 1;
+      if (attrs_.OneIdPerSample(s)) {
+        implied_splits->resize(attrs_.num_tables);
+        std::vector<int64_t>& made = (*implied_splits)[t];
+        made.resize(static_cast<size_t>(i.NumElements()) + 1);
+        for (size_t b = 0; b < made.size(); ++b) made[b] = static_cast<int64_t>(b);
+        v.row_splits = made.data();
+        v.batch = i.NumElements();
+      } else {
+        v.row_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
+        v.batch = s.NumElements() - 1;
+      }
       v.weights = attrs_.weighted[t] ? weights[t].flat<T>().data() : nullptr;
       v.combiner = attrs_.combiners[t];
       v.max_norm = attrs_.max_norms[t];
@@ -227,13 +240,16 @@ REGISTER_KERNEL_BUILDER(Name("SokLookupCheck").Device(::tensorflow::DEVICE_GPU)
 template <typename T, typename K>
 class FusedLookupGradOp : public FusedLookupBase<T, K> {
  public:
-  using FusedLookupBase<T, K>::FusedLookupBase;
+  explicit FusedLookupGradOp(OpKernelConstruction* ctx) : FusedLookupBase<T, K>(ctx) {
+    this->attrs_.one_id_splits = true;
+  }
 
   void Compute(OpKernelContext* ctx) override {
     TableInputs params;
     std::vector<core::TableView<T, K>> views;
     std::vector<int64_t> nnz;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &views, &nnz));
+    std::vector<std::vector<int64_t>> implied_splits;
+    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &views, &nnz, &implied_splits));
     const int n = this->attrs_.num_tables;
     OpInputList grads_in;
     OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads_in));

@@ -85,11 +85,14 @@ class FusedLookupGpuBase : public OpKernel {
       SokLookupTable& v = (*tables)[t];
       v.params = p.flat<float>().data();
       v.ids = i.flat<K>().data();
-      v.row_splits = reinterpret_cast<const int64_t*>(s.tensor_data().data());
+      // One id per sample (an empty row_splits, where the op takes it): no
+      // splits; the kernels that would read them know the samples so.
+      const bool one_id = attrs_.OneIdPerSample(s);
+      v.row_splits = one_id ? nullptr : reinterpret_cast<const int64_t*>(s.tensor_data().data());
       v.weights = attrs_.weighted[t] ? w.flat<float>().data() : nullptr;
       v.clip = nullptr;
       v.out = nullptr;
-      v.batch = s.NumElements() - 1;
+      v.batch = one_id ? i.NumElements() : s.NumElements() - 1;
       v.rows = p.dim_size(0);
       v.nnz = i.NumElements();
       v.dim = static_cast<int32_t>(p.dim_size(1));
@@ -210,6 +213,7 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
  public:
   explicit FusedLookupGradGpuOp(OpKernelConstruction* ctx)
       : DeviceWaitingKernel<FusedLookupGpuBase<K>>(ctx) {
+    this->attrs_.one_id_splits = true;
     const auto& dense = this->attrs_.dense_grads;
     this->set_waits(!std::all_of(dense.begin(), dense.end(), [](bool d) { return d; }));
   }
@@ -258,15 +262,17 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
                                    "sizing the gradient's scratch"));
     Tensor plan;
     OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plan));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n, counts,
-                                                            checks, Data(plan), &bytes, stream),
-                                   "sok_lookup_backward_plan"));
     // Dense tables' outputs are sized by their rows: when every table is
-    // dense, nothing needs the counts, and the op does not wait (the check
-    // is then the forward's, SokLookupCheck; a table that fails it gets a
-    // zero gradient, see sok_lookup_backward_rows).
+    // dense, nothing needs the counts (the plan then neither reports them
+    // nor ranks the runs), and the op does not wait (the check is then the
+    // forward's, SokLookupCheck; a table that fails it gets a zero
+    // gradient, see sok_lookup_backward_rows).
     const auto& dense = this->attrs_.dense_grads;
     const bool all_dense = std::all_of(dense.begin(), dense.end(), [](bool d) { return d; });
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n,
+                                                            all_dense ? nullptr : counts, checks,
+                                                            Data(plan), &bytes, stream),
+                                   "sok_lookup_backward_plan"));
     std::vector<int64_t> host(check_size + n, 0);
     if (!all_dense) {
       OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),

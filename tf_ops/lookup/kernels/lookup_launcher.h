@@ -15,7 +15,9 @@ extern "C" {
 typedef struct {
   const float* params;        // [rows, dim]
   const void* ids;            // [nnz] int32 or int64 (id_bytes 4 or 8)
-  const int64_t* row_splits;  // [batch + 1]; read clamped to [0, nnz], checked on the device
+  const int64_t* row_splits;  // [batch + 1]; read clamped to [0, nnz], checked on the device.
+                              // The gradient's: or NULL, one id per sample (batch = nnz, no
+                              // weights)
   const float* weights;       // [nnz] or NULL (all 1)
   const float* clip;          // [nnz] max_norm factors (sok_lookup_clip_factors) or NULL
   float* out;                 // [batch, dim]
@@ -111,7 +113,9 @@ typedef struct {
 // memory: the sizes, from which both calls lay out `temp` alike) and
 // `tables` (the same, in device memory; `out` and `clip` unused):
 //   plan: sorts the ids of all tables; num_unique[t] (device int64
-//     [num_tables]) <- table t's number of distinct ids; first_bad[t]
+//     [num_tables]) <- table t's number of distinct ids (num_unique NULL:
+//     every table's gradient is dense, and the plan leaves out what only
+//     sparse rows need: their order of first appearance); first_bad[t]
 //     (device, INT64_MAX on entry) <- table t's first position of an id
 //     outside [0, rows). Call with temp == NULL for *temp_bytes first.
 //   rows: with the same temp, writes each table's unique_ids and grad_rows

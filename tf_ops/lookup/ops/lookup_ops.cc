@@ -201,6 +201,10 @@ unique_ids[t] lists each id of table t once (in order of first appearance);
 grad_rows[t][u] is the summed gradient of the row unique_ids[t][u]. Together
 they form an IndexedSlices with no duplicate indices.
 
+row_splits[t] may be empty here (not in SokFusedLookup) for an unweighted
+table, to say one id per sample, as the splits 0, 1, ..., len(ids[t])
+would, with no splits to make or check (all2all_dense_embedding's samples).
+
 A table marked in dense_grads instead gets unique_ids[t] empty and
 grad_rows[t] [rows, dim]: row r holds the summed gradient of id r (zero for
 an id that does not occur). For a small table whose every row is looked up
