@@ -141,13 +141,16 @@ def check_util(lib, rng):
     # unique with counts
     for n, case in [(1000, "random"), (1, "random"), (0, "random"), (5000, "all_equal"),
                     (4096, "extremes"), (100000, "random"), (3, "random"),
-                    (300000, "few"), (70000, "all_equal")]:
+                    (300000, "few"), (70000, "all_equal"), (400000, "vocab")]:
         for kd in (np.int64, np.int32):
             for idd in (np.int32, np.int64):
                 if case == "all_equal":
                     x = np.full(n, -42, kd)
                 elif case == "few":  # hot keys: many lanes of a warp share one
                     x = rng.integers(-50, 50, size=n).astype(kd)
+                elif case == "vocab":  # a DemoModel-like batch: its fitting set is
+                    # ranked by sorting the set's slots (several sort blocks)
+                    x = rng.integers(0, 8192, size=n).astype(kd)
                 elif case == "extremes":
                     info = np.iinfo(kd)
                     x = rng.choice(np.array([info.min, info.max, -1, 0, 7], kd), size=n)

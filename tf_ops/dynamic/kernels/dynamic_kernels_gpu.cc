@@ -47,6 +47,7 @@
 #include "tf_ops/dynamic/kernels/dynamic_table_launcher.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_launcher.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
+#include "tf_ops/util/kernels/unique_set_hint.h"
 #include "tf_ops/util/kernels/util_launcher.h"
 
 namespace sok_graph {
@@ -392,44 +393,40 @@ class UniqueFindOrInsertGpuOp : public DeviceWaitingKernel<> {
     void* stream = GpuStreamOf(ctx);
     Tensor* positions = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({n}), &positions));
-    Tensor distinct, count, evicted, temp;
+    Tensor distinct_keys, count, evicted, temp;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
-                                           TensorShape({std::max<int64_t>(n, 1)}), &distinct));
+                                           TensorShape({std::max<int64_t>(n, 1)}),
+                                           &distinct_keys));
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &count));
     // Room for every key the call could evict (at most one per distinct key).
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(
                             ::tensorflow::DT_INT64,
                             TensorShape({std::max<int64_t>(std::min(n, table->row_limit()), 1)}),
                             &evicted));
-    const auto unique = [&](int64_t set_slots) -> Status {
-      size_t bytes = 0;
-      TF_RETURN_IF_ERROR(CudaStatus(sok_unique_in_set_i64_i64(in.keys, n, set_slots, nullptr,
-                                                              nullptr, nullptr, nullptr,
-                                                              nullptr, &bytes, stream),
-                                    "sizing unique's scratch"));
-      TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT8,
-                                            TensorShape({static_cast<int64_t>(bytes) + 1}),
-                                            &temp));
-      return CudaStatus(sok_unique_in_set_i64_i64(in.keys, n, set_slots, I64(&distinct),
-                                                  I64(positions), nullptr, I64(&count),
-                                                  temp.flat<int8_t>().data(), &bytes, stream),
-                        "unique keys");
-    };
     SokGpuTableResult result{0, -1};
     int64_t u = 0;
     ::tensorflow::mutex_lock lock(*table->mu());
     if (n > 0) {
-      OP_REQUIRES_OK(ctx, unique(sok_unique_set_slots_after(last_distinct_.load(), n)));
-      int rc = sok_gpu_table_ensure_distinct(table->table(), I64(&distinct), I64(&count), n,
-                                             table->Tick(), I64(&evicted), &result, &u, stream);
-      if (rc == 0 && u < 0) {  // unique's set overflowed: again, with the full set
-        OP_REQUIRES_OK(ctx, unique(0));
-        rc = sok_gpu_table_ensure_distinct(table->table(), I64(&distinct), I64(&count), n,
-                                           table->Tick(), I64(&evicted), &result, &u, stream);
-      }
-      OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
-      OP_REQUIRES(ctx, u >= 0, errors::Internal("unique's full hash set overflowed"));
-      last_distinct_.store(u);
+      // Unique, then the table's exact path, which reads the distinct count
+      // (with its own counters) and leaves it in u: -1 when unique's set
+      // overflowed.
+      OP_REQUIRES_OK(
+          ctx, hint_.Run(
+                   n,
+                   [&](int64_t set_slots, int64_t* distinct) -> Status {
+                     TF_RETURN_IF_ERROR(LaunchWithScratch(
+                         ctx, "unique keys", &temp, [&](void* scratch, size_t* bytes) {
+                           return sok_unique_in_set_i64_i64(in.keys, n, set_slots,
+                                                            I64(&distinct_keys), I64(positions),
+                                                            nullptr, I64(&count), scratch,
+                                                            bytes, stream);
+                         }));
+                     const int rc = sok_gpu_table_ensure_distinct(
+                         table->table(), I64(&distinct_keys), I64(&count), n, table->Tick(),
+                         I64(&evicted), &result, distinct, stream);
+                     return TableError(ctx, rc, &result, table->row_limit());
+                   },
+                   &u));
     }
     Tensor *unique_keys = nullptr, *rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &unique_keys));
@@ -438,14 +435,14 @@ class UniqueFindOrInsertGpuOp : public DeviceWaitingKernel<> {
                                                                      rows->flat<float>().data(),
                                                                      stream),
                                    nullptr, table->row_limit()));
-    OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&distinct), u, unique_keys));
+    OP_REQUIRES_OK(ctx, KeysToOutput(ctx, I64(&distinct_keys), u, unique_keys));
     table->NotePresent(*unique_keys, /*distinct=*/true);
     OP_REQUIRES_OK(ctx, EvictionOutputs(ctx, 3, &evicted, result.num_evicted));
   }
 
  private:
   int dim_ = 0;
-  std::atomic<int64_t> last_distinct_{-1};
+  UniqueSetHint hint_;
 };
 
 class FindGpuOp : public OpKernel {

@@ -231,6 +231,59 @@ __global__ void HashUniqueOut(int64_t n, const uint32_t* __restrict__ slot_of,
   }
 }
 
+// Ranking by slots. A bounded set much smaller than the batch (an op's hint
+// from its last batch: few distinct keys, the DemoModel's 8192 of 8.2M) is
+// ranked by a stable sort of its slots by first position, slots + 1 items,
+// instead of a flag per position and a prefix sum over n; each position's
+// output is then one read of its slot's rank (L2-resident), not of its
+// slot and then of the rank at the slot's first position (random over n).
+// Empty slots sort last, under the key n (no position reaches it).
+template <typename K>
+__global__ void SlotFirsts(const HashSlot<K>* __restrict__ set, int64_t items,
+                           int32_t empty_first, int32_t* __restrict__ first,
+                           int32_t* __restrict__ slot_index) {
+  SOK_FOR_EACH(i, items) {
+    const int32_t f = set[i].first;
+    first[i] = f == INT_MAX ? empty_first : f;
+    slot_index[i] = static_cast<int32_t>(i);
+  }
+}
+
+// From the sorted slots: each occupied slot's rank, the distinct keys (and
+// counts) in order of first appearance, and their number (the index of the
+// first empty slot in sorted order).
+template <typename K, typename I>
+__global__ void SlotRanks(const int32_t* __restrict__ sorted_first,
+                          const int32_t* __restrict__ sorted_slot, int64_t items,
+                          int32_t empty_first, const HashSlot<K>* __restrict__ set,
+                          int32_t* __restrict__ slot_rank, K* __restrict__ y,
+                          I* __restrict__ count_out, int64_t* __restrict__ num_unique,
+                          const uint32_t* __restrict__ claims) {
+  if (claims[1] != 0) {  // overflowed: nothing is written but the sign
+    if (blockIdx.x == 0 && threadIdx.x == 0) *num_unique = -1;
+    return;
+  }
+  SOK_FOR_EACH(i, items) {
+    if (sorted_first[i] == empty_first) {
+      if (i == 0 || sorted_first[i - 1] != empty_first) *num_unique = i;
+      continue;
+    }
+    const int32_t slot = sorted_slot[i];
+    slot_rank[slot] = static_cast<int32_t>(i);
+    y[i] = set[slot].key;  // the side slot's key is EmptyKey, its key
+    if (count_out != nullptr) count_out[i] = static_cast<I>(set[slot].count);
+    if (i == items - 1) *num_unique = items;
+  }
+}
+
+template <typename I>
+__global__ void SlotRankOut(int64_t n, const uint32_t* __restrict__ slot_of,
+                            const int32_t* __restrict__ slot_rank, I* __restrict__ idx,
+                            const uint32_t* __restrict__ claims) {
+  if (claims[1] != 0) return;
+  SOK_FOR_EACH(p, n) idx[p] = static_cast<I>(slot_rank[slot_of[p]]);
+}
+
 // set_slots: 0 for the full set (2n slots or more), else a power of two of
 // at least 64 (a smaller one is not bounded: it is the full set).
 template <typename K, typename I>
@@ -245,16 +298,33 @@ int UniqueWithCounts(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* 
   const bool bounded = set_slots > 0 && set_slots < slots;
   if (bounded) slots = set_slots;
   const int num = static_cast<int>(n);
-  size_t scan_bytes = 0;
-  SOK_CUDA(cub::DeviceScan::InclusiveSum(nullptr, scan_bytes, static_cast<int32_t*>(nullptr),
-                                         static_cast<int32_t*>(nullptr), num, s));
+  // Ranked by slots (above) when sorting the set's slots + 1 items costs
+  // well under the two passes over n positions it replaces.
+  const int64_t items = slots + 1;
+  const bool by_slots = bounded && items * 8 <= n;
+  const int first_bits = BitsFor(n);
+  size_t cub_bytes = 0;
+  if (by_slots) {
+    SOK_CUDA(cub::DeviceRadixSort::SortPairs(
+        nullptr, cub_bytes, static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+        static_cast<const int32_t*>(nullptr), static_cast<int32_t*>(nullptr),
+        static_cast<int>(items), 0, first_bits, s));
+  } else {
+    SOK_CUDA(cub::DeviceScan::InclusiveSum(nullptr, cub_bytes, static_cast<int32_t*>(nullptr),
+                                           static_cast<int32_t*>(nullptr), num, s));
+  }
   Carver c(temp);
   HashSlot<K>* set = c.Take<HashSlot<K>>(slots + 1);
   uint32_t* claims = c.Take<uint32_t>(2);
   uint32_t* slot_of = c.Take<uint32_t>(n);
-  int32_t* flag = c.Take<int32_t>(n);
-  int32_t* rank = c.Take<int32_t>(n);
-  void* cub_temp = c.Take<char>(static_cast<int64_t>(scan_bytes));
+  // Per position (flags, ranks), or per slot (firsts and slot numbers before
+  // and after the sort, ranks).
+  int32_t* flag = c.Take<int32_t>(by_slots ? items : n);
+  int32_t* rank = c.Take<int32_t>(by_slots ? items : n);
+  int32_t* sorted_first = by_slots ? c.Take<int32_t>(items) : nullptr;
+  int32_t* sorted_slot = by_slots ? c.Take<int32_t>(items) : nullptr;
+  int32_t* slot_rank = by_slots ? c.Take<int32_t>(items) : nullptr;
+  void* cub_temp = c.Take<char>(static_cast<int64_t>(cub_bytes));
   if (temp == nullptr) {
     *temp_bytes = c.used();
     return 0;
@@ -274,8 +344,22 @@ int UniqueWithCounts(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* 
   } else {
     HashInsert<K, false, false><<<Grid(n), 256, 0, s>>>(x, n, set, mask, slot_of, claims);
   }
+  if (by_slots) {
+    const int32_t empty_first = static_cast<int32_t>(n);
+    int32_t* first = flag;
+    int32_t* slot_index = rank;
+    SlotFirsts<K><<<Grid(items), 256, 0, s>>>(set, items, empty_first, first, slot_index);
+    size_t bytes = cub_bytes;
+    SOK_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, first, sorted_first, slot_index,
+                                             sorted_slot, static_cast<int>(items), 0,
+                                             first_bits, s));
+    SlotRanks<K, I><<<Grid(items), 256, 0, s>>>(sorted_first, sorted_slot, items, empty_first,
+                                                set, slot_rank, y, count, num_unique, claims);
+    SlotRankOut<I><<<Grid(n), 256, 0, s>>>(n, slot_of, slot_rank, idx, claims);
+    return static_cast<int>(cudaGetLastError());
+  }
   FirstFlags<K><<<Grid(n), 256, 0, s>>>(slot_of, set, n, flag);
-  size_t bytes = scan_bytes;
+  size_t bytes = cub_bytes;
   SOK_CUDA(cub::DeviceScan::InclusiveSum(cub_temp, bytes, flag, rank, num, s));
   HashUniqueOut<K, I><<<Grid(n), 256, 0, s>>>(n, slot_of, set, rank, y, idx, count,
                                               num_unique, claims);

@@ -14,6 +14,7 @@
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 #include "tf_ops/util/kernels/segment_sum_args.h"
+#include "tf_ops/util/kernels/unique_set_hint.h"
 #include "tf_ops/util/kernels/util_launcher.h"
 
 namespace sok_graph {
@@ -41,12 +42,8 @@ int Unique(const int64_t* x, int64_t n, int64_t set_slots, int64_t* y, int64_t* 
 template <typename T>
 using C = typename std::conditional<sizeof(T) == 8, int64_t, int32_t>::type;
 
-// SokUniqueWithCounts (kCounts) and SokUnique.
-// The hash set of a call is sized by the number of distinct values the op
-// saw last (a graph's op sees batches alike: the same feature every step),
-// and a call whose batch overflows it runs again with the full set, before
-// the op returns: one more pass, paid only when a batch has many more
-// distinct values than the one before.
+// SokUniqueWithCounts (kCounts) and SokUnique; the hash set of a call is
+// sized by the op's last batch (UniqueSetHint).
 template <typename K, typename I, bool kCounts>
 class UniqueGpuOp : public DeviceWaitingKernel<> {
  public:
@@ -79,23 +76,20 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
     C<I>* counts = kCounts ? reinterpret_cast<C<I>*>(Data(count_all)) : nullptr;
     int64_t* u_dev = reinterpret_cast<int64_t*>(Data(num));
     int64_t u = -1;
-    for (int64_t set_slots = sok_unique_set_slots_after(last_distinct_.load(), n);; set_slots = 0) {
-      size_t bytes = 0;
-      OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, set_slots, ys, idxs, counts, u_dev, nullptr,
-                                            &bytes, stream),
-                                     "sizing unique's scratch"));
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
-                                             TensorShape({static_cast<int64_t>(bytes) + 1}),
-                                             &temp));
-      OP_REQUIRES_OK(ctx, CudaStatus(Unique(xs, n, set_slots, ys, idxs, counts, u_dev,
-                                            Data(temp), &bytes, stream),
-                                     "sok_unique_with_counts"));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&u, u_dev, sizeof(u), stream),
-                                     "reading the number of distinct values back"));
-      if (u >= 0 || set_slots == 0) break;  // -1: the smaller set overflowed
-    }
-    OP_REQUIRES(ctx, u >= 0, errors::Internal("unique's full hash set overflowed"));
-    last_distinct_.store(u);
+    OP_REQUIRES_OK(ctx, hint_.Run(
+                            n,
+                            [&](int64_t set_slots, int64_t* distinct) -> Status {
+                              TF_RETURN_IF_ERROR(LaunchWithScratch(
+                                  ctx, "sok_unique_with_counts", &temp,
+                                  [&](void* scratch, size_t* bytes) {
+                                    return Unique(xs, n, set_slots, ys, idxs, counts, u_dev,
+                                                  scratch, bytes, stream);
+                                  }));
+                              return CudaStatus(
+                                  sok_gpu_copy_to_host(distinct, u_dev, sizeof(*distinct), stream),
+                                  "reading the number of distinct values back");
+                            },
+                            &u));
     Tensor* y = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &y));
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*y), ys, sizeof(K) * u, stream),
@@ -110,7 +104,7 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
   }
 
  private:
-  std::atomic<int64_t> last_distinct_{-1};
+  UniqueSetHint hint_;
 };
 
 int SegmentSum(const float* data, const int64_t* ids, int64_t n, int64_t width, int64_t segs,
