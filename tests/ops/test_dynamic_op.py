@@ -208,6 +208,26 @@ def test_unique_find_or_insert_is_unique_then_find_or_insert(rng, key_dtype, max
             assert freq == want_state[k][2]
 
 
+def test_unique_find_or_insert_over_batches_whose_distinct_counts_jump(rng):
+    """The fused op (one instance, in a tf.function) over batches of few,
+    then many, then few distinct keys: its GPU kernel sizes unique's hash set
+    by the last batch (an overflow runs again in the full set; a large batch
+    of few keys is ranked by the set's slots). The same outputs as tf.unique
+    and find_or_insert of the distinct keys on a twin table."""
+    dim = 2
+    cfg = dict(max_capacity=0, initializer="uniform", minval=-1.0, maxval=1.0, seed=5)
+    fused, plain = make_table(dim, tf.int64, **cfg), make_table(dim, tf.int64, **cfg)
+    step = tf.function(lambda keys: dyn.unique_find_or_insert(fused, keys, dim)[:3])
+    for n, high in [(2000, 10), (2000, 1500), (20000, 100), (3000, 2900), (40, 3)]:
+        keys = tf.constant(rng.integers(0, high, size=n), tf.int64)
+        u, positions, rows = step(keys)
+        want_u, want_positions = tf.unique(keys, out_idx=tf.int64)
+        want_rows = dyn.find_or_insert_evicting(plain, want_u, dim)[0]
+        np.testing.assert_array_equal(u.numpy(), want_u.numpy())
+        np.testing.assert_array_equal(positions.numpy(), want_positions.numpy())
+        np.testing.assert_array_equal(rows.numpy(), want_rows.numpy())
+
+
 def test_unique_find_or_insert_refuses_too_many_keys_and_bad_keys():
     handle = make_table(2, max_capacity=4)
     with pytest.raises(tf.errors.InvalidArgumentError, match="5 distinct keys.*at most 4 rows"):

@@ -36,6 +36,22 @@ def test_unique_matches_tf(rng, ops, dtype, out_idx, case):
         np.testing.assert_array_equal(g.numpy(), r.numpy())
 
 
+@pytest.mark.parametrize("ops", UNIQUE_PAIRS, ids=["unique", "unique_with_counts"])
+def test_unique_batches_alike_and_unlike_through_one_op(rng, ops):
+    """One op instance (a tf.function's) over batches whose distinct counts
+    jump: the GPU kernel sizes its hash set by the last batch, so a batch
+    with many more distinct keys overflows it and runs again in the full
+    set, and a large batch of few keys is ranked by the set's slots. Every
+    batch as tf's op gives it."""
+    sok_op, tf_op = ops
+    step = tf.function(lambda x: sok_op(x, out_idx=tf.int64))
+    for n, high in [(2000, 10), (2000, 1500), (20000, 100), (20000, 100), (3000, 2900),
+                    (50000, 4000), (40, 3)]:
+        x = tf.constant(rng.integers(0, high, size=n), tf.int64)
+        for g, r in zip(step(x), tf_op(x, out_idx=tf.int64)):
+            np.testing.assert_array_equal(g.numpy(), r.numpy())
+
+
 @pytest.mark.parametrize("unique", [util.unique, util.unique_with_counts])
 def test_unique_rejects_matrix(unique):
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
