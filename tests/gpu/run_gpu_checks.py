@@ -609,6 +609,15 @@ def check(lib, rng):
                 bwd_failures += 1
                 print(f"FAIL backward of one-id samples without row_splits: trial {trial} "
                       f"table {k} ({kinds[k]}) differs from the same table with them")
+        # Without row_splits a table must be one unweighted id per sample:
+        # the weighted one is refused (at the size query, before any launch).
+        refused = (Table * 1)(describe(dict(dev[kinds.index("weighted")], no_splits=True)))
+        size = ctypes.c_size_t(0)
+        bwd_cases += 1
+        if lib.sok_lookup_backward_plan(refused, None, 1, None, None, None, ctypes.byref(size),
+                                        None) == 0:
+            bwd_failures += 1
+            print(f"FAIL a weighted table without row_splits was not refused (trial {trial})")
         for k, (h, d, g, (u, rows, bad)) in enumerate(zip(host, dev, grads, together)):
             bwd_cases += 1
             alone = backward(lib, d, cp.asarray(g))

@@ -165,6 +165,8 @@ struct PlanSizes {
   int64_t max_rows = 0;
   bool any_max_norm = false;
   bool any_splits = false;  // a table given with row_splits (not one id per sample)
+  // a table without row_splits that is not one unweighted id per sample
+  bool bad_no_splits = false;
 };
 
 // A run's gradient row is the sum over its sorted positions, in order. A
@@ -190,6 +192,8 @@ PlanSizes SizesOf(const SokLookupTable* tables, int num_tables) {
     z.max_rows = std::max(z.max_rows, v.rows);
     z.any_max_norm = z.any_max_norm || (v.max_norm > 0.0f && v.nnz > 0);
     z.any_splits = z.any_splits || v.row_splits != nullptr;
+    z.bad_no_splits = z.bad_no_splits ||
+                      (v.row_splits == nullptr && (v.batch != v.nnz || v.weights != nullptr));
   }
   return z;
 }
@@ -652,7 +656,8 @@ bool KeyBits(const PlanSizes& z, int num_tables, int* id_bits, int* key_bits) {
 
 // Checks shared by both calls; false for arguments no plan can take.
 bool Valid(const PlanSizes& z, int num_tables) {
-  return num_tables > 0 && num_tables <= 65535 && z.nnz >= 0 && z.nnz < INT_MAX;
+  return num_tables > 0 && num_tables <= 65535 && z.nnz >= 0 && z.nnz < INT_MAX &&
+         !z.bad_no_splits;
 }
 
 }  // namespace

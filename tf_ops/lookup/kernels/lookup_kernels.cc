@@ -102,6 +102,10 @@ class FusedLookupBase : public OpKernel {
       v.dim = p.dim_size(1);
       v.ids = i.flat<K>().data();
       if (attrs_.OneIdPerSample(s)) {
+        if (implied_splits == nullptr) {
+          return ::tensorflow::errors::Internal("row_splits of ", TableName(t),
+                                                " is empty, which this op does not take");
+        }
         implied_splits->resize(attrs_.num_tables);
         std::vector<int64_t>& made = (*implied_splits)[t];
         made.resize(static_cast<size_t>(i.NumElements()) + 1);

@@ -111,8 +111,11 @@ class FusedLookupGpuBase : public OpKernel {
     void* stream = GpuStreamOf(ctx);
     std::vector<int64_t> host(static_cast<size_t>(FusedLookupAttrs::kCheckRows) * n);
     int64_t max_batch = 0;
+    bool any_splits = false;  // tables given one id per sample have none to check
     for (int t = 0; t < n; ++t) {
       FusedLookupAttrs::ClearColumn(host.data(), n, t, tables[t].rows, tables[t].nnz);
+      if (tables[t].row_splits == nullptr) continue;
+      any_splits = true;
       max_batch = std::max(max_batch, tables[t].batch);
     }
     TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(checks, host.data(),
@@ -122,6 +125,7 @@ class FusedLookupGpuBase : public OpKernel {
     TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(*descs), tables.data(),
                                                          sizeof(SokLookupTable) * n, stream),
                                   "copying table descriptors"));
+    if (!any_splits) return OkStatus();
     return CudaStatus(sok_lookup_check_splits(static_cast<const SokLookupTable*>(Data(*descs)),
                                               n, max_batch, checks, stream),
                       "sok_lookup_check_splits");
@@ -232,9 +236,11 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
       OP_REQUIRES_OK(ctx, this->attrs_.CheckGrads(t, g, tables[t].batch, tables[t].dim));
       // The gradient's plan numbers samples in int32 too.
       OP_REQUIRES(ctx, tables[t].batch < INT32_MAX,
-                  errors::InvalidArgument("row_splits of ", this->TableName(t), " describe ",
-                                          tables[t].batch, " samples; the GPU gradient takes ",
-                                          "fewer than 2^31"));
+                  errors::InvalidArgument(
+                      tables[t].row_splits != nullptr ? "row_splits of " : "ids of ",
+                      this->TableName(t),
+                      tables[t].row_splits != nullptr ? " describe " : " (one id per sample) are ",
+                      tables[t].batch, " samples; the GPU gradient takes fewer than 2^31"));
     }
     // The gradient sorts every table's ids together and numbers their
     // positions in int32.

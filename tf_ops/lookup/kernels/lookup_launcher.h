@@ -17,7 +17,8 @@ typedef struct {
   const void* ids;            // [nnz] int32 or int64 (id_bytes 4 or 8)
   const int64_t* row_splits;  // [batch + 1]; read clamped to [0, nnz], checked on the device.
                               // The gradient's: or NULL, one id per sample (batch = nnz, no
-                              // weights)
+                              // weights, else the plan returns cudaErrorInvalidValue); the
+                              // forward needs them
   const float* weights;       // [nnz] or NULL (all 1)
   const float* clip;          // [nnz] max_norm factors (sok_lookup_clip_factors) or NULL
   float* out;                 // [batch, dim]

@@ -15,6 +15,7 @@
 
 #include <atomic>
 #include <cstdint>
+#include <string>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/cuda_status.h"
@@ -53,7 +54,8 @@ template <typename Launch>
 ::tensorflow::Status LaunchWithScratch(::tensorflow::OpKernelContext* ctx, const char* what,
                                        ::tensorflow::Tensor* temp, Launch launch) {
   size_t bytes = 0;
-  TF_RETURN_IF_ERROR(CudaStatus(launch(nullptr, &bytes), std::string("sizing ") + what));
+  TF_RETURN_IF_ERROR(CudaStatus(launch(nullptr, &bytes), std::string("sizing the scratch of ") +
+                                                             what));
   TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT8,
                                         ::tensorflow::TensorShape(
                                             {static_cast<int64_t>(bytes) + 1}),
