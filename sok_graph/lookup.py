@@ -296,7 +296,13 @@ class _TensorTable:
 def all2all_dense_embedding(param, indices, name=None):
     """Rows of `param` for `indices` of any shape, as ``tf.nn.embedding_lookup``:
     returns indices.shape + [dim]. param: a sok.Variable, tf.Variable, tensor or
-    sok.DynamicVariable (indices are then keys)."""
+    sok.DynamicVariable (indices are then keys).
+
+    On a GPU the gradient of a dynamic table's gathered rows is summed with
+    float atomics, as TensorFlow sums its own embedding gradients, so it may
+    differ in the last bits from run to run; with
+    ``tf.config.experimental.enable_op_determinism()`` it is summed in a
+    fixed order (docs/gpu.md)."""
     with tf.name_scope(name or "all2all_dense_embedding"):
         indices = tf.convert_to_tensor(indices)
         flat = tf.reshape(indices, [-1])

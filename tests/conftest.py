@@ -1,6 +1,7 @@
 """Shared fixtures. Tests import sok_graph as users do: the installed package
 (pytest) or the package Bazel stages (bazel test)."""
 
+import contextlib
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -61,6 +62,33 @@ def sok_initialized():
     sok.init(comm_tool="none", use_legacy_optimizer=False)
     yield
     context.restore_keras_optimizers()
+
+
+@contextlib.contextmanager
+def op_determinism_on():
+    """TensorFlow's op determinism on for a block, then as it was. The GPU
+    gradient of dense tables is summed with atomics unless it is on. TF 1.x
+    has no such switch; there the kernels this suite runs are the CPU's,
+    which sum in order."""
+    from tensorflow.python.framework import config
+
+    if not hasattr(config, "enable_op_determinism"):
+        yield
+        return
+    was = config.is_op_determinism_enabled()
+    config.enable_op_determinism()
+    try:
+        yield
+    finally:
+        if not was:
+            config.disable_op_determinism()
+
+
+@pytest.fixture
+def op_determinism():
+    """op_determinism_on for a whole test."""
+    with op_determinism_on():
+        yield
 
 
 @pytest.fixture

@@ -111,12 +111,13 @@ def test_training_step_has_one_unique_find_or_insert_and_no_second_unique(rng):
     assert types.count("SokDynamicSparseApply") == 1
 
 
-def test_all2all_dense_embedding_of_a_dynamic_table_gathers_by_position(rng):
+def test_all2all_dense_embedding_of_a_dynamic_table_gathers_by_position(rng, op_determinism):
     """A single worker's dynamic table: rows gathered to positions (tf.gather
     after the table's unique find-or-insert), the gradient summed per key
     by the fused gradient kernel: equal to tf.nn.embedding_lookup on a
     tf.Variable, and bit for bit the gradient of lookup_sparse with one id
-    per sample."""
+    per sample (with op determinism on: without it a GPU sums the dense
+    gradient of gathered rows with atomics, in no fixed order)."""
     rows = rng.standard_normal((20, 3)).astype(np.float32)
     dyn, ref = filled(rows), tf.Variable(rows)
     keys = tf.constant(rng.integers(0, 20, size=(6, 5, 2)), tf.int64)

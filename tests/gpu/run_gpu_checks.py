@@ -59,6 +59,10 @@ def load(path):
     lib.sok_lookup_backward_plan.restype = ctypes.c_int
     lib.sok_lookup_backward_rows.argtypes = [P, P, ctypes.c_int, P, P, P, P]
     lib.sok_lookup_backward_rows.restype = ctypes.c_int
+    lib.sok_lookup_backward_dense_unordered.argtypes = [P, P, ctypes.c_int, P, P, P]
+    lib.sok_lookup_backward_dense_unordered.restype = ctypes.c_int
+    lib.sok_lookup_check_splits.argtypes = [P, ctypes.c_int, ctypes.c_int64, P, P]
+    lib.sok_lookup_check_splits.restype = ctypes.c_int
     lib.sok_unique_segment_sum_f32.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_int,
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
@@ -297,6 +301,20 @@ def backward_tables(lib, tables, grads, dense=False):
     return result
 
 
+def dense_outputs(tables, grads):
+    """Dense gradient outputs as the op gives them, zeroed [rows, dim], plus
+    a NaN spare row each (a write past a table's rows shows), and their
+    SokLookupGradTable descriptors on the device."""
+    rows = []
+    for t in tables:
+        r = cp.zeros((int(t["params"].shape[0]) + 1, int(t["params"].shape[1])), cp.float32)
+        r[-1] = cp.nan
+        rows.append(r)
+    outs = (GradTable * len(tables))(*[GradTable(g.data.ptr, None, r.data.ptr, 1, 0)
+                                       for g, r in zip(grads, rows)])
+    return rows, cp.asarray(np.frombuffer(bytes(outs), np.uint8))
+
+
 def backward_dense(lib, tables, grads):
     """backward_tables(..., dense=True): plan and rows with no read-back in
     between; outputs zeroed as the op zeroes them, plus a poisoned spare row."""
@@ -304,14 +322,7 @@ def backward_dense(lib, tables, grads):
     # The op's check [7, n]: row 0 (first bad position) is the plan's first_bad.
     checks = cp.full((7, n), I64_MAX, cp.int64)
     host, dev, temp, stream = backward_plan(lib, tables, None, checks)
-    rows = []
-    for t in tables:
-        r = cp.zeros((int(t["params"].shape[0]) + 1, int(t["params"].shape[1])), cp.float32)
-        r[-1] = cp.nan
-        rows.append(r)
-    outs = (GradTable * n)(*[GradTable(g.data.ptr, None, r.data.ptr, 1, 0)
-                             for g, r in zip(grads, rows)])
-    d_outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
+    rows, d_outs = dense_outputs(tables, grads)
     rc = lib.sok_lookup_backward_rows(host, dev.data.ptr, n, d_outs.data.ptr, checks.data.ptr,
                                       temp.data.ptr, stream)
     assert rc == 0, rc
@@ -321,6 +332,136 @@ def backward_dense(lib, tables, grads):
         assert bool(cp.isnan(r[-1]).all()), "the dense gradient wrote past a table's rows"
         result.append((np.zeros(0), cp.asnumpy(r[:-1]), int(first)))
     return result
+
+
+def backward_unordered(lib, tables, grads):
+    """sok_lookup_backward_dense_unordered on every table as the op calls it:
+    row 3 of the check filled by sok_lookup_check_splits first, outputs
+    zeroed, plus a poisoned spare row. Per table: its [rows, dim] gradient,
+    its first bad id position and its row_splits finding (row 3)."""
+    n = len(tables)
+    host = (Table * n)(*[describe(t) for t in tables])
+    dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
+    stream = cp.cuda.get_current_stream().ptr
+    checks = cp.full((7, n), I64_MAX, cp.int64)
+    rc = lib.sok_lookup_check_splits(dev.data.ptr, n, max(t.batch for t in host),
+                                     checks.data.ptr, stream)
+    assert rc == 0, rc
+    rows, d_outs = dense_outputs(tables, grads)
+    rc = lib.sok_lookup_backward_dense_unordered(host, dev.data.ptr, n, d_outs.data.ptr,
+                                                 checks.data.ptr, stream)
+    assert rc == 0, rc
+    cp.cuda.get_current_stream().synchronize()
+    result = []
+    for r, first, splits_bad in zip(rows, cp.asnumpy(checks[0]), cp.asnumpy(checks[3])):
+        assert bool(cp.isnan(r[-1]).all()), "the unordered gradient wrote past a table's rows"
+        result.append((cp.asnumpy(r[:-1]), int(first), int(splits_bad)))
+    return result
+
+
+def dense_reference(h, grads):
+    """A table's dense gradient [rows, dim] in float64 (no clip)."""
+    wu, wrows = backward_reference(h["params"], h["ids"], h["splits"], h["weights"],
+                                   h["combiner"], 0.0, grads)
+    want = np.zeros(h["params"].shape)
+    want[wu.astype(np.int64)] = wrows
+    return want
+
+
+def check_unordered(lib, rng):
+    """The dense gradient summed with atomics (no fixed order) against
+    float64 numpy: every layout and combiner, weights, hot ids, one id per
+    sample without row_splits, bad ids and malformed row_splits (the table
+    keeps its zero gradient, the others get theirs), and the refusals."""
+    cases = failures = 0
+
+    def expect(ok, what):
+        nonlocal cases, failures
+        cases += 1
+        if not ok:
+            failures += 1
+            print(f"FAIL unordered dense gradient: {what}")
+
+    def close(got, want):
+        return (not np.isnan(got).any() and
+                np.linalg.norm(got - want) <= 1e-5 * max(np.linalg.norm(want), 1.0))
+
+    for dims, combiner, weighted, case, host in table_groups(
+            rng, ([1, 3, 33], [4, 16, 128], [5, 128, 7], [8, 32, 64])):
+        for h in host:
+            h["ids"] = h["ids"].astype(np.int32 if rng.random() < 0.5 else np.int64)
+        grads = [rng.standard_normal((len(h["splits"]) - 1, h["params"].shape[1]))
+                 .astype(np.float32) for h in host]
+        got = backward_unordered(lib, [to_device(h) for h in host],
+                                 [cp.asarray(g) for g in grads])
+        for h, g, (rows, first, splits_bad) in zip(host, grads, got):
+            expect(first == I64_MAX and splits_bad == I64_MAX
+                   and close(rows, dense_reference(h, g)),
+                   f"dims {dims} {combiner} weighted={weighted} {case} dim {g.shape[1]}")
+    # One id per sample, given without row_splits (the DemoModel's), beside
+    # a table with them; and a gradient that starts off 16-byte alignment.
+    for no_splits in (False, True):
+        host = []
+        for d in (16, 4, 3):
+            batch = int(rng.integers(1, 5000))
+            host.append(dict(params=rng.standard_normal((300, d)).astype(np.float32),
+                             ids=rng.integers(0, 300, batch).astype(np.int64),
+                             splits=np.arange(batch + 1, dtype=np.int64), weights=None,
+                             combiner="mean"))
+        host.append(random_table(rng, 200, 8, 100, 4, "sqrtn", True))
+        dev = [dict(to_device(h), no_splits=no_splits and k < 3) for k, h in enumerate(host)]
+        grads = [rng.standard_normal((len(h["splits"]) - 1, h["params"].shape[1]))
+                 .astype(np.float32) for h in host]
+        shifted = cp.asarray(np.concatenate([[0.0], grads[0].ravel()]).astype(np.float32))
+        d_grads = [cp.asarray(g) for g in grads]
+        d_grads[0] = shifted[1:].reshape(grads[0].shape)  # 4 bytes past an allocation's start
+        got = backward_unordered(lib, dev, d_grads)
+        for k, (h, g, (rows, first, _)) in enumerate(zip(host, grads, got)):
+            expect(first == I64_MAX and close(rows, dense_reference(h, g)),
+                   f"one id per sample, no_splits={no_splits}, table {k}")
+    # Hot ids: every position of a big batch on a handful of rows.
+    # Small integers, so every order of the float additions gives the exact
+    # sum: a lost or doubled addition shows.
+    h = dict(params=rng.standard_normal((5, 16)).astype(np.float32),
+             ids=rng.integers(0, 5, 200000).astype(np.int64),
+             splits=np.arange(200001, dtype=np.int64), weights=None, combiner="sum")
+    g = rng.integers(-3, 4, (200000, 16)).astype(np.float32)
+    rows, first, _ = backward_unordered(lib, [to_device(h)], [cp.asarray(g)])[0]
+    expect(first == I64_MAX and np.array_equal(rows, dense_reference(h, g)),
+           "200000 positions on 5 rows (exact sums)")
+    # A bad id: reported at its first position; its table keeps its zeros.
+    # Malformed row_splits (not ascending): that table keeps its zeros.
+    good = [random_table(rng, 300, 8, 40, 4, "sum", False) for _ in range(3)]
+    good[1]["ids"][[3, 7]] = [300, -5]
+    good[2]["splits"][5] = good[2]["splits"][4] - 1
+    grads = [rng.standard_normal((len(h["splits"]) - 1, 8)).astype(np.float32) for h in good]
+    got = backward_unordered(lib, [to_device(h) for h in good], [cp.asarray(g) for g in grads])
+    expect(got[0][1] == I64_MAX and close(got[0][0], dense_reference(good[0], grads[0])),
+           "a good table beside bad ones")
+    expect(got[1][1] == 3 and not got[1][0].any(), f"bad id: first {got[1][1]}, want 3")
+    expect(got[2][2] != I64_MAX and not got[2][0].any(),
+           f"malformed row_splits: check row 3 {got[2][2]}")
+    # Refused: a table that clips (max_norm needs each distinct id once),
+    # no check to write to, a weighted table without row_splits.
+    t = to_device(random_table(rng, 50, 4, 10, 3, "sum", True))
+    g = cp.zeros((10, 4), cp.float32)
+    for what, desc, checks in (
+            ("max_norm", dict(t, max_norm=1.0), cp.full((7, 1), I64_MAX, cp.int64)),
+            ("checks NULL", t, None),
+            ("weighted without row_splits", dict(t, no_splits=True),
+             cp.full((7, 1), I64_MAX, cp.int64))):
+        host = (Table * 1)(describe(desc))
+        dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
+        outs = (GradTable * 1)(GradTable(g.data.ptr, None, cp.zeros((50, 4), cp.float32).data.ptr,
+                                         1, 0))
+        d_outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
+        rc = lib.sok_lookup_backward_dense_unordered(
+            host, dev.data.ptr, 1, d_outs.data.ptr,
+            None if checks is None else checks.data.ptr, cp.cuda.get_current_stream().ptr)
+        expect(rc != 0, f"{what} was not refused")
+    print(f"lookup backward checks (dense, unordered): {cases - failures} passed, "
+          f"{failures} failed")
+    return failures
 
 
 def backward_reference(params, ids, splits, weights, combiner, max_norm, grads):
@@ -349,6 +490,19 @@ def backward_reference(params, ids, splits, weights, combiner, max_norm, grads):
         out[big] = (max_norm / norm[big])[:, None] * (
             out[big] - x[big] * (dot[big] / norm[big] ** 2)[:, None])
     return values[order], out
+
+
+def table_groups(rng, dims_list):
+    """Groups of random tables, one per dim of each entry of dims_list, for
+    every combiner, with and without weights, with random and all-equal
+    ids: yields (dims, combiner, weighted, case, host tables)."""
+    for dims in dims_list:
+        for combiner in COMBINERS:
+            for weighted in (False, True):
+                for case in ("random", "all_equal"):
+                    yield dims, combiner, weighted, case, [
+                        random_table(rng, int(rng.integers(1, 500)), d, int(rng.integers(0, 300)),
+                                     6, combiner, weighted, case) for d in dims]
 
 
 def random_table(rng, rows, dim, batch, max_hot, combiner, weighted, case="random"):
@@ -383,74 +537,69 @@ def check(lib, rng):
     failures = 0
     cases = 0
     bwd_cases = bwd_failures = 0
-    for dims in ([1, 3, 33], [4, 16, 128], [5, 128, 7], [8, 32, 64], [20, 12, 256]):
-        for combiner in COMBINERS:
-            for weighted in (False, True):
-                for case in ("random", "all_equal"):
-                    host = [random_table(rng, int(rng.integers(1, 500)), d,
-                                         int(rng.integers(0, 300)), 6, combiner, weighted, case)
-                            for d in dims]
-                    id_type = np.int32 if rng.random() < 0.5 else np.int64
-                    for h in host:
-                        h["ids"] = h["ids"].astype(id_type)
-                        # rows are N(0, 1): about half of them get clipped
-                        h["max_norm"] = (float(np.sqrt(h["params"].shape[1]))
-                                         if rng.random() < 0.35 else 0.0)
-                    dev = [to_device(h) for h in host]
-                    outs = forward(lib, dev)
-                    # Teams of lanes per sample (float4 layouts only).
-                    # Kernel 2 (samples of several ids take its fallback here).
-                    team_outs = ([(lanes, forward(lib, dev, vectorized=kind, lanes=lanes))
-                                  for lanes in (4, 8, 16) for kind in (1, 2)]
-                                 if all(d % 4 == 0 for d in dims) else [])
-                    for k, (h, d, o) in enumerate(zip(host, dev, outs)):
-                        want = reference(h["params"], h["ids"], h["splits"], h["weights"],
-                                         combiner, h["max_norm"])
-                        for lanes, got in [(32, o)] + [(ln, to[k]) for ln, to in team_outs]:
-                            got = cp.asnumpy(got)
-                            cases += 1
-                            err = rel_err(got, want)
-                            if np.isnan(got).any() or err > 1e-5:
-                                failures += 1
-                                print(f"FAIL dims={dims} lanes={lanes} {combiner} "
-                                      f"weighted={weighted} {case} {id_type.__name__} "
-                                      f"max_norm={h['max_norm']:.2f}: rel err {err:.2e}, "
-                                      f"NaN {np.isnan(got).sum()}")
-                    # The gradient of the tables together (one launch
-                    # sequence) and of each alone: both against the
-                    # reference, and bit-identical to each other.
-                    grads = [rng.standard_normal(o.shape).astype(np.float32) for o in outs]
-                    together = backward_tables(lib, dev, [cp.asarray(g) for g in grads])
-                    dense_together = backward_tables(lib, dev, [cp.asarray(g) for g in grads],
-                                                     dense=True)
-                    dense_checked = []
-                    for h, d, g, (u, rows, bad) in zip(host, dev, grads, together):
-                        alone = backward(lib, d, cp.asarray(g))
-                        wu, wrows = backward_reference(h["params"], h["ids"], h["splits"],
-                                                       h["weights"], combiner, h["max_norm"], g)
-                        bwd_cases += 1
-                        dim = g.shape[1]
-                        # Relative to at least 1: at dim 1 a clipped row's
-                        # gradient is exactly 0, leaving only rounding.
-                        err = (np.linalg.norm(rows - wrows) / max(np.linalg.norm(wrows), 1.0)
-                               if rows.shape == wrows.shape else np.inf)
-                        same = (np.array_equal(alone[0], u) and alone[2] == bad
-                                and alone[1].tobytes() == rows.tobytes())
-                        # The dense layout: the same rows, bit for bit, at
-                        # their ids, and zeros at the ids that never occur.
-                        want_dense = np.zeros(h["params"].shape, np.float32)
-                        want_dense[u.astype(np.int64)] = rows
-                        dense_rows = dense_together[len(dense_checked)][1]
-                        dense_checked.append(1)
-                        same = same and dense_rows.tobytes() == want_dense.tobytes()
-                        if (bad != I64_MAX or not np.array_equal(u, wu) or u.dtype != id_type
-                                or np.isnan(rows).any() or err > 1e-5 or not same):
-                            bwd_failures += 1
-                            print(f"FAIL backward dims={dims} dim={dim} {combiner} "
-                                  f"weighted={weighted} {case} {id_type.__name__} "
-                                  f"max_norm={h['max_norm']:.2f}: ids equal "
-                                  f"{np.array_equal(u, wu)}, rel err {err:.2e}, "
-                                  f"together == alone == dense {same}")
+    for dims, combiner, weighted, case, host in table_groups(
+            rng, ([1, 3, 33], [4, 16, 128], [5, 128, 7], [8, 32, 64], [20, 12, 256])):
+        id_type = np.int32 if rng.random() < 0.5 else np.int64
+        for h in host:
+            h["ids"] = h["ids"].astype(id_type)
+            # rows are N(0, 1): about half of them get clipped
+            h["max_norm"] = (float(np.sqrt(h["params"].shape[1]))
+                             if rng.random() < 0.35 else 0.0)
+        dev = [to_device(h) for h in host]
+        outs = forward(lib, dev)
+        # Teams of lanes per sample (float4 layouts only).
+        # Kernel 2 (samples of several ids take its fallback here).
+        team_outs = ([(lanes, forward(lib, dev, vectorized=kind, lanes=lanes))
+                      for lanes in (4, 8, 16) for kind in (1, 2)]
+                     if all(d % 4 == 0 for d in dims) else [])
+        for k, (h, d, o) in enumerate(zip(host, dev, outs)):
+            want = reference(h["params"], h["ids"], h["splits"], h["weights"],
+                             combiner, h["max_norm"])
+            for lanes, got in [(32, o)] + [(ln, to[k]) for ln, to in team_outs]:
+                got = cp.asnumpy(got)
+                cases += 1
+                err = rel_err(got, want)
+                if np.isnan(got).any() or err > 1e-5:
+                    failures += 1
+                    print(f"FAIL dims={dims} lanes={lanes} {combiner} "
+                          f"weighted={weighted} {case} {id_type.__name__} "
+                          f"max_norm={h['max_norm']:.2f}: rel err {err:.2e}, "
+                          f"NaN {np.isnan(got).sum()}")
+        # The gradient of the tables together (one launch
+        # sequence) and of each alone: both against the
+        # reference, and bit-identical to each other.
+        grads = [rng.standard_normal(o.shape).astype(np.float32) for o in outs]
+        together = backward_tables(lib, dev, [cp.asarray(g) for g in grads])
+        dense_together = backward_tables(lib, dev, [cp.asarray(g) for g in grads],
+                                         dense=True)
+        dense_checked = []
+        for h, d, g, (u, rows, bad) in zip(host, dev, grads, together):
+            alone = backward(lib, d, cp.asarray(g))
+            wu, wrows = backward_reference(h["params"], h["ids"], h["splits"],
+                                           h["weights"], combiner, h["max_norm"], g)
+            bwd_cases += 1
+            dim = g.shape[1]
+            # Relative to at least 1: at dim 1 a clipped row's
+            # gradient is exactly 0, leaving only rounding.
+            err = (np.linalg.norm(rows - wrows) / max(np.linalg.norm(wrows), 1.0)
+                   if rows.shape == wrows.shape else np.inf)
+            same = (np.array_equal(alone[0], u) and alone[2] == bad
+                    and alone[1].tobytes() == rows.tobytes())
+            # The dense layout: the same rows, bit for bit, at
+            # their ids, and zeros at the ids that never occur.
+            want_dense = np.zeros(h["params"].shape, np.float32)
+            want_dense[u.astype(np.int64)] = rows
+            dense_rows = dense_together[len(dense_checked)][1]
+            dense_checked.append(1)
+            same = same and dense_rows.tobytes() == want_dense.tobytes()
+            if (bad != I64_MAX or not np.array_equal(u, wu) or u.dtype != id_type
+                    or np.isnan(rows).any() or err > 1e-5 or not same):
+                bwd_failures += 1
+                print(f"FAIL backward dims={dims} dim={dim} {combiner} "
+                      f"weighted={weighted} {case} {id_type.__name__} "
+                      f"max_norm={h['max_norm']:.2f}: ids equal "
+                      f"{np.array_equal(u, wu)}, rel err {err:.2e}, "
+                      f"together == alone == dense {same}")
     # Bad ids: reported at their first position, never read through.
     for id_type in (np.int32, np.int64):
         h = random_table(rng, 100, 16, 50, 6, "sum", False)
@@ -792,6 +941,52 @@ class BackwardRun:
         self.rows()
 
 
+def bench_backward_dense(lib, rng):
+    """Dense gradients, ordered (plan + rows, as the op runs them when
+    determinism is asked for) against unordered (float atomics): the
+    DemoModel's (8192 x 1000 one-id positions, no row_splits, 8192 rows) and
+    DLRM's 26 tables (Zipf hot ids)."""
+    demo = dict(params=cp.random.standard_normal((8192, 16), dtype=cp.float32),
+                ids=cp.random.randint(0, 8192, size=8192 * 1000, dtype=cp.int64),
+                splits=None, weights=None, combiner="sum", no_splits=True)
+    for name, tables in (("DemoModel (8.2M one-id positions, 8192 rows)", [demo]),
+                         ("DLRM (26 tables, Zipf ids)", dlrm_tables(rng))):
+        n = len(tables)
+        host = (Table * n)(*[describe(t) for t in tables])
+        dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
+        grads = [cp.random.standard_normal((d.batch, d.dim), dtype=cp.float32) for d in host]
+        rows = [cp.zeros((d.rows, d.dim), cp.float32) for d in host]
+        outs = (GradTable * n)(*[GradTable(g.data.ptr, None, r.data.ptr, 1, 0)
+                                 for g, r in zip(grads, rows)])
+        d_outs = cp.asarray(np.frombuffer(bytes(outs), np.uint8))
+        checks = cp.full((7, n), I64_MAX, cp.int64)
+        size = ctypes.c_size_t(0)
+        lib.sok_lookup_backward_plan(host, dev.data.ptr, n, None, None, None,
+                                     ctypes.byref(size), None)
+        temp = cp.empty(size.value, cp.uint8)
+        stream = cp.cuda.get_current_stream().ptr
+
+        def zero():
+            for r in rows:
+                r.fill(0)
+
+        def ordered():
+            zero()
+            assert lib.sok_lookup_backward_plan(host, dev.data.ptr, n, None, checks.data.ptr,
+                                                temp.data.ptr, ctypes.byref(size), stream) == 0
+            assert lib.sok_lookup_backward_rows(host, dev.data.ptr, n, d_outs.data.ptr,
+                                                checks.data.ptr, temp.data.ptr, stream) == 0
+
+        def unordered():
+            zero()
+            assert lib.sok_lookup_backward_dense_unordered(host, dev.data.ptr, n, d_outs.data.ptr,
+                                                           checks.data.ptr, stream) == 0
+
+        zero_ms, a, b = time_ms(zero), time_ms(ordered), time_ms(unordered)
+        print(f"dense backward, {name}: ordered {a:.3f} ms, unordered {b:.3f} ms, {a / b:.2f}x "
+              f"(both include zeroing the rows, {zero_ms:.3f} ms)")
+
+
 def dlrm_tables(rng):
     """DLRM's lookup (26 tables x 100k x 16, batch 8192, hotness 1-5, Zipf
     ids, mean), on the device."""
@@ -855,7 +1050,8 @@ def main():
     print(f"device: {props['name'].decode()}, {props['multiProcessorCount']} SMs, "
           f"CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}")
     rng = np.random.default_rng(0)
-    failures = check(lib, rng) + check_unique_sum(lib, rng) + util_checks.check_util(lib, rng)
+    failures = (check(lib, rng) + check_unordered(lib, rng) + check_unique_sum(lib, rng)
+                + util_checks.check_util(lib, rng))
     if args.cpu_ref:
         failures += table_checks.check_table(lib, ctypes.CDLL(args.cpu_ref), rng, args.quick)
     else:
@@ -899,6 +1095,7 @@ def main():
     bench_backward(lib, rows, 16, batch, 32)
     bench_backward(lib, 8192, 16, demo, 1)  # the DemoModel's
     bench_backward_tables(lib, rng)
+    bench_backward_dense(lib, rng)
     util_checks.bench_util(lib, time_ms)
     table_checks.bench_table(lib, time_ms, batch=1 << 18 if args.quick else 1 << 20)
     print(f"\ntotal failures: {failures}")

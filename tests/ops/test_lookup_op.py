@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 import tensorflow as tf
-from conftest import run_in_graph, strategy_run
+from conftest import op_determinism_on, run_in_graph, strategy_run
 
 import sok_graph as sok
 from sok_graph.ops import lookup as lookup_ops
@@ -225,10 +225,12 @@ def raw_grad(params, ids, splits, grads, combiner="sum", weights=None, dense=Fal
 @pytest.mark.parametrize("combiner", COMBINERS)
 @pytest.mark.parametrize("dense", [False, True])
 @pytest.mark.parametrize("id_dtype", [tf.int32, tf.int64])
-def test_gradient_of_one_id_samples_without_row_splits(rng, combiner, dense, id_dtype):
+def test_gradient_of_one_id_samples_without_row_splits(rng, combiner, dense, id_dtype,
+                                                       op_determinism):
     """An empty row_splits in the gradient op stands for one id per sample:
-    bit for bit the gradient that the splits 0, 1, ..., n give, and each
-    id's upstream rows summed (numpy)."""
+    bit for bit the gradient that the splits 0, 1, ..., n give (with op
+    determinism on: a GPU sums dense gradients in no fixed order otherwise),
+    and each id's upstream rows summed (numpy)."""
     rows, n, dim = 9, 40, 3
     params = tf.constant(rng.standard_normal((rows, dim)).astype(np.float32))
     ids_np = rng.integers(0, rows - 1, n)  # the last row never occurs
@@ -248,6 +250,41 @@ def test_gradient_of_one_id_samples_without_row_splits(rng, combiner, dense, id_
         got = np.zeros((rows, dim))
         got[u1] = g1
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("one_id", [False, True])
+def test_dense_gradient_with_and_without_op_determinism(rng, one_id):
+    """A dense gradient is numpy's per-id sums either way. Without op
+    determinism a GPU adds them with atomics in no fixed order (no sort);
+    with it, in position order: the same bits on every run."""
+    rows, n, dim = 50, 3000, 8
+    ids_np = rng.integers(0, rows, n)
+    ids = tf.constant(ids_np, tf.int64)
+    if one_id:
+        splits, weights, samples = tf.zeros([0], tf.int64), None, np.arange(n)
+        factors = np.ones(n)
+    else:  # 1000 samples of any length (some empty), weighted, mean
+        bounds = np.concatenate([[0], np.sort(rng.integers(0, n + 1, 999)), [n]])
+        splits = tf.constant(bounds, tf.int64)
+        w = rng.uniform(0.5, 1.5, n).astype(np.float32)
+        weights = tf.constant(w)
+        samples = np.repeat(np.arange(1000), np.diff(bounds))
+        factors = w / np.bincount(samples, weights=w.astype(np.float64), minlength=1000)[samples]
+    batch = n if one_id else len(bounds) - 1
+    dy_np = rng.standard_normal((batch, dim)).astype(np.float32)
+    want = np.zeros((rows, dim))
+    np.add.at(want, ids_np, dy_np[samples].astype(np.float64) * factors[:, None])
+    combiner = "sum" if one_id else "mean"
+    params = tf.zeros([rows, dim])
+
+    def grad():
+        return raw_grad(params, ids, splits, tf.constant(dy_np), combiner, weights, dense=True)[1]
+
+    np.testing.assert_allclose(grad(), want, rtol=1e-5, atol=1e-5)
+    with op_determinism_on():
+        first, second = grad(), grad()
+    assert first.tobytes() == second.tobytes()
+    np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-5)
 
 
 def test_one_id_samples_without_row_splits_are_refused_where_they_cannot_be():

@@ -5,6 +5,8 @@
 #define SOK_GRAPH_TF_OPS_COMMON_TF_COMPAT_H_
 
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -23,6 +25,13 @@
 #define SOK_GRAPH_TF_MAJOR 2
 #else
 #error "sok_graph: cannot tell the TensorFlow major version from its headers"
+#endif
+// tf.config.experimental.enable_op_determinism's flag (TF 2.8 and later).
+#if __has_include("tensorflow/core/util/determinism.h")
+#include "tensorflow/core/util/determinism.h"
+#define SOK_GRAPH_HAS_OP_DETERMINISM 1
+#else
+#define SOK_GRAPH_HAS_OP_DETERMINISM 0
 #endif
 
 namespace sok_graph {
@@ -46,6 +55,20 @@ inline void SetNoRetry(::tensorflow::AllocationAttributes* attributes) {
   attributes->no_retry_on_failure = true;
 #else
   attributes->retry_on_failure = false;
+#endif
+}
+
+// Whether the user asked for deterministic ops: TensorFlow's own flag
+// (tf.config.experimental.enable_op_determinism, or TF_DETERMINISTIC_OPS,
+// which it also reads) where the headers have it; the environment variable
+// alone before that. Read at Compute time: the flag may be set after a
+// kernel is built, and eager kernels are cached.
+inline bool OpDeterminismRequired() {
+#if SOK_GRAPH_HAS_OP_DETERMINISM
+  return ::tensorflow::OpDeterminismRequired();
+#else
+  const char* v = std::getenv("TF_DETERMINISTIC_OPS");
+  return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
 #endif
 }
 

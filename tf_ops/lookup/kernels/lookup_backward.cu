@@ -646,6 +646,92 @@ __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
   }
 }
 
+// ---------------------------------------------------------------------------
+// Dense gradients in no fixed order (sok_lookup_backward_dense_unordered):
+// no sort and no plan. Each (sample, column) adds its factor times its
+// upstream row straight into the rows of its ids with float atomics, as
+// TensorFlow's own scatter-add and unsorted segment sum do on the GPU; only
+// the order of the additions, so the rounding, differs from the ordered
+// plan. A DemoModel step's 8.2M positions read their gradient rows in
+// order (coalesced) instead of in sorted order (a random read each) after a
+// sort of all positions.
+
+// Row 0 of the check: each table's first position of an id outside
+// [0, rows), before any row is written, so that such a table is left whole
+// (SkipDense) rather than summed in part.
+__global__ void DenseCheckIds(const SokLookupTable* __restrict__ tables,
+                              int64_t* __restrict__ first_bad) {
+  const SokLookupTable tb = tables[blockIdx.y];
+  SOK_FOR_EACH(j, tb.nnz) {
+    const int64_t id = LoadId(tb, j);
+    if (id < 0 || id >= tb.rows) {
+      atomicMin(reinterpret_cast<unsigned long long*>(first_bad + blockIdx.y),
+                static_cast<unsigned long long>(j));
+    }
+  }
+}
+
+// A table whose check records a bad id (row 0) or malformed row_splits
+// (row 3) keeps the zero gradient the caller wrote, as the ordered rows
+// step leaves it (SkipTable).
+__device__ __forceinline__ bool SkipDense(const int64_t* __restrict__ checks, int t,
+                                          int num_tables) {
+  return checks[t] != INT64_MAX || checks[3 * num_tables + t] != INT64_MAX;
+}
+
+// One thread per (sample, column) of a table, adding weight_j * combiner
+// factor * grads[b, c] to column c of the rows of the sample's ids: the
+// lanes of a warp add to whole rows side by side (a float4 per lane, four
+// atomics 16 bytes apart, took twice as long for the DemoModel). A table
+// without row_splits is one unweighted id per sample (factor 1); row_splits
+// are read clamped, as in the forward. I is the index type: 32-bit
+// division where the items fit (64-bit division is emulated, and this loop
+// is otherwise a load and an atomic).
+template <typename I>
+__device__ __forceinline__ void DenseTable(const SokLookupTable& tb, const float* __restrict__ grads,
+                                           float* __restrict__ rows) {
+  const I items = static_cast<I>(tb.batch * tb.dim), dim = static_cast<I>(tb.dim);
+  for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < items;
+       i += static_cast<I>(gridDim.x) * blockDim.x) {
+    const I b = i / dim;
+    const I c = i - b * dim;
+    const float g = grads[i];
+    if (tb.row_splits == nullptr) {
+      atomicAdd(rows + LoadId(tb, b) * tb.dim + c, g);
+      continue;
+    }
+    const int64_t s0 = tb.row_splits[b], s1 = tb.row_splits[b + 1];
+    const int64_t j0 = s0 < 0 ? 0 : (s0 > tb.nnz ? tb.nnz : s0);
+    const int64_t j1 = s1 < j0 ? j0 : (s1 > tb.nnz ? tb.nnz : s1);
+    float sum = 0.0f, sq = 0.0f;
+    for (int64_t j = j0; j < j1; ++j) {
+      const float w = tb.weights ? tb.weights[j] : 1.0f;
+      sum += w;
+      sq += w * w;
+    }
+    const float scale = sok_graph::core::CombinerScale(
+        static_cast<sok_graph::core::Combiner>(tb.combiner), sum, sq);
+    for (int64_t j = j0; j < j1; ++j) {
+      const float f = (tb.weights ? tb.weights[j] : 1.0f) * scale;
+      atomicAdd(rows + LoadId(tb, j) * tb.dim + c, f * g);
+    }
+  }
+}
+
+__global__ void DenseRows(const SokLookupTable* __restrict__ tables,
+                          const SokLookupGradTable* __restrict__ outs,
+                          const int64_t* __restrict__ checks) {
+  const int t = blockIdx.y;
+  if (SkipDense(checks, t, gridDim.y)) return;
+  const SokLookupTable tb = tables[t];
+  // (The index reaches items + the grid's threads before the loop ends.)
+  if (tb.batch * tb.dim < UINT32_MAX / 2) {
+    DenseTable<uint32_t>(tb, outs[t].grads, outs[t].grad_rows);
+  } else {
+    DenseTable<int64_t>(tb, outs[t].grads, outs[t].grad_rows);
+  }
+}
+
 // The sort's key layout: the id in the low id_bits (enough for the largest
 // table), the table above it. Fails (false) when they do not fit 63 bits.
 bool KeyBits(const PlanSizes& z, int num_tables, int* id_bits, int* key_bits) {
@@ -746,5 +832,25 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
     RowsClip<<<TableGrid(z.max_nnz * 32, num_tables), 256, 0, s>>>(
         tables, p.per_table, outs, p.sorted_pos, p.run_start, p.rank_of, checks);
   }
+  return static_cast<int>(cudaGetLastError());
+}
+
+
+extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_dense_unordered(
+    const SokLookupTable* host_tables, const SokLookupTable* tables, int num_tables,
+    const SokLookupGradTable* outs, int64_t* checks, void* stream) {
+  const PlanSizes z = SizesOf(host_tables, num_tables);
+  // max_norm's clip needs each distinct id once (the ordered rows step).
+  if (!Valid(z, num_tables) || z.any_max_norm || checks == nullptr) {
+    return static_cast<int>(cudaErrorInvalidValue);
+  }
+  if (z.nnz == 0) return 0;
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  DenseCheckIds<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(tables, checks);
+  int64_t max_items = 0;
+  for (int t = 0; t < num_tables; ++t) {
+    max_items = std::max(max_items, host_tables[t].batch * host_tables[t].dim);
+  }
+  DenseRows<<<TableGrid(max_items, num_tables), 256, 0, s>>>(tables, outs, checks);
   return static_cast<int>(cudaGetLastError());
 }

@@ -261,25 +261,38 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
     Tensor descs;
     OP_REQUIRES_OK(ctx, this->StartChecks(ctx, tables, checks, &descs));
     const SokLookupTable* descs_dev = static_cast<const SokLookupTable*>(Data(descs));
-    // Every table's plan in one launch sequence.
-    size_t bytes = 0;
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n, nullptr,
-                                                            nullptr, nullptr, &bytes, stream),
-                                   "sizing the gradient's scratch"));
-    Tensor plan;
-    OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plan));
-    // Dense tables' outputs are sized by their rows: when every table is
-    // dense, nothing needs the counts (the plan then neither reports them
-    // nor ranks the runs), and the op does not wait (the check is then the
-    // forward's, SokLookupCheck; a table that fails it gets a zero
-    // gradient, see sok_lookup_backward_rows).
     const auto& dense = this->attrs_.dense_grads;
     const bool all_dense = std::all_of(dense.begin(), dense.end(), [](bool d) { return d; });
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n,
-                                                            all_dense ? nullptr : counts, checks,
-                                                            Data(plan), &bytes, stream),
-                                   "sok_lookup_backward_plan"));
+    // Dense gradients alone, none clipped, and no determinism asked for:
+    // summed with float atomics, as TensorFlow sums its own embedding
+    // gradients on the GPU — no sort, no plan (see
+    // sok_lookup_backward_dense_unordered). Otherwise the ordered plan, the
+    // same bits on every run.
+    const bool unordered =
+        all_dense && !OpDeterminismRequired() &&
+        std::none_of(tables.begin(), tables.end(),
+                     [](const SokLookupTable& v) { return v.max_norm > 0.0f && v.nnz > 0; });
+    Tensor plan;
     std::vector<int64_t> host(check_size + n, 0);
+    if (!unordered) {
+      // Every table's plan in one launch sequence.
+      size_t bytes = 0;
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n,
+                                                              nullptr, nullptr, nullptr, &bytes,
+                                                              stream),
+                                     "sizing the gradient's scratch"));
+      OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plan));
+      // Dense tables' outputs are sized by their rows: when every table is
+      // dense, nothing needs the counts (the plan then neither reports them
+      // nor ranks the runs), and the op does not wait (the check is then
+      // the forward's, SokLookupCheck; a table that fails it gets a zero
+      // gradient, see sok_lookup_backward_rows).
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n,
+                                                              all_dense ? nullptr : counts,
+                                                              checks, Data(plan), &bytes,
+                                                              stream),
+                                     "sok_lookup_backward_plan"));
+    }
     if (!all_dense) {
       OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
                                      "sok_lookup_fill_check_values"));
@@ -316,10 +329,16 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(outs_dev), outs.data(),
                                                           sizeof(SokLookupGradTable) * n, stream),
                                    "copying the gradient's outputs"));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_rows(
-                                       tables.data(), descs_dev, n,
-                                       static_cast<const SokLookupGradTable*>(Data(outs_dev)),
-                                       checks, Data(plan), stream),
+    const auto* outs_desc = static_cast<const SokLookupGradTable*>(Data(outs_dev));
+    if (unordered) {
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_dense_unordered(
+                                         tables.data(), descs_dev, n, outs_desc, checks, stream),
+                                     "sok_lookup_backward_dense_unordered"));
+      return;
+    }
+    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_rows(tables.data(), descs_dev, n,
+                                                            outs_desc, checks, Data(plan),
+                                                            stream),
                                    "sok_lookup_backward_rows"));
   }
 };

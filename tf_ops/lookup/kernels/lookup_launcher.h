@@ -136,6 +136,23 @@ int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupT
                              int num_tables, const SokLookupGradTable* outs,
                              const int64_t* checks, void* temp, void* stream);
 
+// The gradient of every table of a lookup when every table's is dense
+// (outs[t].dense, grad_rows [rows, dim] zeroed by the caller) and none
+// clips (max_norm <= 0): the same sums as plan + rows, added with float
+// atomics in no fixed order, so they may differ from those in the last
+// bits and from one call to the next (TensorFlow's GPU scatter-add and
+// unsorted segment sum behave so too). No sort, no scratch, one pass over
+// the gradient rows in order. `checks` (device, the lookup's check
+// [SOK_LOOKUP_CHECK_ROWS, num_tables], rows 0 and 3 as described above,
+// row 3 already filled): row 0 receives each table's first position of an
+// id outside [0, rows), and a table with a bad id or malformed row_splits
+// gets no rows. Returns a cudaError_t (cudaErrorInvalidValue for a
+// clipping table, `checks` NULL, or what the plan refuses).
+int sok_lookup_backward_dense_unordered(const SokLookupTable* host_tables,
+                                        const SokLookupTable* tables, int num_tables,
+                                        const SokLookupGradTable* outs, int64_t* checks,
+                                        void* stream);
+
 // Backward core: the distinct ids of `ids` [n] (ascending) and, for each, the
 // sum of the rows of `grads` [n, dim] at its positions, added in position
 // order (deterministic). Outputs unique_ids [n] and summed [n, dim] (only

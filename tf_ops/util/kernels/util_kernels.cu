@@ -317,10 +317,13 @@ int UniqueWithCounts(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* 
   HashSlot<K>* set = c.Take<HashSlot<K>>(slots + 1);
   uint32_t* claims = c.Take<uint32_t>(2);
   uint32_t* slot_of = c.Take<uint32_t>(n);
-  // Per position (flags, ranks), or per slot (firsts and slot numbers before
-  // and after the sort, ranks).
-  int32_t* flag = c.Take<int32_t>(by_slots ? items : n);
-  int32_t* rank = c.Take<int32_t>(by_slots ? items : n);
+  // Per position: the flags of first appearance and their prefix sum. Or
+  // per slot: its first position and number, both before and after the
+  // sort, and its rank.
+  int32_t* flag = by_slots ? nullptr : c.Take<int32_t>(n);
+  int32_t* rank = by_slots ? nullptr : c.Take<int32_t>(n);
+  int32_t* first = by_slots ? c.Take<int32_t>(items) : nullptr;
+  int32_t* slot_index = by_slots ? c.Take<int32_t>(items) : nullptr;
   int32_t* sorted_first = by_slots ? c.Take<int32_t>(items) : nullptr;
   int32_t* sorted_slot = by_slots ? c.Take<int32_t>(items) : nullptr;
   int32_t* slot_rank = by_slots ? c.Take<int32_t>(items) : nullptr;
@@ -346,8 +349,6 @@ int UniqueWithCounts(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* 
   }
   if (by_slots) {
     const int32_t empty_first = static_cast<int32_t>(n);
-    int32_t* first = flag;
-    int32_t* slot_index = rank;
     SlotFirsts<K><<<Grid(items), 256, 0, s>>>(set, items, empty_first, first, slot_index);
     size_t bytes = cub_bytes;
     SOK_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, first, sorted_first, slot_index,
