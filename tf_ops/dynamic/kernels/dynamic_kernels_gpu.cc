@@ -41,6 +41,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/mutex.h"
 #include "tf_ops/common/cuda_status.h"
+#include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"

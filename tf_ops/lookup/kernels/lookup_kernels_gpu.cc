@@ -20,6 +20,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/cuda_status.h"
+#include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/lookup/kernels/lookup_tables.h"
 #include "tf_ops/common/tf_compat.h"
@@ -275,23 +276,19 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
     Tensor plan;
     std::vector<int64_t> host(check_size + n, 0);
     if (!unordered) {
-      // Every table's plan in one launch sequence.
-      size_t bytes = 0;
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n,
-                                                              nullptr, nullptr, nullptr, &bytes,
-                                                              stream),
-                                     "sizing the gradient's scratch"));
-      OP_REQUIRES_OK(ctx, Temp(ctx, static_cast<int64_t>(bytes), &plan));
-      // Dense tables' outputs are sized by their rows: when every table is
-      // dense, nothing needs the counts (the plan then neither reports them
-      // nor ranks the runs), and the op does not wait (the check is then
-      // the forward's, SokLookupCheck; a table that fails it gets a zero
-      // gradient, see sok_lookup_backward_rows).
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_plan(tables.data(), descs_dev, n,
-                                                              all_dense ? nullptr : counts,
-                                                              checks, Data(plan), &bytes,
-                                                              stream),
-                                     "sok_lookup_backward_plan"));
+      // Every table's plan in one launch sequence. Dense tables' outputs
+      // are sized by their rows: when every table is dense, nothing needs
+      // the counts (the plan then neither reports them nor ranks the runs),
+      // and the op does not wait (the check is then the forward's,
+      // SokLookupCheck; a table that fails it gets a zero gradient, see
+      // sok_lookup_backward_rows).
+      OP_REQUIRES_OK(ctx, LaunchWithScratch(ctx, "sok_lookup_backward_plan", &plan,
+                                            [&](void* scratch, size_t* bytes) {
+                                              return sok_lookup_backward_plan(
+                                                  tables.data(), descs_dev, n,
+                                                  all_dense ? nullptr : counts, checks, scratch,
+                                                  bytes, stream);
+                                            }));
     }
     if (!all_dense) {
       OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),

@@ -9,6 +9,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/cuda_status.h"
+#include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/sharding/kernels/bucketize_launcher.h"
@@ -120,17 +121,14 @@ class BucketizeByOwnerGpuOp : public DeviceWaitingKernel<> {
     int64_t* sz = reinterpret_cast<int64_t*>(sizes->flat<TfInt64>().data());
     int64_t* p = reinterpret_cast<int64_t*>(perm->flat<TfInt64>().data());
     int64_t* inv = reinterpret_cast<int64_t*>(inverse->flat<TfInt64>().data());
-    size_t bytes = 0;
-    int rc = sok_bucketize_by_owner_i64(in, n, world_size_, fixed_owner_, out, sz, p, inv, neg,
-                                        nullptr, &bytes, stream);
-    OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner: sizing"));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
-                                           TensorShape({static_cast<int64_t>(bytes) + 1}), &temp));
-    rc = sok_bucketize_by_owner_i64(in, n, world_size_, fixed_owner_, out, sz, p, inv, neg,
-                                    const_cast<char*>(temp.tensor_data().data()), &bytes, stream);
-    OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner"));
+    OP_REQUIRES_OK(ctx, LaunchWithScratch(ctx, "SokBucketizeByOwner", &temp,
+                                          [&](void* scratch, size_t* bytes) {
+                                            return sok_bucketize_by_owner_i64(
+                                                in, n, world_size_, fixed_owner_, out, sz, p, inv,
+                                                neg, scratch, bytes, stream);
+                                          }));
     int64_t first = INT64_MAX;
-    rc = sok_gpu_copy_to_host(&first, neg, sizeof(first), stream);
+    int rc = sok_gpu_copy_to_host(&first, neg, sizeof(first), stream);
     OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner: read-back"));
     if (first != INT64_MAX) {
       int64_t id = 0;

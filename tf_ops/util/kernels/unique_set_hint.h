@@ -47,23 +47,6 @@ class UniqueSetHint {
   std::atomic<int64_t> last_{-1};
 };
 
-// A launcher that reports its scratch size when given none:
-// launch(nullptr, &bytes), then launch(scratch, &bytes) with the scratch
-// allocated as `temp` (kept by the caller until the stream is past it).
-template <typename Launch>
-::tensorflow::Status LaunchWithScratch(::tensorflow::OpKernelContext* ctx, const char* what,
-                                       ::tensorflow::Tensor* temp, Launch launch) {
-  size_t bytes = 0;
-  TF_RETURN_IF_ERROR(CudaStatus(launch(nullptr, &bytes), std::string("sizing the scratch of ") +
-                                                             what));
-  TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT8,
-                                        ::tensorflow::TensorShape(
-                                            {static_cast<int64_t>(bytes) + 1}),
-                                        temp));
-  void* scratch = const_cast<char*>(temp->tensor_data().data());
-  return CudaStatus(launch(scratch, &bytes), what);
-}
-
 }  // namespace sok_graph
 
 #endif  // SOK_GRAPH_WITH_CUDA

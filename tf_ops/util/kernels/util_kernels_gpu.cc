@@ -10,6 +10,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/cuda_status.h"
+#include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
@@ -137,15 +138,11 @@ class UnsortedSegmentSumGpuOp : public DeviceWaitingKernel<> {
     const C<I>* seg = reinterpret_cast<const C<I>*>(ids.flat<I>().data());
     const float* src = data.flat<float>().data();
     float* dst = out->flat<float>().data();
-    size_t bytes = 0;
-    OP_REQUIRES_OK(ctx, CudaStatus(SegmentSum(src, seg, n, width, num_segments, dst, bad, nullptr,
-                                        &bytes, stream),
-                             "sizing the segment sum's scratch"));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT8,
-                                           TensorShape({static_cast<int64_t>(bytes) + 1}), &temp));
-    OP_REQUIRES_OK(ctx, CudaStatus(SegmentSum(src, seg, n, width, num_segments, dst, bad, Data(temp),
-                                        &bytes, stream),
-                             "sok_unsorted_segment_sum"));
+    OP_REQUIRES_OK(ctx, LaunchWithScratch(ctx, "sok_unsorted_segment_sum", &temp,
+                                          [&](void* scratch, size_t* bytes) {
+                                            return SegmentSum(src, seg, n, width, num_segments,
+                                                              dst, bad, scratch, bytes, stream);
+                                          }));
     // Ids >= num_segments are an error, as on the CPU: one read-back.
     int64_t first_bad = INT64_MAX;
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&first_bad, bad, sizeof(first_bad), stream),
