@@ -156,6 +156,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 larger are scaled down to it before combining
     returns:    per table a [batch, dim] tensor (a single tensor when params
                 is a single table). Samples with no ids give zero rows.
+
+    On a GPU, when every table's rows are gathered before the fused op
+    (dynamic and sharded tables, tf.distribute's and mixed precision's
+    variables) and none clips, the gradient is summed with float atomics
+    unless op determinism is on (docs/gpu.md).
     """
     serving = serving_mode.active()
     if not serving:
@@ -354,8 +359,9 @@ def _rows_by_position(table, ids, table_name):
     gathered to every position with tf.gather — the lookup of one-id
     samples by sum is a gather, and TensorFlow's is the fastest there is.
     The gradient sums each distinct key's rows with the fused lookup's
-    gradient kernel (one-id samples, a dense gradient: no wait, position
-    order), bit for bit the gradient that lookup_sparse gives."""
+    gradient kernel (one-id samples, a dense gradient: no wait), the
+    gradient that lookup_sparse gives (bit for bit with op determinism on;
+    on a GPU without it the sums are added with atomics)."""
     rows, positions = _gathered_rows(table, ids, 0, table_name)
 
     @tf.custom_gradient

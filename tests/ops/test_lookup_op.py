@@ -256,7 +256,7 @@ def test_gradient_of_one_id_samples_without_row_splits(rng, combiner, dense, id_
 def test_dense_gradient_with_and_without_op_determinism(rng, one_id):
     """A dense gradient is numpy's per-id sums either way. Without op
     determinism a GPU adds them with atomics in no fixed order (no sort);
-    with it, in position order: the same bits on every run."""
+    with it, in the ordered plan's order: the sparse gradient's bits."""
     rows, n, dim = 50, 3000, 8
     ids_np = rng.integers(0, rows, n)
     ids = tf.constant(ids_np, tf.int64)
@@ -277,13 +277,18 @@ def test_dense_gradient_with_and_without_op_determinism(rng, one_id):
     combiner = "sum" if one_id else "mean"
     params = tf.zeros([rows, dim])
 
-    def grad():
-        return raw_grad(params, ids, splits, tf.constant(dy_np), combiner, weights, dense=True)[1]
+    def grad(dense=True):
+        return raw_grad(params, ids, splits, tf.constant(dy_np), combiner, weights, dense=dense)
 
-    np.testing.assert_allclose(grad(), want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(grad()[1], want, rtol=1e-5, atol=1e-5)
     with op_determinism_on():
-        first, second = grad(), grad()
-    assert first.tobytes() == second.tobytes()
+        first, second = grad()[1], grad()[1]
+        # The sparse layout always takes the ordered plan: with determinism
+        # on, the dense gradient is its rows, bit for bit, at their ids.
+        unique, sparse_rows = grad(dense=False)
+    ordered = np.zeros((rows, dim), np.float32)
+    ordered[unique] = sparse_rows
+    assert first.tobytes() == ordered.tobytes() == second.tobytes()
     np.testing.assert_allclose(first, want, rtol=1e-5, atol=1e-5)
 
 

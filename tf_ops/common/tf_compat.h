@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <strings.h>
 
 #include "tensorflow/core/framework/allocator.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -68,7 +69,7 @@ inline bool OpDeterminismRequired() {
   return ::tensorflow::OpDeterminismRequired();
 #else
   const char* v = std::getenv("TF_DETERMINISTIC_OPS");
-  return v != nullptr && (std::strcmp(v, "1") == 0 || std::strcmp(v, "true") == 0);
+  return v != nullptr && (std::strcmp(v, "1") == 0 || strcasecmp(v, "true") == 0);
 #endif
 }
 

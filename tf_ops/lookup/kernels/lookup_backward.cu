@@ -178,6 +178,12 @@ struct PlanSizes {
 // one loop over its positions would sum it.
 constexpr int64_t kChunk = 32;
 
+// A run of more pieces than this (a hot id: more than about 2048
+// positions) is summed by a block (RowsSumLong), not by one thread per
+// column: half of the DemoModel's 8.2M positions on one padding id made
+// 131,072 pieces in a row per thread, 47 ms.
+constexpr int64_t kLongRunPieces = 64;
+
 PlanSizes SizesOf(const SokLookupTable* tables, int num_tables) {
   PlanSizes z;
   for (int t = 0; t < num_tables; ++t) {
@@ -218,6 +224,10 @@ struct Plan {
   SampleFactor* sample_factor;  // per position
   float* piece_sum;    // a run's piece within a chunk, at its first sorted index
   int64_t* num_runs;
+  // The runs of more than kLongRunPieces pieces, as (table, run) pairs
+  // (RowsSum lists them, RowsSumLong sums them), and their number.
+  int2* long_runs;
+  int64_t* num_long;
   PlanTable* per_table;
   void* cub;
   size_t cub_bytes;
@@ -268,6 +278,12 @@ cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits
   p->sample_factor = reinterpret_cast<SampleFactor*>(take(sizeof(SampleFactor) * m));
   p->piece_sum = reinterpret_cast<float*>(take(4 * static_cast<size_t>(z.piece_elems)));
   p->num_runs = reinterpret_cast<int64_t*>(take(8));
+  // A long run spans more than kLongRunPieces chunks of a table: at most
+  // nnz / ((kLongRunPieces - 1) * kChunk) of them, and one per table more.
+  p->long_runs = reinterpret_cast<int2*>(
+      take(sizeof(int2) * (static_cast<size_t>(n / ((kLongRunPieces - 1) * kChunk)) +
+                           static_cast<size_t>(num_tables))));
+  p->num_long = reinterpret_cast<int64_t*>(take(8));
   p->per_table = reinterpret_cast<PlanTable*>(take(sizeof(PlanTable) * num_tables));
   p->cub = take(p->cub_bytes);
   p->total = off;
@@ -578,14 +594,33 @@ __device__ __forceinline__ bool SkipTable(const SokLookupGradTable& out, const P
          (checks[t] != INT64_MAX || checks[3 * num_tables + t] != INT64_MAX);
 }
 
-// One thread per (run, column) of a table: the run's pieces, in order.
+// A run's pieces: one at its first sorted index k0, then one at each
+// chunk boundary before k1.
+__device__ __forceinline__ int64_t PieceCount(int64_t k0, int64_t k1) {
+  return (k1 - 1) / kChunk - k0 / kChunk + 1;
+}
+__device__ __forceinline__ int64_t PieceAt(int64_t k0, int64_t i) {
+  return i == 0 ? k0 : (k0 / kChunk + i) * kChunk;
+}
+
+// The sorted stretch [k0, k1) of run ri of a table (relative to the table's
+// first sorted index, where its chunks start).
+__device__ __forceinline__ void RunBounds(const PlanTable& pt, const int32_t* __restrict__ run_start,
+                                          int64_t n, int64_t ri, int64_t* k0, int64_t* k1) {
+  *k0 = run_start[pt.run_begin + ri] - pt.pos_begin;
+  *k1 = ri + 1 < pt.runs ? run_start[pt.run_begin + ri + 1] - pt.pos_begin : n;
+}
+
+// One thread per (run, column) of a table: the run's pieces, in order
+// (runs of more than kLongRunPieces are RowsSumLong's).
 __global__ void RowsSum(const SokLookupTable* __restrict__ tables,
                         const PlanTable* __restrict__ per_table,
                         const SokLookupGradTable* __restrict__ outs,
                         const float* __restrict__ piece_sum,
                         const int32_t* __restrict__ sorted_pos,
                         const int32_t* __restrict__ run_start,
-                        const int32_t* __restrict__ rank_of, const int64_t* checks) {
+                        const int32_t* __restrict__ rank_of, const int64_t* checks,
+                        int2* __restrict__ long_runs, int64_t* num_long) {
   const int t = blockIdx.y;
   if (SkipTable(outs[t], per_table[t], checks, t, gridDim.y)) return;
   const SokLookupTable tb = tables[t];
@@ -599,12 +634,67 @@ __global__ void RowsSum(const SokLookupTable* __restrict__ tables,
     const int64_t ri = i / dim;
     const int d = static_cast<int>(i - ri * dim);
     const int64_t r = pt.run_begin + ri;
-    // Sorted indices relative to the table's stretch (chunks start there).
-    const int64_t k0 = run_start[r] - pt.pos_begin;
-    const int64_t k1 = ri + 1 < pt.runs ? run_start[r + 1] - pt.pos_begin : n;
+    int64_t k0 = 0, k1 = 0;
+    RunBounds(pt, run_start, n, ri, &k0, &k1);
+    if (PieceCount(k0, k1) > kLongRunPieces) {
+      if (d == 0) {
+        const auto at = atomicAdd(reinterpret_cast<unsigned long long*>(num_long), 1ull);
+        long_runs[at] = make_int2(t, static_cast<int>(ri));
+      }
+      continue;
+    }
     float acc = 0.0f;
     for (int64_t k = k0; k < k1; k = (k / kChunk + 1) * kChunk) acc += pieces[k * dim + d];
     grad_rows[OutRow(tb, pt, out, sorted_pos, run_start, rank_of, r) * dim + d] = acc;
+  }
+}
+
+// The runs RowsSum listed, a block per run (blocks stride over the list;
+// its order varies, each run's sum does not). The block's threads are
+// (lane, column) for up to 256 columns at a time: lane l adds pieces l,
+// l + lanes, ... in order, then lane 0 adds the lanes' sums in lane order:
+// a fixed order, so the same bits on every run.
+__global__ void RowsSumLong(const SokLookupTable* __restrict__ tables,
+                            const PlanTable* __restrict__ per_table,
+                            const SokLookupGradTable* __restrict__ outs,
+                            const float* __restrict__ piece_sum,
+                            const int32_t* __restrict__ sorted_pos,
+                            const int32_t* __restrict__ run_start,
+                            const int32_t* __restrict__ rank_of,
+                            const int2* __restrict__ long_runs, const int64_t* num_long) {
+  __shared__ float lane_sum[256];
+  const int64_t listed = *num_long;
+  for (int64_t e = blockIdx.x; e < listed; e += gridDim.x) {
+    const int t = long_runs[e].x;
+    const int64_t ri = long_runs[e].y;
+    const SokLookupTable tb = tables[t];
+    const int dim = tb.dim;
+    const PlanTable pt = per_table[t];
+    const SokLookupGradTable out = outs[t];
+    const float* __restrict__ pieces = piece_sum + pt.piece_begin;
+    const int cols = dim < 256 ? dim : 256;
+    const int lanes = static_cast<int>(blockDim.x) / cols;  // dim > 0: the run has rows
+    const int lane = static_cast<int>(threadIdx.x) / cols;
+    const int col = static_cast<int>(threadIdx.x) % cols;
+    int64_t k0 = 0, k1 = 0;
+    RunBounds(pt, run_start, tb.nnz, ri, &k0, &k1);
+    const int64_t count = PieceCount(k0, k1);
+    const int64_t row = OutRow(tb, pt, out, sorted_pos, run_start, rank_of, pt.run_begin + ri);
+    for (int c0 = 0; c0 < dim; c0 += cols) {
+      const int d = c0 + col;
+      float acc = 0.0f;
+      if (lane < lanes && d < dim) {
+        for (int64_t i = lane; i < count; i += lanes) acc += pieces[PieceAt(k0, i) * dim + d];
+      }
+      lane_sum[threadIdx.x] = acc;
+      __syncthreads();
+      if (lane == 0 && d < dim) {
+        float total = 0.0f;
+        for (int l = 0; l < lanes; ++l) total += lane_sum[l * cols + col];
+        out.grad_rows[row * dim + d] = total;
+      }
+      __syncthreads();
+    }
   }
 }
 
@@ -826,8 +916,13 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
                                                            p.sorted_pos, p.run_start, p.rank_of);
   RowsPieces<<<TableGrid(z.max_chunk_elems, num_tables), 256, 0, s>>>(
       tables, p.per_table, outs, p.sorted_pos, p.head, p.sample_factor, p.piece_sum);
+  err = cudaMemsetAsync(p.num_long, 0, sizeof(int64_t), s);
+  if (err != cudaSuccess) return static_cast<int>(err);
   RowsSum<<<TableGrid(z.max_elems, num_tables), 256, 0, s>>>(
-      tables, p.per_table, outs, p.piece_sum, p.sorted_pos, p.run_start, p.rank_of, checks);
+      tables, p.per_table, outs, p.piece_sum, p.sorted_pos, p.run_start, p.rank_of, checks,
+      p.long_runs, p.num_long);
+  RowsSumLong<<<264, 256, 0, s>>>(tables, p.per_table, outs, p.piece_sum, p.sorted_pos,
+                                  p.run_start, p.rank_of, p.long_runs, p.num_long);
   if (z.any_max_norm) {
     RowsClip<<<TableGrid(z.max_nnz * 32, num_tables), 256, 0, s>>>(
         tables, p.per_table, outs, p.sorted_pos, p.run_start, p.rank_of, checks);

@@ -147,7 +147,9 @@ int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupT
 // row 3 already filled): row 0 receives each table's first position of an
 // id outside [0, rows), and a table with a bad id or malformed row_splits
 // gets no rows. Returns a cudaError_t (cudaErrorInvalidValue for a
-// clipping table, `checks` NULL, or what the plan refuses).
+// clipping table, `checks` NULL, more than 65535 tables or 2^31 - 1 ids in
+// all, or a table without row_splits that is not one unweighted id per
+// sample).
 int sok_lookup_backward_dense_unordered(const SokLookupTable* host_tables,
                                         const SokLookupTable* tables, int num_tables,
                                         const SokLookupGradTable* outs, int64_t* checks,

@@ -15,10 +15,8 @@
 
 #include <atomic>
 #include <cstdint>
-#include <string>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/util/kernels/util_launcher.h"
 
