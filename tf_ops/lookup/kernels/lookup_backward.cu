@@ -310,6 +310,15 @@ __global__ void PlanTables(const SokLookupTable* __restrict__ tables, int num_ta
   }
 }
 
+// Whether id (at position j of table tb) lies outside [0, rows); if so,
+// *first_bad (the table's) keeps the smallest such position.
+__device__ __forceinline__ bool ReportIfBad(const SokLookupTable& tb, int64_t j, int64_t id,
+                                            int64_t* first_bad) {
+  if (id >= 0 && id < tb.rows) return false;
+  atomicMin(reinterpret_cast<unsigned long long*>(first_bad), static_cast<unsigned long long>(j));
+  return true;
+}
+
 // Sort keys (table << id_bits | id) and global positions. An id outside
 // [0, rows) is reported at its table's first such position and sorted as
 // id 0, so the keys stay well formed (the rows are never computed then).
@@ -323,11 +332,7 @@ __global__ void PlanKeys(const SokLookupTable* __restrict__ tables,
   const int64_t base = per_table[t].pos_begin;
   SOK_FOR_EACH(j, tb.nnz) {
     int64_t id = LoadId(tb, j);
-    if (id < 0 || id >= tb.rows) {
-      atomicMin(reinterpret_cast<unsigned long long*>(first_bad + t),
-                static_cast<unsigned long long>(j));
-      id = 0;
-    }
+    if (ReportIfBad(tb, j, id, first_bad + t)) id = 0;
     keys[base + j] = (static_cast<KeyT>(t) << id_bits) | static_cast<KeyT>(id);
     pos[base + j] = static_cast<int32_t>(base + j);
   }
@@ -409,31 +414,41 @@ __global__ void PlanCounts(const SokLookupTable* __restrict__ tables, int num_ta
 // the CPU kernel does), then each of its positions' factor and sample. A
 // table given without row_splits is one id per sample and unweighted: its
 // one_id (PlanTables) stands, and nothing reads its sample_factor.
+// Sample b's ids [*j0, *j1) — row_splits read clamped as in the forward,
+// so malformed ones (reported before any rows are used) never lead outside
+// the ids — and its combiner scale (weights summed in order, as the CPU
+// kernel sums them). A position j of it has factor Weight(t, j) * scale.
+__device__ __forceinline__ float Weight(const SokLookupTable& t, int64_t j) {
+  return t.weights ? t.weights[j] : 1.0f;
+}
+__device__ __forceinline__ float SampleScale(const SokLookupTable& t, int64_t b, int64_t* j0,
+                                             int64_t* j1) {
+  const int64_t s0 = t.row_splits[b], s1 = t.row_splits[b + 1];
+  *j0 = s0 < 0 ? 0 : (s0 > t.nnz ? t.nnz : s0);
+  *j1 = s1 < *j0 ? *j0 : (s1 > t.nnz ? t.nnz : s1);
+  float sum = 0.0f, sq = 0.0f;
+  for (int64_t j = *j0; j < *j1; ++j) {
+    const float w = Weight(t, j);
+    sum += w;
+    sq += w * w;
+  }
+  return sok_graph::core::CombinerScale(static_cast<sok_graph::core::Combiner>(t.combiner), sum,
+                                        sq);
+}
+
 __global__ void PlanSamples(const SokLookupTable* __restrict__ tables, PlanTable* per_table,
                             SampleFactor* __restrict__ sample_factor) {
   const SokLookupTable t = tables[blockIdx.y];
   if (t.row_splits == nullptr) return;
   const int64_t base = per_table[blockIdx.y].pos_begin;
   SOK_FOR_EACH(b, t.batch) {
-    // Clamped as in the forward: malformed row_splits (reported before the
-    // rows are written) never lead outside the ids.
-    const int64_t s0 = t.row_splits[b], s1 = t.row_splits[b + 1];
-    const int64_t j0 = s0 < 0 ? 0 : (s0 > t.nnz ? t.nnz : s0);
-    const int64_t j1 = s1 < j0 ? j0 : (s1 > t.nnz ? t.nnz : s1);
+    int64_t j0 = 0, j1 = 0;
+    const float scale = SampleScale(t, b, &j0, &j1);
     // Every thread that sees a sample other than "one id, at its own
     // position" writes the same 0.
     if (j0 != b || j1 != b + 1) per_table[blockIdx.y].one_id = 0;
-    float sum = 0.0f, sq = 0.0f;
     for (int64_t j = j0; j < j1; ++j) {
-      const float w = t.weights ? t.weights[j] : 1.0f;
-      sum += w;
-      sq += w * w;
-    }
-    const float scale =
-        sok_graph::core::CombinerScale(static_cast<sok_graph::core::Combiner>(t.combiner), sum, sq);
-    for (int64_t j = j0; j < j1; ++j) {
-      sample_factor[base + j] =
-          SampleFactor{static_cast<int32_t>(b), (t.weights ? t.weights[j] : 1.0f) * scale};
+      sample_factor[base + j] = SampleFactor{static_cast<int32_t>(b), Weight(t, j) * scale};
     }
   }
 }
@@ -587,11 +602,14 @@ __device__ __forceinline__ int64_t OutRow(const SokLookupTable& tb, const PlanTa
 // (`checks`, may be NULL) records a bad id or malformed row_splits, left as
 // the caller zeroed it (nothing reads the check before this gradient is
 // used); a sparse one whose runs the plan did not rank (no rows to place).
+__device__ __forceinline__ bool CheckFailed(const int64_t* __restrict__ checks, int t,
+                                            int num_tables) {
+  return checks[t] != INT64_MAX || checks[3 * num_tables + t] != INT64_MAX;
+}
 __device__ __forceinline__ bool SkipTable(const SokLookupGradTable& out, const PlanTable& pt,
                                           const int64_t* checks, int t, int num_tables) {
   if (!out.dense) return pt.ranked == 0;
-  return checks != nullptr &&
-         (checks[t] != INT64_MAX || checks[3 * num_tables + t] != INT64_MAX);
+  return checks != nullptr && CheckFailed(checks, t, num_tables);
 }
 
 // A run's pieces: one at its first sorted index k0, then one at each
@@ -605,8 +623,9 @@ __device__ __forceinline__ int64_t PieceAt(int64_t k0, int64_t i) {
 
 // The sorted stretch [k0, k1) of run ri of a table (relative to the table's
 // first sorted index, where its chunks start).
-__device__ __forceinline__ void RunBounds(const PlanTable& pt, const int32_t* __restrict__ run_start,
-                                          int64_t n, int64_t ri, int64_t* k0, int64_t* k1) {
+__device__ __forceinline__ void RunBounds(const PlanTable& pt,
+                                          const int32_t* __restrict__ run_start, int64_t n,
+                                          int64_t ri, int64_t* k0, int64_t* k1) {
   *k0 = run_start[pt.run_begin + ri] - pt.pos_begin;
   *k1 = ri + 1 < pt.runs ? run_start[pt.run_begin + ri + 1] - pt.pos_begin : n;
 }
@@ -748,25 +767,11 @@ __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
 
 // Row 0 of the check: each table's first position of an id outside
 // [0, rows), before any row is written, so that such a table is left whole
-// (SkipDense) rather than summed in part.
+// (CheckFailed) rather than summed in part.
 __global__ void DenseCheckIds(const SokLookupTable* __restrict__ tables,
                               int64_t* __restrict__ first_bad) {
   const SokLookupTable tb = tables[blockIdx.y];
-  SOK_FOR_EACH(j, tb.nnz) {
-    const int64_t id = LoadId(tb, j);
-    if (id < 0 || id >= tb.rows) {
-      atomicMin(reinterpret_cast<unsigned long long*>(first_bad + blockIdx.y),
-                static_cast<unsigned long long>(j));
-    }
-  }
-}
-
-// A table whose check records a bad id (row 0) or malformed row_splits
-// (row 3) keeps the zero gradient the caller wrote, as the ordered rows
-// step leaves it (SkipTable).
-__device__ __forceinline__ bool SkipDense(const int64_t* __restrict__ checks, int t,
-                                          int num_tables) {
-  return checks[t] != INT64_MAX || checks[3 * num_tables + t] != INT64_MAX;
+  SOK_FOR_EACH(j, tb.nnz) ReportIfBad(tb, j, LoadId(tb, j), first_bad + blockIdx.y);
 }
 
 // One thread per (sample, column) of a table, adding weight_j * combiner
@@ -778,7 +783,8 @@ __device__ __forceinline__ bool SkipDense(const int64_t* __restrict__ checks, in
 // division where the items fit (64-bit division is emulated, and this loop
 // is otherwise a load and an atomic).
 template <typename I>
-__device__ __forceinline__ void DenseTable(const SokLookupTable& tb, const float* __restrict__ grads,
+__device__ __forceinline__ void DenseTable(const SokLookupTable& tb,
+                                           const float* __restrict__ grads,
                                            float* __restrict__ rows) {
   const I items = static_cast<I>(tb.batch * tb.dim), dim = static_cast<I>(tb.dim);
   for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < items;
@@ -790,20 +796,10 @@ __device__ __forceinline__ void DenseTable(const SokLookupTable& tb, const float
       atomicAdd(rows + LoadId(tb, b) * tb.dim + c, g);
       continue;
     }
-    const int64_t s0 = tb.row_splits[b], s1 = tb.row_splits[b + 1];
-    const int64_t j0 = s0 < 0 ? 0 : (s0 > tb.nnz ? tb.nnz : s0);
-    const int64_t j1 = s1 < j0 ? j0 : (s1 > tb.nnz ? tb.nnz : s1);
-    float sum = 0.0f, sq = 0.0f;
+    int64_t j0 = 0, j1 = 0;
+    const float scale = SampleScale(tb, b, &j0, &j1);
     for (int64_t j = j0; j < j1; ++j) {
-      const float w = tb.weights ? tb.weights[j] : 1.0f;
-      sum += w;
-      sq += w * w;
-    }
-    const float scale = sok_graph::core::CombinerScale(
-        static_cast<sok_graph::core::Combiner>(tb.combiner), sum, sq);
-    for (int64_t j = j0; j < j1; ++j) {
-      const float f = (tb.weights ? tb.weights[j] : 1.0f) * scale;
-      atomicAdd(rows + LoadId(tb, j) * tb.dim + c, f * g);
+      atomicAdd(rows + LoadId(tb, j) * tb.dim + c, Weight(tb, j) * scale * g);
     }
   }
 }
@@ -812,7 +808,9 @@ __global__ void DenseRows(const SokLookupTable* __restrict__ tables,
                           const SokLookupGradTable* __restrict__ outs,
                           const int64_t* __restrict__ checks) {
   const int t = blockIdx.y;
-  if (SkipDense(checks, t, gridDim.y)) return;
+  // A table whose check failed keeps the zero gradient the caller wrote,
+  // as the ordered rows step leaves it (SkipTable).
+  if (CheckFailed(checks, t, gridDim.y)) return;
   const SokLookupTable tb = tables[t];
   // (The index reaches items + the grid's threads before the loop ends.)
   if (tb.batch * tb.dim < UINT32_MAX / 2) {
