@@ -61,6 +61,10 @@ def load(path):
     lib.sok_lookup_backward_rows.restype = ctypes.c_int
     lib.sok_lookup_backward_dense_unordered.argtypes = [P, P, ctypes.c_int, P, P, P]
     lib.sok_lookup_backward_dense_unordered.restype = ctypes.c_int
+    lib.sok_lookup_backward_dense_atomics.argtypes = [P, P, ctypes.c_int, P, P, P]
+    lib.sok_lookup_backward_dense_atomics.restype = ctypes.c_int
+    lib.sok_lookup_backward_dense_slice_width.argtypes = [P, ctypes.POINTER(ctypes.c_int)]
+    lib.sok_lookup_backward_dense_slice_width.restype = ctypes.c_int
     lib.sok_lookup_check_splits.argtypes = [P, ctypes.c_int, ctypes.c_int64, P, P]
     lib.sok_lookup_check_splits.restype = ctypes.c_int
     lib.sok_unique_segment_sum_f32.argtypes = [
@@ -334,11 +338,12 @@ def backward_dense(lib, tables, grads):
     return result
 
 
-def backward_unordered(lib, tables, grads):
-    """sok_lookup_backward_dense_unordered on every table as the op calls it:
-    row 3 of the check filled by sok_lookup_check_splits first, outputs
-    zeroed, plus a poisoned spare row. Per table: its [rows, dim] gradient,
-    its first bad id position and its row_splits finding (row 3)."""
+def backward_unordered(lib, tables, grads, atomics_only=False):
+    """sok_lookup_backward_dense_unordered on every table as the op calls it
+    (atomics_only: sok_lookup_backward_dense_atomics, no shared-memory
+    slices): row 3 of the check filled by sok_lookup_check_splits first,
+    outputs zeroed, plus a poisoned spare row. Per table: its [rows, dim]
+    gradient, its first bad id position and its row_splits finding (row 3)."""
     n = len(tables)
     host = (Table * n)(*[describe(t) for t in tables])
     dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
@@ -348,8 +353,9 @@ def backward_unordered(lib, tables, grads):
                                      checks.data.ptr, stream)
     assert rc == 0, rc
     rows, d_outs = dense_outputs(tables, grads)
-    rc = lib.sok_lookup_backward_dense_unordered(host, dev.data.ptr, n, d_outs.data.ptr,
-                                                 checks.data.ptr, stream)
+    fn = (lib.sok_lookup_backward_dense_atomics if atomics_only
+          else lib.sok_lookup_backward_dense_unordered)
+    rc = fn(host, dev.data.ptr, n, d_outs.data.ptr, checks.data.ptr, stream)
     assert rc == 0, rc
     cp.cuda.get_current_stream().synchronize()
     result = []
@@ -480,6 +486,181 @@ def check_unordered(lib, rng):
         expect(rc != 0, f"{what} was not refused")
     print(f"lookup backward checks (dense, unordered): {cases - failures} passed, "
           f"{failures} failed")
+    return failures
+
+
+def slice_width(lib, t):
+    """The columns per shared-memory slice the unordered gradient gives
+    table t (a dict of cupy arrays) on this device; 0: global atomics."""
+    width = ctypes.c_int(-1)
+    assert lib.sok_lookup_backward_dense_slice_width(ctypes.byref(describe(t)),
+                                                     ctypes.byref(width)) == 0
+    return width.value
+
+
+def dense_reference_np(h, grads):
+    """dense_reference without its loop over samples, for big batches: each
+    position's factor (weight x its sample's combiner scale), then
+    np.add.at in float64. h["splits"] None: one unweighted id per sample."""
+    ids = h["ids"].astype(np.int64)
+    g = grads.astype(np.float64)
+    want = np.zeros(h["params"].shape)
+    if h["splits"] is None:
+        np.add.at(want, ids, g)
+        return want
+    splits = h["splits"]
+    lengths = np.diff(splits)
+    sample = np.repeat(np.arange(len(lengths)), lengths)
+    w = (np.ones(len(ids)) if h["weights"] is None else h["weights"].astype(np.float64))
+    wsum = np.bincount(sample, weights=w, minlength=len(lengths))
+    wsq = np.bincount(sample, weights=w * w, minlength=len(lengths))
+    scale = np.ones(len(lengths))
+    if h["combiner"] == "mean":
+        scale = np.divide(1.0, wsum, out=np.zeros_like(wsum), where=wsum != 0)
+    elif h["combiner"] == "sqrtn":
+        scale = np.divide(1.0, np.sqrt(wsq), out=np.zeros_like(wsq), where=wsq > 0)
+    np.add.at(want, ids, (w * scale[sample])[:, None] * g[sample])
+    return want
+
+
+def check_slices(lib, rng):
+    """The unordered gradient's shared-memory path (few rows, many one-id
+    samples: each block sums a slice of columns per SM): the tables below
+    that should take it do (slice_width > 0, one in several slices), and
+    every table sums to numpy's float64 gradient — exactly, with
+    small-integer gradients — beside tables that take global atomics, and
+    the same through global atomics alone; a bad id leaves a sliced table
+    zero; the DemoModel's shape takes the path."""
+    cases = failures = 0
+
+    def expect(ok, what):
+        nonlocal cases, failures
+        cases += 1
+        if not ok:
+            failures += 1
+            print(f"FAIL shared-slice dense gradient: {what}")
+
+    def table(rows, dim, batch, ids_dtype, hot=0.0, bag=0, combiner="sum", weighted=False):
+        """bag 0: one id per sample, no row_splits; else 0..bag ids each."""
+        if bag:
+            lengths = rng.integers(0, bag + 1, size=batch)
+            splits = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        else:
+            splits = None
+        nnz = batch if splits is None else int(splits[-1])
+        ids = rng.integers(0, rows, size=nnz)
+        ids[rng.random(nnz) < hot] = rows // 2
+        ids[:2] = [0, rows - 1]
+        weights = rng.uniform(0.5, 1.5, nnz).astype(np.float32) if weighted else None
+        return dict(params=np.zeros((rows, dim), np.float32), ids=ids.astype(ids_dtype),
+                    splits=splits, weights=weights, combiner=combiner)
+
+    def device(h):
+        d = to_device(dict(h, splits=np.zeros(1, np.int64) if h["splits"] is None
+                           else h["splits"]))
+        d["no_splits"] = h["splits"] is None
+        return d
+
+    def integers(h):
+        batch = len(h["ids"]) if h["splits"] is None else len(h["splits"]) - 1
+        return rng.integers(-3, 4, (batch, h["params"].shape[1])).astype(np.float32)
+
+    # (what, host table, exact sums): small-integer gradients of unweighted
+    # sums add exactly in any order; the others are within float32 rounding.
+    # The first three take the slices; tables with row_splits (bags) and
+    # one of too many rows take global atomics in the same call.
+    group = [("one id per sample, 1 slice", table(50, 16, 60000, np.int64), True),
+             ("one id per sample, half on one id", table(64, 16, 200000, np.int32, hot=0.5), True),
+             ("several slices (uneven), dim 33", table(2000, 33, 1500000, np.int64, hot=0.3),
+              True),
+             ("bags, weighted, mean", table(40, 7, 20000, np.int32, bag=6, combiner="mean",
+                                            weighted=True), False),
+             ("bags, sqrtn, int64", table(30, 12, 30000, np.int64, bag=5, combiner="sqrtn"),
+              False),
+             ("one id per sample, 100000 rows", table(100000, 8, 3000, np.int64), True)]
+    dev = [device(h) for _, h, _ in group]
+    widths = [slice_width(lib, d) for d in dev]
+    expect(all(w > 0 for w in widths[:3]) and not any(widths[3:]),
+           f"slice widths {widths}: the first three tables should take the slices")
+    expect(0 < widths[2] < 33, f"dim 33 over 2000 rows in one slice of {widths[2]}")
+    grads = [integers(h) if exact else rng.standard_normal(integers(h).shape).astype(np.float32)
+             for _, h, exact in group]
+    for atomics_only in (False, True):
+        got = backward_unordered(lib, dev, [cp.asarray(g) for g in grads], atomics_only)
+        for (what, h, exact), g, (rows, first, splits_bad) in zip(group, grads, got):
+            want = dense_reference_np(h, g)
+            scale = dense_reference_np(dict(h, weights=None if h["weights"] is None
+                                            else np.abs(h["weights"])), np.abs(g))
+            ok = (np.array_equal(rows, want) if exact
+                  else bool((np.abs(rows - want) <= 1e-5 * scale + 1e-6).all()))
+            expect(first == I64_MAX and splits_bad == I64_MAX and ok,
+                   f"{what}{' (atomics only)' if atomics_only else ''}")
+    # A gradient 4 bytes off 16-byte alignment (no float4 loads), exact.
+    h = table(50, 16, 60000, np.int64, hot=0.2)
+    g = integers(h)
+    shifted = cp.asarray(np.concatenate([[0.0], g.ravel()]).astype(np.float32))[1:]
+    rows, first, _ = backward_unordered(lib, [device(h)], [shifted.reshape(g.shape)])[0]
+    expect(first == I64_MAX and np.array_equal(rows, dense_reference_np(h, g)),
+           "a gradient off 16-byte alignment")
+    # A bad id in a sliced table, malformed row_splits in a table beside
+    # it: both stay zero; a second sliced table gets its gradient.
+    bad = [table(50, 16, 60000, np.int64), table(40, 8, 20000, np.int64, bag=6),
+           table(50, 16, 60000, np.int32)]
+    bad[0]["ids"][[5, 9]] = [50, -1]
+    bad[1]["splits"][7] = bad[1]["splits"][6] - 1
+    dev = [device(h) for h in bad]
+    expect([slice_width(lib, d) > 0 for d in dev] == [True, False, True],
+           "the bad id's table and the good one take the slices")
+    grads = [integers(h) for h in bad]
+    got = backward_unordered(lib, dev, [cp.asarray(g) for g in grads])
+    expect(got[0][1] == 5 and not got[0][0].any(), f"bad id: first {got[0][1]}, want 5")
+    expect(got[1][2] != I64_MAX and not got[1][0].any(), "malformed row_splits left rows")
+    expect(got[2][1] == I64_MAX and np.array_equal(got[2][0], dense_reference_np(bad[2], grads[2])),
+           "a good sliced table beside bad ones")
+    # The DemoModel's shape (8192 x 1000 one-id samples over 8192 rows)
+    # takes the slices on this device.
+    demo = dict(params=cp.zeros((8192, 16), cp.float32), ids=cp.zeros(8192000, cp.int64),
+                splits=cp.zeros(1, cp.int64), weights=None, combiner="sum", no_splits=True)
+    expect(slice_width(lib, demo) > 0, "the DemoModel's shape does not take the slices")
+    print(f"lookup backward checks (dense, shared-memory slices): {cases - failures} passed, "
+          f"{failures} failed")
+    return failures
+
+
+def check_past_uint32(lib):
+    """A one-id table of 2^31 + 4096 gradient items (batch x dim), past the
+    unordered gradient's 32-bit index loops (both kernels take 64-bit ones
+    there), on 8 rows (shared-memory slices) and on 200,000 rows (global
+    atomics). Ids are the sample mod rows, gradients (k mod 7) - 3 at item
+    k: every partial sum stays below 2^24, so the sums are exact in any
+    order, and the reference is cupy's float64 sum over the samples of each
+    row (8.6 GB of gradient on the device)."""
+    batch, dim = (1 << 27) + 256, 16
+    grads = cp.empty((batch, dim), cp.float32)
+    chunk = 1 << 22
+    for b0 in range(0, batch, chunk):
+        b1 = min(batch, b0 + chunk)
+        k = cp.arange(b0 * dim, b1 * dim, dtype=cp.int64)
+        grads[b0:b1] = ((k % 7) - 3).astype(cp.float32).reshape(b1 - b0, dim)
+    failures = 0
+    for rows in (8, 200000):
+        t = dict(params=cp.zeros((rows, dim), cp.float32),
+                 ids=(cp.arange(batch, dtype=cp.int32) % rows), splits=cp.zeros(1, cp.int64),
+                 weights=None, combiner="sum", no_splits=True)
+        width = slice_width(lib, t)
+        got, first, _ = backward_unordered(lib, [t], [grads])[0]
+        want = cp.zeros((rows, dim), cp.float64)
+        whole = batch - batch % rows
+        want += grads[:whole].reshape(-1, rows, dim).sum(axis=0, dtype=cp.float64)
+        want[:batch - whole] += grads[whole:].astype(cp.float64)
+        ok = (first == I64_MAX and (width > 0) == (rows == 8)
+              and np.array_equal(got, cp.asnumpy(want)))
+        print(f"lookup backward check (dense, unordered), {batch} x {dim} items past 2^31 on "
+              f"{rows} rows (slice width {width}): {'passed' if ok else 'FAILED'}")
+        failures += not ok
+        del t
+    del grads
+    cp.get_default_memory_pool().free_all_blocks()
     return failures
 
 
@@ -988,9 +1169,10 @@ class BackwardRun:
 
 def bench_backward_dense(lib, rng):
     """Dense gradients, ordered (plan + rows, as the op runs them when
-    determinism is asked for) against unordered (float atomics): the
-    DemoModel's (8192 x 1000 one-id positions, no row_splits, 8192 rows) and
-    DLRM's 26 tables (Zipf hot ids)."""
+    determinism is asked for) against unordered (float atomics, in shared
+    memory slices where a table has few rows for its ids) and against
+    global atomics alone: the DemoModel's (8192 x 1000 one-id positions, no
+    row_splits, 8192 rows) and DLRM's 26 tables (Zipf hot ids)."""
     demo = dict(params=cp.random.standard_normal((8192, 16), dtype=cp.float32),
                 ids=cp.random.randint(0, 8192, size=8192 * 1000, dtype=cp.int64),
                 splits=None, weights=None, combiner="sum", no_splits=True)
@@ -999,9 +1181,19 @@ def bench_backward_dense(lib, rng):
                                                               dtype=cp.int64),
                 splits=cp.arange(0, 64 * 4096 + 1, 4096, dtype=cp.int64), weights=None,
                 combiner="mean")
+    def few_rows(rows, dim, batch, hot):
+        splits = None if hot == 1 else cp.arange(0, batch * hot + 1, hot, dtype=cp.int64)
+        return dict(params=cp.zeros((rows, dim), cp.float32),
+                    ids=cp.random.randint(0, rows, size=batch * hot, dtype=cp.int32),
+                    splits=splits, weights=None, combiner="sum", no_splits=splits is None)
+
     for name, tables in (("DemoModel (8.2M one-id positions, 8192 rows)", [demo]),
                          ("DemoModel's shape, half the positions on id 0", [padded]),
                          ("64 samples of 4096 ids, 8192 rows", [bags]),
+                         ("1M one-id samples, 400 rows x 128", [few_rows(400, 128, 1 << 20, 1)]),
+                         ("2M one-id samples, 2000 rows x 64", [few_rows(2000, 64, 2 << 20, 1)]),
+                         ("500k samples of 4 ids, 1000 rows x 16",
+                          [few_rows(1000, 16, 500000, 4)]),
                          ("DLRM (26 tables, Zipf ids)", dlrm_tables(rng))):
         n = len(tables)
         host = (Table * n)(*[describe(t) for t in tables])
@@ -1029,14 +1221,19 @@ def bench_backward_dense(lib, rng):
             assert lib.sok_lookup_backward_rows(host, dev.data.ptr, n, d_outs.data.ptr,
                                                 checks.data.ptr, temp.data.ptr, stream) == 0
 
-        def unordered():
+        def unordered(fn=lib.sok_lookup_backward_dense_unordered):
             zero()
-            assert lib.sok_lookup_backward_dense_unordered(host, dev.data.ptr, n, d_outs.data.ptr,
-                                                           checks.data.ptr, stream) == 0
+            assert fn(host, dev.data.ptr, n, d_outs.data.ptr, checks.data.ptr, stream) == 0
 
-        zero_ms, a, b = time_ms(zero), time_ms(ordered), time_ms(unordered)
-        print(f"dense backward, {name}: ordered {a:.3f} ms, unordered {b:.3f} ms, {a / b:.2f}x "
-              f"(both include zeroing the rows, {zero_ms:.3f} ms)")
+        def atomics():
+            unordered(lib.sok_lookup_backward_dense_atomics)
+
+        zero_ms, a, b, c = time_ms(zero), time_ms(ordered), time_ms(unordered), time_ms(atomics)
+        widths = sorted({slice_width(lib, t) for t in tables})
+        print(f"dense backward, {name}: ordered {a:.3f} ms, unordered {b:.3f} ms "
+              f"(slice widths {widths}), global atomics only {c:.3f} ms; ordered/unordered "
+              f"{a / b:.2f}x, atomics/unordered {c / b:.2f}x (all include zeroing the rows, "
+              f"{zero_ms:.3f} ms)")
 
 
 def dlrm_tables(rng):
@@ -1102,8 +1299,11 @@ def main():
     print(f"device: {props['name'].decode()}, {props['multiProcessorCount']} SMs, "
           f"CUDA runtime {cp.cuda.runtime.runtimeGetVersion()}")
     rng = np.random.default_rng(0)
-    failures = (check(lib, rng) + check_unordered(lib, rng) + check_unique_sum(lib, rng)
+    failures = (check(lib, rng) + check_unordered(lib, rng) + check_slices(lib, rng)
+                + check_unique_sum(lib, rng)
                 + util_checks.check_util(lib, rng))
+    if not args.quick:
+        failures += check_past_uint32(lib)
     if args.cpu_ref:
         failures += table_checks.check_table(lib, ctypes.CDLL(args.cpu_ref), rng, args.quick)
     else:

@@ -150,10 +150,24 @@ int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupT
 // clipping table, `checks` NULL, more than 65535 tables or 2^31 - 1 ids in
 // all, or a table without row_splits that is not one unweighted id per
 // sample).
+// A table with few rows for its ids (rows x 4 columns fit a block's shared
+// memory, and the ids outnumber the rows many times over: the DemoModel's
+// 8.2M ids on 8192 rows) is summed per SM in shared memory, a slice of
+// columns per block, and added to grad_rows once per block.
 int sok_lookup_backward_dense_unordered(const SokLookupTable* host_tables,
                                         const SokLookupTable* tables, int num_tables,
                                         const SokLookupGradTable* outs, int64_t* checks,
                                         void* stream);
+// The same without the shared-memory path (global atomics for every table):
+// for the checks and timings that compare the two.
+int sok_lookup_backward_dense_atomics(const SokLookupTable* host_tables,
+                                      const SokLookupTable* tables, int num_tables,
+                                      const SokLookupGradTable* outs, int64_t* checks,
+                                      void* stream);
+// *width <- the columns per shared-memory slice that the unordered gradient
+// gives table *host_table on the current device (0: global atomics).
+// Returns a cudaError_t.
+int sok_lookup_backward_dense_slice_width(const SokLookupTable* host_table, int* width);
 
 // Backward core: the distinct ids of `ids` [n] (ascending) and, for each, the
 // sum of the rows of `grads` [n, dim] at its positions, added in position
