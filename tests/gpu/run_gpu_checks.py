@@ -374,19 +374,30 @@ def dense_reference(h, grads):
     return want
 
 
+class Tally:
+    """Counts a group of checks; expect() prints each failure."""
+
+    def __init__(self, what):
+        self.what, self.cases, self.failures = what, 0, 0
+
+    def expect(self, ok, case):
+        self.cases += 1
+        if not ok:
+            self.failures += 1
+            print(f"FAIL {self.what}: {case}")
+
+    def report(self, title):
+        print(f"{title}: {self.cases - self.failures} passed, {self.failures} failed")
+        return self.failures
+
+
 def check_unordered(lib, rng):
     """The dense gradient summed with atomics (no fixed order) against
     float64 numpy: every layout and combiner, weights, hot ids, one id per
     sample without row_splits, bad ids and malformed row_splits (the table
     keeps its zero gradient, the others get theirs), and the refusals."""
-    cases = failures = 0
-
-    def expect(ok, what):
-        nonlocal cases, failures
-        cases += 1
-        if not ok:
-            failures += 1
-            print(f"FAIL unordered dense gradient: {what}")
+    tally = Tally("unordered dense gradient")
+    expect = tally.expect
 
     def close(got, h, g):
         """got is h's gradient for upstream g, to float32 rounding: within
@@ -484,9 +495,7 @@ def check_unordered(lib, rng):
             host, dev.data.ptr, 1, d_outs.data.ptr,
             None if checks is None else checks.data.ptr, cp.cuda.get_current_stream().ptr)
         expect(rc != 0, f"{what} was not refused")
-    print(f"lookup backward checks (dense, unordered): {cases - failures} passed, "
-          f"{failures} failed")
-    return failures
+    return tally.report("lookup backward checks (dense, unordered)")
 
 
 def slice_width(lib, t):
@@ -531,14 +540,8 @@ def check_slices(lib, rng):
     small-integer gradients — beside tables that take global atomics, and
     the same through global atomics alone; a bad id leaves a sliced table
     zero; the DemoModel's shape takes the path."""
-    cases = failures = 0
-
-    def expect(ok, what):
-        nonlocal cases, failures
-        cases += 1
-        if not ok:
-            failures += 1
-            print(f"FAIL shared-slice dense gradient: {what}")
+    tally = Tally("shared-slice dense gradient")
+    expect = tally.expect
 
     def table(rows, dim, batch, ids_dtype, hot=0.0, bag=0, combiner="sum", weighted=False):
         """bag 0: one id per sample, no row_splits; else 0..bag ids each."""
@@ -622,9 +625,7 @@ def check_slices(lib, rng):
     demo = dict(params=cp.zeros((8192, 16), cp.float32), ids=cp.zeros(8192000, cp.int64),
                 splits=cp.zeros(1, cp.int64), weights=None, combiner="sum", no_splits=True)
     expect(slice_width(lib, demo) > 0, "the DemoModel's shape does not take the slices")
-    print(f"lookup backward checks (dense, shared-memory slices): {cases - failures} passed, "
-          f"{failures} failed")
-    return failures
+    return tally.report("lookup backward checks (dense, shared-memory slices)")
 
 
 def check_past_uint32(lib):
