@@ -570,12 +570,20 @@ def check_slices(lib, rng):
 
     # (what, host table, exact sums): small-integer gradients of unweighted
     # sums add exactly in any order; the others are within float32 rounding.
-    # The first three take the slices; tables with row_splits (bags) and
+    # The first five take the slices; tables with row_splits (bags) and
     # one of too many rows take global atomics in the same call.
-    group = [("one id per sample, 1 slice", table(50, 16, 60000, np.int64), True),
+    # Five or more slices over an SM count they do not divide: the blocks
+    # left over (k >= blocks) must add nothing.
+    sms = cp.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    spare = next(h for h in (table(r, 40, 2000000, np.int32) for r in (6500, 5000, 7500, 4000))
+                 if sms % -(-40 // max(1, slice_width(lib, device(h)))) != 0)
+    group = [("one id per sample, 1 slice", table(50, 16, 80000, np.int64), True),
              ("one id per sample, half on one id", table(64, 16, 200000, np.int32, hot=0.5), True),
              ("several slices (uneven), dim 33", table(2000, 33, 1500000, np.int64, hot=0.3),
               True),
+             ("dim 2048 on 10 rows: slices of at most 1024 columns (a thread each)",
+              table(10, 2048, 12000, np.int64), True),
+             (f"slices that do not divide the {sms} SMs", spare, True),
              ("bags, weighted, mean", table(40, 7, 20000, np.int32, bag=6, combiner="mean",
                                             weighted=True), False),
              ("bags, sqrtn, int64", table(30, 12, 30000, np.int64, bag=5, combiner="sqrtn"),
@@ -583,9 +591,10 @@ def check_slices(lib, rng):
              ("one id per sample, 100000 rows", table(100000, 8, 3000, np.int64), True)]
     dev = [device(h) for _, h, _ in group]
     widths = [slice_width(lib, d) for d in dev]
-    expect(all(w > 0 for w in widths[:3]) and not any(widths[3:]),
-           f"slice widths {widths}: the first three tables should take the slices")
+    expect(all(w > 0 for w in widths[:5]) and not any(widths[5:]),
+           f"slice widths {widths}: the first five tables should take the slices")
     expect(0 < widths[2] < 33, f"dim 33 over 2000 rows in one slice of {widths[2]}")
+    expect(widths[3] == 1024, f"dim 2048 over 10 rows in slices of {widths[3]}, not 1024")
     grads = [integers(h) if exact else rng.standard_normal(integers(h).shape).astype(np.float32)
              for _, h, exact in group]
     for atomics_only in (False, True):
@@ -598,8 +607,8 @@ def check_slices(lib, rng):
                   else bool((np.abs(rows - want) <= 1e-5 * scale + 1e-6).all()))
             expect(first == I64_MAX and splits_bad == I64_MAX and ok,
                    f"{what}{' (atomics only)' if atomics_only else ''}")
-    # A gradient 4 bytes off 16-byte alignment (no float4 loads), exact.
-    h = table(50, 16, 60000, np.int64, hot=0.2)
+    # A gradient 4 bytes off 16-byte alignment, exact.
+    h = table(50, 16, 80000, np.int64, hot=0.2)
     g = integers(h)
     shifted = cp.asarray(np.concatenate([[0.0], g.ravel()]).astype(np.float32))[1:]
     rows, first, _ = backward_unordered(lib, [device(h)], [shifted.reshape(g.shape)])[0]
@@ -607,8 +616,8 @@ def check_slices(lib, rng):
            "a gradient off 16-byte alignment")
     # A bad id in a sliced table, malformed row_splits in a table beside
     # it: both stay zero; a second sliced table gets its gradient.
-    bad = [table(50, 16, 60000, np.int64), table(40, 8, 20000, np.int64, bag=6),
-           table(50, 16, 60000, np.int32)]
+    bad = [table(50, 16, 80000, np.int64), table(40, 8, 20000, np.int64, bag=6),
+           table(50, 16, 80000, np.int32)]
     bad[0]["ids"][[5, 9]] = [50, -1]
     bad[1]["splits"][7] = bad[1]["splits"][6] - 1
     dev = [device(h) for h in bad]
@@ -628,15 +637,16 @@ def check_slices(lib, rng):
     return tally.report("lookup backward checks (dense, shared-memory slices)")
 
 
-def check_past_uint32(lib):
-    """A one-id table of 2^31 + 4096 gradient items (batch x dim), past the
-    unordered gradient's 32-bit index loops (both kernels take 64-bit ones
-    there), on 8 rows (shared-memory slices) and on 200,000 rows (global
-    atomics). Ids are the sample mod rows, gradients (k mod 7) - 3 at item
-    k: every partial sum stays below 2^24, so the sums are exact in any
-    order, and the reference is cupy's float64 sum over the samples of each
-    row (8.6 GB of gradient on the device)."""
-    batch, dim = (1 << 27) + 256, 16
+def check_past_32_bits(lib):
+    """A one-id table of 2^32 + 4096 gradient items (batch x dim): both
+    kernels of the unordered gradient must take their 64-bit index loops
+    (a 32-bit one would wrap), on 16 rows (shared-memory slices) and on
+    200,000 rows (global atomics). Ids are the sample mod rows, gradients
+    (k mod 7) - 3 at item k: every partial sum of a row's 2^24 terms stays
+    below 2^24, so the sums are exact in any order, and the reference is
+    cupy's float64 sum over the samples of each row (17 GB of gradient on
+    the device)."""
+    batch, dim = (1 << 28) + 256, 16
     grads = cp.empty((batch, dim), cp.float32)
     chunk = 1 << 22
     for b0 in range(0, batch, chunk):
@@ -644,7 +654,7 @@ def check_past_uint32(lib):
         k = cp.arange(b0 * dim, b1 * dim, dtype=cp.int64)
         grads[b0:b1] = ((k % 7) - 3).astype(cp.float32).reshape(b1 - b0, dim)
     failures = 0
-    for rows in (8, 200000):
+    for rows in (16, 200000):
         t = dict(params=cp.zeros((rows, dim), cp.float32),
                  ids=(cp.arange(batch, dtype=cp.int32) % rows), splits=cp.zeros(1, cp.int64),
                  weights=None, combiner="sum", no_splits=True)
@@ -654,9 +664,9 @@ def check_past_uint32(lib):
         whole = batch - batch % rows
         want += grads[:whole].reshape(-1, rows, dim).sum(axis=0, dtype=cp.float64)
         want[:batch - whole] += grads[whole:].astype(cp.float64)
-        ok = (first == I64_MAX and (width > 0) == (rows == 8)
+        ok = (first == I64_MAX and (width > 0) == (rows == 16)
               and np.array_equal(got, cp.asnumpy(want)))
-        print(f"lookup backward check (dense, unordered), {batch} x {dim} items past 2^31 on "
+        print(f"lookup backward check (dense, unordered), {batch} x {dim} items past 2^32 on "
               f"{rows} rows (slice width {width}): {'passed' if ok else 'FAILED'}")
         failures += not ok
         del t
@@ -1304,7 +1314,7 @@ def main():
                 + check_unique_sum(lib, rng)
                 + util_checks.check_util(lib, rng))
     if not args.quick:
-        failures += check_past_uint32(lib)
+        failures += check_past_32_bits(lib)
     if args.cpu_ref:
         failures += table_checks.check_table(lib, ctypes.CDLL(args.cpu_ref), rng, args.quick)
     else:

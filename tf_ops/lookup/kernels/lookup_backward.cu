@@ -809,8 +809,8 @@ __device__ __forceinline__ void DenseTable(const SokLookupTable& tb,
 // dim of them, and a hot id's all queue on one row of L2 (7.4 ms for 4M
 // positions on one id of the DemoModel's shape, 2.5 ms here). Here a block
 // sums a slice of `width` columns of every row of its table in shared
-// memory (one block per SM, so the slice is as wide as the SM's shared
-// memory allows), over its share of the samples, then adds its slice to
+// memory (a grid of one block per SM, each slice as wide as a block's
+// shared memory allows), over its share of the samples, then adds its slice to
 // grad_rows once. The blocks of a table take its column slices in turn, so
 // the `slices` blocks that read a stretch of samples run side by side and
 // share its gradient rows in L2. Shared-memory float atomics bound it
@@ -842,9 +842,11 @@ __host__ __device__ inline SharedSlices SlicesOf(const SokLookupTable& tb, int64
   if (tb.row_splits != nullptr || tb.rows <= 0 || tb.dim <= 0 || tb.nnz <= 0) return s;
   int64_t width = slice_floats / tb.rows;
   if (width > tb.dim) width = tb.dim;
+  if (width > kSliceThreads) width = kSliceThreads;  // a thread per column of a sample
   if (width < (tb.dim < 4 ? tb.dim : 4)) return s;
   const int64_t slices = (tb.dim + width - 1) / width;
-  width = (tb.dim + slices - 1) / slices;  // even slices, same count
+  // As even as that count allows (the last may still be narrower).
+  width = (tb.dim + slices - 1) / slices;
   if (blocks < slices || static_cast<int64_t>(blocks) * tb.rows * width * 8 > tb.nnz * tb.dim) {
     return s;
   }
@@ -1101,16 +1103,21 @@ int DenseUnordered(const SokLookupTable* host_tables, const SokLookupTable* tabl
       max_items = std::max(max_items, tb.batch * tb.dim);
     }
   }
+  if (shared_floats > 0) {
+    // Always the device's whole limit, not this call's need: ops on other
+    // host threads set it too, between this call's setting and its launch.
+    const cudaError_t err =
+        cudaFuncSetAttribute(DenseRowsShared, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sl.slice_floats * sizeof(float)));
+    if (err != cudaSuccess) return static_cast<int>(err);
+  }
   if (max_items > 0) {
     DenseRows<<<TableGrid(max_items, num_tables), 256, 0, s>>>(tables, outs, checks,
                                                                sl.slice_floats, sl.blocks);
   }
   if (shared_floats > 0) {
-    const size_t bytes = static_cast<size_t>(shared_floats) * sizeof(float);
-    const cudaError_t err = cudaFuncSetAttribute(
-        DenseRowsShared, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
-    if (err != cudaSuccess) return static_cast<int>(err);
-    DenseRowsShared<<<dim3(sl.blocks, num_tables), kSliceThreads, bytes, s>>>(
+    DenseRowsShared<<<dim3(sl.blocks, num_tables), kSliceThreads,
+                      static_cast<size_t>(shared_floats) * sizeof(float), s>>>(
         tables, outs, checks, sl.slice_floats);
   }
   return static_cast<int>(cudaGetLastError());

@@ -150,10 +150,11 @@ int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupT
 // clipping table, `checks` NULL, more than 65535 tables or 2^31 - 1 ids in
 // all, or a table without row_splits that is not one unweighted id per
 // sample).
-// A table with few rows for its ids (rows x 4 columns fit a block's shared
-// memory, and the ids outnumber the rows many times over: the DemoModel's
-// 8.2M ids on 8192 rows) is summed per SM in shared memory, a slice of
-// columns per block, and added to grad_rows once per block.
+// A table of one id per sample given without row_splits whose rows are
+// few for its ids (rows x min(dim, 4) floats fit a block's shared memory,
+// and the ids outnumber the rows many times over: the DemoModel's 8.2M ids
+// on 8192 rows) is summed per SM in shared memory, a slice of columns per
+// block, and added to grad_rows once per block.
 int sok_lookup_backward_dense_unordered(const SokLookupTable* host_tables,
                                         const SokLookupTable* tables, int num_tables,
                                         const SokLookupGradTable* outs, int64_t* checks,
