@@ -324,10 +324,14 @@ __global__ void __launch_bounds__(kWarp* kWarpsPerBlock, 4)
       if (t.dim / 4 < kTeam) {
         // TeamSample's shuffle tree adds the idle groups' +0 here, which
         // turns a -0 (a product that underflows) into +0; so does this.
-        acc.x += 0.0f;
-        acc.y += 0.0f;
-        acc.z += 0.0f;
-        acc.w += 0.0f;
+        // __fadd_rn, not +=: clang (the package's CUDA compiler) dropped a
+        // += 0.0f, as the sum before it cannot be -0 when computed as
+        // written, and then fused that sum's product into a multiply-add
+        // with +0, which does give -0. The intrinsic is kept as written.
+        acc.x = __fadd_rn(acc.x, 0.0f);
+        acc.y = __fadd_rn(acc.y, 0.0f);
+        acc.z = __fadd_rn(acc.z, 0.0f);
+        acc.w = __fadd_rn(acc.w, 0.0f);
       }
       const float sc = span[u].scale;
       reinterpret_cast<float4*>(t.out + span[u].b * t.dim)[tl] =
