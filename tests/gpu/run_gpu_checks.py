@@ -366,12 +366,41 @@ def backward_unordered(lib, tables, grads, atomics_only=False):
 
 
 def dense_reference(h, grads):
-    """A table's dense gradient [rows, dim] in float64 (no clip)."""
-    wu, wrows = backward_reference(h["params"], h["ids"], h["splits"], h["weights"],
-                                   h["combiner"], 0.0, grads)
+    """A table's dense gradient [rows, dim] in float64 (no clip): each
+    position's factor (weight x its sample's combiner scale, weights summed
+    per sample), then np.add.at, so big batches take no loop over samples.
+    h["splits"] None: one unweighted id per sample."""
+    ids = h["ids"].astype(np.int64)
+    g = grads.astype(np.float64)
     want = np.zeros(h["params"].shape)
-    want[wu.astype(np.int64)] = wrows
+    if h["splits"] is None:
+        np.add.at(want, ids, g)
+        return want
+    splits = h["splits"]
+    lengths = np.diff(splits)
+    sample = np.repeat(np.arange(len(lengths)), lengths)
+    w = (np.ones(len(ids)) if h["weights"] is None else h["weights"].astype(np.float64))
+    wsum = np.bincount(sample, weights=w, minlength=len(lengths))
+    wsq = np.bincount(sample, weights=w * w, minlength=len(lengths))
+    scale = np.ones(len(lengths))
+    if h["combiner"] == "mean":
+        scale = np.divide(1.0, wsum, out=np.zeros_like(wsum), where=wsum != 0)
+    elif h["combiner"] == "sqrtn":
+        scale = np.divide(1.0, np.sqrt(wsq), out=np.zeros_like(wsq), where=wsq > 0)
+    np.add.at(want, ids, (w * scale[sample])[:, None] * g[sample])
     return want
+
+
+def close_to_reference(got, h, g):
+    """got is h's dense gradient for upstream g, to float32 rounding: within
+    1e-5 of the sum of the terms' magnitudes (an all-equal table's thousand
+    terms may cancel to a small sum; one term lost is about a thousandth of
+    that sum)."""
+    want = dense_reference(h, g)
+    scale = dense_reference(dict(h, weights=None if h["weights"] is None
+                                 else np.abs(h["weights"])), np.abs(g))
+    return (not np.isnan(got).any() and
+            bool((np.abs(got - want) <= 1e-5 * scale + 1e-6).all()))
 
 
 class Tally:
@@ -399,17 +428,6 @@ def check_unordered(lib, rng):
     tally = Tally("unordered dense gradient")
     expect = tally.expect
 
-    def close(got, h, g):
-        """got is h's gradient for upstream g, to float32 rounding: within
-        1e-5 of the sum of the terms' magnitudes (an all-equal table's
-        thousand terms may cancel to a small sum; one term lost is about a
-        thousandth of that sum)."""
-        want = dense_reference(h, g)
-        scale = dense_reference(dict(h, weights=None if h["weights"] is None
-                                     else np.abs(h["weights"])), np.abs(g))
-        return (not np.isnan(got).any() and
-                bool((np.abs(got - want) <= 1e-5 * scale + 1e-6).all()))
-
     for dims, combiner, weighted, case, host in table_groups(
             rng, ([1, 3, 33], [4, 16, 128], [5, 128, 7], [8, 32, 64])):
         for h in host:
@@ -420,7 +438,7 @@ def check_unordered(lib, rng):
                                  [cp.asarray(g) for g in grads])
         for h, g, (rows, first, splits_bad) in zip(host, grads, got):
             expect(first == I64_MAX and splits_bad == I64_MAX
-                   and close(rows, h, g),
+                   and close_to_reference(rows, h, g),
                    f"dims {dims} {combiner} weighted={weighted} {case} dim {g.shape[1]}")
     # One id per sample, given without row_splits (the DemoModel's), beside
     # a table with them; and a gradient that starts off 16-byte alignment.
@@ -441,7 +459,7 @@ def check_unordered(lib, rng):
         d_grads[0] = shifted[1:].reshape(grads[0].shape)  # 4 bytes past an allocation's start
         got = backward_unordered(lib, dev, d_grads)
         for k, (h, g, (rows, first, _)) in enumerate(zip(host, grads, got)):
-            expect(first == I64_MAX and close(rows, h, g),
+            expect(first == I64_MAX and close_to_reference(rows, h, g),
                    f"one id per sample, no_splits={no_splits}, table {k}")
     # Hot ids: every position of a big batch on a handful of rows.
     # Small integers, so every order of the float additions gives the exact
@@ -470,7 +488,7 @@ def check_unordered(lib, rng):
     good[2]["splits"][5] = good[2]["splits"][4] - 1
     grads = [rng.standard_normal((len(h["splits"]) - 1, 8)).astype(np.float32) for h in good]
     got = backward_unordered(lib, [to_device(h) for h in good], [cp.asarray(g) for g in grads])
-    expect(got[0][1] == I64_MAX and close(got[0][0], good[0], grads[0]),
+    expect(got[0][1] == I64_MAX and close_to_reference(got[0][0], good[0], grads[0]),
            "a good table beside bad ones")
     expect(got[1][1] == 3 and not got[1][0].any(), f"bad id: first {got[1][1]}, want 3")
     expect(got[2][2] != I64_MAX and not got[2][0].any(),
@@ -505,31 +523,6 @@ def slice_width(lib, t):
     assert lib.sok_lookup_backward_dense_slice_width(ctypes.byref(describe(t)),
                                                      ctypes.byref(width)) == 0
     return width.value
-
-
-def dense_reference_np(h, grads):
-    """dense_reference without its loop over samples, for big batches: each
-    position's factor (weight x its sample's combiner scale), then
-    np.add.at in float64. h["splits"] None: one unweighted id per sample."""
-    ids = h["ids"].astype(np.int64)
-    g = grads.astype(np.float64)
-    want = np.zeros(h["params"].shape)
-    if h["splits"] is None:
-        np.add.at(want, ids, g)
-        return want
-    splits = h["splits"]
-    lengths = np.diff(splits)
-    sample = np.repeat(np.arange(len(lengths)), lengths)
-    w = (np.ones(len(ids)) if h["weights"] is None else h["weights"].astype(np.float64))
-    wsum = np.bincount(sample, weights=w, minlength=len(lengths))
-    wsq = np.bincount(sample, weights=w * w, minlength=len(lengths))
-    scale = np.ones(len(lengths))
-    if h["combiner"] == "mean":
-        scale = np.divide(1.0, wsum, out=np.zeros_like(wsum), where=wsum != 0)
-    elif h["combiner"] == "sqrtn":
-        scale = np.divide(1.0, np.sqrt(wsq), out=np.zeros_like(wsq), where=wsq > 0)
-    np.add.at(want, ids, (w * scale[sample])[:, None] * g[sample])
-    return want
 
 
 def check_slices(lib, rng):
@@ -600,11 +593,8 @@ def check_slices(lib, rng):
     for atomics_only in (False, True):
         got = backward_unordered(lib, dev, [cp.asarray(g) for g in grads], atomics_only)
         for (what, h, exact), g, (rows, first, splits_bad) in zip(group, grads, got):
-            want = dense_reference_np(h, g)
-            scale = dense_reference_np(dict(h, weights=None if h["weights"] is None
-                                            else np.abs(h["weights"])), np.abs(g))
-            ok = (np.array_equal(rows, want) if exact
-                  else bool((np.abs(rows - want) <= 1e-5 * scale + 1e-6).all()))
+            ok = (np.array_equal(rows, dense_reference(h, g)) if exact
+                  else close_to_reference(rows, h, g))
             expect(first == I64_MAX and splits_bad == I64_MAX and ok,
                    f"{what}{' (atomics only)' if atomics_only else ''}")
     # A gradient 4 bytes off 16-byte alignment, exact.
@@ -612,7 +602,7 @@ def check_slices(lib, rng):
     g = integers(h)
     shifted = cp.asarray(np.concatenate([[0.0], g.ravel()]).astype(np.float32))[1:]
     rows, first, _ = backward_unordered(lib, [device(h)], [shifted.reshape(g.shape)])[0]
-    expect(first == I64_MAX and np.array_equal(rows, dense_reference_np(h, g)),
+    expect(first == I64_MAX and np.array_equal(rows, dense_reference(h, g)),
            "a gradient off 16-byte alignment")
     # A bad id in a sliced table, malformed row_splits in a table beside
     # it: both stay zero; a second sliced table gets its gradient.
@@ -627,7 +617,7 @@ def check_slices(lib, rng):
     got = backward_unordered(lib, dev, [cp.asarray(g) for g in grads])
     expect(got[0][1] == 5 and not got[0][0].any(), f"bad id: first {got[0][1]}, want 5")
     expect(got[1][2] != I64_MAX and not got[1][0].any(), "malformed row_splits left rows")
-    expect(got[2][1] == I64_MAX and np.array_equal(got[2][0], dense_reference_np(bad[2], grads[2])),
+    expect(got[2][1] == I64_MAX and np.array_equal(got[2][0], dense_reference(bad[2], grads[2])),
            "a good sliced table beside bad ones")
     # The DemoModel's shape (8192 x 1000 one-id samples over 8192 rows)
     # takes the slices on this device.

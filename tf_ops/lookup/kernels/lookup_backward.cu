@@ -774,14 +774,20 @@ __global__ void DenseCheckIds(const SokLookupTable* __restrict__ tables,
   SOK_FOR_EACH(j, tb.nnz) ReportIfBad(tb, j, LoadId(tb, j), first_bad + blockIdx.y);
 }
 
+// Whether a table's batch x dim gradient items, and the overshoot of a
+// grid-stride index past them, fit the 32-bit index loops of the dense
+// kernels (64-bit division is emulated; those loops are otherwise a load
+// and an atomic).
+__device__ __forceinline__ bool NarrowItems(const SokLookupTable& tb) {
+  return tb.batch * tb.dim < UINT32_MAX / 2;
+}
+
 // One thread per (sample, column) of a table, adding weight_j * combiner
 // factor * grads[b, c] to column c of the rows of the sample's ids: the
 // lanes of a warp add to whole rows side by side (a float4 per lane, four
 // atomics 16 bytes apart, took twice as long for the DemoModel). A table
 // without row_splits is one unweighted id per sample (factor 1); row_splits
-// are read clamped, as in the forward. I is the index type: 32-bit
-// division where the items fit (64-bit division is emulated, and this loop
-// is otherwise a load and an atomic).
+// are read clamped, as in the forward. I is the index type (NarrowItems).
 template <typename I>
 __device__ __forceinline__ void DenseTable(const SokLookupTable& tb,
                                            const float* __restrict__ grads,
@@ -857,7 +863,7 @@ __host__ __device__ inline SharedSlices SlicesOf(const SokLookupTable& tb, int64
 
 // Thread (pos, col) of a block adds column c0 + col of the one-id samples
 // first + pos, + step, ... into acc [rows, width]: kSliceUnroll samples'
-// loads first, then their additions. I is the index type (as DenseTable's).
+// loads first, then their additions. I is the index type (NarrowItems).
 template <typename I>
 __device__ __forceinline__ void SliceSamples(const SokLookupTable& tb,
                                              const float* __restrict__ grads, float* acc,
@@ -909,7 +915,7 @@ __global__ void __launch_bounds__(kSliceThreads, 1)
   if (pos < tile && col < width) {
     const int64_t first = static_cast<int64_t>(k) * tile;
     const int64_t step = static_cast<int64_t>(blocks) * tile;
-    if (tb.batch * tb.dim < UINT32_MAX / 2) {
+    if (NarrowItems(tb)) {
       SliceSamples<uint32_t>(tb, outs[t].grads, acc, s.width, c0, static_cast<uint32_t>(first),
                              static_cast<uint32_t>(step), pos, col);
     } else {
@@ -938,8 +944,7 @@ __global__ void DenseRows(const SokLookupTable* __restrict__ tables,
   if (CheckFailed(checks, t, gridDim.y)) return;
   const SokLookupTable tb = tables[t];
   if (SlicesOf(tb, slice_floats, slice_blocks).width != 0) return;
-  // (The index reaches items + the grid's threads before the loop ends.)
-  if (tb.batch * tb.dim < UINT32_MAX / 2) {
+  if (NarrowItems(tb)) {
     DenseTable<uint32_t>(tb, outs[t].grads, outs[t].grad_rows);
   } else {
     DenseTable<int64_t>(tb, outs[t].grads, outs[t].grad_rows);
