@@ -38,7 +38,7 @@ assert ctypes.sizeof(Table) == 88, "SokLookupTable layout changed"
 class GradTable(ctypes.Structure):
     _fields_ = [("grads", ctypes.c_void_p), ("unique_ids", ctypes.c_void_p),
                 ("grad_rows", ctypes.c_void_p), ("dense", ctypes.c_int32),
-                ("reserved", ctypes.c_int32)]
+                ("path", ctypes.c_int32)]
 
 
 assert ctypes.sizeof(GradTable) == 32, "SokLookupGradTable layout changed"
@@ -338,12 +338,20 @@ def backward_dense(lib, tables, grads):
     return result
 
 
-def backward_unordered(lib, tables, grads, atomics_only=False):
+def grad_paths(d_outs, n):
+    """The path field of each of n SokLookupGradTables in device memory (the
+    unordered gradient writes 1 where a one-id table's ids repeat often
+    enough for the kernel that sums a warp's repeated ids first)."""
+    return [int(p) for p in cp.asnumpy(d_outs).view(np.int32).reshape(n, 8)[:, 7]]
+
+
+def backward_unordered(lib, tables, grads, atomics_only=False, paths=None):
     """sok_lookup_backward_dense_unordered on every table as the op calls it
     (atomics_only: sok_lookup_backward_dense_atomics, no shared-memory
     slices): row 3 of the check filled by sok_lookup_check_splits first,
     outputs zeroed, plus a poisoned spare row. Per table: its [rows, dim]
-    gradient, its first bad id position and its row_splits finding (row 3)."""
+    gradient, its first bad id position and its row_splits finding (row 3).
+    paths (a list): receives each table's grad_paths."""
     n = len(tables)
     host = (Table * n)(*[describe(t) for t in tables])
     dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
@@ -358,6 +366,8 @@ def backward_unordered(lib, tables, grads, atomics_only=False):
     rc = fn(host, dev.data.ptr, n, d_outs.data.ptr, checks.data.ptr, stream)
     assert rc == 0, rc
     cp.cuda.get_current_stream().synchronize()
+    if paths is not None:
+        paths.extend(grad_paths(d_outs, n))
     result = []
     for r, first, splits_bad in zip(rows, cp.asnumpy(checks[0]), cp.asnumpy(checks[3])):
         assert bool(cp.isnan(r[-1]).all()), "the unordered gradient wrote past a table's rows"
@@ -481,6 +491,32 @@ def check_unordered(lib, rng):
         rows, first, _ = backward_unordered(lib, [to_device(h)], [cp.asarray(g)])[0]
         expect(first == I64_MAX and np.array_equal(rows, dense_reference(h, g)),
                f"half the ids on one id, dim {dim} (exact sums)")
+    # One id per sample without row_splits, on rows too many for the
+    # shared-memory slices. From 2^20 items on, a probe of the ids decides:
+    # a hot id or every id the same must take the kernel that sums a warp's
+    # repeated ids first (path 1), uniform ids global atomics per item
+    # (path 0), a tenth on one id either; smaller tables are not probed
+    # (path 0). Windows cut short by the batch's end, both id types; exact
+    # sums.
+    for dim, batch, hot in ((1, 1100003, 0.5), (16, 70001, 0.5), (16, 70001, 0.0),
+                            (33, 40001, 1.0), (100, 11000, 0.1), (7, 31, 1.0),
+                            (300, 4000, 0.0), (16, 40000, 0.5)):
+        for dtype in (np.int32, np.int64):
+            h = dict(params=np.zeros((100000, dim), np.float32),
+                     ids=rng.integers(0, 100000, batch).astype(dtype),
+                     splits=np.arange(batch + 1, dtype=np.int64), weights=None,
+                     combiner="sum")
+            h["ids"][rng.random(batch) < hot] = 7
+            g = rng.integers(-3, 4, (batch, dim)).astype(np.float32)
+            t = dict(to_device(h), no_splits=True)
+            paths = []
+            rows, first, _ = backward_unordered(lib, [t], [cp.asarray(g)], paths=paths)[0]
+            probed = batch * dim >= 1 << 20
+            want_path = ([0] if hot == 0.0 or not probed else [1] if hot >= 0.5 else [0, 1])
+            expect(slice_width(lib, t) == 0 and first == I64_MAX and paths[0] in want_path
+                   and np.array_equal(rows, dense_reference(h, g)),
+                   f"one id per sample, no row_splits, {hot:.0%} on one id, dim {dim}, "
+                   f"batch {batch}, {np.dtype(dtype).name}, path {paths[0]} (exact sums)")
     # A bad id: reported at its first position; its table keeps its zeros.
     # Malformed row_splits (not ascending): that table keeps its zeros.
     good = [random_table(rng, 300, 8, 40, 4, "sum", False) for _ in range(3)]
@@ -1188,6 +1224,18 @@ def bench_backward_dense(lib, rng):
                     ids=cp.random.randint(0, rows, size=batch * hot, dtype=cp.int32),
                     splits=splits, weights=None, combiner="sum", no_splits=splits is None)
 
+    def one_ids(rows, ids):
+        return dict(params=cp.zeros((rows, 16), cp.float32), ids=ids, splits=None,
+                    weights=None, combiner="sum", no_splits=True)
+
+    def hot_rows(rows, batch, hot):
+        ids = cp.random.randint(0, rows, size=batch, dtype=cp.int64)
+        return one_ids(rows, cp.where(cp.random.random(batch) < hot, 0, ids))
+
+    def zipf_rows(rows, batch):
+        ids = np.minimum(rng.zipf(1.2, size=batch) - 1, rows - 1).astype(np.int64)
+        return one_ids(rows, cp.asarray(ids))
+
     for name, tables in (("DemoModel (8.2M one-id positions, 8192 rows)", [demo]),
                          ("DemoModel's shape, half the positions on id 0", [padded]),
                          ("64 samples of 4096 ids, 8192 rows", [bags]),
@@ -1195,7 +1243,16 @@ def bench_backward_dense(lib, rng):
                          ("2M one-id samples, 2000 rows x 64", [few_rows(2000, 64, 2 << 20, 1)]),
                          ("500k samples of 4 ids, 1000 rows x 16",
                           [few_rows(1000, 16, 500000, 4)]),
-                         ("DLRM (26 tables, Zipf ids)", dlrm_tables(rng))):
+                         ("DLRM (26 tables, Zipf ids)", dlrm_tables(rng)),
+                         ("8.2M one-id positions, Zipf(1.2) ids in 1M rows",
+                          [zipf_rows(1 << 20, 8192 * 1000)]),
+                         ("8.2M one-id positions, uniform ids in 1M rows",
+                          [hot_rows(1 << 20, 8192 * 1000, 0.0)]),
+                         ("8.2M one-id positions in 200,000 rows, 10% on one id",
+                          [hot_rows(200000, 8192 * 1000, 0.1)]),
+                         ("the same, half on one id", [hot_rows(200000, 8192 * 1000, 0.5)]),
+                         ("8192 one-id samples in 100,000 rows",
+                          [hot_rows(100000, 8192, 0.0)])):
         n = len(tables)
         host = (Table * n)(*[describe(t) for t in tables])
         dev = cp.asarray(np.frombuffer(bytes(host), np.uint8))
@@ -1229,10 +1286,13 @@ def bench_backward_dense(lib, rng):
         def atomics():
             unordered(lib.sok_lookup_backward_dense_atomics)
 
-        zero_ms, a, b, c = time_ms(zero), time_ms(ordered), time_ms(unordered), time_ms(atomics)
+        zero_ms, a, b = time_ms(zero), time_ms(ordered), time_ms(unordered)
+        paths = sorted(set(grad_paths(d_outs, n)))
+        c = time_ms(atomics)
         widths = sorted({slice_width(lib, t) for t in tables})
         print(f"dense backward, {name}: ordered {a:.3f} ms, unordered {b:.3f} ms "
-              f"(slice widths {widths}), global atomics only {c:.3f} ms; ordered/unordered "
+              f"(slice widths {widths}, paths {paths}), global atomics only {c:.3f} ms; "
+              f"ordered/unordered "
               f"{a / b:.2f}x, atomics/unordered {c / b:.2f}x (all include zeroing the rows, "
               f"{zero_ms:.3f} ms)")
 

@@ -782,6 +782,144 @@ __device__ __forceinline__ bool NarrowItems(const SokLookupTable& tb) {
   return tb.batch * tb.dim < UINT32_MAX / 2;
 }
 
+// Hot ids among one-id samples (a table without row_splits). Each of a
+// row's atomics queues on the same place in L2, so a hot id serialises
+// DenseTable (H100, 8.2M positions in 200,000 rows, half on one id: 8.4 ms,
+// a tenth on one id: 2.1 ms, against 0.4 for uniform ids). DenseRepeats
+// takes such tables: a warp takes 32 samples at a time (a window) and finds
+// those that share an id (__match_any_sync, once per window); the lowest
+// sample of each group adds the group's rows, summed in registers, with one
+// atomic per column, so a hot id costs an atomic per column per window
+// (1.2 and 0.93 ms; Zipf(1.2) ids in 1M rows 4.7 -> 1.8 ms). For ids that
+// seldom repeat it was slower than DenseTable (0.53 against 0.39 ms,
+// unexplained: not its instruction count, registers, the match or the
+// order it reads the gradient in), so a probe of a few windows decides.
+//
+// R holds an id: 32 bits when every id and the padding lanes' stand-ins
+// fit (FitsRow32), else 64.
+template <typename R>
+__device__ __forceinline__ R PaddingId(unsigned lane);
+template <>
+__device__ __forceinline__ unsigned PaddingId<unsigned>(unsigned lane) {
+  return 0xffffffffu - lane;
+}
+template <>
+__device__ __forceinline__ long long PaddingId<long long>(unsigned lane) {
+  return -1 - static_cast<long long>(lane);
+}
+__device__ __forceinline__ bool FitsRow32(const SokLookupTable& tb) {
+  return tb.rows <= 0xffffffffLL - 32;
+}
+
+constexpr unsigned kWarpLanes = 0xffffffffu;
+
+// The id of sample b, or (b past the batch) the lane's stand-in that no id
+// (checked ids are in [0, rows)) and no other lane has; and which lanes of
+// the warp lead a group of equal ids (the lowest lane of each).
+template <typename R>
+__device__ __forceinline__ R WindowId(const SokLookupTable& tb, int64_t b, unsigned lane) {
+  return b < tb.batch ? static_cast<R>(LoadId(tb, b)) : PaddingId<R>(lane);
+}
+template <typename R>
+__device__ __forceinline__ unsigned WindowLeaders(R id, unsigned lane, unsigned* group) {
+  *group = __match_any_sync(kWarpLanes, id);
+  return __ballot_sync(kWarpLanes, (*group & ((1u << lane) - 1u)) == 0u);
+}
+
+// The probe (ProbeRepeats, a warp per table): kProbeWindows windows of 32
+// samples spread over the batch; DenseRepeats when their samples that
+// repeat an earlier one of their window number at least kProbeRepeats (one
+// a window on average) more than twice what uniform ids would give. Those
+// repeat about 32 x 31 / 2 / R = 496 / R times a window on R rows (at most
+// 31) and are summed faster by the slices or DenseTable (400 rows x 128:
+// 0.28 ms in slices, 0.52 in DenseRepeats); an id on a tenth of the
+// samples repeats about 2.2 times a window. The probe writes its choice to
+// the table's SokLookupGradTable.path, which the three kernels read (a
+// probe in every block of DenseRows slowed it by half, even for the tables
+// it skipped).
+constexpr int kProbeWindows = 8;
+constexpr int kProbeRepeats = 8;
+constexpr int32_t kPathRepeats = 1;
+// Tables of fewer items are not probed (path 0): a probe and a launch cost
+// about 13 us, what half of 2^20 items on one id costs DenseTable.
+constexpr int64_t kProbeItems = int64_t{1} << 20;
+__host__ __device__ inline bool Probed(const SokLookupTable& tb) {
+  return tb.row_splits == nullptr && tb.batch * tb.dim >= kProbeItems;
+}
+__device__ __forceinline__ bool TakesRepeats(const SokLookupTable& tb,
+                                             const SokLookupGradTable& out) {
+  return Probed(tb) && out.path == kPathRepeats;
+}
+__device__ __forceinline__ double RepeatsNeeded(int64_t rows) {
+  const double uniform = rows > 16 ? 496.0 / static_cast<double>(rows) : 31.0;
+  return kProbeRepeats + 2.0 * kProbeWindows * uniform;
+}
+template <typename R>
+__device__ __forceinline__ int WindowsRepeats(const SokLookupTable& tb) {
+  const unsigned lane = threadIdx.x & 31u;
+  const int64_t last = tb.batch > 32 ? tb.batch - 32 : 0;
+  R ids[kProbeWindows];
+#pragma unroll
+  for (int q = 0; q < kProbeWindows; ++q) {
+    ids[q] = WindowId<R>(tb, last * q / (kProbeWindows - 1) + lane, lane);
+  }
+  int repeats = 0;
+#pragma unroll
+  for (int q = 0; q < kProbeWindows; ++q) {
+    unsigned group = 0;
+    repeats += 32 - __popc(WindowLeaders(ids[q], lane, &group));
+  }
+  return repeats;
+}
+
+// A window's 32 samples x dim items, 32 at a time: lane k of pass p takes
+// item 32p + k, (sample, column) side by side as DenseTable lays them out;
+// a pass's loads are issued kRepeatLoads at a time (a whole window of dim
+// 16, 512 floats, at once: 0.56 -> 0.52 ms on the DemoModel's shape).
+constexpr int kRepeatLoads = 16;
+template <typename I, typename R>
+__device__ __forceinline__ void DenseRepeats(const SokLookupTable& tb,
+                                             const float* __restrict__ grads,
+                                             float* __restrict__ rows) {
+  const unsigned lane = threadIdx.x & 31u;
+  const I batch = static_cast<I>(tb.batch), dim = static_cast<I>(tb.dim);
+  // The warp's lane-0 thread index is its first window's first sample, so
+  // the windows of all warps tile the samples. The loop is uniform over a
+  // warp (the block is whole warps), as __match_any_sync and __shfl_sync
+  // need.
+  for (I w0 = static_cast<I>(blockIdx.x) * blockDim.x + (threadIdx.x & ~31u); w0 < batch;
+       w0 += static_cast<I>(gridDim.x) * blockDim.x) {
+    const R id = WindowId<R>(tb, w0 + lane, lane);
+    unsigned group = 0;
+    const unsigned leaders = WindowLeaders(id, lane, &group);
+    const I items = (batch - w0 < 32 ? batch - w0 : 32) * dim;
+    const float* g = grads + w0 * dim;
+    for (I p = 0; p < items; p += 32 * kRepeatLoads) {
+      float v[kRepeatLoads];
+#pragma unroll
+      for (int u = 0; u < kRepeatLoads; ++u) {
+        const I k = p + 32 * u + lane;
+        v[u] = k < items ? g[k] : 0.0f;
+      }
+#pragma unroll
+      for (int u = 0; u < kRepeatLoads; ++u) {
+        const I k = p + 32 * u + lane;
+        const unsigned s = k < items ? static_cast<unsigned>(k / dim) : 0u;
+        const I c = k - s * dim;
+        const R row = __shfl_sync(kWarpLanes, id, s);
+        const unsigned members = __shfl_sync(kWarpLanes, group, s);
+        if (k < items && ((leaders >> s) & 1u) != 0u) {
+          float sum = v[u];
+          for (unsigned m = members & (members - 1u); m != 0u; m &= m - 1u) {
+            sum += g[static_cast<I>(__ffs(m) - 1) * dim + c];
+          }
+          atomicAdd(rows + static_cast<int64_t>(row) * tb.dim + c, sum);
+        }
+      }
+    }
+  }
+}
+
 // One thread per (sample, column) of a table, adding weight_j * combiner
 // factor * grads[b, c] to column c of the rows of the sample's ids: the
 // lanes of a warp add to whole rows side by side (a float4 per lane, four
@@ -812,8 +950,7 @@ __device__ __forceinline__ void DenseTable(const SokLookupTable& tb,
 
 // Few rows, many one-id samples (the DemoModel: 8.2M positions into the
 // 8192 distinct rows of its batch): global atomics cost each position's row
-// dim of them, and a hot id's all queue on one row of L2 (7.4 ms for 4M
-// positions on one id of the DemoModel's shape, 2.5 ms here). Here a block
+// dim of them. Here a block
 // sums a slice of `width` columns of every row of its table in shared
 // memory (a grid of one block per SM, each slice as wide as a block's
 // shared memory allows), over its share of the samples, then adds its slice to
@@ -823,7 +960,9 @@ __device__ __forceinline__ void DenseTable(const SokLookupTable& tb,
 // (H100, against DenseRows): 1.05x for the DemoModel's uniform ids,
 // 1.13-1.41x on 2000 and 400 rows of dims 64 and 128. Slices of 4 columns
 // with float4 loads took twice as long (a warp's rows 4 floats apart fall
-// on 8 of the 32 banks).
+// on 8 of the 32 banks). A hot id queues on one row of shared memory
+// (half the positions on one id: 2.5 ms against 7.4 with DenseTable), so
+// the probe gives such a table to DenseRepeats (0.66 ms).
 struct SharedSlices {
   int width = 0;   // columns per slice; 0: the table takes DenseRows
   int slices = 0;  // ceil(dim / width)
@@ -898,7 +1037,7 @@ __global__ void __launch_bounds__(kSliceThreads, 1)
   const int t = blockIdx.y;
   const SokLookupTable tb = tables[t];
   const SharedSlices s = SlicesOf(tb, slice_floats, gridDim.x);
-  if (s.width == 0 || CheckFailed(checks, t, gridDim.y)) return;
+  if (s.width == 0 || TakesRepeats(tb, outs[t]) || CheckFailed(checks, t, gridDim.y)) return;
   // Block k of its slice's gridDim.x / slices blocks; the samples go round
   // them a tile (the samples one pass of the block's threads covers) at a
   // time.
@@ -932,8 +1071,8 @@ __global__ void __launch_bounds__(kSliceThreads, 1)
   }
 }
 
-// slice_floats / slice_blocks: the shared-slice launch's (SlicesOf), whose
-// tables this kernel leaves to DenseRowsShared.
+// The tables that DenseRowsShared and DenseRowsRepeats leave: with
+// row_splits, or one id per sample that seldom repeats.
 __global__ void DenseRows(const SokLookupTable* __restrict__ tables,
                           const SokLookupGradTable* __restrict__ outs,
                           const int64_t* __restrict__ checks, int64_t slice_floats,
@@ -943,11 +1082,56 @@ __global__ void DenseRows(const SokLookupTable* __restrict__ tables,
   // as the ordered rows step leaves it (SkipTable).
   if (CheckFailed(checks, t, gridDim.y)) return;
   const SokLookupTable tb = tables[t];
-  if (SlicesOf(tb, slice_floats, slice_blocks).width != 0) return;
+  // (Written so, DenseTable's loop ran as fast as before the probe; with
+  // the path read first, 10% slower on uniform ids.)
+  if (tb.row_splits == nullptr) {
+    if (SlicesOf(tb, slice_floats, slice_blocks).width != 0) return;
+    if (TakesRepeats(tb, outs[t])) return;
+  }
   if (NarrowItems(tb)) {
     DenseTable<uint32_t>(tb, outs[t].grads, outs[t].grad_rows);
   } else {
     DenseTable<int64_t>(tb, outs[t].grads, outs[t].grad_rows);
+  }
+}
+
+// outs[t].path of every table: kPathRepeats for a probed one-id table whose
+// ids repeat often, else 0. Such a table takes DenseRepeats even where it
+// would take the shared-memory slices: half the DemoModel's positions on
+// one id took 0.66 ms there against 2.46 in slices. A warp per table
+// (blockIdx.x).
+__global__ void ProbeRepeats(const SokLookupTable* __restrict__ tables,
+                             SokLookupGradTable* outs) {
+  const int t = blockIdx.x;
+  const SokLookupTable tb = tables[t];
+  int32_t path = 0;
+  if (Probed(tb)) {
+    const int repeats =
+        FitsRow32(tb) ? WindowsRepeats<unsigned>(tb) : WindowsRepeats<long long>(tb);
+    if (repeats >= RepeatsNeeded(tb.rows)) path = kPathRepeats;
+  }
+  if (threadIdx.x == 0) outs[t].path = path;
+}
+
+// The tables ProbeRepeats gave to DenseRepeats.
+__global__ void DenseRowsRepeats(const SokLookupTable* __restrict__ tables,
+                                 const SokLookupGradTable* __restrict__ outs,
+                                 const int64_t* __restrict__ checks) {
+  const int t = blockIdx.y;
+  const SokLookupTable tb = tables[t];
+  if (!TakesRepeats(tb, outs[t]) || CheckFailed(checks, t, gridDim.y)) return;
+  const float* grads = outs[t].grads;
+  float* rows = outs[t].grad_rows;
+  if (NarrowItems(tb)) {
+    if (FitsRow32(tb)) {
+      DenseRepeats<uint32_t, unsigned>(tb, grads, rows);
+    } else {
+      DenseRepeats<uint32_t, long long>(tb, grads, rows);
+    }
+  } else if (FitsRow32(tb)) {
+    DenseRepeats<int64_t, unsigned>(tb, grads, rows);
+  } else {
+    DenseRepeats<int64_t, long long>(tb, grads, rows);
   }
 }
 
@@ -1083,7 +1267,7 @@ cudaError_t SliceLaunchOf(SliceLaunch* l) {
 }
 
 int DenseUnordered(const SokLookupTable* host_tables, const SokLookupTable* tables,
-                   int num_tables, const SokLookupGradTable* outs, int64_t* checks,
+                   int num_tables, SokLookupGradTable* outs, int64_t* checks,
                    bool slices, void* stream) {
   const PlanSizes z = SizesOf(host_tables, num_tables);
   // max_norm's clip needs each distinct id once (the ordered rows step).
@@ -1098,7 +1282,10 @@ int DenseUnordered(const SokLookupTable* host_tables, const SokLookupTable* tabl
   }
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   DenseCheckIds<<<TableGrid(z.max_nnz, num_tables), 256, 0, s>>>(tables, checks);
-  int64_t max_items = 0, shared_floats = 0;
+  // The largest table's work in DenseRows, DenseRowsShared and
+  // DenseRowsRepeats (the probed one-id tables: which of the three such a
+  // table takes, ProbeRepeats decides on the device).
+  int64_t max_items = 0, max_one_ids = 0, shared_floats = 0;
   for (int t = 0; t < num_tables; ++t) {
     const SokLookupTable& tb = host_tables[t];
     const SharedSlices sv = SlicesOf(tb, sl.slice_floats, sl.blocks);
@@ -1107,6 +1294,7 @@ int DenseUnordered(const SokLookupTable* host_tables, const SokLookupTable* tabl
     } else {
       max_items = std::max(max_items, tb.batch * tb.dim);
     }
+    if (Probed(tb)) max_one_ids = std::max(max_one_ids, tb.batch * tb.dim);
   }
   if (shared_floats > 0) {
     // Always the device's whole limit, not this call's need: ops on other
@@ -1116,9 +1304,18 @@ int DenseUnordered(const SokLookupTable* host_tables, const SokLookupTable* tabl
                              static_cast<int>(sl.slice_floats * sizeof(float)));
     if (err != cudaSuccess) return static_cast<int>(err);
   }
+  if (max_one_ids > 0) {
+    ProbeRepeats<<<num_tables, 32, 0, s>>>(tables, outs);
+  }
   if (max_items > 0) {
     DenseRows<<<TableGrid(max_items, num_tables), 256, 0, s>>>(tables, outs, checks,
                                                                sl.slice_floats, sl.blocks);
+  }
+  if (max_one_ids > 0) {
+    // Its warps stride over the windows; a grid of one wave or so, as most
+    // calls' blocks return at once (path 0).
+    const dim3 grid(std::min(Grid(max_one_ids), 1024u), static_cast<unsigned>(num_tables));
+    DenseRowsRepeats<<<grid, 256, 0, s>>>(tables, outs, checks);
   }
   if (shared_floats > 0) {
     DenseRowsShared<<<dim3(sl.blocks, num_tables), kSliceThreads,
@@ -1132,13 +1329,13 @@ int DenseUnordered(const SokLookupTable* host_tables, const SokLookupTable* tabl
 
 extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_dense_unordered(
     const SokLookupTable* host_tables, const SokLookupTable* tables, int num_tables,
-    const SokLookupGradTable* outs, int64_t* checks, void* stream) {
+    SokLookupGradTable* outs, int64_t* checks, void* stream) {
   return DenseUnordered(host_tables, tables, num_tables, outs, checks, true, stream);
 }
 
 extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_dense_atomics(
     const SokLookupTable* host_tables, const SokLookupTable* tables, int num_tables,
-    const SokLookupGradTable* outs, int64_t* checks, void* stream) {
+    SokLookupGradTable* outs, int64_t* checks, void* stream) {
   return DenseUnordered(host_tables, tables, num_tables, outs, checks, false, stream);
 }
 

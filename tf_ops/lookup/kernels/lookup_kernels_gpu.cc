@@ -313,7 +313,7 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
       outs[t].unique_ids = u > 0 ? Data(*ids_out) : nullptr;
       outs[t].grad_rows = out_rows > 0 ? rows->flat<float>().data() : nullptr;
       outs[t].dense = dense[t] ? 1 : 0;
-      outs[t].reserved = 0;
+      outs[t].path = 0;
       if (dense[t] && rows->NumElements() > 0) {
         OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_memset_zero(outs[t].grad_rows,
                                                            sizeof(float) * rows->NumElements(),
@@ -326,7 +326,7 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(outs_dev), outs.data(),
                                                           sizeof(SokLookupGradTable) * n, stream),
                                    "copying the gradient's outputs"));
-    const auto* outs_desc = static_cast<const SokLookupGradTable*>(Data(outs_dev));
+    auto* outs_desc = static_cast<SokLookupGradTable*>(Data(outs_dev));
     if (unordered) {
       OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_dense_unordered(
                                          tables.data(), descs_dev, n, outs_desc, checks, stream),

@@ -102,7 +102,8 @@ typedef struct {
   float* grad_rows;    // [distinct ids, dim]; [rows, dim] when dense
   int32_t dense;       // 1: each distinct id's row goes to row id of grad_rows, which the
                        // caller has zeroed (nothing needs the count of distinct ids)
-  int32_t reserved;
+  int32_t path;        // callers pass 0; sok_lookup_backward_dense_unordered writes (on the
+                       // device) which of its kernels sums the table
 } SokLookupGradTable;
 
 // The gradient of every table of a lookup, as the CPU kernel computes it:
@@ -154,16 +155,20 @@ int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupT
 // few for its ids (rows x min(dim, 4) floats fit a block's shared memory,
 // and the ids outnumber the rows many times over: the DemoModel's 8.2M ids
 // on 8192 rows) is summed per SM in shared memory, a slice of columns per
-// block, and added to grad_rows once per block.
+// block, and added to grad_rows once per block. A table of one id per
+// sample whose ids often repeat (a hot id: a probe of a few stretches of
+// its ids decides on the device) has the samples of each 32 that share an
+// id summed first, then added with one atomic per column. The launcher
+// writes outs[t].path on the device (outs is its own).
 int sok_lookup_backward_dense_unordered(const SokLookupTable* host_tables,
                                         const SokLookupTable* tables, int num_tables,
-                                        const SokLookupGradTable* outs, int64_t* checks,
+                                        SokLookupGradTable* outs, int64_t* checks,
                                         void* stream);
 // The same without the shared-memory path (global atomics for every table):
 // for the checks and timings that compare the two.
 int sok_lookup_backward_dense_atomics(const SokLookupTable* host_tables,
                                       const SokLookupTable* tables, int num_tables,
-                                      const SokLookupGradTable* outs, int64_t* checks,
+                                      SokLookupGradTable* outs, int64_t* checks,
                                       void* stream);
 // *width <- the columns per shared-memory slice that the unordered gradient
 // gives table *host_table on the current device (0: global atomics).
