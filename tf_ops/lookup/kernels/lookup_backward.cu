@@ -290,9 +290,35 @@ cudaError_t LayPlan(char* base, const PlanSizes& z, int num_tables, int key_bits
   return cudaSuccess;
 }
 
+// The tables' arrays (ids, weights, row_splits, gradients) are read with
+// LoadGlobal: their pointers come out of structs, where clang cannot tell
+// they point to global memory, and a plain read there is a generic load
+// (nvcc emitted global loads for most of them). Global loads under clang,
+// H100: samples of 4 ids 0.104 -> 0.099 ms, the rest unchanged; the
+// shared-memory slices' slowness under clang, which this was first meant
+// to mend, stayed. (Read-only cached loads, __ldg, were slower under both
+// compilers: H200, the DemoModel's slices 0.415 -> 0.528 ms under nvcc.)
+template <typename T>
+__device__ __forceinline__ T LoadGlobal(const T* p) {
+#if defined(__clang__)
+  return *(const __attribute__((address_space(1))) T*)p;
+#else
+  return *p;
+#endif
+}
+#if defined(__clang__)
+// (A struct cannot be copied out of another address space.)
+template <>
+__device__ __forceinline__ float4 LoadGlobal(const float4* p) {
+  typedef float Floats4 __attribute__((ext_vector_type(4)));
+  const Floats4 v = *(const __attribute__((address_space(1))) Floats4*)p;
+  return make_float4(v.x, v.y, v.z, v.w);
+}
+#endif
+
 __device__ __forceinline__ int64_t LoadId(const SokLookupTable& t, int64_t j) {
-  return t.id_bytes == 4 ? static_cast<int64_t>(static_cast<const int32_t*>(t.ids)[j])
-                         : static_cast<const int64_t*>(t.ids)[j];
+  if (t.id_bytes == 4) return LoadGlobal(static_cast<const int32_t*>(t.ids) + j);
+  return LoadGlobal(static_cast<const int64_t*>(t.ids) + j);
 }
 
 // Each table's first position and first piece element (a prefix sum over a
@@ -419,11 +445,11 @@ __global__ void PlanCounts(const SokLookupTable* __restrict__ tables, int num_ta
 // the ids — and its combiner scale (weights summed in order, as the CPU
 // kernel sums them). A position j of it has factor Weight(t, j) * scale.
 __device__ __forceinline__ float Weight(const SokLookupTable& t, int64_t j) {
-  return t.weights ? t.weights[j] : 1.0f;
+  return t.weights ? LoadGlobal(t.weights + j) : 1.0f;
 }
 __device__ __forceinline__ float SampleScale(const SokLookupTable& t, int64_t b, int64_t* j0,
                                              int64_t* j1) {
-  const int64_t s0 = t.row_splits[b], s1 = t.row_splits[b + 1];
+  const int64_t s0 = LoadGlobal(t.row_splits + b), s1 = LoadGlobal(t.row_splits + b + 1);
   *j0 = s0 < 0 ? 0 : (s0 > t.nnz ? t.nnz : s0);
   *j1 = s1 < *j0 ? *j0 : (s1 > t.nnz ? t.nnz : s1);
   float sum = 0.0f, sq = 0.0f;
@@ -534,7 +560,8 @@ __device__ __forceinline__ void ChunkPieces(const float* __restrict__ grads,
         const SampleFactor sf = one_id ? SampleFactor{static_cast<int32_t>(p - base), 1.0f}
                                        : sample_factor[p];
         f[u] = sf.factor;
-        g[u] = *reinterpret_cast<const V*>(grads + static_cast<int64_t>(sf.sample) * dim + c);
+        const float* at = grads + static_cast<int64_t>(sf.sample) * dim + c;
+        g[u] = LoadGlobal(reinterpret_cast<const V*>(at));
       }
     }
 #pragma unroll
@@ -917,7 +944,7 @@ __device__ __forceinline__ void DenseRepeats(const SokLookupTable& tb,
 #pragma unroll
       for (int u = 0; u < kRepeatLoads; ++u) {
         const I k = p + 32 * u + lane;
-        v[u] = k < items ? g[k] : 0.0f;
+        v[u] = k < items ? LoadGlobal(g + k) : 0.0f;
       }
 #pragma unroll
       for (int u = 0; u < kRepeatLoads; ++u) {
@@ -929,7 +956,7 @@ __device__ __forceinline__ void DenseRepeats(const SokLookupTable& tb,
         if (k < items && ((leaders >> s) & 1u) != 0u) {
           float sum = v[u];
           for (unsigned m = members & (members - 1u); m != 0u; m &= m - 1u) {
-            sum += g[static_cast<I>(__ffs(m) - 1) * dim + c];
+            sum += LoadGlobal(g + static_cast<I>(__ffs(m) - 1) * dim + c);
           }
           AddToGlobal(rows + static_cast<int64_t>(row) * tb.dim + c, sum);
         }
@@ -944,20 +971,44 @@ __device__ __forceinline__ void DenseRepeats(const SokLookupTable& tb,
 // atomics 16 bytes apart, took twice as long for the DemoModel). A table
 // without row_splits is one unweighted id per sample (factor 1); row_splits
 // are read clamped, as in the forward. I is the index type (NarrowItems).
+constexpr int kOneIdLoads = 2;
 template <typename I>
 __device__ __forceinline__ void DenseTable(const SokLookupTable& tb,
                                            const float* __restrict__ grads,
                                            float* __restrict__ rows) {
   const I items = static_cast<I>(tb.batch * tb.dim), dim = static_cast<I>(tb.dim);
-  for (I i = blockIdx.x * blockDim.x + threadIdx.x; i < items;
-       i += static_cast<I>(gridDim.x) * blockDim.x) {
+  const I stride = static_cast<I>(gridDim.x) * blockDim.x;
+  I i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (tb.row_splits == nullptr) {
+    // kOneIdLoads items per thread at a time, their loads before their
+    // additions, then the rest one by one: rolled, clang's loop had one
+    // gradient load in flight per thread (with the registers capped, H100:
+    // the DemoModel's shape 0.40 -> 0.39 ms, 2000 rows x 64 0.35 -> 0.34;
+    // 4 at a time were no faster). No wrap: the grid is at most 2^21
+    // threads, and a narrow I holds below 2^31 items.
+    for (; i + (kOneIdLoads - 1) * stride < items; i += kOneIdLoads * stride) {
+      float g[kOneIdLoads];
+      int64_t at[kOneIdLoads];
+#pragma unroll
+      for (int u = 0; u < kOneIdLoads; ++u) {
+        const I k = i + u * stride;
+        const I b = k / dim;
+        g[u] = LoadGlobal(grads + k);
+        at[u] = LoadId(tb, b) * tb.dim + (k - b * dim);
+      }
+#pragma unroll
+      for (int u = 0; u < kOneIdLoads; ++u) AddToGlobal(rows + at[u], g[u]);
+    }
+    for (; i < items; i += stride) {
+      const I b = i / dim;
+      AddToGlobal(rows + LoadId(tb, b) * tb.dim + (i - b * dim), LoadGlobal(grads + i));
+    }
+    return;
+  }
+  for (; i < items; i += stride) {
     const I b = i / dim;
     const I c = i - b * dim;
-    const float g = grads[i];
-    if (tb.row_splits == nullptr) {
-      AddToGlobal(rows + LoadId(tb, b) * tb.dim + c, g);
-      continue;
-    }
+    const float g = LoadGlobal(grads + i);
     int64_t j0 = 0, j1 = 0;
     const float scale = SampleScale(tb, b, &j0, &j1);
     for (int64_t j = j0; j < j1; ++j) {
@@ -1038,7 +1089,7 @@ __device__ __forceinline__ void SliceSamples(const SokLookupTable& tb,
       // the neighbouring rows' shared memory all the same.)
       const int64_t id = bu < batch ? LoadId(tb, bu) : -1;
       row[u] = static_cast<uint64_t>(id) < rows ? static_cast<int>(id) : -1;
-      g[u] = bu < batch ? grads[bu * dim + c0 + col] : 0.0f;
+      g[u] = bu < batch ? LoadGlobal(grads + bu * dim + c0 + col) : 0.0f;
     }
 #pragma unroll
     for (int u = 0; u < kSliceUnroll; ++u) {
@@ -1091,10 +1142,16 @@ __global__ void __launch_bounds__(kSliceThreads, 1)
 
 // The tables that DenseRowsShared and DenseRowsRepeats leave: with
 // row_splits, or one id per sample that seldom repeats.
-__global__ void DenseRows(const SokLookupTable* __restrict__ tables,
-                          const SokLookupGradTable* __restrict__ outs,
-                          const int64_t* __restrict__ checks, int64_t slice_floats,
-                          int slice_blocks) {
+// 8 blocks of kDenseRowsThreads per SM, a whole SM's threads: registers
+// capped at 32. nvcc kept it to 32 by itself; clang took 40 (a block of
+// threads fewer per SM), and the package's global atomics ran 1.1-1.2x
+// nvcc's time (H100: the DemoModel's shape 0.45 -> 0.39 ms with the cap
+// and the loads above, 64 samples of 4096 ids 0.46 -> 0.44).
+constexpr int kDenseRowsThreads = 256;
+__global__ void __launch_bounds__(kDenseRowsThreads, 8)
+    DenseRows(const SokLookupTable* __restrict__ tables,
+              const SokLookupGradTable* __restrict__ outs, const int64_t* __restrict__ checks,
+              int64_t slice_floats, int slice_blocks) {
   const int t = blockIdx.y;
   // A table whose check failed keeps the zero gradient the caller wrote,
   // as the ordered rows step leaves it (SkipTable).
@@ -1264,8 +1321,23 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_rows(
 
 namespace {
 
+// Whether the unordered gradient takes the shared-memory slices at all in
+// this build. clang's build of DenseRowsShared (the package's) ran slower
+// than its own global atomics on every shape timed (H100: the DemoModel's
+// 0.52 against 0.39 ms, 400 rows x 128 0.59 against 0.37, 2000 x 64 0.61
+// against 0.33), for a cause not found: its loads are global and issued
+// ahead of the additions, as nvcc's are, and its registers are fewer.
+// nvcc's build wins where each row takes thousands of ids (400 x 128: 0.29
+// against 0.37 ms), so the checks and timings built by nvcc keep it.
+#if defined(__clang__)
+constexpr bool kSlicesBuilt = false;
+#else
+constexpr bool kSlicesBuilt = true;
+#endif
+
 // The shared-slice launch on the current device: a block per SM, each with
-// the most shared memory a block may have.
+// the most shared memory a block may have (none where the build takes no
+// slices: then SlicesOf gives every table width 0).
 struct SliceLaunch {
   int blocks = 0;
   int64_t slice_floats = 0;
@@ -1280,7 +1352,7 @@ cudaError_t SliceLaunchOf(SliceLaunch* l) {
     err = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
   l->blocks = sms;
-  l->slice_floats = per_block / static_cast<int64_t>(sizeof(float));
+  l->slice_floats = kSlicesBuilt ? per_block / static_cast<int64_t>(sizeof(float)) : 0;
   return err;
 }
 
@@ -1326,8 +1398,8 @@ int DenseUnordered(const SokLookupTable* host_tables, const SokLookupTable* tabl
     ProbeRepeats<<<num_tables, 32, 0, s>>>(tables, outs);
   }
   if (max_items > 0) {
-    DenseRows<<<TableGrid(max_items, num_tables), 256, 0, s>>>(tables, outs, checks,
-                                                               sl.slice_floats, sl.blocks);
+    DenseRows<<<TableGrid(max_items, num_tables), kDenseRowsThreads, 0, s>>>(
+        tables, outs, checks, sl.slice_floats, sl.blocks);
   }
   if (max_one_ids > 0) {
     // Its warps stride over the windows; a grid of one wave or so, as most
@@ -1355,6 +1427,10 @@ extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_dense_
     const SokLookupTable* host_tables, const SokLookupTable* tables, int num_tables,
     SokLookupGradTable* outs, int64_t* checks, void* stream) {
   return DenseUnordered(host_tables, tables, num_tables, outs, checks, false, stream);
+}
+
+extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_dense_slices_built() {
+  return kSlicesBuilt ? 1 : 0;
 }
 
 extern "C" __attribute__((visibility("default"))) int sok_lookup_backward_dense_slice_width(

@@ -151,7 +151,8 @@ int sok_lookup_backward_rows(const SokLookupTable* host_tables, const SokLookupT
 // clipping table, `checks` NULL, more than 65535 tables or 2^31 - 1 ids in
 // all, or a table without row_splits that is not one unweighted id per
 // sample).
-// A table of one id per sample given without row_splits whose rows are
+// In a build that takes them (sok_lookup_backward_dense_slices_built), a
+// table of one id per sample given without row_splits whose rows are
 // few for its ids (rows x min(dim, 4) floats fit a block's shared memory,
 // and the ids outnumber the rows many times over: the DemoModel's 8.2M ids
 // on 8192 rows) is summed per SM in shared memory, a slice of columns per
@@ -174,6 +175,10 @@ int sok_lookup_backward_dense_atomics(const SokLookupTable* host_tables,
 // gives table *host_table on the current device (0: global atomics).
 // Returns a cudaError_t.
 int sok_lookup_backward_dense_slice_width(const SokLookupTable* host_table, int* width);
+// 1 where this build takes the shared-memory slices at all (nvcc's), 0
+// where every table takes global atomics (clang's, the package's: its
+// slices were slower than its atomics on every shape timed).
+int sok_lookup_backward_dense_slices_built();
 
 // Backward core: the distinct ids of `ids` [n] (ascending) and, for each, the
 // sum of the rows of `grads` [n, dim] at its positions, added in position
