@@ -1343,6 +1343,9 @@ struct SliceLaunch {
   int64_t slice_floats = 0;
 };
 cudaError_t SliceLaunchOf(SliceLaunch* l) {
+  // A build without slices asks the device nothing (zero floats: no table
+  // takes them, whatever the block count).
+  if (!kSlicesBuilt) return cudaSuccess;
   int device = 0, sms = 0, per_block = 0;
   cudaError_t err = cudaGetDevice(&device);
   if (err == cudaSuccess) {
@@ -1352,7 +1355,7 @@ cudaError_t SliceLaunchOf(SliceLaunch* l) {
     err = cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device);
   }
   l->blocks = sms;
-  l->slice_floats = kSlicesBuilt ? per_block / static_cast<int64_t>(sizeof(float)) : 0;
+  l->slice_floats = per_block / static_cast<int64_t>(sizeof(float));
   return err;
 }
 
