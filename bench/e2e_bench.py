@@ -31,7 +31,14 @@ Keras versions do not enter. Each step is also run in two parts:
   column infers the dense time instead as the whole step less the
   embedding-alone step, which also takes away the per-step costs both parts
   have (the call, the trivial loss and its gradient over the whole
-  embedding output) and so overstates the ceiling.
+  embedding output) and so overstates the ceiling;
+- the dense layers on a bare embedding: a tensor of the embedding output's
+  shape written from one trainable value (tf.fill), whose gradient reads
+  the upstream gradient once (a sum). Less the dense part, that is the
+  "bare*" column: the time any embedding must take that hands the dense
+  layers its rows as one materialised tensor (write it, read its
+  gradient), with no ids, no table and no update of rows. TF emb* / bare*
+  bounds what TF/sok emb* can reach on that machine.
 
     python bench/e2e_bench.py [--model dlrm|demo|both] [--mode function|graph|both]
                               [--graph_inputs device|feed]
@@ -123,16 +130,18 @@ class Variant:
     """One model on one side (sok or plain TF): tables, dense part, two
     optimizers (tables / dense), and the step functions."""
 
-    def __init__(self, model, side, args, graph):
+    def __init__(self, model, side, args, graph, part):
         self.model, self.side, self.args = model, side, args
         rng = np.random.default_rng(0)
-        if model == "dlrm":
+        if part == "bare":
+            # The bare embedding's one trainable value (see logits).
+            self.tables = [tf.compat.v1.Variable(0.01, use_resource=True)]
+        elif model == "dlrm":
             init = [rng.normal(0, 0.05, (args.rows, 16)).astype(np.float32) for _ in range(26)]
             if side == "sok":
                 self.tables = [sok.Variable(t) for t in init]
             else:
                 self.tables = [tf.compat.v1.Variable(t, use_resource=True) for t in init]
-            self.mlp = MLP([26 * 16 + 13, 512, 256, 1], seed=1)
         else:
             if side == "sok":
                 self.layer = sok.All2AllDenseEmbedding(args.demo_vocab, 16, 100, 10)
@@ -140,7 +149,7 @@ class Variant:
             else:
                 init = rng.uniform(-0.05, 0.05, (args.demo_vocab, 16)).astype(np.float32)
                 self.tables = [tf.compat.v1.Variable(init, use_resource=True)]
-            self.mlp = MLP([100 * 10 * 16] + [args.demo_units] * args.demo_layers + [1], seed=1)
+        self.mlp = MLP(_dense_sizes(model, args), seed=1)
         self.emb_opt = make_optimizer(args.optimizer, graph)
         self.dense_opt = make_optimizer(args.optimizer, graph)
 
@@ -160,9 +169,16 @@ class Variant:
 
     def logits(self, inputs, part):
         # The dense part alone takes a fixed embedding tensor in place of the
-        # lookups' input (see fixed_inputs).
-        if part == "dense":
+        # lookups' input (see fixed_inputs). The bare embedding writes a
+        # tensor of that shape from its one trainable value, and its
+        # gradient (Fill's: a sum over the whole upstream gradient) reads
+        # the upstream gradient once: the memory traffic any embedding
+        # must have that hands the dense layers its rows as one tensor,
+        # with no ids to read and no table.
+        if part in ("dense", "bare"):
             emb = inputs[0] if self.model == "dlrm" else inputs
+            if part == "bare":
+                emb = tf.fill(tf.shape(emb), self.tables[0])
         else:
             emb = self.embeddings(inputs)
         if self.model == "dlrm":
@@ -174,7 +190,7 @@ class Variant:
         emb_grads, dense_grads = grads[:n], grads[n:]
         ops = []
         if part != "dense":
-            if self.side == "sok":
+            if self.side == "sok" and part != "bare":
                 with sok.OptimizerScope(self.tables):
                     ops.append(self.emb_opt.apply_gradients(zip(emb_grads, self.tables)))
             else:
@@ -185,8 +201,9 @@ class Variant:
 
     def loss(self, inputs, labels, part):
         """part: "whole" (the training step), "embedding" (the embedding
-        work alone: lookups, gradients, update) or "dense" (the dense layers
-        alone, on a fixed embedding tensor)."""
+        work alone: lookups, gradients, update), "dense" (the dense layers
+        alone, on a fixed embedding tensor) or "bare" (the dense layers on
+        a bare embedding, see logits)."""
         if part == "embedding":
             return tf.reduce_mean(self.embeddings(inputs))
         return _bce(self.logits(inputs, part), labels)
@@ -220,11 +237,24 @@ class Variant:
         return ops, loss
 
 
+def _embedding_width(model):
+    """Columns of the embedding tensor the dense layers take."""
+    return 26 * 16 if model == "dlrm" else 100 * 10 * 16
+
+
+def _dense_sizes(model, args):
+    """The dense layers' widths, their input first (DLRM's: the embeddings
+    and the 13 dense features)."""
+    if model == "dlrm":
+        return [_embedding_width(model) + 13, 512, 256, 1]
+    return [_embedding_width(model)] + [args.demo_units] * args.demo_layers + [1]
+
+
 def fixed_inputs(model, batch):
     """The dense part's inputs for a batch: a fixed embedding tensor of the
     lookups' output shape in place of the ids (the same one for every batch:
     the values do not matter to the time), the rest as they are."""
-    width = 26 * 16 if model == "dlrm" else 100 * 10 * 16
+    width = _embedding_width(model)
     rows = len(batch[-1])
     emb = _FIXED.get((rows, width))
     if emb is None:
@@ -237,12 +267,14 @@ def fixed_inputs(model, batch):
 
 
 _FIXED = {}
+# The parts whose inputs are fixed_inputs: no ids.
+_FIXED_INPUT_PARTS = ("dense", "bare")
 
 
 # ------------------------------------------------------------ measurement
 
 def _inputs_as_tensors(model, batch, part):
-    if part == "dense":
+    if part in _FIXED_INPUT_PARTS:
         inputs, labels = fixed_inputs(model, batch)
         return tf.nest.map_structure(tf.constant, inputs), tf.constant(labels)
     if model == "dlrm":
@@ -257,7 +289,7 @@ def _inputs_as_tensors(model, batch, part):
 def function_step(model, side, args, batches, part):
     """A callable running training step i as a tf.function (compiled on first use)."""
     sok.init()
-    v = Variant(model, side, args, graph=False)
+    v = Variant(model, side, args, False, part)
 
     @tf.function
     def step(inputs, labels):
@@ -272,13 +304,14 @@ def function_step(model, side, args, batches, part):
 
 def graph_step(model, side, args, batches, part):
     """A callable running training step i in its own graph and Session.
-    The dense part alone always takes its inputs from the device."""
-    if args.graph_inputs == "device" or part == "dense":
+    The dense part alone (and the bare embedding) always takes its inputs
+    from the device."""
+    if args.graph_inputs == "device" or part in _FIXED_INPUT_PARTS:
         return resident_graph_step(model, side, args, batches, part)
     graph = tf.Graph()
     with graph.as_default():
         init_op = sok.Init(global_batch_size=args.batch if model == "dlrm" else args.demo_batch)
-        v = Variant(model, side, args, graph=True)
+        v = Variant(model, side, args, True, part)
         if model == "dlrm":
             ids = [(tf.compat.v1.placeholder(tf.int64, [None]),
                     tf.compat.v1.placeholder(tf.int64, [None])) for _ in range(26)]
@@ -326,10 +359,10 @@ def resident_graph_step(model, side, args, batches, part):
 
     with graph.as_default():
         init_op = sok.Init(global_batch_size=args.batch if model == "dlrm" else args.demo_batch)
-        v = Variant(model, side, args, graph=True)
+        v = Variant(model, side, args, True, part)
         fetches = []
         for batch in batches:
-            if part == "dense":
+            if part in _FIXED_INPUT_PARTS:
                 fixed, y = fixed_inputs(model, batch)
                 inputs = tf.nest.map_structure(resident, fixed)
             elif model == "dlrm":
@@ -395,12 +428,15 @@ def main():
     # the embedding work), the most that faster embeddings can gain. The
     # columns up to "of ceiling" infer the dense time (the whole step less
     # the embedding-alone step); the starred ones measure it (the dense
-    # part alone): emb* = the whole step less the dense part.
+    # part alone): emb* = the whole step less the dense part. bare* is the
+    # same for the bare embedding (Variant.logits): the least time an
+    # embedding handing the dense layers one materialised tensor can take,
+    # and TF emb* / bare* the most that TF/sok emb* can reach.
     print(f"{'model':6} {'mode':9} {'sok steps/s':>12} {'plain TF steps/s':>17} {'ratio':>6} "
           f"{'sok emb share':>14} {'TF emb share':>13} {'sok emb ms':>11} {'TF emb ms':>10} "
           f"{'TF/sok emb':>11} {'ceiling':>8} {'of ceiling':>11} {'dense ms':>9} "
           f"{'sok emb* ms':>12} {'TF emb* ms':>11} {'TF/sok emb*':>12} {'ceiling*':>9} "
-          f"{'of ceiling*':>12}")
+          f"{'of ceiling*':>12} {'bare* ms':>9} {'TF emb*/bare*':>14}")
     rows = []
     for model in models:
         batches = (dlrm_batches if model == "dlrm" else demo_batches)(args, rng, 4)
@@ -410,6 +446,7 @@ def main():
                      for side in ("sok", "tf") for part in ("whole", "embedding")}
             # The dense part is the same code on both sides.
             steps[("tf", "dense")] = build(model, "tf", args, batches, "dense")
+            steps[("tf", "bare")] = build(model, "tf", args, batches, "bare")
             t = measure(steps, args)
             full = {side: t[(side, "whole")] for side in ("sok", "tf")}
             emb = {side: t[(side, "embedding")] for side in ("sok", "tf")}
@@ -423,6 +460,10 @@ def main():
             ratio = full["tf"] / full["sok"]
             # From the dense part measured alone.
             marginal = {side: 1e3 * max(full[side] - dense, 0.0) for side in ("sok", "tf")}
+            bare = 1e3 * max(t[("tf", "bare")] - dense, 0.0)
+            # Within the noise of two medians (as the ceiling): no ratio.
+            bare_ratio = (marginal["tf"] / bare if bare > 0.02 * 1e3 * full["tf"]
+                          else float("nan"))
             ceiling_measured = (full["tf"] / dense if full["tf"] - dense > 0.02 * full["tf"]
                                 else float("nan"))
             print(f"{model:6} {mode:9} {1 / full['sok']:12.2f} {1 / full['tf']:17.2f} "
@@ -431,7 +472,8 @@ def main():
                   f"{emb_ms['tf'] / max(emb_ms['sok'], 1e-9):10.2f}x {ceiling:7.2f}x "
                   f"{ratio / ceiling:10.0%} {1e3 * dense:9.2f} {marginal['sok']:12.2f} "
                   f"{marginal['tf']:11.2f} {marginal['tf'] / max(marginal['sok'], 1e-9):11.2f}x "
-                  f"{ceiling_measured:8.2f}x {ratio / ceiling_measured:11.0%}", flush=True)
+                  f"{ceiling_measured:8.2f}x {ratio / ceiling_measured:11.0%} {bare:9.2f} "
+                  f"{bare_ratio:13.2f}x", flush=True)
             rows.append((model, mode, full, emb))
     if args.plot:
         plot(rows, args.plot, f"TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, batch "

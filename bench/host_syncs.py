@@ -151,6 +151,10 @@ def timeline(space, min_gap_us):
         print(f"  {(s - t0) / 1e6:9.1f} {(e - s) / 1e6:8.1f}  {kind:9} {name:60} {op}{mark}")
 
 
+_PART_TITLES = {"whole": "whole step", "embedding": "embedding work alone",
+                "dense": "dense layers alone", "bare": "dense layers on a bare embedding"}
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--steps", type=int, default=5)
@@ -175,8 +179,15 @@ def main():
     p.add_argument("--graph_inputs", choices=["device", "feed"], default="device",
                    help="graph mode's inputs, as in e2e_bench.py")
     p.add_argument("--emb_only", action="store_true",
-                   help="the embedding work alone (lookups, gradients, table update)")
+                   help="the embedding work alone (lookups, gradients, table update); "
+                        "the same as --part embedding")
+    p.add_argument("--part", choices=["whole", "embedding", "dense", "bare"], default="whole",
+                   help="which of e2e_bench.py's steps to trace: the whole step, the "
+                        "embedding work alone, the dense layers alone or on a bare "
+                        "embedding (Variant.logits); the dense and bare steps have no "
+                        "embedding tables, and run once whatever --side says")
     args = p.parse_args()
+    part = "embedding" if args.emb_only else args.part
     bench_args = args
     import numpy as np
 
@@ -184,14 +195,16 @@ def main():
     batches = make(bench_args, np.random.default_rng(0), 4)
     modes = ["function", "graph"] if args.mode == "both" else [args.mode]
     sides = ["sok", "tf"] if args.side == "both" else [args.side]
+    if part in ("dense", "bare"):
+        sides = ["tf"]  # no embedding tables on either side's step
     print(f"TensorFlow {tf.__version__}, GPUs {len(tf.config.list_physical_devices('GPU'))}; "
-          f"{args.model} ({'embedding work alone' if args.emb_only else 'whole step'}), "
+          f"{args.model} ({_PART_TITLES[part]}), "
           f"{args.steps} traced steps, optimizer {args.optimizer}")
     for mode in modes:
         for side in sides:
             build = e2e_bench.function_step if mode == "function" else e2e_bench.graph_step
             step = build(args.model, side, bench_args, batches,
-                         "embedding" if args.emb_only else "whole")
+                         part)
             for i in range(3):
                 step(i)
             logdir = tempfile.mkdtemp(prefix="sok_syncs_")
