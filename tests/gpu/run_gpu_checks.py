@@ -531,6 +531,37 @@ def check_unordered(lib, rng):
     expect(got[1][1] == 3 and not got[1][0].any(), f"bad id: first {got[1][1]}, want 3")
     expect(got[2][2] != I64_MAX and not got[2][0].any(),
            f"malformed row_splits: check row 3 {got[2][2]}")
+    # Bad ids in one-id tables without row_splits, which each adding kernel
+    # checks as it loads them: the smallest bad position is reported and
+    # the table keeps its zeros, beside a good table summed in the same
+    # call. 2^32 + 5 lies in [0, rows) once cut to 32 bits, as the kernel
+    # for repeated ids holds ids of tables under 2^32 rows. Uniform ids
+    # (global atomics), half on one id (repeats, probed from 2^20 items),
+    # and a table of no columns (its ids read by a pass of their own).
+    for what, dim, batch, hot in (("uniform ids", 16, 70001, 0.0),
+                                  ("half on one id", 16, 70001, 0.5),
+                                  ("every id the same", 33, 40001, 1.0),
+                                  ("dim 0", 0, 5000, 0.0)):
+        for dtype, bad_ids in ((np.int64, [2 ** 32 + 5, 100000, -1]), (np.int32, [100000, -7])):
+            tables, grads = [], []
+            for _ in range(2):
+                h = dict(params=np.zeros((100000, dim), np.float32),
+                         ids=rng.integers(0, 100000, batch).astype(dtype),
+                         splits=np.arange(batch + 1, dtype=np.int64), weights=None,
+                         combiner="sum")
+                h["ids"][rng.random(batch) < hot] = 7
+                tables.append(h)
+                grads.append(rng.integers(-3, 4, (batch, dim)).astype(np.float32))
+            where = np.sort(rng.choice(batch, len(bad_ids), replace=False))
+            tables[0]["ids"][where] = np.array(bad_ids, dtype=np.int64).astype(dtype)
+            dev = [dict(to_device(h), no_splits=True) for h in tables]
+            paths = []
+            got = backward_unordered(lib, dev, [cp.asarray(g) for g in grads], paths=paths)
+            expect(got[0][1] == where[0] and not got[0][0].any()
+                   and got[1][1] == I64_MAX
+                   and np.array_equal(got[1][0], dense_reference(tables[1], grads[1])),
+                   f"bad ids {bad_ids} at {list(where)} in a one-id table, {what}, "
+                   f"{np.dtype(dtype).name}: first {got[0][1]}, paths {paths}")
     # Refused: a table that clips (max_norm needs each distinct id once),
     # no check to write to, a weighted table without row_splits.
     t = to_device(random_table(rng, 50, 4, 10, 3, "sum", True))
