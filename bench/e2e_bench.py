@@ -175,7 +175,7 @@ class Variant:
         # the upstream gradient once: the memory traffic any embedding
         # must have that hands the dense layers its rows as one tensor,
         # with no ids to read and no table.
-        if part in ("dense", "bare"):
+        if part in FIXED_INPUT_PARTS:
             emb = inputs[0] if self.model == "dlrm" else inputs
             if part == "bare":
                 emb = tf.fill(tf.shape(emb), self.tables[0])
@@ -268,13 +268,13 @@ def fixed_inputs(model, batch):
 
 _FIXED = {}
 # The parts whose inputs are fixed_inputs: no ids.
-_FIXED_INPUT_PARTS = ("dense", "bare")
+FIXED_INPUT_PARTS = ("dense", "bare")
 
 
 # ------------------------------------------------------------ measurement
 
 def _inputs_as_tensors(model, batch, part):
-    if part in _FIXED_INPUT_PARTS:
+    if part in FIXED_INPUT_PARTS:
         inputs, labels = fixed_inputs(model, batch)
         return tf.nest.map_structure(tf.constant, inputs), tf.constant(labels)
     if model == "dlrm":
@@ -306,7 +306,7 @@ def graph_step(model, side, args, batches, part):
     """A callable running training step i in its own graph and Session.
     The dense part alone (and the bare embedding) always takes its inputs
     from the device."""
-    if args.graph_inputs == "device" or part in _FIXED_INPUT_PARTS:
+    if args.graph_inputs == "device" or part in FIXED_INPUT_PARTS:
         return resident_graph_step(model, side, args, batches, part)
     graph = tf.Graph()
     with graph.as_default():
@@ -362,7 +362,7 @@ def resident_graph_step(model, side, args, batches, part):
         v = Variant(model, side, args, True, part)
         fetches = []
         for batch in batches:
-            if part in _FIXED_INPUT_PARTS:
+            if part in FIXED_INPUT_PARTS:
                 fixed, y = fixed_inputs(model, batch)
                 inputs = tf.nest.map_structure(resident, fixed)
             elif model == "dlrm":

@@ -195,7 +195,7 @@ def main():
     batches = make(bench_args, np.random.default_rng(0), 4)
     modes = ["function", "graph"] if args.mode == "both" else [args.mode]
     sides = ["sok", "tf"] if args.side == "both" else [args.side]
-    if part in ("dense", "bare"):
+    if part in e2e_bench.FIXED_INPUT_PARTS:
         sides = ["tf"]  # no embedding tables on either side's step
     print(f"TensorFlow {tf.__version__}, GPUs {len(tf.config.list_physical_devices('GPU'))}; "
           f"{args.model} ({_PART_TITLES[part]}), "

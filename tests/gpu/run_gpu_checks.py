@@ -531,13 +531,13 @@ def check_unordered(lib, rng):
     expect(got[1][1] == 3 and not got[1][0].any(), f"bad id: first {got[1][1]}, want 3")
     expect(got[2][2] != I64_MAX and not got[2][0].any(),
            f"malformed row_splits: check row 3 {got[2][2]}")
-    # Bad ids in one-id tables without row_splits, which each adding kernel
-    # checks as it loads them: the smallest bad position is reported and
-    # the table keeps its zeros, beside a good table summed in the same
-    # call. 2^32 + 5 lies in [0, rows) once cut to 32 bits, as the kernel
-    # for repeated ids holds ids of tables under 2^32 rows. Uniform ids
-    # (global atomics), half on one id (repeats, probed from 2^20 items),
-    # and a table of no columns (its ids read by a pass of their own).
+    # Bad ids in one-id tables without row_splits: the smallest bad
+    # position is reported and the table keeps its zeros, beside a good
+    # table summed in the same call. 2^32 + 5 lies in [0, rows) once cut
+    # to 32 bits, as the kernel for repeated ids holds the ids of tables
+    # under 2^32 rows. Each path a one-id table can take: uniform ids
+    # (global atomics), half or all on one id (repeats, probed from 2^20
+    # items), and a table of no columns (nothing to add).
     for what, dim, batch, hot in (("uniform ids", 16, 70001, 0.0),
                                   ("half on one id", 16, 70001, 0.5),
                                   ("every id the same", 33, 40001, 1.0),
