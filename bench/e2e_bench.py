@@ -38,7 +38,14 @@ Keras versions do not enter. Each step is also run in two parts:
   "bare*" column: the time any embedding must take that hands the dense
   layers its rows as one materialised tensor (write it, read its
   gradient), with no ids, no table and no update of rows. TF emb* / bare*
-  bounds what TF/sok emb* can reach on that machine.
+  bounds what TF/sok emb* can reach on that machine;
+- (DemoModel) the step with its embedding as TensorFlow's gather by row
+  number, whose gradient is sok's one-id dense gradient kernel, with the
+  optimizer's dense update of the table's rows: a lookup with no hash table
+  and no wait for the device, built from today's kernels. Less the dense
+  part, that is the "gather*" column: what the DemoModel's embedding would
+  cost if its forward waited for nothing (the hash table's find by key,
+  without inserting, takes about as long as this gather on an H100).
 
     python bench/e2e_bench.py [--model dlrm|demo|both] [--mode function|graph|both]
                               [--graph_inputs device|feed]
@@ -62,6 +69,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
+from sok_graph.ops import lookup as lookup_ops  # noqa: E402
 
 
 # ----------------------------------------------------------------- data
@@ -132,6 +140,8 @@ class Variant:
 
     def __init__(self, model, side, args, graph, part):
         self.model, self.side, self.args = model, side, args
+        if side == "gather" and model != "demo":
+            raise ValueError("the gather side is the DemoModel's")
         rng = np.random.default_rng(0)
         if part == "bare":
             # The bare embedding's one trainable value (see logits).
@@ -165,6 +175,9 @@ class Variant:
         keys = inputs
         if self.side == "sok":
             return tf.reshape(self.layer(keys), [-1, 100 * 10 * 16])
+        if self.side == "gather":
+            return tf.reshape(_gathered_with_dense_grad(self.tables[0], keys),
+                              [-1, 100 * 10 * 16])
         return tf.reshape(tf.nn.embedding_lookup(self.tables[0], keys), [-1, 100 * 10 * 16])
 
     def logits(self, inputs, part):
@@ -235,6 +248,25 @@ class Variant:
         if fixed:
             loss = tf.stack([loss, grads[-1][0, 0]])
         return ops, loss
+
+
+def _gathered_with_dense_grad(table, keys):
+    """Rows of the tf.Variable `table` at row numbers `keys` (tf.gather),
+    differentiated by sok's one-id dense gradient kernel (what
+    all2all_dense_embedding's gradient runs) into a dense [rows, dim]
+    gradient of the table."""
+    # Both as inputs: in graph mode custom_gradient looks up by name every
+    # variable the function's ops read, and the keys may come from one
+    # outside the global collections (resident_graph_step's).
+    @tf.custom_gradient
+    def rows(value, flat):
+        def grad(dy):
+            dy = tf.reshape(dy, [-1, value.shape[1]])
+            return lookup_ops.one_id_sum_grad(value, flat, dy, "gather"), None
+
+        return tf.gather(value, flat), grad
+
+    return rows(tf.convert_to_tensor(table), tf.reshape(keys, [-1]))
 
 
 def _embedding_width(model):
@@ -431,12 +463,15 @@ def main():
     # part alone): emb* = the whole step less the dense part. bare* is the
     # same for the bare embedding (Variant.logits): the least time an
     # embedding handing the dense layers one materialised tensor can take,
-    # and TF emb* / bare* the most that TF/sok emb* can reach.
+    # and TF emb* / bare* the most that TF/sok emb* can reach. gather*
+    # (DemoModel): its embedding as a gather by row number with sok's
+    # gradient kernel, no hash table and no wait (the module docstring).
     print(f"{'model':6} {'mode':9} {'sok steps/s':>12} {'plain TF steps/s':>17} {'ratio':>6} "
           f"{'sok emb share':>14} {'TF emb share':>13} {'sok emb ms':>11} {'TF emb ms':>10} "
           f"{'TF/sok emb':>11} {'ceiling':>8} {'of ceiling':>11} {'dense ms':>9} "
           f"{'sok emb* ms':>12} {'TF emb* ms':>11} {'TF/sok emb*':>12} {'ceiling*':>9} "
-          f"{'of ceiling*':>12} {'bare* ms':>9} {'TF emb*/bare*':>14}")
+          f"{'of ceiling*':>12} {'bare* ms':>9} {'TF emb*/bare*':>14} {'gather* ms':>10} "
+          f"{'TF emb*/gather*':>16}")
     rows = []
     for model in models:
         batches = (dlrm_batches if model == "dlrm" else demo_batches)(args, rng, 4)
@@ -447,6 +482,8 @@ def main():
             # The dense part is the same code on both sides.
             steps[("tf", "dense")] = build(model, "tf", args, batches, "dense")
             steps[("tf", "bare")] = build(model, "tf", args, batches, "bare")
+            if model == "demo":
+                steps[("gather", "whole")] = build(model, "gather", args, batches, "whole")
             t = measure(steps, args)
             full = {side: t[(side, "whole")] for side in ("sok", "tf")}
             emb = {side: t[(side, "embedding")] for side in ("sok", "tf")}
@@ -464,6 +501,9 @@ def main():
             # Within the noise of two medians (as the ceiling): no ratio.
             bare_ratio = (marginal["tf"] / bare if bare > 0.02 * 1e3 * full["tf"]
                           else float("nan"))
+            # The DemoModel's embedding without a hash table or a wait.
+            gather = (1e3 * max(t[("gather", "whole")] - dense, 0.0)
+                      if ("gather", "whole") in t else float("nan"))
             ceiling_measured = (full["tf"] / dense if full["tf"] - dense > 0.02 * full["tf"]
                                 else float("nan"))
             print(f"{model:6} {mode:9} {1 / full['sok']:12.2f} {1 / full['tf']:17.2f} "
@@ -473,7 +513,8 @@ def main():
                   f"{ratio / ceiling:10.0%} {1e3 * dense:9.2f} {marginal['sok']:12.2f} "
                   f"{marginal['tf']:11.2f} {marginal['tf'] / max(marginal['sok'], 1e-9):11.2f}x "
                   f"{ceiling_measured:8.2f}x {ratio / ceiling_measured:11.0%} {bare:9.2f} "
-                  f"{bare_ratio:13.2f}x", flush=True)
+                  f"{bare_ratio:13.2f}x {gather:10.2f} "
+                  f"{marginal['tf'] / gather if gather > 0 else float('nan'):15.2f}x", flush=True)
             rows.append((model, mode, full, emb))
     if args.plot:
         plot(rows, args.plot, f"TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, batch "

@@ -9,7 +9,7 @@ the trace (XSpace protobuf, the format TensorBoard's profile plugin reads):
     cudaMemcpy), attributed to the TensorFlow op running on that thread;
   - every device-to-host copy the GPU ran (Memcpy DtoH on the device plane).
 
-    python bench/host_syncs.py [--steps 5] [--mode function|graph|both] [--side sok|tf|both]
+    python bench/host_syncs.py [--steps 5] [--mode function|graph|both] [--side sok|tf|gather|both]
 
 Prints per step: the blocking calls by TensorFlow op, and the DtoH copies.
 The benchmark's own `loss.numpy()` / `sess.run(loss)` at the end of a step
@@ -164,7 +164,9 @@ def main():
     p.add_argument("--demo_units", type=int, default=1024)
     p.add_argument("--demo_layers", type=int, default=7)
     p.add_argument("--mode", choices=["function", "graph", "both"], default="both")
-    p.add_argument("--side", choices=["sok", "tf", "both"], default="both")
+    p.add_argument("--side", choices=["sok", "tf", "gather", "both"], default="both",
+                   help="gather (DemoModel): e2e_bench's gather* step, a lookup by row "
+                        "number with sok's gradient kernel (no hash table, no wait)")
     p.add_argument("--batch", type=int, default=8192)
     p.add_argument("--rows", type=int, default=100000)
     p.add_argument("--optimizer", choices=["adam", "sgd"], default="adam")
@@ -195,6 +197,8 @@ def main():
     batches = make(bench_args, np.random.default_rng(0), 4)
     modes = ["function", "graph"] if args.mode == "both" else [args.mode]
     sides = ["sok", "tf"] if args.side == "both" else [args.side]
+    if args.side == "gather" and args.model != "demo":
+        p.error("--side gather is the DemoModel's (--model demo)")
     if part in e2e_bench.FIXED_INPUT_PARTS:
         sides = ["tf"]  # no embedding tables on either side's step
     print(f"TensorFlow {tf.__version__}, GPUs {len(tf.config.list_physical_devices('GPU'))}; "
