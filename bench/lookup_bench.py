@@ -34,11 +34,14 @@ def make_inputs(args, rng):
 def build_steps(tables, samples, combiner):
     """(fused_step, baseline_step, check): each step computes the embeddings
     of all tables, loss = the sum of all embeddings, and the gradients of
-    every table, and returns those gradients' values, so nothing can be
-    pruned. The loss is kept trivial so that the time measured is the
-    embedding layer's (a fixed upstream tensor would be constant-folded in a
-    Session but not in a tf.function, and skew the comparison). `check`
-    reduces a step's gradients to one number for comparing the two."""
+    every table, and returns those gradients' values and the embeddings, so
+    nothing can be pruned (the gradient of a sum does not read the
+    embeddings: a Session fetching only the gradients would not run the
+    forward lookups at all). The loss is kept trivial so that the time
+    measured is the embedding layer's (a fixed upstream tensor would be
+    constant-folded in a Session but not in a tf.function, and skew the
+    comparison). `check` reduces a step's gradients and embeddings to one
+    number for comparing the two."""
     fused_vars = [tf.Variable(t) for t in tables]
     base_vars = [tf.Variable(t) for t in tables]
     # validate=False: the fused op checks row_splits itself, and the baseline
@@ -49,7 +52,7 @@ def build_steps(tables, samples, combiner):
 
     def grads_of(outs, tape, variables):
         loss = tf.add_n([tf.reduce_sum(o) for o in outs])
-        return [g.values for g in tape.gradient(loss, variables)]
+        return [g.values for g in tape.gradient(loss, variables)] + list(outs)
 
     def fused_step():
         with tf.GradientTape() as tape:
@@ -106,8 +109,9 @@ def bench_session(args, tables, samples):
     with graph.as_default():
         fused, base, check = build_steps(tables, samples, args.combiner)
         fused_t, base_t = fused(), base()
-        # One element of every gradient: fetching it computes every gradient
-        # without copying them out (a tf.group gets pruned by Grappler).
+        # One element of every gradient and embedding: fetching it computes
+        # all of them without copying them out (a tf.group gets pruned by
+        # Grappler).
         fused_op = tf.add_n([v[0, 0] for v in fused_t])
         base_op = tf.add_n([v[0, 0] for v in base_t])
         init = tf.compat.v1.global_variables_initializer()
