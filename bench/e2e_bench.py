@@ -174,11 +174,12 @@ class Variant:
             return tf.concat(outs, 1)
         keys = inputs
         if self.side == "sok":
-            return tf.reshape(self.layer(keys), [-1, 100 * 10 * 16])
-        if self.side == "gather":
-            return tf.reshape(_gathered_with_dense_grad(self.tables[0], keys),
-                              [-1, 100 * 10 * 16])
-        return tf.reshape(tf.nn.embedding_lookup(self.tables[0], keys), [-1, 100 * 10 * 16])
+            rows = self.layer(keys)
+        elif self.side == "gather":
+            rows = _gathered_with_dense_grad(self.tables[0], keys)
+        else:
+            rows = tf.nn.embedding_lookup(self.tables[0], keys)
+        return tf.reshape(rows, [-1, _embedding_width(self.model)])
 
     def logits(self, inputs, part):
         # The dense part alone takes a fixed embedding tensor in place of the
