@@ -1,5 +1,7 @@
 """The fused lookup op against numpy and tf.nn.embedding_lookup_sparse."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -151,6 +153,76 @@ def test_gradient_is_unique_indexed_slices_equal_to_tf(rng, combiner, weighted):
         np.testing.assert_array_equal(idx, tf.unique(tf.constant(flat, tf.int64))[0].numpy())
         np.testing.assert_allclose(tf.convert_to_tensor(g).numpy(),
                                    tf.convert_to_tensor(r).numpy(), rtol=1e-5, atol=1e-5)
+
+
+def _cpu_threads():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+@pytest.mark.parametrize("many", [False, True], ids=["few_tables", "many_tables"])
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16])
+@pytest.mark.parametrize("combiner", COMBINERS)
+def test_gradient_of_few_and_of_many_tables_equals_tf(rng, many, dtype, combiner):
+    """The CPU gradient sums a call's tables one whole table per thread when
+    there are at least twice as many tables as threads, and splits each
+    table's rows over the threads when there are fewer: both ways, with
+    widths the kernels compile for (4, 16) and others (3), weights, a
+    max_norm, a dense table and hot ids, the gradients equal
+    tf.nn.embedding_lookup_sparse's and sparse ones list their ids in order
+    of first appearance."""
+    n = 2 * _cpu_threads() + 1 if many else 2
+    dims = [(4, 16, 3)[t % 3] for t in range(n)]
+    rows = [(40, 300, 9)[t % 3] for t in range(n)]
+    batch = 24
+    tables = [rng.standard_normal((r, d)).astype(np.float32) for r, d in zip(rows, dims)]
+    # An empty sample inside the batch, not at its end (tf.nn's output
+    # would lose trailing empty samples).
+    samples = [random_ragged(rng, batch, r, 6, empty_fraction=0.0) for r in rows]
+    for s in samples:
+        s[batch // 2] = []
+    samples[0][5] = [1, 1, 1, 1, 1]  # a hot id
+    weighted = [t % 2 == 1 for t in range(n)]
+    wts = [tf.constant([x for ids in s for x in rng.uniform(0.5, 1.5, len(ids))], dtype)
+           if w else None for s, w in zip(samples, weighted)]
+    max_norms = [1.5 if t % 4 == 2 else None for t in range(n)]
+    dense = [t == n - 1 for t in range(n)]
+    consts = [tf.cast(tf.constant(t), dtype) for t in tables]
+    rts = [ragged(s) for s in samples]
+    upstream = [tf.cast(tf.constant(rng.standard_normal((batch, d)).astype(np.float32)), dtype)
+                for d in dims]
+    with tf.GradientTape(persistent=True) as tape:
+        tape.watch(consts)
+        got = lookup_ops.fused_lookup(
+            consts, [r.values for r in rts], [r.row_splits for r in rts],
+            weights=wts,
+            combiners=[combiner] * n, max_norms=max_norms, dense_grads=dense)
+        loss = sum(tf.reduce_sum(tf.cast(g, tf.float32) * tf.cast(u, tf.float32))
+                   for g, u in zip(got, upstream))
+    grads = tape.gradient(loss, consts)
+    tol = 1e-5 if dtype == tf.float32 else 2e-2
+    for t in range(n):
+        ref_table = tf.Variable(tf.cast(consts[t], tf.float32))
+        with tf.GradientTape() as ref_tape:
+            w = None
+            if wts[t] is not None:
+                w = tf.RaggedTensor.from_row_splits(tf.cast(wts[t], tf.float32),
+                                                    rts[t].row_splits).to_sparse()
+            ref = tf.nn.embedding_lookup_sparse(ref_table, rts[t].to_sparse(), w,
+                                                combiner=combiner, max_norm=max_norms[t])
+            ref_loss = tf.reduce_sum(ref * tf.cast(upstream[t], tf.float32))
+        want = tf.convert_to_tensor(ref_tape.gradient(ref_loss, ref_table)).numpy()
+        g = grads[t]
+        assert isinstance(g, tf.IndexedSlices) != dense[t], f"table {t}"
+        if not dense[t]:
+            flat = [i for ids in samples[t] for i in ids]
+            np.testing.assert_array_equal(
+                g.indices.numpy(), tf.unique(tf.constant(flat, tf.int64))[0].numpy(),
+                err_msg=f"table {t}")
+        np.testing.assert_allclose(tf.cast(tf.convert_to_tensor(g), tf.float32).numpy(), want,
+                                   rtol=tol, atol=tol, err_msg=f"table {t}")
 
 
 @pytest.mark.parametrize("combiner", COMBINERS)

@@ -10,6 +10,7 @@
 #include <map>
 #include <random>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -207,7 +208,11 @@ template <typename T, typename K>
 Case<T, K> RandomCase(std::mt19937_64* rng, Combiner combiner, bool weighted, bool clip) {
   Case<T, K> c;
   c.rows = 1 + static_cast<int64_t>((*rng)() % 40);
-  c.dim = 1 + static_cast<int64_t>((*rng)() % 8);
+  // Widths 1..8 and a few wider ones, so that both the loops over a runtime
+  // width and those compiled for fixed widths (4, 8, 16, 32, 64, 128; see
+  // FixedWidth in lookup.h) are checked.
+  static const int64_t kWidths[] = {1, 2, 3, 4, 5, 6, 7, 8, 12, 16, 20, 32, 64, 128};
+  c.dim = kWidths[(*rng)() % (sizeof(kWidths) / sizeof(kWidths[0]))];
   c.combiner = combiner;
   c.max_norm = clip ? std::uniform_real_distribution<float>(0.3f, 1.5f)(*rng) : 0.0f;
   std::uniform_real_distribution<float> val(-1.0f, 1.0f);
@@ -448,6 +453,83 @@ TYPED_TEST(LookupTest, RandomDoubleParams) {
           if (::testing::Test::HasFatalFailure()) return;
         }
       }
+    }
+  }
+}
+
+// The loops compiled for a fixed width do the same arithmetic in the same
+// order as the loops over a runtime width: the results agree bit for bit.
+TYPED_TEST(LookupTest, FixedWidthsEqualRuntimeWidthBitForBit) {
+  using K = TypeParam;
+  std::mt19937_64 rng(sizeof(K) * 1000 + 3);
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const Combiner combiner = kAllCombiners[trial % 3];
+    const Case<float, K> c =
+        RandomCase<float, K>(&rng, combiner, (trial / 3) % 2 == 1, (trial / 6) % 2 == 1);
+    const int64_t dim = c.dim;
+    bool fixed = false;
+    WithRowWidth(dim, [&](auto w) { fixed = !std::is_integral<decltype(w)>::value; });
+    if (!fixed) continue;
+    ++checked;
+    SCOPED_TRACE(c.Describe());
+    const TableView<float, K> t = c.View();
+    const int64_t batch = c.batch();
+    std::vector<float> acc(static_cast<size_t>(dim));
+    std::vector<float> fixed_out(static_cast<size_t>(batch * dim), -1.0f), runtime_out = fixed_out;
+    ASSERT_EQ(LookupForward(t, 0, batch, fixed_out.data(), acc.data()), -1);
+    ASSERT_EQ(LookupForwardRows(t, dim, 0, batch, runtime_out.data(), acc.data()), -1);
+    ASSERT_EQ(0, std::memcmp(fixed_out.data(), runtime_out.data(), fixed_out.size() * 4));
+
+    BackwardPlan<K> plan;
+    ASSERT_EQ(PlanBackward(t, c.nnz(), &plan), -1);
+    const int64_t U = static_cast<int64_t>(plan.unique_ids.size());
+    const std::vector<float> grads = RandomGrads<float>(&rng, batch, dim);
+    std::vector<float> fixed_rows(static_cast<size_t>(U * dim), -1.0f), runtime_rows = fixed_rows;
+    LookupBackward(t, plan, nullptr, grads.data(), 0, U, fixed_rows.data());
+    if (U > 0) {
+      LookupBackwardRows(t, dim, plan, nullptr, grads.data(), 0, U, runtime_rows.data());
+    }
+    ASSERT_EQ(0, std::memcmp(fixed_rows.data(), runtime_rows.data(), fixed_rows.size() * 4));
+  }
+  EXPECT_GT(checked, 100);  // the draw of widths gives fixed ones often
+}
+
+// The one-pass gradient of a whole table gives the plan's unique ids, in the
+// plan's order, and the same rows bit for bit, with the slot table (left
+// zeroed) and with hashing; a bad id is reported at the plan's position.
+TYPED_TEST(LookupTest, SumGradientRowsEqualsPlanAndBackward) {
+  using K = TypeParam;
+  std::mt19937_64 rng(sizeof(K) * 1000 + 4);
+  for (int trial = 0; trial < 300; ++trial) {
+    const Combiner combiner = kAllCombiners[trial % 3];
+    Case<float, K> c =
+        RandomCase<float, K>(&rng, combiner, (trial / 3) % 2 == 1, (trial / 6) % 2 == 1);
+    const bool corrupt = trial % 10 == 9 && c.nnz() > 0;
+    if (corrupt) {
+      c.ids[static_cast<size_t>(rng() % c.ids.size())] = static_cast<K>(c.rows + (trial % 3));
+    }
+    SCOPED_TRACE(c.Describe());
+    const TableView<float, K> t = c.View();
+    const int64_t dim = c.dim;
+    const std::vector<float> grads = RandomGrads<float>(&rng, c.batch(), dim);
+    BackwardPlan<K> plan;
+    const int64_t want_bad = PlanBackward(t, c.nnz(), &plan);
+    const int64_t U = static_cast<int64_t>(plan.unique_ids.size());
+    std::vector<float> want(static_cast<size_t>(U * dim), -1.0f);
+    if (want_bad < 0) LookupBackward(t, plan, nullptr, grads.data(), 0, U, want.data());
+    for (bool with_slots : {true, false}) {
+      SCOPED_TRACE(with_slots ? "slot table" : "hashed");
+      std::vector<int32_t> slots(static_cast<size_t>(c.rows), 0);
+      std::vector<K> unique;
+      std::vector<float> rows(static_cast<size_t>(c.nnz() * dim) + 1, -2.0f);
+      const int64_t bad = SumGradientRows(t, grads.data(), with_slots ? slots.data() : nullptr,
+                                          &unique, rows.data());
+      ASSERT_EQ(bad, want_bad);
+      EXPECT_TRUE(std::all_of(slots.begin(), slots.end(), [](int32_t x) { return x == 0; }));
+      if (want_bad >= 0) continue;
+      ASSERT_EQ(unique, plan.unique_ids);
+      ASSERT_EQ(0, std::memcmp(rows.data(), want.data(), want.size() * sizeof(float)));
     }
   }
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -266,10 +267,134 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
       max_dim = std::max(max_dim, views[t].dim);
     }
 
-    // Unique ids and occurrence groups: one table per unit of work.
-    std::vector<core::BackwardPlan<K>> plans(n);
     int64_t total_nnz = 0;
     for (int64_t c : nnz) total_nnz += c;
+    const int64_t threads =
+        ctx->device()->tensorflow_cpu_worker_threads()->workers->NumThreads();
+    // Enough tables to keep every thread busy: each table is summed whole,
+    // by one thread, in one pass. Fewer: a plan per table first, then each
+    // table's rows split over the threads.
+    if (n >= 2 * threads) {
+      SumWholeTables(ctx, views, nnz, grads, total_nnz, max_dim);
+    } else {
+      SumSplitTables(ctx, views, nnz, grads, total_nnz, max_dim, threads);
+    }
+  }
+
+ private:
+  using View = core::TableView<T, K>;
+
+  // Allocates table t's outputs for `num_unique` rows: its unique ids and
+  // rows, or (a dense table) its [rows, dim] gradient. `*rows` is where the
+  // summed rows go: the output, or a temporary for a dense table.
+  Status AllocateTable(OpKernelContext* ctx, OpOutputList* unique_out, OpOutputList* rows_out,
+                       int t, const View& v, int64_t num_unique, K** unique, T** rows,
+                       Tensor* summed, Tensor** dense) {
+    TF_RETURN_IF_ERROR(AllocateUniqueIds(unique_out, t, num_unique, unique));
+    *dense = nullptr;
+    if (this->attrs_.dense_grads[t]) {
+      TF_RETURN_IF_ERROR(rows_out->allocate(t, TensorShape({v.rows, v.dim}), dense));
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DataTypeToEnum<T>::value,
+                                            TensorShape({num_unique, v.dim}), summed));
+      *rows = summed->flat<T>().data();
+      return OkStatus();
+    }
+    Tensor* r = nullptr;
+    TF_RETURN_IF_ERROR(rows_out->allocate(t, TensorShape({num_unique, v.dim}), &r));
+    *rows = r->flat<T>().data();
+    return OkStatus();
+  }
+
+  // Table t's unique-ids output: its ids, or none for a dense table.
+  Status AllocateUniqueIds(OpOutputList* unique_out, int t, int64_t num_unique, K** unique) {
+    Tensor* u = nullptr;
+    const bool is_dense = this->attrs_.dense_grads[t];
+    TF_RETURN_IF_ERROR(unique_out->allocate(t, TensorShape({is_dense ? 0 : num_unique}), &u));
+    *unique = u->flat<K>().data();
+    return OkStatus();
+  }
+
+  // A dense table's gradient: its summed rows at their ids, zero elsewhere.
+  template <typename R>
+  static void PlaceDenseRows(const View& v, const std::vector<K>& ids, const R* rows,
+                             Tensor* dense) {
+    const int64_t dim = v.dim;
+    T* out = dense->flat<T>().data();
+    std::fill(out, out + v.rows * dim, T(0.0f));
+    for (size_t u = 0; u < ids.size(); ++u) {
+      const int64_t id = static_cast<int64_t>(ids[u]);
+      std::transform(rows + u * dim, rows + (u + 1) * dim, out + id * dim,
+                     [](R x) { return static_cast<T>(x); });
+    }
+  }
+
+  void SumWholeTables(OpKernelContext* ctx, const std::vector<View>& views,
+                      const std::vector<int64_t>& nnz, const std::vector<const T*>& grads,
+                      int64_t total_nnz, int64_t max_dim) {
+    const int n = this->attrs_.num_tables;
+    // Room for a row per position (a table has at most nnz unique ids);
+    // only the rows summed are touched. Float tables hand the first rows on
+    // as their output, with no copy.
+    std::vector<Tensor> sums(n);
+    for (int t = 0; t < n; ++t) {
+      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
+                                             TensorShape({nnz[t], views[t].dim}), &sums[t]));
+    }
+    std::vector<std::vector<K>> unique(n);
+    typename FusedLookupBase<T, K>::BadIds bad(n);
+    const int64_t per_table = (total_nnz / n + 1) * (max_dim + 16) * 2;
+    ParallelFor(ctx, n, per_table, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        bad.Record(t, core::SumGradientRows(views[t], grads[t], DenseUniqueScratch(views[t].rows),
+                                            &unique[t], sums[t].flat<float>().data()));
+      }
+    });
+    OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
+
+    OpOutputList unique_out, rows_out;
+    OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
+    OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
+    constexpr bool kFloat = std::is_same<T, float>::value;
+    std::vector<K*> unique_dst(n);
+    std::vector<T*> rows_dst(n, nullptr);  // rows to convert from float
+    std::vector<Tensor*> dense(n, nullptr);
+    for (int t = 0; t < n; ++t) {
+      const int64_t num_unique = static_cast<int64_t>(unique[t].size());
+      OP_REQUIRES_OK(ctx, AllocateUniqueIds(&unique_out, t, num_unique, &unique_dst[t]));
+      if (this->attrs_.dense_grads[t]) {
+        OP_REQUIRES_OK(ctx, rows_out.allocate(
+                                t, TensorShape({views[t].rows, views[t].dim}), &dense[t]));
+      } else if (kFloat) {
+        rows_out.set(t, sums[t].Slice(0, num_unique));
+      } else {
+        Tensor* r = nullptr;
+        OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({num_unique, views[t].dim}), &r));
+        rows_dst[t] = r->flat<T>().data();
+      }
+    }
+    ParallelFor(ctx, n, per_table / 4, [&](int64_t t0, int64_t t1) {
+      for (int64_t t = t0; t < t1; ++t) {
+        const float* summed = sums[t].flat<float>().data();
+        if (dense[t] != nullptr) {
+          PlaceDenseRows(views[t], unique[t], summed, dense[t]);
+          continue;
+        }
+        std::copy(unique[t].begin(), unique[t].end(), unique_dst[t]);
+        if (rows_dst[t] != nullptr) {
+          const int64_t values = static_cast<int64_t>(unique[t].size()) * views[t].dim;
+          std::transform(summed, summed + values, rows_dst[t],
+                         [](float x) { return static_cast<T>(x); });
+        }
+      }
+    });
+  }
+
+  void SumSplitTables(OpKernelContext* ctx, const std::vector<View>& views,
+                      const std::vector<int64_t>& nnz, const std::vector<const T*>& grads,
+                      int64_t total_nnz, int64_t max_dim, int64_t threads) {
+    const int n = this->attrs_.num_tables;
+    // Unique ids and each position's unique index: one table per unit of work.
+    std::vector<core::BackwardPlan<K>> plans(n);
     typename FusedLookupBase<T, K>::BadIds bad(n);
     ParallelFor(ctx, n, 60 * (total_nnz / std::max(n, 1) + 1), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
@@ -284,40 +409,25 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
     std::vector<T*> rows(n);
     std::vector<int64_t> num_unique(n);
-    // A dense table's distinct rows are summed into `summed` first, then
-    // placed at their ids in its [rows, dim] output (zero elsewhere).
     std::vector<Tensor> summed(n);
-    std::vector<Tensor*> dense_out(n, nullptr);
+    std::vector<Tensor*> dense(n);
     for (int t = 0; t < n; ++t) {
       num_unique[t] = static_cast<int64_t>(plans[t].unique_ids.size());
-      const bool dense = this->attrs_.dense_grads[t];
-      Tensor* u = nullptr;
-      Tensor* r = nullptr;
-      OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({dense ? 0 : num_unique[t]}), &u));
-      if (dense) {
-        OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({views[t].rows, views[t].dim}),
-                                              &dense_out[t]));
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DataTypeToEnum<T>::value,
-                                               TensorShape({num_unique[t], views[t].dim}),
-                                               &summed[t]));
-        rows[t] = summed[t].flat<T>().data();
-        continue;
+      K* unique_dst = nullptr;
+      OP_REQUIRES_OK(ctx, AllocateTable(ctx, &unique_out, &rows_out, t, views[t], num_unique[t],
+                                        &unique_dst, &rows[t], &summed[t], &dense[t]));
+      if (dense[t] == nullptr) {
+        std::copy(plans[t].unique_ids.begin(), plans[t].unique_ids.end(), unique_dst);
       }
-      OP_REQUIRES_OK(ctx,
-                     rows_out.allocate(t, TensorShape({num_unique[t], views[t].dim}), &r));
-      std::copy(plans[t].unique_ids.begin(), plans[t].unique_ids.end(), u->flat<K>().data());
-      rows[t] = r->flat<T>().data();
     }
-    // Gradient rows: work items are (table, range of unique ids). Each item
-    // scans its table's ids once, so small tables are one item each, and a
-    // few large tables are split to keep every thread busy.
+    // Gradient rows: work items are (table, range of unique ids), each
+    // table split in as many pieces as keep every thread busy. Each item
+    // scans its table's ids once.
     struct Chunk {
       int table;
       int64_t u0, u1;
     };
-    const int64_t threads =
-        ctx->device()->tensorflow_cpu_worker_threads()->workers->NumThreads();
-    const int64_t pieces = n >= 2 * threads ? 1 : (2 * threads + n - 1) / n;
+    const int64_t pieces = (2 * threads + n - 1) / std::max(n, 1);
     std::vector<Chunk> chunks;
     for (int t = 0; t < n; ++t) {
       const int64_t step = std::max<int64_t>(1, (num_unique[t] + pieces - 1) / pieces);
@@ -335,14 +445,7 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
                   }
                 });
     for (int t = 0; t < n; ++t) {
-      if (dense_out[t] == nullptr) continue;
-      const int64_t dim = views[t].dim;
-      T* out = dense_out[t]->flat<T>().data();
-      std::fill(out, out + views[t].rows * dim, T(0.0f));
-      for (int64_t u = 0; u < num_unique[t]; ++u) {
-        const int64_t id = static_cast<int64_t>(plans[t].unique_ids[u]);
-        std::copy(rows[t] + u * dim, rows[t] + (u + 1) * dim, out + id * dim);
-      }
+      if (dense[t] != nullptr) PlaceDenseRows(views[t], plans[t].unique_ids, rows[t], dense[t]);
     }
   }
 };
