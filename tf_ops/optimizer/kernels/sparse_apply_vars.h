@@ -64,6 +64,9 @@ class SparseApplyVariables {
  public:
   // copy(dst, src, bytes) copies a variable's buffer on its device.
   using Copy = std::function<::tensorflow::Status(void*, const void*, size_t)>;
+  // Called once per variable with its buffer, when the variable is first
+  // made writable in place (its first sparse update by this op).
+  using FirstUpdate = std::function<void(void*, size_t)>;
 
   SparseApplyVariables() = default;
   SparseApplyVariables(const SparseApplyVariables&) = delete;
@@ -76,7 +79,7 @@ class SparseApplyVariables {
   // Inputs [0, num_tables) are the tables, then num_slot_vars slots. Each
   // slot must have its table's shape; every variable float32 [rows, dim].
   ::tensorflow::Status Acquire(::tensorflow::OpKernelContext* ctx, const SparseApplyAttrs& a,
-                               const Copy& copy) {
+                               const Copy& copy, const FirstUpdate& first_update = nullptr) {
     namespace errors = ::tensorflow::errors;
     const int total = a.num_tables + a.num_slot_vars;
     for (int i = 0; i < total; ++i) {
@@ -132,6 +135,7 @@ class SparseApplyVariables {
                                 t->tensor_data().data(), t->TotalBytes()));
         *t = fresh;
       }
+      if (first_update) first_update(const_cast<char*>(t->tensor_data().data()), t->TotalBytes());
       var->copy_on_read_mode.store(true);
     }
     return OkStatus();
