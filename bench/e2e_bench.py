@@ -48,13 +48,14 @@ Keras versions do not enter. Each step is also run in two parts:
   without inserting, takes about as long as this gather on an H100).
 
     python bench/e2e_bench.py [--model dlrm|demo|both] [--mode function|graph|both]
-                              [--graph_inputs device|feed]
+                              [--graph_inputs device|feed] [--function_inputs resident|args]
 
-Inputs are on the device before a step starts, in both modes: tf.function
-steps take tensors made once, graph-mode steps read batches held in
-variables (--graph_inputs feed: through feed_dict each step, whose
-host-to-device copy then counts as embedding time on both sides — 9 ms of
-a DemoModel step on an H100).
+Inputs are on the device before a step starts, in both modes: steps read
+batches held in variables (--graph_inputs feed: through feed_dict each
+step, whose host-to-device copy then counts as embedding time on both
+sides — 9 ms of a DemoModel step on an H100; --function_inputs args: as
+the tf.function's tensor arguments, whose handling per call then counts
+too — 2-4 ms of a DLRM step on the 2-core VM, for its 26 RaggedTensors).
 """
 
 import argparse
@@ -300,6 +301,8 @@ def fixed_inputs(model, batch):
 
 
 _FIXED = {}
+# Batches of data made per model; steps cycle through them.
+NUM_BATCHES = 4
 # The parts whose inputs are fixed_inputs: no ids.
 FIXED_INPUT_PARTS = ("dense", "bare")
 
@@ -332,7 +335,25 @@ def function_step(model, side, args, batches, part):
         return v.train(loss, inputs, part, tape.gradient)[1]
 
     data = [_inputs_as_tensors(model, b, part) for b in batches]
-    return lambda i: step(*data[i % len(data)]).numpy()
+    if args.function_inputs == "args":
+        return lambda i: step(*data[i % len(data)]).numpy()
+    # Each batch held in variables, read inside a function of its own (one
+    # trace per batch, made here): a step takes no tensor arguments. With
+    # them, TensorFlow spends 2-4 ms per call on the DLRM's 26 RaggedTensor
+    # arguments before any op runs (on the 2-core VM; a call with one
+    # tensor argument costs 0.2-0.4 ms), time that would be counted as
+    # embedding time on both sides.
+    held = [[tf.Variable(t, trainable=False) for t in tf.nest.flatten(d, expand_composites=True)]
+            for d in data]
+
+    @tf.function
+    def resident_step(k):
+        read = [x.read_value() for x in held[k]]
+        return step(*tf.nest.pack_sequence_as(data[k], read, expand_composites=True))
+
+    for k in range(len(data)):
+        resident_step.get_concrete_function(k)
+    return lambda i: resident_step(i % len(data)).numpy()
 
 
 def graph_step(model, side, args, batches, part):
@@ -417,10 +438,17 @@ def resident_graph_step(model, side, args, batches, part):
     return lambda i: sess.run(fetches[i % len(fetches)])
 
 
+def warmup_steps(requested):
+    """At least one step per batch before timing: a tf.function that reads
+    its batch from variables has a function per batch, and TensorFlow
+    optimises a function's graph on its first run."""
+    return max(requested, NUM_BATCHES)
+
+
 def measure(steps, args):
     """Median seconds per step of each callable, run in turns (one step of
     each per round), so that load on the machine falls on all of them alike."""
-    for i in range(args.warmup):
+    for i in range(warmup_steps(args.warmup)):
         for step in steps.values():
             step(i)
     times = {name: [] for name in steps}
@@ -443,6 +471,10 @@ def main():
     p.add_argument("--demo_vocab", type=int, default=8192)
     p.add_argument("--demo_units", type=int, default=1024)
     p.add_argument("--demo_layers", type=int, default=7)
+    p.add_argument("--function_inputs", choices=["resident", "args"], default="resident",
+                   help="tf.function: each batch held in variables that the step reads "
+                        "(default), or passed as the step's tensor arguments, whose "
+                        "per-call handling then counts as embedding time on both sides")
     p.add_argument("--graph_inputs", choices=["device", "feed"], default="device",
                    help="graph mode: batches held on the device, as in tf.function "
                         "(default), or fed through feed_dict each step (the host-to-device "
@@ -456,7 +488,7 @@ def main():
     modes = ["function", "graph"] if args.mode == "both" else [args.mode]
     print(f"TensorFlow {tf.__version__}, {platform.processor() or platform.machine()}, "
           f"{os.cpu_count()} CPUs; optimizer {args.optimizer}; median of {args.steps} steps "
-          f"after {args.warmup} warm-up steps")
+          f"after {warmup_steps(args.warmup)} warm-up steps")
     # ceiling: plain TF's step time over its dense time (its step without
     # the embedding work), the most that faster embeddings can gain. The
     # columns up to "of ceiling" infer the dense time (the whole step less
@@ -475,7 +507,8 @@ def main():
           f"{'TF emb*/gather*':>16}")
     rows = []
     for model in models:
-        batches = (dlrm_batches if model == "dlrm" else demo_batches)(args, rng, 4)
+        batches = (dlrm_batches if model == "dlrm" else demo_batches)(args, rng,
+                                                                         NUM_BATCHES)
         for mode in modes:
             build = function_step if mode == "function" else graph_step
             steps = {(side, part): build(model, side, args, batches, part)

@@ -180,6 +180,8 @@ def main():
                         "order, marking GPU idle gaps of at least MIN_GAP_US")
     p.add_argument("--graph_inputs", choices=["device", "feed"], default="device",
                    help="graph mode's inputs, as in e2e_bench.py")
+    p.add_argument("--function_inputs", choices=["resident", "args"], default="resident",
+                   help="tf.function's inputs, as in e2e_bench.py")
     p.add_argument("--emb_only", action="store_true",
                    help="the embedding work alone (lookups, gradients, table update); "
                         "the same as --part embedding")
@@ -194,7 +196,7 @@ def main():
     import numpy as np
 
     make = e2e_bench.dlrm_batches if args.model == "dlrm" else e2e_bench.demo_batches
-    batches = make(bench_args, np.random.default_rng(0), 4)
+    batches = make(bench_args, np.random.default_rng(0), e2e_bench.NUM_BATCHES)
     modes = ["function", "graph"] if args.mode == "both" else [args.mode]
     sides = ["sok", "tf"] if args.side == "both" else [args.side]
     if args.side == "gather" and args.model != "demo":
@@ -209,7 +211,7 @@ def main():
             build = e2e_bench.function_step if mode == "function" else e2e_bench.graph_step
             step = build(args.model, side, bench_args, batches,
                          part)
-            for i in range(3):
+            for i in range(e2e_bench.warmup_steps(3)):
                 step(i)
             logdir = tempfile.mkdtemp(prefix="sok_syncs_")
             tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
