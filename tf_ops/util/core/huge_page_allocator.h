@@ -51,7 +51,6 @@ inline void AdviseHugePages(void* p, size_t bytes) {
 template <typename T>
 struct HugePageAllocator {
   using value_type = T;
-  static constexpr size_t kHugePage = kHugePageBytes;
 
   HugePageAllocator() = default;
   template <typename U>
@@ -60,9 +59,9 @@ struct HugePageAllocator {
   T* allocate(size_t n) {
     const size_t bytes = n * sizeof(T);
     void* p = nullptr;
-    if (bytes >= kHugePage) {
-      const size_t rounded = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-      if (posix_memalign(&p, kHugePage, rounded) != 0) throw std::bad_alloc();
+    if (bytes >= kHugePageBytes) {
+      const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
+      if (posix_memalign(&p, kHugePageBytes, rounded) != 0) throw std::bad_alloc();
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
       madvise(p, rounded, MADV_HUGEPAGE);  // advice only: failure is harmless
 #endif
