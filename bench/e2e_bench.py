@@ -527,32 +527,45 @@ def main():
             # Below 2% of the step, plain TF's dense time is within the noise
             # of two medians: no ceiling is printed.
             dense_tf = full["tf"] - min(emb["tf"], full["tf"])
-            ceiling = full["tf"] / dense_tf if dense_tf > 0.02 * full["tf"] else float("nan")
+            ceiling = full["tf"] / dense_tf if dense_tf > 0.02 * full["tf"] else None
             ratio = full["tf"] / full["sok"]
             # From the dense part measured alone.
             marginal = {side: 1e3 * max(full[side] - dense, 0.0) for side in ("sok", "tf")}
             bare = 1e3 * max(t[("tf", "bare")] - dense, 0.0)
             # Within the noise of two medians (as the ceiling): no ratio.
-            bare_ratio = (marginal["tf"] / bare if bare > 0.02 * 1e3 * full["tf"]
-                          else float("nan"))
+            bare_ratio = marginal["tf"] / bare if bare > 0.02 * 1e3 * full["tf"] else None
             # The DemoModel's embedding without a hash table or a wait.
             gather = (1e3 * max(t[("gather", "whole")] - dense, 0.0)
-                      if ("gather", "whole") in t else float("nan"))
+                      if ("gather", "whole") in t else None)
+            # A gather* of 0 (under the dense part's own noise) has no ratio.
+            gather_ratio = marginal["tf"] / gather if gather else None
             ceiling_measured = (full["tf"] / dense if full["tf"] - dense > 0.02 * full["tf"]
-                                else float("nan"))
+                                else None)
             print(f"{model:6} {mode:9} {1 / full['sok']:12.2f} {1 / full['tf']:17.2f} "
                   f"{ratio:5.2f}x {emb['sok'] / full['sok']:13.0%} "
                   f"{emb['tf'] / full['tf']:12.0%} {emb_ms['sok']:11.2f} {emb_ms['tf']:10.2f} "
-                  f"{emb_ms['tf'] / max(emb_ms['sok'], 1e-9):10.2f}x {ceiling:7.2f}x "
-                  f"{ratio / ceiling:10.0%} {1e3 * dense:9.2f} {marginal['sok']:12.2f} "
+                  f"{emb_ms['tf'] / max(emb_ms['sok'], 1e-9):10.2f}x "
+                  f"{_cell(ceiling, 8, '.2f', 'x')} "
+                  f"{_cell(ceiling and ratio / ceiling, 11, '.0%')} {1e3 * dense:9.2f} "
+                  f"{marginal['sok']:12.2f} "
                   f"{marginal['tf']:11.2f} {marginal['tf'] / max(marginal['sok'], 1e-9):11.2f}x "
-                  f"{ceiling_measured:8.2f}x {ratio / ceiling_measured:11.0%} {bare:9.2f} "
-                  f"{bare_ratio:13.2f}x {gather:10.2f} "
-                  f"{marginal['tf'] / gather if gather > 0 else float('nan'):15.2f}x", flush=True)
+                  f"{_cell(ceiling_measured, 9, '.2f', 'x')} "
+                  f"{_cell(ceiling_measured and ratio / ceiling_measured, 12, '.0%')} "
+                  f"{bare:9.2f} {_cell(bare_ratio, 14, '.2f', 'x')} "
+                  f"{_cell(gather, 10, '.2f')} "
+                  f"{_cell(gather_ratio, 16, '.2f', 'x')}", flush=True)
             rows.append((model, mode, full, emb))
     if args.plot:
         plot(rows, args.plot, f"TensorFlow {tf.__version__}, {os.cpu_count()} CPUs, batch "
                               f"{args.batch}, optimizer {args.optimizer}")
+
+
+def _cell(value, width, spec, suffix=""):
+    """A table cell right-aligned to width; "—" where the benchmark has no
+    figure (no gather step for the model, or a difference within the
+    noise of two medians)."""
+    text = "—" if value is None else format(value, spec) + suffix
+    return f"{text:>{width}}"
 
 
 def plot(rows, path, title):
