@@ -55,7 +55,9 @@ batches held in variables (--graph_inputs feed: through feed_dict each
 step, whose host-to-device copy then counts as embedding time on both
 sides — 9 ms of a DemoModel step on an H100; --function_inputs args: as
 the tf.function's tensor arguments, whose handling per call then counts
-too — 2-4 ms of a DLRM step on the 2-core VM, for its 26 RaggedTensors).
+too — 2-4 ms of a DLRM step on the 2-core VM and about 3 ms on the host
+of an H100, for its 26 RaggedTensors). A cell printed "—" has no figure:
+the model has no such step, or the difference is within the noise.
 """
 
 import argparse
