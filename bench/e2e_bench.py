@@ -531,6 +531,7 @@ def main():
             dense_tf = full["tf"] - min(emb["tf"], full["tf"])
             ceiling = full["tf"] / dense_tf if dense_tf > 0.02 * full["tf"] else None
             ratio = full["tf"] / full["sok"]
+            of_ceiling = ratio / ceiling if ceiling else None
             # From the dense part measured alone.
             marginal = {side: 1e3 * max(full[side] - dense, 0.0) for side in ("sok", "tf")}
             bare = 1e3 * max(t[("tf", "bare")] - dense, 0.0)
@@ -543,16 +544,17 @@ def main():
             gather_ratio = marginal["tf"] / gather if gather else None
             ceiling_measured = (full["tf"] / dense if full["tf"] - dense > 0.02 * full["tf"]
                                 else None)
+            of_ceiling_measured = ratio / ceiling_measured if ceiling_measured else None
             print(f"{model:6} {mode:9} {1 / full['sok']:12.2f} {1 / full['tf']:17.2f} "
                   f"{ratio:5.2f}x {emb['sok'] / full['sok']:13.0%} "
                   f"{emb['tf'] / full['tf']:12.0%} {emb_ms['sok']:11.2f} {emb_ms['tf']:10.2f} "
                   f"{emb_ms['tf'] / max(emb_ms['sok'], 1e-9):10.2f}x "
                   f"{_cell(ceiling, 8, '.2f', 'x')} "
-                  f"{_cell(ceiling and ratio / ceiling, 11, '.0%')} {1e3 * dense:9.2f} "
+                  f"{_cell(of_ceiling, 11, '.0%')} {1e3 * dense:9.2f} "
                   f"{marginal['sok']:12.2f} "
                   f"{marginal['tf']:11.2f} {marginal['tf'] / max(marginal['sok'], 1e-9):11.2f}x "
                   f"{_cell(ceiling_measured, 9, '.2f', 'x')} "
-                  f"{_cell(ceiling_measured and ratio / ceiling_measured, 12, '.0%')} "
+                  f"{_cell(of_ceiling_measured, 12, '.0%')} "
                   f"{bare:9.2f} {_cell(bare_ratio, 14, '.2f', 'x')} "
                   f"{_cell(gather, 10, '.2f')} "
                   f"{_cell(gather_ratio, 16, '.2f', 'x')}", flush=True)
