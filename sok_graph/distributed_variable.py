@@ -50,6 +50,27 @@ def _whole_value(initial_value, kwargs):
     return value
 
 
+def _shard_from_initializer(kwargs, where):
+    """(the whole table's shape, this worker's rows made by the initializer)
+    for shape= and initializer= on several workers: a table larger than one
+    device's memory never exists whole. A deterministic initializer (zeros,
+    a constant) gives the table it gives on one worker; a random one gives
+    rows of the same distribution, drawn per shard (as SOK's shards draw
+    theirs)."""
+    shape = kwargs.pop("shape", None)
+    initializer = kwargs.pop("initializer")
+    if shape is None:
+        raise ValueError("sok.Variable(initializer=...) needs shape=[rows, dim]")
+    shape = tuple(tf.TensorShape(shape).as_list())
+    if len(shape) != 2 or None in shape:
+        raise ValueError(f"shape must be a known [rows, dim]; got {list(shape)}")
+    dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
+    if isinstance(initializer, str):
+        initializer = tf.keras.initializers.get(initializer)
+    local = placement.shard_rows(shape[0], *where)
+    return shape, lambda: initializer(shape=[local, shape[1]], dtype=dtype)
+
+
 class Variable(_ResourceVariable):
     """A sok embedding table: ``Variable(initial_value, mode="distributed", **tf.Variable kwargs)``.
 
@@ -65,8 +86,7 @@ class Variable(_ResourceVariable):
         if cls is Variable:
             cls = LocalizedVariable if _is_localized(mode) else DistributedVariable
         comm = context.active()
-        if replica_shards.replicates(comm) and (callable(initial_value) or (
-                initial_value is None and "initializer" in kwargs)):
+        if replica_shards.replicates(comm) and callable(initial_value):
             # one whole table for every replica's shard
             kwargs = dict(kwargs)
             initial_value = _whole_value(initial_value, kwargs)
@@ -76,17 +96,22 @@ class Variable(_ResourceVariable):
     def __init__(self, initial_value=None, mode="distributed", *args, **kwargs):
         comm = context.communicator("creating a sok.Variable")
         self._sok_mode, self._sok_target_rank = placement.parse_mode(mode, comm.world_size)
-        value = _whole_value(initial_value, kwargs)
-        shape = tuple(tf.TensorShape(np.shape(value) if not isinstance(value, tf.Tensor)
-                                     else value.shape).as_list())
+        self._sok_world_size, self._sok_rank = comm.world_size, comm.rank
+        if initial_value is None and kwargs.get("initializer") is not None and \
+                comm.world_size > 1:
+            # shape= and initializer=: each worker makes only its own rows.
+            shape, value = _shard_from_initializer(kwargs, self.placement)
+        else:
+            value = _whole_value(initial_value, kwargs)
+            shape = tuple(tf.TensorShape(np.shape(value) if not isinstance(value, tf.Tensor)
+                                         else value.shape).as_list())
+            if comm.world_size > 1 and len(shape) == 2:
+                value = placement.shard_of(value, *self.placement)
         if len(shape) != 2:
             raise ValueError(
                 f"initial_value must be a [rows, dim] matrix; got shape {list(shape)}"
             )
         self._sok_global_shape = tf.TensorShape(shape)
-        self._sok_world_size, self._sok_rank = comm.world_size, comm.rank
-        if comm.world_size > 1:
-            value = placement.shard_of(value, *self.placement)
         super().__init__(initial_value=value, *args, **kwargs)
 
     @property

@@ -78,7 +78,9 @@ def _checked_ids(ids, rows, index, name):
     TensorFlow's gather would fail on the CPU without naming the table and
     give zeros on a GPU."""
     bad = tf.logical_or(ids < 0, ids >= rows)
-    first = tf.gather(ids, tf.argmax(tf.cast(bad, tf.int32), output_type=tf.int64)[None])
+    # float32: TensorFlow's GPU ArgMax takes no integer input, and a
+    # MirroredStrategy replica on a GPU places this op there.
+    first = tf.gather(ids, tf.argmax(tf.cast(bad, tf.float32), output_type=tf.int64)[None])
     check = tf.debugging.Assert(
         tf.logical_not(tf.reduce_any(bad)),
         [f"ids of {name} (sp_ids[{index}]) must be in [0, {rows}) (the table's rows); got",
@@ -134,9 +136,39 @@ def _gathered_rows(param, ids, index, name):
         # tf.gather: sparse_read where the variable has one, else a read of
         # the replica's component (tf.distribute's variables)
         return tf.gather(param, _checked_ids(keys, rows, index, name)), positions
-    comm = context.communicator("a lookup in a sharded table")
+    # A sharded static table: its rows come through the exchange, which the
+    # caller makes for all such tables at once (exchange.static_rows_many).
     keys = _checked_ids(tf.cast(keys, tf.int64), param.global_shape[0], index, name)
-    return exchange.static_rows(comm, param, keys), positions
+    return _PendingRows(param, keys), positions
+
+
+class _PendingRows:
+    """The distinct ids of a sharded static table whose rows lookup_sparse
+    fetches together with the other such tables of the call."""
+
+    def __init__(self, table, keys):
+        self.table, self.keys = table, keys
+
+    def group(self):
+        """Tables of one group share an exchange."""
+        return (tf.as_dtype(self.table.dtype).base_dtype, self.table.global_shape[1])
+
+
+def _fetch_pending(tensors):
+    """Replaces every _PendingRows in `tensors` by its rows, one exchange per
+    dtype and dimension."""
+    groups = {}
+    for t, x in enumerate(tensors):
+        if isinstance(x, _PendingRows):
+            groups.setdefault(x.group(), []).append(t)
+    if not groups:
+        return
+    comm = context.communicator("a lookup in a sharded table")
+    for members in groups.values():
+        rows = exchange.static_rows_many(comm, [tensors[t].table for t in members],
+                                         [tensors[t].keys for t in members])
+        for t, r in zip(members, rows):
+            tensors[t] = r
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
@@ -238,6 +270,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 dense_grads[t] = True
             values.append(v)
             splits.append(s)
+        _fetch_pending(tensors)
         if len({v.dtype for v in values}) > 1:
             values = [tf.cast(v, tf.int64) for v in values]
 

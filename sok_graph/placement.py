@@ -55,6 +55,14 @@ def shard_of(value, world_size, rank, fixed_owner):
     return value[:0]  # a localized table lives on one worker; the others hold no rows
 
 
+def shard_rows(rows, world_size, rank, fixed_owner):
+    """How many of a whole table's `rows` worker `rank` holds (shard_of's
+    length)."""
+    if fixed_owner < 0:
+        return len(range(rank, rows, world_size))
+    return rows if rank == fixed_owner else 0
+
+
 def owner_of(var, ids):
     """The worker holding each of the global ids or keys `ids` (int64 tensor)."""
     world_size, _, fixed_owner = var.placement

@@ -603,8 +603,26 @@ def _env_reports(tmp_path, launcher_args, **env):
 def test_no_horovod_and_stall_timeout_from_the_environment(tmp_path):
     # Without Horovod (--no-horovod, or not installed) no HOROVOD_ variable
     # is set; the stall bound still reaches the workers.
+    expected = {"SOK_GRAPH_STALL_TIMEOUT": "7.5"}
+    if "NCCL_NVLS_ENABLE" not in os.environ:
+        expected["NCCL_NVLS_ENABLE"] = "0"  # NVLink multicast off unless the user set it
     for env in _env_reports(tmp_path, ["-np", "2", "--no-horovod"], SOK_GRAPH_STALL_TIMEOUT="7.5"):
-        assert env == {"SOK_GRAPH_STALL_TIMEOUT": "7.5"}
+        assert env == expected
+
+
+def test_nvlink_multicast_stays_off_unless_the_user_set_it(tmp_path):
+    """NCCL_NVLS_ENABLE=0 reaches every worker started from an environment
+    without it; a value the user set is passed on as it is."""
+    script = tmp_path / "nvls.py"
+    script.write_text("import os; print(os.environ.get('NCCL_NVLS_ENABLE'))")
+    environ = {k: v for k, v in _env().items() if k != "NCCL_NVLS_ENABLE"}
+    p = subprocess.run([sys.executable, LAUNCH_PY, "-np", "2", "--cpu", "--no-horovod",
+                        str(script)], capture_output=True, env=environ, timeout=RUN_TIMEOUT_S)
+    assert p.returncode == 0, p.stderr.decode()
+    by_rank = _lines_by_rank(p.stdout.decode())
+    assert {r: by_rank[r] for r in (0, 1)} == {0: ["0"], 1: ["0"]}, by_rank
+    envs = launch.worker_environments(2, None, [1, 2], 3, base_env={"NCCL_NVLS_ENABLE": "2"})
+    assert [e["NCCL_NVLS_ENABLE"] for e in envs] == ["2", "2"]
 
 
 def test_horovod_only_where_it_is_installed_and_not_turned_off(tmp_path, monkeypatch):

@@ -361,6 +361,8 @@ def test_horovod_variables_are_horovodruns(tmp_path, horovod):
                 "HOROVOD_GLOO_TIMEOUT_SECONDS": "40",
             }
         )
+        if "NCCL_NVLS_ENABLE" not in os.environ:
+            expected["NCCL_NVLS_ENABLE"] = "0"  # the launcher's own: NVLink multicast off
         assert env == expected
 
 

@@ -11,11 +11,10 @@ a tf.compat.v1 Session graph.
 - `rank` is the replica id of the replica context being built (a Python int:
   MirroredStrategy builds each replica's ops separately); outside a replica
   context it is only defined while a shard is being created for one replica.
-- Uneven all-to-all: the [replicas, replicas] split matrix and every
-  replica's send buffer (each chunk padded to the largest split) are
-  all-gathered; each replica keeps the chunks addressed to it. Within one
-  process an all-gather is a copy, so the padding costs memory, not network.
-  The gradient is the reverse exchange.
+- Uneven all-to-all: each replica cuts its rows into one piece per
+  receiver and each receiver concatenates the pieces addressed to it: only
+  those rows move between devices (peer copies GPU to GPU on a multi-GPU
+  host), unpadded. The gradient is the reverse exchange.
 - A Session must see every replica's device (logical CPUs exist for eager
   execution only): `comm.session_config()` / `comm.session()`.
 - barrier() has nothing to wait for: the replicas share one Python process.
@@ -26,8 +25,7 @@ import threading
 
 import tensorflow as tf
 
-from sok_graph.communication.base import (Communicator, copied_session_config, pack_chunks,
-                                          valid_rows)
+from sok_graph.communication.base import Communicator, copied_session_config
 
 _not_converted = tf.autograph.experimental.do_not_convert
 
@@ -179,35 +177,45 @@ class MirroredReplicas(Communicator):
         return self._merged(ctx, rank, tensor, lambda parts: tf.add_n(list(parts)))
 
     # --- all-to-all ---------------------------------------------------------
+    #
+    # Within one process nothing needs equal blocks: each replica cuts its
+    # rows into one piece per receiver (on its own device), and each receiver
+    # concatenates the pieces addressed to it, in sender order. Only those
+    # bytes cross between devices (GPU to GPU where the replicas are GPUs),
+    # with no padding and no all-gather of the split matrix.
 
-    def _exchange(self, ctx, rank, tensor, send_splits, recv_splits, chunk):
-        """Rows to every replica (each chunk padded to `chunk` rows, every
-        replica's buffer all-gathered); the received valid rows, in sender
-        order."""
+    def _transposed(self, ctx, rank, pieces):
+        """pieces: this replica's tensors for receivers 0..N-1. Returns the
+        tensors that senders 0..N-1 addressed to this replica."""
         size = self.world_size
-        row_shape = tf.shape(tensor, out_type=tf.int64)[1:]
-        buffer = pack_chunks(tensor, send_splits, chunk, size)  # [size, chunk, ...]
-        # [sender, receiver, chunk, ...]: every replica's buffer.
-        everything = self._gather(ctx, rank, buffer[None])
-        mine = tf.reshape(everything[:, rank], tf.concat([[size * chunk], row_shape], 0))
-        out = tf.gather(mine, valid_rows(recv_splits, chunk))
+
+        def merge(strategy, *per_receiver):
+            out = []
+            for r, device in enumerate(self._devices):
+                sent = strategy.experimental_local_results(per_receiver[r])
+                with tf.device(device):
+                    out.append([tf.identity(sent[s]) for s in range(size)])
+            return out
+
+        return ctx.merge_call(merge, args=tuple(pieces))[rank]
+
+    def _route(self, ctx, rank, tensor, splits):
+        """(rows received, in sender order; rows from each sender [N] int64)."""
+        pieces = tf.split(tensor, splits, num=self.world_size)
+        received = self._transposed(ctx, rank, pieces)
+        counts = tf.stack([tf.shape(p, out_type=tf.int64)[0] for p in received])
+        out = tf.concat(received, 0)
         out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
-        return out
+        return out, counts
 
     @_not_converted
     def _alltoall(self, tensor, splits, name):
         ctx, rank = self._replica_context("an all-to-all")
-        size = self.world_size
         with tf.name_scope(name or "sok_alltoall"):
-            # [sender, receiver] -> rows, the same on every replica.
-            matrix = self._gather(ctx, rank, tf.reshape(splits, [1, size]))
-            received_splits = matrix[:, rank]
-            chunk = tf.maximum(tf.reduce_max(matrix), 1)
-
-            received = self._exchange(ctx, rank, tensor, splits, received_splits, chunk)
+            received, received_splits = self._route(ctx, rank, tensor, splits)
             # The gradient: the reverse exchange.
-            return _with_gradient(tensor, received, lambda dy: self._exchange(
-                ctx, rank, dy, received_splits, splits, chunk)), received_splits
+            return _with_gradient(tensor, received, lambda dy: self._route(
+                ctx, rank, dy, received_splits)[0]), received_splits
 
     # --- all-reduce, all-gather, broadcast --------------------------------------
 

@@ -100,7 +100,7 @@ from sok_graph.communication.base import (Communicator, SingleProcess, copied_se
 from sok_graph.communication.replicas import MirroredReplicas
 # The launcher sets the variable; its name and default are the launcher's
 # (its environment module alone: not the supervisor).
-from sok_graph.launch.environment import DEFAULT_STALL_TIMEOUT_S
+from sok_graph.launch.environment import DEFAULT_STALL_TIMEOUT_S, ENV_NCCL_NVLS
 from sok_graph.launch.environment import ENV_STALL_TIMEOUT as STALL_TIMEOUT_ENV
 
 # MultiWorkerMirroredStrategy numbers its groups from 1 (+100000 per strategy
@@ -527,6 +527,10 @@ def create():
     replicas = strategy.num_replicas_in_sync
     if replicas == 1:
         return SingleProcess()
+    # The strategy's NCCL collectives start after this: NVLink multicast
+    # stays off unless the user turned it on (it can take a shared host's
+    # GPUs out of service).
+    os.environ.setdefault(ENV_NCCL_NVLS, "0")
     name = type(strategy).__name__
     if compat.IS_TF1:
         raise NotImplementedError(

@@ -25,6 +25,9 @@ CUDA_VISIBLE_DEVICES set to its one GPU (empty on CPU) and:
                                not set with --no-tf-config (tf.estimator's
                                RunConfig rejects a cluster without a "chief")
   PYTHONUNBUFFERED=1           unless already set, so lines arrive as printed
+  NCCL_NVLS_ENABLE=0           unless already set: NCCL's NVLink multicast
+                               stays off (it can take a shared host's GPUs
+                               out of service)
 
 Horovod: when this Python can import `horovod` (and unless --no-horovod is
 given), the launcher serves Horovod's Gloo rendezvous (horovod.runner's

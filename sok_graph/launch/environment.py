@@ -22,6 +22,7 @@ ENV_TF_CONFIG = "SOK_GRAPH_TF_CONFIG"
 ENV_TIMEOUT = "SOK_GRAPH_LAUNCH_TIMEOUT"
 ENV_GRACE = "SOK_GRAPH_LAUNCH_GRACE"
 ENV_STALL_TIMEOUT = "SOK_GRAPH_STALL_TIMEOUT"
+ENV_NCCL_NVLS = "NCCL_NVLS_ENABLE"
 
 DEFAULT_GRACE_S = 10.0
 DEFAULT_STALL_TIMEOUT_S = 120.0
@@ -243,5 +244,8 @@ def worker_environments(
         else:
             env.pop("TF_CONFIG", None)
         env.setdefault("PYTHONUNBUFFERED", "1")
+        # NVLink multicast (NCCL's NVLS) stays off unless the user turned it
+        # on: it can take a shared host's GPUs out of service.
+        env.setdefault(ENV_NCCL_NVLS, "0")
         envs.append(env)
     return envs

@@ -1,0 +1,340 @@
+"""SOK's DLRM benchmark shape (Criteo Terabyte) trained model parallel over the
+GPUs of one host: 26 sok tables sharded over every GPU, dense layers data
+parallel (tf.distribute.MirroredStrategy, one replica per GPU).
+
+    python bench/dlrm_criteo_tb.py --gpus 2                       # 89.5 GiB of tables
+    python bench/dlrm_criteo_tb.py --gpus 1 --table_scale 0.5     # cut to fit one GPU
+    python bench/dlrm_criteo_tb.py --gpus 2 --side both --table_scale 0.02   # vs plain TF
+
+The model is the one SOK publishes its figure for: 26 tables with the
+Criteo-TB cardinalities (187.8M rows), dimension 128, float32, one id per
+table per sample, 13 dense features, bottom MLP 512-256-128, dot
+interaction, top MLP 1024-1024-512-256-1, SGD, 8192 samples per GPU per
+step. The batches are synthetic, generated on each GPU (uniform ids, or
+Zipf-like ids with --ids zipf: P(id) ~ 1/(id+1)), --pool of them kept in GPU
+memory and used in turn, so the step reads no host data.
+
+--side tf trains the same model with plain TensorFlow under the same
+strategy: every table replicated on every GPU (tf.Variable, gather, its
+gradient all-gathered by the strategy), so only a table set that fits on
+one GPU replicated can run (--table_scale). --side both runs sok then plain
+TF in one process and prints the ratio.
+
+Prints a progress line every --log_every steps and, at the end, samples/s
+(total and per GPU), and with --trace N the per-step breakdown of N traced
+steps (GPU time by part: lookup, all-to-all forward and backward, dense,
+update; host synchronisations), read from a TensorFlow profiler trace with
+bench/host_syncs.py's reader.
+"""
+
+import argparse
+import math
+import os
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# NVLink multicast stays off in every process (it can take a shared host's
+# GPUs out of service); NCCL reads this when TensorFlow's collectives start it.
+os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+
+import numpy as np  # noqa: E402
+
+CARDINALITIES = [39884406, 39043, 17289, 7420, 20263, 3, 7120, 1543, 63, 38532951, 2953546,
+                 403346, 10, 2208, 11938, 155, 4, 976, 14, 39979771, 25641295, 39664984,
+                 585935, 12972, 108, 36]
+DENSE_FEATURES = 13
+BOTTOM = [512, 256, 128]
+TOP = [1024, 1024, 512, 256, 1]
+
+
+def parse(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--gpus", type=int, default=None, help="GPUs to use (default: all)")
+    p.add_argument("--batch_per_gpu", type=int, default=8192)
+    p.add_argument("--global_batch", type=int, default=None,
+                   help="global batch (overrides --batch_per_gpu; must divide by --gpus)")
+    p.add_argument("--dim", type=int, default=128)
+    p.add_argument("--table_scale", type=float, default=1.0,
+                   help="rows of each table times this (at least 1 row): cuts the "
+                        "tables to fit fewer GPUs")
+    p.add_argument("--ids", choices=["uniform", "zipf"], default="uniform")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=int, default=20)
+    p.add_argument("--pool", type=int, default=8, help="batches kept on each GPU")
+    p.add_argument("--lr", type=float, default=0.01)
+    p.add_argument("--side", choices=["sok", "tf", "both"], default="sok")
+    p.add_argument("--log_every", type=int, default=100)
+    p.add_argument("--trace", type=int, default=0, help="trace this many steps at the end")
+    p.add_argument("--cpu", action="store_true",
+                   help="run on logical CPUs instead (a smoke test of the program)")
+    args = p.parse_args(argv)
+    return args
+
+
+def table_rows(scale):
+    return [max(1, int(math.ceil(c * scale))) for c in CARDINALITIES]
+
+
+def make_strategy(args, tf):
+    if args.cpu:
+        n = args.gpus or 2
+        cpu = tf.config.list_physical_devices("CPU")[0]
+        tf.config.set_logical_device_configuration(
+            cpu, [tf.config.LogicalDeviceConfiguration()] * n)
+        return tf.distribute.MirroredStrategy([f"/cpu:{i}" for i in range(n)])
+    gpus = tf.config.list_physical_devices("GPU")
+    n = args.gpus or len(gpus)
+    if len(gpus) < n or n < 1:
+        raise SystemExit(f"--gpus {n}: this machine has {len(gpus)} GPUs")
+    return tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(n)])
+
+
+class DLRM:
+    """Bottom MLP, one embedding per table, dot interaction, top MLP."""
+
+    def __init__(self, tf, side, rows, dim, seed=0):
+        self.tf, self.side = tf, side
+        rng = np.random.default_rng(seed)
+        self.dense = []
+        width = DENSE_FEATURES
+        for k, out in enumerate(BOTTOM):
+            self.dense.append(self._layer(rng, width, out, f"bottom{k}"))
+            width = out
+        features = len(rows) + 1
+        width = dim + features * (features - 1) // 2
+        for k, out in enumerate(TOP):
+            self.dense.append(self._layer(rng, width, out, f"top{k}"))
+            width = out
+        init = tf.keras.initializers.RandomUniform(-0.05, 0.05)
+        if side == "sok":
+            import sok_graph as sok
+
+            # Each GPU initialises its own rows: no whole table is ever made.
+            self.tables = [sok.Variable(shape=[r, dim], initializer=init, name=f"table{t}")
+                           for t, r in enumerate(rows)]
+        else:
+            self.tables = [tf.Variable(init(shape=[r, dim]), name=f"table{t}")
+                           for t, r in enumerate(rows)]
+
+    def _layer(self, rng, fan_in, fan_out, name):
+        tf = self.tf
+        scale = math.sqrt(2.0 / (fan_in + fan_out))
+        w = tf.Variable(rng.normal(0, scale, (fan_in, fan_out)).astype(np.float32),
+                        name=name + "_w")
+        b = tf.Variable(np.zeros(fan_out, np.float32), name=name + "_b")
+        return w, b
+
+    def embeddings(self, ids):
+        """ids: [batch, tables] int64; [batch, tables, dim]."""
+        tf = self.tf
+        columns = tf.unstack(ids, axis=1)
+        if self.side == "sok":
+            import sok_graph as sok
+
+            ragged = [tf.RaggedTensor.from_tensor(c[:, None]) for c in columns]
+            out = sok.lookup_sparse(self.tables, ragged, combiners=["sum"] * len(columns))
+        else:
+            out = [tf.gather(t, c) for t, c in zip(self.tables, columns)]
+        return tf.stack(out, axis=1)
+
+    def logits(self, dense_x, ids):
+        tf = self.tf
+        x = dense_x
+        layers = iter(self.dense)
+        for _ in BOTTOM:
+            w, b = next(layers)
+            x = tf.nn.relu(tf.matmul(x, w) + b)
+        vectors = tf.concat([x[:, None, :], self.embeddings(ids)], axis=1)  # [B, F, dim]
+        dots = tf.matmul(vectors, vectors, transpose_b=True)  # [B, F, F]
+        features = vectors.shape[1]
+        lower = [i * features + j for i in range(features) for j in range(i)]
+        flat = tf.reshape(dots, [-1, features * features])
+        x = tf.concat([x, tf.gather(flat, lower, axis=1)], axis=1)
+        for k in range(len(TOP)):
+            w, b = next(layers)
+            x = tf.matmul(x, w) + b
+            if k < len(TOP) - 1:
+                x = tf.nn.relu(x)
+        return tf.squeeze(x, 1)
+
+    def dense_variables(self):
+        return [v for layer in self.dense for v in layer]
+
+
+def make_pool(strategy, args, rows, tf):
+    """--pool batches per replica, generated on its device: dense features,
+    ids (one per table), labels."""
+    batch = args.global_batch // strategy.num_replicas_in_sync
+    high = tf.constant(rows, tf.float32 if args.ids == "zipf" else tf.int64)
+
+    def generate(ctx):
+        seed = tf.constant([17, ctx.replica_id_in_sync_group], tf.int32)
+        shape = [args.pool, batch, len(rows)]
+        if args.ids == "zipf":
+            # P(id) ~ 1/(id+1): (rows+1)^u - 1 for u uniform in [0, 1).
+            u = tf.random.stateless_uniform(shape, seed)
+            ids = tf.cast(tf.floor(tf.exp(u * tf.math.log(high + 1.0))) - 1.0, tf.int64)
+            ids = tf.minimum(ids, tf.cast(high, tf.int64) - 1)
+        else:
+            ids = tf.random.stateless_uniform(shape, seed, minval=0, maxval=tf.int64.max,
+                                              dtype=tf.int64) % high
+        dense = tf.random.stateless_normal([args.pool, batch, DENSE_FEATURES], seed + 1)
+        labels = tf.cast(tf.random.stateless_uniform([args.pool, batch], seed + 2) < 0.25,
+                         tf.float32)
+        return dense, ids, labels
+
+    return strategy.experimental_distribute_values_from_function(generate)
+
+
+def build_step(strategy, model, args, tf):
+    import sok_graph as sok
+
+    dense_opt = tf.keras.optimizers.SGD(args.lr)
+    if model.side == "sok":
+        table_opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(args.lr))
+    else:
+        table_opt = dense_opt
+    global_batch = float(args.global_batch)
+
+    def replica_step(pool, k):
+        dense_x, ids, labels = (tf.gather(p, k) for p in pool)
+        with tf.GradientTape() as tape:
+            logits = model.logits(dense_x, ids)
+            loss = tf.reduce_sum(tf.nn.sigmoid_cross_entropy_with_logits(
+                labels=labels, logits=logits)) / global_batch
+        dense_vars = model.dense_variables()
+        grads = tape.gradient(loss, model.tables + dense_vars)
+        n = len(model.tables)
+        if model.side == "sok":
+            table_opt.apply_gradients(zip(grads[:n], model.tables))
+            dense_opt.apply_gradients(zip(grads[n:], dense_vars))
+        else:
+            dense_opt.apply_gradients(zip(grads, model.tables + dense_vars))
+        return loss
+
+    @tf.function
+    def step(pool, k):
+        losses = strategy.run(replica_step, args=(pool, k))
+        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+
+    return step
+
+
+def _trace_breakdown(step, pool, args, tf, steps):
+    """GPU time per part and host waits per step, from a profiler trace."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import host_syncs
+
+    logdir = tempfile.mkdtemp(prefix="dlrm_tb_trace_")
+    tf.profiler.experimental.start(logdir)
+    for i in range(steps):
+        loss = step(pool, tf.constant(i % args.pool))
+    float(loss)
+    tf.profiler.experimental.stop()
+    space = host_syncs._xspace(logdir)
+    _, blocking, _, _, _ = host_syncs.analyse(space)
+    parts = {"lookup": 0, "all-to-all forward": 0, "all-to-all backward": 0, "dense": 0,
+             "update": 0, "other": 0}
+    gpus = 0
+    for plane in space.planes:
+        if not plane.name.startswith("/device:GPU"):
+            continue
+        gpus += 1
+        for _, line, name, s, e, op in host_syncs._events(plane, with_op=True):
+            if "Stream" not in line:
+                continue
+            parts[_part_of(op, name)] += e - s
+    gpus = max(gpus, 1)
+    print(f"per step, mean over {steps} traced steps and {gpus} GPUs (GPU busy time, ms):")
+    for part, ps in parts.items():
+        print(f"  {part:22} {ps / 1e9 / steps / gpus:8.3f}")
+    waits = sum(blocking.values())
+    print(f"  host synchronisations per step (all replicas): {waits / steps:.1f}")
+    for (op, call), count in blocking.most_common(8):
+        print(f"    {count / steps:5.1f}  {op:32} {call}")
+
+
+def _part_of(op, name):
+    """The part of the step a GPU event belongs to, from its TensorFlow op."""
+    backward = "gradient" in op.lower()
+    if "sok_alltoall" in op or "sok_exchange" in op or "MemcpyP2P" in name \
+            or "PtoP" in name or "DtoD" in name:
+        return "all-to-all backward" if backward else "all-to-all forward"
+    if "sok_lookup_sparse" in op or "SokFusedLookup" in op:
+        return "lookup"
+    if "SGD" in op or "Sok" in op and "Apply" in op or "OptimizerWrapper" in op \
+            or "ResourceScatter" in op or "ApplyGradient" in op:
+        return "update"
+    if "MatMul" in op or "Relu" in op or "BiasAdd" in op or "gemm" in name.lower() \
+            or "sigmoid" in op.lower():
+        return "dense"
+    return "other"
+
+
+def run_side(side, strategy, args, rows, tf):
+    import sok_graph as sok
+
+    n = strategy.num_replicas_in_sync
+    t0 = time.time()
+    with strategy.scope():
+        if side == "sok":
+            sok.context.reset()
+            sok.init(comm_tool="tf", use_legacy_optimizer=False)
+        model = DLRM(tf, side, rows, args.dim)
+        step = build_step(strategy, model, args, tf)
+    print(f"[{side}] tables built in {time.time() - t0:.1f} s", flush=True)
+    pool = make_pool(strategy, args, rows, tf)
+    t0 = time.time()
+    for i in range(args.warmup):
+        loss = step(pool, tf.constant(i % args.pool))
+    first = float(loss)
+    print(f"[{side}] {args.warmup} warm-up steps in {time.time() - t0:.1f} s, loss {first:.4f}",
+          flush=True)
+    t0 = last = time.time()
+    for i in range(args.steps):
+        loss = step(pool, tf.constant(i % args.pool))
+        if args.log_every and (i + 1) % args.log_every == 0:
+            value = float(loss)
+            now = time.time()
+            print(f"[{side}] step {i + 1}/{args.steps}: loss {value:.4f}, "
+                  f"{args.log_every * args.global_batch / (now - last) / 1e6:.3f}M samples/s",
+                  flush=True)
+            last = now
+    value = float(loss)
+    elapsed = time.time() - t0
+    rate = args.steps * args.global_batch / elapsed
+    print(f"[{side}] {n} GPU(s), global batch {args.global_batch}: "
+          f"{elapsed / args.steps * 1e3:.2f} ms/step, {rate / 1e6:.3f}M samples/s, "
+          f"{rate / n / 1e6:.3f}M per GPU (loss {value:.4f})", flush=True)
+    if args.trace:
+        _trace_breakdown(step, pool, args, tf, args.trace)
+    return rate
+
+
+def main(argv=None):
+    args = parse(argv)
+    import tensorflow as tf
+
+    strategy = make_strategy(args, tf)
+    n = strategy.num_replicas_in_sync
+    if args.global_batch is None:
+        args.global_batch = args.batch_per_gpu * n
+    if args.global_batch % n:
+        raise SystemExit(f"--global_batch {args.global_batch} must divide by {n} replicas")
+    rows = table_rows(args.table_scale)
+    gib = sum(rows) * args.dim * 4 / 2**30
+    print(f"DLRM Criteo-TB shape: {len(rows)} tables, {sum(rows):,} rows x {args.dim} "
+          f"(float32: {gib:.1f} GiB, {gib / n:.1f} GiB per replica sharded), "
+          f"{n} replicas on {strategy.extended.worker_devices}, global batch "
+          f"{args.global_batch}, ids {args.ids}", flush=True)
+    rates = {}
+    for side in (["sok", "tf"] if args.side == "both" else [args.side]):
+        rates[side] = run_side(side, strategy, args, rows, tf)
+    if len(rates) == 2:
+        print(f"sok / plain TF: {rates['sok'] / rates['tf']:.2f}x samples/s")
+
+
+if __name__ == "__main__":
+    main()

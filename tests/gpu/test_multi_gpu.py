@@ -1,0 +1,83 @@
+"""Model parallel over the GPUs of one host: N-GPU training equals 1-GPU
+training, and dumps move between GPU counts bit for bit.
+
+The workloads are tests/multiworker's (train_worker.py: sok.lookup_sparse on
+two tables, the 1.x All2AllDenseEmbedding and DistributedEmbedding; static
+(distributed and localized) and dynamic tables; tf.function and
+tf.compat.v1 Session graphs; dump_worker.py: rows, Adam's slots and the step).
+Here the reference is a single process on one GPU, and the N-GPU run is one
+process with a MirroredStrategy over N GPUs, each replica a worker holding
+its shards in its GPU's memory (SOK_GRAPH_TEST_MIRRORED_ON=GPU).
+
+    cd tests && python -m pytest -q gpu/test_multi_gpu.py
+
+Each world size skips where fewer GPUs are visible, so the file skips
+cleanly on a machine without GPUs.
+"""
+
+import functools
+import os
+import subprocess
+import sys
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+
+from multiworker.launching import run_process  # noqa: E402
+import test_multiworker as mw  # noqa: E402
+
+
+@functools.lru_cache(maxsize=None)
+def visible_gpus():
+    """GPUs TensorFlow sees in a fresh process (0 where it sees none)."""
+    try:
+        out = subprocess.run(
+            [sys.executable, "-c", "import tensorflow as tf; "
+             "print(len(tf.config.list_physical_devices('GPU')))"],
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=300)
+        return int(out.stdout.strip().splitlines()[-1])
+    except (subprocess.SubprocessError, ValueError, IndexError):
+        return 0
+
+
+def needs_gpus(n):
+    return pytest.mark.skipif(visible_gpus() < n,
+                              reason=f"needs {n} GPUs; TensorFlow sees {visible_gpus()}")
+
+
+ON_GPUS = {"SOK_GRAPH_TEST_MIRRORED_ON": "GPU"}
+ONE_GPU = {"CUDA_VISIBLE_DEVICES": "0"}
+
+
+def _train(engine, world, configs, out, env):
+    run_process([sys.executable, mw.TRAIN, "--engine", engine, "--configs", ",".join(configs),
+                 "--world", str(world), "--out", str(out)], timeout=900, **env)
+
+
+@pytest.mark.parametrize("world", [pytest.param(2, marks=needs_gpus(2)),
+                                   pytest.param(4, marks=needs_gpus(4))])
+def test_n_gpus_train_as_one_gpu(world, tmp_path):
+    """Every table kind, API and mode: rows, dense weights and losses on N
+    GPUs equal those on one GPU (relative squared error < 1e-6)."""
+    configs = mw.CONFIGS
+    _train("none", world, configs, tmp_path / "one", ONE_GPU)
+    _train("mirrored", world, configs, tmp_path / "many", ON_GPUS)
+    mw._compare_configs(configs, tmp_path / "many", tmp_path / "one",
+                        f"MirroredStrategy over {world} GPUs")
+
+
+@pytest.mark.parametrize("chain", [pytest.param([2, 1, 2, 1], marks=needs_gpus(2)),
+                                   pytest.param([1, 4, 2, 1], marks=needs_gpus(4))])
+def test_dump_on_n_gpus_loads_on_m(chain, tmp_path):
+    """Dump on N GPUs, load on M: rows, Adam's m and v and the step bit for
+    bit at every stage."""
+    def run(world, args):
+        if world == 1:
+            run_process([sys.executable, mw.DUMP, "--engine", "none"] + args, **ONE_GPU)
+        else:
+            run_process([sys.executable, mw.DUMP, "--engine", "mirrored", "--world", str(world)]
+                        + args, **ON_GPUS)
+
+    mw._check_dump_chain(chain, run, tmp_path)
