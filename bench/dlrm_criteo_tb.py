@@ -67,6 +67,11 @@ def parse(argv=None):
     p.add_argument("--side", choices=["sok", "tf", "both"], default="sok")
     p.add_argument("--log_every", type=int, default=100)
     p.add_argument("--trace", type=int, default=0, help="trace this many steps at the end")
+    p.add_argument("--trace_dir", default=None,
+                   help="where the trace goes (default: a temporary folder)")
+    p.add_argument("--workers", action="store_true",
+                   help="one process per GPU: run under python -m sok_graph.launch -np N "
+                        "(MultiWorkerMirroredStrategy, sok's tf.distribute engine)")
     p.add_argument("--cpu", action="store_true",
                    help="run on logical CPUs instead (a smoke test of the program)")
     args = p.parse_args(argv)
@@ -78,6 +83,9 @@ def table_rows(scale):
 
 
 def make_strategy(args, tf):
+    if args.workers:
+        # One process per GPU under python -m sok_graph.launch (TF_CONFIG from it).
+        return tf.distribute.MultiWorkerMirroredStrategy()
     if args.cpu:
         n = args.gpus or 2
         cpu = tf.config.list_physical_devices("CPU")[0]
@@ -222,13 +230,14 @@ def build_step(strategy, model, args, tf):
     return step
 
 
-def _trace_breakdown(step, pool, args, tf, steps):
+def _trace_breakdown(strategy, step, pool, args, tf, steps):
     """GPU time per part and host waits per step, from a profiler trace."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import host_syncs
 
-    logdir = tempfile.mkdtemp(prefix="dlrm_tb_trace_")
-    tf.profiler.experimental.start(logdir)
+    logdir = args.trace_dir or tempfile.mkdtemp(prefix="dlrm_tb_trace_")
+    tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
+        host_tracer_level=2))
     for i in range(steps):
         loss = step(pool, tf.constant(i % args.pool))
     float(loss)
@@ -237,16 +246,14 @@ def _trace_breakdown(step, pool, args, tf, steps):
     _, blocking, _, _, _ = host_syncs.analyse(space)
     parts = {"lookup": 0, "all-to-all forward": 0, "all-to-all backward": 0, "dense": 0,
              "update": 0, "other": 0}
-    gpus = 0
+    gpus = strategy.num_replicas_in_sync
     for plane in space.planes:
         if not plane.name.startswith("/device:GPU"):
             continue
-        gpus += 1
         for _, line, name, s, e, op in host_syncs._events(plane, with_op=True):
             if "Stream" not in line:
                 continue
             parts[_part_of(op, name)] += e - s
-    gpus = max(gpus, 1)
     print(f"per step, mean over {steps} traced steps and {gpus} GPUs (GPU busy time, ms):")
     for part, ps in parts.items():
         print(f"  {part:22} {ps / 1e9 / steps / gpus:8.3f}")
@@ -309,7 +316,7 @@ def run_side(side, strategy, args, rows, tf):
           f"{elapsed / args.steps * 1e3:.2f} ms/step, {rate / 1e6:.3f}M samples/s, "
           f"{rate / n / 1e6:.3f}M per GPU (loss {value:.4f})", flush=True)
     if args.trace:
-        _trace_breakdown(step, pool, args, tf, args.trace)
+        _trace_breakdown(strategy, step, pool, args, tf, args.trace)
     return rate
 
 

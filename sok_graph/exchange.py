@@ -10,10 +10,11 @@ two-step read (unique of the received ids, read each once, expand) turns the
 gradient into one summed row per unique id — an IndexedSlices with no
 repeated indices, however many workers asked for the same row.
 
-Several static tables of one lookup (same dtype and dimension) share one
-exchange (static_rows_many): their ids travel tagged with their table in one
-all-to-all, and their rows in one, instead of two all-to-alls per table. A
-model with 26 tables then waits on 2 exchanges a step instead of 52.
+Several static tables of one lookup (same dtype, dimension and placement)
+share one exchange (grouped_static_rows): their ids travel tagged with their
+table in one all-to-all, and their rows in one, instead of two all-to-alls
+per table. A model with 26 tables then waits on 2 exchanges a step instead
+of 52.
 
 Placement (sok_graph/placement.py): a distributed static table holds global
 row i on worker i % N as local row i // N; a dynamic table holds key k on
@@ -59,30 +60,29 @@ def dynamic_rows(comm, table, keys, name="sok_exchange"):
     return _exchange(comm, keys, owner_of(table, keys), table.sparse_read, name)
 
 
-def static_rows_many(comm, tables, ids_list, name="sok_exchange"):
-    """[rows [n_t, dim] of ids_list[t] (int64 global row ids) of tables[t]]
-    for several sharded sok.Variables of one dtype and dimension, through one
-    all-to-all of ids and one of rows.
-
-    Each id travels as local row * T + t (T tables), so the owner knows its
-    table; the owner groups what it received by table (the bucketing op, by
-    t), gathers each table's rows, and puts them back in received order."""
+def grouped_static_rows(comm, tables, tagged, name="sok_exchange"):
+    """Rows [n, dim] for `tagged` keys (int64, global row id * T + t, each
+    id checked against its table) of T sharded sok.Variables `tables` of one
+    dtype, dimension and placement, through one all-to-all of keys and one of
+    rows. The key keeps its table through the exchange; the owner groups what
+    it received by table (the bucketing op, by t), gathers each table's rows
+    and puts them back in received order."""
     count = len(tables)
-    if count == 1:
-        return [static_rows(comm, tables[0], ids_list[0], name)]
+    world_size, _, fixed_owner = tables[0].placement
     with tf.name_scope(name):
-        sizes = [tf.size(ids, out_type=tf.int64) for ids in ids_list]
-        table_of = tf.repeat(tf.range(count, dtype=tf.int64), tf.stack(sizes))
-        tagged = tf.concat([local_rows(v, ids) for v, ids in zip(tables, ids_list)], 0) \
-            * count + table_of
-        owners = tf.concat([owner_of(v, ids) for v, ids in zip(tables, ids_list)], 0)
+        table = tf.math.floormod(tagged, count)
+        ids = tf.math.floordiv(tagged, count)
+        if fixed_owner >= 0:
+            send, owners = tagged, tf.fill(tf.shape(tagged), tf.constant(fixed_owner, tf.int64))
+        else:
+            send = tf.math.floordiv(ids, world_size) * count + table
+            owners = tf.math.floormod(ids, world_size)
 
         def read(received):
             by_table = sharding_ops.bucketize_by_owner(received, count)
             local = tf.math.floordiv(by_table.ids, count)
-            parts = tf.split(local, by_table.sizes, num=count)
+            parts = util_ops.split(local, by_table.sizes, count)
             rows = tf.concat([tf.gather(v, part) for v, part in zip(tables, parts)], 0)
             return tf.gather(rows, by_table.inverse_permutation)
 
-        rows = _exchange(comm, tagged, owners, read, "rows")
-        return tf.split(rows, tf.stack(sizes), num=count)
+        return _exchange(comm, send, owners, read, "rows")

@@ -136,39 +136,70 @@ def _gathered_rows(param, ids, index, name):
         # tf.gather: sparse_read where the variable has one, else a read of
         # the replica's component (tf.distribute's variables)
         return tf.gather(param, _checked_ids(keys, rows, index, name)), positions
-    # A sharded static table: its rows come through the exchange, which the
-    # caller makes for all such tables at once (exchange.static_rows_many).
-    keys = _checked_ids(tf.cast(keys, tf.int64), param.global_shape[0], index, name)
-    return _PendingRows(param, keys), positions
-
-
-class _PendingRows:
-    """The distinct ids of a sharded static table whose rows lookup_sparse
-    fetches together with the other such tables of the call."""
-
-    def __init__(self, table, keys):
-        self.table, self.keys = table, keys
-
-    def group(self):
-        """Tables of one group share an exchange."""
-        return (tf.as_dtype(self.table.dtype).base_dtype, self.table.global_shape[1])
-
-
-def _fetch_pending(tensors):
-    """Replaces every _PendingRows in `tensors` by its rows, one exchange per
-    dtype and dimension."""
-    groups = {}
-    for t, x in enumerate(tensors):
-        if isinstance(x, _PendingRows):
-            groups.setdefault(x.group(), []).append(t)
-    if not groups:
-        return
     comm = context.communicator("a lookup in a sharded table")
-    for members in groups.values():
-        rows = exchange.static_rows_many(comm, [tensors[t].table for t in members],
-                                         [tensors[t].keys for t in members])
-        for t, r in zip(members, rows):
-            tensors[t] = r
+    keys = _checked_ids(tf.cast(keys, tf.int64), param.global_shape[0], index, name)
+    return exchange.static_rows(comm, param, keys), positions
+
+
+def _sharded_groups(params, pending, combiners, max_norm, weights):
+    """The sharded static tables `pending` (indices into params) in groups
+    that share one exchange and one entry of the fused op: same dtype,
+    dimension, placement, combiner, max_norm and weighting."""
+    groups = {}
+    for t in pending:
+        p = params[t]
+        key = (tf.as_dtype(p.dtype).base_dtype, p.global_shape[1], p.placement[2],
+               combiners[t], max_norm[t], weights[t] is not None)
+        groups.setdefault(key, []).append(t)
+    return list(groups.values())
+
+
+def _group_rows(params, members, values, names):
+    """(rows [u, dim], positions [sum of nnz]) for the ids `values[t]` of the
+    sharded static tables `members`: one range check, one unique and one
+    exchange for all of them. Each id becomes id * T + k (table k of T), one
+    key space in which the distinct keys of every table are found at once."""
+    count = len(members)
+    ids = [tf.cast(values[t], tf.int64) for t in members]
+    limits = [int(params[t].global_shape[0]) for t in members]
+    raw = tf.concat(ids, 0)
+    tagged = tf.concat([i * count + k for k, i in enumerate(ids)], 0)
+    # An id past every table's rows could wrap id * T; such an id fails the
+    # check whatever table the wrapped key names.
+    table = tf.math.floormod(tagged, count)
+    bad = tf.logical_or(raw < 0, raw >= tf.gather(tf.constant(limits, tf.int64), table))
+    # float32: TensorFlow's GPU ArgMax takes no integer input.
+    first = tf.argmax(tf.cast(bad, tf.float32), output_type=tf.int64)
+    messages = tf.constant([
+        f"ids of {names[t]} (sp_ids[{t}]) must be in [0, {rows}) (the table's rows); got"
+        for t, rows in zip(members, limits)])
+    with tf.device("/device:CPU:0"):
+        message = tf.gather(messages, tf.gather(table, first))
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)),
+                                [message, tf.gather(raw, first)])
+    with tf.control_dependencies([check]):
+        tagged = tf.identity(tagged)
+    keys, positions = util_ops.unique(tagged, out_idx=tf.int64)
+    comm = context.communicator("a lookup in a sharded table")
+    rows = exchange.grouped_static_rows(comm, [params[t] for t in members], keys)
+    return rows, positions
+
+
+def _batch_size(row_splits):
+    """Rows of a ragged batch: a Python int where the shape is known, else a
+    scalar tensor (from the shape: nothing waits for the device)."""
+    known = row_splits.shape[0]
+    return int(known) - 1 if known is not None else tf.shape(row_splits, out_type=tf.int64)[0] - 1
+
+
+def _merged_splits(members, splits):
+    """The row_splits of the members' ragged ids one after another: one
+    ragged batch of sum(batch_t) rows."""
+    out, offset = [splits[members[0]]], splits[members[0]][-1]
+    for t in members[1:]:
+        out.append(splits[t][1:] + offset)
+        offset = offset + splits[t][-1]
+    return tf.concat(out, 0)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
@@ -253,11 +284,15 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 )
 
         values, splits, dense_grads = [], [], [False] * n
+        pending = []
         for t, ids in enumerate(sp_ids):
             v, s = _ragged_parts(ids, t)
             if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
-            if tensors[t] is None:
+            if tensors[t] is None and _is_sharded(params[t]) and dedup_before_exchange \
+                    and not isinstance(params[t], DynamicVariable):
+                pending.append(t)  # fetched with the other sharded tables, below
+            elif tensors[t] is None:
                 # A variable: each distinct id is fetched once (read, looked
                 # up or inserted; from its owner when the table is sharded),
                 # and the fused op combines rows of that small gathered
@@ -270,9 +305,6 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 dense_grads[t] = True
             values.append(v)
             splits.append(s)
-        _fetch_pending(tensors)
-        if len({v.dtype for v in values}) > 1:
-            values = [tf.cast(v, tf.int64) for v in values]
 
         weights = []
         for t, w in enumerate(sp_weights):
@@ -284,11 +316,42 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 raise TypeError(f"sp_weights[{t}] must hold floats; got {wv.dtype.name}")
             weights.append(tf.cast(wv, dtype))
 
+        # Sharded static tables: one entry of the fused op per group, whose
+        # table is the rows of the group's distinct ids (every row used: a
+        # dense gradient) and whose batch is the members' batches in turn.
+        entries = [[t] for t in range(n) if t not in pending]
+        member_splits = list(splits)
+        for members in _sharded_groups(params, pending, combiners, max_norm, weights):
+            t = members[0]
+            tensors[t], values[t] = _group_rows(params, members, values, names)
+            splits[t] = _merged_splits(members, member_splits)
+            if weights[t] is not None:
+                weights[t] = tf.concat([weights[m] for m in members], 0)
+            names[t] = "+".join(names[m] for m in members)
+            dense_grads[t] = True
+            entries.append(members)
+        entries.sort()
+        heads = [e[0] for e in entries]
+        ids = [values[t] for t in heads]
+        if len({v.dtype for v in ids}) > 1:
+            ids = [tf.cast(v, tf.int64) for v in ids]
         out = lookup_ops.fused_lookup(
-            tensors, values, splits, weights=weights, combiners=combiners,
-            max_norms=max_norm, table_names=names, dense_grads=dense_grads,
+            [tensors[t] for t in heads], ids, [splits[t] for t in heads],
+            weights=[weights[t] for t in heads], combiners=[combiners[t] for t in heads],
+            max_norms=[max_norm[t] for t in heads], table_names=[names[t] for t in heads],
+            dense_grads=[dense_grads[t] for t in heads],
         )
-    return out[0] if single else list(out)
+        results = [None] * n
+        for members, embedded in zip(entries, out):
+            if len(members) == 1:
+                results[members[0]] = embedded
+                continue
+            batches = [_batch_size(member_splits[m]) for m in members]
+            if not all(isinstance(b, int) for b in batches):
+                batches = tf.stack([tf.cast(b, tf.int64) for b in batches])
+            for m, part in zip(members, tf.split(embedded, batches, num=len(members))):
+                results[m] = part
+    return results[0] if single else results
 
 
 def _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, name):

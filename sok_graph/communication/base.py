@@ -99,7 +99,8 @@ class Communicator(abc.ABC):
                 row_bytes *= int(d)
             to_others = tf.reduce_sum(splits) - splits[self.rank]
             # numpy_function is stateful (never pruned or merged) by default.
-            counted = tf.numpy_function(_add_bytes, [to_others * row_bytes], tf.int64)
+            with tf.device("/device:CPU:0"):  # a host callback: no GPU kernel
+                counted = tf.numpy_function(_add_bytes, [to_others * row_bytes], tf.int64)
             with tf.control_dependencies([counted]):
                 received = tf.identity(received)
         return received, received_splits

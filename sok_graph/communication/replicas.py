@@ -26,6 +26,7 @@ import threading
 import tensorflow as tf
 
 from sok_graph.communication.base import Communicator, copied_session_config
+from sok_graph.ops import util as util_ops
 
 _not_converted = tf.autograph.experimental.do_not_convert
 
@@ -137,11 +138,17 @@ class MirroredReplicas(Communicator):
         """A copy of `config` (a tf.compat.v1.ConfigProto, or a new one) whose
         Session sees every replica's device: logical CPUs made with
         tf.config.set_logical_device_configuration exist for eager execution
-        only, and a Session makes as many as its device_count says."""
+        only, and a Session makes as many as its device_count says. With GPU
+        replicas, soft placement is on."""
         updated = copied_session_config(config)
-        cpus = sum(1 for d in self._devices if tf.DeviceSpec.from_string(d).device_type == "CPU")
+        kinds = [tf.DeviceSpec.from_string(d).device_type for d in self._devices]
+        cpus = kinds.count("CPU")
         if cpus > updated.device_count.get("CPU", 1):
             updated.device_count["CPU"] = cpus
+        if "GPU" in kinds:
+            # As in a tf.function: an op with no GPU kernel (a host callback,
+            # a check's message) runs on the CPU rather than failing.
+            updated.allow_soft_placement = True
         return updated
 
     def session(self, config=None, graph=None):
@@ -201,7 +208,7 @@ class MirroredReplicas(Communicator):
 
     def _route(self, ctx, rank, tensor, splits):
         """(rows received, in sender order; rows from each sender [N] int64)."""
-        pieces = tf.split(tensor, splits, num=self.world_size)
+        pieces = util_ops.split(tensor, splits, self.world_size)
         received = self._transposed(ctx, rank, pieces)
         counts = tf.stack([tf.shape(p, out_type=tf.int64)[0] for p in received])
         out = tf.concat(received, 0)

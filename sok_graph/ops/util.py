@@ -42,3 +42,20 @@ def _unsorted_segment_sum_grad(op, grad):
     num = tf.cast(tf.shape(grad)[0], ids.dtype)
     # tf.fill: TF 1.x's tf.where does not broadcast.
     return [tf.gather(padded, tf.where(ids >= 0, ids, tf.fill(tf.shape(ids), num))), None, None]
+
+
+# TensorFlow's GPU split (SplitV) takes floating-point tensors only: integer
+# tensors are split as the floats of the same width and bits.
+_SPLIT_CARRIERS = {tf.int64: tf.float64, tf.int32: tf.float32}
+
+
+def split(tensor, sizes, num, name=None):
+    """tf.split(tensor, sizes, num=num) along axis 0 that also runs on a GPU
+    for int32 and int64 tensors (bits unchanged)."""
+    with tf.name_scope(name or "sok_split"):
+        tensor = tf.convert_to_tensor(tensor)
+        carrier = _SPLIT_CARRIERS.get(tensor.dtype)
+        if carrier is None:
+            return tf.split(tensor, sizes, num=num)
+        parts = tf.split(tf.bitcast(tensor, carrier), sizes, num=num)
+        return [tf.bitcast(p, tensor.dtype) for p in parts]
