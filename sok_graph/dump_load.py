@@ -261,6 +261,7 @@ def write_dump(path, tables, optimizer_entry=None, world_size=1):
     Written aside and swapped in, so `path` always holds a whole dump."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
+    _check_replaceable(path)
     os.makedirs(parent, exist_ok=True)
     _remove_dead_writers_tmp(path)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -332,6 +333,34 @@ def _fsync_dir(directory):
             os.close(fd)
 
 
+def _check_replaceable(path):
+    """A dump replaces only a previous dump (a directory with a manifest of
+    this format's keys) or an empty directory: anything else at `path` is
+    the user's, and stays."""
+    if not os.path.lexists(path):
+        return
+    if os.path.isdir(path) and not os.path.islink(path):
+        entries = os.listdir(path)
+        if not entries:
+            return
+        try:
+            with open(os.path.join(path, "manifest.json"), "rb") as f:
+                manifest = json.loads(f.read().decode("utf-8"))
+            if isinstance(manifest, dict) and "format_version" in manifest \
+                    and "variables" in manifest:
+                return
+        except (OSError, ValueError):
+            pass
+        what = f"a directory holding {sorted(entries)[:5]}" + (
+            "..." if len(entries) > 5 else "")
+    else:
+        what = "a symbolic link" if os.path.islink(path) else "a file"
+    raise FileExistsError(
+        f"path={path!r} is {what}, not a sok_graph dump (no manifest.json of one); a dump "
+        f"replaces only a previous dump or an empty directory: choose another path or "
+        f"remove it")
+
+
 def _remove_dead_writers_tmp(path):
     """Deletes temporary directories of dumps to `path` whose process is
     gone (killed mid-dump); those of live processes are left alone."""
@@ -374,6 +403,7 @@ def load(path, load_vars, optimizer=None):
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
         algorithm=None if optimizer is None else optimizer.algorithm)
+    _check_fits(variables, loaded)
     ops = []
     for name, table in variables.items():
         if optimizer is not None:
@@ -384,6 +414,30 @@ def load(path, load_vars, optimizer=None):
         ops.extend(optimizer.set_step(manifest["optimizer"]["step"]))
     if not tf.executing_eagerly():
         _run([op for op in ops if op is not None])
+
+
+def _check_fits(variables, loaded):
+    """CheckpointError, before any table changes, where a dynamic table
+    cannot take the rows it would own: keys outside its key type, or more
+    rows than its bound (max_capacity / max_hbm_for_vectors)."""
+    for name, table in variables.items():
+        for var in replica_shards.shards_of(table):
+            if not isinstance(var, DynamicVariable):
+                continue
+            keys = loaded[name]["keys"][owned_mask(var, loaded[name]["keys"])]
+            info = np.iinfo(var.key_type.as_numpy_dtype)
+            outside = keys[(keys < info.min) | (keys > info.max)]
+            if outside.size:
+                raise CheckpointError(
+                    f"variable '{name}' has {var.key_type.name} keys (key_type); the dump "
+                    f"holds key {int(outside[0])}, which does not fit in "
+                    f"{var.key_type.name}: load it into a table with key_type=tf.int64")
+            limit = int(_run(var.stats()["row_limit"]))
+            if 0 < limit < keys.size:
+                raise CheckpointError(
+                    f"variable '{name}' holds at most {limit} rows (its max_capacity / "
+                    f"max_hbm_for_vectors); the dump gives it {keys.size}: raise the bound "
+                    f"or load into a larger table")
 
 
 def _load_shard(var, a, optimizer, slots):

@@ -81,7 +81,10 @@ def grouped_static_rows(comm, tables, tagged, name="sok_exchange"):
         def read(received):
             by_table = sharding_ops.bucketize_by_owner(received, count)
             local = tf.math.floordiv(by_table.ids, count)
-            parts = util_ops.split(local, by_table.sizes, count)
+            # Distinct keys (the exchange reads each received key once), so
+            # each table's rows are distinct: its optimizer need not dedup.
+            parts = [util_ops.mark_distinct(part)
+                     for part in util_ops.split(local, by_table.sizes, count)]
             rows = tf.concat([tf.gather(v, part) for v, part in zip(tables, parts)], 0)
             return tf.gather(rows, by_table.inverse_permutation)
 

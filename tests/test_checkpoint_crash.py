@@ -11,7 +11,9 @@ start. Two kinds of kill:
   * at the N-th Python-level call or return inside the writer (N drawn over
     the whole dump): every step between two file operations is reachable;
   * by the parent, after a random delay, while a larger dump is written:
-    asynchronous, as a real SIGKILL lands.
+    asynchronous, as a real SIGKILL lands. How many such kills land depends
+    on the machine's speed, so this soak runs with SOK_GRAPH_CRASH_SOAK=1
+    only (not in CI).
 """
 
 import glob
@@ -31,6 +33,9 @@ from sok_graph.dump_load import CheckpointError
 
 HOOK_KILLS = int(os.environ.get("SOK_GRAPH_CRASH_KILLS", "60"))
 TIMED_KILLS = int(os.environ.get("SOK_GRAPH_CRASH_TIMED_KILLS", "30"))
+# The random-time soak: outside CI (a busy 2-core machine can finish a dump
+# before most random kills land, which says nothing about the checkpoint).
+SOAK = os.environ.get("SOK_GRAPH_CRASH_SOAK") == "1"
 DIM = 4
 
 
@@ -165,6 +170,10 @@ def test_sigkill_at_every_kind_of_point_keeps_a_whole_checkpoint(tmp_path):
     print(f"hook kills survived: {kills} of {trial} writers")
 
 
+@pytest.mark.skipif(not SOAK, reason="the random-time kill soak depends on the machine's "
+                    "speed (how many kills land before a writer ends); run it with "
+                    "SOK_GRAPH_CRASH_SOAK=1. The kills at chosen points above cover every "
+                    "step of the writer deterministically.")
 def test_sigkill_at_random_times_keeps_a_whole_checkpoint(tmp_path):
     path = str(tmp_path / "ckpt")
     rows = 200000  # ~5 MB per table file: a dump takes long enough to land in

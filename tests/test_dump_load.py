@@ -218,3 +218,68 @@ def test_dump_before_any_step_still_carries_optimizer_state(tmp_path):
     rows, found = other.get_slot(w, "accumulator").find(tf.constant([3], tf.int64))
     assert found.numpy().all()
     np.testing.assert_allclose(rows.numpy(), [[0.1, 0.1]])  # Adagrad's initial accumulator
+
+
+def test_int64_keys_never_wrap_into_an_int32_key_table(tmp_path):
+    """Key 2**32 + 5 would become key 5 in an int32-key table: refused before
+    the table changes."""
+    wide = sok.DynamicVariable(2, key_type=tf.int64, name="t")
+    wide.import_rows(tf.constant([2 ** 32 + 5, 7], tf.int64), tf.ones([2, 2]))
+    sok.dump(str(tmp_path / "d"), [wide])
+    narrow = sok.DynamicVariable(2, key_type=tf.int32, name="t")
+    narrow.import_rows(tf.constant([1], tf.int32), tf.fill([1, 2], 3.0))
+    with pytest.raises(CheckpointError, match=r"int32 keys.*key 4294967301.*key_type=tf.int64"):
+        sok.load(str(tmp_path / "d"), [narrow])
+    keys, rows = narrow.export()
+    assert keys.numpy().tolist() == [1] and rows.numpy().tolist() == [[3.0, 3.0]]
+
+
+def test_failed_capacity_check_changes_no_table(tmp_path):
+    """A 100-key dump into a hybrid table of 64 rows: refused before either
+    table of the call changes (the static table keeps its rows too)."""
+    static = sok.Variable(np.zeros((4, 2), np.float32), name="s")
+    big = sok.DynamicVariable(2, name="h")
+    big.import_rows(tf.range(100, dtype=tf.int64), tf.ones([100, 2]))
+    static.assign(np.ones((4, 2), np.float32))
+    sok.dump(str(tmp_path / "d"), [static, big])
+    static.assign(np.zeros((4, 2), np.float32))
+    small = sok.DynamicVariable(2, var_type="hybrid", init_capacity=64, max_capacity=64,
+                                name="h")
+    small.import_rows(tf.constant([500], tf.int64), tf.fill([1, 2], 9.0))
+    with pytest.raises(CheckpointError, match=r"'h' holds at most 64 rows.*gives it 100"):
+        sok.load(str(tmp_path / "d"), [static, small])
+    np.testing.assert_array_equal(static.numpy(), np.zeros((4, 2), np.float32))
+    keys, rows = small.export()
+    assert keys.numpy().tolist() == [500] and rows.numpy().tolist() == [[9.0, 9.0]]
+
+
+@pytest.mark.parametrize("existing", ["user_dir", "file", "cwd"])
+def test_dump_never_replaces_what_is_not_a_dump(tmp_path, monkeypatch, existing):
+    v = sok.Variable(np.ones((3, 2), np.float32), name="v")
+    if existing == "user_dir":
+        path = tmp_path / "proj"
+        path.mkdir()
+        (path / "notes.txt").write_text("mine")
+        keep = path / "notes.txt"
+    elif existing == "file":
+        path = tmp_path / "ckpt"
+        path.write_text("mine")
+        keep = path
+    else:
+        (tmp_path / "notes.txt").write_text("mine")
+        monkeypatch.chdir(tmp_path)
+        path, keep = ".", tmp_path / "notes.txt"
+    with pytest.raises(FileExistsError, match=r"not a sok_graph dump"):
+        sok.dump(str(path), [v])
+    assert keep.read_text() == "mine"
+
+
+def test_dump_replaces_a_previous_dump_and_fills_an_empty_directory(tmp_path):
+    v = sok.Variable(np.ones((3, 2), np.float32), name="v")
+    (tmp_path / "empty").mkdir()
+    sok.dump(str(tmp_path / "empty"), [v])
+    v.assign(np.full((3, 2), 2.0, np.float32))
+    sok.dump(str(tmp_path / "empty"), [v])  # over the previous dump
+    v.assign(np.zeros((3, 2), np.float32))
+    sok.load(str(tmp_path / "empty"), [v])
+    np.testing.assert_array_equal(v.numpy(), np.full((3, 2), 2.0, np.float32))

@@ -256,6 +256,17 @@ def test_out_of_range_id_on_one_worker_is_a_clear_error(tmp_path):
 
 
 @needs_horovod
+def test_id_that_would_wrap_the_shared_key_space_is_a_clear_error(tmp_path):
+    """The sharded tables of one lookup share a key space (id * tables +
+    table): an id so large that the key would wrap is caught as out of
+    range, not looked up as some other row."""
+    rc, took, out = _faulty_run(tmp_path, "hugeid")
+    assert rc != 0, out[-3000:]
+    assert "InvalidArgumentError" in out and "(sp_ids[0]) must be in [0, 90)" in out \
+        and str(2 ** 62 + 1) in out, out[-3000:]
+
+
+@needs_horovod
 def test_stalled_worker_fails_the_job_within_the_bound(tmp_path):
     import re
     import time

@@ -293,3 +293,39 @@ def test_adam_equals_tensorflow_when_every_row_is_touched(rng, make):
         train_sok(make, var, batches)
         got = var.numpy() if not isinstance(var, sok.DynamicVariable) else rows_of(var, 8)
         np.testing.assert_allclose(got, expected, rtol=2e-5, atol=2e-6)
+
+
+def _keras_optimizer_with(option):
+    """A Keras optimizer with one option the sparse row updates do not apply,
+    on whichever Keras this TensorFlow has (None where it has no such option)."""
+    keras = tf.keras.optimizers
+    if option == "weight_decay":
+        cls = getattr(keras, "AdamW", None) or getattr(getattr(keras, "experimental", None),
+                                                       "AdamW", None)
+        return None if cls is None else cls(0.01, weight_decay=0.1)
+    try:
+        return keras.SGD(0.1, **{option: 0.001 if option != "use_ema" else True})
+    except (TypeError, ValueError):
+        return None
+
+
+@pytest.mark.parametrize("option", ["weight_decay", "clipnorm", "clipvalue", "global_clipnorm",
+                                    "use_ema"])
+def test_keras_options_not_applied_to_rows_are_refused(option):
+    """SGD(clipnorm=0.001) used to move a row by the whole gradient: an
+    option the sparse update would ignore is an error naming it."""
+    opt = _keras_optimizer_with(option)
+    if opt is None or getattr(opt, option, None) in (None, False, 0):
+        pytest.skip(f"this Keras has no {option} option on its optimizers")
+    v = sok.Variable(np.zeros((4, 2), np.float32))
+    grads = [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)]
+    with pytest.raises(ValueError, match=f"does not apply .*{option}="):
+        sok.OptimizerWrapper(opt).apply_gradients(grads)
+    np.testing.assert_array_equal(v.numpy(), np.zeros((4, 2), np.float32))
+
+
+def test_keras_options_left_at_their_defaults_are_accepted():
+    v = sok.Variable(np.zeros((4, 2), np.float32))
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(1.0))
+    opt.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)])
+    np.testing.assert_array_equal(v.numpy()[1], [-1.0, -1.0])

@@ -409,3 +409,65 @@ def test_bad_arguments_are_named_errors(tmp_path):
     with pytest.raises(TypeError, match="export_serving_delta takes sok tables"):
         sok.export_serving_delta([table, tf.Variable(1.0)], 0, str(tmp_path / "d"))
     assert not os.path.exists(str(tmp_path / "a")) and not os.path.exists(str(tmp_path / "d"))
+
+
+def _crafted_delta(directory, keys, rows, key_file="t.keys.npy", rows_file="t.rows.npy"):
+    """A delta directory for one dynamic table 't', with the arrays and file
+    names given (as a hostile or careless writer might make it)."""
+    from sok_graph.serving import delta as delta_mod
+
+    os.makedirs(directory, exist_ok=True)
+    files = {}
+    for part, array, name in (("keys", keys, key_file), ("rows", rows, rows_file)):
+        path = os.path.normpath(os.path.join(directory, name))
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        np.save(path, array, allow_pickle=True)
+        files[part] = dict(file=name, bytes=os.path.getsize(path), crc32=delta_mod._crc(path))
+    manifest = dict(format=delta_mod.DELTA_FORMAT, since=0, created=0, tables=[dict(
+        name="t", kind="dynamic", key_dtype="int64", dtype="float32", dimension=2,
+        rows=len(keys), files=files)])
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    return directory
+
+
+def test_delta_of_well_formed_arrays_is_read(tmp_path):
+    d = _crafted_delta(str(tmp_path / "ok"), np.array([6, 7], np.int64),
+                       np.ones((2, 2), np.float32))
+    entry, keys, rows = sok.serving.delta.read_serving_delta(d)["t"]
+    assert keys.tolist() == [6, 7] and rows.shape == (2, 2)
+
+
+@pytest.mark.parametrize("case,keys,rows,pattern", [
+    ("float keys", np.array([6.5, 7.0]), np.ones((2, 2), np.float32),
+     r"keys of dtype float64.*must be a vector of integers"),
+    ("nan row", np.array([6, 7], np.int64), np.array([[1, 2], [np.nan, 0]], np.float32),
+     r"NaN or infinite value in the row of key 7"),
+    ("inf row", np.array([6, 7], np.int64), np.array([[1, np.inf], [0, 0]], np.float32),
+     r"NaN or infinite value in the row of key 6"),
+    ("object keys", np.array([6, "x"], dtype=object), np.ones((2, 2), np.float32),
+     r"t.keys.npy is not a numpy array of numbers"),
+    ("integer rows", np.array([6, 7], np.int64), np.ones((2, 2), np.int64),
+     r"rows of dtype int64.*float matrix"),
+])
+def test_delta_with_bad_arrays_is_refused(tmp_path, case, keys, rows, pattern):
+    d = _crafted_delta(str(tmp_path / "bad"), keys, rows)
+    with pytest.raises(sok.serving.delta.DeltaError, match=pattern):
+        sok.serving.delta.read_serving_delta(d)
+
+
+@pytest.mark.parametrize("name", ["../other/t.keys.npy", "/tmp/t.keys.npy", "sub/t.keys.npy",
+                                  ".."])
+def test_delta_files_outside_its_directory_are_refused(tmp_path, name):
+    d = str(tmp_path / "delta")
+    if name.startswith("/") or name == "..":
+        _crafted_delta(d, np.array([6, 7], np.int64), np.ones((2, 2), np.float32))
+        manifest = json.load(open(os.path.join(d, "manifest.json")))
+        manifest["tables"][0]["files"]["keys"]["file"] = name
+        json.dump(manifest, open(os.path.join(d, "manifest.json"), "w"))
+    else:
+        _crafted_delta(d, np.array([6, 7], np.int64), np.ones((2, 2), np.float32),
+                       key_file=name)
+    with pytest.raises(sok.serving.delta.DeltaError,
+                       match=r"plain names inside its own directory"):
+        sok.serving.delta.read_serving_delta(d)

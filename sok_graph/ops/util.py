@@ -59,3 +59,26 @@ def split(tensor, sizes, num, name=None):
             return tf.split(tensor, sizes, num=num)
         parts = tf.split(tf.bitcast(tensor, carrier), sizes, num=num)
         return [tf.bitcast(p, tensor.dtype) for p in parts]
+
+
+# Tensors whose values are known to be distinct (the rows an owner reads for
+# the distinct keys it received): a sparse optimizer then skips its own
+# unique and segment sum of their gradient's indices. Kept per graph, by
+# tensor name; eager tensors are never marked.
+_DISTINCT_ATTR = "_sok_distinct_tensors"
+
+
+def mark_distinct(tensor):
+    """Records that `tensor` (a graph tensor) holds distinct values; returns it."""
+    if not tf.executing_eagerly() and hasattr(tensor, "graph"):
+        graph = tensor.graph
+        if not hasattr(graph, _DISTINCT_ATTR):
+            setattr(graph, _DISTINCT_ATTR, set())
+        getattr(graph, _DISTINCT_ATTR).add(tensor.name)
+    return tensor
+
+
+def marked_distinct(tensor):
+    """Whether mark_distinct recorded `tensor`."""
+    graph = getattr(tensor, "graph", None)
+    return graph is not None and tensor.name in getattr(graph, _DISTINCT_ATTR, ())

@@ -175,6 +175,29 @@ def _attr(opt, *names, default=None):
     return default
 
 
+# Keras optimizer options the sparse row updates do not apply: set, they
+# would be silently ignored for the sok tables, so they are refused.
+_UNAPPLIED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm",
+                      "gradient_accumulation_steps", "use_ema")
+
+
+def _refuse_unapplied_options(opt):
+    for option in _UNAPPLIED_OPTIONS:
+        setting = getattr(opt, option, None)
+        if setting is None or setting is False:
+            continue
+        try:
+            if float(value(setting)) == 0:
+                continue
+        except (TypeError, ValueError):
+            pass
+        raise ValueError(
+            f"sok.OptimizerWrapper does not apply {type(opt).__name__}'s {option}="
+            f"{value(setting)!r} to the rows of sok tables (it would be ignored there); leave "
+            f"{option} unset for the optimizer that updates sok tables, and give the dense "
+            f"variables an optimizer of their own if they need it")
+
+
 class Hyperparameters:
     """One wrapped optimizer's algorithm (an entry of ALGORITHMS), formula
     flavor (`tf1`) and hyperparameters, read from its attributes."""
@@ -221,6 +244,7 @@ class Hyperparameters:
             self.beta = _attr(o, "beta", default=0.0)
             if name == "adam" and _attr(o, "amsgrad", default=False):
                 raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
+            _refuse_unapplied_options(o)
         self.uses_momentum = _uses_momentum(o, self.momentum)
         # Keras' SGD with momentum is the momentum algorithm.
         if name == "sgd" and self.uses_momentum:

@@ -291,7 +291,8 @@ _UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "Unique", "UniqueWithCounts",
 def _distinct_by_construction(indices):
     """Whether the graph that makes `indices` guarantees distinct values:
     a table's ids from the fused lookup's gradient (its first num_tables
-    outputs), output 0 of a unique op, an identity of such, or a gather of
+    outputs), output 0 of a unique op, a tensor the exchange marked
+    (util_ops.mark_distinct), an identity or reshape of such, or a gather of
     distinct values at distinct positions along axis 0 — the gradient of a
     dynamic table looked up through lookup_sparse (its unique keys gathered
     at the fused gradient's distinct positions), which then needs no second
@@ -303,7 +304,9 @@ def _distinct_by_construction(indices):
         return indices.value_index < op.get_attr("num_tables")
     if op.type in _UNIQUE_OPS:
         return indices.value_index == 0
-    if op.type == "Identity":
+    if util_ops.marked_distinct(indices):
+        return True
+    if op.type in ("Identity", "Reshape"):  # Reshape: a gather's gradient flattens them
         return _distinct_by_construction(op.inputs[0])
     if op.type == "GatherV2":
         axis = tf.get_static_value(op.inputs[2])

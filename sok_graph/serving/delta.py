@@ -154,19 +154,49 @@ def read_serving_delta(delta_dir):
         arrays = []
         for part in ("keys", "rows"):
             info = entry["files"][part]
-            path = os.path.join(delta_dir, info["file"])
+            path = _file_inside(delta_dir, info["file"])
             if not os.path.exists(path) or os.path.getsize(path) != info["bytes"] \
                     or _crc(path) != info["crc32"]:
                 raise DeltaError(f"{path} is missing, truncated or corrupted (size or "
                                  "checksum differs from the manifest)")
-            arrays.append(np.load(path, allow_pickle=False))
-        keys, rows = arrays
+            try:
+                arrays.append(np.load(path, allow_pickle=False))
+            except (ValueError, OSError) as e:
+                raise DeltaError(f"{path} is not a numpy array of numbers ({e})") from None
+        keys, rows = _checked_arrays(delta_dir, entry, *arrays)
         if len(keys) != entry["rows"] or rows.shape != (entry["rows"], entry["dimension"]):
             raise DeltaError(f"{delta_dir}: table {entry['name']!r} has {len(keys)} keys and "
                              f"rows of shape {rows.shape}; the manifest says {entry['rows']} "
                              f"x {entry['dimension']}")
         out[entry["name"]] = (entry, keys, rows)
     return out
+
+
+def _file_inside(delta_dir, name):
+    """The path of file `name` of a delta: a plain file name, inside
+    delta_dir (a manifest cannot point elsewhere)."""
+    if not isinstance(name, str) or name in ("", ".", "..") or os.path.basename(name) != name \
+            or (os.path.altsep and os.path.altsep in name):
+        raise DeltaError(f"{delta_dir}: the manifest names the file {name!r}; a delta's files "
+                         f"are plain names inside its own directory")
+    return os.path.join(delta_dir, name)
+
+
+def _checked_arrays(delta_dir, entry, keys, rows):
+    """(keys, rows) of one table of a delta: integer keys, finite float rows."""
+    name = entry.get("name")
+    if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
+        raise DeltaError(f"{delta_dir}: table {name!r} has keys of dtype {keys.dtype} and shape "
+                         f"{keys.shape}; keys must be a vector of integers")
+    if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.floating):
+        raise DeltaError(f"{delta_dir}: table {name!r} has rows of dtype {rows.dtype} and shape "
+                         f"{rows.shape}; rows must be a [keys, dimension] float matrix")
+    if not np.all(np.isfinite(rows)):
+        bad = int(np.argwhere(~np.isfinite(rows))[0][0])
+        raise DeltaError(f"{delta_dir}: table {name!r} has a NaN or infinite value in the row "
+                         f"of key {int(keys[bad]) if bad < len(keys) else bad}; rows must be "
+                         f"finite")
+    return keys, rows
 
 
 def _merge_dynamic(keys, index, rows, new_keys, new_rows):
@@ -248,6 +278,10 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             tensors[where["rows"]] = values
         else:
             key_dtype = tf.as_dtype(table["key_dtype"]).as_numpy_dtype
+            info = np.iinfo(key_dtype)
+            if len(keys) and (keys.min() < info.min or keys.max() > info.max):
+                raise DeltaError(f"table {name!r} has {np.dtype(key_dtype).name} keys; the "
+                                 f"delta holds keys outside that type's range")
             merged = _merge_dynamic(tensors[where["keys"]].astype(np.int64),
                                     tensors[where["index"]], tensors[where["rows"]],
                                     keys.astype(np.int64), rows)

@@ -46,7 +46,7 @@ def parse():
     p.add_argument("--out", required=True)
     p.add_argument("--no-dedup", action="store_true")
     p.add_argument("--steps", type=int, default=STEPS)
-    p.add_argument("--fault", choices=["kill", "stall", "shape", "badid"],
+    p.add_argument("--fault", choices=["kill", "stall", "shape", "badid", "hugeid"],
                    help="rank 1 kills itself before step 3, stalls there forever, "
                         "builds its tables with another dimension, or looks up a row "
                         "id past the end of the first (static v2) table")
@@ -171,11 +171,12 @@ def run_config(config, args, strategy, rank, world, sok, tf):
                 for b in batches(config)]
     else:
         data = [local_slice(b, rank, world, config.api) for b in batches(config)]
-    if config.fault == "badid" and rank == 1:
+    if config.fault in ("badid", "hugeid") and rank == 1:
         ids, lengths = data[0]["a"]
         lengths = lengths.copy()
-        lengths[0] += 1  # the first sample gets the id ROWS as well
-        data[0]["a"] = (np.concatenate([[ROWS], ids]), lengths)
+        lengths[0] += 1  # the first sample gets the id ROWS (or one that wraps id * tables) too
+        bad = ROWS if config.fault == "badid" else 2 ** 62 + 1
+        data[0]["a"] = (np.concatenate([[bad], ids]), lengths)
     sok.communication.reset_bytes_sent()
     # The mirrored run builds its model (Keras optimizers, the dense weight)
     # under the strategy's scope and steps through strategy.run.

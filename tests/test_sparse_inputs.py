@@ -1,0 +1,114 @@
+"""SparseTensor ids and weights as users hand them over: indices in any order
+(the result is the reordered tensor's, as tf.nn.safe_embedding_lookup_sparse
+gives), rows with gaps between their column numbers, no static shape; and
+clear errors for repeated indices, indices outside dense_shape and weights
+that do not pair with the ids. The reference is TensorFlow's own
+embedding_lookup_sparse on the reordered SparseTensor, and numpy."""
+
+import numpy as np
+import pytest
+import tensorflow as tf
+from conftest import run_in_graph
+
+import sok_graph as sok
+
+TABLE = np.arange(40, dtype=np.float32).reshape(10, 4)
+
+
+def _unsorted():
+    # Row 1's id first, then row 0's two: the order a user may build it in.
+    return tf.SparseTensor([[1, 0], [0, 0], [0, 1]], tf.constant([1, 2, 3], tf.int64), [2, 2])
+
+
+EXPECTED = [TABLE[2] + TABLE[3], TABLE[1]]
+
+
+def test_unsorted_ids_eagerly_and_in_a_function():
+    v = sok.Variable(TABLE)
+    out = sok.lookup_sparse([v], [_unsorted()], combiners=["sum"])[0]
+    np.testing.assert_array_equal(out.numpy(), EXPECTED)
+    fn = tf.function(lambda: sok.lookup_sparse([v], [_unsorted()], combiners=["sum"])[0])
+    np.testing.assert_array_equal(fn().numpy(), EXPECTED)
+    ref = tf.nn.embedding_lookup_sparse(TABLE, tf.sparse.reorder(_unsorted()), None,
+                                        combiner="sum")
+    np.testing.assert_array_equal(out.numpy(), ref.numpy())
+
+
+def test_unsorted_ids_in_a_session_with_a_placeholder_of_no_shape():
+    """TF1: sparse_placeholder(tf.int64) without a shape, fed unsorted."""
+    def build():
+        v = sok.Variable(TABLE)
+        sp = tf.compat.v1.sparse_placeholder(tf.int64)
+        out = sok.lookup_sparse([v], [sp], combiners=["sum"])[0]
+        return sp, out
+
+    graph = tf.Graph()
+    with graph.as_default():
+        sp, out = build()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got = sess.run(out, {sp: tf.compat.v1.SparseTensorValue(
+                [[1, 0], [0, 0], [0, 1]], [1, 2, 3], [2, 2])})
+    np.testing.assert_array_equal(got, EXPECTED)
+
+
+def test_unsorted_value_in_a_session():
+    def build():
+        v = sok.Variable(TABLE)
+        sp = tf.compat.v1.SparseTensorValue([[1, 0], [0, 0], [0, 1]], [1, 2, 3], [2, 2])
+        return sok.lookup_sparse([v], [sp], combiners=["sum"])[0]
+
+    np.testing.assert_array_equal(run_in_graph(build), EXPECTED)
+
+
+@pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
+def test_random_orders_gaps_and_weights_match_tensorflow(combiner):
+    rng = np.random.default_rng(42)
+    v = sok.Variable(TABLE)
+    for _ in range(20):
+        batch, width = int(rng.integers(1, 6)), int(rng.integers(1, 7))
+        cells = [(r, c) for r in range(batch) for c in range(width) if rng.random() < 0.5]
+        if not cells:
+            continue
+        order = rng.permutation(len(cells))
+        indices = np.array([cells[i] for i in order], np.int64)
+        ids = rng.integers(0, 10, size=len(cells)).astype(np.int64)
+        weights = rng.uniform(0.5, 2.0, size=len(cells)).astype(np.float32)
+        sp_ids = tf.SparseTensor(indices, ids, [batch, width])
+        sp_w = tf.SparseTensor(indices, weights, [batch, width])
+        got = sok.lookup_sparse([v], [sp_ids], [sp_w], combiners=[combiner])[0]
+        ref = tf.nn.embedding_lookup_sparse(TABLE, tf.sparse.reorder(sp_ids),
+                                            tf.sparse.reorder(sp_w), combiner=combiner)
+        # Rows without ids: TensorFlow's result has only up to the last
+        # non-empty row; sok's has every row of the batch, empty ones zero.
+        want = np.zeros((batch, 4), np.float32)
+        want[:ref.shape[0]] = ref.numpy()
+        np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_repeated_index_is_an_error_naming_the_argument():
+    v = sok.Variable(TABLE)
+    sp = tf.SparseTensor([[0, 0], [1, 0], [0, 0]], tf.constant([1, 2, 3], tf.int64), [2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"sp_ids\[0\]: a SparseTensor must not repeat an index"):
+        sok.lookup_sparse([v], [sp], combiners=["sum"])
+
+
+def test_index_outside_dense_shape_is_an_error_naming_the_argument():
+    v = sok.Variable(TABLE)
+    sp = tf.SparseTensor([[0, 0], [2, 0]], tf.constant([1, 2], tf.int64), [2, 2])
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"sp_ids\[0\]: every index of a SparseTensor must be inside"):
+        sok.lookup_sparse([v], [sp], combiners=["sum"])
+
+
+def test_weights_must_pair_with_the_ids_row_by_row():
+    v = sok.Variable(TABLE)
+    ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+    weights = tf.ragged.constant([[1.0], [2.0, 3.0]], tf.float32)  # same count, other rows
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"sp_weights\[0\] must have one weight per id of sp_ids\[0\]"):
+        sok.lookup_sparse([v], [ids], [weights], combiners=["sum"])
+    fewer = tf.ragged.constant([[1.0], [2.0]], tf.float32)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"sp_weights\[0\]"):
+        sok.lookup_sparse([v], [ids], [fewer], combiners=["sum"])
