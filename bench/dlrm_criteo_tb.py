@@ -5,6 +5,7 @@ parallel (tf.distribute.MirroredStrategy, one replica per GPU).
     python bench/dlrm_criteo_tb.py --gpus 2                       # 89.5 GiB of tables
     python bench/dlrm_criteo_tb.py --gpus 1 --table_scale 0.5     # cut to fit one GPU
     python bench/dlrm_criteo_tb.py --gpus 2 --side both --table_scale 0.02   # vs plain TF
+    python -m sok_graph.launch -np 2 bench/dlrm_criteo_tb.py --workers      # a process per GPU
 
 The model is the one SOK publishes its figure for: 26 tables with the
 Criteo-TB cardinalities (187.8M rows), dimension 128, float32, one id per
@@ -312,9 +313,9 @@ def run_side(side, strategy, args, rows, tf):
     value = float(loss)
     elapsed = time.time() - t0
     rate = args.steps * args.global_batch / elapsed
-    print(f"[{side}] {n} GPU(s), global batch {args.global_batch}: "
+    print(f"[{side}] {n} replica(s), global batch {args.global_batch}: "
           f"{elapsed / args.steps * 1e3:.2f} ms/step, {rate / 1e6:.3f}M samples/s, "
-          f"{rate / n / 1e6:.3f}M per GPU (loss {value:.4f})", flush=True)
+          f"{rate / n / 1e6:.3f}M per replica (loss {value:.4f})", flush=True)
     if args.trace:
         _trace_breakdown(strategy, step, pool, args, tf, args.trace)
     return rate

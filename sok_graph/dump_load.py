@@ -21,7 +21,6 @@ moved-aside name, so an interrupted dump never costs the previous one.
 """
 
 import contextlib
-import datetime
 import functools
 import glob
 import json
@@ -527,27 +526,10 @@ def _replace_rows(table, keys, values, timestamps=None, frequencies=None):
         return table.import_rows(keys, values, timestamps, frequencies)
 
 
-def _utc_micros(time_threshold):
-    if isinstance(time_threshold, datetime.datetime):
-        if time_threshold.tzinfo is None:  # naive datetimes are taken as UTC
-            time_threshold = time_threshold.replace(tzinfo=datetime.timezone.utc)
-        return int(round(time_threshold.timestamp() * 1e6))
-    # bool is an int to Python, but True / False as a time is a mistake.
-    if isinstance(time_threshold, (int, np.integer)) and not isinstance(
-            time_threshold, (bool, np.bool_)):
-        micros = int(time_threshold)
-        if not -(1 << 63) <= micros < (1 << 63):
-            raise ValueError(f"time_threshold must fit in int64 microseconds since the epoch; "
-                             f"got {micros}")
-        return micros
-    raise TypeError(f"time_threshold must be a datetime (UTC) or microseconds since the epoch; "
-                    f"got {type(time_threshold).__name__}")
-
-
 def incremental_model_dump(sok_vars, time_threshold, sess=None):
     """(keys, values): per variable, numpy arrays of the rows updated (looked
     up for training, assigned or optimized) after `time_threshold`."""
-    after = _utc_micros(time_threshold)
+    after = dynamic_ops.utc_micros(time_threshold, "time_threshold")
     if is_sok_variable(sok_vars) or not isinstance(sok_vars, (list, tuple)):
         raise TypeError(f"sok_vars must be a list of sok.DynamicVariable; got "
                         f"{type(sok_vars).__name__}")

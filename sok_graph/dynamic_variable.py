@@ -16,6 +16,8 @@ Gradients w.r.t. a DynamicVariable are IndexedSlices whose indices are keys
 rows a batch used.
 """
 
+import math
+
 import numpy as np
 import tensorflow as tf
 
@@ -39,6 +41,15 @@ def _number(text):
         return None
 
 
+def _finite_constant(value, given):
+    """A constant initializer's value: a finite float32 (NaN, infinities and
+    numbers past float32's range would fill every new row with them)."""
+    if not math.isfinite(value) or abs(value) > float(np.finfo(np.float32).max):
+        raise ValueError(f"initializer={given!r}: a constant initializer must be a finite "
+                         f"float32 number")
+    return value
+
+
 def initializer_spec(initializer, seed=None):
     """The table's initializer attributes from SOK's accepted forms: None,
     "random" (SOK's default name) or "uniform" (uniform in [-0.05, 0.05), as
@@ -47,13 +58,18 @@ def initializer_spec(initializer, seed=None):
     "zeros", "ones", a number (constant), or a Keras / tf initializer object
     (RandomNormal, TruncatedNormal, RandomUniform, Zeros, Ones, Constant)."""
     spec = dict(initializer="normal", mean=0.0, stddev=0.05, seed=seed or 0)
+    if isinstance(initializer, (np.ndarray, list, tuple)):
+        raise TypeError(f"initializer must be a name, a number or a Keras/TF initializer (a "
+                        f"dynamic table has no fixed rows to take an array's values); got "
+                        f"{type(initializer).__name__} {np.shape(initializer)}")
     if initializer is None or initializer in ("", "random"):
         initializer = "uniform"  # SOK's default, "random", a small uniform range
     if initializer in ("normal", "random_normal"):
         return spec
     if isinstance(initializer, str) and _number(initializer) is not None:
         # SOK: a string holding a number is a constant initializer ("13").
-        return dict(spec, initializer="constant", value=_number(initializer))
+        return dict(spec, initializer="constant",
+                    value=_finite_constant(_number(initializer), initializer))
     if isinstance(initializer, str):
         names = {"uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
                  "random_uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
@@ -67,7 +83,8 @@ def initializer_spec(initializer, seed=None):
         spec.update(names[initializer])
         return spec
     if isinstance(initializer, (int, float, np.number)) and not isinstance(initializer, bool):
-        return dict(spec, initializer="constant", value=float(initializer))
+        return dict(spec, initializer="constant",
+                    value=_finite_constant(float(initializer), initializer))
     config = initializer.get_config() if hasattr(initializer, "get_config") else None
     kind = type(initializer).__name__
     if config is None:
@@ -200,8 +217,13 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
             for key in ("max_capacity", "max_hbm_for_vectors"):
                 value = cfg.get(key, 0)
                 if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
-                        or value < 0:
+                        or not np.isfinite(value) or value < 0:
                     raise ValueError(f"{key} must be a non-negative number; got {value!r}")
+            if "evict_strategy" in cfg:
+                raise ValueError(
+                    f"evict_strategy={cfg['evict_strategy']!r} applies to var_type='hybrid' "
+                    f"tables, which evict when full; a var_type='hbm' table grows without "
+                    f"bound and never evicts")
             return dict(init_capacity=int(init_capacity), max_capacity=0, max_bytes=0)
         max_capacity = cfg.get("max_capacity", init_capacity)
         for key, value in (("init_capacity", init_capacity), ("max_capacity", max_capacity)):
@@ -212,7 +234,8 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
             raise ValueError(f"init_capacity ({init_capacity}) must be <= max_capacity "
                              f"({max_capacity})")
         gib = cfg.get("max_hbm_for_vectors", 0)
-        if not isinstance(gib, (int, float)) or gib < 0:
+        if isinstance(gib, bool) or not isinstance(gib, (int, float, np.number)) \
+                or not np.isfinite(gib) or gib < 0:
             raise ValueError(f"max_hbm_for_vectors must be a non-negative number of GiB; "
                              f"got {gib!r}")
         return dict(init_capacity=int(init_capacity), max_capacity=int(max_capacity),
@@ -468,7 +491,8 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         if not tf.executing_eagerly():
             raise RuntimeError("DynamicVariable.export_chunks runs eagerly; in graph mode use "
                                "sok_graph.ops.dynamic.export with explicit offsets")
-        after = dynamic_ops.INT64_MIN if updated_after is None else int(updated_after)
+        after = dynamic_ops.INT64_MIN if updated_after is None else dynamic_ops.utc_micros(
+            updated_after, "updated_after")
         offset = 0
         while True:
             k, r, t, f, nxt = dynamic_ops.export(self._handle, self._key_type, self._dimension,

@@ -5,6 +5,7 @@ the tables' work done by one op and each table's gradient an IndexedSlices
 with unique indices.
 """
 
+import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, exchange, replica_shards
@@ -325,6 +326,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     if max_norm is None or isinstance(max_norm, (int, float)):
         max_norm = [max_norm] * n
     max_norm = _as_list(max_norm, "max_norm", n)
+    for t, m in enumerate(max_norm):
+        if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float, np.number))
+                              or not np.isfinite(m) or m <= 0):
+            raise ValueError(f"max_norm[{t}] must be None or a positive finite number (the L2 "
+                             f"norm rows are clipped to); got {m!r}")
 
     if serving:
         return _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, name)

@@ -134,6 +134,10 @@ def test_disable_eager_execution_session():
     (dict(combiners=["sum", "sum"]), ValueError, r"combiners must have one entry per table \(1\)"),
     (dict(sp_weights=[None, None]), ValueError, r"sp_weights must have one entry per table"),
     (dict(use_low_frequency_filter=True), ValueError, "use_low_frequency_filter"),
+    (dict(max_norm=-1.0), ValueError, r"max_norm\[0\] must be None or a positive finite"),
+    (dict(max_norm=float("nan")), ValueError, r"max_norm\[0\] must be None or a positive"),
+    (dict(max_norm=[0.0]), ValueError, r"max_norm\[0\] must be None or a positive"),
+    (dict(max_norm=["1"]), ValueError, r"max_norm\[0\] must be None or a positive"),
 ])
 def test_lookup_sparse_bad_arguments(kwargs, exc, pattern):
     args = dict(params=[tf.ones([4, 2])], sp_ids=[tf.ragged.constant([[0]], tf.int64)])
@@ -196,3 +200,10 @@ def test_assign_and_export_in_graph_mode(rng):
     np.testing.assert_array_equal(rows, table)
     assert sorted(zip(keys.tolist(), drows.tolist())) == [(4, table[0].tolist()),
                                                           (9, table[1].tolist())]
+
+
+@pytest.mark.parametrize("lr,exc", [("x", TypeError), (None, TypeError), (True, TypeError),
+                                    (float("nan"), ValueError), (-0.1, ValueError)])
+def test_sgd_learning_rate_must_be_a_rate(lr, exc):
+    with pytest.raises(exc, match=r"sok.SGD: learning_rate must be"):
+        sok.SGD(lr)

@@ -988,6 +988,8 @@ def test_dynamic_variable_arguments(data):
             # An unbounded table takes SOK's capacity settings as sizes, not
             # limits: any non-negative number.
             problem = "max_capacity"
+        elif "evict_strategy" in cfg:
+            problem = "evict_strategy"  # an unbounded table never evicts
         if problem is None and str(cfg.get("evict_strategy", "lru")).lower() not in (
                 "lru", "lfu", "klru", "klfu"):
             problem = "evict_strategy"
@@ -1379,9 +1381,11 @@ def utc_micros_now():
 
 def as_threshold(draw, micros):
     """The same instant in one of the documented forms."""
-    form = draw(st.sampled_from(["int", "np", "naive", "aware"]))
+    form = draw(st.sampled_from(["int", "np", "float", "naive", "aware"]))
     if form == "int":
         return micros
+    if form == "float":  # time.time() * 1e6: a float, taken down to the microsecond
+        return float(micros) + 0.25
     if form == "np":
         return np.int64(micros)
     utc = datetime.datetime(1970, 1, 1) + datetime.timedelta(microseconds=micros)
@@ -1462,13 +1466,15 @@ def test_incremental_model_dump(data):
         assert set(got_keys[t].tolist()) == set(models[t])
     # After every op: none.
     got_keys, _ = sok.incremental_model_dump(tables, draw(st.sampled_from(
-        [I64.max, datetime.datetime(9999, 1, 1)])))
+        [I64.max, datetime.datetime(9999, 1, 1), 9.2e18])))
     assert all(len(k) == 0 for k in got_keys)
     bad = draw(st.sampled_from(["str", "float", "none", "bool", "too_big", "too_small",
                                 "np_float", "datetime64", "one_var", "static", "tf_var"]))
-    args = {"str": (tables, "2024-01-01"), "float": (tables, 1.5e15), "none": (tables, None),
-            "bool": (tables, True), "too_big": (tables, 2 ** 63),
-            "too_small": (tables, -(2 ** 63) - 1), "np_float": (tables, np.float64(3)),
+    # Finite floats are times too (time.time() * 1e6, as docs/serving.md
+    # writes it); NaN and infinities are not.
+    args = {"str": (tables, "2024-01-01"), "float": (tables, float("nan")),
+            "none": (tables, None), "bool": (tables, True), "too_big": (tables, 2 ** 63),
+            "too_small": (tables, -(2 ** 63) - 1), "np_float": (tables, np.float64("inf")),
             "datetime64": (tables, np.datetime64("2020-01-01")), "one_var": (tables[0], 0),
             "static": ([sok.Variable(np.zeros((2, 1), np.float32))], 0),
             "tf_var": ([tf.Variable([[1.0]])], 0)}[bad]

@@ -219,7 +219,7 @@ def test_delta_round_trip(tmp_path):
     export_dir = str(tmp_path / "model")
     sok.export_for_serving(model, export_dir, _SIGNATURE, default_row={"dyn_b": 0.5})
     time.sleep(0.01)
-    since = int(time.time() * 1e6)
+    since = time.time() * 1e6  # a float, as docs/serving.md writes it
     time.sleep(0.01)
     # "Training" after the export: held and new keys of both dynamic tables,
     # and rows of the static table.

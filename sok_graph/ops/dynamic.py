@@ -8,6 +8,36 @@ from sok_graph.ops import library
 from sok_graph.compat import IndexedSlices, register_gradient
 
 INT64_MIN = -(2 ** 63)
+
+
+def utc_micros(value, what):
+    """A time for the tables' per-key timestamps, as int64 UTC microseconds:
+    a datetime (naive ones are taken as UTC), or a number of microseconds
+    since the epoch (an int, or a finite float such as time.time() * 1e6,
+    taken down to the microsecond). `what` names the argument in errors."""
+    import datetime
+    import math
+
+    import numpy as np
+
+    if isinstance(value, datetime.datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=datetime.timezone.utc)
+        return int(round(value.timestamp() * 1e6))
+    # bool is an int to Python, but True / False as a time is a mistake.
+    if isinstance(value, (bool, np.bool_)) or not isinstance(
+            value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"{what} must be a datetime (UTC) or a number of microseconds since "
+                        f"the epoch; got {type(value).__name__}")
+    if isinstance(value, (float, np.floating)):
+        if not math.isfinite(value):
+            raise ValueError(f"{what} must be a finite number of microseconds since the epoch; "
+                             f"got {value}")
+        value = math.floor(value)
+    micros = int(value)
+    if not INT64_MIN <= micros < 2 ** 63:
+        raise ValueError(f"{what} must fit in int64 microseconds since the epoch; got {micros}")
+    return micros
 INITIALIZERS = ("normal", "truncated_normal", "uniform", "zeros", "constant")
 EVICTIONS = ("lru", "lfu")
 

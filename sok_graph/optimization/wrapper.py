@@ -34,6 +34,7 @@ sparse gradient (all moments decay, every row with a moment moves).
 
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, replica_shards
@@ -450,4 +451,11 @@ class SGD(OptimizerWrapper):
 
     def __init__(self, lr=0.01, learning_rate=None):
         lr = learning_rate if learning_rate is not None else lr
+        if isinstance(lr, (bool, np.bool_)) or not (
+                isinstance(lr, (int, float, np.number)) or callable(lr)
+                or isinstance(lr, (tf.Tensor, tf.Variable))):
+            raise TypeError(f"sok.SGD: learning_rate must be a number, a tensor, a variable or "
+                            f"a schedule; got {lr!r}")
+        if isinstance(lr, (int, float, np.number)) and not (np.isfinite(lr) and lr >= 0):
+            raise ValueError(f"sok.SGD: learning_rate must be a finite number >= 0; got {lr!r}")
         super().__init__(_PlainSGD(lr))

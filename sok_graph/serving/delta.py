@@ -18,7 +18,6 @@ to a loaded TF2 model through the function the SavedModel holds:
 `loaded.sok_tables[name].apply_delta_fn(keys, rows)`.
 """
 
-import datetime
 import json
 import os
 import shutil
@@ -31,6 +30,7 @@ import tensorflow as tf
 
 from sok_graph import context
 from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.serving import sources
 from sok_graph.serving.export import MANIFEST, table_name
 from sok_graph.serving.tables import safe_name
@@ -41,17 +41,6 @@ DELTA_MANIFEST = "manifest.json"
 
 class DeltaError(ValueError):
     """A delta is corrupted, or does not fit the model it is applied to."""
-
-
-def _utc_micros(since):
-    if isinstance(since, datetime.datetime):
-        if since.tzinfo is None:  # naive datetimes are taken as UTC
-            since = since.replace(tzinfo=datetime.timezone.utc)
-        return int(round(since.timestamp() * 1e6))
-    if isinstance(since, (int, np.integer)) and not isinstance(since, (bool, np.bool_)):
-        return int(since)
-    raise TypeError(f"since must be a datetime (UTC) or microseconds since the epoch; got "
-                    f"{type(since).__name__}")
 
 
 def _named(variables):
@@ -86,7 +75,7 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     directory `delta_dir`. Every worker calls it (tables are gathered); rank
     0 writes and returns delta_dir, the others return None. In graph mode
     pass the trained graph's `session`."""
-    after = _utc_micros(since)
+    after = dynamic_ops.utc_micros(since, "since")
     created = int(time.time() * 1e6)
     tables = _named(variables)
     runner = sources.Runner(None if session is None else (
