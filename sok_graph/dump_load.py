@@ -260,8 +260,32 @@ def write_dump(path, tables, optimizer_entry=None, world_size=1):
     Written aside and swapped in, so `path` always holds a whole dump."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    _check_replaceable(path)
     os.makedirs(parent, exist_ok=True)
+    with _writers_take_turns(parent):
+        _write_dump_swapped(path, parent, tables, optimizer_entry, world_size)
+
+
+@contextlib.contextmanager
+def _writers_take_turns(parent):
+    """Dumps into one directory run one at a time, also from several
+    processes (an exclusive flock on the directory, released when the
+    holder exits or dies), so two writers to one path never swap at once:
+    the later dump replaces the earlier one."""
+    try:
+        import fcntl
+    except ImportError:  # no flock on this platform: writers are not ordered
+        yield
+        return
+    fd = os.open(parent, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size):
+    _check_replaceable(path)
     _remove_dead_writers_tmp(path)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     os.makedirs(tmp)

@@ -233,6 +233,10 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         if init_capacity > max_capacity:
             raise ValueError(f"init_capacity ({init_capacity}) must be <= max_capacity "
                              f"({max_capacity})")
+        for key, value in (("init_capacity", init_capacity), ("max_capacity", max_capacity)):
+            if value > dynamic_ops.MAX_ROWS:
+                raise ValueError(f"{key} must be <= {dynamic_ops.MAX_ROWS} (the most rows a "
+                                 f"table holds); got {value}")
         gib = cfg.get("max_hbm_for_vectors", 0)
         if isinstance(gib, bool) or not isinstance(gib, (int, float, np.number)) \
                 or not np.isfinite(gib) or gib < 0:

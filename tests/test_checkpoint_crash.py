@@ -289,3 +289,33 @@ def test_graph_mode_dump_is_not_affected_by_a_killed_eager_writer(tmp_path):
     assert not glob.glob(path + ".tmp-*") and not glob.glob(path + ".old-*")
     manifest, arrays = dump_load.read_dump(path, {"dyn": DIM})
     np.testing.assert_array_equal(np.sort(arrays["dyn"]["keys"]), [1, 2])
+
+
+def test_two_processes_dumping_to_one_path_take_turns(tmp_path):
+    """Two writers to one path at once: each dump succeeds (no bare
+    FileNotFoundError or "Directory not empty" from a swap half done by the
+    other), and the path holds one whole checkpoint of either."""
+    path = str(tmp_path / "ckpt")
+    write(path, 0)
+
+    def writer(first):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+        if pid:
+            return pid
+        try:
+            for g in range(first, first + 8):
+                write(path, g, rows=2000)
+            os._exit(0)
+        finally:
+            os._exit(3)
+
+    pids = [writer(1), writer(101)]
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        assert os.WIFEXITED(status) and os.WEXITSTATUS(status) == 0, status
+    step, arrays = read(path)
+    assert step in (8, 108)
+    assert same(arrays, generation(step, rows=2000))
+    assert not glob.glob(path + ".tmp-*") and not glob.glob(path + ".old-*")

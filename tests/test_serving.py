@@ -263,9 +263,18 @@ def test_delta_round_trip(tmp_path):
         data = dict(np.load(batch_file))
         want = data.pop("want")
         got = loaded.signatures["serving_default"](**{k: tf.constant(v) for k, v in data.items()})
-        print(json.dumps({"err": rel_err(list(got.values())[0].numpy(), want)}))
+        try:  # 3 keys, 2 rows
+            loaded.sok_tables["dyn_a"].apply_delta_fn(tf.constant([1, 2, 3], tf.int64),
+                                                      tf.zeros([2, 6]))
+            mismatch = "accepted"
+        except tf.errors.InvalidArgumentError as e:
+            mismatch = str(e)
+        print(json.dumps({"err": rel_err(list(got.values())[0].numpy(), want),
+                          "mismatch": mismatch}))
     """, export_dir, delta_dir, batch_file)
     assert result["err"] <= 1e-6, result
+    assert "apply_delta_fn of table" in result["mismatch"] and "dyn_a" in result["mismatch"] \
+        and "keys and rows must pair one to one" in result["mismatch"], result["mismatch"]
 
     # a corrupted file is refused before anything changes
     rows_file = os.path.join(delta_dir, manifest["tables"][1]["files"]["rows"]["file"])

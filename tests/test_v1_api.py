@@ -298,6 +298,13 @@ def test_distributed_embedding_empty_slots_are_zero_and_hashtable_takes_any_key(
     np.testing.assert_allclose(out[1, 1], np.ones(3))
 
 
+@pytest.mark.parametrize("vocabulary", [2 ** 40, 2 ** 30])
+def test_hashtable_layer_vocabulary_errors_name_the_layer_argument(vocabulary):
+    sok.Init(global_batch_size=1)
+    with pytest.raises(ValueError, match=f"max_vocabulary_size_per_gpu={vocabulary} does not"):
+        sok.All2AllDenseEmbedding(vocabulary, 2, 1, 1, use_hashtable=True)
+
+
 def test_hashtable_layer_is_bounded_by_the_vocabulary():
     sok.Init(global_batch_size=1)
     layer = sok.All2AllDenseEmbedding(10, 2, 1, 1, dynamic_input=True)

@@ -8,6 +8,8 @@ from sok_graph.ops import library
 from sok_graph.compat import IndexedSlices, register_gradient
 
 INT64_MIN = -(2 ** 63)
+# The most rows one table can hold (kMaxEntries of tf_ops/dynamic/core/dynamic_table.h).
+MAX_ROWS = (2 ** 31 - 1) // 2
 
 
 def utc_micros(value, what):

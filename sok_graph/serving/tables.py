@@ -78,6 +78,7 @@ class StaticTable(tf.Module):
 
     def apply_delta(self, keys, rows):
         """Overwrites the rows of global row numbers `keys`; returns their number."""
+        rows = _paired(keys, rows, self.table_name)
         update = self.rows.scatter_update(tf.IndexedSlices(tf.cast(rows, self.dtype),
                                                            tf.cast(keys, tf.int64)))
         with tf.control_dependencies([_as_op(update)]):
@@ -87,6 +88,17 @@ class StaticTable(tf.Module):
         return ([tf.TensorSpec([None], tf.int64, name="keys")],
                 [tf.TensorSpec([None], tf.int64, name="keys"),
                  tf.TensorSpec([None, self.dimension], self.dtype, name="rows")])
+
+
+def _paired(keys, rows, table):
+    """rows, after a check that there is one row per key (a delta's keys [n]
+    and rows [n, dimension])."""
+    check = tf.debugging.assert_equal(
+        tf.size(keys, out_type=tf.int64), tf.shape(rows, out_type=tf.int64)[0],
+        message=f"apply_delta_fn of table '{table}': keys and rows must pair one to one "
+                f"(keys [n], rows [n, dimension]); the numbers of keys and of rows are")
+    with tf.control_dependencies([check]):
+        return tf.identity(rows)
 
 
 def _as_op(value):
@@ -145,7 +157,7 @@ class DynamicTable(tf.Module):
         """Sets the rows of `keys` (unique): held keys are overwritten in place,
         new keys are added. Returns the number of new keys."""
         keys = self._keys(keys)
-        rows = tf.cast(rows, self.dtype)
+        rows = tf.cast(_paired(keys, rows, self.table_name), self.dtype)
         sorted_keys = tf.convert_to_tensor(self.keys)
         probe, found = _search(sorted_keys, keys)
         held_rows = tf.boolean_mask(tf.gather(self.index, probe), found)

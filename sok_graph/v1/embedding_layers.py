@@ -26,6 +26,7 @@ from sok_graph import compat, context
 from sok_graph.distributed_variable import Variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
+from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.v1 import session
 
 
@@ -64,6 +65,9 @@ class _BoundedTable(DynamicVariable):
 
     def _capacity_config(self, cfg):
         bound = int(cfg["max_capacity"])
+        if bound > dynamic_ops.MAX_ROWS:
+            raise ValueError(f"max_capacity must be <= {dynamic_ops.MAX_ROWS} (the most rows a "
+                             f"table holds); got {bound}")
         return dict(init_capacity=min(bound, 1 << 16), max_capacity=bound, max_bytes=0)
 
 
@@ -105,10 +109,18 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         # In graph mode the table is initialized after sok.Init's op.
         after = session.creation_dependencies()
         if use_hashtable:
-            self.embedding_variable = _BoundedTable(
-                self.embedding_vec_size, initializer=embedding_initializer, var_type="hybrid",
-                key_type=self.key_dtype, name=f"{self.name}_table", initialize_after=after,
-                max_capacity=self.max_vocabulary_size_per_gpu, seed=seed)
+            try:
+                self.embedding_variable = _BoundedTable(
+                    self.embedding_vec_size, initializer=embedding_initializer,
+                    var_type="hybrid", key_type=self.key_dtype, name=f"{self.name}_table",
+                    initialize_after=after, max_capacity=self.max_vocabulary_size_per_gpu,
+                    seed=seed)
+            except ValueError as e:
+                # The table's own argument names mean nothing to the layer's user.
+                raise ValueError(
+                    f"max_vocabulary_size_per_gpu={self.max_vocabulary_size_per_gpu} does not "
+                    f"make a hashtable of {self.embedding_vec_size}-wide rows: the table "
+                    f"(max_capacity = max_vocabulary_size_per_gpu) says: {e}") from None
         else:
             rows = self.max_vocabulary_size_per_gpu * comm.world_size
             with tf.control_dependencies(after):
