@@ -223,7 +223,8 @@ def _sharded_groups(params, pending, combiners, max_norm, weights):
     groups = {}
     for t in pending:
         p = params[t]
-        key = (tf.as_dtype(p.dtype).base_dtype, p.global_shape[1], p.placement[2],
+        # int(): TF 1.15's TensorShape gives an unhashable Dimension.
+        key = (tf.as_dtype(p.dtype).base_dtype, int(p.global_shape[1]), p.placement[2],
                combiners[t], max_norm[t], weights[t] is not None)
         groups.setdefault(key, []).append(t)
     return list(groups.values())
