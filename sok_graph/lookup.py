@@ -206,8 +206,9 @@ def _gathered_rows(param, ids, index, name):
         comm = context.communicator("a lookup in a sharded table")
         return exchange.dynamic_rows(comm, param, keys), positions
     if world_size == 1:
-        rows = param.shape[0] if param.shape[0] is not None else tf.shape(
-            param, out_type=keys.dtype)[0]
+        rows = tf.compat.dimension_value(param.shape[0])
+        if rows is None:
+            rows = tf.shape(param, out_type=keys.dtype)[0]
         # tf.gather: sparse_read where the variable has one, else a read of
         # the replica's component (tf.distribute's variables)
         return tf.gather(param, _checked_ids(keys, rows, index, name)), positions
@@ -263,8 +264,8 @@ def _group_rows(params, members, values, names):
 def _batch_size(row_splits):
     """Rows of a ragged batch: a Python int where the shape is known, else a
     scalar tensor (from the shape: nothing waits for the device)."""
-    known = row_splits.shape[0]
-    return int(known) - 1 if known is not None else tf.shape(row_splits, out_type=tf.int64)[0] - 1
+    known = tf.compat.dimension_value(row_splits.shape[0])
+    return known - 1 if known is not None else tf.shape(row_splits, out_type=tf.int64)[0] - 1
 
 
 def _merged_splits(members, splits):
