@@ -23,8 +23,12 @@ _v1_config = {}
 def init(comm_tool="horovod", use_legacy_optimizer=True):
     """Initializes sok_graph for this process.
 
-    comm_tool: "horovod" (SOK's default), "tf" (tf.distribute) or "none". With
-      Horovod absent or not initialized, "horovod" means a single process.
+    comm_tool: "horovod" (SOK's default), "tf" (tf.distribute), or "none" /
+      "single" (one process, no communication; "single" is what SOK's own
+      single-process scripts pass). With Horovod absent or not initialized,
+      "horovod" means a single process too. Any other value is a ValueError
+      (SOK prints a message and runs without a communication tool; a typo
+      such as "horvod" would then silently train one process's shard only).
     use_legacy_optimizer: True (SOK's default) makes ``tf.keras.optimizers``
       and ``tf.optimizers`` the legacy optimizers, as SOK does, where
       TensorFlow has them (TF 2.11 to 2.15, Keras 2): one legacy optimizer
@@ -49,7 +53,7 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
 
 
 def set_comm_tool(tool):
-    """Selects the communicator by name ("horovod", "tf" or "none"), as
+    """Selects the communicator by name ("horovod", "tf", "none" or "single"), as
     sok.init does. SOK refuses a second call; here a later call replaces the
     communicator, so scripts and notebooks can initialize again."""
     global _communicator

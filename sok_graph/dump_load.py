@@ -551,22 +551,41 @@ def _replace_rows(table, keys, values, timestamps=None, frequencies=None):
 
 
 def incremental_model_dump(sok_vars, time_threshold, sess=None):
-    """(keys, values): per variable, numpy arrays of the rows updated (looked
-    up for training, assigned or optimized) after `time_threshold`."""
+    """(keys, values): per variable, numpy arrays of the rows of the whole
+    table updated (looked up for training, assigned or optimized) after
+    `time_threshold`. With several workers each worker gets every worker's
+    rows (in rank order), so that any of them can publish the increment; in
+    graph mode every worker must call it, as every collective."""
     after = dynamic_ops.utc_micros(time_threshold, "time_threshold")
     if is_sok_variable(sok_vars) or not isinstance(sok_vars, (list, tuple)):
         raise TypeError(f"sok_vars must be a list of sok.DynamicVariable; got "
                         f"{type(sok_vars).__name__}")
-    fetches = []
     for var in sok_vars:
-        if not isinstance(var, DynamicVariable):
+        if not isinstance(replica_shards.shards_of(var)[0], DynamicVariable):
             raise TypeError("incremental_model_dump needs sok.DynamicVariable objects (static "
                             f"tables keep no update times); got {type(var).__name__}")
-        keys, rows, _, _, _ = dynamic_ops.export(var.handle, var.key_type, var.dimension,
-                                                 offset=0, limit=(1 << 62), updated_after=after)
-        fetches.append((keys, rows))
-    if sess is not None and not tf.executing_eagerly():
+    graph = sess.graph if sess is not None and not tf.executing_eagerly() else None
+    with graph.as_default() if graph is not None else contextlib.nullcontext():
+        fetches = [_updated_rows(var, after, index) for index, var in enumerate(sok_vars)]
+    if graph is not None:
         values = sess.run(fetches)
     else:
         values = _run(fetches)
     return [k for k, _ in values], [v for _, v in values]
+
+
+def _updated_rows(var, after, index):
+    """(keys, rows) tensors of the rows of `var` updated after `after` (UTC
+    microseconds), gathered from every worker."""
+    parts = [dynamic_ops.export(shard.handle, shard.key_type, shard.dimension, offset=0,
+                                limit=(1 << 62), updated_after=after)[:2]
+             for shard in replica_shards.shards_of(var)]
+    keys = tf.concat([k for k, _ in parts], 0) if len(parts) > 1 else parts[0][0]
+    rows = tf.concat([r for _, r in parts], 0) if len(parts) > 1 else parts[0][1]
+    comm = context.active()
+    if comm is not None and comm.world_size > 1 and not comm.in_process:
+        # Named by the variable's position: every worker builds the same
+        # collectives in the same order.
+        keys = comm.allgather(keys, name=f"sok_incremental_dump_{index}_keys")
+        rows = comm.allgather(rows, name=f"sok_incremental_dump_{index}_rows")
+    return keys, rows

@@ -23,6 +23,7 @@ Every all-to-all can count the bytes it sends to other workers (see
 from sok_graph.communication import horovod, tf_distribute
 from sok_graph.communication.base import (  # noqa: F401  (the package's interface)
     COMM_TOOLS,
+    SINGLE_PROCESS_TOOLS,
     Communicator,
     SingleProcess,
     bytes_sent,
@@ -32,7 +33,8 @@ from sok_graph.communication.base import (  # noqa: F401  (the package's interfa
 
 
 def create(comm_tool):
-    """The communicator for `comm_tool` ("horovod", "tf", "none" or None).
+    """The communicator for `comm_tool` ("horovod", "tf", "none"/"single" or
+    None).
 
     SOK's default is "horovod"; when Horovod is absent or not initialized, or
     runs a single worker, that means one process and no communication.
@@ -41,8 +43,9 @@ def create(comm_tool):
     if comm_tool is None:
         comm_tool = "horovod"
     if comm_tool not in COMM_TOOLS:
-        raise ValueError(f"comm_tool must be one of {COMM_TOOLS}; got {comm_tool!r}")
-    if comm_tool == "none":
+        raise ValueError(f"comm_tool must be one of {COMM_TOOLS} (\"none\" and \"single\" "
+                         f"mean one process); got {comm_tool!r}")
+    if comm_tool in SINGLE_PROCESS_TOOLS:
         return SingleProcess()
     if comm_tool == "horovod":
         return horovod.create()

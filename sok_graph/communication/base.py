@@ -10,7 +10,10 @@ import threading
 
 import numpy as np
 
-COMM_TOOLS = ("horovod", "tf", "none")
+COMM_TOOLS = ("horovod", "tf", "none", "single")
+# Names of the one-process engine: "none" is sok_graph's, "single" what SOK's
+# own single-process scripts pass to sok.init.
+SINGLE_PROCESS_TOOLS = ("none", "single")
 
 _count_lock = threading.Lock()
 _count_enabled = False

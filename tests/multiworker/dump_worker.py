@@ -3,7 +3,8 @@
   --phase dump: trains a static and a dynamic table for a few steps with
       Adam (OptimizerWrapper), dumps them with the optimizer's state to
       --path, and writes what this worker holds (global ids/keys, rows, Adam's
-      m and v) to <out>/rank<r>.npz.
+      m and v) to <out>/rank<r>.npz, and what sok.incremental_model_dump
+      returns on this process to <out>/incremental<r>.npz.
   --phase load: builds the same tables and optimizer, sok.load's --path and
       writes what this worker holds after the load, the same way; with
       --redump, dumps again (so a chain of world sizes can be checked).
@@ -91,6 +92,12 @@ def main():
                 inputs.append((ids_s, ids_d))
             step(inputs)
         sok.dump(args.path, tables, optimizer=opt)
+        # Every row was updated after the epoch: the whole table, on every
+        # worker (SOK's incremental dump gathers all workers' rows).
+        (keys,), (rows,) = sok.incremental_model_dump([dynamic], 0)
+        os.makedirs(args.out, exist_ok=True)
+        np.savez(os.path.join(args.out, f"incremental{rank}.npz"), keys=np.asarray(keys),
+                 rows=np.asarray(rows))
     else:
         sok.load(args.path, tables, optimizer=opt)
         if args.redump:
