@@ -401,8 +401,8 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         if serving_mode.active():
             rows = serving_mode.table_for(self).lookup(keys)
         else:
-            rows, _, evicted = dynamic_ops.find_or_insert_evicting(self._handle, keys,
-                                                                   self._dimension)
+            rows, _, evicted, _ = dynamic_ops.find_or_insert_evicting(self._handle, keys,
+                                                                      self._dimension)
         if not serving_mode.active():
             rows = self._after_evictions(rows, evicted)
         if shaped:

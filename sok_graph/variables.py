@@ -9,7 +9,7 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 
 import tensorflow as tf
 
-from sok_graph import placement, replica_shards
+from sok_graph import compat, placement, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -86,19 +86,37 @@ def filter_variables(vars):  # noqa: A002 (SOK's argument name)
 
 
 def sparse_read_and_evict(var, indices, name=None):
-    """Rows [n, dim] of keys `indices` of a bounded (var_type="hybrid")
-    DynamicVariable, which are then removed from it (missing keys read as
-    zeros). Lets a caller move rows out of a table, e.g. to another tier."""
+    """SOK's read of a bounded table that hands back what it evicted:
+    (rows, evicted_keys, evicted_rows).
+
+    var: a DynamicVariable with var_type="hybrid" (a bounded table).
+    indices: keys of any shape (int32 keys of an int64 table are widened), or
+      a RaggedTensor of keys.
+    rows: the rows of `indices` (indices' shape + [dimension], ragged for
+      ragged indices), missing keys inserted as a lookup does;
+      differentiable, like a lookup.
+    evicted_keys [m], evicted_rows [m, dimension]: the entries the table
+      evicted to make room for the new keys (keys of this call are never
+      evicted), e.g. to move them to another store; optimizer slots of the
+      table drop those keys as they do on any eviction.
+    """
     if not isinstance(var, DynamicVariable):
         raise TypeError("sok.sparse_read_and_evict takes a sok.DynamicVariable; got "
                         f"{type(var).__name__}")
     if var.var_type != "hybrid":
         raise BackendError("sok.sparse_read_and_evict needs a bounded table "
-                         "(var_type='hybrid'); got var_type='hbm'")
-    keys = var._check_keys(indices)
+                           "(var_type='hybrid'); got var_type='hbm'")
+    ragged = indices if isinstance(indices, tf.RaggedTensor) else None
+    keys = var._check_keys(ragged.flat_values if ragged is not None else indices, widen=True)
     with tf.name_scope(name or "sparse_read_and_evict"):
-        rows, _ = var.find(keys)
-        with tf.control_dependencies([rows]):
-            removed = var.remove(keys)
-        with tf.control_dependencies([removed]):
-            return tf.identity(rows)
+        if var.trainable:
+            compat.record_variable_access(var)
+        flat = tf.reshape(keys, [-1])
+        rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
+            var.handle, flat, var.dimension)
+        rows = var._after_evictions(rows, evicted_keys)
+        if ragged is not None:
+            return ragged.with_flat_values(rows), evicted_keys, evicted_rows
+        rows = tf.reshape(rows, tf.concat([tf.shape(keys), [var.dimension]], 0))
+        rows.set_shape(keys.shape.concatenate([var.dimension]))
+        return rows, evicted_keys, evicted_rows

@@ -1071,10 +1071,12 @@ def test_assign_export_and_read_and_evict(data):
     for x in model:
         close(got[x], model[x])
     take = draw(st.lists(st.sampled_from(pool), max_size=6))
-    out = sok.sparse_read_and_evict(var, tf.constant(take, tf.int64)).numpy()
-    close(out, np.array([model.get(x, np.zeros(dim)) for x in take]).reshape(-1, dim))
+    out, evicted_keys, evicted_rows = sok.sparse_read_and_evict(var, tf.constant(take, tf.int64))
+    close(out.numpy(), np.array([model.get(x, np.zeros(dim)) for x in take]).reshape(-1, dim))
+    # The pool fits the table: nothing is evicted, missing keys are inserted.
+    assert evicted_keys.shape == [0] and evicted_rows.shape == [0, dim]
     for x in take:
-        model.pop(x, None)
+        model.setdefault(x, np.zeros(dim))
     assert set(sok.export(var)[0].numpy().tolist()) == set(model)
     expect_error(lambda: sok.sparse_read_and_evict(sok.DynamicVariable(dim), tf.constant(
         [1], tf.int64)), ["needs a bounded table"])

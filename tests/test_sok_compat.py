@@ -94,6 +94,19 @@ def test_set_comm_tool_selects_the_communicator():
         sok.set_comm_tool("mpi")
 
 
+def test_init_single_is_one_process():
+    """SOK's single-process scripts call sok.init("single"): one process, no
+    communication, and a lookup that reads the whole table."""
+    comm = sok.init("single")
+    assert context.active() is comm and (comm.world_size, comm.rank) == (1, 0)
+    table = np.arange(12, dtype=np.float32).reshape(4, 3)
+    v = sok.Variable(table)
+    out = sok.lookup_sparse(v, tf.ragged.constant([[3, 1], [2]], tf.int64), combiners="sum")
+    np.testing.assert_array_equal(np.asarray(out), [table[3] + table[1], table[2]])
+    with pytest.raises(ValueError, match="'horvod'"):
+        sok.init("horvod")
+
+
 # ------------------------------------------------------------- init / Keras
 
 
@@ -341,13 +354,24 @@ def test_filter_variables_as_documented():
     assert sok_vars == [v2, v3, v4] and other_vars == [v1]
 
 
-def test_sparse_read_and_evict_needs_hybrid():
-    v = sok.DynamicVariable(dimension=2, var_type="hybrid", init_capacity=8, max_capacity=8,
-                            initializer="2")
-    tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64))
-    rows = sok.sparse_read_and_evict(v, tf.constant([2], tf.int64))
-    np.testing.assert_array_equal(rows.numpy(), [[2.0, 2.0]])
-    assert sok.export(v)[0].numpy().tolist() == [1]
+def test_sparse_read_and_evict_as_documented():
+    """SOK's pattern: each step reads a new block of keys from a table that
+    holds two blocks, trains it (SGD, lr 1, loss = sum: every read row loses
+    1), and gets back the block read two steps before, at its trained value."""
+    block, steps, dim = 4, 5, 3
+    v = sok.DynamicVariable(dimension=dim, var_type="hybrid", initializer="11",
+                            init_capacity=2 * block, max_capacity=2 * block)
+    optimizer = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=1.0))
+    for i in range(steps):
+        indices = tf.constant(range(i * block, (i + 1) * block), tf.int64)
+        with tf.GradientTape() as tape:
+            embedding, evict_key, evict_value = sok.sparse_read_and_evict(v, indices)
+            loss = tf.reduce_sum(embedding)
+        optimizer.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+        np.testing.assert_array_equal(embedding.numpy(), np.full((block, dim), 11.0))
+        want = list(range((i - 2) * block, (i - 1) * block)) if i >= 2 else []
+        assert sorted(evict_key.numpy().tolist()) == want
+        np.testing.assert_array_equal(evict_value.numpy(), np.full((len(want), dim), 10.0))
     with pytest.raises(TypeError, match="bounded"):  # SOK raises TypeError
         sok.sparse_read_and_evict(sok.DynamicVariable(2), tf.constant([1], tf.int64))
 

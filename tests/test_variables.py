@@ -39,12 +39,24 @@ def test_filter_variables():
 
 
 def test_sparse_read_and_evict():
-    v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=8, max_capacity=8,
+    """The read inserts missing keys as a lookup does and hands back the
+    least recently used entries it evicted to make room, with their rows."""
+    v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
                             initializer=1.5)
-    v.sparse_read(tf.constant([1, 2, 3], tf.int64))
-    rows = sok.sparse_read_and_evict(v, tf.constant([2, 3], tf.int64))
-    np.testing.assert_array_equal(rows.numpy(), np.full((2, 2), 1.5))
-    assert sok.export(v)[0].numpy().tolist() == [1]
+    assigned = np.arange(8, dtype=np.float32).reshape(4, 2)
+    sok.assign(v, tf.constant([1, 2, 3, 4], tf.int64), assigned)
+    v.sparse_read(tf.constant([1], tf.int64))  # 1 and 2 are used after 3 and 4
+    v.sparse_read(tf.constant([2], tf.int64))
+    rows, keys, evicted = sok.sparse_read_and_evict(v, tf.constant([[5, 2], [6, 5]], tf.int64))
+    np.testing.assert_array_equal(rows.numpy(), [[[1.5, 1.5], assigned[1]],
+                                                 [[1.5, 1.5], [1.5, 1.5]]])
+    order = np.argsort(keys.numpy())
+    np.testing.assert_array_equal(keys.numpy()[order], [3, 4])
+    np.testing.assert_array_equal(evicted.numpy()[order], assigned[[2, 3]])
+    assert sorted(sok.export(v)[0].numpy().tolist()) == [1, 2, 5, 6]
+    # Nothing to evict: empty, typed outputs.
+    rows, keys, evicted = sok.sparse_read_and_evict(v, tf.constant([1, 2], tf.int64))
+    assert keys.shape == [0] and keys.dtype == tf.int64 and evicted.shape == [0, 2]
     with pytest.raises(ValueError, match="bounded table"):
         sok.sparse_read_and_evict(sok.DynamicVariable(2), tf.constant([1], tf.int64))
 

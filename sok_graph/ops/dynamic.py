@@ -71,8 +71,8 @@ def find_or_insert(table, keys, dim):
 
 
 def find_or_insert_evicting(table, keys, dim):
-    """(rows, num_evicted, evicted_keys): as find_or_insert, plus the keys that
-    were evicted to make room."""
+    """(rows, num_evicted, evicted_keys, evicted_rows [m, dim]): as
+    find_or_insert, plus the entries that were evicted to make room."""
     return library.load().sok_dynamic_table_find_or_insert(table, keys, dim=int(dim))
 
 

@@ -43,7 +43,7 @@ def bind(lib, ref):
         "sok_gpu_table_clear": [P, P],
         "sok_gpu_table_size": [P, P, P, P],
         "sok_gpu_table_find": [P, P, I64, P, P, P, P],
-        "sok_gpu_table_find_or_insert": [P, P, I64, I64, P, P, P, P],
+        "sok_gpu_table_find_or_insert": [P, P, I64, I64, P, P, P, P, P],
         "sok_gpu_table_scatter": [P, P, I64, P, I32, I64, P, P],
         "sok_gpu_table_scatter_present": [P, P, I64, P, I32, I32, I64, P],
         "sok_gpu_table_remove": [P, P, I64, P, P],
@@ -120,9 +120,9 @@ class GpuTable:
                                                         ptr(default_row), ptr(out), ptr(found),
                                                         stream()))
 
-    def find_or_insert_d(self, keys, now, out, evicted=None, result=None):
+    def find_or_insert_d(self, keys, now, out, evicted=None, result=None, evicted_rows=None):
         return self.lib.sok_gpu_table_find_or_insert(
-            self.h, ptr(keys), keys.size, now, ptr(out), ptr(evicted),
+            self.h, ptr(keys), keys.size, now, ptr(out), ptr(evicted), ptr(evicted_rows),
             ctypes.byref(result) if result is not None else None, stream())
 
     # Host-array wrappers used by the checks (outputs poisoned first).

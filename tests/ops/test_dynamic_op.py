@@ -193,7 +193,7 @@ def test_unique_find_or_insert_is_unique_then_find_or_insert(rng, key_dtype, max
                 dyn.unique_find_or_insert(fused, keys, dim)
             continue
         u, positions, rows, num_evicted, evicted = dyn.unique_find_or_insert(fused, keys, dim)
-        want_rows, want_evicted, want_keys = dyn.find_or_insert_evicting(plain, want_u, dim)
+        want_rows, want_evicted, want_keys, _ = dyn.find_or_insert_evicting(plain, want_u, dim)
         assert u.dtype == key_dtype and evicted.dtype == key_dtype
         np.testing.assert_array_equal(u.numpy(), want_u.numpy())
         np.testing.assert_array_equal(positions.numpy(), want_positions.numpy())

@@ -140,7 +140,8 @@ inline void CountDistinct(const int64_t* keys, int64_t n, const int64_t* entries
 inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, int64_t now,
                              bool accessed, bool initialize, int64_t* entries,
                              const ParallelRunner& run, std::string* error,
-                             std::vector<int64_t>* evicted_keys = nullptr) {
+                             std::vector<int64_t>* evicted_keys = nullptr,
+                             std::vector<float>* evicted_rows = nullptr) {
   // Where each missing key's probe ended: its insertion below starts there.
   Scratch<uint64_t, kFreeSlotsSlot> free_slots(static_cast<size_t>(n));
   FindEntries(t, keys, n, entries, run, free_slots->data());
@@ -165,7 +166,7 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
   if (missing->empty()) return 0;
   // Cannot fail: every key the batch protects is one of its distinct keys.
   const uint64_t slots_before = t.index_slots();
-  const int64_t evicted = t.MakeRoom(incoming, now, evicted_keys);
+  const int64_t evicted = t.MakeRoom(incoming, now, evicted_keys, evicted_rows);
   if (evicted > 0 || t.index_slots() != slots_before) {
     // Evictions move entries and free slots; a larger index moves every key.
     FindEntries(t, keys, n, entries, run, free_slots->data());
@@ -201,13 +202,15 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
 }
 
 // Training lookup: out[i] <- row of keys[i], inserting missing keys; the
-// keys evicted to make room are appended to `evicted_keys` when given.
+// keys evicted to make room (and their rows) are appended to `evicted_keys`
+// (`evicted_rows`) when given.
 inline int64_t FindOrInsertBatch(DynamicTable& t, const int64_t* keys, int64_t n, int64_t now,
                                  float* out, const ParallelRunner& run, std::string* error,
-                                 std::vector<int64_t>* evicted_keys = nullptr) {
+                                 std::vector<int64_t>* evicted_keys = nullptr,
+                                 std::vector<float>* evicted_rows = nullptr) {
   Scratch<int64_t, kEntriesSlot> entries(static_cast<size_t>(n));
-  const int64_t evicted =
-      EnsureEntries(t, keys, n, now, true, true, entries->data(), run, error, evicted_keys);
+  const int64_t evicted = EnsureEntries(t, keys, n, now, true, true, entries->data(), run, error,
+                                        evicted_keys, evicted_rows);
   if (evicted < 0) return -1;
   const int64_t* e = entries->data();
   run(n, 2 * t.dim() + 20,

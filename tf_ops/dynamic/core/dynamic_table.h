@@ -151,8 +151,11 @@ class DynamicTable {
   // `now` are never evicted. Returns how many were evicted, or -1 if room
   // cannot be made (more incoming keys than the bound allows).
   // When `evicted_keys` is given, the evicted keys are appended to it (so
-  // tables that shadow this one, such as optimizer slots, can drop them too).
-  int64_t MakeRoom(int64_t incoming, int64_t now, std::vector<int64_t>* evicted_keys = nullptr) {
+  // tables that shadow this one, such as optimizer slots, can drop them too);
+  // when `evicted_rows` is given, their rows (dim floats each, same order),
+  // so that a caller can move them elsewhere.
+  int64_t MakeRoom(int64_t incoming, int64_t now, std::vector<int64_t>* evicted_keys = nullptr,
+                   std::vector<float>* evicted_rows = nullptr) {
     const int64_t excess = size() + incoming - row_limit();
     if (excess > 0) {
       std::vector<int64_t> candidates;
@@ -170,6 +173,9 @@ class DynamicTable {
       std::sort(victims.begin(), victims.end());
       if (evicted_keys != nullptr) {
         for (int64_t e : victims) evicted_keys->push_back(keys_[e]);
+      }
+      if (evicted_rows != nullptr) {
+        for (int64_t e : victims) evicted_rows->insert(evicted_rows->end(), Row(e), Row(e) + dim());
       }
       for (auto it = victims.rbegin(); it != victims.rend(); ++it) RemoveEntry(*it);
       evicted_total_ += excess;

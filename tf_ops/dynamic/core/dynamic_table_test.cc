@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <utility>
 #include <vector>
 
 #include "gtest/gtest.h"
@@ -239,6 +240,33 @@ TEST(DynamicTableTest, InsertTouchAndMetadata) {
   t.InitializeEntry(u);
   const std::vector<float> ru = InitialRow(c, kI64Min);
   EXPECT_EQ(std::memcmp(t.Row(u), ru.data(), 3 * sizeof(float)), 0);
+}
+
+TEST(DynamicTableTest, MakeRoomHandsBackEvictedKeysAndRows) {
+  DynamicTable t(Config(2, 0, 3, Eviction::kLru));
+  ASSERT_EQ(t.MakeRoom(3, 1), 0);
+  const int64_t keys[] = {10, 20, 30};
+  for (int i = 0; i < 3; ++i) {
+    const int64_t e = t.Insert(keys[i], 1 + i, true);  // 10 is the least recently used
+    t.MutableRow(e)[0] = static_cast<float>(keys[i]);
+    t.MutableRow(e)[1] = -static_cast<float>(keys[i]);
+  }
+  t.Touch(t.Find(10), 5, true);  // now 20 is, then 30
+  std::vector<int64_t> evicted_keys;
+  std::vector<float> evicted_rows;
+  ASSERT_EQ(t.MakeRoom(2, 6, &evicted_keys, &evicted_rows), 2);
+  std::vector<std::pair<int64_t, std::vector<float>>> got;
+  for (size_t i = 0; i < evicted_keys.size(); ++i) {
+    got.push_back({evicted_keys[i], {evicted_rows[2 * i], evicted_rows[2 * i + 1]}});
+  }
+  std::sort(got.begin(), got.end());
+  ASSERT_EQ(got.size(), 2u);
+  EXPECT_EQ(got[0].first, 20);
+  EXPECT_EQ(got[0].second, (std::vector<float>{20.0f, -20.0f}));
+  EXPECT_EQ(got[1].first, 30);
+  EXPECT_EQ(got[1].second, (std::vector<float>{30.0f, -30.0f}));
+  EXPECT_GE(t.Find(10), 0);
+  EXPECT_LT(t.Find(20), 0);
 }
 
 TEST(DynamicTableTest, ClearEmptiesAndTableStaysUsable) {

@@ -207,16 +207,20 @@ class FindOrInsertOp : public OpKernel {
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({n, dim_}), &rows));
     std::vector<int64_t> evicted_keys;
+    std::vector<float> evicted_rows;
     OP_REQUIRES_OK(ctx, RunWrite(ctx, table, 1,
                                  [&](core::DynamicTable& t, int64_t now, std::string* error) {
                                    return core::FindOrInsertBatch(
                                        t, keys, n, now, rows->flat<float>().data(),
-                                       RunnerFor(ctx), error, &evicted_keys);
+                                       RunnerFor(ctx), error, &evicted_keys, &evicted_rows);
                                  }));
     Tensor* out_keys = nullptr;
     const int64_t m = static_cast<int64_t>(evicted_keys.size());
     OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({m}), &out_keys));
     CopyKeysOut(evicted_keys, out_keys);
+    Tensor* out_rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({m, dim_}), &out_rows));
+    std::copy(evicted_rows.begin(), evicted_rows.end(), out_rows->flat<float>().data());
   }
 
  private:

@@ -350,19 +350,31 @@ class FindOrInsertGpuOp : public DeviceWaitingKernel<> {
     void* stream = GpuStreamOf(ctx);
     Tensor* rows = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({in.n, dim_}), &rows));
-    // Room for every key the call could evict (at most one per key).
-    Tensor evicted;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
-                                           TensorShape({std::max<int64_t>(in.n, 1)}), &evicted));
+    // Room for every key (and row) the call could evict (at most one per key).
+    const int64_t room = std::max<int64_t>(in.n, 1);
+    Tensor evicted, evicted_rows;
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({room}), &evicted));
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({room, dim_}),
+                                           &evicted_rows));
     SokGpuTableResult result{0, -1};
     {
       ::tensorflow::mutex_lock lock(*table->mu());
-      const int rc = sok_gpu_table_find_or_insert(table->table(), in.keys, in.n, table->Tick(),
-                                                  rows->flat<float>().data(), I64(&evicted),
-                                                  &result, stream);
+      const int rc = sok_gpu_table_find_or_insert(
+          table->table(), in.keys, in.n, table->Tick(), rows->flat<float>().data(), I64(&evicted),
+          evicted_rows.flat<float>().data(), &result, stream);
       OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, table->row_limit()));
     }
     OP_REQUIRES_OK(ctx, EvictionOutputs(ctx, 1, &evicted, result.num_evicted));
+    Tensor* out_rows = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(3, TensorShape({result.num_evicted, dim_}),
+                                             &out_rows));
+    if (result.num_evicted > 0) {
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(
+                                         out_rows->flat<float>().data(),
+                                         evicted_rows.flat<float>().data(),
+                                         sizeof(float) * result.num_evicted * dim_, stream),
+                                     "copying evicted rows"));
+    }
   }
 
  private:
@@ -760,7 +772,8 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
       SokGpuTableResult result{0, -1};
       ::tensorflow::mutex_lock lock(*slot->mu());
       const int rc = sok_gpu_table_find_or_insert(slot->table(), in.keys, n, slot->Tick(),
-                                                  slot_rows(s), I64(&evicted), &result, stream);
+                                                  slot_rows(s), I64(&evicted), nullptr, &result,
+                                                  stream);
       OP_REQUIRES_OK(ctx, TableError(ctx, rc, &result, slot->row_limit()));
       slot->NotePresent(ctx->input(1), distinct);
     }

@@ -529,12 +529,18 @@ __global__ void CriterionKernel(DevTable t, const int64_t* __restrict__ cand, in
 }
 
 // Removes the slots victims[0, n): tombstones in the index, clean metadata.
+// evicted_keys / evicted_rows (either may be NULL) receive the victims' keys
+// and rows, in victim order.
 __global__ void EvictKernel(DevTable t, const int64_t* __restrict__ victims, int64_t n,
-                            int64_t* __restrict__ evicted_keys, long long* counters) {
+                            int64_t* __restrict__ evicted_keys, float* __restrict__ evicted_rows,
+                            long long* counters) {
   for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < n;
        j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t s = victims[j];
     if (evicted_keys) evicted_keys[j] = SlotKey(t, s);
+    if (evicted_rows) {
+      for (int d = 0; d < t.dim; ++d) evicted_rows[j * t.dim + d] = t.rows[s * t.dim + d];
+    }
     if (s < t.slots) {
       t.keys[s] = kTomb;
     } else {
@@ -1040,7 +1046,8 @@ int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s) {
 }
 
 // Evicts `excess` keys not used at `now`, in eviction order.
-int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, cudaStream_t s) {
+int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, float* evicted_rows,
+          cudaStream_t s) {
   int rc = EnsureSlotScratch(t);
   if (rc) return rc;
   SOK_CUDA(cudaMemsetAsync(t->counters + kCand, 0, sizeof(long long), s));
@@ -1060,7 +1067,8 @@ int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, cu
     if ((rc = SortPairs(t, t->slot_c, t->slot_d, cand, other, ncand, 64, s))) return rc;
     std::swap(cand, other);
   }
-  EvictKernel<<<GridStride(excess), 256, 0, s>>>(t->dev, cand, excess, evicted_keys, t->counters);
+  EvictKernel<<<GridStride(excess), 256, 0, s>>>(t->dev, cand, excess, evicted_keys,
+                                                 evicted_rows, t->counters);
   SOK_CUDA(cudaGetLastError());
   t->evicted_total += excess;
   ++t->removals;
@@ -1068,14 +1076,14 @@ int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, cu
 }
 
 int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,
-                   bool initialize, int64_t* evicted_keys, SokGpuTableResult* result,
-                   cudaStream_t s);
+                   bool initialize, int64_t* evicted_keys, float* evicted_rows,
+                   SokGpuTableResult* result, cudaStream_t s);
 
 // Makes every batch key present: t->slot_of[i] <- its slot. flags8[i] = 1
 // where position i wrote its own new row to out (fast path), else 0.
 int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,
-           bool initialize, float* out, int64_t* evicted_keys, SokGpuTableResult* result,
-           cudaStream_t s) {
+           bool initialize, float* out, int64_t* evicted_keys, float* evicted_rows,
+           SokGpuTableResult* result, cudaStream_t s) {
   if (result) {
     result->num_evicted = 0;
     result->distinct_keys = -1;
@@ -1134,7 +1142,8 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
   const int64_t distinct = t->host_counters[kDistinct];
   if (result) result->distinct_keys = distinct;
   if (distinct > t->row_limit) return SOK_GPU_TABLE_TOO_MANY_KEYS;
-  return ExactAfterWait(t, keys, n, now, accessed, initialize, evicted_keys, result, s);
+  return ExactAfterWait(t, keys, n, now, accessed, initialize, evicted_keys, evicted_rows, result,
+                        s);
 }
 
 // The exact path after its wait (Sync), which read the size, the occupancy
@@ -1142,8 +1151,8 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
 // touches the present keys, evicts, inserts the missing ones and finds
 // every position's slot.
 int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,
-                   bool initialize, int64_t* evicted_keys, SokGpuTableResult* result,
-                   cudaStream_t s) {
+                   bool initialize, int64_t* evicted_keys, float* evicted_rows,
+                   SokGpuTableResult* result, cudaStream_t s) {
   int rc = 0;
   const int64_t size = t->size_ub, occ = t->occ_ub;
   const int64_t num_new = t->host_counters[kNew];
@@ -1161,7 +1170,7 @@ int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, 
   SOK_CUDA(cudaGetLastError());
   const int64_t excess = size + num_new - t->row_limit;
   if (excess > 0) {
-    if ((rc = Evict(t, excess, now, evicted_keys, s))) {
+    if ((rc = Evict(t, excess, now, evicted_keys, evicted_rows, s))) {
       if (rehash) FreeTable(t->allocator, &fresh);
       return rc;
     }
@@ -1332,7 +1341,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_find(SokGpuTable* t,
 
 __attribute__((visibility("default"))) int sok_gpu_table_find_or_insert(
     SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, float* out,
-    int64_t* evicted_keys, SokGpuTableResult* result, void* stream) {
+    int64_t* evicted_keys, float* evicted_rows, SokGpuTableResult* result, void* stream) {
   if (BadTable(t) || n < 0) return SOK_GPU_TABLE_BAD_ARGUMENT;
   if (result) {
     result->num_evicted = 0;
@@ -1340,7 +1349,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_find_or_insert(
   }
   if (n == 0) return 0;
   cudaStream_t s = StreamOf(stream);
-  int rc = Ensure(t, keys, n, now, true, true, out, evicted_keys, result, s);
+  int rc = Ensure(t, keys, n, now, true, true, out, evicted_keys, evicted_rows, result, s);
   if (rc) return rc;
   if (out == nullptr) return 0;
   if (VecOk(t->dev.dim, out)) {
@@ -1373,7 +1382,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_ensure_distinct(
     *n = t->host_counters[kDistinct];
     if (*n <= 0) return 0;
     if (result) result->distinct_keys = *n;
-    return Ensure(t, keys, *n, now, true, true, nullptr, evicted_keys, result, s);
+    return Ensure(t, keys, *n, now, true, true, nullptr, evicted_keys, nullptr, result, s);
   }
   // Bounded: the exact path, its one wait reading the count as well. A
   // batch of more distinct keys than the bound fails after the wait, so
@@ -1398,7 +1407,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_ensure_distinct(
   if (*n <= 0) return 0;
   if (result) result->distinct_keys = *n;
   if (*n > t->row_limit) return SOK_GPU_TABLE_TOO_MANY_KEYS;
-  return ExactAfterWait(t, keys, *n, now, true, true, evicted_keys, result, s);
+  return ExactAfterWait(t, keys, *n, now, true, true, evicted_keys, nullptr, result, s);
 }
 
 __attribute__((visibility("default"))) int sok_gpu_table_gather_ensured(SokGpuTable* t,
@@ -1428,7 +1437,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_scatter(SokGpuTable* t,
   }
   if (n == 0) return 0;
   cudaStream_t s = StreamOf(stream);
-  int rc = Ensure(t, keys, n, now, false, true, nullptr, nullptr, result, s);
+  int rc = Ensure(t, keys, n, now, false, true, nullptr, nullptr, nullptr, result, s);
   if (rc) return rc;
   return ApplyRows(t, n, rows, mode, nullptr, nullptr, now, s);
 }
@@ -1479,7 +1488,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_import(
   }
   if (n == 0) return 0;
   cudaStream_t s = StreamOf(stream);
-  int rc = Ensure(t, keys, n, now, false, false, nullptr, nullptr, result, s);
+  int rc = Ensure(t, keys, n, now, false, false, nullptr, nullptr, nullptr, result, s);
   if (rc) return rc;
   return ApplyRows(t, n, rows, 3, timestamps, frequencies, now, s);
 }

@@ -121,10 +121,11 @@ int sok_gpu_table_find(SokGpuTable* table, const int64_t* keys, int64_t n,
 // Training lookup: out[i] <- row of keys[i], inserting missing keys with
 // their initial rows (evicting as needed). Every occurrence counts as a use
 // at time `now` (the caller's clock; later calls pass larger values).
-// evicted_keys (device, n entries, may be NULL) receives the evicted keys.
+// evicted_keys (device, n entries, may be NULL) receives the evicted keys,
+// evicted_rows (device, [n, dim], may be NULL) their rows, in the same order.
 int sok_gpu_table_find_or_insert(SokGpuTable* table, const int64_t* keys, int64_t n,
                                  int64_t now, float* out, int64_t* evicted_keys,
-                                 SokGpuTableResult* result, void* stream);
+                                 float* evicted_rows, SokGpuTableResult* result, void* stream);
 
 // As sok_gpu_table_find_or_insert without the rows, for the distinct keys
 // [0, *count) of `keys` (count: a device int64, as unique leaves it; keys

@@ -81,19 +81,24 @@ REGISTER_OP("SokDynamicTableFindOrInsert")
     .Output("rows: float")
     .Output("num_evicted: int64")
     .Output("evicted_keys: Tkeys")
+    .Output("evicted_rows: float")
     .Attr("Tkeys: {int32, int64}")
     .Attr("dim: int >= 1")
     .SetShapeFn([](InferenceContext* c) -> Status {
       TF_RETURN_IF_ERROR(RowsShape(c, 1, 0));
       c->set_output(1, c->Scalar());
       c->set_output(2, c->Vector(c->UnknownDim()));
+      int64_t dim = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
+      c->set_output(3, c->Matrix(c->UnknownDim(), dim));
       return OkStatus();
     })
     .Doc(R"doc(
 Rows of `keys` [n] as [n, dim], inserting missing keys with rows from the
 table's initializer. Counts a use of each key (LRU time, LFU frequency).
-num_evicted / evicted_keys: the rows evicted to make room (tables that
-shadow this one, such as optimizer slots, drop those keys too).
+num_evicted / evicted_keys / evicted_rows: the entries evicted to make room
+(tables that shadow this one, such as optimizer slots, drop those keys too;
+sok.sparse_read_and_evict hands keys and rows to its caller).
 )doc");
 
 REGISTER_OP("SokDynamicTableUniqueFindOrInsert")
