@@ -88,7 +88,7 @@ REGISTER_OP("SokDynamicTableFindOrInsert")
       TF_RETURN_IF_ERROR(RowsShape(c, 1, 0));
       c->set_output(1, c->Scalar());
       c->set_output(2, c->Vector(c->UnknownDim()));
-      int64_t dim = 0;
+      int dim = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("dim", &dim));
       c->set_output(3, c->Matrix(c->UnknownDim(), dim));
       return OkStatus();
