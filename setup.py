@@ -48,9 +48,16 @@ class BinaryDistribution(Distribution):
         return True
 
 
+# A wheel holds ops built for one TensorFlow minor: scripts/build_wheel.sh
+# names it in the local version (0.1.0+tf2.15), so wheels for several
+# TensorFlow versions can sit side by side in one index or directory.
+VERSION = "0.1.0"
+if os.environ.get("SOK_GRAPH_LOCAL_VERSION"):
+    VERSION += "+" + os.environ["SOK_GRAPH_LOCAL_VERSION"]
+
 setup(
     name="sok_graph",
-    version="0.1.0",
+    version=VERSION,
     description="Model-parallel, fused and dynamic embeddings for TensorFlow (SOK-compatible API)",
     packages=find_packages(include=["sok_graph", "sok_graph.*", "sparse_operation_kit"]),
     python_requires=">=3.7",

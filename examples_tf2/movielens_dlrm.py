@@ -5,24 +5,34 @@ release year, and the item's genres as a multi-hot list) gets a sok
 embedding table — user and item in dynamic tables keyed by id, the small
 vocabularies in static ones — looked up by one fused sok.lookup_sparse.
 Pairwise dot products of the embeddings (DLRM's interaction) and the
-embeddings themselves feed an MLP that predicts rating >= 4. Trains on a
-random 80% of the ratings on CPU, reports test AUC after every epoch next to
-a popularity baseline (the item's share of positive ratings in training),
-dumps the tables with sok.dump, exports a servable SavedModel (no sok_graph
-op in it: sok.export_for_serving) and prints one prediction of the loaded
-SavedModel next to the training model's, and writes a loss/AUC plot.
+embeddings themselves feed an MLP that predicts rating >= 4.
 
-    python examples_tf2/movielens_dlrm.py [--mode tf2|tf1] [--epochs 5] [--out DIR]
+A random 20% of the ratings is the test set; 10% of the rest is held out for
+validation and the model trains on the remaining 72%, on CPU. After every
+epoch the job prints validation and test AUC; it keeps the epoch with the best
+validation AUC (its tables through sok.dump, its dense weights in memory) and
+stops once `--patience` epochs in a row did not beat it (`--epochs` is the
+most it trains). At the end it restores that epoch's model, scores the test
+set with it next to a popularity baseline (the item's share of positive
+ratings in training), exports it as a servable SavedModel (no sok_graph op
+in it: sok.export_for_serving), prints one prediction of the loaded
+SavedModel next to the training model's, and writes a loss/AUC plot that
+marks the kept epoch.
+
+    python examples_tf2/movielens_dlrm.py [--mode tf2|tf1] [--epochs 5] [--patience 2] [--out DIR]
     python -m sok_graph.launch -np 2 examples_tf2/movielens_dlrm.py ...   # 2 workers
 
 Under the launcher (with Horovod installed) the tables are sharded over the
 workers, each worker trains on its slice of every global batch (the dense
 gradients are summed over workers, the tables' gradients arrive summed
-through the exchange), and every worker evaluates the whole test set, so
-the numbers match a single-process run up to float rounding.
+through the exchange), and every worker evaluates the whole validation and
+test sets, so the numbers match a single-process run up to float rounding.
+Worker 0's validation AUC decides which epoch is kept and when to stop, so
+every worker takes the same (collective) steps.
 """
 
 import argparse
+import contextlib
 import os
 import time
 
@@ -36,13 +46,32 @@ DIM = 16
 DYNAMIC = ("user", "item")  # tables keyed by arbitrary ids
 FEATURES = movielens.CATEGORICAL + movielens.MULTI_HOT
 COMBINERS = ["sum"] * len(movielens.CATEGORICAL) + ["mean"]
+TEST_FRACTION = 0.2  # of all ratings
+VALIDATION_FRACTION = 0.1  # of the ratings left for training
+
+
+def _int_at_least(lowest):
+    def parse(text):
+        try:
+            value = int(text)
+        except ValueError:
+            value = None
+        if value is None or value < lowest:
+            raise argparse.ArgumentTypeError(
+                f"expected an integer >= {lowest}; got {text!r}")
+        return value
+    return parse
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["tf2", "tf1"], default="tf2",
                    help="tf2: tf.function; tf1: graph mode with a tf.compat.v1.Session")
-    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--epochs", type=_int_at_least(1), default=5,
+                   help="the most epochs to train")
+    p.add_argument("--patience", type=_int_at_least(0), default=2,
+                   help="stop after this many epochs in a row without a better validation "
+                        "AUC than the kept epoch's")
     p.add_argument("--batch", type=int, default=1024)
     p.add_argument("--lr", type=float, default=0.005)
     p.add_argument("--out", default="movielens_out", help="where tables and the plot go")
@@ -51,7 +80,9 @@ def parse_args():
 
 
 def prepare(out_dir):
-    """Train/test splits, via a Parquet file of all samples."""
+    """Train/validation/test splits, via a Parquet file of all samples. The
+    validation ratings come out of the training part: the test set stays
+    untouched by the choice of epoch."""
     path = os.path.join(out_dir, "movielens100k.parquet")
     if not os.path.exists(path):
         samples, _ = movielens.load_samples()
@@ -59,8 +90,9 @@ def prepare(out_dir):
     samples = movielens.read_parquet(path)
     sizes = {name: int(samples[name].max()) + 1 for name in movielens.CATEGORICAL}
     sizes["genres"] = int(samples["genres_values"].max()) + 1
-    train, test = movielens.split(samples, test_fraction=0.2, seed=0)
-    return train, test, sizes
+    train, test = movielens.split(samples, test_fraction=TEST_FRACTION, seed=0)
+    train, val = movielens.split(train, test_fraction=VALIDATION_FRACTION, seed=1)
+    return train, val, test, sizes
 
 
 def batches(data, batch, shuffle_seed=None, rank=0, world=1):
@@ -155,7 +187,7 @@ def progress(total, quiet, desc):
     return tqdm(total=total, desc=desc, unit="step", leave=False)
 
 
-def train_tf2(model, train, test, args):
+def train_tf2(model, data, args):
     opt = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(args.lr))
     spec = ([tf.TensorSpec([None], tf.int64)] * len(FEATURES),) * 2
     comm = sok.context.communicator()
@@ -171,11 +203,19 @@ def train_tf2(model, train, test, args):
 
     predict = tf.function(lambda v, s: tf.sigmoid(model.logits(v, s)), input_signature=spec)
     run_predict = lambda v, s: predict(v, s).numpy()  # noqa: E731
-    return _loop(lambda v, s, y, g: float(step(v, s, y, g)),
-                 run_predict, train, test, args), opt, run_predict
+
+    def of_rank0(value):
+        return float(comm.broadcast(tf.constant(value, tf.float64), 0, name="validation_auc"))
+
+    best = BestEpoch(args.tables, model.tables, opt,
+                     get_dense=lambda: [v.numpy() for v in model.dense],
+                     set_dense=lambda values: [v.assign(x) for v, x in zip(model.dense, values)])
+    history = _loop(lambda v, s, y, g: float(step(v, s, y, g)), run_predict, of_rank0, best,
+                    data, args)
+    return history, run_predict
 
 
-def train_tf1(model_args, train, test, args):
+def train_tf1(model_args, data, args):
     graph = tf.Graph()
     with graph.as_default():
         model = Model(*model_args)
@@ -189,8 +229,14 @@ def train_tf1(model_args, train, test, args):
                                     for v in model.variables])
         opt = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(args.lr))
         train_op = opt.apply_gradients(zip(sum_dense_gradients(grads, model), model.variables))
-        total_loss = sok.context.communicator().allreduce(loss)
+        comm = sok.context.communicator()
+        total_loss = comm.allreduce(loss)
         probs = tf.sigmoid(logits)
+        # Restoring the kept dense weights: fed values, assigned in one run.
+        dense_in = [tf.compat.v1.placeholder(v.dtype.base_dtype, v.shape) for v in model.dense]
+        assign_dense = tf.group(*[v.assign(x) for v, x in zip(model.dense, dense_in)])
+        auc_in = tf.compat.v1.placeholder(tf.float64, [])
+        auc_of_rank0 = comm.broadcast(auc_in, 0, name="validation_auc")
         init = tf.compat.v1.global_variables_initializer()
     sess = tf.compat.v1.Session(graph=graph)
     sess.run(init)
@@ -203,21 +249,70 @@ def train_tf1(model_args, train, test, args):
         return f
 
     predict = lambda v, s: sess.run(probs, feed(v, s))  # noqa: E731
+    best = BestEpoch(args.tables, model.tables, opt,
+                     get_dense=lambda: sess.run(model.dense),
+                     set_dense=lambda xs: sess.run(assign_dense, dict(zip(dense_in, xs))),
+                     session=sess)
     history = _loop(lambda v, s, y, g: sess.run([train_op, total_loss], feed(v, s, y, g))[1],
-                    predict, train, test, args)
-    return history, model, opt, sess, predict
+                    predict, lambda x: float(sess.run(auc_of_rank0, {auc_in: x})), best,
+                    data, args)
+    return history, sess, predict
 
 
-def _loop(train_step, predict, train, test, args):
+class BestEpoch:
+    """The model of the epoch with the best validation AUC so far: its tables
+    in a sok.dump at `path` (with several workers, sok.dump gathers every
+    worker's rows and sok.load gives each worker back the rows it owns), its
+    dense weights -- the same on every worker -- as numpy arrays in each
+    worker. The dump carries that epoch's optimizer slots too, so it is a
+    consistent checkpoint to resume from."""
+
+    def __init__(self, path, tables, optimizer, get_dense, set_dense, session=None):
+        self.path, self.tables, self.optimizer = path, tables, optimizer
+        self.get_dense, self.set_dense = get_dense, set_dense
+        # Graph mode: sok.dump and sok.load run in the default Session.
+        self.session = session
+        self.dense = None
+
+    def _in_session(self):
+        return self.session.as_default() if self.session is not None \
+            else contextlib.nullcontext()
+
+    def keep(self):
+        with self._in_session():
+            sok.dump(self.path, self.tables, self.optimizer)
+        self.dense = self.get_dense()
+
+    def restore(self):
+        # Tables only: training is over, the optimizer's state is not needed.
+        with self._in_session():
+            sok.load(self.path, self.tables)
+        self.set_dense(self.dense)
+
+
+def score(predict, data):
+    """AUC of the model's predictions on a whole split. Every worker scores
+    all of it (lookups are collective)."""
+    scores = np.concatenate([predict(v, s) for v, s, _ in batches(data, 4096)])
+    return metrics.auc(data["label"], scores)
+
+
+def _loop(train_step, predict, of_rank0, best, data, args):
+    """Trains up to args.epochs epochs; keeps the epoch with the best
+    validation AUC, stops args.patience epochs after it unless a later one
+    beat it, and restores it. `of_rank0` maps a number to worker 0's value
+    of it, so every worker keeps and stops at the same epochs (sok.dump and
+    the lookups are collective)."""
+    train, val, test = data
     world, rank = sok.context.world()
     n = len(train["label"])
     steps_per_epoch = -(-n // args.batch)
-    history = {"loss": [], "auc": []}
-    for epoch in range(args.epochs):
+    history = {"loss": [], "val_auc": [], "auc": [], "best_epoch": None}
+    for epoch in range(1, args.epochs + 1):
         bar = progress(steps_per_epoch, args.quiet or rank > 0,
-                       f"epoch {epoch + 1}/{args.epochs}")
+                       f"epoch {epoch}/{args.epochs}")
         for k, (values, splits, labels) in enumerate(
-                batches(train, args.batch, shuffle_seed=epoch, rank=rank, world=world)):
+                batches(train, args.batch, shuffle_seed=epoch - 1, rank=rank, world=world)):
             global_batch = min(args.batch, n - k * args.batch)
             history["loss"].append(train_step(values, splits, labels, global_batch))
             if bar is not None:
@@ -225,11 +320,23 @@ def _loop(train_step, predict, train, test, args):
                 bar.update(1)
         if bar is not None:
             bar.close()
-        # Every worker scores the whole test set (lookups are collective).
-        scores = np.concatenate([predict(v, s) for v, s, _ in batches(test, 4096)])
-        history["auc"].append(metrics.auc(test["label"], scores))
-        print(f"epoch {epoch + 1}: train loss {np.mean(history['loss'][-steps_per_epoch:]):.4f}"
-              f"  test AUC {history['auc'][-1]:.4f}", flush=True)
+        val_auc = of_rank0(score(predict, val))
+        history["val_auc"].append(val_auc)
+        history["auc"].append(score(predict, test))
+        print(f"epoch {epoch}: train loss {np.mean(history['loss'][-steps_per_epoch:]):.4f}"
+              f"  validation AUC {val_auc:.6f}  test AUC {history['auc'][-1]:.6f}", flush=True)
+        kept = history["best_epoch"]
+        if kept is None or val_auc > history["val_auc"][kept - 1]:
+            history["best_epoch"] = epoch
+            best.keep()
+        elif epoch - kept >= args.patience and epoch < args.epochs:
+            waited = epoch - kept
+            print(f"early stop after epoch {epoch}: {waited} epoch{'s' * (waited != 1)} "
+                  f"without a better validation AUC than epoch {kept}'s", flush=True)
+            break
+    history["steps_per_epoch"] = steps_per_epoch
+    # What the job reports, exports and plots from here on is the kept epoch's model.
+    best.restore()
     return history
 
 
@@ -296,14 +403,23 @@ def plot(history, path, baseline):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    kept = history["best_epoch"]
+    epochs = range(1, len(history["auc"]) + 1)
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
     a.plot(history["loss"], lw=0.8)
+    # The kept model is the one at the end of its epoch.
+    a.axvline(kept * history["steps_per_epoch"] - 1, color="tab:red", ls=":",
+              label=f"end of the kept epoch ({kept})")
     a.set(title="training loss", xlabel="step", ylabel="log loss")
-    b.plot(range(1, len(history["auc"]) + 1), history["auc"], marker="o", label="sok_graph DLRM")
-    b.axhline(baseline, color="gray", ls="--", label="popularity baseline")
-    b.set(title="test AUC", xlabel="epoch", ylabel="AUC")
-    b.set_xticks(range(1, len(history["auc"]) + 1))
-    b.legend()
+    a.legend()
+    b.plot(epochs, history["val_auc"], marker="o", label="validation")
+    b.plot(epochs, history["auc"], marker="s", label="test")
+    b.axhline(baseline, color="gray", ls="--", label="popularity baseline (test)")
+    b.axvline(kept, color="tab:red", ls=":", label=f"kept: epoch {kept} (best validation)")
+    b.plot([kept], [history["val_auc"][kept - 1]], marker="*", ms=14, color="tab:red", ls="")
+    b.set(title="sok_graph DLRM: AUC per epoch", xlabel="epoch", ylabel="AUC")
+    b.set_xticks(list(epochs))
+    b.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
 
@@ -322,12 +438,15 @@ def init_workers():
 def main():
     args = parse_args()
     rank = init_workers()
+    # The kept epoch's tables: worker 0 writes them, every worker reads them back.
+    args.tables = os.path.join(args.out, "tables")
     if rank > 0:
         args.out = os.path.join(args.out, f"rank{rank}")  # rank 0 writes the results
     os.makedirs(args.out, exist_ok=True)
     start = time.time()
-    train, test, sizes = prepare(args.out)
-    print(f"MovieLens-100k: {len(train['label'])} train / {len(test['label'])} test ratings, "
+    train, val, test, sizes = prepare(args.out)
+    print(f"MovieLens-100k: {len(train['label'])} train / {len(val['label'])} validation / "
+          f"{len(test['label'])} test ratings, "
           f"{sum(sizes.values())} ids in {len(FEATURES)} features; mode {args.mode}; "
           f"worker {rank} of {os.environ.get('SOK_GRAPH_WORLD_SIZE', '1')}")
     baseline = popularity_auc(train, test)
@@ -336,25 +455,27 @@ def main():
     if args.mode == "tf1":
         tf.compat.v1.disable_eager_execution()
         sok.init()
-        history, model, opt, sess, predict = train_tf1((sizes,), train, test, args)
-        with sess.as_default():
-            sok.dump(os.path.join(args.out, "tables"), model.tables, opt)
+        history, sess, predict = train_tf1((sizes,), (train, val, test), args)
+        test_auc = score(predict, test)
         served = export_tf1((sizes,), sess, predict, export_dir, sample)
     else:
         sok.init()
         model = Model(sizes)
-        history, opt, predict = train_tf2(model, train, test, args)
-        sok.dump(os.path.join(args.out, "tables"), model.tables, opt)
+        history, predict = train_tf2(model, (train, val, test), args)
+        test_auc = score(predict, test)
         served = export_tf2(model, predict, export_dir, sample)
+    kept = history["best_epoch"]
+    print(f"kept epoch {kept} of {len(history['auc'])} trained (of at most {args.epochs}): "
+          f"validation AUC {history['val_auc'][kept - 1]:.6f}")
     if served is not None:
         print(f"serving: SavedModel {export_dir} (stock TensorFlow ops only) predicts "
               f"{served[0][0]:.6f}; the training model {served[1][0]:.6f}")
     plot(history, os.path.join(args.out, "training.png"), baseline)
     print(f"popularity baseline test AUC {baseline:.4f}")
-    print(f"sok_graph DLRM      test AUC {history['auc'][-1]:.4f}")
-    print(f"tables dumped to {os.path.join(args.out, 'tables')}; plot in "
+    print(f"sok_graph DLRM      test AUC {test_auc:.6f} (the restored model of epoch {kept})")
+    print(f"epoch {kept}'s tables dumped to {args.tables}; plot in "
           f"{os.path.join(args.out, 'training.png')}; {time.time() - start:.0f}s in all")
-    if not history["auc"][-1] > baseline:
+    if not test_auc > baseline:
         raise SystemExit("the model did not beat the popularity baseline")
 
 

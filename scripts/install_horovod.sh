@@ -5,8 +5,8 @@
 #   bash scripts/install_horovod.sh [PYTHON [TF_VERSION]]
 #
 # PYTHON defaults to $SOK_PYTHON, TF_VERSION to $SOK_TF_VERSION (both set by
-# scripts/setup_env.sh, which runs this). Nothing happens when
-# SOK_GRAPH_WITHOUT_HOROVOD=1.
+# scripts/setup_env.sh, which runs this when asked to: --with-horovod or
+# SOK_GRAPH_WITH_HOROVOD=1). Nothing happens when SOK_GRAPH_WITHOUT_HOROVOD=1.
 #
 # One version serves every TensorFlow: 0.28.1, Horovod's last release, still
 # accepts TensorFlow 1.15 (its CMake asks for >= 1.15.0; below TF 2.10 it

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # The main job: sets up sok_graph (TensorFlow 2.15.1 by default) and trains a
-# DLRM-style model on MovieLens-100k on CPU, single process; prints test AUC
-# against a popularity baseline, dumps the tables, writes a loss/AUC plot.
-#   bash scripts/run_demo.sh [--mode tf1] [--epochs N] [--out DIR]
+# DLRM-style model on MovieLens-100k on CPU, single process; keeps the epoch
+# with the best validation AUC (early stopping), prints its test AUC against a
+# popularity baseline, dumps its tables, writes a loss/AUC plot.
+#   bash scripts/run_demo.sh [--mode tf1] [--epochs N] [--patience N] [--out DIR]
+# One process needs no Horovod, so the set-up leaves it out (setup_env.sh
+# builds it only with --with-horovod; an earlier install stays).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 # shellcheck source=/dev/null

@@ -3,6 +3,13 @@
 # and installs sok_graph, built for one TensorFlow version:
 #
 #   source scripts/setup_env.sh 2.15.1     # or 2.21.0 or 1.15.0; default 2.15.1
+#   source scripts/setup_env.sh 2.15.1 --with-horovod   # and Horovod (multi-worker)
+#
+# Horovod, the engine of multi-worker runs, is installed only on request
+# (--with-horovod, or SOK_GRAPH_WITH_HOROVOD=1): single-process work does not
+# use it, and the first time it is built from source for the TF version
+# (minutes). scripts/run_tests.sh asks for it; scripts/run_demo.sh does not.
+# A virtualenv that has Horovod keeps it either way.
 #
 # TensorFlow 1.15 needs Python 3.7: its virtualenv is made from pyenv's
 # CPython 3.7.16 (or a python3.7 on PATH), with the last versions of the test
@@ -16,12 +23,35 @@
 # outputs and the Horovod wheels. Installs use only Debian's apt and PyPI.
 set -euo pipefail
 
-SOK_TF_VERSION="${1:-${SOK_TF_VERSION:-2.15.1}}"
+log() { echo "[setup_env] $*" >&2; }
+
+# Arguments: a TF version and/or --with-horovod, in any order. (Sourced, so
+# its variables are the caller's: they carry the sok_setup_ prefix.)
+sok_setup_version=""
+sok_setup_horovod="${SOK_GRAPH_WITH_HOROVOD:-0}"
+if [ "$sok_setup_horovod" != 0 ] && [ "$sok_setup_horovod" != 1 ]; then
+  log "SOK_GRAPH_WITH_HOROVOD is '$sok_setup_horovod'; expected 0 or 1"
+  return 2 2>/dev/null || exit 2
+fi
+for sok_setup_arg in "$@"; do
+  case "$sok_setup_arg" in
+    --with-horovod) sok_setup_horovod=1 ;;
+    -*)
+      log "unknown argument '$sok_setup_arg'; expected a TensorFlow version" \
+          "(e.g. 2.15.1) and/or --with-horovod"
+      return 2 2>/dev/null || exit 2 ;;
+    *)
+      if [ -n "$sok_setup_version" ]; then
+        log "got two TensorFlow versions, '$sok_setup_version' and '$sok_setup_arg'; expected one"
+        return 2 2>/dev/null || exit 2
+      fi
+      sok_setup_version="$sok_setup_arg" ;;
+  esac
+done
+SOK_TF_VERSION="${sok_setup_version:-${SOK_TF_VERSION:-2.15.1}}"
 SOK_REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 SOK_GRAPH_CACHE="${SOK_GRAPH_CACHE:-$HOME/.cache/sok_graph}"
 export SOK_GRAPH_CACHE
-
-log() { echo "[setup_env] $*" >&2; }
 
 as_root() {
   if [ "$(id -u)" = 0 ]; then "$@"; elif command -v sudo >/dev/null; then sudo "$@"; else
@@ -106,8 +136,16 @@ log "building and installing sok_graph for TensorFlow $SOK_TF_VERSION"
 (cd "$SOK_REPO" && "$SOK_PYTHON" -m pip install -q --no-deps --no-build-isolation \
    --force-reinstall . )
 
-# --- Horovod, the multi-worker engine: its wheel is built once per TensorFlow
-# version and cached (scripts/install_horovod.sh); SOK_GRAPH_WITHOUT_HOROVOD=1
-# skips it.
-bash "$SOK_REPO/scripts/install_horovod.sh" "$SOK_PYTHON" "$SOK_TF_VERSION"
+# --- Horovod, the multi-worker engine, when asked for: its wheel is built once
+# per TensorFlow version and cached (scripts/install_horovod.sh);
+# SOK_GRAPH_WITHOUT_HOROVOD=1 skips it even then. Not asked for, nothing
+# is installed or removed.
+if [ "$sok_setup_horovod" = 1 ]; then
+  bash "$SOK_REPO/scripts/install_horovod.sh" "$SOK_PYTHON" "$SOK_TF_VERSION"
+elif [ -f "$VENV/.horovod" ]; then
+  log "Horovod: not asked for; the one installed earlier stays in $VENV"
+else
+  log "Horovod: not installed (multi-worker runs need it: source scripts/setup_env.sh" \
+      "$SOK_TF_VERSION --with-horovod)"
+fi
 log "ready: $SOK_PYTHON"

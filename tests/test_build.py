@@ -32,6 +32,38 @@ def test_library_built_for_other_tensorflow_is_reported(tmp_path):
     assert "pip install" in message  # how to rebuild
 
 
+def _stamped_copy(tmp_path, version):
+    """A copy of the library whose build stamp names TensorFlow `version`
+    (same length as the running version's, so the file's layout is kept)."""
+    data = open(_ops.library_path(), "rb").read()
+    marker = b"tf_version=" + tf.__version__.encode()
+    assert len(version) == len(tf.__version__)
+    path = tmp_path / "libsok_ops.so"
+    path.write_bytes(data.replace(marker, b"tf_version=" + version.encode()))
+    return str(path)
+
+
+def test_other_minor_version_names_the_wheel_to_get(tmp_path):
+    major, minor = tf.__version__.split(".")[:2]
+    other_minor = str(int(minor) + 1 if len(str(int(minor) + 1)) == len(minor) else int(minor) - 1)
+    built_for = tf.__version__.replace(f"{major}.{minor}", f"{major}.{other_minor}", 1)
+    with pytest.raises(_ops.OpLibraryError) as err:
+        _ops.check_build(_stamped_copy(tmp_path, built_for))
+    message = str(err.value)
+    assert f"built for TensorFlow {built_for}" in message
+    assert f"+tf{major}.{minor}-" in message  # the wheel for the running TensorFlow
+
+
+def test_other_patch_release_of_the_same_minor_loads(tmp_path):
+    """TensorFlow keeps its C++ ABI within a minor version: a wheel built
+    with 2.15.1 serves 2.15.0 too."""
+    parts = tf.__version__.split(".")
+    last = parts[2]
+    other = ("0" if last != "0" else "1") + last[1:]
+    built_for = ".".join(parts[:2] + [other] + parts[3:])
+    _ops.check_build(_stamped_copy(tmp_path, built_for))
+
+
 def test_missing_library_is_reported(tmp_path):
     with pytest.raises(_ops.OpLibraryError, match="missing.*pip install"):
         _ops.check_build(str(tmp_path / "libsok_ops.so"))

@@ -70,12 +70,22 @@ def check_build(path):
             f"the package for this TensorFlow with: {REBUILD_COMMAND}"
         )
     built_for = read_build_info(path).get("tf_version", "unknown")
-    if built_for != tf.__version__:
+    if _minor(built_for) != _minor(tf.__version__):
+        running = ".".join(_minor(tf.__version__))
         raise OpLibraryError(
             f"{path} was built for TensorFlow {built_for}, but TensorFlow {tf.__version__} is "
-            f"running; a sok_graph build only loads in the TensorFlow it was built for. Rebuild "
-            f"it for this TensorFlow with: {REBUILD_COMMAND}"
+            f"running; a sok_graph build only loads in the TensorFlow minor version it was "
+            f"built for. Install the wheel built for TensorFlow {running} "
+            f"(sok_graph-<version>+tf{running}-...whl; scripts/build_wheel.sh "
+            f"{tf.__version__} makes it), or rebuild from source for this TensorFlow with: "
+            f"{REBUILD_COMMAND}"
         )
+
+
+def _minor(version):
+    """("2", "15") of "2.15.1": TensorFlow keeps its C++ ABI within a minor
+    version, which custom op libraries link against."""
+    return tuple(version.split(".")[:2])
 
 
 # The first load can happen while a tf.function is traced (inside

@@ -4,11 +4,13 @@ These run against the pip-installed package (scripts/run_tests.sh), exactly
 as a user would run the scripts."""
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import tensorflow as tf
 
@@ -64,23 +66,80 @@ needs_horovod = pytest.mark.skipif(
     reason="Horovod is not installed (scripts/install_horovod.sh builds it; CI requires it)")
 
 
-@pytest.mark.parametrize("mode,workers", [
+MAIN_JOB_CONFIGS = [
     pytest.param("tf2", 1, marks=tf2_program), ("tf1", 1),
     pytest.param("tf2", 2, marks=[needs_horovod, tf2_program]),
-    pytest.param("tf1", 2, marks=needs_horovod)])
-def test_movielens_main_job_beats_popularity(tmp_path, mode, workers):
-    stdout = run_example("examples_tf2/movielens_dlrm.py", "--mode", mode, "--epochs", "2",
-                         "--out", str(tmp_path), "--quiet", workers=workers)
+    pytest.param("tf1", 2, marks=needs_horovod)]
+MAIN_JOB_EPOCHS = 6
+_main_job_runs = {}
+
+
+def main_job(tmp_path_factory, mode, workers):
+    """(stdout, output directory) of the main job, run once per (mode,
+    workers) for the tests below. At --lr 0.02 its validation AUC peaks after
+    2 or 3 epochs and then falls; with --patience 1 it stops one epoch after
+    the peak, so the epoch it keeps is not the last one it trained."""
+    key = (mode, workers)
+    if key not in _main_job_runs:
+        out = tmp_path_factory.mktemp(f"movielens_{mode}_{workers}")
+        stdout = run_example("examples_tf2/movielens_dlrm.py", "--mode", mode,
+                             "--epochs", str(MAIN_JOB_EPOCHS), "--patience", "1", "--lr", "0.02",
+                             "--out", str(out), "--quiet", workers=workers)
+        _main_job_runs[key] = stdout, out
+    return _main_job_runs[key]
+
+
+@pytest.mark.parametrize("mode,workers", MAIN_JOB_CONFIGS)
+def test_movielens_main_job_beats_popularity(tmp_path_factory, mode, workers):
+    stdout, out = main_job(tmp_path_factory, mode, workers)
     baseline = float(re.search(r"popularity baseline test AUC ([\d.]+)", stdout).group(1))
     model = float(re.search(r"sok_graph DLRM +test AUC ([\d.]+)", stdout).group(1))
     assert model > baseline + 0.03, stdout
-    assert os.path.exists(tmp_path / "training.png")
-    assert os.path.exists(tmp_path / "tables" / "manifest.json")
+    assert os.path.exists(out / "training.png")
+    assert os.path.exists(out / "tables" / "manifest.json")
     # the servable SavedModel predicts what the training model does
     served, trained = map(float, re.search(
         r"serving: SavedModel .* predicts ([\d.]+); the training model ([\d.]+)",
         stdout).groups())
     assert abs(served - trained) <= 1e-5, stdout
+
+
+@pytest.mark.parametrize("mode,workers", MAIN_JOB_CONFIGS)
+def test_movielens_main_job_keeps_the_best_validation_epoch(tmp_path_factory, mode, workers):
+    """Each worker keeps the epoch whose validation AUC (as printed) is the
+    highest, stops --patience epochs after it, and reports the test AUC that
+    epoch printed, scored again by the restored model; the dump holds that
+    epoch's tables (its optimizer step)."""
+    stdout, out = main_job(tmp_path_factory, mode, workers)
+    kept_by_rank = []
+    for rank in range(workers):
+        # Under the launcher every line of worker r starts with "[r] ".
+        prefix = f"[{rank}] " if workers > 1 else ""
+        text = "\n".join(line[len(prefix):] for line in stdout.splitlines()
+                         if line.startswith(prefix))
+        epochs = re.findall(r"^epoch (\d+): train loss [\d.]+  validation AUC ([\d.]+)  "
+                            r"test AUC ([\d.]+)$", text, re.M)
+        assert [int(e) for e, _, _ in epochs] == list(range(1, len(epochs) + 1)), text
+        val = np.array([float(v) for _, v, _ in epochs])
+        test = np.array([float(t) for _, _, t in epochs])
+        best = int(np.argmax(val)) + 1  # the first of equal maxima
+        kept, trained = map(int, re.search(r"^kept epoch (\d+) of (\d+) trained", text,
+                                           re.M).groups())
+        assert (kept, trained) == (best, len(epochs)), text
+        assert len(epochs) == min(MAIN_JOB_EPOCHS, best + 1), text  # patience 1
+        # Only a kept epoch before the last one tells a restored model from
+        # the one training ended with.
+        assert best < len(epochs) and abs(test[best - 1] - test[-1]) > 2e-6, \
+            "the job did not stop after an epoch that beat the later ones:\n" + text
+        final = float(re.search(r"^sok_graph DLRM +test AUC ([\d.]+)", text, re.M).group(1))
+        assert abs(final - test[best - 1]) <= 1e-6, text
+        kept_by_rank.append(best)
+    assert kept_by_rank == [best] * workers, stdout  # a collective decision
+    # Steps of the kept epochs: ceil(training ratings / batch 1024) each.
+    n_train = int(re.search(r"MovieLens-100k: (\d+) train", stdout).group(1))
+    with open(out / "tables" / "manifest.json") as f:
+        step = json.load(f)["optimizer"]["step"]
+    assert step == best * -(-n_train // 1024), stdout
 
 
 def _losses(stdout):
