@@ -39,7 +39,7 @@ from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.placement import owned_mask
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.optimization.wrapper import wrapper_for
+from sok_graph.optimization.native_slots import slot_state_for
 from sok_graph.variables import export as export_rows
 
 FORMAT_VERSION = 1
@@ -230,10 +230,12 @@ def _barrier(world_size):
 def dump(path, dump_vars, optimizer=None):
     """Writes the variables (keys, rows, per-key metadata) and, when given,
     the optimizer's slots and step to the directory `path`. `optimizer`: an
-    OptimizerWrapper, or a native optimizer that updated sok variables
-    inside sok.OptimizerScope."""
+    OptimizerWrapper, or a native optimizer (Keras OptimizerV2,
+    tf.compat.v1.train) that updated sok variables itself or inside
+    sok.OptimizerScope (optimization/native_slots.py says whose slots a
+    variable's are)."""
     variables = _check_vars(dump_vars, "dump_vars")
-    optimizer = None if optimizer is None else wrapper_for(optimizer)
+    optimizer = None if optimizer is None else slot_state_for(optimizer)
     tables = {name: (_kind(var), _export(var, optimizer)) for name, var in variables.items()}
     optimizer_entry = None
     if optimizer is not None:
@@ -414,7 +416,7 @@ def load(path, load_vars, optimizer=None):
     """Restores variables (and, when given, the optimizer's slots and step)
     from a dump. Everything is read and checked before anything is assigned."""
     variables = _check_vars(load_vars, "load_vars")
-    optimizer = None if optimizer is None else wrapper_for(optimizer)
+    optimizer = None if optimizer is None else slot_state_for(optimizer)
     slots = _slot_specs(optimizer)
     # Every shard of a table sharded over replicas has the kind, dimension
     # and global rows of the first.

@@ -470,6 +470,236 @@ def test_incremental_model_dump_returns_updated_rows():
     np.testing.assert_array_equal(np.asarray(values[0]), [[1.0, 1.0]])
 
 
+# ------------------------------------- dump/load: a plain optimizer's own slots
+#
+# A plain legacy Keras optimizer (or a tf.compat.v1.train one) trains static
+# sok.Variables with its own apply_gradients and keeps their slots itself;
+# sok.dump / sok.load with that optimizer carry those slots and its step.
+# Each case: (native slot name, name in the dump), the slot names from
+# TensorFlow's optimizer documentation.
+
+NATIVE_KERAS = [
+    pytest.param("SGD", dict(learning_rate=0.1, decay=0.5), [], id="SGD"),
+    pytest.param("SGD", dict(learning_rate=0.05, momentum=0.9, nesterov=True),
+                 [("momentum", "momentum")], id="SGD-momentum"),
+    pytest.param("Adamax", dict(learning_rate=0.05), [("m", "m"), ("v", "v")], id="Adamax"),
+    pytest.param("Adadelta", dict(learning_rate=1.0),
+                 [("accum_grad", "accum"), ("accum_var", "accum_update")], id="Adadelta"),
+    pytest.param("Adagrad", dict(learning_rate=0.1), [("accumulator", "accumulator")],
+                 id="Adagrad"),
+    pytest.param("Ftrl", dict(learning_rate=0.1, l1_regularization_strength=0.01,
+                              l2_regularization_strength=0.01),
+                 [("accumulator", "accumulator"), ("linear", "linear")], id="Ftrl"),
+    pytest.param("Adam", dict(learning_rate=0.05), [("m", "m"), ("v", "v")], id="Adam"),
+    pytest.param("RMSprop", dict(learning_rate=0.05, momentum=0.5, centered=True),
+                 [("rms", "rms"), ("momentum", "momentum"), ("mg", "mg")], id="RMSprop"),
+]
+
+NATIVE_TF1 = [
+    pytest.param("MomentumOptimizer", dict(learning_rate=0.05, momentum=0.9, use_nesterov=True),
+                 [("momentum", "momentum")], id="Momentum"),
+    pytest.param("AdagradOptimizer", dict(learning_rate=0.1), [("accumulator", "accumulator")],
+                 id="Adagrad"),
+    pytest.param("AdadeltaOptimizer", dict(learning_rate=1.0),
+                 [("accum", "accum"), ("accum_update", "accum_update")], id="Adadelta"),
+    pytest.param("FtrlOptimizer", dict(learning_rate=0.1, l1_regularization_strength=0.01),
+                 [("accum", "accumulator"), ("linear", "linear")], id="Ftrl"),
+    pytest.param("AdamOptimizer", dict(learning_rate=0.05), [("m", "m"), ("v", "v")], id="Adam"),
+    pytest.param("RMSPropOptimizer", dict(learning_rate=0.05, momentum=0.5, centered=True),
+                 [("rms", "rms"), ("momentum", "momentum"), ("mg", "mg")], id="RMSProp"),
+]
+
+
+def _legacy_keras_optimizers():
+    """Where a SOK script finds OptimizerV2 optimizers: tf.keras.optimizers
+    after sok.init() (TF 2.15: the legacy ones; TF 1.15: all of them), else
+    tf_keras' legacy ones; None on Keras 3 without tf_keras."""
+    sok.init(comm_tool="none")
+    if "OptimizerV2" in [c.__name__ for c in tf.keras.optimizers.SGD.__mro__]:
+        return tf.keras.optimizers
+    if HAVE_TF_KERAS:
+        import tf_keras
+
+        return tf_keras.optimizers.legacy
+    return None
+
+
+def _native_tables(values):
+    """A distributed and a localized table, named as the dump names them."""
+    return [sok.Variable(values[0], name="dist"),
+            sok.Variable(values[1], mode="localized:0", name="loc")]
+
+
+def _native_loss(tables, i):
+    rng = np.random.RandomState(i)
+    a = tf.ragged.constant([list(rng.randint(0, 20, 3)) for _ in range(5)], tf.int64)
+    b = tf.ragged.constant([list(rng.randint(0, 9, 2)) for _ in range(5)], tf.int64)
+    x, y = sok.lookup_sparse(tables, [a, b], combiners=["sum", "mean"])
+    return tf.reduce_sum(tf.square(x - 0.5)) + tf.reduce_sum(tf.square(y + 1.0))
+
+
+def _native_step(opt, tables, i):
+    with tf.GradientTape() as tape:
+        loss = _native_loss(tables, i)
+    opt.apply_gradients(zip(tape.gradient(loss, tables), tables))
+
+
+def _native_start():
+    rng = np.random.default_rng(5)
+    return [rng.normal(size=(20, 4)).astype(np.float32),
+            rng.normal(size=(9, 4)).astype(np.float32)]
+
+
+@pytest.mark.parametrize("name,kwargs,slots", NATIVE_KERAS)
+def test_dump_load_keeps_a_plain_keras_optimizers_slots(tmp_path, name, kwargs, slots):
+    module = _legacy_keras_optimizers()
+    if module is None:
+        pytest.skip("Keras 3 has no OptimizerV2 optimizers to train sok.Variables directly, "
+                    "and tf_keras is not installed")
+
+    def make():
+        return getattr(module, name)(**kwargs)
+
+    start = _native_start()
+    tables, opt = _native_tables(start), make()
+    for i in range(3):
+        _native_step(opt, tables, i)
+    values = [t.numpy() for t in tables]
+    state = {(j, n): opt.get_slot(t, n).numpy() for j, t in enumerate(tables) for n, _ in slots}
+    assert int(opt.iterations.numpy()) == 3
+    path = str(tmp_path / "native")
+    sok.dump(path, tables, opt)
+
+    # Everything overwritten, then loaded back into the same optimizer.
+    for t in tables:
+        t.assign(tf.fill(t.shape, 7.0))
+        for n, _ in slots:
+            opt.get_slot(t, n).assign(tf.fill(t.shape, -3.0))
+    opt.iterations.assign(50)
+    sok.load(path, tables, opt)
+    for t, want in zip(tables, values):
+        np.testing.assert_array_equal(t.numpy(), want)
+    for (j, n), want in state.items():
+        np.testing.assert_array_equal(opt.get_slot(tables[j], n).numpy(), want)
+    assert int(opt.iterations.numpy()) == 3
+
+    # Restored at the start into a fresh optimizer: the next step is the
+    # original optimizer's next step.
+    fresh_tables, fresh = _native_tables([np.zeros_like(s) for s in start]), make()
+    sok.load(path, fresh_tables, fresh)
+    for (j, n), want in state.items():
+        np.testing.assert_array_equal(fresh.get_slot(fresh_tables[j], n).numpy(), want)
+    assert int(fresh.iterations.numpy()) == 3
+    _native_step(opt, tables, 3)
+    _native_step(fresh, fresh_tables, 3)
+    for got, want in zip(fresh_tables, tables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+    for j, n in state:
+        np.testing.assert_array_equal(fresh.get_slot(fresh_tables[j], n).numpy(),
+                                      opt.get_slot(tables[j], n).numpy())
+
+    # The dump names slots as an OptimizerWrapper's dump does.
+    wrapped_tables, wrapped = _native_tables(start), sok.OptimizerWrapper(make())
+    sok.load(path, wrapped_tables, wrapped)
+    assert int(wrapped.iterations.numpy()) == 3
+    for j in range(2):
+        for n, dumped in slots:
+            np.testing.assert_array_equal(wrapped.get_slot(wrapped_tables[j], dumped).numpy(),
+                                          state[(j, n)])
+
+
+@pytest.mark.parametrize("name,kwargs,slots", NATIVE_TF1)
+def test_dump_load_keeps_a_plain_tf1_optimizers_slots_in_a_session(tmp_path, name, kwargs,
+                                                                   slots):
+    """The TF1 script: train ops of a tf.compat.v1.train optimizer on sok
+    tables, run in a Session; the restore at the start builds its train op
+    after sok.load (which made the slots) and runs no initializer after it."""
+    def make():
+        return getattr(tf.compat.v1.train, name)(**kwargs)
+
+    def train_op(opt, tables, i):
+        grads = tf.gradients(_native_loss(tables, i), tables)
+        return opt.apply_gradients(zip(grads, tables))
+
+    def slot_vars(opt, tables):
+        return {(j, n): opt.get_slot(t, n) for j, t in enumerate(tables) for n, _ in slots}
+
+    def beta_powers(opt):
+        # Adam's step is in its beta powers.
+        return list(opt._get_beta_accumulators()) if name == "AdamOptimizer" else []
+
+    start = _native_start()
+    path = str(tmp_path / "native")
+    graph = tf.Graph()
+    with graph.as_default():
+        tables, opt = _native_tables(start), make()
+        steps = [train_op(opt, tables, i) for i in range(4)]
+        slot_of, powers = slot_vars(opt, tables), beta_powers(opt)
+        overwrite = ([t.assign(tf.fill(tf.shape(t), 7.0)) for t in tables]
+                     + [s.assign(tf.fill(tf.shape(s), -3.0)) for s in slot_of.values()]
+                     + [p.assign(0.5) for p in powers])
+        with tf.compat.v1.Session(graph=graph) as sess, sess.as_default():
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for i in range(3):
+                sess.run(steps[i])
+            values, state, saved_powers = sess.run([tables, slot_of, powers])
+            sok.dump(path, tables, opt)
+            sess.run(overwrite)
+            sok.load(path, tables, opt)
+            got_values, got_state, got_powers = sess.run([tables, slot_of, powers])
+            sess.run(steps[3])
+            next_values, next_state = sess.run([tables, slot_of])
+    for got, want in zip(got_values, values):
+        np.testing.assert_array_equal(got, want)
+    for key, want in state.items():
+        np.testing.assert_array_equal(got_state[key], want)
+    for got, want in zip(got_powers, saved_powers):
+        np.testing.assert_array_equal(got, want)
+
+    graph = tf.Graph()
+    with graph.as_default():
+        tables, opt = _native_tables([np.zeros_like(s) for s in start]), make()
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=graph) as sess, sess.as_default():
+            sess.run(init)
+            sok.load(path, tables, opt)
+            restored = sess.run(slot_vars(opt, tables))
+            sess.run(train_op(opt, tables, 3))
+            fresh_values, fresh_state = sess.run([tables, slot_vars(opt, tables)])
+    for key, want in state.items():
+        np.testing.assert_array_equal(restored[key], want)
+    for got, want in zip(fresh_values, next_values):
+        np.testing.assert_array_equal(got, want)
+    for key, want in next_state.items():
+        np.testing.assert_array_equal(fresh_state[key], want)
+
+
+def test_plain_optimizer_restored_at_start_goes_on_inside_optimizer_scope(tmp_path):
+    """A native optimizer that trains sok tables inside sok.OptimizerScope
+    (its slots are the scope's), restored before its first step: sok.load
+    gives its slots to the optimizer itself, and the scope takes them (and
+    the step) over on the first update."""
+    def make():
+        return tf.compat.v1.train.AdamOptimizer(0.05)
+
+    def step(opt, tables, i):
+        with sok.OptimizerScope(tables):
+            _native_step(opt, tables, i)
+
+    start = _native_start()
+    tables, opt = _native_tables(start), make()
+    for i in range(3):
+        step(opt, tables, i)
+    path = str(tmp_path / "scoped")
+    sok.dump(path, tables, opt)
+    fresh_tables, fresh = _native_tables([np.zeros_like(s) for s in start]), make()
+    sok.load(path, fresh_tables, fresh)
+    step(opt, tables, 3)
+    step(fresh, fresh_tables, 3)
+    for got, want in zip(fresh_tables, tables):
+        np.testing.assert_array_equal(got.numpy(), want.numpy())
+
+
 # ---------------------------------------------------------- a SOK script
 
 

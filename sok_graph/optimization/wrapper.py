@@ -135,6 +135,7 @@ class OptimizerWrapper:
         slots = {}
         # A replica's shard keeps its slots on its device, as its own.
         with tf.init_scope(), replica_shards.shard_scope(var.placement[1]):
+            native = self._native_rows(var)
             for name, init in self._hp.slots():
                 if isinstance(var, DynamicVariable):
                     slot = DynamicVariable(var.dimension, initializer=float(init),
@@ -142,13 +143,26 @@ class OptimizerWrapper:
                                            name=f"{var.name}/{name}")
                     var.add_shadow(slot)
                 else:
+                    start = native[name] if native else tf.fill(tf.shape(var),
+                                                                tf.cast(init, var.dtype))
                     slot = replica_shards.new_variable(
-                        tf.fill(tf.shape(var), tf.cast(init, var.dtype)), trainable=False,
-                        name=f"{var.name.split(':')[0]}/{name}")
+                        start, trainable=False, name=f"{var.name.split(':')[0]}/{name}")
                 slots[name] = slot
                 self._slot_vars.append(slot)
         self._slots[id(var)] = slots
         return slots
+
+    def _native_rows(self, var):
+        """The slots the wrapped native optimizer keeps for static `var`
+        ({name: value}), or None: a native optimizer that sok.load restored
+        (or that trained `var` itself) goes on from that state when its sok
+        updates come here (sok.OptimizerScope)."""
+        if isinstance(self._optimizer, OwnRule):
+            return None
+        # native_slots imports this module.
+        from sok_graph.optimization.native_slots import native_rows
+
+        return native_rows(self._optimizer, self.algorithm, var, self.slot_names())
 
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):
         """Applies gradients; sok variables get sparse updates, others go to
