@@ -14,6 +14,31 @@ var_type="hybrid": bounded by max_capacity rows and/or max_hbm_for_vectors
 Gradients w.r.t. a DynamicVariable are IndexedSlices whose indices are keys
 (unique when they come from sok lookups), so sparse optimizers touch only the
 rows a batch used.
+
+A DynamicVariable is a `tf.Variable` (a subclass of the abstract class
+`tf.Variable` names: VariableV1 on TF 1.x), as SOK's is, so TensorFlow's
+variable machinery takes it where it takes SOK's:
+- isinstance(v, tf.Variable) holds; in graph mode it is in
+  tf.compat.v1.global_variables() and, when trainable, in
+  trainable_variables(); Keras 2 layers list it among their weights, and
+  tf.Module among its variables;
+- a Session fetch of it (sess.run(v)) gives its size, [number of keys,
+  dimension] as int64, as v.size does (SOK's gives the [1, dimension] value
+  of the stand-in variable its table hides behind);
+- tf.compat.v1.train.Saver() saves and restores the whole table: its keys,
+  rows, last-use times and use counts, under the table's graph name (as a
+  tf.Variable's op name: unique in the graph, with its name scope) plus
+  "-keys", "-values", "-timestamps", "-frequencies" (SOK's Saver saves the
+  stand-in's [1, dimension] value and leaves the table out);
+- tf.compat.v1.train optimizers compute its gradient (IndexedSlices of keys);
+  the optimizers' own sparse update works for plain gradient descent
+  (scatter_sub); others update it inside sok.OptimizerScope or through
+  sok.OptimizerWrapper.
+It has no dense value: value(), read_value(), assign*(), numpy(), tensor
+conversion and the operators raise NotImplementedError, as SOK's do for a
+table in dynamic mode. It is not a ResourceVariable (kernels that read a
+variable's handle in place never see the table), and it is compared and
+hashed by identity (element-wise == means nothing without a dense value).
 """
 
 import math
@@ -113,7 +138,35 @@ def initializer_spec(initializer, seed=None):
         f"TruncatedNormal, RandomUniform, Zeros, Ones, Constant or one of their names")
 
 
-class DynamicVariable(compat.trackable_base_class(), compat.native_object_class()):
+class NoDenseValueError(NotImplementedError, ValueError):
+    """A dense read or write of a DynamicVariable. NotImplementedError, as
+    SOK raises for a table in dynamic mode; ValueError too, as TensorFlow's
+    failed tensor conversions are (code that tries a conversion catches it)."""
+
+
+def _refuse_dense(table, what):
+    raise NoDenseValueError(
+        f"DynamicVariable '{table._name}': {what} needs a dense value, which a dynamic table "
+        f"does not have; read rows with sparse_read / tf.nn.embedding_lookup or sok.export, "
+        f"write them with sok.assign or scatter_update, train the table with "
+        f"sok.OptimizerWrapper or inside sok.OptimizerScope, and save it with "
+        f"tf.train.Checkpoint, tf.compat.v1.train.Saver or sok.dump")
+
+
+def _no_dense_value(method):
+    """A tf.Variable method that needs a dense value: it raises
+    NoDenseValueError naming what to use instead."""
+
+    def refuse(self, *args, **kwargs):
+        _refuse_dense(self, method)
+
+    refuse.__name__ = method.split("(")[0]
+    return refuse
+
+
+# tf.Variable is VariableV1 on TF 1.x, Variable on TF 2.x: the class that
+# isinstance(v, tf.Variable) asks about on each.
+class DynamicVariable(tf.Variable, compat.native_object_class()):
     """``DynamicVariable(dimension, initializer=None, var_type=None, name=None,
     constraint=None, trainable=True, key_type=None, dtype=None, mode=None,
     **table_config)``
@@ -126,6 +179,8 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
     # The tape and tf.Module treat objects with this attribute as resource
     # variables: gradients w.r.t. them are gradients w.r.t. `handle`.
     _should_act_as_resource_variable = True
+    # Not sliced across variables (tf.compat.v1.train.Saver asks).
+    _save_slice_info = None
     # As a NativeObject (the base above), TensorFlow's ops take the table as
     # it is: tf.nn.embedding_lookup(table, keys) reads rows through
     # sparse_read, as it does for a tf.Variable, and its gradient is
@@ -143,6 +198,15 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         # per replica (sok_graph/replica_shards.py).
         shards = replica_shards.replicate(cls, args, kwargs, context.active())
         return shards if shards is not None else super().__new__(cls)
+
+    @classmethod
+    def _variable_call(cls, *args, **kwargs):
+        """TF 2.x's tf.Variable metaclass offers every construction to this
+        hook first, with tf.Variable's parameters (a positional dimension
+        lands on initial_value, and a keyword such as trainable= can collide
+        with a positional argument there); it only builds plain tf.Variables,
+        so the table's own constructor runs instead."""
+        return None
 
     def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
                  trainable=True, key_type=None, dtype=None, mode=None, **table_config):
@@ -194,16 +258,28 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         with tf.name_scope(self._name):
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
-        self._shared_name = shared_name
+            self._graph_element = None
+            if compat.v1_graph_mode():
+                # What a Session fetch of the table gives (see the module
+                # docstring), made now: a fetch may come once the graph is
+                # finalized. No control dependencies: a fetch runs nothing
+                # else. (Not in a tf.function, which would run it each call.)
+                with tf.control_dependencies(None):
+                    self._graph_element = self._size_tensor()
+        self._table_shared_name = shared_name
         # Tables keyed like this one (optimizer slots) that must drop the keys
         # this table evicts, so a key that comes back starts afresh in all.
         self._shadows = []
+        self._in_graph_mode = not tf.executing_eagerly()
         if tf.executing_eagerly():
             self._deleter = compat.eager_resource_deleter(self._handle)
         else:
             # global_variables_initializer() runs every GLOBAL_VARIABLES
-            # entry's `initializer`.
+            # entry's `initializer`; optimizers and Savers read the
+            # collections as they do for a tf.Variable.
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, self)
+            if self._trainable:
+                tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, self)
 
     def _capacity_config(self, cfg):
         if self._var_type not in ("hbm", "hybrid"):
@@ -357,7 +433,15 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
 
     @property
     def _unique_id(self):
-        return self._shared_name
+        return self._table_shared_name
+
+    @property
+    def _shared_name(self):
+        """The table's name in its graph (unique there, with its name scope)
+        or, made eagerly, a unique anonymous name; TF 1.x optimizers key
+        their slots by it, as for a tf.Variable (whose version reads it off
+        `name`)."""
+        return self._table_shared_name
 
     @property
     def graph(self):
@@ -375,6 +459,82 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
     def __repr__(self):
         return (f"<sok.DynamicVariable '{self._name}' dimension={self._dimension} "
                 f"key_type={self._key_type.name} var_type={self._var_type}>")
+
+    # ------------------------------------------------------------- tf.Variable
+    # What TensorFlow asks of every tf.Variable (the module docstring says
+    # what holds of the table as one).
+    @property
+    def constraint(self):
+        return None
+
+    @property
+    def synchronization(self):
+        return tf.VariableSynchronization.AUTO
+
+    @property
+    def aggregation(self):
+        return tf.VariableAggregation.NONE
+
+    def _as_graph_element(self):
+        """What a Session fetch of the table gives: its size [keys,
+        dimension] (TF1-style graph mode; None for a table made eagerly, as
+        for an eager tf.Variable)."""
+        return self._graph_element
+
+    def _ref(self):
+        """The tensor that tf.compat.v1.train optimizers differentiate with
+        respect to (a variable that is not a VarHandleOp's): the table's
+        handle, whose gradient is IndexedSlices of keys."""
+        return self._handle
+
+    def to_proto(self, export_scope=None):
+        """None: a table is not rebuilt from a VariableDef, so an exported
+        meta graph's variable collections leave it out (and keep every other
+        variable; a proto function that raised would drop the whole
+        collection). Its initializer and Saver ops stay in the graph."""
+        return None
+
+    @staticmethod
+    def from_proto(variable_def, import_scope=None):
+        raise NotImplementedError("a DynamicVariable is not rebuilt from a VariableDef; build "
+                                  "the model again and restore the table with a Saver")
+
+    # Compared and hashed by identity, in every mode: tf.Variable's
+    # element-wise == (TF 2.x eager) needs a dense value, and the optimizer,
+    # Keras' weight lists and sets of variables need == and hash to work.
+    def __eq__(self, other):
+        return self is other
+
+    def __ne__(self, other):
+        return self is not other
+
+    def __hash__(self):
+        return id(self)
+
+    value = _no_dense_value("value()")
+    read_value = _no_dense_value("read_value()")
+    numpy = _no_dense_value("numpy()")
+    eval = _no_dense_value("eval()")  # noqa: A003 (tf.Variable's name)
+    initialized_value = _no_dense_value("initialized_value()")
+    assign = _no_dense_value("assign()")
+    assign_add = _no_dense_value("assign_add()")
+    assign_sub = _no_dense_value("assign_sub()")
+    load = _no_dense_value("load()")
+    gather_nd = _no_dense_value("gather_nd()")
+    scatter_nd_update = _no_dense_value("scatter_nd_update()")
+    scatter_nd_add = _no_dense_value("scatter_nd_add()")
+    scatter_nd_sub = _no_dense_value("scatter_nd_sub()")
+    scatter_max = _no_dense_value("scatter_max()")
+    scatter_min = _no_dense_value("scatter_min()")
+    scatter_mul = _no_dense_value("scatter_mul()")
+    scatter_div = _no_dense_value("scatter_div()")
+    batch_scatter_update = _no_dense_value("batch_scatter_update()")
+    count_up_to = _no_dense_value("count_up_to()")
+    set_shape = _no_dense_value("set_shape()")
+
+    @property
+    def initial_value(self):
+        return _refuse_dense(self, "initial_value")
 
     # ---------------------------------------------------------------- table ops
     def _check_keys(self, keys, widen=False):
@@ -451,14 +611,30 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
         return dynamic_ops.find(self._handle, self._check_keys(keys), self._dimension,
                                 default_value)
 
-    def scatter_add(self, keys, rows):
-        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows, "add")
+    def _scatter(self, method, keys, rows):
+        """keys and rows of a scatter_* call: (keys, rows), or one
+        tf.IndexedSlices of rows addressed by key as tf.Variable's scatter
+        methods take (what tf.compat.v1.train.GradientDescentOptimizer
+        passes to scatter_sub)."""
+        if isinstance(keys, tf.IndexedSlices):
+            if rows is not None and not isinstance(rows, bool):  # bool: tf's use_locking
+                raise TypeError(f"DynamicVariable.{method} takes (keys, rows) or one "
+                                f"tf.IndexedSlices; got an IndexedSlices and rows {rows!r}")
+            keys, rows = keys.indices, keys.values
+        elif rows is None:
+            raise TypeError(f"DynamicVariable.{method} takes (keys, rows) or one "
+                            f"tf.IndexedSlices; got keys {keys!r} and no rows")
+        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows,
+                                   method[len("scatter_"):])
 
-    def scatter_sub(self, keys, rows):
-        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows, "sub")
+    def scatter_add(self, keys, rows=None, use_locking=False, name=None):
+        return self._scatter("scatter_add", keys, rows)
 
-    def scatter_update(self, keys, rows):
-        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows, "update")
+    def scatter_sub(self, keys, rows=None, use_locking=False, name=None):
+        return self._scatter("scatter_sub", keys, rows)
+
+    def scatter_update(self, keys, rows=None, use_locking=False, name=None):
+        return self._scatter("scatter_update", keys, rows)
 
     def remove(self, keys):
         return dynamic_ops.remove(self._handle, self._check_keys(keys))
@@ -467,6 +643,9 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
     def size(self):
         """[number of keys, dimension] as an int64 tensor, as SOK's
         ``v.size``: ``v.size[0]`` is the number of rows the table holds."""
+        return self._size_tensor()
+
+    def _size_tensor(self):
         count = dynamic_ops.stats(self._handle)[0]
         return tf.stack([tf.cast(count, tf.int64), tf.constant(self._dimension, tf.int64)])
 
@@ -517,6 +696,18 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
     # ------------------------------------------------------- tf.train.Checkpoint
     # Saved as four tensors (keys, rows, last-use times, use counts), read
     # with one export; restoring replaces the table's contents.
+    def _gather_saveables_for_checkpoint(self):
+        # tf.compat.v1.train.Saver's way in (TF 1.x's tf.train.Checkpoint's
+        # too); TF 2.x's checkpoints use _serialize_to_tensors directly.
+        return compat.tensors_saveable_factories(self, self._saveable_name)
+
+    def _saveable_name(self):
+        """The name a Saver saves the table under: in graph mode the
+        table's graph name (unique, with its name scope, as a tf.Variable's
+        op name), eagerly the name given (the graph name there is a unique
+        anonymous one, which another process could not find)."""
+        return self._table_shared_name if self._in_graph_mode else self._name
+
     def _serialize_to_tensors(self):
         keys, rows, times, counts, _ = dynamic_ops.export(
             self._handle, self._key_type, self._dimension, offset=0, limit=(1 << 62))
@@ -538,3 +729,20 @@ class DynamicVariable(compat.trackable_base_class(), compat.native_object_class(
                 return dynamic_ops.import_rows(
                     self._handle, tf.cast(restored_tensors["-keys"], self._key_type), values,
                     restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"))
+
+
+def _refuse_conversion(value, dtype=None, name=None, as_ref=False):
+    # Registered so that tf.convert_to_tensor (and every op given the table
+    # where it wants a tensor) names the table and what to use instead;
+    # without it TensorFlow tries the table as a sequence of numbers.
+    if as_ref:
+        # What tf.compat.v1.train.Saver asks of a tf.Variable given in a
+        # {name: variable} dict; given in a list, the table saves itself.
+        raise NoDenseValueError(
+            f"DynamicVariable '{value._name}' has no dense value to take a reference to; "
+            f"tf.compat.v1.train.Saver saves it given in a var_list list (or with no "
+            f"var_list), under its graph name, not in a {{name: variable}} dict")
+    _refuse_dense(value, "conversion to a tensor")
+
+
+tf.compat.v1.register_tensor_conversion_function(DynamicVariable, _refuse_conversion)

@@ -376,6 +376,190 @@ def test_sparse_read_and_evict_as_documented():
         sok.sparse_read_and_evict(sok.DynamicVariable(2), tf.constant([1], tf.int64))
 
 
+# ------------------------------------------- DynamicVariable as a tf.Variable
+
+
+def _sorted_rows(keys, rows):
+    order = np.argsort(keys)
+    return np.asarray(keys)[order], np.asarray(rows)[order]
+
+
+def test_dynamic_variable_is_a_tf_variable_in_a_session():
+    """SOK's DynamicVariable is a tf.Variable: filter_variables' lists can be
+    fetched whole (a table fetches as its size [keys, dimension]) and the
+    graph's variable collections hold it as they hold a tf.Variable."""
+    with tf.Graph().as_default():
+        v1 = tf.compat.v1.Variable([[0.0, 1.0, 2.0]])
+        v2 = sok.Variable([[3.0, 4.0, 5.0]])
+        v3 = sok.Variable([[6.0, 7.0, 8.0]], mode="localized:0")
+        v4 = sok.DynamicVariable(dimension=3, initializer="13")
+        frozen = sok.DynamicVariable(dimension=2, trainable=False)
+        rows = tf.nn.embedding_lookup(v4, tf.constant([4, 2 ** 40, 4], tf.int64))
+        assert isinstance(v4, tf.Variable) and isinstance(frozen, tf.Variable)
+        assert any(x is v4 for x in tf.compat.v1.global_variables())
+        assert any(x is frozen for x in tf.compat.v1.global_variables())
+        assert any(x is v4 for x in tf.compat.v1.trainable_variables())
+        assert not any(x is frozen for x in tf.compat.v1.trainable_variables())
+        sok_vars, other_vars = sok.filter_variables([v1, v2, v3, v4])
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            np.testing.assert_array_equal(sess.run(rows), np.full((3, 3), 13.0))
+            got_sok, got_other = sess.run((sok_vars, other_vars))
+    np.testing.assert_array_equal(got_sok[0], [[3.0, 4.0, 5.0]])
+    np.testing.assert_array_equal(got_sok[1], [[6.0, 7.0, 8.0]])
+    np.testing.assert_array_equal(got_sok[2], [2, 3])  # two keys of dimension 3
+    assert len(got_sok) == 3 and len(got_other) == 1
+    np.testing.assert_array_equal(got_other[0], [[0.0, 1.0, 2.0]])
+
+
+def test_tf1_saver_saves_and_restores_dynamic_tables(tmp_path):
+    """tf.compat.v1.train.Saver() over the global variables saves each
+    table's keys and rows under the table's graph name (unique, with its
+    name scope, as a tf.Variable's) and restoring gives back exactly the
+    saved keys and rows, in the same Session and in a new graph."""
+    rng = np.random.default_rng(7)
+    keys_a = np.array([3, 2 ** 40, 11], np.int64)
+    rows_a = rng.normal(size=(3, 2)).astype(np.float32)
+    keys_b = np.array([5, 6], np.int64)
+    rows_b = rng.normal(size=(2, 2)).astype(np.float32)
+    keys_c = np.array([-4], np.int64)
+    rows_c = rng.normal(size=(1, 2)).astype(np.float32)
+    dense = rng.normal(size=(2, 2)).astype(np.float32)
+    want = [(keys_a, rows_a), (keys_b, rows_b), (keys_c, rows_c)]
+
+    def build():
+        a = sok.DynamicVariable(dimension=2)
+        with tf.name_scope("tower"):
+            b = sok.DynamicVariable(dimension=2, var_type="hybrid", init_capacity=8,
+                                    max_capacity=8)
+        c = sok.DynamicVariable(dimension=2)  # a second table with the default name
+        w = tf.compat.v1.Variable(dense, name="w")
+        return (a, b, c), w, tf.compat.v1.train.Saver()
+
+    def check(exported):
+        for got, expected in zip(exported, want):
+            for g, x in zip(_sorted_rows(*got), _sorted_rows(*expected)):
+                np.testing.assert_array_equal(g, x)
+
+    with tf.Graph().as_default():
+        tables, w, saver = build()
+        fill = [sok.assign(t, k, r) for t, (k, r) in zip(tables, want)]
+        change = [sok.assign(tables[0], np.array([3, 99], np.int64),
+                             np.zeros((2, 2), np.float32)),
+                  sok.assign(tables[1], np.array([5], np.int64), np.ones((1, 2), np.float32)),
+                  tables[2].remove(tf.constant(keys_c)), w.assign(tf.zeros([2, 2]))]
+        exports = [sok.export(t) for t in tables]
+        meta = tf.compat.v1.train.export_meta_graph()
+        # A {name: variable} dict would save a tf.Variable's dense value.
+        with pytest.raises(NotImplementedError, match="in a var_list list"):
+            tf.compat.v1.train.Saver({"table": tables[0]})
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(fill)
+            path = saver.save(sess, str(tmp_path / "ckpt"))
+            sess.run(change)
+            saver.restore(sess, path)
+            check(sess.run(exports))
+            np.testing.assert_array_equal(sess.run(w), dense)
+    names = {n for n, _ in tf.train.list_variables(path)}
+    saved = {n[:-len("-keys")] for n in names if n.endswith("-keys")}
+    assert len(saved) == 3 and {"DynamicVariable", "tower/DynamicVariable"} <= saved
+    for table in saved:
+        assert {table + s for s in ("-values", "-timestamps", "-frequencies")} <= names
+    # The meta graph keeps the other variables (a table is not rebuilt from
+    # a VariableDef, so it alone is left out).
+    assert len(meta.collection_def["variables"].bytes_list.value) == 1
+
+    with tf.Graph().as_default():
+        tables, w, saver = build()
+        exports = [sok.export(t) for t in tables]
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, path)
+            check(sess.run(exports))
+            np.testing.assert_array_equal(sess.run(w), dense)
+
+
+def test_tf1_optimizers_see_a_dynamic_variable_as_trainable():
+    """In trainable_variables(), the table gets its gradient (IndexedSlices of
+    keys) from optimizer.minimize(loss): plain gradient descent updates it
+    through scatter_sub, and inside sok.OptimizerScope a native Adam does
+    (lazily); outside the scope Adam cannot make dense slots for it and says
+    so."""
+    ids = np.array([5, 7, 5], np.int64)
+    weights = np.array([[1.0], [2.0]], np.float32)
+    # d(sum(rows[ids] @ weights))/d row = count of the key * weights^T
+    grad = {5: 2 * weights[:, 0], 7: weights[:, 0]}
+    lr, b1, b2, eps = 0.1, 0.9, 0.999, 1e-8
+    want = {
+        "sgd": {k: 1.0 - lr * g for k, g in grad.items()},
+        "adam": {k: 1.0 - lr * np.sqrt(1 - b2) / (1 - b1) * ((1 - b1) * g)
+                 / (np.sqrt((1 - b2) * g * g) + eps) for k, g in grad.items()},
+    }
+    for kind in ("sgd", "adam"):
+        with tf.Graph().as_default():
+            table = sok.DynamicVariable(dimension=2, initializer="1")
+            w = tf.compat.v1.Variable(weights, trainable=False)
+            loss = tf.reduce_sum(tf.matmul(tf.nn.embedding_lookup(table, ids), w))
+            if kind == "sgd":
+                train = tf.compat.v1.train.GradientDescentOptimizer(lr).minimize(loss)
+            else:
+                opt = tf.compat.v1.train.AdamOptimizer(lr, b1, b2, eps)
+                with sok.OptimizerScope([table]):
+                    train = opt.minimize(loss)
+                with pytest.raises(NotImplementedError, match="DynamicVariable 'DynamicVariable'"):
+                    tf.compat.v1.train.AdamOptimizer(lr).minimize(loss)
+            export = sok.export(table)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(train)
+                keys, rows = sess.run(export)
+        assert sorted(keys.tolist()) == [5, 7]
+        for k, r in zip(keys, rows):
+            np.testing.assert_allclose(r, want[kind][int(k)], rtol=1e-5, err_msg=kind)
+
+
+def test_dynamic_variable_as_a_tf_variable_eagerly():
+    """Eagerly: a tf.Variable that tf.Module (and Keras 2 layers) list among
+    their variables, whose tape gradient stays IndexedSlices addressed by
+    key, and whose dense reads raise NotImplementedError naming the table,
+    as SOK's do in dynamic mode."""
+    table = sok.DynamicVariable(dimension=2, initializer="1", name="emb")
+    frozen = sok.DynamicVariable(dimension=2, trainable=False, name="frozen")
+    assert isinstance(table, tf.Variable)
+    module = tf.Module()
+    module.table, module.frozen = table, frozen
+    assert [v.name for v in module.trainable_variables] == ["emb"]
+    assert sorted(v.name for v in module.variables) == ["emb", "frozen"]
+
+    class Layer(tf.keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.table = table
+
+    layer = Layer()
+    if compat.KERAS_MAJOR_VERSION == 2:  # Keras 3 lists only its own variables
+        assert [v.name for v in layer.trainable_weights] == ["emb"]
+        # Dense weight lists (get_weights, HDF5 / .keras files) cannot hold
+        # the table: they say so rather than leave it out.
+        with pytest.raises(NotImplementedError, match="DynamicVariable 'emb'"):
+            layer.get_weights()
+
+    ids = tf.constant([9, 2 ** 40, 9], tf.int64)
+    scale = np.array([1.0, -2.0], np.float32)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(table, ids) * scale)
+    grad = tape.gradient(loss, [table])[0]
+    assert isinstance(grad, tf.IndexedSlices)
+    np.testing.assert_array_equal(grad.indices.numpy(), [9, 2 ** 40, 9])
+    np.testing.assert_array_equal(grad.values.numpy(), np.tile(scale, (3, 1)))
+
+    for attempt in (table.value, table.read_value, table.numpy,
+                    lambda: table.assign(np.zeros((1, 2), np.float32)),
+                    lambda: tf.convert_to_tensor(table), lambda: table + 1.0):
+        with pytest.raises(NotImplementedError, match="DynamicVariable 'emb'.*dense value"):
+            attempt()
+
+
 # ------------------------------------------------------------------- lookup
 
 

@@ -180,39 +180,60 @@ def native_object_class():
 _TF1_TRACKABLE = []
 
 
-def _tf1_trackable_class():
-    """TF 1.x's Trackable (tensorflow.python.training.tracking, moved in TF
-    2.10) with TF 2.11's checkpoint API on top: TF 1.x's Saver and
-    tf.train.Checkpoint know only _gather_saveables_for_checkpoint, so that
-    returns one SaveableObject of what _serialize_to_tensors gives (a tensor
-    per "-suffix", saved under name + suffix as TF 2.x does), restored
-    through _restore_from_tensors."""
-    if _TF1_TRACKABLE:
-        return _TF1_TRACKABLE[0]
+def _saveable_modules():
+    """(saveable_object module, the trackable base module): TF 1.x keeps
+    Trackable in tensorflow.python.training.tracking, TF 2.10+ in
+    tensorflow.python.trackable."""
     from tensorflow.python.training.saving import saveable_object
-    from tensorflow.python.training.tracking import base
+
+    if IS_TF1:
+        from tensorflow.python.training.tracking import base
+    else:
+        from tensorflow.python.trackable import base
+    return saveable_object, base
+
+
+def tensors_saveable_factories(obj, default_name):
+    """What `obj._gather_saveables_for_checkpoint()` returns for an object
+    saved through _serialize_to_tensors / _restore_from_tensors (TF 2.11's
+    checkpoint API): one SaveableObject holding a tensor per "-suffix", saved
+    under name + suffix as TF 2.x's own conversion names them, restored
+    through _restore_from_tensors. tf.compat.v1.train.Saver calls the factory
+    without a name, and then `default_name` (a callable, asked at save-graph
+    build time) names the tensors; object-based checkpoints pass their own.
+    TF 1.x's Saver and tf.train.Checkpoint know only this method; TF 2.x's
+    Saver asks it before _serialize_to_tensors."""
+    saveable_object, base = _saveable_modules()
 
     class TensorsSaveable(saveable_object.SaveableObject):
-        def __init__(self, obj, name):
+        def __init__(self, name):
             tensors = obj._serialize_to_tensors()
-            self._obj = obj
             self._suffixes = sorted(tensors)
             specs = [saveable_object.SaveSpec(tensors[s], "", name + s) for s in self._suffixes]
             super().__init__(obj, specs, name)
 
         def restore(self, restored_tensors, restored_shapes):
-            return self._obj._restore_from_tensors(dict(zip(self._suffixes, restored_tensors)))
+            return obj._restore_from_tensors(dict(zip(self._suffixes, restored_tensors)))
+
+    def factory(name=None):
+        return TensorsSaveable(name or default_name())
+
+    # VARIABLE_VALUE_KEY: a Saver keeps the object's own name.
+    return {base.VARIABLE_VALUE_KEY: factory}
+
+
+def _tf1_trackable_class():
+    """TF 1.x's Trackable (tensorflow.python.training.tracking, moved in TF
+    2.10) with TF 2.11's checkpoint API on top (tensors_saveable_factories)."""
+    if _TF1_TRACKABLE:
+        return _TF1_TRACKABLE[0]
+    _, base = _saveable_modules()
 
     class Trackable(base.Trackable):
         def _gather_saveables_for_checkpoint(self):
             if not hasattr(self, "_serialize_to_tensors"):
                 return super()._gather_saveables_for_checkpoint()
-
-            def factory(name=None):
-                return TensorsSaveable(self, name or self.name)
-
-            # VARIABLE_VALUE_KEY: a Saver keeps the object's own name.
-            return {base.VARIABLE_VALUE_KEY: factory}
+            return tensors_saveable_factories(self, lambda: self.name)
 
     _TF1_TRACKABLE.append(Trackable)
     return Trackable

@@ -14,25 +14,39 @@
 #include "xla/stream_executor/stream.h"
 #elif __has_include("tensorflow/compiler/xla/stream_executor/stream.h")
 #include "tensorflow/compiler/xla/stream_executor/stream.h"
+#if __has_include("tensorflow/compiler/xla/stream_executor/stream_executor_internal.h")
+#include "tensorflow/compiler/xla/stream_executor/stream_executor_internal.h"
+#endif
 #else
 #include "tensorflow/stream_executor/stream.h"
 #include "tensorflow/stream_executor/stream_executor_internal.h"
 #endif
 
 namespace sok_graph {
+namespace gpu_stream_internal {
+
+// The CUstream of a stream executor Stream. Newer TensorFlow (2.14 on)
+// hands it out as platform_specific_handle().stream; older ones (1.x up to
+// 2.13) only through their GPU stream implementation's GpuStreamHack().
+// Chosen by what the Stream type has (the int overload wins when viable),
+// so no version number has to say where the change happened.
+template <class S>
+auto Handle(S* stream, int) -> decltype(static_cast<void*>(stream->platform_specific_handle().stream)) {
+  return stream->platform_specific_handle().stream;
+}
+template <class S>
+void* Handle(S* stream, long) {  // NOLINT(runtime/int): the overload's rank
+  return stream->implementation()->GpuStreamHack();
+}
+
+}  // namespace gpu_stream_internal
 
 // A cudaStream_t as void*, or nullptr (the default stream) when the op has no
 // device context.
 inline void* GpuStreamOf(::tensorflow::OpKernelContext* ctx) {
   ::tensorflow::DeviceContext* dc = ctx->op_device_context();
   if (dc == nullptr || dc->stream() == nullptr) return nullptr;
-#if SOK_GRAPH_TF_MAJOR < 2
-  // TF 1.x's Stream has no platform_specific_handle(); its GPU stream
-  // implementation hands out the CUstream through GpuStreamHack().
-  return dc->stream()->implementation()->GpuStreamHack();
-#else
-  return dc->stream()->platform_specific_handle().stream;
-#endif
+  return gpu_stream_internal::Handle(dc->stream(), 0);
 }
 
 // A GPU OpKernel that waits for its stream in Compute (to size an output
