@@ -34,21 +34,49 @@ def clean_env(**extra):
     return env
 
 
+_ASK_TENSORFLOW = (
+    "import tensorflow as tf\n"
+    "std = [f.split('=')[1] for f in tf.sysconfig.get_compile_flags() if '-std=' in f]\n"
+    "print(tf.__version__, (std or ['-'])[0], tf.sysconfig.get_lib())\n")
+_installs = {}  # python -> (version, C++ standard or "-", library directory)
+
+
+def _ask_tensorflow(python):
+    if python not in _installs:
+        env = clean_env(TF_CPP_MIN_LOG_LEVEL="3")
+        # stdout/stderr=PIPE and universal_newlines, not capture_output/text:
+        # this also runs under the Python 3.7 of TF 1.15, and stays 3.6-clean.
+        out = subprocess.run(
+            [python, "-c", _ASK_TENSORFLOW],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
+        )
+        if out.returncode != 0:
+            sys.exit("sok_graph builds its ops for the TensorFlow of the Python that builds it, "
+                     "but %s cannot import tensorflow; install tensorflow first:\n%s"
+                     % (python, out.stderr))
+        _installs[python] = tuple(out.stdout.strip().splitlines()[-1].split(" ", 2))
+    return _installs[python]
+
+
 def tensorflow_install(python):
     """(version, library directory) of the TensorFlow that `python` imports."""
-    env = clean_env(TF_CPP_MIN_LOG_LEVEL="3")
-    # stdout/stderr=PIPE and universal_newlines, not capture_output/text:
-    # this also runs under the Python 3.7 of TF 1.15, and stays 3.6-clean.
-    out = subprocess.run(
-        [python, "-c", "import tensorflow as tf; print(tf.__version__, tf.sysconfig.get_lib())"],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, universal_newlines=True,
-    )
-    if out.returncode != 0:
-        sys.exit("sok_graph builds its ops for the TensorFlow of the Python that builds it, "
-                 "but %s cannot import tensorflow; install tensorflow first:\n%s"
-                 % (python, out.stderr))
-    version, lib = out.stdout.strip().splitlines()[-1].split(" ", 1)
+    version, _, lib = _ask_tensorflow(python)
     return version, lib
+
+
+def cxx_standard_options(python):
+    """The C++ standard of TensorFlow's headers where it is not the build's
+    C++17 (.bazelrc): a library compiled with another standard than
+    TensorFlow's does not link against it (absl::string_view is
+    std::string_view only under C++17). TensorFlow says its standard in
+    tf.sysconfig.get_compile_flags() since it moved to C++17; before (1.x,
+    and 2.x up to 2.9) it says nothing, and its headers are C++14."""
+    standard = _ask_tensorflow(python)[1]
+    if standard == "-":
+        standard = "c++14"
+    if standard == "c++17":
+        return []
+    return ["--cxxopt=-std=" + standard, "--host_cxxopt=-std=" + standard]
 
 
 def _cache_dir():
@@ -65,14 +93,6 @@ def output_base(tf_version, tf_lib):
 
 def is_tf1(tf_version):
     return tf_version.split(".")[0] == "1"
-
-
-def tf1_options():
-    """What a TensorFlow 1.x build changes: its headers are C++14 (a C++17
-    library compiles but does not link against libtensorflow_framework.so.1);
-    the old libstdc++ ABI comes from tf.sysconfig's compile flags
-    (repositories.bzl)."""
-    return ["--cxxopt=-std=c++14", "--host_cxxopt=-std=c++14"]
 
 
 def bazel_command(args, python=None):
@@ -95,7 +115,7 @@ def bazel_command(args, python=None):
             "--disk_cache=%s" % os.path.join(_cache_dir(), "bazel-disk-cache"),
             "--jobs=%d" % max(1, min(os.cpu_count() or 1, 4)),
             "--local_test_jobs=%d" % max(1, os.cpu_count() or 1),
-        ] + (tf1_options() if is_tf1(tf_version) else []) + rest
+        ] + cxx_standard_options(python) + rest
     return startup + command + rest, python, tf_version
 
 
