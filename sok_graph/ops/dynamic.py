@@ -5,6 +5,7 @@ into (unique keys, summed rows) for the table."""
 import tensorflow as tf
 
 from sok_graph.ops import library
+from sok_graph.ops import util as util_ops
 from sok_graph.compat import IndexedSlices, register_gradient
 
 INT64_MIN = -(2 ** 63)
@@ -141,8 +142,12 @@ def _rows_grad(grad, keys):
 @register_gradient("SokDynamicTableFindOrInsert")
 def _find_or_insert_grad(op, grad, *unused_grads_of_eviction_outputs):
     """The gradient of the rows, addressed by key. With keys deduplicated
-    before the lookup the indices are unique."""
-    return [_rows_grad(grad, op.inputs[1]), None]
+    before the lookup the indices are unique. The keys are taken once the
+    lookup has run (util_ops.after_read): the table's update, which waits
+    for them, then never runs before the read of the same step."""
+    with util_ops.after_read(op):
+        keys = tf.identity(op.inputs[1])
+    return [_rows_grad(grad, keys), None]
 
 
 @register_gradient("SokDynamicTableUniqueFindOrInsert")

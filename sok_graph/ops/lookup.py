@@ -7,9 +7,12 @@ table marked in dense_grads (rows gathered for the batch, see
 sok_graph.lookup_sparse), as one dense tensor.
 """
 
+import contextlib
+
 import tensorflow as tf
 
 from sok_graph.ops import library
+from sok_graph.ops import util as util_ops
 from sok_graph import compat
 from sok_graph.compat import IndexedSlices, register_gradient
 
@@ -155,14 +158,19 @@ def _fused_lookup_grad(op, *grads):
     grads = [  # the last output, the input check, has no gradient
         tf.zeros_like(op.outputs[t]) if g is None else g for t, g in enumerate(grads[:n])
     ]
-    unique_ids, grad_rows = library.load().sok_fused_lookup_grad(
-        params=list(params),
-        ids=list(op.inputs[n:2 * n]),
-        row_splits=list(op.inputs[2 * n:3 * n]),
-        weights=list(op.inputs[3 * n:4 * n]),
-        grads=grads,
-        **_attrs(op),
-    )
+    # A table given as a resource variable is read in place by the forward
+    # op when it runs: the gradient, and so the table's update, waits for
+    # that read (util_ops.after_read).
+    in_place = any(p.dtype == tf.resource for p in params)
+    with util_ops.after_read(op) if in_place else contextlib.nullcontext():
+        unique_ids, grad_rows = library.load().sok_fused_lookup_grad(
+            params=list(params),
+            ids=list(op.inputs[n:2 * n]),
+            row_splits=list(op.inputs[2 * n:3 * n]),
+            weights=list(op.inputs[3 * n:4 * n]),
+            grads=grads,
+            **_attrs(op),
+        )
     dense = _dense_grads(op) or [False] * n
     param_grads = [
         grad_rows[t] if dense[t] else

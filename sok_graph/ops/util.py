@@ -1,6 +1,8 @@
 """Unique (with or without counts) and a deterministic unsorted segment sum
 (tf_ops/util)."""
 
+import contextlib
+
 import tensorflow as tf
 
 from sok_graph.ops import library
@@ -82,3 +84,41 @@ def marked_distinct(tensor):
     """Whether mark_distinct recorded `tensor`."""
     graph = getattr(tensor, "graph", None)
     return graph is not None and tensor.name in getattr(graph, _DISTINCT_ATTR, ())
+
+
+def after_read(op):
+    """A context whose ops run only after `op`, a forward op that reads rows
+    of a table (graph mode): its gradient function builds the gradient in
+    it.
+
+    In a TF1 graph nothing else orders that read before the table's update
+    in the same step: the update waits for the gradient, and the gradient of
+    a read takes the table's handle or keys, not the rows read, so when the
+    loss's gradient does not need the forward values either (a loss linear
+    in the embeddings, static shapes) the update could run first and the
+    read - the loss fetched with the train op - see this step's new rows.
+    A tf.function orders them by itself (ops on one resource run in program
+    order); eagerly the forward has run already. A GradientTape hands the
+    gradient a record of the op, whose outputs lead to it. Skipped where the
+    gradient is built in another graph (a while_v2 body) or the read sits in
+    a TF1 control-flow context, where a control edge from it cannot be
+    drawn."""
+    if tf.executing_eagerly():
+        return contextlib.nullcontext()
+    read = op if hasattr(op, "graph") else _recorded_op(op)
+    if read is None or read.graph is not tf.compat.v1.get_default_graph():
+        return contextlib.nullcontext()
+    context_of = getattr(read, "_get_control_flow_context", None)
+    if context_of is not None and context_of() is not None:
+        return contextlib.nullcontext()
+    return tf.control_dependencies([read])
+
+
+def _recorded_op(record):
+    """The graph op behind a GradientTape's record of it (its outputs are
+    that op's), or None."""
+    for output in getattr(record, "outputs", None) or ():
+        op = getattr(output, "op", None) if output is not None else None
+        if op is not None and hasattr(op, "graph"):
+            return op
+    return None

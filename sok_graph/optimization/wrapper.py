@@ -179,7 +179,7 @@ class OptimizerWrapper:
             _check_gradient(g, v)
         ops = []
         if others:
-            ops.append(self._optimizer.apply_gradients(others, **kwargs))
+            ops.append(update_op(self._optimizer.apply_gradients(others, **kwargs)))
         if sok_pairs:
             for _, v in sok_pairs:
                 self.create_slots(v)
@@ -330,6 +330,15 @@ def _distinct_by_construction(indices):
                 and _distinct_by_construction(op.inputs[0])
                 and _distinct_by_construction(op.inputs[1]))
     return False
+
+
+def update_op(result):
+    """What a wrapped optimizer's apply_gradients returned, if tf.group can
+    group it with other updates (an op, a tensor, a tf.Variable such as
+    Keras 2's incremented step), else None: Keras 3 returns its step
+    counter, a Keras variable, which tf.group refuses; it runs eagerly or in
+    a tf.function, where its updates run in program order all the same."""
+    return result if isinstance(result, (tf.Operation, tf.Tensor, tf.Variable)) else None
 
 
 def _by_device(pairs):

@@ -28,7 +28,7 @@ import tensorflow as tf
 
 from sok_graph import compat
 from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.optimization.wrapper import OptimizerWrapper, OwnRule, wrapper_for
+from sok_graph.optimization.wrapper import OptimizerWrapper, OwnRule, update_op, wrapper_for
 
 
 class _AdamRule(OwnRule):
@@ -142,8 +142,8 @@ def _routing(original):
         if others:
             if not takes_any:  # Keras 3 has no experimental_aggregate_gradients
                 kwargs = {k: v for k, v in kwargs.items() if k in params}
-            native = original(self, others, *args, **kwargs)
-            if not tf.executing_eagerly():
+            native = update_op(original(self, others, *args, **kwargs))
+            if not tf.executing_eagerly() and native is not None:
                 result = tf.group(result, native)
         return result
 
