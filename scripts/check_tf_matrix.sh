@@ -83,6 +83,8 @@ for minor in "${MINORS[@]}"; do
     failed=1
     note="$(grep -E 'Error|error:|FAILED|failed' "$logfile" | tail -1 | cut -c1-160 | tr '|' '/')"
   fi
+  # A version checked again replaces its row.
+  sed -i "/^| ${version//./\\.} |/d" "$OUT"
   printf '| %s | %s | %s | %s | %s | %s |\n' "$version" "$py_version" "$keras" "$result" "$minutes" "$note" >> "$OUT"
   log "$version: $result ($minutes min); log: $logfile"
 done

@@ -10,9 +10,10 @@
 # nvcc and the CUDA toolkit are out of reach; CUDA_HOME and the cache of
 # source builds are unset. The smoke suite: SOK's v2 "Get Started"
 # walkthrough, the v1 Session flow with OptimizerScope, a lookup demo, a
-# MirroredStrategy run with two replicas as workers (TF 2.x), dynamic tables
-# trained, dumped and loaded (tests/test_dump_load.py), and a serving export
-# loaded by stock TensorFlow (tests/test_serving.py).
+# MirroredStrategy run with two replicas as workers (TF 2.x), dynamic and
+# static tables trained, dumped and loaded in a new process and in a Session
+# (tests/test_dump_load.py), and serving exports (Keras, TF1 Session) loaded
+# by stock TensorFlow (tests/test_serving.py).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 WHEEL="$(cd "$(dirname "${1:?usage: check_wheel.sh WHEEL TF_VERSION [PYTHON]}")" && pwd)/$(basename "$1")"
@@ -49,8 +50,10 @@ tests=(
   "examples/test_examples.py::test_lookup_demo_learns"
   "examples/test_examples.py::test_sok_v1_demo_model_learns"
   "examples/test_examples.py::test_sok_v1_demo_model_on_two_mirrored_replicas"
-  "test_dump_load.py"
-  "test_serving.py"
+  "test_dump_load.py::test_dump_new_process_load_gives_identical_next_step"
+  "test_dump_load.py::test_dump_and_load_in_graph_mode"
+  "test_serving.py::test_tf2_keras_model_serves_in_plain_tensorflow"
+  "test_serving.py::test_tf1_session_export_serves_in_plain_tensorflow"
 )
 log "smoke suite, with PATH=$venv/bin only"
 start=$(date +%s)
