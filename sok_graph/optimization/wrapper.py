@@ -42,7 +42,7 @@ from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
-from sok_graph.optimization import fused_apply
+from sok_graph.optimization import fused_apply, native_state
 from sok_graph.optimization.algorithms import Hyperparameters, value
 
 class OptimizerWrapper:
@@ -159,10 +159,7 @@ class OptimizerWrapper:
         updates come here (sok.OptimizerScope)."""
         if isinstance(self._optimizer, OwnRule):
             return None
-        # native_slots imports this module.
-        from sok_graph.optimization.native_slots import native_rows
-
-        return native_rows(self._optimizer, self.algorithm, var, self.slot_names())
+        return native_state.native_rows(self._optimizer, self.algorithm, var, self.slot_names())
 
     def apply_gradients(self, grads_and_vars, name=None, **kwargs):
         """Applies gradients; sok variables get sparse updates, others go to
