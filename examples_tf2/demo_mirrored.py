@@ -91,10 +91,13 @@ def main():
         # Keras 3 cannot create an optimizer's variables inside a replicated
         # tf.function step (with or without sok_graph): build the dense layers
         # (one forward) and the dense optimizer before training.
+        # Keras 2's OptimizerV2 (TF < 2.11) has no build(): it makes its
+        # variables itself, in cross-replica context, at the first step.
         strategy.run(lambda x: model(x, training=False), args=(per_replica(*batches[0])[0],))
-        with strategy.scope():
-            dense_opt.build(sok.split_embedding_variable_from_others(
-                model.trainable_variables)[1])
+        if hasattr(dense_opt, "build"):
+            with strategy.scope():
+                dense_opt.build(sok.split_embedding_variable_from_others(
+                    model.trainable_variables)[1])
     for i, (inputs, labels) in enumerate(batches):
         inputs, labels = per_replica(inputs, labels)
         replica_loss = strategy.run(_train_step, args=(inputs, labels))

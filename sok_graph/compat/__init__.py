@@ -146,21 +146,33 @@ def anonymous_name():
     """A name unique in this process, for eager resources."""
     from tensorflow.python.eager import context
 
-    if IS_TF1:
-        # TF 1.x has no anonymous_name(); its eager shared_name() returns the
-        # same reserved name, for which the runtime makes a unique resource.
+    if not hasattr(context, "anonymous_name"):
+        # TF 1.x and 2.x before 2.7 have no anonymous_name(); their eager
+        # shared_name() returns the same reserved name, for which the runtime
+        # makes a unique resource.
         return context.shared_name()
     return context.anonymous_name()
 
 
 def trackable_base_class():
     """The base of objects tf.train.Checkpoint and Saver can save
-    (through _serialize_to_tensors / _restore_from_tensors)."""
-    if IS_TF1:
-        return _tf1_trackable_class()
-    from tensorflow.python.trackable import base
+    (through _serialize_to_tensors / _restore_from_tensors): TensorFlow's
+    Trackable where it has that API (2.11 on), else TensorFlow's older
+    Trackable with the API on top (_tf1_trackable_class)."""
+    base = _trackable_base_module()
+    if hasattr(base.Trackable, "_serialize_to_tensors"):
+        return base.Trackable
+    return _tf1_trackable_class()
 
-    return base.Trackable
+
+def _trackable_base_module():
+    """Where Trackable is: tensorflow.python.trackable (2.10 on), else
+    tensorflow.python.training.tracking (1.x and 2.x up to 2.9)."""
+    try:
+        from tensorflow.python.trackable import base
+    except ImportError:
+        from tensorflow.python.training.tracking import base
+    return base
 
 
 def native_object_class():
@@ -181,16 +193,10 @@ _TF1_TRACKABLE = []
 
 
 def _saveable_modules():
-    """(saveable_object module, the trackable base module): TF 1.x keeps
-    Trackable in tensorflow.python.training.tracking, TF 2.10+ in
-    tensorflow.python.trackable."""
+    """(saveable_object module, the trackable base module)."""
     from tensorflow.python.training.saving import saveable_object
 
-    if IS_TF1:
-        from tensorflow.python.training.tracking import base
-    else:
-        from tensorflow.python.trackable import base
-    return saveable_object, base
+    return saveable_object, _trackable_base_module()
 
 
 def tensors_saveable_factories(obj, default_name):
@@ -223,8 +229,8 @@ def tensors_saveable_factories(obj, default_name):
 
 
 def _tf1_trackable_class():
-    """TF 1.x's Trackable (tensorflow.python.training.tracking, moved in TF
-    2.10) with TF 2.11's checkpoint API on top (tensors_saveable_factories)."""
+    """The Trackable of TensorFlow before 2.11 (1.x, 2.6 to 2.10) with TF
+    2.11's checkpoint API on top (tensors_saveable_factories)."""
     if _TF1_TRACKABLE:
         return _TF1_TRACKABLE[0]
     _, base = _saveable_modules()
