@@ -146,10 +146,11 @@ def anonymous_name():
     """A name unique in this process, for eager resources."""
     from tensorflow.python.eager import context
 
-    if not hasattr(context, "anonymous_name"):
-        # TF 1.x and 2.x before 2.7 have no anonymous_name(); their eager
-        # shared_name() returns the same reserved name, for which the runtime
-        # makes a unique resource.
+    if IS_TF1:
+        # TF 1.x has no anonymous_name(); its eager shared_name() returns the
+        # same reserved name, for which the runtime makes a unique resource.
+        return context.shared_name()
+    if not hasattr(context, "anonymous_name"):  # TF 2.x before 2.7, as 1.x
         return context.shared_name()
     return context.anonymous_name()
 
@@ -159,20 +160,22 @@ def trackable_base_class():
     (through _serialize_to_tensors / _restore_from_tensors): TensorFlow's
     Trackable where it has that API (2.11 on), else TensorFlow's older
     Trackable with the API on top (_tf1_trackable_class)."""
-    base = _trackable_base_module()
-    if hasattr(base.Trackable, "_serialize_to_tensors"):
-        return base.Trackable
+    if IS_TF1:
+        return _tf1_trackable_class()
+    trackable = _tf2_trackable_base().Trackable
+    if hasattr(trackable, "_serialize_to_tensors"):
+        return trackable
     return _tf1_trackable_class()
 
 
-def _trackable_base_module():
-    """Where Trackable is: tensorflow.python.trackable (2.10 on), else
-    tensorflow.python.training.tracking (1.x and 2.x up to 2.9)."""
+def _tf2_trackable_base():
+    """TF 2.x's trackable base module: tensorflow.python.trackable (2.10 on),
+    else tensorflow.python.training.tracking (2.6 to 2.9)."""
     try:
-        from tensorflow.python.trackable import base
+        from tensorflow.python.trackable import base as tf2_base  # tf2-only: called on 2.x only
     except ImportError:
-        from tensorflow.python.training.tracking import base
-    return base
+        from tensorflow.python.training.tracking import base as tf2_base
+    return tf2_base  # tf2-only: called on 2.x only (see the import above)
 
 
 def native_object_class():
@@ -196,7 +199,11 @@ def _saveable_modules():
     """(saveable_object module, the trackable base module)."""
     from tensorflow.python.training.saving import saveable_object
 
-    return saveable_object, _trackable_base_module()
+    if IS_TF1:
+        from tensorflow.python.training.tracking import base
+    else:
+        base = _tf2_trackable_base()
+    return saveable_object, base
 
 
 def tensors_saveable_factories(obj, default_name):
