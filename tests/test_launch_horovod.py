@@ -15,28 +15,12 @@ import sys
 import time
 
 import pytest
+from multiworker.launching import horovod  # noqa: F401 (the fixture)
 from test_launch import LAUNCH_PY, _env, _env_reports, _lines_by_rank
 
-from sok_graph import launch
 
-REQUIRE_HOROVOD = "SOK_GRAPH_REQUIRE_HOROVOD"
 # TensorFlow and Horovod start in each worker of a loaded 2-core machine.
 HOROVOD_RUN_TIMEOUT_S = 300
-
-
-@pytest.fixture
-def horovod():
-    """Skips the test where Horovod is not installed, unless
-    SOK_GRAPH_REQUIRE_HOROVOD is set (scripts/run_tests.sh sets it): then the
-    test fails."""
-    if launch.horovod_available():
-        return
-    message = (
-        f"Horovod is not installed in {sys.executable} (scripts/install_horovod.sh installs it)"
-    )
-    if os.environ.get(REQUIRE_HOROVOD):
-        pytest.fail(f"{message}, and {REQUIRE_HOROVOD} is set")
-    pytest.skip(f"{message}; set {REQUIRE_HOROVOD}=1 to make this a failure")
 
 
 HVD_WORKER = r"""

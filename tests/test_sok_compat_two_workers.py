@@ -29,16 +29,14 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from multiworker.launching import launch, rel_sq_err, run_process
+from multiworker.launching import horovod, launch, rel_sq_err, run_process  # noqa: F401 (fixture)
 
-from sok_graph import launch as sok_launch
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 WORKER = os.path.join(HERE, "multiworker", "sok_style_worker.py")
 sys.path.insert(0, os.path.join(HERE, "multiworker"))
 import sok_style_worker as worker  # noqa: E402  (the model's constants and graph check)
 
-REQUIRE_HOROVOD = "SOK_GRAPH_REQUIRE_HOROVOD"
 TF1 = tf.__version__.startswith("1.")
 
 # kind:opt:loss:input (see the worker's docstring).
@@ -65,21 +63,6 @@ GRAPH_STEPS = 12
 # A TF 1.15 tf.function step with Horovod's collectives takes seconds on a
 # two-core machine (TF 2.x: milliseconds): fewer steps there.
 FUNCTION_STEPS = 4 if TF1 else 12
-
-
-@pytest.fixture
-def horovod():
-    """Skips the test where Horovod is not installed, unless
-    SOK_GRAPH_REQUIRE_HOROVOD is set (scripts/run_tests.sh sets it): then the
-    test fails."""
-    if sok_launch.horovod_available():
-        return
-    message = (
-        f"Horovod is not installed in {sys.executable} (scripts/install_horovod.sh installs it)"
-    )
-    if os.environ.get(REQUIRE_HOROVOD):
-        pytest.fail(f"{message}, and {REQUIRE_HOROVOD} is set")
-    pytest.skip(f"{message}; set {REQUIRE_HOROVOD}=1 to make this a failure")
 
 
 def _sok_loss_diff(got, want):
