@@ -24,6 +24,7 @@ log() { echo "[build_wheel] $*" >&2; }
 
 # shellcheck source=/dev/null
 source "$REPO/scripts/setup_env.sh" "$TF_VERSION"
+log() { echo "[build_wheel] $*" >&2; }  # setup_env.sh defines its own
 TF_MINOR="$(echo "$TF_VERSION" | cut -d. -f1,2)"
 
 TOOLS="$SOK_GRAPH_CACHE/venvs/wheel-tools"
@@ -44,23 +45,23 @@ raw="$(ls "$work"/raw/sok_graph-*.whl)"
 # the tensorflow wheel's: excluded, it stays a plain dependency, found
 # through the RPATH the build gives the ops, not copied into this wheel.
 excludes=()
-for lib in $(unzip -Z1 "$raw" 'sok_graph/*.so'); do
-  unzip -p "$raw" "$lib" > "$work/probe.so"
-  while read -r needed; do
-    case "$needed" in
-      libtensorflow_framework.so*|libtensorflow_cc.so*) excludes+=(--exclude "$needed") ;;
-    esac
-  done < <("$TOOLS/bin/python" - "$work/probe.so" <<'EOF'
-import sys
+while read -r needed; do
+  case "$needed" in
+    libtensorflow_framework.so*|libtensorflow_cc.so*) excludes+=(--exclude "$needed") ;;
+  esac
+done < <("$TOOLS/bin/python" - "$raw" <<'EOF'
+# The DT_NEEDED entries of the wheel's libraries (pyelftools comes with auditwheel).
+import io, sys, zipfile
 from elftools.elf.elffile import ELFFile
-with open(sys.argv[1], "rb") as f:
-    dynamic = ELFFile(f).get_section_by_name(".dynamic")
-    for tag in dynamic.iter_tags():
-        if tag.entry.d_tag == "DT_NEEDED":
-            print(tag.needed)
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    for name in wheel.namelist():
+        if name.startswith("sok_graph/") and name.endswith(".so"):
+            dynamic = ELFFile(io.BytesIO(wheel.read(name))).get_section_by_name(".dynamic")
+            for tag in dynamic.iter_tags():
+                if tag.entry.d_tag == "DT_NEEDED":
+                    print(tag.needed)
 EOF
 )
-done
 # The manylinux tag the libraries' glibc / libstdc++ symbol versions allow
 # (auditwheel show states it as the constraint, TensorFlow's library aside).
 shown="$(PATH="$TOOLS/bin:$PATH" "$TOOLS/bin/auditwheel" show "$raw" 2>/dev/null | tr '\n' ' ')"
