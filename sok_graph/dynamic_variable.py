@@ -550,6 +550,12 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         """Rows keys.shape + [dimension] of keys (any shape), inserting
         missing ones; differentiable. int32 keys of an int64 table are
         widened (as SOK does)."""
+        return self.read_evicting(keys)[0]
+
+    def read_evicting(self, keys):
+        """(rows, evicted_keys [m], evicted_rows [m, dimension]): sparse_read's
+        rows, plus the entries the table evicted to make room for the new
+        keys (none in serving mode, which inserts nothing)."""
         keys = self._check_keys(keys, widen=True)
         if self._trainable:
             compat.record_variable_access(self)
@@ -560,15 +566,16 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             keys = tf.reshape(keys, [-1])
         if serving_mode.active():
             rows = serving_mode.table_for(self).lookup(keys)
+            evicted_keys = tf.zeros([0], self._key_type)
+            evicted_rows = tf.zeros([0, self._dimension], tf.float32)
         else:
-            rows, _, evicted, _ = dynamic_ops.find_or_insert_evicting(self._handle, keys,
-                                                                      self._dimension)
-        if not serving_mode.active():
-            rows = self._after_evictions(rows, evicted)
+            rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
+                self._handle, keys, self._dimension)
+            rows = self._after_evictions(rows, evicted_keys)
         if shaped:
             rows = tf.reshape(rows, tf.concat([key_shape, [self._dimension]], 0))
             rows.set_shape(static_shape.concatenate([self._dimension]))
-        return rows
+        return rows, evicted_keys, evicted_rows
 
     def unique_read(self, keys, name=None):
         """(distinct keys [u] in order of first appearance, their rows [u,

@@ -9,7 +9,7 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 
 import tensorflow as tf
 
-from sok_graph import compat, placement, replica_shards
+from sok_graph import placement, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -107,16 +107,9 @@ def sparse_read_and_evict(var, indices, name=None):
         raise BackendError("sok.sparse_read_and_evict needs a bounded table "
                            "(var_type='hybrid'); got var_type='hbm'")
     ragged = indices if isinstance(indices, tf.RaggedTensor) else None
-    keys = var._check_keys(ragged.flat_values if ragged is not None else indices, widen=True)
     with tf.name_scope(name or "sparse_read_and_evict"):
-        if var.trainable:
-            compat.record_variable_access(var)
-        flat = tf.reshape(keys, [-1])
-        rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
-            var.handle, flat, var.dimension)
-        rows = var._after_evictions(rows, evicted_keys)
+        rows, evicted_keys, evicted_rows = var.read_evicting(
+            ragged.flat_values if ragged is not None else indices)
         if ragged is not None:
-            return ragged.with_flat_values(rows), evicted_keys, evicted_rows
-        rows = tf.reshape(rows, tf.concat([tf.shape(keys), [var.dimension]], 0))
-        rows.set_shape(keys.shape.concatenate([var.dimension]))
+            rows = ragged.with_flat_values(rows)
         return rows, evicted_keys, evicted_rows
