@@ -244,7 +244,7 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
     float(loss)
     tf.profiler.experimental.stop()
     space = host_syncs._xspace(logdir)
-    _, blocking, _, _, _ = host_syncs.analyse(space)
+    _, blocking, _, op_time, device_time = host_syncs.analyse(space)
     parts = {"lookup": 0, "all-to-all forward": 0, "all-to-all backward": 0, "dense": 0,
              "update": 0, "other": 0}
     gpus = strategy.num_replicas_in_sync
@@ -262,6 +262,12 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
     print(f"  host synchronisations per step (all replicas): {waits / steps:.1f}")
     for (op, call), count in blocking.most_common(8):
         print(f"    {count / steps:5.1f}  {op:32} {call}")
+    print("  GPU kernels and copies by busy time (ms per step and GPU):")
+    for name, ps in device_time.most_common(10):
+        print(f"    {ps / 1e9 / steps / gpus:7.3f}  {name}")
+    print("  host time by TensorFlow op type (ms per step, all replicas):")
+    for name, ps in op_time.most_common(8):
+        print(f"    {ps / 1e9 / steps:7.3f}  {name}")
 
 
 def _part_of(op, name):

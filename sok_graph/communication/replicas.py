@@ -11,10 +11,11 @@ a tf.compat.v1 Session graph.
 - `rank` is the replica id of the replica context being built (a Python int:
   MirroredStrategy builds each replica's ops separately); outside a replica
   context it is only defined while a shard is being created for one replica.
-- Uneven all-to-all: each replica cuts its rows into one piece per
-  receiver and each receiver concatenates the pieces addressed to it: only
-  those rows move between devices (peer copies GPU to GPU on a multi-GPU
-  host), unpadded. The gradient is the reverse exchange.
+- Uneven all-to-all: replicas on GPUs use NCCL (sok_graph/communication/
+  nccl.py) where it is found. Otherwise each replica cuts its rows into one
+  piece per receiver and each receiver concatenates the pieces addressed to
+  it: only those rows move between devices (TensorFlow's peer copies),
+  unpadded. The gradient is the reverse exchange.
 - A Session must see every replica's device (logical CPUs exist for eager
   execution only): `comm.session_config()` / `comm.session()`.
 - barrier() has nothing to wait for: the replicas share one Python process.
@@ -25,6 +26,7 @@ import threading
 
 import tensorflow as tf
 
+from sok_graph.communication import nccl
 from sok_graph.communication.base import Communicator, copied_session_config
 from sok_graph.ops import util as util_ops
 
@@ -64,6 +66,12 @@ class MirroredReplicas(Communicator):
         self._strategy = strategy
         self._devices = tuple(strategy.extended.worker_devices)
         super().__init__(world_size=len(self._devices), rank=0)
+        # Replicas on GPUs exchange rows through NCCL where it is found.
+        self._nccl = nccl.Transport.local(self._devices) if nccl.usable(self._devices) else None
+
+    @property
+    def checks_splits(self):
+        return self._nccl is not None and not tf.executing_eagerly()
 
     @property
     def devices(self):
@@ -218,6 +226,12 @@ class MirroredReplicas(Communicator):
     @_not_converted
     def _alltoall(self, tensor, splits, name):
         ctx, rank = self._replica_context("an all-to-all")
+        # Eagerly the replicas run one after another (each until its next
+        # merge_call), so an exchange that waits for its peers inside the op
+        # would wait forever: NCCL only in graphs, which run the replicas' ops
+        # concurrently.
+        if self._nccl is not None and not tf.executing_eagerly():
+            return self._nccl.alltoall(tensor, splits, rank, name=name or "sok_alltoall")
         with tf.name_scope(name or "sok_alltoall"):
             received, received_splits = self._route(ctx, rank, tensor, splits)
             # The gradient: the reverse exchange.

@@ -74,9 +74,16 @@ collective gives a DeadlineExceededError (or UnavailableError) instead of a
 hang. TensorFlow then aborts every collective of the process, which can run
 no other one and should exit (the launcher then stops the other workers).
 
+Workers with one GPU each
+------------------------
+When the strategy was made eagerly and every worker has one GPU and NCCL
+(communication/nccl.py; SOK_GRAPH_NCCL), the all-to-all runs on NCCL, GPU
+to GPU: the workers agree on it and share rank 0's NCCL unique id when the
+engine is made. The other collectives stay on the CPU.
 Limits: one replica (device) per worker process (a MirroredStrategy with
 several replicas in one process gets MirroredReplicas, replicas.py); the collectives run on the
-worker's CPU (on a GPU worker the rows pass through host memory); a
+worker's CPU (except the NCCL all-to-all above; otherwise on a GPU worker
+the rows pass through host memory); a
 tf.function holding these collectives cannot be saved in a SavedModel (its
 keys are fed at call time); TensorFlow 1.15 has none of the v2 ops, so
 create() refuses comm_tool "tf" there.
@@ -95,6 +102,7 @@ from tensorflow.python.eager import context as eager_context
 from tensorflow.python.ops import collective_ops
 
 from sok_graph import compat
+from sok_graph.communication import nccl
 from sok_graph.communication.base import (Communicator, SingleProcess, copied_session_config,
                                           pack_chunks, valid_rows)
 from sok_graph.communication.replicas import MirroredReplicas
@@ -251,6 +259,38 @@ class TFDistribute(Communicator):
                                                  self._task_id))
         self._device = f"/job:{self._task_type}/replica:0/task:{self._task_id}/device:CPU:0"
         self._timeout = stall_timeout()
+        self._nccl, self._gpu = None, None
+        self._start_nccl(strategy)
+
+    def _start_nccl(self, strategy):
+        """One GPU per worker: the all-to-all goes GPU to GPU through NCCL
+        (communication/nccl.py) when every worker can use it. Decided when
+        the engine is made, eagerly (a Session program keeps the CPU
+        collectives): the workers vote, and rank 0's NCCL unique id is
+        broadcast to the others."""
+        if nccl.mode() == "0":
+            return
+        gpus = [d for d in strategy.extended.worker_devices
+                if tf.DeviceSpec.from_string(d).device_type == "GPU"]
+        with tf.init_scope():
+            if not tf.executing_eagerly():
+                return
+            ok = len(gpus) == 1 and nccl.usable(gpus)
+            votes = int(self.allreduce(tf.constant(int(ok), tf.int32), name="sok_nccl_vote"))
+            if votes != self._size:
+                if nccl.mode() == "1":
+                    raise RuntimeError(f"{nccl.ENV}=1 but only {votes} of {self._size} workers "
+                                       f"have one GPU and NCCL")
+                return
+            unique = nccl.unique_id_hex() if self._rank == 0 else "00" * 128
+            shared = self.broadcast(tf.constant(list(bytes.fromhex(unique)), tf.int32), 0,
+                                    name="sok_nccl_id").numpy()
+        self._gpu = gpus[0]
+        self._nccl = nccl.Transport(bytes(int(b) for b in shared).hex(), self._size)
+
+    @property
+    def checks_splits(self):
+        return self._nccl is not None
 
     @property
     def timeout(self):
@@ -373,6 +413,10 @@ class TFDistribute(Communicator):
 
     @_not_converted
     def _alltoall(self, tensor, splits, name):
+        if self._nccl is not None:
+            with tf.device(self._gpu):
+                return self._nccl.alltoall(tensor, splits, self._rank,
+                                           name=name or "sok_alltoall")
         size = self._size
         device = self._device
         with tf.name_scope(name or "sok_alltoall"):

@@ -1,4 +1,4 @@
 """Python wrappers of the op families in tf_ops/ (one module per family):
 argument conversion and gradient registration around the raw ops."""
 
-from sok_graph.ops import dynamic, library, lookup, sharding, util  # noqa: F401
+from sok_graph.ops import collective, dynamic, library, lookup, sharding, util  # noqa: F401

@@ -64,6 +64,10 @@ SOK_EXPORT int sok_gpu_memset_zero(void* p, size_t bytes, void* stream) {
   return static_cast<int>(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream)));
 }
 
+SOK_EXPORT int sok_gpu_set_device(int device) {
+  return static_cast<int>(cudaSetDevice(device));
+}
+
 SOK_EXPORT int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stream) {
   if (n <= 0) return 0;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));

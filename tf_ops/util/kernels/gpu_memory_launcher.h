@@ -31,6 +31,10 @@ int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stream);
 // as int32).
 int sok_gpu_widen_i32(const int32_t* in, int64_t* out, int64_t n, void* stream);
 int sok_gpu_narrow_i64(const int64_t* in, int32_t* out, int64_t n, void* stream);
+// Makes CUDA device `device` current on the calling thread (cudaSetDevice):
+// for libraries that take the device from the thread, such as NCCL's
+// communicator set-up.
+int sok_gpu_set_device(int device);
 // The name of a cudaError_t ("cudaErrorMemoryAllocation"), for error messages
 // of kernels that do not include the CUDA headers.
 const char* sok_gpu_error_name(int error);

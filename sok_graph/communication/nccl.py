@@ -1,0 +1,159 @@
+"""Rows between GPUs through NCCL: the all-to-all of the engines whose
+workers are GPUs.
+
+An engine whose every rank is a GPU (the replicas of a MirroredStrategy over
+the GPUs of one process today) exchanges ids, rows and their gradients with
+sok_graph's NCCL op (tf_ops/collective, sok_graph/ops/collective.py):
+grouped ncclSend/ncclRecv on each GPU's own stream, GPU to GPU. NCCL is
+loaded when the first exchange runs; this module finds its library (the
+`nvidia-nccl-cu12`/`-cu13` wheels, or libnccl.so.2 on the loader's path)
+and loads it first so the op's dlopen finds it.
+
+SOK_GRAPH_NCCL chooses: "0" (the default for now) never uses it; "auto"
+uses NCCL where it is found and the engine's own exchange elsewhere; "1"
+requires it (an error where it cannot be used).
+
+Status: opt-in and not yet working. On two H200s of one host (2026-11-28),
+a MirroredStrategy's first NCCL exchange never completed: one rank's
+communicator set-up waited for the other rank, whose op did not start.
+Until the multi-GPU tests pass with it (tests/gpu/test_multi_gpu.py), the
+default stays "0" and the engines exchange rows as before.
+
+The exchange of a lookup is an all-to-all of ids whose sizes only the
+device knows, then the reply with the rows, then in the backward the
+gradient the same two ways. Only the first waits for the device (to learn
+how many rows arrive): each all-to-all returns its splits in host memory,
+and `Transport.alltoall` recognises splits that came out of an earlier
+exchange of the same graph, whose reply is then sized from the host.
+
+NVLink multicast stays off (NCCL_NVLS_ENABLE=0) in every process that uses
+this: it can take a shared host's GPUs out of service.
+"""
+
+import ctypes
+import glob
+import os
+import sys
+import threading
+import weakref
+
+import tensorflow as tf
+
+from sok_graph.ops import collective as collective_ops
+from sok_graph.ops import library
+
+ENV = "SOK_GRAPH_NCCL"
+_SONAME = "libnccl.so.2"
+_lock = threading.Lock()
+_loaded = None  # (ctypes library, path) once found
+_why_not = None  # why NCCL could not be loaded
+
+
+def _candidates():
+    """Paths of libnccl.so.2 from the nvidia-nccl wheels on sys.path, then
+    the bare soname for the loader's own search."""
+    for entry in sys.path:
+        if entry and os.path.isdir(entry):
+            yield from sorted(glob.glob(os.path.join(entry, "nvidia", "nccl", "lib", _SONAME)))
+    yield _SONAME
+
+
+def load_library():
+    """The loaded NCCL (a ctypes.CDLL), or None; why_not() says why not."""
+    global _loaded, _why_not
+    with _lock:
+        if _loaded is None and _why_not is None:
+            errors = []
+            for path in _candidates():
+                try:
+                    _loaded = (ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL), path)
+                    break
+                except OSError as e:
+                    errors.append(f"{path}: {e}")
+            if _loaded is None:
+                _why_not = ("NCCL was not found (" + "; ".join(errors) + "); install it with "
+                            "`pip install nvidia-nccl-cu12`")
+        return _loaded[0] if _loaded else None
+
+
+def why_not():
+    return _why_not
+
+
+def mode():
+    value = os.environ.get(ENV, "0").strip().lower()
+    if value not in ("auto", "0", "1"):
+        raise ValueError(f"{ENV} must be 'auto', '0' or '1'; got {value!r}")
+    return value
+
+
+def usable(devices):
+    """Whether the engine over `devices` (device strings, one per rank)
+    exchanges through NCCL: every rank a GPU, a GPU build, NCCL loadable,
+    SOK_GRAPH_NCCL not 0. Raises where SOK_GRAPH_NCCL=1 and it cannot."""
+    wanted = mode()
+    if wanted == "0":
+        return False
+    reasons = []
+    if not devices or not all(tf.DeviceSpec.from_string(d).device_type == "GPU"
+                              for d in devices):
+        reasons.append(f"the ranks are not all GPUs ({list(devices)})")
+    elif not library.built_with_cuda():
+        reasons.append("sok_graph was built without CUDA")
+    elif load_library() is None:
+        reasons.append(why_not())
+    if reasons and wanted == "1":
+        raise RuntimeError(f"{ENV}=1 but NCCL cannot exchange the rows: {reasons[0]}")
+    return not reasons
+
+
+def unique_id_hex():
+    """A fresh ncclUniqueId as hex, drawn by rank 0 of a multi-process
+    clique (for the engine to broadcast)."""
+    nccl = load_library()
+    if nccl is None:
+        raise RuntimeError(why_not())
+    buf = ctypes.create_string_buffer(128)
+    rc = nccl.ncclGetUniqueId(buf)
+    if rc != 0:
+        raise RuntimeError(f"ncclGetUniqueId failed with NCCL error {rc}")
+    return buf.raw.hex()
+
+
+class Transport:
+    """The all-to-all of one clique of ranks (see the module's docstring).
+    `clique` is "local:<devices>" for the GPUs of this process or a unique
+    id's hex for one GPU per process."""
+
+    def __init__(self, clique, world_size):
+        os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        self.clique = clique
+        self.world_size = world_size
+        # graph -> {splits tensor's ref: the splits of the reverse direction}
+        self._reverse_of = weakref.WeakKeyDictionary()
+
+    @classmethod
+    def local(cls, devices):
+        names = ",".join(tf.DeviceSpec.from_string(d).to_string() for d in devices)
+        return cls("local:" + names, len(devices))
+
+    def _known(self):
+        if tf.executing_eagerly():
+            return None
+        return self._reverse_of.setdefault(tf.compat.v1.get_default_graph(), {})
+
+    def alltoall(self, tensor, splits, rank, name=None):
+        """(received rows, received splits [world_size] int64) on `rank`'s
+        device (the caller's device scope)."""
+        known = self._known()
+        reverse = known.get(splits.ref()) if known is not None else None
+        if reverse is not None:
+            received = collective_ops.alltoall_sized(tensor, splits, reverse, self.clique, rank,
+                                                     self.world_size, name=name)
+            received_splits, sent_splits = reverse, splits
+        else:
+            received, received_splits, sent_splits = collective_ops.alltoall(
+                tensor, splits, self.clique, rank, self.world_size, name=name)
+        if known is not None:
+            known[received_splits.ref()] = sent_splits
+        return received, received_splits

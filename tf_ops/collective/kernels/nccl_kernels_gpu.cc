@@ -1,0 +1,401 @@
+// GPU OpKernels of SokNcclAllToAll and SokNcclAllToAllSized: grouped
+// ncclSend/ncclRecv on the op's own CUDA stream, so the exchange is ordered
+// with the kernels before and after it like any other GPU op, and rows go
+// GPU to GPU (NVLink or PCIe peer copies, NCCL's choice), never through
+// host memory.
+//
+// Communicators: one per rank of a clique, created when the rank's first
+// all-to-all runs and kept for the process. A clique named "local:..." is
+// the GPUs of this process (a MirroredStrategy's replicas): its first rank to
+// arrive draws the unique id, and every rank initialises its communicator on
+// its own thread (RankWorker) with its GPU made current. Any other clique
+// name is the hex of an ncclUniqueId that rank 0 drew and the engine
+// broadcast (one process per GPU).
+//
+// Ranks must run their all-to-alls in the same order (NCCL matches them by
+// order); sok_graph/communication/nccl.py chains the ops of each rank with
+// control dependencies in the order they are built, which is the same on
+// every rank, and each rank's thread (RankWorker) runs them in that order.
+#if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
+
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "tensorflow/core/framework/op_kernel.h"
+#include "tensorflow/core/framework/tensor.h"
+#include "tf_ops/collective/kernels/nccl_library.h"
+#include "tf_ops/common/cuda_status.h"
+#include "tf_ops/common/gpu_stream.h"
+#include "tf_ops/common/tf_compat.h"
+#include "tf_ops/util/kernels/gpu_memory_launcher.h"
+
+namespace sok_graph {
+namespace {
+
+using ::tensorflow::OpKernelConstruction;
+using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
+using ::tensorflow::TensorShape;
+namespace errors = ::tensorflow::errors;
+
+constexpr char kLocalPrefix[] = "local:";
+
+// The communicators of one clique, one slot per rank.
+struct Clique {
+  std::mutex id_mu;
+  bool have_id = false;
+  nccl::UniqueId id;
+  std::vector<std::unique_ptr<std::mutex>> rank_mu;
+  std::vector<nccl::Comm> comms;
+  std::vector<std::string> failed;  // a rank's init error, reported again
+};
+
+Clique* CliqueNamed(const std::string& name, int world_size) {
+  static std::mutex mu;
+  static std::map<std::string, std::unique_ptr<Clique>>* cliques =
+      new std::map<std::string, std::unique_ptr<Clique>>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<Clique>& slot = (*cliques)[name];
+  if (!slot) {
+    slot.reset(new Clique());
+    for (int r = 0; r < world_size; ++r) slot->rank_mu.emplace_back(new std::mutex());
+    slot->comms.assign(world_size, nullptr);
+    slot->failed.assign(world_size, "");
+  }
+  return slot.get();
+}
+
+bool ParseHexId(const std::string& hex, nccl::UniqueId* id) {
+  if (hex.size() != 2 * sizeof(id->internal)) return false;
+  for (size_t i = 0; i < sizeof(id->internal); ++i) {
+    unsigned value = 0;
+    for (int k = 0; k < 2; ++k) {
+      const char c = hex[2 * i + k];
+      unsigned digit;
+      if (c >= '0' && c <= '9') digit = c - '0';
+      else if (c >= 'a' && c <= 'f') digit = c - 'a' + 10;
+      else return false;
+      value = value * 16 + digit;
+    }
+    id->internal[i] = static_cast<char>(value);
+  }
+  return true;
+}
+
+// The number ending a device name ("/job:localhost/.../device:GPU:1" -> 1).
+int DeviceNumber(const std::string& name) {
+  const size_t colon = name.rfind(':');
+  return colon == std::string::npos ? 0 : std::atoi(name.c_str() + colon + 1);
+}
+
+// One thread per rank of a clique that runs the rank's exchanges one at a
+// time, in the order they were started. The kernels are asynchronous and
+// only hand their work to this thread: an exchange waits for its peers (in
+// NCCL's set-up, and for the counts before it can size its output), and
+// while it waits the executor must go on to start the peers' ops, which in
+// one process are the other replicas' — TensorFlow may run a function's
+// ops inline on one thread, where a waiting kernel would stall them all.
+class RankWorker {
+ public:
+  RankWorker() : thread_([this] { Loop(); }) { thread_.detach(); }
+
+  void Push(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      jobs_.push_back(std::move(job));
+    }
+    ready_.notify_one();
+  }
+
+ private:
+  void Loop() {
+    for (;;) {
+      std::function<void()> job;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        ready_.wait(lock, [this] { return !jobs_.empty(); });
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      job();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable ready_;
+  std::deque<std::function<void()>> jobs_;
+  std::thread thread_;
+};
+
+// The worker of (clique, rank); made on first use and kept for the process
+// (its communicator is).
+RankWorker* WorkerOf(const std::string& clique, int rank) {
+  static std::mutex mu;
+  static std::map<std::pair<std::string, int>, std::unique_ptr<RankWorker>>* workers =
+      new std::map<std::pair<std::string, int>, std::unique_ptr<RankWorker>>();
+  std::lock_guard<std::mutex> lock(mu);
+  std::unique_ptr<RankWorker>& slot = (*workers)[{clique, rank}];
+  if (!slot) slot.reset(new RankWorker());
+  return slot.get();
+}
+
+class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
+ public:
+  explicit NcclAllToAllOp(OpKernelConstruction* ctx) : AsyncOpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("clique", &clique_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("rank", &rank_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size_));
+    OP_REQUIRES(ctx, rank_ < world_size_,
+                errors::InvalidArgument("rank must be < world_size (", world_size_, "); got ",
+                                        rank_));
+    sized_ = ctx->num_inputs() == 3;
+    device_ = DeviceNumber(ctx->device()->name());
+  }
+
+  void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
+    // Runs on the rank's own thread, in the order the executor started the
+    // rank's exchanges (see RankWorker).
+    WorkerOf(clique_, rank_)->Push([this, ctx, done]() {
+      const Status status = Run(ctx);
+      if (!status.ok()) ctx->SetStatus(status);
+      done();
+    });
+  }
+
+ private:
+  Status Run(OpKernelContext* ctx) {
+    // NCCL and the copies take the device from the thread.
+    TF_RETURN_IF_ERROR(
+        CudaStatus(sok_gpu_set_device(device_), "SokNcclAllToAll: cudaSetDevice"));
+    const Tensor& input = ctx->input(0);
+    if (input.dims() < 1) {
+      return errors::InvalidArgument("input must have rank >= 1; got shape ",
+                                     input.shape().DebugString());
+    }
+    for (int i = 1; i < ctx->num_inputs(); ++i) {
+      const Tensor& splits = ctx->input(i);
+      if (splits.dims() != 1 || splits.dim_size(0) != world_size_) {
+        return errors::InvalidArgument(requested_input(i), " must be a vector of world_size (",
+                                       world_size_, ") counts; got shape ",
+                                       splits.shape().DebugString());
+      }
+    }
+    std::string load_error;
+    const nccl::Library* lib = nccl::Load(&load_error);
+    if (lib == nullptr) return errors::FailedPrecondition(load_error);
+    nccl::Comm comm = nullptr;
+    TF_RETURN_IF_ERROR(Communicator(*lib, &comm));
+    void* stream = GpuStreamOf(ctx);
+
+    std::vector<int64_t> send(world_size_), receive(world_size_);
+    if (sized_) {
+      std::memcpy(send.data(), ctx->input(1).flat<TfInt64>().data(), 8 * world_size_);
+      std::memcpy(receive.data(), ctx->input(2).flat<TfInt64>().data(), 8 * world_size_);
+    } else {
+      TF_RETURN_IF_ERROR(ExchangeCounts(ctx, *lib, comm, stream, &send, &receive));
+    }
+    int64_t sent_rows = 0, received_rows = 0;
+    for (int r = 0; r < world_size_; ++r) {
+      if (send[r] < 0 || receive[r] < 0) {
+        return errors::InvalidArgument("the splits must be >= 0; got ", send[r], " rows to ",
+                                       "rank ", r, " and ", receive[r], " from it");
+      }
+      sent_rows += send[r];
+      received_rows += receive[r];
+    }
+    if (sent_rows != input.dim_size(0)) {
+      return errors::InvalidArgument("send_splits sum to ", sent_rows, " rows; input has ",
+                                     input.dim_size(0));
+    }
+    TensorShape out_shape = input.shape();
+    out_shape.set_dim(0, received_rows);
+    Tensor* out = nullptr;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, out_shape, &out));
+    if (!sized_) {
+      Tensor *received_splits = nullptr, *sent_splits = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(1, TensorShape({world_size_}), &received_splits));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({world_size_}), &sent_splits));
+      std::memcpy(received_splits->flat<TfInt64>().data(), receive.data(), 8 * world_size_);
+      std::memcpy(sent_splits->flat<TfInt64>().data(), send.data(), 8 * world_size_);
+    }
+    // Bytes per row: the product of the trailing dimensions.
+    size_t row_bytes = ::tensorflow::DataTypeSize(input.dtype());
+    for (int d = 1; d < input.dims(); ++d) row_bytes *= static_cast<size_t>(input.dim_size(d));
+    const char* in = static_cast<const char*>(input.tensor_data().data());
+    char* dst = const_cast<char*>(out->tensor_data().data());
+    TF_RETURN_IF_ERROR(ExchangeRows(*lib, comm, stream, in, dst, row_bytes, send, receive));
+    return OkStatus();
+  }
+
+  // This rank's communicator, initialised on first use.
+  Status Communicator(const nccl::Library& lib, nccl::Comm* comm) {
+    Clique* clique = CliqueNamed(clique_, world_size_);
+    std::lock_guard<std::mutex> lock(*clique->rank_mu[rank_]);
+    if (clique->comms[rank_] != nullptr) {
+      *comm = clique->comms[rank_];
+      return OkStatus();
+    }
+    if (!clique->failed[rank_].empty()) return errors::Internal(clique->failed[rank_]);
+    nccl::UniqueId id;
+    {
+      std::lock_guard<std::mutex> id_lock(clique->id_mu);
+      if (!clique->have_id) {
+        if (clique_.compare(0, sizeof(kLocalPrefix) - 1, kLocalPrefix) == 0) {
+          const int rc = lib.get_unique_id(&clique->id);
+          if (rc != nccl::kSuccess) {
+            return errors::Internal("ncclGetUniqueId failed: ", nccl::ErrorText(lib, rc));
+          }
+        } else if (!ParseHexId(clique_, &clique->id)) {
+          return errors::InvalidArgument("clique must be \"local:...\" or the ",
+                                         2 * sizeof(id.internal), " lowercase hex digits of ",
+                                         "an ncclUniqueId; got \"", clique_, "\"");
+        }
+        clique->have_id = true;
+      }
+      id = clique->id;
+    }
+    // NCCL takes the device from the thread. TensorFlow's GPU ids are CUDA's
+    // device numbers unless a Session's visible_device_list reorders them.
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_set_device(device_), "SokNcclAllToAll: cudaSetDevice"));
+    // Blocks until every rank of the clique is here (NCCL's bootstrap).
+    nccl::Comm created = nullptr;
+    const int rc = lib.comm_init_rank(&created, world_size_, id, rank_);
+    if (rc != nccl::kSuccess) {
+      clique->failed[rank_] = "ncclCommInitRank (rank " + std::to_string(rank_) + " of " +
+                              std::to_string(world_size_) + ", clique " +
+                              clique_.substr(0, 16) + ") failed: " + nccl::ErrorText(lib, rc);
+      return errors::Internal(clique->failed[rank_]);
+    }
+    clique->comms[rank_] = created;
+    *comm = created;
+    return OkStatus();
+  }
+
+  // The counts of rows each rank sends here, from a grouped exchange of one
+  // int64 per pair of ranks, then both count vectors to the host: the op's
+  // one wait for the device.
+  Status ExchangeCounts(OpKernelContext* ctx, const nccl::Library& lib, nccl::Comm comm,
+                        void* stream, std::vector<int64_t>* send,
+                        std::vector<int64_t>* receive) {
+    Tensor both;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
+                                          TensorShape({2 * world_size_}), &both));
+    int64_t* counts = reinterpret_cast<int64_t*>(both.flat<TfInt64>().data());
+    const int64_t* send_dev =
+        reinterpret_cast<const int64_t*>(ctx->input(1).flat<TfInt64>().data());
+    TF_RETURN_IF_ERROR(CudaStatus(
+        sok_gpu_copy_on_device(counts, send_dev, 8 * world_size_, stream),
+        "SokNcclAllToAll: copying the splits"));
+    TF_RETURN_IF_ERROR(Grouped(lib, "exchanging the splits", [&]() {
+      for (int r = 0; r < world_size_; ++r) {
+        int rc = lib.send(send_dev + r, 8, nccl::kUint8, r, comm, stream);
+        if (rc == nccl::kSuccess) {
+          rc = lib.recv(counts + world_size_ + r, 8, nccl::kUint8, r, comm, stream);
+        }
+        if (rc != nccl::kSuccess) return rc;
+      }
+      return nccl::kSuccess;
+    }));
+    std::vector<int64_t> host(2 * world_size_);
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(host.data(), counts,
+                                                       8 * 2 * world_size_, stream),
+                                  "SokNcclAllToAll: reading the splits"));
+    send->assign(host.begin(), host.begin() + world_size_);
+    receive->assign(host.begin() + world_size_, host.end());
+    return OkStatus();
+  }
+
+  Status ExchangeRows(const nccl::Library& lib, nccl::Comm comm, void* stream, const char* in,
+                      char* out, size_t row_bytes, const std::vector<int64_t>& send,
+                      const std::vector<int64_t>& receive) {
+    std::vector<size_t> send_at(world_size_, 0), receive_at(world_size_, 0);
+    for (int r = 1; r < world_size_; ++r) {
+      send_at[r] = send_at[r - 1] + static_cast<size_t>(send[r - 1]) * row_bytes;
+      receive_at[r] = receive_at[r - 1] + static_cast<size_t>(receive[r - 1]) * row_bytes;
+    }
+    // What stays on this GPU is a copy on the stream, not a message.
+    const size_t own = static_cast<size_t>(send[rank_]) * row_bytes;
+    if (own != static_cast<size_t>(receive[rank_]) * row_bytes) {
+      return errors::Internal("SokNcclAllToAll: rank ", rank_, " sends itself ", send[rank_],
+                              " rows but expects ", receive[rank_]);
+    }
+    TF_RETURN_IF_ERROR(CudaStatus(
+        sok_gpu_copy_on_device(out + receive_at[rank_], in + send_at[rank_], own, stream),
+        "SokNcclAllToAll: the rows this rank keeps"));
+    if (world_size_ == 1) return OkStatus();
+    return Grouped(lib, "exchanging the rows", [&]() {
+      for (int r = 0; r < world_size_; ++r) {
+        if (r == rank_) continue;
+        const size_t out_bytes = static_cast<size_t>(send[r]) * row_bytes;
+        const size_t in_bytes = static_cast<size_t>(receive[r]) * row_bytes;
+        int rc = nccl::kSuccess;
+        if (out_bytes > 0) rc = lib.send(in + send_at[r], out_bytes, nccl::kUint8, r, comm, stream);
+        if (rc == nccl::kSuccess && in_bytes > 0) {
+          rc = lib.recv(out + receive_at[r], in_bytes, nccl::kUint8, r, comm, stream);
+        }
+        if (rc != nccl::kSuccess) return rc;
+      }
+      return nccl::kSuccess;
+    });
+  }
+
+  template <typename F>
+  Status Grouped(const nccl::Library& lib, const char* what, F calls) {
+    int rc = lib.group_start();
+    if (rc == nccl::kSuccess) {
+      const int first = calls();
+      rc = lib.group_end();  // a group once started is always ended
+      if (first != nccl::kSuccess) rc = first;
+    }
+    if (rc != nccl::kSuccess) {
+      return errors::Internal(name(), " (rank ", rank_, " of ", world_size_, "): ", what,
+                              " failed: ", nccl::ErrorText(lib, rc));
+    }
+    return OkStatus();
+  }
+
+  std::string clique_;
+  int rank_ = 0;
+  int world_size_ = 1;
+  bool sized_ = false;
+  int device_ = 0;
+};
+
+#define SOK_REGISTER_NCCL(type)                                                         \
+  REGISTER_KERNEL_BUILDER(Name("SokNcclAllToAll")                                       \
+                              .Device(::tensorflow::DEVICE_GPU)                         \
+                              .TypeConstraint("T", type)                                \
+                              .HostMemory("received_splits")                            \
+                              .HostMemory("sent_splits"),                               \
+                          NcclAllToAllOp);                                              \
+  REGISTER_KERNEL_BUILDER(Name("SokNcclAllToAllSized")                                  \
+                              .Device(::tensorflow::DEVICE_GPU)                         \
+                              .TypeConstraint("T", type)                                \
+                              .HostMemory("send_splits")                                \
+                              .HostMemory("receive_splits"),                            \
+                          NcclAllToAllOp)
+
+SOK_REGISTER_NCCL(::tensorflow::DT_FLOAT);
+SOK_REGISTER_NCCL(::tensorflow::DT_HALF);
+SOK_REGISTER_NCCL(::tensorflow::DT_BFLOAT16);
+SOK_REGISTER_NCCL(::tensorflow::DT_DOUBLE);
+SOK_REGISTER_NCCL(::tensorflow::DT_INT32);
+SOK_REGISTER_NCCL(::tensorflow::DT_INT64);
+
+#undef SOK_REGISTER_NCCL
+
+}  // namespace
+}  // namespace sok_graph
+
+#endif  // SOK_GRAPH_WITH_CUDA
