@@ -14,10 +14,16 @@ uses NCCL where it is found and the engine's own exchange elsewhere; "1"
 requires it (an error where it cannot be used).
 
 Status: opt-in and not yet working. On two H200s of one host (2026-11-28),
-a MirroredStrategy's first NCCL exchange never completed: one rank's
-communicator set-up waited for the other rank, whose op did not start.
-Until the multi-GPU tests pass with it (tests/gpu/test_multi_gpu.py), the
-default stays "0" and the engines exchange rows as before.
+a MirroredStrategy's first NCCL exchange never completed: one rank sat in
+NCCL's set-up and the other rank's thread never reached it. The likely
+cause, found after the machine time was spent: a copy into pageable host
+memory holds the CUDA driver's lock while it waits for the stream, and a
+peer's cudaMalloc in NCCL's set-up then waits for that lock (the same
+deadlock is known from other frameworks). The kernels now settle every
+rank's set-up and first connections behind a barrier and read counts into
+pinned memory, not yet run on GPUs. Until the multi-GPU tests pass with it
+(tests/gpu/test_multi_gpu.py), the default stays "0" and the engines
+exchange rows as before.
 
 The exchange of a lookup is an all-to-all of ids whose sizes only the
 device knows, then the reply with the rows, then in the backward the
@@ -127,6 +133,10 @@ class Transport:
 
     def __init__(self, clique, world_size):
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
+        # Each rank launches its kernels from its own thread; NCCL's GROUP
+        # launch mode would make the ranks of one process wait for each other
+        # at every launch.
+        os.environ.setdefault("NCCL_LAUNCH_MODE", "PARALLEL")
         self.clique = clique
         self.world_size = world_size
         # graph -> {splits tensor's ref: the splits of the reverse direction}

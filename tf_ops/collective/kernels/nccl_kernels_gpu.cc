@@ -59,6 +59,16 @@ struct Clique {
   std::vector<std::unique_ptr<std::mutex>> rank_mu;
   std::vector<nccl::Comm> comms;
   std::vector<std::string> failed;  // a rank's init error, reported again
+  // Pinned host memory per rank for the counts read back: a copy to
+  // pageable memory holds the CUDA driver's lock while it waits for the
+  // stream, and a peer's set-up (cudaMalloc) in this process would then
+  // wait for that lock while the stream waits for the peer.
+  std::vector<int64_t*> pinned;
+  // Ranks of this process that finished their set-up (see Settle).
+  std::mutex settle_mu;
+  std::condition_variable settled;
+  int ready = 0;
+  bool broken = false;
 };
 
 Clique* CliqueNamed(const std::string& name, int world_size) {
@@ -72,6 +82,7 @@ Clique* CliqueNamed(const std::string& name, int world_size) {
     for (int r = 0; r < world_size; ++r) slot->rank_mu.emplace_back(new std::mutex());
     slot->comms.assign(world_size, nullptr);
     slot->failed.assign(world_size, "");
+    slot->pinned.assign(world_size, nullptr);
   }
   return slot.get();
 }
@@ -194,9 +205,9 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     std::string load_error;
     const nccl::Library* lib = nccl::Load(&load_error);
     if (lib == nullptr) return errors::FailedPrecondition(load_error);
-    nccl::Comm comm = nullptr;
-    TF_RETURN_IF_ERROR(Communicator(*lib, &comm));
     void* stream = GpuStreamOf(ctx);
+    nccl::Comm comm = nullptr;
+    TF_RETURN_IF_ERROR(Communicator(*lib, ctx, stream, &comm));
 
     std::vector<int64_t> send(world_size_), receive(world_size_);
     if (sized_) {
@@ -239,7 +250,8 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   }
 
   // This rank's communicator, initialised on first use.
-  Status Communicator(const nccl::Library& lib, nccl::Comm* comm) {
+  Status Communicator(const nccl::Library& lib, OpKernelContext* ctx, void* stream,
+                      nccl::Comm* comm) {
     Clique* clique = CliqueNamed(clique_, world_size_);
     std::lock_guard<std::mutex> lock(*clique->rank_mu[rank_]);
     if (clique->comms[rank_] != nullptr) {
@@ -272,13 +284,79 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     nccl::Comm created = nullptr;
     const int rc = lib.comm_init_rank(&created, world_size_, id, rank_);
     if (rc != nccl::kSuccess) {
+      {
+        std::lock_guard<std::mutex> settle_lock(clique->settle_mu);
+        clique->broken = true;
+      }
+      clique->settled.notify_all();
       clique->failed[rank_] = "ncclCommInitRank (rank " + std::to_string(rank_) + " of " +
                               std::to_string(world_size_) + ", clique " +
                               clique_.substr(0, 16) + ") failed: " + nccl::ErrorText(lib, rc);
       return errors::Internal(clique->failed[rank_]);
     }
+    Status status = Settle(lib, clique, created, ctx, stream);
+    if (!status.ok()) {
+      {
+        std::lock_guard<std::mutex> settle_lock(clique->settle_mu);
+        clique->broken = true;
+      }
+      clique->settled.notify_all();
+      clique->failed[rank_] = status.ToString();
+      return status;
+    }
     clique->comms[rank_] = created;
     *comm = created;
+    return OkStatus();
+  }
+
+  // After ncclCommInitRank: pinned memory for the counts, then, for the GPUs
+  // of one process, a barrier and one byte to and from every peer (NCCL
+  // connects pairs of ranks at their first message, allocating buffers), and
+  // a second barrier. So no rank of this process waits on an exchange while
+  // another still allocates: allocations and waits on the stream would
+  // deadlock on the CUDA driver's lock (a rank's cudaMalloc waits for the
+  // lock that a waiting copy holds, the copy waits for the peer's kernel).
+  Status Settle(const nccl::Library& lib, Clique* clique, nccl::Comm comm, OpKernelContext* ctx,
+                void* stream) {
+    void* pinned = nullptr;
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_host_alloc(&pinned, 8 * 2 * world_size_),
+                                  "SokNcclAllToAll: pinned memory for the counts"));
+    clique->pinned[rank_] = static_cast<int64_t*>(pinned);
+    const bool local = clique_.compare(0, sizeof(kLocalPrefix) - 1, kLocalPrefix) == 0;
+    if (!local) return OkStatus();  // one rank in this process: nothing to settle
+    TF_RETURN_IF_ERROR(Barrier(clique, 1));
+    Tensor bytes;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
+                                          TensorShape({2 * world_size_}), &bytes));
+    int64_t* buf = reinterpret_cast<int64_t*>(bytes.flat<TfInt64>().data());
+    TF_RETURN_IF_ERROR(Grouped(lib, "connecting the ranks", [&]() {
+      for (int r = 0; r < world_size_; ++r) {
+        if (r == rank_) continue;
+        int rc = lib.send(buf + r, 8, nccl::kUint8, r, comm, stream);
+        if (rc == nccl::kSuccess) {
+          rc = lib.recv(buf + world_size_ + r, 8, nccl::kUint8, r, comm, stream);
+        }
+        if (rc != nccl::kSuccess) return rc;
+      }
+      return nccl::kSuccess;
+    }));
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(clique->pinned[rank_], buf, 8, stream),
+                                  "SokNcclAllToAll: waiting for the first messages"));
+    return Barrier(clique, 2);
+  }
+
+  // Waits until all world_size ranks (all in this process) reached `round`.
+  Status Barrier(Clique* clique, int round) {
+    std::unique_lock<std::mutex> lock(clique->settle_mu);
+    ++clique->ready;
+    clique->settled.notify_all();
+    clique->settled.wait(lock, [&] {
+      return clique->broken || clique->ready >= round * world_size_;
+    });
+    if (clique->broken) {
+      return errors::Internal("SokNcclAllToAll: another rank of clique ", clique_.substr(0, 16),
+                              " failed its set-up");
+    }
     return OkStatus();
   }
 
@@ -307,12 +385,12 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
       }
       return nccl::kSuccess;
     }));
-    std::vector<int64_t> host(2 * world_size_);
-    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(host.data(), counts,
-                                                       8 * 2 * world_size_, stream),
+    int64_t* host = CliqueNamed(clique_, world_size_)->pinned[rank_];
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(host, counts, 8 * 2 * world_size_,
+                                                       stream),
                                   "SokNcclAllToAll: reading the splits"));
-    send->assign(host.begin(), host.begin() + world_size_);
-    receive->assign(host.begin() + world_size_, host.end());
+    send->assign(host, host + world_size_);
+    receive->assign(host + world_size_, host + 2 * world_size_);
     return OkStatus();
   }
 

@@ -64,6 +64,10 @@ SOK_EXPORT int sok_gpu_memset_zero(void* p, size_t bytes, void* stream) {
   return static_cast<int>(cudaMemsetAsync(p, 0, bytes, static_cast<cudaStream_t>(stream)));
 }
 
+SOK_EXPORT int sok_gpu_host_alloc(void** out, size_t bytes) {
+  return static_cast<int>(cudaHostAlloc(out, bytes, cudaHostAllocPortable));
+}
+
 SOK_EXPORT int sok_gpu_set_device(int device) {
   return static_cast<int>(cudaSetDevice(device));
 }

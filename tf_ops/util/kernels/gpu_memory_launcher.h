@@ -35,6 +35,10 @@ int sok_gpu_narrow_i64(const int64_t* in, int32_t* out, int64_t n, void* stream)
 // for libraries that take the device from the thread, such as NCCL's
 // communicator set-up.
 int sok_gpu_set_device(int device);
+// *out <- bytes of pinned (page-locked) host memory, kept by the caller for
+// the process (cudaHostAlloc): copies into it wait for the stream without
+// holding the driver's lock as copies into pageable memory do.
+int sok_gpu_host_alloc(void** out, size_t bytes);
 // The name of a cudaError_t ("cudaErrorMemoryAllocation"), for error messages
 // of kernels that do not include the CUDA headers.
 const char* sok_gpu_error_name(int error);
