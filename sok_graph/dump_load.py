@@ -433,6 +433,13 @@ def load(path, load_vars, optimizer=None):
     for name, table in variables.items():
         if optimizer is not None:
             optimizer.create_slots(table)
+    # Dynamic tables first: each is replaced whole or not at all (a table
+    # that cannot take its rows raises with its old rows in place), and
+    # static assignments, which cannot fail after the checks above, come
+    # last, so a failing dynamic table leaves the static ones untouched.
+    order = sorted(variables.items(), key=lambda item: not isinstance(
+        replica_shards.shards_of(item[1])[0], DynamicVariable))
+    for name, table in order:
         for var in replica_shards.shards_of(table):
             ops.extend(_load_shard(var, loaded[name], optimizer, slots))
     if optimizer is not None:
@@ -473,11 +480,10 @@ def _load_shard(var, a, optimizer, slots):
     a = {k: v[keep] for k, v in a.items()}
     if isinstance(var, DynamicVariable):
         keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
-        ops.append(_replace_rows(var, keys, a["values"], a.get("timestamps"),
-                                 a.get("frequencies")))
+        ops.append(var.replace_rows(keys, a["values"], a.get("timestamps"),
+                                    a.get("frequencies")))
         for slot, _ in slots:
-            ops.append(_replace_rows(optimizer.get_slot(var, slot), keys,
-                                     a["slot." + slot]))
+            ops.append(optimizer.get_slot(var, slot).replace_rows(keys, a["slot." + slot]))
     else:
         # Keys are sorted, so the owned rows come in local-row order.
         ops.append(var.assign(a["values"]))
@@ -543,13 +549,6 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None):
                                       f"holds {rows} rows with keys that are not 0..{rows - 1}")
         loaded[name] = arrays
     return manifest, loaded
-
-
-def _replace_rows(table, keys, values, timestamps=None, frequencies=None):
-    """Empties a dynamic table, then imports rows (in that order in a graph too)."""
-    cleared = table.clear()
-    with tf.control_dependencies([] if tf.executing_eagerly() else [cleared]):
-        return table.import_rows(keys, values, timestamps, frequencies)
 
 
 def incremental_model_dump(sok_vars, time_threshold, sess=None):

@@ -697,6 +697,14 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         return dynamic_ops.import_rows(self._handle, self._check_keys(keys), rows, timestamps,
                                        frequencies)
 
+    def replace_rows(self, keys, rows, timestamps=None, frequencies=None):
+        """The table holds exactly `keys` with `rows` afterwards: imported
+        into a new table and swapped in, so a lookup running meanwhile sees
+        the old rows or the new ones, never an empty table, and a failed
+        import (on the CPU) leaves the table as it was."""
+        return dynamic_ops.import_rows(self._handle, self._check_keys(keys), rows, timestamps,
+                                       frequencies, replace=True)
+
     def clear(self):
         return dynamic_ops.clear(self._handle)
 
@@ -724,18 +732,17 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         with tf.name_scope(f"{self._name}_restore"):
             created = self._create_op()  # a Saver may restore before any initializer ran
             deps = [] if created is None or tf.executing_eagerly() else [created]
+            values = restored_tensors["-values"]
+            if values.shape.rank == 2 and values.shape[1] is not None \
+                    and values.shape[1] != self._dimension:
+                raise ValueError(
+                    f"checkpoint rows of DynamicVariable '{self._name}' have dimension "
+                    f"{values.shape[1]}; the variable has {self._dimension}")
             with tf.control_dependencies(deps):
-                cleared = dynamic_ops.clear(self._handle)
-            with tf.control_dependencies([] if tf.executing_eagerly() else [cleared]):
-                values = restored_tensors["-values"]
-                if values.shape.rank == 2 and values.shape[1] is not None \
-                        and values.shape[1] != self._dimension:
-                    raise ValueError(
-                        f"checkpoint rows of DynamicVariable '{self._name}' have dimension "
-                        f"{values.shape[1]}; the variable has {self._dimension}")
                 return dynamic_ops.import_rows(
                     self._handle, tf.cast(restored_tensors["-keys"], self._key_type), values,
-                    restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"))
+                    restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"),
+                    replace=True)
 
 
 def _refuse_conversion(value, dtype=None, name=None, as_ref=False):

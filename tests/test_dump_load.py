@@ -253,6 +253,61 @@ def test_failed_capacity_check_changes_no_table(tmp_path):
     assert keys.numpy().tolist() == [500] and rows.numpy().tolist() == [[9.0, 9.0]]
 
 
+def test_replace_that_does_not_fit_leaves_the_table_as_it_was():
+    """The replacing import itself (what load, Saver restores and
+    checkpoints use) fails whole: five keys into a table of four rows keep
+    its three old keys and rows (an import after a clear lost them)."""
+    table = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4)
+    table.import_rows(tf.constant([1, 2, 3], tf.int64), tf.constant([[1., 1], [2, 2], [3, 3]]))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="5 distinct keys"):
+        table.replace_rows(tf.constant([7, 8, 9, 10, 11], tf.int64), tf.ones([5, 2]))
+    keys, rows = table.export()
+    order = np.argsort(keys.numpy())
+    assert keys.numpy()[order].tolist() == [1, 2, 3]
+    assert rows.numpy()[order].tolist() == [[1, 1], [2, 2], [3, 3]]
+    table.replace_rows(tf.constant([2, 5], tf.int64), tf.constant([[4., 4], [5, 5]]))
+    keys, rows = table.export()
+    order = np.argsort(keys.numpy())
+    assert keys.numpy()[order].tolist() == [2, 5]
+    assert rows.numpy()[order].tolist() == [[4, 4], [5, 5]]
+
+
+def test_lookups_during_loads_never_see_an_empty_table(tmp_path):
+    """One thread loads a dump over and over while another looks its keys
+    up (sparse_read: a missing key would be inserted with its initial row):
+    every lookup sees the dumped rows, never an emptied table."""
+    import threading
+
+    keys = np.arange(0, 2000, 7, dtype=np.int64)
+    rows = np.stack([keys, -keys], 1).astype(np.float32)
+    table = sok.DynamicVariable(2, initializer="normal", name="t")
+    table.import_rows(tf.constant(keys), tf.constant(rows))
+    sok.dump(str(tmp_path / "d"), [table])
+    stop, loads, seen, wrong = threading.Event(), [0], [0], []
+
+    def loader():
+        while not stop.is_set():
+            sok.load(str(tmp_path / "d"), [table])
+            loads[0] += 1
+
+    def reader():
+        while not stop.is_set():
+            got = table.sparse_read(tf.constant(keys)).numpy()
+            seen[0] += 1
+            if not np.array_equal(got, rows):
+                wrong.append(int(np.sum(np.any(got != rows, axis=1))))
+
+    threads = [threading.Thread(target=loader), threading.Thread(target=reader)]
+    for t in threads:
+        t.start()
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert loads[0] >= 5 and seen[0] >= 5, (loads, seen)
+    assert not wrong, f"{len(wrong)} of {seen[0]} lookups during {loads[0]} loads saw other rows"
+
+
 @pytest.mark.parametrize("existing", ["user_dir", "file", "cwd"])
 def test_dump_never_replaces_what_is_not_a_dump(tmp_path, monkeypatch, existing):
     v = sok.Variable(np.ones((3, 2), np.float32), name="v")

@@ -120,12 +120,14 @@ def export(table, key_dtype, dim, offset=0, limit=1 << 20, updated_after=INT64_M
         tf.constant(updated_after, tf.int64), Tkeys=key_dtype, dim=int(dim))
 
 
-def import_rows(table, keys, rows, timestamps=None, frequencies=None):
+def import_rows(table, keys, rows, timestamps=None, frequencies=None, replace=False):
+    """Inserts or overwrites rows; with replace=True the table holds exactly
+    these rows afterwards, swapped in at once (no op sees it empty)."""
     empty = tf.zeros([0], tf.int64)
     return library.load().sok_dynamic_table_import(
         table, keys, rows,
         empty if timestamps is None else tf.cast(timestamps, tf.int64),
-        empty if frequencies is None else tf.cast(frequencies, tf.int64))
+        empty if frequencies is None else tf.cast(frequencies, tf.int64), replace=bool(replace))
 
 
 def clear(table):

@@ -49,9 +49,7 @@ def _assign(var, keys, rows):
     """Replaces the table's contents: dynamic tables hold exactly `keys`
     afterwards; static tables get `rows` for row numbers `keys`."""
     if isinstance(var, DynamicVariable):
-        cleared = var.clear()
-        with tf.control_dependencies([] if tf.executing_eagerly() else [cleared]):
-            return var.import_rows(tf.cast(keys, var.key_type), rows)
+        return var.replace_rows(tf.cast(keys, var.key_type), rows)
     return var.scatter_update(tf.IndexedSlices(rows, keys))
 
 

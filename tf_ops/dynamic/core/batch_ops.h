@@ -296,6 +296,22 @@ inline int64_t ImportBatch(DynamicTable& t, const int64_t* keys, int64_t n, cons
   return evicted;
 }
 
+// The table holds exactly the given rows afterwards (ImportBatch into an
+// empty table of the same configuration, then swapped in): on an error the
+// table is unchanged, and a reader holding the table's lock sees the old
+// entries or the new ones, never an empty or partial table.
+inline int64_t ReplaceBatch(DynamicTable& t, const int64_t* keys, int64_t n, const float* rows,
+                            const int64_t* timestamps, const uint32_t* frequencies, int64_t now,
+                            const ParallelRunner& run, std::string* error) {
+  DynamicTable staged(t.config());
+  staged.Tick(now);
+  const int64_t evicted =
+      ImportBatch(staged, keys, n, rows, timestamps, frequencies, now, run, error);
+  if (evicted < 0) return -1;
+  t.SwapEntries(staged);
+  return evicted;
+}
+
 // Entries [offset, offset + limit) in the table's order, or only those
 // updated after `updated_after` (microseconds; pass INT64_MIN for all).
 // Returns the offset to continue from (size() when done).

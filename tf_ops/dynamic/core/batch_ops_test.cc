@@ -591,6 +591,48 @@ TEST_P(BatchOpsTest, ImportOverwritesRowsAndRestoresMetadata) {
   EXPECT_EQ(t.size(), 6);
 }
 
+TEST_P(BatchOpsTest, ReplaceHoldsExactlyTheRowsOrLeavesTheTableUnchanged) {
+  const TableConfig c = Config(2, 4, Eviction::kLru);
+  DynamicTable t(c);
+  std::string error;
+  const std::vector<int64_t> old_keys = {1, 2, 3};
+  std::vector<float> tmp(6);
+  ASSERT_EQ(FindOrInsertBatch(t, old_keys.data(), 3, t.Tick(10), tmp.data(), run_, &error), 0);
+  const Snapshot before = Snap(t);
+
+  // Five distinct keys do not fit in four rows: an error, nothing changed
+  // (an import that cleared first would have lost keys 1, 2 and 3).
+  const std::vector<int64_t> five = {7, 8, 9, 10, 11};
+  const std::vector<float> rows(10, 3.0f);
+  EXPECT_EQ(ReplaceBatch(t, five.data(), 5, rows.data(), nullptr, nullptr, t.Tick(20), run_,
+                         &error),
+            -1);
+  EXPECT_FALSE(error.empty());
+  EXPECT_TRUE(Snap(t) == before);
+
+  // Two keys, one of them already there: the table holds exactly those two.
+  const std::vector<int64_t> two = {2, 5};
+  const std::vector<float> rows2 = {1, 2, 3, 4};
+  const std::vector<int64_t> ts = {100, 200};
+  const int64_t now = t.Tick(30);
+  ASSERT_EQ(ReplaceBatch(t, two.data(), 2, rows2.data(), ts.data(), nullptr, now, run_, &error),
+            0);
+  EXPECT_EQ(t.size(), 2);
+  EXPECT_EQ(t.Find(1), -1);
+  EXPECT_EQ(t.Find(3), -1);
+  EXPECT_EQ(RowOf(t, 2), (std::vector<float>{1, 2}));
+  EXPECT_EQ(RowOf(t, 5), (std::vector<float>{3, 4}));
+  EXPECT_EQ(Ts(t, 5), 200);
+  // The clock goes on from the table's own.
+  EXPECT_GT(t.Tick(0), now);
+  // The table takes new keys as usual afterwards.
+  const std::vector<int64_t> more = {6, 7};
+  ASSERT_EQ(FindOrInsertBatch(t, more.data(), 2, t.Tick(40), tmp.data(), run_, &error), 0);
+  EXPECT_EQ(t.size(), 4);
+  EXPECT_GE(t.Find(2), 0);
+  EXPECT_GE(t.Find(6), 0);
+}
+
 TEST_P(BatchOpsTest, EnsureEntriesOnABoundedTable) {
   const TableConfig c = Config(2, 8, Eviction::kLru);
   DynamicTable t(c);

@@ -17,6 +17,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "tf_ops/dynamic/core/initializer.h"
@@ -241,6 +242,18 @@ class DynamicTable {
     if (e < 0) return false;
     RemoveEntry(e);
     return true;
+  }
+
+  // Exchanges the entries (rows, keys, metadata, index) with `other`'s; the
+  // configuration, clock and eviction count stay. How a table is replaced
+  // whole: the new entries are built aside, then swapped in at once.
+  void SwapEntries(DynamicTable& other) {
+    keys_.swap(other.keys_);
+    rows_.swap(other.rows_);
+    timestamps_.swap(other.timestamps_);
+    frequencies_.swap(other.frequencies_);
+    index_.swap(other.index_);
+    std::swap(mask_, other.mask_);
   }
 
   void Clear() {

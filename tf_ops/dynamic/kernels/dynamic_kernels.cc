@@ -396,7 +396,9 @@ class ExportOp : public OpKernel {
 
 class ImportOp : public OpKernel {
  public:
-  using OpKernel::OpKernel;
+  explicit ImportOp(OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("replace", &replace_));
+  }
   void Compute(OpKernelContext* ctx) override {
     DynamicTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
@@ -416,14 +418,20 @@ class ImportOp : public OpKernel {
     const int64_t* times =
         ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())
                              : nullptr;
+    const bool replace = replace_;
     OP_REQUIRES_OK(ctx, RunWrite(ctx, table, 0,
                                  [&](core::DynamicTable& t, int64_t now, std::string* error) {
-                                   return core::ImportBatch(
-                                       t, keys, n, rows.flat<float>().data(), times,
-                                       counts.empty() ? nullptr : counts.data(), now,
-                                       RunnerFor(ctx), error);
+                                   const float* r = rows.flat<float>().data();
+                                   const uint32_t* f = counts.empty() ? nullptr : counts.data();
+                                   return replace ? core::ReplaceBatch(t, keys, n, r, times, f, now,
+                                                                       RunnerFor(ctx), error)
+                                                  : core::ImportBatch(t, keys, n, r, times, f, now,
+                                                                      RunnerFor(ctx), error);
                                  }));
   }
+
+ private:
+  bool replace_ = false;
 };
 
 class ClearOp : public OpKernel {

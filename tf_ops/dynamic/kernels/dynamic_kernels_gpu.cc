@@ -675,7 +675,9 @@ class ExportGpuOp : public DeviceWaitingKernel<> {
 
 class ImportGpuOp : public DeviceWaitingKernel<> {
  public:
-  using DeviceWaitingKernel::DeviceWaitingKernel;
+  explicit ImportGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("replace", &replace_));
+  }
   void Compute(OpKernelContext* ctx) override {
     GpuTableAndKeys in;
     OP_REQUIRES_OK(ctx, in.Read(ctx, true));
@@ -706,6 +708,11 @@ class ImportGpuOp : public DeviceWaitingKernel<> {
     SokGpuTableResult result{0, -1};
     {
       ::tensorflow::mutex_lock lock(*table->mu());
+      // replace: emptied and filled in one step of the stream, under the lock.
+      if (replace_) {
+        OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_clear(table->table(), stream), nullptr,
+                                       table->row_limit()));
+      }
       const int rc = sok_gpu_table_import(table->table(), in.keys, in.n,
                                           rows.flat<float>().data(), times, counts, table->Tick(),
                                           &result, stream);
@@ -713,6 +720,9 @@ class ImportGpuOp : public DeviceWaitingKernel<> {
     }
     OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 0, result.num_evicted));
   }
+
+ private:
+  bool replace_ = false;
 };
 
 class ClearGpuOp : public OpKernel {

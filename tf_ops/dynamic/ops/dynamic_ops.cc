@@ -228,10 +228,17 @@ REGISTER_OP("SokDynamicTableImport")
     .Input("frequencies: int64")
     .Output("num_evicted: int64")
     .Attr("Tkeys: {int32, int64}")
+    .Attr("replace: bool = false")
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape)
     .Doc(R"doc(
 Inserts or overwrites keys with rows [n, dim]. timestamps and frequencies
 restore metadata when given ([n] each), or are empty ([0]).
+
+replace: the table holds exactly these rows afterwards, replaced in one step
+under the table's lock, so no other op sees it empty or half-loaded. On the
+CPU the rows are imported into a new table that is swapped in, and an error
+leaves the table unchanged; on a GPU the table is emptied and filled in one
+step of its stream.
 )doc");
 
 REGISTER_OP("SokDynamicSparseApply")
