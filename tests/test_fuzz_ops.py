@@ -378,7 +378,8 @@ def test_fused_lookup_op(data):
 
 SPARSE_FAULTS = ("sp_ids_len", "weights_len", "combiner", "combiners_len", "numpy_ids",
                  "ragged_rank2", "sparse_rank3", "key_dtype", "int_weights", "params_f64",
-                 "params_rank", "bad_static_id", "low_freq", "empty_params", "mixed_dtypes")
+                 "params_rank", "bad_static_id", "low_freq", "empty_params", "mixed_dtypes",
+                 "sparse_duplicate", "sparse_outside")
 
 
 @fuzz(220)
@@ -431,6 +432,17 @@ def test_lookup_sparse_static_and_dynamic(data):
     sp_ids = [ragged(i, s, tf.int64) for i, s in ids_list]
     sp_weights = [None if w is None else ragged(w, s, tf.float32)
                   for w, (_, s) in zip(weights_list, ids_list)]
+    if as_sparse and draw(st.booleans()):
+        # The entries of each SparseTensor in any order (ids with their
+        # weights): the lookup sorts them as tf.sparse.reorder would.
+        for k, (ids, _) in enumerate(ids_list):
+            perm = np.array(draw(st.permutations(range(len(ids)))), np.int64)
+            shuffled = [tf.SparseTensor(tf.gather(sp.indices, perm), tf.gather(sp.values, perm),
+                                        sp.dense_shape) for sp in (sp_ids[k], sp_weights[k])
+                        if sp is not None]
+            sp_ids[k] = shuffled[0]
+            if sp_weights[k] is not None:
+                sp_weights[k] = shuffled[1]
     if all(w is None for w in sp_weights) and draw(st.booleans()):
         sp_weights = None
     kwargs = dict(combiners=list(combiners), max_norm=list(max_norms))
@@ -505,6 +517,15 @@ def test_lookup_sparse_static_and_dynamic(data):
         kwargs["max_norm"].append(None)
         sp_weights = None if sp_weights is None else sp_weights + [None]
         words = ["all tables must share one dtype", "must be float32"]
+
+    elif fault in ("sparse_duplicate", "sparse_outside"):
+        # Row 0 twice, or a row past dense_shape's two rows.
+        second = [0, 0] if fault == "sparse_duplicate" else [draw(st.integers(2, 9)), 0]
+        sp_ids[t] = tf.SparseTensor([[0, 0], second], tf.constant([0, 0], tf.int64), [2, 2])
+        if sp_weights is not None:
+            sp_weights[t] = None
+        words = ["must not repeat an index" if fault == "sparse_duplicate"
+                 else "inside its dense_shape"]
 
     count("lookup_sparse")
     if words is not None:
@@ -1236,6 +1257,39 @@ def table_dict(var, static_rows=None):
     if static_rows is not None:
         return dict(enumerate(var.numpy()))
     return export_dict(var)
+
+
+KERAS_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm",
+                 "gradient_accumulation_steps", "use_ema")
+
+
+@fuzz(40)
+@given(st.data())
+def test_keras_options_the_row_updates_ignore_are_refused(data):
+    """A Keras optimizer given an option that sparse row updates do not
+    apply (weight decay, clipping, accumulation, EMA; whichever this Keras
+    has) is refused by OptimizerWrapper with the option's name; the same
+    optimizer without it wraps and trains."""
+    draw = data.draw
+    name = draw(st.sampled_from(["SGD", "Adam", "Adagrad"]))
+    option = draw(st.sampled_from(KERAS_OPTIONS))
+    setting = {"gradient_accumulation_steps": draw(st.integers(2, 4)), "use_ema": True}.get(
+        option, draw(st.sampled_from([1e-3, 0.5, 4.0])))
+    cls = getattr(tf.keras.optimizers, name)
+    try:
+        opt = cls(learning_rate=0.1, **{option: setting})
+    except (TypeError, ValueError):
+        return  # this Keras has no such option
+    if getattr(opt, option, None) in (None, False):
+        return  # accepted and dropped by this Keras: nothing to refuse
+    count("keras_options")
+    expect_error(lambda: sok.OptimizerWrapper(opt), [option])
+    var = sok.Variable(np.ones((3, 2), np.float32))
+    wrapped = sok.OptimizerWrapper(cls(learning_rate=0.1))
+    wrapped.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                                               tf.constant([3, 2], tf.int64)), var)])
+    assert not np.array_equal(var.numpy()[1], np.ones(2, np.float32))
+    np.testing.assert_array_equal(var.numpy()[[0, 2]], np.ones((2, 2), np.float32))
 
 
 @fuzz(120)
