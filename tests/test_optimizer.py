@@ -331,3 +331,20 @@ def test_keras_options_left_at_their_defaults_are_accepted():
     opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(1.0))
     opt.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)])
     np.testing.assert_array_equal(v.numpy()[1], [-1.0, -1.0])
+
+
+def test_a_static_tables_gradient_is_refused_for_a_dynamic_table():
+    """A gradient of row numbers (a static table's, with its dense_shape)
+    given to a DynamicVariable raises instead of inserting the row numbers
+    as keys."""
+    static = sok.Variable(np.ones((10, 4), np.float32))
+    dynamic = sok.DynamicVariable(4, initializer="zeros")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([static], [tf.ragged.constant([[1, 2]], tf.int64)],
+                                               combiners=["sum"])[0])
+    grad = tape.gradient(loss, [static])[0]
+    assert isinstance(grad, tf.IndexedSlices)
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1))
+    with pytest.raises(ValueError, match="addressed by key.*dense_shape"):
+        opt.apply_gradients([(grad, dynamic)])
+    assert int(dynamic.size[0]) == 0

@@ -382,6 +382,14 @@ def _check_gradient(grad, var):
                             f"they must be integers")
         if dynamic:
             var._check_keys(indices)  # TypeError naming the table's key type
+            # A static table's gradient carries its dense_shape and row
+            # numbers; as keys they would insert rows 0, 1, ... silently.
+            if grad.dense_shape is not None:
+                raise ValueError(
+                    f"the gradient of DynamicVariable {name} is addressed by key (an "
+                    f"IndexedSlices without dense_shape, as the table's lookups give); this "
+                    f"one has dense_shape {grad.dense_shape}, as a static table's gradient of "
+                    f"row numbers has: pair each gradient with the table it came from")
         if indices.shape.rank not in (None, 1):
             raise ValueError(f"the gradient of {name} must have a vector of indices; got shape "
                              f"{indices.shape}")
