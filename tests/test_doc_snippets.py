@@ -175,6 +175,7 @@ ELSEWHERE = {
 
 def test_every_block_is_run_or_named():
     found = {(doc, first) for doc, first, _ in blocks()}
+    assert found, f"no python blocks found under {ROOT} (README.md, docs/*.md)"
     named = set(RUN) | set(ELSEWHERE)
     assert found - named == set(), "python blocks with no check in this file"
     assert named - found == set(), "checks of blocks no document has any more"
