@@ -65,6 +65,9 @@ def in_replica():
     return comm is not None and comm.in_replica()
 
 
+compat.accept_resource_like_gradient_sources()
+
+
 class ReplicaShards(compat.trackable_base_class()):
     """A sok table whose shard r lives on replica r of this process (see the
     module docstring). `shards` lists them in replica order."""

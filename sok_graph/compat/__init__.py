@@ -192,6 +192,41 @@ def native_object_class():
     return getattr(internal, "NativeObject", object)
 
 
+def accept_resource_like_gradient_sources():
+    """Lets GradientTape.gradient take, as a source, an object that acts as
+    a resource variable (`_should_act_as_resource_variable`, e.g. a sok
+    table sharded over a MirroredStrategy's replicas) and is not a tensor.
+    TensorFlow 2.6 checks such a source's dtype by passing the object itself
+    to tf.as_dtype, which fails; later releases accept it. Decided by
+    trying that check once, not by version; a no-op where it passes."""
+    if IS_TF1:
+        return
+    try:
+        from tensorflow.python.eager import backprop_util
+    except ImportError:
+        return
+
+    class _Probe:
+        _should_act_as_resource_variable = True
+        dtype = tf.float32
+
+    check = backprop_util.IsTrainable
+    try:
+        check(_Probe())
+        return
+    except TypeError:
+        pass
+
+    def is_trainable(tensor_or_dtype):
+        if getattr(tensor_or_dtype, "_should_act_as_resource_variable", False) and \
+                isinstance(getattr(tensor_or_dtype, "dtype", None), tf.DType):
+            return check(tensor_or_dtype.dtype)
+        return check(tensor_or_dtype)
+
+    backprop_util.IsTrainable = is_trainable
+
+
+_TF1_TRACKABLE = []
 _TF1_TRACKABLE = []
 
 
