@@ -244,7 +244,7 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
     float(loss)
     tf.profiler.experimental.stop()
     space = host_syncs._xspace(logdir)
-    _, blocking, _, op_time, device_time = host_syncs.analyse(space)
+    planes, blocking, dtoh, op_time, device_time = host_syncs.analyse(space)
     parts = {"lookup": 0, "all-to-all forward": 0, "all-to-all backward": 0, "dense": 0,
              "update": 0, "other": 0}
     gpus = strategy.num_replicas_in_sync
@@ -258,8 +258,17 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
     print(f"per step, mean over {steps} traced steps and {gpus} GPUs (GPU busy time, ms):")
     for part, ps in parts.items():
         print(f"  {part:22} {ps / 1e9 / steps / gpus:8.3f}")
-    waits = sum(blocking.values())
-    print(f"  host synchronisations per step (all replicas): {waits / steps:.1f}")
+    # Waits of the host show as CUDA API calls (a CUPTI plane), which not
+    # every TensorFlow records (2.21 does not): then the device-to-host
+    # copies, each of which a host thread waits for, are the count to read.
+    if any("CUPTI" in name for name in planes):
+        waits = sum(blocking.values())
+        print(f"  host synchronisations per step (all replicas): {waits / steps:.1f}")
+    else:
+        print("  host synchronisations per step: not in this trace (no CUDA API events)")
+    print(f"  device-to-host copies per step (all replicas): {sum(dtoh.values()) / steps:.1f}")
+    for op, count in dtoh.most_common(6):
+        print(f"    {count / steps:5.1f}  {op}")
     for (op, call), count in blocking.most_common(8):
         print(f"    {count / steps:5.1f}  {op:32} {call}")
     print("  GPU kernels and copies by busy time (ms per step and GPU):")
