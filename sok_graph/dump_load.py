@@ -439,9 +439,29 @@ def load(path, load_vars, optimizer=None):
     # last, so a failing dynamic table leaves the static ones untouched.
     order = sorted(variables.items(), key=lambda item: not isinstance(
         replica_shards.shards_of(item[1])[0], DynamicVariable))
-    for name, table in order:
-        for var in replica_shards.shards_of(table):
-            ops.extend(_load_shard(var, loaded[name], optimizer, slots))
+    # Eagerly each write happens as it is made: a failure after some
+    # dynamic tables were replaced (out of memory; every check ran above)
+    # puts those tables back as they were, slots and metadata included.
+    replaced = []
+    try:
+        for name, table in order:
+            for var in replica_shards.shards_of(table):
+                if tf.executing_eagerly() and isinstance(var, DynamicVariable):
+                    replaced.append((var, _run(_shard_tensors(var, optimizer))))
+                ops.extend(_load_shard(var, loaded[name], optimizer, slots))
+    except Exception as failure:
+        unrestored = []
+        for var, before in reversed(replaced):
+            try:
+                _put_back(var, before, optimizer)
+            except Exception as e:  # noqa: BLE001 (reported with the first failure)
+                unrestored.append(f"'{_var_name(var)}' ({type(e).__name__}: {e})")
+        if unrestored:
+            raise CheckpointError(
+                f"sok.load failed ({type(failure).__name__}: {failure}) and putting back "
+                f"the tables it had replaced failed too for {', '.join(unrestored)}: those "
+                f"tables may hold the dump's rows") from failure
+        raise
     if optimizer is not None:
         ops.extend(optimizer.set_step(manifest["optimizer"]["step"]))
     if not tf.executing_eagerly():
@@ -470,6 +490,15 @@ def _check_fits(variables, loaded):
                     f"variable '{name}' holds at most {limit} rows (its max_capacity / "
                     f"max_hbm_for_vectors); the dump gives it {keys.size}: raise the bound "
                     f"or load into a larger table")
+
+
+def _put_back(var, before, optimizer):
+    """Restores a dynamic shard (and the slots it had) from its arrays as
+    _shard_tensors read them before a failed load."""
+    keys = tf.constant(np.asarray(before["keys"]).astype(var.key_type.as_numpy_dtype))
+    var.replace_rows(keys, before["values"], before["timestamps"], before["frequencies"])
+    for name in [k[len("slot."):] for k in before if k.startswith("slot.")]:
+        optimizer.get_slot(var, name).replace_rows(keys, before["slot." + name])
 
 
 def _load_shard(var, a, optimizer, slots):

@@ -272,6 +272,47 @@ def test_replace_that_does_not_fit_leaves_the_table_as_it_was():
     assert rows.numpy()[order].tolist() == [[4, 4], [5, 5]]
 
 
+def test_a_load_failing_midway_puts_back_the_tables_it_replaced(tmp_path, monkeypatch):
+    """A load whose second dynamic table fails (as running out of memory
+    would, after every check passed) restores the first one: keys, rows and
+    the optimizer's slots; the static table was never written."""
+    static = sok.Variable(np.zeros((4, 2), np.float32), name="s")
+    first = sok.DynamicVariable(2, initializer="zeros", name="a")
+    second = sok.DynamicVariable(2, initializer="zeros", name="b")
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1))
+    for table, keys in ((first, [1, 2]), (second, [5])):
+        table.import_rows(tf.constant(keys, tf.int64), tf.ones([len(keys), 2]))
+    sok.dump(str(tmp_path / "d"), [static, first, second], opt)
+    # Afterwards: other keys, rows and slots than the dump has.
+    first.replace_rows(tf.constant([7], tf.int64), tf.fill([1, 2], 3.0))
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse([first], [tf.ragged.constant([[7]], tf.int64)],
+                                               combiners=["sum"])[0])
+    opt.apply_gradients(zip(tape.gradient(loss, [first]), [first]))
+    static.assign(np.full((4, 2), 9.0, np.float32))
+    before_rows = {int(k): r.tolist() for k, r in zip(*[t.numpy() for t in first.export()])}
+    accum = opt.get_slot(first, "accumulator")
+    before_slot = accum.find(tf.constant([7], tf.int64))[0].numpy().tolist()
+    real = type(second).replace_rows
+
+    calls = []
+
+    def fails_for_b(self, *args, **kwargs):
+        calls.append(self.name)
+        if self is second and calls.count(self.name) == 1:  # the load's write, not the put-back
+            raise tf.errors.ResourceExhaustedError(None, None, "out of memory (simulated)")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(second), "replace_rows", fails_for_b)
+    with pytest.raises(tf.errors.ResourceExhaustedError, match="simulated"):
+        sok.load(str(tmp_path / "d"), [static, first, second], opt)
+    monkeypatch.undo()
+    after_rows = {int(k): r.tolist() for k, r in zip(*[t.numpy() for t in first.export()])}
+    assert after_rows == before_rows == {7: before_rows[7]}
+    assert accum.find(tf.constant([7], tf.int64))[0].numpy().tolist() == before_slot
+    np.testing.assert_array_equal(static.numpy(), np.full((4, 2), 9.0, np.float32))
+
+
 def test_lookups_during_loads_never_see_an_empty_table(tmp_path):
     """One thread loads a dump over and over while another looks its keys
     up (sparse_read: a missing key would be inserted with its initial row):
