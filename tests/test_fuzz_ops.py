@@ -1116,14 +1116,14 @@ if tf.__version__.startswith("1."):
         lambda name: name[0] in "ab.")
 
 
-@fuzz(60)
+@fuzz(150)
 @given(st.data())
 def test_dump_load_round_trip_and_argument_errors(data):
     """Random sets of tables with awkward names round-trip exactly; bad
     arguments give TypeError / ValueError / CheckpointError."""
     draw = data.draw
     names = draw(st.lists(NAME_TEXT, min_size=1, max_size=4))
-    variables, clones = [], []
+    variables, clones, too_wide = [], [], []
     for name in names:
         dim = draw(st.integers(1, 3))
         if draw(st.booleans()):
@@ -1132,13 +1132,25 @@ def test_dump_load_round_trip_and_argument_errors(data):
             variables.append(sok.Variable(value, name=name.replace(" ", "_")))
             clones.append(sok.Variable(np.zeros_like(value), name=name.replace(" ", "_")))
         else:
-            v = sok.DynamicVariable(dim, initializer="zeros", name=name)
-            keys = draw(st.lists(st.integers(-(2 ** 62), 2 ** 62), max_size=6, unique=True))
+            # Key types mixed: a dump of either loads into a table of either,
+            # unless a key does not fit the loading table's (an error).
+            key_type, clone_key_type = (draw(st.sampled_from([tf.int64, tf.int32]))
+                                        for _ in range(2))
+            bound = 2 ** 62 if key_type == tf.int64 else 2 ** 31 - 1
+            v = sok.DynamicVariable(dim, initializer="zeros", name=name, key_type=key_type)
+            keys = draw(st.lists(st.one_of(st.integers(-bound, bound), st.sampled_from(
+                [-(2 ** 31), 2 ** 31 - 1])), max_size=6, unique=True))
+            if key_type == tf.int64 and draw(st.booleans()):
+                # A key just outside int32's range, or far outside it.
+                wide = draw(st.sampled_from([2 ** 31, -(2 ** 31) - 1, 2 ** 40]))
+                keys = keys if wide in keys else keys + [wide]
             if keys:
-                sok.assign(v, tf.constant(keys, tf.int64), np.array(
+                sok.assign(v, tf.constant(keys, key_type), np.array(
                     draw(rows_strategy(len(keys), dim)), np.float32).reshape(-1, dim))
             variables.append(v)
-            clones.append(sok.DynamicVariable(dim, name=name))
+            clones.append(sok.DynamicVariable(dim, name=name, key_type=clone_key_type))
+            if clone_key_type == tf.int32 and any(not -(2 ** 31) <= k < 2 ** 31 for k in keys):
+                too_wide.append(name)
     count("dump_load")
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "ckpt")
@@ -1174,6 +1186,14 @@ def test_dump_load_round_trip_and_argument_errors(data):
         if fault == "missing":
             with pytest.raises(CheckpointError, match="has no variable"):
                 sok.load(path, [sok.DynamicVariable(1, name="not there")])
+            return
+        if too_wide:
+            count("dump_load_key_type_refused")
+            with pytest.raises(CheckpointError, match="does not fit in int32"):
+                sok.load(path, clones)
+            # Refused before any table changed: the fresh tables are empty.
+            assert all(export_dict(c) == {} for c in clones
+                       if isinstance(c, sok.DynamicVariable))
             return
         sok.load(path, clones)
     for v, c in zip(variables, clones):
