@@ -36,6 +36,9 @@ log "fresh virtualenv with $PY_BASE: tensorflow-cpu==$TF_VERSION, pytest, $(base
 pins=""
 case "$TF_VERSION" in
   1.*) pins="numpy==1.18.5 protobuf==3.20.3 pytest==7.4.4" ;;
+  # TF 2.7 to 2.11 ask for numpy >= 1.x with no upper bound, but their
+  # extension modules fail to import under numpy 2 (_ARRAY_API not found).
+  2.7.*|2.8.*|2.9.*|2.10.*|2.11.*) pins="pytest>=7 numpy<2" ;;
   *) pins="pytest>=7" ;;
 esac
 # shellcheck disable=SC2086

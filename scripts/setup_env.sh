@@ -95,6 +95,12 @@ case "$SOK_TF_VERSION" in
     REQUIREMENTS="tensorflow-cpu==$SOK_TF_VERSION numpy==1.18.5 protobuf==3.20.3 pytest==7.4.4"
     REQUIREMENTS="$REQUIREMENTS hypothesis==6.79.4 pyarrow==12.0.1 tqdm matplotlib==3.5.3"
     ;;
+  2.7.*|2.8.*|2.9.*|2.10.*|2.11.*)
+    # These ask for numpy with no upper bound but fail to import under
+    # numpy 2 (_ARRAY_API not found).
+    PY_BASE="${PYTHON:-python3}"
+    REQUIREMENTS="$REQUIREMENTS numpy<2"
+    ;;
   *)
     PY_BASE="${PYTHON:-python3}"
     ;;
