@@ -531,3 +531,21 @@ if __name__ == "__main__":
     if len(sys.argv) != 4 or sys.argv[1] != "worker" or sys.argv[2] not in MODES:
         sys.exit(f"usage: {sys.argv[0]} worker {'|'.join(MODES)} OUTDIR")
     worker(sys.argv[2], sys.argv[3])
+
+
+def test_nccl_setting_is_checked(monkeypatch):
+    """SOK_GRAPH_NCCL takes auto, 0 or 1; =1 where the ranks are not GPUs is
+    an error that says why, never a silent fallback."""
+    from sok_graph.communication import nccl
+
+    monkeypatch.setenv("SOK_GRAPH_NCCL", "yes")
+    with pytest.raises(ValueError, match="SOK_GRAPH_NCCL must be 'auto', '0' or '1'; got 'yes'"):
+        nccl.mode()
+    monkeypatch.setenv("SOK_GRAPH_NCCL", "1")
+    with pytest.raises(RuntimeError, match="SOK_GRAPH_NCCL=1 but NCCL cannot exchange the rows: "
+                                           "the ranks are not all GPUs"):
+        nccl.usable(["/cpu:0", "/cpu:1"])
+    monkeypatch.setenv("SOK_GRAPH_NCCL", "auto")
+    assert nccl.usable(["/cpu:0", "/cpu:1"]) is False
+    monkeypatch.delenv("SOK_GRAPH_NCCL")
+    assert nccl.mode() == "0"

@@ -63,9 +63,9 @@ def alltoall_sized(tensor, send_splits, receive_splits, clique, rank, world_size
 def _reverse(op, dy, send_splits, receive_splits):
     if dy is None:  # every rank runs the reverse exchange, used or not
         dy = tf.zeros_like(op.outputs[0])
-    return alltoall_sized(tf.convert_to_tensor(dy), send_splits, receive_splits,
-                          op.get_attr("clique").decode() if isinstance(
-                              op.get_attr("clique"), bytes) else op.get_attr("clique"),
+    clique = op.get_attr("clique")
+    clique = clique.decode() if isinstance(clique, bytes) else clique
+    return alltoall_sized(tf.convert_to_tensor(dy), send_splits, receive_splits, clique,
                           op.get_attr("rank"), op.get_attr("world_size"))
 
 
