@@ -5,8 +5,12 @@ GPUs of a model-parallel exchange, on NCCL, with its gradient.
 (received rows in rank order, received splits, sent splits); both splits
 come back in host memory. `alltoall_sized` is the same exchange when both
 splits are already known on the host (the reply to an all-to-all, and every
-gradient): it does not wait for the device. The gradient of either is the
-reverse exchange, sized.
+gradient): it reads nothing back from the device before it can start. The
+gradient of either is the reverse exchange, sized.
+
+Each rank's NCCL work runs on a stream of its own, and an op completes when
+that stream has finished (tf_ops/collective/kernels/nccl_kernels_gpu.cc says
+why the compute stream never waits for NCCL).
 
 NCCL matches the operations of a communicator by their order, so every rank
 must run its all-to-alls in one order. Inside a graph TensorFlow would run

@@ -11,16 +11,21 @@ for 2 GPUs run three ways, each in a process of its own with a time bound.
 
 Prints one line per mode: "ok" with the rows received, "error" with the
 message, or "no answer within N s". SOK_GRAPH_NCCL=1 is set (the exchange
-is opt-in); NCCL_DEBUG=INFO shows NCCL's own view of its set-up.
+is opt-in); NCCL_DEBUG=INFO shows NCCL's own view of its set-up. Where a
+mode does not answer and cuda-gdb is on the PATH (it attaches to programs
+without GPU code too), every thread's native stack is printed before the
+process is ended, with the frames of sok_graph, NCCL and CUDA first; the
+whole dump goes to $SOK_GRAPH_STACKS_DIR/<mode>.txt where that is set.
 """
 
 import os
+import shutil
 import subprocess
 import sys
 import threading
 
 MODES = ("threads", "session", "function")
-BOUND_S = 60
+BOUND_S = int(os.environ.get("SOK_GRAPH_MODES_BOUND_S", "60"))
 
 
 def run_mode(mode):
@@ -75,20 +80,49 @@ def run_mode(mode):
     print(f"ok: {[o.shape for o in out]}")
 
 
+def native_stacks(pid, mode):
+    """Every thread's stack of process `pid` (cuda-gdb attached in batch
+    mode); prints the threads whose frames name sok, nccl or cuda."""
+    if shutil.which("cuda-gdb") is None:
+        return
+    try:
+        dump = subprocess.run(["cuda-gdb", "-p", str(pid), "-batch", "-ex",
+                               "thread apply all bt 40"], stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=90).stdout
+    except subprocess.TimeoutExpired:
+        print(f"  (cuda-gdb did not answer within 90 s)", flush=True)
+        return
+    where = os.environ.get("SOK_GRAPH_STACKS_DIR")
+    if where:
+        os.makedirs(where, exist_ok=True)
+        with open(os.path.join(where, f"{mode}.txt"), "w") as f:
+            f.write(dump)
+    for thread in dump.split("\nThread ")[1:]:
+        frames = thread.splitlines()
+        if any(k in thread.lower() for k in ("sok", "nccl", "cuda")):
+            print("  Thread " + "\n    ".join(frames[:14]), flush=True)
+
+
 def main():
     if len(sys.argv) > 1:
         run_mode(sys.argv[1])
         return
     failed = False
     for mode in MODES:
+        proc = subprocess.Popen([sys.executable, __file__, mode], stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
         try:
-            proc = subprocess.run([sys.executable, __file__, mode], stdout=subprocess.PIPE,
-                                  stderr=subprocess.STDOUT, text=True, timeout=BOUND_S)
-            last = [l for l in proc.stdout.splitlines() if l.startswith(("ok", "error"))]
-            line = last[-1] if last else f"exit {proc.returncode}: {proc.stdout[-500:]}"
+            out, _ = proc.communicate(timeout=BOUND_S)
+            last = [l for l in out.splitlines() if l.startswith(("ok", "error"))]
+            line = last[-1] if last else f"exit {proc.returncode}: {out[-500:]}"
             failed |= proc.returncode != 0
         except subprocess.TimeoutExpired:
             line, failed = f"no answer within {BOUND_S} s", True
+            print(f"nccl_modes_check {mode}: {line}; native stacks:", flush=True)
+            native_stacks(proc.pid, mode)
+            proc.kill()
+            out, _ = proc.communicate()
+            print("  last output: " + out[-1500:].replace("\n", "\n    "), flush=True)
         print(f"nccl_modes_check {mode}: {line}", flush=True)
     sys.exit(1 if failed else 0)
 

@@ -56,16 +56,48 @@ def _train(engine, world, configs, out, env):
                  "--world", str(world), "--out", str(out)], timeout=900, **env)
 
 
-@pytest.mark.parametrize("world", [pytest.param(2, marks=needs_gpus(2)),
-                                   pytest.param(4, marks=needs_gpus(4))])
-def test_n_gpus_train_as_one_gpu(world, tmp_path):
+WORLDS = [pytest.param(2, marks=needs_gpus(2)), pytest.param(4, marks=needs_gpus(4))]
+# SOK_GRAPH_NCCL: "0" exchanges rows with the engine's own collectives, "1"
+# with sok_graph's NCCL all-to-all (and fails where it cannot).
+EXCHANGES = ["0", "1"]
+
+
+@pytest.fixture(scope="module")
+def one_gpu(tmp_path_factory):
+    """world -> the folder of the 1-GPU reference run of mw.CONFIGS with
+    that world's global batches (made once per world)."""
+    made = {}
+
+    def reference(world):
+        if world not in made:
+            made[world] = tmp_path_factory.mktemp(f"one_gpu_{world}")
+            _train("none", world, mw.CONFIGS, made[world], ONE_GPU)
+        return made[world]
+    return reference
+
+
+@pytest.mark.parametrize("nccl", EXCHANGES)
+@pytest.mark.parametrize("world", WORLDS)
+def test_n_gpus_train_as_one_gpu(world, nccl, one_gpu, tmp_path):
     """Every table kind, API and mode: rows, dense weights and losses on N
-    GPUs equal those on one GPU (relative squared error < 1e-6)."""
-    configs = mw.CONFIGS
-    _train("none", world, configs, tmp_path / "one", ONE_GPU)
-    _train("mirrored", world, configs, tmp_path / "many", ON_GPUS)
-    mw._compare_configs(configs, tmp_path / "many", tmp_path / "one",
-                        f"MirroredStrategy over {world} GPUs")
+    GPUs of one process (MirroredStrategy) equal those on one GPU (relative
+    squared error < 1e-6)."""
+    _train("mirrored", world, mw.CONFIGS, tmp_path, dict(ON_GPUS, SOK_GRAPH_NCCL=nccl))
+    mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
+                        f"MirroredStrategy over {world} GPUs, SOK_GRAPH_NCCL={nccl}")
+
+
+@pytest.mark.parametrize("nccl", EXCHANGES)
+@pytest.mark.parametrize("world", WORLDS)
+def test_process_per_gpu_trains_as_one_gpu(world, nccl, one_gpu, tmp_path):
+    """The same with one process per GPU under `python -m sok_graph.launch`
+    (each worker pinned to its GPU; MultiWorkerMirroredStrategy and sok's
+    tf.distribute engine)."""
+    run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout", "840",
+                 mw.TRAIN, "--engine", "tf", "--configs", ",".join(mw.CONFIGS), "--world",
+                 str(world), "--out", str(tmp_path)], timeout=900, SOK_GRAPH_NCCL=nccl)
+    mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
+                        f"{world} processes, a GPU each, SOK_GRAPH_NCCL={nccl}")
 
 
 @pytest.mark.parametrize("chain", [pytest.param([2, 1, 2, 1], marks=needs_gpus(2)),

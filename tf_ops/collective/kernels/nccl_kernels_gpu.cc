@@ -1,8 +1,16 @@
 // GPU OpKernels of SokNcclAllToAll and SokNcclAllToAllSized: grouped
-// ncclSend/ncclRecv on the op's own CUDA stream, so the exchange is ordered
-// with the kernels before and after it like any other GPU op, and rows go
-// GPU to GPU (NVLink or PCIe peer copies, NCCL's choice), never through
-// host memory.
+// ncclSend/ncclRecv, so rows go GPU to GPU (NVLink or PCIe peer copies,
+// NCCL's choice), never through host memory.
+//
+// Streams: each rank queues its NCCL work on a stream of its own that first
+// waits for the op's compute stream (the inputs, and memory the op was just
+// given, are then free of earlier work), and the op completes when that
+// stream has finished. The compute stream never waits for NCCL: an NCCL
+// kernel on it would hold back every later kernel of its GPU until the
+// peers arrive, and where a peer's input depends on such a later kernel
+// (a copy between the GPUs of one process, an op that reads a size back)
+// the two GPUs would wait for each other forever. TensorFlow's own NCCL
+// ops complete the same way.
 //
 // Communicators: one per rank of a clique, created when the rank's first
 // all-to-all runs and kept for the process. A clique named "local:..." is
@@ -59,6 +67,7 @@ struct Clique {
   std::vector<std::unique_ptr<std::mutex>> rank_mu;
   std::vector<nccl::Comm> comms;
   std::vector<std::string> failed;  // a rank's init error, reported again
+  std::vector<void*> streams;       // each rank's NCCL stream (see the top)
   // Pinned host memory per rank for the counts read back: a copy to
   // pageable memory holds the CUDA driver's lock while it waits for the
   // stream, and a peer's set-up (cudaMalloc) in this process would then
@@ -83,6 +92,7 @@ Clique* CliqueNamed(const std::string& name, int world_size) {
     slot->comms.assign(world_size, nullptr);
     slot->failed.assign(world_size, "");
     slot->pinned.assign(world_size, nullptr);
+    slot->streams.assign(world_size, nullptr);
   }
   return slot.get();
 }
@@ -205,16 +215,17 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     std::string load_error;
     const nccl::Library* lib = nccl::Load(&load_error);
     if (lib == nullptr) return errors::FailedPrecondition(load_error);
-    void* stream = GpuStreamOf(ctx);
+    void* compute = GpuStreamOf(ctx);
     nccl::Comm comm = nullptr;
-    TF_RETURN_IF_ERROR(Communicator(*lib, ctx, stream, &comm));
+    void* stream = nullptr;
+    TF_RETURN_IF_ERROR(Communicator(*lib, ctx, compute, &comm, &stream));
 
     std::vector<int64_t> send(world_size_), receive(world_size_);
     if (sized_) {
       std::memcpy(send.data(), ctx->input(1).flat<TfInt64>().data(), 8 * world_size_);
       std::memcpy(receive.data(), ctx->input(2).flat<TfInt64>().data(), 8 * world_size_);
     } else {
-      TF_RETURN_IF_ERROR(ExchangeCounts(ctx, *lib, comm, stream, &send, &receive));
+      TF_RETURN_IF_ERROR(ExchangeCounts(ctx, *lib, comm, compute, stream, &send, &receive));
     }
     int64_t sent_rows = 0, received_rows = 0;
     for (int r = 0; r < world_size_; ++r) {
@@ -245,17 +256,26 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     for (int d = 1; d < input.dims(); ++d) row_bytes *= static_cast<size_t>(input.dim_size(d));
     const char* in = static_cast<const char*>(input.tensor_data().data());
     char* dst = const_cast<char*>(out->tensor_data().data());
+    // After the allocation: memory freed by ops queued on the compute stream
+    // before it is then no longer read or written there.
+    TF_RETURN_IF_ERROR(StreamAfterCompute(stream, compute));
     TF_RETURN_IF_ERROR(ExchangeRows(*lib, comm, stream, in, dst, row_bytes, send, receive));
-    return OkStatus();
+    return CudaStatus(sok_gpu_stream_sync(stream), "SokNcclAllToAll: waiting for the rows");
   }
 
-  // This rank's communicator, initialised on first use.
-  Status Communicator(const nccl::Library& lib, OpKernelContext* ctx, void* stream,
-                      nccl::Comm* comm) {
+  static Status StreamAfterCompute(void* stream, void* compute) {
+    return CudaStatus(sok_gpu_stream_after(stream, compute),
+                      "SokNcclAllToAll: ordering the NCCL stream after the compute stream");
+  }
+
+  // This rank's communicator and NCCL stream, made on first use.
+  Status Communicator(const nccl::Library& lib, OpKernelContext* ctx, void* compute,
+                      nccl::Comm* comm, void** stream) {
     Clique* clique = CliqueNamed(clique_, world_size_);
     std::lock_guard<std::mutex> lock(*clique->rank_mu[rank_]);
     if (clique->comms[rank_] != nullptr) {
       *comm = clique->comms[rank_];
+      *stream = clique->streams[rank_];
       return OkStatus();
     }
     if (!clique->failed[rank_].empty()) return errors::Internal(clique->failed[rank_]);
@@ -294,7 +314,9 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
                               clique_.substr(0, 16) + ") failed: " + nccl::ErrorText(lib, rc);
       return errors::Internal(clique->failed[rank_]);
     }
-    Status status = Settle(lib, clique, created, ctx, stream);
+    Status status = CudaStatus(sok_gpu_stream_create(&clique->streams[rank_]),
+                               "SokNcclAllToAll: creating the NCCL stream");
+    if (status.ok()) status = Settle(lib, clique, created, ctx, compute, clique->streams[rank_]);
     if (!status.ok()) {
       {
         std::lock_guard<std::mutex> settle_lock(clique->settle_mu);
@@ -306,6 +328,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     }
     clique->comms[rank_] = created;
     *comm = created;
+    *stream = clique->streams[rank_];
     return OkStatus();
   }
 
@@ -317,7 +340,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   // deadlock on the CUDA driver's lock (a rank's cudaMalloc waits for the
   // lock that a waiting copy holds, the copy waits for the peer's kernel).
   Status Settle(const nccl::Library& lib, Clique* clique, nccl::Comm comm, OpKernelContext* ctx,
-                void* stream) {
+                void* compute, void* stream) {
     void* pinned = nullptr;
     TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_host_alloc(&pinned, 8 * 2 * world_size_),
                                   "SokNcclAllToAll: pinned memory for the counts"));
@@ -329,6 +352,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
                                           TensorShape({2 * world_size_}), &bytes));
     int64_t* buf = reinterpret_cast<int64_t*>(bytes.flat<TfInt64>().data());
+    TF_RETURN_IF_ERROR(StreamAfterCompute(stream, compute));
     TF_RETURN_IF_ERROR(Grouped(lib, "connecting the ranks", [&]() {
       for (int r = 0; r < world_size_; ++r) {
         if (r == rank_) continue;
@@ -361,15 +385,16 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   }
 
   // The counts of rows each rank sends here, from a grouped exchange of one
-  // int64 per pair of ranks, then both count vectors to the host: the op's
-  // one wait for the device.
+  // int64 per pair of ranks, then both count vectors to the host: the wait
+  // that sizes the output (SokNcclAllToAllSized has none).
   Status ExchangeCounts(OpKernelContext* ctx, const nccl::Library& lib, nccl::Comm comm,
-                        void* stream, std::vector<int64_t>* send,
+                        void* compute, void* stream, std::vector<int64_t>* send,
                         std::vector<int64_t>* receive) {
     Tensor both;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
                                           TensorShape({2 * world_size_}), &both));
     int64_t* counts = reinterpret_cast<int64_t*>(both.flat<TfInt64>().data());
+    TF_RETURN_IF_ERROR(StreamAfterCompute(stream, compute));
     const int64_t* send_dev =
         reinterpret_cast<const int64_t*>(ctx->input(1).flat<TfInt64>().data());
     TF_RETURN_IF_ERROR(CudaStatus(

@@ -72,6 +72,28 @@ SOK_EXPORT int sok_gpu_set_device(int device) {
   return static_cast<int>(cudaSetDevice(device));
 }
 
+SOK_EXPORT int sok_gpu_stream_create(void** out) {
+  cudaStream_t s = nullptr;
+  const cudaError_t err = cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+  *out = s;
+  return static_cast<int>(err);
+}
+
+SOK_EXPORT int sok_gpu_stream_after(void* waiter, void* waited) {
+  cudaEvent_t event = nullptr;
+  cudaError_t err = cudaEventCreateWithFlags(&event, cudaEventDisableTiming);
+  if (err != cudaSuccess) return static_cast<int>(err);
+  err = cudaEventRecord(event, static_cast<cudaStream_t>(waited));
+  if (err == cudaSuccess) err = cudaStreamWaitEvent(static_cast<cudaStream_t>(waiter), event, 0);
+  // The event's resources are released once it completes.
+  const cudaError_t destroyed = cudaEventDestroy(event);
+  return static_cast<int>(err != cudaSuccess ? err : destroyed);
+}
+
+SOK_EXPORT int sok_gpu_stream_sync(void* stream) {
+  return static_cast<int>(cudaStreamSynchronize(static_cast<cudaStream_t>(stream)));
+}
+
 SOK_EXPORT int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stream) {
   if (n <= 0) return 0;
   const unsigned blocks = static_cast<unsigned>(std::min<int64_t>((n + 255) / 256, 1024));

@@ -39,6 +39,14 @@ int sok_gpu_set_device(int device);
 // the process (cudaHostAlloc): copies into it wait for the stream without
 // holding the driver's lock as copies into pageable memory do.
 int sok_gpu_host_alloc(void** out, size_t bytes);
+// *out <- a new stream of the current device that does not wait for the
+// legacy default stream (cudaStreamNonBlocking); kept by the caller.
+int sok_gpu_stream_create(void** out);
+// Work queued on `waiter` from now on starts after the work queued on
+// `waited` so far (an event recorded on one, waited for on the other).
+int sok_gpu_stream_after(void* waiter, void* waited);
+// Waits until the work queued on the stream has finished.
+int sok_gpu_stream_sync(void* stream);
 // The name of a cudaError_t ("cudaErrorMemoryAllocation"), for error messages
 // of kernels that do not include the CUDA headers.
 const char* sok_gpu_error_name(int error);
