@@ -549,3 +549,67 @@ def test_nccl_setting_is_checked(monkeypatch):
     assert nccl.usable(["/cpu:0", "/cpu:1"]) is False
     monkeypatch.delenv("SOK_GRAPH_NCCL")
     assert nccl.mode() == "0"
+
+
+def _replica_asserts(register):
+    """The ops of a tf.function in which two devices (replicas) each build
+    two asserts, in replica order; with `register`, the graph is passed to
+    compat.order_side_effects_per_device first. Returns {name: op}."""
+    import tensorflow as tf
+
+    from sok_graph import compat
+
+    # Only traced, never run: the device names need not exist.
+    @tf.function
+    def step(x):
+        if register:
+            assert compat.order_side_effects_per_device(tf.compat.v1.get_default_graph())
+        outs = []
+        for r in range(2):
+            with tf.device(f"/cpu:{r}"):
+                first = tf.debugging.Assert(x > -1.0, [x], name=f"first{r}")
+                with tf.control_dependencies([first]):
+                    y = x + float(r)
+                second = tf.debugging.Assert(y > -1.0, [y], name=f"second{r}")
+                with tf.control_dependencies([second]):
+                    outs.append(tf.identity(y))
+        return outs
+
+    graph = step.get_concrete_function(tf.TensorSpec([], tf.float32)).graph
+    # In a function an assert is a stateful cond ("<name>/AssertGuard").
+    return {op.name.split("/")[0]: op for op in graph.get_operations()
+            if op.name.endswith("/AssertGuard")}
+
+
+def _waits_for(op, other):
+    """Whether `op` depends on `other` through control inputs or data."""
+    seen, todo = set(), [op]
+    while todo:
+        o = todo.pop()
+        if o is other:
+            return True
+        if o.name in seen:
+            continue
+        seen.add(o.name)
+        todo.extend(o.control_inputs)
+        todo.extend(t.op for t in o.inputs)
+    return False
+
+
+@needs_tf2_collectives
+def test_side_effects_ordered_per_device_in_functions():
+    """Inside a tf.function TensorFlow orders every resource-less side effect
+    after the one built before it, across devices: replica 1's first assert
+    (and so its NCCL exchange, which waits for replica 0's in NCCL) would
+    wait for replica 0's second. In a graph passed to
+    compat.order_side_effects_per_device, each device keeps its own order
+    and the replicas no longer wait for each other."""
+    plain = _replica_asserts(register=False)
+    # TensorFlow's own rule, which the NCCL exchange cannot live with.
+    assert _waits_for(plain["first1"], plain["second0"])
+    ordered = _replica_asserts(register=True)
+    assert not _waits_for(ordered["first1"], ordered["second0"])
+    assert not _waits_for(ordered["first0"], ordered["second1"])
+    # Each device's own side effects stay in the order they were built.
+    assert _waits_for(ordered["second0"], ordered["first0"])
+    assert _waits_for(ordered["second1"], ordered["first1"])

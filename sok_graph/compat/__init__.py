@@ -226,7 +226,67 @@ def accept_resource_like_gradient_sources():
     backprop_util.IsTrainable = is_trainable
 
 
-_TF1_TRACKABLE = []
+_PER_DEVICE_ORDER = {"registered": None, "graphs": None}
+
+
+def order_side_effects_per_device(graph):
+    """In `graph` (a tf.function's graph), order the stateful ops that touch
+    no resource per device instead of all together; returns False where
+    this TensorFlow cannot (no resource resolvers in its automatic control
+    dependencies, e.g. TF 1.x, whose Session graphs have none anyway).
+
+    Inside a tf.function TensorFlow chains every stateful op without a
+    resource input (asserts, prints, sok's NCCL all-to-all) in the order it
+    was built. A MirroredStrategy builds replica 0's ops, then replica 1's;
+    where replica 0's all-to-all (or an assert after it) comes before
+    replica 1's, replica 1's would wait for replica 0's, which waits for
+    replica 1 in NCCL: the step never ends. Registering each such op as the
+    writer of a token of its device (a resource resolver of
+    auto_control_deps) keeps each replica's own order and drops the order
+    between replicas. Only graphs passed here are affected."""
+    state = _PER_DEVICE_ORDER
+    if state["registered"] is None:
+        state["registered"] = False
+        try:
+            from tensorflow.python.framework import auto_control_deps as acd
+        except ImportError:
+            return False
+        if IS_TF1 or not hasattr(acd, "register_acd_resource_resolver") or \
+                not hasattr(acd, "op_is_stateful"):
+            return False
+        import weakref
+
+        # graph -> {device string: the token tensor its ops write}
+        state["graphs"] = weakref.WeakKeyDictionary()
+
+        def _sok_graph_per_device_order(op, resource_reads, resource_writes):
+            tokens = state["graphs"].get(op.graph)
+            if tokens is None or not acd.op_is_stateful(op):
+                return False
+            token = tokens.get(op.device)
+            if token is not None and token in resource_writes:
+                return False  # already added (resolvers run until nothing changes)
+            if resource_reads or resource_writes:
+                return False  # ordered by its resources
+            if token is None:
+                # Any tensor of the graph serves: the resolver only needs an
+                # identity to order by; it is never an input of the op.
+                with op.graph.as_default(), tf.compat.v1.name_scope(None):
+                    token = tf.constant(0, name="sok_per_device_order")
+                tokens[op.device] = token
+            resource_writes.add(token)
+            return True
+
+        try:
+            acd.register_acd_resource_resolver(_sok_graph_per_device_order)
+        except KeyError:  # registered by an earlier import of this module
+            pass
+        state["registered"] = True
+    if state["registered"]:
+        state["graphs"].setdefault(graph, {})
+    return state["registered"]
+
+
 _TF1_TRACKABLE = []
 
 

@@ -18,12 +18,16 @@ independent ones in any order; each op built here therefore waits (a
 control dependency) for the one built before it for the same rank of the
 same clique in the same graph. Every rank builds the same program, so the
 build order is the same everywhere. Eagerly, ops run as they are called.
+In a tf.function TensorFlow would also order the op after every side effect
+built before it, other ranks' included; compat.order_side_effects_per_device
+limits that to the op's own device.
 """
 
 import weakref
 
 import tensorflow as tf
 
+from sok_graph import compat
 from sok_graph.ops import library
 
 # graph -> {(clique, rank): the last all-to-all op built there}
@@ -36,6 +40,9 @@ def _ordered(clique, rank, build):
     if tf.executing_eagerly():
         return build()
     graph = tf.compat.v1.get_default_graph()
+    # In a tf.function, keep TensorFlow from ordering this rank's exchange
+    # after another rank's side effects (see compat).
+    compat.order_side_effects_per_device(graph)
     chain = _last_built.setdefault(graph, {})
     previous = chain.get((clique, rank))
     # An empty list keeps the caller's control dependencies (None would
