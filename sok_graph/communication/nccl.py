@@ -56,12 +56,19 @@ _why_not = None  # why NCCL could not be loaded
 
 
 def _candidates():
-    """Paths of libnccl.so.2 from the nvidia-nccl wheels on sys.path, then
-    the bare soname for the loader's own search."""
+    """The bare soname first, then the paths of libnccl.so.2 in the
+    nvidia-nccl wheels on sys.path.
+
+    The op (tf_ops/collective) opens the soname, which gives the NCCL this
+    process already holds, or the loader's first on its path. Loading that
+    same library here keeps the unique id and the communicators on one
+    NCCL, and every worker on the same one: a copy loaded by path beside
+    another that TensorFlow loaded by name made two workers of one job run
+    two NCCL versions (2.28.3 and 2.28.9), which NCCL refuses."""
+    yield _SONAME
     for entry in sys.path:
         if entry and os.path.isdir(entry):
             yield from sorted(glob.glob(os.path.join(entry, "nvidia", "nccl", "lib", _SONAME)))
-    yield _SONAME
 
 
 def load_library():
