@@ -85,8 +85,16 @@ def table_rows(scale):
 
 def make_strategy(args, tf):
     if args.workers:
-        # One process per GPU under python -m sok_graph.launch (TF_CONFIG from it).
-        return tf.distribute.MultiWorkerMirroredStrategy()
+        # One process per GPU under python -m sok_graph.launch (TF_CONFIG from
+        # it). The dense gradients' all-reduce goes over NCCL where the
+        # workers have GPUs: TensorFlow's default for several workers is its
+        # ring over gRPC, through host memory (measured: 26 ms of a 42 ms
+        # step on two H200s).
+        options = None
+        if tf.config.list_physical_devices("GPU") and not args.cpu:
+            options = tf.distribute.experimental.CommunicationOptions(
+                implementation=tf.distribute.experimental.CommunicationImplementation.NCCL)
+        return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if args.cpu:
         n = args.gpus or 2
         cpu = tf.config.list_physical_devices("CPU")[0]

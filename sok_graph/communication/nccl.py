@@ -13,17 +13,18 @@ SOK_GRAPH_NCCL chooses: "0" (the default for now) never uses it; "auto"
 uses NCCL where it is found and the engine's own exchange elsewhere; "1"
 requires it (an error where it cannot be used).
 
-Status: opt-in and not yet working. On two H200s of one host (2026-11-28),
-a MirroredStrategy's first NCCL exchange never completed: one rank sat in
-NCCL's set-up and the other rank's thread never reached it. The likely
-cause, found after the machine time was spent: a copy into pageable host
-memory holds the CUDA driver's lock while it waits for the stream, and a
-peer's cudaMalloc in NCCL's set-up then waits for that lock (the same
-deadlock is known from other frameworks). The kernels now settle every
-rank's set-up and first connections behind a barrier and read counts into
-pinned memory, not yet run on GPUs. Until the multi-GPU tests pass with it
-(tests/gpu/test_multi_gpu.py), the default stays "0" and the engines
-exchange rows as before.
+Status (2 x H200, 2026-11-28): the exchange works between the GPUs of one
+process (threads, Session graphs, tf.functions) and between processes, and
+a dump chain 2 -> 1 -> 2 -> 1 GPUs through it is bit-exact; the training
+comparisons of tests/gpu/test_multi_gpu.py failed in their first run, for
+a reason the run did not keep. Until they pass, the default stays "0" and
+the engines exchange rows as before.
+
+The hang of the first runs was TensorFlow's: in a tf.function it ordered
+one replica's exchange after another replica's side effects (fixed by
+compat.order_side_effects_per_device). The op also runs NCCL on a stream
+of its own per rank and completes when that has finished, so the compute
+stream never waits for a peer (tf_ops/collective/kernels says why).
 
 The exchange of a lookup is an all-to-all of ids whose sizes only the
 device knows, then the reply with the rows, then in the backward the

@@ -117,10 +117,6 @@ def test_dump_on_n_gpus_loads_on_m(chain, tmp_path):
 
 @pytest.mark.parametrize("world", [pytest.param(2, marks=needs_gpus(2)),
                                    pytest.param(4, marks=needs_gpus(4))])
-@pytest.mark.xfail(reason="the NCCL exchange (SOK_GRAPH_NCCL, opt-in) never completed its first "
-                          "all-to-all between 2 GPUs of one process (2026-11-28); see "
-                          "sok_graph/communication/nccl.py", raises=subprocess.TimeoutExpired,
-                   strict=False)
 def test_nccl_alltoall_equals_numpy(world):
     """sok_graph's NCCL all-to-all (uneven and empty messages, the sized
     reply, the gradient, int64 ids; tf.function and Session) as numpy's."""
