@@ -22,6 +22,7 @@ Each launch costs a TensorFlow start per worker; two launches keep the file
 under a minute on a 2-core machine.
 """
 
+import contextlib
 import json
 import os
 import subprocess
@@ -566,18 +567,24 @@ def _replica_asserts(register):
             assert compat.order_side_effects_per_device(tf.compat.v1.get_default_graph())
         outs = []
         for r in range(2):
-            with tf.device(f"/cpu:{r}"):
+            # As a MirroredStrategy builds them: replica N > 0 in "replica_N/".
+            scope = tf.name_scope(f"replica_{r}") if r else contextlib.nullcontext()
+            with scope, tf.device(f"/cpu:{r}"):
                 first = tf.debugging.Assert(x > -1.0, [x], name=f"first{r}")
                 with tf.control_dependencies([first]):
                     y = x + float(r)
                 second = tf.debugging.Assert(y > -1.0, [y], name=f"second{r}")
-                with tf.control_dependencies([second]):
+                # A side effect the replica pins to the host (as sok's byte
+                # count is), on one device for both replicas.
+                with tf.device("/device:CPU:0"):
+                    host = tf.debugging.Assert(y > -2.0, [y], name=f"host{r}")
+                with tf.control_dependencies([second, host]):
                     outs.append(tf.identity(y))
         return outs
 
     graph = step.get_concrete_function(tf.TensorSpec([], tf.float32)).graph
     # In a function an assert is a stateful cond ("<name>/AssertGuard").
-    return {op.name.split("/")[0]: op for op in graph.get_operations()
+    return {op.name.split("/")[-2]: op for op in graph.get_operations()
             if op.name.endswith("/AssertGuard")}
 
 
@@ -610,6 +617,9 @@ def test_side_effects_ordered_per_device_in_functions():
     ordered = _replica_asserts(register=True)
     assert not _waits_for(ordered["first1"], ordered["second0"])
     assert not _waits_for(ordered["first0"], ordered["second1"])
+    assert not _waits_for(ordered["host1"], ordered["host0"])
+    assert not _waits_for(ordered["first1"], ordered["host0"])
     # Each device's own side effects stay in the order they were built.
     assert _waits_for(ordered["second0"], ordered["first0"])
     assert _waits_for(ordered["second1"], ordered["first1"])
+    assert _waits_for(ordered["host1"], ordered["second1"])

@@ -7,6 +7,7 @@ this module instead; nothing else in the package compares version numbers.
 """
 
 import os
+import re
 
 import tensorflow as tf
 
@@ -227,6 +228,7 @@ def accept_resource_like_gradient_sources():
 
 
 _PER_DEVICE_ORDER = {"registered": None, "graphs": None}
+_REPLICA_SCOPE = re.compile(r"(?:^|/)(replica_\d+)/")
 
 
 def order_side_effects_per_device(graph):
@@ -241,8 +243,9 @@ def order_side_effects_per_device(graph):
     where replica 0's all-to-all (or an assert after it) comes before
     replica 1's, replica 1's would wait for replica 0's, which waits for
     replica 1 in NCCL: the step never ends. Registering each such op as the
-    writer of a token of its device (a resource resolver of
-    auto_control_deps) keeps each replica's own order and drops the order
+    writer of a token of its replica (its device, or the "replica_N" name
+    scope the strategy gives replica N > 0) through a resource resolver of
+    auto_control_deps keeps each replica's own order and drops the order
     between replicas. Only graphs passed here are affected."""
     state = _PER_DEVICE_ORDER
     if state["registered"] is None:
@@ -263,7 +266,12 @@ def order_side_effects_per_device(graph):
             tokens = state["graphs"].get(op.graph)
             if tokens is None or not acd.op_is_stateful(op):
                 return False
-            token = tokens.get(op.device)
+            # A MirroredStrategy names replica N's ops "replica_N/..." (N > 0);
+            # ops a replica pins elsewhere (a host callback on the CPU) stay
+            # that replica's.
+            replica = _REPLICA_SCOPE.search(op.name)
+            key = replica.group(1) if replica else op.device
+            token = tokens.get(key)
             if token is not None and token in resource_writes:
                 return False  # already added (resolvers run until nothing changes)
             if resource_reads or resource_writes:
@@ -273,7 +281,7 @@ def order_side_effects_per_device(graph):
                 # identity to order by; it is never an input of the op.
                 with op.graph.as_default(), tf.compat.v1.name_scope(None):
                     token = tf.constant(0, name="sok_per_device_order")
-                tokens[op.device] = token
+                tokens[key] = token
             resource_writes.add(token)
             return True
 
