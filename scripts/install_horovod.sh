@@ -21,9 +21,9 @@
 set -euo pipefail
 
 HOROVOD_VERSION=0.28.1
-# The local changes to the sdist (see build_wheel); part of the cache key, so
-# raise it whenever they change and every cached wheel is rebuilt.
-PATCH_LEVEL=1
+# The local changes to the sdist, and HOROVOD_PATCH_LEVEL, part of the cache key.
+# shellcheck source=scripts/horovod_sources.sh
+source "$(dirname "${BASH_SOURCE[0]}")/horovod_sources.sh"
 PY="${1:-${SOK_PYTHON:-}}"
 TF_VERSION="${2:-${SOK_TF_VERSION:-}}"
 SOK_GRAPH_CACHE="${SOK_GRAPH_CACHE:-$HOME/.cache/sok_graph}"
@@ -55,7 +55,7 @@ RUNTIME_DEPS=(cloudpickle psutil pyyaml packaging)
 work=""
 trap '[ -z "$work" ] || rm -rf "$work"' EXIT
 
-BUILD_NAME="horovod-$HOROVOD_VERSION-p$PATCH_LEVEL-tf-$TF_VERSION-$PY_TAG"
+BUILD_NAME="horovod-$HOROVOD_VERSION-p$HOROVOD_PATCH_LEVEL-tf-$TF_VERSION-$PY_TAG"
 WHEEL_DIR="$SOK_GRAPH_CACHE/wheels/$BUILD_NAME"
 WHEEL_MARK="$WHEEL_DIR/.complete"
 VENV_MARK="$VENV/.horovod"
@@ -95,7 +95,7 @@ cmake_version_ok() {
 }
 
 build_wheel() {
-  local cmake_bin sdist src patch_needed
+  local cmake_bin sdist src
   # HOROVOD_CMAKE is Horovod's own way to name a CMake; else the one on PATH
   # (Debian's cmake package), else the PyPI one.
   cmake_bin="${HOROVOD_CMAKE:-$(command -v cmake || true)}"
@@ -114,30 +114,7 @@ build_wheel() {
   tar -xzf "$sdist" -C "$work"
   src="$work/horovod-$HOROVOD_VERSION"
 
-  # Gloo's controller reserves, instead of sizing, its list of global ranks,
-  # so the list stays empty and the stall inspector finds no missing rank:
-  # with Gloo, HOROVOD_STALL_SHUTDOWN_TIME_SECONDS never ends a stalled job.
-  local controller="$src/horovod/common/gloo/gloo_controller.cc"
-  if ! grep -q 'global_ranks_\.reserve(size_);' "$controller"; then
-    log "expected 'global_ranks_.reserve(size_);' in $controller to patch; found none"
-    return 1
-  fi
-  sed -i 's/global_ranks_\.reserve(size_);/global_ranks_.resize(size_);/' "$controller"
-
-  # TensorFlow 2.19 changed the XLA custom-call API that xla_mpi_ops.cc uses
-  # (it fails to compile). Those ops serve XLA-compiled functions only; the
-  # regular Horovod ops do not need them.
-  patch_needed=no
-  [ "$(printf '%s\n' 2.19 "$TF_VERSION" | sort -V | head -1)" = 2.19 ] && patch_needed=yes
-  if [ "$patch_needed" = yes ]; then
-    local lists="$src/horovod/tensorflow/CMakeLists.txt"
-    if ! grep -q 'xla_mpi_ops\.cc' "$lists"; then
-      log "expected an xla_mpi_ops.cc line in $lists to remove for TensorFlow $TF_VERSION; found none"
-      return 1
-    fi
-    log "TensorFlow $TF_VERSION >= 2.19: building without xla_mpi_ops.cc"
-    sed -i '/xla_mpi_ops\.cc/d' "$lists"
-  fi
+  patch_horovod_sources "$src" "$TF_VERSION" || return 1
 
   local logfile="$SOK_GRAPH_CACHE/wheels/$BUILD_NAME.log"
   log "building the wheel against TensorFlow $TF_VERSION (several minutes; log: $logfile)"

@@ -100,6 +100,31 @@ def test_process_per_gpu_trains_as_one_gpu(world, nccl, one_gpu, tmp_path):
                         f"{world} processes, a GPU each, SOK_GRAPH_NCCL={nccl}")
 
 
+@functools.lru_cache(maxsize=None)
+def horovod_on_gpus():
+    """Whether Horovod with NCCL GPU operations imports here (checked in a
+    fresh process: scripts/build_horovod_gpu.sh builds it)."""
+    out = subprocess.run(
+        [sys.executable, "-c", "import horovod.tensorflow as hvd; print(hvd.nccl_built())"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=300)
+    return out.returncode == 0 and out.stdout.strip().splitlines()[-1:] not in ([], ["0"],
+                                                                                 ["False"])
+
+
+@pytest.mark.parametrize("world", WORLDS)
+def test_horovod_process_per_gpu_trains_as_one_gpu(world, one_gpu, tmp_path):
+    """SOK's own path: Horovod with NCCL, one process per GPU (the launcher
+    starts them as horovodrun would), equals one GPU."""
+    if not horovod_on_gpus():
+        pytest.skip("Horovod with NCCL GPU operations is not installed "
+                    "(scripts/build_horovod_gpu.sh builds it)")
+    run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout", "840",
+                 mw.TRAIN, "--engine", "horovod", "--configs", ",".join(mw.CONFIGS), "--world",
+                 str(world), "--out", str(tmp_path)], timeout=900)
+    mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
+                        f"Horovod, {world} processes, a GPU each")
+
+
 @pytest.mark.parametrize("chain", [pytest.param([2, 1, 2, 1], marks=needs_gpus(2)),
                                    pytest.param([1, 4, 2, 1], marks=needs_gpus(4))])
 def test_dump_on_n_gpus_loads_on_m(chain, tmp_path):
