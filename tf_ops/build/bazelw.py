@@ -64,16 +64,26 @@ def tensorflow_install(python):
     return version, lib
 
 
+def _minor_version(version):
+    """(major, minor) of a version string ("2.10.1" -> (2, 10))."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit())
+        parts.append(int(digits) if digits else 0)
+    return tuple(parts + [0] * (2 - len(parts)))
+
+
 def cxx_standard_options(python):
     """The C++ standard of TensorFlow's headers where it is not the build's
     C++17 (.bazelrc): a library compiled with another standard than
     TensorFlow's does not link against it (absl::string_view is
-    std::string_view only under C++17). TensorFlow says its standard in
-    tf.sysconfig.get_compile_flags() since it moved to C++17; before (1.x,
-    and 2.x up to 2.9) it says nothing, and its headers are C++14."""
-    standard = _ask_tensorflow(python)[1]
+    std::string_view only under C++17). Newer TensorFlows say their
+    standard in tf.sysconfig.get_compile_flags(); 1.x and 2.x up to 2.10 say
+    nothing. Their headers are C++14 up to 2.9; 2.10 was built as C++17 (its
+    stream_executor headers use std::optional and std::is_same_v)."""
+    version, standard, _ = _ask_tensorflow(python)
     if standard == "-":
-        standard = "c++14"
+        standard = "c++17" if _minor_version(version) >= (2, 10) else "c++14"
     if standard == "c++17":
         return []
     return ["--cxxopt=-std=" + standard, "--host_cxxopt=-std=" + standard]
