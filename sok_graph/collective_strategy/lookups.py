@@ -226,8 +226,9 @@ def _lookup_patches():
         (tf.compat.v1.nn, "embedding_lookup_sparse", sparse_v1),
         (tf.compat.v1.nn, "safe_embedding_lookup_sparse", safe_v1),
     ]
-    if hasattr(tf.compat, "v2"):
-        patches += [(tf.compat.v2.nn, "embedding_lookup", dense_v2),
-                    (tf.compat.v2.nn, "embedding_lookup_sparse", sparse_v2),
-                    (tf.compat.v2.nn, "safe_embedding_lookup_sparse", safe_v2)]
+    v2 = compat.v2_module()
+    if v2 is not None:
+        patches += [(v2.nn, "embedding_lookup", dense_v2),
+                    (v2.nn, "embedding_lookup_sparse", sparse_v2),
+                    (v2.nn, "safe_embedding_lookup_sparse", safe_v2)]
     return patches

@@ -9,7 +9,7 @@ import tempfile
 
 import tensorflow as tf
 
-from sok_graph import context, placement
+from sok_graph import compat, context, placement
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.serving import sources
@@ -111,7 +111,7 @@ class CollectiveStrategy:
         with several workers use strategy.export_saved_model (every worker
         calls it), which gathers the tables whole.
         """
-        estimator_lib = getattr(tf, "estimator", None)
+        estimator_lib = compat.estimator_module()
         if estimator_lib is None or not hasattr(estimator_lib, "Estimator"):
             raise NotImplementedError(
                 f"CollectiveStrategy.estimator needs tf.estimator, which TensorFlow "

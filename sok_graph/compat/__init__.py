@@ -81,6 +81,12 @@ def estimator_module():
         return None
 
 
+def v2_module():
+    """``tf.compat.v2`` where this TensorFlow has it (1.15 does; older 1.x
+    releases do not), else None."""
+    return getattr(tf.compat, "v2", None)
+
+
 def register_gradient(op_type):
     """Decorator registering a gradient function for a custom op type."""
     return tf.RegisterGradient(op_type)
