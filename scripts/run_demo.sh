@@ -5,9 +5,12 @@
 # popularity baseline, dumps its tables, writes a loss/AUC plot.
 #   bash scripts/run_demo.sh [--mode tf1] [--epochs N] [--patience N] [--out DIR]
 # One process needs no Horovod, so the set-up leaves it out (setup_env.sh
-# builds it only with --with-horovod; an earlier install stays).
+# builds it only with --with-horovod; an earlier install stays). The job runs
+# on the CPU, so the build leaves out the CUDA kernels and the CUDA 12
+# toolchain they need (SOK_GRAPH_WITHOUT_CUDA=0 builds them too).
 set -euo pipefail
 REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+export SOK_GRAPH_WITHOUT_CUDA="${SOK_GRAPH_WITHOUT_CUDA:-1}"
 # shellcheck source=/dev/null
 source "$REPO/scripts/setup_env.sh" "${SOK_TF_VERSION:-2.15.1}"
 cd "$REPO"
