@@ -4,6 +4,8 @@
 # with the best validation AUC (early stopping), prints its test AUC against a
 # popularity baseline, dumps its tables, writes a loss/AUC plot.
 #   bash scripts/run_demo.sh [--mode tf1] [--epochs N] [--patience N] [--out DIR]
+#   SOK_GRAPH_WHEEL=dist/sok_graph-...+tf2.15-...whl bash scripts/run_demo.sh
+#                                 # installs that wheel instead of building
 # One process needs no Horovod, so the set-up leaves it out (setup_env.sh
 # builds it only with --with-horovod; an earlier install stays). The job runs
 # on the CPU, so the build leaves out the CUDA kernels and the CUDA 12

@@ -58,11 +58,22 @@ as_root() {
     log "need root to run: $*"; return 1; fi
 }
 
+# SOK_GRAPH_WHEEL=path/to/sok_graph-...whl installs that wheel (built by
+# scripts/build_wheel.sh for this TensorFlow) instead of building from this
+# checkout: no Bazel, no compiler, no CUDA toolchain. Only when asked for, so
+# a stale wheel can never stand in for the source being tested.
+if [ -n "${SOK_GRAPH_WHEEL:-}" ] && [ ! -f "$SOK_GRAPH_WHEEL" ]; then
+  log "SOK_GRAPH_WHEEL is '$SOK_GRAPH_WHEEL', which is not a file; expected a sok_graph wheel"
+  return 2 2>/dev/null || exit 2
+fi
+
 # --- system packages: Bazel 4.2.3 (offline-capable), googletest -------------
 need_apt=()
-command -v bazel >/dev/null || need_apt+=(bazel-bootstrap)
-[ -d /usr/share/bazel/rules/java ] || need_apt+=(bazel-rules-java)
-[ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev googletest)
+if [ -z "${SOK_GRAPH_WHEEL:-}" ]; then
+  command -v bazel >/dev/null || need_apt+=(bazel-bootstrap)
+  [ -d /usr/share/bazel/rules/java ] || need_apt+=(bazel-rules-java)
+  [ -f /usr/include/gtest/gtest.h ] || need_apt+=(libgtest-dev googletest)
+fi
 if [ ${#need_apt[@]} -gt 0 ]; then
   log "installing ${need_apt[*]} with apt"
   as_root apt-get update -qq
@@ -128,7 +139,9 @@ export SOK_PYTHON SOK_TF_VERSION
 # SOK_GRAPH_WITHOUT_CUDA=1 builds CPU-only; a preset SOK_GRAPH_CUDA12_HOME is kept.
 # TensorFlow 1.x builds are CPU-only (tf_ops/build/bazelw.py sees to it):
 # the kernels target CUDA 12, TF 1.15's GPU build is CUDA 10.0.
-if [ "${SOK_GRAPH_WITHOUT_CUDA:-0}" = 1 ] || [ "${SOK_TF_VERSION%%.*}" = 1 ]; then
+if [ -n "${SOK_GRAPH_WHEEL:-}" ]; then
+  :  # a wheel carries its kernels
+elif [ "${SOK_GRAPH_WITHOUT_CUDA:-0}" = 1 ] || [ "${SOK_TF_VERSION%%.*}" = 1 ]; then
   [ "${SOK_TF_VERSION%%.*}" != 1 ] || log "TensorFlow $SOK_TF_VERSION: building CPU-only"
   unset SOK_GRAPH_CUDA12_HOME
 elif [ -z "${SOK_GRAPH_CUDA12_HOME:-}" ]; then
@@ -138,9 +151,16 @@ elif [ -z "${SOK_GRAPH_CUDA12_HOME:-}" ]; then
 fi
 
 # --- build the ops for this TensorFlow and install sok_graph ----------------
-log "building and installing sok_graph for TensorFlow $SOK_TF_VERSION"
-(cd "$SOK_REPO" && "$SOK_PYTHON" -m pip install -q --no-deps --no-build-isolation \
-   --force-reinstall . )
+if [ -n "${SOK_GRAPH_WHEEL:-}" ]; then
+  log "installing $SOK_GRAPH_WHEEL (SOK_GRAPH_WHEEL) for TensorFlow $SOK_TF_VERSION"
+  "$SOK_PYTHON" -m pip install -q --no-deps --force-reinstall "$SOK_GRAPH_WHEEL"
+  # A wheel for another TensorFlow says so here, naming the one it needs.
+  (cd / && "$SOK_PYTHON" -c "from sok_graph.ops import library; library.load()")
+else
+  log "building and installing sok_graph for TensorFlow $SOK_TF_VERSION"
+  (cd "$SOK_REPO" && "$SOK_PYTHON" -m pip install -q --no-deps --no-build-isolation \
+     --force-reinstall . )
+fi
 
 # --- Horovod, the multi-worker engine, when asked for: its wheel is built once
 # per TensorFlow version and cached (scripts/install_horovod.sh);
