@@ -23,6 +23,7 @@ DIST_DIR="${DIST_DIR:-$REPO/dist}"
 log() { echo "[build_wheel] $*" >&2; }
 
 # shellcheck source=/dev/null
+unset SOK_GRAPH_WHEEL  # a wheel is built from this checkout, never installed from another
 source "$REPO/scripts/setup_env.sh" "$TF_VERSION"
 log() { echo "[build_wheel] $*" >&2; }  # setup_env.sh defines its own
 TF_MINOR="$(echo "$TF_VERSION" | cut -d. -f1,2)"
