@@ -555,7 +555,7 @@ def test_nccl_setting_is_checked(monkeypatch):
 def _replica_asserts(register):
     """The ops of a tf.function in which two devices (replicas) each build
     two asserts, in replica order; with `register`, the graph is passed to
-    compat.order_side_effects_per_device first. Returns {name: op}."""
+    compat.order_side_effects_per_replica first. Returns {name: op}."""
     import tensorflow as tf
 
     from sok_graph import compat
@@ -564,7 +564,7 @@ def _replica_asserts(register):
     @tf.function
     def step(x):
         if register:
-            assert compat.order_side_effects_per_device(tf.compat.v1.get_default_graph())
+            assert compat.order_side_effects_per_replica(tf.compat.v1.get_default_graph())
         outs = []
         for r in range(2):
             # As a MirroredStrategy builds them: replica N > 0 in "replica_N/".
@@ -604,12 +604,12 @@ def _waits_for(op, other):
 
 
 @needs_tf2_collectives
-def test_side_effects_ordered_per_device_in_functions():
+def test_side_effects_ordered_per_replica_in_functions():
     """Inside a tf.function TensorFlow orders every resource-less side effect
     after the one built before it, across devices: replica 1's first assert
     (and so its NCCL exchange, which waits for replica 0's in NCCL) would
     wait for replica 0's second. In a graph passed to
-    compat.order_side_effects_per_device, each device keeps its own order
+    compat.order_side_effects_per_replica, each device keeps its own order
     and the replicas no longer wait for each other."""
     plain = _replica_asserts(register=False)
     # TensorFlow's own rule, which the NCCL exchange cannot live with.

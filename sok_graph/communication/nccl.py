@@ -22,7 +22,7 @@ the engines exchange rows as before.
 
 The hang of the first runs was TensorFlow's: in a tf.function it ordered
 one replica's exchange after another replica's side effects (fixed by
-compat.order_side_effects_per_device). The op also runs NCCL on a stream
+compat.order_side_effects_per_replica). The op also runs NCCL on a stream
 of its own per rank and completes when that has finished, so the compute
 stream never waits for a peer (tf_ops/collective/kernels says why).
 

@@ -237,9 +237,9 @@ _PER_DEVICE_ORDER = {"registered": None, "graphs": None}
 _REPLICA_SCOPE = re.compile(r"(?:^|/)(replica_\d+)/")
 
 
-def order_side_effects_per_device(graph):
+def order_side_effects_per_replica(graph):
     """In `graph` (a tf.function's graph), order the stateful ops that touch
-    no resource per device instead of all together; returns False where
+    no resource per replica instead of all together; returns False where
     this TensorFlow cannot (no resource resolvers in its automatic control
     dependencies, e.g. TF 1.x, whose Session graphs have none anyway).
 
@@ -265,10 +265,10 @@ def order_side_effects_per_device(graph):
             return False
         import weakref
 
-        # graph -> {device string: the token tensor its ops write}
+        # graph -> {replica ("replica_N", or the device for replica 0): its token}
         state["graphs"] = weakref.WeakKeyDictionary()
 
-        def _sok_graph_per_device_order(op, resource_reads, resource_writes):
+        def _sok_graph_per_replica_order(op, resource_reads, resource_writes):
             tokens = state["graphs"].get(op.graph)
             if tokens is None or not acd.op_is_stateful(op):
                 return False
@@ -286,13 +286,13 @@ def order_side_effects_per_device(graph):
                 # Any tensor of the graph serves: the resolver only needs an
                 # identity to order by; it is never an input of the op.
                 with op.graph.as_default(), tf.compat.v1.name_scope(None):
-                    token = tf.constant(0, name="sok_per_device_order")
+                    token = tf.constant(0, name="sok_per_replica_order")
                 tokens[key] = token
             resource_writes.add(token)
             return True
 
         try:
-            acd.register_acd_resource_resolver(_sok_graph_per_device_order)
+            acd.register_acd_resource_resolver(_sok_graph_per_replica_order)
         except KeyError:  # registered by an earlier import of this module
             pass
         state["registered"] = True

@@ -19,8 +19,8 @@ control dependency) for the one built before it for the same rank of the
 same clique in the same graph. Every rank builds the same program, so the
 build order is the same everywhere. Eagerly, ops run as they are called.
 In a tf.function TensorFlow would also order the op after every side effect
-built before it, other ranks' included; compat.order_side_effects_per_device
-limits that to the op's own device.
+built before it, other ranks' included; compat.order_side_effects_per_replica
+limits that to the op's own replica.
 """
 
 import weakref
@@ -42,7 +42,7 @@ def _ordered(clique, rank, build):
     graph = tf.compat.v1.get_default_graph()
     # In a tf.function, keep TensorFlow from ordering this rank's exchange
     # after another rank's side effects (see compat).
-    compat.order_side_effects_per_device(graph)
+    compat.order_side_effects_per_replica(graph)
     chain = _last_built.setdefault(graph, {})
     previous = chain.get((clique, rank))
     # An empty list keeps the caller's control dependencies (None would

@@ -56,6 +56,14 @@ def _train(engine, world, configs, out, env):
                  "--world", str(world), "--out", str(out)], timeout=900, **env)
 
 
+def _train_per_gpu(engine, world, out, **env):
+    """mw.CONFIGS on `world` processes under the launcher, each pinned to a
+    GPU of its own."""
+    run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout", "840",
+                 mw.TRAIN, "--engine", engine, "--configs", ",".join(mw.CONFIGS), "--world",
+                 str(world), "--out", str(out)], timeout=900, **env)
+
+
 WORLDS = [pytest.param(2, marks=needs_gpus(2)), pytest.param(4, marks=needs_gpus(4))]
 # SOK_GRAPH_NCCL: "0" exchanges rows with the engine's own collectives, "1"
 # with sok_graph's NCCL all-to-all (and fails where it cannot).
@@ -93,9 +101,7 @@ def test_process_per_gpu_trains_as_one_gpu(world, nccl, one_gpu, tmp_path):
     """The same with one process per GPU under `python -m sok_graph.launch`
     (each worker pinned to its GPU; MultiWorkerMirroredStrategy and sok's
     tf.distribute engine)."""
-    run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout", "840",
-                 mw.TRAIN, "--engine", "tf", "--configs", ",".join(mw.CONFIGS), "--world",
-                 str(world), "--out", str(tmp_path)], timeout=900, SOK_GRAPH_NCCL=nccl)
+    _train_per_gpu("tf", world, tmp_path, SOK_GRAPH_NCCL=nccl)
     mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
                         f"{world} processes, a GPU each, SOK_GRAPH_NCCL={nccl}")
 
@@ -105,10 +111,9 @@ def horovod_on_gpus():
     """Whether Horovod with NCCL GPU operations imports here (checked in a
     fresh process: scripts/build_horovod_gpu.sh builds it)."""
     out = subprocess.run(
-        [sys.executable, "-c", "import horovod.tensorflow as hvd; print(hvd.nccl_built())"],
+        [sys.executable, "-c", "import horovod.tensorflow as hvd; print(bool(hvd.nccl_built()))"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, timeout=300)
-    return out.returncode == 0 and out.stdout.strip().splitlines()[-1:] not in ([], ["0"],
-                                                                                 ["False"])
+    return out.returncode == 0 and out.stdout.strip().endswith("True")
 
 
 @pytest.mark.parametrize("world", WORLDS)
@@ -118,9 +123,7 @@ def test_horovod_process_per_gpu_trains_as_one_gpu(world, one_gpu, tmp_path):
     if not horovod_on_gpus():
         pytest.skip("Horovod with NCCL GPU operations is not installed "
                     "(scripts/build_horovod_gpu.sh builds it)")
-    run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout", "840",
-                 mw.TRAIN, "--engine", "horovod", "--configs", ",".join(mw.CONFIGS), "--world",
-                 str(world), "--out", str(tmp_path)], timeout=900)
+    _train_per_gpu("horovod", world, tmp_path)
     mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
                         f"Horovod, {world} processes, a GPU each")
 
