@@ -706,6 +706,17 @@ class ImportGpuOp : public DeviceWaitingKernel<> {
         ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())
                              : nullptr;
     SokGpuTableResult result{0, -1};
+    // A replace that cannot fit must fail before the table is emptied: only
+    // more keys than the table's bound can hold too many distinct ones.
+    if (replace_ && in.n > table->row_limit()) {
+      int64_t distinct = 0;
+      OP_REQUIRES_OK(ctx, CountDistinct(ctx, in.keys, in.n, stream, &distinct));
+      if (distinct > table->row_limit()) {
+        result.distinct_keys = distinct;
+        OP_REQUIRES_OK(ctx, TableError(ctx, SOK_GPU_TABLE_TOO_MANY_KEYS, &result,
+                                       table->row_limit()));
+      }
+    }
     {
       ::tensorflow::mutex_lock lock(*table->mu());
       // replace: emptied and filled in one step of the stream, under the lock.
@@ -722,6 +733,28 @@ class ImportGpuOp : public DeviceWaitingKernel<> {
   }
 
  private:
+  // *distinct <- the number of distinct keys among keys[0, n) (one wait).
+  static Status CountDistinct(OpKernelContext* ctx, const int64_t* keys, int64_t n, void* stream,
+                              int64_t* distinct) {
+    // The unique launcher numbers its hash set's slots in 32 bits.
+    if (n >= (int64_t{1} << 30)) {
+      return errors::InvalidArgument("a replacing import of ", n, " keys into a GPU table: ",
+                                     "the GPU counts distinct keys of fewer than 2^30");
+    }
+    Tensor unique_keys, positions, count, temp;
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}),
+                                          &unique_keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &positions));
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &count));
+    TF_RETURN_IF_ERROR(LaunchWithScratch(
+        ctx, "counting the keys to import", &temp, [&](void* scratch, size_t* bytes) {
+          return sok_unique_in_set_i64_i64(keys, n, 0, I64(&unique_keys), I64(&positions),
+                                           nullptr, I64(&count), scratch, bytes, stream);
+        }));
+    return CudaStatus(sok_gpu_copy_to_host(distinct, I64(&count), sizeof(int64_t), stream),
+                      "reading the count of keys to import");
+  }
+
   bool replace_ = false;
 };
 
