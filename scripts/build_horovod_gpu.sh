@@ -13,7 +13,8 @@
 # NCCL_HOME with include/ and lib/), CMake >= 3.13, and Horovod's runtime
 # dependencies (cloudpickle, psutil, pyyaml, packaging) already importable.
 #
-# Env: PYTHON (default python3), CUDA_HOME, NCCL_HOME, CUDA_CC (the compute
+# Env: PYTHON (default python3), CUDA_HOME, NCCL_HOME (or NCCL_INCLUDE: the
+# folder of nccl.h where the NCCL wheel has none), CUDA_CC (the compute
 # capabilities to build for, default 90: CUDA 13 builds none below 75),
 # JOBS (default: every core).
 set -euo pipefail
@@ -35,13 +36,24 @@ done
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 # NCCL as Horovod's CMake looks for it: include/nccl.h and lib/libnccl.so. The
-# wheels ship lib/libnccl.so.2 only.
+# wheels ship lib/libnccl.so.2 only, under nvidia/nccl (CUDA 12's) or
+# nvidia/cu13 (CUDA 13's); a wheel without the header takes NCCL_INCLUDE's.
 if [ -z "${NCCL_HOME:-}" ]; then
-  wheel_dir=$("$PY" -c 'import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])' 2>/dev/null || true)
-  [ -f "$wheel_dir/include/nccl.h" ] || { log "no NCCL: set NCCL_HOME or install nvidia-nccl-cu13"; exit 2; }
+  wheel_dir=$("$PY" - <<'PY' 2>/dev/null || true
+import glob, os, sys
+for entry in sys.path:
+    for d in sorted(glob.glob(os.path.join(entry or ".", "nvidia", "*"))):
+        if os.path.isfile(os.path.join(d, "lib", "libnccl.so.2")):
+            print(d)
+            raise SystemExit
+PY
+)
+  include=${NCCL_INCLUDE:-$wheel_dir/include}
+  [ -n "$wheel_dir" ] || { log "no libnccl.so.2 under nvidia/*/lib on $PY's path: set NCCL_HOME or install nvidia-nccl-cu13"; exit 2; }
+  [ -f "$include/nccl.h" ] || { log "no nccl.h in $include: set NCCL_INCLUDE to a folder holding NCCL's header"; exit 2; }
   NCCL_HOME="$work/nccl"
   mkdir -p "$NCCL_HOME/lib"
-  ln -s "$wheel_dir/include" "$NCCL_HOME/include"
+  ln -s "$(readlink -f "$include")" "$NCCL_HOME/include"
   ln -s "$wheel_dir/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so"
   ln -s "$wheel_dir/lib/libnccl.so.2" "$NCCL_HOME/lib/libnccl.so.2"
 fi
@@ -56,13 +68,16 @@ log "building (log: $work/build.log, kept in TARGET as horovod_build.log)"
 mkdir -p "$TARGET"
 start=$SECONDS
 # CMAKE_POLICY_VERSION_MINIMUM lets CMake 4 configure the Gloo that Horovod
-# bundles (it asks for CMake 2.8.12). NVLink multicast stays off for the
-# processes this starts as for every other.
+# bundles (it asks for CMake 2.8.12). The forced includes give Horovod's and
+# Gloo's sources the standard headers that GCC 13 and later stopped bringing
+# in through others (group_table.h is also patched). NVLink multicast stays
+# off for the processes this starts as for every other.
 if ! env HOROVOD_WITH_TENSORFLOW=1 HOROVOD_WITH_GLOO=1 HOROVOD_WITHOUT_PYTORCH=1 \
      HOROVOD_WITHOUT_MXNET=1 HOROVOD_WITHOUT_MPI=1 \
      HOROVOD_GPU_OPERATIONS=NCCL HOROVOD_NCCL_HOME="$NCCL_HOME" HOROVOD_NCCL_LINK=SHARED \
      HOROVOD_CUDA_HOME="$CUDA_HOME" HOROVOD_BUILD_CUDA_CC_LIST="${CUDA_CC:-90}" \
      CMAKE_POLICY_VERSION_MINIMUM=3.5 NCCL_NVLS_ENABLE=0 \
+     CXXFLAGS="-include cstdint -include string -include stdexcept ${CXXFLAGS:-}" \
      MAKEFLAGS="-j${JOBS:-$(nproc)}" \
      "$PY" -m pip wheel -v --no-build-isolation --no-deps --no-index -w "$work/dist" "$src" \
      > "$work/build.log" 2>&1; then

@@ -6,7 +6,7 @@
 # Returns non-zero (with a message on stderr) where a line to change is not
 # where it was: a changed sdist must be looked at, not built half-patched.
 # Raise HOROVOD_PATCH_LEVEL whenever these change (it keys the wheel cache).
-HOROVOD_PATCH_LEVEL=1
+HOROVOD_PATCH_LEVEL=2
 
 patch_horovod_sources() {
   local src=$1 tf_version=$2
@@ -19,6 +19,15 @@ patch_horovod_sources() {
     return 1
   fi
   sed -i 's/global_ranks_\.reserve(size_);/global_ranks_.resize(size_);/' "$controller"
+
+  # group_table.h uses std::string without including <string>, which GCC 13
+  # and later no longer bring in through the other standard headers.
+  local groups="$src/horovod/common/group_table.h"
+  if ! grep -q '^#include <vector>$' "$groups"; then
+    echo "expected '#include <vector>' in $groups to insert after; found none" >&2
+    return 1
+  fi
+  grep -q '^#include <string>$' "$groups" || sed -i 's/^#include <vector>$/#include <string>\n#include <vector>/' "$groups"
 
   # TensorFlow 2.19 changed the XLA custom-call API that xla_mpi_ops.cc uses
   # (it fails to compile). Those ops serve XLA-compiled functions only; the

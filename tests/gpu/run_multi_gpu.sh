@@ -10,7 +10,9 @@
 #              Session graph and in a tf.function
 #   alltoall   tests/gpu/nccl_alltoall_check.py against numpy
 #   horovod    Horovod with NCCL built from $HOROVOD_SDIST into $LOGS/horovod
-#              (scripts/build_horovod_gpu.sh); skipped without HOROVOD_SDIST
+#              (scripts/build_horovod_gpu.sh; NCCL_INCLUDE names a folder
+#              with nccl.h where NCCL's wheel has none); skipped without
+#              HOROVOD_SDIST
 #   tests      tests/gpu/test_multi_gpu.py (N-GPU training equals 1-GPU
 #              training; dumps across GPU counts), SOK_GRAPH_NCCL=$NCCL
 #   bench      bench/dlrm_criteo_tb.py: 1 GPU (tables cut to half), N GPUs in
