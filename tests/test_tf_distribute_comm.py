@@ -455,6 +455,9 @@ def _unconnected(world=2, rank=0):
         cluster_resolver = tf.distribute.cluster_resolver.SimpleClusterResolver(
             cluster, task_type="worker", task_id=rank)
 
+        class extended:  # noqa: N801 (the strategy's attribute)
+            worker_devices = (f"/job:worker/replica:0/task:{rank}/device:CPU:0",)
+
     return tf_distribute.TFDistribute(Strategy)
 
 
@@ -535,8 +538,8 @@ if __name__ == "__main__":
 
 
 def test_nccl_setting_is_checked(monkeypatch):
-    """SOK_GRAPH_NCCL takes auto, 0 or 1; =1 where the ranks are not GPUs is
-    an error that says why, never a silent fallback."""
+    """SOK_GRAPH_NCCL takes auto (the default), 0 or 1; =1 where the ranks
+    are not GPUs is an error that says why, never a silent fallback."""
     from sok_graph.communication import nccl
 
     monkeypatch.setenv("SOK_GRAPH_NCCL", "yes")
@@ -548,8 +551,13 @@ def test_nccl_setting_is_checked(monkeypatch):
         nccl.usable(["/cpu:0", "/cpu:1"])
     monkeypatch.setenv("SOK_GRAPH_NCCL", "auto")
     assert nccl.usable(["/cpu:0", "/cpu:1"]) is False
+    # auto needs two ranks or more, wherever they are.
+    assert nccl.usable(["/gpu:0"]) is False
+    assert nccl.usable(["/gpu:0"], world_size=1) is False
+    monkeypatch.setenv("SOK_GRAPH_NCCL", "0")
+    assert nccl.usable(["/gpu:0", "/gpu:1"]) is False
     monkeypatch.delenv("SOK_GRAPH_NCCL")
-    assert nccl.mode() == "0"
+    assert nccl.mode() == "auto"
 
 
 def _replica_asserts(register):

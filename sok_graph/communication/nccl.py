@@ -9,16 +9,24 @@ loaded when the first exchange runs; this module finds its library (the
 `nvidia-nccl-cu12`/`-cu13` wheels, or libnccl.so.2 on the loader's path)
 and loads it first so the op's dlopen finds it.
 
-SOK_GRAPH_NCCL chooses: "0" (the default for now) never uses it; "auto"
-uses NCCL where it is found and the engine's own exchange elsewhere; "1"
-requires it (an error where it cannot be used).
+SOK_GRAPH_NCCL chooses: "auto" (the default) uses NCCL where there are two
+ranks or more and it is found, and the engine's own exchange elsewhere; "0"
+never uses it; "1" requires it (an error where it cannot be used).
 
-Status (2 x H200, 2026-11-28): the exchange works between the GPUs of one
-process (threads, Session graphs, tf.functions) and between processes, and
-a dump chain 2 -> 1 -> 2 -> 1 GPUs through it is bit-exact; the training
-comparisons of tests/gpu/test_multi_gpu.py failed in their first run, for
-a reason the run did not keep. Until they pass, the default stays "0" and
-the engines exchange rows as before.
+Status (2 x H200, 2026-11-28): N-GPU training equals 1-GPU training through
+it (tests/gpu/test_multi_gpu.py: MirroredStrategy over 2 GPUs, and one
+process per GPU under sok_graph.launch), and dumps move between 1 and 2
+GPUs through it bit for bit.
+
+Memory: NCCL allocates its buffers with cudaMalloc, outside TensorFlow's
+allocator, which by default takes all of a GPU's memory but a reserve
+(1.5 GiB on an H200) when it starts. A communicator per process fits in
+that reserve beside TensorFlow's own all-reduce; a process that makes many
+strategies one after another runs out (NCCL_DEBUG=WARN: "Cuda failure 2 'out
+of memory'"), as TensorFlow's own NCCL all-reduce then does. Memory growth
+(tf.config.experimental.set_memory_growth, as SOK's examples set it up)
+leaves NCCL room; the workers' clique is drawn once per process and shared
+by every engine over the same workers.
 
 The hang of the first runs was TensorFlow's: in a tf.function it ordered
 one replica's exchange after another replica's side effects (fixed by
@@ -95,18 +103,21 @@ def why_not():
 
 
 def mode():
-    value = os.environ.get(ENV, "0").strip().lower()
+    value = os.environ.get(ENV, "auto").strip().lower()
     if value not in ("auto", "0", "1"):
         raise ValueError(f"{ENV} must be 'auto', '0' or '1'; got {value!r}")
     return value
 
 
-def usable(devices):
-    """Whether the engine over `devices` (device strings, one per rank)
-    exchanges through NCCL: every rank a GPU, a GPU build, NCCL loadable,
-    SOK_GRAPH_NCCL not 0. Raises where SOK_GRAPH_NCCL=1 and it cannot."""
+def usable(devices, world_size=None):
+    """Whether the engine over `devices` (device strings: every rank's, or
+    this process's of `world_size` ranks) exchanges through NCCL: every
+    rank a GPU, a GPU build, NCCL loadable, SOK_GRAPH_NCCL not 0, and under
+    "auto" two ranks or more. Raises where SOK_GRAPH_NCCL=1 and it cannot."""
     wanted = mode()
     if wanted == "0":
+        return False
+    if wanted == "auto" and (len(devices) if world_size is None else world_size) < 2:
         return False
     reasons = []
     if not devices or not all(tf.DeviceSpec.from_string(d).device_type == "GPU"
@@ -132,6 +143,23 @@ def unique_id_hex():
     if rc != 0:
         raise RuntimeError(f"ncclGetUniqueId failed with NCCL error {rc}")
     return buf.raw.hex()
+
+
+# (cluster, task, GPU) -> the hex unique id of that worker's clique, drawn
+# once: every engine over the same workers shares one communicator.
+_cliques = {}
+
+
+def known_clique(key):
+    """The clique this process joined for `key` before, or None."""
+    with _lock:
+        return _cliques.get(key)
+
+
+def remember_clique(key, clique):
+    with _lock:
+        _cliques[key] = clique
+    return clique
 
 
 class Transport:

@@ -272,21 +272,37 @@ class TFDistribute(Communicator):
             return
         gpus = [d for d in strategy.extended.worker_devices
                 if tf.DeviceSpec.from_string(d).device_type == "GPU"]
+        # "auto" takes workers alike: where this one has no GPU, none has,
+        # and no vote is needed.
+        if not gpus and nccl.mode() == "auto":
+            return
         with tf.init_scope():
             if not tf.executing_eagerly():
                 return
-            ok = len(gpus) == 1 and nccl.usable(gpus)
-            votes = int(self.allreduce(tf.constant(int(ok), tf.int32), name="sok_nccl_vote"))
-            if votes != self._size:
+            ok = len(gpus) == 1 and nccl.usable(gpus, self._size)
+            # The workers' clique of an earlier engine over the same cluster
+            # is used again where every worker still has it: a communicator
+            # per engine would hold NCCL's buffers (outside TensorFlow's
+            # allocator) once per engine made.
+            key = (repr(sorted(self._cluster_spec.as_dict().items())), self._task_type,
+                   self._task_id, gpus[0] if ok else None)
+            known = nccl.known_clique(key) if ok else None
+            votes = self.allreduce(tf.constant([int(ok), int(known is not None)], tf.int32),
+                                   name="sok_nccl_vote").numpy()
+            if int(votes[0]) != self._size:
                 if nccl.mode() == "1":
-                    raise RuntimeError(f"{nccl.ENV}=1 but only {votes} of {self._size} workers "
-                                       f"have one GPU and NCCL")
+                    raise RuntimeError(f"{nccl.ENV}=1 but only {int(votes[0])} of {self._size} "
+                                       f"workers have one GPU and NCCL")
                 return
-            unique = nccl.unique_id_hex() if self._rank == 0 else "00" * 128
-            shared = self.broadcast(tf.constant(list(bytes.fromhex(unique)), tf.int32), 0,
-                                    name="sok_nccl_id").numpy()
+            if int(votes[1]) == self._size:
+                clique = known
+            else:
+                unique = nccl.unique_id_hex() if self._rank == 0 else "00" * 128
+                shared = self.broadcast(tf.constant(list(bytes.fromhex(unique)), tf.int32), 0,
+                                        name="sok_nccl_id").numpy()
+                clique = nccl.remember_clique(key, bytes(int(b) for b in shared).hex())
         self._gpu = gpus[0]
-        self._nccl = nccl.Transport(bytes(int(b) for b in shared).hex(), self._size)
+        self._nccl = nccl.Transport(clique, self._size)
 
     @property
     def checks_splits(self):

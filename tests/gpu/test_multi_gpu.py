@@ -47,8 +47,15 @@ def needs_gpus(n):
                               reason=f"needs {n} GPUs; TensorFlow sees {visible_gpus()}")
 
 
-ON_GPUS = {"SOK_GRAPH_TEST_MIRRORED_ON": "GPU"}
-ONE_GPU = {"CUDA_VISIBLE_DEVICES": "0"}
+# TensorFlow grows into each GPU's memory, as SOK's examples set it up:
+# NCCL's communicators (TensorFlow's all-reduce and sok_graph's all-to-all)
+# allocate outside TensorFlow's allocator, which otherwise takes all of a
+# GPU but a reserve of 1.5 GiB at start, and a worker here makes a new
+# strategy for each of its 14 workloads. (TF_FORCE_GPU_ALLOW_GROWTH=false in
+# the environment runs them without.)
+GROWTH = {"TF_FORCE_GPU_ALLOW_GROWTH": os.environ.get("TF_FORCE_GPU_ALLOW_GROWTH", "true")}
+ON_GPUS = dict(GROWTH, SOK_GRAPH_TEST_MIRRORED_ON="GPU")
+ONE_GPU = dict(GROWTH, CUDA_VISIBLE_DEVICES="0")
 
 
 def _train(engine, world, configs, out, env):
@@ -61,7 +68,7 @@ def _train_per_gpu(engine, world, out, **env):
     GPU of its own."""
     run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout", "840",
                  mw.TRAIN, "--engine", engine, "--configs", ",".join(mw.CONFIGS), "--world",
-                 str(world), "--out", str(out)], timeout=900, **env)
+                 str(world), "--out", str(out)], timeout=900, **dict(GROWTH, **env))
 
 
 WORLDS = [pytest.param(2, marks=needs_gpus(2)), pytest.param(4, marks=needs_gpus(4))]

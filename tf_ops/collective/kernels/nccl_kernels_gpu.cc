@@ -312,6 +312,15 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
       clique->failed[rank_] = "ncclCommInitRank (rank " + std::to_string(rank_) + " of " +
                               std::to_string(world_size_) + ", clique " +
                               clique_.substr(0, 16) + ") failed: " + nccl::ErrorText(lib, rc);
+      // NCCL's buffers come from cudaMalloc, outside TensorFlow's allocator,
+      // which by default takes all of a GPU's memory but a small reserve.
+      if (rc == nccl::kUnhandledCudaError) {
+        clique->failed[rank_] +=
+            ". NCCL allocates its buffers outside TensorFlow's allocator; if CUDA ran out of "
+            "memory (NCCL_DEBUG=WARN says), let TensorFlow grow into the GPU's memory "
+            "(tf.config.experimental.set_memory_growth, or TF_FORCE_GPU_ALLOW_GROWTH=true) or "
+            "leave NCCL more (TF_DEVICE_MIN_SYS_MEMORY_IN_MB)";
+      }
       return errors::Internal(clique->failed[rank_]);
     }
     Status status = CudaStatus(sok_gpu_stream_create(&clique->streams[rank_]),

@@ -22,6 +22,8 @@ struct UniqueId {
   char internal[128];
 };
 constexpr int kSuccess = 0;
+// ncclUnhandledCudaError: a CUDA call inside NCCL failed (often cudaMalloc).
+constexpr int kUnhandledCudaError = 1;
 constexpr int kUint8 = 1;
 
 struct Library {
