@@ -87,6 +87,17 @@ def v2_module():
     return getattr(tf.compat, "v2", None)
 
 
+def registered_op_def(name):
+    """The OpDef registered for op type `name` (None if none is): TF 2.x
+    looks one up by name, TF 1.15 lists them all."""
+    from tensorflow.python.framework import op_def_registry
+
+    by_name = getattr(op_def_registry, "get", None)  # TF 2.x
+    if by_name is not None:
+        return by_name(name)
+    return op_def_registry.get_registered_ops().get(name)
+
+
 def register_gradient(op_type):
     """Decorator registering a gradient function for a custom op type."""
     return tf.RegisterGradient(op_type)

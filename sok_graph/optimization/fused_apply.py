@@ -8,25 +8,99 @@ and GPU) compute the formulas of algorithms.py, which remain the path for
 the other algorithms and for tables that are not float32.
 """
 
+import collections
+import threading
+import types
+
 import tensorflow as tf
 
+from sok_graph import compat
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import library
-from sok_graph.optimization.algorithms import value
+from sok_graph.optimization.algorithms import ALGORITHMS, value
 
-# The algorithms (entries of algorithms.ALGORITHMS) the op computes.
-FUSED_ALGORITHMS = ("sgd", "momentum", "adagrad", "adam", "ftrl")
+# Each hyperparameter the ops can be given, by the name the ops' `hyper_names`
+# attribute gives it; the ops' order is read from the registered op.
+_HYPERPARAMETERS = {
+    "lr": lambda hp, lr: lr,
+    "momentum": lambda hp, lr: hp.momentum,
+    "epsilon": lambda hp, lr: hp.epsilon,
+    "beta_1": lambda hp, lr: hp.beta_1,
+    "beta_2": lambda hp, lr: hp.beta_2,
+    "lr_power": lambda hp, lr: hp.lr_power,
+    "l1": lambda hp, lr: hp.l1,
+    "l2": lambda hp, lr: hp.l2,
+    "l2_shrinkage": lambda hp, lr: hp.l2_shrinkage,
+    "beta": lambda hp, lr: hp.beta,
+}
+
+# What the ops compute, as tf_ops/optimizer/core/sparse_apply.h (the one list)
+# spells it in the registered op: algorithms (names of algorithms.ALGORITHMS)
+# with their slots in the ops' order, and the hyperparameters in the order of
+# the `hyper` input.
+Spec = collections.namedtuple("Spec", ["algorithms", "slots", "hyper_names"])
+_spec = None
+_spec_lock = threading.Lock()
+
+
+def spec():
+    """The ops' Spec, read from the loaded library once and checked against
+    algorithms.py (slot names) and _HYPERPARAMETERS; a mismatch raises."""
+    global _spec
+    with _spec_lock:
+        if _spec is None:
+            library.load()  # registers the ops
+            _spec = _read_spec({name: compat.registered_op_def(name) for name in OPS})
+        return _spec
+
+
+# The fused updates, which must spell out the same spec.
+OPS = ("SokSparseApply", "SokDynamicSparseApply")
+
+
+def _read_spec(op_defs):
+    """The Spec of `op_defs` ({op name: OpDef} for OPS), checked."""
+    found = {}
+    for name in OPS:
+        attrs = {a.name: a for a in op_defs[name].attr}
+        if "slot_names" not in attrs or "hyper_names" not in attrs:
+            raise RuntimeError(f"the op library's {name} has no slot_names / hyper_names: it "
+                               f"is older than this sok_graph; build it again")
+        algorithms = tuple(s.decode() for s in attrs["algorithm"].allowed_values.list.s)
+        slots = {}
+        for entry in attrs["slot_names"].default_value.list.s:
+            algorithm, _, names = entry.decode().partition(":")
+            slots[algorithm] = tuple(n for n in names.split(",") if n)
+        hyper_names = tuple(s.decode() for s in attrs["hyper_names"].default_value.list.s)
+        found[name] = Spec(algorithms, slots, hyper_names)
+    if found["SokSparseApply"] != found["SokDynamicSparseApply"]:
+        raise RuntimeError(f"the fused updates disagree: {found}")
+    got = found["SokSparseApply"]
+    # Slot names only: their initial values come from the optimizer.
+    names_only = types.SimpleNamespace(initial_accumulator=0.0, tf1=False)
+    for algorithm in got.algorithms:
+        ours = tuple(n for n, _ in ALGORITHMS[algorithm].slots(names_only)) \
+            if algorithm in ALGORITHMS else None
+        if ours != got.slots.get(algorithm):
+            raise RuntimeError(f"the fused update keeps the slots {got.slots.get(algorithm)} for "
+                               f"'{algorithm}'; optimization/algorithms.py keeps {ours}")
+    unknown = [n for n in got.hyper_names if n not in _HYPERPARAMETERS]
+    if unknown:
+        raise RuntimeError(f"the fused update takes hyperparameters {unknown} that "
+                           f"optimization/fused_apply.py does not know")
+    return got
+
+
+def fused_algorithms():
+    """The algorithms (names of algorithms.ALGORITHMS) the ops compute."""
+    return spec().algorithms
 
 
 def _hyper(hp, lr):
-    """The op's `hyper` vector: [lr, momentum, epsilon, beta_1, beta_2,
-    lr_power, l1, l2, l2_shrinkage, beta] as float32 (tensors, variables,
-    callables and floats alike)."""
-    def f(x):
-        return tf.cast(value(x), tf.float32)
-
-    return tf.stack([f(lr), f(hp.momentum), f(hp.epsilon), f(hp.beta_1), f(hp.beta_2),
-                     f(hp.lr_power), f(hp.l1), f(hp.l2), f(hp.l2_shrinkage), f(hp.beta)])
+    """The op's `hyper` vector in the op's order (spec().hyper_names) as
+    float32 (tensors, variables, callables and floats alike)."""
+    return tf.stack([tf.cast(value(_HYPERPARAMETERS[n](hp, lr)), tf.float32)
+                     for n in spec().hyper_names])
 
 
 def sparse_apply(variables, slots, indices, values, hp, lr, step):

@@ -198,10 +198,10 @@ class OptimizerWrapper:
 
     def _fusable(self, var):
         """Whether `var`'s update runs in a fused sparse-apply op: an
-        algorithm the ops have (fused_apply.FUSED_ALGORITHMS), sparse
+        algorithm the ops have (fused_apply.fused_algorithms()), sparse
         updates, and a float32 dynamic table, or a static float32 table (and
         slots) held as plain resource variables."""
-        if self._update_all_rows or self._hp.algorithm.name not in fused_apply.FUSED_ALGORITHMS:
+        if self._update_all_rows or self._hp.algorithm.name not in fused_apply.fused_algorithms():
             return False
         if tf.as_dtype(var.dtype).base_dtype != tf.float32:
             return False

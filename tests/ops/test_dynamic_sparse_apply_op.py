@@ -9,6 +9,7 @@ import tensorflow as tf
 
 import sok_graph as sok
 from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.ops import library
 from sok_graph.optimization import fused_apply
 from sparse_apply_reference import hyper, numpy_step, slot_count
 
@@ -161,9 +162,23 @@ def test_wrapper_fuses_dynamic_tables(name, make):
 
     ops = [o.type for o in step.get_concrete_function().graph.get_operations()]
     fused = ops.count("SokDynamicSparseApply")
-    assert fused == (1 if name in fused_apply.FUSED_ALGORITHMS else 0), ops
+    assert fused == (1 if name in fused_apply.fused_algorithms() else 0), ops
     if fused:
         # The lookup's own unique find-or-insert only.
         assert ops.count("SokDynamicTableUniqueFindOrInsert") == 1, ops
         assert not [t for t in ops if t in ("SokUnique", "SokDynamicTableFindOrInsert",
                                             "SokDynamicTableScatter", "SokDynamicTableFind")], ops
+
+
+def test_a_graph_built_against_other_slot_lists_is_refused():
+    """The dynamic tables' fused update checks the same lists: a node built
+    with other slot names fails before the table changes."""
+    table = _table(tf.int64, {1: np.ones(DIM, np.float32)})
+    slots = [f"{a}:{','.join(s[::-1])}" for a, s in fused_apply.spec().slots.items()]
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"the graph's slot_names \[.*'adam:v,m'.*\] differ"):
+        library.load().sok_dynamic_sparse_apply(
+            table=table.handle, keys=tf.constant([1], tf.int64), grads=tf.ones([1, DIM]),
+            hyper=tf.constant(hyper()), step=tf.constant(1, tf.int64), slots=[],
+            algorithm="sgd", slot_names=slots)
+    np.testing.assert_array_equal(_rows(table, [1], tf.int64)[0][0], np.ones(DIM))

@@ -2,11 +2,15 @@
 input, and its use by OptimizerWrapper. Its results inside training are
 compared with TensorFlow's own optimizers by tests/test_optimizer.py."""
 
+import inspect
+import types
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import sok_graph as sok
+from sok_graph import compat
 from sok_graph.ops import library
 from sok_graph.optimization import fused_apply
 from sok_graph.optimization.algorithms import ALGORITHMS
@@ -136,7 +140,68 @@ def test_wrapper_fuses_the_algorithms_the_op_has(name, make):
 
     ops = [o.type for o in step.get_concrete_function().graph.get_operations()]
     fused = ops.count("SokSparseApply")
-    assert fused == (1 if name in fused_apply.FUSED_ALGORITHMS else 0), ops
+    assert fused == (1 if name in fused_apply.fused_algorithms() else 0), ops
     if fused:
         assert not [t for t in ops if "Unique" in t or "Scatter" in t], ops
-    assert set(fused_apply.FUSED_ALGORITHMS) <= set(ALGORITHMS)
+    assert set(fused_apply.fused_algorithms()) <= set(ALGORITHMS)
+
+
+def test_python_follows_the_one_spec_the_ops_spell_out():
+    """The fused ops' algorithms, slots and hyperparameter order are one list
+    in C++ (tf_ops/optimizer/core/sparse_apply.h) that the registered ops
+    spell out; the Python side reads it back and builds `hyper` in that
+    order, which is the numpy reference's argument order."""
+    got = fused_apply.spec()
+    assert got.hyper_names == tuple(inspect.signature(hyper).parameters)
+    assert set(got.algorithms) == {"sgd", "momentum", "adagrad", "adam", "ftrl"}
+    assert got.slots["adam"] == ("m", "v") and got.slots["ftrl"] == ("accumulator", "linear")
+    hp = types.SimpleNamespace(**{n: float(i + 1) for i, n in enumerate(got.hyper_names)})
+    np.testing.assert_array_equal(fused_apply._hyper(hp, 1.0).numpy(),
+                                  np.arange(1, len(got.hyper_names) + 1, dtype=np.float32))
+
+
+def _op_defs_with(changes):
+    """Copies of the fused ops' registered OpDefs with attribute defaults
+    replaced: {(op name, attr name): [strings]}."""
+    from tensorflow.core.framework import op_def_pb2
+
+    defs = {}
+    for name in fused_apply.OPS:
+        defs[name] = op_def_pb2.OpDef()
+        defs[name].CopyFrom(compat.registered_op_def(name))
+        for attr in defs[name].attr:
+            if (name, attr.name) in changes:
+                del attr.default_value.list.s[:]
+                attr.default_value.list.s.extend(v.encode() for v in changes[name, attr.name])
+    return defs
+
+
+def test_a_spec_python_does_not_share_fails_loudly():
+    spec = fused_apply.spec()
+    both = fused_apply.OPS
+    swapped = [f"{a}:{','.join(reversed(s)) if a == 'adam' else ','.join(s)}"
+               for a, s in spec.slots.items()]
+    with pytest.raises(RuntimeError, match=r"slots \('v', 'm'\) for 'adam'; "
+                                           r"optimization/algorithms.py keeps \('m', 'v'\)"):
+        fused_apply._read_spec(_op_defs_with({(op, "slot_names"): swapped for op in both}))
+    extra = list(spec.hyper_names) + ["gamma"]
+    with pytest.raises(RuntimeError, match=r"hyperparameters \['gamma'\]"):
+        fused_apply._read_spec(_op_defs_with({(op, "hyper_names"): extra for op in both}))
+    with pytest.raises(RuntimeError, match="the fused updates disagree"):
+        fused_apply._read_spec(_op_defs_with({("SokSparseApply", "hyper_names"): extra}))
+
+
+def test_a_graph_built_against_other_lists_is_refused():
+    """A node whose hyper_names (the order its builder used) is not this
+    library's fails when its kernel is made, before any row changes."""
+    v = tf.Variable(np.ones((4, 2), np.float32))
+    order = list(fused_apply.spec().hyper_names)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"the graph's hyper_names \['beta', .*\] differ from this library's "
+                             r"\['lr', .*build it again"):
+        library.load().sok_sparse_apply(vars=[v.handle], slots=[],
+                                        indices=[tf.constant([0], tf.int64)],
+                                        grads=[tf.ones((1, 2))], hyper=tf.constant(hyper()),
+                                        step=tf.constant(1, tf.int64), algorithm="sgd",
+                                        hyper_names=order[::-1])
+    np.testing.assert_array_equal(v.numpy(), 1.0)

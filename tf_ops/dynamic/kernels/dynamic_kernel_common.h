@@ -19,6 +19,7 @@
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/dynamic/core/batch_ops.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
+#include "tf_ops/optimizer/kernels/sparse_apply_spec.h"
 
 namespace sok_graph {
 namespace dynamic_kernels {
@@ -254,6 +255,7 @@ struct SparseApplyArgs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("tf1", &tf1));
     TF_RETURN_IF_ERROR(ctx->GetAttr("nesterov", &nesterov));
     TF_RETURN_IF_ERROR(ctx->GetAttr("num_slots", &num_slots));
+    TF_RETURN_IF_ERROR(CheckSparseApplySpec(ctx));
     core::SparseAlgorithm a;
     if (!core::ParseSparseAlgorithm(algorithm.c_str(), &a)) {
       return ::tensorflow::errors::InvalidArgument("unknown algorithm '", algorithm, "'");

@@ -5,6 +5,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tf_ops/common/tf_compat.h"
+#include "tf_ops/optimizer/core/sparse_apply.h"
 
 namespace sok_graph {
 
@@ -251,7 +252,9 @@ REGISTER_OP("SokDynamicSparseApply")
     .SetIsStateful()
     .Attr("Tkeys: {int32, int64}")
     .Attr("num_slots: int >= 0")
-    .Attr("algorithm: {'sgd', 'momentum', 'adagrad', 'adam', 'ftrl'}")
+    .Attr(::sok_graph::core::AlgorithmAttr())
+    .Attr(::sok_graph::core::SlotNamesAttr())
+    .Attr(::sok_graph::core::HyperNamesAttr())
     .Attr("tf1: bool = false")
     .Attr("nesterov: bool = false")
     .SetShapeFn([](InferenceContext* c) -> Status {

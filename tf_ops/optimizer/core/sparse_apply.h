@@ -12,6 +12,8 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #if defined(__CUDACC__)
 #define SOK_OPT_HOST_DEVICE __host__ __device__
@@ -25,38 +27,96 @@ namespace core {
 // The fused algorithms; the GPU launcher takes them as these ints.
 enum class SparseAlgorithm : int32_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3, kFtrl = 4 };
 
-// Slots each algorithm keeps per row, in the order the op takes them
-// (algorithms.py's slot order: momentum; accumulator; m, v; accumulator, linear).
-inline int SlotCount(SparseAlgorithm a) {
-  switch (a) {
-    case SparseAlgorithm::kSgd: return 0;
-    case SparseAlgorithm::kMomentum:
-    case SparseAlgorithm::kAdagrad: return 1;
-    case SparseAlgorithm::kAdam:
-    case SparseAlgorithm::kFtrl: return 2;
+// The hyperparameters, in the order of the op's `hyper` input.
+enum HyperIndex : int {
+  kLr = 0, kMomentumCoef, kEpsilon, kBeta1, kBeta2, kLrPower, kL1, kL2, kL2Shrinkage, kBeta,
+  kNumHyper
+};
+
+// The one list of what the fused update's callers must agree on: each
+// algorithm's name and slots (in the order the op takes them) and the
+// hyperparameters' names (in HyperIndex order). The op registrations spell
+// them out from here (attributes `algorithm`, `slot_names`, `hyper_names`);
+// sok_graph's Python side reads them back from the registered ops when it
+// first builds an update (optimization/fused_apply.py), and the kernels
+// refuse a graph whose attributes name other lists.
+struct AlgorithmSpec {
+  const char* name;
+  SparseAlgorithm algorithm;
+  int slot_count;
+  const char* slots;  // comma-separated, in the op's order
+};
+constexpr AlgorithmSpec kAlgorithmSpecs[] = {
+    {"sgd", SparseAlgorithm::kSgd, 0, ""},
+    {"momentum", SparseAlgorithm::kMomentum, 1, "momentum"},
+    {"adagrad", SparseAlgorithm::kAdagrad, 1, "accumulator"},
+    {"adam", SparseAlgorithm::kAdam, 2, "m,v"},
+    {"ftrl", SparseAlgorithm::kFtrl, 2, "accumulator,linear"},
+};
+constexpr const char* kHyperNames[kNumHyper] = {
+    "lr", "momentum", "epsilon", "beta_1", "beta_2", "lr_power", "l1", "l2", "l2_shrinkage",
+    "beta"};
+
+// Slots each algorithm keeps per row.
+constexpr int SlotCount(SparseAlgorithm a) {
+  for (const auto& spec : kAlgorithmSpecs) {
+    if (spec.algorithm == a) return spec.slot_count;
   }
   return -1;
 }
 
 inline bool ParseSparseAlgorithm(const char* name, SparseAlgorithm* out) {
-  static const struct { const char* name; SparseAlgorithm a; } kNames[] = {
-      {"sgd", SparseAlgorithm::kSgd},         {"momentum", SparseAlgorithm::kMomentum},
-      {"adagrad", SparseAlgorithm::kAdagrad}, {"adam", SparseAlgorithm::kAdam},
-      {"ftrl", SparseAlgorithm::kFtrl}};
-  for (const auto& n : kNames) {
-    if (std::strcmp(n.name, name) == 0) {
-      *out = n.a;
+  for (const auto& spec : kAlgorithmSpecs) {
+    if (std::strcmp(spec.name, name) == 0) {
+      *out = spec.algorithm;
       return true;
     }
   }
   return false;
 }
 
-// The hyperparameters, in the order of the op's `hyper` input.
-enum HyperIndex : int {
-  kLr = 0, kMomentumCoef, kEpsilon, kBeta1, kBeta2, kLrPower, kL1, kL2, kL2Shrinkage, kBeta,
-  kNumHyper
-};
+// "name:slot,slot" per algorithm, and the hyperparameters' names.
+inline std::vector<std::string> SlotNames() {
+  std::vector<std::string> out;
+  for (const auto& spec : kAlgorithmSpecs) out.push_back(std::string(spec.name) + ":" + spec.slots);
+  return out;
+}
+inline std::vector<std::string> HyperNames() {
+  return std::vector<std::string>(kHyperNames, kHyperNames + kNumHyper);
+}
+
+// The op attributes that spell the lists out, for REGISTER_OP.
+inline std::string QuotedList(const std::vector<std::string>& items) {
+  std::string out;
+  for (const auto& item : items) out += (out.empty() ? "'" : ", '") + item + "'";
+  return out;
+}
+inline std::string AlgorithmAttr() {
+  std::vector<std::string> names;
+  for (const auto& spec : kAlgorithmSpecs) names.push_back(spec.name);
+  return "algorithm: {" + QuotedList(names) + "}";
+}
+inline std::string SlotNamesAttr() {
+  return "slot_names: list(string) = [" + QuotedList(SlotNames()) + "]";
+}
+inline std::string HyperNamesAttr() {
+  return "hyper_names: list(string) = [" + QuotedList(HyperNames()) + "]";
+}
+
+// Empty, or why a graph's `slot_names` / `hyper_names` attributes (the
+// lists it was built against) differ from this library's.
+inline std::string SpecMismatch(const std::vector<std::string>& slot_names,
+                                const std::vector<std::string>& hyper_names) {
+  if (slot_names != SlotNames()) {
+    return "the graph's slot_names [" + QuotedList(slot_names) + "] differ from this " +
+           "library's [" + QuotedList(SlotNames()) + "]";
+  }
+  if (hyper_names != HyperNames()) {
+    return "the graph's hyper_names [" + QuotedList(hyper_names) + "] differ from this " +
+           "library's [" + QuotedList(HyperNames()) + "]";
+  }
+  return std::string();
+}
 
 struct SparseApplyConfig {
   int32_t algorithm;  // SparseAlgorithm

@@ -23,6 +23,7 @@
 #include "tensorflow/core/lib/strings/strcat.h"
 #include "tf_ops/common/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
+#include "tf_ops/optimizer/kernels/sparse_apply_spec.h"
 
 namespace sok_graph {
 
@@ -35,6 +36,7 @@ class SparseApplyAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("algorithm", &algorithm));
     TF_RETURN_IF_ERROR(ctx->GetAttr("tf1", &tf1));
     TF_RETURN_IF_ERROR(ctx->GetAttr("nesterov", &nesterov));
+    TF_RETURN_IF_ERROR(CheckSparseApplySpec(ctx));
     core::SparseAlgorithm a;
     if (!core::ParseSparseAlgorithm(algorithm.c_str(), &a)) {
       return ::tensorflow::errors::InvalidArgument("algorithm '", algorithm, "' is not fused");

@@ -4,6 +4,7 @@
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
 #include "tf_ops/common/tf_compat.h"
+#include "tf_ops/optimizer/core/sparse_apply.h"
 
 namespace sok_graph {
 namespace {
@@ -40,7 +41,9 @@ REGISTER_OP("SokSparseApply")
     .Input("step: int64")
     .Attr("num_tables: int >= 1")
     .Attr("num_slot_vars: int >= 0")
-    .Attr("algorithm: {'sgd', 'momentum', 'adagrad', 'adam', 'ftrl'}")
+    .Attr(::sok_graph::core::AlgorithmAttr())
+    .Attr(::sok_graph::core::SlotNamesAttr())
+    .Attr(::sok_graph::core::HyperNamesAttr())
     .Attr("tf1: bool = false")
     .Attr("nesterov: bool = false")
     .Attr("T: {float}")
