@@ -27,6 +27,7 @@ from sok_graph.distributed_variable import Variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.ops import lookup as lookup_ops
 from sok_graph.v1 import session
 
 
@@ -256,8 +257,8 @@ class DistributedEmbedding(_EmbeddingLayer):
     def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
                  max_nnz, max_feature_num=1, use_hashtable=True, key_dtype=None,
                  embedding_initializer=None, **kwargs):
-        if not isinstance(combiner, str) or combiner.lower() not in ("sum", "mean", "sqrtn"):
-            raise ValueError(f"combiner must be 'sum' or 'mean' (or 'sqrtn'); got {combiner!r}")
+        if not isinstance(combiner, str) or combiner.lower() not in lookup_ops.COMBINERS:
+            raise ValueError(f"combiner must be one of {lookup_ops.COMBINERS}; got {combiner!r}")
         self.combiner = combiner.lower()
         self.slot_num = _positive_int("slot_num", slot_num)
         self.max_nnz = _positive_int("max_nnz", max_nnz)
