@@ -560,6 +560,32 @@ def test_nccl_setting_is_checked(monkeypatch):
     assert nccl.mode() == "auto"
 
 
+def test_nccl_is_not_used_on_logical_gpus_that_share_one(monkeypatch):
+    """Two logical GPUs cut from one physical GPU (tf.config's logical
+    device configuration) cannot be two NCCL ranks: auto keeps the engine's
+    own exchange, 1 says why."""
+    import tensorflow as tf
+
+    from sok_graph.communication import nccl
+
+    monkeypatch.setattr(nccl.library, "built_with_cuda", lambda: True)
+    monkeypatch.setattr(nccl, "load_library", lambda: object())
+    count = {"GPU": (2, 1)}  # (logical, physical)
+    monkeypatch.setattr(tf.config.experimental, "list_logical_devices",
+                        lambda kind: [None] * count[kind][0])
+    monkeypatch.setattr(tf.config.experimental, "list_physical_devices",
+                        lambda kind: [None] * count[kind][1])
+    gpus = ["/gpu:0", "/gpu:1"]
+    monkeypatch.setenv("SOK_GRAPH_NCCL", "auto")
+    assert nccl.usable(gpus) is False
+    monkeypatch.setenv("SOK_GRAPH_NCCL", "1")
+    with pytest.raises(RuntimeError, match="this process's 2 logical GPUs share fewer physical "
+                                           "ones"):
+        nccl.usable(gpus)
+    count["GPU"] = (2, 2)
+    assert nccl.usable(gpus) is True
+
+
 def _replica_asserts(register):
     """The ops of a tf.function in which two devices (replicas) each build
     two asserts, in replica order; with `register`, the graph is passed to

@@ -112,8 +112,9 @@ def mode():
 def usable(devices, world_size=None):
     """Whether the engine over `devices` (device strings: every rank's, or
     this process's of `world_size` ranks) exchanges through NCCL: every
-    rank a GPU, a GPU build, NCCL loadable, SOK_GRAPH_NCCL not 0, and under
-    "auto" two ranks or more. Raises where SOK_GRAPH_NCCL=1 and it cannot."""
+    rank a GPU of its own, a GPU build, NCCL loadable, SOK_GRAPH_NCCL not
+    0, and under "auto" two ranks or more. Raises where SOK_GRAPH_NCCL=1
+    and it cannot."""
     wanted = mode()
     if wanted == "0":
         return False
@@ -125,11 +126,23 @@ def usable(devices, world_size=None):
         reasons.append(f"the ranks are not all GPUs ({list(devices)})")
     elif not library.built_with_cuda():
         reasons.append("sok_graph was built without CUDA")
+    elif _split_gpus():
+        reasons.append(f"this process's {_split_gpus()} logical GPUs share fewer physical ones "
+                       f"(NCCL takes one rank per GPU)")
     elif load_library() is None:
         reasons.append(why_not())
     if reasons and wanted == "1":
         raise RuntimeError(f"{ENV}=1 but NCCL cannot exchange the rows: {reasons[0]}")
     return not reasons
+
+
+def _split_gpus():
+    """The number of this process's logical GPUs where there are more of them
+    than physical GPUs (tf.config's logical device configuration split
+    one), else 0."""
+    logical = len(tf.config.experimental.list_logical_devices("GPU"))
+    physical = len(tf.config.experimental.list_physical_devices("GPU"))
+    return logical if logical > physical else 0
 
 
 def unique_id_hex():
