@@ -126,11 +126,13 @@ def usable(devices, world_size=None):
         reasons.append(f"the ranks are not all GPUs ({list(devices)})")
     elif not library.built_with_cuda():
         reasons.append("sok_graph was built without CUDA")
-    elif _split_gpus():
-        reasons.append(f"this process's {_split_gpus()} logical GPUs share fewer physical ones "
-                       f"(NCCL takes one rank per GPU)")
-    elif load_library() is None:
-        reasons.append(why_not())
+    else:
+        split = _split_gpus()
+        if split:
+            reasons.append(f"this process's {split} logical GPUs share fewer physical ones "
+                           f"(NCCL takes one rank per GPU)")
+        elif load_library() is None:
+            reasons.append(why_not())
     if reasons and wanted == "1":
         raise RuntimeError(f"{ENV}=1 but NCCL cannot exchange the rows: {reasons[0]}")
     return not reasons

@@ -19,20 +19,16 @@ from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import library
 from sok_graph.optimization.algorithms import ALGORITHMS, value
 
-# Each hyperparameter the ops can be given, by the name the ops' `hyper_names`
-# attribute gives it; the ops' order is read from the registered op.
-_HYPERPARAMETERS = {
-    "lr": lambda hp, lr: lr,
-    "momentum": lambda hp, lr: hp.momentum,
-    "epsilon": lambda hp, lr: hp.epsilon,
-    "beta_1": lambda hp, lr: hp.beta_1,
-    "beta_2": lambda hp, lr: hp.beta_2,
-    "lr_power": lambda hp, lr: hp.lr_power,
-    "l1": lambda hp, lr: hp.l1,
-    "l2": lambda hp, lr: hp.l2,
-    "l2_shrinkage": lambda hp, lr: hp.l2_shrinkage,
-    "beta": lambda hp, lr: hp.beta,
-}
+# The hyperparameters the ops can be given, beside "lr": attributes of the
+# optimizer's Hyperparameters of the same names as in the ops' `hyper_names`
+# (their order is read from the registered op).
+_HP_ATTRIBUTES = frozenset(
+    ["momentum", "epsilon", "beta_1", "beta_2", "lr_power", "l1", "l2", "l2_shrinkage", "beta"])
+
+
+def _hyperparameter(hp, lr, name):
+    return lr if name == "lr" else getattr(hp, name)
+
 
 # What the ops compute, as tf_ops/optimizer/core/sparse_apply.h (the one list)
 # spells it in the registered op: algorithms (names of algorithms.ALGORITHMS)
@@ -45,7 +41,7 @@ _spec_lock = threading.Lock()
 
 def spec():
     """The ops' Spec, read from the loaded library once and checked against
-    algorithms.py (slot names) and _HYPERPARAMETERS; a mismatch raises."""
+    algorithms.py (slot names) and _HP_ATTRIBUTES; a mismatch raises."""
     global _spec
     with _spec_lock:
         if _spec is None:
@@ -84,7 +80,7 @@ def _read_spec(op_defs):
         if ours != got.slots.get(algorithm):
             raise RuntimeError(f"the fused update keeps the slots {got.slots.get(algorithm)} for "
                                f"'{algorithm}'; optimization/algorithms.py keeps {ours}")
-    unknown = [n for n in got.hyper_names if n not in _HYPERPARAMETERS]
+    unknown = [n for n in got.hyper_names if n != "lr" and n not in _HP_ATTRIBUTES]
     if unknown:
         raise RuntimeError(f"the fused update takes hyperparameters {unknown} that "
                            f"optimization/fused_apply.py does not know")
@@ -99,7 +95,7 @@ def fused_algorithms():
 def _hyper(hp, lr):
     """The op's `hyper` vector in the op's order (spec().hyper_names) as
     float32 (tensors, variables, callables and floats alike)."""
-    return tf.stack([tf.cast(value(_HYPERPARAMETERS[n](hp, lr)), tf.float32)
+    return tf.stack([tf.cast(value(_hyperparameter(hp, lr, n)), tf.float32)
                      for n in spec().hyper_names])
 
 

@@ -43,27 +43,43 @@ enum HyperIndex : int {
 struct AlgorithmSpec {
   const char* name;
   SparseAlgorithm algorithm;
-  int slot_count;
   const char* slots;  // comma-separated, in the op's order
 };
 constexpr AlgorithmSpec kAlgorithmSpecs[] = {
-    {"sgd", SparseAlgorithm::kSgd, 0, ""},
-    {"momentum", SparseAlgorithm::kMomentum, 1, "momentum"},
-    {"adagrad", SparseAlgorithm::kAdagrad, 1, "accumulator"},
-    {"adam", SparseAlgorithm::kAdam, 2, "m,v"},
-    {"ftrl", SparseAlgorithm::kFtrl, 2, "accumulator,linear"},
+    {"sgd", SparseAlgorithm::kSgd, ""},
+    {"momentum", SparseAlgorithm::kMomentum, "momentum"},
+    {"adagrad", SparseAlgorithm::kAdagrad, "accumulator"},
+    {"adam", SparseAlgorithm::kAdam, "m,v"},
+    {"ftrl", SparseAlgorithm::kFtrl, "accumulator,linear"},
 };
 constexpr const char* kHyperNames[kNumHyper] = {
     "lr", "momentum", "epsilon", "beta_1", "beta_2", "lr_power", "l1", "l2", "l2_shrinkage",
     "beta"};
 
+// The names in a comma-separated list ("" has none).
+constexpr int CountNames(const char* list) {
+  int n = 0;
+  bool in_name = false;
+  for (; *list != '\0'; ++list) {
+    if (*list == ',') {
+      in_name = false;
+    } else if (!in_name) {
+      in_name = true;
+      ++n;
+    }
+  }
+  return n;
+}
+
 // Slots each algorithm keeps per row.
 constexpr int SlotCount(SparseAlgorithm a) {
   for (const auto& spec : kAlgorithmSpecs) {
-    if (spec.algorithm == a) return spec.slot_count;
+    if (spec.algorithm == a) return CountNames(spec.slots);
   }
   return -1;
 }
+static_assert(SlotCount(SparseAlgorithm::kAdam) == 2 && SlotCount(SparseAlgorithm::kSgd) == 0,
+              "slot counts come from the slot names");
 
 inline bool ParseSparseAlgorithm(const char* name, SparseAlgorithm* out) {
   for (const auto& spec : kAlgorithmSpecs) {
