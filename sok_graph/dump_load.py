@@ -471,7 +471,7 @@ def load(path, load_vars, optimizer=None):
 def _check_fits(variables, loaded):
     """CheckpointError, before any table changes, where a dynamic table
     cannot take the rows it would own: keys outside its key type, or more
-    rows than its bound (max_capacity / max_hbm_for_vectors)."""
+    rows than its bound (max_capacity)."""
     for name, table in variables.items():
         for var in replica_shards.shards_of(table):
             if not isinstance(var, DynamicVariable):
@@ -487,9 +487,9 @@ def _check_fits(variables, loaded):
             limit = int(_run(var.stats()["row_limit"]))
             if 0 < limit < keys.size:
                 raise CheckpointError(
-                    f"variable '{name}' holds at most {limit} rows (its max_capacity / "
-                    f"max_hbm_for_vectors); the dump gives it {keys.size}: raise the bound "
-                    f"or load into a larger table")
+                    f"variable '{name}' holds at most {limit} rows (its max_capacity); "
+                    f"the dump gives it {keys.size}: raise max_capacity or load into a "
+                    f"larger table")
 
 
 def _put_back(var, before, optimizer):

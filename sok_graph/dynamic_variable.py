@@ -6,10 +6,14 @@ var_type="hbm" (the default, as in SOK): no bound on rows (SOK's
   settings (init_capacity, max_capacity, max_hbm_for_vectors) are accepted
   with it, as SOK passes them to that table too: init_capacity sizes the
   first allocation; the others neither bound nor evict ("hbm" never evicts).
-var_type="hybrid": bounded by max_capacity rows and/or max_hbm_for_vectors
-  GiB of row storage; when full, the least recently (evict_strategy="lru",
-  the default) or least frequently ("lfu") used rows are evicted. On CPU
-  this is the same host-memory table with a bound, not a GPU/host split.
+var_type="hybrid" (SOK's HierarchicalKV table): at most max_capacity keys;
+  only when that many are held are the least recently (evict_strategy=
+  "lru", the default) or least frequently ("lfu") used rows evicted. On a
+  GPU, max_hbm_for_vectors GiB of rows live in GPU memory and the rest in
+  pinned host memory that the table's kernels read and write in place, so a
+  table may be larger than the GPU; unset, every row is in GPU memory. On
+  CPU every row is in host memory. (max_hbm_for_vectors used to bound the
+  rows as well, evicting once that much was used; it no longer evicts.)
 
 Gradients w.r.t. a DynamicVariable are IndexedSlices whose indices are keys
 (unique when they come from sok lookups), so sparse optimizers touch only the
@@ -171,9 +175,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     constraint=None, trainable=True, key_type=None, dtype=None, mode=None,
     **table_config)``
 
-    table_config: init_capacity, max_capacity (hybrid: powers of two),
-    max_hbm_for_vectors (GiB of row storage, hybrid), evict_strategy
-    ("lru" / "lfu"), seed.
+    table_config: init_capacity, max_capacity (hybrid: powers of two; the
+    bound on keys), max_hbm_for_vectors (hybrid: GiB of rows kept in GPU
+    memory, the rest in host memory), evict_strategy ("lru" / "lfu"), seed.
     """
 
     # The tape and tf.Module treat objects with this attribute as resource
@@ -300,7 +304,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                     f"evict_strategy={cfg['evict_strategy']!r} applies to var_type='hybrid' "
                     f"tables, which evict when full; a var_type='hbm' table grows without "
                     f"bound and never evicts")
-            return dict(init_capacity=int(init_capacity), max_capacity=0, max_bytes=0)
+            return dict(init_capacity=int(init_capacity), max_capacity=0, hbm_bytes=-1)
         max_capacity = cfg.get("max_capacity", init_capacity)
         for key, value in (("init_capacity", init_capacity), ("max_capacity", max_capacity)):
             if not _is_power_of_two(value):
@@ -313,13 +317,19 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             if value > dynamic_ops.MAX_ROWS:
                 raise ValueError(f"{key} must be <= {dynamic_ops.MAX_ROWS} (the most rows a "
                                  f"table holds); got {value}")
-        gib = cfg.get("max_hbm_for_vectors", 0)
+        # HierarchicalKV's split: the values of up to max_hbm_for_vectors GiB
+        # of rows live in GPU memory, the others in host memory; only
+        # max_capacity bounds the keys. Unset: every row in GPU memory.
+        gib = cfg.get("max_hbm_for_vectors")
+        if gib is None:
+            return dict(init_capacity=int(init_capacity), max_capacity=int(max_capacity),
+                        hbm_bytes=-1)
         if isinstance(gib, bool) or not isinstance(gib, (int, float, np.number)) \
                 or not np.isfinite(gib) or gib < 0:
             raise ValueError(f"max_hbm_for_vectors must be a non-negative number of GiB; "
                              f"got {gib!r}")
         return dict(init_capacity=int(init_capacity), max_capacity=int(max_capacity),
-                    max_bytes=int(gib * (1 << 30)))
+                    hbm_bytes=int(gib * (1 << 30)))
 
     def _create_op(self):
         c = self._config
@@ -328,7 +338,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             mean=c.get("mean", 0.0), stddev=c.get("stddev", 1.0), minval=c.get("minval", 0.0),
             maxval=c.get("maxval", 1.0), value=c.get("value", 0.0), seed=c.get("seed", 0),
             init_capacity=c["init_capacity"], max_capacity=c["max_capacity"],
-            max_bytes=c["max_bytes"], eviction=c["eviction"])
+            hbm_bytes=c["hbm_bytes"], eviction=c["eviction"])
 
     # ---------------------------------------------------------------- identity
     @property

@@ -235,6 +235,34 @@ def test_hybrid_bounded_table_evicts():
     assert stats["size"] == 8 and stats["row_limit"] == 8 and stats["evicted_total"] == 32
 
 
+def test_hybrid_table_with_max_hbm_for_vectors_loses_no_row_before_max_capacity(rng):
+    """max_hbm_for_vectors says where rows live (on a GPU: that many GiB in
+    GPU memory, the rest in host memory), not how many: a table fed ten
+    times that many keys keeps every one, with the rows an unbounded table
+    computes, and evicts only at max_capacity."""
+    from sok_graph.ops import dynamic as dyn
+    dim, in_hbm = 16, 300
+    hybrid = sok.DynamicVariable(dim, var_type="hybrid", init_capacity=1024, max_capacity=4096,
+                                 max_hbm_for_vectors=in_hbm * dim * 4 / (1 << 30),
+                                 initializer="normal", seed=11)
+    plain = sok.DynamicVariable(dim, var_type="hbm", initializer="normal", seed=11)
+    keys = rng.choice(1 << 60, size=5000, replace=False).astype(np.int64)
+    for start in range(0, 3000, 250):
+        batch = tf.constant(np.concatenate([keys[start:start + 250], keys[:40]]))
+        update = tf.constant(rng.standard_normal((batch.shape[0], dim)), tf.float32)
+        for var in (hybrid, plain):
+            var.sparse_read(batch)
+            dyn.scatter(var.handle, batch, update, "add")
+    stats = {k: int(x) for k, x in hybrid.stats().items()}
+    assert stats["size"] == 3000 and stats["evicted_total"] == 0 and stats["row_limit"] == 4096
+    got = dict(zip(*(x.numpy().tolist() for x in hybrid.export(chunk_size=700))))
+    want = dict(zip(*(x.numpy().tolist() for x in plain.export())))
+    assert got == want
+    hybrid.sparse_read(tf.constant(keys[3000:]))
+    stats = {k: int(x) for k, x in hybrid.stats().items()}
+    assert stats["size"] == 4096 and stats["evicted_total"] == 5000 - 4096
+
+
 @pytest.mark.parametrize("kwargs,exc,pattern", [
     (dict(var_type="hybrid", init_capacity=6, max_capacity=8), ValueError,
      "init_capacity must be a power of two"),

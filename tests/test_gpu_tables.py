@@ -164,3 +164,56 @@ def test_gpu_table_size_limits_are_clear_errors():
             handle = dyn.handle(f"limits{np.random.randint(1 << 40)}")
             with pytest.raises(tf.errors.InvalidArgumentError, match=words):
                 dyn.create(handle, tf.int64, 4, **kwargs)
+
+
+def chunked_export(handle, dim, limit, updated_after):
+    """Every row a chunked export gives ({key: (row bytes, time, count)}), and
+    the (size, next_offset) of each chunk."""
+    from sok_graph.ops import dynamic as dyn
+    rows, cuts, offset = {}, [], 0
+    size = int(dyn.stats(handle)[0])
+    while offset < size:
+        k, r, t, f, nxt = dyn.export(handle, tf.int64, dim, offset=offset, limit=limit,
+                                     updated_after=updated_after)
+        for key, row, ts, fr in zip(k.numpy(), r.numpy(), t.numpy(), f.numpy()):
+            assert int(key) not in rows, "a chunked export gave a key twice"
+            rows[int(key)] = (row.tobytes(), int(ts), int(fr))
+        cuts.append((int(k.shape[0]), int(nxt)))
+        assert int(nxt) > offset
+        offset = int(nxt)
+    return rows, cuts
+
+
+def test_cpu_and_gpu_tables_export_the_same_chunks():
+    """The same rows on a CPU and a GPU table export the same way for every
+    filter and chunk size: the same rows, the same times and counts, and
+    (without a filter, where the order does not matter) the same cuts."""
+    from sok_graph.ops import dynamic as dyn
+    rng = np.random.default_rng(7)
+    n, dim = 300, 5
+    keys = tf.constant(rng.choice(1 << 50, size=n, replace=False), tf.int64)
+    rows = tf.constant(rng.standard_normal((n, dim)), tf.float32)
+    stamps = tf.constant((1 + np.arange(n) % 6) * 1000, tf.int64)
+    counts = tf.constant(np.arange(n) % 11, tf.int64)
+    handles = {}
+    for device in ("CPU", "GPU"):
+        with tf.device(f"/{device}:0"):
+            handles[device] = dyn.handle(f"export_{device}_{np.random.randint(1 << 40)}")
+            dyn.create(handles[device], tf.int64, dim, initializer="zeros")
+            dyn.import_rows(handles[device], keys, rows, stamps, counts)
+            # A few rows touched again, so times differ from the imported ones.
+            dyn.find_or_insert(handles[device], keys[::17], dim)
+    assert "GPU" in handles["GPU"].device
+    for updated_after in (int(np.iinfo(np.int64).min), 2500, 5500, 10 ** 15):
+        for limit in (1, 7, 64, 1 << 20):
+            cpu, cpu_cuts = chunked_export(handles["CPU"], dim, limit, updated_after)
+            gpu, gpu_cuts = chunked_export(handles["GPU"], dim, limit, updated_after)
+            # The re-found rows carry each device's own clock: compare those
+            # by key only.
+            assert set(cpu) == set(gpu), (updated_after, limit)
+            for key in cpu:
+                assert cpu[key][0] == gpu[key][0] and cpu[key][2] == gpu[key][2], key
+                if cpu[key][1] <= 6000:
+                    assert cpu[key][1] == gpu[key][1], key
+            if updated_after < 0:
+                assert cpu_cuts == gpu_cuts, limit

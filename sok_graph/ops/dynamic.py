@@ -52,14 +52,17 @@ def handle(shared_name, container=""):
 
 def create(table, key_dtype, dim, initializer="normal", mean=0.0, stddev=1.0, minval=0.0,
            maxval=1.0, value=0.0, seed=0, init_capacity=0, max_capacity=0, max_bytes=0,
-           eviction="lru"):
-    """Creates the table behind `table` if it does not exist yet (an op in graph mode)."""
+           eviction="lru", hbm_bytes=-1):
+    """Creates the table behind `table` if it does not exist yet (an op in graph mode).
+    max_capacity / max_bytes bound the rows (0: no bound); hbm_bytes is how
+    many bytes of rows a GPU table keeps in device memory (-1: all), the rest
+    in pinned host memory."""
     return library.load().sok_dynamic_table_create(
         table, key_dtype=key_dtype, dim=int(dim), initializer=initializer,
         init_mean=float(mean), init_stddev=float(stddev), init_minval=float(minval),
         init_maxval=float(maxval), init_value=float(value), seed=int(seed),
         init_capacity=int(init_capacity), max_capacity=int(max_capacity),
-        max_bytes=int(max_bytes), eviction=eviction)
+        max_bytes=int(max_bytes), hbm_bytes=int(hbm_bytes), eviction=eviction)
 
 
 def is_initialized(table):

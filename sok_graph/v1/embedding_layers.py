@@ -69,7 +69,7 @@ class _BoundedTable(DynamicVariable):
         if bound > dynamic_ops.MAX_ROWS:
             raise ValueError(f"max_capacity must be <= {dynamic_ops.MAX_ROWS} (the most rows a "
                              f"table holds); got {bound}")
-        return dict(init_capacity=min(bound, 1 << 16), max_capacity=bound, max_bytes=0)
+        return dict(init_capacity=min(bound, 1 << 16), max_capacity=bound, hbm_bytes=-1)
 
 
 def _positive_int(name, value):

@@ -23,14 +23,15 @@ class Config(ctypes.Structure):
                 ("init_kind", ctypes.c_int32), ("mean", ctypes.c_float),
                 ("stddev", ctypes.c_float), ("minval", ctypes.c_float),
                 ("maxval", ctypes.c_float), ("value", ctypes.c_float),
-                ("reserved", ctypes.c_int32), ("seed", ctypes.c_uint64)]
+                ("reserved", ctypes.c_int32), ("seed", ctypes.c_uint64),
+                ("hbm_bytes", ctypes.c_int64)]
 
 
 class Result(ctypes.Structure):
     _fields_ = [("num_evicted", ctypes.c_int64), ("distinct_keys", ctypes.c_int64)]
 
 
-assert ctypes.sizeof(Config) == 64, "SokGpuTableConfig layout changed"
+assert ctypes.sizeof(Config) == 72, "SokGpuTableConfig layout changed"
 
 P, I64, I32, F, U64 = (ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float,
                        ctypes.c_uint64)
@@ -48,7 +49,7 @@ def bind(lib, ref):
         "sok_gpu_table_scatter_present": [P, P, I64, P, I32, I32, I64, P],
         "sok_gpu_table_remove": [P, P, I64, P, P],
         "sok_gpu_table_import": [P, P, I64, P, P, P, I64, P, P],
-        "sok_gpu_table_export": [P, I64, P, P, P, P, I64, P, P],
+        "sok_gpu_table_export": [P, I64, I64, P, P, P, P, I64, P, P],
     }
     for name, args in sig.items():
         getattr(lib, name).argtypes = args
@@ -90,10 +91,10 @@ def np_ptr(a):
 
 class GpuTable:
     def __init__(self, lib, dim, init_capacity=0, max_rows=0, eviction=0, init="normal",
-                 mean=0.0, stddev=1.0, minval=0.0, maxval=1.0, value=0.0, seed=0):
+                 mean=0.0, stddev=1.0, minval=0.0, maxval=1.0, value=0.0, seed=0, hbm_bytes=-1):
         self.lib, self.dim = lib, dim
         cfg = Config(dim, init_capacity, max_rows, eviction, INIT_KINDS[init], mean, stddev,
-                     minval, maxval, value, 0, seed)
+                     minval, maxval, value, 0, seed, hbm_bytes)
         handle = ctypes.c_void_p()
         rc = lib.sok_gpu_table_create(ctypes.byref(cfg), None, stream(), ctypes.byref(handle))
         if rc != 0:
@@ -194,9 +195,9 @@ class GpuTable:
         rows = cp.full((cap, self.dim), cp.nan, cp.float32)
         ts = cp.full(cap, -7, cp.int64)
         freq = cp.full(cap, -7, cp.int64)
-        count = cp.full(1, -7, cp.int64)
+        count = cp.full(2, -7, cp.int64)
         self._check("export", self.lib.sok_gpu_table_export(
-            self.h, updated_after, ptr(keys), ptr(rows), ptr(ts), ptr(freq), cap, ptr(count),
+            self.h, 0, updated_after, ptr(keys), ptr(rows), ptr(ts), ptr(freq), cap, ptr(count),
             stream()))
         c = int(count[0])
         return sort_export(cp.asnumpy(keys[:c]), cp.asnumpy(rows[:c]), cp.asnumpy(ts[:c]),
@@ -210,7 +211,9 @@ def sort_export(keys, rows, ts, freq):
 
 class CpuTable:
     def __init__(self, ref, dim, init_capacity=0, max_rows=0, eviction=0, init="normal",
-                 mean=0.0, stddev=1.0, minval=0.0, maxval=1.0, value=0.0, seed=0):
+                 mean=0.0, stddev=1.0, minval=0.0, maxval=1.0, value=0.0, seed=0, hbm_bytes=-1):
+        # hbm_bytes: where a GPU table keeps its rows; the CPU reference has
+        # one tier.
         self.ref, self.dim = ref, dim
         self.h = ref.ref_create(dim, init_capacity, max_rows, eviction, INIT_KINDS[init], mean,
                                 stddev, minval, maxval, value, seed)
@@ -406,6 +409,13 @@ def check_table(lib, ref, rng, quick=False):
         dict(dim=16, max_rows=64, eviction=0, init="zeros"),
         dict(dim=130, init_capacity=1000, init="normal", mean=1.0, stddev=2.0, seed=77),
         dict(dim=1, max_rows=17, eviction=0, init="uniform"),
+        # Rows split between device and mapped host memory: a few rows, half
+        # of them, none in device memory (an unbounded table keeps the budget
+        # as it grows).
+        dict(dim=8, max_rows=120, eviction=0, init="normal", seed=4, hbm_bytes=8 * 4 * 3),
+        dict(dim=6, max_rows=90, eviction=1, init="uniform", hbm_bytes=6 * 4 * 100),
+        dict(dim=5, init="normal", seed=8, hbm_bytes=0),
+        dict(dim=12, init_capacity=10, init="normal", seed=2, hbm_bytes=12 * 4 * 70),
     ]
     for cfg in configs:
         run_sequence(lib, ref, rng, t, 12 if quick else 40, **cfg)
@@ -413,7 +423,11 @@ def check_table(lib, ref, rng, quick=False):
     # growth from a tiny index, eviction of thousands of keys per call.
     for cfg, n, steps in ((dict(dim=32, init_capacity=0, seed=5), 60000, 4),
                           (dict(dim=64, max_rows=50000, eviction=1, seed=6), 40000, 5),
-                          (dict(dim=12, max_rows=30000, eviction=0, init="uniform"), 25000, 5)):
+                          (dict(dim=12, max_rows=30000, eviction=0, init="uniform"), 25000, 5),
+                          (dict(dim=64, max_rows=50000, eviction=0, seed=7,
+                                hbm_bytes=64 * 4 * 30000), 40000, 5),
+                          (dict(dim=32, init_capacity=0, seed=9, hbm_bytes=32 * 4 * 20000),
+                           60000, 4)):
         gpu, cpu = GpuTable(lib, **cfg), CpuTable(ref, **cfg)
         now = 10
         for step in range(steps):

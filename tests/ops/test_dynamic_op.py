@@ -336,6 +336,52 @@ def test_export_updated_after_threshold():
     assert (t.numpy() > stamp).all()
 
 
+def table_with_stamps(rng, n=57, dim=3):
+    """A table of n keys whose last-update times are 10, 20, ..., 50 (set by
+    import, so a filter's threshold picks known rows)."""
+    handle = make_table(dim)
+    keys = rng.choice(1 << 40, size=n, replace=False).astype(np.int64)
+    stamps = (1 + np.arange(n) % 5) * 10
+    dyn.import_rows(handle, tf.constant(keys), tf.constant(rng.standard_normal((n, dim)),
+                                                           tf.float32),
+                    tf.constant(stamps, tf.int64), tf.constant(np.arange(n) % 7, tf.int64))
+    return handle
+
+
+def expected_chunk(order, stamps, offset, limit, updated_after):
+    """The export contract on a table whose rows, in export order, are `order`
+    with last-update times `stamps`: the first `limit` rows at positions >=
+    offset updated after `updated_after`; next_offset is the position after
+    the last of them when the chunk is full, else max(offset, size)."""
+    taken = [p for p in range(offset, len(order)) if stamps[p] > updated_after][:limit]
+    nxt = taken[-1] + 1 if len(taken) == limit else max(offset, len(order))
+    return [order[p] for p in taken], nxt
+
+
+@pytest.mark.parametrize("updated_after", [int(I64.min), 5, 20, 40, 50])
+@pytest.mark.parametrize("limit", [1, 4, 11, 1000])
+def test_export_offsets_count_every_row_with_or_without_a_filter(rng, updated_after, limit):
+    handle = table_with_stamps(rng)
+    k, _, t, _, nxt = dyn.export(handle, tf.int64, 3, limit=1 << 20)
+    order, stamps = k.numpy().tolist(), t.numpy().tolist()
+    assert int(nxt) == len(order) == 57
+    seen = []
+    for offset in [0, 1, 13, 56, 57, 80] + list(range(0, 57, 9)):
+        k, _, _, _, nxt = dyn.export(handle, tf.int64, 3, offset=offset, limit=limit,
+                                     updated_after=updated_after)
+        assert (k.numpy().tolist(), int(nxt)) == expected_chunk(order, stamps, offset, limit,
+                                                                updated_after), offset
+    # Walking next_offset covers every row that passes the filter once.
+    offset = 0
+    while offset < len(order):
+        k, _, _, _, nxt = dyn.export(handle, tf.int64, 3, offset=offset, limit=limit,
+                                     updated_after=updated_after)
+        seen += k.numpy().tolist()
+        assert int(nxt) > offset
+        offset = int(nxt)
+    assert sorted(seen) == sorted(o for o, s in zip(order, stamps) if s > updated_after)
+
+
 def test_find_does_not_insert_or_touch():
     handle = make_table(2)
     dyn.find_or_insert(handle, tf.constant([1], tf.int64), 2)

@@ -36,6 +36,9 @@ struct TableConfig {
   int64_t max_rows = 0;       // 0: unbounded; else evict to stay within
   Eviction eviction = Eviction::kLru;
   InitializerSpec initializer;
+  // Bytes of rows a GPU table keeps in device memory (-1: all); it keeps the
+  // rest in host memory. The CPU table keeps every row in host memory.
+  int64_t hbm_bytes = -1;
 };
 
 class DynamicTable {

@@ -69,6 +69,13 @@ inline ::tensorflow::Status ParseCreateAttrs(::tensorflow::OpKernelConstruction*
   TF_RETURN_IF_ERROR(ctx->GetAttr("init_capacity", &init_capacity));
   TF_RETURN_IF_ERROR(ctx->GetAttr("max_capacity", &max_capacity));
   TF_RETURN_IF_ERROR(ctx->GetAttr("max_bytes", &max_bytes));
+  TfInt64 hbm_bytes = -1;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("hbm_bytes", &hbm_bytes));
+  if (hbm_bytes < -1) {
+    return errors::InvalidArgument("hbm_bytes must be >= 0 (-1: every row in device memory); got ",
+                                   hbm_bytes);
+  }
+  config->hbm_bytes = hbm_bytes;
   const int64_t most = core::DynamicTable::kMaxEntries;
   if (init_capacity < 0) {
     return errors::InvalidArgument("init_capacity must be >= 0; got ", init_capacity);

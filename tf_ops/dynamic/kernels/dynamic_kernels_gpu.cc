@@ -22,10 +22,10 @@
 // depends on the table (the evicted keys, an export chunk, stats) wait for
 // the stream once to learn it; a find never does.
 //
-// Export order is the GPU table's slot order, and `offset` counts the rows
-// that pass `updated_after` (the CPU table counts every row): chunks read
-// from next_offset until it reaches the table's size still cover each row
-// once, as long as the table does not change in between.
+// Export order is the GPU table's slot order; `offset` and next_offset are
+// positions in it counted over every row, as the CPU table counts them, so a
+// chunked export (with or without `updated_after`) cuts at the same places
+// on both devices when their orders agree.
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
 #include <algorithm>
@@ -71,7 +71,7 @@ static_assert(static_cast<int>(core::InitKind::kTruncatedNormal) == SOK_INIT_TRU
 static_assert(static_cast<int>(core::InitKind::kUniform) == SOK_INIT_UNIFORM, "init kinds");
 static_assert(static_cast<int>(core::InitKind::kZeros) == SOK_INIT_ZEROS, "init kinds");
 static_assert(static_cast<int>(core::InitKind::kConstant) == SOK_INIT_CONSTANT, "init kinds");
-static_assert(sizeof(SokGpuTableConfig) == 64, "the launcher's config layout");
+static_assert(sizeof(SokGpuTableConfig) == 72, "the launcher's config layout");
 static_assert(sizeof(bool) == sizeof(uint8_t), "found flags are written as bytes");
 
 // cub counts items in int: a call takes fewer than 2^31 keys.
@@ -280,6 +280,7 @@ class CreateGpuOp : public OpKernel {
     gpu_config_.maxval = config_.initializer.maxval;
     gpu_config_.value = config_.initializer.value;
     gpu_config_.seed = config_.initializer.seed;
+    gpu_config_.hbm_bytes = config_.hbm_bytes;
   }
 
   void Compute(OpKernelContext* ctx) override {
@@ -590,29 +591,32 @@ class ExportGpuOp : public DeviceWaitingKernel<> {
     OP_REQUIRES_OK(ctx, dk::ReadExportArgs(ctx, ctx->expected_output_dtype(0), table->key_dtype(),
                                            &args));
     void* stream = GpuStreamOf(ctx);
-    // [0]: the count; [1]: the (unwritten) key buffer of the counting pass.
-    Tensor count_dev;
+    // The launcher's counts: [0] rows from `offset` that pass the filter,
+    // [1] the position after the chunk.
+    Tensor counts_dev;
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({2}),
-                                           &count_dev));
-    // The table changes under no other op until the chunk is copied out.
+                                           &counts_dev));
+    int64_t counts[2] = {0, 0};
+    // Exclusive, unlike the CPU export's shared lock: the export's scans use
+    // scratch that the GPU table owns, so two exports may not overlap.
     ::tensorflow::mutex_lock lock(*table->mu());
     int64_t size = 0, slots = 0;
     OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_size(table->table(), &size, &slots, stream),
                                    nullptr, table->row_limit()));
-    // How many rows pass the filter: all of them, or a counting pass.
-    int64_t count = size;
+    // How many rows from `offset` pass the filter: all of them, or a counting pass.
+    int64_t count = std::max<int64_t>(0, size - args.offset);
     if (args.updated_after != std::numeric_limits<int64_t>::min()) {
-      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(table->table(), args.updated_after,
-                                                               I64(&count_dev) + 1, nullptr,
-                                                               nullptr, nullptr, 0, I64(&count_dev),
-                                                               stream),
+      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(table->table(), args.offset,
+                                                               args.updated_after, nullptr,
+                                                               nullptr, nullptr, nullptr, 0,
+                                                               I64(&counts_dev), stream),
                                      nullptr, table->row_limit()));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(&count, I64(&count_dev), sizeof(count),
-                                                        stream),
+      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(counts, I64(&counts_dev),
+                                                        sizeof(int64_t), stream),
                                    "reading the export count back"));
+      count = counts[0];
     }
-    const int64_t m = std::max<int64_t>(0, std::min(count - std::min(args.offset, count),
-                                                    args.limit));
+    const int64_t m = std::min(count, args.limit);
     Tensor *keys_out = nullptr, *rows = nullptr, *ts = nullptr, *freq = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({m}), &keys_out));
     OP_REQUIRES_OK(ctx, ctx->allocate_output(1, TensorShape({m, dim_}), &rows));
@@ -630,43 +634,28 @@ class ExportGpuOp : public DeviceWaitingKernel<> {
                                              TensorShape({std::max<int64_t>(m, 1)}), &keys_dev));
       keys = I64(&keys_dev);
     }
-    if (m > 0 && args.offset == 0) {
+    if (m > 0) {
       OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(
-                                              table->table(), args.updated_after, keys,
-                                              rows->flat<float>().data(), I64(ts), I64(freq), m,
-                                              I64(&count_dev), stream),
-                                     nullptr, table->row_limit()));
-    } else if (m > 0) {
-      // The launcher writes the first `capacity` rows: take keys and
-      // metadata up to the chunk's end (8 bytes a field), keep the chunk,
-      // and read its rows with a find, so row storage stays at `limit`.
-      const int64_t end = args.offset + m;
-      Tensor head;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({3, end}),
-                                             &head));
-      int64_t* k = I64(&head);
-      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_export(table->table(), args.updated_after,
-                                                               k, nullptr, k + end, k + 2 * end,
-                                                               end, I64(&count_dev), stream),
-                                     nullptr, table->row_limit()));
-      const size_t bytes = sizeof(int64_t) * m;
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(keys, k + args.offset, bytes,
-                                                          stream),
-                                   "copying exported keys"));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(I64(ts), k + end + args.offset, bytes,
-                                                          stream),
-                                   "copying exported timestamps"));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(I64(freq), k + 2 * end + args.offset,
-                                                          bytes, stream),
-                                   "copying exported frequencies"));
-      OP_REQUIRES_OK(ctx, TableError(ctx, sok_gpu_table_find(table->table(), keys, m,
-                                                             nullptr, rows->flat<float>().data(),
-                                                             nullptr, stream),
+                                              table->table(), args.offset, args.updated_after,
+                                              keys, rows->flat<float>().data(), I64(ts), I64(freq),
+                                              m, I64(&counts_dev), stream),
                                      nullptr, table->row_limit()));
     }
     if (narrow) OP_REQUIRES_OK(ctx, KeysToOutput(ctx, keys, m, keys_out));
-    // Done once the chunk reaches the last row that passes the filter.
-    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 4, args.offset + m < count ? args.offset + m : size));
+    // As the CPU export: a full chunk ends after its last row; a short one
+    // reached the table's end (or started past it).
+    int64_t next = std::max(args.offset, size);
+    if (m == args.limit) {
+      if (args.updated_after == std::numeric_limits<int64_t>::min()) {
+        next = args.offset + m;
+      } else {
+        OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(counts, I64(&counts_dev),
+                                                          sizeof(counts), stream),
+                                     "reading the export's end back"));
+        next = counts[1];
+      }
+    }
+    OP_REQUIRES_OK(ctx, dk::ScalarOutput(ctx, 4, next));
   }
 
  private:

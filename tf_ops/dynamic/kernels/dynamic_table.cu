@@ -131,9 +131,29 @@ __device__ void WarpInitRow(const DevInit& in, int64_t key, int dim, float* __re
 // ---------------------------------------------------------------------------
 // Slots.
 
+// Row storage addressed by row number: rows [0, split) at `near` (device
+// memory), the rest at `far` (mapped pinned host memory, which the kernels
+// read and write directly). A plain buffer is all `near`.
+struct RowSpace {
+  float* near;
+  float* far;
+  int64_t split;
+  __device__ __forceinline__ float* Row(int64_t r, int dim) const {
+    return r < split ? near + r * dim : far + (r - split) * dim;
+  }
+};
+
+__host__ __device__ inline RowSpace Plain(float* p) {
+  return RowSpace{p, nullptr, INT64_MAX};
+}
+
+__host__ __device__ inline RowSpace Plain(const float* p) {
+  return Plain(const_cast<float*>(p));
+}
+
 struct DevTable {
   int64_t* keys;  // [S]
-  float* rows;    // [(S + 2) * dim]
+  RowSpace rows;  // [S + 2] rows of dim
   int64_t* ts;    // [S + 2]
   unsigned long long* freq;  // [S + 2]
   int* side;      // [2]: whether kEmpty / kTomb (as keys) are present
@@ -257,15 +277,14 @@ __device__ __forceinline__ void WarpCount(bool pred, long long* counter, int lan
 // Copies 32 rows, one named by each lane: src row `src` of `from` (or
 // `fallback`, or zeros, when src < 0) to row `dst` of `to` (skipped when
 // dst < 0). The lanes of the warp cover the rows together (16-byte accesses
-// when kVec), several loads in flight before the stores.
+// when kVec: both spaces' bases 16-byte aligned), several loads in flight
+// before the stores.
 template <bool kVec>
-__device__ void WarpCopyRows(const float* __restrict__ from, int64_t src, float* __restrict__ to,
-                             int64_t dst, int dim, const float* __restrict__ fallback, int lane) {
+__device__ void WarpCopyRows(RowSpace from, int64_t src, RowSpace to, int64_t dst, int dim,
+                             const float* __restrict__ fallback, int lane) {
   if (kVec) {
     const int chunks = dim >> 2;
-    const float4* f4 = reinterpret_cast<const float4*>(from);
     const float4* fb4 = reinterpret_cast<const float4*>(fallback);
-    float4* t4 = reinterpret_cast<float4*>(to);
     if (chunks <= kWarp && (kWarp % chunks) == 0) {
       const int per = kWarp / chunks;  // rows per pass
       const int sub = lane / chunks, c = lane % chunks;
@@ -283,7 +302,7 @@ __device__ void WarpCopyRows(const float* __restrict__ from, int64_t src, float*
           v[u] = make_float4(0.f, 0.f, 0.f, 0.f);
           if (d[u] >= 0) {
             if (s >= 0) {
-              v[u] = f4[s * chunks + c];
+              v[u] = reinterpret_cast<const float4*>(from.Row(s, dim))[c];
             } else if (fb4) {
               v[u] = fb4[c];
             }
@@ -291,7 +310,7 @@ __device__ void WarpCopyRows(const float* __restrict__ from, int64_t src, float*
         }
 #pragma unroll
         for (int u = 0; u < kUnroll; ++u) {
-          if (d[u] >= 0) t4[d[u] * chunks + c] = v[u];
+          if (d[u] >= 0) reinterpret_cast<float4*>(to.Row(d[u], dim))[c] = v[u];
         }
       }
     } else {
@@ -299,9 +318,10 @@ __device__ void WarpCopyRows(const float* __restrict__ from, int64_t src, float*
         const int64_t s = __shfl_sync(kFull, src, p);
         const int64_t d = __shfl_sync(kFull, dst, p);
         if (d < 0) continue;
+        const float4* f4 = s >= 0 ? reinterpret_cast<const float4*>(from.Row(s, dim)) : nullptr;
+        float4* t4 = reinterpret_cast<float4*>(to.Row(d, dim));
         for (int c = lane; c < chunks; c += kWarp) {
-          t4[d * chunks + c] = s >= 0 ? f4[s * chunks + c]
-                                      : (fb4 ? fb4[c] : make_float4(0.f, 0.f, 0.f, 0.f));
+          t4[c] = f4 ? f4[c] : (fb4 ? fb4[c] : make_float4(0.f, 0.f, 0.f, 0.f));
         }
       }
     }
@@ -310,8 +330,10 @@ __device__ void WarpCopyRows(const float* __restrict__ from, int64_t src, float*
       const int64_t s = __shfl_sync(kFull, src, p);
       const int64_t d = __shfl_sync(kFull, dst, p);
       if (d < 0) continue;
+      const float* f = s >= 0 ? from.Row(s, dim) : nullptr;
+      float* t = to.Row(d, dim);
       for (int c = lane; c < dim; c += kWarp) {
-        to[d * dim + c] = s >= 0 ? from[s * dim + c] : (fallback ? fallback[c] : 0.0f);
+        t[c] = f ? f[c] : (fallback ? fallback[c] : 0.0f);
       }
     }
   }
@@ -357,7 +379,7 @@ __global__ void FindKernel(DevTable t, const int64_t* __restrict__ keys, int64_t
     slot = FindSlot(t, keys[i]);
     if (found) found[i] = slot >= 0;
   }
-  WarpCopyRows<kVec>(t.rows, slot, out, i < n ? i : -1, t.dim, default_row, lane);
+  WarpCopyRows<kVec>(t.rows, slot, Plain(out), i < n ? i : -1, t.dim, default_row, lane);
 }
 
 // The fast path of every inserting call: slot_of[i] <- slot of keys[i],
@@ -395,7 +417,7 @@ __global__ void ClaimKernel(DevTable t, const int64_t* __restrict__ keys, int64_
     todo &= todo - 1;
     const int64_t k = __shfl_sync(kFull, key, l);
     const int64_t s = __shfl_sync(kFull, slot, l);
-    WarpInitRow(init, k, t.dim, t.rows + s * t.dim, out ? out + (base + l) * t.dim : nullptr,
+    WarpInitRow(init, k, t.dim, t.rows.Row(s, t.dim), out ? out + (base + l) * t.dim : nullptr,
                 lane);
   }
 }
@@ -411,7 +433,8 @@ __global__ void GatherKernel(DevTable t, const int64_t* __restrict__ slot_of,
   if (!WarpTile(n, &base, &lane)) return;
   const int64_t i = base + lane;
   const bool need = i < n && !(is_new && is_new[i]);
-  WarpCopyRows<kVec>(t.rows, need ? slot_of[i] : -1, out, need ? i : -1, t.dim, nullptr, lane);
+  WarpCopyRows<kVec>(t.rows, need ? slot_of[i] : -1, Plain(out), need ? i : -1, t.dim, nullptr,
+                     lane);
 }
 
 // Exact path, step 1: slot_of[i] <- slot of keys[i] or -1 (nothing changes).
@@ -539,7 +562,8 @@ __global__ void EvictKernel(DevTable t, const int64_t* __restrict__ victims, int
     const int64_t s = victims[j];
     if (evicted_keys) evicted_keys[j] = SlotKey(t, s);
     if (evicted_rows) {
-      for (int d = 0; d < t.dim; ++d) evicted_rows[j * t.dim + d] = t.rows[s * t.dim + d];
+      const float* row = t.rows.Row(s, t.dim);
+      for (int d = 0; d < t.dim; ++d) evicted_rows[j * t.dim + d] = row[d];
     }
     if (s < t.slots) {
       t.keys[s] = kTomb;
@@ -580,7 +604,7 @@ __global__ void InsertAbsentKernel(DevTable t, const int64_t* __restrict__ new_k
     todo &= todo - 1;
     const int64_t k = __shfl_sync(kFull, key, l);
     const int64_t s = __shfl_sync(kFull, slot, l);
-    WarpInitRow(init, k, t.dim, t.rows + s * t.dim, nullptr, lane);
+    WarpInitRow(init, k, t.dim, t.rows.Row(s, t.dim), nullptr, lane);
   }
 }
 
@@ -620,7 +644,7 @@ __global__ void ApplyRunsKernel(DevTable t, const int64_t* __restrict__ sorted_s
     const int d = static_cast<int>(i - j * dim);
     const int64_t s = sorted_slot[j];
     if (s < 0 || (j > 0 && sorted_slot[j - 1] == s)) continue;  // s < 0: see Ensure's end
-    float* dst = t.rows + s * dim + d;
+    float* dst = t.rows.Row(s, dim) + d;
     if (mode <= 1) {
       float acc = *dst;
       for (int64_t k = j; k < n && sorted_slot[k] == s; ++k) {
@@ -652,7 +676,7 @@ __global__ void ApplyDistinctKernel(DevTable t, const int64_t* __restrict__ slot
     const int64_t j = i / dim;
     const int64_t s = slot_of[j];
     if (s < 0) continue;
-    float* dst = t.rows + s * dim + (i - j * dim);
+    float* dst = t.rows.Row(s, dim) + (i - j * dim);
     const float r = rows[i];
     *dst = mode == 0 ? *dst + r : mode == 1 ? *dst - r : r;
   }
@@ -720,20 +744,42 @@ __global__ void RehashKernel(DevTable from, DevTable to, long long* counters) {
   WarpCopyRows<kVec>(from.rows, dst >= 0 ? s : -1, to.rows, dst, from.dim, nullptr, lane);
 }
 
-__global__ void ExportFlagsKernel(DevTable t, int64_t updated_after, int64_t* __restrict__ flags) {
+// The rows of the side slots (keys kEmpty and kTomb) of `from`, copied to
+// those of `to`: one block per side slot.
+__global__ void CopySideRowsKernel(DevTable from, DevTable to) {
+  const float* src = from.rows.Row(from.slots + blockIdx.x, from.dim);
+  float* dst = to.rows.Row(to.slots + blockIdx.x, to.dim);
+  for (int d = threadIdx.x; d < from.dim; d += blockDim.x) dst[d] = src[d];
+}
+
+// live[s] <- whether slot s holds a key: a row's position in an export is
+// the number of live slots before its own.
+__global__ void LiveFlagsKernel(DevTable t, int64_t* __restrict__ live) {
   const int64_t total = t.slots + 2;
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < total;
        s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    flags[s] = SlotLive(t, s) && t.ts[s] > updated_after;
+    live[s] = SlotLive(t, s);
+  }
+}
+
+// flags[s] <- whether slot s holds a row at a position >= offset that was
+// last updated after updated_after.
+__global__ void ExportFlagsKernel(DevTable t, const int64_t* __restrict__ live,
+                                  const int64_t* __restrict__ position, int64_t offset,
+                                  int64_t updated_after, int64_t* __restrict__ flags) {
+  const int64_t total = t.slots + 2;
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < total;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    flags[s] = live[s] && position[s] >= offset && t.ts[s] > updated_after;
   }
 }
 
 template <bool kVec>
-__global__ void ExportKernel(DevTable t, const int64_t* __restrict__ flags,
-                             const int64_t* __restrict__ index, int64_t capacity,
-                             int64_t* __restrict__ keys, float* __restrict__ rows,
-                             int64_t* __restrict__ ts, int64_t* __restrict__ freq,
-                             int64_t* __restrict__ count) {
+__global__ void ExportKernel(DevTable t, const int64_t* __restrict__ position,
+                             const int64_t* __restrict__ flags, const int64_t* __restrict__ index,
+                             int64_t capacity, int64_t* __restrict__ keys,
+                             float* __restrict__ rows, int64_t* __restrict__ ts,
+                             int64_t* __restrict__ freq, int64_t* __restrict__ counts) {
   const int64_t total = t.slots + 2;
   int64_t base;
   int lane;
@@ -751,9 +797,12 @@ __global__ void ExportKernel(DevTable t, const int64_t* __restrict__ flags,
       const unsigned long long f = t.freq[s];
       freq[dst] = static_cast<int64_t>(f > 0xffffffffULL ? 0xffffffffULL : f);
     }
+    if (dst == capacity - 1) counts[1] = position[s] + 1;
   }
-  if (s == total - 1) *count = index[s] + flags[s];
-  if (rows) WarpCopyRows<kVec>(t.rows, dst >= 0 ? s : -1, rows, dst, t.dim, nullptr, lane);
+  if (s == total - 1) counts[0] = index[s] + flags[s];
+  if (rows) {
+    WarpCopyRows<kVec>(t.rows, dst >= 0 ? s : -1, Plain(rows), dst, t.dim, nullptr, lane);
+  }
 }
 
 }  // namespace
@@ -764,6 +813,9 @@ __global__ void ExportKernel(DevTable t, const int64_t* __restrict__ flags,
 struct SokGpuTable {
   SokGpuTableConfig config;
   SokGpuAllocator allocator{};  // all device memory below comes from it
+  // Rows kept in device memory (config.hbm_bytes over a row's bytes; < 0:
+  // all); the rest of a table's rows live in mapped host memory.
+  int64_t near_rows = -1;
   DevInit init;
   int64_t row_limit = 0;
   DevTable dev{};
@@ -844,20 +896,50 @@ void Free(const SokGpuAllocator& a, T** p) {
   *p = nullptr;
 }
 
-int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim) {
+// `count` floats of pinned host memory mapped into the device's address
+// space. With unified addressing (every 64-bit platform CUDA supports) the
+// device address is the host address, which frees it.
+int AllocMapped(float** p, int64_t count) {
+  *p = nullptr;
+  if (count <= 0) return 0;
+  void* host = nullptr;
+  SOK_CUDA(cudaHostAlloc(&host, sizeof(float) * count,
+                         cudaHostAllocMapped | cudaHostAllocPortable));
+  void* device = nullptr;
+  cudaError_t e = cudaHostGetDevicePointer(&device, host, 0);
+  if (e == cudaSuccess && device != host) e = cudaErrorNotSupported;
+  if (e != cudaSuccess) {
+    cudaFreeHost(host);
+    return static_cast<int>(e);
+  }
+  *p = static_cast<float*>(host);
+  return 0;
+}
+
+// A table of `slots` slots and slots + 2 rows: the first `near_rows` (all
+// when < 0) in device memory from the allocator, the others in mapped host
+// memory. Rows are 16-byte aligned in both tiers when dim % 4 == 0.
+int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim,
+               int64_t near_rows) {
   t->slots = slots;
   t->mask = static_cast<uint64_t>(slots - 1);
   t->dim = dim;
+  const int64_t rows = slots + 2;
+  const int64_t near = near_rows < 0 ? rows : std::min(near_rows, rows);
+  t->rows = RowSpace{nullptr, nullptr, near};
   int rc = Alloc(a, &t->keys, slots);
-  if (!rc) rc = Alloc(a, &t->rows, (slots + 2) * dim);
-  if (!rc) rc = Alloc(a, &t->ts, slots + 2);
-  if (!rc) rc = Alloc(a, &t->freq, slots + 2);
+  if (!rc) rc = Alloc(a, &t->rows.near, near * dim);
+  if (!rc) rc = AllocMapped(&t->rows.far, (rows - near) * dim);
+  if (!rc) rc = Alloc(a, &t->ts, rows);
+  if (!rc) rc = Alloc(a, &t->freq, rows);
   return rc;
 }
 
 void FreeTable(const SokGpuAllocator& a, DevTable* t) {
   Free(a, &t->keys);
-  Free(a, &t->rows);
+  Free(a, &t->rows.near);
+  if (t->rows.far) cudaFreeHost(t->rows.far);
+  t->rows.far = nullptr;
   Free(a, &t->ts);
   Free(a, &t->freq);
 }
@@ -1007,7 +1089,7 @@ int AllocFresh(SokGpuTable* t, int64_t slots, DevTable* fresh) {
   *fresh = DevTable{};
   if (slots > SOK_GPU_TABLE_MAX_SLOTS) return SOK_GPU_TABLE_TOO_MANY_KEYS;
   fresh->side = t->dev.side;
-  const int rc = AllocTable(t->allocator, fresh, slots, t->dev.dim);
+  const int rc = AllocTable(t->allocator, fresh, slots, t->dev.dim, t->near_rows);
   if (rc) FreeTable(t->allocator, fresh);
   return rc;
 }
@@ -1018,8 +1100,7 @@ int MoveInto(SokGpuTable* t, DevTable fresh, cudaStream_t s) {
   FillKernel<<<GridStride(slots + 2), 256, 0, s>>>(fresh);
   const int64_t dim = t->dev.dim;
   // The side slots (keys kEmpty and kTomb) keep their rows and metadata.
-  SOK_CUDA(cudaMemcpyAsync(fresh.rows + fresh.slots * dim, t->dev.rows + t->dev.slots * dim,
-                           sizeof(float) * 2 * dim, cudaMemcpyDeviceToDevice, s));
+  CopySideRowsKernel<<<2, 256, 0, s>>>(t->dev, fresh);
   SOK_CUDA(cudaMemcpyAsync(fresh.ts + fresh.slots, t->dev.ts + t->dev.slots, sizeof(int64_t) * 2,
                            cudaMemcpyDeviceToDevice, s));
   SOK_CUDA(cudaMemcpyAsync(fresh.freq + fresh.slots, t->dev.freq + t->dev.slots,
@@ -1230,7 +1311,8 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
           (config->max_rows > 0 ? config->max_rows : SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS) ||
       (allocator != nullptr && (allocator->alloc == nullptr) != (allocator->free == nullptr)) ||
       config->eviction < 0 ||
-      config->eviction > 1 || config->init_kind < 0 || config->init_kind > SOK_INIT_CONSTANT) {
+      config->eviction > 1 || config->init_kind < 0 || config->init_kind > SOK_INIT_CONSTANT ||
+      config->hbm_bytes < -1) {
     return SOK_GPU_TABLE_BAD_ARGUMENT;
   }
   SokGpuTable* t = new (std::nothrow) SokGpuTable();
@@ -1253,7 +1335,9 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
     slots = SlotsFor(config->init_capacity);
   }
   cudaStream_t s = StreamOf(stream);
-  int rc = AllocTable(t->allocator, &t->dev, slots, static_cast<int>(config->dim));
+  if (config->hbm_bytes >= 0) t->near_rows = config->hbm_bytes / (4 * config->dim);
+  int rc = AllocTable(t->allocator, &t->dev, slots, static_cast<int>(config->dim),
+                      t->near_rows);
   if (!rc) rc = Alloc(t->allocator, &t->dev.side, 2);
   if (!rc) rc = Alloc(t->allocator, &t->counters, kNumCounters);
   if (!rc) {
@@ -1494,29 +1578,35 @@ __attribute__((visibility("default"))) int sok_gpu_table_import(
 }
 
 __attribute__((visibility("default"))) int sok_gpu_table_export(
-    SokGpuTable* t, int64_t updated_after, int64_t* keys, float* rows, int64_t* timestamps,
-    int64_t* frequencies, int64_t capacity, int64_t* count, void* stream) {
-  if (BadTable(t) || keys == nullptr || count == nullptr || capacity < 0) {
+    SokGpuTable* t, int64_t offset, int64_t updated_after, int64_t* keys, float* rows,
+    int64_t* timestamps, int64_t* frequencies, int64_t capacity, int64_t* counts, void* stream) {
+  if (BadTable(t) || offset < 0 || (keys == nullptr && capacity > 0) || counts == nullptr ||
+      capacity < 0) {
     return SOK_GPU_TABLE_BAD_ARGUMENT;
   }
   cudaStream_t s = StreamOf(stream);
   int rc = EnsureSlotScratch(t);
   if (rc) return rc;
   const int64_t total = t->dev.slots + 2;
-  ExportFlagsKernel<<<GridStride(total), 256, 0, s>>>(t->dev, updated_after, t->slot_a);
+  const int n = static_cast<int>(total);
   size_t bytes = 0;
-  SOK_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, bytes, t->slot_a, t->slot_b,
-                                         static_cast<int>(total), s));
+  SOK_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, bytes, t->slot_a, t->slot_b, n, s));
   if ((rc = EnsureCubTemp(t, bytes))) return rc;
   bytes = t->cub_bytes;
-  SOK_CUDA(cub::DeviceScan::ExclusiveSum(t->cub_temp, bytes, t->slot_a, t->slot_b,
-                                         static_cast<int>(total), s));
+  // slot_a: live flags, slot_b: positions, slot_c: export flags, slot_d: chunk indices.
+  LiveFlagsKernel<<<GridStride(total), 256, 0, s>>>(t->dev, t->slot_a);
+  SOK_CUDA(cub::DeviceScan::ExclusiveSum(t->cub_temp, bytes, t->slot_a, t->slot_b, n, s));
+  ExportFlagsKernel<<<GridStride(total), 256, 0, s>>>(t->dev, t->slot_a, t->slot_b, offset,
+                                                      updated_after, t->slot_c);
+  SOK_CUDA(cub::DeviceScan::ExclusiveSum(t->cub_temp, bytes, t->slot_c, t->slot_d, n, s));
   if (rows == nullptr || VecOk(t->dev.dim, rows)) {
     ExportKernel<true><<<BlocksFor(total), kThreads, 0, s>>>(
-        t->dev, t->slot_a, t->slot_b, capacity, keys, rows, timestamps, frequencies, count);
+        t->dev, t->slot_b, t->slot_c, t->slot_d, capacity, keys, rows, timestamps, frequencies,
+        counts);
   } else {
     ExportKernel<false><<<BlocksFor(total), kThreads, 0, s>>>(
-        t->dev, t->slot_a, t->slot_b, capacity, keys, rows, timestamps, frequencies, count);
+        t->dev, t->slot_b, t->slot_c, t->slot_d, capacity, keys, rows, timestamps, frequencies,
+        counts);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -23,6 +23,8 @@
 // tombstones, which inserts reuse when a call has to make room and a rehash
 // clears. Rows take (2^k + 2) * dim floats: between 4/3 and 8/3 rows per
 // key at the bound (GPU tables trade memory for one random read per find).
+// Rows past the config's hbm_bytes (slot numbers above its budget) live in
+// mapped pinned host memory; keys, times and counts stay in device memory.
 //
 // Every function takes the stream to run on (a cudaStream_t; NULL for the
 // default stream) and returns 0, a cudaError_t (> 0), or a SOK_GPU_TABLE_*
@@ -64,7 +66,7 @@ extern "C" {
 #define SOK_INIT_ZEROS 3
 #define SOK_INIT_CONSTANT 4
 
-// Layout is part of the C interface (tests/gpu builds it with ctypes): 64 bytes.
+// Layout is part of the C interface (tests/gpu builds it with ctypes): 72 bytes.
 typedef struct {
   int64_t dim;
   int64_t init_capacity;  // keys to make room for up front
@@ -76,6 +78,10 @@ typedef struct {
   float value;            // constant
   int32_t reserved;
   uint64_t seed;
+  // Bytes of row storage in device memory: -1 for every row; else the rows
+  // past this budget live in mapped pinned host memory, which the kernels
+  // read and write in place (a table larger than the GPU's memory).
+  int64_t hbm_bytes;
 } SokGpuTableConfig;
 
 typedef struct {
@@ -174,14 +180,20 @@ int sok_gpu_table_import(SokGpuTable* table, const int64_t* keys, int64_t n, con
                          const int64_t* timestamps, const int64_t* frequencies, int64_t now,
                          SokGpuTableResult* result, void* stream);
 
-// Every key whose timestamp is > updated_after (INT64_MIN: all), in slot
-// order, into device buffers of `capacity` entries: keys, rows [capacity,
-// dim], timestamps, frequencies (each may be NULL except keys).
-// *count (device int64) <- the number of such keys; only the first
-// `capacity` are written.
-int sok_gpu_table_export(SokGpuTable* table, int64_t updated_after, int64_t* keys, float* rows,
-                         int64_t* timestamps, int64_t* frequencies, int64_t capacity,
-                         int64_t* count, void* stream);
+// An export chunk. A row's position is the number of rows before it in slot
+// order (the table's export order); the chunk is the first `capacity` rows
+// at positions >= offset whose timestamp is > updated_after (INT64_MIN:
+// every row), written in that order into device buffers of `capacity`
+// entries: keys, rows [capacity, dim], timestamps, frequencies (each may be
+// NULL except keys when capacity > 0). counts (device int64 [2]):
+// counts[0] <- how many rows at positions >= offset pass the filter (only
+// the first `capacity` are written); counts[1] <- the position after the
+// chunk's last row, written only when counts[0] >= capacity > 0 (otherwise
+// the chunk reached the table's end). The CPU table's export
+// (core::ExportEntries) counts positions the same way.
+int sok_gpu_table_export(SokGpuTable* table, int64_t offset, int64_t updated_after, int64_t* keys,
+                         float* rows, int64_t* timestamps, int64_t* frequencies, int64_t capacity,
+                         int64_t* counts, void* stream);
 
 #ifdef __cplusplus
 }

@@ -51,6 +51,7 @@ REGISTER_OP("SokDynamicTableCreate")
     .Attr("init_capacity: int = 0")
     .Attr("max_capacity: int = 0")
     .Attr("max_bytes: int = 0")
+    .Attr("hbm_bytes: int = -1")
     .Attr("eviction: string = 'lru'")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
@@ -66,6 +67,10 @@ init_capacity: rows allocated up front (the table grows past it).
 max_capacity: 0 for no bound, else the most rows kept.
 max_bytes: 0 for no bound, else a budget for row storage (rows of dim
   floats); the bound is the smaller of the two.
+hbm_bytes: -1 to keep every row in device memory, else how many bytes of
+  rows a GPU table keeps there; its other rows live in pinned host memory
+  that its kernels read and write in place (nothing is evicted for it). A
+  CPU table keeps all rows in host memory.
 eviction: "lru" or "lfu": which rows go when a bounded table is full.
 )doc");
 
