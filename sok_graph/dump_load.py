@@ -9,6 +9,9 @@ Layout of a dump directory:
   <var>.values            float32 rows [rows, dim]
   <var>.timestamps/.frequencies   per-key metadata (dynamic tables)
   <var>.slot.<name>       optimizer slot rows, aligned with the keys
+  <var>.filter.keys/.filter.counts   an admission filter's counts (dynamic
+                          tables with min_count; sok_graph/admission.py):
+                          keys waiting to enter, or sketch counter indices
 Every file starts with a 64-byte header: magic, format version, dtype, row
 width, row count and a CRC-32 of the payload; load() checks all of them for
 every file before it changes any variable, so a corrupted or truncated dump
@@ -192,8 +195,29 @@ def _export(var, optimizer):
         fetch = {k: comm.allgather(t, name=f"sok_dump_{k.replace('.', '_')}")
                  for k, t in fetch.items()}
     out = _run(fetch)
+    counts = {k: np.asarray(out.pop(k)) for k in _FILTER_PARTS if k in out}
     order = np.argsort(out["keys"], kind="stable")
-    return {k: np.asarray(v)[order] for k, v in out.items()}
+    arrays = {k: np.asarray(v)[order] for k, v in out.items()}
+    if counts:
+        arrays.update(_merged_counts(counts["filter.keys"], counts["filter.counts"]))
+        arrays[_FILTER_KIND] = shards[0].admission.description()
+    return arrays
+
+
+# An admission filter's counts: entries (keys, or sketch counter indices)
+# and their counts, in arrays of their own length.
+_FILTER_PARTS = ("filter.keys", "filter.counts")
+# The filter those counts belong to (a dict, written into the manifest).
+_FILTER_KIND = "filter"
+
+
+def _merged_counts(entries, counts):
+    """The counts of every shard as one sorted list: a key is counted by its
+    owner only; a sketch's counter index by every shard, so those add up."""
+    merged, where = np.unique(entries, return_inverse=True)
+    total = np.zeros(merged.shape, np.int64)
+    np.add.at(total, where, counts)
+    return {"filter.keys": merged, "filter.counts": total}
 
 
 def _shard_tensors(var, optimizer):
@@ -204,6 +228,8 @@ def _shard_tensors(var, optimizer):
             var.handle, var.key_type, var.dimension, offset=0, limit=(1 << 62))
         fetch = {"keys": tf.cast(keys, tf.int64), "values": rows, "timestamps": times,
                  "frequencies": counts}
+        if var.admission is not None and var.admission.counting:
+            fetch["filter.keys"], fetch["filter.counts"] = var.admission.export()
         if optimizer is not None and optimizer.has_slots(var):
             for name, init in _slot_specs(optimizer):
                 slot = optimizer.get_slot(var, name)
@@ -301,7 +327,9 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size):
             stem = _unique_stem(_file_stem(name), list(arrays), used)
             files = {}
             for part, array in arrays.items():
-                if part in ("keys", "timestamps", "frequencies"):
+                if part == _FILTER_KIND:
+                    continue
+                if part in ("keys", "timestamps", "frequencies") + _FILTER_PARTS:
                     array = np.asarray(array, np.int64)
                 else:
                     array = np.asarray(array, np.float32)
@@ -314,6 +342,9 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size):
                 "rows": int(np.shape(arrays["keys"])[0]),
                 "files": files,
             }
+            if "filter.keys" in arrays:
+                manifest["variables"][name]["filter"] = dict(
+                    arrays[_FILTER_KIND], rows=int(np.shape(arrays["filter.keys"])[0]))
         if optimizer_entry is not None:
             manifest["optimizer"] = optimizer_entry
         manifest["checksum"] = _manifest_checksum(manifest)
@@ -484,6 +515,15 @@ def _check_fits(variables, loaded):
                     f"variable '{name}' has {var.key_type.name} keys (key_type); the dump "
                     f"holds key {int(outside[0])}, which does not fit in "
                     f"{var.key_type.name}: load it into a table with key_type=tf.int64")
+            dumped = loaded[name].get(_FILTER_KIND)
+            admission = var.admission
+            if dumped is not None and admission is not None and admission.counting \
+                    and dumped != admission.description():
+                raise CheckpointError(
+                    f"variable '{name}' counts keys for its admission filter as "
+                    f"{admission.description()}; the dump's counts were kept as {dumped}: "
+                    f"load into a table with the same min_count_counters and "
+                    f"min_count_hashes")
             limit = int(_run(var.stats()["row_limit"]))
             if 0 < limit < keys.size:
                 raise CheckpointError(
@@ -499,26 +539,44 @@ def _put_back(var, before, optimizer):
     var.replace_rows(keys, before["values"], before["timestamps"], before["frequencies"])
     for name in [k[len("slot."):] for k in before if k.startswith("slot.")]:
         optimizer.get_slot(var, name).replace_rows(keys, before["slot." + name])
+    if "filter.keys" in before:
+        var.admission.restore(before["filter.keys"], before["filter.counts"])
 
 
 def _load_shard(var, a, optimizer, slots):
     """Assignments of the rows of dumped arrays `a` that shard `var` owns."""
     ops = []
+    counts = {k: a[k] for k in _FILTER_PARTS if k in a}
     # Each worker takes the rows it owns, whatever the dumping world size.
     keep = owned_mask(var, a["keys"])
-    a = {k: v[keep] for k, v in a.items()}
+    a = {k: v[keep] for k, v in a.items() if k not in _FILTER_PARTS + (_FILTER_KIND,)}
     if isinstance(var, DynamicVariable):
         keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
         ops.append(var.replace_rows(keys, a["values"], a.get("timestamps"),
                                     a.get("frequencies")))
         for slot, _ in slots:
             ops.append(optimizer.get_slot(var, slot).replace_rows(keys, a["slot." + slot]))
+        ops.extend(_load_counts(var, counts))
     else:
         # Keys are sorted, so the owned rows come in local-row order.
         ops.append(var.assign(a["values"]))
         for slot, _ in slots:
             ops.append(optimizer.get_slot(var, slot).assign(a["slot." + slot]))
     return ops
+
+
+def _load_counts(var, counts):
+    """The op that gives `var`'s admission filter the dumped counts it owns
+    (a dump without counts: counting starts afresh)."""
+    admission = var.admission
+    if admission is None or not admission.counting:
+        return []
+    entries = counts.get("filter.keys", np.zeros([0], np.int64))
+    values = counts.get("filter.counts", np.zeros([0], np.int64))
+    if admission.kind == "keys":
+        keep = owned_mask(var, entries)
+        entries, values = entries[keep], values[keep]
+    return [admission.restore(tf.constant(entries), tf.constant(values))]
 
 
 def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None):
@@ -565,6 +623,12 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None):
             if meta in files:
                 arrays[meta] = _read_array(os.path.join(directory, files[meta]), np.int64, 1,
                                            rows)
+        for part in _FILTER_PARTS:
+            if part in files:
+                arrays[part] = _read_array(os.path.join(directory, files[part]), np.int64, 1,
+                                           entry["filter"]["rows"])
+        if "filter" in entry:
+            arrays[_FILTER_KIND] = {k: v for k, v in entry["filter"].items() if k != "rows"}
         for slot in slot_names:
             fname = files.get("slot." + slot)
             if fname is None:

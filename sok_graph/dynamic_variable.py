@@ -50,7 +50,7 @@ import math
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, context, placement, replica_shards
+from sok_graph import admission, compat, context, placement, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
@@ -177,7 +177,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     table_config: init_capacity, max_capacity (hybrid: powers of two; the
     bound on keys), max_hbm_for_vectors (hybrid: GiB of rows kept in GPU
-    memory, the rest in host memory), evict_strategy ("lru" / "lfu"), seed.
+    memory, the rest in host memory), evict_strategy ("lru" / "lfu"), seed;
+    admission filters (sok_graph/admission.py): filter_ratio (SOK's, for
+    lookup_sparse(..., use_low_frequency_filter=True)), min_count,
+    min_count_counters, min_count_hashes, filter_default.
     """
 
     # The tape and tf.Module treat objects with this attribute as resource
@@ -191,7 +194,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     # IndexedSlices of keys.
 
     _TABLE_CONFIG_KEYS = ("init_capacity", "max_capacity", "max_hbm_for_vectors",
-                          "evict_strategy", "seed")
+                          "evict_strategy", "seed") + admission.SETTINGS
 
     def __new__(cls, *args, **kwargs):
         if serving_mode.active():
@@ -248,6 +251,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             raise ValueError(f"evict_strategy must be 'lru' or 'lfu'; got "
                              f"{table_config.get('evict_strategy')!r}")
         spec = initializer_spec(initializer, table_config.get("seed"))
+        # Which new keys get a row (sok_graph/admission.py); None: every one.
+        self._admission = admission.from_config(table_config, self._name)
         self._table_config = dict(table_config)
         self._initializer_arg = initializer
         self._config = dict(limits, eviction=eviction, **spec)
@@ -262,6 +267,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         with tf.name_scope(self._name):
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
+            if self._admission is not None:
+                state = self._admission.create_ops(shared_name, self._key_type)
+                if state and not tf.executing_eagerly():
+                    self._initializer_op = tf.group(self._initializer_op, *state)
             self._graph_element = None
             if compat.v1_graph_mode():
                 # What a Session fetch of the table gives (see the module
@@ -556,13 +565,15 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                             f"{self._key_type.name} (its key_type); got {keys.dtype.name}")
         return keys
 
-    def sparse_read(self, keys, name=None):
+    def sparse_read(self, keys, name=None, low_frequency_filter=False):
         """Rows keys.shape + [dimension] of keys (any shape), inserting
-        missing ones; differentiable. int32 keys of an int64 table are
-        widened (as SOK does)."""
-        return self.read_evicting(keys)[0]
+        missing ones (those the table's admission filter admits; the others
+        read its default row); differentiable. int32 keys of an int64 table
+        are widened (as SOK does). low_frequency_filter: apply filter_ratio
+        too (SOK's use_low_frequency_filter)."""
+        return self.read_evicting(keys, low_frequency_filter)[0]
 
-    def read_evicting(self, keys):
+    def read_evicting(self, keys, low_frequency_filter=False):
         """(rows, evicted_keys [m], evicted_rows [m, dimension]): sparse_read's
         rows, plus the entries the table evicted to make room for the new
         keys (none in serving mode, which inserts nothing)."""
@@ -578,6 +589,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             rows = serving_mode.table_for(self).lookup(keys)
             evicted_keys = tf.zeros([0], self._key_type)
             evicted_rows = tf.zeros([0, self._dimension], tf.float32)
+        elif self._admission is not None:
+            _, rows, positions, evicted_keys, evicted_rows = self._admitted_read(
+                keys, low_frequency_filter)
+            rows = tf.gather(rows, positions)
         else:
             rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
                 self._handle, keys, self._dimension)
@@ -587,7 +602,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             rows.set_shape(static_shape.concatenate([self._dimension]))
         return rows, evicted_keys, evicted_rows
 
-    def unique_read(self, keys, name=None):
+    def unique_read(self, keys, name=None, low_frequency_filter=False):
         """(distinct keys [u] in order of first appearance, their rows [u,
         dimension], each key's position among them [n] int64) of 1-D keys,
         inserting missing ones, one use per distinct key; differentiable
@@ -603,9 +618,55 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if serving_mode.active():
             distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
             return distinct, serving_mode.table_for(self).lookup(distinct), positions
+        if self._admission is not None:
+            distinct, rows, positions, _, _ = self._admitted_read(keys, low_frequency_filter)
+            return distinct, rows, positions
         distinct, positions, rows, _, evicted = dynamic_ops.unique_find_or_insert(
             self._handle, keys, self._dimension, name=name)
         return distinct, self._after_evictions(rows, evicted), positions
+
+    def _admitted_read(self, keys, use_ratio):
+        """(distinct keys [u], their rows [u, dimension], positions [n] int64,
+        evicted keys, evicted rows) of 1-D keys through the admission filter:
+        keys it admits (and keys the table holds) are found or inserted, the
+        others read the filter's default row and get no gradient."""
+        distinct, positions, occurrences = tf.unique_with_counts(keys, out_idx=tf.int64)
+        rows, evicted_keys, evicted_rows = self._admitted_rows(distinct, occurrences, use_ratio)
+        return distinct, rows, positions, evicted_keys, evicted_rows
+
+    def read_counted(self, distinct, occurrences, low_frequency_filter=False):
+        """Rows [u, dimension] of distinct keys [u] that a batch holds
+        `occurrences` [u] int64 times each (what a counting admission filter
+        counts): sparse_read of the batch, given already deduplicated, as a
+        sharded lookup's owner receives it."""
+        distinct = self._check_keys(distinct, widen=True)
+        if self._admission is None:
+            return self.sparse_read(distinct)
+        if self._trainable:
+            compat.record_variable_access(self)
+        return self._admitted_rows(distinct, occurrences, low_frequency_filter)[0]
+
+    def _admitted_rows(self, distinct, occurrences, use_ratio):
+        """(rows [u, dimension], evicted keys, evicted rows) of distinct keys
+        seen occurrences times each, through the admission filter."""
+        _, found = dynamic_ops.find(self._handle, distinct, self._dimension)
+        admitted = self._admission.admitted(distinct, occurrences, found, use_ratio)
+        index = tf.where(admitted)
+        rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
+            self._handle, tf.gather_nd(distinct, index), self._dimension)
+        rows = self._after_evictions(rows, evicted_keys)
+        shape = tf.stack([tf.size(distinct, out_type=tf.int64),
+                          tf.constant(self._dimension, tf.int64)])
+        rows = tf.scatter_nd(index, rows, shape)
+        if self._admission.default != 0.0:
+            waiting = tf.cast(tf.logical_not(admitted), tf.float32)[:, None]
+            rows = rows + waiting * self._admission.default
+        return rows, evicted_keys, evicted_rows
+
+    @property
+    def admission(self):
+        """The table's admission filter (sok_graph/admission.py), or None."""
+        return self._admission
 
     def _after_evictions(self, rows, evicted):
         """rows, once every shadow table has dropped the keys this table

@@ -28,21 +28,26 @@ from sok_graph.ops import sharding as sharding_ops
 from sok_graph.ops import util as util_ops
 
 
-def _read_each_once(ids, read):
+def _read_each_once(ids, read, counted=False):
     """read(ids) computed as read(unique ids) expanded, so the gradient that
-    reaches the table has one summed row per distinct id."""
+    reaches the table has one summed row per distinct id. counted: read
+    takes each unique id's number of occurrences too."""
+    if counted:
+        unique, position, occurrences = tf.unique_with_counts(ids, out_idx=tf.int64)
+        return tf.gather(read(unique, occurrences), position)
     unique, position = util_ops.unique(ids, out_idx=tf.int64)
     return tf.gather(read(unique), position)
 
 
-def _exchange(comm, ids, owner_of, read, name):
+def _exchange(comm, ids, owner_of, read, name, counted=False):
     """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
-    the ids travel to their owners, which answer with read(received ids)."""
+    the ids travel to their owners, which answer with read(received ids)
+    (counted: read(distinct received ids, their occurrences))."""
     with tf.name_scope(name):
         buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size)
         send = tf.gather(ids, buckets.permutation)
         received, received_splits = comm.alltoall(send, buckets.sizes)
-        rows = _read_each_once(received, read)
+        rows = _read_each_once(received, read, counted)
         back, _ = comm.alltoall(rows, received_splits)
         return tf.gather(back, buckets.inverse_permutation)
 
@@ -54,10 +59,17 @@ def static_rows(comm, var, ids, name="sok_exchange"):
                      lambda rows: tf.gather(var, rows), name)
 
 
-def dynamic_rows(comm, table, keys, name="sok_exchange"):
+def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=False):
     """Rows [n, dim] of `keys` of a sharded sok.DynamicVariable; each owner
-    inserts the keys it has not seen."""
-    return _exchange(comm, keys, owner_of(table, keys), table.sparse_read, name)
+    inserts the keys it has not seen (those its admission filter admits; a
+    counting filter counts every occurrence, so the caller sends them all)."""
+    def read(received, occurrences=None):
+        if occurrences is not None:
+            return table.read_counted(received, occurrences, low_frequency_filter)
+        return table.sparse_read(received, low_frequency_filter=low_frequency_filter)
+
+    counted = table.admission is not None and table.admission.counting
+    return _exchange(comm, keys, owner_of(table, keys), read, name, counted)
 
 
 def grouped_static_rows(comm, tables, tagged, name="sok_exchange"):

@@ -182,9 +182,10 @@ def _reads_rows(param):
     return compat.is_resource_variable(param) and not compat.is_plain_resource_variable(param)
 
 
-def _gathered_rows(param, ids, index, name):
+def _gathered_rows(param, ids, index, name, low_frequency_filter=False):
     """(rows, positions): the rows of `param` for the distinct ids, and each
-    id's position in them."""
+    id's position in them. low_frequency_filter: a dynamic table's
+    filter_ratio applies (sok_graph/admission.py)."""
     if isinstance(param, DynamicVariable) and ids.dtype == tf.int32 \
             and param.key_type == tf.int64:
         ids = tf.cast(ids, tf.int64)  # widening, as SOK does
@@ -196,15 +197,20 @@ def _gathered_rows(param, ids, index, name):
     world_size = 1 if placement is None else placement[0]
     if isinstance(param, DynamicVariable) and world_size == 1:
         # unique and the table's find-or-insert as one op
-        _, rows, positions = param.unique_read(ids)
+        _, rows, positions = param.unique_read(ids, low_frequency_filter=low_frequency_filter)
         return rows, positions
-    if world_size > 1 and not dedup_before_exchange:
+    # A counting admission filter counts every occurrence: its owner must
+    # see them all.
+    counts = isinstance(param, DynamicVariable) and param.admission is not None \
+        and param.admission.counting
+    if world_size > 1 and (counts or not dedup_before_exchange):
         keys, positions = ids, tf.range(tf.size(ids, out_type=tf.int64))
     else:
         keys, positions = util_ops.unique(ids, out_idx=tf.int64)
     if isinstance(param, DynamicVariable):
         comm = context.communicator("a lookup in a sharded table")
-        return exchange.dynamic_rows(comm, param, keys), positions
+        return exchange.dynamic_rows(comm, param, keys,
+                                     low_frequency_filter=low_frequency_filter), positions
     if world_size == 1:
         rows = tf.compat.dimension_value(param.shape[0])
         if rows is None:
@@ -293,6 +299,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 a single string applies to every table
     max_norm:   None, a float, or per table None/float: rows whose L2 norm is
                 larger are scaled down to it before combining
+    use_low_frequency_filter: dynamic tables with a filter_ratio admit each
+                new key with that probability (SOK's filter; keys not
+                admitted read the table's default row and are not trained;
+                sok_graph/admission.py). Counting filters (min_count) apply
+                to every lookup.
     returns:    per table a [batch, dim] tensor (a single tensor when params
                 is a single table). Samples with no ids give zero rows.
 
@@ -312,8 +323,6 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     n = len(params)
     if n == 0:
         raise ValueError("params must name at least one table; got an empty list")
-    if use_low_frequency_filter:
-        raise ValueError("use_low_frequency_filter=True is not supported by sok_graph")
     if single and not isinstance(sp_ids, (list, tuple)):
         sp_ids = [sp_ids]
     sp_ids = _as_list(sp_ids, "sp_ids", n)
@@ -382,7 +391,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 # Every row of that table is used, so its gradient is
                 # dense: on a GPU the fused gradient then need not count
                 # distinct ids, and waits for nothing.
-                tensors[t], v = _gathered_rows(params[t], v, t, names[t])
+                tensors[t], v = _gathered_rows(params[t], v, t, names[t],
+                                               bool(use_low_frequency_filter))
                 dense_grads[t] = True
             values.append(v)
             splits.append(s)

@@ -133,7 +133,6 @@ def test_disable_eager_execution_session():
     (dict(combiners=["max"]), ValueError, r"combiners\[0\] must be one of .*'max'"),
     (dict(combiners=["sum", "sum"]), ValueError, r"combiners must have one entry per table \(1\)"),
     (dict(sp_weights=[None, None]), ValueError, r"sp_weights must have one entry per table"),
-    (dict(use_low_frequency_filter=True), ValueError, "use_low_frequency_filter"),
     (dict(max_norm=-1.0), ValueError, r"max_norm\[0\] must be None or a positive finite"),
     (dict(max_norm=float("nan")), ValueError, r"max_norm\[0\] must be None or a positive"),
     (dict(max_norm=[0.0]), ValueError, r"max_norm\[0\] must be None or a positive"),

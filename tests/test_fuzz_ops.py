@@ -378,7 +378,7 @@ def test_fused_lookup_op(data):
 
 SPARSE_FAULTS = ("sp_ids_len", "weights_len", "combiner", "combiners_len", "numpy_ids",
                  "ragged_rank2", "sparse_rank3", "key_dtype", "int_weights", "params_f64",
-                 "params_rank", "bad_static_id", "low_freq", "empty_params", "mixed_dtypes",
+                 "params_rank", "bad_static_id", "empty_params", "mixed_dtypes",
                  "sparse_duplicate", "sparse_outside")
 
 
@@ -504,9 +504,6 @@ def test_lookup_sparse_static_and_dynamic(data):
         if sp_weights is not None:
             sp_weights[k] = None
         words = ["must be in [0,"]
-    elif fault == "low_freq":
-        kwargs["use_low_frequency_filter"] = True
-        words = ["use_low_frequency_filter"]
     elif fault == "empty_params":
         call_params = []
         words = ["params must name at least one table"]

@@ -30,7 +30,7 @@ DUMP = os.path.join(HERE, "multiworker", "dump_worker.py")
 
 CONFIGS = [f"{api}:{table}:{mode}" for api in ("v2", "a2a", "dist")
            for table in ("static", "dynamic") for mode in ("function", "graph")] + [
-    "v2:localized:function", "v2:localized:graph"]
+    "v2:localized:function", "v2:localized:graph", "v2:filtered:function", "v2:filtered:graph"]
 # Three workers: one config per API, both table kinds and both modes among them.
 CONFIGS_3 = ["v2:static:graph", "v2:dynamic:function", "a2a:static:function",
              "dist:dynamic:graph", "v2:localized:function"]

@@ -15,7 +15,10 @@ one process it is the single-process reference the test compares against.
   --table   static | dynamic         sok.Variable / DynamicVariable (v2), or
             | localized              use_hashtable False / True (1.x layers);
                                      localized: the first v2 table lives whole
-                                     on the last worker
+            | filtered               on the last worker; filtered: dynamic v2
+                                     tables with admission filters (min_count
+                                     2; filter_ratio 0.5, looked up with
+                                     use_low_frequency_filter)
   The 1.x layers train with sok.optimizers.Adam (a2a) and with a native
   Adam through sok.OptimizerScope (dist); v2 with sok.OptimizerWrapper.
   --world   N                        the multi-worker run's size: static 1.x
@@ -54,7 +57,7 @@ def parse():
     configs = []
     for text in args.configs.split(","):
         api, table, mode = text.split(":")
-        assert api in ("v2", "a2a", "dist") and table in ("static", "dynamic", "localized") \
+        assert api in ("v2", "a2a", "dist") and table in ("static", "dynamic", "localized", "filtered") \
             and mode in ("function", "graph"), text
         configs.append(argparse.Namespace(api=api, table=table, mode=mode, text=text,
                                           engine=args.engine, world=args.world,
@@ -70,7 +73,8 @@ def zipf_ids(rng, shape, high):
 def batches(args):
     """The global batches: per step, ragged ids for two features and labels."""
     rng = np.random.default_rng(1234)
-    key_space = 10 ** 9 if args.table == "dynamic" else ROWS
+    dynamic = args.table in ("dynamic", "filtered")
+    key_space = 10 ** 9 if dynamic else ROWS
     out = []
     for _ in range(args.steps):
         b = {}
@@ -78,7 +82,7 @@ def batches(args):
             for f in ("a", "b"):
                 lengths = rng.integers(0, 4, size=GLOBAL_BATCH)
                 ids = zipf_ids(rng, lengths.sum(), key_space)
-                if args.table == "dynamic":  # large, sparse keys, also negative ones
+                if dynamic:  # large, sparse keys, also negative ones
                     ids = ids * 7919 - 500
                 b[f] = (ids, lengths)
         elif args.api == "a2a":
@@ -216,8 +220,12 @@ class Model:
                 self.embs = [sok.Variable(table_values(ROWS, 1, dim), name="ta", mode=mode),
                              sok.Variable(table_values(ROWS, 2, dim), name="tb")]
             else:
-                self.embs = [sok.DynamicVariable(dimension=dim, initializer="zeros", name="da"),
-                             sok.DynamicVariable(dimension=dim, initializer="zeros", name="db")]
+                filters = ({"min_count": 2}, {"filter_ratio": 0.5}) \
+                    if args.table == "filtered" else ({}, {})
+                self.embs = [sok.DynamicVariable(dimension=dim, initializer="zeros", name="da",
+                                                 **filters[0]),
+                             sok.DynamicVariable(dimension=dim, initializer="zeros", name="db",
+                                                 **filters[1])]
             in_dim = 2 * dim
         else:
             cls = sok.All2AllDenseEmbedding if args.api == "a2a" else sok.DistributedEmbedding
@@ -237,7 +245,7 @@ class Model:
         self.w = tf.compat.v1.Variable(
             np.linspace(-0.3, 0.3, in_dim, dtype=np.float32).reshape(in_dim, 1), name="w",
             use_resource=True)
-        if args.api != "v2" or args.table == "dynamic":
+        if args.api != "v2" or args.table in ("dynamic", "filtered"):
             # Same starting rows on every run: keys 0 .. R-1 of the whole table.
             rows = VOCAB * args.world if args.api != "v2" else 0
             self.initial = table_values(rows, 3) if rows else None
@@ -262,7 +270,8 @@ class Model:
         if self.args.api == "v2":
             ids = [tf.RaggedTensor.from_row_lengths(inputs[f][0], inputs[f][1])
                    for f in ("a", "b")]
-            a, b = sok.lookup_sparse(self.embs, ids, combiners=["sum", "mean"])
+            a, b = sok.lookup_sparse(self.embs, ids, combiners=["sum", "mean"],
+                                     use_low_frequency_filter=self.args.table == "filtered")
             x = tf.concat([a, b], 1)
         elif self.args.api == "a2a":
             x = tf.reshape(self.layer(inputs["ids"]), [-1, SLOTS * NNZ * DIM])

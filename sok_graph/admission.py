@@ -1,0 +1,222 @@
+"""Admission filters of dynamic tables: which new keys get a row.
+
+A DynamicVariable with a filter gives a key that it does not hold yet a row
+only once the filter admits it. Until then a read of that key gives the
+filter's default row, and the key's gradient is dropped: no update, no
+optimizer slots, no row. Keys the table holds read and train as usual.
+Every inserting read applies the filter: sparse_read, lookup_sparse, the
+owner's side of a sharded lookup, sparse_read_and_evict.
+
+Settings (DynamicVariable keyword arguments):
+- filter_ratio=p, SOK's filter, in (0, 1]: applied when the lookup asks
+  for it (lookup_sparse(..., use_low_frequency_filter=True)). A new key
+  enters with probability p, decided per key and call by a hash of (key,
+  the table's call count), so a run repeats itself exactly, on any device.
+- min_count=n (an integer >= 1; 1: no counting): a new key enters in the
+  call that brings its occurrences to n. Every occurrence counts, repeats
+  within a batch included (DeepRec's counter filter). Counts are kept per
+  key in a side table (exact; a key's count is dropped when it enters),
+  or, with min_count_counters=m, in a count-min sketch of m counters per
+  hash (min_count_hashes, default 3) that never holds more than that:
+  colliding keys can make a key enter early, never late.
+- filter_default: the row (a number for every column) that keys not
+  admitted read; 0.0 by default.
+
+The counts are part of the table's state: sok.dump writes them next to the
+rows and sok.load restores them; for tables sharded over workers each
+worker counts the keys it owns (a sketch dumps the counters of all shards
+added up, and each shard loads that sum, which can only overestimate).
+"""
+
+import numpy as np
+import tensorflow as tf
+
+from sok_graph import compat, replica_shards
+from sok_graph.ops import dynamic as dynamic_ops
+
+SETTINGS = ("filter_ratio", "min_count", "min_count_counters", "min_count_hashes",
+            "filter_default")
+
+# Hashing: keys are cut into 31-bit pieces and mixed modulo the Mersenne
+# prime 2^31 - 1 with int64 products of two 31-bit numbers (exact in int64,
+# so every device and TensorFlow version gives the same value).
+_PRIME = (1 << 31) - 1
+_MULTIPLIERS = (1103515245, 2147001325, 1664525013, 1013904223, 2027382509, 1597334677)
+
+
+def _mix(value, multiplier):
+    return tf.math.floormod(tf.math.floormod(value, _PRIME) * multiplier, _PRIME)
+
+
+def key_hash(keys, salt):
+    """int64 in [0, 2^31 - 1) for each key: a fixed function of (key, salt)."""
+    k = tf.cast(keys, tf.int64)
+    low = tf.bitwise.bitwise_and(k, _PRIME)
+    middle = tf.bitwise.bitwise_and(tf.bitwise.right_shift(k, 31), _PRIME)
+    high = tf.bitwise.bitwise_and(tf.bitwise.right_shift(k, 62), 3)
+    salt = tf.cast(salt, tf.int64)
+    h = (_mix(low, _MULTIPLIERS[0]) + _mix(middle, _MULTIPLIERS[1])
+         + _mix(high + 1, _MULTIPLIERS[2]) + _mix(salt, _MULTIPLIERS[3]))
+    h = _mix(h, _MULTIPLIERS[4])
+    h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, 15))
+    return _mix(h + salt, _MULTIPLIERS[5])
+
+
+_INTEGER = ((int, np.integer), "an integer")
+_NUMBER = ((int, float, np.number), "a finite number")
+
+
+def _number(config, name, default, kind):
+    value = config.get(name, default)
+    types, what = kind
+    if isinstance(value, bool) or not isinstance(value, types) or not np.isfinite(value):
+        raise ValueError(f"{name} must be {what}; got {value!r}")
+    return value
+
+
+def from_config(table_config, name):
+    """The AdmissionFilter that DynamicVariable settings ask for, or None."""
+    if not any(k in table_config for k in SETTINGS):
+        return None
+    ratio = float(_number(table_config, "filter_ratio", 1.0, _NUMBER))
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"filter_ratio must be in (0, 1] (the chance that a new key enters); "
+                         f"got {ratio!r}")
+    min_count = int(_number(table_config, "min_count", 1, _INTEGER))
+    if min_count < 1:
+        raise ValueError(f"min_count must be >= 1 (occurrences before a key enters); "
+                         f"got {min_count}")
+    counters = int(_number(table_config, "min_count_counters", 0, _INTEGER))
+    hashes = int(_number(table_config, "min_count_hashes", 3, _INTEGER))
+    if counters < 0 or counters > (1 << 30):
+        raise ValueError(f"min_count_counters must be in [0, 2^30] (0: an exact count per "
+                         f"key); got {counters}")
+    if not 1 <= hashes <= 8:
+        raise ValueError(f"min_count_hashes must be in [1, 8]; got {hashes}")
+    if counters and min_count == 1:
+        raise ValueError("min_count_counters sizes the sketch of a counting filter: give "
+                         "min_count >= 2 with it")
+    default = float(_number(table_config, "filter_default", 0.0, _NUMBER))
+    return AdmissionFilter(ratio, min_count, counters, hashes, default, name)
+
+
+class AdmissionFilter:
+    """The filter of one table (one shard of a sharded table)."""
+
+    def __init__(self, ratio, min_count, counters, hashes, default, name):
+        self.ratio, self.min_count = ratio, min_count
+        self.counters, self.hashes, self.default = counters, hashes, default
+        self._name = name
+        self.counts_handle = None
+        self._entry_dtype = tf.int64
+        self._calls = None
+        self._deleter = None
+
+    @property
+    def counting(self):
+        return self.min_count > 1
+
+    @property
+    def kind(self):
+        """What the dumped counts are keyed by: "keys" or "sketch" (counter index)."""
+        return "sketch" if self.counters else "keys"
+
+    def create_ops(self, shared_name, key_dtype):
+        """The ops that make the filter's state (graph mode: part of the
+        table's initializer): the count table and the call counter."""
+        ops = []
+        if self.counting:
+            self._entry_dtype = tf.int64 if self.counters else key_dtype
+            # Eager resources are made anonymous (a reserved name each handle
+            # op resolves to a resource of its own); graph ones are named
+            # after their table.
+            self.counts_handle = dynamic_ops.handle(
+                compat.anonymous_name() if tf.executing_eagerly()
+                else shared_name + "/admission_counts")
+            ops.append(dynamic_ops.create(self.counts_handle, self._entry_dtype, 1,
+                                          initializer="zeros"))
+            if tf.executing_eagerly():
+                self._deleter = compat.eager_resource_deleter(self.counts_handle)
+        if self.ratio < 1.0:
+            with tf.init_scope():
+                self._calls = replica_shards.new_variable(
+                    tf.zeros([], tf.int64), trainable=False, name="admission_calls")
+            if not tf.executing_eagerly():
+                ops.append(self._calls.initializer)
+        return ops
+
+    def admitted(self, keys, occurrences, found, use_ratio):
+        """bool [u]: which of the distinct `keys` (occurrences [u] int64 each)
+        have or get a row now; found [u]: those the table holds already.
+        Counts the new keys' occurrences."""
+        new = tf.logical_not(found)
+        passes = tf.ones_like(new)
+        if self.counting:
+            passes = self._count(keys, occurrences, new)
+        if use_ratio and self.ratio < 1.0:
+            call = self._calls.assign_add(1)
+            draw = tf.cast(key_hash(keys, call), tf.float64) / _PRIME
+            passes = tf.logical_and(passes, draw < self.ratio)
+        enters = tf.logical_and(new, passes)
+        admitted = tf.logical_or(found, enters)
+        if self.counting and not self.counters:
+            # An admitted key needs no count any more: the side table holds
+            # only the keys still waiting.
+            entered = tf.boolean_mask(keys, enters)
+            with tf.control_dependencies([admitted]):
+                removal = dynamic_ops.remove(self.counts_handle, entered)
+            with tf.control_dependencies([removal]):
+                admitted = tf.identity(admitted)
+        return admitted
+
+    def _count(self, keys, occurrences, new):
+        """bool [u]: whether each key's count reaches min_count once this
+        call's occurrences of the new keys are added."""
+        adds = tf.where(new, occurrences, tf.zeros_like(occurrences))
+        if not self.counters:
+            entries = tf.boolean_mask(keys, new)
+            adds = tf.boolean_mask(adds, new)
+            total = self._add(entries, adds)
+            # Back to one value per distinct key (0 for keys the table holds).
+            index = tf.cast(tf.where(new)[:, 0], tf.int32)
+            total = tf.scatter_nd(index[:, None], total, tf.shape(keys, out_type=tf.int32))
+            return total >= self.min_count
+        slots = tf.stack([tf.math.floormod(key_hash(keys, j + 1), self.counters)
+                          for j in range(self.hashes)], axis=1)  # [u, hashes]
+        flat = tf.reshape(slots, [-1])
+        distinct, position = tf.unique(flat, out_idx=tf.int32)
+        per_slot = tf.math.unsorted_segment_sum(
+            tf.reshape(tf.tile(adds[:, None], [1, self.hashes]), [-1]), position,
+            tf.size(distinct))
+        total = tf.gather(self._add(distinct, per_slot), position)
+        return tf.reduce_min(tf.reshape(total, [-1, self.hashes]), axis=1) >= self.min_count
+
+    def _add(self, entries, adds):
+        """Adds adds [m] to the counts of distinct entries [m]; their new counts."""
+        before, _ = dynamic_ops.find_or_insert(self.counts_handle, entries, 1)
+        total = tf.cast(tf.round(before[:, 0]), tf.int64) + adds
+        update = dynamic_ops.scatter(self.counts_handle, entries,
+                                     tf.cast(total, tf.float32)[:, None], "update")
+        with tf.control_dependencies([update]):
+            return tf.identity(total)
+
+    # ------------------------------------------------------------ dump/load
+    def description(self):
+        """What the counts mean, as a dump's manifest records it: per key, or
+        per counter of a sketch of this size."""
+        if not self.counters:
+            return {"kind": "keys"}
+        return {"kind": "sketch", "counters": self.counters, "hashes": self.hashes}
+
+    def export(self):
+        """(entries int64 [m], counts int64 [m]): the counts to dump."""
+        entries, rows, _, _, _ = dynamic_ops.export(self.counts_handle, self._entry_dtype, 1,
+                                                    offset=0, limit=(1 << 62))
+        return tf.cast(entries, tf.int64), tf.cast(tf.round(rows[:, 0]), tf.int64)
+
+    def restore(self, entries, counts):
+        """The op that makes the counts exactly (entries, counts)."""
+        entries = tf.cast(entries, self._entry_dtype)
+        return dynamic_ops.import_rows(
+            self.counts_handle, entries, tf.reshape(tf.cast(counts, tf.float32), [-1, 1]),
+            replace=True)

@@ -1,0 +1,190 @@
+"""Admission filters of dynamic tables (sok_graph/admission.py) against a
+numpy model of the filter: which keys get rows, what the others read, what
+training does to them, and that counts survive sok.dump / sok.load."""
+
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_graph as sok
+from sok_graph.dump_load import CheckpointError
+
+DIM = 3
+
+
+def zipf_batches(rng, steps, batch, hotness, vocab=4000, alpha=1.05):
+    """Ragged batches of hashed Zipf ids (keys spread over 62 bits)."""
+    salt = rng.integers(1, 1 << 40)
+    out = []
+    for _ in range(steps):
+        ids = (rng.zipf(alpha, size=batch * hotness) - 1) % vocab
+        mixed = (ids.astype(np.uint64) + np.uint64(salt)) * np.uint64(0x9E3779B97F4A7C15)
+        out.append((mixed >> np.uint64(2)).astype(np.int64).reshape(batch, hotness))
+    return out
+
+
+class CountingModel:
+    """The counter filter in numpy: a key enters in the call that brings its
+    occurrences to min_count; entered keys stay (no eviction)."""
+
+    def __init__(self, min_count):
+        self.min_count, self.count, self.entered = min_count, {}, set()
+
+    def call(self, keys):
+        """The set of keys that hold a row after this call."""
+        uniq, occ = np.unique(keys, return_counts=True)
+        for k, c in zip(uniq.tolist(), occ.tolist()):
+            if k in self.entered:
+                continue
+            self.count[k] = self.count.get(k, 0) + c
+            if self.count[k] >= self.min_count:
+                self.entered.add(k)
+        return set(self.entered)
+
+
+def held_keys(var):
+    return set(var.export()[0].numpy().tolist())
+
+
+def test_min_count_admits_exactly_the_keys_seen_that_often(rng):
+    """Table size and membership equal the numpy model's on a Zipf stream;
+    keys not admitted read filter_default and admitted ones their rows."""
+    var = sok.DynamicVariable(DIM, min_count=3, initializer="ones", filter_default=0.25)
+    model = CountingModel(3)
+    for batch in zipf_batches(rng, 12, 64, 4):
+        out = sok.lookup_sparse(var, tf.ragged.constant(batch.tolist(), tf.int64),
+                                combiners="sum")
+        held = model.call(batch)
+        assert held_keys(var) == held
+        want = np.where(np.isin(batch, list(held)), 1.0, 0.25).sum(axis=1)
+        np.testing.assert_allclose(out.numpy(), np.repeat(want[:, None], DIM, 1), rtol=1e-6)
+    assert int(var.size[0]) == len(model.entered) > 0
+
+
+def test_keys_not_admitted_are_not_trained(rng):
+    """SGD on sum-pooled rows: admitted keys move by lr * occurrences each
+    step, keys not admitted get no row and no update."""
+    var = sok.DynamicVariable(DIM, min_count=2, initializer="zeros")
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=0.5))
+    model, rows = CountingModel(2), {}
+    for batch in zipf_batches(rng, 8, 32, 3, vocab=300):
+        with tf.GradientTape() as tape:
+            out = sok.lookup_sparse(var, tf.ragged.constant(batch.tolist(), tf.int64),
+                                    combiners="sum")
+            loss = tf.reduce_sum(out)
+        grads = tape.gradient(loss, [var])
+        opt.apply_gradients(zip(grads, [var]))
+        held = model.call(batch)
+        uniq, occ = np.unique(batch, return_counts=True)
+        for k, c in zip(uniq.tolist(), occ.tolist()):
+            if k in held:
+                rows[k] = rows.get(k, 0.0) - 0.5 * c
+    keys, values = var.export()
+    got = dict(zip(keys.numpy().tolist(), values.numpy()[:, 0].tolist()))
+    assert set(got) == set(rows) == model.entered
+    for k, v in rows.items():
+        assert got[k] == pytest.approx(v), k
+
+
+def test_sketch_admits_never_later_than_exact_counts(rng):
+    """A count-min sketch overestimates: every key the exact model admits is
+    admitted, and with enough counters few more (within 5%)."""
+    exact = sok.DynamicVariable(DIM, min_count=3, initializer="ones")
+    sketch = sok.DynamicVariable(DIM, min_count=3, min_count_counters=1 << 15,
+                                 initializer="ones")
+    for batch in zipf_batches(rng, 10, 128, 4, vocab=20000):
+        ragged = tf.ragged.constant(batch.tolist(), tf.int64)
+        for var in (exact, sketch):
+            sok.lookup_sparse(var, ragged, combiners="sum")
+        assert held_keys(exact) <= held_keys(sketch)
+    n_exact, n_sketch = int(exact.size[0]), int(sketch.size[0])
+    assert n_exact > 100 and n_sketch <= 1.05 * n_exact, (n_exact, n_sketch)
+
+
+def test_filter_ratio_applies_only_when_asked_and_repeats(rng):
+    keys = tf.constant(rng.choice(1 << 60, size=4000, replace=False), tf.int64)
+    plain = sok.DynamicVariable(DIM, filter_ratio=0.3, initializer="ones")
+    sok.lookup_sparse(plain, tf.RaggedTensor.from_row_lengths(keys, [4000]), combiners="sum")
+    assert int(plain.size[0]) == 4000  # no use_low_frequency_filter: every key enters
+    runs = []
+    for _ in range(2):
+        var = sok.DynamicVariable(DIM, filter_ratio=0.3, initializer="ones")
+        before = set()
+        for _ in range(3):
+            sok.lookup_sparse(var, tf.RaggedTensor.from_row_lengths(keys, [4000]),
+                              combiners="sum", use_low_frequency_filter=True)
+            held = held_keys(var)
+            assert before <= held  # an admitted key keeps its row
+            before = held
+        runs.append(before)
+    assert runs[0] == runs[1]  # decided by a hash of (key, call): the run repeats
+    # Each call admits each waiting key with probability 0.3, independently
+    # of earlier calls: 1 - 0.7^3 = 0.657 after three (binomial sd 0.0075).
+    assert abs(len(runs[0]) / 4000 - 0.657) < 0.04, len(runs[0])
+
+
+@pytest.mark.parametrize("counters", [0, 4096])
+def test_counts_survive_dump_and_load(rng, tmp_path, counters):
+    """Dump after some steps, load into new tables, go on: the loaded table
+    admits the same keys as the one that never stopped."""
+    settings = dict(min_count=3, initializer="ones")
+    if counters:
+        settings["min_count_counters"] = counters
+    batches = zipf_batches(rng, 8, 64, 4, vocab=3000)
+    ref = sok.DynamicVariable(DIM, name="filtered", **settings)
+    for batch in batches[:4]:
+        ref.sparse_read(tf.constant(batch.ravel()))
+    path = os.path.join(str(tmp_path), "dump")
+    sok.dump(path, [ref])
+    loaded = sok.DynamicVariable(DIM, name="filtered", **settings)
+    sok.load(path, [loaded])
+    assert held_keys(loaded) == held_keys(ref)
+    for batch in batches[4:]:
+        for var in (ref, loaded):
+            var.sparse_read(tf.constant(batch.ravel()))
+        assert held_keys(loaded) == held_keys(ref)
+    # Counts kept one way do not load into a filter that keeps them another.
+    other = sok.DynamicVariable(DIM, name="filtered", min_count=3, initializer="ones",
+                                min_count_counters=(0 if counters else 512))
+    with pytest.raises(CheckpointError, match="admission filter"):
+        sok.load(path, [other])
+
+
+def test_counting_filter_in_a_session_graph(rng):
+    """tf.compat.v1 graph mode: the filter's state is made by the table's
+    initializer, and the counts carry over between Session runs."""
+    batches = zipf_batches(rng, 4, 16, 4, vocab=200)
+    graph = tf.Graph()
+    with graph.as_default():
+        var = sok.DynamicVariable(DIM, min_count=2, initializer="ones")
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = var.sparse_read(ids)
+        size = var.size
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(init)
+            sizes = []
+            for batch in batches:
+                sess.run(rows, {ids: batch.ravel()})
+                sizes.append(int(sess.run(size)[0]))
+    model = CountingModel(2)
+    assert sizes == [len(model.call(b)) for b in batches]
+
+
+@pytest.mark.parametrize("kwargs,pattern", [
+    (dict(min_count=0), "min_count must be >= 1"),
+    (dict(min_count=2.5), "min_count must be an integer"),
+    (dict(filter_ratio=0.0), r"filter_ratio must be in \(0, 1\]"),
+    (dict(filter_ratio=1.5), r"filter_ratio must be in \(0, 1\]"),
+    (dict(filter_ratio=float("nan")), "filter_ratio must be a finite number"),
+    (dict(min_count=3, min_count_counters=-1), r"min_count_counters must be in \[0, 2\^30\]"),
+    (dict(min_count_counters=64), "give min_count >= 2 with it"),
+    (dict(min_count=3, min_count_counters=64, min_count_hashes=9),
+     r"min_count_hashes must be in \[1, 8\]"),
+    (dict(filter_default="zero"), "filter_default must be a finite number"),
+])
+def test_bad_filter_settings(kwargs, pattern):
+    with pytest.raises(ValueError, match=pattern):
+        sok.DynamicVariable(DIM, **kwargs)
