@@ -222,10 +222,14 @@ class Model:
             else:
                 filters = ({"min_count": 2}, {"filter_ratio": 0.5}) \
                     if args.table == "filtered" else ({}, {})
-                self.embs = [sok.DynamicVariable(dimension=dim, initializer="zeros", name="da",
-                                                 **filters[0]),
-                             sok.DynamicVariable(dimension=dim, initializer="zeros", name="db",
-                                                 **filters[1])]
+                # Names of their own: the tf engine's graph-mode Session
+                # outlives a config's graph, and a table created under a
+                # name it already holds keeps that table's rows.
+                names = ("fa", "fb") if args.table == "filtered" else ("da", "db")
+                self.embs = [sok.DynamicVariable(dimension=dim, initializer="zeros",
+                                                 name=names[0], **filters[0]),
+                             sok.DynamicVariable(dimension=dim, initializer="zeros",
+                                                 name=names[1], **filters[1])]
             in_dim = 2 * dim
         else:
             cls = sok.All2AllDenseEmbedding if args.api == "a2a" else sok.DistributedEmbedding
