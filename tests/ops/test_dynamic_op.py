@@ -408,6 +408,7 @@ def test_clear_and_remove():
     (dict(max_capacity=-1), "max_capacity must be >= 0"),
     (dict(init_capacity=-5), "init_capacity must be >= 0"),
     (dict(max_bytes=3), "holds no row"),
+    (dict(hbm_bytes=-2), r"hbm_bytes must be >= 0 \(-1: every row in device memory\)"),
 ])
 def test_bad_create_arguments(kwargs, pattern):
     handle = dyn.handle(f"bad{np.random.randint(1 << 40)}")
