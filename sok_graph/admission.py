@@ -23,9 +23,12 @@ Settings (DynamicVariable keyword arguments):
   admitted read; 0.0 by default.
 
 The counts are part of the table's state: sok.dump writes them next to the
-rows and sok.load restores them; for tables sharded over workers each
-worker counts the keys it owns (a sketch dumps the counters of all shards
-added up, and each shard loads that sum, which can only overestimate).
+rows and sok.load restores them (a dump without counts starts them afresh;
+counts kept another way, exact or a sketch of another size, are refused);
+for tables sharded over workers each worker counts the keys it owns (a
+sketch dumps the counters of all shards added up, and each shard loads that
+sum, which can only overestimate). tf.compat.v1.train.Saver saves the
+table's rows, not the counts.
 """
 
 import numpy as np
