@@ -43,26 +43,14 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
-
-
-def hashed(ids):
-    """splitmix64 of the ids, into [0, 2**63)."""
-    x = ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    x = x ^ (x >> np.uint64(31))
-    return (x & np.uint64((1 << 63) - 1)).astype(np.int64)
+from sok_graph.data.hashed_keys import draw_ids, hashed  # noqa: E402
 
 
 def key_batches(args, rng):
     out = []
     shape = (args.batch, args.slots, args.nnz)
     for _ in range(args.batches):
-        if args.alpha > 0:
-            ids = (rng.zipf(args.alpha, size=shape) - 1) % args.vocab
-        else:
-            ids = rng.integers(0, args.vocab, size=shape)
-        out.append(hashed(ids))
+        out.append(hashed(draw_ids(rng, args.alpha, args.vocab, shape)))
     return out
 
 

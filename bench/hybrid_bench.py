@@ -37,21 +37,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
-
-
-def hashed(ids):
-    """splitmix64 of the ids, into [0, 2**63): hashed keys, not row numbers."""
-    x = ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)
-    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
-    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
-    x = x ^ (x >> np.uint64(31))
-    return (x & np.uint64((1 << 63) - 1)).astype(np.int64)
-
-
-def draw_ids(rng, alpha, rows, size):
-    if alpha <= 0:
-        return rng.integers(0, rows, size=size)
-    return (rng.zipf(alpha, size=size) - 1) % rows
+from sok_graph.data.hashed_keys import draw_ids, hashed  # noqa: E402
 
 
 def gpu_slots(max_capacity):
