@@ -668,6 +668,17 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         """The table's admission filter (sok_graph/admission.py), or None."""
         return self._admission
 
+    def slot_settings(self):
+        """What an optimizer slot table of this table is made with besides its
+        dimension and initializer: a hybrid table that keeps part of its rows
+        in host memory gives its slots the same split and bound (slots as
+        large as the table would not fit where the table does not)."""
+        if self._var_type != "hybrid" or "max_hbm_for_vectors" not in self._table_config:
+            return {}
+        keys = ("init_capacity", "max_capacity", "max_hbm_for_vectors", "evict_strategy")
+        return dict(var_type="hybrid",
+                    **{k: self._table_config[k] for k in keys if k in self._table_config})
+
     def _after_evictions(self, rows, evicted):
         """rows, once every shadow table has dropped the keys this table
         evicted to make room for them."""

@@ -392,3 +392,31 @@ def test_v1_saver_round_trip(tmp_path, rng):
         with tf.compat.v1.Session(graph=graph) as fresh:  # restore without the initializer
             saver.restore(fresh, path)
             np.testing.assert_array_equal(fresh.run(read), rows)
+
+
+def test_hybrid_table_split_over_host_memory_gives_its_slots_the_same_split(rng):
+    """Adam's slots of a hybrid table with rows in host memory are hybrid
+    tables with the same split and bound, and training matches a table whose
+    rows are all in GPU memory (on CPU both are host memory)."""
+    dim = 8
+    keys = rng.choice(1 << 50, size=600, replace=False).astype(np.int64)
+    results = []
+    for extra in (dict(max_hbm_for_vectors=100 * dim * 4 / (1 << 30)), {}):
+        var = sok.DynamicVariable(dim, var_type="hybrid", init_capacity=1024,
+                                  max_capacity=1024, initializer="normal", seed=3, **extra)
+        opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(learning_rate=0.1))
+        for start in range(0, 600, 150):
+            batch = tf.constant(np.concatenate([keys[start:start + 150], keys[:30]]))
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(var.sparse_read(batch) - 0.5))
+            opt.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+        slots = opt.create_slots(var)
+        for slot in slots.values():
+            # Without a split the slots stay unbounded GPU-memory tables.
+            assert slot.var_type == ("hybrid" if extra else "hbm")
+            assert slot.config_dict.get("max_hbm_for_vectors") == extra.get("max_hbm_for_vectors")
+            assert int(slot.size[0]) == 600
+        k, r = var.export()
+        order = np.argsort(k.numpy())
+        results.append(r.numpy()[order])
+    np.testing.assert_array_equal(results[0], results[1])

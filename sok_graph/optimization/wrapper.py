@@ -140,7 +140,7 @@ class OptimizerWrapper:
                 if isinstance(var, DynamicVariable):
                     slot = DynamicVariable(var.dimension, initializer=float(init),
                                            key_type=var.key_type, trainable=False,
-                                           name=f"{var.name}/{name}")
+                                           name=f"{var.name}/{name}", **var.slot_settings())
                     var.add_shadow(slot)
                 else:
                     start = native[name] if native else tf.fill(tf.shape(var),
