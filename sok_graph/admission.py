@@ -36,6 +36,7 @@ import tensorflow as tf
 
 from sok_graph import compat, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.ops import util as util_ops
 
 SETTINGS = ("filter_ratio", "min_count", "min_count_counters", "min_count_hashes",
             "filter_default")
@@ -77,7 +78,7 @@ def _number(config, name, default, kind):
     return value
 
 
-def from_config(table_config, name):
+def from_config(table_config):
     """The AdmissionFilter that DynamicVariable settings ask for, or None."""
     if not any(k in table_config for k in SETTINGS):
         return None
@@ -100,16 +101,15 @@ def from_config(table_config, name):
         raise ValueError("min_count_counters sizes the sketch of a counting filter: give "
                          "min_count >= 2 with it")
     default = float(_number(table_config, "filter_default", 0.0, _NUMBER))
-    return AdmissionFilter(ratio, min_count, counters, hashes, default, name)
+    return AdmissionFilter(ratio, min_count, counters, hashes, default)
 
 
 class AdmissionFilter:
     """The filter of one table (one shard of a sharded table)."""
 
-    def __init__(self, ratio, min_count, counters, hashes, default, name):
+    def __init__(self, ratio, min_count, counters, hashes, default):
         self.ratio, self.min_count = ratio, min_count
         self.counters, self.hashes, self.default = counters, hashes, default
-        self._name = name
         self.counts_handle = None
         self._entry_dtype = tf.int64
         self._calls = None
@@ -187,7 +187,8 @@ class AdmissionFilter:
         slots = tf.stack([tf.math.floormod(key_hash(keys, j + 1), self.counters)
                           for j in range(self.hashes)], axis=1)  # [u, hashes]
         flat = tf.reshape(slots, [-1])
-        distinct, position = tf.unique(flat, out_idx=tf.int32)
+        distinct, position = util_ops.unique(flat, out_idx=tf.int32)
+        # Integer counts: TensorFlow's sum (sok's is for float rows) is exact.
         per_slot = tf.math.unsorted_segment_sum(
             tf.reshape(tf.tile(adds[:, None], [1, self.hashes]), [-1]), position,
             tf.size(distinct))
@@ -208,8 +209,8 @@ class AdmissionFilter:
         """What the counts mean, as a dump's manifest records it: per key, or
         per counter of a sketch of this size."""
         if not self.counters:
-            return {"kind": "keys"}
-        return {"kind": "sketch", "counters": self.counters, "hashes": self.hashes}
+            return {"kind": self.kind}
+        return {"kind": self.kind, "counters": self.counters, "hashes": self.hashes}
 
     def export(self):
         """(entries int64 [m], counts int64 [m]): the counts to dump."""

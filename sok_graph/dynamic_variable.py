@@ -252,7 +252,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                              f"{table_config.get('evict_strategy')!r}")
         spec = initializer_spec(initializer, table_config.get("seed"))
         # Which new keys get a row (sok_graph/admission.py); None: every one.
-        self._admission = admission.from_config(table_config, self._name)
+        self._admission = admission.from_config(table_config)
         self._table_config = dict(table_config)
         self._initializer_arg = initializer
         self._config = dict(limits, eviction=eviction, **spec)
@@ -630,7 +630,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         evicted keys, evicted rows) of 1-D keys through the admission filter:
         keys it admits (and keys the table holds) are found or inserted, the
         others read the filter's default row and get no gradient."""
-        distinct, positions, occurrences = tf.unique_with_counts(keys, out_idx=tf.int64)
+        distinct, positions, occurrences = util_ops.unique_with_counts(keys, out_idx=tf.int64)
         rows, evicted_keys, evicted_rows = self._admitted_rows(distinct, occurrences, use_ratio)
         return distinct, rows, positions, evicted_keys, evicted_rows
 

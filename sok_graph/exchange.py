@@ -33,7 +33,7 @@ def _read_each_once(ids, read, counted=False):
     reaches the table has one summed row per distinct id. counted: read
     takes each unique id's number of occurrences too."""
     if counted:
-        unique, position, occurrences = tf.unique_with_counts(ids, out_idx=tf.int64)
+        unique, position, occurrences = util_ops.unique_with_counts(ids, out_idx=tf.int64)
         return tf.gather(read(unique, occurrences), position)
     unique, position = util_ops.unique(ids, out_idx=tf.int64)
     return tf.gather(read(unique), position)
