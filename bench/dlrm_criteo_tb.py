@@ -6,6 +6,7 @@ parallel (tf.distribute.MirroredStrategy, one replica per GPU).
     python bench/dlrm_criteo_tb.py --gpus 1 --table_scale 0.5     # cut to fit one GPU
     python bench/dlrm_criteo_tb.py --gpus 2 --side both --table_scale 0.02   # vs plain TF
     python -m sok_graph.launch -np 2 bench/dlrm_criteo_tb.py --workers      # a process per GPU
+    python -m sok_graph.launch -np 2 bench/dlrm_criteo_tb.py --horovod      # the same on Horovod
 
 The model is the one SOK publishes its figure for: 26 tables with the
 Criteo-TB cardinalities (187.8M rows), dimension 128, float32, one id per
@@ -70,9 +71,17 @@ def parse(argv=None):
     p.add_argument("--trace", type=int, default=0, help="trace this many steps at the end")
     p.add_argument("--trace_dir", default=None,
                    help="where the trace goes (default: a temporary folder)")
+    p.add_argument("--transfers", action="store_true",
+                   help="after the timed steps, print every tensor one step moves between "
+                        "devices (from the placed, partitioned graph): each GPU-to-host "
+                        "one is a host synchronisation")
     p.add_argument("--workers", action="store_true",
                    help="one process per GPU: run under python -m sok_graph.launch -np N "
                         "(MultiWorkerMirroredStrategy, sok's tf.distribute engine)")
+    p.add_argument("--horovod", action="store_true",
+                   help="one process per GPU on Horovod (SOK's own set-up): run under "
+                        "python -m sok_graph.launch -np N or horovodrun; sok's horovod "
+                        "engine exchanges the rows, hvd.allreduce sums the dense gradients")
     p.add_argument("--cpu", action="store_true",
                    help="run on logical CPUs instead (a smoke test of the program)")
     args = p.parse_args(argv)
@@ -83,7 +92,45 @@ def table_rows(scale):
     return [max(1, int(math.ceil(c * scale))) for c in CARDINALITIES]
 
 
+class HorovodWorkers:
+    """What the benchmark asks of a tf.distribute strategy, on Horovod: one
+    replica per process, this process's GPU (the launcher pins one)."""
+
+    def __init__(self, tf):
+        import contextlib
+
+        import horovod.tensorflow as hvd
+
+        hvd.init()
+        self.hvd, self.tf = hvd, tf
+        self.num_replicas_in_sync = hvd.size()
+        gpus = tf.config.list_logical_devices("GPU")
+        device = gpus[0].name if gpus else tf.config.list_logical_devices("CPU")[0].name
+        self.extended = type("Extended", (), {"worker_devices": (device,)})()
+        self.scope = contextlib.nullcontext
+
+    def experimental_distribute_values_from_function(self, fn):
+        ctx = type("Context", (), {"replica_id_in_sync_group": self.hvd.rank()})()
+        return fn(ctx)
+
+    def run(self, fn, args=()):
+        return fn(*args)
+
+    def reduce(self, op, value, axis=None):
+        del op, axis  # a sum of the replicas' scalars
+        return self.hvd.allreduce(value, op=self.hvd.Sum)
+
+    def sum_gradients(self, grads):
+        dense = [g for g in grads if not isinstance(g, self.tf.IndexedSlices)]
+        summed = iter(self.hvd.grouped_allreduce(dense, op=self.hvd.Sum) if dense else [])
+        # a replicated table's gradient (plain TF): Horovod gathers the slices
+        return [self.hvd.allreduce(g, op=self.hvd.Sum) if isinstance(g, self.tf.IndexedSlices)
+                else next(summed) for g in grads]
+
+
 def make_strategy(args, tf):
+    if args.horovod:
+        return HorovodWorkers(tf)
     if args.workers:
         # One process per GPU under python -m sok_graph.launch (TF_CONFIG from
         # it). The dense gradients' all-reduce goes over NCCL where the
@@ -146,7 +193,9 @@ class DLRM:
     def embeddings(self, ids):
         """ids: [batch, tables] int64; [batch, tables, dim]."""
         tf = self.tf
-        columns = tf.unstack(ids, axis=1)
+        # Slices, not tf.unstack: TensorFlow's GPU Unpack of int64 works in
+        # host memory, a copy of every id to the host and a wait each step.
+        columns = [ids[:, t] for t in range(ids.shape[1])]
         if self.side == "sok":
             import sok_graph as sok
 
@@ -224,6 +273,11 @@ def build_step(strategy, model, args, tf):
         dense_vars = model.dense_variables()
         grads = tape.gradient(loss, model.tables + dense_vars)
         n = len(model.tables)
+        if isinstance(strategy, HorovodWorkers):
+            # A strategy's optimizer sums the replicas' gradients itself; sok
+            # tables' gradients are this worker's shard's already.
+            first = n if model.side == "sok" else 0
+            grads = grads[:first] + strategy.sum_gradients(grads[first:])
         if model.side == "sok":
             table_opt.apply_gradients(zip(grads[:n], model.tables))
             dense_opt.apply_gradients(zip(grads[n:], dense_vars))
@@ -312,12 +366,15 @@ def run_side(side, strategy, args, rows, tf):
     with strategy.scope():
         if side == "sok":
             sok.context.reset()
-            sok.init(comm_tool="tf", use_legacy_optimizer=False)
+            sok.init(comm_tool="horovod" if args.horovod else "tf",
+                     use_legacy_optimizer=False)
         model = DLRM(tf, side, rows, args.dim)
         step = build_step(strategy, model, args, tf)
     print(f"[{side}] tables built in {time.time() - t0:.1f} s", flush=True)
     pool = make_pool(strategy, args, rows, tf)
     t0 = time.time()
+    if args.transfers:
+        _first_step_with_transfers(step, pool, tf, side)
     for i in range(args.warmup):
         loss = step(pool, tf.constant(i % args.pool))
     first = float(loss)
@@ -342,6 +399,26 @@ def run_side(side, strategy, args, rows, tf):
     if args.trace:
         _trace_breakdown(strategy, step, pool, args, tf, args.trace)
     return rate
+
+
+def _first_step_with_transfers(step, pool, tf, side):
+    """The first step, with the tensors it moves between devices printed:
+    TensorFlow records a function's partitioned graphs when it instantiates
+    the function, so this must be its first call."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import host_syncs
+    from tensorflow.python.eager import context as eager_context
+
+    ctx = eager_context.context()
+    ctx.enable_run_metadata()
+    try:
+        loss = step(pool, tf.constant(0))
+        float(loss)
+        metadata = ctx.export_run_metadata()
+    finally:
+        ctx.disable_run_metadata()
+    host_syncs.print_transfers(host_syncs.transfers(metadata), f"[{side}] one step")
+    return loss
 
 
 def main(argv=None):

@@ -115,6 +115,78 @@ def analyse(space):
     return planes, by_op, dtoh, op_time, device_time
 
 
+def _device_kind(name):
+    """"GPU:0" / "CPU:0" (with the task where the name has one) of a device name."""
+    spec = name.rsplit("/", 1)[-1].replace("device:", "")
+    task = [p for p in name.split("/") if p.startswith("task:")]
+    return f"{task[0]}/{spec}" if task else spec
+
+
+def _base_name(node):
+    """A node's name without the numeric suffixes TensorFlow adds to repeats
+    (Gather_12 -> Gather_N), so the same op of every table counts as one."""
+    parts = []
+    for part in node.split("/"):
+        head, _, tail = part.rpartition("_")
+        parts.append(head + "_N" if head and tail.isdigit() else part)
+    return "/".join(parts)
+
+
+def transfers(run_metadata):
+    """Tensors a traced step moved between devices, from the partitioned
+    graphs in `run_metadata` (a RunMetadata: eager's export_run_metadata()
+    after a tf.function call, or a Session's with output_partition_graphs).
+
+    Returns a Counter of (sending device -> receiving device, source op
+    type, source op name, consumer op types) -> count. A tensor a GPU op
+    sends to a host op is a device-to-host copy that the host's executor
+    waits for: each is a host synchronisation of the step. `_HostSend`
+    tensors (kernels' host-memory outputs) need no copy and are marked."""
+    sends, consumers = {}, collections.defaultdict(set)
+    graphs = [g for fg in run_metadata.function_graphs for g in fg.partition_graphs]
+    graphs += list(run_metadata.partition_graphs)
+    for graph in graphs:
+        nodes = {n.name: n for n in graph.node}
+        recv_of = {}
+        for n in graph.node:
+            if n.op in ("_Recv", "_HostRecv"):
+                recv_of[n.name] = n.attr["tensor_name"].s.decode()
+        for n in graph.node:
+            for inp in n.input:
+                src = inp.lstrip("^").split(":")[0]
+                if src in recv_of and not inp.startswith("^"):
+                    consumers[recv_of[src]].add(n.op)
+            if n.op in ("_Send", "_HostSend"):
+                src = n.input[0].lstrip("^").split(":")[0]
+                # A function's partitions can be recorded more than once.
+                send_dev = n.attr["send_device"].s.decode()
+                recv_dev = n.attr["recv_device"].s.decode()
+                tensor = n.attr["tensor_name"].s.decode()
+                sends[(send_dev, recv_dev, tensor)] = (n.op, nodes[src].op if src in nodes
+                                                       else "?", src)
+    out = collections.Counter()
+    for (send_dev, recv_dev, tensor), (op, src_op, src) in sends.items():
+        route = f"{_device_kind(send_dev)} -> {_device_kind(recv_dev)}"
+        if op == "_HostSend":
+            route += " (host memory)"
+        used_by = ",".join(sorted(consumers.get(tensor, {"?"})))
+        out[(route, src_op, _base_name(src), used_by)] += 1
+    return out
+
+
+def print_transfers(counter, title, top=40):
+    """The report of transfers() grouped by route, device-to-host first."""
+    print(f"{title}: {sum(counter.values())} tensors moved between devices")
+    routes = collections.Counter()
+    for (route, *_), count in counter.items():
+        routes[route] += count
+    for route, count in routes.most_common():
+        print(f"  {count:5}  {route}")
+    for (route, src_op, src, used_by), count in sorted(
+            counter.items(), key=lambda kv: ("GPU" not in kv[0][0].split("->")[0], -kv[1]))[:top]:
+        print(f"  {count:5}  {route:34} {src_op:24} {src[-70:]}  -> {used_by}")
+
+
 def timeline(space, min_gap_us):
     """The traced steps as one ordered list: every GPU kernel and copy (with
     the TensorFlow op it ran for), every blocking CUDA call and every host op

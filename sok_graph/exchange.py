@@ -39,13 +39,17 @@ def _read_each_once(ids, read, counted=False):
     return tf.gather(read(unique), position)
 
 
-def _exchange(comm, ids, owner_of, read, name, counted=False):
+def _exchange(comm, ids, owner_of, read, name, counted=False, gate=()):
     """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
     the ids travel to their owners, which answer with read(received ids)
-    (counted: read(distinct received ids, their occurrences))."""
+    (counted: read(distinct received ids, their occurrences)). The ids leave
+    once the ops in `gate` (checks of them) have run."""
     with tf.name_scope(name):
         buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size)
         send = tf.gather(ids, buckets.permutation)
+        if gate:
+            with tf.control_dependencies(list(gate)):
+                send = tf.identity(send)
         received, received_splits = comm.alltoall(send, buckets.sizes)
         rows = _read_each_once(received, read, counted)
         back, _ = comm.alltoall(rows, received_splits)
@@ -72,9 +76,10 @@ def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=Fa
     return _exchange(comm, keys, owner_of(table, keys), read, name, counted)
 
 
-def grouped_static_rows(comm, tables, tagged, name="sok_exchange"):
+def grouped_static_rows(comm, tables, tagged, name="sok_exchange", gate=()):
     """Rows [n, dim] for `tagged` keys (int64, global row id * T + t, each
-    id checked against its table) of T sharded sok.Variables `tables` of one
+    id checked against its table by the ops in `gate`, which the exchange
+    waits for) of T sharded sok.Variables `tables` of one
     dtype, dimension and placement, through one all-to-all of keys and one of
     rows. The key keeps its table through the exchange; the owner groups what
     it received by table (the bucketing op, by t), gathers each table's rows
@@ -100,4 +105,4 @@ def grouped_static_rows(comm, tables, tagged, name="sok_exchange"):
             rows = tf.concat([tf.gather(v, part) for v, part in zip(tables, parts)], 0)
             return tf.gather(rows, by_table.inverse_permutation)
 
-        return _exchange(comm, send, owners, read, "rows")
+        return _exchange(comm, send, owners, read, "rows", gate=gate)

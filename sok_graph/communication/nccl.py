@@ -141,10 +141,25 @@ def usable(devices, world_size=None):
 def _split_gpus():
     """The number of this process's logical GPUs where there are more of them
     than physical GPUs (tf.config's logical device configuration split
-    one), else 0."""
-    logical = len(tf.config.experimental.list_logical_devices("GPU"))
+    one), else 0. Only this process's own devices count: once a
+    MultiWorkerMirroredStrategy has connected the cluster, the logical
+    devices list every worker's GPUs too."""
+    logical = len(_local_devices(tf.config.experimental.list_logical_devices("GPU")))
     physical = len(tf.config.experimental.list_physical_devices("GPU"))
     return logical if logical > physical else 0
+
+
+def _local_devices(devices):
+    """The logical devices of `devices` that belong to this process."""
+    from tensorflow.python.eager import context as eager_context
+
+    here = tf.DeviceSpec.from_string(eager_context.context().host_address_space())
+    local = []
+    for device in devices:
+        spec = tf.DeviceSpec.from_string(device.name)
+        if spec.job in (None, "localhost") or (spec.job, spec.task) == (here.job, here.task):
+            local.append(device)
+    return local
 
 
 def unique_id_hex():
