@@ -7,6 +7,7 @@ optimizers where TensorFlow has them (see `use_legacy_keras_optimizers`);
 that is the only state it changes outside this module.
 """
 
+import contextlib
 import threading
 import types
 
@@ -124,6 +125,13 @@ def communicator(caller="this call"):
 def active():
     """The active communicator, or None before init()."""
     return _communicator
+
+
+def table_scope():
+    """Where this worker's shard of a sok table is made (the active engine's
+    Communicator.table_scope; TensorFlow's placement before init())."""
+    comm = _communicator
+    return contextlib.nullcontext() if comm is None else comm.table_scope()
 
 
 def world():

@@ -112,7 +112,8 @@ class Variable(_ResourceVariable):
                 f"initial_value must be a [rows, dim] matrix; got shape {list(shape)}"
             )
         self._sok_global_shape = tf.TensorShape(shape)
-        super().__init__(initial_value=value, *args, **kwargs)
+        with comm.table_scope():
+            super().__init__(initial_value=value, *args, **kwargs)
 
     @property
     def mode(self):

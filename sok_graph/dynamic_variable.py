@@ -262,9 +262,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         else:
             shared_name = tf.compat.v1.get_default_graph().unique_name(self._name,
                                                                        mark_as_used=True)
-        # The table lives where its handle op is placed (a GPU where one is
-        # visible, int32 or int64 keys alike); its ops follow the handle.
-        with tf.name_scope(self._name):
+        # The table lives where its handle op is placed (the worker's device
+        # where the engine names one, else a GPU where one is visible, int32
+        # or int64 keys alike); its ops follow the handle.
+        with tf.name_scope(self._name), context.table_scope():
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
             if self._admission is not None:

@@ -74,10 +74,13 @@ class Communicator(abc.ABC):
         """This worker's index in [0, world_size) (a Python int)."""
         return self._rank
 
-    def alltoall(self, tensor, splits, name=None):
+    def alltoall(self, tensor, splits, name=None, check_splits=True):
         """Sends rows [sum(splits[:w]), sum(splits[:w+1])) of `tensor` to worker w;
         returns (received rows in sender order, received splits [world_size] int64).
-        Differentiable with respect to `tensor`."""
+        Differentiable with respect to `tensor`. check_splits=False skips the
+        check that the splits add up to the rows, for callers whose splits do
+        by construction (a bucketing op's sizes, the splits of a reply): the
+        check is read on the host, a wait for the device."""
         import tensorflow as tf
 
         tensor = tf.convert_to_tensor(tensor)
@@ -93,7 +96,7 @@ class Communicator(abc.ABC):
         # Checked before any exchange, in every engine, so this worker's error
         # says what is wrong (its peers then fail or time out in the exchange);
         # by the exchange itself where it checks (checks_splits).
-        if not self.checks_splits:
+        if check_splits and not self.checks_splits:
             check = tf.debugging.assert_equal(
                 tf.reduce_sum(splits), tf.shape(tensor, out_type=tf.int64)[0],
                 message="alltoall: splits must add up to the tensor's number of rows")
@@ -158,6 +161,12 @@ class Communicator(abc.ABC):
         """A context in which what belongs with worker `rank`'s shard (its
         optimizer state) is built as that shard is."""
         del rank
+        return self.table_scope()
+
+    def table_scope(self):
+        """A context in which this worker's shard of a sok table is made:
+        on the worker's device where the engine names one, else where
+        TensorFlow places it."""
         return contextlib.nullcontext()
 
 
