@@ -39,13 +39,23 @@ def _read_each_once(ids, read, counted=False):
     return tf.gather(read(unique), position)
 
 
-def _exchange(comm, ids, owner_of, read, name, counted=False, gate=()):
+def _read_each_once_by_group(ids, read, groups):
+    """_read_each_once where read takes the distinct ids and how many of them
+    fall in each of `groups` groups (id mod groups; in host memory on a
+    GPU, read back with the unique's own count)."""
+    unique, position, sizes = util_ops.unique_grouped(ids, groups, out_idx=tf.int64)
+    return tf.gather(read(unique, sizes), position)
+
+
+def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0):
     """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
     the ids travel to their owners, which answer with read(received ids)
-    (counted: read(distinct received ids, their occurrences)). The ids leave
+    (counted: read(distinct received ids, their occurrences); groups > 0:
+    read(distinct received ids, their number per group)). The ids leave
     once the ops in `gate` (checks of them) have run."""
     with tf.name_scope(name):
-        buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size)
+        # Owners come from floormod (or a fixed owner): never negative.
+        buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size, non_negative=True)
         send = tf.gather(ids, buckets.permutation)
         if gate:
             with tf.control_dependencies(list(gate)):
@@ -53,7 +63,10 @@ def _exchange(comm, ids, owner_of, read, name, counted=False, gate=()):
         # The bucketing op's sizes add up to the ids it sorted, and the reply
         # has a row for each id received: no check of the splits.
         received, received_splits = comm.alltoall(send, buckets.sizes, check_splits=False)
-        rows = _read_each_once(received, read, counted)
+        if groups:
+            rows = _read_each_once_by_group(received, read, groups)
+        else:
+            rows = _read_each_once(received, read, counted)
         back, _ = comm.alltoall(rows, received_splits, check_splits=False)
         return tf.gather(back, buckets.inverse_permutation)
 
@@ -97,14 +110,18 @@ def grouped_static_rows(comm, tables, tagged, name="sok_exchange", gate=()):
             send = tf.math.floordiv(ids, world_size) * count + table
             owners = tf.math.floormod(ids, world_size)
 
-        def read(received):
-            by_table = sharding_ops.bucketize_by_owner(received, count)
+        def read(received, per_table):
+            # per_table: the distinct keys of each table, counted by the
+            # unique that made them (host memory on a GPU), so this split
+            # waits for nothing; the bucketing op's own sizes would.
+            # Keys that passed every worker's range check: never negative.
+            by_table = sharding_ops.bucketize_by_owner(received, count, non_negative=True)
             local = tf.math.floordiv(by_table.ids, count)
             # Distinct keys (the exchange reads each received key once), so
             # each table's rows are distinct: its optimizer need not dedup.
             parts = [util_ops.mark_distinct(part)
-                     for part in util_ops.split(local, by_table.sizes, count)]
+                     for part in util_ops.split(local, per_table, count)]
             rows = tf.concat([tf.gather(v, part) for v, part in zip(tables, parts)], 0)
             return tf.gather(rows, by_table.inverse_permutation)
 
-        return _exchange(comm, send, owners, read, "rows", gate=gate)
+        return _exchange(comm, send, owners, read, "rows", gate=gate, groups=count)

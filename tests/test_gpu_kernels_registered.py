@@ -33,6 +33,8 @@ GPU_KERNELS = {
     "SokSparseApply": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),
     "SokUnique": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     "SokUniqueWithCounts": ({"T": {INT64}, "out_idx": {INT64}}, set()),
+    # The per-group sizes come back with the unique's count, to the host.
+    "SokUniqueGrouped": ({"T": {INT64}, "out_idx": {INT64}}, {"group_sizes"}),
     "SokUnsortedSegmentSum": ({"T": {FLOAT}, "Tindices": {INT64}, "Tnumsegments": {INT32, INT64}},
                               {"num_segments"}),
     "SokBucketizeByOwner": ({"T": {INT64}}, set()),

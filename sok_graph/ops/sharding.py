@@ -13,15 +13,18 @@ Buckets = collections.namedtuple(
 )
 
 
-def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None):
+def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None, non_negative=False):
     """Groups ids [n] by owning worker, stable within a group.
 
     Returns Buckets(ids=ids[permutation], sizes=[world_size] int64,
     permutation, inverse_permutation); ``tf.gather(rows, inverse_permutation)``
-    puts rows fetched in bucket order back in input order.
+    puts rows fetched in bucket order back in input order. A negative id is
+    an error, unless non_negative=True says the ids cannot be negative (the
+    GPU kernel then does not read its check back: no wait for the device).
     """
     out = library.load().sok_bucketize_by_owner(
-        ids, world_size=int(world_size), fixed_owner=int(fixed_owner), name=name
+        ids, world_size=int(world_size), fixed_owner=int(fixed_owner),
+        check_negative=not non_negative, name=name
     )
     return Buckets(*out)
 

@@ -17,6 +17,15 @@ def unique(x, out_idx=tf.int32, name=None):
     return library.load().sok_unique(x, out_idx=out_idx, name=name)
 
 
+def unique_grouped(x, groups, out_idx=tf.int32, name=None):
+    """(y, idx, group_sizes): unique(x), and how many values of y fall in
+    each of `groups` groups (a value v in group v mod groups), as an int64
+    [groups] tensor that a GPU op leaves in host memory. On a GPU the sizes
+    come back in the unique's own wait for the device, so splitting y by
+    group costs no second wait."""
+    return library.load().sok_unique_grouped(x, groups=int(groups), out_idx=out_idx, name=name)
+
+
 def unique_with_counts(x, out_idx=tf.int32, name=None):
     """As ``tf.unique_with_counts``: (y, idx, count), y in order of first appearance.
 

@@ -296,8 +296,8 @@ def _distinct_rows(grad):
 
 # Ops whose output 0 never repeats a value (the unique ops, and a dynamic
 # table's unique find-or-insert).
-_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "Unique", "UniqueWithCounts",
-               "SokDynamicTableUniqueFindOrInsert")
+_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "SokUniqueGrouped", "Unique",
+               "UniqueWithCounts", "SokDynamicTableUniqueFindOrInsert")
 
 
 def _distinct_by_construction(indices):

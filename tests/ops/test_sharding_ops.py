@@ -9,10 +9,13 @@ from sok_graph.ops import sharding
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
-def test_bucketize_distributed(rng, dtype, world_size):
+@pytest.mark.parametrize("non_negative", [False, True], ids=["checked", "unchecked"])
+def test_bucketize_distributed(rng, dtype, world_size, non_negative):
+    """The same buckets whether the op checks for negative ids (and reads
+    that back on a GPU) or the caller vouches there are none."""
     ids = rng.integers(0, 1000, size=257).astype(dtype.as_numpy_dtype)
     ids[:3] = [0, np.iinfo(dtype.as_numpy_dtype).max, 0]
-    b = sharding.bucketize_by_owner(tf.constant(ids), world_size)
+    b = sharding.bucketize_by_owner(tf.constant(ids), world_size, non_negative=non_negative)
     owners = ids.astype(np.int64) % world_size
     order = np.argsort(owners, kind="stable")  # independent stable sort
     np.testing.assert_array_equal(b.permutation.numpy(), order)

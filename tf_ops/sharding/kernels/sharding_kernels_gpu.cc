@@ -88,6 +88,7 @@ class BucketizeByOwnerGpuOp : public DeviceWaitingKernel<> {
   explicit BucketizeByOwnerGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("fixed_owner", &fixed_owner_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("check_negative", &check_negative_));
     OP_REQUIRES(ctx, fixed_owner_ < world_size_,
                 errors::InvalidArgument("fixed_owner must be < world_size (", world_size_,
                                         "); got ", fixed_owner_));
@@ -127,6 +128,7 @@ class BucketizeByOwnerGpuOp : public DeviceWaitingKernel<> {
                                                 in, n, world_size_, fixed_owner_, out, sz, p, inv,
                                                 neg, scratch, bytes, stream);
                                           }));
+    if (!check_negative_) return;  // ids >= 0 by the caller's construction
     int64_t first = INT64_MAX;
     int rc = sok_gpu_copy_to_host(&first, neg, sizeof(first), stream);
     OP_REQUIRES_OK(ctx, CudaStatus(rc, "SokBucketizeByOwner: read-back"));
@@ -141,6 +143,7 @@ class BucketizeByOwnerGpuOp : public DeviceWaitingKernel<> {
  private:
   int world_size_ = 1;
   int fixed_owner_ = -1;
+  bool check_negative_ = true;
 };
 
 // int64 ids only, as for SokLocalRows above.

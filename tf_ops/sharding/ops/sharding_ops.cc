@@ -19,6 +19,7 @@ REGISTER_OP("SokBucketizeByOwner")
     .Output("inverse_permutation: int64")
     .Attr("world_size: int >= 1")
     .Attr("fixed_owner: int = -1")
+    .Attr("check_negative: bool = true")
     .Attr("T: {int32, int64}")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle ids;
@@ -43,6 +44,11 @@ The owner of id is fixed_owner if fixed_owner >= 0 (localized tables), else
 id % world_size (distributed tables). bucketed_ids = ids[permutation];
 bucket_sizes[w] counts ids owned by worker w; gathering bucketed rows with
 inverse_permutation restores input order. Ids must be >= 0.
+check_negative=false: the caller guarantees ids >= 0 (owners computed with
+floormod, keys that passed a check), so the GPU kernel skips the read-back
+that reports a negative id: no wait for the device. A negative id is then
+grouped with worker 0 there; the CPU kernel checks in any case (it waits
+for nothing).
 )doc");
 
 REGISTER_OP("SokLocalRows")

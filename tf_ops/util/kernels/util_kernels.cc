@@ -52,6 +52,34 @@ class UniqueOp : public OpKernel {
   }
 };
 
+// SokUniqueGrouped: SokUnique, and the distinct values per group (v mod groups).
+template <typename K, typename I>
+class UniqueGroupedOp : public UniqueOp<K, I, false> {
+ public:
+  explicit UniqueGroupedOp(OpKernelConstruction* ctx) : UniqueOp<K, I, false>(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups_));
+  }
+
+  void Compute(OpKernelContext* ctx) override {
+    UniqueOp<K, I, false>::Compute(ctx);
+    if (!ctx->status().ok()) return;
+    Tensor* sizes = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({groups_}), &sizes));
+    auto out = sizes->flat<TfInt64>();
+    for (int64_t g = 0; g < groups_; ++g) out(g) = 0;
+    const auto y = ctx->mutable_output(0)->flat<K>();
+    for (int64_t i = 0; i < y.size(); ++i) {
+      const int64_t v = static_cast<int64_t>(y(i));
+      int64_t g = v % groups_;
+      if (g < 0) g += groups_;
+      ++out(g);
+    }
+  }
+
+ private:
+  int64_t groups_ = 1;
+};
+
 template <typename T>
 struct Accumulator {
   using type = float;
@@ -107,7 +135,12 @@ class UnsortedSegmentSumOp : public OpKernel {
                               .Device(::tensorflow::DEVICE_CPU)   \
                               .TypeConstraint<K>("T")             \
                               .TypeConstraint<I>("out_idx"),      \
-                          UniqueOp<K, I, false>);
+                          UniqueOp<K, I, false>);              \
+  REGISTER_KERNEL_BUILDER(Name("SokUniqueGrouped")                \
+                              .Device(::tensorflow::DEVICE_CPU)   \
+                              .TypeConstraint<K>("T")             \
+                              .TypeConstraint<I>("out_idx"),      \
+                          UniqueGroupedOp<K, I>);
 SOK_REGISTER_UNIQUE(int32_t, int32_t)
 SOK_REGISTER_UNIQUE(int32_t, TfInt64)
 SOK_REGISTER_UNIQUE(TfInt64, int32_t)

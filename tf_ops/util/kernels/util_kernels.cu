@@ -457,9 +457,31 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
   return static_cast<int>(cudaGetLastError());
 }
 
+__global__ void GroupSizes(const int64_t* __restrict__ y, const int64_t* __restrict__ num,
+                           int64_t n, int64_t groups, unsigned long long* sizes) {
+  const int64_t count = *num < n ? *num : n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    int64_t g = y[i] % groups;
+    if (g < 0) g += groups;
+    atomicAdd(sizes + g, 1ull);
+  }
+}
+
 }  // namespace
 
 #define SOK_EXPORT extern "C" __attribute__((visibility("default")))
+
+SOK_EXPORT int sok_unique_group_sizes_i64(const int64_t* y, const int64_t* num_unique, int64_t n,
+                                          int64_t groups, int64_t* sizes, void* stream) {
+  cudaStream_t s = static_cast<cudaStream_t>(stream);
+  SOK_CUDA(cudaMemsetAsync(sizes, 0, sizeof(int64_t) * groups, s));
+  if (n > 0) {
+    GroupSizes<<<Grid(n), 256, 0, s>>>(y, num_unique, n, groups,
+                                       reinterpret_cast<unsigned long long*>(sizes));
+  }
+  return static_cast<int>(cudaGetLastError());
+}
 
 #define SOK_UNIQUE(NAME, IN_SET, K, I)                                                       \
   SOK_EXPORT int NAME(const K* x, int64_t n, K* y, I* idx, I* count, int64_t* num_unique,    \

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <limits>
 #include <type_traits>
+#include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/cuda_status.h"
@@ -43,12 +44,16 @@ int Unique(const int64_t* x, int64_t n, int64_t set_slots, int64_t* y, int64_t* 
 template <typename T>
 using C = typename std::conditional<sizeof(T) == 8, int64_t, int32_t>::type;
 
-// SokUniqueWithCounts (kCounts) and SokUnique; the hash set of a call is
-// sized by the op's last batch (UniqueSetHint).
+// SokUniqueWithCounts (kCounts), SokUnique and SokUniqueGrouped (an op with
+// a `groups` attribute: the distinct values per group come back with their
+// number, in the same read-back); the hash set of a call is sized by the
+// op's last batch (UniqueSetHint).
 template <typename K, typename I, bool kCounts>
 class UniqueGpuOp : public DeviceWaitingKernel<> {
  public:
-  using DeviceWaitingKernel::DeviceWaitingKernel;
+  explicit UniqueGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
+    if (ctx->HasAttr("groups")) OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups_));
+  }
 
   void Compute(OpKernelContext* ctx) override {
     const Tensor& x = ctx->input(0);
@@ -70,7 +75,10 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
     const TensorShape room({n > 0 ? n : 1});
     OP_REQUIRES_OK(ctx, ctx->allocate_temp(x.dtype(), room, &y_all));
     if (kCounts) OP_REQUIRES_OK(ctx, ctx->allocate_temp(idx->dtype(), room, &count_all));
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &num));
+    // The number of distinct values, then (grouped) each group's share.
+    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1 + groups_}),
+                                           &num));
+    std::vector<int64_t> read_back(1 + groups_, 0);
     const C<K>* xs = reinterpret_cast<const C<K>*>(x.flat<K>().data());
     C<K>* ys = reinterpret_cast<C<K>*>(Data(y_all));
     C<I>* idxs = reinterpret_cast<C<I>*>(idx->flat<I>().data());
@@ -86,11 +94,26 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
                                     return Unique(xs, n, set_slots, ys, idxs, counts, u_dev,
                                                   scratch, bytes, stream);
                                   }));
-                              return CudaStatus(
-                                  sok_gpu_copy_to_host(distinct, u_dev, sizeof(*distinct), stream),
-                                  "reading the number of distinct values back");
+                              if (groups_ > 0) {
+                                TF_RETURN_IF_ERROR(CudaStatus(
+                                    sok_unique_group_sizes_i64(
+                                        reinterpret_cast<const int64_t*>(ys), u_dev, n, groups_,
+                                        u_dev + 1, stream),
+                                    "counting distinct values per group"));
+                              }
+                              TF_RETURN_IF_ERROR(CudaStatus(
+                                  sok_gpu_copy_to_host(read_back.data(), u_dev,
+                                                       sizeof(int64_t) * read_back.size(), stream),
+                                  "reading the number of distinct values back"));
+                              *distinct = read_back[0];
+                              return OkStatus();
                             },
                             &u));
+    if (groups_ > 0) {
+      Tensor* sizes = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(2, TensorShape({groups_}), &sizes));
+      std::copy(read_back.begin() + 1, read_back.end(), sizes->flat<TfInt64>().data());
+    }
     Tensor* y = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, TensorShape({u}), &y));
     OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_on_device(Data(*y), ys, sizeof(K) * u, stream),
@@ -106,6 +129,7 @@ class UniqueGpuOp : public DeviceWaitingKernel<> {
 
  private:
   UniqueSetHint hint_;
+  int64_t groups_ = 0;
 };
 
 int SegmentSum(const float* data, const int64_t* ids, int64_t n, int64_t width, int64_t segs,
@@ -168,6 +192,12 @@ class UnsortedSegmentSumGpuOp : public DeviceWaitingKernel<> {
                               .Device(::tensorflow::DEVICE_GPU)   \
                               .TypeConstraint<K>("T")             \
                               .TypeConstraint<I>("out_idx"),      \
+                          UniqueGpuOp<K, I, false>);          \
+  REGISTER_KERNEL_BUILDER(Name("SokUniqueGrouped")                \
+                              .Device(::tensorflow::DEVICE_GPU)   \
+                              .TypeConstraint<K>("T")             \
+                              .TypeConstraint<I>("out_idx")       \
+                              .HostMemory("group_sizes"),         \
                           UniqueGpuOp<K, I, false>);
 // int64 only (the launchers' types); other types run on the CPU kernel,
 // where TensorFlow places them.

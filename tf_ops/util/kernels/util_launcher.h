@@ -64,6 +64,12 @@ int sok_unique_in_set_i32_i64(const int32_t* x, int64_t n, int64_t set_slots, in
                               int64_t* idx, int64_t* count, int64_t* num_unique, void* temp,
                               size_t* temp_bytes, void* stream);
 
+// After a unique of n keys: sizes[g] (g < groups, device int64s) <- how many
+// of the *num_unique distinct values y holds (a device int64, negative for
+// none) are in group g, the value mod groups (floor modulo).
+int sok_unique_group_sizes_i64(const int64_t* y, const int64_t* num_unique, int64_t n,
+                               int64_t groups, int64_t* sizes, void* stream);
+
 // tf.math.unsorted_segment_sum for float data [n, width] and 1-D segment ids:
 // out [num_segments, width] (every row written; empty segments are zero).
 // Negative ids are dropped. Ids >= num_segments are an error: *first_bad

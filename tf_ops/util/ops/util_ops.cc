@@ -52,6 +52,32 @@ x[i]. SokUniqueWithCounts without the counts, which cost the GPU kernel an
 atomic per warp of keys.
 )doc");
 
+REGISTER_OP("SokUniqueGrouped")
+    .Input("x: T")
+    .Output("y: T")
+    .Output("idx: out_idx")
+    .Output("group_sizes: int64")
+    .Attr("T: {int32, int64}")
+    .Attr("out_idx: {int32, int64} = DT_INT32")
+    .Attr("groups: int >= 1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle x;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &x));
+      int64_t groups = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("groups", &groups));
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, x);
+      c->set_output(2, c->Vector(groups));
+      return OkStatus();
+    })
+    .Doc(R"doc(
+SokUnique, and how many distinct values fall in each of `groups` groups, a
+value v in group v mod groups (floor modulo, so in [0, groups) for any v).
+group_sizes is in host memory on a GPU: it is read back with the number of
+distinct values, in the one wait the op has anyway, so a split of y by
+group (the tables of a model-parallel exchange) waits for nothing more.
+)doc");
+
 REGISTER_OP("SokUnsortedSegmentSum")
     .Input("data: T")
     .Input("segment_ids: Tindices")
