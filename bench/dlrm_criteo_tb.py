@@ -71,6 +71,10 @@ def parse(argv=None):
     p.add_argument("--trace", type=int, default=0, help="trace this many steps at the end")
     p.add_argument("--trace_dir", default=None,
                    help="where the trace goes (default: a temporary folder)")
+    p.add_argument("--bytes", type=int, default=0, metavar="STEPS",
+                   help="after the timed steps, count the bytes the exchanges send over "
+                        "STEPS steps with ids deduplicated per table before the exchange "
+                        "(the default) and without, per step and GPU")
     p.add_argument("--transfers", action="store_true",
                    help="after the timed steps, print every tensor one step moves between "
                         "devices (from the placed, partitioned graph): each GPU-to-host "
@@ -163,7 +167,9 @@ class DLRM:
         rng = np.random.default_rng(seed)
         self.dense = []
         width = DENSE_FEATURES
-        for k, out in enumerate(BOTTOM):
+        # The bottom MLP ends at the embeddings' width (128 in SOK's model),
+        # which the dot interaction needs.
+        for k, out in enumerate(BOTTOM[:-1] + [dim]):
             self.dense.append(self._layer(rng, width, out, f"bottom{k}"))
             width = out
         features = len(rows) + 1
@@ -398,7 +404,41 @@ def run_side(side, strategy, args, rows, tf):
           f"{rate / n / 1e6:.3f}M per replica (loss {value:.4f})", flush=True)
     if args.trace:
         _trace_breakdown(strategy, step, pool, args, tf, args.trace)
+    if args.bytes and side == "sok":
+        _bytes_per_step(strategy, model, pool, args, tf)
     return rate
+
+
+def _bytes_per_step(strategy, model, pool, args, tf):
+    """Bytes the forward exchange (ids, and rows back) sends to other GPUs
+    per step and GPU, with and without deduplication before the exchange.
+    Counting is fixed when a step is traced, so each count gets a new step;
+    they train the model further, after the timed steps."""
+    import sok_graph as sok
+
+    n = strategy.num_replicas_in_sync
+    sent = {}
+    for dedup in (True, False):
+        sok.lookup.dedup_before_exchange = dedup
+        sok.communication.count_bytes(True)
+        with strategy.scope():
+            counted = build_step(strategy, model, args, tf)
+        float(counted(pool, tf.constant(0)))  # traced now, with counting on
+        sok.communication.count_bytes(False)
+        sok.communication.reset_bytes_sent()
+        for i in range(args.bytes):
+            loss = counted(pool, tf.constant(i % args.pool))
+        float(loss)
+        # One process counts every replica it runs.
+        local = 1 if args.workers or args.horovod else n
+        sent[dedup] = sok.communication.bytes_sent() / args.bytes / local
+    sok.lookup.dedup_before_exchange = True
+    # The count covers the forward exchange (ids out, rows back); the
+    # backward sends the rows' gradients, as many bytes as the rows.
+    print(f"[sok] forward exchange, bytes sent to other GPUs per step and GPU ({args.ids} ids, "
+          f"dim {args.dim}): "
+          f"{sent[True] / 1e6:.2f} MB with dedup, {sent[False] / 1e6:.2f} MB without "
+          f"({sent[False] / max(sent[True], 1):.2f}x)", flush=True)
 
 
 def _first_step_with_transfers(step, pool, tf, side):

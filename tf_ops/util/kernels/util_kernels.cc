@@ -57,7 +57,9 @@ template <typename K, typename I>
 class UniqueGroupedOp : public UniqueOp<K, I, false> {
  public:
   explicit UniqueGroupedOp(OpKernelConstruction* ctx) : UniqueOp<K, I, false>(ctx) {
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups_));
+    TfInt64 groups = 1;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups));
+    groups_ = groups;
   }
 
   void Compute(OpKernelContext* ctx) override {

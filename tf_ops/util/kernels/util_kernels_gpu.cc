@@ -52,7 +52,11 @@ template <typename K, typename I, bool kCounts>
 class UniqueGpuOp : public DeviceWaitingKernel<> {
  public:
   explicit UniqueGpuOp(OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
-    if (ctx->HasAttr("groups")) OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups_));
+    if (ctx->HasAttr("groups")) {
+      TfInt64 groups = 0;
+      OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups));
+      groups_ = groups;
+    }
   }
 
   void Compute(OpKernelContext* ctx) override {

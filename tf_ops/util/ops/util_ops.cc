@@ -63,7 +63,7 @@ REGISTER_OP("SokUniqueGrouped")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle x;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &x));
-      int64_t groups = 0;
+      TfInt64 groups = 0;
       TF_RETURN_IF_ERROR(c->GetAttr("groups", &groups));
       c->set_output(0, c->Vector(c->UnknownDim()));
       c->set_output(1, x);
