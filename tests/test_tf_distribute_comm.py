@@ -570,11 +570,14 @@ def test_nccl_is_not_used_on_logical_gpus_that_share_one(monkeypatch):
 
     monkeypatch.setattr(nccl.library, "built_with_cuda", lambda: True)
     monkeypatch.setattr(nccl, "load_library", lambda: object())
-    count = {"GPU": (2, 1)}  # (logical, physical)
+    here = "/job:localhost/replica:0/task:0"
+    logical = {"GPU": [f"{here}/device:GPU:0", f"{here}/device:GPU:1"]}
+    physical = {"GPU": 1}
     monkeypatch.setattr(tf.config.experimental, "list_logical_devices",
-                        lambda kind: [None] * count[kind][0])
+                        lambda kind: [tf.config.LogicalDevice(name, kind)
+                                      for name in logical[kind]])
     monkeypatch.setattr(tf.config.experimental, "list_physical_devices",
-                        lambda kind: [None] * count[kind][1])
+                        lambda kind: [None] * physical[kind])
     gpus = ["/gpu:0", "/gpu:1"]
     monkeypatch.setenv("SOK_GRAPH_NCCL", "auto")
     assert nccl.usable(gpus) is False
@@ -582,8 +585,14 @@ def test_nccl_is_not_used_on_logical_gpus_that_share_one(monkeypatch):
     with pytest.raises(RuntimeError, match="this process's 2 logical GPUs share fewer physical "
                                            "ones"):
         nccl.usable(gpus)
-    count["GPU"] = (2, 2)
+    physical["GPU"] = 2
     assert nccl.usable(gpus) is True
+    # One GPU per process: once a MultiWorkerMirroredStrategy connects the
+    # cluster, the logical devices list the other workers' GPUs too; those
+    # are not this process's and do not make its one GPU a shared one.
+    logical["GPU"] = [f"{here}/device:GPU:0", "/job:worker/replica:0/task:1/device:GPU:0"]
+    physical["GPU"] = 1
+    assert nccl.usable(["/gpu:0"], world_size=2) is True
 
 
 def _replica_asserts(register):
