@@ -38,8 +38,14 @@ def env(**extra):
 
 def run_process(argv, timeout=600, cwd=None, **extra_env):
     """Runs argv, which must succeed; returns its output (stdout + stderr)."""
-    proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=env(**extra_env), timeout=timeout, cwd=cwd)
+    try:
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                              env=env(**extra_env), timeout=timeout, cwd=cwd)
+    except subprocess.TimeoutExpired as e:
+        # What it printed so far says how far it got (which workload hung).
+        out = e.output.decode(errors="replace") if isinstance(e.output, bytes) else e.output
+        raise AssertionError(f"{argv} did not end within {timeout} s; its last output:\n"
+                             f"{(out or '')[-6000:]}") from None
     assert proc.returncode == 0, f"{argv} exited {proc.returncode}:\n{proc.stdout[-6000:]}"
     return proc.stdout
 

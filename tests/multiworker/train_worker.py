@@ -157,6 +157,7 @@ def main():
 
 
 def run_config(config, args, strategy, rank, world, sok, tf):
+    started = time.time()
     init_op = None
     mirrored = config.engine == "mirrored"
     with strategy.scope() if strategy is not None else _null():
@@ -192,7 +193,8 @@ def run_config(config, args, strategy, rank, world, sok, tf):
     np.savez(os.path.join(out, f"rank{rank}.npz"), losses=np.array(losses),
              dense=model.dense_value(), bytes_sent=np.int64(sok.communication.bytes_sent()),
              **model.tables())
-    print(f"rank {rank} {config.text}: losses {losses}", flush=True)
+    print(f"rank {rank} {config.text}: losses {losses} ({time.time() - started:.1f} s)",
+          flush=True)
 
 
 class _null:
