@@ -22,6 +22,7 @@ Each launch costs a TensorFlow start per worker; two launches keep the file
 under a minute on a 2-core machine.
 """
 
+import collections
 import contextlib
 import json
 import os
@@ -573,9 +574,9 @@ def test_nccl_is_not_used_on_logical_gpus_that_share_one(monkeypatch):
     here = "/job:localhost/replica:0/task:0"
     logical = {"GPU": [f"{here}/device:GPU:0", f"{here}/device:GPU:1"]}
     physical = {"GPU": 1}
+    device = collections.namedtuple("LogicalDevice", "name device_type")  # TF 1.15 has none
     monkeypatch.setattr(tf.config.experimental, "list_logical_devices",
-                        lambda kind: [tf.config.LogicalDevice(name, kind)
-                                      for name in logical[kind]])
+                        lambda kind: [device(name, kind) for name in logical[kind]])
     monkeypatch.setattr(tf.config.experimental, "list_physical_devices",
                         lambda kind: [None] * physical[kind])
     gpus = ["/gpu:0", "/gpu:1"]

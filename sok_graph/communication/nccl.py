@@ -153,11 +153,15 @@ def _local_devices(devices):
     """The logical devices of `devices` that belong to this process."""
     from tensorflow.python.eager import context as eager_context
 
-    here = tf.DeviceSpec.from_string(eager_context.context().host_address_space())
+    # TF 1.15's eager context has no address: it never connects a cluster,
+    # so its own devices are the local ones.
+    address = getattr(eager_context.context(), "host_address_space", None)
+    here = tf.DeviceSpec.from_string(address()) if address is not None else None
     local = []
     for device in devices:
         spec = tf.DeviceSpec.from_string(device.name)
-        if spec.job in (None, "localhost") or (spec.job, spec.task) == (here.job, here.task):
+        if spec.job in (None, "localhost") or (
+                here is not None and (spec.job, spec.task) == (here.job, here.task)):
             local.append(device)
     return local
 
