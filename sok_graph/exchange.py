@@ -28,23 +28,20 @@ from sok_graph.ops import sharding as sharding_ops
 from sok_graph.ops import util as util_ops
 
 
-def _read_each_once(ids, read, counted=False):
+def _read_each_once(ids, read, counted=False, groups=0):
     """read(ids) computed as read(unique ids) expanded, so the gradient that
     reaches the table has one summed row per distinct id. counted: read
-    takes each unique id's number of occurrences too."""
+    takes each unique id's number of occurrences too; groups > 0: read
+    takes how many distinct ids fall in each of `groups` groups (id mod
+    groups; in host memory on a GPU, read back with the unique's own count)."""
     if counted:
         unique, position, occurrences = util_ops.unique_with_counts(ids, out_idx=tf.int64)
         return tf.gather(read(unique, occurrences), position)
+    if groups:
+        unique, position, sizes = util_ops.unique_grouped(ids, groups, out_idx=tf.int64)
+        return tf.gather(read(unique, sizes), position)
     unique, position = util_ops.unique(ids, out_idx=tf.int64)
     return tf.gather(read(unique), position)
-
-
-def _read_each_once_by_group(ids, read, groups):
-    """_read_each_once where read takes the distinct ids and how many of them
-    fall in each of `groups` groups (id mod groups; in host memory on a
-    GPU, read back with the unique's own count)."""
-    unique, position, sizes = util_ops.unique_grouped(ids, groups, out_idx=tf.int64)
-    return tf.gather(read(unique, sizes), position)
 
 
 def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0):
@@ -63,10 +60,7 @@ def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0)
         # The bucketing op's sizes add up to the ids it sorted, and the reply
         # has a row for each id received: no check of the splits.
         received, received_splits = comm.alltoall(send, buckets.sizes, check_splits=False)
-        if groups:
-            rows = _read_each_once_by_group(received, read, groups)
-        else:
-            rows = _read_each_once(received, read, counted)
+        rows = _read_each_once(received, read, counted, groups)
         back, _ = comm.alltoall(rows, received_splits, check_splits=False)
         return tf.gather(back, buckets.inverse_permutation)
 

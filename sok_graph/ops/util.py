@@ -3,6 +3,7 @@
 
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 from sok_graph.ops import library
@@ -23,6 +24,9 @@ def unique_grouped(x, groups, out_idx=tf.int32, name=None):
     [groups] tensor that a GPU op leaves in host memory. On a GPU the sizes
     come back in the unique's own wait for the device, so splitting y by
     group costs no second wait."""
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
+        raise ValueError(f"groups must be an int >= 1 (the number of groups, a value v in "
+                         f"group v mod groups); got {groups!r}")
     return library.load().sok_unique_grouped(x, groups=int(groups), out_idx=out_idx, name=name)
 
 

@@ -94,6 +94,12 @@ def test_unique_grouped_over_batches_that_overflow_the_set(rng):
         np.testing.assert_array_equal(sizes.numpy(), _group_sizes(np.unique(x), 7))
 
 
+@pytest.mark.parametrize("groups", [0, -3, 2.5, True, None])
+def test_unique_grouped_rejects_bad_groups(groups):
+    with pytest.raises(ValueError, match=r"groups must be an int >= 1.*got"):
+        util.unique_grouped(tf.constant([1, 2], tf.int64), groups)
+
+
 @pytest.mark.parametrize("unique", [util.unique, util.unique_with_counts])
 def test_unique_rejects_matrix(unique):
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
