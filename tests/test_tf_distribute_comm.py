@@ -495,6 +495,35 @@ def test_session_config_names_the_group_leader_and_this_worker():
         _unconnected().session_config({"device_filters": []})
 
 
+def test_session_config_sees_the_contexts_gpus(monkeypatch):
+    """A Session of an engine sees the logical and visible GPUs the eager
+    context was given (without them two replicas on logical GPUs of one
+    physical GPU share one Session device and their collectives hang); what
+    the caller's config says itself wins."""
+    import tensorflow as tf
+    from sok_graph.communication import base
+
+    context_config = tf.compat.v1.ConfigProto()
+    context_config.gpu_options.visible_device_list = "1"
+    for limit in (4096, 2048):
+        context_config.gpu_options.experimental.virtual_devices.add().memory_limit_mb.append(limit)
+    monkeypatch.setattr(base, "_context_gpu_options", lambda: context_config.gpu_options)
+
+    config = base.copied_session_config(None)
+    assert config.gpu_options.visible_device_list == "1"
+    assert [list(v.memory_limit_mb) for v in config.gpu_options.experimental.virtual_devices] \
+        == [[4096], [2048]]
+    given = tf.compat.v1.ConfigProto()
+    given.gpu_options.visible_device_list = "0"
+    given.gpu_options.experimental.virtual_devices.add().memory_limit_mb.append(1024)
+    config = base.copied_session_config(given)
+    assert config.gpu_options.visible_device_list == "0"
+    assert [list(v.memory_limit_mb) for v in config.gpu_options.experimental.virtual_devices] \
+        == [[1024]]
+    monkeypatch.setattr(base, "_context_gpu_options", lambda: None)  # TF 1.15 without a context
+    assert not base.copied_session_config(None).gpu_options.experimental.virtual_devices
+
+
 def test_session_chunk_sizes_and_their_keys():
     # In Session graphs an all-to-all's instance key is base + index, so one
     # index must always mean one padded size, and the padding must stay small.

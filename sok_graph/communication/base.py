@@ -172,7 +172,15 @@ class Communicator(abc.ABC):
 
 def copied_session_config(config):
     """A copy of `config` (a tf.compat.v1.ConfigProto, or a new one) for an
-    engine to complete with what its Session needs."""
+    engine to complete with what its Session needs, seeing the GPUs this
+    process's eager context sees.
+
+    A Session made from a ConfigProto makes its own devices: without the
+    context's GPU settings it has one device per physical GPU, whatever
+    tf.config.set_logical_device_configuration or set_visible_devices said.
+    Replicas on two logical GPUs of one physical GPU then land on one device,
+    where the strategy's collectives wait for each other forever. Settings
+    `config` makes itself are kept."""
     import tensorflow as tf
 
     updated = tf.compat.v1.ConfigProto()
@@ -181,7 +189,25 @@ def copied_session_config(config):
             raise TypeError(f"config must be a tf.compat.v1.ConfigProto or None; got "
                             f"{type(config).__name__}")
         updated.CopyFrom(config)
+    context_gpus = _context_gpu_options()
+    if context_gpus is not None:
+        if not updated.gpu_options.visible_device_list:
+            updated.gpu_options.visible_device_list = context_gpus.visible_device_list
+        if not updated.gpu_options.experimental.virtual_devices:
+            updated.gpu_options.experimental.virtual_devices.extend(
+                context_gpus.experimental.virtual_devices)
     return updated
+
+
+def _context_gpu_options():
+    """The eager context's GPUOptions (logical GPUs, visible GPUs), or None
+    where the context has no config to give (TF 1.15's graph-mode start)."""
+    from tensorflow.python.eager import context as eager_context
+
+    try:
+        return eager_context.context().config.gpu_options
+    except (AttributeError, ValueError, RuntimeError):
+        return None
 
 
 def valid_rows(counts, chunk):
