@@ -35,6 +35,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, replica_shards
+from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 
@@ -137,7 +138,7 @@ class AdmissionFilter:
                 compat.anonymous_name() if tf.executing_eagerly()
                 else shared_name + "/admission_counts")
             ops.append(dynamic_ops.create(self.counts_handle, self._entry_dtype, 1,
-                                          initializer="zeros"))
+                                          initializer_spec("zeros")))
             if tf.executing_eagerly():
                 self._deleter = compat.eager_resource_deleter(self.counts_handle)
         if self.ratio < 1.0:

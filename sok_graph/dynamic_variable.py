@@ -45,12 +45,12 @@ variable's handle in place never see the table), and it is compared and
 hashed by identity (element-wise == means nothing without a dense value).
 """
 
-import math
 
 import numpy as np
 import tensorflow as tf
 
 from sok_graph import admission, compat, context, placement, replica_shards
+from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
@@ -60,86 +60,6 @@ _DEFAULT_INIT_CAPACITY = 1 << 16
 
 def _is_power_of_two(x):
     return isinstance(x, (int, np.integer)) and x > 0 and (x & (x - 1)) == 0
-
-
-def _number(text):
-    """The float a string holds ("13", "-0.5", "1e-3"), else None."""
-    try:
-        return float(text.strip())
-    except ValueError:
-        return None
-
-
-def _finite_constant(value, given):
-    """A constant initializer's value: a finite float32 (NaN, infinities and
-    numbers past float32's range would fill every new row with them)."""
-    if not math.isfinite(value) or abs(value) > float(np.finfo(np.float32).max):
-        raise ValueError(f"initializer={given!r}: a constant initializer must be a finite "
-                         f"float32 number")
-    return value
-
-
-def initializer_spec(initializer, seed=None):
-    """The table's initializer attributes from SOK's accepted forms: None,
-    "random" (SOK's default name) or "uniform" (uniform in [-0.05, 0.05), as
-    a Keras Embedding starts), a string holding a number ("13": constant),
-    "normal" / "truncated_normal" (mean 0, stddev 0.05, as Keras' defaults),
-    "zeros", "ones", a number (constant), or a Keras / tf initializer object
-    (RandomNormal, TruncatedNormal, RandomUniform, Zeros, Ones, Constant)."""
-    spec = dict(initializer="normal", mean=0.0, stddev=0.05, seed=seed or 0)
-    if isinstance(initializer, (np.ndarray, list, tuple)):
-        raise TypeError(f"initializer must be a name, a number or a Keras/TF initializer (a "
-                        f"dynamic table has no fixed rows to take an array's values); got "
-                        f"{type(initializer).__name__} {np.shape(initializer)}")
-    if initializer is None or initializer in ("", "random"):
-        initializer = "uniform"  # SOK's default, "random", a small uniform range
-    if initializer in ("normal", "random_normal"):
-        return spec
-    if isinstance(initializer, str) and _number(initializer) is not None:
-        # SOK: a string holding a number is a constant initializer ("13").
-        return dict(spec, initializer="constant",
-                    value=_finite_constant(_number(initializer), initializer))
-    if isinstance(initializer, str):
-        names = {"uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
-                 "random_uniform": dict(initializer="uniform", minval=-0.05, maxval=0.05),
-                 "truncated_normal": dict(initializer="truncated_normal"),
-                 "zeros": dict(initializer="zeros"),
-                 "ones": dict(initializer="constant", value=1.0)}
-        if initializer not in names:
-            raise ValueError(
-                f"initializer must be one of 'normal', 'truncated_normal', 'uniform', 'zeros', "
-                f"'ones', a number or a Keras/TF initializer; got {initializer!r}")
-        spec.update(names[initializer])
-        return spec
-    if isinstance(initializer, (int, float, np.number)) and not isinstance(initializer, bool):
-        return dict(spec, initializer="constant",
-                    value=_finite_constant(float(initializer), initializer))
-    config = initializer.get_config() if hasattr(initializer, "get_config") else None
-    kind = type(initializer).__name__
-    if config is None:
-        raise TypeError(f"initializer {initializer!r} is not a supported initializer")
-    seed = config.get("seed", seed) or 0
-    if kind in ("RandomNormal", "random_normal_initializer"):
-        return dict(spec, mean=config.get("mean", 0.0), stddev=config.get("stddev", 1.0),
-                    seed=seed)
-    if kind in ("TruncatedNormal", "truncated_normal_initializer"):
-        return dict(spec, initializer="truncated_normal", mean=config.get("mean", 0.0),
-                    stddev=config.get("stddev", 1.0), seed=seed)
-    if kind in ("RandomUniform", "random_uniform_initializer"):
-        return dict(spec, initializer="uniform", minval=config.get("minval", -0.05),
-                    maxval=config.get("maxval", 0.05), seed=seed)
-    if kind in ("Zeros", "zeros_initializer"):
-        return dict(spec, initializer="zeros")
-    if kind in ("Ones", "ones_initializer"):
-        return dict(spec, initializer="constant", value=1.0)
-    if kind in ("Constant", "constant_initializer"):
-        value = config.get("value", 0.0)
-        if np.ndim(value) != 0:
-            raise ValueError("a Constant initializer for a DynamicVariable must hold one number")
-        return dict(spec, initializer="constant", value=float(value))
-    raise TypeError(
-        f"initializer {kind} is not supported by DynamicVariable; use RandomNormal, "
-        f"TruncatedNormal, RandomUniform, Zeros, Ones, Constant or one of their names")
 
 
 class NoDenseValueError(NotImplementedError, ValueError):
@@ -344,11 +264,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     def _create_op(self):
         c = self._config
         return dynamic_ops.create(
-            self._handle, self._key_type, self._dimension, initializer=c["initializer"],
-            mean=c.get("mean", 0.0), stddev=c.get("stddev", 1.0), minval=c.get("minval", 0.0),
-            maxval=c.get("maxval", 1.0), value=c.get("value", 0.0), seed=c.get("seed", 0),
-            init_capacity=c["init_capacity"], max_capacity=c["max_capacity"],
-            hbm_bytes=c["hbm_bytes"], eviction=c["eviction"])
+            self._handle, self._key_type, self._dimension,
+            {k: c[k] for k in initializer_spec(None)}, init_capacity=c["init_capacity"],
+            max_capacity=c["max_capacity"], hbm_bytes=c["hbm_bytes"], eviction=c["eviction"])
 
     # ---------------------------------------------------------------- identity
     @property

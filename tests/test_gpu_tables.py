@@ -199,7 +199,7 @@ def test_cpu_and_gpu_tables_export_the_same_chunks():
     for device in ("CPU", "GPU"):
         with tf.device(f"/{device}:0"):
             handles[device] = dyn.handle(f"export_{device}_{np.random.randint(1 << 40)}")
-            dyn.create(handles[device], tf.int64, dim, initializer="zeros")
+            dyn.create(handles[device], tf.int64, dim, dict(initializer="zeros"))
             dyn.import_rows(handles[device], keys, rows, stamps, counts)
             # A few rows touched again, so times differ from the imported ones.
             dyn.find_or_insert(handles[device], keys[::17], dim)

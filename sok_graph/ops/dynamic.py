@@ -4,6 +4,7 @@ into (unique keys, summed rows) for the table."""
 
 import tensorflow as tf
 
+from sok_graph import initializers
 from sok_graph.ops import library
 from sok_graph.ops import util as util_ops
 from sok_graph.compat import IndexedSlices, register_gradient
@@ -50,17 +51,24 @@ def handle(shared_name, container=""):
     return library.load().sok_dynamic_table_handle(container=container, shared_name=shared_name)
 
 
-def create(table, key_dtype, dim, initializer="normal", mean=0.0, stddev=1.0, minval=0.0,
-           maxval=1.0, value=0.0, seed=0, init_capacity=0, max_capacity=0, max_bytes=0,
+def create(table, key_dtype, dim, init=None, init_capacity=0, max_capacity=0, max_bytes=0,
            eviction="lru", hbm_bytes=-1):
     """Creates the table behind `table` if it does not exist yet (an op in graph mode).
+    init: the rows' initializer, a spec of sok_graph/initializers.py (what
+    initializer_spec gives; keys it lacks take DEFAULT's values).
     max_capacity / max_bytes bound the rows (0: no bound); hbm_bytes is how
     many bytes of rows a GPU table keeps in device memory (-1: all), the rest
     in pinned host memory."""
+    unknown = sorted(set(init or {}) - set(initializers.DEFAULT))
+    if unknown:
+        raise ValueError(f"init has keys {unknown} that no initializer spec has; its keys are "
+                         f"{sorted(initializers.DEFAULT)}")
+    init = dict(initializers.DEFAULT, **(init or {}))
     return library.load().sok_dynamic_table_create(
-        table, key_dtype=key_dtype, dim=int(dim), initializer=initializer,
-        init_mean=float(mean), init_stddev=float(stddev), init_minval=float(minval),
-        init_maxval=float(maxval), init_value=float(value), seed=int(seed),
+        table, key_dtype=key_dtype, dim=int(dim), initializer=init["initializer"],
+        init_mean=float(init["mean"]), init_stddev=float(init["stddev"]),
+        init_minval=float(init["minval"]), init_maxval=float(init["maxval"]),
+        init_value=float(init["value"]), seed=int(init["seed"]),
         init_capacity=int(init_capacity), max_capacity=int(max_capacity),
         max_bytes=int(max_bytes), hbm_bytes=int(hbm_bytes), eviction=eviction)
 

@@ -2,10 +2,17 @@
 
 An entry says which optimizer classes it serves (by class name, so that
 tf.compat.v1.train, Keras 2, Keras 3 and sok_graph's own rules all find it),
-which slots it keeps per row (name and initial value) and how it updates
-rows: update(hp, w, g, slots, lr, step) -> (new rows, {slot: new rows}),
-where w, g and the slot rows are the rows the gradient touches. Adding an
-algorithm is adding an entry here.
+which slots it keeps per row (name and initial value), which name the fused
+update ops know each of its slot layouts by (`kernels`: RMSprop keeps one to
+three slots, as it has momentum and is centered) and how it updates rows in
+TensorFlow ops: update(hp, w, g, slots, lr, step) -> (new rows, {slot: new
+rows}), where w, g and the slot rows are the rows the gradient touches.
+
+Float32 tables are updated by the fused ops (optimization/fused_apply.py),
+whose formulas are tf_ops/optimizer/core/sparse_apply.h; the formulas here
+update the tables of other dtypes, and every row of a table where the
+wrapper is asked to (`update_all_rows`), the same way. Adding an algorithm
+is adding an entry here and its formula and slots there.
 
 Each formula follows the optimizer family it wraps (e.g. Keras' Adagrad
 divides by sqrt(accum + epsilon), TF1's by sqrt(accum); TF1's RMSProp starts
@@ -15,12 +22,21 @@ selects the tf.compat.v1.train variant.
 """
 
 import collections
+import types
 
 import tensorflow as tf
 
 from sok_graph import compat
 
-Algorithm = collections.namedtuple("Algorithm", ["name", "optimizer_classes", "slots", "update"])
+Algorithm = collections.namedtuple("Algorithm",
+                                   ["name", "optimizer_classes", "slots", "update", "kernels"])
+# kernels: ((the fused ops' name for a slot layout, {Hyperparameters
+# attribute: value} that selects it), ...); by default the algorithm's own
+# name for every setting.
+
+
+def _one_kernel(name):
+    return ((name, {}),)
 
 
 def value(x):
@@ -121,21 +137,45 @@ def _adamax(hp, w, g, s, lr, step):
 
 # ------------------------------------------------------------------ table
 
+_RMSPROP_KERNELS = tuple(
+    ("rmsprop" + ("_momentum" if momentum else "") + ("_centered" if centered else ""),
+     {"uses_momentum": momentum, "centered": centered})
+    for momentum in (False, True) for centered in (False, True))
+
 ALGORITHMS = {a.name: a for a in (
-    Algorithm("sgd", ("GradientDescentOptimizer", "SGD"), lambda hp: [], _sgd),
-    Algorithm("momentum", ("MomentumOptimizer",), lambda hp: [("momentum", 0.0)], _momentum),
+    Algorithm("sgd", ("GradientDescentOptimizer", "SGD"), lambda hp: [], _sgd,
+              _one_kernel("sgd")),
+    Algorithm("momentum", ("MomentumOptimizer",), lambda hp: [("momentum", 0.0)], _momentum,
+              _one_kernel("momentum")),
     Algorithm("adagrad", ("AdagradOptimizer", "Adagrad"),
-              lambda hp: [("accumulator", float(hp.initial_accumulator))], _adagrad),
+              lambda hp: [("accumulator", float(hp.initial_accumulator))], _adagrad,
+              _one_kernel("adagrad")),
     Algorithm("ftrl", ("FtrlOptimizer", "Ftrl"),
               lambda hp: [("accumulator", float(hp.initial_accumulator)), ("linear", 0.0)],
-              _ftrl),
-    Algorithm("rmsprop", ("RMSPropOptimizer", "RMSprop"), _rmsprop_slots, _rmsprop),
+              _ftrl, _one_kernel("ftrl")),
+    Algorithm("rmsprop", ("RMSPropOptimizer", "RMSprop"), _rmsprop_slots, _rmsprop,
+              _RMSPROP_KERNELS),
     Algorithm("adadelta", ("AdadeltaOptimizer", "Adadelta"),
-              lambda hp: [("accum", 0.0), ("accum_update", 0.0)], _adadelta),
+              lambda hp: [("accum", 0.0), ("accum_update", 0.0)], _adadelta,
+              _one_kernel("adadelta")),
     Algorithm("adam", ("AdamOptimizer", "Adam", "LazyAdam", "LazyAdamOptimizer"),
-              lambda hp: [("m", 0.0), ("v", 0.0)], _adam),
-    Algorithm("adamax", ("Adamax",), lambda hp: [("m", 0.0), ("v", 0.0)], _adamax),
+              lambda hp: [("m", 0.0), ("v", 0.0)], _adam, _one_kernel("adam")),
+    Algorithm("adamax", ("Adamax",), lambda hp: [("m", 0.0), ("v", 0.0)], _adamax,
+              _one_kernel("adamax")),
 )}
+
+
+def kernel_slot_names():
+    """{the fused ops' algorithm name: the slot names this table keeps for
+    it}, every slot layout of every algorithm (what the ops' registration
+    must say too; optimization/fused_apply.py checks)."""
+    out = {}
+    for algorithm in ALGORITHMS.values():
+        for kernel, settings in algorithm.kernels:
+            # Slot names only: their initial values come from the optimizer.
+            hp = types.SimpleNamespace(initial_accumulator=0.0, tf1=False, **settings)
+            out[kernel] = tuple(name for name, _ in algorithm.slots(hp))
+    return out
 
 _BY_CLASS_NAME = {cls: a.name for a in ALGORITHMS.values() for cls in a.optimizer_classes}
 
@@ -254,6 +294,14 @@ class Hyperparameters:
     def slots(self):
         """(name, initial value) of each slot the algorithm keeps per row."""
         return self.algorithm.slots(self)
+
+    @property
+    def kernel(self):
+        """The fused ops' name for this algorithm with these settings."""
+        for kernel, settings in self.algorithm.kernels:
+            if all(bool(getattr(self, k)) == v for k, v in settings.items()):
+                return kernel
+        raise AssertionError(f"no kernel of {self.algorithm.name} for these settings")
 
     def update(self, w, g, s, lr, step):
         """(new rows, new slot rows) from rows w, gradient rows g, slot rows s."""

@@ -4,8 +4,9 @@ one op, instead of a gather, the formula's element-wise ops and a scatter per
 table and slot; SokDynamicSparseApply (tf_ops/dynamic) does the same for one
 dynamic table and its slot tables, instead of a find, a find-or-insert per
 slot table, the formula's ops and a scatter per table. Their kernels (CPU
-and GPU) compute the formulas of algorithms.py, which remain the path for
-the other algorithms and for tables that are not float32.
+and GPU) compute every algorithm of algorithms.py on float32 tables (the
+formulas are tf_ops/optimizer/core/sparse_apply.h); algorithms.py's own
+formulas update tables of other dtypes.
 """
 
 import collections
@@ -17,13 +18,14 @@ import tensorflow as tf
 from sok_graph import compat
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import library
-from sok_graph.optimization.algorithms import ALGORITHMS, value
+from sok_graph.optimization.algorithms import kernel_slot_names, value
 
 # The hyperparameters the ops can be given, beside "lr": attributes of the
 # optimizer's Hyperparameters of the same names as in the ops' `hyper_names`
 # (their order is read from the registered op).
 _HP_ATTRIBUTES = frozenset(
-    ["momentum", "epsilon", "beta_1", "beta_2", "lr_power", "l1", "l2", "l2_shrinkage", "beta"])
+    ["momentum", "epsilon", "beta_1", "beta_2", "lr_power", "l1", "l2", "l2_shrinkage", "beta",
+     "rho"])
 
 
 def _hyperparameter(hp, lr, name):
@@ -31,9 +33,9 @@ def _hyperparameter(hp, lr, name):
 
 
 # What the ops compute, as tf_ops/optimizer/core/sparse_apply.h (the one list)
-# spells it in the registered op: algorithms (names of algorithms.ALGORITHMS)
-# with their slots in the ops' order, and the hyperparameters in the order of
-# the `hyper` input.
+# spells it in the registered op: algorithms (the kernel names of
+# algorithms.ALGORITHMS' entries) with their slots in the ops' order, and the
+# hyperparameters in the order of the `hyper` input.
 Spec = collections.namedtuple("Spec", ["algorithms", "slots", "hyper_names"])
 _spec = None
 _spec_lock = threading.Lock()
@@ -72,14 +74,12 @@ def _read_spec(op_defs):
     if found["SokSparseApply"] != found["SokDynamicSparseApply"]:
         raise RuntimeError(f"the fused updates disagree: {found}")
     got = found["SokSparseApply"]
-    # Slot names only: their initial values come from the optimizer.
-    names_only = types.SimpleNamespace(initial_accumulator=0.0, tf1=False)
-    for algorithm in got.algorithms:
-        ours = tuple(n for n, _ in ALGORITHMS[algorithm].slots(names_only)) \
-            if algorithm in ALGORITHMS else None
-        if ours != got.slots.get(algorithm):
+    ours = kernel_slot_names()
+    for algorithm in sorted(set(got.algorithms) | set(ours)):
+        if ours.get(algorithm) != got.slots.get(algorithm):
             raise RuntimeError(f"the fused update keeps the slots {got.slots.get(algorithm)} for "
-                               f"'{algorithm}'; optimization/algorithms.py keeps {ours}")
+                               f"'{algorithm}'; optimization/algorithms.py keeps "
+                               f"{ours.get(algorithm)}")
     unknown = [n for n in got.hyper_names if n != "lr" and n not in _HP_ATTRIBUTES]
     if unknown:
         raise RuntimeError(f"the fused update takes hyperparameters {unknown} that "
@@ -88,7 +88,8 @@ def _read_spec(op_defs):
 
 
 def fused_algorithms():
-    """The algorithms (names of algorithms.ALGORITHMS) the ops compute."""
+    """The algorithms the ops compute (kernel names of algorithms.ALGORITHMS'
+    entries: Hyperparameters.kernel)."""
     return spec().algorithms
 
 
@@ -108,7 +109,7 @@ def sparse_apply(variables, slots, indices, values, hp, lr, step):
     return library.load().sok_sparse_apply(
         vars=[v.handle for v in variables], slots=[s.handle for s in slots],
         indices=list(indices), grads=list(values), hyper=_hyper(hp, lr),
-        step=tf.cast(step, tf.int64), algorithm=hp.algorithm.name, tf1=bool(hp.tf1),
+        step=tf.cast(step, tf.int64), algorithm=hp.kernel, tf1=bool(hp.tf1),
         nesterov=bool(hp.nesterov))
 
 
@@ -118,4 +119,4 @@ def dynamic_sparse_apply(table, slots, keys, values, hp, lr, step):
     Returns the op."""
     return dynamic_ops.sparse_apply(
         table.handle, [s.handle for s in slots], keys, values, _hyper(hp, lr),
-        tf.cast(step, tf.int64), hp.algorithm.name, tf1=hp.tf1, nesterov=hp.nesterov)
+        tf.cast(step, tf.int64), hp.kernel, tf1=hp.tf1, nesterov=hp.nesterov)

@@ -201,7 +201,7 @@ class OptimizerWrapper:
         algorithm the ops have (fused_apply.fused_algorithms()), sparse
         updates, and a float32 dynamic table, or a static float32 table (and
         slots) held as plain resource variables."""
-        if self._update_all_rows or self._hp.algorithm.name not in fused_apply.fused_algorithms():
+        if self._update_all_rows or self._hp.kernel not in fused_apply.fused_algorithms():
             return False
         if tf.as_dtype(var.dtype).base_dtype != tf.float32:
             return False

@@ -109,7 +109,7 @@ def expected_rows(kind, keys, dim, seed, mean=0.0, stddev=1.0, minval=0.0, maxva
 
 def table_rows(keys, dim, **kwargs):
     handle = dyn.handle(f"init{np.random.randint(1 << 40)}")
-    dyn.create(handle, tf.int64, dim, **kwargs)
+    dyn.create(handle, tf.int64, dim, kwargs)
     rows = dyn.find_or_insert(handle, tf.constant(keys, tf.int64), dim)[0].numpy()
     again = dyn.find(handle, tf.constant(keys, tf.int64), dim, tf.constant(0.0))[0].numpy()
     np.testing.assert_array_equal(rows.view(np.uint32), again.view(np.uint32))

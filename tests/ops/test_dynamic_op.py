@@ -6,16 +6,25 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from sok_graph.initializers import DEFAULT
 from sok_graph.ops import dynamic as dyn
 
 I64 = np.iinfo(np.int64)
+
+
+def _init_apart(kwargs):
+    """(the initializer spec's keys of kwargs, the create op's other
+    arguments)."""
+    init = {k: v for k, v in kwargs.items() if k in DEFAULT}
+    return init, {k: v for k, v in kwargs.items() if k not in DEFAULT}
 
 
 def make_table(dim=3, key_dtype=tf.int64, **kwargs):
     handle = dyn.handle(f"t{np.random.randint(1 << 40)}")
     kwargs.setdefault("initializer", "constant")
     kwargs.setdefault("value", 0.5)
-    dyn.create(handle, key_dtype, dim, **kwargs)
+    init, other = _init_apart(kwargs)
+    dyn.create(handle, key_dtype, dim, init, **other)
     return handle
 
 
@@ -413,7 +422,8 @@ def test_clear_and_remove():
 def test_bad_create_arguments(kwargs, pattern):
     handle = dyn.handle(f"bad{np.random.randint(1 << 40)}")
     with pytest.raises(tf.errors.InvalidArgumentError, match=pattern):
-        dyn.create(handle, tf.int64, 4, **kwargs)
+        init, other = _init_apart(kwargs)
+        dyn.create(handle, tf.int64, 4, init, **other)
 
 
 def test_dim_attr_mismatch():
@@ -479,7 +489,7 @@ def test_concurrent_ops_inside_one_graph():
     graph = tf.Graph()
     with graph.as_default():
         handle = dyn.handle("shared_in_graph")
-        init = dyn.create(handle, tf.int64, 4, initializer="zeros")
+        init = dyn.create(handle, tf.int64, 4, dict(initializer="zeros"))
         adds = [dyn.scatter(handle, tf.constant([1, 2, 3], tf.int64), tf.ones([3, 4]), "add")
                 for _ in range(16)]
         read = dyn.find(handle, tf.constant([1, 2, 3], tf.int64), 4)[0]
@@ -494,7 +504,7 @@ def test_sessions_have_separate_tables_and_rerun_init_keeps_rows():
     graph = tf.Graph()
     with graph.as_default():
         handle = dyn.handle("per_session")
-        init = dyn.create(handle, tf.int64, 2, initializer="zeros")
+        init = dyn.create(handle, tf.int64, 2, dict(initializer="zeros"))
         add = dyn.scatter(handle, tf.constant([1], tf.int64), tf.ones([1, 2]), "add")
         read = dyn.find(handle, tf.constant([1], tf.int64), 2)[0]
         ok = dyn.is_initialized(handle)

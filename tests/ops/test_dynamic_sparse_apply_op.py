@@ -35,7 +35,9 @@ def _rows(v, keys, key_type):
 @pytest.mark.parametrize("algorithm,tf1,nesterov", [
     ("sgd", False, False), ("momentum", True, False), ("momentum", False, True),
     ("adagrad", True, False), ("adagrad", False, False), ("adam", False, False),
-    ("ftrl", False, False)])
+    ("ftrl", False, False), ("rmsprop", False, False), ("rmsprop_momentum", False, False),
+    ("rmsprop_centered", False, False), ("rmsprop_momentum_centered", False, False),
+    ("adadelta", False, False), ("adamax", False, False)])
 @pytest.mark.parametrize("key_type", [tf.int32, tf.int64])
 def test_updates_keys_as_numpy(algorithm, tf1, nesterov, key_type, rng):
     """Keys the table holds and a key it does not (read as zeros, then
@@ -49,6 +51,9 @@ def test_updates_keys_as_numpy(algorithm, tf1, nesterov, key_type, rng):
     for _ in range(slot_count(algorithm)):
         # ftrl's accumulator must stay positive: positive slot values
         rows = {k: rng.uniform(0.2, 1.0, DIM).astype(np.float32) for k in (3, 11)}
+        if algorithm.endswith("centered") and len(slots) == slot_count(algorithm) - 1:
+            # the mean gradient, below the root mean square
+            rows = {k: r * 0.2 for k, r in rows.items()}
         slots.append(_table(key_type, rows, initializer=SLOT_INIT))
         slot_held.append(rows)
     keys = [11, 42, 3, 7]  # 42: in no table
@@ -73,14 +78,25 @@ def test_updates_keys_as_numpy(algorithm, tf1, nesterov, key_type, rng):
     np.testing.assert_array_equal(_rows(table, [20], key_type)[0][0], held[20])
 
 
-@pytest.mark.parametrize("algorithm", ["momentum", "adam", "ftrl"])
+_MAKE = {"momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+         "adam": lambda: tf.keras.optimizers.Adam(0.05),
+         "ftrl": lambda: tf.keras.optimizers.Ftrl(0.1),
+         "rmsprop": lambda: tf.keras.optimizers.RMSprop(0.05),
+         "rmsprop_momentum_centered": lambda: tf.keras.optimizers.RMSprop(
+             0.05, momentum=0.5, centered=True),
+         "rmsprop_tf1_centered": lambda: tf.compat.v1.train.RMSPropOptimizer(
+             0.05, momentum=0.0, centered=True),
+         "adadelta": lambda: tf.keras.optimizers.Adadelta(1.0),
+         "adadelta_tf1": lambda: tf.compat.v1.train.AdadeltaOptimizer(1.0),
+         "adamax": lambda: tf.keras.optimizers.Adamax(0.05)}
+
+
+@pytest.mark.parametrize("algorithm", sorted(_MAKE))
 def test_equals_the_tensorflow_op_update(algorithm, rng):
     """Rows and slots after a few steps through OptimizerWrapper: the fused
     op against the TensorFlow-op update (update_all_rows=False, fusing
     turned off for the comparison), bit for bit or within float rounding."""
-    make = {"momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
-            "adam": lambda: tf.keras.optimizers.Adam(0.05),
-            "ftrl": lambda: tf.keras.optimizers.Ftrl(0.1)}[algorithm]
+    make = _MAKE[algorithm]
     init = {k: rng.standard_normal(DIM).astype(np.float32) for k in range(12)}
     batches = [tf.ragged.constant([list(rng.integers(0, 16, size=rng.integers(1, 4)))
                                    for _ in range(6)], tf.int64) for _ in range(3)]
@@ -120,7 +136,7 @@ def test_bad_input_names_what_is_wrong():
         call(g=tf.ones([1, DIM + 1]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="keys must be int64"):
         call(k=tf.constant([1], tf.int32))
-    with pytest.raises(tf.errors.InvalidArgumentError, match="hyper must be a vector of 10"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hyper must be a vector of 11"):
         call(hyper=tf.ones([9]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="step must be a scalar"):
         call(st=tf.constant([1], tf.int64))
@@ -143,11 +159,15 @@ def test_bad_input_names_what_is_wrong():
     ("adam", lambda: tf.keras.optimizers.Adam(0.1)),
     ("ftrl", lambda: tf.compat.v1.train.FtrlOptimizer(0.1)),
     ("sgd", lambda: tf.keras.optimizers.SGD(0.1)),
-    ("rmsprop", lambda: tf.keras.optimizers.RMSprop(0.1))])
+    ("rmsprop", lambda: tf.keras.optimizers.RMSprop(0.1)),
+    ("rmsprop_momentum_centered", lambda: tf.keras.optimizers.RMSprop(0.1, momentum=0.9,
+                                                                      centered=True)),
+    ("adadelta", lambda: tf.keras.optimizers.Adadelta(0.1)),
+    ("adamax", lambda: tf.keras.optimizers.Adamax(0.1))])
 def test_wrapper_fuses_dynamic_tables(name, make):
     """OptimizerWrapper updates a dynamic table through one
-    SokDynamicSparseApply where the op has the algorithm (no find, scatter
-    or unique op of its own), through TensorFlow ops otherwise."""
+    SokDynamicSparseApply, for every algorithm and RMSprop's slot layouts
+    (no find, scatter or unique op of its own)."""
     sok.init()
     table = sok.DynamicVariable(DIM, initializer="zeros")
     opt = sok.OptimizerWrapper(make())
@@ -162,12 +182,13 @@ def test_wrapper_fuses_dynamic_tables(name, make):
 
     ops = [o.type for o in step.get_concrete_function().graph.get_operations()]
     fused = ops.count("SokDynamicSparseApply")
-    assert fused == (1 if name in fused_apply.fused_algorithms() else 0), ops
-    if fused:
-        # The lookup's own unique find-or-insert only.
-        assert ops.count("SokDynamicTableUniqueFindOrInsert") == 1, ops
-        assert not [t for t in ops if t in ("SokUnique", "SokDynamicTableFindOrInsert",
-                                            "SokDynamicTableScatter", "SokDynamicTableFind")], ops
+    # Every algorithm is fused; `name` is the kernel for its settings.
+    assert opt._hp.kernel == name and name in fused_apply.fused_algorithms()
+    assert fused == 1, ops
+    # The lookup's own unique find-or-insert only.
+    assert ops.count("SokDynamicTableUniqueFindOrInsert") == 1, ops
+    assert not [t for t in ops if t in ("SokUnique", "SokDynamicTableFindOrInsert",
+                                        "SokDynamicTableScatter", "SokDynamicTableFind")], ops
 
 
 def test_a_graph_built_against_other_slot_lists_is_refused():

@@ -13,14 +13,17 @@ import sok_graph as sok
 from sok_graph import compat
 from sok_graph.ops import library
 from sok_graph.optimization import fused_apply
-from sok_graph.optimization.algorithms import ALGORITHMS
+from sok_graph.optimization.algorithms import kernel_slot_names
 from sparse_apply_reference import hyper, numpy_step, slot_count
 
 
 @pytest.mark.parametrize("algorithm,tf1,nesterov", [
     ("sgd", False, False), ("momentum", True, False), ("momentum", True, True),
     ("momentum", False, False), ("momentum", False, True), ("adagrad", True, False),
-    ("adagrad", False, False), ("adam", False, False), ("ftrl", False, False)])
+    ("adagrad", False, False), ("adam", False, False), ("ftrl", False, False),
+    ("rmsprop", False, False), ("rmsprop_momentum", False, False), ("rmsprop_centered", False, False),
+    ("rmsprop_momentum_centered", False, False), ("adadelta", False, False),
+    ("adamax", False, False)])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
 def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
     rng = np.random.default_rng(3)
@@ -28,6 +31,9 @@ def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
     tables = [rng.normal(size=s).astype(np.float32) for s in shapes]
     slots = [[rng.uniform(0.1, 1.0, size=s).astype(np.float32) for _ in range(slot_count(algorithm))]
              for s in shapes]
+    if algorithm.endswith("centered"):  # a mean gradient below the root mean square
+        for per in slots:
+            per[-1] *= 0.2
     indices = [np.array([0, 11, 5], index_dtype), np.array([6, 2], index_dtype)]
     grads = [rng.normal(size=(len(i), s[1])).astype(np.float32) for i, s in zip(indices, shapes)]
     h, step = hyper(), 3
@@ -81,7 +87,7 @@ def test_shapes_and_slot_counts_are_checked():
         library.load().sok_sparse_apply(vars=[v.handle], slots=[],
                                         indices=[tf.constant([0], tf.int64)],
                                         grads=[tf.ones((1, 2))], algorithm="adam", **common)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="hyper must have 10 entries; got 3"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="hyper must have 11 entries; got 3"):
         library.load().sok_sparse_apply(vars=[v.handle], slots=[],
                                         indices=[tf.constant([0], tf.int64)],
                                         grads=[tf.ones((1, 2))], hyper=tf.ones([3]),
@@ -120,12 +126,15 @@ def test_a_value_read_before_the_update_keeps_its_rows():
     ("adam", lambda: tf.keras.optimizers.Adam(0.1)),
     ("ftrl", lambda: tf.keras.optimizers.Ftrl(0.1)),
     ("momentum", lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9)),
-    ("rmsprop", lambda: tf.keras.optimizers.RMSprop(0.1))])
+    ("rmsprop", lambda: tf.keras.optimizers.RMSprop(0.1)),
+    ("rmsprop_momentum", lambda: tf.compat.v1.train.RMSPropOptimizer(0.1, momentum=0.5)),
+    ("adadelta", lambda: tf.compat.v1.train.AdadeltaOptimizer(0.1)),
+    ("adamax", lambda: tf.keras.optimizers.Adamax(0.1))])
 def test_wrapper_fuses_the_algorithms_the_op_has(name, make):
-    """OptimizerWrapper updates static tables through the fused op (so the
-    equivalence tests of test_optimizer.py run it) where the op has the
-    algorithm, through TensorFlow ops otherwise; the lookup's gradient
-    (distinct indices) is not deduplicated again."""
+    """OptimizerWrapper updates float32 static tables through the fused op
+    for every algorithm (so the equivalence tests of test_optimizer.py run
+    it); the lookup's gradient (distinct indices) is not deduplicated
+    again."""
     sok.init()
     tables = [sok.Variable(np.ones((10, 4), np.float32)), sok.Variable(np.ones((6, 4), np.float32))]
     opt = sok.OptimizerWrapper(make())
@@ -140,10 +149,11 @@ def test_wrapper_fuses_the_algorithms_the_op_has(name, make):
 
     ops = [o.type for o in step.get_concrete_function().graph.get_operations()]
     fused = ops.count("SokSparseApply")
-    assert fused == (1 if name in fused_apply.fused_algorithms() else 0), ops
-    if fused:
-        assert not [t for t in ops if "Unique" in t or "Scatter" in t], ops
-    assert set(fused_apply.fused_algorithms()) <= set(ALGORITHMS)
+    # Every algorithm is fused; `name` is the kernel for its settings.
+    assert opt._hp.kernel == name and name in fused_apply.fused_algorithms()
+    assert fused == 1, ops
+    assert not [t for t in ops if "Unique" in t or "Scatter" in t], ops
+    assert set(fused_apply.fused_algorithms()) == set(kernel_slot_names())
 
 
 def test_python_follows_the_one_spec_the_ops_spell_out():
@@ -153,8 +163,11 @@ def test_python_follows_the_one_spec_the_ops_spell_out():
     order, which is the numpy reference's argument order."""
     got = fused_apply.spec()
     assert got.hyper_names == tuple(inspect.signature(hyper).parameters)
-    assert set(got.algorithms) == {"sgd", "momentum", "adagrad", "adam", "ftrl"}
+    assert set(got.algorithms) == {"sgd", "momentum", "adagrad", "adam", "ftrl", "rmsprop",
+                                   "rmsprop_momentum", "rmsprop_centered",
+                                   "rmsprop_momentum_centered", "adadelta", "adamax"}
     assert got.slots["adam"] == ("m", "v") and got.slots["ftrl"] == ("accumulator", "linear")
+    assert got.slots["rmsprop_momentum_centered"] == ("rms", "momentum", "mg")
     hp = types.SimpleNamespace(**{n: float(i + 1) for i, n in enumerate(got.hyper_names)})
     np.testing.assert_array_equal(fused_apply._hyper(hp, 1.0).numpy(),
                                   np.arange(1, len(got.hyper_names) + 1, dtype=np.float32))
@@ -197,7 +210,8 @@ def test_a_graph_built_against_other_lists_is_refused():
     v = tf.Variable(np.ones((4, 2), np.float32))
     order = list(fused_apply.spec().hyper_names)
     with pytest.raises(tf.errors.InvalidArgumentError,
-                       match=r"the graph's hyper_names \['beta', .*\] differ from this library's "
+                       match=rf"the graph's hyper_names \['{order[-1]}', .*\] differ from this "
+                             r"library's "
                              r"\['lr', .*build it again"):
         library.load().sok_sparse_apply(vars=[v.handle], slots=[],
                                         indices=[tf.constant([0], tf.int64)],

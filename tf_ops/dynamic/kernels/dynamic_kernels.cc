@@ -494,11 +494,12 @@ class SparseApplyOp : public OpKernel {
     const float* grads = ctx->input(2).flat<float>().data();
     float* s0 = args_.num_slots > 0 ? slot_rows[0].data() : nullptr;
     float* s1 = args_.num_slots > 1 ? slot_rows[1].data() : nullptr;
+    float* s2 = args_.num_slots > 2 ? slot_rows[2].data() : nullptr;
     ParallelFor(ctx, n, 20 * dim, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
         const int64_t o = i * dim;
         apply_row(config, hyper, alpha, grads + o, rows.data() + o, s0 ? s0 + o : nullptr,
-                  s1 ? s1 + o : nullptr, dim);
+                  s1 ? s1 + o : nullptr, s2 ? s2 + o : nullptr, dim);
       }
     });
     const auto write_back = [&](DynamicTableResource* table, const float* values) {

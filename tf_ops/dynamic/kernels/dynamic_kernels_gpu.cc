@@ -813,6 +813,7 @@ class SparseApplyGpuOp : public DeviceWaitingKernel<> {
     OP_REQUIRES_OK(ctx, CudaStatus(sok_dense_apply_f32(
                                        rows, args_.num_slots > 0 ? slot_rows(0) : nullptr,
                                        args_.num_slots > 1 ? slot_rows(1) : nullptr,
+                                       args_.num_slots > 2 ? slot_rows(2) : nullptr,
                                        ctx->input(2).flat<float>().data(), n, dim, c.algorithm,
                                        c.tf1, c.nesterov, ctx->input(3).flat<float>().data(),
                                        reinterpret_cast<const int64_t*>(

@@ -1,8 +1,8 @@
-// The sparse optimizer updates of SokSparseApply, one element of one row at
-// a time: the same formulas as sok_graph/optimization/algorithms.py (which
-// stays the reference and the path for the algorithms not fused here), so a
-// fused step equals the TensorFlow-op step. One header for the CPU kernel
-// and the CUDA launcher.
+// The sparse optimizer updates of SokSparseApply and SokDynamicSparseApply,
+// one element of one row at a time, for every algorithm of
+// sok_graph/optimization/algorithms.py: the same formulas as its TensorFlow-op
+// updates (the path of tables that are not float32), so a fused step equals
+// that step. One header for the CPU kernels and the CUDA launcher.
 //
 // Rows are touched once per step (the caller passes distinct indices), so
 // each element's update reads and writes only its own table and slot cells.
@@ -24,13 +24,21 @@
 namespace sok_graph {
 namespace core {
 
-// The fused algorithms; the GPU launcher takes them as these ints.
-enum class SparseAlgorithm : int32_t { kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3, kFtrl = 4 };
+// The fused algorithms; the GPU launcher takes them as these ints. RMSprop
+// is four: its slots depend on whether it has momentum and is centered.
+enum class SparseAlgorithm : int32_t {
+  kSgd = 0, kMomentum = 1, kAdagrad = 2, kAdam = 3, kFtrl = 4, kRmsprop = 5,
+  kRmspropMomentum = 6, kRmspropCentered = 7, kRmspropMomentumCentered = 8, kAdadelta = 9,
+  kAdamax = 10
+};
+
+// The most slots an algorithm keeps per row (centered RMSprop with momentum).
+constexpr int kMaxSlots = 3;
 
 // The hyperparameters, in the order of the op's `hyper` input.
 enum HyperIndex : int {
   kLr = 0, kMomentumCoef, kEpsilon, kBeta1, kBeta2, kLrPower, kL1, kL2, kL2Shrinkage, kBeta,
-  kNumHyper
+  kRho, kNumHyper
 };
 
 // The one list of what the fused update's callers must agree on: each
@@ -51,10 +59,16 @@ constexpr AlgorithmSpec kAlgorithmSpecs[] = {
     {"adagrad", SparseAlgorithm::kAdagrad, "accumulator"},
     {"adam", SparseAlgorithm::kAdam, "m,v"},
     {"ftrl", SparseAlgorithm::kFtrl, "accumulator,linear"},
+    {"rmsprop", SparseAlgorithm::kRmsprop, "rms"},
+    {"rmsprop_momentum", SparseAlgorithm::kRmspropMomentum, "rms,momentum"},
+    {"rmsprop_centered", SparseAlgorithm::kRmspropCentered, "rms,mg"},
+    {"rmsprop_momentum_centered", SparseAlgorithm::kRmspropMomentumCentered, "rms,momentum,mg"},
+    {"adadelta", SparseAlgorithm::kAdadelta, "accum,accum_update"},
+    {"adamax", SparseAlgorithm::kAdamax, "m,v"},
 };
 constexpr const char* kHyperNames[kNumHyper] = {
     "lr", "momentum", "epsilon", "beta_1", "beta_2", "lr_power", "l1", "l2", "l2_shrinkage",
-    "beta"};
+    "beta", "rho"};
 
 // The names in a comma-separated list ("" has none).
 constexpr int CountNames(const char* list) {
@@ -80,6 +94,14 @@ constexpr int SlotCount(SparseAlgorithm a) {
 }
 static_assert(SlotCount(SparseAlgorithm::kAdam) == 2 && SlotCount(SparseAlgorithm::kSgd) == 0,
               "slot counts come from the slot names");
+
+constexpr bool SlotsFit() {
+  for (const auto& spec : kAlgorithmSpecs) {
+    if (CountNames(spec.slots) > kMaxSlots) return false;
+  }
+  return true;
+}
+static_assert(SlotsFit(), "an algorithm keeps more than kMaxSlots slots");
 
 inline bool ParseSparseAlgorithm(const char* name, SparseAlgorithm* out) {
   for (const auto& spec : kAlgorithmSpecs) {
@@ -146,11 +168,48 @@ SOK_OPT_HOST_DEVICE inline float AdamAlpha(const float* h, int64_t step) {
   return h[kLr] * sqrtf(1.0f - powf(h[kBeta2], t)) / (1.0f - powf(h[kBeta1], t));
 }
 
-// Updates one element: w (the table), s0 and s1 (its slots, as the
-// algorithm has them) from gradient g. `alpha` is AdamAlpha for Adam.
+// The step size the bias-corrected algorithms use for step t (1-based),
+// computed once per update: Adam's AdamAlpha, Adamax's lr / (1 - b1^t); 0
+// for the others.
+SOK_OPT_HOST_DEVICE inline float StepAlpha(int32_t algorithm, const float* h, int64_t step) {
+  switch (static_cast<SparseAlgorithm>(algorithm)) {
+    case SparseAlgorithm::kAdam:
+      return AdamAlpha(h, step);
+    case SparseAlgorithm::kAdamax:
+      return h[kLr] / (1.0f - powf(h[kBeta1], static_cast<float>(step)));
+    default:
+      return 0.0f;
+  }
+}
+
+// RMSprop on one element; s_mom and s_mg are null where the variant keeps
+// no momentum or is not centered.
+SOK_OPT_HOST_DEVICE inline void RmspropElement(const float* h, float g, float* w, float* s_rms,
+                                               float* s_mom, float* s_mg) {
+  const float rho = h[kRho];
+  const float ms = rho * *s_rms + (1.0f - rho) * g * g;
+  *s_rms = ms;
+  float denom = ms + h[kEpsilon];
+  if (s_mg != nullptr) {
+    const float mg = rho * *s_mg + (1.0f - rho) * g;
+    *s_mg = mg;
+    denom = denom - mg * mg;
+  }
+  const float inc = h[kLr] * g / sqrtf(denom);
+  if (s_mom != nullptr) {
+    const float mom = h[kMomentumCoef] * *s_mom + inc;
+    *s_mom = mom;
+    *w = *w - mom;
+  } else {
+    *w = *w - inc;
+  }
+}
+
+// Updates one element: w (the table), s0, s1 and s2 (its slots, as the
+// algorithm has them) from gradient g. `alpha` is StepAlpha.
 SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const float* h,
                                              float alpha, float g, float* w, float* s0,
-                                             float* s1) {
+                                             float* s1, float* s2) {
   const float lr = h[kLr];
   switch (static_cast<SparseAlgorithm>(c.algorithm)) {
     case SparseAlgorithm::kSgd:
@@ -198,6 +257,37 @@ SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const f
       *s0 = new_acc;
       *s1 = lin;
       *w = (clipped - lin) / quad;
+      return;
+    }
+    case SparseAlgorithm::kRmsprop:
+      RmspropElement(h, g, w, s0, nullptr, nullptr);
+      return;
+    case SparseAlgorithm::kRmspropMomentum:
+      RmspropElement(h, g, w, s0, s1, nullptr);
+      return;
+    case SparseAlgorithm::kRmspropCentered:
+      RmspropElement(h, g, w, s0, nullptr, s1);
+      return;
+    case SparseAlgorithm::kRmspropMomentumCentered:
+      RmspropElement(h, g, w, s0, s1, s2);
+      return;
+    case SparseAlgorithm::kAdadelta: {
+      const float rho = h[kRho], eps = h[kEpsilon];
+      const float acc = rho * *s0 + (1.0f - rho) * g * g;
+      const float upd = sqrtf(*s1 + eps) / sqrtf(acc + eps) * g;
+      *s0 = acc;
+      *s1 = rho * *s1 + (1.0f - rho) * upd * upd;
+      *w = *w - lr * upd;
+      return;
+    }
+    case SparseAlgorithm::kAdamax: {
+      const float b1 = h[kBeta1], b2 = h[kBeta2];
+      const float m = b1 * *s0 + (1.0f - b1) * g;
+      const float decayed = b2 * *s1, magnitude = fabsf(g);
+      const float u = decayed > magnitude ? decayed : magnitude;
+      *s0 = m;
+      *s1 = u;
+      *w = *w - alpha * m / (u + h[kEpsilon]);
       return;
     }
   }

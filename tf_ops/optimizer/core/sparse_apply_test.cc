@@ -2,6 +2,7 @@
 // textbook forms, written out here in double precision.
 #include "tf_ops/optimizer/core/sparse_apply.h"
 
+#include <algorithm>
 #include <cmath>
 
 #include "gtest/gtest.h"
@@ -11,22 +12,20 @@ namespace core {
 namespace {
 
 struct Cell {
-  float w, s0, s1;
+  float w, s0, s1, s2;
 };
 
 void Hyper(float* h) {
   h[kLr] = 0.1f; h[kMomentumCoef] = 0.9f; h[kEpsilon] = 1e-7f; h[kBeta1] = 0.8f;
   h[kBeta2] = 0.95f; h[kLrPower] = -0.5f; h[kL1] = 0.01f; h[kL2] = 0.02f;
-  h[kL2Shrinkage] = 0.03f; h[kBeta] = 0.5f;
-
+  h[kL2Shrinkage] = 0.03f; h[kBeta] = 0.5f; h[kRho] = 0.85f;
 }
 
 Cell Step(SparseAlgorithm a, int tf1, int nesterov, Cell c, float g, int64_t step = 1) {
   float h[kNumHyper];
   Hyper(h);
   SparseApplyConfig config{static_cast<int32_t>(a), tf1, nesterov};
-  ApplyElement(config, h, a == SparseAlgorithm::kAdam ? AdamAlpha(h, step) : 0.0f, g, &c.w,
-               &c.s0, &c.s1);
+  ApplyElement(config, h, StepAlpha(config.algorithm, h, step), g, &c.w, &c.s0, &c.s1, &c.s2);
   return c;
 }
 
@@ -90,9 +89,55 @@ TEST(SparseApplyTest, NamesAndSlotCounts) {
   EXPECT_TRUE(ParseSparseAlgorithm("ftrl", &a));
   EXPECT_EQ(a, SparseAlgorithm::kFtrl);
   EXPECT_EQ(SlotCount(a), 2);
-  EXPECT_FALSE(ParseSparseAlgorithm("rmsprop", &a));
+  EXPECT_FALSE(ParseSparseAlgorithm("lamb", &a));
   EXPECT_TRUE(ParseSparseAlgorithm("sgd", &a));
   EXPECT_EQ(SlotCount(a), 0);
+  EXPECT_TRUE(ParseSparseAlgorithm("rmsprop_momentum_centered", &a));
+  EXPECT_EQ(SlotCount(a), kMaxSlots);
+}
+
+// RMSprop's four slot layouts: rms, then momentum if it has one, then the
+// mean gradient if centered.
+TEST(SparseApplyTest, RmspropVariants) {
+  const double rho = 0.85, lr = 0.1, mom = 0.9, eps = 1e-7, g = 2.0;
+  const double ms = rho * 0.4 + (1 - rho) * g * g;
+  Cell c = Step(SparseAlgorithm::kRmsprop, 0, 0, {1.0f, 0.4f, 0, 0}, 2.0f);
+  EXPECT_NEAR(c.s0, ms, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 - lr * g / std::sqrt(ms + eps), 1e-6);
+  c = Step(SparseAlgorithm::kRmspropMomentum, 0, 0, {1.0f, 0.4f, 0.3f, 0}, 2.0f);
+  const double m = mom * 0.3 + lr * g / std::sqrt(ms + eps);
+  EXPECT_NEAR(c.s1, m, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 - m, 1e-6);
+  const double mg = rho * 0.2 + (1 - rho) * g;
+  c = Step(SparseAlgorithm::kRmspropCentered, 0, 0, {1.0f, 0.4f, 0.2f, 0}, 2.0f);
+  EXPECT_NEAR(c.s1, mg, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 - lr * g / std::sqrt(ms + eps - mg * mg), 1e-6);
+  c = Step(SparseAlgorithm::kRmspropMomentumCentered, 0, 0, {1.0f, 0.4f, 0.3f, 0.2f}, 2.0f);
+  const double mc = mom * 0.3 + lr * g / std::sqrt(ms + eps - mg * mg);
+  EXPECT_NEAR(c.s1, mc, 1e-6);
+  EXPECT_NEAR(c.s2, mg, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 - mc, 1e-6);
+}
+
+TEST(SparseApplyTest, AdadeltaStep) {
+  const double rho = 0.85, eps = 1e-7, g = 2.0;
+  Cell c = Step(SparseAlgorithm::kAdadelta, 0, 0, {1.0f, 0.4f, 0.3f, 0}, 2.0f);
+  const double acc = rho * 0.4 + (1 - rho) * g * g;
+  const double upd = std::sqrt(0.3 + eps) / std::sqrt(acc + eps) * g;
+  EXPECT_NEAR(c.s0, acc, 1e-6);
+  EXPECT_NEAR(c.s1, rho * 0.3 + (1 - rho) * upd * upd, 1e-6);
+  EXPECT_NEAR(c.w, 1.0 - 0.1 * upd, 1e-6);
+}
+
+TEST(SparseApplyTest, AdamaxBiasCorrectedStep) {
+  const double b1 = 0.8, b2 = 0.95, g = -2.0;
+  for (int64_t t : {1, 3}) {
+    Cell c = Step(SparseAlgorithm::kAdamax, 0, 0, {1.0f, 0.3f, 0.4f, 0}, -2.0f, t);
+    const double m = b1 * 0.3 + (1 - b1) * g, u = std::max(b2 * 0.4, std::fabs(g));
+    EXPECT_NEAR(c.s0, m, 1e-6);
+    EXPECT_NEAR(c.s1, u, 1e-6);
+    EXPECT_NEAR(c.w, 1.0 - 0.1 / (1 - std::pow(b1, t)) * m / (u + 1e-7), 1e-5) << "step " << t;
+  }
 }
 
 }  // namespace

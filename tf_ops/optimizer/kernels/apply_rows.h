@@ -20,17 +20,18 @@ template <core::SparseAlgorithm A>
 __attribute__((noinline)) void ApplyRow(core::SparseApplyConfig c, const float* __restrict__ h,
                                         float alpha, const float* __restrict__ g,
                                         float* __restrict__ w, float* __restrict__ s0,
-                                        float* __restrict__ s1, int64_t dim) {
+                                        float* __restrict__ s1, float* __restrict__ s2,
+                                        int64_t dim) {
   c.algorithm = static_cast<int32_t>(A);
   const int slots = core::SlotCount(A);
   for (int64_t d = 0; d < dim; ++d) {
     core::ApplyElement(c, h, alpha, g[d], w + d, slots > 0 ? s0 + d : nullptr,
-                       slots > 1 ? s1 + d : nullptr);
+                       slots > 1 ? s1 + d : nullptr, slots > 2 ? s2 + d : nullptr);
   }
 }
 
 using ApplyRowFn = void (*)(core::SparseApplyConfig, const float*, float, const float*, float*,
-                            float*, float*, int64_t);
+                            float*, float*, float*, int64_t);
 
 // The row update of `algorithm` (a core::SparseAlgorithm), or nullptr.
 inline ApplyRowFn ApplyRowFor(int32_t algorithm) {
@@ -40,14 +41,22 @@ inline ApplyRowFn ApplyRowFor(int32_t algorithm) {
     case core::SparseAlgorithm::kAdagrad: return ApplyRow<core::SparseAlgorithm::kAdagrad>;
     case core::SparseAlgorithm::kAdam: return ApplyRow<core::SparseAlgorithm::kAdam>;
     case core::SparseAlgorithm::kFtrl: return ApplyRow<core::SparseAlgorithm::kFtrl>;
+    case core::SparseAlgorithm::kRmsprop: return ApplyRow<core::SparseAlgorithm::kRmsprop>;
+    case core::SparseAlgorithm::kRmspropMomentum:
+      return ApplyRow<core::SparseAlgorithm::kRmspropMomentum>;
+    case core::SparseAlgorithm::kRmspropCentered:
+      return ApplyRow<core::SparseAlgorithm::kRmspropCentered>;
+    case core::SparseAlgorithm::kRmspropMomentumCentered:
+      return ApplyRow<core::SparseAlgorithm::kRmspropMomentumCentered>;
+    case core::SparseAlgorithm::kAdadelta: return ApplyRow<core::SparseAlgorithm::kAdadelta>;
+    case core::SparseAlgorithm::kAdamax: return ApplyRow<core::SparseAlgorithm::kAdamax>;
   }
   return nullptr;
 }
 
-// Adam's step size for `step`, 0 for the other algorithms.
+// The step size of the bias-corrected algorithms for `step` (StepAlpha).
 inline float AlphaFor(const core::SparseApplyConfig& c, const float* hyper, int64_t step) {
-  return c.algorithm == static_cast<int32_t>(core::SparseAlgorithm::kAdam)
-             ? core::AdamAlpha(hyper, step) : 0.0f;
+  return core::StepAlpha(c.algorithm, hyper, step);
 }
 
 }  // namespace optimizer_kernels

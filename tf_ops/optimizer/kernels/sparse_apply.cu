@@ -23,15 +23,14 @@ __device__ __forceinline__ int TableOf(const int64_t* offsets, int n, int64_t ro
 }
 
 // Block-wide, before any update: the hyperparameters (device memory: the
-// host never reads them) into the block's shared `hyper`, and Adam's step
-// size into its shared `alpha`.
+// host never reads them) into the block's shared `hyper`, and the step size
+// of the bias-corrected algorithms into its shared `alpha`.
 __device__ __forceinline__ void LoadHyper(const SparseApplyConfig& config, const float* hyper_dev,
                                           const int64_t* step, float* hyper, float* alpha) {
   if (threadIdx.x < sok_graph::core::kNumHyper) hyper[threadIdx.x] = hyper_dev[threadIdx.x];
   __syncthreads();
   if (threadIdx.x == 0) {
-    *alpha = config.algorithm == static_cast<int32_t>(sok_graph::core::SparseAlgorithm::kAdam)
-                 ? sok_graph::core::AdamAlpha(hyper, *step) : 0.0f;
+    *alpha = sok_graph::core::StepAlpha(config.algorithm, hyper, *step);
   }
   __syncthreads();
 }
@@ -57,7 +56,8 @@ __global__ void SparseApplyKernel(const SokSparseApplyTable* tables, const int64
     for (int d = lane; d < tb.dim; d += kWarp) {
       sok_graph::core::ApplyElement(config, hyper, alpha, g[d], tb.var + base + d,
                                     tb.slot0 ? tb.slot0 + base + d : nullptr,
-                                    tb.slot1 ? tb.slot1 + base + d : nullptr);
+                                    tb.slot1 ? tb.slot1 + base + d : nullptr,
+                                    tb.slot2 ? tb.slot2 + base + d : nullptr);
     }
   }
 }
@@ -65,7 +65,8 @@ __global__ void SparseApplyKernel(const SokSparseApplyTable* tables, const int64
 // One thread per element of n contiguous rows (the rows a dynamic table's
 // update gathered into scratch).
 __global__ void DenseApplyKernel(float* __restrict__ rows, float* __restrict__ slot0,
-                                 float* __restrict__ slot1, const float* __restrict__ grads,
+                                 float* __restrict__ slot1, float* __restrict__ slot2,
+                                 const float* __restrict__ grads,
                                  int64_t total, SparseApplyConfig config,
                                  const float* hyper_dev, const int64_t* step) {
   __shared__ float hyper[sok_graph::core::kNumHyper];
@@ -74,7 +75,8 @@ __global__ void DenseApplyKernel(float* __restrict__ rows, float* __restrict__ s
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     sok_graph::core::ApplyElement(config, hyper, alpha, grads[i], rows + i,
-                                  slot0 ? slot0 + i : nullptr, slot1 ? slot1 + i : nullptr);
+                                  slot0 ? slot0 + i : nullptr, slot1 ? slot1 + i : nullptr,
+                                  slot2 ? slot2 + i : nullptr);
   }
 }
 
@@ -95,7 +97,8 @@ SOK_EXPORT int sok_sparse_apply_f32(const SokSparseApplyTable* tables,
   return static_cast<int>(cudaGetLastError());
 }
 
-SOK_EXPORT int sok_dense_apply_f32(float* rows, float* slot0, float* slot1, const float* grads,
+SOK_EXPORT int sok_dense_apply_f32(float* rows, float* slot0, float* slot1, float* slot2,
+                                   const float* grads,
                                    int64_t n, int64_t dim, int algorithm, int tf1, int nesterov,
                                    const float* hyper, const int64_t* step, void* stream) {
   const int64_t total = n * dim;
@@ -104,6 +107,6 @@ SOK_EXPORT int sok_dense_apply_f32(float* rows, float* slot0, float* slot1, cons
   const int64_t blocks_needed = (total + 255) / 256;
   const int blocks = static_cast<int>(blocks_needed < 65536 ? blocks_needed : 65536);
   DenseApplyKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(
-      rows, slot0, slot1, grads, total, config, hyper, step);
+      rows, slot0, slot1, slot2, grads, total, config, hyper, step);
   return static_cast<int>(cudaGetLastError());
 }

@@ -72,11 +72,13 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
     const float* hyper = hyper_t.flat<float>().data();
     const int64_t step = static_cast<int64_t>(step_t.scalar<TfInt64>()());
     const float alpha = AlphaFor(attrs_.config, hyper, step);
-    struct Table { float* var; float* s0; float* s1; const K* idx; const float* g; int64_t dim; };
+    struct Table {
+      float* var; float* s0; float* s1; float* s2; const K* idx; const float* g; int64_t dim;
+    };
     constexpr int64_t kAhead = 8;
     const auto Prefetch = [](const Table& tb, int64_t i) {
       const int64_t base = static_cast<int64_t>(tb.idx[i]) * tb.dim;
-      for (float* p : {tb.var, tb.s0, tb.s1}) {
+      for (float* p : {tb.var, tb.s0, tb.s1, tb.s2}) {
         if (p == nullptr) continue;
         core::PrefetchSpan(p + base, tb.dim * static_cast<int64_t>(sizeof(float)));
       }
@@ -85,7 +87,7 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
     int64_t max_dim = 1;
     for (int t = 0; t < n; ++t) {
       tables[t] = {vars.table(t)->flat<float>().data(), vars.slot(attrs_, t, 0),
-                   vars.slot(attrs_, t, 1), indices[t].flat<K>().data(),
+                   vars.slot(attrs_, t, 1), vars.slot(attrs_, t, 2), indices[t].flat<K>().data(),
                    grads[t].flat<float>().data(), vars.table(t)->dim_size(1)};
       max_dim = std::max(max_dim, tables[t].dim);
     }
@@ -105,7 +107,8 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
         if (r + kAhead < offsets[t + 1]) Prefetch(tb, i + kAhead);
         const int64_t base = static_cast<int64_t>(tb.idx[i]) * tb.dim;
         apply_row(config, hyper, alpha, tb.g + i * tb.dim, tb.var + base,
-                  tb.s0 ? tb.s0 + base : nullptr, tb.s1 ? tb.s1 + base : nullptr, tb.dim);
+                  tb.s0 ? tb.s0 + base : nullptr, tb.s1 ? tb.s1 + base : nullptr,
+                  tb.s2 ? tb.s2 + base : nullptr, tb.dim);
       }
     });
   }

@@ -66,6 +66,7 @@ class SparseApplyGpuOp : public ::tensorflow::OpKernel {
       d.var = table.flat<float>().data();
       d.slot0 = vars.slot(attrs_, t, 0);
       d.slot1 = vars.slot(attrs_, t, 1);
+      d.slot2 = vars.slot(attrs_, t, 2);
       d.indices = indices[t].flat<K>().data();
       d.grads = grads[t].flat<float>().data();
       d.rows = table.dim_size(0);
