@@ -15,6 +15,8 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement, replica_shards
+from sok_graph.table import STATIC
+from sok_graph.initializers import static_initializer
 
 _ResourceVariable = compat.resource_variable_class()
 
@@ -39,8 +41,7 @@ def _whole_value(initial_value, kwargs):
         if shape is None:
             raise ValueError("sok.Variable(initializer=...) needs shape=[rows, dim]")
         dtype = kwargs.get("dtype") or tf.float32
-        if isinstance(initializer, str):
-            initializer = tf.keras.initializers.get(initializer)
+        initializer = static_initializer(initializer)
         value = initializer(shape=tf.TensorShape(shape).as_list(), dtype=tf.as_dtype(dtype))
     if value is None:
         raise ValueError("initial_value must be given (a [rows, dim] array or tensor), or "
@@ -65,8 +66,7 @@ def _shard_from_initializer(kwargs, where):
     if len(shape) != 2 or None in shape:
         raise ValueError(f"shape must be a known [rows, dim]; got {list(shape)}")
     dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
-    if isinstance(initializer, str):
-        initializer = tf.keras.initializers.get(initializer)
+    initializer = static_initializer(initializer)
     local = placement.shard_rows(shape[0], *where)
     return shape, lambda: initializer(shape=[local, shape[1]], dtype=dtype)
 
@@ -149,6 +149,13 @@ class Variable(_ResourceVariable):
     @property
     def is_sok_variable(self):
         return True
+
+    table_kind = STATIC  # what sok_graph/table.py asks
+
+    @property
+    def dimension(self):
+        """The width of the table's rows."""
+        return int(self._sok_global_shape[1])
 
     @property
     def placement(self):

@@ -40,7 +40,7 @@ import tensorflow as tf
 from sok_graph import context, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.placement import owned_mask
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import dimension_of, is_dynamic, kind_of
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.optimization.native_slots import slot_state_for
 from sok_graph.variables import export as export_rows
@@ -223,7 +223,7 @@ def _merged_counts(entries, counts):
 def _shard_tensors(var, optimizer):
     """Tensors of one shard's keys (global ids or keys), values, metadata and
     slots."""
-    if isinstance(var, DynamicVariable):
+    if is_dynamic(var):
         keys, rows, times, counts, _ = dynamic_ops.export(
             var.handle, var.key_type, var.dimension, offset=0, limit=(1 << 62))
         fetch = {"keys": tf.cast(keys, tf.int64), "values": rows, "timestamps": times,
@@ -262,7 +262,7 @@ def dump(path, dump_vars, optimizer=None):
     variable's are)."""
     variables = _check_vars(dump_vars, "dump_vars")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
-    tables = {name: (_kind(var), _export(var, optimizer)) for name, var in variables.items()}
+    tables = {name: (kind_of(var), _export(var, optimizer)) for name, var in variables.items()}
     optimizer_entry = None
     if optimizer is not None:
         step = _run(optimizer.iterations)
@@ -276,10 +276,6 @@ def dump(path, dump_vars, optimizer=None):
     if comm is None or comm.in_process or comm.rank == 0:
         write_dump(path, tables, optimizer_entry, world_size=world_size)
     _barrier(world_size)
-
-
-def _kind(var):
-    return "dynamic" if isinstance(var, DynamicVariable) else "static"
 
 
 def write_dump(path, tables, optimizer_entry=None, world_size=1):
@@ -452,10 +448,9 @@ def load(path, load_vars, optimizer=None):
     # Every shard of a table sharded over replicas has the kind, dimension
     # and global rows of the first.
     first = {name: replica_shards.shards_of(var)[0] for name, var in variables.items()}
-    dims = {name: var.dimension if isinstance(var, DynamicVariable) else int(var.shape[1])
-            for name, var in first.items()}
+    dims = {name: dimension_of(var) for name, var in first.items()}
     static_rows = {name: int(var.global_shape[0]) for name, var in first.items()
-                   if not isinstance(var, DynamicVariable)}
+                   if not is_dynamic(var)}
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
         algorithm=None if optimizer is None else optimizer.algorithm)
@@ -468,8 +463,8 @@ def load(path, load_vars, optimizer=None):
     # that cannot take its rows raises with its old rows in place), and
     # static assignments, which cannot fail after the checks above, come
     # last, so a failing dynamic table leaves the static ones untouched.
-    order = sorted(variables.items(), key=lambda item: not isinstance(
-        replica_shards.shards_of(item[1])[0], DynamicVariable))
+    order = sorted(variables.items(),
+                   key=lambda item: not is_dynamic(replica_shards.shards_of(item[1])[0]))
     # Eagerly each write happens as it is made: a failure after some
     # dynamic tables were replaced (out of memory; every check ran above)
     # puts those tables back as they were, slots and metadata included.
@@ -477,7 +472,7 @@ def load(path, load_vars, optimizer=None):
     try:
         for name, table in order:
             for var in replica_shards.shards_of(table):
-                if tf.executing_eagerly() and isinstance(var, DynamicVariable):
+                if tf.executing_eagerly() and is_dynamic(var):
                     replaced.append((var, _run(_shard_tensors(var, optimizer))))
                 ops.extend(_load_shard(var, loaded[name], optimizer, slots))
     except Exception as failure:
@@ -505,7 +500,7 @@ def _check_fits(variables, loaded):
     rows than its bound (max_capacity)."""
     for name, table in variables.items():
         for var in replica_shards.shards_of(table):
-            if not isinstance(var, DynamicVariable):
+            if not is_dynamic(var):
                 continue
             keys = loaded[name]["keys"][owned_mask(var, loaded[name]["keys"])]
             info = np.iinfo(var.key_type.as_numpy_dtype)
@@ -550,7 +545,7 @@ def _load_shard(var, a, optimizer, slots):
     # Each worker takes the rows it owns, whatever the dumping world size.
     keep = owned_mask(var, a["keys"])
     a = {k: v[keep] for k, v in a.items() if k not in _FILTER_PARTS + (_FILTER_KIND,)}
-    if isinstance(var, DynamicVariable):
+    if is_dynamic(var):
         keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
         ops.append(var.replace_rows(keys, a["values"], a.get("timestamps"),
                                     a.get("frequencies")))
@@ -655,7 +650,7 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         raise TypeError(f"sok_vars must be a list of sok.DynamicVariable; got "
                         f"{type(sok_vars).__name__}")
     for var in sok_vars:
-        if not isinstance(replica_shards.shards_of(var)[0], DynamicVariable):
+        if not is_dynamic(replica_shards.shards_of(var)[0]):
             raise TypeError("incremental_model_dump needs sok.DynamicVariable objects (static "
                             f"tables keep no update times); got {type(var).__name__}")
     graph = sess.graph if sess is not None and not tf.executing_eagerly() else None

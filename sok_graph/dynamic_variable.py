@@ -50,6 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import admission, compat, context, placement, replica_shards
+from sok_graph.table import DYNAMIC
 from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
@@ -280,6 +281,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     @property
     def dtype(self):
         return self._dtype
+
+    table_kind = DYNAMIC  # what sok_graph/table.py asks
 
     @property
     def key_type(self):

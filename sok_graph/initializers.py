@@ -1,6 +1,8 @@
-"""The initializers of dynamic tables: SOK's accepted forms (names, numbers,
-Keras / tf initializer objects) as one complete spec, the attributes of
-SokDynamicTableCreate (sok_graph/ops/dynamic.py `create`).
+"""The initializers of sok tables: SOK's accepted forms (names, numbers,
+Keras / tf initializer objects) as one complete spec, which is the
+attributes of SokDynamicTableCreate for a dynamic table
+(sok_graph/ops/dynamic.py `create`) and a Keras initializer for a static one
+(`static_initializer`), so a name means the same rows for both.
 
 The default, for `DynamicVariable(initializer=None)` and SOK's "random", is
 uniform in [-0.05, 0.05), as a Keras Embedding starts (the 1.x layers'
@@ -100,3 +102,36 @@ def initializer_spec(initializer, seed=None):
     raise TypeError(
         f"initializer {kind} is not supported by DynamicVariable; use RandomNormal, "
         f"TruncatedNormal, RandomUniform, Zeros, Ones, Constant or one of their names")
+
+
+def static_initializer(initializer):
+    """A callable(shape=, dtype=) giving a static table's rows for
+    `initializer`: the names and numbers initializer_spec knows, with the
+    same meaning (as Keras initializers); another name Keras knows
+    ("glorot_uniform", ...) as Keras gives it; a callable (a Keras / tf
+    initializer) unchanged."""
+    import tensorflow as tf
+
+    if callable(initializer):
+        return initializer
+    is_number = isinstance(initializer, (int, float, np.number)) and \
+        not isinstance(initializer, bool)
+    if not (isinstance(initializer, str) or is_number):
+        raise TypeError(f"initializer must be a name, a number or a Keras/TF initializer; got "
+                        f"{type(initializer).__name__}")
+    try:
+        spec = initializer_spec(initializer)
+    except ValueError:
+        if is_number:
+            raise
+        return tf.keras.initializers.get(initializer)
+    kind = spec["initializer"]
+    if kind == "uniform":
+        return tf.keras.initializers.RandomUniform(spec["minval"], spec["maxval"])
+    if kind == "normal":
+        return tf.keras.initializers.RandomNormal(spec["mean"], spec["stddev"])
+    if kind == "truncated_normal":
+        return tf.keras.initializers.TruncatedNormal(spec["mean"], spec["stddev"])
+    if kind == "zeros":
+        return tf.keras.initializers.Zeros()
+    return tf.keras.initializers.Constant(spec["value"])

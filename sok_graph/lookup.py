@@ -10,7 +10,7 @@ import tensorflow as tf
 
 from sok_graph import compat, context, exchange, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import is_dynamic
 from sok_graph.ops import lookup as lookup_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
@@ -186,28 +186,28 @@ def _gathered_rows(param, ids, index, name, low_frequency_filter=False):
     """(rows, positions): the rows of `param` for the distinct ids, and each
     id's position in them. low_frequency_filter: a dynamic table's
     filter_ratio applies (sok_graph/admission.py)."""
-    if isinstance(param, DynamicVariable) and ids.dtype == tf.int32 \
+    if is_dynamic(param) and ids.dtype == tf.int32 \
             and param.key_type == tf.int64:
         ids = tf.cast(ids, tf.int64)  # widening, as SOK does
-    if isinstance(param, DynamicVariable) and ids.dtype != param.key_type:
+    if is_dynamic(param) and ids.dtype != param.key_type:
         raise TypeError(
             f"sp_ids[{index}] must hold {param.key_type.name} keys (the key_type of "
             f"DynamicVariable '{param.name}'); got {ids.dtype.name}")
     placement = getattr(param, "placement", None)
     world_size = 1 if placement is None else placement[0]
-    if isinstance(param, DynamicVariable) and world_size == 1:
+    if is_dynamic(param) and world_size == 1:
         # unique and the table's find-or-insert as one op
         _, rows, positions = param.unique_read(ids, low_frequency_filter=low_frequency_filter)
         return rows, positions
     # A counting admission filter counts every occurrence: its owner must
     # see them all.
-    counts = isinstance(param, DynamicVariable) and param.admission is not None \
+    counts = is_dynamic(param) and param.admission is not None \
         and param.admission.counting
     if world_size > 1 and (counts or not dedup_before_exchange):
         keys, positions = ids, tf.range(tf.size(ids, out_type=tf.int64))
     else:
         keys, positions = util_ops.unique(ids, out_idx=tf.int64)
-    if isinstance(param, DynamicVariable):
+    if is_dynamic(param):
         comm = context.communicator("a lookup in a sharded table")
         return exchange.dynamic_rows(comm, param, keys,
                                      low_frequency_filter=low_frequency_filter), positions
@@ -336,11 +336,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     if combiners is None or isinstance(combiners, str):
         combiners = [combiners or "mean"] * n
     combiners = _as_list(combiners, "combiners", n)
+    names = lookup_ops.combiner_names()
     for t, c in enumerate(combiners):
-        if c not in lookup_ops.COMBINERS:
-            raise ValueError(
-                f"combiners[{t}] must be one of {lookup_ops.COMBINERS}; got {c!r}"
-            )
+        if c not in names:
+            raise ValueError(f"combiners[{t}] must be one of {names}; got {c!r}")
     if max_norm is None or isinstance(max_norm, (int, float)):
         max_norm = [max_norm] * n
     max_norm = _as_list(max_norm, "max_norm", n)
@@ -356,7 +355,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     with tf.name_scope(name or "sok_lookup_sparse"):
         tensors, names = [], []
         for t, p in enumerate(params):
-            if isinstance(p, DynamicVariable) or _is_sharded(p) or _reads_rows(p):
+            if is_dynamic(p) or _is_sharded(p) or _reads_rows(p):
                 _check_table(p, t)
                 tensors.append(None)  # rows come from the table (and other workers), below
                 names.append(_table_name(p, t))
@@ -384,7 +383,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
             if tensors[t] is None and _is_sharded(params[t]) and dedup_before_exchange \
-                    and not isinstance(params[t], DynamicVariable):
+                    and not is_dynamic(params[t]):
                 pending.append(t)  # fetched with the other sharded tables, below
             elif tensors[t] is None:
                 # A variable: each distinct id is fetched once (read, looked
@@ -522,7 +521,7 @@ def _single_worker_dynamic(param):
         return None
     context.communicator("sok.all2all_dense_embedding")
     table = replica_shards.resolve(param, "sok.all2all_dense_embedding")
-    if not isinstance(table, DynamicVariable) or _is_sharded(table):
+    if not is_dynamic(table) or _is_sharded(table):
         return None
     return table
 

@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from sok_graph import placement, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import dimension_of, is_dynamic
 from sok_graph.ops import dynamic as dynamic_ops
 
 
@@ -38,14 +38,14 @@ def assign(var, indices, values):
     values = tf.convert_to_tensor(values, dtype=var.dtype)
     indices = tf.convert_to_tensor(indices)
     # TensorFlow's scatter does not check an empty update's row width.
-    dim = var.dimension if isinstance(var, DynamicVariable) else var.shape[1]
+    dim = dimension_of(var)
     n = indices.shape[0] if indices.shape.rank == 1 else None
     if values.shape.rank is not None and (
             values.shape.rank != 2 or values.shape[1] not in (None, dim)
             or None not in (n, values.shape[0]) and values.shape[0] != n):
         raise ValueError(f"values for sok.assign must have shape [len(indices), {dim}] "
                          f"(indices has shape {indices.shape}); got shape {values.shape}")
-    if isinstance(var, DynamicVariable):
+    if is_dynamic(var):
         return dynamic_ops.scatter(var.handle, var._check_keys(indices), values, "update")
     if not indices.dtype.is_integer:
         raise TypeError(f"indices must be integers; got {indices.dtype.name}")
@@ -69,7 +69,7 @@ def export(var):
             parts = [export(shard) for shard in var.shards]
             return (tf.concat([k for k, _ in parts], 0), tf.concat([v for _, v in parts], 0))
         var = var.shard("sok.export")
-    if isinstance(var, DynamicVariable):
+    if is_dynamic(var):
         keys, rows, _, _, _ = dynamic_ops.export(var.handle, var.key_type, var.dimension,
                                                  offset=0, limit=(1 << 62))
         return keys, rows
@@ -100,7 +100,7 @@ def sparse_read_and_evict(var, indices, name=None):
       evicted), e.g. to move them to another store; optimizer slots of the
       table drop those keys as they do on any eviction.
     """
-    if not isinstance(var, DynamicVariable):
+    if not is_dynamic(var):
         raise TypeError("sok.sparse_read_and_evict takes a sok.DynamicVariable; got "
                         f"{type(var).__name__}")
     if var.var_type != "hybrid":

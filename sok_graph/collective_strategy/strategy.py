@@ -11,7 +11,7 @@ import tensorflow as tf
 
 from sok_graph import compat, context, placement
 from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import is_dynamic
 from sok_graph.serving import sources
 
 from .data_parallel import BroadcastHook, _model_parallel_variables, _scope_patches, _worker_dir
@@ -189,7 +189,7 @@ class CollectiveStrategy:
                              "graph> or checkpoint_dir=<its checkpoint directory>")
         values, tables = (self._session_values(session) if session is not None
                           else self._checkpoint_values(checkpoint_dir))
-        dynamic = {name: v for name, v, _, _ in tables if isinstance(v, DynamicVariable)}
+        dynamic = {name: v for name, v, _, _ in tables if is_dynamic(v)}
         full = self._gather_tables([t for t in tables if t[0] not in dynamic])
         values.update(full)
         runner = None
@@ -206,8 +206,8 @@ class CollectiveStrategy:
         raw = session._tf_sess() if hasattr(session, "_tf_sess") else session
         graph = raw.graph
         variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-        dynamic = [v for v in variables if isinstance(v, DynamicVariable)]
-        variables = [v for v in variables if not isinstance(v, DynamicVariable)]
+        dynamic = [v for v in variables if is_dynamic(v)]
+        variables = [v for v in variables if not is_dynamic(v)]
         got = raw.run(list(variables)) if variables else []
         # dynamic tables are read in chunks while the serving graph is filled
         values, tables = {}, [(v.name, v, None, None) for v in dynamic]

@@ -16,7 +16,16 @@ from sok_graph.ops import util as util_ops
 from sok_graph import compat
 from sok_graph.compat import IndexedSlices, register_gradient
 
-COMBINERS = ("sum", "mean", "sqrtn")
+def combiner_names():
+    """The combiners the lookup ops have, in their order: the allowed values
+    of SokFusedLookup's `combiners` attribute, which
+    tf_ops/lookup/core/combiner.h spells out (the one list)."""
+    library.load()  # registers the ops
+    for attr in compat.registered_op_def("SokFusedLookup").attr:
+        if attr.name == "combiners" and attr.allowed_values.list.s:
+            return tuple(s.decode() for s in attr.allowed_values.list.s)
+    raise RuntimeError("the op library's SokFusedLookup lists no combiners: it is older than "
+                       "this sok_graph; build it again")
 
 
 def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norms=None,
@@ -28,7 +37,7 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     ids:         N tensors [nnz_t] int32/int64, each in [0, rows_t)
     row_splits:  N tensors [batch_t + 1] int64 (ragged row partition of ids)
     weights:     None, or N entries each None or a [nnz_t] tensor of params' dtype
-    combiners:   N of "sum" / "mean" / "sqrtn"
+    combiners:   N names of combiner_names() ("sum", "mean", "sqrtn")
     max_norms:   None, or N entries each None or a float (clip rows to that L2 norm)
     dense_grads: None, or N bools: the gradient of a table marked True is a dense
                  [rows, dim] tensor, not an IndexedSlices — for a small table of rows

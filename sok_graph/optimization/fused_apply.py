@@ -11,7 +11,6 @@ formulas update tables of other dtypes.
 
 import collections
 import threading
-import types
 
 import tensorflow as tf
 

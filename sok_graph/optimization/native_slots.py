@@ -30,7 +30,7 @@ The native slots themselves are read and written by NativeSlots
 import tensorflow as tf
 
 from sok_graph import replica_shards
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import is_dynamic
 from sok_graph.optimization.native_state import NativeSlots
 from sok_graph.optimization.wrapper import OptimizerWrapper, wrapper_for
 
@@ -71,7 +71,7 @@ class SlotRouter:
         if self._wrapper.has_slots(var):
             self._wrapper_ids.add(id(var))
             return False
-        if isinstance(var, (DynamicVariable, replica_shards.ReplicaShards)):
+        if is_dynamic(var) or isinstance(var, replica_shards.ReplicaShards):
             return False
         names = self._wrapper.slot_names()
         if not self._native.has(var, names):

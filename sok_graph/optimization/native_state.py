@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import is_dynamic
 from sok_graph.optimization.algorithms import value
 
 # Where a family's native slot name differs from the table's (checked
@@ -189,7 +189,7 @@ def native_rows(optimizer, algorithm, var, names):
     keeps natively for static sok variable `var`, or None where it keeps
     none (or not all of them). Eager only: a graph's slots hold no value
     until its Session runs."""
-    if not names or isinstance(var, DynamicVariable) or not tf.executing_eagerly():
+    if not names or is_dynamic(var) or not tf.executing_eagerly():
         return None
     native = NativeSlots(optimizer, algorithm)
     if not native.has(var, names):

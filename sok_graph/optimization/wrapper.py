@@ -40,6 +40,7 @@ import tensorflow as tf
 from sok_graph import compat, context, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import dimension_of, is_dynamic
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.optimization import fused_apply, native_state
@@ -137,7 +138,7 @@ class OptimizerWrapper:
         with tf.init_scope(), replica_shards.shard_scope(var.placement[1]):
             native = self._native_rows(var)
             for name, init in self._hp.slots():
-                if isinstance(var, DynamicVariable):
+                if is_dynamic(var):
                     slot = DynamicVariable(var.dimension, initializer=float(init),
                                            key_type=var.key_type, trainable=False,
                                            name=f"{var.name}/{name}", **var.slot_settings())
@@ -184,11 +185,11 @@ class OptimizerWrapper:
             lr = self._learning_rate(step)
             fusable = [self._fusable(v) for _, v in sok_pairs]
             fused = [pair for pair, f in zip(sok_pairs, fusable)
-                     if f and not isinstance(pair[1], DynamicVariable)]
+                     if f and not is_dynamic(pair[1])]
             for group in _by_device(fused):
                 ops.append(self._apply_fused(group, step, lr))
             for (g, v), f in zip(sok_pairs, fusable):
-                if f and isinstance(v, DynamicVariable):
+                if f and is_dynamic(v):
                     ops.append(self._apply_dynamic_fused(g, v, step, lr))
                 elif not f:
                     ops.append(self._apply_sparse(g, v, step, lr))
@@ -205,7 +206,7 @@ class OptimizerWrapper:
             return False
         if tf.as_dtype(var.dtype).base_dtype != tf.float32:
             return False
-        if isinstance(var, DynamicVariable):
+        if is_dynamic(var):
             return True
         return compat.is_plain_resource_variable(var) and all(
             compat.is_plain_resource_variable(s) for s in self._slots[id(var)].values())
@@ -239,7 +240,7 @@ class OptimizerWrapper:
         slots = self._slots[id(var)]
         dtype = values.dtype
         lr = tf.cast(lr, dtype)
-        if isinstance(var, DynamicVariable):
+        if is_dynamic(var):
             rows, _ = var.find(unique)  # a row evicted meanwhile reads as 0 and is reinserted
             slot_rows = {n: dynamic_ops.find_or_insert(s.handle, unique, var.dimension)[0]
                          for n, s in slots.items()}
@@ -262,7 +263,7 @@ class OptimizerWrapper:
     @staticmethod
     def _every_row(var, unique, values):
         """(all row ids, gradient rows) with zero rows for ids not in `unique`."""
-        if isinstance(var, DynamicVariable):
+        if is_dynamic(var):
             # The batch's keys are in the table already (the lookup inserted
             # them); the others get a zero gradient.
             keys = dynamic_ops.export(var.handle, var.key_type, var.dimension, offset=0,
@@ -371,10 +372,8 @@ def _check_gradient(grad, var):
     otherwise broadcast a row of the wrong width into the update, or fail
     inside the update with a message naming no argument."""
     name = getattr(var, "name", type(var).__name__)
-    dynamic = isinstance(var, DynamicVariable)
-    # Plain ints or None: TF 1.x shapes index to Dimension objects, which
-    # compare unequal to None even when unknown.
-    dim = tf.compat.dimension_value(var.dimension if dynamic else var.shape[1])
+    dynamic = is_dynamic(var)
+    dim = dimension_of(var)  # an int or None, on TF 1.x too
     if isinstance(grad, tf.IndexedSlices):
         values, indices = grad.values, grad.indices
         if not indices.dtype.is_integer:

@@ -31,6 +31,7 @@ import tensorflow as tf
 from sok_graph import context
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
+from sok_graph.table import dimension_of
 from sok_graph.serving import sources
 from sok_graph.serving.export import MANIFEST, table_name
 from sok_graph.serving.tables import safe_name
@@ -88,7 +89,7 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
         _, chunks = sources.whole_table(table, runner, chunk_rows,
                                         updated_after=after if dynamic else None)
         parts = list(chunks)
-        dim = sources.dimension_of(table)
+        dim = dimension_of(table)
         dtype = tf.as_dtype(table.dtype).base_dtype.as_numpy_dtype
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros([0], np.int64)
         rows = np.concatenate([r for _, r in parts]) if parts else np.zeros([0, dim], dtype)

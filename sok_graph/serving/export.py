@@ -33,6 +33,7 @@ import tensorflow as tf
 from sok_graph import communication, context, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import is_dynamic
 from sok_graph.serving import mode, sources
 from sok_graph.serving.tables import DynamicTable, StaticTable
 
@@ -356,7 +357,7 @@ def _session_values(session):
     tables = {}
     for v in variables:
         if is_sok_variable(v):
-            tables[v.name if isinstance(v, DynamicVariable) else v.op.name] = v
+            tables[v.name if is_dynamic(v) else v.op.name] = v
     return raw, values, tables
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context, placement, replica_shards
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import dimension_of, is_dynamic
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import library
 
@@ -75,7 +75,7 @@ def _int64_scalar():
 def shard_reader(shard, runner, updated_after=None, keys_only=False):
     """(count, read): the shard's number of rows, and read(offset, limit) ->
     (keys int64, rows, next offset) of its next chunk."""
-    if isinstance(shard, DynamicVariable):
+    if is_dynamic(shard):
         after = INT64_MIN if updated_after is None else int(updated_after)
 
         def size():
@@ -106,10 +106,6 @@ def _shard_chunks(shard, runner, chunk_rows, updated_after=None, keys_only=False
         offset = int(offset)
         if len(keys):
             yield np.asarray(keys), np.asarray(rows)
-
-
-def dimension_of(table):
-    return int(table.dimension if hasattr(table, "key_type") else table.shape[1])
 
 
 def _dtype_of(table):

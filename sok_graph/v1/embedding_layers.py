@@ -23,6 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context
+from sok_graph.initializers import static_initializer
 from sok_graph.distributed_variable import Variable
 from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
@@ -137,11 +138,9 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
     def _initial_rows(self, rows):
         init = self.embedding_initializer
         shape = [rows, self.embedding_vec_size]
-        if isinstance(init, str):
-            init = tf.keras.initializers.get(init)
-        if isinstance(init, (int, float)) and not isinstance(init, bool):
-            value = tf.fill(shape, tf.constant(float(init)))
-        elif callable(init):
+        if isinstance(init, (str, int, float, np.number)) and not isinstance(init, bool):
+            init = static_initializer(init)
+        if callable(init):
             value = init(shape=shape, dtype=tf.float32)
         else:
             value = tf.convert_to_tensor(init, tf.float32)
@@ -257,8 +256,9 @@ class DistributedEmbedding(_EmbeddingLayer):
     def __init__(self, combiner, max_vocabulary_size_per_gpu, embedding_vec_size, slot_num,
                  max_nnz, max_feature_num=1, use_hashtable=True, key_dtype=None,
                  embedding_initializer=None, **kwargs):
-        if not isinstance(combiner, str) or combiner.lower() not in lookup_ops.COMBINERS:
-            raise ValueError(f"combiner must be one of {lookup_ops.COMBINERS}; got {combiner!r}")
+        names = lookup_ops.combiner_names()
+        if not isinstance(combiner, str) or combiner.lower() not in names:
+            raise ValueError(f"combiner must be one of {names}; got {combiner!r}")
         self.combiner = combiner.lower()
         self.slot_num = _positive_int("slot_num", slot_num)
         self.max_nnz = _positive_int("max_nnz", max_nnz)

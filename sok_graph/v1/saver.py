@@ -17,7 +17,7 @@ import tensorflow as tf
 from sok_graph import replica_shards
 from sok_graph.distributed_variable import is_sok_variable
 from sok_graph.dump_load import read_dump, write_dump
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.table import dimension_of, is_dynamic, kind_of
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.placement import owned_rows
 
@@ -31,13 +31,9 @@ def _check(var, method):
                         f"{getattr(var, 'name', type(var).__name__)!r}")
 
 
-def _dimension(var):
-    return var.dimension if isinstance(var, DynamicVariable) else int(var.shape[1])
-
-
 def _rows(var):
     """(keys, rows) tensors of the whole table."""
-    if isinstance(var, DynamicVariable):
+    if is_dynamic(var):
         keys, rows = dynamic_ops.export(var.handle, var.key_type, var.dimension, offset=0,
                                         limit=(1 << 62))[:2]
         return tf.cast(keys, tf.int64), rows
@@ -48,7 +44,7 @@ def _rows(var):
 def _assign(var, keys, rows):
     """Replaces the table's contents: dynamic tables hold exactly `keys`
     afterwards; static tables get `rows` for row numbers `keys`."""
-    if isinstance(var, DynamicVariable):
+    if is_dynamic(var):
         return var.replace_rows(tf.cast(keys, var.key_type), rows)
     return var.scatter_update(tf.IndexedSlices(rows, keys))
 
@@ -62,7 +58,7 @@ class Saver:
         # One shard: that of the replica being built (inside strategy.run).
         embedding_variable = replica_shards.resolve(embedding_variable, "Saver.dump_to_file")
         path = str(filepath)
-        kind = "dynamic" if isinstance(embedding_variable, DynamicVariable) else "static"
+        kind = kind_of(embedding_variable)
 
         def write(keys, rows):
             keys = keys.numpy() if hasattr(keys, "numpy") else keys
@@ -85,8 +81,8 @@ class Saver:
         embedding_variable = replica_shards.resolve(embedding_variable, "Saver.restore_from_file")
         var = embedding_variable
         path = str(filepath)
-        dim = _dimension(var)
-        static_rows = {} if isinstance(var, DynamicVariable) else {_TABLE: int(var.shape[0])}
+        dim = dimension_of(var)
+        static_rows = {} if is_dynamic(var) else {_TABLE: int(var.shape[0])}
 
         def read():
             arrays = read_dump(path, {_TABLE: dim}, static_rows)[1][_TABLE]
@@ -111,7 +107,7 @@ class Saver:
         parts = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
         if not parts:
             raise ValueError("tensors must hold at least one [rows, dim] tensor")
-        dim = _dimension(table)
+        dim = dimension_of(table)
         values = []
         for i, t in enumerate(parts):
             t = tf.convert_to_tensor(t, tf.float32)
@@ -121,7 +117,7 @@ class Saver:
             values.append(t)
         rows = tf.concat(values, 0) if len(values) > 1 else values[0]
         n = rows.shape[0]
-        if not isinstance(table, DynamicVariable) and n is not None \
+        if not is_dynamic(table) and n is not None \
                 and n != int(table.global_shape[0]):
             raise ValueError(f"the table has {int(table.global_shape[0])} rows; tensors hold {n}")
         all_keys = tf.range(tf.shape(rows, out_type=tf.int64)[0])
@@ -130,7 +126,7 @@ class Saver:
         # replicas of a MirroredStrategy are the workers).
         for shard in replica_shards.shards_of(var):
             keys, owned = owned_rows(shard, all_keys, rows)
-            if isinstance(shard, DynamicVariable):
+            if is_dynamic(shard):
                 ops.append(shard.import_rows(tf.cast(keys, shard.key_type), owned))
             else:
                 ops.append(shard.scatter_update(tf.IndexedSlices(owned, keys)))

@@ -13,6 +13,17 @@ from sok_graph.ops import lookup as lookup_ops
 COMBINERS = ["sum", "mean", "sqrtn"]
 
 
+def test_python_reads_the_combiners_the_op_allows():
+    """The combiner names are one list in C++ (tf_ops/lookup/core/combiner.h),
+    the allowed values of the ops' attribute; Python reads them back, and
+    the op itself refuses another name."""
+    assert lookup_ops.combiner_names() == tuple(COMBINERS)
+    v = tf.Variable(np.ones((3, 2), np.float32))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="max"):
+        lookup_ops.fused_lookup([v], [tf.constant([0], tf.int64)],
+                                [tf.constant([0, 1], tf.int64)], combiners=["max"])
+
+
 def random_ragged(rng, batch, rows, max_hot, empty_fraction=0.2, dtype=np.int64):
     """Python lists of ids per sample, some samples empty; ids span [0, rows)."""
     out = []
@@ -550,7 +561,10 @@ def test_raw_op_table_of_another_dtype_than_the_weights_is_rejected():
 
 
 def test_unknown_combiner_in_raw_op():
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="'max'"):
+    # TensorFlow's check of the attribute's allowed values (the one list of
+    # tf_ops/lookup/core/combiner.h) names the value.
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                       match=r"""['"]max['"].*sum.*mean.*sqrtn"""):
         call_raw([tf.zeros([4, 2])], [tf.constant([0], tf.int64)],
                  [tf.constant([0, 1], tf.int64)], combiners=["max"])
 

@@ -13,18 +13,35 @@ namespace core {
 
 enum class Combiner { kSum = 0, kMean = 1, kSqrtn = 2 };
 
+// The one list of combiner names, indexed by Combiner. The lookup ops'
+// `combiners` attribute allows exactly these (CombinersAttr), and
+// sok_graph's Python side reads them back from the registered op
+// (sok_graph/ops/lookup.py combiner_names): adding a combiner is a name
+// here, its case in CombinerScale, and its tests.
+constexpr const char* kCombinerNames[] = {"sum", "mean", "sqrtn"};
+constexpr int kNumCombiners = static_cast<int>(sizeof(kCombinerNames) / sizeof(kCombinerNames[0]));
+
 inline bool ParseCombiner(const std::string& name, Combiner* out) {
-  if (name == "sum") {
-    *out = Combiner::kSum;
-  } else if (name == "mean") {
-    *out = Combiner::kMean;
-  } else if (name == "sqrtn") {
-    *out = Combiner::kSqrtn;
-  } else {
-    return false;
+  for (int c = 0; c < kNumCombiners; ++c) {
+    if (name == kCombinerNames[c]) {
+      *out = static_cast<Combiner>(c);
+      return true;
+    }
   }
-  return true;
+  return false;
 }
+
+// "'sum', 'mean', 'sqrtn'": the names for messages and the op attribute.
+inline std::string QuotedCombinerNames() {
+  std::string out;
+  for (int c = 0; c < kNumCombiners; ++c) {
+    out += std::string(c == 0 ? "'" : ", '") + kCombinerNames[c] + "'";
+  }
+  return out;
+}
+
+// The lookup ops' attribute: a list of the names above.
+inline std::string CombinersAttr() { return "combiners: list({" + QuotedCombinerNames() + "})"; }
 
 // Compiled for the host and, in the CUDA launchers (which include this
 // header), for the device too: one formula for the CPU and GPU kernels.

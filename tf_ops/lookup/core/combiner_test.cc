@@ -25,6 +25,11 @@ TEST(ParseCombinerTest, KnownNames) {
   EXPECT_EQ(c, Combiner::kSqrtn);
 }
 
+TEST(ParseCombinerTest, TheOneListSpellsTheAttribute) {
+  EXPECT_EQ(QuotedCombinerNames(), "'sum', 'mean', 'sqrtn'");
+  EXPECT_EQ(CombinersAttr(), "combiners: list({'sum', 'mean', 'sqrtn'})");
+}
+
 TEST(ParseCombinerTest, RejectsOtherNames) {
   for (const char* bad : {"", "Sum", "SUM", "mean ", " mean", "sqrt", "sqrtN", "max", "avg",
                           "summ", "tile"}) {

@@ -41,8 +41,9 @@ class FusedLookupAttrs {
     this->combiners.resize(n);
     for (size_t t = 0; t < n; ++t) {
       if (!core::ParseCombiner(combiners[t], &this->combiners[t])) {
-        return errors::InvalidArgument("combiners[", t, "] must be one of 'sum', 'mean', ",
-                                       "'sqrtn'; got '", combiners[t], "'");
+        return errors::InvalidArgument("combiners[", t, "] must be one of ",
+                                       core::QuotedCombinerNames(), "; got '", combiners[t],
+                                       "'");
       }
     }
     return OkStatus();

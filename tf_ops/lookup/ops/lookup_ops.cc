@@ -45,8 +45,9 @@ Status CheckTableAttrs(InferenceContext* c, int num_tables,
   for (int t = 0; t < num_tables; ++t) {
     core::Combiner parsed;
     if (!core::ParseCombiner(combiners[t], &parsed)) {
-      return ::tensorflow::errors::InvalidArgument("combiners[", t, "] must be one of 'sum', ",
-                                                   "'mean', 'sqrtn'; got '", combiners[t], "'");
+      return ::tensorflow::errors::InvalidArgument("combiners[", t, "] must be one of ",
+                                                   core::QuotedCombinerNames(), "; got '",
+                                                   combiners[t], "'");
     }
   }
   return OkStatus();
@@ -128,7 +129,7 @@ REGISTER_OP("SokFusedLookup")
     .Output("embeddings: num_tables * T")
     .Output("checks: int64")
     .Attr("num_tables: int >= 1")
-    .Attr("combiners: list(string)")
+    .Attr(core::CombinersAttr())
     .Attr("weighted: list(bool)")
     .Attr("max_norms: list(float)")
     .Attr("table_names: list(string) = []")
@@ -150,7 +151,7 @@ params: tables, each a [rows, dim] tensor or a resource variable of one
 ids: row ids, each [nnz]; must lie in [0, rows).
 row_splits: ragged row partitions, each [batch + 1].
 weights: per-id weights [nnz] where weighted[t], else ignored (pass [0]).
-combiners: per table, "sum", "mean" or "sqrtn".
+combiners: per table, one of the combiner names (tf_ops/lookup/core/combiner.h).
 max_norms: per table; rows whose L2 norm exceeds it are scaled down to it
   before combining. <= 0 disables clipping.
 table_names: names used in error messages.
@@ -185,7 +186,7 @@ REGISTER_OP("SokFusedLookupGrad")
     .Output("unique_ids: num_tables * Tindices")
     .Output("grad_rows: num_tables * T")
     .Attr("num_tables: int >= 1")
-    .Attr("combiners: list(string)")
+    .Attr(core::CombinersAttr())
     .Attr("weighted: list(bool)")
     .Attr("max_norms: list(float)")
     .Attr("table_names: list(string) = []")

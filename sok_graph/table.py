@@ -1,0 +1,41 @@
+"""What every sok table answers, whatever its kind; the one place the rest
+of the package asks it.
+
+A table kind (sok.Variable: rows by row number; sok.DynamicVariable: a hash
+table by key) says `table_kind` and `dimension` itself. Lookups and
+optimizers also take plain tf.Variables, which answer here as static tables
+of their own shape. A ReplicaShards (one process's replicas, each holding a
+shard) is a holder, not a table: callers resolve it to its shard first
+(replica_shards.resolve / shards_of), and it answers no kind.
+
+Modules ask `is_dynamic(var)` rather than naming the class, so a new kind of
+dynamic table (tiered, filtered) that says table_kind "dynamic" is served
+by the same code paths.
+"""
+
+STATIC = "static"
+DYNAMIC = "dynamic"
+
+
+def kind_of(var):
+    """"dynamic" or "static" (a plain tf.Variable is static); None for what
+    is no table (a ReplicaShards holder)."""
+    kind = getattr(var, "table_kind", None)
+    if kind is not None:
+        return kind
+    return None if getattr(var, "shards", None) is not None else STATIC
+
+
+def is_dynamic(var):
+    """Whether `var` is itself a dynamic table (keys hashed to rows)."""
+    return getattr(var, "table_kind", None) == DYNAMIC
+
+
+def dimension_of(var):
+    """The width of the table's rows (its last dimension for a plain
+    tf.Variable; None where that is not known)."""
+    dim = getattr(var, "dimension", None)
+    if dim is None:
+        dim = var.shape[-1]
+        dim = getattr(dim, "value", dim)  # TF 1.x's Dimension
+    return None if dim is None else int(dim)
