@@ -157,6 +157,16 @@ class Variable(_ResourceVariable):
         """The width of the table's rows."""
         return int(self._sok_global_shape[1])
 
+    def make_slot(self, name, initial_value, start=None):
+        """An optimizer slot of this shard (sok_graph/table.py): a variable of
+        its shape, from `start` (rows a native optimizer kept) or filled with
+        `initial_value`; a plain resource variable while a replica's shard is
+        built."""
+        if start is None:
+            start = tf.fill(tf.shape(self), tf.cast(initial_value, self.dtype))
+        return replica_shards.new_variable(start, trainable=False,
+                                           name=f"{self.name.split(':')[0]}/{name}")
+
     @property
     def placement(self):
         """Where rows live: (world_size, rank, fixed_owner), the triple

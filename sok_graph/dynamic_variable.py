@@ -610,6 +610,19 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         with tf.control_dependencies(drops):
             return tf.identity(rows)
 
+    def make_slot(self, name, initial_value, start=None):
+        """An optimizer slot of this table (sok_graph/table.py): a dynamic
+        table with the same keys whose new rows start at `initial_value`,
+        with this table's memory split and bound, dropping every key this
+        table evicts. `start` (a static table's native state) has no meaning
+        here."""
+        del start
+        slot = DynamicVariable(self._dimension, initializer=float(initial_value),
+                               key_type=self._key_type, trainable=False,
+                               name=f"{self._name}/{name}", **self.slot_settings())
+        self.add_shadow(slot)
+        return slot
+
     def add_shadow(self, table):
         """Makes `table` (a DynamicVariable with the same keys, such as an
         optimizer slot) drop every key this table evicts."""

@@ -2,9 +2,16 @@
 of the package asks it.
 
 A table kind (sok.Variable: rows by row number; sok.DynamicVariable: a hash
-table by key) says `table_kind` and `dimension` itself. Lookups and
-optimizers also take plain tf.Variables, which answer here as static tables
-of their own shape. A ReplicaShards (one process's replicas, each holding a
+table by key) answers itself:
+
+- `table_kind`: STATIC or DYNAMIC;
+- `dimension`: the width of its rows;
+- `make_slot(name, initial_value, start=None)`: an optimizer slot that
+  follows the table (same rows or keys, placement, memory split; a dynamic
+  table's slots drop the keys it evicts).
+
+Lookups and optimizers also take plain tf.Variables, which answer here as
+static tables of their own shape. A ReplicaShards (one process's replicas, each holding a
 shard) is a holder, not a table: callers resolve it to its shard first
 (replica_shards.resolve / shards_of), and it answers no kind.
 

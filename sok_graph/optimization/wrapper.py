@@ -39,7 +39,6 @@ import tensorflow as tf
 
 from sok_graph import compat, context, replica_shards
 from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.table import dimension_of, is_dynamic
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
@@ -138,16 +137,7 @@ class OptimizerWrapper:
         with tf.init_scope(), replica_shards.shard_scope(var.placement[1]):
             native = self._native_rows(var)
             for name, init in self._hp.slots():
-                if is_dynamic(var):
-                    slot = DynamicVariable(var.dimension, initializer=float(init),
-                                           key_type=var.key_type, trainable=False,
-                                           name=f"{var.name}/{name}", **var.slot_settings())
-                    var.add_shadow(slot)
-                else:
-                    start = native[name] if native else tf.fill(tf.shape(var),
-                                                                tf.cast(init, var.dtype))
-                    slot = replica_shards.new_variable(
-                        start, trainable=False, name=f"{var.name.split(':')[0]}/{name}")
+                slot = var.make_slot(name, init, start=native[name] if native else None)
                 slots[name] = slot
                 self._slot_vars.append(slot)
         self._slots[id(var)] = slots

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 
 namespace sok_graph {

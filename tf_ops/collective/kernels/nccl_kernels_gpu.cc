@@ -44,7 +44,7 @@
 #include "tf_ops/collective/kernels/nccl_library.h"
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 
 namespace sok_graph {

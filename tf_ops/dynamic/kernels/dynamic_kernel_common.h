@@ -16,7 +16,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/framework/tensor_shape.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/dynamic/core/batch_ops.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_spec.h"

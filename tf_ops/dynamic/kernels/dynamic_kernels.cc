@@ -12,7 +12,7 @@
 #include "tensorflow/core/framework/resource_mgr.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/platform/mutex.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/dynamic/core/batch_ops.h"
 #include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
 #include "tf_ops/optimizer/kernels/apply_rows.h"

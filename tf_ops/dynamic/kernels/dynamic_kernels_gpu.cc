@@ -43,7 +43,7 @@
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/dynamic/kernels/dynamic_kernel_common.h"
 #include "tf_ops/dynamic/kernels/dynamic_table_launcher.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_launcher.h"

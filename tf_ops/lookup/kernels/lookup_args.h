@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/lookup/core/combiner.h"
 
 namespace sok_graph {

@@ -23,7 +23,7 @@
 #include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/lookup/kernels/lookup_tables.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/lookup/kernels/lookup_args.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"

@@ -23,7 +23,7 @@
 #include "tensorflow/core/framework/resource_var.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/lib/core/errors.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 
 namespace sok_graph {
 

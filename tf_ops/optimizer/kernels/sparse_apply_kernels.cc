@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
 #include "tf_ops/optimizer/kernels/apply_rows.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_vars.h"

@@ -12,7 +12,7 @@
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_stream.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_launcher.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_vars.h"

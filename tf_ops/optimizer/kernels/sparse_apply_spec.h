@@ -12,7 +12,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/lib/core/errors.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
 
 namespace sok_graph {

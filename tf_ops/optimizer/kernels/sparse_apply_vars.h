@@ -21,7 +21,7 @@
 #include "tensorflow/core/framework/tensor.h"
 #include "tensorflow/core/lib/core/errors.h"
 #include "tensorflow/core/lib/strings/strcat.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_spec.h"
 

@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/sharding/core/bucketize.h"
 
 namespace sok_graph {

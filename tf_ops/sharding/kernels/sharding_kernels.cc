@@ -3,7 +3,7 @@
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/sharding/core/bucketize.h"
 #include "tf_ops/sharding/kernels/sharding_args.h"
 

@@ -11,7 +11,7 @@
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/sharding/kernels/bucketize_launcher.h"
 #include "tf_ops/sharding/kernels/local_rows_launcher.h"
 #include "tf_ops/sharding/kernels/sharding_args.h"

@@ -3,7 +3,7 @@
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 
 namespace sok_graph {
 

@@ -7,7 +7,7 @@
 #include <limits>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 
 namespace sok_graph {
 

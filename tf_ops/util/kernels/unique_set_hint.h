@@ -17,7 +17,7 @@
 #include <cstdint>
 
 #include "tensorflow/core/framework/op_kernel.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/util/kernels/util_launcher.h"
 
 namespace sok_graph {

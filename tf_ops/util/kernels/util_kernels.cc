@@ -5,7 +5,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/util/kernels/segment_sum_args.h"
 #include "tf_ops/util/core/segment_sum.h"
 #include "tf_ops/util/core/unique.h"

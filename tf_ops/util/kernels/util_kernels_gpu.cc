@@ -13,7 +13,7 @@
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
-#include "tf_ops/common/tf_compat.h"
+#include "compat/tf_compat.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 #include "tf_ops/util/kernels/segment_sum_args.h"
 #include "tf_ops/util/kernels/unique_set_hint.h"

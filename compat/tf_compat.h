@@ -1,8 +1,8 @@
 // Spellings that differ between the TensorFlow versions sok_graph builds
 // against (1.15 as C++14, 2.15 and 2.21 as C++17). Kernels use these instead
 // of version checks of their own.
-#ifndef SOK_GRAPH_TF_OPS_COMMON_TF_COMPAT_H_
-#define SOK_GRAPH_TF_OPS_COMMON_TF_COMPAT_H_
+#ifndef SOK_GRAPH_COMPAT_TF_COMPAT_H_
+#define SOK_GRAPH_COMPAT_TF_COMPAT_H_
 
 #include <cstdint>
 #include <cstdlib>
@@ -88,4 +88,4 @@ void ParallelFor(::tensorflow::OpKernelContext* ctx, int64_t total, int64_t cost
 
 }  // namespace sok_graph
 
-#endif  // SOK_GRAPH_TF_OPS_COMMON_TF_COMPAT_H_
+#endif  // SOK_GRAPH_COMPAT_TF_COMPAT_H_
