@@ -26,6 +26,8 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
+#include "tf_ops/common/cuda_helpers.cuh"
+#include "tf_ops/util/core/hash_mix.h"
 #include "tf_ops/dynamic/core/random_draws.h"
 #include "tf_ops/dynamic/kernels/dynamic_table_launcher.h"
 
@@ -162,14 +164,10 @@ struct DevTable {
   int dim;
 };
 
+// The CPU table's slot hash (tf_ops/util/core/hash_mix.h), so both tables
+// lay keys out alike.
 __device__ __forceinline__ uint64_t Hash(int64_t key) {
-  uint64_t x = static_cast<uint64_t>(key);  // murmur3's finalizer
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
+  return sok_graph::core::MixHash(static_cast<uint64_t>(key));
 }
 
 __device__ __forceinline__ int SideOf(int64_t key) {
@@ -479,13 +477,6 @@ __global__ void ProbeCountedKernel(DevTable t, const int64_t* __restrict__ keys,
     const int64_t slot = i < c ? FindSlot(t, keys[i]) : -1;
     slot_of[i] = slot;
     missing[i] = i < c && slot < 0;
-  }
-}
-
-__global__ void IotaKernel(int64_t* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = i;
   }
 }
 
@@ -845,12 +836,6 @@ struct SokGpuTable {
 
 namespace {
 
-#define SOK_CUDA(expr)                                  \
-  do {                                                  \
-    const cudaError_t sok_err_ = (expr);                \
-    if (sok_err_ != cudaSuccess) return static_cast<int>(sok_err_); \
-  } while (0)
-
 inline cudaStream_t StreamOf(void* s) { return static_cast<cudaStream_t>(s); }
 
 inline bool VecOk(int dim, const void* p) {
@@ -1206,7 +1191,7 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
   // (below) reads the size and occupancy too: nothing before it changes
   // them.
   ProbeKernel<<<GridStride(n), 256, 0, s>>>(t->dev, keys, n, t->slot_of);
-  IotaKernel<<<GridStride(n), 256, 0, s>>>(t->buf_b, n);
+  sok_graph::cuda::Iota<<<GridStride(n), 256, 0, s>>>(t->buf_b, n);
   if ((rc = SortPairs(t, keys, t->buf_a, t->buf_b, t->buf_c, n, 64, s))) return rc;
   SOK_CUDA(cudaMemsetAsync(t->counters + kDistinct, 0, 2 * sizeof(long long), s));
   MarkDistinctKernel<<<BlocksFor(n), kThreads, 0, s>>>(t->buf_a, t->buf_c, t->slot_of, n,
@@ -1283,7 +1268,7 @@ int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, 
 // Applies rows in batch order after Ensure (mode 0-2: scatter; 3: import).
 int ApplyRows(SokGpuTable* t, int64_t n, const float* rows, int mode, const int64_t* ts_in,
               const int64_t* freq_in, int64_t now, cudaStream_t s) {
-  IotaKernel<<<GridStride(n), 256, 0, s>>>(t->buf_b, n);
+  sok_graph::cuda::Iota<<<GridStride(n), 256, 0, s>>>(t->buf_b, n);
   int rc = SortPairs(t, t->slot_of, t->buf_a, t->buf_b, t->buf_c, n,
                      BitsFor(t->dev.slots + 1), s);
   if (rc) return rc;

@@ -9,17 +9,14 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
+#include "tf_ops/common/cuda_helpers.cuh"
 #include "tf_ops/lookup/core/combiner.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
 
 namespace {
 
-__global__ void Iota(int64_t* out, int64_t n) {
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = i;
-  }
-}
+using sok_graph::cuda::Align;
+using sok_graph::cuda::Iota;
 
 // One thread per (distinct id, column): most ids occur once or twice, so a
 // warp per id would leave most lanes idle at small dimensions. A thread adds
@@ -39,8 +36,6 @@ __global__ void SumRuns(const float* __restrict__ grads, const int64_t* __restri
     summed[i] = acc;
   }
 }
-
-size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
 
 }  // namespace
 

@@ -9,19 +9,13 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
+#include "tf_ops/common/cuda_helpers.cuh"
 #include "tf_ops/sharding/kernels/bucketize_launcher.h"
 
 namespace {
 
-#define SOK_FOR_EACH(i, n)                                                             \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-inline unsigned Grid(int64_t items) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((items + 255) / 256, 8192)));
-}
-
-size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
+using sok_graph::cuda::Align;
+using sok_graph::cuda::Grid;
 
 template <typename K>
 __global__ void Owners(const K* __restrict__ ids, int64_t n, int64_t world_size,

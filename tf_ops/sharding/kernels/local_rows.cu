@@ -50,12 +50,4 @@ __attribute__((visibility("default"))) int sok_local_rows_int64(
   return Launch(ids, n, world_size, out, device_negative_count, stream);
 }
 
-__attribute__((visibility("default"))) int sok_cuda_device_count(void) {
-  int count = 0;
-  const cudaError_t err = cudaGetDeviceCount(&count);
-  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return 0;
-  if (err != cudaSuccess) return -static_cast<int>(err);
-  return count;
-}
-
 }  // extern "C"

@@ -19,10 +19,6 @@ int sok_local_rows_int32(const int32_t* ids, int64_t n, int64_t world_size, int3
 int sok_local_rows_int64(const int64_t* ids, int64_t n, int64_t world_size, int64_t* out,
                          int64_t* device_negative_count, void* stream);
 
-// The number of CUDA devices this process sees (0 without a driver), or a
-// negative cudaError_t. Lets callers check CUDA is usable before launching.
-int sok_cuda_device_count(void);
-
 #ifdef __cplusplus
 }
 #endif

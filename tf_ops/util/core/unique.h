@@ -7,19 +7,10 @@
 #include <cstdint>
 #include <vector>
 
+#include "tf_ops/util/core/hash_mix.h"
+
 namespace sok_graph {
 namespace core {
-
-// murmur3's 64-bit finalizer: cheap, and spreads sequential ids (the common
-// case for row ids) over the whole table.
-inline uint64_t MixHash(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return x;
-}
 
 // Gives each distinct key a dense index 0, 1, 2, ... in order of first
 // appearance. Open addressing with linear probing over a power-of-two table

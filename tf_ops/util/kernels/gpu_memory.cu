@@ -68,6 +68,14 @@ SOK_EXPORT int sok_gpu_host_alloc(void** out, size_t bytes) {
   return static_cast<int>(cudaHostAlloc(out, bytes, cudaHostAllocPortable));
 }
 
+SOK_EXPORT int sok_cuda_device_count(void) {
+  int count = 0;
+  const cudaError_t err = cudaGetDeviceCount(&count);
+  if (err == cudaErrorNoDevice || err == cudaErrorInsufficientDriver) return 0;
+  if (err != cudaSuccess) return -static_cast<int>(err);
+  return count;
+}
+
 SOK_EXPORT int sok_gpu_set_device(int device) {
   return static_cast<int>(cudaSetDevice(device));
 }

@@ -13,6 +13,10 @@
 extern "C" {
 #endif
 
+// The number of CUDA devices this process sees (0 without a driver), or a
+// negative cudaError_t. Lets callers check CUDA is usable before launching.
+int sok_cuda_device_count(void);
+
 // Device to host, then waits for the stream: the one host synchronisation
 // of an op whose output size or error depends on device results.
 int sok_gpu_copy_to_host(void* host, const void* device, size_t bytes, void* stream);

@@ -9,25 +9,14 @@
 #include <cub/cub.cuh>
 #include <cuda_runtime.h>
 
+#include "tf_ops/common/cuda_helpers.cuh"
 #include "tf_ops/util/kernels/util_launcher.h"
 
 namespace {
 
-#define SOK_CUDA(expr)                                              \
-  do {                                                              \
-    const cudaError_t sok_err_ = (expr);                            \
-    if (sok_err_ != cudaSuccess) return static_cast<int>(sok_err_); \
-  } while (0)
-
-inline unsigned Grid(int64_t items) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min<int64_t>((items + 255) / 256, 8192)));
-}
-
-#define SOK_FOR_EACH(i, n)                                                             \
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x)
-
-size_t Align(size_t x) { return (x + 255) & ~size_t{255}; }
+using sok_graph::cuda::Align;
+using sok_graph::cuda::Grid;
+using sok_graph::cuda::Iota;
 
 int BitsFor(int64_t max_value) {
   int bits = 1;
@@ -53,9 +42,6 @@ class Carver {
   size_t used_ = 0;
 };
 
-__global__ void Iota(int64_t* out, int64_t n) {
-  SOK_FOR_EACH(i, n) out[i] = i;
-}
 
 // ---------------------------------------------------------------------------
 // Unique with counts, by hashing: every key is put in an open-addressing
