@@ -305,7 +305,9 @@ def test_fused_lookup_op(data):
         words = ["weights of"]
     elif fault == "combiner":
         T[4] = draw(st.sampled_from(["max", "", "SUM", "mean "]))
-        words = ["combiners["]
+        # TensorFlow checks the attribute against its allowed values (the
+        # combiner list of tf_ops/lookup/core/combiner.h) before the kernel.
+        words = ["'combiners'", "combiners["]
     elif fault == "ids_float":
         T[1] = T[1].astype(np.float32)
         words = ["Tindices", "ids"]
