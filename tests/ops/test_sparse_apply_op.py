@@ -59,6 +59,26 @@ def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
             k += 1
 
 
+@pytest.mark.parametrize("lr_power", [-0.5, -0.25, -1.0])
+def test_ftrl_at_any_learning_rate_power_as_numpy(lr_power):
+    """-0.5 (the default) takes a square root, the others the general power."""
+    rng = np.random.default_rng(5)
+    table = rng.normal(size=(6, 3)).astype(np.float32)
+    slots = [rng.uniform(0.1, 1.0, size=(6, 3)).astype(np.float32) for _ in range(2)]
+    idx, g = np.array([4, 1], np.int64), rng.normal(size=(2, 3)).astype(np.float32)
+    h = hyper(lr_power=lr_power)
+    var, slot_vars = tf.Variable(table), [tf.Variable(x) for x in slots]
+    library.load().sok_sparse_apply(
+        vars=[var.handle], slots=[x.handle for x in slot_vars], indices=[tf.constant(idx)],
+        grads=[tf.constant(g)], hyper=tf.constant(h), step=tf.constant(1, tf.int64),
+        algorithm="ftrl")
+    want_w, want_s = numpy_step("ftrl", table[idx].astype(np.float64),
+                                [x[idx].astype(np.float64) for x in slots], g, h, 1)
+    np.testing.assert_allclose(var.numpy()[idx], want_w, rtol=2e-5, atol=2e-6)
+    for got, want in zip(slot_vars, want_s):
+        np.testing.assert_allclose(got.numpy()[idx], want, rtol=2e-5, atol=2e-6)
+
+
 def test_a_bad_index_names_the_table_and_changes_nothing():
     if tf.config.experimental.list_physical_devices("GPU"):
         pytest.skip("on a GPU the op skips bad indices; OptimizerWrapper passes checked ones")

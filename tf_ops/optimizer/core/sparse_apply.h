@@ -182,6 +182,14 @@ SOK_OPT_HOST_DEVICE inline float StepAlpha(int32_t algorithm, const float* h, in
   }
 }
 
+// x^p for FTRL's accumulators. Its learning_rate_power is -0.5 by default
+// in every optimizer family, so p is usually 0.5: a square root (one
+// instruction, exactly rounded) instead of powf, a library call per element
+// that kept the fused CPU update slower than TensorFlow's vectorized pow.
+SOK_OPT_HOST_DEVICE inline float PowerOf(float x, float p) {
+  return p == 0.5f ? sqrtf(x) : powf(x, p);
+}
+
 // RMSprop on one element; s_mom and s_mg are null where the variant keeps
 // no momentum or is not centered.
 SOK_OPT_HOST_DEVICE inline void RmspropElement(const float* h, float g, float* w, float* s_rms,
@@ -249,8 +257,8 @@ SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const f
       const float acc = *s0, new_acc = acc + g * g;
       const float x = *w;
       const float g_shrunk = g + 2.0f * h[kL2Shrinkage] * x;
-      const float pow_new = powf(new_acc, p);
-      const float lin = *s1 + g_shrunk - (pow_new - powf(acc, p)) / lr * x;
+      const float pow_new = PowerOf(new_acc, p);
+      const float lin = *s1 + g_shrunk - (pow_new - PowerOf(acc, p)) / lr * x;
       const float quad = pow_new / lr + 2.0f * (h[kL2] + h[kBeta] / (2.0f * lr));
       const float l1 = h[kL1];
       const float clipped = lin < -l1 ? -l1 : (lin > l1 ? l1 : lin);

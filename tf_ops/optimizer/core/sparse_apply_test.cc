@@ -84,6 +84,27 @@ TEST(SparseApplyTest, FtrlProximalStep) {
   EXPECT_NEAR(c.w, want, 1e-6);
 }
 
+// A learning_rate_power other than -0.5 takes the general power.
+TEST(SparseApplyTest, FtrlOtherPowers) {
+  for (const float lr_power : {-0.25f, -1.0f, 0.0f}) {
+    float h[kNumHyper];
+    Hyper(h);
+    h[kLrPower] = lr_power;
+    const double p = -lr_power, lr = 0.1, acc = 0.2, lin = 0.05, w = 1.0, g = 2.0;
+    Cell c{1.0f, 0.2f, 0.05f, 0.0f};
+    SparseApplyConfig config{static_cast<int32_t>(SparseAlgorithm::kFtrl), 0, 0};
+    ApplyElement(config, h, 0.0f, 2.0f, &c.w, &c.s0, &c.s1, &c.s2);
+    const double new_acc = acc + g * g;
+    const double new_lin =
+        lin + (g + 2 * 0.03 * w) - (std::pow(new_acc, p) - std::pow(acc, p)) / lr * w;
+    const double quad = std::pow(new_acc, p) / lr + 2 * (0.02 + 0.5 / (2 * lr));
+    const double want =
+        std::fabs(new_lin) <= 0.01 ? 0.0 : (std::copysign(0.01, new_lin) - new_lin) / quad;
+    EXPECT_NEAR(c.s1, new_lin, 1e-5) << "lr_power " << lr_power;
+    EXPECT_NEAR(c.w, want, 1e-6) << "lr_power " << lr_power;
+  }
+}
+
 TEST(SparseApplyTest, NamesAndSlotCounts) {
   SparseAlgorithm a;
   EXPECT_TRUE(ParseSparseAlgorithm("ftrl", &a));
