@@ -30,37 +30,38 @@ Cell Step(SparseAlgorithm a, int tf1, int nesterov, Cell c, float g, int64_t ste
 }
 
 TEST(SparseApplyTest, Sgd) {
-  EXPECT_FLOAT_EQ(Step(SparseAlgorithm::kSgd, 0, 0, {1.0f, 0, 0}, 2.0f).w, 1.0f - 0.1f * 2.0f);
+  EXPECT_FLOAT_EQ(Step(SparseAlgorithm::kSgd, 0, 0, {1.0f, 0, 0, 0.0f}, 2.0f).w,
+                  1.0f - 0.1f * 2.0f);
 }
 
 TEST(SparseApplyTest, MomentumBothFlavours) {
   // tf.compat.v1.train.MomentumOptimizer: acc = m acc + g; w -= lr acc.
-  Cell c = Step(SparseAlgorithm::kMomentum, 1, 0, {1.0f, 0.5f, 0}, 2.0f);
+  Cell c = Step(SparseAlgorithm::kMomentum, 1, 0, {1.0f, 0.5f, 0, 0.0f}, 2.0f);
   EXPECT_NEAR(c.s0, 0.9 * 0.5 + 2.0, 1e-6);
   EXPECT_NEAR(c.w, 1.0 - 0.1 * (0.9 * 0.5 + 2.0), 1e-6);
   // Nesterov (TF1): w -= lr g + lr m acc.
-  c = Step(SparseAlgorithm::kMomentum, 1, 1, {1.0f, 0.5f, 0}, 2.0f);
+  c = Step(SparseAlgorithm::kMomentum, 1, 1, {1.0f, 0.5f, 0, 0.0f}, 2.0f);
   EXPECT_NEAR(c.w, 1.0 - (0.1 * 2.0 + 0.1 * 0.9 * (0.9 * 0.5 + 2.0)), 1e-6);
   // Keras SGD(momentum): v = m v - lr g; w += v.
-  c = Step(SparseAlgorithm::kMomentum, 0, 0, {1.0f, 0.5f, 0}, 2.0f);
+  c = Step(SparseAlgorithm::kMomentum, 0, 0, {1.0f, 0.5f, 0, 0.0f}, 2.0f);
   EXPECT_NEAR(c.s0, 0.9 * 0.5 - 0.1 * 2.0, 1e-6);
   EXPECT_NEAR(c.w, 1.0 + (0.9 * 0.5 - 0.1 * 2.0), 1e-6);
-  c = Step(SparseAlgorithm::kMomentum, 0, 1, {1.0f, 0.5f, 0}, 2.0f);
+  c = Step(SparseAlgorithm::kMomentum, 0, 1, {1.0f, 0.5f, 0, 0.0f}, 2.0f);
   EXPECT_NEAR(c.w, 1.0 + 0.9 * (0.9 * 0.5 - 0.1 * 2.0) - 0.1 * 2.0, 1e-6);
 }
 
 TEST(SparseApplyTest, AdagradEpsilonOnlyInKeras) {
-  Cell c = Step(SparseAlgorithm::kAdagrad, 1, 0, {1.0f, 0.1f, 0}, 2.0f);
+  Cell c = Step(SparseAlgorithm::kAdagrad, 1, 0, {1.0f, 0.1f, 0, 0.0f}, 2.0f);
   EXPECT_NEAR(c.s0, 4.1, 1e-6);
   EXPECT_NEAR(c.w, 1.0 - 0.1 * 2.0 / std::sqrt(4.1), 1e-6);
-  c = Step(SparseAlgorithm::kAdagrad, 0, 0, {1.0f, 0.1f, 0}, 2.0f);
+  c = Step(SparseAlgorithm::kAdagrad, 0, 0, {1.0f, 0.1f, 0, 0.0f}, 2.0f);
   EXPECT_NEAR(c.w, 1.0 - 0.1 * 2.0 / std::sqrt(4.1 + 1e-7), 1e-6);
 }
 
 TEST(SparseApplyTest, AdamBiasCorrectedStep) {
   const double b1 = 0.8, b2 = 0.95, g = 2.0;
   for (int64_t t : {1, 2, 10}) {
-    Cell c = Step(SparseAlgorithm::kAdam, 0, 0, {1.0f, 0.3f, 0.4f}, 2.0f, t);
+    Cell c = Step(SparseAlgorithm::kAdam, 0, 0, {1.0f, 0.3f, 0.4f, 0.0f}, 2.0f, t);
     const double m = b1 * 0.3 + (1 - b1) * g, v = b2 * 0.4 + (1 - b2) * g * g;
     const double alpha = 0.1 * std::sqrt(1 - std::pow(b2, t)) / (1 - std::pow(b1, t));
     EXPECT_NEAR(c.s0, m, 1e-6);
@@ -73,7 +74,7 @@ TEST(SparseApplyTest, FtrlProximalStep) {
   // McMahan et al.'s FTRL-Proximal with TF's l2 shrinkage and Keras' beta.
   const double lr = 0.1, acc = 0.2, lin = 0.05, w = 1.0, g = 2.0, p = 0.5;
   const double l1 = 0.01, l2 = 0.02, shrink = 0.03, beta = 0.5;
-  Cell c = Step(SparseAlgorithm::kFtrl, 0, 0, {1.0f, 0.2f, 0.05f}, 2.0f);
+  Cell c = Step(SparseAlgorithm::kFtrl, 0, 0, {1.0f, 0.2f, 0.05f, 0.0f}, 2.0f);
   const double new_acc = acc + g * g;
   const double new_lin =
       lin + (g + 2 * shrink * w) - (std::pow(new_acc, p) - std::pow(acc, p)) / lr * w;
