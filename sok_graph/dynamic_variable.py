@@ -51,6 +51,7 @@ import tensorflow as tf
 
 from sok_graph import admission, compat, context, placement, replica_shards
 from sok_graph.table import DYNAMIC
+from sok_graph import initializers
 from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
@@ -266,7 +267,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         c = self._config
         return dynamic_ops.create(
             self._handle, self._key_type, self._dimension,
-            {k: c[k] for k in initializer_spec(None)}, init_capacity=c["init_capacity"],
+            {k: c[k] for k in initializers.DEFAULT}, init_capacity=c["init_capacity"],
             max_capacity=c["max_capacity"], hbm_bytes=c["hbm_bytes"], eviction=c["eviction"])
 
     # ---------------------------------------------------------------- identity

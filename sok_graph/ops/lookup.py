@@ -16,14 +16,22 @@ from sok_graph.ops import util as util_ops
 from sok_graph import compat
 from sok_graph.compat import IndexedSlices, register_gradient
 
+_combiner_names = None
+
+
 def combiner_names():
     """The combiners the lookup ops have, in their order: the allowed values
     of SokFusedLookup's `combiners` attribute, which
-    tf_ops/lookup/core/combiner.h spells out (the one list)."""
-    library.load()  # registers the ops
-    for attr in compat.registered_op_def("SokFusedLookup").attr:
-        if attr.name == "combiners" and attr.allowed_values.list.s:
-            return tuple(s.decode() for s in attr.allowed_values.list.s)
+    tf_ops/lookup/core/combiner.h spells out (the one list). Read once: an
+    eager lookup asks on every call."""
+    global _combiner_names
+    if _combiner_names is None:
+        library.load()  # registers the ops
+        for attr in compat.registered_op_def("SokFusedLookup").attr:
+            if attr.name == "combiners" and attr.allowed_values.list.s:
+                _combiner_names = tuple(s.decode() for s in attr.allowed_values.list.s)
+    if _combiner_names is not None:
+        return _combiner_names
     raise RuntimeError("the op library's SokFusedLookup lists no combiners: it is older than "
                        "this sok_graph; build it again")
 

@@ -426,6 +426,12 @@ def test_bad_create_arguments(kwargs, pattern):
         dyn.create(handle, tf.int64, 4, init, **other)
 
 
+def test_an_init_spec_key_no_initializer_has_is_refused():
+    handle = dyn.handle(f"badinit{np.random.randint(1 << 40)}")
+    with pytest.raises(ValueError, match=r"init has keys \['stdev'\] that no initializer spec has"):
+        dyn.create(handle, tf.int64, 4, dict(initializer="normal", stdev=0.1))
+
+
 def test_dim_attr_mismatch():
     handle = make_table(4)
     with pytest.raises(tf.errors.InvalidArgumentError, match="dim=3 does not match.*4"):

@@ -487,7 +487,7 @@ class SparseApplyOp : public OpKernel {
     const float* hyper = ctx->input(3).flat<float>().data();
     const int64_t step = static_cast<int64_t>(ctx->input(4).scalar<TfInt64>()());
     const core::SparseApplyConfig config = args_.config;
-    const float alpha = optimizer_kernels::AlphaFor(config, hyper, step);
+    const float alpha = core::StepAlpha(config.algorithm, hyper, step);
     const optimizer_kernels::ApplyRowFn apply_row = optimizer_kernels::ApplyRowFor(config.algorithm);
     OP_REQUIRES(ctx, apply_row != nullptr,
                 errors::Internal("no CPU update for algorithm ", config.algorithm));

@@ -54,11 +54,6 @@ inline ApplyRowFn ApplyRowFor(int32_t algorithm) {
   return nullptr;
 }
 
-// The step size of the bias-corrected algorithms for `step` (StepAlpha).
-inline float AlphaFor(const core::SparseApplyConfig& c, const float* hyper, int64_t step) {
-  return core::StepAlpha(c.algorithm, hyper, step);
-}
-
 }  // namespace optimizer_kernels
 }  // namespace sok_graph
 

@@ -20,7 +20,6 @@ using ::tensorflow::OpInputList;
 using ::tensorflow::OpKernelContext;
 namespace errors = ::tensorflow::errors;
 
-using optimizer_kernels::AlphaFor;
 using optimizer_kernels::ApplyRowFn;
 using optimizer_kernels::ApplyRowFor;
 
@@ -71,7 +70,7 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
     }
     const float* hyper = hyper_t.flat<float>().data();
     const int64_t step = static_cast<int64_t>(step_t.scalar<TfInt64>()());
-    const float alpha = AlphaFor(attrs_.config, hyper, step);
+    const float alpha = core::StepAlpha(attrs_.config.algorithm, hyper, step);
     struct Table {
       float* var; float* s0; float* s1; float* s2; const K* idx; const float* g; int64_t dim;
     };
