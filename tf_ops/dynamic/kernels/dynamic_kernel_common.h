@@ -1,7 +1,6 @@
-// What the CPU and the GPU kernels of the dynamic-table ops share: the
-// create op's attributes, the checks of every input, and the op's clock.
-// Both devices validate the same way, so an op fails with the same message
-// wherever TensorFlow places it.
+// The argument checks of the dynamic-table ops (dynamic_kernels.cc): the
+// create op's attributes, the checks of every input, and the tables' clock,
+// used by the one OpKernel of each op whatever device it runs on.
 #ifndef SOK_GRAPH_TF_OPS_DYNAMIC_KERNELS_DYNAMIC_KERNEL_COMMON_H_
 #define SOK_GRAPH_TF_OPS_DYNAMIC_KERNELS_DYNAMIC_KERNEL_COMMON_H_
 
