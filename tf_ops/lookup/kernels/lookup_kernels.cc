@@ -1,5 +1,6 @@
-// CPU kernels of the fused lookup: validation, allocation and threading
-// around the numeric code in tf_ops/lookup/core/lookup.h.
+// The fused lookup on the CPU: the functors of SokFusedLookup and
+// SokFusedLookupGrad (lookup_op.h) — allocation and threading around the
+// numeric code in tf_ops/lookup/core/lookup.h — and SokLookupCheck.
 #include <algorithm>
 #include <atomic>
 #include <string>
@@ -12,8 +13,10 @@
 #include "compat/tf_compat.h"
 #include "tf_ops/lookup/core/lookup.h"
 #include "tf_ops/lookup/kernels/lookup_args.h"
+#include "tf_ops/lookup/kernels/lookup_op.h"
 
 namespace sok_graph {
+namespace lookup_kernels {
 namespace {
 
 using ::tensorflow::OpInputList;
@@ -64,91 +67,59 @@ void AtomicMin(std::atomic<int64_t>* slot, int64_t value) {
   }
 }
 
+// The core code's view of each table. A table given one id per sample
+// reads its splits 0, 1, ..., nnz from `implied_splits`, kept by the caller
+// as long as the views.
 template <typename T, typename K>
-class FusedLookupBase : public OpKernel {
- public:
-  explicit FusedLookupBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
+std::vector<core::TableView<T, K>> Views(const std::vector<LookupTableInput>& tables,
+                                         std::vector<std::vector<int64_t>>* implied_splits) {
+  std::vector<core::TableView<T, K>> views(tables.size());
+  implied_splits->resize(tables.size());
+  for (size_t t = 0; t < tables.size(); ++t) {
+    const LookupTableInput& in = tables[t];
+    core::TableView<T, K>& v = views[t];
+    v.params = in.params->flat<T>().data();
+    v.rows = in.rows;
+    v.dim = in.dim;
+    v.ids = in.ids->flat<K>().data();
+    if (in.row_splits == nullptr) {
+      std::vector<int64_t>& made = (*implied_splits)[t];
+      made.resize(static_cast<size_t>(in.nnz) + 1);
+      for (size_t b = 0; b < made.size(); ++b) made[b] = static_cast<int64_t>(b);
+      v.row_splits = made.data();
+    } else {
+      v.row_splits = reinterpret_cast<const int64_t*>(in.row_splits->flat<TfInt64>().data());
+    }
+    v.batch = in.batch;
+    v.weights = in.weights != nullptr ? in.weights->flat<T>().data() : nullptr;
+    v.combiner = in.combiner;
+    v.max_norm = in.max_norm;
   }
+  return views;
+}
 
- protected:
-  std::string TableName(int t) const { return attrs_.TableName(t); }
+constexpr int64_t kNoProblem = FusedLookupAttrs::kNoProblem;
 
-  // Checks the shapes and row_splits of every table and describes them as
-  // TableViews. Ids are range-checked by the passes that read them (CheckIds).
-  // Variables among the params stay read-locked while `params` lives. A
-  // table given one id per sample (an empty row_splits, where the op takes
-  // it) reads its splits 0, 1, ..., nnz from `implied_splits`, kept by the
-  // caller as long as the views.
-  Status ReadTables(OpKernelContext* ctx, TableInputs* params,
-                    std::vector<core::TableView<T, K>>* views, std::vector<int64_t>* nnz,
-                    std::vector<std::vector<int64_t>>* implied_splits = nullptr) {
-    OpInputList ids, splits, weights;
-    TF_RETURN_IF_ERROR(params->Read(ctx, "params", attrs_.num_tables,
-                                    [this](int t) { return this->TableName(t); }));
-    TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
-    TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
-    TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
-    views->assign(attrs_.num_tables, core::TableView<T, K>());
-    nnz->assign(attrs_.num_tables, 0);
-    for (int t = 0; t < attrs_.num_tables; ++t) {
-      const Tensor& p = (*params)[t];
-      const Tensor& i = ids[t];
-      const Tensor& s = splits[t];
-      TF_RETURN_IF_ERROR(attrs_.CheckTable(t, p, ::tensorflow::DataTypeToEnum<T>::v(), i, s,
-                                           weights[t]));
-      core::TableView<T, K>& v = (*views)[t];
-      v.params = p.flat<T>().data();
-      v.rows = p.dim_size(0);
-      v.dim = p.dim_size(1);
-      v.ids = i.flat<K>().data();
-      if (attrs_.OneIdPerSample(s)) {
-        if (implied_splits == nullptr) {
-          return ::tensorflow::errors::Internal("row_splits of ", TableName(t),
-                                                " is empty, which this op does not take");
-        }
-        implied_splits->resize(attrs_.num_tables);
-        std::vector<int64_t>& made = (*implied_splits)[t];
-        made.resize(static_cast<size_t>(i.NumElements()) + 1);
-        for (size_t b = 0; b < made.size(); ++b) made[b] = static_cast<int64_t>(b);
-        v.row_splits = made.data();
-        v.batch = i.NumElements();
-      } else {
-        v.row_splits = reinterpret_cast<const int64_t*>(s.flat<TfInt64>().data());
-        v.batch = s.NumElements() - 1;
-      }
-      v.weights = attrs_.weighted[t] ? weights[t].flat<T>().data() : nullptr;
-      v.combiner = attrs_.combiners[t];
-      v.max_norm = attrs_.max_norms[t];
-      (*nnz)[t] = i.NumElements();
-    }
-    return OkStatus();
+// Per-table first positions of bad ids, found by the passes that read ids
+// anyway (the forward pass, the backward's unique step).
+struct BadIds {
+  explicit BadIds(int n) : first(n) {
+    for (auto& f : first) f.store(kNoProblem);
   }
-
-  // Per-table first positions of bad ids, found by the passes that read ids
-  // anyway (the forward pass, the backward's unique step).
-  struct BadIds {
-    explicit BadIds(int n) : first(n) {
-      for (auto& f : first) f.store(kNoProblem);
-    }
-    void Record(size_t table, int64_t position) {
-      if (position >= 0) AtomicMin(&first[table], position);
-    }
-    std::vector<std::atomic<int64_t>> first;
-  };
-
+  void Record(size_t table, int64_t position) {
+    if (position >= 0) AtomicMin(&first[table], position);
+  }
   // The error for the first table with a bad id, if any.
-  Status CheckIds(const BadIds& bad, const std::vector<core::TableView<T, K>>& views) const {
-    for (int t = 0; t < attrs_.num_tables; ++t) {
-      const int64_t j = bad.first[t].load();
+  template <typename View>
+  Status Check(const FusedLookupAttrs& attrs, const std::vector<View>& views) const {
+    for (int t = 0; t < attrs.num_tables; ++t) {
+      const int64_t j = first[t].load();
       if (j == kNoProblem) continue;
-      return attrs_.BadId(t, static_cast<int64_t>(views[t].ids[j]), j, views[t].rows);
+      return attrs.BadId(t, static_cast<int64_t>(views[t].ids[j]), j, views[t].rows);
     }
     return OkStatus();
   }
-
-  static constexpr int64_t kNoProblem = INT64_MAX;
-  FusedLookupAttrs attrs_;
+  std::vector<std::atomic<int64_t>> first;
 };
 
 // Rough cost of one unit of work, in cycles, for the thread pool's sharding.
@@ -163,47 +134,48 @@ int64_t CostPerSample(const std::vector<int64_t>& nnz, const std::vector<int64_t
   return std::max<int64_t>(1, per_sample) * (max_dim + 8) * 2;
 }
 
-template <typename T, typename K>
-class FusedLookupOp : public FusedLookupBase<T, K> {
- public:
-  using FusedLookupBase<T, K>::FusedLookupBase;
+}  // namespace
 
-  void Compute(OpKernelContext* ctx) override {
-    TableInputs params;
-    std::vector<core::TableView<T, K>> views;
-    std::vector<int64_t> nnz;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &views, &nnz));
+template <typename T, typename K>
+struct FusedLookupForward<CpuDevice, T, K> {
+  Status operator()(OpKernelContext* ctx, const FusedLookupAttrs& attrs,
+                    const std::vector<LookupTableInput>& tables) const {
+    std::vector<std::vector<int64_t>> implied_splits;
+    const std::vector<core::TableView<T, K>> views = Views<T, K>(tables, &implied_splits);
     OpOutputList outputs;
-    OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
+    TF_RETURN_IF_ERROR(ctx->output_list("embeddings", &outputs));
     std::vector<T*> out(views.size());
-    std::vector<int64_t> batch(views.size());
+    std::vector<int64_t> batch(views.size()), nnz(views.size());
     int64_t max_dim = 1;
     for (size_t t = 0; t < views.size(); ++t) {
       Tensor* o = nullptr;
-      OP_REQUIRES_OK(ctx, outputs.allocate(t, TensorShape({views[t].batch, views[t].dim}), &o));
+      TF_RETURN_IF_ERROR(outputs.allocate(t, TensorShape({views[t].batch, views[t].dim}), &o));
       out[t] = o->flat<T>().data();
       batch[t] = views[t].batch;
+      nnz[t] = tables[t].nnz;
       max_dim = std::max(max_dim, views[t].dim);
     }
-    typename FusedLookupBase<T, K>::BadIds bad(this->attrs_.num_tables);
+    BadIds bad(attrs.num_tables);
     ForEachAcrossTables(ctx, batch, CostPerSample(nnz, batch, max_dim),
                         [&](size_t t, int64_t b0, int64_t b1) {
                           std::vector<float> acc(static_cast<size_t>(views[t].dim) + 1);
                           bad.Record(t, core::LookupForward(views[t], b0, b1, out[t], acc.data()));
                         });
-    OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
+    TF_RETURN_IF_ERROR(bad.Check(attrs, views));
     // Everything was checked above: the check output says so.
-    const int n = this->attrs_.num_tables;
+    const int n = attrs.num_tables;
     Tensor* checks = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output("checks",
-                                             TensorShape({FusedLookupAttrs::kCheckRows, n}),
-                                             &checks));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(
+        "checks", TensorShape({FusedLookupAttrs::kCheckRows, n}), &checks));
     int64_t* c = reinterpret_cast<int64_t*>(checks->flat<TfInt64>().data());
     for (int t = 0; t < n; ++t) {
       FusedLookupAttrs::ClearColumn(c, n, t, views[t].rows, nnz[t]);
     }
+    return OkStatus();
   }
 };
+
+namespace {
 
 // SokLookupCheck: the error of a lookup's check output, if any. It runs on
 // the host (a GPU forward's check is copied there by TensorFlow, without
@@ -242,57 +214,48 @@ REGISTER_KERNEL_BUILDER(Name("SokLookupCheck").Device(::tensorflow::DEVICE_GPU)
                             .HostMemory("checks"), LookupCheckOp);
 #endif
 
-template <typename T, typename K>
-class FusedLookupGradOp : public FusedLookupBase<T, K> {
- public:
-  explicit FusedLookupGradOp(OpKernelConstruction* ctx) : FusedLookupBase<T, K>(ctx) {
-    this->attrs_.one_id_splits = true;
-  }
+}  // namespace
 
-  void Compute(OpKernelContext* ctx) override {
-    TableInputs params;
-    std::vector<core::TableView<T, K>> views;
-    std::vector<int64_t> nnz;
+// The gradient's rows per table: each table's distinct ids and their
+// summed gradient rows (or, for a dense table, its [rows, dim] gradient).
+template <typename T, typename K>
+struct FusedLookupBackward<CpuDevice, T, K> {
+  using View = core::TableView<T, K>;
+
+  Status operator()(OpKernelContext* ctx, const FusedLookupAttrs& attrs,
+                    const std::vector<LookupTableInput>& tables,
+                    const OpInputList& grads_in) const {
     std::vector<std::vector<int64_t>> implied_splits;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &views, &nnz, &implied_splits));
-    const int n = this->attrs_.num_tables;
-    OpInputList grads_in;
-    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads_in));
+    const std::vector<View> views = Views<T, K>(tables, &implied_splits);
+    const int n = attrs.num_tables;
     std::vector<const T*> grads(n);
-    int64_t max_dim = 1;
+    std::vector<int64_t> nnz(n);
+    int64_t max_dim = 1, total_nnz = 0;
     for (int t = 0; t < n; ++t) {
-      const Tensor& g = grads_in[t];
-      OP_REQUIRES_OK(ctx, this->attrs_.CheckGrads(t, g, views[t].batch, views[t].dim));
-      grads[t] = g.flat<T>().data();
+      grads[t] = grads_in[t].flat<T>().data();
+      nnz[t] = tables[t].nnz;
+      total_nnz += nnz[t];
       max_dim = std::max(max_dim, views[t].dim);
     }
-
-    int64_t total_nnz = 0;
-    for (int64_t c : nnz) total_nnz += c;
     const int64_t threads =
         ctx->device()->tensorflow_cpu_worker_threads()->workers->NumThreads();
     // Enough tables to keep every thread busy: each table is summed whole,
     // by one thread, in one pass. Fewer: a plan per table first, then each
     // table's rows split over the threads.
-    if (n >= 2 * threads) {
-      SumWholeTables(ctx, views, nnz, grads, total_nnz, max_dim);
-    } else {
-      SumSplitTables(ctx, views, nnz, grads, total_nnz, max_dim, threads);
-    }
+    if (n >= 2 * threads) return SumWholeTables(ctx, attrs, views, nnz, grads, total_nnz, max_dim);
+    return SumSplitTables(ctx, attrs, views, nnz, grads, total_nnz, max_dim, threads);
   }
-
- private:
-  using View = core::TableView<T, K>;
 
   // Allocates table t's outputs for `num_unique` rows: its unique ids and
   // rows, or (a dense table) its [rows, dim] gradient. `*rows` is where the
   // summed rows go: the output, or a temporary for a dense table.
-  Status AllocateTable(OpKernelContext* ctx, OpOutputList* unique_out, OpOutputList* rows_out,
-                       int t, const View& v, int64_t num_unique, K** unique, T** rows,
-                       Tensor* summed, Tensor** dense) {
-    TF_RETURN_IF_ERROR(AllocateUniqueIds(unique_out, t, num_unique, unique));
+  static Status AllocateTable(OpKernelContext* ctx, const FusedLookupAttrs& attrs,
+                              OpOutputList* unique_out, OpOutputList* rows_out, int t,
+                              const View& v, int64_t num_unique, K** unique, T** rows,
+                              Tensor* summed, Tensor** dense) {
+    TF_RETURN_IF_ERROR(AllocateUniqueIds(attrs, unique_out, t, num_unique, unique));
     *dense = nullptr;
-    if (this->attrs_.dense_grads[t]) {
+    if (attrs.dense_grads[t]) {
       TF_RETURN_IF_ERROR(rows_out->allocate(t, TensorShape({v.rows, v.dim}), dense));
       TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DataTypeToEnum<T>::value,
                                             TensorShape({num_unique, v.dim}), summed));
@@ -306,9 +269,10 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
   }
 
   // Table t's unique-ids output: its ids, or none for a dense table.
-  Status AllocateUniqueIds(OpOutputList* unique_out, int t, int64_t num_unique, K** unique) {
+  static Status AllocateUniqueIds(const FusedLookupAttrs& attrs, OpOutputList* unique_out, int t,
+                                  int64_t num_unique, K** unique) {
     Tensor* u = nullptr;
-    const bool is_dense = this->attrs_.dense_grads[t];
+    const bool is_dense = attrs.dense_grads[t];
     TF_RETURN_IF_ERROR(unique_out->allocate(t, TensorShape({is_dense ? 0 : num_unique}), &u));
     *unique = u->flat<K>().data();
     return OkStatus();
@@ -328,20 +292,21 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     }
   }
 
-  void SumWholeTables(OpKernelContext* ctx, const std::vector<View>& views,
-                      const std::vector<int64_t>& nnz, const std::vector<const T*>& grads,
-                      int64_t total_nnz, int64_t max_dim) {
-    const int n = this->attrs_.num_tables;
+  static Status SumWholeTables(OpKernelContext* ctx, const FusedLookupAttrs& attrs,
+                               const std::vector<View>& views, const std::vector<int64_t>& nnz,
+                               const std::vector<const T*>& grads, int64_t total_nnz,
+                               int64_t max_dim) {
+    const int n = attrs.num_tables;
     // Room for a row per position (a table has at most nnz unique ids);
     // only the rows summed are touched. Float tables hand the first rows on
     // as their output, with no copy.
     std::vector<Tensor> sums(n);
     for (int t = 0; t < n; ++t) {
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT,
-                                             TensorShape({nnz[t], views[t].dim}), &sums[t]));
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT,
+                                            TensorShape({nnz[t], views[t].dim}), &sums[t]));
     }
     std::vector<std::vector<K>> unique(n);
-    typename FusedLookupBase<T, K>::BadIds bad(n);
+    BadIds bad(n);
     const int64_t per_table = (total_nnz / n + 1) * (max_dim + 16) * 2;
     ParallelFor(ctx, n, per_table, [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
@@ -349,26 +314,26 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
                                             &unique[t], sums[t].flat<float>().data()));
       }
     });
-    OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
+    TF_RETURN_IF_ERROR(bad.Check(attrs, views));
 
     OpOutputList unique_out, rows_out;
-    OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
-    OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
+    TF_RETURN_IF_ERROR(ctx->output_list("unique_ids", &unique_out));
+    TF_RETURN_IF_ERROR(ctx->output_list("grad_rows", &rows_out));
     constexpr bool kFloat = std::is_same<T, float>::value;
     std::vector<K*> unique_dst(n);
     std::vector<T*> rows_dst(n, nullptr);  // rows to convert from float
     std::vector<Tensor*> dense(n, nullptr);
     for (int t = 0; t < n; ++t) {
       const int64_t num_unique = static_cast<int64_t>(unique[t].size());
-      OP_REQUIRES_OK(ctx, AllocateUniqueIds(&unique_out, t, num_unique, &unique_dst[t]));
-      if (this->attrs_.dense_grads[t]) {
-        OP_REQUIRES_OK(ctx, rows_out.allocate(
-                                t, TensorShape({views[t].rows, views[t].dim}), &dense[t]));
+      TF_RETURN_IF_ERROR(AllocateUniqueIds(attrs, &unique_out, t, num_unique, &unique_dst[t]));
+      if (attrs.dense_grads[t]) {
+        TF_RETURN_IF_ERROR(
+            rows_out.allocate(t, TensorShape({views[t].rows, views[t].dim}), &dense[t]));
       } else if (kFloat) {
         rows_out.set(t, sums[t].Slice(0, num_unique));
       } else {
         Tensor* r = nullptr;
-        OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({num_unique, views[t].dim}), &r));
+        TF_RETURN_IF_ERROR(rows_out.allocate(t, TensorShape({num_unique, views[t].dim}), &r));
         rows_dst[t] = r->flat<T>().data();
       }
     }
@@ -387,26 +352,28 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
         }
       }
     });
+    return OkStatus();
   }
 
-  void SumSplitTables(OpKernelContext* ctx, const std::vector<View>& views,
-                      const std::vector<int64_t>& nnz, const std::vector<const T*>& grads,
-                      int64_t total_nnz, int64_t max_dim, int64_t threads) {
-    const int n = this->attrs_.num_tables;
+  static Status SumSplitTables(OpKernelContext* ctx, const FusedLookupAttrs& attrs,
+                               const std::vector<View>& views, const std::vector<int64_t>& nnz,
+                               const std::vector<const T*>& grads, int64_t total_nnz,
+                               int64_t max_dim, int64_t threads) {
+    const int n = attrs.num_tables;
     // Unique ids and each position's unique index: one table per unit of work.
     std::vector<core::BackwardPlan<K>> plans(n);
-    typename FusedLookupBase<T, K>::BadIds bad(n);
+    BadIds bad(n);
     ParallelFor(ctx, n, 60 * (total_nnz / std::max(n, 1) + 1), [&](int64_t t0, int64_t t1) {
       for (int64_t t = t0; t < t1; ++t) {
         bad.Record(t, core::PlanBackward(views[t], nnz[t], &plans[t],
                                          DenseUniqueScratch(views[t].rows)));
       }
     });
-    OP_REQUIRES_OK(ctx, this->CheckIds(bad, views));
+    TF_RETURN_IF_ERROR(bad.Check(attrs, views));
 
     OpOutputList unique_out, rows_out;
-    OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
-    OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
+    TF_RETURN_IF_ERROR(ctx->output_list("unique_ids", &unique_out));
+    TF_RETURN_IF_ERROR(ctx->output_list("grad_rows", &rows_out));
     std::vector<T*> rows(n);
     std::vector<int64_t> num_unique(n);
     std::vector<Tensor> summed(n);
@@ -414,8 +381,9 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     for (int t = 0; t < n; ++t) {
       num_unique[t] = static_cast<int64_t>(plans[t].unique_ids.size());
       K* unique_dst = nullptr;
-      OP_REQUIRES_OK(ctx, AllocateTable(ctx, &unique_out, &rows_out, t, views[t], num_unique[t],
-                                        &unique_dst, &rows[t], &summed[t], &dense[t]));
+      TF_RETURN_IF_ERROR(AllocateTable(ctx, attrs, &unique_out, &rows_out, t, views[t],
+                                       num_unique[t], &unique_dst, &rows[t], &summed[t],
+                                       &dense[t]));
       if (dense[t] == nullptr) {
         std::copy(plans[t].unique_ids.begin(), plans[t].unique_ids.end(), unique_dst);
       }
@@ -447,20 +415,23 @@ class FusedLookupGradOp : public FusedLookupBase<T, K> {
     for (int t = 0; t < n; ++t) {
       if (dense[t] != nullptr) PlaceDenseRows(views[t], plans[t].unique_ids, rows[t], dense[t]);
     }
+    return OkStatus();
   }
 };
+
+namespace {
 
 #define SOK_REGISTER_LOOKUP(T, K)                                          \
   REGISTER_KERNEL_BUILDER(Name("SokFusedLookup")                           \
                               .Device(::tensorflow::DEVICE_CPU)            \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<K>("Tindices"),              \
-                          FusedLookupOp<T, K>);                            \
+                          FusedLookupOp<CpuDevice, T, K>);                            \
   REGISTER_KERNEL_BUILDER(Name("SokFusedLookupGrad")                       \
                               .Device(::tensorflow::DEVICE_CPU)            \
                               .TypeConstraint<T>("T")                      \
                               .TypeConstraint<K>("Tindices"),              \
-                          FusedLookupGradOp<T, K>);
+                          FusedLookupGradOp<CpuDevice, T, K>);
 
 #define SOK_REGISTER_LOOKUP_ALL_INDICES(T) \
   SOK_REGISTER_LOOKUP(T, int32_t) SOK_REGISTER_LOOKUP(T, TfInt64)
@@ -473,4 +444,5 @@ SOK_REGISTER_LOOKUP_ALL_INDICES(::tensorflow::bfloat16)
 #undef SOK_REGISTER_LOOKUP
 
 }  // namespace
+}  // namespace lookup_kernels
 }  // namespace sok_graph

@@ -1,6 +1,8 @@
-// GPU OpKernels of SokFusedLookup and SokFusedLookupGrad (float tables):
-// validation and allocation here, the arithmetic in the C launchers of
-// lookup_forward.cu / lookup_backward.cu, run on the op's stream. Compiled
+// The fused lookup on the GPU (float tables): the functors of
+// SokFusedLookup and SokFusedLookupGrad (lookup_op.h, which reads and
+// checks the inputs) — the GPU's own limits and allocation here, the
+// arithmetic in the C launchers of lookup_forward.cu / lookup_backward.cu,
+// run on the op's stream. Compiled
 // only when the build found a CUDA toolkit (SOK_GRAPH_WITH_CUDA).
 //
 // Everything stays in device memory: ids and row_splits are checked on the
@@ -26,9 +28,11 @@
 #include "compat/tf_compat.h"
 #include "tf_ops/lookup/kernels/lookup_args.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
+#include "tf_ops/lookup/kernels/lookup_op.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
 
 namespace sok_graph {
+namespace lookup_kernels {
 namespace {
 
 using ::tensorflow::OpInputList;
@@ -48,109 +52,83 @@ Status Temp(OpKernelContext* ctx, int64_t bytes, Tensor* t) {
 
 void* Data(Tensor& t) { return const_cast<char*>(t.tensor_data().data()); }
 
-template <typename K>
-class FusedLookupGpuBase : public OpKernel {
- public:
-  explicit FusedLookupGpuBase(OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
-  }
-
- protected:
-  std::string TableName(int t) const { return attrs_.TableName(t); }
-
-  // Checks every table's shapes and describes each table (device
-  // pointers, row_splits included). `out` pointers are left null.
-  // Variables among the params stay read-locked while `params` lives.
-  Status ReadTables(OpKernelContext* ctx, TableInputs* params,
-                    std::vector<SokLookupTable>* tables, std::vector<int64_t>* nnz) {
-    OpInputList ids, splits, weights;
-    TF_RETURN_IF_ERROR(params->Read(ctx, "params", attrs_.num_tables,
-                                    [this](int t) { return this->TableName(t); }));
-    TF_RETURN_IF_ERROR(ctx->input_list("ids", &ids));
-    TF_RETURN_IF_ERROR(ctx->input_list("row_splits", &splits));
-    TF_RETURN_IF_ERROR(ctx->input_list("weights", &weights));
-    tables->assign(attrs_.num_tables, SokLookupTable());
-    nnz->assign(attrs_.num_tables, 0);
-    for (int t = 0; t < attrs_.num_tables; ++t) {
-      const Tensor& p = (*params)[t];
-      const Tensor& i = ids[t];
-      const Tensor& s = splits[t];
-      const Tensor& w = weights[t];
-      TF_RETURN_IF_ERROR(attrs_.CheckTable(t, p, ::tensorflow::DT_FLOAT, i, s, w,
-                                           /*splits_on_host=*/false));
-      if (p.dim_size(1) > INT32_MAX / 4) {
-        return errors::InvalidArgument("params of ", TableName(t), " has dim ", p.dim_size(1),
-                                       "; the GPU kernel takes at most ", INT32_MAX / 4);
-      }
-      (*nnz)[t] = i.NumElements();
-      SokLookupTable& v = (*tables)[t];
-      v.params = p.flat<float>().data();
-      v.ids = i.flat<K>().data();
-      // One id per sample (an empty row_splits, where the op takes it): no
-      // splits; the kernels that would read them know the samples so.
-      const bool one_id = attrs_.OneIdPerSample(s);
-      v.row_splits = one_id ? nullptr : reinterpret_cast<const int64_t*>(s.tensor_data().data());
-      v.weights = attrs_.weighted[t] ? w.flat<float>().data() : nullptr;
-      v.clip = nullptr;
-      v.out = nullptr;
-      v.batch = one_id ? i.NumElements() : s.NumElements() - 1;
-      v.rows = p.dim_size(0);
-      v.nnz = i.NumElements();
-      v.dim = static_cast<int32_t>(p.dim_size(1));
-      v.combiner = static_cast<int32_t>(attrs_.combiners[t]);  // the launcher's int
-      v.id_bytes = static_cast<int32_t>(sizeof(K));
-      v.max_norm = attrs_.max_norms[t];
+// The launchers' description of each table (device pointers, row_splits
+// included; `out` and `clip` left null), after the GPU's own limits.
+Status Descriptors(const FusedLookupAttrs& attrs, const std::vector<LookupTableInput>& in,
+                   int id_bytes, std::vector<SokLookupTable>* tables) {
+  tables->assign(in.size(), SokLookupTable());
+  for (size_t t = 0; t < in.size(); ++t) {
+    const LookupTableInput& i = in[t];
+    if (i.dim > INT32_MAX / 4) {
+      return errors::InvalidArgument("params of ", attrs.TableName(t), " has dim ", i.dim,
+                                     "; the GPU kernel takes at most ", INT32_MAX / 4);
     }
-    return OkStatus();
+    SokLookupTable& v = (*tables)[t];
+    v.params = i.params->flat<float>().data();
+    v.ids = i.ids->tensor_data().data();
+    // One id per sample: no splits; the kernels that would read them know
+    // the samples so.
+    v.row_splits = i.row_splits == nullptr
+                       ? nullptr
+                       : reinterpret_cast<const int64_t*>(i.row_splits->tensor_data().data());
+    v.weights = i.weights != nullptr ? i.weights->flat<float>().data() : nullptr;
+    v.clip = nullptr;
+    v.out = nullptr;
+    v.batch = i.batch;
+    v.rows = i.rows;
+    v.nnz = i.nnz;
+    v.dim = static_cast<int32_t>(i.dim);
+    v.combiner = static_cast<int32_t>(i.combiner);  // the launcher's int
+    v.id_bytes = id_bytes;
+    v.max_norm = i.max_norm;
   }
+  return OkStatus();
+}
 
-  // A cleared check [kCheckRows, n] at `checks` (device), the table
-  // descriptors copied to `descs` (device), and row_splits checked into it.
-  Status StartChecks(OpKernelContext* ctx, const std::vector<SokLookupTable>& tables,
-                     int64_t* checks, Tensor* descs) {
-    const int n = attrs_.num_tables;
-    void* stream = GpuStreamOf(ctx);
-    std::vector<int64_t> host(static_cast<size_t>(FusedLookupAttrs::kCheckRows) * n);
-    int64_t max_batch = 0;
-    bool any_splits = false;  // tables given one id per sample have none to check
-    for (int t = 0; t < n; ++t) {
-      FusedLookupAttrs::ClearColumn(host.data(), n, t, tables[t].rows, tables[t].nnz);
-      if (tables[t].row_splits == nullptr) continue;
-      any_splits = true;
-      max_batch = std::max(max_batch, tables[t].batch);
-    }
-    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(checks, host.data(),
-                                                         sizeof(int64_t) * host.size(), stream),
-                                  "clearing the input check"));
-    TF_RETURN_IF_ERROR(Temp(ctx, sizeof(SokLookupTable) * n, descs));
-    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(*descs), tables.data(),
-                                                         sizeof(SokLookupTable) * n, stream),
-                                  "copying table descriptors"));
-    if (!any_splits) return OkStatus();
-    return CudaStatus(sok_lookup_check_splits(static_cast<const SokLookupTable*>(Data(*descs)),
-                                              n, max_batch, checks, stream),
-                      "sok_lookup_check_splits");
+// A cleared check [kCheckRows, n] at `checks` (device), the table
+// descriptors copied to `descs` (device), and row_splits checked into it.
+Status StartChecks(OpKernelContext* ctx, const std::vector<SokLookupTable>& tables,
+                   int64_t* checks, Tensor* descs) {
+  const int n = static_cast<int>(tables.size());
+  void* stream = GpuStreamOf(ctx);
+  std::vector<int64_t> host(static_cast<size_t>(FusedLookupAttrs::kCheckRows) * n);
+  int64_t max_batch = 0;
+  bool any_splits = false;  // tables given one id per sample have none to check
+  for (int t = 0; t < n; ++t) {
+    FusedLookupAttrs::ClearColumn(host.data(), n, t, tables[t].rows, tables[t].nnz);
+    if (tables[t].row_splits == nullptr) continue;
+    any_splits = true;
+    max_batch = std::max(max_batch, tables[t].batch);
   }
+  TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(checks, host.data(),
+                                                       sizeof(int64_t) * host.size(), stream),
+                                "clearing the input check"));
+  TF_RETURN_IF_ERROR(Temp(ctx, sizeof(SokLookupTable) * n, descs));
+  TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(*descs), tables.data(),
+                                                       sizeof(SokLookupTable) * n, stream),
+                                "copying table descriptors"));
+  if (!any_splits) return OkStatus();
+  return CudaStatus(sok_lookup_check_splits(static_cast<const SokLookupTable*>(Data(*descs)), n,
+                                            max_batch, checks, stream),
+                    "sok_lookup_check_splits");
+}
 
-  FusedLookupAttrs attrs_;
-};
+}  // namespace
 
 template <typename K>
-class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
- public:
-  using FusedLookupGpuBase<K>::FusedLookupGpuBase;
-
-  void Compute(OpKernelContext* ctx) override {
-    const int n = this->attrs_.num_tables;
+struct FusedLookupForward<GpuDevice, float, K> {
+  Status operator()(OpKernelContext* ctx, const FusedLookupAttrs& attrs,
+                    const std::vector<LookupTableInput>& in) const {
+    const int n = attrs.num_tables;
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
-    std::vector<int64_t> nnz;
-    TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz));
+    TF_RETURN_IF_ERROR(Descriptors(attrs, in, sizeof(K), &tables));
+    std::vector<int64_t> nnz(n);
+    for (int t = 0; t < n; ++t) nnz[t] = in[t].nnz;
     OpOutputList outputs;
-    OP_REQUIRES_OK(ctx, ctx->output_list("embeddings", &outputs));
+    TF_RETURN_IF_ERROR(ctx->output_list("embeddings", &outputs));
     Tensor* checks_out = nullptr;
-    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+    TF_RETURN_IF_ERROR(ctx->allocate_output(
                             "checks", TensorShape({FusedLookupAttrs::kCheckRows, n}), &checks_out));
     int64_t* checks = reinterpret_cast<int64_t*>(Data(*checks_out));
     int64_t* bad = checks;  // row 0: each table's first bad id position
@@ -160,24 +138,24 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     for (int t = 0; t < n; ++t) {
       SokLookupTable& v = tables[t];
       Tensor* o = nullptr;
-      OP_REQUIRES_OK(ctx, outputs.allocate(t, TensorShape({v.batch, v.dim}), &o));
+      TF_RETURN_IF_ERROR(outputs.allocate(t, TensorShape({v.batch, v.dim}), &o));
       v.out = o->flat<float>().data();
       offsets[t + 1] = offsets[t] + v.batch;
       vectorized = vectorized && v.dim % 4 == 0 &&
                    reinterpret_cast<uintptr_t>(v.params) % 16 == 0 &&
                    reinterpret_cast<uintptr_t>(v.out) % 16 == 0;
       if (v.max_norm > 0.0f && nnz[t] > 0) {
-        OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({nnz[t]}),
+        TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_FLOAT, TensorShape({nnz[t]}),
                                                &clips[t]));
         v.clip = clips[t].flat<float>().data();
       }
     }
     // The descriptors (with their outputs and clip buffers) and the check.
     Tensor descs;
-    OP_REQUIRES_OK(ctx, this->StartChecks(ctx, tables, checks, &descs));
+    TF_RETURN_IF_ERROR(StartChecks(ctx, tables, checks, &descs));
     for (int t = 0; t < n; ++t) {
       if (tables[t].clip == nullptr) continue;
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_clip_factors(&tables[t], nnz[t],
+      TF_RETURN_IF_ERROR(CudaStatus(sok_lookup_clip_factors(&tables[t], nnz[t],
                                                              const_cast<float*>(tables[t].clip),
                                                              bad + t, stream),
                                      "sok_lookup_clip_factors"));
@@ -185,9 +163,9 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
     const SokLookupTable* descs_dev = static_cast<const SokLookupTable*>(Data(descs));
     if (offsets[n] > 0) {
       Tensor offsets_dev;
-      OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n + 1}),
+      TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n + 1}),
                                              &offsets_dev));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(offsets_dev), offsets.data(),
+      TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(offsets_dev), offsets.data(),
                                                             sizeof(int64_t) * (n + 1), stream),
                                      "copying sample offsets"));
       int32_t max_dim = 0;
@@ -198,7 +176,7 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
       }
       const int lanes = sok_lookup_lanes_per_sample(vectorized ? 1 : 0, max_dim, total_nnz,
                                                     offsets[n]);
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_forward_f32(
+      TF_RETURN_IF_ERROR(CudaStatus(sok_lookup_forward_f32(
                                          descs_dev, static_cast<const int64_t*>(Data(offsets_dev)),
                                          n, offsets[n],
                                          vectorized ? sok_lookup_vectorized_kind(total_nnz,
@@ -207,62 +185,50 @@ class FusedLookupGpuOp : public FusedLookupGpuBase<K> {
                                          static_cast<int>(sizeof(K)), lanes, bad, stream),
                                      "sok_lookup_forward_f32"));
     }
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
-                                   "sok_lookup_fill_check_values"));
+    return CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
+                      "sok_lookup_fill_check_values");
   }
 };
 
-// Waits for its sizes unless every table's gradient is dense.
 template <typename K>
-class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
- public:
-  explicit FusedLookupGradGpuOp(OpKernelConstruction* ctx)
-      : DeviceWaitingKernel<FusedLookupGpuBase<K>>(ctx) {
-    this->attrs_.one_id_splits = true;
-    const auto& dense = this->attrs_.dense_grads;
-    this->set_waits(!std::all_of(dense.begin(), dense.end(), [](bool d) { return d; }));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const int n = this->attrs_.num_tables;
+struct FusedLookupBackward<GpuDevice, float, K> {
+  Status operator()(OpKernelContext* ctx, const FusedLookupAttrs& attrs,
+                    const std::vector<LookupTableInput>& in, const OpInputList& grads) const {
+    const int n = attrs.num_tables;
     void* stream = GpuStreamOf(ctx);
     std::vector<SokLookupTable> tables;
-    std::vector<int64_t> nnz;
-    TableInputs params;
-    OP_REQUIRES_OK(ctx, this->ReadTables(ctx, &params, &tables, &nnz));
-    OpInputList grads;
-    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
+    TF_RETURN_IF_ERROR(Descriptors(attrs, in, sizeof(K), &tables));
+    std::vector<int64_t> nnz(n);
     for (int t = 0; t < n; ++t) {
-      const Tensor& g = grads[t];
-      OP_REQUIRES_OK(ctx, this->attrs_.CheckGrads(t, g, tables[t].batch, tables[t].dim));
+      nnz[t] = in[t].nnz;
       // The gradient's plan numbers samples in int32 too.
-      OP_REQUIRES(ctx, tables[t].batch < INT32_MAX,
-                  errors::InvalidArgument(
-                      tables[t].row_splits != nullptr ? "row_splits of " : "ids of ",
-                      this->TableName(t),
-                      tables[t].row_splits != nullptr ? " describe " : " (one id per sample) are ",
-                      tables[t].batch, " samples; the GPU gradient takes fewer than 2^31"));
+      if (tables[t].batch >= INT32_MAX) {
+        return errors::InvalidArgument(
+            tables[t].row_splits != nullptr ? "row_splits of " : "ids of ", attrs.TableName(t),
+            tables[t].row_splits != nullptr ? " describe " : " (one id per sample) are ",
+            tables[t].batch, " samples; the GPU gradient takes fewer than 2^31");
+      }
     }
     // The gradient sorts every table's ids together and numbers their
     // positions in int32.
     int64_t total_nnz = 0;
     for (int t = 0; t < n; ++t) total_nnz += nnz[t];
-    OP_REQUIRES(ctx, total_nnz < INT32_MAX,
-                errors::InvalidArgument("the ids of the ", n, " tables have ", total_nnz,
-                                        " entries in all; the GPU gradient takes fewer than "
-                                        "2^31 - 1"));
+    if (total_nnz >= INT32_MAX) {
+      return errors::InvalidArgument("the ids of the ", n, " tables have ", total_nnz,
+                                     " entries in all; the GPU gradient takes fewer than 2^31 - 1");
+    }
     // The check [kCheckRows, n], then each table's distinct ids [n]: read
     // back at once, the op's one host synchronisation.
     const int64_t check_size = static_cast<int64_t>(FusedLookupAttrs::kCheckRows) * n;
     Tensor counts_dev;
-    OP_REQUIRES_OK(ctx, ctx->allocate_temp(::tensorflow::DT_INT64,
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
                                            TensorShape({check_size + n}), &counts_dev));
     int64_t* checks = reinterpret_cast<int64_t*>(Data(counts_dev));
     int64_t* counts = checks + check_size;
     Tensor descs;
-    OP_REQUIRES_OK(ctx, this->StartChecks(ctx, tables, checks, &descs));
+    TF_RETURN_IF_ERROR(StartChecks(ctx, tables, checks, &descs));
     const SokLookupTable* descs_dev = static_cast<const SokLookupTable*>(Data(descs));
-    const auto& dense = this->attrs_.dense_grads;
+    const auto& dense = attrs.dense_grads;
     const bool all_dense = std::all_of(dense.begin(), dense.end(), [](bool d) { return d; });
     // Dense gradients alone, none clipped, and no determinism asked for:
     // summed with float atomics, as TensorFlow sums its own embedding
@@ -282,7 +248,7 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
       // and the op does not wait (the check is then the forward's,
       // SokLookupCheck; a table that fails it gets a zero gradient, see
       // sok_lookup_backward_rows).
-      OP_REQUIRES_OK(ctx, LaunchWithScratch(ctx, "sok_lookup_backward_plan", &plan,
+      TF_RETURN_IF_ERROR(LaunchWithScratch(ctx, "sok_lookup_backward_plan", &plan,
                                             [&](void* scratch, size_t* bytes) {
                                               return sok_lookup_backward_plan(
                                                   tables.data(), descs_dev, n,
@@ -291,52 +257,50 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
                                             }));
     }
     if (!all_dense) {
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
+      TF_RETURN_IF_ERROR(CudaStatus(sok_lookup_fill_check_values(descs_dev, n, checks, stream),
                                      "sok_lookup_fill_check_values"));
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_host(host.data(), checks,
+      TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(host.data(), checks,
                                                           sizeof(int64_t) * host.size(), stream),
                                      "reading the gradient's sizes back"));
-      for (int t = 0; t < n; ++t) OP_REQUIRES_OK(ctx, this->attrs_.CheckedColumn(t, host.data()));
+      for (int t = 0; t < n; ++t) TF_RETURN_IF_ERROR(attrs.CheckedColumn(t, host.data()));
     }
     OpOutputList unique_out, rows_out;
-    OP_REQUIRES_OK(ctx, ctx->output_list("unique_ids", &unique_out));
-    OP_REQUIRES_OK(ctx, ctx->output_list("grad_rows", &rows_out));
+    TF_RETURN_IF_ERROR(ctx->output_list("unique_ids", &unique_out));
+    TF_RETURN_IF_ERROR(ctx->output_list("grad_rows", &rows_out));
     std::vector<SokLookupGradTable> outs(n);
     for (int t = 0; t < n; ++t) {
       const int64_t u = dense[t] ? 0 : (nnz[t] > 0 ? host[check_size + t] : 0);
       const int64_t out_rows = dense[t] ? tables[t].rows : u;
       Tensor* ids_out = nullptr;
       Tensor* rows = nullptr;
-      OP_REQUIRES_OK(ctx, unique_out.allocate(t, TensorShape({u}), &ids_out));
-      OP_REQUIRES_OK(ctx, rows_out.allocate(t, TensorShape({out_rows, tables[t].dim}), &rows));
+      TF_RETURN_IF_ERROR(unique_out.allocate(t, TensorShape({u}), &ids_out));
+      TF_RETURN_IF_ERROR(rows_out.allocate(t, TensorShape({out_rows, tables[t].dim}), &rows));
       outs[t].grads = grads[t].flat<float>().data();
       outs[t].unique_ids = u > 0 ? Data(*ids_out) : nullptr;
       outs[t].grad_rows = out_rows > 0 ? rows->flat<float>().data() : nullptr;
       outs[t].dense = dense[t] ? 1 : 0;
       outs[t].path = 0;
       if (dense[t] && rows->NumElements() > 0) {
-        OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_memset_zero(outs[t].grad_rows,
+        TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_memset_zero(outs[t].grad_rows,
                                                            sizeof(float) * rows->NumElements(),
                                                            stream),
                                        "zeroing a dense gradient"));
       }
     }
     Tensor outs_dev;
-    OP_REQUIRES_OK(ctx, Temp(ctx, sizeof(SokLookupGradTable) * n, &outs_dev));
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_gpu_copy_to_device(Data(outs_dev), outs.data(),
+    TF_RETURN_IF_ERROR(Temp(ctx, sizeof(SokLookupGradTable) * n, &outs_dev));
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(Data(outs_dev), outs.data(),
                                                           sizeof(SokLookupGradTable) * n, stream),
                                    "copying the gradient's outputs"));
     auto* outs_desc = static_cast<SokLookupGradTable*>(Data(outs_dev));
     if (unordered) {
-      OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_dense_unordered(
-                                         tables.data(), descs_dev, n, outs_desc, checks, stream),
-                                     "sok_lookup_backward_dense_unordered"));
-      return;
+      return CudaStatus(sok_lookup_backward_dense_unordered(tables.data(), descs_dev, n,
+                                                            outs_desc, checks, stream),
+                        "sok_lookup_backward_dense_unordered");
     }
-    OP_REQUIRES_OK(ctx, CudaStatus(sok_lookup_backward_rows(tables.data(), descs_dev, n,
-                                                            outs_desc, checks, Data(plan),
-                                                            stream),
-                                   "sok_lookup_backward_rows"));
+    return CudaStatus(sok_lookup_backward_rows(tables.data(), descs_dev, n, outs_desc, checks,
+                                               Data(plan), stream),
+                      "sok_lookup_backward_rows");
   }
 };
 
@@ -345,17 +309,17 @@ class FusedLookupGradGpuOp : public DeviceWaitingKernel<FusedLookupGpuBase<K>> {
                               .Device(::tensorflow::DEVICE_GPU)            \
                               .TypeConstraint<float>("T")                  \
                               .TypeConstraint<K>("Tindices"),              \
-                          FusedLookupGpuOp<K>);                            \
+                          FusedLookupOp<GpuDevice, float, K>);                            \
   REGISTER_KERNEL_BUILDER(Name("SokFusedLookupGrad")                       \
                               .Device(::tensorflow::DEVICE_GPU)            \
                               .TypeConstraint<float>("T")                  \
                               .TypeConstraint<K>("Tindices"),              \
-                          FusedLookupGradGpuOp<K>);
+                          FusedLookupGradOp<GpuDevice, float, K>);
 SOK_REGISTER_LOOKUP_GPU(TfInt64)
 SOK_REGISTER_LOOKUP_GPU(int32_t)
 #undef SOK_REGISTER_LOOKUP_GPU
 
-}  // namespace
+}  // namespace lookup_kernels
 }  // namespace sok_graph
 
 #endif  // SOK_GRAPH_WITH_CUDA
