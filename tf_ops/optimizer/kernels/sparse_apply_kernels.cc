@@ -1,5 +1,5 @@
-// CPU OpKernel of SokSparseApply: every table's rows updated in place, the
-// rows spread over the intra-op threads.
+// SokSparseApply on the CPU (the functor of sparse_apply_op.h): every
+// table's rows updated in place, the rows spread over the intra-op threads.
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -9,68 +9,63 @@
 #include "compat/tf_compat.h"
 #include "tf_ops/optimizer/core/sparse_apply.h"
 #include "tf_ops/optimizer/kernels/apply_rows.h"
+#include "tf_ops/optimizer/kernels/sparse_apply_op.h"
 #include "tf_ops/optimizer/kernels/sparse_apply_vars.h"
 #include "tf_ops/util/core/huge_page_allocator.h"
 #include "tf_ops/util/core/prefetch.h"
 
 namespace sok_graph {
+namespace optimizer_kernels {
 namespace {
 
 using ::tensorflow::OpInputList;
 using ::tensorflow::OpKernelContext;
+using ::tensorflow::Status;
+using ::tensorflow::Tensor;
 namespace errors = ::tensorflow::errors;
 
-using optimizer_kernels::ApplyRowFn;
-using optimizer_kernels::ApplyRowFor;
+
+}  // namespace
 
 template <typename K>
-class SparseApplyCpuOp : public ::tensorflow::OpKernel {
- public:
-  explicit SparseApplyCpuOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    OP_REQUIRES_OK(ctx, attrs_.Parse(ctx));
-  }
-
-  void Compute(OpKernelContext* ctx) override {
-    const int n = attrs_.num_tables;
-    OpInputList indices, grads;
-    OP_REQUIRES_OK(ctx, ctx->input_list("indices", &indices));
-    OP_REQUIRES_OK(ctx, ctx->input_list("grads", &grads));
-    const ::tensorflow::Tensor& hyper_t = ctx->input(3 * n + attrs_.num_slot_vars);
-    const ::tensorflow::Tensor& step_t = ctx->input(3 * n + attrs_.num_slot_vars + 1);
-    OP_REQUIRES(ctx, hyper_t.NumElements() == core::kNumHyper,
-                errors::InvalidArgument("hyper must have ", static_cast<int>(core::kNumHyper),
-                                        " entries; got ", hyper_t.NumElements()));
-    SparseApplyVariables vars;
+struct SparseApplyFunctor<CpuDevice, K> {
+  Status Acquire(OpKernelContext* ctx, const SparseApplyAttrs& attrs,
+                 SparseApplyVariables* vars) const {
     // A table and its slots are read and written at random rows, as long as
     // training lasts: on their first update they are given huge pages
     // (fewer TLB misses for the update and for the lookups that read the
     // table; about a fifth off the CPU lookup of rows not in cache).
-    OP_REQUIRES_OK(ctx, vars.Acquire(
-                            ctx, attrs_,
-                            [](void* dst, const void* src, size_t bytes) {
-                              std::memcpy(dst, src, bytes);
-                              return OkStatus();
-                            },
-                            core::AdviseHugePages));
-    // Everything is checked before any row changes: a bad index leaves
-    // every variable as it was.
+    return vars->Acquire(
+        ctx, attrs,
+        [](void* dst, const void* src, size_t bytes) {
+          std::memcpy(dst, src, bytes);
+          return OkStatus();
+        },
+        core::AdviseHugePages);
+  }
+
+  Status operator()(OpKernelContext* ctx, const SparseApplyAttrs& attrs,
+                    SparseApplyVariables& vars, const OpInputList& indices,
+                    const OpInputList& grads, const Tensor& hyper_t, const Tensor& step_t) const {
+    const int n = attrs.num_tables;
+    // Every index is checked before any row changes: a bad one leaves every
+    // variable as it was.
     std::vector<int64_t> offsets(n + 1, 0);
     for (int t = 0; t < n; ++t) {
-      const ::tensorflow::Tensor& table = *vars.table(t);
-      OP_REQUIRES_OK(ctx, CheckSparseGradient(t, table, indices[t], grads[t]));
       const K* idx = indices[t].flat<K>().data();
-      const int64_t rows = table.dim_size(0);
+      const int64_t rows = vars.table(t)->dim_size(0);
       for (int64_t i = 0; i < indices[t].NumElements(); ++i) {
-        OP_REQUIRES(ctx, idx[i] >= 0 && static_cast<int64_t>(idx[i]) < rows,
-                    errors::InvalidArgument("indices[", t, "] must be in [0, ", rows,
-                                            ") (the rows of vars[", t, "]); got ",
-                                            static_cast<int64_t>(idx[i]), " at position ", i));
+        if (idx[i] < 0 || static_cast<int64_t>(idx[i]) >= rows) {
+          return errors::InvalidArgument("indices[", t, "] must be in [0, ", rows,
+                                         ") (the rows of vars[", t, "]); got ",
+                                         static_cast<int64_t>(idx[i]), " at position ", i);
+        }
       }
       offsets[t + 1] = offsets[t] + indices[t].NumElements();
     }
     const float* hyper = hyper_t.flat<float>().data();
     const int64_t step = static_cast<int64_t>(step_t.scalar<TfInt64>()());
-    const float alpha = core::StepAlpha(attrs_.config.algorithm, hyper, step);
+    const float alpha = core::StepAlpha(attrs.config.algorithm, hyper, step);
     struct Table {
       float* var; float* s0; float* s1; float* s2; const K* idx; const float* g; int64_t dim;
     };
@@ -85,15 +80,16 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
     std::vector<Table> tables(n);
     int64_t max_dim = 1;
     for (int t = 0; t < n; ++t) {
-      tables[t] = {vars.table(t)->flat<float>().data(), vars.slot(attrs_, t, 0),
-                   vars.slot(attrs_, t, 1), vars.slot(attrs_, t, 2), indices[t].flat<K>().data(),
+      tables[t] = {vars.table(t)->flat<float>().data(), vars.slot(attrs, t, 0),
+                   vars.slot(attrs, t, 1), vars.slot(attrs, t, 2), indices[t].flat<K>().data(),
                    grads[t].flat<float>().data(), vars.table(t)->dim_size(1)};
       max_dim = std::max(max_dim, tables[t].dim);
     }
-    const core::SparseApplyConfig config = attrs_.config;
+    const core::SparseApplyConfig config = attrs.config;
     const ApplyRowFn apply_row = ApplyRowFor(config.algorithm);
-    OP_REQUIRES(ctx, apply_row != nullptr,
-                errors::Internal("no CPU update for algorithm ", config.algorithm));
+    if (apply_row == nullptr) {
+      return errors::Internal("no CPU update for algorithm ", config.algorithm);
+    }
     ParallelFor(ctx, offsets[n], 20 * max_dim, [&](int64_t begin, int64_t end) {
       int t = static_cast<int>(std::upper_bound(offsets.begin(), offsets.end(), begin) -
                                offsets.begin()) - 1;
@@ -110,10 +106,8 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
                   tb.s2 ? tb.s2 + base : nullptr, tb.dim);
       }
     });
+    return OkStatus();
   }
-
- private:
-  SparseApplyAttrs attrs_;
 };
 
 #define SOK_REGISTER_SPARSE_APPLY_CPU(K)                                              \
@@ -121,10 +115,10 @@ class SparseApplyCpuOp : public ::tensorflow::OpKernel {
                               .Device(::tensorflow::DEVICE_CPU)                       \
                               .TypeConstraint<float>("T")                             \
                               .TypeConstraint<K>("Tindices"),                         \
-                          SparseApplyCpuOp<K>);
+                          SparseApplyOp<CpuDevice, K>);
 SOK_REGISTER_SPARSE_APPLY_CPU(TfInt64)
 SOK_REGISTER_SPARSE_APPLY_CPU(int32_t)
 #undef SOK_REGISTER_SPARSE_APPLY_CPU
 
-}  // namespace
+}  // namespace optimizer_kernels
 }  // namespace sok_graph
