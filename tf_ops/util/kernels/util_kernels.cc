@@ -99,27 +99,10 @@ struct SegmentSumFunctor<CpuDevice, T, I> {
 
 namespace {
 
-#define SOK_REGISTER_UNIQUE(K, I)                                 \
-  REGISTER_KERNEL_BUILDER(Name("SokUniqueWithCounts")             \
-                              .Device(::tensorflow::DEVICE_CPU)   \
-                              .TypeConstraint<K>("T")             \
-                              .TypeConstraint<I>("out_idx"),      \
-                          UniqueOp<CpuDevice, K, I, true>);              \
-  REGISTER_KERNEL_BUILDER(Name("SokUnique")                       \
-                              .Device(::tensorflow::DEVICE_CPU)   \
-                              .TypeConstraint<K>("T")             \
-                              .TypeConstraint<I>("out_idx"),      \
-                          UniqueOp<CpuDevice, K, I, false>);              \
-  REGISTER_KERNEL_BUILDER(Name("SokUniqueGrouped")                \
-                              .Device(::tensorflow::DEVICE_CPU)   \
-                              .TypeConstraint<K>("T")             \
-                              .TypeConstraint<I>("out_idx"),      \
-                          UniqueOp<CpuDevice, K, I, false>);
-SOK_REGISTER_UNIQUE(int32_t, int32_t)
-SOK_REGISTER_UNIQUE(int32_t, TfInt64)
-SOK_REGISTER_UNIQUE(TfInt64, int32_t)
-SOK_REGISTER_UNIQUE(TfInt64, TfInt64)
-#undef SOK_REGISTER_UNIQUE
+SOK_REGISTER_UNIQUE_OPS(DEVICE_CPU, CpuDevice, int32_t, int32_t)
+SOK_REGISTER_UNIQUE_OPS(DEVICE_CPU, CpuDevice, int32_t, TfInt64)
+SOK_REGISTER_UNIQUE_OPS(DEVICE_CPU, CpuDevice, TfInt64, int32_t)
+SOK_REGISTER_UNIQUE_OPS(DEVICE_CPU, CpuDevice, TfInt64, TfInt64)
 
 #define SOK_REGISTER_SEGMENT_SUM(T, I, N)                         \
   REGISTER_KERNEL_BUILDER(Name("SokUnsortedSegmentSum")           \

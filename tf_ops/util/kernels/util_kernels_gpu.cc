@@ -158,27 +158,9 @@ struct SegmentSumFunctor<GpuDevice, float, I> {
   }
 };
 
-#define SOK_REGISTER_UNIQUE_GPU(K, I)                             \
-  REGISTER_KERNEL_BUILDER(Name("SokUniqueWithCounts")             \
-                              .Device(::tensorflow::DEVICE_GPU)   \
-                              .TypeConstraint<K>("T")             \
-                              .TypeConstraint<I>("out_idx"),      \
-                          UniqueOp<GpuDevice, K, I, true>);           \
-  REGISTER_KERNEL_BUILDER(Name("SokUnique")                       \
-                              .Device(::tensorflow::DEVICE_GPU)   \
-                              .TypeConstraint<K>("T")             \
-                              .TypeConstraint<I>("out_idx"),      \
-                          UniqueOp<GpuDevice, K, I, false>);          \
-  REGISTER_KERNEL_BUILDER(Name("SokUniqueGrouped")                \
-                              .Device(::tensorflow::DEVICE_GPU)   \
-                              .TypeConstraint<K>("T")             \
-                              .TypeConstraint<I>("out_idx")       \
-                              .HostMemory("group_sizes"),         \
-                          UniqueOp<GpuDevice, K, I, false>);
 // int64 only (the launchers' types); other types run on the CPU kernel,
 // where TensorFlow places them.
-SOK_REGISTER_UNIQUE_GPU(TfInt64, TfInt64)
-#undef SOK_REGISTER_UNIQUE_GPU
+SOK_REGISTER_UNIQUE_OPS(DEVICE_GPU, GpuDevice, TfInt64, TfInt64)
 
 #define SOK_REGISTER_SEGMENT_SUM_GPU(I, N)                        \
   REGISTER_KERNEL_BUILDER(Name("SokUnsortedSegmentSum")           \

@@ -84,4 +84,25 @@ class UnsortedSegmentSumOp : public DeviceWaitingKernel<> {
 }  // namespace util_kernels
 }  // namespace sok_graph
 
+// Registers the three unique ops on DEVICE_TYPE (DEVICE_CPU or DEVICE_GPU,
+// with its functor tag TAG) for values K and indices I. group_sizes is read
+// on the host (HostMemory is a no-op on the CPU).
+#define SOK_REGISTER_UNIQUE_OPS(DEVICE_TYPE, TAG, K, I)                                \
+  REGISTER_KERNEL_BUILDER(Name("SokUniqueWithCounts")                                  \
+                              .Device(::tensorflow::DEVICE_TYPE)                       \
+                              .TypeConstraint<K>("T")                                  \
+                              .TypeConstraint<I>("out_idx"),                           \
+                          ::sok_graph::util_kernels::UniqueOp<TAG, K, I, true>);       \
+  REGISTER_KERNEL_BUILDER(Name("SokUnique")                                            \
+                              .Device(::tensorflow::DEVICE_TYPE)                       \
+                              .TypeConstraint<K>("T")                                  \
+                              .TypeConstraint<I>("out_idx"),                           \
+                          ::sok_graph::util_kernels::UniqueOp<TAG, K, I, false>);      \
+  REGISTER_KERNEL_BUILDER(Name("SokUniqueGrouped")                                     \
+                              .Device(::tensorflow::DEVICE_TYPE)                       \
+                              .TypeConstraint<K>("T")                                  \
+                              .TypeConstraint<I>("out_idx")                            \
+                              .HostMemory("group_sizes"),                              \
+                          ::sok_graph::util_kernels::UniqueOp<TAG, K, I, false>);
+
 #endif  // SOK_GRAPH_TF_OPS_UTIL_KERNELS_UTIL_OP_H_
