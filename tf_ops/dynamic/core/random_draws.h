@@ -1,6 +1,7 @@
 // Counter-based random draws for the initial rows of dynamic tables, shared
 // by the CPU table (core/initializer.h) and the GPU table
-// (kernels/dynamic_table.cu): one source, so both draw bit-identical values.
+// (kernels/dynamic_table_insert.cu): one source, so both draw bit-identical
+// values.
 //
 // Identical by construction: the float path uses only operations that IEEE
 // 754 rounds correctly (+ - * / sqrt, int32 -> float conversion) and integer

@@ -1,5 +1,5 @@
 // The GPU table behind the dynamic-table ops (table_resource.h): a GPU
-// hash table (dynamic_table.cu through dynamic_table_launcher.h) on the
+// hash table (dynamic_table_*.cu behind dynamic_table_launcher.h) on the
 // device the create op runs on, driven through the C launchers on the op's
 // stream. The ops checked their inputs already (dynamic_kernels.cc).
 // Compiled only when the build found a CUDA toolkit (SOK_GRAPH_WITH_CUDA);

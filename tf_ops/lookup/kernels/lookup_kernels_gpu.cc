@@ -1,7 +1,7 @@
 // The fused lookup on the GPU (float tables): the functors of
 // SokFusedLookup and SokFusedLookupGrad (lookup_op.h, which reads and
 // checks the inputs) — the GPU's own limits and allocation here, the
-// arithmetic in the C launchers of lookup_forward.cu / lookup_backward.cu,
+// arithmetic in the C launchers of lookup_forward.cu / lookup_backward_*.cu,
 // run on the op's stream. Compiled
 // only when the build found a CUDA toolkit (SOK_GRAPH_WITH_CUDA).
 //

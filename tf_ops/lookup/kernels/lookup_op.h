@@ -3,7 +3,7 @@
 // (lookup_args.h), and hands them to the device's functor — the CPU's in
 // lookup_kernels.cc (tf_ops/lookup/core/lookup.h on the op's threads), the
 // GPU's in lookup_kernels_gpu.cc (the launchers of lookup_forward.cu and
-// lookup_backward.cu on the op's stream). Each device file registers the
+// lookup_backward_*.cu on the op's stream). Each device file registers the
 // kernels with its functor.
 #ifndef SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_OP_H_
 #define SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_OP_H_
