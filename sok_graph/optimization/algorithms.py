@@ -70,13 +70,22 @@ def _adagrad(hp, w, g, s, lr, step):
     return w - lr * g / denom, {"accumulator": acc}
 
 
+def _power(x, p):
+    """x ** p, a square root where p is 0.5 (the usual learning_rate_power of
+    -0.5): exactly rounded like TensorFlow's own FTRL kernels and the fused
+    update (sparse_apply.h PowerOf), where pow may differ by an ulp, which
+    FTRL's difference of two powers magnifies."""
+    return tf.where(tf.equal(p, 0.5), tf.sqrt(x), tf.pow(x, p))
+
+
 def _ftrl(hp, w, g, s, lr, step):
     p = -_f(hp.lr_power, w)
     acc, lin = s["accumulator"], s["linear"]
     new_acc = acc + g * g
     g_shrunk = g + 2.0 * _f(hp.l2_shrinkage, w) * w
-    lin = lin + g_shrunk - (tf.pow(new_acc, p) - tf.pow(acc, p)) / lr * w
-    quad = tf.pow(new_acc, p) / lr + 2.0 * (_f(hp.l2, w) + _f(hp.beta, w) / (2.0 * lr))
+    pow_new = _power(new_acc, p)
+    lin = lin + g_shrunk - (pow_new - _power(acc, p)) / lr * w
+    quad = pow_new / lr + 2.0 * (_f(hp.l2, w) + _f(hp.beta, w) / (2.0 * lr))
     l1 = _f(hp.l1, w)
     new_w = (tf.clip_by_value(lin, -l1, l1) - lin) / quad
     return new_w, {"accumulator": new_acc, "linear": lin}
