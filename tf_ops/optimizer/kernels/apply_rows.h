@@ -5,7 +5,9 @@
 #ifndef SOK_GRAPH_TF_OPS_OPTIMIZER_KERNELS_APPLY_ROWS_H_
 #define SOK_GRAPH_TF_OPS_OPTIMIZER_KERNELS_APPLY_ROWS_H_
 
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "tf_ops/optimizer/core/sparse_apply.h"
 
@@ -33,25 +35,22 @@ __attribute__((noinline)) void ApplyRow(core::SparseApplyConfig c, const float* 
 using ApplyRowFn = void (*)(core::SparseApplyConfig, const float*, float, const float*, float*,
                             float*, float*, float*, int64_t);
 
-// The row update of `algorithm` (a core::SparseAlgorithm), or nullptr.
-inline ApplyRowFn ApplyRowFor(int32_t algorithm) {
-  switch (static_cast<core::SparseAlgorithm>(algorithm)) {
-    case core::SparseAlgorithm::kSgd: return ApplyRow<core::SparseAlgorithm::kSgd>;
-    case core::SparseAlgorithm::kMomentum: return ApplyRow<core::SparseAlgorithm::kMomentum>;
-    case core::SparseAlgorithm::kAdagrad: return ApplyRow<core::SparseAlgorithm::kAdagrad>;
-    case core::SparseAlgorithm::kAdam: return ApplyRow<core::SparseAlgorithm::kAdam>;
-    case core::SparseAlgorithm::kFtrl: return ApplyRow<core::SparseAlgorithm::kFtrl>;
-    case core::SparseAlgorithm::kRmsprop: return ApplyRow<core::SparseAlgorithm::kRmsprop>;
-    case core::SparseAlgorithm::kRmspropMomentum:
-      return ApplyRow<core::SparseAlgorithm::kRmspropMomentum>;
-    case core::SparseAlgorithm::kRmspropCentered:
-      return ApplyRow<core::SparseAlgorithm::kRmspropCentered>;
-    case core::SparseAlgorithm::kRmspropMomentumCentered:
-      return ApplyRow<core::SparseAlgorithm::kRmspropMomentumCentered>;
-    case core::SparseAlgorithm::kAdadelta: return ApplyRow<core::SparseAlgorithm::kAdadelta>;
-    case core::SparseAlgorithm::kAdamax: return ApplyRow<core::SparseAlgorithm::kAdamax>;
+// One ApplyRow per algorithm of core::kAlgorithmSpecs, instantiated from
+// that list: a new fused algorithm needs no line here.
+template <size_t... I>
+ApplyRowFn ApplyRowIn(int32_t algorithm, std::index_sequence<I...>) {
+  constexpr core::SparseAlgorithm kAlgorithms[] = {core::kAlgorithmSpecs[I].algorithm...};
+  constexpr ApplyRowFn kRows[] = {ApplyRow<core::kAlgorithmSpecs[I].algorithm>...};
+  for (size_t i = 0; i < sizeof...(I); ++i) {
+    if (static_cast<int32_t>(kAlgorithms[i]) == algorithm) return kRows[i];
   }
   return nullptr;
+}
+
+// The row update of `algorithm` (a core::SparseAlgorithm), or nullptr.
+inline ApplyRowFn ApplyRowFor(int32_t algorithm) {
+  constexpr size_t kCount = sizeof(core::kAlgorithmSpecs) / sizeof(core::kAlgorithmSpecs[0]);
+  return ApplyRowIn(algorithm, std::make_index_sequence<kCount>());
 }
 
 }  // namespace optimizer_kernels
