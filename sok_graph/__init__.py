@@ -10,9 +10,13 @@ __version__ = "0.1.0"
 
 from sok_graph import compat  # noqa: F401  (the TF-version layer)
 from sok_graph.context import init, set_comm_tool
-from sok_graph.distributed_variable import DistributedVariable, LocalizedVariable, Variable
+from sok_graph.tables.static import DistributedVariable, LocalizedVariable, Variable
+from sok_graph.tables.dynamic import DynamicVariable
+# SOK's module names for the modules of its two table classes, so that
+# sparse_operation_kit.distributed_variable / .dynamic_variable import.
+from sok_graph.tables import static as distributed_variable  # noqa: F401
+from sok_graph.tables import dynamic as dynamic_variable  # noqa: F401
 from sok_graph.dump_load import dump, incremental_model_dump, load
-from sok_graph.dynamic_variable import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.optimization import SGD, OptimizerWrapper
 from sok_graph.serving.delta import apply_serving_delta, export_serving_delta

@@ -10,7 +10,7 @@ Layout of a dump directory:
   <var>.timestamps/.frequencies   per-key metadata (dynamic tables)
   <var>.slot.<name>       optimizer slot rows, aligned with the keys
   <var>.filter.keys/.filter.counts   an admission filter's counts (dynamic
-                          tables with min_count; sok_graph/admission.py):
+                          tables with min_count; sok_graph/tables/admission.py):
                           keys waiting to enter, or sketch counter indices
 Every file starts with a 64-byte header: magic, format version, dtype, row
 width, row count and a CRC-32 of the payload; load() checks all of them for
@@ -37,10 +37,10 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context, replica_shards
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph import context
+from sok_graph.tables import dimension_of, is_dynamic, kind_of, replica_shards
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.placement import owned_mask
-from sok_graph.table import dimension_of, is_dynamic, kind_of
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.optimization.native_slots import slot_state_for
 from sok_graph.variables import export as export_rows

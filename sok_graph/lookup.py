@@ -8,9 +8,9 @@ with unique indices.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, context, exchange, replica_shards
-from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.table import is_dynamic
+from sok_graph import compat, context, exchange
+from sok_graph.tables import is_dynamic, replica_shards
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import lookup as lookup_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
@@ -185,7 +185,7 @@ def _reads_rows(param):
 def _gathered_rows(param, ids, index, name, low_frequency_filter=False):
     """(rows, positions): the rows of `param` for the distinct ids, and each
     id's position in them. low_frequency_filter: a dynamic table's
-    filter_ratio applies (sok_graph/admission.py)."""
+    filter_ratio applies (sok_graph/tables/admission.py)."""
     if is_dynamic(param) and ids.dtype == tf.int32 \
             and param.key_type == tf.int64:
         ids = tf.cast(ids, tf.int64)  # widening, as SOK does
@@ -306,7 +306,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     use_low_frequency_filter: dynamic tables with a filter_ratio admit each
                 new key with that probability (SOK's filter; keys not
                 admitted read the table's default row and are not trained;
-                sok_graph/admission.py). Counting filters (min_count) apply
+                sok_graph/tables/admission.py). Counting filters (min_count) apply
                 to every lookup.
     returns:    per table a [batch, dim] tensor (a single tensor when params
                 is a single table). Samples with no ids give zero rows.

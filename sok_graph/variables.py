@@ -9,9 +9,9 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 
 import tensorflow as tf
 
-from sok_graph import placement, replica_shards
-from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.table import dimension_of, is_dynamic
+from sok_graph import placement
+from sok_graph.tables import dimension_of, is_dynamic, replica_shards
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 
 

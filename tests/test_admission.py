@@ -1,4 +1,4 @@
-"""Admission filters of dynamic tables (sok_graph/admission.py) against a
+"""Admission filters of dynamic tables (sok_graph/tables/admission.py) against a
 numpy model of the filter: which keys get rows, what the others read, what
 training does to them, and that counts survive sok.dump / sok.load."""
 

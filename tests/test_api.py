@@ -17,12 +17,17 @@ from sok_graph import context
 def test_sparse_operation_kit_is_sok_graph():
     import sparse_operation_kit as sok2
     import sparse_operation_kit.distributed_variable as dv2
+    import sparse_operation_kit.dynamic_variable as dyn2
+    from sparse_operation_kit.dynamic_variable import DynamicVariable
 
-    import sok_graph.distributed_variable as dv
+    import sok_graph.tables.dynamic as dyn
+    import sok_graph.tables.static as dv
 
     assert sok2.lookup_sparse is sok.lookup_sparse
     assert sok2.Variable is sok.Variable
-    assert dv2 is dv
+    # SOK's module names reach sok_graph's table modules.
+    assert dv2 is dv and dyn2 is dyn
+    assert DynamicVariable is sok.DynamicVariable
 
 
 def test_init_without_legacy_optimizers_leaves_keras_alone():

@@ -8,7 +8,7 @@ import weakref
 import tensorflow as tf
 
 from sok_graph import context
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.tables.static import is_sok_variable
 
 from .patching import _bound, _originals, _tf_modules
 

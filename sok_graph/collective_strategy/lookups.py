@@ -5,7 +5,7 @@ safe sparse): on a sok variable they run sok's lookups, else TensorFlow's own.
 import tensorflow as tf
 
 from sok_graph import compat
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 
 from .patching import _bound, _originals, _tf_modules

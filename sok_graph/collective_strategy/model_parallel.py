@@ -4,8 +4,8 @@ table makes one sok.Variable sharded over the workers (an ordinary one on export
 
 import tensorflow as tf
 
-from sok_graph.distributed_variable import Variable as _SokVariable
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.tables.static import Variable as _SokVariable
+from sok_graph.tables.static import is_sok_variable
 
 from .export import _exporting
 from .patching import _bound, _originals, _tf_modules

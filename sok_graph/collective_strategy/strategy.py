@@ -10,8 +10,8 @@ import tempfile
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.table import is_dynamic
+from sok_graph.tables.static import is_sok_variable
+from sok_graph.tables import is_dynamic
 from sok_graph.serving import sources
 
 from .data_parallel import BroadcastHook, _model_parallel_variables, _scope_patches, _worker_dir

@@ -3,7 +3,7 @@ with several devices in one process, each acting as one worker.
 
 `sok.init(comm_tool="tf")` (or `sok.Init`) under such a strategy's scope
 picks it. Worker r is replica r (on the strategy's r-th device): it holds
-shard r of every sok table (see sok_graph/replica_shards.py) and talks to the
+shard r of every sok table (see sok_graph/tables/replica_shards.py) and talks to the
 other replicas through the strategy's merge_call (see _merged), so it works
 wherever that does: inside `strategy.run`, eagerly, in a tf.function and in
 a tf.compat.v1 Session graph.

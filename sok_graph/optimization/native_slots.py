@@ -29,8 +29,7 @@ The native slots themselves are read and written by NativeSlots
 
 import tensorflow as tf
 
-from sok_graph import replica_shards
-from sok_graph.table import is_dynamic
+from sok_graph.tables import is_dynamic, replica_shards
 from sok_graph.optimization.native_state import NativeSlots
 from sok_graph.optimization.wrapper import OptimizerWrapper, wrapper_for
 

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat
-from sok_graph.table import is_dynamic
+from sok_graph.tables import is_dynamic
 from sok_graph.optimization.algorithms import value
 
 # Where a family's native slot name differs from the table's (checked

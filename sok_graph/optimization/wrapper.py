@@ -37,9 +37,9 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, context, replica_shards
-from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.table import dimension_of, is_dynamic
+from sok_graph import compat, context
+from sok_graph.tables import dimension_of, is_dynamic, replica_shards
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.optimization import fused_apply, native_state

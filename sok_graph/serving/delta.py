@@ -29,9 +29,9 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.table import dimension_of
+from sok_graph.tables import dimension_of
 from sok_graph.serving import sources
 from sok_graph.serving.export import MANIFEST, table_name
 from sok_graph.serving.tables import safe_name

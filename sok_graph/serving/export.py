@@ -30,10 +30,10 @@ import os
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import communication, context, replica_shards
-from sok_graph.distributed_variable import is_sok_variable
-from sok_graph.dynamic_variable import DynamicVariable
-from sok_graph.table import is_dynamic
+from sok_graph import communication, context
+from sok_graph.tables import is_dynamic, replica_shards
+from sok_graph.tables.static import is_sok_variable
+from sok_graph.tables.dynamic import DynamicVariable
 from sok_graph.serving import mode, sources
 from sok_graph.serving.tables import DynamicTable, StaticTable
 

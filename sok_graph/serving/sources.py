@@ -16,8 +16,8 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context, placement, replica_shards
-from sok_graph.table import dimension_of, is_dynamic
+from sok_graph import context, placement
+from sok_graph.tables import dimension_of, is_dynamic, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import library
 

@@ -24,8 +24,8 @@ import tensorflow as tf
 
 from sok_graph import compat, context
 from sok_graph.initializers import static_initializer
-from sok_graph.distributed_variable import Variable
-from sok_graph.dynamic_variable import DynamicVariable
+from sok_graph.tables.static import Variable
+from sok_graph.tables.dynamic import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import lookup as lookup_ops

@@ -27,7 +27,7 @@ import threading
 import tensorflow as tf
 
 from sok_graph import compat
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.optimization.wrapper import OptimizerWrapper, OwnRule, update_op, wrapper_for
 
 

@@ -14,10 +14,9 @@ so it can sit in a graph next to the training op.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import replica_shards
-from sok_graph.distributed_variable import is_sok_variable
+from sok_graph.tables import dimension_of, is_dynamic, kind_of, replica_shards
+from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import read_dump, write_dump
-from sok_graph.table import dimension_of, is_dynamic, kind_of
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.placement import owned_rows
 

@@ -22,7 +22,8 @@ def main():
 
         strategy = mirrored_strategy_on_cpus(args.replicas)
     import sok_graph as sok
-    from sok_graph import placement, replica_shards
+    from sok_graph import placement
+    from sok_graph.tables import replica_shards
 
     if args.replicas > 1:
         with strategy.scope():

@@ -1,8 +1,14 @@
-"""What every sok table answers, whatever its kind; the one place the rest
-of the package asks it.
+"""The table kinds, one module each, and what every table answers whatever
+its kind (this module: the one place the rest of the package asks it).
 
-A table kind (sok.Variable: rows by row number; sok.DynamicVariable: a hash
-table by key) answers itself:
+- static.py: sok.Variable, rows by row number (sharded or localized);
+- dynamic.py: sok.DynamicVariable, a hash table by key, with its admission
+  filters in admission.py;
+- replica_shards.py: the holder of every replica's shard when one process's
+  replicas are the workers.
+
+This module imports none of them, so each may import it. A table kind
+answers itself:
 
 - `table_kind`: STATIC or DYNAMIC;
 - `dimension`: the width of its rows;

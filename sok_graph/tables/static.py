@@ -8,14 +8,14 @@ The Python object holds this worker's shard; `global_shape` is the shape of
 the whole table. With one worker the shard is the whole table. Under a
 MirroredStrategy whose replicas are the workers (one process), the
 constructor returns a ReplicaShards holding every replica's shard
-(sok_graph/replica_shards.py).
+(sok_graph/tables/replica_shards.py).
 """
 
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, context, placement, replica_shards
-from sok_graph.table import STATIC
+from sok_graph import compat, context, placement
+from sok_graph.tables import replica_shards, STATIC
 from sok_graph.initializers import static_initializer
 
 _ResourceVariable = compat.resource_variable_class()
@@ -150,7 +150,7 @@ class Variable(_ResourceVariable):
     def is_sok_variable(self):
         return True
 
-    table_kind = STATIC  # what sok_graph/table.py asks
+    table_kind = STATIC  # what sok_graph/tables/__init__.py asks
 
     @property
     def dimension(self):
@@ -158,7 +158,7 @@ class Variable(_ResourceVariable):
         return int(self._sok_global_shape[1])
 
     def make_slot(self, name, initial_value, start=None):
-        """An optimizer slot of this shard (sok_graph/table.py): a variable of
+        """An optimizer slot of this shard (sok_graph/tables/__init__.py): a variable of
         its shape, from `start` (rows a native optimizer kept) or filled with
         `initial_value`; a plain resource variable while a replica's shard is
         built."""

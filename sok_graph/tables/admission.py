@@ -34,7 +34,8 @@ table's rows, not the counts.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat, replica_shards
+from sok_graph import compat
+from sok_graph.tables import replica_shards
 from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops

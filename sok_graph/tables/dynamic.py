@@ -49,8 +49,8 @@ hashed by identity (element-wise == means nothing without a dense value).
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import admission, compat, context, placement, replica_shards
-from sok_graph.table import DYNAMIC
+from sok_graph import compat, context, placement
+from sok_graph.tables import admission, replica_shards, DYNAMIC
 from sok_graph import initializers
 from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
@@ -100,7 +100,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     table_config: init_capacity, max_capacity (hybrid: powers of two; the
     bound on keys), max_hbm_for_vectors (hybrid: GiB of rows kept in GPU
     memory, the rest in host memory), evict_strategy ("lru" / "lfu"), seed;
-    admission filters (sok_graph/admission.py): filter_ratio (SOK's, for
+    admission filters (sok_graph/tables/admission.py): filter_ratio (SOK's, for
     lookup_sparse(..., use_low_frequency_filter=True)), min_count,
     min_count_counters, min_count_hashes, filter_default.
     """
@@ -124,7 +124,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             # variables stands for the table (sok_graph/serving).
             return serving_mode.resolver().dynamic_stand_in(args, kwargs)
         # Under a MirroredStrategy whose replicas are the workers: one shard
-        # per replica (sok_graph/replica_shards.py).
+        # per replica (sok_graph/tables/replica_shards.py).
         shards = replica_shards.replicate(cls, args, kwargs, context.active())
         return shards if shards is not None else super().__new__(cls)
 
@@ -173,7 +173,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             raise ValueError(f"evict_strategy must be 'lru' or 'lfu'; got "
                              f"{table_config.get('evict_strategy')!r}")
         spec = initializer_spec(initializer, table_config.get("seed"))
-        # Which new keys get a row (sok_graph/admission.py); None: every one.
+        # Which new keys get a row (sok_graph/tables/admission.py); None: every one.
         self._admission = admission.from_config(table_config)
         self._table_config = dict(table_config)
         self._initializer_arg = initializer
@@ -283,7 +283,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     def dtype(self):
         return self._dtype
 
-    table_kind = DYNAMIC  # what sok_graph/table.py asks
+    table_kind = DYNAMIC  # what sok_graph/tables/__init__.py asks
 
     @property
     def key_type(self):
@@ -588,7 +588,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     @property
     def admission(self):
-        """The table's admission filter (sok_graph/admission.py), or None."""
+        """The table's admission filter (sok_graph/tables/admission.py), or None."""
         return self._admission
 
     def slot_settings(self):
@@ -612,7 +612,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             return tf.identity(rows)
 
     def make_slot(self, name, initial_value, start=None):
-        """An optimizer slot of this table (sok_graph/table.py): a dynamic
+        """An optimizer slot of this table (sok_graph/tables/__init__.py): a dynamic
         table with the same keys whose new rows start at `initial_value`,
         with this table's memory split and bound, dropping every key this
         table evicts. `start` (a static table's native state) has no meaning
