@@ -18,6 +18,8 @@ tests compare it with this module.
 import numpy as np
 import tensorflow as tf
 
+from sok_graph.tables import is_dynamic
+
 DISTRIBUTED = "distributed"
 LOCALIZED_PREFIX = "localized:"
 
@@ -96,7 +98,7 @@ def owned_rows(var, ids, rows):
     ids = tf.convert_to_tensor(ids)
     keep = tf.equal(owner_of(var, ids), rank)
     ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
-    if not hasattr(var, "key_type"):  # keys of a DynamicVariable stay keys
+    if not is_dynamic(var):  # keys of a dynamic table stay keys
         ids = local_rows(var, ids)
     return ids, rows
 

@@ -31,7 +31,7 @@ import tensorflow as tf
 from sok_graph import context
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.tables import dimension_of
+from sok_graph.tables import dimension_of, is_dynamic, replica_shards
 from sok_graph.serving import sources
 from sok_graph.serving.export import MANIFEST, table_name
 from sok_graph.serving.tables import safe_name
@@ -85,7 +85,7 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     rank = 0 if comm is None or comm.in_process else comm.rank
     collected = []
     for name, table in tables.items():
-        dynamic = hasattr(table, "key_type")
+        dynamic = is_dynamic(replica_shards.shards_of(table)[0])
         _, chunks = sources.whole_table(table, runner, chunk_rows,
                                         updated_after=after if dynamic else None)
         parts = list(chunks)

@@ -166,7 +166,7 @@ class LiveResolver(_StandIns):
             name = f"{base}_{k}"
         with tf.init_scope():
             first = replica_shards.shards_of(param)[0]
-            if hasattr(first, "key_type"):
+            if is_dynamic(first):
                 serving_table = DynamicTable(name, first.key_type, first.dimension,
                                              first.dtype, self.default_row)
             else:
