@@ -9,7 +9,6 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 
 import tensorflow as tf
 
-from sok_graph import placement
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
@@ -69,12 +68,8 @@ def export(var):
             parts = [export(shard) for shard in var.shards]
             return (tf.concat([k for k, _ in parts], 0), tf.concat([v for _, v in parts], 0))
         var = var.shard("sok.export")
-    if is_dynamic(var):
-        keys, rows, _, _, _ = dynamic_ops.export(var.handle, var.key_type, var.dimension,
-                                                 offset=0, limit=(1 << 62))
-        return keys, rows
-    value = tf.convert_to_tensor(var)
-    return placement.global_rows(var, tf.range(tf.shape(value, out_type=tf.int64)[0])), value
+    keys, rows, _ = var.export_chunk(0, 1 << 62)
+    return keys, rows
 
 
 def filter_variables(vars):  # noqa: A002 (SOK's argument name)

@@ -125,10 +125,11 @@ def stats(table):
 
 
 def export(table, key_dtype, dim, offset=0, limit=1 << 20, updated_after=INT64_MIN):
-    """(keys, rows, timestamps, frequencies, next_offset) of one chunk."""
+    """(keys, rows, timestamps, frequencies, next_offset) of one chunk;
+    offset, limit and updated_after numbers or int64 scalar tensors."""
     return library.load().sok_dynamic_table_export(
-        table, tf.constant(offset, tf.int64), tf.constant(limit, tf.int64),
-        tf.constant(updated_after, tf.int64), Tkeys=key_dtype, dim=int(dim))
+        table, tf.cast(offset, tf.int64), tf.cast(limit, tf.int64),
+        tf.cast(updated_after, tf.int64), Tkeys=key_dtype, dim=int(dim))
 
 
 def import_rows(table, keys, rows, timestamps=None, frequencies=None, replace=False):

@@ -16,10 +16,9 @@ import contextlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context, placement
+from sok_graph import context
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.ops import library
 
 INT64_MIN = dynamic_ops.INT64_MIN
 
@@ -74,28 +73,15 @@ def _int64_scalar():
 
 def shard_reader(shard, runner, updated_after=None, keys_only=False):
     """(count, read): the shard's number of rows, and read(offset, limit) ->
-    (keys int64, rows, next offset) of its next chunk."""
-    if is_dynamic(shard):
-        after = INT64_MIN if updated_after is None else int(updated_after)
+    (keys int64, rows, next offset) of its next chunk (the table protocol's
+    row_count and export_chunk; updated_after applies to dynamic tables)."""
+    after = updated_after if is_dynamic(shard) else None
 
-        def size():
-            return dynamic_ops.stats(shard.handle)[0]
-
-        def chunk(offset, limit):
-            keys, rows, _, _, nxt = library.load().sok_dynamic_table_export(
-                shard.handle, offset, limit, tf.constant(after, tf.int64),
-                Tkeys=shard.key_type, dim=shard.dimension)
-            return tf.cast(keys, tf.int64), rows[:0] if keys_only else rows, nxt
-        count = int(runner.make(size, [])())
-        return count, runner.make(chunk, [_int64_scalar(), _int64_scalar()])
-
-    count = int(shard.shape[0])
-
-    def static_chunk(offset, limit):
-        local = tf.range(offset, tf.minimum(offset + limit, count), dtype=tf.int64)
-        rows = tf.zeros([0, shard.shape[1]], shard.dtype) if keys_only else tf.gather(shard, local)
-        return placement.global_rows(shard, local), rows, offset + limit
-    return count, runner.make(static_chunk, [_int64_scalar(), _int64_scalar()])
+    def chunk(offset, limit):
+        keys, rows, next_offset = shard.export_chunk(offset, limit, after)
+        return tf.cast(keys, tf.int64), rows[:0] if keys_only else rows, next_offset
+    count = int(runner.make(shard.row_count, [])())
+    return count, runner.make(chunk, [_int64_scalar(), _int64_scalar()])
 
 
 def _shard_chunks(shard, runner, chunk_rows, updated_after=None, keys_only=False):

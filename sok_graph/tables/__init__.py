@@ -14,7 +14,12 @@ answers itself:
 - `dimension`: the width of its rows;
 - `make_slot(name, initial_value, start=None)`: an optimizer slot that
   follows the table (same rows or keys, placement, memory split; a dynamic
-  table's slots drop the keys it evicts).
+  table's slots drop the keys it evicts);
+- `row_count()` and `export_chunk(offset, limit, updated_after=None)`: the
+  rows this shard holds, read in chunks as (keys, rows, next offset): keys
+  are a dynamic table's keys or a static table's global row numbers;
+  updated_after (a dynamic table's write times) keeps only rows written
+  since. sok.export, serving exports and deltas read tables this way.
 
 Lookups and optimizers also take plain tf.Variables, which answer here as
 static tables of their own shape. A ReplicaShards (one process's replicas, each holding a

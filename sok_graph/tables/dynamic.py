@@ -611,6 +611,20 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         with tf.control_dependencies(drops):
             return tf.identity(rows)
 
+    def row_count(self):
+        """The number of keys this table holds (an int64 scalar; the table
+        protocol, sok_graph/tables/__init__.py)."""
+        return dynamic_ops.stats(self.handle)[0]
+
+    def export_chunk(self, offset, limit, updated_after=None):
+        """(keys, rows, next_offset) of up to `limit` entries from position
+        `offset` in the table's order, with updated_after (microseconds) only
+        those written since (the table protocol)."""
+        after = dynamic_ops.INT64_MIN if updated_after is None else updated_after
+        keys, rows, _, _, next_offset = dynamic_ops.export(
+            self.handle, self.key_type, self.dimension, offset, limit, updated_after=after)
+        return keys, rows, next_offset
+
     def make_slot(self, name, initial_value, start=None):
         """An optimizer slot of this table (sok_graph/tables/__init__.py): a dynamic
         table with the same keys whose new rows start at `initial_value`,

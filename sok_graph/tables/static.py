@@ -157,6 +157,23 @@ class Variable(_ResourceVariable):
         """The width of the table's rows."""
         return int(self._sok_global_shape[1])
 
+    def row_count(self):
+        """The number of rows this shard holds (an int64 scalar; the table
+        protocol, sok_graph/tables/__init__.py)."""
+        return tf.shape(self, out_type=tf.int64)[0]
+
+    def export_chunk(self, offset, limit, updated_after=None):
+        """(global row numbers, rows, next_offset) of this shard's local rows
+        [offset, offset + limit) (the table protocol). A static table keeps
+        no write times: updated_after must be None."""
+        if updated_after is not None:
+            raise ValueError("a sok.Variable keeps no write times: updated_after applies to "
+                             f"sok.DynamicVariable only; got updated_after={updated_after!r}")
+        offset = tf.cast(offset, tf.int64)
+        end = tf.minimum(offset + tf.cast(limit, tf.int64), self.row_count())
+        local = tf.range(offset, tf.maximum(end, offset), dtype=tf.int64)
+        return placement.global_rows(self, local), tf.gather(self, local), end
+
     def make_slot(self, name, initial_value, start=None):
         """An optimizer slot of this shard (sok_graph/tables/__init__.py): a variable of
         its shape, from `start` (rows a native optimizer kept) or filled with
