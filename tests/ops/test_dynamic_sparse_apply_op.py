@@ -115,9 +115,15 @@ def test_equals_the_tensorflow_op_update(algorithm, rng):
         got = [_rows(table, keys, tf.int64)]
         got += [_rows(opt.get_slot(table, n), keys, tf.int64) for n in opt.slot_names()]
         results.append(got)
+    # FTRL subtracts two square roots of nearly equal accumulators: a last-ulp
+    # difference between two sqrt implementations (TF 1.15's CPU tf.sqrt,
+    # the GPU's powf, the fused kernel's exactly rounded sqrtf) comes out
+    # ~10x larger, 1.2e-6 to 2.7e-6 measured; the fused FTRL is held to a
+    # float64 numpy model in test_sparse_apply_op.py.
+    rtol = 1e-5 if algorithm.startswith("ftrl") else 1e-6
     for (a, fa), (b, fb) in zip(*results):
         np.testing.assert_array_equal(fa, fb)
-        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-7)
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=1e-7)
 
 
 def test_bad_input_names_what_is_wrong():
