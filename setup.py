@@ -18,6 +18,12 @@ class BuildWithBazel(build_py):
     """Runs `bazel build //:sok_ops` and puts the library into the package."""
 
     def run(self):
+        # setuptools' build/lib keeps every module an earlier build copied
+        # there: a module since moved or removed would go into the wheel
+        # again, a stale second copy beside the new one. Build the packages
+        # afresh.
+        for package in ("sok_graph", "sparse_operation_kit"):
+            shutil.rmtree(os.path.join(self.build_lib, package), ignore_errors=True)
         super().run()
         # Asked in a subprocess with pip's build isolation undone: the ops are
         # built for the TensorFlow installed next to this Python.
