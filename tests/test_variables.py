@@ -30,6 +30,33 @@ def test_assign_and_export_dynamic(rng):
     np.testing.assert_array_equal(got[1 << 40], values[1])
 
 
+def test_tables_read_in_chunks_cover_every_row_once(rng):
+    """The table protocol's chunked read (export_chunk) against the table's
+    own contents: chunks of 5 cover every row once, in order for a static
+    table; a static table has no write times to filter by."""
+    init = rng.standard_normal((12, 3)).astype(np.float32)
+    static = sok.Variable(init)
+    dynamic = sok.DynamicVariable(3)
+    keys = np.array([7, 1 << 40, -3, 11, 2, 9, 100], np.int64)
+    values = rng.standard_normal((len(keys), 3)).astype(np.float32)
+    sok.assign(dynamic, tf.constant(keys), values)
+    for table, count, want in ((static, 12, dict(enumerate(init))),
+                               (dynamic, len(keys), dict(zip(keys.tolist(), values)))):
+        assert int(table.row_count()) == count
+        got, offset = {}, 0
+        while offset < count:
+            k, r, offset = table.export_chunk(offset, 5)
+            offset = int(offset)
+            for key, row in zip(k.numpy().tolist(), r.numpy()):
+                assert key not in got
+                got[key] = row
+        assert sorted(got) == sorted(want)
+        for key, row in want.items():
+            np.testing.assert_array_equal(got[key], row)
+    with pytest.raises(ValueError, match="updated_after applies to sok.DynamicVariable only"):
+        static.export_chunk(0, 5, updated_after=5)
+
+
 def test_filter_variables():
     s, d, t = sok.Variable(np.zeros((2, 2), np.float32)), sok.DynamicVariable(2), tf.Variable(1.0)
     sok_vars, others = sok.filter_variables([t, s, d])

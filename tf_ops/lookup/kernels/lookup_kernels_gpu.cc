@@ -24,7 +24,6 @@
 #include "tf_ops/common/cuda_status.h"
 #include "tf_ops/common/gpu_scratch.h"
 #include "tf_ops/common/gpu_stream.h"
-#include "tf_ops/lookup/kernels/lookup_tables.h"
 #include "compat/tf_compat.h"
 #include "tf_ops/lookup/kernels/lookup_args.h"
 #include "tf_ops/lookup/kernels/lookup_launcher.h"
@@ -36,8 +35,6 @@ namespace lookup_kernels {
 namespace {
 
 using ::tensorflow::OpInputList;
-using ::tensorflow::OpKernel;
-using ::tensorflow::OpKernelConstruction;
 using ::tensorflow::OpKernelContext;
 using ::tensorflow::OpOutputList;
 using ::tensorflow::Status;
