@@ -38,12 +38,11 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context
-from sok_graph.tables import dimension_of, is_dynamic, kind_of, replica_shards
+from sok_graph.tables import dimension_of, key_metadata_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.placement import owned_mask
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.optimization.native_slots import slot_state_for
-from sok_graph.variables import export as export_rows
 
 FORMAT_VERSION = 1
 _MAGIC = b"SOKGDUMP"
@@ -221,26 +220,18 @@ def _merged_counts(entries, counts):
 
 
 def _shard_tensors(var, optimizer):
-    """Tensors of one shard's keys (global ids or keys), values, metadata and
-    slots."""
-    if is_dynamic(var):
-        keys, rows, times, counts, _ = dynamic_ops.export(
-            var.handle, var.key_type, var.dimension, offset=0, limit=(1 << 62))
-        fetch = {"keys": tf.cast(keys, tf.int64), "values": rows, "timestamps": times,
-                 "frequencies": counts}
-        if var.admission is not None and var.admission.counting:
-            fetch["filter.keys"], fetch["filter.counts"] = var.admission.export()
-        if optimizer is not None and optimizer.has_slots(var):
-            for name, init in _slot_specs(optimizer):
-                slot = optimizer.get_slot(var, name)
-                fetch["slot." + name] = dynamic_ops.find(slot.handle, keys, var.dimension,
-                                                         default_value=init)[0]
-    else:
-        keys, values = export_rows(var)
-        fetch = {"keys": keys, "values": values}
-        if optimizer is not None and optimizer.has_slots(var):
-            for name, _ in _slot_specs(optimizer):
-                fetch["slot." + name] = tf.convert_to_tensor(optimizer.get_slot(var, name))
+    """Tensors of one shard's keys (global ids or keys), values, metadata
+    (the table's key_metadata, each a file of its own), admission counts
+    and slots."""
+    keys, rows, metadata = var.read_all()
+    fetch = {"keys": tf.cast(keys, tf.int64), "values": rows}
+    fetch.update(metadata)
+    admission = var.admission
+    if admission is not None and admission.counting:
+        fetch["filter.keys"], fetch["filter.counts"] = admission.export()
+    if optimizer is not None and optimizer.has_slots(var):
+        for name, init in _slot_specs(optimizer):
+            fetch["slot." + name] = var.read_slot(optimizer.get_slot(var, name), keys, init)
     return fetch
 
 
@@ -449,8 +440,8 @@ def load(path, load_vars, optimizer=None):
     # and global rows of the first.
     first = {name: replica_shards.shards_of(var)[0] for name, var in variables.items()}
     dims = {name: dimension_of(var) for name, var in first.items()}
-    static_rows = {name: int(var.global_shape[0]) for name, var in first.items()
-                   if not is_dynamic(var)}
+    static_rows = {name: var.fixed_rows for name, var in first.items()
+                   if var.fixed_rows is not None}
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
         algorithm=None if optimizer is None else optimizer.algorithm)
@@ -459,20 +450,21 @@ def load(path, load_vars, optimizer=None):
     for name, table in variables.items():
         if optimizer is not None:
             optimizer.create_slots(table)
-    # Dynamic tables first: each is replaced whole or not at all (a table
-    # that cannot take its rows raises with its old rows in place), and
-    # static assignments, which cannot fail after the checks above, come
-    # last, so a failing dynamic table leaves the static ones untouched.
+    # Tables whose replacement can fail (dynamic ones, which build a new
+    # table) first: each is replaced whole or not at all (a table that
+    # cannot take its rows raises with its old rows in place), and the
+    # assignments in place (static tables), which cannot fail after the
+    # checks above, come last, so a failing table leaves those untouched.
     order = sorted(variables.items(),
-                   key=lambda item: not is_dynamic(replica_shards.shards_of(item[1])[0]))
-    # Eagerly each write happens as it is made: a failure after some
-    # dynamic tables were replaced (out of memory; every check ran above)
-    # puts those tables back as they were, slots and metadata included.
+                   key=lambda item: not replica_shards.shards_of(item[1])[0].replace_can_fail)
+    # Eagerly each write happens as it is made: a failure after some of
+    # those tables were replaced (out of memory; every check ran above)
+    # puts them back as they were, slots and metadata included.
     replaced = []
     try:
         for name, table in order:
             for var in replica_shards.shards_of(table):
-                if tf.executing_eagerly() and is_dynamic(var):
+                if tf.executing_eagerly() and var.replace_can_fail:
                     replaced.append((var, _run(_shard_tensors(var, optimizer))))
                 ops.extend(_load_shard(var, loaded[name], optimizer, slots))
     except Exception as failure:
@@ -495,21 +487,22 @@ def load(path, load_vars, optimizer=None):
 
 
 def _check_fits(variables, loaded):
-    """CheckpointError, before any table changes, where a dynamic table
-    cannot take the rows it would own: keys outside its key type, or more
-    rows than its bound (max_capacity)."""
+    """CheckpointError, before any table changes, where a table cannot take
+    the rows it would own: keys outside its key dtype, admission counts kept
+    another way, or more rows than its bound (a dynamic table's
+    max_capacity). A static table's rows were matched by read_dump: its
+    int64 keys and its own rows always fit."""
     for name, table in variables.items():
         for var in replica_shards.shards_of(table):
-            if not is_dynamic(var):
-                continue
             keys = loaded[name]["keys"][owned_mask(var, loaded[name]["keys"])]
-            info = np.iinfo(var.key_type.as_numpy_dtype)
+            key_dtype = var.key_dtype
+            info = np.iinfo(key_dtype.as_numpy_dtype)
             outside = keys[(keys < info.min) | (keys > info.max)]
             if outside.size:
                 raise CheckpointError(
-                    f"variable '{name}' has {var.key_type.name} keys (key_type); the dump "
+                    f"variable '{name}' has {key_dtype.name} keys (key_type); the dump "
                     f"holds key {int(outside[0])}, which does not fit in "
-                    f"{var.key_type.name}: load it into a table with key_type=tf.int64")
+                    f"{key_dtype.name}: load it into a table with key_type=tf.int64")
             dumped = loaded[name].get(_FILTER_KIND)
             admission = var.admission
             if dumped is not None and admission is not None and admission.counting \
@@ -519,7 +512,7 @@ def _check_fits(variables, loaded):
                     f"{admission.description()}; the dump's counts were kept as {dumped}: "
                     f"load into a table with the same min_count_counters and "
                     f"min_count_hashes")
-            limit = int(_run(var.stats()["row_limit"]))
+            limit = int(_run(var.row_limit()))
             if 0 < limit < keys.size:
                 raise CheckpointError(
                     f"variable '{name}' holds at most {limit} rows (its max_capacity); "
@@ -528,12 +521,12 @@ def _check_fits(variables, loaded):
 
 
 def _put_back(var, before, optimizer):
-    """Restores a dynamic shard (and the slots it had) from its arrays as
+    """Restores a shard (and the slots it had) from its arrays as
     _shard_tensors read them before a failed load."""
-    keys = tf.constant(np.asarray(before["keys"]).astype(var.key_type.as_numpy_dtype))
-    var.replace_rows(keys, before["values"], before["timestamps"], before["frequencies"])
+    keys = tf.constant(np.asarray(before["keys"]).astype(var.key_dtype.as_numpy_dtype))
+    var.replace_rows(keys, before["values"], **{m: before[m] for m in var.key_metadata})
     for name in [k[len("slot."):] for k in before if k.startswith("slot.")]:
-        optimizer.get_slot(var, name).replace_rows(keys, before["slot." + name])
+        var.replace_slot(optimizer.get_slot(var, name), keys, before["slot." + name])
     if "filter.keys" in before:
         var.admission.restore(before["filter.keys"], before["filter.counts"])
 
@@ -545,18 +538,14 @@ def _load_shard(var, a, optimizer, slots):
     # Each worker takes the rows it owns, whatever the dumping world size.
     keep = owned_mask(var, a["keys"])
     a = {k: v[keep] for k, v in a.items() if k not in _FILTER_PARTS + (_FILTER_KIND,)}
-    if is_dynamic(var):
-        keys = tf.constant(a["keys"].astype(var.key_type.as_numpy_dtype))
-        ops.append(var.replace_rows(keys, a["values"], a.get("timestamps"),
-                                    a.get("frequencies")))
-        for slot, _ in slots:
-            ops.append(optimizer.get_slot(var, slot).replace_rows(keys, a["slot." + slot]))
-        ops.extend(_load_counts(var, counts))
-    else:
-        # Keys are sorted, so the owned rows come in local-row order.
-        ops.append(var.assign(a["values"]))
-        for slot, _ in slots:
-            ops.append(optimizer.get_slot(var, slot).assign(a["slot." + slot]))
+    # Keys are sorted, so a static shard's rows come in its local-row order,
+    # as its replace_rows takes them. Metadata the dump lacks (a static
+    # table's dump loaded into a dynamic table) is None: the table's default.
+    keys = tf.constant(a["keys"].astype(var.key_dtype.as_numpy_dtype))
+    ops.append(var.replace_rows(keys, a["values"], **{m: a.get(m) for m in var.key_metadata}))
+    for slot, _ in slots:
+        ops.append(var.replace_slot(optimizer.get_slot(var, slot), keys, a["slot." + slot]))
+    ops.extend(_load_counts(var, counts))
     return ops
 
 
@@ -650,7 +639,9 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         raise TypeError(f"sok_vars must be a list of sok.DynamicVariable; got "
                         f"{type(sok_vars).__name__}")
     for var in sok_vars:
-        if not is_dynamic(replica_shards.shards_of(var)[0]):
+        # Asked of what the table keeps, not of its kind: any table that
+        # keeps write times can tell which rows were written since.
+        if "timestamps" not in key_metadata_of(replica_shards.shards_of(var)[0]):
             raise TypeError("incremental_model_dump needs sok.DynamicVariable objects (static "
                             f"tables keep no update times); got {type(var).__name__}")
     graph = sess.graph if sess is not None and not tf.executing_eagerly() else None
@@ -666,8 +657,7 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
 def _updated_rows(var, after, index):
     """(keys, rows) tensors of the rows of `var` updated after `after` (UTC
     microseconds), gathered from every worker."""
-    parts = [dynamic_ops.export(shard.handle, shard.key_type, shard.dimension, offset=0,
-                                limit=(1 << 62), updated_after=after)[:2]
+    parts = [shard.export_chunk(0, 1 << 62, updated_after=after)[:2]
              for shard in replica_shards.shards_of(var)]
     keys = tf.concat([k for k, _ in parts], 0) if len(parts) > 1 else parts[0][0]
     rows = tf.concat([r for _, r in parts], 0) if len(parts) > 1 else parts[0][1]

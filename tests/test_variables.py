@@ -1,4 +1,5 @@
-"""assign / export / filter_variables / sparse_read_and_evict / all2all_dense_embedding."""
+"""assign / export / the table protocol / filter_variables /
+sparse_read_and_evict / all2all_dense_embedding."""
 
 import numpy as np
 import pytest
@@ -6,6 +7,7 @@ import tensorflow as tf
 from conftest import run_in_graph
 
 import sok_graph as sok
+from sok_graph.ops import dynamic as dynamic_ops
 
 
 def test_assign_and_export_static(rng):
@@ -55,6 +57,126 @@ def test_tables_read_in_chunks_cover_every_row_once(rng):
             np.testing.assert_array_equal(got[key], row)
     with pytest.raises(ValueError, match="updated_after applies to sok.DynamicVariable only"):
         static.export_chunk(0, 5, updated_after=5)
+
+
+def _contents(table):
+    """{key: row} of everything the table holds, through export_chunk."""
+    keys, rows, _ = table.export_chunk(0, 1 << 20)
+    return dict(zip(keys.numpy().tolist(), rows.numpy()))
+
+
+def _assert_holds(table, want):
+    got = _contents(table)
+    assert sorted(got) == sorted(want)
+    for key, row in want.items():
+        np.testing.assert_array_equal(got[key], row, err_msg=f"key {key}")
+
+
+def test_tables_answer_the_load_protocol_as_numpy_does(rng):
+    """What dump, load and the Saver ask of a table (sok_graph/tables/
+    __init__.py), on a static and a dynamic table, against a numpy copy of
+    what each should hold: replace_rows leaves exactly the rows given,
+    import_rows writes some and keeps the others, read_all and export_chunk
+    agree, slots are replaced and read by the same keys."""
+    dim = 3
+    static = sok.Variable(rng.standard_normal((6, dim)).astype(np.float32))
+    dynamic = sok.DynamicVariable(dim, key_type=tf.int32)
+    sok.assign(dynamic, tf.constant([1, 2], tf.int32), np.ones((2, dim), np.float32))
+    bounded = sok.DynamicVariable(dim, var_type="hybrid", init_capacity=16, max_capacity=16)
+    assert (static.key_dtype, dynamic.key_dtype) == (tf.int64, tf.int32)
+    assert (static.key_metadata, dynamic.key_metadata) == ((), ("timestamps", "frequencies"))
+    assert (static.fixed_rows, dynamic.fixed_rows) == (6, None)
+    assert [int(t.row_limit()) for t in (static, dynamic, bounded)] == [
+        6, dynamic_ops.MAX_ROWS, 16]
+    assert static.admission is None and dynamic.admission is None
+    assert not static.replace_can_fail and dynamic.replace_can_fail
+    # Every row of the static table; keys the dynamic table did not hold,
+    # and not the ones it held.
+    for table, keys in ((static, np.arange(6)), (dynamic, np.array([-7, 5, 1 << 20]))):
+        rows = rng.standard_normal((len(keys), dim)).astype(np.float32)
+        typed = tf.constant(keys.astype(table.key_dtype.as_numpy_dtype))
+        table.replace_rows(typed, rows)
+        want = dict(zip(keys.tolist(), rows))
+        _assert_holds(table, want)
+        got_keys, got_rows, metadata = table.read_all()
+        assert got_keys.dtype == table.key_dtype
+        assert sorted(metadata) == sorted(table.key_metadata)
+        assert all(m.shape[0] == len(keys) for m in metadata.values())
+        assert dict(zip(got_keys.numpy().tolist(), got_rows.numpy().tolist())) == \
+            {k: r.tolist() for k, r in want.items()}
+        # Some rows written, the others kept (a dynamic table gains key 9).
+        some = np.array([5, 1]) if table is static else np.array([5, 9])
+        written = rng.standard_normal((2, dim)).astype(np.float32)
+        table.import_rows(tf.constant(some.astype(table.key_dtype.as_numpy_dtype)), written)
+        want.update(zip(some.tolist(), written))
+        _assert_holds(table, want)
+        # A slot, replaced by the table's keys and read back by them; a
+        # dynamic slot gives initial_value for a key it does not hold.
+        slot = table.make_slot("accumulator", 0.5)
+        slot_rows = rng.standard_normal((len(keys), dim)).astype(np.float32)
+        table.replace_slot(slot, typed, slot_rows)
+        np.testing.assert_array_equal(table.read_slot(slot, typed, 0.5).numpy(), slot_rows)
+        # key_map and global_ids are inverse to each other.
+        np.testing.assert_array_equal(table.global_ids(table.key_map(typed)).numpy(), keys)
+    missing = tf.constant([123], tf.int32)
+    np.testing.assert_array_equal(dynamic.read_slot(slot, missing, 0.5).numpy(),
+                                  np.full((1, dim), 0.5, np.float32))
+    # A static table can neither drop nor reorder rows.
+    before = static.numpy()
+    for keys in (np.arange(5), np.arange(6)[::-1], np.arange(1, 7)):
+        with pytest.raises(ValueError, match="every one of this shard's 6 global row numbers"):
+            static.replace_rows(tf.constant(keys, tf.int64),
+                                np.zeros((len(keys), dim), np.float32))
+    np.testing.assert_array_equal(static.numpy(), before)
+
+
+def test_static_shard_numbers_rows_as_its_placement_says(rng, tmp_path):
+    """Worker 1 of 2 of a distributed static table of 6 rows holds global
+    rows 1, 3, 5 as local rows 0, 1, 2: the protocol's keys are the global
+    row numbers, the Saver's the local ones. (The shard is made as worker 1
+    would make it, with the placement of that worker set by hand: one
+    process runs no second worker.)"""
+    whole = rng.standard_normal((6, 2)).astype(np.float32)
+    shard = sok.Variable(whole[1::2])
+    shard._sok_world_size, shard._sok_rank = 2, 1
+    shard._sok_global_shape = tf.TensorShape([6, 2])
+    assert shard.placement == (2, 1, -1)
+    assert shard.fixed_rows == 6 and int(shard.row_limit()) == 3
+    _assert_holds(shard, {1: whole[1], 3: whole[3], 5: whole[5]})
+    np.testing.assert_array_equal(shard.key_map(tf.constant([1, 3, 5], tf.int64)), [0, 1, 2])
+    np.testing.assert_array_equal(shard.global_ids(tf.constant([0, 1, 2], tf.int64)), [1, 3, 5])
+    new = rng.standard_normal((3, 2)).astype(np.float32)
+    shard.replace_rows(tf.constant([1, 3, 5], tf.int64), new)
+    _assert_holds(shard, {1: new[0], 3: new[1], 5: new[2]})
+    with pytest.raises(ValueError, match="every one of this shard's 3 global row numbers"):
+        shard.replace_rows(tf.constant([0, 1, 2], tf.int64), new)
+    shard.import_rows(tf.constant([5], tf.int64), whole[5:6])
+    _assert_holds(shard, {1: new[0], 3: new[1], 5: whole[5]})
+    # The Saver writes the shard as a table of its own: local rows 0..2.
+    saver = sok.Saver()
+    saver.dump_to_file(shard, tmp_path / "shard")
+    from sok_graph.dump_load import read_dump
+    saved = read_dump(str(tmp_path / "shard"), {"table": 2})[1]["table"]
+    np.testing.assert_array_equal(saved["keys"], [0, 1, 2])
+    shard.replace_rows(tf.constant([1, 3, 5], tf.int64), np.zeros((3, 2), np.float32))
+    saver.restore_from_file(shard, tmp_path / "shard")
+    _assert_holds(shard, {1: new[0], 3: new[1], 5: whole[5]})
+
+
+def test_static_replace_rows_checks_keys_known_only_when_run(rng):
+    """In a graph, keys fed at run time are checked when the assignment runs,
+    and the assignment needs no initialized variable (as a load's does not)."""
+    values = rng.standard_normal((4, 2)).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+        table = sok.Variable(np.zeros((4, 2), np.float32))
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        replace = table.replace_rows(keys, values)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(replace, {keys: np.arange(4)})
+            np.testing.assert_array_equal(sess.run(table.read_value()), values)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="every global row number"):
+                sess.run(replace, {keys: np.arange(4)[::-1]})
 
 
 def test_filter_variables():

@@ -21,14 +21,51 @@ answers itself:
   updated_after (a dynamic table's write times) keeps only rows written
   since. sok.export, serving exports and deltas read tables this way.
 
+What dump, load and the Saver ask besides (dump_load.py, v1/saver.py);
+keys are always those export_chunk gives:
+
+- `key_dtype`: the dtype of its keys (int64, a static table's row numbers;
+  key_type for a dynamic table);
+- `key_metadata`: the names of what it keeps per key besides the row, as
+  read_all gives them and replace_rows takes them: ("timestamps",
+  "frequencies") for a dynamic table (last write in UTC microseconds, use
+  count), () for a static one;
+- `fixed_rows`: the rows of the whole table where they are fixed (static:
+  every row number below it exists, on its owner); None where keys come and
+  go (dynamic);
+- `row_limit()`: the most rows this shard can hold, an int64 scalar (a
+  dynamic table's max_capacity, or the most any table holds; a static
+  shard's own rows);
+- `admission`: the filter that decides which new keys get rows
+  (admission.py), or None;
+- `read_all()`: (keys, rows, {name: per-key tensor, for each of
+  key_metadata}) of every row this shard holds, in one read;
+- `read_slot(slot, keys, initial_value)`: the rows of `keys` in an
+  optimizer slot that make_slot made; initial_value where the slot has none;
+- `replace_rows(keys, rows, **metadata)`: the shard holds exactly these
+  afterwards (a static shard, which can neither drop nor add rows, takes
+  every one of its row numbers, in the order export_chunk gives them);
+  `replace_slot(slot, keys, rows)` does the same to one of its slots;
+- `replace_can_fail`: whether replace_rows can still fail once the rows
+  are known to fit (a dynamic table builds a new table, which may not fit
+  in memory; a static one assigns in place): a load replaces those first
+  and puts them back when a later one fails;
+- `import_rows(keys, rows)`: `rows` written for `keys`, every other row
+  kept;
+- `key_map(ids)` (SOK's name) and `global_ids(ids)`: from keys to the
+  shard's own numbering and back (a static shard numbers its rows 0..n-1;
+  a dynamic table's keys stay keys), in which the Saver writes a shard.
+
 Lookups and optimizers also take plain tf.Variables, which answer here as
-static tables of their own shape. A ReplicaShards (one process's replicas, each holding a
+static tables of their own shape (kind_of, dimension_of and
+key_metadata_of answer for them); dump, load and the Saver take sok
+tables only. A ReplicaShards (one process's replicas, each holding a
 shard) is a holder, not a table: callers resolve it to its shard first
 (replica_shards.resolve / shards_of), and it answers no kind.
 
-Modules ask `is_dynamic(var)` rather than naming the class, so a new kind of
-dynamic table (tiered, filtered) that says table_kind "dynamic" is served
-by the same code paths.
+Modules ask these rather than naming the class, and `is_dynamic(var)`
+where only the kind matters, so a new kind of dynamic table (tiered,
+filtered) that answers them is served by the same code paths.
 """
 
 STATIC = "static"
@@ -57,3 +94,9 @@ def dimension_of(var):
         dim = var.shape[-1]
         dim = getattr(dim, "value", dim)  # TF 1.x's Dimension
     return None if dim is None else int(dim)
+
+
+def key_metadata_of(var):
+    """What `var` keeps per key besides its row (key_metadata): () for a
+    plain tf.Variable, or for anything else that is no sok table."""
+    return tuple(getattr(var, "key_metadata", ()))

@@ -625,6 +625,43 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             self.handle, self.key_type, self.dimension, offset, limit, updated_after=after)
         return keys, rows, next_offset
 
+    # What dump, load and the Saver ask (sok_graph/tables/__init__.py).
+    key_metadata = ("timestamps", "frequencies")  # last write (UTC microseconds), use count
+    fixed_rows = None  # keys come and go
+    replace_can_fail = True  # replace_rows builds a new table, which may not fit
+
+    @property
+    def key_dtype(self):
+        """key_type: the dtype of the keys the table is addressed by."""
+        return self._key_type
+
+    def row_limit(self):
+        """The most keys the table can hold, an int64 scalar: max_capacity of
+        a "hybrid" table; the most any table holds (dynamic_ops.MAX_ROWS)
+        for an "hbm" table."""
+        return dynamic_ops.stats(self._handle)[1]
+
+    def read_all(self):
+        """(keys, rows, {"timestamps": ..., "frequencies": ...}) of every key,
+        in one export, so that rows and metadata are of the same moment."""
+        keys, rows, times, counts, _ = dynamic_ops.export(
+            self._handle, self._key_type, self._dimension, offset=0, limit=(1 << 62))
+        return keys, rows, {"timestamps": times, "frequencies": counts}
+
+    def read_slot(self, slot, keys, initial_value):
+        """The rows of optimizer slot `slot` (make_slot's) for `keys`;
+        initial_value for keys the slot does not hold (no step has updated
+        them yet)."""
+        return slot.find(keys, default_value=initial_value)[0]
+
+    def replace_slot(self, slot, keys, rows):
+        """replace_rows for optimizer slot `slot` (make_slot's)."""
+        return slot.replace_rows(keys, rows)
+
+    def global_ids(self, ids):
+        """Keys stay keys (key_map's inverse)."""
+        return ids
+
     def make_slot(self, name, initial_value, start=None):
         """An optimizer slot of this table (sok_graph/tables/__init__.py): a dynamic
         table with the same keys whose new rows start at `initial_value`,

@@ -174,6 +174,85 @@ class Variable(_ResourceVariable):
         local = tf.range(offset, tf.maximum(end, offset), dtype=tf.int64)
         return placement.global_rows(self, local), tf.gather(self, local), end
 
+    # What dump, load and the Saver ask (sok_graph/tables/__init__.py).
+    key_dtype = tf.int64  # keys are global row numbers
+    key_metadata = ()  # no write times or use counts are kept
+    admission = None  # every row exists from the start: none is admitted
+    replace_can_fail = False  # replace_rows assigns in place
+
+    @property
+    def fixed_rows(self):
+        """The rows of the whole table (each row number below it exists on
+        its owner)."""
+        return int(self._sok_global_shape[0])
+
+    def row_limit(self):
+        """This shard's own rows, which it holds and never more (an int64
+        scalar: a constant, not a read, so that a load, whose assignments
+        need no initialized variable, can check it on one not initialized)."""
+        return tf.constant(self._local_rows(), tf.int64)
+
+    def _local_rows(self):
+        return placement.shard_rows(self.fixed_rows, *self.placement)
+
+    def read_all(self):
+        """(global row numbers, rows, {}) of every row this shard holds: a
+        static table keeps no per-key metadata."""
+        keys, rows, _ = self.export_chunk(0, 1 << 62)
+        return keys, rows, {}
+
+    def read_slot(self, slot, keys, initial_value):
+        """The rows of optimizer slot `slot` (make_slot's: one row per row of
+        this shard) for global row numbers `keys`; every row has its slot
+        row, so initial_value is never needed."""
+        del initial_value
+        return tf.gather(slot, placement.local_rows(self, keys))
+
+    def replace_rows(self, keys, rows):
+        """This shard holds `rows` afterwards. A static shard can neither
+        drop nor add rows, so `keys` are every one of its global row numbers
+        in local order, as export_chunk gives them; ValueError (or, for keys
+        known only when the graph runs, a failing assertion) otherwise. An
+        assignment in place: it needs no initialized variable."""
+        with tf.control_dependencies(self._every_row(keys, "replace_rows")):
+            return self.assign(rows)
+
+    def replace_slot(self, slot, keys, rows):
+        """replace_rows for optimizer slot `slot` (make_slot's)."""
+        with tf.control_dependencies(self._every_row(keys, "replace_slot")):
+            return slot.assign(rows)
+
+    def _every_row(self, keys, method):
+        """[] where `keys` are this shard's global row numbers in local order
+        (checked now where they are known); else, for keys known only when
+        the graph runs, the assertion that checks them then."""
+        count = self._local_rows()
+        known = tf.get_static_value(keys) if tf.is_tensor(keys) else np.asarray(keys)
+        if known is None:
+            want = placement.global_rows(self, tf.range(count, dtype=tf.int64))
+            return [tf.debugging.assert_equal(
+                tf.cast(keys, tf.int64), want,
+                message=f"sok.Variable {self.name}: {method} takes every global row number of "
+                        f"this shard in local order")]
+        want = placement.global_rows(self, np.arange(count, dtype=np.int64))
+        if np.shape(known) != (count,) or not np.array_equal(known, want):
+            raise ValueError(
+                f"sok.Variable {self.name}: {method} takes every one of this shard's {count} "
+                f"global row numbers in local order (as export_chunk gives them; a static "
+                f"table can neither drop nor add rows); got {np.size(known)} keys that are "
+                f"not those")
+        return []
+
+    def import_rows(self, keys, rows):
+        """Writes `rows` for global row numbers `keys` of this shard; every
+        other row stays."""
+        return self.scatter_update(tf.IndexedSlices(rows, placement.local_rows(self, keys)))
+
+    def global_ids(self, ids):
+        """The global row numbers of this shard's local row numbers `ids`
+        (key_map's inverse)."""
+        return placement.global_rows(self, ids)
+
     def make_slot(self, name, initial_value, start=None):
         """An optimizer slot of this shard (sok_graph/tables/__init__.py): a variable of
         its shape, from `start` (rows a native optimizer kept) or filled with

@@ -14,11 +14,10 @@ so it can sit in a graph next to the training op.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph.tables import dimension_of, is_dynamic, kind_of, replica_shards
+from sok_graph import placement
+from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import read_dump, write_dump
-from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.placement import owned_rows
 
 _TABLE = "table"  # the one variable in a Saver's dump directory
 
@@ -30,22 +29,31 @@ def _check(var, method):
                         f"{getattr(var, 'name', type(var).__name__)!r}")
 
 
+# A Saver writes one shard as a table of its own, keys in the shard's own
+# numbering (key_map: a static shard's local row numbers 0..n-1, a dynamic
+# table's keys), as its files always held them.
+
+
 def _rows(var):
-    """(keys, rows) tensors of the whole table."""
-    if is_dynamic(var):
-        keys, rows = dynamic_ops.export(var.handle, var.key_type, var.dimension, offset=0,
-                                        limit=(1 << 62))[:2]
-        return tf.cast(keys, tf.int64), rows
-    rows = tf.convert_to_tensor(var)
-    return tf.range(tf.shape(rows, out_type=tf.int64)[0]), rows
+    """(keys, rows) tensors of the whole shard, keys in its own numbering."""
+    keys, rows, _ = var.read_all()
+    return tf.cast(var.key_map(keys), tf.int64), rows
 
 
 def _assign(var, keys, rows):
-    """Replaces the table's contents: dynamic tables hold exactly `keys`
-    afterwards; static tables get `rows` for row numbers `keys`."""
-    if is_dynamic(var):
-        return var.replace_rows(tf.cast(keys, var.key_type), rows)
-    return var.scatter_update(tf.IndexedSlices(rows, keys))
+    """Replaces the shard's contents with `rows` of `keys` in its own
+    numbering (as _rows gives them): it holds exactly those afterwards."""
+    return var.replace_rows(tf.cast(var.global_ids(keys), var.key_dtype), rows)
+
+
+def _owned(shard, keys, rows):
+    """The entries of (keys, rows) that `shard`'s worker holds (all, with one
+    worker)."""
+    world_size, rank, _ = shard.placement
+    if world_size == 1:
+        return keys, rows
+    keep = tf.equal(placement.owner_of(shard, keys), rank)
+    return tf.boolean_mask(keys, keep), tf.boolean_mask(rows, keep)
 
 
 class Saver:
@@ -81,7 +89,10 @@ class Saver:
         var = embedding_variable
         path = str(filepath)
         dim = dimension_of(var)
-        static_rows = {} if is_dynamic(var) else {_TABLE: int(var.shape[0])}
+        # A table of fixed rows holds exactly the shard's rows, numbered 0..n-1.
+        fixed = var.fixed_rows
+        static_rows = {} if fixed is None else {
+            _TABLE: placement.shard_rows(fixed, *var.placement)}
 
         def read():
             arrays = read_dump(path, {_TABLE: dim}, static_rows)[1][_TABLE]
@@ -116,18 +127,15 @@ class Saver:
             values.append(t)
         rows = tf.concat(values, 0) if len(values) > 1 else values[0]
         n = rows.shape[0]
-        if not is_dynamic(table) and n is not None \
-                and n != int(table.global_shape[0]):
-            raise ValueError(f"the table has {int(table.global_shape[0])} rows; tensors hold {n}")
+        fixed = table.fixed_rows
+        if fixed is not None and n is not None and n != fixed:
+            raise ValueError(f"the table has {fixed} rows; tensors hold {n}")
         all_keys = tf.range(tf.shape(rows, out_type=tf.int64)[0])
         ops = []
         # Each worker keeps the rows it owns (each replica's shard, when the
         # replicas of a MirroredStrategy are the workers).
         for shard in replica_shards.shards_of(var):
-            keys, owned = owned_rows(shard, all_keys, rows)
-            if is_dynamic(shard):
-                ops.append(shard.import_rows(tf.cast(keys, shard.key_type), owned))
-            else:
-                ops.append(shard.scatter_update(tf.IndexedSlices(owned, keys)))
+            keys, owned = _owned(shard, all_keys, rows)
+            ops.append(shard.import_rows(tf.cast(keys, shard.key_dtype), owned))
         return None if tf.executing_eagerly() else tf.group(*ops,
                                                              name="sok_load_embedding_values")
