@@ -71,6 +71,12 @@ def parse(argv=None):
     p.add_argument("--trace", type=int, default=0, help="trace this many steps at the end")
     p.add_argument("--trace_dir", default=None,
                    help="where the trace goes (default: a temporary folder)")
+    p.add_argument("--host_level", type=int, default=2, choices=[1, 2, 3],
+                   help="the profiler's host tracer level for --trace (3 records every "
+                        "op's host time, at some cost to the step)")
+    p.add_argument("--timeline", type=float, default=None, metavar="MIN_GAP_US",
+                   help="with --trace: also print the traced steps' GPU events and host ops "
+                        "in order, marking GPU idle gaps of at least MIN_GAP_US (rank 0 only)")
     p.add_argument("--bytes", type=int, default=0, metavar="STEPS",
                    help="after the timed steps, count the bytes the exchanges send over "
                         "STEPS steps with ids deduplicated per table before the exchange "
@@ -305,8 +311,11 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
     import host_syncs
 
     logdir = args.trace_dir or tempfile.mkdtemp(prefix="dlrm_tb_trace_")
+    rank = _rank(args)
+    if args.trace_dir and (args.workers or args.horovod):
+        logdir = os.path.join(logdir, f"rank{rank}")  # one trace per process
     tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
-        host_tracer_level=2))
+        host_tracer_level=args.host_level))
     for i in range(steps):
         loss = step(pool, tf.constant(i % args.pool))
     float(loss)
@@ -345,6 +354,22 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
     print("  host time by TensorFlow op type (ms per step, all replicas):")
     for name, ps in op_time.most_common(8):
         print(f"    {ps / 1e9 / steps:7.3f}  {name}")
+    if args.timeline is not None and rank == 0:
+        print(f"  the traced steps in order (GPU idle gaps of {args.timeline:g} us or more):")
+        host_syncs.timeline(space, args.timeline)
+
+
+def _rank(args):
+    """This process's rank among the workers (0 in one process)."""
+    if args.horovod:
+        import horovod.tensorflow as hvd
+
+        return hvd.rank()
+    if args.workers:
+        import json
+
+        return int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
+    return 0
 
 
 def _part_of(op, name):

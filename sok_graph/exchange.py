@@ -44,12 +44,15 @@ def _read_each_once(ids, read, counted=False, groups=0):
     return tf.gather(read(unique), position)
 
 
-def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0):
+def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0,
+              send_sizes=None):
     """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
     the ids travel to their owners, which answer with read(received ids)
     (counted: read(distinct received ids, their occurrences); groups > 0:
     read(distinct received ids, their number per group)). The ids leave
-    once the ops in `gate` (checks of them) have run."""
+    once the ops in `gate` (checks of them) have run. send_sizes: how many
+    ids each owner gets, where the caller knows it in host memory (else the
+    bucketing op's count, which the all-to-all waits for the device to give)."""
     with tf.name_scope(name):
         # Owners come from floormod (or a fixed owner): never negative.
         buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size, non_negative=True)
@@ -59,7 +62,8 @@ def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0)
                 send = tf.identity(send)
         # The bucketing op's sizes add up to the ids it sorted, and the reply
         # has a row for each id received: no check of the splits.
-        received, received_splits = comm.alltoall(send, buckets.sizes, check_splits=False)
+        sizes = buckets.sizes if send_sizes is None else send_sizes
+        received, received_splits = comm.alltoall(send, sizes, check_splits=False)
         rows = _read_each_once(received, read, counted, groups)
         back, _ = comm.alltoall(rows, received_splits, check_splits=False)
         return tf.gather(back, buckets.inverse_permutation)
@@ -85,24 +89,63 @@ def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=Fa
     return _exchange(comm, keys, owner_of(table, keys), read, name, counted)
 
 
-def grouped_static_rows(comm, tables, tagged, name="sok_exchange", gate=()):
-    """Rows [n, dim] for `tagged` keys (int64, global row id * T + t, each
-    id checked against its table by the ops in `gate`, which the exchange
-    waits for) of T sharded sok.Variables `tables` of one
-    dtype, dimension and placement, through one all-to-all of keys and one of
-    rows. The key keeps its table through the exchange; the owner groups what
-    it received by table (the bucketing op, by t), gathers each table's rows
-    and puts them back in received order."""
+def _in_received_order(pieces, by_table, sizes):
+    """concat(pieces) (each table's rows, in bucketing order) put back in the
+    order the keys were received (gathered by inverse_permutation).
+
+    Its gradient is one gather of dy by the bucketing permutation and one
+    split by `sizes` (the per-table counts, in host memory): the pieces'
+    gradients are dense. TensorFlow's own gradient of this gather and concat
+    passes IndexedSlices through the concat, which costs ~20 ops per table
+    (a Where and gathers each): with 26 tables about 540 ops of every
+    replica's step, and a step bound by the host executor (bench/RESULTS.md).
+    Every tensor is an argument, so the gradient's search for variables
+    stops here."""
+    count = len(pieces)
+
+    @tf.custom_gradient
+    def combine(*args):
+        parts, permutation, inverse, split_sizes = args[:count], args[count], args[count + 1], \
+            args[count + 2]
+
+        def grad(dy):
+            rows = tf.gather(tf.convert_to_tensor(dy), permutation)
+            return tuple(tf.split(rows, split_sizes, num=count)) + (None, None, None)
+
+        return tf.gather(tf.concat(list(parts), 0), inverse), grad
+
+    return combine(*(list(pieces) + [by_table.permutation, by_table.inverse_permutation,
+                                     sizes]))
+
+
+def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=()):
+    """(rows [u, dim], positions [n]) for the row ids `ids` (int64 [n], each
+    checked against its table by the ops in `gate`, which the exchange waits
+    for) of the tables `table` [n] names among T sharded sok.Variables
+    `tables` of one dtype, dimension and placement: the rows of the u
+    distinct (id, table) keys, and where each of the n ids finds its row
+    among them. One all-to-all of keys and one of rows serve all T tables.
+    The key keeps its table through the exchange; the owner groups what it
+    received by table (the bucketing op, by t), gathers each table's rows and
+    puts them back in received order."""
     count = len(tables)
     world_size, _, fixed_owner = tables[0].placement
     with tf.name_scope(name):
-        table = tf.math.floormod(tagged, count)
-        ids = tf.math.floordiv(tagged, count)
         if fixed_owner >= 0:
-            send, owners = tagged, tf.fill(tf.shape(tagged), tf.constant(fixed_owner, tf.int64))
+            keys, positions = util_ops.unique(ids * count + table, out_idx=tf.int64)
+            send, owners = keys, tf.fill(tf.shape(keys), tf.constant(fixed_owner, tf.int64))
+            sizes = None
         else:
-            send = tf.math.floordiv(ids, world_size) * count + table
-            owners = tf.math.floormod(ids, world_size)
+            # The key as its owner reads it (local row * T + t), with the
+            # owner as its lowest digit in base N: the unique that finds the
+            # distinct keys then counts each owner's keys in the read-back it
+            # makes anyway, and the all-to-all's sizes wait for nothing more.
+            routed = ((tf.math.floordiv(ids, world_size) * count + table) * world_size
+                      + tf.math.floormod(ids, world_size))
+            keys, positions, sizes = util_ops.unique_grouped(routed, world_size,
+                                                             out_idx=tf.int64)
+            send = tf.math.floordiv(keys, world_size)
+            owners = tf.math.floormod(keys, world_size)
 
         def read(received, per_table):
             # per_table: the distinct keys of each table, counted by the
@@ -115,7 +158,9 @@ def grouped_static_rows(comm, tables, tagged, name="sok_exchange", gate=()):
             # each table's rows are distinct: its optimizer need not dedup.
             parts = [util_ops.mark_distinct(part)
                      for part in util_ops.split(local, per_table, count)]
-            rows = tf.concat([tf.gather(v, part) for v, part in zip(tables, parts)], 0)
-            return tf.gather(rows, by_table.inverse_permutation)
+            return _in_received_order([tf.gather(v, part) for v, part in zip(tables, parts)],
+                                      by_table, per_table)
 
-        return _exchange(comm, send, owners, read, "rows", gate=gate, groups=count)
+        rows = _exchange(comm, send, owners, read, "rows", gate=gate, groups=count,
+                         send_sizes=sizes)
+        return rows, positions

@@ -240,16 +240,15 @@ def _sharded_groups(params, pending, combiners, max_norm, weights):
 def _group_rows(params, members, values, names):
     """(rows [u, dim], positions [sum of nnz]) for the ids `values[t]` of the
     sharded static tables `members`: one range check, one unique and one
-    exchange for all of them. Each id becomes id * T + k (table k of T), one
-    key space in which the distinct keys of every table are found at once."""
-    count = len(members)
+    exchange for all of them: each id travels with its table's index k
+    (exchange.grouped_static_rows), one key space in which the distinct keys
+    of every table are found at once."""
     ids = [tf.cast(values[t], tf.int64) for t in members]
     limits = [int(params[t].global_shape[0]) for t in members]
     raw = tf.concat(ids, 0)
-    tagged = tf.concat([i * count + k for k, i in enumerate(ids)], 0)
-    # An id past every table's rows could wrap id * T; such an id fails the
-    # check whatever table the wrapped key names.
-    table = tf.math.floormod(tagged, count)
+    table = _table_of_each_id(ids)
+    # An id past every table's rows could wrap the key it makes; such an id
+    # fails this check, which the exchange waits for, whatever that key is.
     bad = tf.logical_or(raw < 0, raw >= tf.gather(tf.constant(limits, tf.int64), table))
     first = _first_true(bad)
     messages = tf.constant([
@@ -261,14 +260,34 @@ def _group_rows(params, members, values, names):
         message = tf.gather(messages, culprit[0])
     check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(bad)),
                                 [message, _padded_gather(raw, first)])
-    keys, positions = util_ops.unique(tagged, out_idx=tf.int64)
     comm = context.communicator("a lookup in a sharded table")
     # The check gates the exchange, the first thing that an id out of range
     # would harm, not the unique before it: the GPU goes on while the host
     # reads the check's result, so the step waits for the host once there
     # instead of twice.
-    rows = exchange.grouped_static_rows(comm, [params[t] for t in members], keys, gate=[check])
-    return rows, positions
+    return exchange.grouped_static_rows(comm, [params[t] for t in members], raw, table,
+                                        gate=[check])
+
+
+def _table_of_each_id(ids):
+    """[sum of sizes] int64: k at the positions of ids[k] in concat(ids).
+
+    Where the sizes are known when the graph is built, this is two ops for
+    any number of tables (one batch size for all) or one constant, instead of
+    a fill per table: each op of a sharded lookup's step is host time in a
+    step that the host bounds on a multi-GPU machine (bench/RESULTS.md)."""
+    sizes = [i.shape.num_elements() for i in ids]
+    if None in sizes:
+        return tf.concat([tf.fill(tf.shape(i, out_type=tf.int64), tf.constant(k, tf.int64))
+                          for k, i in enumerate(ids)], 0)
+    total = sum(sizes)
+    if total and len(set(sizes)) == 1:
+        # The range's bounds live on the host, where the op reads them.
+        with tf.device("/device:CPU:0"):
+            bounds = (tf.constant(0, tf.int64), tf.constant(total, tf.int64),
+                      tf.constant(1, tf.int64))
+        return tf.math.floordiv(tf.range(*bounds), sizes[0])
+    return tf.constant(np.repeat(np.arange(len(ids), dtype=np.int64), sizes))
 
 
 def _batch_size(row_splits):
@@ -278,13 +297,17 @@ def _batch_size(row_splits):
     return known - 1 if known is not None else tf.shape(row_splits, out_type=tf.int64)[0] - 1
 
 
-def _merged_splits(members, splits):
+def _merged_splits(members, splits, values):
     """The row_splits of the members' ragged ids one after another: one
-    ragged batch of sum(batch_t) rows."""
-    out, offset = [splits[members[0]]], splits[members[0]][-1]
-    for t in members[1:]:
+    ragged batch of sum(batch_t) rows. Where the number of ids of each
+    table is known when the graph is built, the offsets are constants (a
+    slice and an add per table, not two of each)."""
+    sizes = [values[t].shape.num_elements() for t in members]
+    known = None not in sizes
+    out, offset = [splits[members[0]]], sizes[0] if known else splits[members[0]][-1]
+    for k, t in enumerate(members[1:], 1):
         out.append(splits[t][1:] + offset)
-        offset = offset + splits[t][-1]
+        offset = offset + (sizes[k] if known else splits[t][-1])
     return tf.concat(out, 0)
 
 
@@ -415,11 +438,11 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
         # table is the rows of the group's distinct ids (every row used: a
         # dense gradient) and whose batch is the members' batches in turn.
         entries = [[t] for t in range(n) if t not in pending]
-        member_splits = list(splits)
+        member_splits, member_values = list(splits), list(values)
         for members in _sharded_groups(params, pending, combiners, max_norm, weights):
             t = members[0]
             tensors[t], values[t] = _group_rows(params, members, values, names)
-            splits[t] = _merged_splits(members, member_splits)
+            splits[t] = _merged_splits(members, member_splits, member_values)
             if weights[t] is not None:
                 weights[t] = tf.concat([weights[m] for m in members], 0)
             names[t] = "+".join(names[m] for m in members)
