@@ -7,6 +7,7 @@ parallel (tf.distribute.MirroredStrategy, one replica per GPU).
     python bench/dlrm_criteo_tb.py --gpus 2 --side both --table_scale 0.02   # vs plain TF
     python -m sok_graph.launch -np 2 bench/dlrm_criteo_tb.py --workers      # a process per GPU
     python -m sok_graph.launch -np 2 bench/dlrm_criteo_tb.py --horovod      # the same on Horovod
+    python bench/dlrm_criteo_tb.py --cpu --gpus 2 --table_scale 1e-5 --count_ops   # ops a step
 
 The model is the one SOK publishes its figure for: 26 tables with the
 Criteo-TB cardinalities (187.8M rows), dimension 128, float32, one id per
@@ -85,6 +86,11 @@ def parse(argv=None):
                    help="after the timed steps, print every tensor one step moves between "
                         "devices (from the placed, partitioned graph): each GPU-to-host "
                         "one is a host synchronisation")
+    p.add_argument("--count_ops", action="store_true",
+                   help="print the ops of one step's graph (constants aside) per replica, "
+                        "by type and by name scope, and stop: the host's executor runs "
+                        "each, so their number bounds a step that waits for the host "
+                        "(works with --cpu)")
     p.add_argument("--workers", action="store_true",
                    help="one process per GPU: run under python -m sok_graph.launch -np N "
                         "(MultiWorkerMirroredStrategy, sok's tf.distribute engine)")
@@ -403,6 +409,9 @@ def run_side(side, strategy, args, rows, tf):
         step = build_step(strategy, model, args, tf)
     print(f"[{side}] tables built in {time.time() - t0:.1f} s", flush=True)
     pool = make_pool(strategy, args, rows, tf)
+    if args.count_ops:
+        _count_ops(step, pool, n, side, tf)
+        return None
     t0 = time.time()
     if args.transfers:
         _first_step_with_transfers(step, pool, tf, side)
@@ -432,6 +441,32 @@ def run_side(side, strategy, args, rows, tf):
     if args.bytes and side == "sok":
         _bytes_per_step(strategy, model, pool, args, tf)
     return rate
+
+
+def _count_ops(step, pool, replicas, side, tf):
+    """The ops of one step's graph besides constants, per replica: by op type
+    and by name scope (replica prefixes and numeric suffixes folded, so the
+    same op of every table counts as one name)."""
+    import collections
+    import re
+
+    graph = step.get_concrete_function(pool, tf.constant(0)).graph.as_graph_def()
+    nodes = [node for node in graph.node if node.op != "Const"]
+    for f in graph.library.function:
+        nodes.extend(node for node in f.node_def if node.op != "Const")
+
+    def scope(name):
+        parts = [p for p in name.split("/") if not p.startswith("replica_")]
+        return "/".join(re.sub(r"_\d+$", "_N", p) for p in parts[:4])
+
+    print(f"[{side}] one step: {len(nodes) / replicas:.0f} ops per replica besides "
+          f"constants ({replicas} replica(s))")
+    for title, key in (("by op type", lambda node: node.op),
+                       ("by name scope", lambda node: scope(node.name))):
+        counts = collections.Counter(key(node) for node in nodes)
+        print(f"  {title}:")
+        for name, count in counts.most_common(15):
+            print(f"    {count / replicas:7.1f}  {name}")
 
 
 def _bytes_per_step(strategy, model, pool, args, tf):
@@ -505,7 +540,7 @@ def main(argv=None):
     rates = {}
     for side in (["sok", "tf"] if args.side == "both" else [args.side]):
         rates[side] = run_side(side, strategy, args, rows, tf)
-    if len(rates) == 2:
+    if len(rates) == 2 and not args.count_ops:
         print(f"sok / plain TF: {rates['sok'] / rates['tf']:.2f}x samples/s")
 
 
