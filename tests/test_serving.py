@@ -480,3 +480,144 @@ def test_delta_files_outside_its_directory_are_refused(tmp_path, name):
     with pytest.raises(sok.serving.delta.DeltaError,
                        match=r"plain names inside its own directory"):
         sok.serving.delta.read_serving_delta(d)
+
+
+# ------------------------------------------------------------ the table protocol
+
+def _serving_tables(key_dtype, session=None):
+    """A StaticTable and a DynamicTable of known contents, and numpy's
+    account of them: {row number: row} and {key: row}. The dynamic table is
+    filled by two deltas (the second overwrites held keys and adds keys
+    between them), so its rows are not stored in key order. With `session`
+    the tables are built in its graph and filled there."""
+    from sok_graph.serving.tables import DynamicTable, StaticTable
+
+    rng = _rng()
+    static_rows = rng.normal(size=(7, 3)).astype(np.float32)
+    deltas = [np.array([40, -3, 1 << 30, 0, 17], np.int64),
+              np.array([17, -(1 << 29), 5, -3, 41, 2], np.int64)]
+    deltas = [(k, rng.normal(size=(len(k), 3)).astype(np.float32)) for k in deltas]
+    want_dynamic = {}
+    for keys, rows in deltas:
+        want_dynamic.update(zip(keys.tolist(), rows))
+    static = StaticTable("s", variable=compat.resource_variable_class()(
+        initial_value=static_rows, trainable=False, name="static_rows"))
+    dynamic = DynamicTable("d", key_dtype, 3)
+    if session is None:
+        for keys, rows in deltas:
+            dynamic.apply_delta(tf.constant(keys, key_dtype), rows)
+    else:
+        applies = [dynamic.apply_delta(tf.constant(k, key_dtype), r) for k, r in deltas]
+        session.run(tf.compat.v1.global_variables_initializer())
+        for apply in applies:  # one at a time: the second delta overwrites the first
+            session.run(apply)
+    return static, dynamic, dict(enumerate(static_rows)), want_dynamic
+
+
+def _check_chunked_reads(static, dynamic, want_static, want_dynamic, key_dtype, runner):
+    scalar = tf.TensorSpec([], tf.int64)
+    for table, want, keys_dtype in ((static, want_static, np.int64),
+                                    (dynamic, want_dynamic, key_dtype.as_numpy_dtype)):
+        count = int(runner.make(table.row_count, [])())
+        assert count == len(want)
+        read = runner.make(table.export_chunk, [scalar, scalar])
+        for limit in (1, 2, 3, 5, count, count + 4, 1 << 62):
+            got, order, offset = {}, [], 0
+            while offset < count:
+                keys, rows, next_offset = read(np.int64(offset), np.int64(limit))
+                assert int(next_offset) == min(offset + limit, count), (limit, offset)
+                assert keys.dtype == keys_dtype and rows.dtype == np.float32
+                assert len(keys) == len(rows) == int(next_offset) - offset
+                for key, row in zip(keys.tolist(), rows):
+                    assert key not in got, (limit, key)
+                    got[key] = row
+                    order.append(key)
+                offset = int(next_offset)
+            for key, row in want.items():
+                np.testing.assert_array_equal(got[key], row)
+            # every row once, in the table's order: row numbers, or ascending keys
+            assert order == sorted(want), limit
+        keys, rows, next_offset = read(np.int64(count), np.int64(3))
+        assert len(keys) == 0 and rows.shape == (0, 3) and int(next_offset) == count
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int64, tf.int32], ids=["int64", "int32"])
+def test_serving_tables_read_in_chunks_as_training_tables_do(key_dtype):
+    """row_count and export_chunk of both serving table kinds against numpy:
+    chunks of 1, of sizes that do not divide the table, of its size, larger,
+    and "everything" give every row exactly once with its exact value; next
+    offset is min(offset + limit, rows); keys are what the training tables
+    give (a static table's int64 row numbers, a dynamic table's keys in its
+    key dtype). Read eagerly, then in a TF1 graph through a Session, as
+    exports read tables (sources.Runner); there the tables are also filled
+    by deltas run in the Session, whose ops only data dependencies order
+    (apply_delta once read the rows twice, and the new keys' rows could
+    point past the table when the second read ran after the append)."""
+    from sok_graph.serving import sources
+
+    _check_chunked_reads(*_serving_tables(key_dtype), key_dtype, sources.Runner())
+    with tf.Graph().as_default(), tf.compat.v1.Session() as session:
+        _check_chunked_reads(*_serving_tables(key_dtype, session), key_dtype,
+                             sources.Runner(session))
+
+
+def test_serving_tables_chunk_where_training_tables_chunk():
+    """The same offsets and limits, past the end included, give the same
+    number of rows and the same next offset on a serving table as on the
+    training table of its kind holding the same rows; a serving dynamic
+    table refuses an offset or limit its training kind's op refuses."""
+    static, dynamic, want_static, want_dynamic = _serving_tables(tf.int64)
+    trained_static = sok.Variable(np.stack([want_static[i] for i in range(len(want_static))]))
+    trained_dynamic = sok.DynamicVariable(3)
+    sok.assign(trained_dynamic, tf.constant(list(want_dynamic), tf.int64),
+               np.stack(list(want_dynamic.values())))
+    for serving, trained in ((static, trained_static), (dynamic, trained_dynamic)):
+        count = int(trained.row_count())
+        assert int(serving.row_count()) == count
+        for offset in range(count + 3):
+            for limit in (1, 2, 4, count + 1):
+                got = serving.export_chunk(offset, limit)
+                want = trained.export_chunk(offset, limit)
+                assert (len(got[0]), int(got[2])) == (len(want[0]), int(want[2])), \
+                    (type(serving).__name__, offset, limit)
+    for offset, limit in ((-1, 2), (0, 0)):
+        for table in (dynamic, trained_dynamic):
+            with pytest.raises(tf.errors.InvalidArgumentError):
+                table.export_chunk(offset, limit)
+
+
+def test_serving_tables_refuse_updated_after_and_take_no_training_path():
+    """A serving table keeps no write times (an export copies rows, a delta
+    stamps none), so a read of the rows written since a time is refused, as
+    a sok.Variable refuses it, instead of passing every row off as changed.
+    Serving tables say no table_kind (sok_graph/tables/__init__.py says
+    why): is_dynamic is False for both, so no training path takes one."""
+    from sok_graph.tables import is_dynamic
+
+    static, dynamic, _, _ = _serving_tables(tf.int64)
+    for table in (static, dynamic):
+        with pytest.raises(ValueError, match=f"serving table '{table.table_name}' keeps no "
+                                             "write times"):
+            table.export_chunk(0, 5, updated_after=0)
+        assert len(table.export_chunk(0, 5, updated_after=None)[0]) == 5
+        assert getattr(table, "table_kind", None) is None and not is_dynamic(table)
+    assert (static.kind, dynamic.kind) == ("static", "dynamic")
+
+
+def test_serving_dynamic_table_holding_no_keys_serves_and_takes_deltas():
+    """A serving dynamic table with no keys (its training table was never
+    written) serves its default row, reads as empty, and takes a delta, in
+    the functions a SavedModel holds; a gather in the empty index failed
+    every one of them on a CPU."""
+    from sok_graph.serving.tables import DynamicTable
+
+    table = DynamicTable("empty", tf.int64, 2, default_row=1.5)
+    lookup_spec, delta_spec = table.function_signatures()
+    lookup = tf.function(table.lookup, input_signature=lookup_spec)
+    apply_delta = tf.function(table.apply_delta, input_signature=delta_spec)
+    np.testing.assert_array_equal(lookup(tf.constant([3, -8], tf.int64)), np.full((2, 2), 1.5))
+    keys, rows, next_offset = table.export_chunk(0, 4)
+    assert int(table.row_count()) == 0 and len(keys) == 0 and int(next_offset) == 0
+    assert int(apply_delta(tf.constant([3], tf.int64), tf.ones([1, 2]))) == 1
+    np.testing.assert_array_equal(lookup(tf.constant([3, -8], tf.int64)),
+                                  [[1.0, 1.0], [1.5, 1.5]])

@@ -12,6 +12,15 @@ DynamicTable  a sok.DynamicVariable as three plain variables:
               gather in rows. Delta updates overwrite rows in place and
               append rows of new keys (apply_delta, plain TF too).
 
+Both answer the read part of the table protocol (sok_graph/tables/__init__.py)
+as the training tables do: dimension, dtype, key_dtype, row_count() and
+export_chunk(offset, limit) -> (keys, rows, next offset), keys being a
+StaticTable's row numbers (int64) and a DynamicTable's keys in the order it
+holds them (ascending). They keep no write times, so updated_after is
+refused. They say no table_kind: that names the training code path a table
+takes (optimizer, dump and load, the fused lookup), which a serving table
+cannot take; `kind` is what a served model's manifest records.
+
 `combine` is the forward pass of sok.lookup_sparse (sum / mean / sqrtn,
 weights, max_norm) from gather and segment ops, as the fused kernel computes
 it (float32 accumulation; samples without ids, or whose weights sum to zero,
@@ -89,6 +98,33 @@ class StaticTable(tf.Module):
                 [tf.TensorSpec([None], tf.int64, name="keys"),
                  tf.TensorSpec([None, self.dimension], self.dtype, name="rows")])
 
+    def row_count(self):
+        """The rows the table holds, an int64 scalar (the table protocol)."""
+        return tf.shape(self.rows, out_type=tf.int64)[0]
+
+    def export_chunk(self, offset, limit, updated_after=None):
+        """(row numbers int64, rows, next_offset) of rows [offset, offset +
+        limit), as a sok.Variable gives them: next_offset is min(offset +
+        limit, row_count()). The table is whole, so its row numbers are the
+        global ones a sok.Variable gives. updated_after must be None."""
+        _refuse_updated_after(self, updated_after)
+        offset = tf.cast(offset, tf.int64)
+        # min(offset + limit, count) without the sum, which a limit meant
+        # as "everything" (1 << 62 and up) would overflow.
+        end = offset + tf.minimum(tf.cast(limit, tf.int64), self.row_count() - offset)
+        numbers = tf.range(offset, tf.maximum(end, offset), dtype=tf.int64)
+        return numbers, tf.gather(self.rows, numbers), end
+
+
+def _refuse_updated_after(table, updated_after):
+    """ValueError unless updated_after is None. A serving table keeps no
+    write times (an export copies rows only and apply_delta stamps none), so
+    "the rows written since" has no answer; giving every row instead would
+    pass a whole table off as a delta."""
+    if updated_after is not None:
+        raise ValueError(f"serving table {table.table_name!r} keeps no write times: "
+                         f"updated_after must be None; got updated_after={updated_after!r}")
+
 
 def _paired(keys, rows, table):
     """rows, after a check that there is one row per key (a delta's keys [n]
@@ -111,11 +147,19 @@ def _search(sorted_keys, keys):
     n = tf.size(sorted_keys, out_type=tf.int64)
     position = tf.searchsorted(sorted_keys, keys, side="left", out_type=tf.int64)
     probe = tf.minimum(position, tf.maximum(n - 1, 0))
-    # tf.gather of an empty table would fail even for a clipped position.
-    candidate = tf.cond(n > 0, lambda: tf.gather(sorted_keys, probe),
-                        lambda: tf.zeros_like(keys))
+    candidate = _held_at(sorted_keys, probe)
     found = tf.logical_and(position < n, tf.equal(candidate, keys))
     return probe, found
+
+
+def _held_at(vector, probe):
+    """vector[probe] for a position _search gave; zeros where `vector` is
+    empty. tf.gather of an empty vector fails on a CPU even at the clipped
+    position 0, and a table holding no keys (never trained, or not yet
+    given a delta) must still serve its default row and take deltas."""
+    vector = tf.convert_to_tensor(vector)
+    return tf.cond(tf.size(vector) > 0, lambda: tf.gather(vector, probe),
+                   lambda: tf.zeros_like(probe, dtype=vector.dtype))
 
 
 class DynamicTable(tf.Module):
@@ -150,7 +194,7 @@ class DynamicTable(tf.Module):
         """Rows [n, dim] of keys [n]; the default row for keys not held."""
         keys = self._keys(keys)
         probe, found = _search(tf.convert_to_tensor(self.keys), keys)
-        row = tf.where(found, tf.gather(self.index, probe), tf.zeros_like(probe))
+        row = tf.where(found, _held_at(self.index, probe), tf.zeros_like(probe))
         return tf.gather(self.rows, row)
 
     def apply_delta(self, keys, rows):
@@ -160,7 +204,7 @@ class DynamicTable(tf.Module):
         rows = tf.cast(_paired(keys, rows, self.table_name), self.dtype)
         sorted_keys = tf.convert_to_tensor(self.keys)
         probe, found = _search(sorted_keys, keys)
-        held_rows = tf.boolean_mask(tf.gather(self.index, probe), found)
+        held_rows = tf.boolean_mask(_held_at(self.index, probe), found)
         updated = self.rows.scatter_update(
             tf.IndexedSlices(tf.boolean_mask(rows, found), held_rows))
         with tf.control_dependencies([_as_op(updated)]):
@@ -170,7 +214,11 @@ class DynamicTable(tf.Module):
             new_keys, new_rows = tf.gather(new_keys, order), tf.gather(new_rows, order)
             n = tf.size(sorted_keys, out_type=tf.int64)
             m = tf.size(new_keys, out_type=tf.int64)
-            first_row = tf.shape(self.rows, out_type=tf.int64)[0]
+            # One read of the rows gives both the new keys' first row and
+            # what they are appended to: in a TF1 graph a second read may run
+            # after the append, and the new keys' rows would point past it.
+            held = tf.convert_to_tensor(self.rows)
+            first_row = tf.shape(held, out_type=tf.int64)[0]
             # Where each entry of the merged key list comes from: held key i
             # moves up by the number of new keys below it, new key j goes
             # after the held keys below it and the new keys before it.
@@ -183,7 +231,7 @@ class DynamicTable(tf.Module):
             merged_index = tf.gather(
                 tf.concat([tf.convert_to_tensor(self.index),
                            first_row + tf.range(m, dtype=tf.int64)], 0), source)
-            grown = self.rows.assign(tf.concat([tf.convert_to_tensor(self.rows), new_rows], 0))
+            grown = self.rows.assign(tf.concat([held, new_rows], 0))
         with tf.control_dependencies([_as_op(grown)]):
             assigned = [self.keys.assign(merged_keys), self.index.assign(merged_index)]
         with tf.control_dependencies([_as_op(a) for a in assigned]):
@@ -193,6 +241,34 @@ class DynamicTable(tf.Module):
         return ([tf.TensorSpec([None], self.key_dtype, name="keys")],
                 [tf.TensorSpec([None], self.key_dtype, name="keys"),
                  tf.TensorSpec([None, self.dimension], self.dtype, name="rows")])
+
+    def row_count(self):
+        """The keys the table holds, an int64 scalar (the table protocol;
+        the default row is not one of them)."""
+        return tf.size(self.keys, out_type=tf.int64)
+
+    def export_chunk(self, offset, limit, updated_after=None):
+        """(keys of key_dtype, rows, next_offset) of up to `limit` keys from
+        position `offset` of the ascending keys, as a sok.DynamicVariable
+        gives them: offset >= 0 and limit >= 1 or InvalidArgumentError,
+        next_offset min(offset + limit, row_count()), or offset itself from
+        past the end. updated_after must be None."""
+        _refuse_updated_after(self, updated_after)
+        offset = tf.cast(offset, tf.int64)
+        limit = tf.cast(limit, tf.int64)
+        # The checks of the training table's export op, so that a caller
+        # written against one kind fails the same way on the other.
+        checks = [tf.debugging.assert_non_negative(offset, message="offset must be >= 0"),
+                  tf.debugging.assert_positive(limit, message="limit must be >= 1")]
+        with tf.control_dependencies(checks):
+            left = tf.maximum(self.row_count() - offset, 0)
+            end = offset + tf.minimum(limit, left)  # no offset + limit: it may overflow
+        positions = tf.range(offset, end, dtype=tf.int64)
+        keys = tf.gather(self.keys, positions)
+        # index maps a key's position to its row (rows are appended as keys
+        # arrive, not kept in key order).
+        rows = tf.gather(self.rows, tf.gather(self.index, positions))
+        return keys, rows, end
 
 
 def combine(table, ids, row_splits, weights, combiner, max_norm, dtype):

@@ -63,6 +63,24 @@ tables only. A ReplicaShards (one process's replicas, each holding a
 shard) is a holder, not a table: callers resolve it to its shard first
 (replica_shards.resolve / shards_of), and it answers no kind.
 
+Serving tables (serving/tables.py: StaticTable, DynamicTable, the plain
+variables of a servable model) answer the read part only: `dimension`,
+`dtype`, `key_dtype`, `row_count()` and `export_chunk` as above (keys: a
+StaticTable's row numbers, int64; a DynamicTable's keys, ascending). They
+keep no write times, so they refuse updated_after, as a static table does.
+They say no `table_kind`, on purpose: the kind picks the training code
+path, and every reader of it expects the whole protocol or more. With
+DYNAMIC, is_dynamic would send a serving DynamicTable to code that needs
+a hash-table handle (sok.assign, the optimizer's fused update, the lookup's
+find-or-insert); with STATIC, a StaticTable (a tf.Module, not a variable)
+would go where a resource variable is read or updated in place (the fused
+lookup and sparse-apply ops). So is_dynamic is False for both, and they
+name their kind as `kind` (the word a served model's manifest records).
+kind_of would call either one static; no caller asks it about one: dump,
+load, the Saver and the serving exports take sok tables only
+(is_sok_variable), and a lookup in serving mode turns to the serving path
+before any kind is asked.
+
 Modules ask these rather than naming the class, and `is_dynamic(var)`
 where only the kind matters, so a new kind of dynamic table (tiered,
 filtered) that answers them is served by the same code paths.
