@@ -637,8 +637,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     def row_limit(self):
         """The most keys the table can hold, an int64 scalar: max_capacity of
-        a "hybrid" table; the most any table holds (dynamic_ops.MAX_ROWS)
-        for an "hbm" table."""
+        a "hybrid" table; for an "hbm" table the most its device's table
+        holds (dynamic_ops.MAX_ROWS on the CPU, 2^29 on a GPU)."""
         return dynamic_ops.stats(self._handle)[1]
 
     def read_all(self):
