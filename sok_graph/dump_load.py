@@ -621,9 +621,19 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None):
                                                  dim, rows)
         if name in static_rows:
             keys, want = arrays["keys"], static_rows[name]
-            if rows != want or not np.array_equal(keys, np.arange(rows)):
-                raise CheckpointError(f"variable '{name}' has {want} rows; the dump "
-                                      f"holds {rows} rows with keys that are not 0..{rows - 1}")
+            # Two messages: the one message for both said, of a dump of
+            # rows 0..3 loaded into a table of 5 rows, that its keys were
+            # not 0..3.
+            if rows != want:
+                raise CheckpointError(f"variable '{name}' has {want} rows; the dump holds "
+                                      f"{rows} rows: load it into a table of {rows} rows")
+            if not np.array_equal(keys, np.arange(rows)):
+                first = int(np.flatnonzero(keys != np.arange(rows))[0])
+                raise CheckpointError(
+                    f"variable '{name}' is a static table of {want} rows, whose keys are its "
+                    f"row numbers 0..{want - 1}; the dump holds key {int(keys[first])} where "
+                    f"row {first} belongs (a dynamic table's dump?): load it into a "
+                    f"sok.DynamicVariable")
         loaded[name] = arrays
     return manifest, loaded
 

@@ -379,3 +379,46 @@ def test_dump_replaces_a_previous_dump_and_fills_an_empty_directory(tmp_path):
     v.assign(np.zeros((3, 2), np.float32))
     sok.load(str(tmp_path / "empty"), [v])
     np.testing.assert_array_equal(v.numpy(), np.full((3, 2), 2.0, np.float32))
+
+
+def test_load_into_tables_of_another_shape_changes_nothing(tmp_path):
+    """A dump loaded into tables of another shape: a static table of more or
+    fewer rows or another dimension, a dynamic dump's keys into a static
+    table, one table of several that does not fit. Each is a CheckpointError
+    naming the variable and both shapes, raised before any table changes;
+    a static table's dump loads into a dynamic table of its dimension (keys
+    0..rows-1)."""
+    whole = np.arange(8, dtype=np.float32).reshape(4, 2)
+    static = sok.Variable(whole, name="s")
+    dyn = sok.DynamicVariable(2, name="d")
+    sok.assign(dyn, tf.constant([10, 20], tf.int64), np.array([[1, 2], [3, 4]], np.float32))
+    path = str(tmp_path / "dump")
+    sok.dump(path, [static, dyn])
+
+    sentinel = np.full((4, 2), -1.0, np.float32)
+    untouched = sok.Variable(sentinel, name="s")
+    for targets, words in (
+            ([sok.Variable(np.zeros((5, 2), np.float32), name="s")],
+             r"'s' has 5 rows; the dump holds 4 rows: load it into a table of 4 rows"),
+            ([sok.Variable(np.zeros((3, 2), np.float32), name="s")],
+             r"'s' has 3 rows; the dump holds 4 rows"),
+            ([sok.Variable(np.zeros((4, 3), np.float32), name="s")],
+             r"'s' was dumped with dimension 2; it has dimension 3"),
+            ([sok.Variable(np.zeros((2, 2), np.float32), name="d")],
+             r"'d' is a static table of 2 rows, whose keys are its row numbers 0..1; the dump "
+             r"holds key 10 where row 0 belongs"),
+            ([untouched, sok.DynamicVariable(3, name="d")],
+             r"'d' was dumped with dimension 2; it has dimension 3")):
+        before = [sok.export(t)[1].numpy() for t in targets]
+        with pytest.raises(CheckpointError, match=words):
+            sok.load(path, targets)
+        for t, rows in zip(targets, before):
+            np.testing.assert_array_equal(sok.export(t)[1].numpy(), rows)
+    np.testing.assert_array_equal(untouched.numpy(), sentinel)
+
+    as_dynamic = sok.DynamicVariable(2, name="s")
+    sok.load(path, [as_dynamic])
+    keys, rows = sok.export(as_dynamic)
+    order = np.argsort(keys.numpy())
+    np.testing.assert_array_equal(keys.numpy()[order], np.arange(4))
+    np.testing.assert_array_equal(rows.numpy()[order], whole)

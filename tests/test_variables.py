@@ -244,3 +244,139 @@ def test_all2all_dense_embedding_in_graph(rng):
                                                            tf.constant([[3, 0]], tf.int64)))
     # An index array: numpy < 1.23 reads a nested list index as a tuple.
     np.testing.assert_array_equal(out, table[np.array([[3, 0]])])
+
+
+def _worker_one_of_two(whole):
+    """A distributed static table's shard as worker 1 of 2 makes it (global
+    rows 1, 3, 5, ...), its placement set by hand: one process runs no
+    second worker."""
+    shard = sok.Variable(whole[1::2])
+    shard._sok_world_size, shard._sok_rank = 2, 1
+    shard._sok_global_shape = tf.TensorShape(whole.shape)
+    return shard
+
+
+def test_static_table_protocol_refuses_bad_arguments(rng):
+    """Each wrong argument to a static shard's protocol methods is a Python
+    exception naming the method, the argument and the value, and changes no
+    row: before these checks rows one column too wide were written across
+    the next row, a key of another worker's shard overwrote some row of this
+    one (its id // workers), a repeated key kept one of its rows, integer
+    rows were cast and float keys taken."""
+    whole = rng.standard_normal((6, 2)).astype(np.float32)
+    shard = _worker_one_of_two(whole)
+    slot = tf.Variable(np.zeros((3, 2), np.float32))
+    one = whole[:1]
+    cases = [
+        (lambda: shard.import_rows(tf.constant([1.0]), one), TypeError,
+         r"import_rows takes keys of int32 or int64 .*got keys of dtype float32"),
+        (lambda: shard.import_rows(tf.constant([6], tf.int64), one), ValueError,
+         r"import_rows takes keys in \[0, 6\) .*got key 6"),
+        (lambda: shard.import_rows(tf.constant([-1], tf.int32), one), ValueError,
+         r"import_rows takes keys in \[0, 6\) .*got key -1"),
+        (lambda: shard.import_rows(tf.constant([0], tf.int64), one), ValueError,
+         r"keys of rows this shard holds \(worker 1 of 2\); got key 0, which worker 0 holds"),
+        (lambda: shard.import_rows(tf.constant([3, 1, 3], tf.int64), whole[:3]), ValueError,
+         r"import_rows takes each key at most once; got key 3 2 times"),
+        (lambda: shard.import_rows(tf.constant([1, 3], tf.int64),
+                                   np.ones((2, 3), np.float32)), ValueError,
+         r"import_rows takes rows of shape \[2, 2\] .*got rows of shape \(2, 3\)"),
+        (lambda: shard.import_rows(tf.constant([1, 3], tf.int64), one), ValueError,
+         r"import_rows takes rows of shape \[2, 2\] .*got rows of shape \(1, 2\)"),
+        (lambda: shard.import_rows(tf.constant([1], tf.int64), whole[0]), ValueError,
+         r"import_rows takes rows of shape \[1, 2\] .*got rows of shape \(2,\)"),
+        (lambda: shard.import_rows(tf.constant([1], tf.int64), np.ones((1, 2), np.int64)),
+         TypeError, r"import_rows takes rows of floats .*got rows of dtype int64"),
+        (lambda: shard.import_rows(tf.constant([1], tf.int64), tf.ones([1, 2], tf.float64)),
+         TypeError, r"rows of the table's dtype float32; got rows of dtype float64"),
+        (lambda: shard.replace_rows(tf.constant([1.0, 3.0, 5.0]), whole[:3]), TypeError,
+         r"replace_rows takes keys of int32 or int64 .*float32"),
+        (lambda: shard.replace_rows(tf.constant([1, 3, 5], tf.int64), whole[:3, :1]),
+         ValueError, r"replace_rows takes rows of shape \[3, 2\] .*got rows of shape \(3, 1\)"),
+        (lambda: shard.replace_rows(tf.zeros([0], tf.int64), whole[:0]), ValueError,
+         r"every one of this shard's 3 global row numbers"),
+        (lambda: shard.replace_slot(slot, tf.constant([1, 3, 5], tf.int64), whole[:4]),
+         ValueError, r"replace_slot takes rows of shape \[3, 2\] .*got rows of shape \(4, 2\)"),
+        (lambda: shard.read_slot(slot, tf.constant([7], tf.int64), 0.0), ValueError,
+         r"read_slot takes keys in \[0, 6\) .*got key 7"),
+        (lambda: shard.read_slot(slot, tf.constant([2], tf.int64), 0.0), ValueError,
+         r"read_slot takes keys of rows this shard holds .*got key 2, which worker 0 holds"),
+        (lambda: shard.global_ids(tf.constant([0.0])), TypeError,
+         r"global_ids takes int32 or int64 local row numbers; got ids of dtype float32"),
+    ]
+    for call, error, words in cases:
+        with pytest.raises(error, match=words):
+            call()
+        _assert_holds(shard, {1: whole[1], 3: whole[3], 5: whole[5]})
+        np.testing.assert_array_equal(slot.numpy(), np.zeros((3, 2)))
+    # No keys write nothing; int32 keys are global row numbers too.
+    shard.import_rows(tf.zeros([0], tf.int64), np.zeros((0, 2), np.float32))
+    shard.import_rows(tf.constant([5], tf.int32), whole[:1])
+    _assert_holds(shard, {1: whole[1], 3: whole[3], 5: whole[0]})
+
+
+def test_static_import_rows_checks_keys_known_only_when_run(rng):
+    """Keys and rows fed at run time: a key of another shard, a repeated key
+    or rows of another count fail when the import runs, naming the table
+    and what it takes, and write nothing."""
+    whole = rng.standard_normal((6, 2)).astype(np.float32)
+    graph = tf.Graph()
+    with graph.as_default():
+        shard = _worker_one_of_two(whole)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        imported = shard.import_rows(keys, rows)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(shard.initializer)
+            for k, r, words in (
+                    ([1, 2], whole[:2], r"takes keys in \[0, 6\) that this shard \(worker 1 of "
+                                        r"2\) holds; got\] \[2\]"),
+                    ([7], whole[:1], r"that this shard \(worker 1 of 2\) holds; got\] \[7\]"),
+                    ([5, 5], whole[:2], "takes each key at most once"),
+                    ([1, 3], whole[:1], r"takes rows \[len\(keys\), 2\]")):
+                with pytest.raises(tf.errors.InvalidArgumentError, match=words):
+                    sess.run(imported, {keys: k, rows: r})
+                np.testing.assert_array_equal(sess.run(shard.read_value()), whole[1::2])
+            sess.run(imported, {keys: [5, 1], rows: whole[:2]})
+            np.testing.assert_array_equal(sess.run(shard.read_value()),
+                                          [whole[1], whole[3], whole[0]])
+
+
+def test_dynamic_table_import_refuses_bad_arguments():
+    """A dynamic table's import_rows and replace_rows (and so replace_slot)
+    refuse a repeated key (which the import settled by keeping its last row
+    without a word), rows of another shape or of integers and float write
+    times (truncated), naming the table, the argument and the value, and
+    leave the table as it was."""
+    table = sok.DynamicVariable(2, name="dyn_bad_args")
+    table.import_rows(tf.constant([4, 9], tf.int64), np.array([[1, 1], [2, 2]], np.float32))
+    keys = tf.constant([5, 6], tf.int64)
+    rows = np.ones((2, 2), np.float32)
+    for method in ("import_rows", "replace_rows"):
+        call = getattr(table, method)
+        for args, kwargs, error, words in (
+                ((tf.constant([5, 6, 5], tf.int64), np.ones((3, 2), np.float32)), {}, ValueError,
+                 f"'dyn_bad_args': {method} takes each key at most once; got key 5 2 times"),
+                ((keys, np.ones((2, 3), np.float32)), {}, ValueError,
+                 rf"{method} takes rows of shape \[2, 2\] .*got rows of shape \(2, 3\)"),
+                ((keys, np.ones((2, 2), np.int32)), {}, TypeError,
+                 f"{method} takes rows of floats .*got rows of dtype int32"),
+                ((keys, tf.ones([2, 2], tf.float64)), {}, TypeError,
+                 f"{method} takes rows of float32; got rows of dtype float64"),
+                ((keys, rows), {"timestamps": np.array([1.5, 2.5])}, TypeError,
+                 f"{method} takes timestamps of integers; got timestamps of dtype float64"),
+                ((tf.constant([5.0, 6.0]), rows), {}, TypeError, "must be int64")):
+            with pytest.raises(error, match=words):
+                call(*args, **kwargs)
+            _assert_holds(table, {4: [1, 1], 9: [2, 2]})
+    # Keys fed at run time: a repeated key fails when the import runs.
+    graph = tf.Graph()
+    with graph.as_default():
+        fed = sok.DynamicVariable(2, name="dyn_fed")
+        ph = tf.compat.v1.placeholder(tf.int64, [None])
+        replace = fed.replace_rows(ph, tf.ones([2, 2]))
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(fed.initializer)
+            with pytest.raises(tf.errors.InvalidArgumentError, match="at most once"):
+                sess.run(replace, {ph: [3, 3]})
+            sess.run(replace, {ph: [3, 4]})

@@ -51,7 +51,9 @@ keys are always those export_chunk gives:
   in memory; a static one assigns in place): a load replaces those first
   and puts them back when a later one fails;
 - `import_rows(keys, rows)`: `rows` written for `keys`, every other row
-  kept;
+  kept (keys distinct, and for a static shard rows it holds; rows
+  [len(keys), dimension] of floats: anything else is an exception naming
+  the argument, and nothing is written);
 - `key_map(ids)` (SOK's name) and `global_ids(ids)`: from keys to the
   shard's own numbering and back (a static shard numbers its rows 0..n-1;
   a dynamic table's keys stay keys), in which the Saver writes a shard.

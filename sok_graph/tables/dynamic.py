@@ -763,16 +763,79 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                 return
 
     def import_rows(self, keys, rows, timestamps=None, frequencies=None):
-        return dynamic_ops.import_rows(self._handle, self._check_keys(keys), rows, timestamps,
-                                       frequencies)
+        """Writes `rows` (and, where given, their write times and use counts)
+        for `keys`, inserting those the table lacks; every other key stays."""
+        keys, rows, timestamps, frequencies = self._checked_import(
+            "import_rows", keys, rows, timestamps, frequencies)
+        return dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies)
 
     def replace_rows(self, keys, rows, timestamps=None, frequencies=None):
         """The table holds exactly `keys` with `rows` afterwards: imported
         into a new table and swapped in, so a lookup running meanwhile sees
         the old rows or the new ones, never an empty table, and a failed
         import (on the CPU) leaves the table as it was."""
-        return dynamic_ops.import_rows(self._handle, self._check_keys(keys), rows, timestamps,
-                                       frequencies, replace=True)
+        keys, rows, timestamps, frequencies = self._checked_import(
+            "replace_rows", keys, rows, timestamps, frequencies)
+        return dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies,
+                                       replace=True)
+
+    def _checked_import(self, method, keys, rows, timestamps, frequencies):
+        """(keys, rows, timestamps, frequencies) for an import, after checks
+        that name the table, the argument and what it got: keys of the
+        key_type, none twice (the import kept the last row of a repeated key
+        without a word, so a dump holding a key twice loaded as one of its
+        rows); rows [len(keys), dimension] of floats (integer rows were
+        cast); timestamps and frequencies of integers (floats were
+        truncated). Keys known only when the graph runs are checked for
+        repeats by an assertion then."""
+        keys = self._check_keys(keys)
+        if keys.shape.rank is not None and keys.shape.rank != 1:
+            raise ValueError(f"DynamicVariable '{self._name}': {method} takes keys as a "
+                             f"vector; got keys of shape {keys.shape}")
+        if tf.is_tensor(rows) or isinstance(rows, tf.Variable):
+            if tf.as_dtype(rows.dtype).base_dtype != self._dtype:
+                raise TypeError(f"DynamicVariable '{self._name}': {method} takes rows of "
+                                f"{self._dtype.name}; got rows of dtype {rows.dtype.name}")
+            rows = tf.convert_to_tensor(rows)
+        else:
+            array = np.asarray(rows)
+            if array.dtype.kind != "f":
+                raise TypeError(f"DynamicVariable '{self._name}': {method} takes rows of floats "
+                                f"({self._dtype.name}); got rows of dtype {array.dtype}")
+            rows = tf.convert_to_tensor(array, self._dtype)
+        count = tf.compat.dimension_value(keys.shape[0])
+        if rows.shape.rank is not None and (
+                rows.shape.rank != 2 or
+                tf.compat.dimension_value(rows.shape[1]) not in (None, self._dimension) or
+                (count is not None and tf.compat.dimension_value(rows.shape[0]) not in
+                 (None, count))):
+            raise ValueError(f"DynamicVariable '{self._name}': {method} takes rows of shape "
+                             f"[{'len(keys)' if count is None else count}, {self._dimension}] "
+                             f"(one row of the table's dimension per key); got rows of shape "
+                             f"{rows.shape}")
+        metadata = []
+        for what, entries in (("timestamps", timestamps), ("frequencies", frequencies)):
+            if entries is not None:
+                dtype = entries.dtype if tf.is_tensor(entries) else np.asarray(entries).dtype
+                if not tf.as_dtype(dtype).is_integer:
+                    raise TypeError(f"DynamicVariable '{self._name}': {method} takes {what} of "
+                                    f"integers; got {what} of dtype {tf.as_dtype(dtype).name}")
+            metadata.append(entries)
+        known = tf.get_static_value(keys)
+        if known is not None:
+            values, counts = np.unique(np.asarray(known).reshape([-1]), return_counts=True)
+            if (counts > 1).any():
+                raise ValueError(f"DynamicVariable '{self._name}': {method} takes each key at "
+                                 f"most once; got key {int(values[counts > 1][0])} "
+                                 f"{int(counts[counts > 1][0])} times")
+        else:
+            check = tf.debugging.assert_equal(
+                tf.size(tf.unique(keys)[0]), tf.size(keys),
+                message=f"DynamicVariable '{self._name}': {method} takes each key at most once; "
+                        f"the number of distinct keys and of keys are")
+            with tf.control_dependencies([check]):
+                keys = tf.identity(keys)
+        return (keys, rows) + tuple(metadata)
 
     def clear(self):
         return dynamic_ops.clear(self._handle)

@@ -206,7 +206,9 @@ class Variable(_ResourceVariable):
         this shard) for global row numbers `keys`; every row has its slot
         row, so initial_value is never needed."""
         del initial_value
-        return tf.gather(slot, placement.local_rows(self, keys))
+        keys = self._integer_keys(keys, "read_slot")
+        with tf.control_dependencies(self._own_keys(keys, "read_slot", distinct=False)):
+            return tf.gather(slot, placement.local_rows(self, keys))
 
     def replace_rows(self, keys, rows):
         """This shard holds `rows` afterwards. A static shard can neither
@@ -214,13 +216,121 @@ class Variable(_ResourceVariable):
         in local order, as export_chunk gives them; ValueError (or, for keys
         known only when the graph runs, a failing assertion) otherwise. An
         assignment in place: it needs no initialized variable."""
-        with tf.control_dependencies(self._every_row(keys, "replace_rows")):
+        # The keys first: a wrong key list is the likelier cause of rows of
+        # the wrong count.
+        keys = self._integer_keys(keys, "replace_rows")
+        checks = self._every_row(keys, "replace_rows")
+        rows = self._checked_rows(rows, self._local_rows(), "replace_rows")
+        with tf.control_dependencies(checks):
             return self.assign(rows)
 
     def replace_slot(self, slot, keys, rows):
         """replace_rows for optimizer slot `slot` (make_slot's)."""
-        with tf.control_dependencies(self._every_row(keys, "replace_slot")):
+        # The keys first: a wrong key list is the likelier cause of rows of
+        # the wrong count.
+        keys = self._integer_keys(keys, "replace_slot")
+        checks = self._every_row(keys, "replace_slot")
+        rows = self._checked_rows(rows, self._local_rows(), "replace_slot")
+        with tf.control_dependencies(checks):
             return slot.assign(rows)
+
+    def _integer_keys(self, keys, method):
+        """keys as an int64 vector of global row numbers; TypeError (or
+        ValueError for another rank) naming the method and what it got,
+        instead of TensorFlow's message about an op's attribute (or, in
+        replace_rows, float keys compared as numbers and taken)."""
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"sok.Variable {self.name}: {method} takes keys of int32 or int64 "
+                            f"global row numbers; got keys of dtype {keys.dtype.name}")
+        if keys.shape.rank is not None and keys.shape.rank != 1:
+            raise ValueError(f"sok.Variable {self.name}: {method} takes keys as a vector of "
+                             f"global row numbers; got keys of shape {keys.shape}")
+        return tf.cast(keys, tf.int64)
+
+    def _checked_rows(self, rows, count, method):
+        """rows as a [count, dim] tensor of the table's dtype (count: an int,
+        or a scalar tensor where the keys are known only when the graph
+        runs). A ValueError or TypeError names the method, the argument and
+        what it got: on the CPU TensorFlow's scatter writes rows [n, dim + 1]
+        into the table without a word (each row spilling into the next), and
+        integer rows were cast to floats."""
+        dtype = tf.as_dtype(self.dtype).base_dtype
+        if tf.is_tensor(rows) or isinstance(rows, tf.Variable):
+            if tf.as_dtype(rows.dtype).base_dtype != dtype:
+                raise TypeError(f"sok.Variable {self.name}: {method} takes rows of the table's "
+                                f"dtype {dtype.name}; got rows of dtype {rows.dtype.name}")
+            rows = tf.convert_to_tensor(rows)
+        else:
+            array = np.asarray(rows)
+            if array.dtype.kind != "f":
+                raise TypeError(f"sok.Variable {self.name}: {method} takes rows of floats (the "
+                                f"table's dtype {dtype.name}); got rows of dtype {array.dtype}")
+            rows = tf.convert_to_tensor(array, dtype)
+        dim = self.dimension
+        shape = rows.shape
+        if shape.rank is not None and (
+                shape.rank != 2 or tf.compat.dimension_value(shape[1]) not in (None, dim) or
+                (isinstance(count, int) and tf.compat.dimension_value(shape[0]) not in
+                 (None, count))):
+            want = f"[{count}, {dim}]" if isinstance(count, int) else f"[len(keys), {dim}]"
+            raise ValueError(f"sok.Variable {self.name}: {method} takes rows of shape {want} "
+                             f"(one row of the table's dimension {dim} per key); got rows of "
+                             f"shape {shape}")
+        if isinstance(count, int) and shape.is_fully_defined():
+            return rows
+        check = tf.debugging.assert_equal(
+            tf.shape(rows, out_type=tf.int64), tf.stack([tf.cast(count, tf.int64),
+                                                         tf.constant(dim, tf.int64)]),
+            message=f"sok.Variable {self.name}: {method} takes rows [len(keys), {dim}] (one "
+                    f"row of the table's dimension per key); the shape of rows and the "
+                    f"expected one are")
+        with tf.control_dependencies([check]):
+            return tf.identity(rows)
+
+    def _own_keys(self, keys, method, distinct=True):
+        """[] where the int64 `keys` are global row numbers this shard holds
+        (and, with distinct, none twice), checked now where they are known;
+        else the assertion that checks them when the graph runs. A key of
+        another shard would otherwise name some row of this one (its local
+        row number is id // workers), a key past the table's rows fail in
+        TensorFlow's scatter or gather without naming the table, and a
+        repeated key leave one of its rows, which one unsaid."""
+        rows = self.fixed_rows
+        world_size, rank, _ = self.placement
+        known = tf.get_static_value(keys)
+        if known is not None:
+            known = np.asarray(known, np.int64).reshape([-1])
+            outside = known[(known < 0) | (known >= rows)]
+            if outside.size:
+                raise ValueError(f"sok.Variable {self.name}: {method} takes keys in [0, {rows}) "
+                                 f"(the table's global row numbers); got key {int(outside[0])}")
+            foreign = known[~placement.owned_mask(self, known)]
+            if foreign.size:
+                raise ValueError(
+                    f"sok.Variable {self.name}: {method} takes keys of rows this shard holds "
+                    f"(worker {rank} of {world_size}); got key {int(foreign[0])}, which worker "
+                    f"{int(placement.owner_of(self, foreign[:1])[0])} holds")
+            if distinct:
+                values, counts = np.unique(known, return_counts=True)
+                if (counts > 1).any():
+                    raise ValueError(f"sok.Variable {self.name}: {method} takes each key at "
+                                     f"most once; got key {int(values[counts > 1][0])} "
+                                     f"{int(counts[counts > 1][0])} times")
+            return []
+        bad = tf.logical_or(keys < 0, keys >= rows)
+        if world_size > 1:
+            bad = tf.logical_or(bad, tf.not_equal(placement.owner_of(self, keys), rank))
+        checks = [tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [f"sok.Variable {self.name}: {method} takes keys in [0, {rows}) that this shard "
+             f"(worker {rank} of {world_size}) holds; got", tf.boolean_mask(keys, bad)])]
+        if distinct:
+            checks.append(tf.debugging.assert_equal(
+                tf.size(tf.unique(keys)[0]), tf.size(keys),
+                message=f"sok.Variable {self.name}: {method} takes each key at most once; the "
+                        f"number of distinct keys and of keys are"))
+        return checks
 
     def _every_row(self, keys, method):
         """[] where `keys` are this shard's global row numbers in local order
@@ -245,12 +355,26 @@ class Variable(_ResourceVariable):
 
     def import_rows(self, keys, rows):
         """Writes `rows` for global row numbers `keys` of this shard; every
-        other row stays."""
-        return self.scatter_update(tf.IndexedSlices(rows, placement.local_rows(self, keys)))
+        other row stays. Keys must be distinct global row numbers of rows
+        this shard holds, and rows [len(keys), dim] of the table's dtype:
+        ValueError or TypeError now, or a failing assertion when the keys
+        are known only when the graph runs, and nothing is written."""
+        keys = self._integer_keys(keys, "import_rows")
+        checks = self._own_keys(keys, "import_rows")
+        count = tf.compat.dimension_value(keys.shape[0])
+        rows = self._checked_rows(rows, count if count is not None else tf.size(keys),
+                                  "import_rows")
+        with tf.control_dependencies(checks):
+            local = tf.identity(placement.local_rows(self, keys))
+        return self.scatter_update(tf.IndexedSlices(rows, local))
 
     def global_ids(self, ids):
         """The global row numbers of this shard's local row numbers `ids`
         (key_map's inverse)."""
+        ids = tf.convert_to_tensor(ids)
+        if ids.dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"sok.Variable {self.name}: global_ids takes int32 or int64 local "
+                            f"row numbers; got ids of dtype {ids.dtype.name}")
         return placement.global_rows(self, ids)
 
     def make_slot(self, name, initial_value, start=None):
