@@ -344,6 +344,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
         context.communicator("sok.lookup_sparse")
     single = not isinstance(params, (list, tuple))
     params = [params] if single else list(params)
+    # Errors name a table as it was given: in a graph, replica r's shard of a
+    # table sharded over replicas is named "<name>_<r>" (the graph makes
+    # each name unique), a name the user never gave.
+    given_names = [_table_name(p, t) for t, p in enumerate(params)]
     if not serving:
         # A table sharded over replicas: the shard of the replica being built.
         params = [replica_shards.resolve(p, "sok.lookup_sparse") for p in params]
@@ -381,14 +385,14 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             if is_dynamic(p) or _is_sharded(p) or _reads_rows(p):
                 _check_table(p, t)
                 tensors.append(None)  # rows come from the table (and other workers), below
-                names.append(_table_name(p, t))
+                names.append(given_names[t])
                 continue
             # A variable goes to the fused op as it is: the op reads a
             # resource variable's rows in place (see ops/lookup.py).
             tensor = p if isinstance(p, tf.Variable) else tf.convert_to_tensor(p)
             _check_table(tensor, t)
             tensors.append(tensor)
-            names.append(_table_name(p, t))
+            names.append(given_names[t])
         dtypes = [p.dtype if x is None else x.dtype for x, p in zip(tensors, params)]
         dtypes = [tf.as_dtype(d).base_dtype for d in dtypes]
         dtype = dtypes[0]

@@ -344,10 +344,12 @@ def test_static_import_rows_checks_keys_known_only_when_run(rng):
 
 def test_dynamic_table_import_refuses_bad_arguments():
     """A dynamic table's import_rows and replace_rows (and so replace_slot)
-    refuse a repeated key (which the import settled by keeping its last row
-    without a word), rows of another shape or of integers and float write
-    times (truncated), naming the table, the argument and the value, and
-    leave the table as it was."""
+    refuse rows of another shape or of integers and float write times
+    (truncated), and replace_rows a repeated key (which it settled by keeping
+    the last row without a word: the table is to hold exactly the keys
+    given), naming the table, the argument and the value, and leave the
+    table as it was. import_rows keeps the last row of a repeated key, as
+    scatter_update does."""
     table = sok.DynamicVariable(2, name="dyn_bad_args")
     table.import_rows(tf.constant([4, 9], tf.int64), np.array([[1, 1], [2, 2]], np.float32))
     keys = tf.constant([5, 6], tf.int64)
@@ -355,10 +357,9 @@ def test_dynamic_table_import_refuses_bad_arguments():
     for method in ("import_rows", "replace_rows"):
         call = getattr(table, method)
         for args, kwargs, error, words in (
-                ((tf.constant([5, 6, 5], tf.int64), np.ones((3, 2), np.float32)), {}, ValueError,
-                 f"'dyn_bad_args': {method} takes each key at most once; got key 5 2 times"),
                 ((keys, np.ones((2, 3), np.float32)), {}, ValueError,
-                 rf"{method} takes rows of shape \[2, 2\] .*got rows of shape \(2, 3\)"),
+                 rf"'dyn_bad_args': {method}'s rows must be \[2, 2\] .*got rows of shape "
+                 rf"\(2, 3\)"),
                 ((keys, np.ones((2, 2), np.int32)), {}, TypeError,
                  f"{method} takes rows of floats .*got rows of dtype int32"),
                 ((keys, tf.ones([2, 2], tf.float64)), {}, TypeError,
@@ -369,6 +370,12 @@ def test_dynamic_table_import_refuses_bad_arguments():
             with pytest.raises(error, match=words):
                 call(*args, **kwargs)
             _assert_holds(table, {4: [1, 1], 9: [2, 2]})
+    with pytest.raises(ValueError, match="'dyn_bad_args': replace_rows takes each key at most "
+                                         "once; got key 5 2 times"):
+        table.replace_rows(tf.constant([5, 6, 5], tf.int64), np.ones((3, 2), np.float32))
+    _assert_holds(table, {4: [1, 1], 9: [2, 2]})
+    table.import_rows(tf.constant([4, 4], tf.int64), np.array([[5, 5], [6, 6]], np.float32))
+    _assert_holds(table, {4: [6, 6], 9: [2, 2]})
     # Keys fed at run time: a repeated key fails when the import runs.
     graph = tf.Graph()
     with graph.as_default():

@@ -764,9 +764,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     def import_rows(self, keys, rows, timestamps=None, frequencies=None):
         """Writes `rows` (and, where given, their write times and use counts)
-        for `keys`, inserting those the table lacks; every other key stays."""
+        for `keys`, inserting those the table lacks; every other key stays.
+        A key given twice holds its last row, as scatter_update's does."""
         keys, rows, timestamps, frequencies = self._checked_import(
-            "import_rows", keys, rows, timestamps, frequencies)
+            "import_rows", keys, rows, timestamps, frequencies, distinct=False)
         return dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies)
 
     def replace_rows(self, keys, rows, timestamps=None, frequencies=None):
@@ -775,17 +776,18 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         the old rows or the new ones, never an empty table, and a failed
         import (on the CPU) leaves the table as it was."""
         keys, rows, timestamps, frequencies = self._checked_import(
-            "replace_rows", keys, rows, timestamps, frequencies)
+            "replace_rows", keys, rows, timestamps, frequencies, distinct=True)
         return dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies,
                                        replace=True)
 
-    def _checked_import(self, method, keys, rows, timestamps, frequencies):
+    def _checked_import(self, method, keys, rows, timestamps, frequencies, distinct):
         """(keys, rows, timestamps, frequencies) for an import, after checks
         that name the table, the argument and what it got: keys of the
-        key_type, none twice (the import kept the last row of a repeated key
-        without a word, so a dump holding a key twice loaded as one of its
-        rows); rows [len(keys), dimension] of floats (integer rows were
-        cast); timestamps and frequencies of integers (floats were
+        key_type; with distinct (replace_rows: the table holds exactly these
+        keys afterwards), none twice: the import kept the last row of a
+        repeated key without a word, so a dump holding a key twice loaded as
+        one of its rows; rows [len(keys), dimension] of floats (integer rows
+        were cast); timestamps and frequencies of integers (floats were
         truncated). Keys known only when the graph runs are checked for
         repeats by an assertion then."""
         keys = self._check_keys(keys)
@@ -809,7 +811,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                 tf.compat.dimension_value(rows.shape[1]) not in (None, self._dimension) or
                 (count is not None and tf.compat.dimension_value(rows.shape[0]) not in
                  (None, count))):
-            raise ValueError(f"DynamicVariable '{self._name}': {method} takes rows of shape "
+            # "rows must be": the words of the op's own check.
+            raise ValueError(f"DynamicVariable '{self._name}': {method}'s rows must be "
                              f"[{'len(keys)' if count is None else count}, {self._dimension}] "
                              f"(one row of the table's dimension per key); got rows of shape "
                              f"{rows.shape}")
@@ -821,6 +824,13 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                     raise TypeError(f"DynamicVariable '{self._name}': {method} takes {what} of "
                                     f"integers; got {what} of dtype {tf.as_dtype(dtype).name}")
             metadata.append(entries)
+        if distinct:
+            keys = self._distinct_keys(keys, method)
+        return (keys, rows) + tuple(metadata)
+
+    def _distinct_keys(self, keys, method):
+        """keys, after a check that none comes twice: a ValueError now where
+        they are known, else an assertion when the graph runs."""
         known = tf.get_static_value(keys)
         if known is not None:
             values, counts = np.unique(np.asarray(known).reshape([-1]), return_counts=True)
@@ -828,14 +838,13 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                 raise ValueError(f"DynamicVariable '{self._name}': {method} takes each key at "
                                  f"most once; got key {int(values[counts > 1][0])} "
                                  f"{int(counts[counts > 1][0])} times")
-        else:
-            check = tf.debugging.assert_equal(
-                tf.size(tf.unique(keys)[0]), tf.size(keys),
-                message=f"DynamicVariable '{self._name}': {method} takes each key at most once; "
-                        f"the number of distinct keys and of keys are")
-            with tf.control_dependencies([check]):
-                keys = tf.identity(keys)
-        return (keys, rows) + tuple(metadata)
+            return keys
+        check = tf.debugging.assert_equal(
+            tf.size(tf.unique(keys)[0]), tf.size(keys),
+            message=f"DynamicVariable '{self._name}': {method} takes each key at most once; "
+                    f"the number of distinct keys and of keys are")
+        with tf.control_dependencies([check]):
+            return tf.identity(keys)
 
     def clear(self):
         return dynamic_ops.clear(self._handle)

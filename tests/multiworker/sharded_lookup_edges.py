@@ -295,10 +295,10 @@ def main():
         try:
             run_case(bad_id_case(k, bad), tables)
         except tf.errors.InvalidArgumentError as e:
-            # A Session graph names replica r's shard of t_five t_five_r.
-            words = f"(sp_ids[{k}]) must be in [0, {specs[k][1]})"
-            assert f"ids of {specs[k][0]}" in str(e) and words in str(e) \
-                and str(bad) in str(e), str(e)[-2000:]
+            # The table's own name, also in a Session graph, which names
+            # replica r's shard of t_five "t_five_r".
+            words = f"ids of {specs[k][0]} (sp_ids[{k}]) must be in [0, {specs[k][1]})"
+            assert words in str(e) and str(bad) in str(e), str(e)[-2000:]
         else:
             raise AssertionError(f"id {bad} of table {specs[k][0]} was looked up")
 
