@@ -18,8 +18,6 @@ tests compare it with this module.
 import numpy as np
 import tensorflow as tf
 
-from sok_graph.tables import is_dynamic
-
 DISTRIBUTED = "distributed"
 LOCALIZED_PREFIX = "localized:"
 
@@ -89,18 +87,14 @@ def global_rows(var, local):
 
 
 def owned_rows(var, ids, rows):
-    """The entries of (global ids or keys, rows) that this worker holds, as
-    (local ids, rows): local row numbers for a static table, keys for a
-    dynamic one. With one worker, all."""
+    """The entries of (global ids or keys, rows) that this worker holds, ids
+    unchanged (the table's import takes them so). With one worker, all."""
     world_size, rank, _ = var.placement
     if world_size == 1:
         return ids, rows
     ids = tf.convert_to_tensor(ids)
     keep = tf.equal(owner_of(var, ids), rank)
-    ids, rows = tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
-    if not is_dynamic(var):  # keys of a dynamic table stay keys
-        ids = local_rows(var, ids)
-    return ids, rows
+    return tf.boolean_mask(ids, keep), tf.boolean_mask(rows, keep)
 
 
 def owned_mask(var, ids):

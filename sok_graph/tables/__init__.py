@@ -88,6 +88,9 @@ where only the kind matters, so a new kind of dynamic table (tiered,
 filtered) that answers them is served by the same code paths.
 """
 
+import numpy as np
+import tensorflow as tf
+
 STATIC = "static"
 DYNAMIC = "dynamic"
 
@@ -120,3 +123,40 @@ def key_metadata_of(var):
     """What `var` keeps per key besides its row (key_metadata): () for a
     plain tf.Variable, or for anything else that is no sok table."""
     return tuple(getattr(var, "key_metadata", ()))
+
+
+def rows_of_dtype(rows, dtype, label, method, dtype_words):
+    """`rows` handed to a table's import or replace as a tensor of the
+    table's `dtype`: a tensor or variable of exactly that dtype, or an array
+    of floats (converted). A TypeError otherwise, "<label>: <method> takes
+    rows of <dtype_words>; got ...": integer rows would be cast without a
+    word. Each kind checks the shape itself (its own words)."""
+    if tf.is_tensor(rows) or isinstance(rows, tf.Variable):
+        if tf.as_dtype(rows.dtype).base_dtype != dtype:
+            raise TypeError(f"{label}: {method} takes rows of {dtype_words}; got rows of dtype "
+                            f"{rows.dtype.name}")
+        return tf.convert_to_tensor(rows)
+    array = np.asarray(rows)
+    if array.dtype.kind != "f":
+        raise TypeError(f"{label}: {method} takes rows of floats ({dtype_words}); got rows of "
+                        f"dtype {array.dtype}")
+    return tf.convert_to_tensor(array, dtype)
+
+
+def repeated_key_checks(keys, label, method):
+    """[] where no key of `keys` comes twice, checked now where the keys are
+    known (a ValueError "<label>: <method> takes each key at most once"
+    otherwise); for keys known only when the graph runs, the assertion that
+    checks it then. A repeated key would leave one of its rows, which one
+    unsaid."""
+    known = tf.get_static_value(keys)
+    if known is not None:
+        values, counts = np.unique(np.asarray(known).reshape([-1]), return_counts=True)
+        if (counts > 1).any():
+            raise ValueError(f"{label}: {method} takes each key at most once; got key "
+                             f"{int(values[counts > 1][0])} {int(counts[counts > 1][0])} times")
+        return []
+    return [tf.debugging.assert_equal(
+        tf.size(tf.unique(keys)[0]), tf.size(keys),
+        message=f"{label}: {method} takes each key at most once; the number of distinct keys "
+                f"and of keys are")]

@@ -50,7 +50,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.tables import admission, replica_shards, DYNAMIC
+from sok_graph.tables import admission, repeated_key_checks, replica_shards, rows_of_dtype, DYNAMIC
 from sok_graph import initializers
 from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
@@ -794,17 +794,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if keys.shape.rank is not None and keys.shape.rank != 1:
             raise ValueError(f"DynamicVariable '{self._name}': {method} takes keys as a "
                              f"vector; got keys of shape {keys.shape}")
-        if tf.is_tensor(rows) or isinstance(rows, tf.Variable):
-            if tf.as_dtype(rows.dtype).base_dtype != self._dtype:
-                raise TypeError(f"DynamicVariable '{self._name}': {method} takes rows of "
-                                f"{self._dtype.name}; got rows of dtype {rows.dtype.name}")
-            rows = tf.convert_to_tensor(rows)
-        else:
-            array = np.asarray(rows)
-            if array.dtype.kind != "f":
-                raise TypeError(f"DynamicVariable '{self._name}': {method} takes rows of floats "
-                                f"({self._dtype.name}); got rows of dtype {array.dtype}")
-            rows = tf.convert_to_tensor(array, self._dtype)
+        rows = rows_of_dtype(rows, self._dtype, f"DynamicVariable '{self._name}'", method,
+                             self._dtype.name)
         count = tf.compat.dimension_value(keys.shape[0])
         if rows.shape.rank is not None and (
                 rows.shape.rank != 2 or
@@ -831,19 +822,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     def _distinct_keys(self, keys, method):
         """keys, after a check that none comes twice: a ValueError now where
         they are known, else an assertion when the graph runs."""
-        known = tf.get_static_value(keys)
-        if known is not None:
-            values, counts = np.unique(np.asarray(known).reshape([-1]), return_counts=True)
-            if (counts > 1).any():
-                raise ValueError(f"DynamicVariable '{self._name}': {method} takes each key at "
-                                 f"most once; got key {int(values[counts > 1][0])} "
-                                 f"{int(counts[counts > 1][0])} times")
+        checks = repeated_key_checks(keys, f"DynamicVariable '{self._name}'", method)
+        if not checks:
             return keys
-        check = tf.debugging.assert_equal(
-            tf.size(tf.unique(keys)[0]), tf.size(keys),
-            message=f"DynamicVariable '{self._name}': {method} takes each key at most once; "
-                    f"the number of distinct keys and of keys are")
-        with tf.control_dependencies([check]):
+        with tf.control_dependencies(checks):
             return tf.identity(keys)
 
     def clear(self):

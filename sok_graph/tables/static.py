@@ -15,7 +15,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.tables import replica_shards, STATIC
+from sok_graph.tables import repeated_key_checks, replica_shards, rows_of_dtype, STATIC
 from sok_graph.initializers import static_initializer
 
 _ResourceVariable = compat.resource_variable_class()
@@ -216,23 +216,25 @@ class Variable(_ResourceVariable):
         in local order, as export_chunk gives them; ValueError (or, for keys
         known only when the graph runs, a failing assertion) otherwise. An
         assignment in place: it needs no initialized variable."""
-        # The keys first: a wrong key list is the likelier cause of rows of
-        # the wrong count.
-        keys = self._integer_keys(keys, "replace_rows")
-        checks = self._every_row(keys, "replace_rows")
-        rows = self._checked_rows(rows, self._local_rows(), "replace_rows")
-        with tf.control_dependencies(checks):
-            return self.assign(rows)
+        return self._replace(self, keys, rows, "replace_rows")
 
     def replace_slot(self, slot, keys, rows):
         """replace_rows for optimizer slot `slot` (make_slot's)."""
+        return self._replace(slot, keys, rows, "replace_slot")
+
+    def _replace(self, target, keys, rows, method):
         # The keys first: a wrong key list is the likelier cause of rows of
         # the wrong count.
-        keys = self._integer_keys(keys, "replace_slot")
-        checks = self._every_row(keys, "replace_slot")
-        rows = self._checked_rows(rows, self._local_rows(), "replace_slot")
+        keys = self._integer_keys(keys, method)
+        checks = self._every_row(keys, method)
+        rows = self._checked_rows(rows, self._local_rows(), method)
         with tf.control_dependencies(checks):
-            return slot.assign(rows)
+            return target.assign(rows)
+
+    @property
+    def _label(self):
+        """How errors name this table."""
+        return f"sok.Variable {self.name}"
 
     def _integer_keys(self, keys, method):
         """keys as an int64 vector of global row numbers; TypeError (or
@@ -256,17 +258,7 @@ class Variable(_ResourceVariable):
         into the table without a word (each row spilling into the next), and
         integer rows were cast to floats."""
         dtype = tf.as_dtype(self.dtype).base_dtype
-        if tf.is_tensor(rows) or isinstance(rows, tf.Variable):
-            if tf.as_dtype(rows.dtype).base_dtype != dtype:
-                raise TypeError(f"sok.Variable {self.name}: {method} takes rows of the table's "
-                                f"dtype {dtype.name}; got rows of dtype {rows.dtype.name}")
-            rows = tf.convert_to_tensor(rows)
-        else:
-            array = np.asarray(rows)
-            if array.dtype.kind != "f":
-                raise TypeError(f"sok.Variable {self.name}: {method} takes rows of floats (the "
-                                f"table's dtype {dtype.name}); got rows of dtype {array.dtype}")
-            rows = tf.convert_to_tensor(array, dtype)
+        rows = rows_of_dtype(rows, dtype, self._label, method, f"the table's dtype {dtype.name}")
         dim = self.dimension
         shape = rows.shape
         if shape.rank is not None and (
@@ -311,13 +303,7 @@ class Variable(_ResourceVariable):
                     f"sok.Variable {self.name}: {method} takes keys of rows this shard holds "
                     f"(worker {rank} of {world_size}); got key {int(foreign[0])}, which worker "
                     f"{int(placement.owner_of(self, foreign[:1])[0])} holds")
-            if distinct:
-                values, counts = np.unique(known, return_counts=True)
-                if (counts > 1).any():
-                    raise ValueError(f"sok.Variable {self.name}: {method} takes each key at "
-                                     f"most once; got key {int(values[counts > 1][0])} "
-                                     f"{int(counts[counts > 1][0])} times")
-            return []
+            return repeated_key_checks(keys, self._label, method) if distinct else []
         bad = tf.logical_or(keys < 0, keys >= rows)
         if world_size > 1:
             bad = tf.logical_or(bad, tf.not_equal(placement.owner_of(self, keys), rank))
@@ -326,10 +312,7 @@ class Variable(_ResourceVariable):
             [f"sok.Variable {self.name}: {method} takes keys in [0, {rows}) that this shard "
              f"(worker {rank} of {world_size}) holds; got", tf.boolean_mask(keys, bad)])]
         if distinct:
-            checks.append(tf.debugging.assert_equal(
-                tf.size(tf.unique(keys)[0]), tf.size(keys),
-                message=f"sok.Variable {self.name}: {method} takes each key at most once; the "
-                        f"number of distinct keys and of keys are"))
+            checks += repeated_key_checks(keys, self._label, method)
         return checks
 
     def _every_row(self, keys, method):

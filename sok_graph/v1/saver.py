@@ -46,16 +46,6 @@ def _assign(var, keys, rows):
     return var.replace_rows(tf.cast(var.global_ids(keys), var.key_dtype), rows)
 
 
-def _owned(shard, keys, rows):
-    """The entries of (keys, rows) that `shard`'s worker holds (all, with one
-    worker)."""
-    world_size, rank, _ = shard.placement
-    if world_size == 1:
-        return keys, rows
-    keep = tf.equal(placement.owner_of(shard, keys), rank)
-    return tf.boolean_mask(keys, keep), tf.boolean_mask(rows, keep)
-
-
 class Saver:
     """Saves and restores single sok embedding tables (see the module docstring)."""
 
@@ -135,7 +125,7 @@ class Saver:
         # Each worker keeps the rows it owns (each replica's shard, when the
         # replicas of a MirroredStrategy are the workers).
         for shard in replica_shards.shards_of(var):
-            keys, owned = _owned(shard, all_keys, rows)
+            keys, owned = placement.owned_rows(shard, all_keys, rows)
             ops.append(shard.import_rows(tf.cast(keys, shard.key_dtype), owned))
         return None if tf.executing_eagerly() else tf.group(*ops,
                                                              name="sok_load_embedding_values")
