@@ -86,6 +86,11 @@ def parse(argv=None):
                    help="after the timed steps, print every tensor one step moves between "
                         "devices (from the placed, partitioned graph): each GPU-to-host "
                         "one is a host synchronisation")
+    p.add_argument("--reduce_loss", action="store_true",
+                   help="each step returns the global loss, summed over the replicas into "
+                        "host memory (the step then ends when the GPUs finish it); by "
+                        "default the replicas' losses stay on their devices and are summed "
+                        "only where a loss is printed")
     p.add_argument("--count_ops", action="store_true",
                    help="print the ops of one step's graph (constants aside) per replica, "
                         "by type and by name scope, and stop: the host's executor runs "
@@ -171,6 +176,15 @@ def make_strategy(args, tf):
     return tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(n)])
 
 
+def _columns(tf, ids):
+    """The rows of ids [tables, batch] int64 as one tensor per table, in one
+    op. (TensorFlow's GPU Unpack of int64 works in host memory, a copy of
+    every id to the host and a wait each step; its bits unpacked as float64
+    stay on the GPU. A slice per table is an op per table for the host to
+    run: 26 of them, and as many reshapes for the ragged ids.)"""
+    return [tf.bitcast(c, tf.int64) for c in tf.unstack(tf.bitcast(ids, tf.float64))]
+
+
 class DLRM:
     """Bottom MLP, one embedding per table, dot interaction, top MLP."""
 
@@ -209,15 +223,16 @@ class DLRM:
         return w, b
 
     def embeddings(self, ids):
-        """ids: [batch, tables] int64; [batch, tables, dim]."""
+        """ids: [tables, batch] int64; [batch, tables, dim]."""
         tf = self.tf
-        # Slices, not tf.unstack: TensorFlow's GPU Unpack of int64 works in
-        # host memory, a copy of every id to the host and a wait each step.
-        columns = [ids[:, t] for t in range(ids.shape[1])]
+        columns = _columns(tf, ids)
         if self.side == "sok":
             import sok_graph as sok
 
-            ragged = [tf.RaggedTensor.from_tensor(c[:, None]) for c in columns]
+            # One id per sample: a uniform row length of 1, so no row
+            # splits are made for the lookup.
+            ragged = [tf.RaggedTensor.from_uniform_row_length(c, 1, validate=False)
+                      for c in columns]
             out = sok.lookup_sparse(self.tables, ragged, combiners=["sum"] * len(columns))
         else:
             out = [tf.gather(t, c) for t, c in zip(self.tables, columns)]
@@ -249,13 +264,13 @@ class DLRM:
 
 def make_pool(strategy, args, rows, tf):
     """--pool batches per replica, generated on its device: dense features,
-    ids (one per table), labels."""
+    ids (one per table, [tables, batch] per batch), labels."""
     batch = args.global_batch // strategy.num_replicas_in_sync
-    high = tf.constant(rows, tf.float32 if args.ids == "zipf" else tf.int64)
+    high = tf.constant(rows, tf.float32 if args.ids == "zipf" else tf.int64)[:, None]
 
     def generate(ctx):
         seed = tf.constant([17, ctx.replica_id_in_sync_group], tf.int32)
-        shape = [args.pool, batch, len(rows)]
+        shape = [args.pool, len(rows), batch]
         if args.ids == "zipf":
             # P(id) ~ 1/(id+1): (rows+1)^u - 1 for u uniform in [0, 1).
             u = tf.random.stateless_uniform(shape, seed)
@@ -306,8 +321,20 @@ def build_step(strategy, model, args, tf):
     @tf.function
     def step(pool, k):
         losses = strategy.run(replica_step, args=(pool, k))
-        return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+        if args.reduce_loss:
+            return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+        # Each replica's loss stays on its device: a step that returned a
+        # value in host memory would end only when the GPUs finish it, and
+        # the GPUs would idle while the host starts the next call.
+        return losses
 
+    def loss_of(losses):
+        """The global batch's loss as a float (waits for the step)."""
+        if not args.reduce_loss:
+            losses = strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
+        return float(losses)
+
+    step.loss_of = loss_of
     return step
 
 
@@ -324,7 +351,7 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
         host_tracer_level=args.host_level))
     for i in range(steps):
         loss = step(pool, tf.constant(i % args.pool))
-    float(loss)
+    step.loss_of(loss)
     tf.profiler.experimental.stop()
     space = host_syncs._xspace(logdir)
     planes, blocking, dtoh, op_time, device_time = host_syncs.analyse(space)
@@ -417,20 +444,20 @@ def run_side(side, strategy, args, rows, tf):
         _first_step_with_transfers(step, pool, tf, side)
     for i in range(args.warmup):
         loss = step(pool, tf.constant(i % args.pool))
-    first = float(loss)
+    first = step.loss_of(loss)
     print(f"[{side}] {args.warmup} warm-up steps in {time.time() - t0:.1f} s, loss {first:.4f}",
           flush=True)
     t0 = last = time.time()
     for i in range(args.steps):
         loss = step(pool, tf.constant(i % args.pool))
         if args.log_every and (i + 1) % args.log_every == 0:
-            value = float(loss)
+            value = step.loss_of(loss)
             now = time.time()
             print(f"[{side}] step {i + 1}/{args.steps}: loss {value:.4f}, "
                   f"{args.log_every * args.global_batch / (now - last) / 1e6:.3f}M samples/s",
                   flush=True)
             last = now
-    value = float(loss)
+    value = step.loss_of(loss)
     elapsed = time.time() - t0
     rate = args.steps * args.global_batch / elapsed
     print(f"[{side}] {n} replica(s), global batch {args.global_batch}: "
@@ -465,7 +492,7 @@ def _count_ops(step, pool, replicas, side, tf):
                        ("by name scope", lambda node: scope(node.name))):
         counts = collections.Counter(key(node) for node in nodes)
         print(f"  {title}:")
-        for name, count in counts.most_common(15):
+        for name, count in counts.most_common(40):
             print(f"    {count / replicas:7.1f}  {name}")
 
 
@@ -483,12 +510,12 @@ def _bytes_per_step(strategy, model, pool, args, tf):
         sok.communication.count_bytes(True)
         with strategy.scope():
             counted = build_step(strategy, model, args, tf)
-        float(counted(pool, tf.constant(0)))  # traced now, with counting on
+        counted.loss_of(counted(pool, tf.constant(0)))  # traced now, with counting on
         sok.communication.count_bytes(False)
         sok.communication.reset_bytes_sent()
         for i in range(args.bytes):
             loss = counted(pool, tf.constant(i % args.pool))
-        float(loss)
+        counted.loss_of(loss)
         # One process counts every replica it runs.
         local = 1 if args.workers or args.horovod else n
         sent[dedup] = sok.communication.bytes_sent() / args.bytes / local
@@ -513,7 +540,7 @@ def _first_step_with_transfers(step, pool, tf, side):
     ctx.enable_run_metadata()
     try:
         loss = step(pool, tf.constant(0))
-        float(loss)
+        step.loss_of(loss)
         metadata = ctx.export_run_metadata()
     finally:
         ctx.disable_run_metadata()

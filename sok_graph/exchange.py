@@ -85,36 +85,7 @@ def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=Fa
     return _exchange(comm, keys, owner_of(table, keys), read, name, counted)
 
 
-def _in_received_order(pieces, by_table, sizes):
-    """concat(pieces) (each table's rows, in bucketing order) put back in the
-    order the keys were received (gathered by inverse_permutation).
-
-    Its gradient is one gather of dy by the bucketing permutation and one
-    split by `sizes` (the per-table counts, in host memory): the pieces'
-    gradients are dense. TensorFlow's own gradient of this gather and concat
-    passes IndexedSlices through the concat, which costs ~20 ops per table
-    (a Where and gathers each): with 26 tables about 540 ops of every
-    replica's step, and a step bound by the host executor (bench/RESULTS.md).
-    Every tensor is an argument, so the gradient's search for variables
-    stops here."""
-    count = len(pieces)
-
-    @tf.custom_gradient
-    def combine(*args):
-        parts, permutation, inverse, split_sizes = args[:count], args[count], args[count + 1], \
-            args[count + 2]
-
-        def grad(dy):
-            rows = tf.gather(tf.convert_to_tensor(dy), permutation)
-            return tuple(tf.split(rows, split_sizes, num=count)) + (None, None, None)
-
-        return tf.gather(tf.concat(list(parts), 0), inverse), grad
-
-    return combine(*(list(pieces) + [by_table.permutation, by_table.inverse_permutation,
-                                     sizes]))
-
-
-def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=()):
+def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=(), names=None):
     """(rows [u, dim], positions [n]) for the row ids `ids` (int64 [n], each
     checked against its table by the ops in `gate`, which the exchange waits
     for) of the tables `table` [n] names among T sharded sok.Variables
@@ -140,18 +111,14 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=()):
             owners = tf.math.floormod(tf.math.floordiv(keys, count), world_size)
 
         def read(received, per_table):
-            # per_table: the distinct keys of each table, counted by the
-            # unique that made them (host memory on a GPU), so this split
-            # waits for nothing; the bucketing op's own sizes would.
-            # Keys that passed every worker's range check: never negative.
-            by_table = sharding_ops.bucketize_by_owner(received, count, non_negative=True)
-            local = tf.math.floordiv(by_table.ids, count)
-            # Distinct keys (the exchange reads each received key once), so
-            # each table's rows are distinct: its optimizer need not dedup.
-            parts = [util_ops.mark_distinct(part)
-                     for part in util_ops.split(local, per_table, count)]
-            return _in_received_order([tf.gather(v, part) for v, part in zip(tables, parts)],
-                                      by_table, per_table)
+            # One op reads every table's rows (SokGroupedGather), in the
+            # order received; per_table, the distinct keys of each table
+            # counted by the unique that made them (host memory on a GPU),
+            # lets its gradient size each table's rows without a wait. A
+            # gather per table and a sort by table instead cost ~200 ops of
+            # every replica's step with 26 tables, and the step of a
+            # multi-GPU machine is bound by the host (bench/RESULTS.md).
+            return sharding_ops.grouped_gather(tables, received, per_table, names)
 
         rows = _exchange(comm, send, owners, read, "rows", gate=gate, groups=count)
         return rows, positions

@@ -266,7 +266,7 @@ def _group_rows(params, members, values, names):
     # reads the check's result, so the step waits for the host once there
     # instead of twice.
     return exchange.grouped_static_rows(comm, [params[t] for t in members], raw, table,
-                                        gate=[check])
+                                        gate=[check], names=[names[t] for t in members])
 
 
 def _table_of_each_id(ids):

@@ -152,6 +152,26 @@ def record_variable_access(variable):
     tape.variable_accessed(variable)
 
 
+def static_handle_shape(handle):
+    """The fully known shape (a list of ints) that a graph's resource handle
+    records for its variable, or None (eager handles, unknown shapes):
+    lets a gradient give a table's dense_shape without a VariableShape op."""
+    if not hasattr(handle, "graph") or tf.executing_eagerly():
+        return None
+    try:
+        from tensorflow.python.ops.handle_data_util import get_resource_handle_data
+    except ImportError:  # TF 1.x
+        from tensorflow.python.ops.resource_variable_ops import get_resource_handle_data
+    try:
+        data = get_resource_handle_data(handle)
+    except Exception:  # noqa: BLE001  (a handle without recorded data)
+        return None
+    if not data.is_set or not data.shape_and_type:
+        return None
+    shape = tf.TensorShape(data.shape_and_type[0].shape)
+    return shape.as_list() if shape.is_fully_defined() else None
+
+
 def eager_resource_deleter(handle):
     """An object that destroys the eager resource `handle` when collected (the
     mechanism tf.Variable uses)."""

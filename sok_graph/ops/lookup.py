@@ -54,7 +54,7 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     returns:     N tensors [batch_t, dim_t]
     """
     n = len(params)
-    tables = [_table_input(p) for p in params]
+    tables = [table_input(p) for p in params]
     dtypes = [tf.as_dtype(p.dtype).base_dtype if t.dtype == tf.resource else t.dtype
               for p, t in zip(params, tables)]
     params = tables
@@ -120,7 +120,7 @@ def _in_function():
     return isinstance(tf.compat.v1.get_default_graph(), func_graph.FuncGraph)
 
 
-def _table_input(param):
+def table_input(param):
     """What the op takes for a table: a resource variable's handle (the op
     reads the rows it needs in place; a whole-table read would copy the table
     once sparse updates have touched it), else the table as a tensor."""
@@ -130,11 +130,16 @@ def _table_input(param):
     return tf.convert_to_tensor(param)
 
 
-def _table_shape(table):
+def table_shape(table):
     """[rows, dim] of a table input, as an int32 tensor (what tf.gather's
-    gradient gives as dense_shape)."""
+    gradient gives as dense_shape): a constant where the graph knows it."""
     if table.dtype == tf.resource:
+        known = compat.static_handle_shape(table)
+        if known is not None:
+            return tf.constant(known, tf.int32)
         return tf.raw_ops.VariableShape(input=table, out_type=tf.int32)
+    if table.shape.is_fully_defined():
+        return tf.constant(table.shape.as_list(), tf.int32)
     return tf.shape(table)
 
 
@@ -191,7 +196,7 @@ def _fused_lookup_grad(op, *grads):
     dense = _dense_grads(op) or [False] * n
     param_grads = [
         grad_rows[t] if dense[t] else
-        IndexedSlices(grad_rows[t], unique_ids[t], _table_shape(params[t]))
+        IndexedSlices(grad_rows[t], unique_ids[t], table_shape(params[t]))
         for t in range(n)
     ]
     # ids, row_splits: integer inputs. weights: not differentiated (documented

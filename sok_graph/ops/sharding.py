@@ -1,12 +1,19 @@
-"""The sharding ops (tf_ops/sharding): ids grouped by owning worker, and local rows.
+"""The sharding ops (tf_ops/sharding): ids grouped by owning worker, local
+rows, and an owner's read of several tables for keys that name their table.
 
 Distributed tables: global row i lives on worker i % world_size as local row
 i // world_size. Localized tables: all rows on one worker (``fixed_owner``).
 """
 
 import collections
+import contextlib
 
+import tensorflow as tf
+
+from sok_graph.compat import IndexedSlices, register_gradient
 from sok_graph.ops import library
+from sok_graph.ops import util as util_ops
+from sok_graph.ops.lookup import table_input, table_shape
 
 Buckets = collections.namedtuple(
     "Buckets", ["ids", "sizes", "permutation", "inverse_permutation"]
@@ -32,3 +39,40 @@ def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None, non_negative=
 def local_rows(ids, world_size, name=None):
     """id // world_size: the row an id occupies in its owner's shard."""
     return library.load().sok_local_rows(ids, world_size=int(world_size), name=name)
+
+
+def grouped_gather(tables, keys, table_sizes, table_names=None, name=None):
+    """Rows [n, dim] of T tables for distinct keys [n] (int64) that name their
+    table: key k reads row k // T of tables[k % T]. One op for all tables.
+
+    tables:      T tables of one dtype and dimension: resource variables (read
+                 in place) or tensors
+    table_sizes: int64 [T], how many keys name each table (host memory on a
+                 GPU, as util.unique_grouped gives it): the gradient sizes its
+                 outputs from it without waiting for the device
+    The gradient of table t is an IndexedSlices of its keys' rows (k // T,
+    distinct, marked so for the sparse optimizer) in their order among keys.
+    """
+    handles = [table_input(t) for t in tables]
+    return library.load().sok_grouped_gather(
+        params=handles, keys=keys, table_sizes=table_sizes, num_tables=len(handles),
+        T=tf.as_dtype(tables[0].dtype).base_dtype,
+        table_names=list(table_names) if table_names else [], name=name)
+
+
+@register_gradient("SokGroupedGather")
+def _grouped_gather_grad(op, grad):
+    count = op.get_attr("num_tables")
+    params, keys, sizes = op.inputs[:count], op.inputs[count], op.inputs[count + 1]
+    # Variables are read in place when the forward runs: the gradient, and
+    # so the tables' update, waits for that read (util_ops.after_read).
+    in_place = any(p.dtype == tf.resource for p in params)
+    with util_ops.after_read(op) if in_place else contextlib.nullcontext():
+        # Keys passed the senders' range checks: never negative.
+        by_table = bucketize_by_owner(keys, count, non_negative=True)
+        indices, values = library.load().sok_grouped_gather_grad(
+            keys=keys, grads=tf.convert_to_tensor(grad), permutation=by_table.permutation,
+            table_sizes=sizes, num_tables=count)
+    grads = [IndexedSlices(values[t], util_ops.mark_distinct(indices[t]), table_shape(params[t]))
+             for t in range(count)]
+    return grads + [None, None]

@@ -74,3 +74,89 @@ def test_local_rows_of_global_table_layout():
 def test_local_rows_rejects_negative():
     with pytest.raises(tf.errors.InvalidArgumentError, match="got -1 at position 0"):
         sharding.local_rows(tf.constant([-1, 3], tf.int32), 2)
+
+
+def _grouped_keys(rng, rows, take):
+    """Distinct keys row * T + t over tables of `rows` rows, `take` of them in
+    random order, and how many name each table."""
+    count = len(rows)
+    every = np.concatenate([np.arange(r, dtype=np.int64) * count + t for t, r in enumerate(rows)])
+    keys = rng.permutation(every)[:take]
+    return keys, np.bincount(keys % count, minlength=count).astype(np.int64)
+
+
+@pytest.mark.parametrize("dtype", [tf.float32, tf.float16, tf.bfloat16, tf.float64])
+@pytest.mark.parametrize("dim", [1, 3, 8])
+def test_grouped_gather_rows_and_gradient(rng, dtype, dim):
+    """Rows as numpy indexes them; each table's gradient the rows of dy for
+    its keys, in their order among the keys, as distinct local rows."""
+    rows = [7, 1, 12]
+    values = [rng.normal(size=(r, dim)).astype(np.float32) for r in rows]
+    tables = [tf.Variable(tf.cast(v, dtype)) for v in values]
+    keys, sizes = _grouped_keys(rng, rows, 15)
+    dy = rng.normal(size=(len(keys), dim)).astype(np.float32)
+    with tf.GradientTape() as tape:
+        out = sharding.grouped_gather(tables, tf.constant(keys), tf.constant(sizes))
+        loss = tf.reduce_sum(tf.cast(out, tf.float32) * dy)
+    expect = np.stack([values[k % 3][k // 3] for k in keys])
+    np.testing.assert_array_equal(out.numpy().astype(np.float32),
+                                  tf.cast(tf.cast(expect, dtype), tf.float32).numpy())
+    grads = tape.gradient(loss, tables)
+    for t, g in enumerate(grads):
+        assert isinstance(g, tf.IndexedSlices)
+        mine = keys % 3 == t
+        np.testing.assert_array_equal(g.indices.numpy(), keys[mine] // 3)
+        np.testing.assert_array_equal(g.values.numpy().astype(np.float32),
+                                      tf.cast(tf.cast(dy[mine], dtype), tf.float32).numpy())
+        np.testing.assert_array_equal(g.dense_shape.numpy(), [rows[t], dim])
+
+
+def test_grouped_gather_of_tensors_in_a_function(rng):
+    """Tables given as tensors, in a tf.function (the gradient built in its
+    graph, with the tables' shapes known there), against tf.gather."""
+    rows = [4, 9]
+    values = [tf.constant(rng.normal(size=(r, 2)).astype(np.float32)) for r in rows]
+    keys, sizes = _grouped_keys(rng, rows, 13)
+
+    @tf.function
+    def run(keys, sizes):
+        with tf.GradientTape() as tape:
+            tape.watch(values)
+            out = sharding.grouped_gather(values, keys, sizes)
+            loss = tf.reduce_sum(out * out)
+        return out, tape.gradient(loss, values)
+
+    out, grads = run(tf.constant(keys), tf.constant(sizes))
+    for t in range(2):
+        mine = keys % 2 == t
+        np.testing.assert_array_equal(out.numpy()[mine], tf.gather(values[t], keys[mine] // 2))
+        dense = tf.math.unsorted_segment_sum(grads[t].values, grads[t].indices, rows[t])
+        reference = np.zeros((rows[t], 2), np.float32)
+        reference[keys[mine] // 2] = 2 * values[t].numpy()[keys[mine] // 2]
+        np.testing.assert_allclose(dense.numpy(), reference, rtol=1e-6)
+
+
+def test_grouped_gather_empty_and_single_table(rng):
+    table = tf.Variable(rng.normal(size=(5, 4)).astype(np.float32))
+    out = sharding.grouped_gather([table], tf.zeros([0], tf.int64), tf.constant([0], tf.int64))
+    assert out.shape == (0, 4)
+    out = sharding.grouped_gather([table], tf.constant([4, 0], tf.int64),
+                                  tf.constant([2], tf.int64))
+    np.testing.assert_array_equal(out.numpy(), table.numpy()[[4, 0]])
+
+
+def test_grouped_gather_rejects_bad_input():
+    a = tf.Variable(tf.zeros([3, 2]))
+    b = tf.Variable(tf.zeros([2, 2]))
+    # Key 5 is row 2 of table 1, which has 2 rows. (A CPU kernel check; on a
+    # GPU the op reads a zero row: its keys come checked from the senders.)
+    with tf.device("/cpu:0"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"keys\[1\]=5 .*'b'.* 2 rows"):
+            sharding.grouped_gather([a, b], tf.constant([0, 5], tf.int64),
+                                    tf.constant([1, 1], tf.int64), table_names=["a", "b"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="table_sizes must add up"):
+        sharding.grouped_gather([a, b], tf.constant([0, 1], tf.int64),
+                                tf.constant([1, 0], tf.int64))
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one dimension"):
+        sharding.grouped_gather([a, tf.Variable(tf.zeros([2, 3]))], tf.constant([0], tf.int64),
+                                tf.constant([1, 0], tf.int64))

@@ -9,7 +9,7 @@
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/register_types.h"
-#include "tf_ops/lookup/kernels/lookup_tables.h"
+#include "tf_ops/common/table_inputs.h"
 #include "compat/tf_compat.h"
 #include "tf_ops/lookup/core/lookup.h"
 #include "tf_ops/lookup/kernels/lookup_args.h"

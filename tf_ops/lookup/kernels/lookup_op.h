@@ -17,7 +17,7 @@
 #include "compat/tf_compat.h"
 #include "tf_ops/common/gpu_stream.h"
 #include "tf_ops/lookup/kernels/lookup_args.h"
-#include "tf_ops/lookup/kernels/lookup_tables.h"
+#include "tf_ops/common/table_inputs.h"
 
 namespace sok_graph {
 namespace lookup_kernels {

@@ -1,5 +1,7 @@
-// The sharding ops on the CPU: the functors of SokBucketizeByOwner and
-// SokLocalRows (sharding_op.h) over tf_ops/sharding/core.
+// The sharding ops on the CPU: the functors of SokBucketizeByOwner,
+// SokLocalRows (over tf_ops/sharding/core) and the grouped gather and its
+// gradient (sharding_op.h).
+#include <cstring>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -49,6 +51,76 @@ struct LocalRowsFunctor<CpuDevice, K> {
 SOK_REGISTER_SHARDING(int32_t)
 SOK_REGISTER_SHARDING(TfInt64)
 #undef SOK_REGISTER_SHARDING
+
+template <>
+struct GroupedGatherFunctor<CpuDevice> {
+  Status operator()(OpKernelContext* ctx, const GroupedTables& tables, const Tensor& keys,
+                    Tensor* out) const {
+    const int64_t* k = reinterpret_cast<const int64_t*>(keys.flat<TfInt64>().data());
+    const int64_t n = keys.NumElements();
+    const int64_t count = static_cast<int64_t>(tables.rows.size());
+    for (int64_t i = 0; i < n; ++i) {  // checked first: no row is copied for a bad input
+      const int64_t t = k[i] >= 0 ? k[i] % count : 0;
+      if (k[i] < 0 || k[i] / count >= tables.counts[t]) {
+        return ::tensorflow::errors::InvalidArgument(
+            "keys[", i, "]=", k[i], " names row ", k[i] < 0 ? -1 : k[i] / count, " of ",
+            GroupedTableName(tables.names, static_cast<int>(t)), ", which has ", tables.counts[t],
+            " rows (a key is row * num_tables + table, num_tables=", count, ")");
+      }
+    }
+    char* dst = const_cast<char*>(out->tensor_data().data());
+    const int64_t bytes = tables.row_bytes;
+    ParallelFor(ctx, n, bytes, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        std::memcpy(dst + i * bytes, tables.rows[k[i] % count] + (k[i] / count) * bytes,
+                    static_cast<size_t>(bytes));
+      }
+    });
+    return OkStatus();
+  }
+};
+
+template <>
+struct GroupedGatherGradFunctor<CpuDevice> {
+  Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& grads,
+                    const Tensor& permutation, const GroupedGrads& out) const {
+    const int64_t* k = reinterpret_cast<const int64_t*>(keys.flat<TfInt64>().data());
+    const int64_t* perm = reinterpret_cast<const int64_t*>(permutation.flat<TfInt64>().data());
+    const char* src = grads.tensor_data().data();
+    const int num_tables = static_cast<int>(out.indices.size());
+    const int64_t bytes = out.row_bytes;
+    const int64_t n = keys.NumElements();
+    for (int t = 0; t < num_tables; ++t) {
+      for (int64_t p = out.offsets[t]; p < out.offsets[t + 1]; ++p) {
+        const int64_t i = perm[p];
+        if (i < 0 || i >= n || k[i] < 0 || k[i] % num_tables != t) {
+          return ::tensorflow::errors::InvalidArgument(
+              "permutation must group the keys by table (key % num_tables, num_tables=",
+              num_tables, ") in the order of table_sizes; permutation[", p, "]=", i,
+              " in table ", t, "'s part", i >= 0 && i < n ? " names key " : "",
+              i >= 0 && i < n ? std::to_string(k[i]) : std::string());
+        }
+        const int64_t j = p - out.offsets[t];
+        out.indices[t][j] = k[i] / num_tables;
+        std::memcpy(out.values[t] + j * bytes, src + i * bytes, static_cast<size_t>(bytes));
+      }
+    }
+    return OkStatus();
+  }
+};
+
+#define SOK_REGISTER_GROUPED_GATHER(T)                                                    \
+  REGISTER_KERNEL_BUILDER(                                                                \
+      Name("SokGroupedGather").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"),    \
+      GroupedGatherOp<CpuDevice, T>);                                                     \
+  REGISTER_KERNEL_BUILDER(                                                                \
+      Name("SokGroupedGatherGrad").Device(::tensorflow::DEVICE_CPU).TypeConstraint<T>("T"), \
+      GroupedGatherGradOp<CpuDevice, T>);
+SOK_REGISTER_GROUPED_GATHER(float)
+SOK_REGISTER_GROUPED_GATHER(double)
+SOK_REGISTER_GROUPED_GATHER(Eigen::half)
+SOK_REGISTER_GROUPED_GATHER(::tensorflow::bfloat16)
+#undef SOK_REGISTER_GROUPED_GATHER
 
 }  // namespace sharding_kernels
 }  // namespace sok_graph

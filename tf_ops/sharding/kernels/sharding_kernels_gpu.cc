@@ -1,13 +1,16 @@
-// The sharding ops on the GPU: the functors of SokBucketizeByOwner and
-// SokLocalRows (sharding_op.h) — the C launchers of bucketize.cu and
-// local_rows.cu on the op's stream. Negative ids are found on the device
-// and read back (one wait): an error as on the CPU, never a silent -1 row
-// or a wrong owner. Compiled only when the build found a CUDA toolkit
+// The sharding ops on the GPU: the functors of SokBucketizeByOwner,
+// SokLocalRows and the grouped gather (sharding_op.h) — the C launchers of
+// bucketize.cu, local_rows.cu and grouped_gather.cu on the op's stream.
+// Negative ids are found on the device and read back (one wait): an error
+// as on the CPU, never a silent -1 row or a wrong owner. The grouped gather
+// and its gradient wait for nothing: their output sizes are known on the
+// host. Compiled only when the build found a CUDA toolkit
 // (SOK_GRAPH_WITH_CUDA); registering the kernels costs nothing on machines
 // without a GPU, where TensorFlow simply never places the ops there.
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
 #include <climits>
+#include <cstdint>
 #include <type_traits>
 #include <vector>
 
@@ -17,6 +20,7 @@
 #include "tf_ops/common/gpu_stream.h"
 #include "compat/tf_compat.h"
 #include "tf_ops/sharding/kernels/bucketize_launcher.h"
+#include "tf_ops/sharding/kernels/grouped_gather_launcher.h"
 #include "tf_ops/sharding/kernels/local_rows_launcher.h"
 #include "tf_ops/sharding/kernels/sharding_args.h"
 #include "tf_ops/sharding/kernels/sharding_op.h"
@@ -107,6 +111,95 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("SokLocalRows").Device(::tensorflow::DEVICE_GPU).TypeConstraint<TfInt64>("T"),
     LocalRowsOp<GpuDevice, TfInt64>);
+
+// The widest copy unit (16, 8, 4 or 2 bytes) that divides every address.
+int MaxUnitBytes(const std::vector<const void*>& buffers) {
+  int unit = 16;
+  for (const void* p : buffers) {
+    while (unit > 2 && reinterpret_cast<uintptr_t>(p) % unit != 0) unit /= 2;
+  }
+  return unit;
+}
+
+// `words` copied to a new device buffer (`holder` keeps it for the op).
+Status ToDevice(OpKernelContext* ctx, const std::vector<int64_t>& words, Tensor* holder,
+                const char* what) {
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
+                                        TensorShape({static_cast<int64_t>(words.size())}), holder));
+  return CudaStatus(sok_gpu_copy_to_device(const_cast<char*>(holder->tensor_data().data()),
+                                           words.data(), sizeof(int64_t) * words.size(),
+                                           GpuStreamOf(ctx)),
+                    what);
+}
+
+template <>
+struct GroupedGatherFunctor<GpuDevice> {
+  Status operator()(OpKernelContext* ctx, const GroupedTables& tables, const Tensor& keys,
+                    Tensor* out) const {
+    const int num_tables = static_cast<int>(tables.rows.size());
+    std::vector<int64_t> words;
+    std::vector<const void*> buffers{out->tensor_data().data()};
+    for (int t = 0; t < num_tables; ++t) {
+      words.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(tables.rows[t])));
+      words.push_back(tables.counts[t]);
+      buffers.push_back(tables.rows[t]);
+    }
+    Tensor descs;
+    TF_RETURN_IF_ERROR(ToDevice(ctx, words, &descs, "SokGroupedGather: copying the tables"));
+    return CudaStatus(
+        sok_grouped_gather(reinterpret_cast<const int64_t*>(descs.tensor_data().data()),
+                           num_tables,
+                           reinterpret_cast<const int64_t*>(keys.tensor_data().data()),
+                           keys.NumElements(), tables.row_bytes, MaxUnitBytes(buffers),
+                           const_cast<char*>(out->tensor_data().data()), GpuStreamOf(ctx)),
+        "SokGroupedGather");
+  }
+};
+
+template <>
+struct GroupedGatherGradFunctor<GpuDevice> {
+  Status operator()(OpKernelContext* ctx, const Tensor& keys, const Tensor& grads,
+                    const Tensor& permutation, const GroupedGrads& out) const {
+    const int num_tables = static_cast<int>(out.indices.size());
+    std::vector<int64_t> words(out.offsets.begin(), out.offsets.end());
+    std::vector<const void*> buffers{grads.tensor_data().data()};
+    for (int t = 0; t < num_tables; ++t) {
+      words.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(out.indices[t])));
+    }
+    for (int t = 0; t < num_tables; ++t) {
+      words.push_back(static_cast<int64_t>(reinterpret_cast<uintptr_t>(out.values[t])));
+      buffers.push_back(out.values[t]);
+    }
+    Tensor descs;
+    TF_RETURN_IF_ERROR(ToDevice(ctx, words, &descs, "SokGroupedGatherGrad: copying the outputs"));
+    return CudaStatus(
+        sok_grouped_gather_grad(reinterpret_cast<const int64_t*>(descs.tensor_data().data()),
+                                num_tables,
+                                reinterpret_cast<const int64_t*>(keys.tensor_data().data()),
+                                reinterpret_cast<const int64_t*>(
+                                    permutation.tensor_data().data()),
+                                keys.NumElements(), grads.tensor_data().data(), out.row_bytes,
+                                MaxUnitBytes(buffers), GpuStreamOf(ctx)),
+        "SokGroupedGatherGrad");
+  }
+};
+
+#define SOK_REGISTER_GROUPED_GATHER(T)                                            \
+  REGISTER_KERNEL_BUILDER(Name("SokGroupedGather")                                \
+                              .Device(::tensorflow::DEVICE_GPU)                   \
+                              .TypeConstraint<T>("T")                             \
+                              .HostMemory("table_sizes"),                         \
+                          GroupedGatherOp<GpuDevice, T>);                         \
+  REGISTER_KERNEL_BUILDER(Name("SokGroupedGatherGrad")                            \
+                              .Device(::tensorflow::DEVICE_GPU)                   \
+                              .TypeConstraint<T>("T")                             \
+                              .HostMemory("table_sizes"),                         \
+                          GroupedGatherGradOp<GpuDevice, T>);
+SOK_REGISTER_GROUPED_GATHER(float)
+SOK_REGISTER_GROUPED_GATHER(double)
+SOK_REGISTER_GROUPED_GATHER(Eigen::half)
+SOK_REGISTER_GROUPED_GATHER(::tensorflow::bfloat16)
+#undef SOK_REGISTER_GROUPED_GATHER
 
 }  // namespace sharding_kernels
 }  // namespace sok_graph

@@ -1,18 +1,22 @@
-// The one OpKernel of SokBucketizeByOwner and of SokLocalRows for every
-// device: attributes and input shapes checked once here, the work in the
-// device's functor — the CPU's in sharding_kernels.cc
-// (tf_ops/sharding/core), the GPU's in sharding_kernels_gpu.cc (the
-// launchers of bucketize.cu and local_rows.cu). Each device file registers
-// the kernels with its functor.
+// The one OpKernel of each sharding op (SokBucketizeByOwner, SokLocalRows,
+// SokGroupedGather and its gradient) for every device: attributes and input
+// shapes checked once here, the work in the device's functor — the CPU's in
+// sharding_kernels.cc (tf_ops/sharding/core), the GPU's in
+// sharding_kernels_gpu.cc (the launchers of bucketize.cu, local_rows.cu and
+// grouped_gather.cu). Each device file registers the kernels with its
+// functor.
 #ifndef SOK_GRAPH_TF_OPS_SHARDING_KERNELS_SHARDING_OP_H_
 #define SOK_GRAPH_TF_OPS_SHARDING_KERNELS_SHARDING_OP_H_
 
 #include <cstdint>
+#include <string>
+#include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "tensorflow/core/framework/tensor.h"
 #include "compat/tf_compat.h"
 #include "tf_ops/common/gpu_stream.h"
+#include "tf_ops/common/table_inputs.h"
 #include "tf_ops/sharding/kernels/sharding_args.h"
 
 namespace sok_graph {
@@ -105,6 +109,164 @@ class LocalRowsOp : public DeviceWaitingKernel<> {
 
  private:
   int world_size_ = 1;
+};
+
+
+// SokGroupedGather's tables, checked: each table's first row and row count,
+// and the bytes of a row (all tables have one dtype and dimension).
+struct GroupedTables {
+  std::vector<const char*> rows;
+  std::vector<int64_t> counts;
+  std::vector<std::string> names;  // for errors
+  int64_t dim = 0;
+  int64_t row_bytes = 0;
+};
+
+// SokGroupedGatherGrad's outputs, allocated by the op: table t's keys are
+// positions [offsets[t], offsets[t + 1]) of the permutation.
+struct GroupedGrads {
+  std::vector<int64_t> offsets;         // [num_tables + 1]
+  std::vector<int64_t*> indices;        // [num_tables]
+  std::vector<char*> values;            // [num_tables]
+  int64_t row_bytes = 0;
+};
+
+// GroupedGatherFunctor: Status operator()(ctx, tables, keys, out): out[i]
+//   the row of keys[i] (CPU: a bad key is an error naming its table; GPU: a
+//   zero row, see the op's doc).
+// GroupedGatherGradFunctor: Status operator()(ctx, keys, grads, permutation,
+//   outputs).
+template <typename Device>
+struct GroupedGatherFunctor;
+template <typename Device>
+struct GroupedGatherGradFunctor;
+
+inline std::string GroupedTableName(const std::vector<std::string>& names, int t) {
+  if (t < static_cast<int>(names.size())) return "table '" + names[t] + "'";
+  return "table " + std::to_string(t);
+}
+
+// The per-table counts of the grouped ops (host memory), checked to be
+// num_tables counts >= 0 that add up to n; their running sums in `offsets`.
+inline ::tensorflow::Status GroupOffsets(const ::tensorflow::Tensor& sizes, int num_tables,
+                                         int64_t n, std::vector<int64_t>* offsets) {
+  namespace errors = ::tensorflow::errors;
+  if (sizes.dims() != 1 || sizes.NumElements() != num_tables) {
+    return errors::InvalidArgument("table_sizes must be a vector of num_tables=", num_tables,
+                                   " counts; got shape ", sizes.shape().DebugString());
+  }
+  const auto counts = sizes.flat<TfInt64>();
+  offsets->assign(1, 0);
+  for (int t = 0; t < num_tables; ++t) {
+    if (counts(t) < 0 || counts(t) > n - offsets->back()) {
+      return errors::InvalidArgument("table_sizes must be counts >= 0 that add up to the ",
+                                     n, " keys; got ", static_cast<int64_t>(counts(t)),
+                                     " at table ", t, " after ", offsets->back());
+    }
+    offsets->push_back(offsets->back() + counts(t));
+  }
+  if (offsets->back() != n) {
+    return errors::InvalidArgument("table_sizes must add up to the ", n, " keys; they add up to ",
+                                   offsets->back());
+  }
+  return OkStatus();
+}
+
+template <typename Device, typename T>
+class GroupedGatherOp : public ::tensorflow::OpKernel {
+ public:
+  explicit GroupedGatherOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
+    OP_REQUIRES(ctx, names_.empty() || static_cast<int>(names_.size()) == num_tables_,
+                ::tensorflow::errors::InvalidArgument(
+                    "table_names must be empty or have num_tables=", num_tables_,
+                    " entries; got ", names_.size()));
+  }
+
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+    namespace errors = ::tensorflow::errors;
+    TableInputs params;
+    OP_REQUIRES_OK(ctx, params.Read(ctx, "params", num_tables_,
+                                    [this](int t) { return GroupedTableName(names_, t); }));
+    const ::tensorflow::Tensor& keys = ctx->input(num_tables_);
+    OP_REQUIRES(ctx, keys.dims() == 1,
+                errors::InvalidArgument("keys must be a vector; got shape ",
+                                        keys.shape().DebugString()));
+    std::vector<int64_t> offsets;
+    OP_REQUIRES_OK(ctx, GroupOffsets(ctx->input(num_tables_ + 1), num_tables_,
+                                     keys.NumElements(), &offsets));
+    GroupedTables tables;
+    tables.names = names_;
+    const auto dtype = ::tensorflow::DataTypeToEnum<T>::v();
+    for (int t = 0; t < num_tables_; ++t) {
+      const ::tensorflow::Tensor& p = params[t];
+      OP_REQUIRES(ctx, p.dtype() == dtype && p.dims() == 2,
+                  errors::InvalidArgument(
+                      "params of ", GroupedTableName(names_, t), " must be a [rows, dim] ",
+                      ::tensorflow::DataTypeString(dtype), " table; got ",
+                      ::tensorflow::DataTypeString(p.dtype()), " of shape ",
+                      p.shape().DebugString()));
+      if (t == 0) tables.dim = p.dim_size(1);
+      OP_REQUIRES(ctx, p.dim_size(1) == tables.dim,
+                  errors::InvalidArgument("every table of a grouped gather must have one "
+                                          "dimension: ", GroupedTableName(names_, 0), " has ",
+                                          tables.dim, ", ", GroupedTableName(names_, t),
+                                          " has ", p.dim_size(1)));
+      tables.rows.push_back(p.tensor_data().data());
+      tables.counts.push_back(p.dim_size(0));
+    }
+    tables.row_bytes = tables.dim * static_cast<int64_t>(sizeof(T));
+    ::tensorflow::Tensor* out = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(
+                            0, ::tensorflow::TensorShape({keys.NumElements(), tables.dim}), &out));
+    OP_REQUIRES_OK(ctx, GroupedGatherFunctor<Device>()(ctx, tables, keys, out));
+  }
+
+ private:
+  int num_tables_ = 1;
+  std::vector<std::string> names_;
+};
+
+template <typename Device, typename T>
+class GroupedGatherGradOp : public ::tensorflow::OpKernel {
+ public:
+  explicit GroupedGatherGradOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+  }
+
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+    namespace errors = ::tensorflow::errors;
+    const ::tensorflow::Tensor& keys = ctx->input(0);
+    const ::tensorflow::Tensor& grads = ctx->input(1);
+    const ::tensorflow::Tensor& permutation = ctx->input(2);
+    const int64_t n = keys.NumElements();
+    OP_REQUIRES(ctx, keys.dims() == 1 && permutation.dims() == 1 &&
+                         permutation.NumElements() == n,
+                errors::InvalidArgument("keys and permutation must be vectors of one length; "
+                                        "got shapes ", keys.shape().DebugString(), " and ",
+                                        permutation.shape().DebugString()));
+    OP_REQUIRES(ctx, grads.dims() == 2 && grads.dim_size(0) == n,
+                errors::InvalidArgument("grads must be [", n, ", dim] (a row per key); got ",
+                                        grads.shape().DebugString()));
+    GroupedGrads out;
+    OP_REQUIRES_OK(ctx, GroupOffsets(ctx->input(3), num_tables_, n, &out.offsets));
+    const int64_t dim = grads.dim_size(1);
+    out.row_bytes = dim * static_cast<int64_t>(sizeof(T));
+    for (int t = 0; t < num_tables_; ++t) {
+      const int64_t count = out.offsets[t + 1] - out.offsets[t];
+      ::tensorflow::Tensor *indices = nullptr, *values = nullptr;
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(t, ::tensorflow::TensorShape({count}), &indices));
+      OP_REQUIRES_OK(ctx, ctx->allocate_output(num_tables_ + t,
+                                               ::tensorflow::TensorShape({count, dim}), &values));
+      out.indices.push_back(reinterpret_cast<int64_t*>(indices->flat<TfInt64>().data()));
+      out.values.push_back(const_cast<char*>(values->tensor_data().data()));
+    }
+    OP_REQUIRES_OK(ctx, GroupedGatherGradFunctor<Device>()(ctx, keys, grads, permutation, out));
+  }
+
+ private:
+  int num_tables_ = 1;
 };
 
 }  // namespace sharding_kernels

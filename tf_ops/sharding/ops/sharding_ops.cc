@@ -1,5 +1,9 @@
-// Placement of ids for model parallelism: bucketing by owning worker and the
-// mapping from global ids to rows of the owner's shard.
+// Placement of ids for model parallelism: bucketing by owning worker, the
+// mapping from global ids to rows of the owner's shard, and the owner's read
+// of the rows of several tables for the keys it received (the grouped
+// exchange of sok_graph/exchange.py).
+#include <vector>
+
 #include "tensorflow/core/framework/common_shape_fns.h"
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/shape_inference.h"
@@ -8,6 +12,7 @@
 namespace sok_graph {
 
 using ::tensorflow::Status;
+using ::tensorflow::Tensor;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
@@ -60,6 +65,103 @@ REGISTER_OP("SokLocalRows")
     .Doc(R"doc(
 The row each id occupies in its owner's shard of a distributed table:
 id // world_size. Ids must be >= 0.
+)doc");
+
+// The [n, dim] rows of SokGroupedGather: dim from the first table whose
+// shape says it (a tensor, or a variable's recorded handle shape).
+Status GroupedGatherShape(InferenceContext* c) {
+  int n = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+  ShapeHandle keys, sizes;
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(n), 1, &keys));
+  TF_RETURN_IF_ERROR(c->WithRank(c->input(n + 1), 1, &sizes));
+  ::tensorflow::shape_inference::DimensionHandle count;
+  TF_RETURN_IF_ERROR(c->WithValue(c->Dim(sizes, 0), n, &count));
+  std::vector<::tensorflow::DataType> types;
+  TF_RETURN_IF_ERROR(c->GetAttr("Tparams", &types));
+  if (static_cast<int>(types.size()) != n) {
+    return ::tensorflow::errors::InvalidArgument("params must have num_tables=", n,
+                                                 " entries; got ", types.size());
+  }
+  auto dim = c->UnknownDim();
+  for (int t = 0; t < n; ++t) {
+    ShapeHandle table;
+    if (types[t] != ::tensorflow::DT_RESOURCE) {
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(t), 2, &table));
+    } else if (c->input_handle_shapes_and_types(t) != nullptr &&
+               !c->input_handle_shapes_and_types(t)->empty()) {
+      TF_RETURN_IF_ERROR(c->WithRank((*c->input_handle_shapes_and_types(t))[0].shape, 2, &table));
+    } else {
+      continue;  // a variable whose handle records no shape
+    }
+    TF_RETURN_IF_ERROR(c->Merge(dim, c->Dim(table, 1), &dim));
+  }
+  c->set_output(0, c->Matrix(c->Dim(keys, 0), dim));
+  return OkStatus();
+}
+
+REGISTER_OP("SokGroupedGather")
+    .Input("params: Tparams")
+    .Input("keys: int64")
+    .Input("table_sizes: int64")
+    .Output("rows: T")
+    .Attr("num_tables: int >= 1")
+    .Attr("table_names: list(string) = []")
+    .Attr("T: {float, half, bfloat16, double}")
+    .Attr("Tparams: list({float, half, bfloat16, double, resource})")
+    .SetShapeFn(GroupedGatherShape)
+    .Doc(R"doc(
+The rows of several tables for keys that name their table: for key k,
+rows[i] = params[k % num_tables][k // num_tables]. The owner's read in the
+grouped exchange, where each received key is (local row) * num_tables +
+(table), in one op for all tables.
+
+params: num_tables tables of one dtype T and one dimension, each a
+  [rows, dim] tensor or a resource variable (read in place under a shared
+  lock, as the fused lookup reads it).
+keys: distinct keys, each >= 0 with a row k // num_tables inside its table.
+  The CPU kernel reports a bad key; the GPU kernel reads a zero row for it
+  (the exchange's keys passed the senders' range checks).
+table_sizes: [num_tables], how many keys name each table (host memory on a
+  GPU). Not read here: the gradient (SokGroupedGatherGrad) sizes its
+  outputs from it without waiting for the device.
+table_names: empty, or a name per table for error messages.
+)doc");
+
+REGISTER_OP("SokGroupedGatherGrad")
+    .Input("keys: int64")
+    .Input("grads: T")
+    .Input("permutation: int64")
+    .Input("table_sizes: int64")
+    .Output("indices: num_tables * int64")
+    .Output("values: num_tables * T")
+    .Attr("num_tables: int >= 1")
+    .Attr("T: {float, half, bfloat16, double}")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      int n = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("num_tables", &n));
+      ShapeHandle keys, grads, permutation, sizes;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &keys));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 2, &grads));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(2), 1, &permutation));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(3), 1, &sizes));
+      ::tensorflow::shape_inference::DimensionHandle count;
+  TF_RETURN_IF_ERROR(c->WithValue(c->Dim(sizes, 0), n, &count));
+      const Tensor* known = c->input_tensor(3);
+      for (int t = 0; t < n; ++t) {
+        auto size = known != nullptr ? c->MakeDim(known->flat<TfInt64>()(t)) : c->UnknownDim();
+        c->set_output(t, c->Vector(size));
+        c->set_output(n + t, c->Matrix(size, c->Dim(grads, 1)));
+      }
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The gradient of SokGroupedGather as one (indices, values) pair per table:
+table t's keys in their order among `keys` (local rows k // num_tables) and
+the rows of `grads` [n, dim] for them. permutation: `keys` grouped by table,
+stably (SokBucketizeByOwner of keys over num_tables); table_sizes: how many
+keys name each table (host memory on a GPU), which must add up to n. The
+keys being distinct, each table's indices are too.
 )doc");
 
 }  // namespace sok_graph

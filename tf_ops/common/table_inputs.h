@@ -1,4 +1,5 @@
-// The `params` inputs of the lookup ops: each table is either a tensor or a
+// The `params` inputs of the ops that read tables (the fused lookup, the
+// exchange's grouped gather): each table is either a tensor or a
 // resource variable. A variable is read in place, under a shared lock held
 // for as long as the TableInputs object lives, instead of through a
 // ReadVariableOp: once a sparse update (an optimizer's scatter) has touched
@@ -10,8 +11,8 @@
 // may be seen half-applied by a lookup running at the same time, as by a
 // gather. Locks are taken in increasing mutex address, the order
 // TensorFlow's multi-variable kernels use, so no deadlock.
-#ifndef SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_TABLES_H_
-#define SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_TABLES_H_
+#ifndef SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
+#define SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
 
 #include <algorithm>
 #include <functional>
@@ -99,4 +100,4 @@ class TableInputs {
 
 }  // namespace sok_graph
 
-#endif  // SOK_GRAPH_TF_OPS_LOOKUP_KERNELS_LOOKUP_TABLES_H_
+#endif  // SOK_GRAPH_TF_OPS_COMMON_TABLE_INPUTS_H_
