@@ -146,17 +146,24 @@ def test_grouped_gather_empty_and_single_table(rng):
 
 
 def test_grouped_gather_rejects_bad_input():
-    a = tf.Variable(tf.zeros([3, 2]))
-    b = tf.Variable(tf.zeros([2, 2]))
     # Key 5 is row 2 of table 1, which has 2 rows. (A CPU kernel check; on a
-    # GPU the op reads a zero row: its keys come checked from the senders.)
+    # GPU the op reads a zero row: its keys come checked from the senders.
+    # The op runs where its variables are.)
     with tf.device("/cpu:0"):
+        a = tf.Variable(tf.zeros([3, 2]))
+        b = tf.Variable(tf.zeros([2, 2]))
         with pytest.raises(tf.errors.InvalidArgumentError, match=r"keys\[1\]=5 .*'b'.* 2 rows"):
             sharding.grouped_gather([a, b], tf.constant([0, 5], tf.int64),
                                     tf.constant([1, 1], tf.int64), table_names=["a", "b"])
-    with pytest.raises(tf.errors.InvalidArgumentError, match="table_sizes must add up"):
-        sharding.grouped_gather([a, b], tf.constant([0, 1], tf.int64),
-                                tf.constant([1, 0], tf.int64))
-    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one dimension"):
-        sharding.grouped_gather([a, tf.Variable(tf.zeros([2, 3]))], tf.constant([0], tf.int64),
-                                tf.constant([1, 0], tf.int64))
+    for device in ("/cpu:0", None):  # the size and dimension checks on every device
+        with tf.device(device):
+            a = tf.Variable(tf.zeros([3, 2]))
+            b = tf.Variable(tf.zeros([2, 2]))
+            wide = tf.Variable(tf.zeros([2, 3]))
+            with pytest.raises(tf.errors.InvalidArgumentError, match="table_sizes must add up"):
+                sharding.grouped_gather([a, b], tf.constant([0, 1], tf.int64),
+                                        tf.constant([1, 0], tf.int64))
+            with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
+                               match="one dimension"):
+                sharding.grouped_gather([a, wide], tf.constant([0], tf.int64),
+                                        tf.constant([1, 0], tf.int64))
