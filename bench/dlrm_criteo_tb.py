@@ -86,6 +86,10 @@ def parse(argv=None):
                    help="after the timed steps, print every tensor one step moves between "
                         "devices (from the placed, partitioned graph): each GPU-to-host "
                         "one is a host synchronisation")
+    p.add_argument("--steps_per_call", type=int, default=1,
+                   help="training steps per call of the step function (unrolled in its "
+                        "graph); --steps, --warmup, --log_every and --trace count steps "
+                        "and must divide by it")
     p.add_argument("--reduce_loss", action="store_true",
                    help="each step returns the global loss, summed over the replicas into "
                         "host memory (the step then ends when the GPUs finish it); by "
@@ -106,6 +110,10 @@ def parse(argv=None):
     p.add_argument("--cpu", action="store_true",
                    help="run on logical CPUs instead (a smoke test of the program)")
     args = p.parse_args(argv)
+    for name in ("steps", "warmup", "log_every", "trace", "bytes"):
+        if args.steps_per_call < 1 or getattr(args, name) % args.steps_per_call:
+            p.error(f"--{name} {getattr(args, name)} must divide by --steps_per_call "
+                    f"{args.steps_per_call} (>= 1)")
     return args
 
 
@@ -244,7 +252,7 @@ class DLRM:
         layers = iter(self.dense)
         for _ in BOTTOM:
             w, b = next(layers)
-            x = tf.nn.relu(tf.matmul(x, w) + b)
+            x = tf.nn.relu(tf.nn.bias_add(tf.matmul(x, w), b))
         vectors = tf.concat([x[:, None, :], self.embeddings(ids)], axis=1)  # [B, F, dim]
         dots = tf.matmul(vectors, vectors, transpose_b=True)  # [B, F, F]
         features = vectors.shape[1]
@@ -253,7 +261,9 @@ class DLRM:
         x = tf.concat([x, tf.gather(flat, lower, axis=1)], axis=1)
         for k in range(len(TOP)):
             w, b = next(layers)
-            x = tf.matmul(x, w) + b
+            # bias_add, as Keras' Dense: its gradient is one BiasAddGrad, where
+            # a broadcast add's is a column Sum (0.1 ms each on an H200).
+            x = tf.nn.bias_add(tf.matmul(x, w), b)
             if k < len(TOP) - 1:
                 x = tf.nn.relu(x)
         return tf.squeeze(x, 1)
@@ -320,7 +330,12 @@ def build_step(strategy, model, args, tf):
 
     @tf.function
     def step(pool, k):
-        losses = strategy.run(replica_step, args=(pool, k))
+        # --steps_per_call steps, unrolled: one Python call (about 1 ms of
+        # the host's time on a multi-GPU machine, with the GPUs idle) runs
+        # them all, and the host can start a step while the GPUs finish the
+        # one before, as Keras' steps_per_execution does.
+        for j in range(args.steps_per_call):
+            losses = strategy.run(replica_step, args=(pool, (k + j) % args.pool))
         if args.reduce_loss:
             return strategy.reduce(tf.distribute.ReduceOp.SUM, losses, axis=None)
         # Each replica's loss stays on its device: a step that returned a
@@ -338,6 +353,15 @@ def build_step(strategy, model, args, tf):
     return step
 
 
+def _run_steps(step, pool, args, tf, steps, start=0):
+    """Runs `steps` training steps (calls of --steps_per_call steps) on pool
+    batches start, start + 1, ...; the last call's losses."""
+    loss = None
+    for i in range(start, start + steps, args.steps_per_call):
+        loss = step(pool, tf.constant(i % args.pool))
+    return loss
+
+
 def _trace_breakdown(strategy, step, pool, args, tf, steps):
     """GPU time per part and host waits per step, from a profiler trace."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -349,8 +373,7 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
         logdir = os.path.join(logdir, f"rank{rank}")  # one trace per process
     tf.profiler.experimental.start(logdir, options=tf.profiler.experimental.ProfilerOptions(
         host_tracer_level=args.host_level))
-    for i in range(steps):
-        loss = step(pool, tf.constant(i % args.pool))
+    loss = _run_steps(step, pool, args, tf, steps)
     step.loss_of(loss)
     tf.profiler.experimental.stop()
     space = host_syncs._xspace(logdir)
@@ -442,18 +465,18 @@ def run_side(side, strategy, args, rows, tf):
     t0 = time.time()
     if args.transfers:
         _first_step_with_transfers(step, pool, tf, side)
-    for i in range(args.warmup):
-        loss = step(pool, tf.constant(i % args.pool))
+    loss = _run_steps(step, pool, args, tf, args.warmup)
     first = step.loss_of(loss)
     print(f"[{side}] {args.warmup} warm-up steps in {time.time() - t0:.1f} s, loss {first:.4f}",
           flush=True)
     t0 = last = time.time()
-    for i in range(args.steps):
-        loss = step(pool, tf.constant(i % args.pool))
-        if args.log_every and (i + 1) % args.log_every == 0:
+    for i in range(0, args.steps, args.log_every or args.steps):
+        loss = _run_steps(step, pool, args, tf, min(args.log_every or args.steps, args.steps - i),
+                          start=i)
+        if args.log_every and i + args.log_every <= args.steps:
             value = step.loss_of(loss)
             now = time.time()
-            print(f"[{side}] step {i + 1}/{args.steps}: loss {value:.4f}, "
+            print(f"[{side}] step {i + args.log_every}/{args.steps}: loss {value:.4f}, "
                   f"{args.log_every * args.global_batch / (now - last) / 1e6:.3f}M samples/s",
                   flush=True)
             last = now
@@ -513,9 +536,7 @@ def _bytes_per_step(strategy, model, pool, args, tf):
         counted.loss_of(counted(pool, tf.constant(0)))  # traced now, with counting on
         sok.communication.count_bytes(False)
         sok.communication.reset_bytes_sent()
-        for i in range(args.bytes):
-            loss = counted(pool, tf.constant(i % args.pool))
-        counted.loss_of(loss)
+        counted.loss_of(_run_steps(counted, pool, args, tf, args.bytes))
         # One process counts every replica it runs.
         local = 1 if args.workers or args.horovod else n
         sent[dedup] = sok.communication.bytes_sent() / args.bytes / local

@@ -62,7 +62,23 @@ def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0)
         received, received_splits = comm.alltoall(send, buckets.sizes, check_splits=False)
         rows = _read_each_once(received, read, counted, groups)
         back, _ = comm.alltoall(rows, received_splits, check_splits=False)
-        return tf.gather(back, buckets.inverse_permutation)
+        return _unpermuted(back, buckets.permutation, buckets.inverse_permutation)
+
+
+def _unpermuted(rows, permutation, inverse):
+    """tf.gather(rows, inverse) for a permutation `inverse` of the rows, whose
+    gradient is a gather of dy by `permutation` (its inverse). TensorFlow's
+    own gradient of a gather sums dy into zeros by index, as for any indices:
+    on a GPU a fill and an atomic segment sum over every row (0.13 ms of the
+    step of a 26-table batch of 8192)."""
+    @tf.custom_gradient
+    def gather(rows, permutation, inverse):
+        def grad(dy):
+            return tf.gather(tf.convert_to_tensor(dy), permutation), None, None
+
+        return tf.gather(rows, inverse), grad
+
+    return gather(rows, permutation, inverse)
 
 
 def static_rows(comm, var, ids, name="sok_exchange"):

@@ -443,16 +443,42 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
   return static_cast<int>(cudaGetLastError());
 }
 
+__device__ __forceinline__ int64_t GroupOf(int64_t value, int64_t groups) {
+  const int64_t g = value % groups;
+  return g < 0 ? g + groups : g;
+}
+
 __global__ void GroupSizes(const int64_t* __restrict__ y, const int64_t* __restrict__ num,
                            int64_t n, int64_t groups, unsigned long long* sizes) {
   const int64_t count = *num < n ? *num : n;
   for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
        i += int64_t{gridDim.x} * blockDim.x) {
-    int64_t g = y[i] % groups;
-    if (g < 0) g += groups;
-    atomicAdd(sizes + g, 1ull);
+    atomicAdd(sizes + GroupOf(y[i], groups), 1ull);
   }
 }
+
+// GroupSizes for few groups: each block counts into shared memory and adds
+// its counts once. With a few dozen groups (the tables of a grouped
+// exchange) every thread of the global version adds to the same few
+// counters: 70 us for 200k values on an H200, in the wait of the unique
+// that counts them.
+__global__ void GroupSizesShared(const int64_t* __restrict__ y, const int64_t* __restrict__ num,
+                                 int64_t n, int groups, unsigned long long* sizes) {
+  extern __shared__ unsigned int block_sizes[];
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) block_sizes[g] = 0;
+  __syncthreads();
+  const int64_t count = *num < n ? *num : n;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < count;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    atomicAdd(block_sizes + GroupOf(y[i], groups), 1u);
+  }
+  __syncthreads();
+  for (int g = threadIdx.x; g < groups; g += blockDim.x) {
+    if (block_sizes[g] != 0) atomicAdd(sizes + g, static_cast<unsigned long long>(block_sizes[g]));
+  }
+}
+
+constexpr int64_t kSharedGroupLimit = 8192;  // 32 KiB of shared counters
 
 }  // namespace
 
@@ -462,7 +488,13 @@ SOK_EXPORT int sok_unique_group_sizes_i64(const int64_t* y, const int64_t* num_u
                                           int64_t groups, int64_t* sizes, void* stream) {
   cudaStream_t s = static_cast<cudaStream_t>(stream);
   SOK_CUDA(cudaMemsetAsync(sizes, 0, sizeof(int64_t) * groups, s));
-  if (n > 0) {
+  if (n > 0 && groups <= kSharedGroupLimit) {
+    // At most 512 blocks: each adds its counts to the global ones once.
+    const unsigned blocks = Grid(n) < 512 ? Grid(n) : 512;
+    GroupSizesShared<<<blocks, 256, sizeof(unsigned int) * groups, s>>>(
+        y, num_unique, n, static_cast<int>(groups),
+        reinterpret_cast<unsigned long long*>(sizes));
+  } else if (n > 0) {
     GroupSizes<<<Grid(n), 256, 0, s>>>(y, num_unique, n, groups,
                                        reinterpret_cast<unsigned long long*>(sizes));
   }
