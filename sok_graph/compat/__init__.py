@@ -158,10 +158,7 @@ def static_handle_shape(handle):
     lets a gradient give a table's dense_shape without a VariableShape op."""
     if not hasattr(handle, "graph") or tf.executing_eagerly():
         return None
-    try:
-        from tensorflow.python.ops.handle_data_util import get_resource_handle_data
-    except ImportError:  # TF 1.x
-        from tensorflow.python.ops.resource_variable_ops import get_resource_handle_data
+    from tensorflow.python.ops.resource_variable_ops import get_resource_handle_data
     try:
         data = get_resource_handle_data(handle)
     except Exception:  # noqa: BLE001  (a handle without recorded data)
