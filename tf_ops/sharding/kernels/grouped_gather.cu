@@ -4,25 +4,18 @@
 // contiguous memory whatever the dimension.
 #include <cuda_runtime.h>
 
+#include "tf_ops/common/cuda_helpers.cuh"
 #include "tf_ops/sharding/kernels/grouped_gather_launcher.h"
 
 namespace {
 
-constexpr int kThreads = 256;
-
-unsigned Blocks(int64_t work) {
-  int64_t blocks = (work + kThreads - 1) / kThreads;
-  return static_cast<unsigned>(blocks < 1 ? 1 : (blocks > (1 << 20) ? (1 << 20) : blocks));
-}
+using sok_graph::cuda::Grid;
 
 template <typename U>
 __global__ void GatherKernel(const int64_t* __restrict__ tables, int64_t num_tables,
                              const int64_t* __restrict__ keys, int64_t n, int64_t units,
                              U* __restrict__ out) {
-  const int64_t total = n * units;
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += stride) {
+  SOK_FOR_EACH(e, n * units) {
     const int64_t i = e / units;
     const int64_t u = e - i * units;
     const int64_t key = keys[i];
@@ -44,10 +37,7 @@ __global__ void GatherGradKernel(const int64_t* __restrict__ outputs, int num_ta
                                  const int64_t* __restrict__ permutation, int64_t n,
                                  int64_t units, const U* __restrict__ grads) {
   const int64_t* offsets = outputs;
-  const int64_t total = n * units;
-  const int64_t stride = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t e = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; e < total;
-       e += stride) {
+  SOK_FOR_EACH(e, n * units) {
     const int64_t p = e / units;
     const int64_t u = e - p * units;
     int lo = 0, hi = num_tables;  // the table t with offsets[t] <= p < offsets[t + 1]
@@ -71,7 +61,7 @@ template <typename U>
 int LaunchGather(const int64_t* tables, int num_tables, const int64_t* keys, int64_t n,
                  int64_t row_bytes, void* out, cudaStream_t stream) {
   const int64_t units = row_bytes / static_cast<int64_t>(sizeof(U));
-  GatherKernel<U><<<Blocks(n * units), kThreads, 0, stream>>>(
+  GatherKernel<U><<<Grid(n * units), 256, 0, stream>>>(
       tables, num_tables, keys, n, units, static_cast<U*>(out));
   return static_cast<int>(cudaGetLastError());
 }
@@ -81,7 +71,7 @@ int LaunchGrad(const int64_t* outputs, int num_tables, const int64_t* keys,
                const int64_t* permutation, int64_t n, const void* grads, int64_t row_bytes,
                cudaStream_t stream) {
   const int64_t units = row_bytes / static_cast<int64_t>(sizeof(U));
-  GatherGradKernel<U><<<Blocks(n * units), kThreads, 0, stream>>>(
+  GatherGradKernel<U><<<Grid(n * units), 256, 0, stream>>>(
       outputs, num_tables, keys, permutation, n, units, static_cast<const U*>(grads));
   return static_cast<int>(cudaGetLastError());
 }
