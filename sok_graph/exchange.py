@@ -134,7 +134,8 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=(), 
             # gather per table and a sort by table instead cost ~200 ops of
             # every replica's step with 26 tables, and the step of a
             # multi-GPU machine is bound by the host (bench/RESULTS.md).
-            return sharding_ops.grouped_gather(tables, received, per_table, names)
+            return sharding_ops.grouped_gather(tables, received, per_table, names,
+                                               distinct=True)
 
         rows = _exchange(comm, send, owners, read, "rows", gate=gate, groups=count)
         return rows, positions

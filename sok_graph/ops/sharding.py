@@ -41,8 +41,8 @@ def local_rows(ids, world_size, name=None):
     return library.load().sok_local_rows(ids, world_size=int(world_size), name=name)
 
 
-def grouped_gather(tables, keys, table_sizes, table_names=None, name=None):
-    """Rows [n, dim] of T tables for distinct keys [n] (int64) that name their
+def grouped_gather(tables, keys, table_sizes, table_names=None, distinct=False, name=None):
+    """Rows [n, dim] of T tables for keys [n] (int64, >= 0) that name their
     table: key k reads row k // T of tables[k % T]. One op for all tables.
 
     tables:      T tables of one dtype and dimension: resource variables (read
@@ -50,14 +50,22 @@ def grouped_gather(tables, keys, table_sizes, table_names=None, name=None):
     table_sizes: int64 [T], how many keys name each table (host memory on a
                  GPU, as util.unique_grouped gives it): the gradient sizes its
                  outputs from it without waiting for the device
-    The gradient of table t is an IndexedSlices of its keys' rows (k // T,
-    distinct, marked so for the sparse optimizer) in their order among keys.
+    distinct:    the keys are known to be distinct (the exchange's are): each
+                 table's gradient indices are then marked so
+                 (util.mark_distinct), and a sparse optimizer skips its own
+                 dedup of them
+    The gradient of table t is an IndexedSlices of its keys' rows (k // T) in
+    their order among keys.
     """
     handles = [table_input(t) for t in tables]
+    dtypes = {tf.as_dtype(t.dtype).base_dtype if h.dtype == tf.resource else h.dtype
+              for t, h in zip(tables, handles)}
+    if len(dtypes) != 1:
+        raise TypeError(f"tables must have one dtype; got {sorted(d.name for d in dtypes)}")
     return library.load().sok_grouped_gather(
         params=handles, keys=keys, table_sizes=table_sizes, num_tables=len(handles),
-        T=tf.as_dtype(tables[0].dtype).base_dtype,
-        table_names=list(table_names) if table_names else [], name=name)
+        T=dtypes.pop(), table_names=list(table_names) if table_names else [],
+        distinct_keys=bool(distinct), name=name)
 
 
 @register_gradient("SokGroupedGather")
@@ -73,6 +81,7 @@ def _grouped_gather_grad(op, grad):
         indices, values = library.load().sok_grouped_gather_grad(
             keys=keys, grads=tf.convert_to_tensor(grad), permutation=by_table.permutation,
             table_sizes=sizes, num_tables=count)
-    grads = [IndexedSlices(values[t], util_ops.mark_distinct(indices[t]), table_shape(params[t]))
-             for t in range(count)]
+    if op.get_attr("distinct_keys"):
+        indices = [util_ops.mark_distinct(i) for i in indices]
+    grads = [IndexedSlices(values[t], indices[t], table_shape(params[t])) for t in range(count)]
     return grads + [None, None]

@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from sok_graph.ops import sharding
+from conftest import ON_GPU
+from sok_graph.ops import library, sharding
 
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
@@ -167,3 +168,54 @@ def test_grouped_gather_rejects_bad_input():
                                match="one dimension"):
                 sharding.grouped_gather([a, wide], tf.constant([0], tf.int64),
                                         tf.constant([1, 0], tf.int64))
+
+
+def test_grouped_gather_with_an_empty_table_in_a_session(rng):
+    """TF1 graph mode: tf.gradients through the op, a table of no rows in
+    the group (no key names it), and the indices marked distinct for the
+    sparse optimizers only when the caller says the keys are."""
+    from sok_graph.ops import util as util_ops
+
+    values = [rng.normal(size=(r, 3)).astype(np.float32) for r in (4, 0, 2)]
+    keys = np.array([6, 0, 2, 5], np.int64)  # rows 2, 0 of table 0; rows 0, 1 of table 2
+    sizes = np.array([2, 0, 2], np.int64)
+    with tf.Graph().as_default():
+        tables = [tf.compat.v1.Variable(v, use_resource=True) for v in values]
+        out = {}
+        for distinct in (False, True):
+            rows = sharding.grouped_gather(tables, tf.constant(keys), tf.constant(sizes),
+                                           distinct=distinct)
+            grads = tf.gradients(tf.reduce_sum(rows * rows), tables)
+            out[distinct] = (rows, grads)
+            assert [util_ops.marked_distinct(g.indices) for g in grads] == [distinct] * 3
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            rows, grads = sess.run(out[True])
+    expect = np.stack([values[0][2], values[0][0], values[2][0], values[2][1]])
+    np.testing.assert_array_equal(rows, expect)
+    np.testing.assert_array_equal(grads[0].indices, [2, 0])
+    np.testing.assert_allclose(grads[0].values, 2 * expect[:2], rtol=1e-6)
+    assert grads[1].indices.shape == (0,) and grads[1].values.shape == (0, 3)
+    np.testing.assert_array_equal(grads[1].dense_shape, [0, 3])
+    np.testing.assert_array_equal(grads[2].indices, [0, 1])
+
+
+def test_grouped_gather_grad_with_keys_not_grouped_by_table():
+    """A permutation or table_sizes that do not group the keys by table: the
+    CPU kernel reports it; the GPU kernel (which cannot without waiting for
+    the device) gives those positions the index -1 and a zero row, which
+    every scatter drops."""
+    op = library.load().sok_grouped_gather_grad
+    keys = tf.constant([0, 1, 3], tf.int64)  # tables 0, 1, 1 of two
+    grads = tf.ones([3, 2])
+    wrong = dict(keys=keys, grads=grads, permutation=tf.constant([0, 1, 2], tf.int64),
+                 table_sizes=tf.constant([2, 1], tf.int64), num_tables=2)
+    with tf.device("/cpu:0"):
+        with pytest.raises(tf.errors.InvalidArgumentError, match="permutation must group"):
+            op(**wrong)
+    if ON_GPU:
+        with tf.device("/gpu:0"):
+            indices, values = op(**wrong)
+        np.testing.assert_array_equal(indices[0].numpy(), [0, -1])
+        np.testing.assert_array_equal(values[0].numpy(), [[1, 1], [0, 0]])
+        np.testing.assert_array_equal(indices[1].numpy(), [1])

@@ -46,13 +46,18 @@ __global__ void GatherGradKernel(const int64_t* __restrict__ outputs, int num_ta
       if (offsets[mid] <= p) lo = mid; else hi = mid;
     }
     const int64_t j = p - offsets[lo];
+    // A position whose key is not one of table lo's (a permutation or
+    // table_sizes that do not group the keys by table, a negative key) gets
+    // the index -1 and a zero row, which every scatter drops: the CPU
+    // kernel reports such input, the GPU's cannot without a wait.
     const int64_t source = permutation[p];
-    if (source < 0 || source >= n) continue;  // never from SokBucketizeByOwner
+    const int64_t key = source >= 0 && source < n ? keys[source] : -1;
+    const bool ok = key >= 0 && key % num_tables == lo;
     U* values = reinterpret_cast<U*>(outputs[num_tables + 1 + num_tables + lo]);
-    values[j * units + u] = grads[source * units + u];
+    values[j * units + u] = ok ? grads[source * units + u] : U{};
     if (u == 0) {
       int64_t* indices = reinterpret_cast<int64_t*>(outputs[num_tables + 1 + lo]);
-      indices[j] = keys[source] / num_tables;
+      indices[j] = ok ? key / num_tables : -1;
     }
   }
 }

@@ -23,7 +23,8 @@ int sok_grouped_gather(const int64_t* tables, int num_tables, const int64_t* key
 // values_t[j] = grads[p] (a row_bytes row), where p = permutation[offsets[t]
 // + j]. outputs (device): offsets[0..num_tables] (offsets[num_tables] = n),
 // then the addresses of indices_0..indices_{num_tables-1}, then those of
-// values_0..values_{num_tables-1}.
+// values_0..values_{num_tables-1}. A position whose key does not belong to
+// table t gets index -1 and a zero row.
 int sok_grouped_gather_grad(const int64_t* outputs, int num_tables, const int64_t* keys,
                             const int64_t* permutation, int64_t n, const void* grads,
                             int64_t row_bytes, int max_unit_bytes, void* stream);

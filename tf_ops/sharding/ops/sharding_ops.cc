@@ -107,6 +107,7 @@ REGISTER_OP("SokGroupedGather")
     .Output("rows: T")
     .Attr("num_tables: int >= 1")
     .Attr("table_names: list(string) = []")
+    .Attr("distinct_keys: bool = false")
     .Attr("T: {float, half, bfloat16, double}")
     .Attr("Tparams: list({float, half, bfloat16, double, resource})")
     .SetShapeFn(GroupedGatherShape)
@@ -123,9 +124,12 @@ keys: distinct keys, each >= 0 with a row k // num_tables inside its table.
   The CPU kernel reports a bad key; the GPU kernel reads a zero row for it
   (the exchange's keys passed the senders' range checks).
 table_sizes: [num_tables], how many keys name each table (host memory on a
-  GPU). Not read here: the gradient (SokGroupedGatherGrad) sizes its
-  outputs from it without waiting for the device.
+  GPU; checked to add up to the keys). The gradient (SokGroupedGatherGrad)
+  sizes its outputs from it without waiting for the device.
 table_names: empty, or a name per table for error messages.
+distinct_keys: the caller vouches that the keys are distinct (the exchange's
+  come from a unique): the gradient's indices are then marked so for the
+  sparse optimizers, which skip their own dedup. Not read by the kernels.
 )doc");
 
 REGISTER_OP("SokGroupedGatherGrad")
@@ -149,6 +153,11 @@ REGISTER_OP("SokGroupedGatherGrad")
   TF_RETURN_IF_ERROR(c->WithValue(c->Dim(sizes, 0), n, &count));
       const Tensor* known = c->input_tensor(3);
       for (int t = 0; t < n; ++t) {
+        if (known != nullptr && known->flat<TfInt64>()(t) < 0) {
+          return ::tensorflow::errors::InvalidArgument(
+              "table_sizes must be counts >= 0; got ", known->flat<TfInt64>()(t), " at table ",
+              t);
+        }
         auto size = known != nullptr ? c->MakeDim(known->flat<TfInt64>()(t)) : c->UnknownDim();
         c->set_output(t, c->Vector(size));
         c->set_output(n + t, c->Matrix(size, c->Dim(grads, 1)));
@@ -161,7 +170,9 @@ table t's keys in their order among `keys` (local rows k // num_tables) and
 the rows of `grads` [n, dim] for them. permutation: `keys` grouped by table,
 stably (SokBucketizeByOwner of keys over num_tables); table_sizes: how many
 keys name each table (host memory on a GPU), which must add up to n. The
-keys being distinct, each table's indices are too.
+keys being distinct, each table's indices are too. The CPU kernel reports a
+permutation or table_sizes that do not group the keys so; on a GPU such a
+position gets the index -1 and a zero row (dropped by every scatter).
 )doc");
 
 }  // namespace sok_graph
