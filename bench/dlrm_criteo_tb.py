@@ -110,6 +110,8 @@ def parse(argv=None):
     p.add_argument("--cpu", action="store_true",
                    help="run on logical CPUs instead (a smoke test of the program)")
     args = p.parse_args(argv)
+    if args.steps < 1:
+        p.error(f"--steps must be >= 1; got {args.steps}")
     for name in ("steps", "warmup", "log_every", "trace", "bytes"):
         if args.steps_per_call < 1 or getattr(args, name) % args.steps_per_call:
             p.error(f"--{name} {getattr(args, name)} must divide by --steps_per_call "
@@ -460,11 +462,11 @@ def run_side(side, strategy, args, rows, tf):
     print(f"[{side}] tables built in {time.time() - t0:.1f} s", flush=True)
     pool = make_pool(strategy, args, rows, tf)
     if args.count_ops:
-        _count_ops(step, pool, n, side, tf)
+        _count_ops(step, pool, n, side, tf, args.steps_per_call)
         return None
     t0 = time.time()
     if args.transfers:
-        _first_step_with_transfers(step, pool, tf, side)
+        _first_step_with_transfers(step, pool, tf, side, args)
     loss = _run_steps(step, pool, args, tf, args.warmup)
     first = step.loss_of(loss)
     print(f"[{side}] {args.warmup} warm-up steps in {time.time() - t0:.1f} s, loss {first:.4f}",
@@ -493,7 +495,7 @@ def run_side(side, strategy, args, rows, tf):
     return rate
 
 
-def _count_ops(step, pool, replicas, side, tf):
+def _count_ops(step, pool, replicas, side, tf, steps_per_call=1):
     """The ops of one step's graph besides constants, per replica: by op type
     and by name scope (replica prefixes and numeric suffixes folded, so the
     same op of every table counts as one name)."""
@@ -509,14 +511,14 @@ def _count_ops(step, pool, replicas, side, tf):
         parts = [p for p in name.split("/") if not p.startswith("replica_")]
         return "/".join(re.sub(r"_\d+$", "_N", p) for p in parts[:4])
 
-    print(f"[{side}] one step: {len(nodes) / replicas:.0f} ops per replica besides "
-          f"constants ({replicas} replica(s))")
+    print(f"[{side}] one step: {len(nodes) / replicas / steps_per_call:.0f} ops per replica "
+          f"besides constants ({replicas} replica(s); a call unrolls {steps_per_call} step(s))")
     for title, key in (("by op type", lambda node: node.op),
                        ("by name scope", lambda node: scope(node.name))):
         counts = collections.Counter(key(node) for node in nodes)
         print(f"  {title}:")
         for name, count in counts.most_common(40):
-            print(f"    {count / replicas:7.1f}  {name}")
+            print(f"    {count / replicas / steps_per_call:7.1f}  {name}")
 
 
 def _bytes_per_step(strategy, model, pool, args, tf):
@@ -549,7 +551,7 @@ def _bytes_per_step(strategy, model, pool, args, tf):
           f"({sent[False] / max(sent[True], 1):.2f}x)", flush=True)
 
 
-def _first_step_with_transfers(step, pool, tf, side):
+def _first_step_with_transfers(step, pool, tf, side, args):
     """The first step, with the tensors it moves between devices printed:
     TensorFlow records a function's partitioned graphs when it instantiates
     the function, so this must be its first call."""
@@ -565,7 +567,8 @@ def _first_step_with_transfers(step, pool, tf, side):
         metadata = ctx.export_run_metadata()
     finally:
         ctx.disable_run_metadata()
-    host_syncs.print_transfers(host_syncs.transfers(metadata), f"[{side}] one step")
+    host_syncs.print_transfers(host_syncs.transfers(metadata),
+                               f"[{side}] one call ({args.steps_per_call} step(s))")
     return loss
 
 
