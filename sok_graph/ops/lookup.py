@@ -55,8 +55,7 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     """
     n = len(params)
     tables = [table_input(p) for p in params]
-    dtypes = [tf.as_dtype(p.dtype).base_dtype if t.dtype == tf.resource else t.dtype
-              for p, t in zip(params, tables)]
+    dtypes = [table_dtype(p, t) for p, t in zip(params, tables)]
     params = tables
     dtype = dtypes[0]
     if any(d != dtype for d in dtypes) or dtype not in (tf.float32, tf.float16, tf.bfloat16):
@@ -128,6 +127,12 @@ def table_input(param):
         compat.record_variable_access(param)  # so GradientTapes watch it
         return param.handle
     return tf.convert_to_tensor(param)
+
+
+def table_dtype(param, table):
+    """The dtype of the rows of `param`, given as `table` (table_input's
+    result): the variable's for a resource handle, else the tensor's."""
+    return tf.as_dtype(param.dtype).base_dtype if table.dtype == tf.resource else table.dtype
 
 
 def table_shape(table):

@@ -13,7 +13,7 @@ import tensorflow as tf
 from sok_graph.compat import IndexedSlices, register_gradient
 from sok_graph.ops import library
 from sok_graph.ops import util as util_ops
-from sok_graph.ops.lookup import table_input, table_shape
+from sok_graph.ops.lookup import table_dtype, table_input, table_shape
 
 Buckets = collections.namedtuple(
     "Buckets", ["ids", "sizes", "permutation", "inverse_permutation"]
@@ -58,8 +58,7 @@ def grouped_gather(tables, keys, table_sizes, table_names=None, distinct=False, 
     their order among keys.
     """
     handles = [table_input(t) for t in tables]
-    dtypes = {tf.as_dtype(t.dtype).base_dtype if h.dtype == tf.resource else h.dtype
-              for t, h in zip(tables, handles)}
+    dtypes = {table_dtype(t, h) for t, h in zip(tables, handles)}
     if len(dtypes) != 1:
         raise TypeError(f"tables must have one dtype; got {sorted(d.name for d in dtypes)}")
     return library.load().sok_grouped_gather(
