@@ -3,7 +3,15 @@ against NCCL's own all-to-all (through torch.distributed, one process per GPU)
 for the same bytes.
 
     python bench/alltoall_bench.py --engine sok   [--gpus 2] [--mib 8,64,256]
+    python -m sok_graph.launch -np 2 bench/alltoall_bench.py --engine sok --workers
     python bench/alltoall_bench.py --engine torch [--gpus 2] [--mib 8,64,256]
+
+sok runs in one process over the GPUs (MirroredStrategy), or with --workers
+one process per GPU under the launcher (MultiWorkerMirroredStrategy, as
+`bench/dlrm_criteo_tb.py --workers`). Two lines per size for sok: "sok" is
+an exchange whose receive counts the GPUs must first tell each other (the
+ids of a lookup: the host waits for them), "sok-sz" one whose counts the
+host knows already (the rows sent back, and every gradient).
 
 Each GPU sends MiB per rank (float32 rows of --dim, split evenly over the
 ranks, a rank's own share included, as NCCL's tests count it) and the time is
@@ -28,6 +36,8 @@ def parse():
     p.add_argument("--mib", default="8,64,256")
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--workers", action="store_true",
+                   help="sok: one process per GPU under python -m sok_graph.launch")
     return p.parse_args()
 
 
@@ -38,15 +48,25 @@ def report(engine, n, size_bytes, seconds):
 
 
 def run_sok(args):
+    import json
+
     import tensorflow as tf
 
     import sok_graph as sok
 
-    strategy = tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(args.gpus)])
+    if args.workers:
+        nccl = tf.distribute.experimental.CommunicationImplementation.NCCL
+        strategy = tf.distribute.MultiWorkerMirroredStrategy(
+            communication_options=tf.distribute.experimental.CommunicationOptions(
+                implementation=nccl))
+        rank = int(json.loads(os.environ.get("TF_CONFIG", "{}")).get("task", {}).get("index", 0))
+    else:
+        strategy = tf.distribute.MirroredStrategy([f"/gpu:{i}" for i in range(args.gpus)])
+        rank = 0
     with strategy.scope():
         sok.init(comm_tool="tf")
     comm = sok.context.communicator()
-    n = args.gpus
+    n = strategy.num_replicas_in_sync
     for mib in (float(m) for m in args.mib.split(",")):
         rows = int(mib * 2**20 / (4 * args.dim)) // n * n
 
@@ -56,20 +76,26 @@ def run_sok(args):
         x = strategy.experimental_distribute_values_from_function(make)
         splits = tf.constant([rows // n] * n, tf.int64)
 
-        @tf.function
-        def exchange(x):
-            def replica(x):
-                out = x
-                for _ in range(args.iters):
-                    out, _ = comm.alltoall(out, splits)
-                return tf.reduce_sum(out[:1])
-            return strategy.run(replica, args=(x,))
+        for label, sized in (("sok", False), ("sok-sz", True)):
+            @tf.function
+            def exchange(x):
+                def replica(x):
+                    out, received = comm.alltoall(x, splits)
+                    for _ in range(args.iters):
+                        # The splits an exchange returned are known on the
+                        # host: an exchange sent with them is sized from there.
+                        out, received = comm.alltoall(out, received if sized else splits)
+                    return tf.reduce_sum(out[:1])
+                return strategy.run(replica, args=(x,))
 
-        for _ in range(2):
+            for _ in range(2):
+                float(strategy.reduce("SUM", exchange(x), axis=None))
+            t0 = time.perf_counter()
             float(strategy.reduce("SUM", exchange(x), axis=None))
-        t0 = time.perf_counter()
-        float(strategy.reduce("SUM", exchange(x), axis=None))
-        report("sok", n, rows * args.dim * 4, (time.perf_counter() - t0) / args.iters)
+            # iters + 1 exchanges, the first of them unsized in both modes
+            if rank == 0:
+                report(label, n, rows * args.dim * 4,
+                       (time.perf_counter() - t0) / (args.iters + 1))
 
 
 def _torch_worker(rank, args, port):

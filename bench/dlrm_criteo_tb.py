@@ -239,9 +239,16 @@ class DLRM:
         if self.side == "sok":
             import sok_graph as sok
 
-            # One id per sample: a uniform row length of 1, so no row
-            # splits are made for the lookup.
-            ragged = [tf.RaggedTensor.from_uniform_row_length(c, 1, validate=False)
+            # One id per sample: every table's ragged ids share one row
+            # splits tensor, 0..batch, made once (from_uniform_row_length
+            # builds its own splits, four ops per table for the host to run
+            # each step).
+            batch = columns[0].shape[0]
+            with tf.device("/device:CPU:0"):  # the range reads its bounds on the host
+                bounds = (tf.constant(0, tf.int64), tf.constant(batch + 1, tf.int64),
+                          tf.constant(1, tf.int64))
+            splits = tf.range(*bounds)
+            ragged = [tf.RaggedTensor.from_row_splits(c, splits, validate=False)
                       for c in columns]
             out = sok.lookup_sparse(self.tables, ragged, combiners=["sum"] * len(columns))
         else:

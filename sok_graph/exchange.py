@@ -44,12 +44,16 @@ def _read_each_once(ids, read, counted=False, groups=0):
     return tf.gather(read(unique), position)
 
 
-def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0):
+def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0,
+              in_sent_order=False):
     """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
     the ids travel to their owners, which answer with read(received ids)
     (counted: read(distinct received ids, their occurrences); groups > 0:
     read(distinct received ids, their number per group)). The ids leave
-    once the ops in `gate` (checks of them) have run."""
+    once the ops in `gate` (checks of them) have run. in_sent_order: returns
+    (rows in the order sent, where ids[i]'s row is among them) instead of
+    the rows in the order of `ids`, for a caller that indexes the rows
+    anyway."""
     with tf.name_scope(name):
         # Owners come from floormod (or a fixed owner): never negative.
         buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size, non_negative=True)
@@ -62,6 +66,8 @@ def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0)
         received, received_splits = comm.alltoall(send, buckets.sizes, check_splits=False)
         rows = _read_each_once(received, read, counted, groups)
         back, _ = comm.alltoall(rows, received_splits, check_splits=False)
+        if in_sent_order:
+            return back, buckets.inverse_permutation
         return _unpermuted(back, buckets.permutation, buckets.inverse_permutation)
 
 
@@ -106,8 +112,8 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=(), 
     checked against its table by the ops in `gate`, which the exchange waits
     for) of the tables `table` [n] names among T sharded sok.Variables
     `tables` of one dtype, dimension and placement: the rows of the u
-    distinct (id, table) keys, and where each of the n ids finds its row
-    among them. One all-to-all of keys and one of rows serve all T tables.
+    distinct (id, table) keys (grouped by owner), and where each of the n
+    ids finds its row among them. One all-to-all of keys and one of rows serve all T tables.
     The key keeps its table through the exchange; the owner groups what it
     received by table (the bucketing op, by t), gathers each table's rows and
     puts them back in received order."""
@@ -137,5 +143,10 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=(), 
             return sharding_ops.grouped_gather(tables, received, per_table, names,
                                                distinct=True)
 
-        rows = _exchange(comm, send, owners, read, "rows", gate=gate, groups=count)
-        return rows, positions
+        # The rows stay in the order they came back in (by owner); each id
+        # finds its row through the bucketing's inverse permutation, one
+        # gather of ids instead of a gather of the rows into key order
+        # (and another of their gradient back).
+        rows, slot_of_key = _exchange(comm, send, owners, read, "rows", gate=gate,
+                                      groups=count, in_sent_order=True)
+        return rows, tf.gather(slot_of_key, positions)

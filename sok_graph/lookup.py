@@ -316,16 +316,37 @@ def _batch_size(row_splits):
 
 def _merged_splits(members, splits, values):
     """The row_splits of the members' ragged ids one after another: one
-    ragged batch of sum(batch_t) rows. Where the number of ids of each
-    table is known when the graph is built, the offsets are constants (a
-    slice and an add per table, not two of each)."""
+    ragged batch of sum(batch_t) rows.
+
+    Where every member's number of ids and of rows is known when the graph is
+    built, this is a gather of the members' splits (without each one's
+    leading 0 but the first's) at constant positions plus constant offsets:
+    two or three ops for any number of tables, where a slice and an add per
+    table were 50 of the ~650 ops that each replica's host runs in a
+    26-table DLRM step (bench/RESULTS.md). Tables that share one splits
+    tensor (one batch layout) read it once."""
     sizes = [values[t].shape.num_elements() for t in members]
-    known = None not in sizes
-    out, offset = [splits[members[0]]], sizes[0] if known else splits[members[0]][-1]
-    for k, t in enumerate(members[1:], 1):
-        out.append(splits[t][1:] + offset)
-        offset = offset + (sizes[k] if known else splits[t][-1])
-    return tf.concat(out, 0)
+    lengths = [tf.compat.dimension_value(splits[t].shape[0]) for t in members]
+    if None in sizes or None in lengths:
+        out, offset = [splits[members[0]]], splits[members[0]][-1]
+        for t in members[1:]:
+            out.append(splits[t][1:] + offset)
+            offset = offset + splits[t][-1]
+        return tf.concat(out, 0)
+    sources, start = [], {}
+    for t in members:
+        if id(splits[t]) not in start:
+            start[id(splits[t])] = sum(lengths[members.index(u)] for u in sources)
+            sources.append(t)
+    positions, offsets, before = [], [], 0
+    for k, t in enumerate(members):
+        first = 0 if k == 0 else 1
+        positions.append(start[id(splits[t])] + np.arange(first, lengths[k], dtype=np.int64))
+        offsets.append(np.full(lengths[k] - first, before, np.int64))
+        before += sizes[k]
+    table = splits[sources[0]] if len(sources) == 1 else \
+        tf.concat([splits[t] for t in sources], 0)
+    return tf.gather(table, np.concatenate(positions)) + np.concatenate(offsets)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
