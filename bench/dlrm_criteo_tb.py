@@ -469,7 +469,9 @@ def run_side(side, strategy, args, rows, tf):
     print(f"[{side}] tables built in {time.time() - t0:.1f} s", flush=True)
     pool = make_pool(strategy, args, rows, tf)
     if args.count_ops:
-        _count_ops(step, pool, n, side, tf, args.steps_per_call)
+        # A worker process's graph holds its own replica only.
+        _count_ops(step, pool, 1 if args.workers or args.horovod else n, side, tf,
+                   args.steps_per_call)
         return None
     t0 = time.time()
     if args.transfers:
@@ -519,7 +521,8 @@ def _count_ops(step, pool, replicas, side, tf, steps_per_call=1):
         return "/".join(re.sub(r"_\d+$", "_N", p) for p in parts[:4])
 
     print(f"[{side}] one step: {len(nodes) / replicas / steps_per_call:.0f} ops per replica "
-          f"besides constants ({replicas} replica(s); a call unrolls {steps_per_call} step(s))")
+          f"besides constants ({replicas} replica(s) in this graph; a call unrolls "
+          f"{steps_per_call} step(s))")
     for title, key in (("by op type", lambda node: node.op),
                        ("by name scope", lambda node: scope(node.name))):
         counts = collections.Counter(key(node) for node in nodes)

@@ -4,13 +4,24 @@
 //
 // Streams: each rank queues its NCCL work on a stream of its own that first
 // waits for the op's compute stream (the inputs, and memory the op was just
-// given, are then free of earlier work), and the op completes when that
-// stream has finished. The compute stream never waits for NCCL: an NCCL
-// kernel on it would hold back every later kernel of its GPU until the
-// peers arrive, and where a peer's input depends on such a later kernel
-// (a copy between the GPUs of one process, an op that reads a size back)
-// the two GPUs would wait for each other forever. TensorFlow's own NCCL
-// ops complete the same way.
+// given, are then free of earlier work). How the op completes depends on
+// where the ranks are:
+//  - the GPUs of one process ("local:" cliques): when the NCCL stream has
+//    finished, read on the host. The compute stream never waits for NCCL
+//    there: a wait on it would hold back every later kernel of its GPU until
+//    the peers arrive, and where a peer's input depends on such a later
+//    kernel (a copy between the GPUs of the process, which TensorFlow queues
+//    behind the compute stream) the two GPUs would wait for each other
+//    forever. TensorFlow's own NCCL ops complete that way.
+//  - one process per GPU: as soon as the exchange is queued, with the
+//    compute stream waiting on the GPU for the NCCL stream (an event), as
+//    any GPU op completes. No data moves between the processes' GPUs but
+//    through these exchanges, which every rank queues in the same order, so
+//    a GPU that waits for a peer's exchange k waits for work that does not
+//    depend on it. Waiting on the host instead cost every exchange (four a
+//    training step) a full drain of the GPU: the host learns the exchange
+//    is done only when all earlier kernels are, and only then queues the
+//    kernels that follow (bench/RESULTS.md).
 //
 // Communicators: one per rank of a clique, created when the rank's first
 // all-to-all runs and kept for the process. A clique named "local:..." is
@@ -260,7 +271,18 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     // before it is then no longer read or written there.
     TF_RETURN_IF_ERROR(StreamAfterCompute(stream, compute));
     TF_RETURN_IF_ERROR(ExchangeRows(*lib, comm, stream, in, dst, row_bytes, send, receive));
-    return CudaStatus(sok_gpu_stream_sync(stream), "SokNcclAllToAll: waiting for the rows");
+    if (InProcess()) {
+      return CudaStatus(sok_gpu_stream_sync(stream), "SokNcclAllToAll: waiting for the rows");
+    }
+    // Later kernels of the compute stream (readers of the rows, and whatever
+    // reuses the input's memory once this op is done) run after the exchange.
+    return CudaStatus(sok_gpu_stream_after(compute, stream),
+                      "SokNcclAllToAll: ordering the compute stream after the rows");
+  }
+
+  // Whether the clique is the GPUs of this process (see the top of the file).
+  bool InProcess() const {
+    return clique_.compare(0, sizeof(kLocalPrefix) - 1, kLocalPrefix) == 0;
   }
 
   static Status StreamAfterCompute(void* stream, void* compute) {
@@ -283,7 +305,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     {
       std::lock_guard<std::mutex> id_lock(clique->id_mu);
       if (!clique->have_id) {
-        if (clique_.compare(0, sizeof(kLocalPrefix) - 1, kLocalPrefix) == 0) {
+        if (InProcess()) {
           const int rc = lib.get_unique_id(&clique->id);
           if (rc != nccl::kSuccess) {
             return errors::Internal("ncclGetUniqueId failed: ", nccl::ErrorText(lib, rc));
@@ -341,10 +363,10 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     return OkStatus();
   }
 
-  // After ncclCommInitRank: pinned memory for the counts, then, for the GPUs
-  // of one process, a barrier and one byte to and from every peer (NCCL
-  // connects pairs of ranks at their first message, allocating buffers), and
-  // a second barrier. So no rank of this process waits on an exchange while
+  // After ncclCommInitRank: pinned memory for the counts, then one message
+  // to and from every peer (NCCL connects pairs of ranks at their first
+  // message, allocating buffers), between two barriers of this process's
+  // ranks where it has several. So no rank waits on an exchange while
   // another still allocates: allocations and waits on the stream would
   // deadlock on the CUDA driver's lock (a rank's cudaMalloc waits for the
   // lock that a waiting copy holds, the copy waits for the peer's kernel).
@@ -354,9 +376,13 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_host_alloc(&pinned, 8 * 2 * world_size_),
                                   "SokNcclAllToAll: pinned memory for the counts"));
     clique->pinned[rank_] = static_cast<int64_t*>(pinned);
-    const bool local = clique_.compare(0, sizeof(kLocalPrefix) - 1, kLocalPrefix) == 0;
-    if (!local) return OkStatus();  // one rank in this process: nothing to settle
-    TF_RETURN_IF_ERROR(Barrier(clique, 1));
+    // One rank per process: no barrier (the peers are elsewhere), but the
+    // pairs still connect now, while the compute stream waits for nothing of
+    // NCCL's: later exchanges order the compute stream after the NCCL stream
+    // (see the top), and a connection's cudaMalloc must not wait for the
+    // driver's lock behind a copy that waits for that stream.
+    const bool local = InProcess();
+    if (local) TF_RETURN_IF_ERROR(Barrier(clique, 1));
     Tensor bytes;
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
                                           TensorShape({2 * world_size_}), &bytes));
@@ -375,7 +401,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     }));
     TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(clique->pinned[rank_], buf, 8, stream),
                                   "SokNcclAllToAll: waiting for the first messages"));
-    return Barrier(clique, 2);
+    return local ? Barrier(clique, 2) : OkStatus();
   }
 
   // Waits until all world_size ranks (all in this process) reached `round`.
