@@ -31,8 +31,11 @@ by every engine over the same workers.
 The hang of the first runs was TensorFlow's: in a tf.function it ordered
 one replica's exchange after another replica's side effects (fixed by
 compat.order_side_effects_per_replica). The op also runs NCCL on a stream
-of its own per rank and completes when that has finished, so the compute
-stream never waits for a peer (tf_ops/collective/kernels says why).
+of its own per rank. Between the GPUs of one process it completes when that
+stream has finished, so the compute stream never waits for a peer; with one
+process per GPU it completes once queued, the compute stream waiting for the
+NCCL stream on the GPU, so the host does not wait for each exchange
+(tf_ops/collective/kernels/nccl_kernels_gpu.cc says why each).
 
 The exchange of a lookup is an all-to-all of ids whose sizes only the
 device knows, then the reply with the rows, then in the backward the

@@ -8,9 +8,10 @@ splits are already known on the host (the reply to an all-to-all, and every
 gradient): it reads nothing back from the device before it can start. The
 gradient of either is the reverse exchange, sized.
 
-Each rank's NCCL work runs on a stream of its own, and an op completes when
-that stream has finished (tf_ops/collective/kernels/nccl_kernels_gpu.cc says
-why the compute stream never waits for NCCL).
+Each rank's NCCL work runs on a stream of its own. For the GPUs of one
+process an op completes when that stream has finished; for one process per
+GPU, as soon as it is queued, with the compute stream waiting for the NCCL
+stream on the GPU (tf_ops/collective/kernels/nccl_kernels_gpu.cc says why).
 
 NCCL matches the operations of a communicator by their order, so every rank
 must run its all-to-alls in one order. Inside a graph TensorFlow would run

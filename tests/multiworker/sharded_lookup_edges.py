@@ -227,7 +227,12 @@ def main():
                 def fn():
                     r = tf.get_static_value(
                         tf.distribute.get_replica_context().replica_id_in_sync_group)
-                    inputs = [(tf.constant(i), tf.constant(s),
+                    # Tables whose samples have the same lengths share one
+                    # row splits tensor, as a batch of one id per table does
+                    # (lookup._merged_splits reads a shared one once).
+                    shared = {}
+                    inputs = [(tf.constant(i),
+                               shared.setdefault(s.tobytes(), tf.constant(s)),
                                None if w is None else tf.constant(w)) for i, s, w in arrays[r]]
                     return replica_lookup(tables, combiners, inputs, batches[r])
                 return strategy.run(fn)
