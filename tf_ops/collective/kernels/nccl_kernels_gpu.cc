@@ -15,13 +15,20 @@
 //    forever. TensorFlow's own NCCL ops complete that way.
 //  - one process per GPU: as soon as the exchange is queued, with the
 //    compute stream waiting on the GPU for the NCCL stream (an event), as
-//    any GPU op completes. No data moves between the processes' GPUs but
-//    through these exchanges, which every rank queues in the same order, so
-//    a GPU that waits for a peer's exchange k waits for work that does not
-//    depend on it. Waiting on the host instead cost every exchange (four a
-//    training step) a full drain of the GPU: the host learns the exchange
-//    is done only when all earlier kernels are, and only then queues the
-//    kernels that follow (bench/RESULTS.md).
+//    any GPU op completes. Every rank queues its exchanges in the same
+//    order, so a GPU that waits for a peer's exchange k waits for work that
+//    depends only on the peer's earlier exchanges; TensorFlow's own
+//    collectives between the processes (the dense gradients' all-reduce)
+//    complete on the host and never hold a compute stream. Waiting on the
+//    host instead cost every exchange (four a training step) a full drain of
+//    the GPU: the host learns the exchange is done only when all earlier
+//    kernels are, and only then queues the kernels that follow
+//    (bench/RESULTS.md). What this gives up: a peer that fails or stops now
+//    hangs the whole compute stream, not only this op (neither way calls
+//    ncclCommAbort), and an error of the NCCL kernels shows in the next
+//    operation that waits for the GPU. Two cliques of one process queued in
+//    different orders on different ranks could wait for each other through
+//    the compute stream; the engines make one clique per process.
 //
 // Communicators: one per rank of a clique, created when the rank's first
 // all-to-all runs and kept for the process. A clique named "local:..." is
@@ -270,14 +277,20 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     // After the allocation: memory freed by ops queued on the compute stream
     // before it is then no longer read or written there.
     TF_RETURN_IF_ERROR(StreamAfterCompute(stream, compute));
-    TF_RETURN_IF_ERROR(ExchangeRows(*lib, comm, stream, in, dst, row_bytes, send, receive));
-    if (InProcess()) {
-      return CudaStatus(sok_gpu_stream_sync(stream), "SokNcclAllToAll: waiting for the rows");
+    const Status queued = ExchangeRows(*lib, comm, stream, in, dst, row_bytes, send, receive);
+    if (!queued.ok() || InProcess()) {
+      // On an error too: what was queued may still read the input and
+      // write the output, which go back to the allocator with this op.
+      const Status drained =
+          CudaStatus(sok_gpu_stream_sync(stream), "SokNcclAllToAll: waiting for the rows");
+      return queued.ok() ? drained : queued;
     }
     // Later kernels of the compute stream (readers of the rows, and whatever
     // reuses the input's memory once this op is done) run after the exchange.
-    return CudaStatus(sok_gpu_stream_after(compute, stream),
-                      "SokNcclAllToAll: ordering the compute stream after the rows");
+    const Status ordered = CudaStatus(sok_gpu_stream_after(compute, stream),
+                                      "SokNcclAllToAll: ordering the compute stream after the rows");
+    if (!ordered.ok()) sok_gpu_stream_sync(stream);  // as on an error above
+    return ordered;
   }
 
   // Whether the clique is the GPUs of this process (see the top of the file).
