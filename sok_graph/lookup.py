@@ -124,18 +124,21 @@ def _checked_ids(ids, rows, index, name):
         return tf.identity(ids)
 
 
-def _fails_if_any(bad, details):
+def _fails_if_any(bad, details, more=()):
     """A check (a tensor to wait for) that fails with the message
     details(first), first the position of the first True of the bool vector
     `bad`, when any is True. The details are computed only then: finding the
     first takes a scan over the whole vector, which on a GPU took 0.26 ms of
     every step of a 26-table batch of 8192, on the stream that the step's
-    other kernels wait behind (bench/RESULTS.md)."""
-    any_bad = tf.reduce_any(bad)
+    other kernels wait behind (bench/RESULTS.md). `more`: further (bad,
+    details) pairs, checked by the same read of one flag on the host."""
+    checks = [(bad, details)] + list(more)
+    any_bad = tf.reduce_any(tf.concat([b for b, _ in checks], 0) if more else bad)
 
     def fail():
-        report = tf.debugging.Assert(tf.logical_not(any_bad), details(_first_true(bad)))
-        with tf.control_dependencies([report]):
+        reports = [tf.debugging.Assert(tf.logical_not(tf.reduce_any(b)), d(_first_true(b)))
+                   for b, d in checks]
+        with tf.control_dependencies(reports):
             return tf.identity(any_bad)
 
     return tf.cond(any_bad, fail, lambda: tf.identity(any_bad))
@@ -252,12 +255,14 @@ def _sharded_groups(params, pending, combiners, max_norm, weights):
     return list(groups.values())
 
 
-def _group_rows(params, members, values, names):
+def _group_rows(params, members, values, names, edges):
     """(rows [u, dim], positions [sum of nnz]) for the ids `values[t]` of the
     sharded static tables `members`: one range check, one unique and one
     exchange for all of them: each id travels with its table's index k
     (exchange.grouped_static_rows), one key space in which the distinct keys
-    of every table are found at once."""
+    of every table are found at once. `edges`: (bad [M], first and last
+    [M, 2]) of the members' row_splits, from _merged_splits, checked with
+    the ids."""
     ids = [tf.cast(values[t], tf.int64) for t in members]
     limits = [int(params[t].global_shape[0]) for t in members]
     raw = tf.concat(ids, 0)
@@ -276,7 +281,23 @@ def _group_rows(params, members, values, names):
             message = tf.gather(messages, culprit[0])
         return [message, _padded_gather(raw, first)]
 
-    check = _fails_if_any(bad, details)
+    # A member whose row_splits do not start at 0 and end at its number of
+    # ids (a RaggedTensor made with validate=False) would move ids into the
+    # next member's samples once the splits are merged: the fused op then
+    # sees valid merged splits and gives wrong sums, without an error.
+    splits_bad, splits_edges = edges
+    splits_messages = tf.constant([
+        f"row_splits of {names[t]} (sp_ids[{t}]) must start at 0 and end at its number of "
+        f"ids ({values[t].shape.num_elements() or 'nnz'}); got first and last" for t in members]
+        + [""])  # where no member's are bad (the other check failed)
+
+    def splits_details(first):
+        with tf.device("/device:CPU:0"):
+            message = tf.gather(splits_messages, first)
+        return [message, tf.gather(tf.concat([splits_edges, tf.zeros([1, 2], tf.int64)], 0),
+                                   first)]
+
+    check = _fails_if_any(bad, details, more=[(splits_bad, splits_details)])
     comm = context.communicator("a lookup in a sharded table")
     # The check gates the exchange, the first thing that an id out of range
     # would harm, not the unique before it: the GPU goes on while the host
@@ -315,38 +336,56 @@ def _batch_size(row_splits):
 
 
 def _merged_splits(members, splits, values):
-    """The row_splits of the members' ragged ids one after another: one
-    ragged batch of sum(batch_t) rows.
+    """(row_splits, (bad [M] bool, edges [M, 2] int64)): the row_splits of
+    the members' ragged ids one after another, one ragged batch of
+    sum(batch_t) rows; and each member's first and last split with whether
+    they are not 0 and its number of ids (_group_rows checks them: the
+    merged splits stay valid where a member's are not).
 
     Where every member's number of ids and of rows is known when the graph is
-    built, this is a gather of the members' splits (without each one's
+    built, the merge is a gather of the members' splits (without each one's
     leading 0 but the first's) at constant positions plus constant offsets:
-    two or three ops for any number of tables, where a slice and an add per
-    table were 50 of the ~650 ops that each replica's host runs in a
-    26-table DLRM step (bench/RESULTS.md). Tables that share one splits
-    tensor (one batch layout) read it once."""
+    a few ops for any number of tables, where a slice and an add per table
+    were 50 of the ~650 ops that each replica's host ran in a 26-table DLRM
+    step (bench/RESULTS.md). Tables that share one splits tensor (one batch
+    layout) read it once."""
     sizes = [values[t].shape.num_elements() for t in members]
     lengths = [tf.compat.dimension_value(splits[t].shape[0]) for t in members]
+    for k, t in enumerate(members):
+        if lengths[k] == 0:
+            raise ValueError(f"sp_ids[{t}] has empty row_splits; a ragged batch's row_splits "
+                             f"hold at least one value (0 for a batch of no samples)")
     if None in sizes or None in lengths:
-        out, offset = [splits[members[0]]], splits[members[0]][-1]
-        for t in members[1:]:
+        firsts = tf.stack([splits[t][0] for t in members])
+        lasts = tf.stack([splits[t][-1] for t in members])
+        counts = tf.stack([tf.size(values[t], out_type=tf.int64) for t in members])
+        out, offset = [splits[members[0]]], lasts[0]
+        for k, t in enumerate(members[1:], 1):
             out.append(splits[t][1:] + offset)
-            offset = offset + splits[t][-1]
-        return tf.concat(out, 0)
+            offset = offset + lasts[k]
+        edges = tf.stack([firsts, lasts], 1)
+        # tf.not_equal, not !=: TF 1.15's Tensor compares by identity.
+        bad = tf.logical_or(tf.not_equal(firsts, 0), tf.not_equal(lasts, counts))
+        return tf.concat(out, 0), (bad, edges)
     sources, start = [], {}
     for t in members:
         if id(splits[t]) not in start:
             start[id(splits[t])] = sum(lengths[members.index(u)] for u in sources)
             sources.append(t)
-    positions, offsets, before = [], [], 0
+    positions, offsets, before, ends = [], [], 0, []
     for k, t in enumerate(members):
         first = 0 if k == 0 else 1
-        positions.append(start[id(splits[t])] + np.arange(first, lengths[k], dtype=np.int64))
+        at = start[id(splits[t])]
+        positions.append(at + np.arange(first, lengths[k], dtype=np.int64))
         offsets.append(np.full(lengths[k] - first, before, np.int64))
+        ends.extend([at, at + lengths[k] - 1])
         before += sizes[k]
     table = splits[sources[0]] if len(sources) == 1 else \
         tf.concat([splits[t] for t in sources], 0)
-    return tf.gather(table, np.concatenate(positions)) + np.concatenate(offsets)
+    merged = tf.gather(table, np.concatenate(positions)) + np.concatenate(offsets)
+    edges = tf.reshape(tf.gather(table, np.asarray(ends, np.int64)), [len(members), 2])
+    expected = np.asarray([[0, n] for n in sizes], np.int64)
+    return merged, (tf.reduce_any(tf.not_equal(edges, expected), axis=1), edges)
 
 
 def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
@@ -483,8 +522,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
         member_splits, member_values = list(splits), list(values)
         for members in _sharded_groups(params, pending, combiners, max_norm, weights):
             t = members[0]
-            tensors[t], values[t] = _group_rows(params, members, values, names)
-            splits[t] = _merged_splits(members, member_splits, member_values)
+            splits[t], edges = _merged_splits(members, member_splits, member_values)
+            tensors[t], values[t] = _group_rows(params, members, values, names, edges)
             if weights[t] is not None:
                 weights[t] = tf.concat([weights[m] for m in members], 0)
             names[t] = "+".join(names[m] for m in members)

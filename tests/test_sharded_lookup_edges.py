@@ -6,7 +6,8 @@ unknown static size (tf.function with constants, with an input_signature,
 and a tf.compat.v1 Session graph), int32 and int64 ids, empty samples and
 all-empty table batches, repeated ids, every combiner with and without
 weights, tables of 1 row and of fewer rows than replicas, a localized table,
-and ids out of range (an error naming the table). The checks run in a fresh
+ids out of range and row_splits that do not end at a table's number of ids
+(errors naming the table). The checks run in a fresh
 process (tests/multiworker/sharded_lookup_edges.py): logical CPUs must
 exist before TensorFlow starts."""
 

@@ -307,7 +307,34 @@ def main():
         else:
             raise AssertionError(f"id {bad} of table {specs[k][0]} was looked up")
 
+    def bad_splits_case(longer, shorter=None):
+        """Table `longer` of the last replica with one id more than its row
+        lengths count (row_splits made with validate=False that end short),
+        and table `shorter` with one fewer (the merged splits then end right,
+        and only each table's own would tell)."""
+        combiners, per, which = cases[0]
+        per = [list(row) for row in per]
+        ids, lengths, w = per[n - 1][longer]
+        per[n - 1][longer] = (np.concatenate([ids, ids[:1]]), lengths, w)
+        if shorter is not None:
+            ids, lengths, w = per[n - 1][shorter]
+            per[n - 1][shorter] = (ids[:-1], lengths, w)
+        return combiners, per, which
+
+    def expect_bad_splits(longer, shorter=None):
+        """Such splits are an error naming the table, never ids moved into
+        another table's samples."""
+        try:
+            run_case(bad_splits_case(longer, shorter), tables)
+        except tf.errors.InvalidArgumentError as e:
+            words = (f"row_splits of {specs[longer][0]} (sp_ids[{longer}]) must start at 0 and "
+                     f"end at its number of ids")
+            assert words in str(e), str(e)[-2000:]
+        else:
+            raise AssertionError(f"the row_splits of table {specs[longer][0]} were merged")
+
     bad_ids = [(3, specs[3][1]), (0, 2 ** 62 + 1), (4, -1)]
+    bad_splits = [(0, None), (0, 3)]
     state = {}
     for mode in modes:
         sok.context.reset()
@@ -323,6 +350,8 @@ def main():
                     check(case, run_case(case, tables), f"graph, case {c}")
                 for k, bad in bad_ids:
                     expect_bad_id(k, bad)
+                for longer, shorter in bad_splits:
+                    expect_bad_splits(longer, shorter)
                 session.close()
         else:
             tables = make_tables()
@@ -330,6 +359,8 @@ def main():
                 check(case, run_case(case, tables), f"{mode}, case {c}")
             for k, bad in bad_ids:
                 expect_bad_id(k, bad)
+            for longer, shorter in bad_splits:
+                expect_bad_splits(longer, shorter)
     print("OK", flush=True)
 
 
