@@ -288,7 +288,7 @@ def _group_rows(params, members, values, names, edges):
     splits_bad, splits_edges = edges
     splits_messages = tf.constant([
         f"row_splits of {names[t]} (sp_ids[{t}]) must start at 0 and end at its number of "
-        f"ids ({values[t].shape.num_elements() or 'nnz'}); got first and last" for t in members]
+        f"ids{_known_count(values[t])}; got first and last" for t in members]
         + [""])  # where no member's are bad (the other check failed)
 
     def splits_details(first):
@@ -305,6 +305,12 @@ def _group_rows(params, members, values, names, edges):
     # instead of twice.
     return exchange.grouped_static_rows(comm, [params[t] for t in members], raw, table,
                                         gate=[check], names=[names[t] for t in members])
+
+
+def _known_count(ids):
+    """ " (n)" where the number of ids is known when the graph is built, else ""."""
+    n = ids.shape.num_elements()
+    return "" if n is None else f" ({n})"
 
 
 def _table_of_each_id(ids):
@@ -367,10 +373,10 @@ def _merged_splits(members, splits, values):
         # tf.not_equal, not !=: TF 1.15's Tensor compares by identity.
         bad = tf.logical_or(tf.not_equal(firsts, 0), tf.not_equal(lasts, counts))
         return tf.concat(out, 0), (bad, edges)
-    sources, start = [], {}
-    for t in members:
+    sources, start, length = [], {}, 0  # distinct splits tensors; where each begins
+    for k, t in enumerate(members):
         if id(splits[t]) not in start:
-            start[id(splits[t])] = sum(lengths[members.index(u)] for u in sources)
+            start[id(splits[t])], length = length, length + lengths[k]
             sources.append(t)
     positions, offsets, before, ends = [], [], 0, []
     for k, t in enumerate(members):

@@ -333,6 +333,23 @@ def main():
         else:
             raise AssertionError(f"the row_splits of table {specs[longer][0]} were merged")
 
+    def expect_empty_splits(tables):
+        """Empty row_splits (no leading 0) for a table of a group: refused
+        when the graph is built, naming the argument."""
+        def fn():
+            ids = [tf.RaggedTensor.from_row_splits(tf.constant([], tf.int64),
+                                                   tf.constant([], tf.int64), validate=False)]
+            ids += [tf.RaggedTensor.from_row_splits(tf.constant([1], tf.int64),
+                                                    tf.constant([0, 1], tf.int64),
+                                                    validate=False)]
+            return sok.lookup_sparse(tables[:2], ids, combiners=["sum", "sum"])
+        try:
+            tf.function(lambda: strategy.run(fn))()
+        except ValueError as e:
+            assert "sp_ids[0] has empty row_splits" in str(e), str(e)[-2000:]
+        else:
+            raise AssertionError("empty row_splits were merged")
+
     bad_ids = [(3, specs[3][1]), (0, 2 ** 62 + 1), (4, -1)]
     bad_splits = [(0, None), (0, 3)]
     state = {}
@@ -361,6 +378,8 @@ def main():
                 expect_bad_id(k, bad)
             for longer, shorter in bad_splits:
                 expect_bad_splits(longer, shorter)
+            if mode == "function":
+                expect_empty_splits(tables)
     print("OK", flush=True)
 
 
