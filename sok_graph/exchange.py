@@ -32,38 +32,40 @@ def _read_each_once(ids, read, counted=False, groups=0):
     """read(ids) computed as read(unique ids) expanded, so the gradient that
     reaches the table has one summed row per distinct id. counted: read
     takes each unique id's number of occurrences too; groups > 0: read
-    takes how many distinct ids fall in each of `groups` groups (id mod
-    groups; in host memory on a GPU, read back with the unique's own count)."""
+    takes the distinct ids padded to the length of `ids` with -1s, and how
+    many fall in each of `groups` groups (id mod groups) — a unique that
+    does not wait for the device to learn its count."""
     if counted:
         unique, position, occurrences = util_ops.unique_with_counts(ids, out_idx=tf.int64)
         return tf.gather(read(unique, occurrences), position)
     if groups:
-        unique, position, sizes = util_ops.unique_grouped(ids, groups, out_idx=tf.int64)
+        unique, position, _, sizes = util_ops.unique_padded(ids, groups, out_idx=tf.int64)
         return tf.gather(read(unique, sizes), position)
     unique, position = util_ops.unique(ids, out_idx=tf.int64)
     return tf.gather(read(unique), position)
 
 
-def _exchange(comm, ids, owner_of, read, name, counted=False, gate=(), groups=0,
-              in_sent_order=False):
+def _exchange(comm, ids, owner_of, read, name, counted=False, groups=0, in_sent_order=False,
+              padded=False):
     """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
     the ids travel to their owners, which answer with read(received ids)
     (counted: read(distinct received ids, their occurrences); groups > 0:
-    read(distinct received ids, their number per group)). The ids leave
-    once the ops in `gate` (checks of them) have run. in_sent_order: returns
-    (rows in the order sent, where ids[i]'s row is among them) instead of
-    the rows in the order of `ids`, for a caller that indexes the rows
-    anyway."""
+    read(distinct received ids padded with -1s, their number per group)).
+    in_sent_order: returns (rows in the order sent, where ids[i]'s row is
+    among them) instead of the rows in the order of `ids`, for a caller that
+    indexes the rows anyway. padded: an owner of N marks padding, sent to
+    nobody (with in_sent_order only: padding gets no row)."""
+    world_size = comm.world_size
     with tf.name_scope(name):
         # Owners come from floormod (or a fixed owner): never negative.
-        buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size, non_negative=True)
+        buckets = sharding_ops.bucketize_by_owner(owner_of, world_size + int(padded),
+                                                  non_negative=True)
         send = tf.gather(ids, buckets.permutation)
-        if gate:
-            with tf.control_dependencies(list(gate)):
-                send = tf.identity(send)
+        sizes = buckets.sizes[:world_size] if padded else buckets.sizes
         # The bucketing op's sizes add up to the ids it sorted, and the reply
         # has a row for each id received: no check of the splits.
-        received, received_splits = comm.alltoall(send, buckets.sizes, check_splits=False)
+        received, received_splits = comm.alltoall(send, sizes, check_splits=False,
+                                                  padded=padded)
         rows = _read_each_once(received, read, counted, groups)
         back, _ = comm.alltoall(rows, received_splits, check_splits=False)
         if in_sent_order:
@@ -107,20 +109,30 @@ def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=Fa
     return _exchange(comm, keys, owner_of(table, keys), read, name, counted)
 
 
-def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=(), names=None):
-    """(rows [u, dim], positions [n]) for the row ids `ids` (int64 [n], each
-    checked against its table by the ops in `gate`, which the exchange waits
-    for) of the tables `table` [n] names among T sharded sok.Variables
-    `tables` of one dtype, dimension and placement: the rows of the u
-    distinct (id, table) keys (grouped by owner), and where each of the n
-    ids finds its row among them. One all-to-all of keys and one of rows serve all T tables.
-    The key keeps its table through the exchange; the owner groups what it
-    received by table (the bucketing op, by t), gathers each table's rows and
-    puts them back in received order."""
+def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", checks=(), names=None):
+    """(rows [u, dim], positions [n]) for the row ids `ids` (int64 [n]) of
+    the tables `table` [n] names among T sharded sok.Variables `tables` of
+    one dtype, dimension and placement: the rows of the u distinct (id,
+    table) keys (grouped by owner), and where each of the n ids finds its
+    row among them. One all-to-all of keys and one of rows serve all T
+    tables. The key keeps its table through the exchange; the owner reads
+    every table's rows for what it received in one op.
+
+    `checks`: the ops that check the ids against their tables. The rows
+    wait for them, so a bad id fails the lookup with their message; the
+    exchange does not, so the host reads their result while the GPU goes
+    on. Until then a bad id travels as any other key and reads a zero row
+    (or another row of the group), which nothing uses.
+
+    The step waits for the device once here: the all-to-all reads how many
+    keys go to each worker. Both dedups (the sender's, of its ids, and the
+    owner's, of what it received) are util.unique_padded, whose outputs have
+    the length of their input and whose counts stay on the device."""
     count = len(tables)
     world_size, _, fixed_owner = tables[0].placement
     with tf.name_scope(name):
-        keys, positions = util_ops.unique(ids * count + table, out_idx=tf.int64)
+        keys, positions, distinct, _ = util_ops.unique_padded(ids * count + table,
+                                                              out_idx=tf.int64)
         if fixed_owner >= 0:
             send, owners = keys, tf.fill(tf.shape(keys), tf.constant(fixed_owner, tf.int64))
         else:
@@ -131,6 +143,9 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=(), 
             send = tf.math.floordiv(keys, count * world_size) * count \
                 + tf.math.floormod(keys, count)
             owners = tf.math.floormod(tf.math.floordiv(keys, count), world_size)
+        # The padding past the distinct keys goes to no worker (owner N).
+        owners = tf.where(tf.range(tf.size(keys, out_type=tf.int64)) < distinct, owners,
+                          tf.fill(tf.shape(owners), tf.constant(world_size, tf.int64)))
 
         def read(received, per_table):
             # One op reads every table's rows (SokGroupedGather), in the
@@ -141,12 +156,15 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", gate=(), 
             # every replica's step with 26 tables, and the step of a
             # multi-GPU machine is bound by the host (bench/RESULTS.md).
             return sharding_ops.grouped_gather(tables, received, per_table, names,
-                                               distinct=True)
+                                               distinct=True, padded=True)
 
         # The rows stay in the order they came back in (by owner); each id
         # finds its row through the bucketing's inverse permutation, one
         # gather of ids instead of a gather of the rows into key order
         # (and another of their gradient back).
-        rows, slot_of_key = _exchange(comm, send, owners, read, "rows", gate=gate,
-                                      groups=count, in_sent_order=True)
+        rows, slot_of_key = _exchange(comm, send, owners, read, "rows", groups=count,
+                                      in_sent_order=True, padded=True)
+        if checks:
+            with tf.control_dependencies(list(checks)):
+                rows = tf.identity(rows)
         return rows, tf.gather(slot_of_key, positions)

@@ -267,8 +267,9 @@ def _group_rows(params, members, values, names, edges):
     limits = [int(params[t].global_shape[0]) for t in members]
     raw = tf.concat(ids, 0)
     table = _table_of_each_id(ids)
-    # An id past every table's rows could wrap the key it makes; such an id
-    # fails this check, which the exchange waits for, whatever that key is.
+    # An id past every table's rows could wrap the key it makes into another
+    # table's; such an id fails this check, which the rows wait for,
+    # whatever row that key read.
     bad = tf.logical_or(raw < 0, raw >= tf.gather(tf.constant(limits, tf.int64), table))
     messages = tf.constant([
         f"ids of {names[t]} (sp_ids[{t}]) must be in [0, {rows}) (the table's rows); got"
@@ -299,12 +300,11 @@ def _group_rows(params, members, values, names, edges):
 
     check = _fails_if_any(bad, details, more=[(splits_bad, splits_details)])
     comm = context.communicator("a lookup in a sharded table")
-    # The check gates the exchange, the first thing that an id out of range
-    # would harm, not the unique before it: the GPU goes on while the host
-    # reads the check's result, so the step waits for the host once there
-    # instead of twice.
+    # The rows wait for the check, not the exchange: the host reads its
+    # result while the GPU goes on, and the step waits for the device once,
+    # in the exchange (see exchange.grouped_static_rows).
     return exchange.grouped_static_rows(comm, [params[t] for t in members], raw, table,
-                                        gate=[check], names=[names[t] for t in members])
+                                        checks=[check], names=[names[t] for t in members])
 
 
 def _known_count(ids):

@@ -74,13 +74,16 @@ class Communicator(abc.ABC):
         """This worker's index in [0, world_size) (a Python int)."""
         return self._rank
 
-    def alltoall(self, tensor, splits, name=None, check_splits=True):
+    def alltoall(self, tensor, splits, name=None, check_splits=True, padded=False):
         """Sends rows [sum(splits[:w]), sum(splits[:w+1])) of `tensor` to worker w;
         returns (received rows in sender order, received splits [world_size] int64).
         Differentiable with respect to `tensor`. check_splits=False skips the
         check that the splits add up to the rows, for callers whose splits do
         by construction (a bucketing op's sizes, the splits of a reply): the
-        check is read on the host, a wait for the device."""
+        check is read on the host, a wait for the device. padded: `tensor`
+        may have rows past the splits' sum (the padding of
+        util.unique_padded), which are not sent: an engine that cannot skip
+        them takes a slice, which on a GPU waits for the splits."""
         import tensorflow as tf
 
         tensor = tf.convert_to_tensor(tensor)
@@ -102,7 +105,12 @@ class Communicator(abc.ABC):
                 message="alltoall: splits must add up to the tensor's number of rows")
             with tf.control_dependencies([check]):
                 splits = tf.identity(splits)
-        received, received_splits = self._alltoall(tensor, splits, name)
+        if padded and self.sends_padded_rows():
+            received, received_splits = self._alltoall(tensor, splits, name, padded=True)
+        else:
+            if padded:
+                tensor = tensor[:tf.reduce_sum(splits)]
+            received, received_splits = self._alltoall(tensor, splits, name)
         received_splits = tf.cast(received_splits, tf.int64)
         if _count_enabled and self.world_size > 1:
             row_bytes = tensor.dtype.size
@@ -115,6 +123,11 @@ class Communicator(abc.ABC):
             with tf.control_dependencies([counted]):
                 received = tf.identity(received)
         return received, received_splits
+
+    def sends_padded_rows(self):
+        """Whether _alltoall takes padded=True: rows past the splits' sum,
+        left out by the exchange itself (sok_graph's NCCL op)."""
+        return False
 
     @abc.abstractmethod
     def _alltoall(self, tensor, splits, name):

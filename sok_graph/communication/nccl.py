@@ -225,9 +225,10 @@ class Transport:
             return None
         return self._reverse_of.setdefault(tf.compat.v1.get_default_graph(), {})
 
-    def alltoall(self, tensor, splits, rank, name=None):
+    def alltoall(self, tensor, splits, rank, name=None, padded=False):
         """(received rows, received splits [world_size] int64) on `rank`'s
-        device (the caller's device scope)."""
+        device (the caller's device scope). padded: `tensor` may have rows
+        past the splits' sum, not sent."""
         known = self._known()
         reverse = known.get(splits.ref()) if known is not None else None
         if reverse is not None:
@@ -236,7 +237,7 @@ class Transport:
             received_splits, sent_splits = reverse, splits
         else:
             received, received_splits, sent_splits = collective_ops.alltoall(
-                tensor, splits, self.clique, rank, self.world_size, name=name)
+                tensor, splits, self.clique, rank, self.world_size, padded=padded, name=name)
         if known is not None:
             known[received_splits.ref()] = sent_splits
         return received, received_splits

@@ -223,15 +223,22 @@ class MirroredReplicas(Communicator):
         out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
         return out, counts
 
-    @_not_converted
-    def _alltoall(self, tensor, splits, name):
-        ctx, rank = self._replica_context("an all-to-all")
+    def _uses_nccl(self):
         # Eagerly the replicas run one after another (each until its next
         # merge_call), so an exchange that waits for its peers inside the op
         # would wait forever: NCCL only in graphs, which run the replicas' ops
         # concurrently.
-        if self._nccl is not None and not tf.executing_eagerly():
-            return self._nccl.alltoall(tensor, splits, rank, name=name or "sok_alltoall")
+        return self._nccl is not None and not tf.executing_eagerly()
+
+    def sends_padded_rows(self):
+        return self._uses_nccl()
+
+    @_not_converted
+    def _alltoall(self, tensor, splits, name, padded=False):
+        ctx, rank = self._replica_context("an all-to-all")
+        if self._uses_nccl():
+            return self._nccl.alltoall(tensor, splits, rank, name=name or "sok_alltoall",
+                                       padded=padded)
         with tf.name_scope(name or "sok_alltoall"):
             received, received_splits = self._route(ctx, rank, tensor, splits)
             # The gradient: the reverse exchange.

@@ -438,12 +438,15 @@ class TFDistribute(Communicator):
         out.set_shape(tf.TensorShape([None]).concatenate(tensor.shape[1:]))
         return out
 
+    def sends_padded_rows(self):
+        return self._nccl is not None
+
     @_not_converted
-    def _alltoall(self, tensor, splits, name):
+    def _alltoall(self, tensor, splits, name, padded=False):
         if self._nccl is not None:
             with tf.device(self._gpu):
                 return self._nccl.alltoall(tensor, splits, self._rank,
-                                           name=name or "sok_alltoall")
+                                           name=name or "sok_alltoall", padded=padded)
         size = self._size
         device = self._device
         with tf.name_scope(name or "sok_alltoall"):

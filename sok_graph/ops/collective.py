@@ -59,10 +59,11 @@ def _attrs(clique, rank, world_size):
     return dict(clique=str(clique), rank=int(rank), world_size=int(world_size))
 
 
-def alltoall(tensor, send_splits, clique, rank, world_size, name=None):
-    """(received, received_splits, sent_splits); see the module's docstring."""
+def alltoall(tensor, send_splits, clique, rank, world_size, padded=False, name=None):
+    """(received, received_splits, sent_splits); see the module's docstring.
+    padded: `tensor` may have rows past the splits' sum, which stay here."""
     return _ordered(clique, rank, lambda: tuple(library.load().sok_nccl_all_to_all(
-        tensor, tf.cast(send_splits, tf.int64), name=name,
+        tensor, tf.cast(send_splits, tf.int64), padded=bool(padded), name=name,
         **_attrs(clique, rank, world_size))))
 
 
@@ -85,7 +86,12 @@ def _reverse(op, dy, send_splits, receive_splits):
 def _alltoall_grad(op, dy, *unused):
     # What came from rank r goes back to it: send the received splits,
     # receive the sent ones.
-    return [_reverse(op, dy, op.outputs[1], op.outputs[2]), None]
+    grad = _reverse(op, dy, op.outputs[1], op.outputs[2])
+    if op.get_attr("padded"):  # the rows that were not sent get a zero gradient
+        unsent = tf.shape(op.inputs[0])[:1] - tf.shape(grad)[:1]
+        grad = tf.concat([grad, tf.zeros(tf.concat([unsent, tf.shape(grad)[1:]], 0),
+                                         grad.dtype)], 0)
+    return [grad, None]
 
 
 @tf.RegisterGradient("SokNcclAllToAllSized")

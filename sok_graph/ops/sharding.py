@@ -41,19 +41,24 @@ def local_rows(ids, world_size, name=None):
     return library.load().sok_local_rows(ids, world_size=int(world_size), name=name)
 
 
-def grouped_gather(tables, keys, table_sizes, table_names=None, distinct=False, name=None):
+def grouped_gather(tables, keys, table_sizes, table_names=None, distinct=False, padded=False,
+                   name=None):
     """Rows [n, dim] of T tables for keys [n] (int64, >= 0) that name their
     table: key k reads row k // T of tables[k % T]. One op for all tables.
 
     tables:      T tables of one dtype and dimension: resource variables (read
                  in place) or tensors
-    table_sizes: int64 [T], how many keys name each table (host memory on a
-                 GPU, as util.unique_grouped gives it): the gradient sizes its
-                 outputs from it without waiting for the device
+    table_sizes: int64 [T], how many keys name each table: the gradient
+                 sizes its outputs from it (in host memory: a copy queued as
+                 soon as it is computed, long before the gradient runs; the
+                 GPU forward does not read it)
     distinct:    the keys are known to be distinct (the exchange's are): each
                  table's gradient indices are then marked so
                  (util.mark_distinct), and a sparse optimizer skips its own
                  dedup of them
+    padded:      the keys end in padding not counted by table_sizes (the -1s of
+                 util.unique_padded): a key that names no row reads a zero
+                 row, with no error, and gets no gradient
     The gradient of table t is an IndexedSlices of its keys' rows (k // T) in
     their order among keys.
     """
@@ -64,7 +69,7 @@ def grouped_gather(tables, keys, table_sizes, table_names=None, distinct=False, 
     return library.load().sok_grouped_gather(
         params=handles, keys=keys, table_sizes=table_sizes, num_tables=len(handles),
         T=dtypes.pop(), table_names=list(table_names) if table_names else [],
-        distinct_keys=bool(distinct), name=name)
+        distinct_keys=bool(distinct), padded_keys=bool(padded), name=name)
 
 
 @register_gradient("SokGroupedGather")
@@ -75,11 +80,19 @@ def _grouped_gather_grad(op, grad):
     # so the tables' update, waits for that read (util_ops.after_read).
     in_place = any(p.dtype == tf.resource for p in params)
     with util_ops.after_read(op) if in_place else contextlib.nullcontext():
-        # Keys passed the senders' range checks: never negative.
-        by_table = bucketize_by_owner(keys, count, non_negative=True)
+        padded = op.get_attr("padded_keys")
+        if padded:
+            # Padding (a negative key) groups after the last table, where
+            # the gradient op, told how many keys each table has, stops.
+            table_of = tf.where(keys < 0, tf.fill(tf.shape(keys), tf.constant(count, tf.int64)),
+                                tf.math.floormod(keys, count))
+            by_table = bucketize_by_owner(table_of, count + 1, non_negative=True)
+        else:
+            # Keys passed the senders' range checks: never negative.
+            by_table = bucketize_by_owner(keys, count, non_negative=True)
         indices, values = library.load().sok_grouped_gather_grad(
             keys=keys, grads=tf.convert_to_tensor(grad), permutation=by_table.permutation,
-            table_sizes=sizes, num_tables=count)
+            table_sizes=sizes, num_tables=count, padded_keys=padded)
     if op.get_attr("distinct_keys"):
         indices = [util_ops.mark_distinct(i) for i in indices]
     grads = [IndexedSlices(values[t], indices[t], table_shape(params[t])) for t in range(count)]

@@ -30,6 +30,19 @@ def unique_grouped(x, groups, out_idx=tf.int32, name=None):
     return library.load().sok_unique_grouped(x, groups=int(groups), out_idx=out_idx, name=name)
 
 
+def unique_padded(x, groups=0, out_idx=tf.int64, name=None):
+    """(y, idx, count, group_sizes) with sizes known before the op runs: y
+    [n] holds unique(x)'s distinct values in its first `count` entries (an
+    int64 scalar) and -1 after them, idx [n] points into those; group_sizes
+    [groups] counts them per group (v mod groups; empty for groups=0). On a
+    GPU nothing is read back: the op does not wait for the device, and
+    every output stays in device memory."""
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 0:
+        raise ValueError(f"groups must be an int >= 0 (the number of groups, a value v in "
+                         f"group v mod groups; 0 for none); got {groups!r}")
+    return library.load().sok_unique_padded(x, groups=int(groups), out_idx=out_idx, name=name)
+
+
 def unique_with_counts(x, out_idx=tf.int32, name=None):
     """As ``tf.unique_with_counts``: (y, idx, count), y in order of first appearance.
 

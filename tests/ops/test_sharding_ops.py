@@ -161,13 +161,54 @@ def test_grouped_gather_rejects_bad_input():
             a = tf.Variable(tf.zeros([3, 2]))
             b = tf.Variable(tf.zeros([2, 2]))
             wide = tf.Variable(tf.zeros([2, 3]))
+            # Sizes that do not add up to the keys: the CPU forward reports
+            # them; the GPU's does not read them (they stay on the device),
+            # the gradient, which needs them, reports them on every device.
             with pytest.raises(tf.errors.InvalidArgumentError, match="table_sizes must add up"):
-                sharding.grouped_gather([a, b], tf.constant([0, 1], tf.int64),
-                                        tf.constant([1, 0], tf.int64))
+                with tf.GradientTape() as tape:
+                    rows = sharding.grouped_gather([a, b], tf.constant([0, 1], tf.int64),
+                                                   tf.constant([1, 0], tf.int64))
+                tape.gradient(tf.reduce_sum(rows), [a, b])
             with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
                                match="one dimension"):
                 sharding.grouped_gather([a, wide], tf.constant([0], tf.int64),
                                         tf.constant([1, 0], tf.int64))
+
+
+@pytest.mark.parametrize("mode", ["eager", "function"])
+def test_grouped_gather_of_padded_keys(rng, mode):
+    """Keys ending in padding (-1s, as util.unique_padded leaves them) and
+    sizes that count only the keys before it: padding, and in the forward
+    any key that names no row, reads a zero row with no error on every
+    device; each table's gradient has the rows of its real keys only."""
+    rows = [5, 3, 8]
+    values = [rng.normal(size=(r, 4)).astype(np.float32) for r in rows]
+    tables = [tf.Variable(v) for v in values]
+    keys, sizes = _grouped_keys(rng, rows, 11)
+    bad = np.array([3 * 8 + 1, -7], np.int64)  # row 8 of table 1 (3 rows); a negative key
+    out = sharding.grouped_gather(tables, tf.constant(np.concatenate([keys, bad])),
+                                  tf.constant(sizes), padded=True)
+    np.testing.assert_array_equal(out.numpy()[len(keys):], np.zeros((2, 4)))
+    padded = np.concatenate([keys, np.full(5, -1)]).astype(np.int64)
+    dy = rng.normal(size=(len(padded), 4)).astype(np.float32)
+
+    def run(keys, sizes):
+        with tf.GradientTape() as tape:
+            out = sharding.grouped_gather(tables, keys, sizes, distinct=True, padded=True)
+            loss = tf.reduce_sum(out * dy)
+        return out, tape.gradient(loss, tables)
+
+    if mode == "function":
+        run = tf.function(run, input_signature=[tf.TensorSpec([None], tf.int64),
+                                                tf.TensorSpec([3], tf.int64)])
+    out, grads = run(tf.constant(padded), tf.constant(sizes))
+    expect = np.zeros((len(padded), 4), np.float32)
+    expect[:len(keys)] = [values[k % 3][k // 3] for k in keys]
+    np.testing.assert_array_equal(out.numpy(), expect)
+    for t, g in enumerate(grads):
+        mine = keys % 3 == t
+        np.testing.assert_array_equal(g.indices.numpy(), keys[mine] // 3)
+        np.testing.assert_array_equal(g.values.numpy(), dy[:len(keys)][mine])
 
 
 def test_grouped_gather_with_an_empty_table_in_a_session(rng):

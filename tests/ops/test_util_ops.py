@@ -1,4 +1,5 @@
-"""unique, unique_with_counts and unsorted_segment_sum against TensorFlow's own ops."""
+"""unique, unique_with_counts, unique_padded and unsorted_segment_sum against
+TensorFlow's own ops."""
 
 import numpy as np
 import pytest
@@ -100,7 +101,56 @@ def test_unique_grouped_rejects_bad_groups(groups):
         util.unique_grouped(tf.constant([1, 2], tf.int64), groups)
 
 
-@pytest.mark.parametrize("unique", [util.unique, util.unique_with_counts])
+@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("groups", [0, 1, 26])
+@pytest.mark.parametrize("case", ["random", "empty", "single", "negative", "extremes"])
+def test_unique_padded_is_unique_then_minus_ones(rng, dtype, groups, case):
+    """The first `count` values as tf.unique gives them, -1 after them, the
+    inverse into those first values, the group sizes as numpy counts them."""
+    info = np.iinfo(dtype.as_numpy_dtype)
+    x = {
+        "random": rng.integers(0, 400, size=3000),
+        "empty": np.zeros([0]),
+        "single": np.array([7]),
+        "negative": rng.integers(-60, 60, size=500),
+        "extremes": np.array([info.max, 0, info.min, info.max, -1, 0, info.min]),
+    }[case].astype(dtype.as_numpy_dtype)
+    y, idx, count, sizes = util.unique_padded(tf.constant(x, dtype), groups)
+    ref_y, ref_idx = tf.unique(tf.constant(x, dtype), out_idx=tf.int64)
+    u = len(ref_y.numpy())
+    assert count.dtype == tf.int64 and count.shape == [] and int(count) == u
+    assert y.dtype == dtype and y.shape == [len(x)] and idx.dtype == tf.int64
+    np.testing.assert_array_equal(y.numpy()[:u], ref_y.numpy())
+    np.testing.assert_array_equal(y.numpy()[u:], np.full(len(x) - u, -1))
+    np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())
+    assert sizes.dtype == tf.int64 and sizes.shape == [groups]
+    if groups:
+        np.testing.assert_array_equal(sizes.numpy(), _group_sizes(np.unique(x), groups))
+
+
+def test_unique_padded_through_one_op_over_batches(rng):
+    """One op instance (a tf.function of unknown length) over batches of
+    few and many distinct values, as the exchange's dedups see them."""
+    step = tf.function(lambda x: util.unique_padded(x, 7),
+                       input_signature=[tf.TensorSpec([None], tf.int64)])
+    for n, high in [(2000, 10), (2000, 1500), (20000, 100), (20000, 20000), (40, 3)]:
+        x = rng.integers(0, high, size=n)
+        y, idx, count, sizes = step(tf.constant(x, tf.int64))
+        distinct = np.unique(x)
+        assert int(count) == len(distinct)
+        np.testing.assert_array_equal(np.sort(y.numpy()[:len(distinct)]), distinct)
+        assert (y.numpy()[len(distinct):] == -1).all()
+        np.testing.assert_array_equal(y.numpy()[idx.numpy()], x)
+        np.testing.assert_array_equal(sizes.numpy(), _group_sizes(distinct, 7))
+
+
+@pytest.mark.parametrize("groups", [-3, 2.5, True, None])
+def test_unique_padded_rejects_bad_groups(groups):
+    with pytest.raises(ValueError, match=r"groups must be an int >= 0.*got"):
+        util.unique_padded(tf.constant([1, 2], tf.int64), groups)
+
+
+@pytest.mark.parametrize("unique", [util.unique, util.unique_with_counts, util.unique_padded])
 def test_unique_rejects_matrix(unique):
     with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="vector|rank"):
         unique(tf.zeros([2, 2], tf.int64))

@@ -199,6 +199,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
                 errors::InvalidArgument("rank must be < world_size (", world_size_, "); got ",
                                         rank_));
     sized_ = ctx->num_inputs() == 3;
+    if (!sized_) OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
     device_ = DeviceNumber(ctx->device()->name());
   }
 
@@ -254,9 +255,10 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
       sent_rows += send[r];
       received_rows += receive[r];
     }
-    if (sent_rows != input.dim_size(0)) {
+    // Padded input: the rows past the splits are not sent.
+    if (sent_rows != input.dim_size(0) && !(padded_ && sent_rows < input.dim_size(0))) {
       return errors::InvalidArgument("send_splits sum to ", sent_rows, " rows; input has ",
-                                     input.dim_size(0));
+                                     input.dim_size(0), padded_ ? " (padded: at most that)" : "");
     }
     TensorShape out_shape = input.shape();
     out_shape.set_dim(0, received_rows);
@@ -520,6 +522,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   int rank_ = 0;
   int world_size_ = 1;
   bool sized_ = false;
+  bool padded_ = false;
   int device_ = 0;
 };
 

@@ -46,6 +46,7 @@ REGISTER_OP("SokNcclAllToAll")
     .Output("received_splits: int64")
     .Output("sent_splits: int64")
     .SOK_NCCL_ATTRS
+    .Attr("padded: bool = false")
     .SetIsStateful()
     .SetShapeFn([](InferenceContext* c) { return AllToAllShape(c, 2); })
     .Doc(R"doc(
@@ -55,7 +56,9 @@ rank order; received_splits says how many rows came from each, and
 sent_splits repeats send_splits. Both splits are in host memory, so the
 reply (SokNcclAllToAllSized with the splits swapped) and the gradient need
 no wait for the device. The splits travel first (one wait for the device:
-the output's size); then the rows, GPU to GPU.
+the output's size); then the rows, GPU to GPU. padded: input may have more
+rows than send_splits add up to (the padding of a unique that did not wait
+for its count); those are not sent.
 )doc");
 
 REGISTER_OP("SokNcclAllToAllSized")

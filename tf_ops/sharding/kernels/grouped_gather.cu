@@ -37,7 +37,9 @@ __global__ void GatherGradKernel(const int64_t* __restrict__ outputs, int num_ta
                                  const int64_t* __restrict__ permutation, int64_t n,
                                  int64_t units, const U* __restrict__ grads) {
   const int64_t* offsets = outputs;
-  SOK_FOR_EACH(e, n * units) {
+  // Positions past the last table's (offsets[num_tables] <= n) are padding.
+  const int64_t grouped = offsets[num_tables];
+  SOK_FOR_EACH(e, grouped * units) {
     const int64_t p = e / units;
     const int64_t u = e - p * units;
     int lo = 0, hi = num_tables;  // the table t with offsets[t] <= p < offsets[t + 1]

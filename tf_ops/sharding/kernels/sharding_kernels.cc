@@ -59,9 +59,12 @@ struct GroupedGatherFunctor<CpuDevice> {
     const int64_t* k = reinterpret_cast<const int64_t*>(keys.flat<TfInt64>().data());
     const int64_t n = keys.NumElements();
     const int64_t count = static_cast<int64_t>(tables.rows.size());
-    for (int64_t i = 0; i < n; ++i) {  // checked first: no row is copied for a bad input
+    const auto bad = [&](int64_t i) {
+      return k[i] < 0 || k[i] / count >= tables.counts[k[i] % count];
+    };
+    for (int64_t i = 0; i < n && !tables.padded_keys; ++i) {  // no row copied for bad input
       const int64_t t = k[i] >= 0 ? k[i] % count : 0;
-      if (k[i] < 0 || k[i] / count >= tables.counts[t]) {
+      if (bad(i)) {
         return ::tensorflow::errors::InvalidArgument(
             "keys[", i, "]=", k[i], " names row ", k[i] < 0 ? -1 : k[i] / count, " of ",
             GroupedTableName(tables.names, static_cast<int>(t)), ", which has ", tables.counts[t],
@@ -72,8 +75,12 @@ struct GroupedGatherFunctor<CpuDevice> {
     const int64_t bytes = tables.row_bytes;
     ParallelFor(ctx, n, bytes, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        std::memcpy(dst + i * bytes, tables.rows[k[i] % count] + (k[i] / count) * bytes,
-                    static_cast<size_t>(bytes));
+        if (bad(i)) {  // padding (only with padded_keys: checked above otherwise)
+          std::memset(dst + i * bytes, 0, static_cast<size_t>(bytes));
+        } else {
+          std::memcpy(dst + i * bytes, tables.rows[k[i] % count] + (k[i] / count) * bytes,
+                      static_cast<size_t>(bytes));
+        }
       }
     });
     return OkStatus();

@@ -187,8 +187,7 @@ struct GroupedGatherGradFunctor<GpuDevice> {
 #define SOK_REGISTER_GROUPED_GATHER(T)                                            \
   REGISTER_KERNEL_BUILDER(Name("SokGroupedGather")                                \
                               .Device(::tensorflow::DEVICE_GPU)                   \
-                              .TypeConstraint<T>("T")                             \
-                              .HostMemory("table_sizes"),                         \
+                              .TypeConstraint<T>("T"),                            \
                           GroupedGatherOp<GpuDevice, T>);                         \
   REGISTER_KERNEL_BUILDER(Name("SokGroupedGatherGrad")                            \
                               .Device(::tensorflow::DEVICE_GPU)                   \

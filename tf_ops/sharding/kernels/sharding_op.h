@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -120,6 +121,7 @@ struct GroupedTables {
   std::vector<std::string> names;  // for errors
   int64_t dim = 0;
   int64_t row_bytes = 0;
+  bool padded_keys = false;  // a bad key reads a zero row on every device
 };
 
 // SokGroupedGatherGrad's outputs, allocated by the op: table t's keys are
@@ -147,9 +149,10 @@ inline std::string GroupedTableName(const std::vector<std::string>& names, int t
 }
 
 // The per-table counts of the grouped ops (host memory), checked to be
-// num_tables counts >= 0 that add up to n; their running sums in `offsets`.
+// num_tables counts >= 0 that add up to n (at most n with padded keys, the
+// padding after them); their running sums in `offsets`.
 inline ::tensorflow::Status GroupOffsets(const ::tensorflow::Tensor& sizes, int num_tables,
-                                         int64_t n, std::vector<int64_t>* offsets) {
+                                         int64_t n, bool padded, std::vector<int64_t>* offsets) {
   namespace errors = ::tensorflow::errors;
   if (sizes.dims() != 1 || sizes.NumElements() != num_tables) {
     return errors::InvalidArgument("table_sizes must be a vector of num_tables=", num_tables,
@@ -165,7 +168,7 @@ inline ::tensorflow::Status GroupOffsets(const ::tensorflow::Tensor& sizes, int 
     }
     offsets->push_back(offsets->back() + counts(t));
   }
-  if (offsets->back() != n) {
+  if (offsets->back() != n && !padded) {
     return errors::InvalidArgument("table_sizes must add up to the ", n, " keys; they add up to ",
                                    offsets->back());
   }
@@ -178,6 +181,7 @@ class GroupedGatherOp : public ::tensorflow::OpKernel {
   explicit GroupedGatherOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("table_names", &names_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded_keys", &padded_));
     OP_REQUIRES(ctx, names_.empty() || static_cast<int>(names_.size()) == num_tables_,
                 ::tensorflow::errors::InvalidArgument(
                     "table_names must be empty or have num_tables=", num_tables_,
@@ -193,11 +197,17 @@ class GroupedGatherOp : public ::tensorflow::OpKernel {
     OP_REQUIRES(ctx, keys.dims() == 1,
                 errors::InvalidArgument("keys must be a vector; got shape ",
                                         keys.shape().DebugString()));
-    std::vector<int64_t> offsets;
-    OP_REQUIRES_OK(ctx, GroupOffsets(ctx->input(num_tables_ + 1), num_tables_,
-                                     keys.NumElements(), &offsets));
+    // table_sizes are for the gradient. A GPU kernel takes them in device
+    // memory and does not read them: reading them would make it wait for
+    // the device (the unique that counts them does not).
+    if (std::is_same<Device, CpuDevice>::value) {
+      std::vector<int64_t> offsets;
+      OP_REQUIRES_OK(ctx, GroupOffsets(ctx->input(num_tables_ + 1), num_tables_,
+                                       keys.NumElements(), padded_, &offsets));
+    }
     GroupedTables tables;
     tables.names = names_;
+    tables.padded_keys = padded_;
     const auto dtype = ::tensorflow::DataTypeToEnum<T>::v();
     for (int t = 0; t < num_tables_; ++t) {
       const ::tensorflow::Tensor& p = params[t];
@@ -226,6 +236,7 @@ class GroupedGatherOp : public ::tensorflow::OpKernel {
  private:
   int num_tables_ = 1;
   std::vector<std::string> names_;
+  bool padded_ = false;
 };
 
 template <typename Device, typename T>
@@ -233,6 +244,7 @@ class GroupedGatherGradOp : public ::tensorflow::OpKernel {
  public:
   explicit GroupedGatherGradOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("padded_keys", &padded_));
   }
 
   void Compute(::tensorflow::OpKernelContext* ctx) override {
@@ -250,7 +262,7 @@ class GroupedGatherGradOp : public ::tensorflow::OpKernel {
                 errors::InvalidArgument("grads must be [", n, ", dim] (a row per key); got ",
                                         grads.shape().DebugString()));
     GroupedGrads out;
-    OP_REQUIRES_OK(ctx, GroupOffsets(ctx->input(3), num_tables_, n, &out.offsets));
+    OP_REQUIRES_OK(ctx, GroupOffsets(ctx->input(3), num_tables_, n, padded_, &out.offsets));
     const int64_t dim = grads.dim_size(1);
     out.row_bytes = dim * static_cast<int64_t>(sizeof(T));
     for (int t = 0; t < num_tables_; ++t) {
@@ -267,6 +279,7 @@ class GroupedGatherGradOp : public ::tensorflow::OpKernel {
 
  private:
   int num_tables_ = 1;
+  bool padded_ = false;
 };
 
 }  // namespace sharding_kernels

@@ -108,6 +108,7 @@ REGISTER_OP("SokGroupedGather")
     .Attr("num_tables: int >= 1")
     .Attr("table_names: list(string) = []")
     .Attr("distinct_keys: bool = false")
+    .Attr("padded_keys: bool = false")
     .Attr("T: {float, half, bfloat16, double}")
     .Attr("Tparams: list({float, half, bfloat16, double, resource})")
     .SetShapeFn(GroupedGatherShape)
@@ -123,13 +124,18 @@ params: num_tables tables of one dtype T and one dimension, each a
 keys: distinct keys, each >= 0 with a row k // num_tables inside its table.
   The CPU kernel reports a bad key; the GPU kernel reads a zero row for it
   (the exchange's keys passed the senders' range checks).
-table_sizes: [num_tables], how many keys name each table (host memory on a
-  GPU; checked to add up to the keys). The gradient (SokGroupedGatherGrad)
-  sizes its outputs from it without waiting for the device.
+table_sizes: [num_tables], how many keys name each table, for the gradient
+  (SokGroupedGatherGrad takes it in host memory and sizes its outputs from
+  it). The CPU kernel checks that it adds up to the keys; the GPU kernel
+  takes it in device memory and does not read it (no wait for the device).
 table_names: empty, or a name per table for error messages.
 distinct_keys: the caller vouches that the keys are distinct (the exchange's
   come from a unique): the gradient's indices are then marked so for the
   sparse optimizers, which skip their own dedup. Not read by the kernels.
+padded_keys: the keys end in padding (SokUniquePadded's -1s) that
+  table_sizes does not count: any key that names no row reads a zero row on
+  every device, with no error (the exchange's keys passed the senders'
+  range checks, whose failure fails the step).
 )doc");
 
 REGISTER_OP("SokGroupedGatherGrad")
@@ -140,6 +146,7 @@ REGISTER_OP("SokGroupedGatherGrad")
     .Output("indices: num_tables * int64")
     .Output("values: num_tables * T")
     .Attr("num_tables: int >= 1")
+    .Attr("padded_keys: bool = false")
     .Attr("T: {float, half, bfloat16, double}")
     .SetShapeFn([](InferenceContext* c) -> Status {
       int n = 0;
@@ -169,8 +176,10 @@ The gradient of SokGroupedGather as one (indices, values) pair per table:
 table t's keys in their order among `keys` (local rows k // num_tables) and
 the rows of `grads` [n, dim] for them. permutation: `keys` grouped by table,
 stably (SokBucketizeByOwner of keys over num_tables); table_sizes: how many
-keys name each table (host memory on a GPU), which must add up to n. The
-keys being distinct, each table's indices are too. The CPU kernel reports a
+keys name each table (host memory on a GPU), which must add up to n, or
+with padded_keys to at most n, the positions past them in the permutation
+being padding that no table gets. The keys being distinct, each table's
+indices are too. The CPU kernel reports a
 permutation or table_sizes that do not group the keys so; on a GPU such a
 position gets the index -1 and a zero row (dropped by every scatter).
 )doc");

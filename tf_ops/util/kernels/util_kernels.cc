@@ -1,5 +1,6 @@
 // The util ops on the CPU: the functors of SokUnique, SokUniqueWithCounts,
-// SokUniqueGrouped and SokUnsortedSegmentSum (util_op.h) over tf_ops/util/core.
+// SokUniqueGrouped, SokUniquePadded and SokUnsortedSegmentSum (util_op.h)
+// over tf_ops/util/core.
 #include <algorithm>
 #include <limits>
 #include <vector>
@@ -34,8 +35,8 @@ struct Accumulator<double> {
 
 template <typename K, typename I>
 struct UniqueFunctor<CpuDevice, K, I> {
-  Status operator()(OpKernelContext* ctx, const Tensor& x, bool with_counts,
-                    int64_t groups) const {
+  Status operator()(OpKernelContext* ctx, const Tensor& x, bool with_counts, int64_t groups,
+                    bool padded) const {
     const int64_t n = x.NumElements();
     Tensor* idx = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(1, x.shape(), &idx));
@@ -45,17 +46,27 @@ struct UniqueFunctor<CpuDevice, K, I> {
                                   with_counts ? &counts : nullptr);
     const int64_t u = static_cast<int64_t>(unique.size());
     Tensor* y = nullptr;
-    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({u}), &y));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, padded ? x.shape() : TensorShape({u}), &y));
     std::copy(unique.begin(), unique.end(), y->flat<K>().data());
+    if (padded) {
+      std::fill(y->flat<K>().data() + u, y->flat<K>().data() + n, K(-1));
+      Tensor* count = nullptr;
+      TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({}), &count));
+      count->scalar<TfInt64>()() = u;
+    }
     if (with_counts) {
       Tensor* count = nullptr;
       TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({u}), &count));
       std::copy(counts.begin(), counts.end(), count->flat<I>().data());
     }
+    if (padded && groups == 0) {
+      Tensor* sizes = nullptr;
+      return ctx->allocate_output(3, TensorShape({0}), &sizes);
+    }
     if (groups > 0) {
       // The distinct values per group (v mod groups).
       Tensor* sizes = nullptr;
-      TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({groups}), &sizes));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(padded ? 3 : 2, TensorShape({groups}), &sizes));
       auto out = sizes->flat<TfInt64>();
       for (int64_t g = 0; g < groups; ++g) out(g) = 0;
       for (const K value : unique) {

@@ -478,6 +478,16 @@ __global__ void GroupSizesShared(const int64_t* __restrict__ y, const int64_t* _
   }
 }
 
+// y[i] <- value past the *num distinct values a unique wrote (its padding).
+__global__ void PadPastCount(int64_t* __restrict__ y, const int64_t* __restrict__ num, int64_t n,
+                             int64_t value) {
+  const int64_t count = *num < 0 ? 0 : *num;
+  for (int64_t i = count + blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    y[i] = value;
+  }
+}
+
 constexpr int64_t kSharedGroupLimit = 8192;  // 32 KiB of shared counters
 
 }  // namespace
@@ -497,6 +507,15 @@ SOK_EXPORT int sok_unique_group_sizes_i64(const int64_t* y, const int64_t* num_u
   } else if (n > 0) {
     GroupSizes<<<Grid(n), 256, 0, s>>>(y, num_unique, n, groups,
                                        reinterpret_cast<unsigned long long*>(sizes));
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+SOK_EXPORT int sok_unique_pad_i64(int64_t* y, const int64_t* num_unique, int64_t n,
+                                  int64_t value, void* stream) {
+  if (n > 0) {
+    const unsigned blocks = Grid(n) < 1024 ? Grid(n) : 1024;
+    PadPastCount<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(y, num_unique, n, value);
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -1,7 +1,8 @@
 // The util ops on the GPU: the functors of SokUnique, SokUniqueWithCounts,
-// SokUniqueGrouped and SokUnsortedSegmentSum (util_op.h; float data, int64
-// keys and ids): the C launchers of util_kernels.cu on the op's stream. Compiled only
-// when the build found a CUDA toolkit (SOK_GRAPH_WITH_CUDA).
+// SokUniqueGrouped, SokUniquePadded and SokUnsortedSegmentSum (util_op.h;
+// float data, int64 keys and ids): the C launchers of util_kernels.cu on the
+// op's stream. Compiled only when the build found a CUDA toolkit
+// (SOK_GRAPH_WITH_CUDA).
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
 #include <atomic>
@@ -56,7 +57,8 @@ int SegmentSum(const float* data, const int64_t* ids, int64_t n, int64_t width, 
 // batch (UniqueSetHint).
 template <typename K, typename I>
 struct UniqueFunctor<GpuDevice, K, I> {
-  Status operator()(OpKernelContext* ctx, const Tensor& x, bool with_counts, int64_t groups) {
+  Status operator()(OpKernelContext* ctx, const Tensor& x, bool with_counts, int64_t groups,
+                    bool padded) {
     const int64_t n = x.NumElements();
     // The GPU kernel's hash set has 2n slots or more, numbered in 32 bits.
     if (n >= (int64_t{1} << 30)) {
@@ -66,6 +68,7 @@ struct UniqueFunctor<GpuDevice, K, I> {
     void* stream = GpuStreamOf(ctx);
     Tensor* idx = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(1, x.shape(), &idx));
+    if (padded) return Padded(ctx, x, groups, idx, stream);
     // y and count need room for n until the number of distinct values is known.
     Tensor y_all, count_all, num, temp;
     const TensorShape room({n > 0 ? n : 1});
@@ -120,6 +123,34 @@ struct UniqueFunctor<GpuDevice, K, I> {
   }
 
   UniqueSetHint hint_;
+
+ private:
+  // SokUniquePadded: the full hash set, which cannot overflow, so nothing is
+  // read back; the outputs are written in place and stay on the device.
+  Status Padded(OpKernelContext* ctx, const Tensor& x, int64_t groups, Tensor* idx,
+                void* stream) {
+    const int64_t n = x.NumElements();
+    Tensor *y = nullptr, *count = nullptr, *sizes = nullptr, temp;
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, x.shape(), &y));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({}), &count));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({groups}), &sizes));
+    const int64_t* xs = reinterpret_cast<const int64_t*>(x.flat<K>().data());
+    int64_t* ys = reinterpret_cast<int64_t*>(Data(*y));
+    int64_t* idxs = reinterpret_cast<int64_t*>(Data(*idx));
+    int64_t* u_dev = reinterpret_cast<int64_t*>(Data(*count));
+    TF_RETURN_IF_ERROR(LaunchWithScratch(ctx, "sok_unique_padded", &temp,
+                                         [&](void* scratch, size_t* bytes) {
+                                           return Unique(xs, n, 0, ys, idxs, nullptr, u_dev,
+                                                         scratch, bytes, stream);
+                                         }));
+    if (groups > 0) {
+      TF_RETURN_IF_ERROR(CudaStatus(
+          sok_unique_group_sizes_i64(ys, u_dev, n, groups,
+                                     reinterpret_cast<int64_t*>(Data(*sizes)), stream),
+          "counting distinct values per group"));
+    }
+    return CudaStatus(sok_unique_pad_i64(ys, u_dev, n, -1, stream), "padding unique values");
+  }
 };
 
 template <typename I>

@@ -70,6 +70,11 @@ int sok_unique_in_set_i32_i64(const int32_t* x, int64_t n, int64_t set_slots, in
 int sok_unique_group_sizes_i64(const int64_t* y, const int64_t* num_unique, int64_t n,
                                int64_t groups, int64_t* sizes, void* stream);
 
+// After a unique of n keys: y[i] <- value for i >= *num_unique (a device
+// int64), the positions past its distinct values.
+int sok_unique_pad_i64(int64_t* y, const int64_t* num_unique, int64_t n, int64_t value,
+                       void* stream);
+
 // tf.math.unsorted_segment_sum for float data [n, width] and 1-D segment ids:
 // out [num_segments, width] (every row written; empty segments are zero).
 // Negative ids are dropped. Ids >= num_segments are an error: *first_bad

@@ -24,8 +24,11 @@ struct GpuDevice {};
 
 // The devices' work, each a member of its op (a functor may keep state
 // across calls, as the GPU's unique keeps its hash set's size):
-//   UniqueFunctor: Status operator()(ctx, x, with_counts, groups) writes
-//     y (0), idx (1) and counts or, with groups > 0, group_sizes (2).
+//   UniqueFunctor: Status operator()(ctx, x, with_counts, groups, padded)
+//     writes y (0), idx (1) and counts or, with groups > 0, group_sizes (2);
+//     padded (SokUniquePadded): y of x's length (-1 past the distinct
+//     values), idx (1), count (2, a scalar) and group_sizes (3), with no
+//     wait for the device.
 //   SegmentSumFunctor: Status operator()(ctx, data, ids, num_segments,
 //     width, out) fills the allocated output, failing on an id >=
 //     num_segments.
@@ -34,13 +37,15 @@ struct UniqueFunctor;
 template <typename Device, typename T, typename I>
 struct SegmentSumFunctor;
 
-// SokUniqueWithCounts (kCounts), SokUnique and SokUniqueGrouped (an op with
-// a `groups` attribute). On the GPU it waits to learn the number of
-// distinct values.
-template <typename Device, typename K, typename I, bool kCounts>
+// SokUniqueWithCounts (kCounts), SokUnique, SokUniqueGrouped (an op with
+// a `groups` attribute) and SokUniquePadded (kPadded). On the GPU all but
+// the padded one wait to learn the number of distinct values.
+template <typename Device, typename K, typename I, bool kCounts, bool kPadded = false>
 class UniqueOp : public DeviceWaitingKernel<> {
  public:
-  explicit UniqueOp(::tensorflow::OpKernelConstruction* ctx) : DeviceWaitingKernel(ctx) {
+  // The padded unique waits for nothing: inline on the executor's thread.
+  explicit UniqueOp(::tensorflow::OpKernelConstruction* ctx)
+      : DeviceWaitingKernel(ctx, !kPadded) {
     if (ctx->HasAttr("groups")) {
       TfInt64 groups = 0;
       OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups));
@@ -57,7 +62,7 @@ class UniqueOp : public DeviceWaitingKernel<> {
     OP_REQUIRES(ctx, sizeof(I) == 8 || n <= INT32_MAX,
                 errors::InvalidArgument("x has ", n, " elements, too many for out_idx=int32; ",
                                         "use out_idx=int64"));
-    OP_REQUIRES_OK(ctx, functor_(ctx, x, kCounts, groups_));
+    OP_REQUIRES_OK(ctx, functor_(ctx, x, kCounts, groups_, kPadded));
   }
 
  private:
@@ -84,7 +89,7 @@ class UnsortedSegmentSumOp : public DeviceWaitingKernel<> {
 }  // namespace util_kernels
 }  // namespace sok_graph
 
-// Registers the three unique ops on DEVICE_TYPE (DEVICE_CPU or DEVICE_GPU,
+// Registers the four unique ops on DEVICE_TYPE (DEVICE_CPU or DEVICE_GPU,
 // with its functor tag TAG) for values K and indices I. group_sizes is read
 // on the host (HostMemory is a no-op on the CPU).
 #define SOK_REGISTER_UNIQUE_OPS(DEVICE_TYPE, TAG, K, I)                                \
@@ -103,6 +108,11 @@ class UnsortedSegmentSumOp : public DeviceWaitingKernel<> {
                               .TypeConstraint<K>("T")                                  \
                               .TypeConstraint<I>("out_idx")                            \
                               .HostMemory("group_sizes"),                              \
-                          ::sok_graph::util_kernels::UniqueOp<TAG, K, I, false>);
+                          ::sok_graph::util_kernels::UniqueOp<TAG, K, I, false>);      \
+  REGISTER_KERNEL_BUILDER(Name("SokUniquePadded")                                      \
+                              .Device(::tensorflow::DEVICE_TYPE)                       \
+                              .TypeConstraint<K>("T")                                  \
+                              .TypeConstraint<I>("out_idx"),                           \
+                          ::sok_graph::util_kernels::UniqueOp<TAG, K, I, false, true>);
 
 #endif  // SOK_GRAPH_TF_OPS_UTIL_KERNELS_UTIL_OP_H_
