@@ -144,7 +144,11 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", checks=()
                 + tf.math.floormod(keys, count)
             owners = tf.math.floormod(tf.math.floordiv(keys, count), world_size)
         # The padding past the distinct keys goes to no worker (owner N).
-        owners = tf.where(tf.range(tf.size(keys, out_type=tf.int64)) < distinct, owners,
+        # The positions are an int32 range, which TensorFlow computes on the
+        # host from the shape and copies to the GPU; an int64 one would be
+        # computed there from a size copied back (a wait for the device).
+        position = tf.cast(tf.range(tf.size(keys)), tf.int64)
+        owners = tf.where(position < distinct, owners,
                           tf.fill(tf.shape(owners), tf.constant(world_size, tf.int64)))
 
         def read(received, per_table):
