@@ -281,8 +281,30 @@ def _distinct_rows(grad):
     if not tf.executing_eagerly() and _distinct_by_construction(grad.indices):
         return grad.indices, grad.values
     unique, position = util_ops.unique(grad.indices, out_idx=tf.int64)
-    return unique, util_ops.unsorted_segment_sum(grad.values, position,
-                                                 tf.size(unique, out_type=tf.int64))
+    return unique, _summed_by_position(grad.values, position, tf.size(unique, out_type=tf.int64))
+
+
+def _summed_by_position(values, position, count):
+    """values [n, ...] summed into `count` rows by position [n]. On a GPU,
+    unless op determinism is on, TensorFlow's segment sum (atomics). sok's
+    deterministic one gives each (row, column) a thread that adds the row's
+    repeats in order: a hot key of a Zipf stream, repeated hundreds of
+    thousands of times in a step (the DemoModel's 8.2M hashed keys, read
+    with sparse_read), makes that one long serial loop. Such a step took
+    67 ms on an H200, where the hashing trick's whole embedding took 2.3 ms
+    (bench/RESULTS.md, hashed keys). On a CPU, and with op determinism,
+    sok's (the same sums in the same order on every run)."""
+    if _on_gpu(values) and not compat.op_determinism_enabled():
+        return tf.math.unsorted_segment_sum(values, position, count)
+    return util_ops.unsorted_segment_sum(values, position, count)
+
+
+def _on_gpu(tensor):
+    """Whether `tensor` is on a GPU, or (unplaced, in a graph) will be: where
+    one is visible, TensorFlow places it there."""
+    if tensor.device:
+        return tf.DeviceSpec.from_string(tensor.device).device_type == "GPU"
+    return bool(tf.config.experimental.list_logical_devices("GPU"))
 
 
 # Ops whose output 0 never repeats a value (the unique ops, and a dynamic

@@ -168,7 +168,8 @@ def test_grouped_gather_rejects_bad_input():
                 with tf.GradientTape() as tape:
                     rows = sharding.grouped_gather([a, b], tf.constant([0, 1], tf.int64),
                                                    tf.constant([1, 0], tf.int64))
-                tape.gradient(tf.reduce_sum(rows), [a, b])
+                    loss = tf.reduce_sum(rows)
+                tape.gradient(loss, [a, b])
             with pytest.raises((tf.errors.InvalidArgumentError, ValueError),
                                match="one dimension"):
                 sharding.grouped_gather([a, wide], tf.constant([0], tf.int64),
