@@ -1,10 +1,13 @@
 """sok.OptimizerWrapper / sok.SGD against TensorFlow's own optimizers and numpy."""
 
+import inspect
+
 import numpy as np
 import pytest
 import tensorflow as tf
 
 import sok_graph as sok
+from sok_graph import compat
 
 V1 = tf.compat.v1.train
 
@@ -354,6 +357,59 @@ def test_keras_options_not_applied_to_rows_are_refused(option):
     with pytest.raises((ValueError, TypeError), match=refusal):
         sok.OptimizerWrapper(opt).apply_gradients(grads)
     np.testing.assert_array_equal(v.numpy(), np.zeros((4, 2), np.float32))
+
+
+def _keras2_module():
+    """Keras 2's OptimizerV2 optimizers: tf.keras.optimizers.legacy (TF 2.11
+    to 2.15), tf.keras.optimizers before it; None under Keras 3."""
+    legacy = compat.legacy_optimizers_module()
+    if legacy is not None:
+        return legacy
+    return tf.keras.optimizers if compat.KERAS_MAJOR_VERSION < 3 else None
+
+
+@pytest.mark.parametrize("option", ["decay", "loss_scale_factor"])
+def test_keras_learning_rate_decay_and_loss_scale_are_refused(option):
+    """Keras 2's SGD(decay=0.5) shrinks the learning rate every step and
+    Keras 3's loss_scale_factor divides the gradients; the sparse updates
+    applied neither (a row moved by the undecayed, unscaled step): refused,
+    naming the option, before anything moves."""
+    if option == "decay":
+        module = _keras2_module()
+        if module is None:
+            pytest.skip("Keras 3 optimizers have no decay option")
+        opt = module.SGD(0.1, decay=0.5)
+    else:
+        if compat.KERAS_MAJOR_VERSION < 3:
+            pytest.skip("Keras 2 optimizers have no loss_scale_factor option")
+        opt = tf.keras.optimizers.SGD(0.1, loss_scale_factor=4.0)
+    v = sok.Variable(np.zeros((4, 2), np.float32))
+    grads = [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)]
+    with pytest.raises(ValueError, match=f"does not apply .*{option}="):
+        sok.OptimizerWrapper(opt).apply_gradients(grads)
+    np.testing.assert_array_equal(v.numpy(), np.zeros((4, 2), np.float32))
+
+
+def test_ftrl_shrinkage_and_beta_match_tf(rng):
+    """Ftrl's l2 shrinkage (Keras 2 keeps it private) and the TF1 optimizer's
+    beta (kept as _beta) reach the sparse update: rows as TensorFlow's own
+    optimizer trains them. (Keras 3's Ftrl updates every row of a variable
+    densely, so it is no reference for a row-wise update.)"""
+    module = _keras2_module()
+    makers = {}
+    if module is not None:
+        makers["keras shrinkage"] = lambda: module.Ftrl(
+            0.2, l1_regularization_strength=0.01, l2_shrinkage_regularization_strength=0.5)
+    if "beta" in inspect.signature(V1.FtrlOptimizer.__init__).parameters:  # not in TF 1.15
+        makers["tf1 beta"] = lambda: V1.FtrlOptimizer(0.2, l1_regularization_strength=0.01,
+                                                      beta=0.5)
+    for name, make in makers.items():
+        table, batches = make_data(rng)
+        expected = train_reference(make, table, batches)
+        dyn = dynamic_from(table)
+        train_sok(make, dyn, batches)
+        np.testing.assert_allclose(rows_of(dyn, 30), expected, rtol=1e-5, atol=1e-6,
+                                   err_msg=name)
 
 
 def test_keras_options_left_at_their_defaults_are_accepted():

@@ -225,14 +225,21 @@ def _attr(opt, *names, default=None):
 
 
 # Keras optimizer options the sparse row updates do not apply: set, they
-# would be silently ignored for the sok tables, so they are refused.
-_UNAPPLIED_OPTIONS = ("weight_decay", "clipnorm", "clipvalue", "global_clipnorm",
-                      "gradient_accumulation_steps", "use_ema")
+# would be silently ignored for the sok tables, so they are refused. Each is
+# (the option's name, the attributes that hold it): Keras 2's OptimizerV2
+# keeps its learning-rate `decay` as _initial_decay; Keras 3 divides the
+# gradients by loss_scale_factor before applying them.
+_UNAPPLIED_OPTIONS = (
+    ("weight_decay", ("weight_decay",)), ("clipnorm", ("clipnorm",)),
+    ("clipvalue", ("clipvalue",)), ("global_clipnorm", ("global_clipnorm",)),
+    ("gradient_accumulation_steps", ("gradient_accumulation_steps",)),
+    ("use_ema", ("use_ema",)), ("decay", ("_initial_decay",)),
+    ("loss_scale_factor", ("loss_scale_factor",)))
 
 
 def _refuse_unapplied_options(opt):
-    for option in _UNAPPLIED_OPTIONS:
-        setting = getattr(opt, option, None)
+    for option, names in _UNAPPLIED_OPTIONS:
+        setting = _attr(opt, *names)
         if setting is None or setting is False:
             continue
         try:
@@ -272,7 +279,7 @@ class Hyperparameters:
             self.l1 = _attr(o, "_l1_regularization_strength", default=0.0)
             self.l2 = _attr(o, "_l2_regularization_strength", default=0.0)
             self.l2_shrinkage = _attr(o, "_l2_shrinkage_regularization_strength", default=0.0)
-            self.beta = 0.0
+            self.beta = _attr(o, "_beta", default=0.0)  # FtrlOptimizer's (TF >= 2.x)
             if name == "sgd":
                 self.momentum = 0.0
         else:
@@ -289,7 +296,9 @@ class Hyperparameters:
             self.lr_power = _attr(o, "learning_rate_power", default=-0.5)
             self.l1 = _attr(o, "l1_regularization_strength", default=0.0)
             self.l2 = _attr(o, "l2_regularization_strength", default=0.0)
-            self.l2_shrinkage = _attr(o, "l2_shrinkage_regularization_strength", default=0.0)
+            # Keras 2's OptimizerV2 Ftrl keeps it private.
+            self.l2_shrinkage = _attr(o, "l2_shrinkage_regularization_strength",
+                                      "_l2_shrinkage_regularization_strength", default=0.0)
             self.beta = _attr(o, "beta", default=0.0)
             if name == "adam" and _attr(o, "amsgrad", default=False):
                 raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
