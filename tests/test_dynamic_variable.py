@@ -226,6 +226,29 @@ def test_export_chunks_and_incremental(rng):
     assert sorted(k.numpy().tolist()) == [3, 4]
 
 
+def test_removed_key_comes_back_without_its_optimizer_state():
+    """remove() drops the key from the optimizer's slot tables too, as an
+    eviction does: the key, read again, trains as a new key (its Adagrad
+    accumulator used to survive the remove)."""
+    v = sok.DynamicVariable(dimension=1, initializer="0")
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1, initial_accumulator_value=0.1))
+
+    def step(keys):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(v, tf.ragged.constant([keys], tf.int64),
+                                                   combiners="sum"))
+        opt.apply_gradients(zip(tape.gradient(loss, [v]), [v]))
+
+    for _ in range(3):
+        step([1])
+    assert int(v.remove(tf.constant([1], tf.int64))) == 1
+    assert sok.export(v)[0].numpy().tolist() == []
+    step([1, 2])
+    rows = dict(zip(*[x.numpy().tolist() for x in sok.export(v)]))
+    assert rows[1] == rows[2]  # both one Adagrad step from a fresh accumulator
+    np.testing.assert_allclose(rows[2], [-0.1 / np.sqrt(1.1)], rtol=1e-5)
+
+
 def test_hybrid_bounded_table_evicts():
     v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=8,
                             evict_strategy="lfu")

@@ -477,6 +477,45 @@ def test_saver_round_trip_graph(tmp_path):
             np.testing.assert_array_equal(sess.run(out)[:, 0], values[[5, 2]])
 
 
+def test_saver_refuses_int64_keys_for_an_int32_table(tmp_path):
+    """Keys past int32 restored into an int32-key table used to be cast:
+    2^32 + 5 became 5, 2^31 became -2^31. A CheckpointError instead, and the
+    table keeps its rows."""
+    saver = sok.Saver()
+    src = sok.DynamicVariable(dimension=1, initializer="0")
+    keys = tf.constant([2 ** 32 + 5, 2 ** 31], tf.int64)
+    src.sparse_read(keys)
+    src.scatter_update(keys, tf.constant([[1.0], [2.0]]))
+    saver.dump_to_file(src, tmp_path / "t")
+    dst = sok.DynamicVariable(dimension=1, initializer="0", key_type=tf.int32)
+    dst.scatter_update(tf.constant([3], tf.int32), tf.constant([[9.0]]))
+    from sok_graph.dump_load import CheckpointError
+
+    with pytest.raises(CheckpointError, match="key 4294967301.*int32"):
+        saver.restore_from_file(dst, tmp_path / "t")
+    exported = [x.numpy().tolist() for x in sok.export(dst)]
+    assert exported == [[3], [[9.0]]]
+
+
+def test_load_embedding_values_checks_rows_fed_in_a_session():
+    """A static table's rows from a placeholder of unknown length: a count
+    other than the table's rows fails when the Session runs it, before any
+    row changes (two rows used to fill half the table)."""
+    with tf.Graph().as_default():
+        sok.init()
+        var = sok.Variable(np.full((4, 2), 7.0, np.float32))
+        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        load = sok.Saver().load_embedding_values(var, rows)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for count in (2, 6):
+                with pytest.raises(tf.errors.InvalidArgumentError, match="has 4 rows"):
+                    sess.run(load, {rows: np.zeros((count, 2), np.float32)})
+            np.testing.assert_array_equal(sess.run(var.value()), np.full((4, 2), 7.0))
+            sess.run(load, {rows: np.ones((4, 2), np.float32)})
+            np.testing.assert_array_equal(sess.run(var.value()), np.ones((4, 2)))
+
+
 def test_dump_with_native_optimizer_in_scope(tmp_path):
     sok.Init(global_batch_size=2)
     layer = sok.All2AllDenseEmbedding(8, 2, 1, 1, dynamic_input=True)

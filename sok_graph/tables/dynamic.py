@@ -713,7 +713,17 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         return self._scatter("scatter_update", keys, rows)
 
     def remove(self, keys):
-        return dynamic_ops.remove(self._handle, self._check_keys(keys))
+        """Removes `keys` (those present) and returns how many were removed
+        (an int64 scalar). Its shadow tables (the optimizer's slots) drop
+        them too, as after an eviction: a key that comes back starts afresh
+        in all of them, not with the removed key's slot state."""
+        keys = self._check_keys(keys)
+        removed = dynamic_ops.remove(self._handle, keys)
+        if not self._shadows:
+            return removed
+        with tf.control_dependencies([dynamic_ops.remove(s.handle, keys)
+                                      for s in self._shadows]):
+            return tf.identity(removed)
 
     @property
     def size(self):

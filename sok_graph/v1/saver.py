@@ -17,7 +17,7 @@ import tensorflow as tf
 from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.dump_load import read_dump, write_dump
+from sok_graph.dump_load import CheckpointError, read_dump, write_dump
 
 _TABLE = "table"  # the one variable in a Saver's dump directory
 
@@ -84,9 +84,21 @@ class Saver:
         static_rows = {} if fixed is None else {
             _TABLE: placement.shard_rows(fixed, *var.placement)}
 
+        key_dtype = var.key_dtype
+
         def read():
             arrays = read_dump(path, {_TABLE: dim}, static_rows)[1][_TABLE]
-            return arrays["keys"].astype(np.int64), arrays["values"].astype(np.float32)
+            keys = arrays["keys"].astype(np.int64)
+            # An int32-key table would take int64 keys cast: wrapped, or two
+            # keys made one (sok.load refuses them the same way).
+            info = np.iinfo(key_dtype.as_numpy_dtype)
+            outside = keys[(keys < info.min) | (keys > info.max)]
+            if outside.size:
+                raise CheckpointError(
+                    f"{path}: the table has {key_dtype.name} keys (key_type); the dump holds "
+                    f"key {int(outside[0])}, which does not fit in {key_dtype.name}: restore "
+                    f"it into a table with key_type=tf.int64")
+            return keys, arrays["values"].astype(np.float32)
 
         if tf.executing_eagerly():
             keys, rows = read()
@@ -116,10 +128,18 @@ class Saver:
                                  f"got shape {t.shape}")
             values.append(t)
         rows = tf.concat(values, 0) if len(values) > 1 else values[0]
-        n = rows.shape[0]
+        n = tf.compat.dimension_value(rows.shape[0])  # a Dimension on TF 1.15
         fixed = table.fixed_rows
         if fixed is not None and n is not None and n != fixed:
             raise ValueError(f"the table has {fixed} rows; tensors hold {n}")
+        if fixed is not None and n is None:
+            # Known only when the graph runs: checked before any row moves.
+            check = tf.debugging.assert_equal(
+                tf.shape(rows, out_type=tf.int64)[0], tf.constant(fixed, tf.int64),
+                message=f"load_embedding_values: the table has {fixed} rows; tensors must "
+                        f"hold as many")
+            with tf.control_dependencies([check]):
+                rows = tf.identity(rows)
         all_keys = tf.range(tf.shape(rows, out_type=tf.int64)[0])
         ops = []
         # Each worker keeps the rows it owns (each replica's shard, when the
