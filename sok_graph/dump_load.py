@@ -4,7 +4,8 @@ optimizer state on disk.
 Layout of a dump directory:
   manifest.json           format version, variables (name, kind, dim, rows,
                           key dtype, files), optimizer (algorithm, step, slots),
-                          and a CRC-32 of all that
+                          named_alike (tables of one name, told apart by their
+                          places in the list), and a CRC-32 of all that
   <var>.keys              int64 keys (row numbers for a sok.Variable)
   <var>.values            float32 rows [rows, dim]
   <var>.timestamps/.frequencies   per-key metadata (dynamic tables)
@@ -171,6 +172,30 @@ def _check_vars(variables, what):
     return names
 
 
+def _named_alike(variables):
+    """{name: [file names]} of the names that several of `variables` (as
+    _check_vars gives them) share: those tables are told apart only by
+    their places in the list."""
+    groups = {}
+    for name, var in variables.items():
+        groups.setdefault(_var_name(var), []).append(name)
+    return {base: names for base, names in groups.items() if len(names) > 1}
+
+
+def _check_named_alike(manifest, variables):
+    """CheckpointError where the dump holds tables of one name, told apart
+    by their places in the dumped list, and load_vars does not give that
+    many tables of that name: matched by place, one would get another's
+    rows (two unnamed eager tables are both "Variable:0")."""
+    for base, dumped in sorted(manifest.get("named_alike", {}).items()):
+        given = [name for name, var in variables.items() if _var_name(var) == base]
+        if given != dumped:
+            raise CheckpointError(
+                f"the dump holds {len(dumped)} tables named '{base}', told apart only by their "
+                f"places in the dumped list; load_vars holds {len(given)}: load all of them, "
+                f"in the order they were dumped, or give the tables distinct names")
+
+
 def _slot_specs(optimizer):
     return optimizer.slot_specs() if optimizer is not None else []
 
@@ -265,19 +290,22 @@ def dump(path, dump_vars, optimizer=None):
     comm = context.active()
     world_size = 1 if comm is None else comm.world_size
     if comm is None or comm.in_process or comm.rank == 0:
-        write_dump(path, tables, optimizer_entry, world_size=world_size)
+        write_dump(path, tables, optimizer_entry, world_size=world_size,
+                   named_alike=_named_alike(variables))
     _barrier(world_size)
 
 
-def write_dump(path, tables, optimizer_entry=None, world_size=1):
+def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=None):
     """Writes a dump directory from numpy arrays: tables maps a variable name
     to (kind, {"keys", "values", [metadata], ["slot.<name>"]: array}).
-    Written aside and swapped in, so `path` always holds a whole dump."""
+    Written aside and swapped in, so `path` always holds a whole dump.
+    named_alike: {name: [its tables' file names]} for names several tables
+    share, which load checks (_check_named_alike)."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
     with _writers_take_turns(parent):
-        _write_dump_swapped(path, parent, tables, optimizer_entry, world_size)
+        _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike)
 
 
 @contextlib.contextmanager
@@ -299,7 +327,7 @@ def _writers_take_turns(parent):
         os.close(fd)  # releases the lock
 
 
-def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size):
+def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike):
     _check_replaceable(path)
     _remove_dead_writers_tmp(path)
     tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
@@ -334,6 +362,8 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size):
                     arrays[_FILTER_KIND], rows=int(np.shape(arrays["filter.keys"])[0]))
         if optimizer_entry is not None:
             manifest["optimizer"] = optimizer_entry
+        if named_alike:
+            manifest["named_alike"] = named_alike
         manifest["checksum"] = _manifest_checksum(manifest)
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
@@ -445,6 +475,7 @@ def load(path, load_vars, optimizer=None):
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
         algorithm=None if optimizer is None else optimizer.algorithm)
+    _check_named_alike(manifest, variables)
     _check_fits(variables, loaded)
     ops = []
     for name, table in variables.items():

@@ -129,6 +129,26 @@ def test_load_errors_name_the_problem(tmp_path):
         sok.load(path, [static])
 
 
+def test_tables_of_one_name_load_only_as_the_list_they_were_dumped_in(tmp_path):
+    """Two unnamed eager tables are both "Variable:0": the dump tells them
+    apart by their places in the list. Loading one of them alone used to
+    give it the first table's rows; now a CheckpointError, nothing changes,
+    and the whole list loads as dumped."""
+    user = sok.Variable(np.full((3, 2), 1.0, np.float32))
+    item = sok.Variable(np.full((3, 2), 2.0, np.float32))
+    assert user.name == item.name
+    sok.dump(str(tmp_path / "d"), [user, item])
+    item.assign(np.zeros((3, 2), np.float32))
+    from sok_graph.dump_load import CheckpointError
+
+    with pytest.raises(CheckpointError, match="2 tables named.*load_vars holds 1"):
+        sok.load(str(tmp_path / "d"), [item])
+    np.testing.assert_array_equal(item.numpy(), np.zeros((3, 2)))
+    sok.load(str(tmp_path / "d"), [user, item])
+    np.testing.assert_array_equal(item.numpy(), np.full((3, 2), 2.0))
+    np.testing.assert_array_equal(user.numpy(), np.full((3, 2), 1.0))
+
+
 def test_interrupted_dump_keeps_previous_dump_loadable(tmp_path):
     """Kill a process while it overwrites a dump: what load() finds is a
     complete dump, the old one or the new one, never a broken one."""
