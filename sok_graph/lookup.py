@@ -86,9 +86,13 @@ def _sparse_parts_on_host(sp, label):
         [f"{label}: a SparseTensor must not repeat an index; this one appears more than "
          f"once:", tf.gather(tf.concat([indices, [[0, 0]]], 0), _first_true(repeated))],
         summarize=4)
+    # The ids wait for the checks too, not only their rows: a dynamic table
+    # inserts the keys it reads, before the lookup's own checks run. (Both
+    # on the host, where the SparseTensor is: no wait for a device.)
     with tf.control_dependencies([inside, once]):
         rows = tf.identity(indices[:, 0])
-    ragged = tf.RaggedTensor.from_value_rowids(sp.values, rows, nrows=shape[0], validate=False)
+        values = tf.identity(sp.values)
+    ragged = tf.RaggedTensor.from_value_rowids(values, rows, nrows=shape[0], validate=False)
     return ragged.values, tf.cast(ragged.row_splits, tf.int64)
 
 

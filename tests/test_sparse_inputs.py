@@ -104,6 +104,26 @@ def test_index_outside_dense_shape_is_an_error_naming_the_argument():
         sok.lookup_sparse([v], [sp], combiners=["sum"])
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("indices", [[[0, 0], [0, 0], [1, 0]], [[0, 0], [5, 0], [1, 1]]],
+                         ids=["repeated", "outside"])
+def test_a_rejected_sparse_input_inserts_no_key(mode, indices):
+    """A dynamic table inserts the keys it reads: a SparseTensor the lookup
+    rejects (a repeated index, one outside dense_shape) must not get its
+    keys into the table first (in a tf.function they used to be)."""
+    v = sok.DynamicVariable(dimension=2, initializer="zeros")
+    sp = tf.SparseTensor(indices, tf.constant([21, 22, 23], tf.int64), [2, 3])
+
+    def lookup(sp):
+        return sok.lookup_sparse(v, sp, combiners="sum")
+
+    if mode == "function":
+        lookup = tf.function(lookup)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"sp_ids\[0\]"):
+        lookup(sp)
+    assert sok.export(v)[0].numpy().tolist() == []
+
+
 def test_weights_must_pair_with_the_ids_row_by_row():
     v = sok.Variable(TABLE)
     ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
