@@ -148,6 +148,25 @@ def _fails_if_any(bad, details, more=()):
     return tf.cond(any_bad, fail, lambda: tf.identity(any_bad))
 
 
+def _after_splits_check(ids, splits, index, name):
+    """ids, once their row_splits are checked as the fused op checks them
+    (they start at 0, never decrease and end at the number of ids): a
+    dynamic table inserts the keys it reads before that op runs, and a
+    RaggedTensor made with validate=False carries any splits. (On a GPU, a
+    read of one flag before the table's find-or-insert.)"""
+    n = tf.size(ids, out_type=tf.int64)
+    ok = tf.reduce_all(tf.stack([
+        tf.size(splits) > 0,
+        tf.reduce_all(tf.equal(splits[:1], 0)),
+        tf.reduce_all(tf.equal(splits[-1:], n)),
+        tf.reduce_all(splits[1:] >= splits[:-1])]))
+    check = _fails_if_any(tf.reshape(tf.logical_not(ok), [1]), lambda first: [
+        f"row_splits of {name} (sp_ids[{index}]) must start at 0, never decrease and end at "
+        f"its number of ids{_known_count(ids)}; got", splits])
+    with tf.control_dependencies([check]):
+        return tf.identity(ids)
+
+
 def _aligned_weights(weights, weight_splits, ids, index):
     """weights, after a check that they pair one to one with the ids: same
     row lengths (sp_weights[index] against sp_ids[index])."""
@@ -500,6 +519,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                     and not is_dynamic(params[t]):
                 pending.append(t)  # fetched with the other sharded tables, below
             elif tensors[t] is None:
+                if is_dynamic(params[t]) and isinstance(ids, tf.RaggedTensor):
+                    v = _after_splits_check(v, s, t, names[t])
                 # A variable: each distinct id is fetched once (read, looked
                 # up or inserted; from its owner when the table is sharded),
                 # and the fused op combines rows of that small gathered

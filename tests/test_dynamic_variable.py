@@ -226,6 +226,34 @@ def test_export_chunks_and_incremental(rng):
     assert sorted(k.numpy().tolist()) == [3, 4]
 
 
+# (No tf.function of empty row_splits: TensorFlow cannot trace one.)
+@pytest.mark.parametrize("mode,splits", [
+    (mode, splits) for mode in ("eager", "function")
+    for splits in ([0, 1], [1, 2], [0, 2, 1, 2]) + (([],) if mode == "eager" else ())])
+def test_rejected_ragged_lookup_leaves_a_full_hybrid_table_as_it_was(mode, splits):
+    """A RaggedTensor made with validate=False whose row_splits the lookup
+    rejects: its keys used to be inserted first, which in a full hybrid
+    table evicted trained rows. Now the error comes first and the table
+    keeps its keys and rows."""
+    v = sok.DynamicVariable(dimension=1, var_type="hybrid", init_capacity=2, max_capacity=2,
+                            initializer="0")
+    keys = tf.constant([1, 2], tf.int64)
+    v.sparse_read(keys)
+    v.scatter_update(keys, tf.constant([[5.0], [6.0]]))
+    bad = tf.RaggedTensor.from_row_splits(tf.constant([11, 12], tf.int64),
+                                          tf.constant(splits, tf.int64), validate=False)
+
+    def lookup(ids):
+        return sok.lookup_sparse(v, ids, combiners="sum")
+
+    if mode == "function":
+        lookup = tf.function(lookup)
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"row_splits of .*sp_ids\[0\]"):
+        lookup(bad)
+    exported = sorted(zip(*[x.numpy().tolist() for x in sok.export(v)]))
+    assert exported == [(1, [5.0]), (2, [6.0])]
+
+
 def test_removed_key_comes_back_without_its_optimizer_state():
     """remove() drops the key from the optimizer's slot tables too, as an
     eviction does: the key, read again, trains as a new key (its Adagrad
