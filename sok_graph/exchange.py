@@ -56,6 +56,9 @@ def _exchange(comm, ids, owner_of, read, name, counted=False, groups=0, in_sent_
     indexes the rows anyway. padded: an owner of N marks padding, sent to
     nobody (with in_sent_order only: padding gets no row)."""
     world_size = comm.world_size
+    if padded and not in_sent_order:
+        raise ValueError("a padded exchange returns rows in the order sent (in_sent_order): "
+                         "padding gets no row to put back in place")
     with tf.name_scope(name):
         # Owners come from floormod (or a fixed owner): never negative.
         buckets = sharding_ops.bucketize_by_owner(owner_of, world_size + int(padded),
@@ -109,7 +112,7 @@ def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=Fa
     return _exchange(comm, keys, owner_of(table, keys), read, name, counted)
 
 
-def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", checks=(), names=None):
+def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", names=None):
     """(rows [u, dim], positions [n]) for the row ids `ids` (int64 [n]) of
     the tables `table` [n] names among T sharded sok.Variables `tables` of
     one dtype, dimension and placement: the rows of the u distinct (id,
@@ -118,11 +121,10 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", checks=()
     tables. The key keeps its table through the exchange; the owner reads
     every table's rows for what it received in one op.
 
-    `checks`: the ops that check the ids against their tables. The rows
-    wait for them, so a bad id fails the lookup with their message; the
-    exchange does not, so the host reads their result while the GPU goes
-    on. Until then a bad id travels as any other key and reads a zero row
-    (or another row of the group), which nothing uses.
+    The ids are checked against their tables by the caller, whose check
+    the rows (not the exchange) wait for: until it fails, a bad id travels
+    as any other key and reads a zero row (or another row of the group),
+    which nothing uses.
 
     The step waits for the device once here: the all-to-all reads how many
     keys go to each worker. Both dedups (the sender's, of its ids, and the
@@ -130,6 +132,9 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", checks=()
     the length of their input and whose counts stay on the device."""
     count = len(tables)
     world_size, _, fixed_owner = tables[0].placement
+    if world_size != comm.world_size:  # padding goes to owner world_size: no worker's
+        raise ValueError(f"the tables are sharded over {world_size} workers; the "
+                         f"communicator has {comm.world_size}")
     with tf.name_scope(name):
         keys, positions, distinct, _ = util_ops.unique_padded(ids * count + table,
                                                               out_idx=tf.int64)
@@ -168,7 +173,4 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", checks=()
         # (and another of their gradient back).
         rows, slot_of_key = _exchange(comm, send, owners, read, "rows", groups=count,
                                       in_sent_order=True, padded=True)
-        if checks:
-            with tf.control_dependencies(list(checks)):
-                rows = tf.identity(rows)
         return rows, tf.gather(slot_of_key, positions)

@@ -152,17 +152,21 @@ def _after_splits_check(ids, splits, index, name):
     """ids, once their row_splits are checked as the fused op checks them
     (they start at 0, never decrease and end at the number of ids): a
     dynamic table inserts the keys it reads before that op runs, and a
-    RaggedTensor made with validate=False carries any splits. (On a GPU, a
-    read of one flag before the table's find-or-insert.)"""
-    n = tf.size(ids, out_type=tf.int64)
-    ok = tf.reduce_all(tf.stack([
-        tf.size(splits) > 0,
-        tf.reduce_all(tf.equal(splits[:1], 0)),
-        tf.reduce_all(tf.equal(splits[-1:], n)),
-        tf.reduce_all(splits[1:] >= splits[:-1])]))
-    check = _fails_if_any(tf.reshape(tf.logical_not(ok), [1]), lambda first: [
-        f"row_splits of {name} (sp_ids[{index}]) must start at 0, never decrease and end at "
-        f"its number of ids{_known_count(ids)}; got", splits])
+    RaggedTensor made with validate=False carries any splits. With several
+    workers, a worker whose splits are bad fails before the exchange (its
+    peers then fail or time out in it, as for a bad id of a static table)."""
+    # On the host, where a RaggedTensor's splits usually come from: the
+    # table's find-or-insert then waits for the host, not for the device.
+    with tf.device("/device:CPU:0"):
+        n = tf.size(ids, out_type=tf.int64)
+        ok = tf.reduce_all(tf.stack([
+            tf.size(splits) > 0,
+            tf.reduce_all(tf.equal(splits[:1], 0)),
+            tf.reduce_all(tf.equal(splits[-1:], n)),
+            tf.reduce_all(splits[1:] >= splits[:-1])]))
+        check = _fails_if_any(tf.reshape(tf.logical_not(ok), [1]), lambda first: [
+            f"row_splits of {name} (sp_ids[{index}]) must start at 0, never decrease and end "
+            f"at its number of ids{_known_count(ids)}; got", splits])
     with tf.control_dependencies([check]):
         return tf.identity(ids)
 
@@ -321,13 +325,19 @@ def _group_rows(params, members, values, names, edges):
         return [message, tf.gather(tf.concat([splits_edges, tf.zeros([1, 2], tf.int64)], 0),
                                    first)]
 
-    check = _fails_if_any(bad, details, more=[(splits_bad, splits_details)])
     comm = context.communicator("a lookup in a sharded table")
+    rows, positions = exchange.grouped_static_rows(comm, [params[t] for t in members], raw,
+                                                   table, names=[names[t] for t in members])
     # The rows wait for the check, not the exchange: the host reads its
     # result while the GPU goes on, and the step waits for the device once,
-    # in the exchange (see exchange.grouped_static_rows).
-    return exchange.grouped_static_rows(comm, [params[t] for t in members], raw, table,
-                                        checks=[check], names=[names[t] for t in members])
+    # in the exchange (see exchange.grouped_static_rows). Built after the
+    # exchange: the check is a stateful op (an Assert in a cond), and a
+    # tf.function runs stateful ops in the order they were built
+    # (compat.order_side_effects_per_replica), so one built first would
+    # make the all-to-alls wait for it after all.
+    check = _fails_if_any(bad, details, more=[(splits_bad, splits_details)])
+    with tf.control_dependencies([check]):
+        return tf.identity(rows), positions
 
 
 def _known_count(ids):

@@ -403,6 +403,8 @@ def test_ftrl_shrinkage_and_beta_match_tf(rng):
     if "beta" in inspect.signature(V1.FtrlOptimizer.__init__).parameters:  # not in TF 1.15
         makers["tf1 beta"] = lambda: V1.FtrlOptimizer(0.2, l1_regularization_strength=0.01,
                                                       beta=0.5)
+    if not makers:
+        pytest.skip("this TensorFlow has neither Keras 2's Ftrl nor the TF1 Ftrl's beta")
     for name, make in makers.items():
         table, batches = make_data(rng)
         expected = train_reference(make, table, batches)

@@ -100,9 +100,11 @@ class Communicator(abc.ABC):
         # says what is wrong (its peers then fail or time out in the exchange);
         # by the exchange itself where it checks (checks_splits).
         if check_splits and not self.checks_splits:
-            check = tf.debugging.assert_equal(
+            assert_fits = tf.debugging.assert_less_equal if padded else tf.debugging.assert_equal
+            check = assert_fits(
                 tf.reduce_sum(splits), tf.shape(tensor, out_type=tf.int64)[0],
-                message="alltoall: splits must add up to the tensor's number of rows")
+                message="alltoall: splits must add up to the tensor's number of rows"
+                        + (" or fewer (padded)" if padded else ""))
             with tf.control_dependencies([check]):
                 splits = tf.identity(splits)
         if padded and self.sends_padded_rows():

@@ -301,10 +301,12 @@ def _summed_by_position(values, position, count):
 
 def _on_gpu(tensor):
     """Whether `tensor` is on a GPU, or (unplaced, in a graph) will be: where
-    one is visible, TensorFlow places it there."""
+    one is visible, TensorFlow places it there. (Physical devices: listing
+    the logical ones would start TensorFlow's runtime on every GPU, which a
+    TF1 job that picks its GPU in its Session config must not.)"""
     if tensor.device:
         return tf.DeviceSpec.from_string(tensor.device).device_type == "GPU"
-    return bool(tf.config.experimental.list_logical_devices("GPU"))
+    return bool(tf.config.experimental.list_physical_devices("GPU"))
 
 
 # Ops whose output 0 never repeats a value (the unique ops, and a dynamic

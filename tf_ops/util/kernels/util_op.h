@@ -43,9 +43,12 @@ struct SegmentSumFunctor;
 template <typename Device, typename K, typename I, bool kCounts, bool kPadded = false>
 class UniqueOp : public DeviceWaitingKernel<> {
  public:
-  // The padded unique waits for nothing: inline on the executor's thread.
+  // The padded unique waits for nothing on a GPU: inline on the
+  // executor's thread there. (A CPU kernel computes: expensive, as
+  // TensorFlow takes every CPU kernel to be.)
   explicit UniqueOp(::tensorflow::OpKernelConstruction* ctx)
-      : DeviceWaitingKernel(ctx, !kPadded) {
+      : DeviceWaitingKernel(ctx,
+                            !kPadded || ctx->device_type() != ::tensorflow::DEVICE_GPU) {
     if (ctx->HasAttr("groups")) {
       TfInt64 groups = 0;
       OP_REQUIRES_OK(ctx, ctx->GetAttr("groups", &groups));
