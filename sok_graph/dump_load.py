@@ -517,6 +517,18 @@ def load(path, load_vars, optimizer=None):
         _run([op for op in ops if op is not None])
 
 
+def check_keys_fit(keys, key_dtype, what):
+    """CheckpointError unless every dumped key (int64) fits the table's key
+    dtype: cast, 2^32 + 5 would become key 5 of an int32 table."""
+    info = np.iinfo(key_dtype.as_numpy_dtype)
+    outside = keys[(keys < info.min) | (keys > info.max)]
+    if outside.size:
+        raise CheckpointError(
+            f"{what} has {key_dtype.name} keys (key_type); the dump holds key "
+            f"{int(outside[0])}, which does not fit in {key_dtype.name}: load it into a table "
+            f"with key_type=tf.int64")
+
+
 def _check_fits(variables, loaded):
     """CheckpointError, before any table changes, where a table cannot take
     the rows it would own: keys outside its key dtype, admission counts kept
@@ -526,14 +538,7 @@ def _check_fits(variables, loaded):
     for name, table in variables.items():
         for var in replica_shards.shards_of(table):
             keys = loaded[name]["keys"][owned_mask(var, loaded[name]["keys"])]
-            key_dtype = var.key_dtype
-            info = np.iinfo(key_dtype.as_numpy_dtype)
-            outside = keys[(keys < info.min) | (keys > info.max)]
-            if outside.size:
-                raise CheckpointError(
-                    f"variable '{name}' has {key_dtype.name} keys (key_type); the dump "
-                    f"holds key {int(outside[0])}, which does not fit in "
-                    f"{key_dtype.name}: load it into a table with key_type=tf.int64")
+            check_keys_fit(keys, var.key_dtype, f"variable '{name}'")
             dumped = loaded[name].get(_FILTER_KIND)
             admission = var.admission
             if dumped is not None and admission is not None and admission.counting \

@@ -17,7 +17,7 @@ import tensorflow as tf
 from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.dump_load import CheckpointError, read_dump, write_dump
+from sok_graph.dump_load import check_keys_fit, read_dump, write_dump
 
 _TABLE = "table"  # the one variable in a Saver's dump directory
 
@@ -89,15 +89,7 @@ class Saver:
         def read():
             arrays = read_dump(path, {_TABLE: dim}, static_rows)[1][_TABLE]
             keys = arrays["keys"].astype(np.int64)
-            # An int32-key table would take int64 keys cast: wrapped, or two
-            # keys made one (sok.load refuses them the same way).
-            info = np.iinfo(key_dtype.as_numpy_dtype)
-            outside = keys[(keys < info.min) | (keys > info.max)]
-            if outside.size:
-                raise CheckpointError(
-                    f"{path}: the table has {key_dtype.name} keys (key_type); the dump holds "
-                    f"key {int(outside[0])}, which does not fit in {key_dtype.name}: restore "
-                    f"it into a table with key_type=tf.int64")
+            check_keys_fit(keys, key_dtype, f"the table restored from {path}")
             return keys, arrays["values"].astype(np.float32)
 
         if tf.executing_eagerly():
