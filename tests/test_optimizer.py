@@ -390,6 +390,26 @@ def test_keras_learning_rate_decay_and_loss_scale_are_refused(option):
     np.testing.assert_array_equal(v.numpy(), np.zeros((4, 2), np.float32))
 
 
+def test_a_native_optimizers_decay_is_refused_when_it_updates_sok_rows():
+    """Keras 2's SGD(decay=0.5) may train sok variables itself (every
+    option applied) and be dumped with them; under sok.OptimizerScope its
+    sok rows would be updated by sok_graph, which ignores decay: refused
+    there, before anything changes."""
+    module = _keras2_module()
+    if module is None:
+        pytest.skip("Keras 3 optimizers have no decay option")
+    opt = module.SGD(0.1, decay=0.5)
+    v = sok.DynamicVariable(dimension=2, initializer="1")
+    keys = tf.constant([1, 4], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(v, keys))
+    grads = tape.gradient(loss, [v])
+    with pytest.raises(ValueError, match="does not apply .*decay="):
+        with sok.OptimizerScope([v]):
+            opt.apply_gradients(zip(grads, [v]))
+    np.testing.assert_array_equal(v.find(keys)[0].numpy(), np.ones((2, 2)))
+
+
 def test_ftrl_shrinkage_and_beta_match_tf(rng):
     """Ftrl's l2 shrinkage (Keras 2 keeps it private) and the TF1 optimizer's
     beta (kept as _beta) reach the sparse update: rows as TensorFlow's own

@@ -237,7 +237,9 @@ _UNAPPLIED_OPTIONS = (
     ("loss_scale_factor", ("loss_scale_factor",)))
 
 
-def _refuse_unapplied_options(opt):
+def _unapplied_option(opt):
+    """The message refusing the first option of `opt` that the row updates
+    would ignore, or None."""
     for option, names in _UNAPPLIED_OPTIONS:
         setting = _attr(opt, *names)
         if setting is None or setting is False:
@@ -247,11 +249,11 @@ def _refuse_unapplied_options(opt):
                 continue
         except (TypeError, ValueError):
             pass
-        raise ValueError(
-            f"sok.OptimizerWrapper does not apply {type(opt).__name__}'s {option}="
-            f"{value(setting)!r} to the rows of sok tables (it would be ignored there); leave "
-            f"{option} unset for the optimizer that updates sok tables, and give the dense "
-            f"variables an optimizer of their own if they need it")
+        return (f"sok.OptimizerWrapper does not apply {type(opt).__name__}'s {option}="
+                f"{value(setting)!r} to the rows of sok tables (it would be ignored there); "
+                f"leave {option} unset for the optimizer that updates sok tables, and give the "
+                f"dense variables an optimizer of their own if they need it")
+    return None
 
 
 class Hyperparameters:
@@ -264,6 +266,8 @@ class Hyperparameters:
         # tf1_formulas: sok_graph's own rules choose the formula flavor.
         self.tf1 = tf1_names if tf1_formulas is None else bool(tf1_formulas)
         o = opt
+        # An option the row updates would ignore (a message refusing it).
+        self.unapplied = None
         # TF1's Adam and Adadelta keep it as _lr.
         self.lr = _attr(o, "_learning_rate", "_lr", "learning_rate")
         if tf1_names:
@@ -302,7 +306,7 @@ class Hyperparameters:
             self.beta = _attr(o, "beta", default=0.0)
             if name == "adam" and _attr(o, "amsgrad", default=False):
                 raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
-            _refuse_unapplied_options(o)
+            self.unapplied = _unapplied_option(o)
         self.uses_momentum = _uses_momentum(o, self.momentum)
         # Keras' SGD with momentum is the momentum algorithm.
         if name == "sgd" and self.uses_momentum:

@@ -51,6 +51,10 @@ class OptimizerWrapper:
     optimizer: a tf.compat.v1.train optimizer or a Keras optimizer.
     """
 
+    # Whether an option the row updates would ignore is refused when the
+    # wrapper is made (else when it first updates sok rows; _NativeWrapper).
+    refuses_when_made = True
+
     def __init__(self, optimizer, update_all_rows=False):
         if not compat.is_optimizer(optimizer) and not isinstance(optimizer, OwnRule):
             raise TypeError(
@@ -59,6 +63,8 @@ class OptimizerWrapper:
         self._optimizer = optimizer
         self._hp = Hyperparameters(optimizer, tf1_formulas=getattr(optimizer, "tf1_formulas",
                                                                    None))
+        if self._hp.unapplied and self.refuses_when_made:
+            raise ValueError(self._hp.unapplied)
         self._slots = {}  # id(var) -> {slot name: tf.Variable or DynamicVariable}
         self._slot_vars = []
         # replica -> step counter: one (0) but with a MirroredStrategy's
@@ -165,6 +171,8 @@ class OptimizerWrapper:
         # raises and leaves all variables as they were.
         for g, v in sok_pairs:
             _check_gradient(g, v)
+        if sok_pairs and self._hp.unapplied:
+            raise ValueError(self._hp.unapplied)
         ops = []
         if others:
             ops.append(update_op(self._optimizer.apply_gradients(others, **kwargs)))
@@ -447,9 +455,18 @@ def wrapper_for(optimizer):
         return optimizer
     wrapper = _native_wrappers.get(optimizer)
     if wrapper is None:
-        wrapper = OptimizerWrapper(optimizer)
+        wrapper = _NativeWrapper(optimizer)
         _native_wrappers[optimizer] = wrapper
     return wrapper
+
+
+class _NativeWrapper(OptimizerWrapper):
+    """A native optimizer's own wrapper (wrapper_for): its slots for dump and
+    load, its updates of sok rows under OptimizerScope. An option the row
+    updates would ignore is refused only when it updates sok rows: the
+    native optimizer may train sok variables itself, every option applied."""
+
+    refuses_when_made = False
 
 
 class OwnRule:
