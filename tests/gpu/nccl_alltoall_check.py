@@ -5,7 +5,9 @@ MirroredStrategy over the GPUs, one replica per GPU; every replica sends a
 random number of rows (zero included) to every other, exchanges them with
 sok_graph's NCCL op (SOK_GRAPH_NCCL=1: an error if it cannot be used) and
 sends them back (the sized reply); the gradient of a weighted sum of what
-arrived is the reverse exchange of the weights. Checked in a tf.function
+arrived is the reverse exchange of the weights; a padded input (rows past
+the splits, not sent) gives the same rows and a zero gradient for its
+padding. Checked in a tf.function
 and in a tf.compat.v1 Session graph, for float32 rows of 128 and int64 ids.
 Prints one line per check and exits non-zero on the first mismatch.
 """
@@ -64,12 +66,20 @@ def run_function(strategy, world, splits, rows):
                 loss = tf.reduce_sum(got * weights[rank])
             grad = tape.gradient(loss, x)
             got_ids, _ = transport.alltoall(ids, tf.constant(splits[rank]), rank)
-            return got, got_splits, back, grad, got_ids
+            # Padded: 7 rows past the splits stay here; their gradient is 0.
+            padded = tf.concat([x, tf.fill([7, 128], 9999.0)], 0)
+            with tf.GradientTape() as tape:
+                tape.watch(padded)
+                got_padded, _ = transport.alltoall(padded, tf.constant(splits[rank]), rank,
+                                                   padded=True)
+                loss = tf.reduce_sum(got_padded * weights[rank])
+            grad_padded = tape.gradient(loss, padded)
+            return got, got_splits, back, grad, got_ids, got_padded, grad_padded
         return strategy.run(replica)
 
     outs = step()
     for r in range(world):
-        got, got_splits, back, grad, got_ids = [
+        got, got_splits, back, grad, got_ids, got_padded, grad_padded = [
             strategy.experimental_local_results(o)[r].numpy() for o in outs]
         want = expected(splits, rows, r)
         np.testing.assert_array_equal(got, want, err_msg=f"function: rows received by {r}")
@@ -82,8 +92,12 @@ def run_function(strategy, world, splits, rows):
         np.testing.assert_array_equal(grad, want_grad, err_msg=f"gradient of {r}")
         ids = [np.arange(int(splits[s].sum()), dtype=np.int64) + 100000 * s for s in range(world)]
         np.testing.assert_array_equal(got_ids, expected(splits, ids, r), err_msg=f"ids of {r}")
+        np.testing.assert_array_equal(got_padded, want, err_msg=f"padded rows received by {r}")
+        np.testing.assert_array_equal(
+            grad_padded, np.concatenate([want_grad, np.zeros((7, 128), np.float32)], 0),
+            err_msg=f"gradient of {r}'s padded rows")
     print(f"nccl_alltoall_check: tf.function on {world} GPUs: rows, splits, reply, "
-          f"gradient and int64 ids as numpy's")
+          f"gradient, int64 ids and a padded input as numpy's")
 
 
 def run_session(world, splits, rows):
