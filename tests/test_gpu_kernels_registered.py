@@ -20,6 +20,8 @@ pytestmark = pytest.mark.skipif(not _ops.built_with_cuda(), reason="built withou
 
 INT32, INT64, FLOAT = (tf.int32.as_datatype_enum, tf.int64.as_datatype_enum,
                        tf.float32.as_datatype_enum)
+DOUBLE, HALF, BFLOAT16 = (tf.float64.as_datatype_enum, tf.float16.as_datatype_enum,
+                          tf.bfloat16.as_datatype_enum)
 
 # op -> (type attribute -> the types its GPU kernels take, host-memory args)
 GPU_KERNELS = {
@@ -35,6 +37,13 @@ GPU_KERNELS = {
     "SokUniqueWithCounts": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     # The per-group sizes come back with the unique's count, to the host.
     "SokUniqueGrouped": ({"T": {INT64}, "out_idx": {INT64}}, {"group_sizes"}),
+    # Sizes known before it runs: nothing goes to the host (the exchange's
+    # dedups, which must not wait for the device).
+    "SokUniquePadded": ({"T": {INT64}, "out_idx": {INT64}}, set()),
+    # The owner's read takes table_sizes in device memory (it does not read
+    # them); its gradient sizes its outputs from them, on the host.
+    "SokGroupedGather": ({"T": {FLOAT, DOUBLE, HALF, BFLOAT16}}, set()),
+    "SokGroupedGatherGrad": ({"T": {FLOAT, DOUBLE, HALF, BFLOAT16}}, {"table_sizes"}),
     "SokUnsortedSegmentSum": ({"T": {FLOAT}, "Tindices": {INT64}, "Tnumsegments": {INT32, INT64}},
                               {"num_segments"}),
     "SokBucketizeByOwner": ({"T": {INT64}}, set()),
