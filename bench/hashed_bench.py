@@ -30,11 +30,17 @@ hashing trick's (issue 43's target at 2^20 keys on a GPU: sok at most 0.5).
         --slots 100 --nnz 10 --dim 16 --layers 7 --units 1024]
 
 On a CPU use a smaller --batch (e.g. 512): the DemoModel's 8.2M keys per step
-take seconds there.
+take seconds there. --trace SIDE (a part of a side's name, e.g. "sok")
+then traces --trace_steps steps of that side with TensorFlow's profiler and
+prints its GPU time per TensorFlow op and the device-to-host copies per
+step (bench/host_syncs.py reads the trace).
 """
 
 import argparse
+import collections
 import os
+import sys
+import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -181,6 +187,10 @@ def main():
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--trace", default=None, help="trace the sides whose name contains this")
+    p.add_argument("--skip", default="", help="comma-separated parts of names of sides not "
+                   "to run (the hashing trick and the dense part always run)")
+    p.add_argument("--trace_steps", type=int, default=3)
     args = p.parse_args()
     sok.init(comm_tool="none")
     rng = np.random.default_rng(args.seed)
@@ -194,6 +204,10 @@ def main():
           f"{'Zipf(%.2f)' % args.alpha if args.alpha > 0 else 'uniform'} over {args.vocab} ids "
           f"hashed into 63 bits; dim {args.dim}; {args.layers} x {args.units} dense", flush=True)
     steps = make_steps(args)
+    for part in filter(None, args.skip.split(",")):
+        for name in [n for n in steps if part.lower() in n.lower()]:
+            if name not in ("TF hashing trick", "dense part alone"):
+                del steps[name]
 
     def run_round(step):
         start = time.perf_counter()
@@ -218,6 +232,38 @@ def main():
         print(f"{name:>22} {median[name] * 1e3:9.2f} "
               f"{'' if name == 'dense part alone' else '%9.2f' % (emb * 1e3):>9} {ratio:>13} "
               f"{rows() if rows() else '':>10}")
+    if args.trace:
+        for name, (step, _) in steps.items():
+            if args.trace.lower() in name.lower():
+                trace(name, step, batches, labels, args.trace_steps)
+
+
+def trace(name, step, batches, labels, count):
+    """Prints a side's GPU time per TensorFlow op and its device-to-host
+    copies, per step, from a profiler trace of `count` steps."""
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import host_syncs
+
+    logdir = tempfile.mkdtemp(prefix="hashed_trace_")
+    tf.profiler.experimental.start(logdir)
+    for i in range(count):
+        loss = step(batches[i % len(batches)], labels[i % len(batches)])
+    float(loss)
+    tf.profiler.experimental.stop()
+    space = host_syncs._xspace(logdir)
+    _, _, dtoh, _, _ = host_syncs.analyse(space)
+    by_op = collections.Counter()
+    for plane in space.planes:
+        if plane.name.startswith("/device:GPU"):
+            for _, line, kernel, s, e, op in host_syncs._events(plane, with_op=True):
+                if "Stream" in line:
+                    by_op[(op.split(":")[-1] or kernel[:40])] += e - s
+    total = sum(by_op.values())
+    print(f"{name}: GPU busy {total / 1e9 / count:.3f} ms per step; by TensorFlow op type:")
+    for op, ps in by_op.most_common(14):
+        print(f"  {ps / 1e9 / count:8.3f}  {op}")
+    print(f"  device-to-host copies per step: {sum(dtoh.values()) / count:.1f} "
+          f"({', '.join(f'{op} {c / count:.1f}' for op, c in dtoh.most_common(5))})")
 
 
 if __name__ == "__main__":

@@ -471,3 +471,53 @@ def test_hybrid_table_split_over_host_memory_gives_its_slots_the_same_split(rng)
         order = np.argsort(k.numpy())
         results.append(r.numpy()[order])
     np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_sparse_read_gradient_sums_a_keys_repeats_once(rng):
+    """sparse_read of a batch with repeated keys: in a tf.function its
+    gradient reaches the optimizer as distinct keys, each with the sum of
+    its rows' gradients (numpy's), and the optimizer adds no unique of its
+    own; eagerly the same update. A key repeated past one piece of the
+    segment sum (1024) is among them."""
+    keys = np.concatenate([np.full(3000, 5), rng.integers(0, 40, 498),
+                           [2 ** 50, -7]]).astype(np.int64)
+    rng.shuffle(keys)
+    keys = keys.reshape(2, -1, 5)
+    weights = rng.normal(size=keys.shape + (3,)).astype(np.float32)
+    distinct = np.unique(keys)
+    want = {k: weights[keys == k].sum(0) for k in distinct}
+
+    def gradient(table):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(table.sparse_read(tf.constant(keys)) * weights)
+        return tape.gradient(loss, table)
+
+    table = sok.DynamicVariable(3, initializer="zeros")
+    graph_fn = tf.function(lambda: gradient(table))
+    grad = graph_fn()
+    got_keys = grad.indices.numpy()
+    assert sorted(got_keys.tolist()) == sorted(distinct.tolist())  # each key once
+    for k, row in zip(got_keys, grad.values.numpy()):
+        np.testing.assert_allclose(row, want[k], rtol=1e-5, atol=1e-4)
+
+    trained = {}
+    for mode in ("eager", "function"):
+        table = sok.DynamicVariable(3, initializer="zeros")
+        opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(1.0))
+
+        def train(table=table, opt=opt):
+            opt.apply_gradients([(gradient(table), table)])
+
+        if mode == "function":
+            step = tf.function(train)
+            ops = [op.type for op in step.get_concrete_function().graph.get_operations()]
+            assert ops.count("SokDynamicTableUniqueFindOrInsert") == 1
+            assert not {"SokUnique", "SokUniqueWithCounts", "Unique"} & set(ops)
+            step()
+        else:
+            train(table)
+        trained[mode] = dict(zip(*(x.numpy().tolist() for x in sok.export(table))))
+    for mode, rows in trained.items():
+        assert sorted(rows) == sorted(distinct.tolist()), mode
+        for k in distinct:
+            np.testing.assert_allclose(rows[k], -want[k], rtol=1e-5, atol=1e-4, err_msg=mode)

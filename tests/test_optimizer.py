@@ -149,16 +149,10 @@ def test_duplicate_indices_are_summed(rng):
     np.testing.assert_array_equal(v.numpy(), [[0, 0], [-2, -2], [-1, -1], [0, 0]])
 
 
-@pytest.mark.parametrize("gpu_branch", [False, True])
-def test_repeated_dynamic_keys_are_summed_on_either_branch(rng, gpu_branch, monkeypatch):
+def test_repeated_dynamic_keys_are_summed(rng):
     """A dynamic table's gradient with a hot key repeated many times (a
-    Zipf stream's): each key updated once by the sum of its rows, whether
-    the repeats are summed by sok's deterministic op (CPU, op determinism)
-    or TensorFlow's (a GPU without determinism; forced here on the CPU)."""
-    from sok_graph.optimization import wrapper
-
-    monkeypatch.setattr(wrapper, "_on_gpu", lambda tensor: gpu_branch)
-    monkeypatch.delenv("TF_DETERMINISTIC_OPS", raising=False)
+    Zipf stream's; its 5000 repeats are several pieces of the segment sum):
+    each key updated once by the sum of its rows (numpy's)."""
     table = sok.DynamicVariable(dimension=3, initializer="zeros")
     keys = np.concatenate([np.full(5000, 7), rng.integers(0, 50, 300), [2 ** 40]]).astype(np.int64)
     rng.shuffle(keys)
@@ -170,13 +164,6 @@ def test_repeated_dynamic_keys_are_summed_on_either_branch(rng, gpu_branch, monk
     expected = -np.stack([grads[keys == k].sum(0) for k in distinct])
     np.testing.assert_allclose(table.sparse_read(tf.constant(distinct)).numpy(), expected,
                                rtol=1e-4, atol=1e-4)
-
-
-def test_op_determinism_is_read_from_the_environment(monkeypatch):
-    from sok_graph import compat
-
-    monkeypatch.setenv("TF_DETERMINISTIC_OPS", "1")
-    assert compat.op_determinism_enabled()
 
 
 def test_other_variables_go_to_the_wrapped_optimizer(rng):
@@ -240,7 +227,7 @@ def test_graph_mode_session_training(rng):
 
 
 def test_indices_distinct_by_construction():
-    from sok_graph.optimization.wrapper import _distinct_by_construction
+    from sok_graph.ops.util import distinct_by_construction as _distinct_by_construction
 
     with tf.Graph().as_default():
         keys = tf.compat.v1.placeholder(tf.int64, [None])

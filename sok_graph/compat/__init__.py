@@ -87,18 +87,6 @@ def v2_module():
     return getattr(tf.compat, "v2", None)
 
 
-def op_determinism_enabled():
-    """Whether TensorFlow was asked for deterministic ops:
-    tf.config.experimental.enable_op_determinism() (TF >= 2.9, read where
-    TensorFlow keeps it) or TF_DETERMINISTIC_OPS (every version)."""
-    from tensorflow.python.framework import config as tf_config
-
-    enabled = getattr(tf_config, "is_op_determinism_enabled", None)  # TF 1.15: none
-    if enabled is not None and enabled():
-        return True
-    return os.environ.get("TF_DETERMINISTIC_OPS", "").strip().lower() in ("1", "true")
-
-
 def registered_op_def(name):
     """The OpDef registered for op type `name` (None if none is): TF 2.x
     looks one up by name, TF 1.15 lists them all."""

@@ -1,5 +1,7 @@
 """Unique (with or without counts) and a deterministic unsorted segment sum
-(tf_ops/util)."""
+(tf_ops/util), and what the gradients of table reads build on them: sums
+of repeated rows by position, and whether a tensor of row ids is distinct
+by the way the graph made it."""
 
 import contextlib
 
@@ -51,13 +53,17 @@ def unique_with_counts(x, out_idx=tf.int32, name=None):
     return library.load().sok_unique_with_counts(x, out_idx=out_idx, name=name)
 
 
-def unsorted_segment_sum(data, segment_ids, num_segments, name=None):
-    """As ``tf.math.unsorted_segment_sum`` with 1-D segment_ids, deterministic.
+def unsorted_segment_sum(data, segment_ids, num_segments, name=None, check_ids=True):
+    """As ``tf.math.unsorted_segment_sum`` with 1-D segment_ids, deterministic
+    (the same bits on every run, on a CPU and a GPU).
 
-    data: [n, ...]; segment_ids: [n] (negative ids are dropped); returns
-    [num_segments, ...].
+    data: [n, ...]; segment_ids: [n] (negative ids are dropped, ids >=
+    num_segments an error); returns [num_segments, ...]. check_ids=False is
+    for ids in range by construction (a unique's positions): a GPU then
+    reads no check back and does not wait for the device.
     """
-    return library.load().sok_unsorted_segment_sum(data, segment_ids, num_segments, name=name)
+    return library.load().sok_unsorted_segment_sum(data, segment_ids, num_segments,
+                                                   check_ids=bool(check_ids), name=name)
 
 
 @register_gradient("SokUnsortedSegmentSum")
@@ -110,6 +116,54 @@ def marked_distinct(tensor):
     """Whether mark_distinct recorded `tensor`."""
     graph = getattr(tensor, "graph", None)
     return graph is not None and tensor.name in getattr(graph, _DISTINCT_ATTR, ())
+
+
+def sum_by_position(values, position, count):
+    """values [n, ...] summed into `count` rows by position [n], a unique's
+    positions (each in [0, count)): the gradient of rows read at repeated
+    positions. sok's segment sum, deterministic and the same bits on a CPU
+    and a GPU, where it reads nothing back; a hot key repeated hundreds of
+    thousands of times in a step (a Zipf stream's) is added in pieces summed
+    in parallel. On an H200 it is as fast as TensorFlow's atomic segment sum
+    (bench/segment_sum_bench.py)."""
+    return unsorted_segment_sum(values, position, count, check_ids=False)
+
+
+# Ops whose output 0 never repeats a value (the unique ops, and a dynamic
+# table's unique find-or-insert).
+_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "SokUniqueGrouped", "Unique",
+               "UniqueWithCounts", "SokDynamicTableUniqueFindOrInsert")
+
+
+def distinct_by_construction(indices):
+    """Whether the graph that makes `indices` guarantees distinct values
+    (always False for eager tensors): a table's ids from the fused lookup's
+    gradient (its first num_tables outputs), output 0 of a unique op, a
+    tensor marked with mark_distinct, an identity or reshape of such, or a
+    gather of distinct values at distinct positions along axis 0 (the
+    gradient of a dynamic table looked up through lookup_sparse: its unique
+    keys gathered at the fused gradient's distinct positions). A sparse
+    optimizer then needs no unique and segment sum of its own."""
+    if tf.executing_eagerly():
+        return False
+    op = getattr(indices, "op", None)
+    if op is None:
+        return False
+    if op.type == "SokFusedLookupGrad":
+        return indices.value_index < op.get_attr("num_tables")
+    if op.type in _UNIQUE_OPS:
+        return indices.value_index == 0
+    if marked_distinct(indices):
+        return True
+    if op.type in ("Identity", "Reshape"):  # Reshape: a gather's gradient flattens them
+        return distinct_by_construction(op.inputs[0])
+    if op.type == "GatherV2":
+        axis = tf.get_static_value(op.inputs[2])
+        batch_dims = op.node_def.attr["batch_dims"].i if "batch_dims" in op.node_def.attr else 0
+        return (axis is not None and int(axis) == 0 and batch_dims == 0
+                and distinct_by_construction(op.inputs[0])
+                and distinct_by_construction(op.inputs[1]))
+    return False
 
 
 def after_read(op):

@@ -281,75 +281,16 @@ def _distinct_rows(grad):
     repeated indices would be applied as separate updates of one row, so
     their rows are summed first. Indices distinct by construction (the fused
     lookup's gradient, also through a dynamic table's keys: see
-    _distinct_by_construction) are taken as they are; a dense
+    util_ops.distinct_by_construction) are taken as they are; a dense
     gradient of a static table covers every row."""
     if not isinstance(grad, tf.IndexedSlices):
         values = tf.convert_to_tensor(grad)
         return tf.range(tf.shape(values, out_type=tf.int64)[0]), values
-    if not tf.executing_eagerly() and _distinct_by_construction(grad.indices):
+    if util_ops.distinct_by_construction(grad.indices):
         return grad.indices, grad.values
     unique, position = util_ops.unique(grad.indices, out_idx=tf.int64)
-    return unique, _summed_by_position(grad.values, position, tf.size(unique, out_type=tf.int64))
-
-
-def _summed_by_position(values, position, count):
-    """values [n, ...] summed into `count` rows by position [n]. On a GPU,
-    unless op determinism is on, TensorFlow's segment sum (atomics). sok's
-    deterministic one gives each (row, column) a thread that adds the row's
-    repeats in order: a hot key of a Zipf stream, repeated hundreds of
-    thousands of times in a step (the DemoModel's 8.2M hashed keys, read
-    with sparse_read), makes that one long serial loop. Such a step took
-    67 ms on an H200, where the hashing trick's whole embedding took 2.3 ms
-    (bench/RESULTS.md, hashed keys). On a CPU, and with op determinism,
-    sok's (the same sums in the same order on every run)."""
-    if _on_gpu(values) and not compat.op_determinism_enabled():
-        return tf.math.unsorted_segment_sum(values, position, count)
-    return util_ops.unsorted_segment_sum(values, position, count)
-
-
-def _on_gpu(tensor):
-    """Whether `tensor` is on a GPU, or (unplaced, in a graph) will be: where
-    one is visible, TensorFlow places it there. (Physical devices: listing
-    the logical ones would start TensorFlow's runtime on every GPU, which a
-    TF1 job that picks its GPU in its Session config must not.)"""
-    if tensor.device:
-        return tf.DeviceSpec.from_string(tensor.device).device_type == "GPU"
-    return bool(tf.config.experimental.list_physical_devices("GPU"))
-
-
-# Ops whose output 0 never repeats a value (the unique ops, and a dynamic
-# table's unique find-or-insert).
-_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "SokUniqueGrouped", "Unique",
-               "UniqueWithCounts", "SokDynamicTableUniqueFindOrInsert")
-
-
-def _distinct_by_construction(indices):
-    """Whether the graph that makes `indices` guarantees distinct values:
-    a table's ids from the fused lookup's gradient (its first num_tables
-    outputs), output 0 of a unique op, a tensor the exchange marked
-    (util_ops.mark_distinct), an identity or reshape of such, or a gather of
-    distinct values at distinct positions along axis 0 — the gradient of a
-    dynamic table looked up through lookup_sparse (its unique keys gathered
-    at the fused gradient's distinct positions), which then needs no second
-    deduplication."""
-    op = getattr(indices, "op", None)
-    if op is None:
-        return False
-    if op.type == "SokFusedLookupGrad":
-        return indices.value_index < op.get_attr("num_tables")
-    if op.type in _UNIQUE_OPS:
-        return indices.value_index == 0
-    if util_ops.marked_distinct(indices):
-        return True
-    if op.type in ("Identity", "Reshape"):  # Reshape: a gather's gradient flattens them
-        return _distinct_by_construction(op.inputs[0])
-    if op.type == "GatherV2":
-        axis = tf.get_static_value(op.inputs[2])
-        batch_dims = op.node_def.attr["batch_dims"].i if "batch_dims" in op.node_def.attr else 0
-        return (axis is not None and int(axis) == 0 and batch_dims == 0
-                and _distinct_by_construction(op.inputs[0])
-                and _distinct_by_construction(op.inputs[1]))
-    return False
+    return unique, util_ops.sum_by_position(grad.values, position,
+                                            tf.size(unique, out_type=tf.int64))
 
 
 def update_op(result):

@@ -494,12 +494,27 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         read its default row); differentiable. int32 keys of an int64 table
         are widened (as SOK does). low_frequency_filter: apply filter_ratio
         too (SOK's use_low_frequency_filter)."""
-        return self.read_evicting(keys, low_frequency_filter)[0]
+        return self._read(keys, low_frequency_filter, evicted_rows=False)[0]
 
     def read_evicting(self, keys, low_frequency_filter=False):
         """(rows, evicted_keys [m], evicted_rows [m, dimension]): sparse_read's
         rows, plus the entries the table evicted to make room for the new
         keys (none in serving mode, which inserts nothing)."""
+        return self._read(keys, low_frequency_filter, evicted_rows=True)
+
+    def _read(self, keys, low_frequency_filter, evicted_rows):
+        """(rows, evicted_keys, evicted_rows or None): the rows of keys (any
+        shape), with the evicted rows when asked for.
+
+        A trainable table reads a batch's distinct keys once
+        (unique_find_or_insert, one op) and gathers each key's row from
+        them: its gradient then sums a key's repeats by position
+        (_unique_find_or_insert_grad) and reaches the optimizer as distinct
+        keys, where a row per key of the batch (a hot key of a Zipf stream
+        is hundreds of thousands of them) had to be deduplicated by the
+        optimizer again. That op does not return evicted rows; a read that
+        wants them (read_evicting) and a table no gradient reaches read
+        every key."""
         keys = self._check_keys(keys, widen=True)
         if self._trainable:
             compat.record_variable_access(self)
@@ -508,22 +523,27 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             key_shape = tf.shape(keys)
             static_shape = keys.shape
             keys = tf.reshape(keys, [-1])
+        evicted_rows_out = None
         if serving_mode.active():
             rows = serving_mode.table_for(self).lookup(keys)
             evicted_keys = tf.zeros([0], self._key_type)
-            evicted_rows = tf.zeros([0, self._dimension], tf.float32)
+            evicted_rows_out = tf.zeros([0, self._dimension], tf.float32)
         elif self._admission is not None:
-            _, rows, positions, evicted_keys, evicted_rows = self._admitted_read(
+            _, rows, positions, evicted_keys, evicted_rows_out = self._admitted_read(
                 keys, low_frequency_filter)
             rows = tf.gather(rows, positions)
+        elif self._trainable and not evicted_rows:
+            _, positions, rows, _, evicted_keys = dynamic_ops.unique_find_or_insert(
+                self._handle, keys, self._dimension)
+            rows = tf.gather(self._after_evictions(rows, evicted_keys), positions)
         else:
-            rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
+            rows, _, evicted_keys, evicted_rows_out = dynamic_ops.find_or_insert_evicting(
                 self._handle, keys, self._dimension)
             rows = self._after_evictions(rows, evicted_keys)
         if shaped:
             rows = tf.reshape(rows, tf.concat([key_shape, [self._dimension]], 0))
             rows.set_shape(static_shape.concatenate([self._dimension]))
-        return rows, evicted_keys, evicted_rows
+        return rows, evicted_keys, evicted_rows_out
 
     def unique_read(self, keys, name=None, low_frequency_filter=False):
         """(distinct keys [u] in order of first appearance, their rows [u,

@@ -181,6 +181,35 @@ def test_segment_sum_is_deterministic(rng):
         np.testing.assert_array_equal(util.unsorted_segment_sum(data, ids, 5).numpy(), first)
 
 
+def piecewise_sums(data, ids, segments, piece=1024):
+    """numpy's float32 sums in the association the op documents: a
+    segment's rows in position order, in pieces of `piece` rows each summed
+    from zero (np.cumsum adds one row at a time), the pieces' sums added in
+    order."""
+    out = np.zeros((segments,) + data.shape[1:], np.float32)
+    for s in range(segments):
+        rows = data[ids == s]
+        total = np.zeros(data.shape[1:], np.float32)
+        for p in range(0, len(rows), piece):
+            total = total + np.cumsum(rows[p:p + piece], axis=0, dtype=np.float32)[-1]
+        out[s] = total
+    return out
+
+
+@pytest.mark.parametrize("check_ids", [True, False])
+def test_segment_sum_of_long_segments_has_the_documented_bits(rng, check_ids):
+    """A hot id repeated over several pieces (a Zipf stream's) next to short
+    ones: the same bits as numpy adding in the documented association, on
+    whichever device the test runs (a GPU sums a long segment's pieces in
+    parallel), checked or not."""
+    ids = np.concatenate([np.full(4 * 1024 + 300, 2), np.full(1024, 0), np.full(1025, 5),
+                          rng.integers(-1, 9, 700)])
+    rng.shuffle(ids)
+    data = (rng.standard_normal((len(ids), 4)) * 100).astype(np.float32)
+    got = util.unsorted_segment_sum(tf.constant(data), tf.constant(ids), 9, check_ids=check_ids)
+    np.testing.assert_array_equal(got.numpy(), piecewise_sums(data, ids, 9))
+
+
 def test_segment_sum_half_types(rng):
     data = rng.standard_normal((100, 4)).astype(np.float32)
     ids = rng.integers(0, 10, size=100)

@@ -1,6 +1,7 @@
 // Deterministic segment sums: positions are grouped by segment with a stable
-// counting sort, then each segment is summed in increasing position order, so
-// the result does not depend on how the work is split over threads.
+// counting sort, then each segment is summed in increasing position order
+// (in pieces, see SumSegments), so the result does not depend on how the
+// work is split over threads.
 // TF-independent; C++14.
 #ifndef SOK_GRAPH_TF_OPS_UTIL_CORE_SEGMENT_SUM_H_
 #define SOK_GRAPH_TF_OPS_UTIL_CORE_SEGMENT_SUM_H_
@@ -41,20 +42,36 @@ void GroupBySegment(const I* segment_ids, int64_t n, int64_t num_segments, Segme
   }
 }
 
+// A segment's rows are added in pieces of kSegmentPiece positions: each
+// piece is summed in position order from zero, and the pieces' sums are
+// added in order. The GPU kernel sums a long segment's pieces in parallel
+// (a hot key of a Zipf stream repeats hundreds of thousands of times in a
+// batch; one thread adding them all was a long serial loop) and the CPU
+// adds in the same association, so both give the same bits. A segment of at
+// most kSegmentPiece positions is one piece: a plain sum in position order.
+constexpr int64_t kSegmentPiece = 1024;
+
 // out[s, :] = sum of data[i, :] over positions i of segment s, for segments
 // [seg_begin, seg_end). `data` is [n, width], `out` is [num_segments, width].
 // Sums are accumulated in Acc (float for half types) and rounded once.
 template <typename T, typename Acc>
 void SumSegments(const T* data, int64_t width, const SegmentGroups& g, int64_t seg_begin,
-                 int64_t seg_end, T* out, Acc* scratch /* width */) {
+                 int64_t seg_end, T* out, Acc* scratch /* 2 * width */) {
+  Acc* total = scratch;
+  Acc* piece = scratch + width;
   for (int64_t s = seg_begin; s < seg_end; ++s) {
-    std::fill(scratch, scratch + width, Acc(0));
-    for (int64_t k = g.offsets[s]; k < g.offsets[s + 1]; ++k) {
-      const T* row = data + g.order[k] * width;
-      for (int64_t d = 0; d < width; ++d) scratch[d] += static_cast<Acc>(row[d]);
+    std::fill(total, total + width, Acc(0));
+    for (int64_t p = g.offsets[s]; p < g.offsets[s + 1]; p += kSegmentPiece) {
+      const int64_t end = std::min(p + kSegmentPiece, g.offsets[s + 1]);
+      std::fill(piece, piece + width, Acc(0));
+      for (int64_t k = p; k < end; ++k) {
+        const T* row = data + g.order[k] * width;
+        for (int64_t d = 0; d < width; ++d) piece[d] += static_cast<Acc>(row[d]);
+      }
+      for (int64_t d = 0; d < width; ++d) total[d] += piece[d];
     }
     T* dst = out + s * width;
-    for (int64_t d = 0; d < width; ++d) dst[d] = static_cast<T>(scratch[d]);
+    for (int64_t d = 0; d < width; ++d) dst[d] = static_cast<T>(total[d]);
   }
 }
 

@@ -81,8 +81,11 @@ struct UniqueFunctor<CpuDevice, K, I> {
 
 template <typename T, typename I>
 struct SegmentSumFunctor<CpuDevice, T, I> {
+  // check_ids is not needed here: the check costs no wait on the CPU, and
+  // GroupBySegment relies on it.
   Status operator()(OpKernelContext* ctx, const Tensor& data, const Tensor& ids,
-                    int64_t num_segments, int64_t width, Tensor* out) const {
+                    int64_t num_segments, int64_t width, bool /*check_ids*/,
+                    Tensor* out) const {
     const int64_t n = ids.NumElements();
     const I* seg = ids.flat<I>().data();
     for (int64_t i = 0; i < n; ++i) {
@@ -101,7 +104,7 @@ struct SegmentSumFunctor<CpuDevice, T, I> {
     T* dst = out->flat<T>().data();
     const int64_t per_segment = (n + num_segments - 1) / num_segments + 1;
     ParallelFor(ctx, num_segments, per_segment * (width + 4) * 2, [&](int64_t s0, int64_t s1) {
-      std::vector<Acc> scratch(static_cast<size_t>(width));
+      std::vector<Acc> scratch(static_cast<size_t>(2 * width));
       core::SumSegments<T, Acc>(src, width, groups, s0, s1, dst, scratch.data());
     });
     return OkStatus();

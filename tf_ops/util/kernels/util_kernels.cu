@@ -10,13 +10,18 @@
 #include <cuda_runtime.h>
 
 #include "tf_ops/common/cuda_helpers.cuh"
+#include "tf_ops/util/core/segment_sum.h"
 #include "tf_ops/util/kernels/util_launcher.h"
 
 namespace {
 
 using sok_graph::cuda::Align;
 using sok_graph::cuda::Grid;
-using sok_graph::cuda::Iota;
+using sok_graph::core::kSegmentPiece;
+
+__global__ void IotaI32(int32_t* __restrict__ out, int64_t n) {
+  SOK_FOR_EACH(i, n) out[i] = static_cast<int32_t>(i);
+}
 
 int BitsFor(int64_t max_value) {
   int bits = 1;
@@ -357,19 +362,35 @@ int UniqueWithCounts(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* 
 // Unsorted segment sum.
 
 // Sort key of each position: its segment, or num_segments (sorted last and
-// never summed) for dropped (negative) and bad (too large) ids.
+// never summed) for dropped (negative) and bad (too large) ids; keys and
+// positions are int32 (the caller keeps n and num_segments + 1 within
+// INT_MAX), half the bytes the sort moves with int64. first_bad, if not
+// null, receives the smallest position of an id >= num_segments.
 template <typename I>
 __global__ void SegmentKeys(const I* __restrict__ ids, int64_t n, int64_t num_segments,
-                            int64_t* __restrict__ keys, unsigned long long* first_bad) {
+                            int32_t* __restrict__ keys, unsigned long long* first_bad) {
   SOK_FOR_EACH(i, n) {
     const int64_t id = static_cast<int64_t>(ids[i]);
-    if (id >= num_segments) atomicMin(first_bad, static_cast<unsigned long long>(i));
-    keys[i] = (id < 0 || id >= num_segments) ? num_segments : id;
+    if (id >= num_segments && first_bad != nullptr) {
+      atomicMin(first_bad, static_cast<unsigned long long>(i));
+    }
+    keys[i] = static_cast<int32_t>((id < 0 || id >= num_segments) ? num_segments : id);
+  }
+}
+
+// Only the check of SegmentKeys, for a sum with nothing to add.
+template <typename I>
+__global__ void CheckSegmentIds(const I* __restrict__ ids, int64_t n, int64_t num_segments,
+                                unsigned long long* first_bad) {
+  SOK_FOR_EACH(i, n) {
+    if (static_cast<int64_t>(ids[i]) >= num_segments) {
+      atomicMin(first_bad, static_cast<unsigned long long>(i));
+    }
   }
 }
 
 // start[s] = first sorted index whose segment is >= s, for s in [0, num_segments].
-__global__ void SegmentStarts(const int64_t* __restrict__ sorted, int64_t n,
+__global__ void SegmentStarts(const int32_t* __restrict__ sorted, int64_t n,
                               int64_t num_segments, int64_t* __restrict__ start) {
   SOK_FOR_EACH(s, num_segments + 1) {
     int64_t lo = 0, hi = n;
@@ -381,16 +402,67 @@ __global__ void SegmentStarts(const int64_t* __restrict__ sorted, int64_t n,
   }
 }
 
-// One thread per (segment, column), adding its segment's rows in position
-// order; neighbouring threads read neighbouring columns of one row.
-__global__ void SumSegments(const float* __restrict__ data, const int64_t* __restrict__ order,
-                            const int64_t* __restrict__ start, int64_t num_segments,
-                            int64_t width, float* __restrict__ out) {
+// A long segment is summed in pieces of kSegmentPiece sorted positions
+// (tf_ops/util/core/segment_sum.h: the CPU kernel adds in the same
+// association, so both give the same bits). pieces[s] is the number of
+// pieces of segment s when it has more than one, else 0; an exclusive scan
+// of it numbers the pieces.
+__global__ void SegmentPieces(const int64_t* __restrict__ start, int64_t num_segments,
+                              int64_t* __restrict__ pieces) {
+  SOK_FOR_EACH(s, num_segments) {
+    const int64_t len = start[s + 1] - start[s];
+    pieces[s] = len > kSegmentPiece ? (len + kSegmentPiece - 1) / kSegmentPiece : 0;
+  }
+}
+
+// One thread per (piece, column) of the long segments: the piece's rows
+// added in position order. max_pieces bounds the count (pieces of segments
+// longer than one piece: at most 2n / kSegmentPiece); the threads past the
+// count do nothing.
+__global__ void SumPieces(const float* __restrict__ data, const int32_t* __restrict__ order,
+                          const int64_t* __restrict__ start,
+                          const int64_t* __restrict__ piece_start, int64_t num_segments,
+                          int64_t max_pieces, int64_t width, float* __restrict__ partial) {
+  const int64_t total = piece_start[num_segments];
+  SOK_FOR_EACH(i, max_pieces * width) {
+    const int64_t piece = i / width;
+    if (piece >= total) continue;
+    const int64_t col = i - piece * width;
+    // The segment of this piece: the last s with piece_start[s] <= piece.
+    int64_t lo = 0, hi = num_segments;
+    while (hi - lo > 1) {
+      const int64_t mid = (lo + hi) / 2;
+      if (piece_start[mid] <= piece) lo = mid; else hi = mid;
+    }
+    const int64_t first = start[lo] + (piece - piece_start[lo]) * kSegmentPiece;
+    const int64_t end = first + kSegmentPiece;
+    const int64_t last = end < start[lo + 1] ? end : start[lo + 1];
+    float acc = 0.0f;
+    for (int64_t k = first; k < last; ++k) acc += data[int64_t{order[k]} * width + col];
+    partial[i] = acc;
+  }
+}
+
+// One thread per (segment, column): a short segment's rows added in position
+// order (neighbouring threads read neighbouring columns of one row), a long
+// one's piece sums in order.
+__global__ void SumSegments(const float* __restrict__ data, const int32_t* __restrict__ order,
+                            const int64_t* __restrict__ start,
+                            const int64_t* __restrict__ piece_start, const float* partial,
+                            int64_t num_segments, int64_t width, float* __restrict__ out) {
   SOK_FOR_EACH(i, num_segments * width) {
     const int64_t seg = i / width;
     const int64_t col = i - seg * width;
     float acc = 0.0f;
-    for (int64_t k = start[seg]; k < start[seg + 1]; ++k) acc += data[order[k] * width + col];
+    if (piece_start[seg + 1] > piece_start[seg]) {
+      for (int64_t p = piece_start[seg]; p < piece_start[seg + 1]; ++p) {
+        acc += partial[p * width + col];
+      }
+    } else {
+      for (int64_t k = start[seg]; k < start[seg + 1]; ++k) {
+        acc += data[int64_t{order[k]} * width + col];
+      }
+    }
     out[i] = acc;
   }
 }
@@ -401,45 +473,67 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
   if (n > INT_MAX || num_segments < 0 || width < 0) {
     return static_cast<int>(cudaErrorInvalidValue);
   }
+  unsigned long long* bad = reinterpret_cast<unsigned long long*>(first_bad);
+  const bool summing = num_segments > 0 && width > 0;
+  if (summing && num_segments + 1 > INT_MAX) return static_cast<int>(cudaErrorInvalidValue);
   const int num = static_cast<int>(n);
-  const int bits = BitsFor(num_segments);
-  size_t sort_bytes = 0;
-  SOK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<int64_t*>(nullptr),
+  // Pieces of segments longer than one piece: at most n / kSegmentPiece
+  // whole pieces plus one partial piece per such segment.
+  const int64_t max_pieces = 2 * (n / kSegmentPiece) + 1;
+  size_t sort_bytes = 0, scan_bytes = 0;
+  if (summing) {
+    SOK_CUDA(cub::DeviceRadixSort::SortPairs(nullptr, sort_bytes, static_cast<int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr),
+                                             static_cast<const int32_t*>(nullptr),
+                                             static_cast<int32_t*>(nullptr), num, 0,
+                                             BitsFor(num_segments), s));
+    SOK_CUDA(cub::DeviceScan::ExclusiveSum(nullptr, scan_bytes, static_cast<int64_t*>(nullptr),
                                            static_cast<int64_t*>(nullptr),
-                                           static_cast<const int64_t*>(nullptr),
-                                           static_cast<int64_t*>(nullptr), num, 0, bits, s));
+                                           static_cast<int>(num_segments + 1), s));
+  }
+  // Scratch only when there is something to sum (none for the 2^60 empty
+  // segments a zero-width call may ask for).
+  const int64_t rows = summing ? n : 0, segs = summing ? num_segments + 1 : 0;
   Carver c(temp);
-  int64_t* keys = c.Take<int64_t>(n);
-  int64_t* pos = c.Take<int64_t>(n);
-  int64_t* sorted = c.Take<int64_t>(n);
-  int64_t* order = c.Take<int64_t>(n);
-  // Segment starts only when there is something to sum (no scratch for the
-  // 2^60 empty segments a zero-width call may ask for).
-  int64_t* start = c.Take<int64_t>(num_segments == 0 || width == 0 ? 0 : num_segments + 1);
-  void* cub_temp = c.Take<char>(static_cast<int64_t>(sort_bytes));
+  int32_t* keys = c.Take<int32_t>(rows);
+  int32_t* pos = c.Take<int32_t>(rows);
+  int32_t* sorted = c.Take<int32_t>(rows);
+  int32_t* order = c.Take<int32_t>(rows);
+  int64_t* start = c.Take<int64_t>(segs);
+  int64_t* pieces = c.Take<int64_t>(segs);
+  int64_t* piece_start = c.Take<int64_t>(segs);
+  float* partial = c.Take<float>(summing ? max_pieces * width : 0);
+  void* cub_temp = c.Take<char>(static_cast<int64_t>(std::max(sort_bytes, scan_bytes)));
   if (temp == nullptr) {
     *temp_bytes = c.used();
     return 0;
   }
   if (*temp_bytes < c.used()) return static_cast<int>(cudaErrorInvalidValue);
-  if (num_segments == 0 || width == 0) {
-    if (n > 0) {
-      SegmentKeys<I><<<Grid(n), 256, 0, s>>>(ids, n, num_segments, keys,
-                                             reinterpret_cast<unsigned long long*>(first_bad));
+  if (!summing) {
+    if (n > 0 && bad != nullptr) {
+      CheckSegmentIds<I><<<Grid(n), 256, 0, s>>>(ids, n, num_segments, bad);
     }
     return static_cast<int>(cudaGetLastError());
   }
   if (n > 0) {
-    SegmentKeys<I><<<Grid(n), 256, 0, s>>>(ids, n, num_segments, keys,
-                                           reinterpret_cast<unsigned long long*>(first_bad));
-    Iota<<<Grid(n), 256, 0, s>>>(pos, n);
+    SegmentKeys<I><<<Grid(n), 256, 0, s>>>(ids, n, num_segments, keys, bad);
+    IotaI32<<<Grid(n), 256, 0, s>>>(pos, n);
     size_t bytes = sort_bytes;
     SOK_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, keys, sorted, pos, order, num, 0,
-                                             bits, s));
+                                             BitsFor(num_segments), s));
   }
   SegmentStarts<<<Grid(num_segments + 1), 256, 0, s>>>(sorted, n, num_segments, start);
-  SumSegments<<<Grid(num_segments * width), 256, 0, s>>>(data, order, start, num_segments,
-                                                         width, out);
+  SegmentPieces<<<Grid(num_segments), 256, 0, s>>>(start, num_segments, pieces);
+  SOK_CUDA(cudaMemsetAsync(pieces + num_segments, 0, sizeof(int64_t), s));
+  size_t bytes = scan_bytes;
+  SOK_CUDA(cub::DeviceScan::ExclusiveSum(cub_temp, bytes, pieces, piece_start,
+                                         static_cast<int>(num_segments + 1), s));
+  if (n > kSegmentPiece) {
+    SumPieces<<<Grid(max_pieces * width), 256, 0, s>>>(data, order, start, piece_start,
+                                                       num_segments, max_pieces, width, partial);
+  }
+  SumSegments<<<Grid(num_segments * width), 256, 0, s>>>(data, order, start, piece_start,
+                                                         partial, num_segments, width, out);
   return static_cast<int>(cudaGetLastError());
 }
 

@@ -79,9 +79,11 @@ int sok_unique_pad_i64(int64_t* y, const int64_t* num_unique, int64_t n, int64_t
 // out [num_segments, width] (every row written; empty segments are zero).
 // Negative ids are dropped. Ids >= num_segments are an error: *first_bad
 // (a device int64 the caller sets to INT64_MAX) receives the smallest such
-// position, and those positions are dropped. Each segment is summed in
-// increasing position order, so results are deterministic and equal to the
-// CPU kernel's.
+// position, and those positions are dropped; with first_bad null they are
+// dropped unchecked (ids in range by construction). Each segment is summed in
+// increasing position order, in pieces as tf_ops/util/core/segment_sum.h
+// says, so results are deterministic and equal to the CPU kernel's. n and
+// num_segments + 1 (when anything is summed) at most INT_MAX.
 int sok_unsorted_segment_sum_f32_i32(const float* data, const int32_t* segment_ids, int64_t n,
                                      int64_t width, int64_t num_segments, float* out,
                                      int64_t* first_bad, void* temp, size_t* temp_bytes,

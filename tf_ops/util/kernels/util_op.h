@@ -30,8 +30,9 @@ struct GpuDevice {};
 //     values), idx (1), count (2, a scalar) and group_sizes (3), with no
 //     wait for the device.
 //   SegmentSumFunctor: Status operator()(ctx, data, ids, num_segments,
-//     width, out) fills the allocated output, failing on an id >=
-//     num_segments.
+//     width, check_ids, out) fills the allocated output, failing on an id
+//     >= num_segments (a GPU functor with check_ids false drops it
+//     instead, reading nothing back).
 template <typename Device, typename K, typename I>
 struct UniqueFunctor;
 template <typename Device, typename T, typename I>
@@ -76,7 +77,10 @@ class UniqueOp : public DeviceWaitingKernel<> {
 template <typename Device, typename T, typename I, typename N>
 class UnsortedSegmentSumOp : public DeviceWaitingKernel<> {
  public:
-  using DeviceWaitingKernel::DeviceWaitingKernel;
+  explicit UnsortedSegmentSumOp(::tensorflow::OpKernelConstruction* ctx)
+      : DeviceWaitingKernel(ctx) {
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("check_ids", &check_ids_));
+  }
 
   void Compute(::tensorflow::OpKernelContext* ctx) override {
     int64_t num_segments = 0, width = 1;
@@ -85,8 +89,12 @@ class UnsortedSegmentSumOp : public DeviceWaitingKernel<> {
     ::tensorflow::Tensor* out = nullptr;
     OP_REQUIRES_OK(ctx, ctx->allocate_output(0, out_shape, &out));
     OP_REQUIRES_OK(ctx, (SegmentSumFunctor<Device, T, I>()(ctx, ctx->input(0), ctx->input(1),
-                                                            num_segments, width, out)));
+                                                            num_segments, width, check_ids_,
+                                                            out)));
   }
+
+ private:
+  bool check_ids_ = true;
 };
 
 }  // namespace util_kernels

@@ -117,6 +117,7 @@ REGISTER_OP("SokUnsortedSegmentSum")
     .Attr("T: {float, double, half, bfloat16}")
     .Attr("Tindices: {int32, int64}")
     .Attr("Tnumsegments: {int32, int64} = DT_INT32")
+    .Attr("check_ids: bool = true")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle data, ids, rest;
       TF_RETURN_IF_ERROR(c->WithRankAtLeast(c->input(0), 1, &data));
@@ -137,7 +138,11 @@ REGISTER_OP("SokUnsortedSegmentSum")
 output[s] = sum of data[i] over i with segment_ids[i] == s, for s in
 [0, num_segments), as tf.math.unsorted_segment_sum with 1-D segment_ids:
 negative ids are dropped, ids >= num_segments are an error. Deterministic: each
-segment is summed in increasing position order whatever the thread count.
+segment is summed in increasing position order (a long one in pieces, whose
+sums are added in order) whatever the device and thread count.
+check_ids=false: the caller vouches that every id is < num_segments (positions
+from a unique): the GPU kernel then does not read its check back (no wait for
+the device) and drops such ids; the CPU kernel checks all the same.
 )doc");
 
 }  // namespace sok_graph
