@@ -491,7 +491,8 @@ def test_saver_refuses_int64_keys_for_an_int32_table(tmp_path):
     dst.scatter_update(tf.constant([3], tf.int32), tf.constant([[9.0]]))
     from sok_graph.dump_load import CheckpointError
 
-    with pytest.raises(CheckpointError, match="key 4294967301.*int32"):
+    # Either key may be named: a GPU table dumps its keys in its own order.
+    with pytest.raises(CheckpointError, match="key (4294967301|2147483648), .*int32"):
         saver.restore_from_file(dst, tmp_path / "t")
     exported = [x.numpy().tolist() for x in sok.export(dst)]
     assert exported == [[3], [[9.0]]]
