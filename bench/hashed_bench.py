@@ -21,7 +21,10 @@ layers of --units (SOK's DemoModel: 100 x 10 keys, dim 16, 7 layers of
 
 A "dense" step, the same layers on a fixed embedding tensor of the same
 shape (forward, loss, gradients of the weights and of that tensor, the
-update), is timed too; "emb*" is a side's step less that. Sides run in
+update), is timed too; "emb*" is a side's step less that. --mode graph
+builds every side in one graph run by a tf.compat.v1.Session (the sok side
+then wraps tf.compat.v1.train's SGD), the batches held in variables on
+the device. Sides run in
 interleaved rounds (--rounds of --steps steps, after a warm-up round);
 figures are medians. Printed per side: ms per step, emb*, and emb* over the
 hashing trick's (issue 43's target at 2^20 keys on a GPU: sok at most 0.5).
@@ -77,11 +80,14 @@ class Dense:
                                                                       logits=logits))
 
     def update(self, grads, lr):
-        for w, g in zip(self.weights, grads):
-            w.assign_sub(lr * g)
+        return [w.assign_sub(lr * g) for w, g in zip(self.weights, grads)]
 
 
-def make_steps(args):
+def make_steps(args, graph):
+    """{side: (body, rows)}: body(keys, labels) builds one training step,
+    returning (loss, the updates to run); rows() a tensor of the rows the
+    side's table holds. graph: the sok side takes a tf.compat.v1.train
+    optimizer (Keras 3's run only eagerly or in a tf.function)."""
     width = args.slots * args.nnz * args.dim
     lr = args.lr
     steps = {}
@@ -89,36 +95,33 @@ def make_steps(args):
     # sok: a dynamic table, a row per key.
     table = sok.DynamicVariable(args.dim, initializer="uniform")
     sok_dense = Dense(args, width, 1)
-    sok_opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(learning_rate=lr))
+    sok_opt = sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(lr) if graph
+                                   else tf.keras.optimizers.SGD(learning_rate=lr))
 
-    @tf.function
     def sok_step(keys, labels):
         with tf.GradientTape() as tape:
             rows = table.sparse_read(keys)
             loss = sok_dense.loss(tf.reshape(rows, [-1, width]), labels)
         grads = tape.gradient(loss, [table] + sok_dense.weights)
-        sok_opt.apply_gradients([(grads[0], table)])
-        sok_dense.update(grads[1:], lr)
-        return loss
+        return loss, [sok_opt.apply_gradients([(grads[0], table)])] + \
+            sok_dense.update(grads[1:], lr)
 
-    steps["sok DynamicVariable"] = (sok_step, lambda: int(table.size[0]))
+    steps["sok DynamicVariable"] = (sok_step, lambda: table.size[0])
 
     # plain TF, the hashing trick: key mod vocab into a dense table.
-    rng = np.random.default_rng(2)
-    trick = tf.Variable(rng.uniform(-0.05, 0.05, (args.vocab, args.dim)).astype(np.float32))
+    trick = tf.Variable(tf.random.uniform([args.vocab, args.dim], -0.05, 0.05, seed=2))
     trick_dense = Dense(args, width, 1)
 
-    @tf.function
     def trick_step(keys, labels):
         with tf.GradientTape() as tape:
             rows = tf.nn.embedding_lookup(trick, tf.math.floormod(keys, args.vocab))
             loss = trick_dense.loss(tf.reshape(rows, [-1, width]), labels)
         grads = tape.gradient(loss, [trick] + trick_dense.weights)
-        trick.scatter_sub(tf.IndexedSlices(lr * grads[0].values, grads[0].indices))
-        trick_dense.update(grads[1:], lr)
-        return loss
+        return loss, [trick.scatter_sub(tf.IndexedSlices(lr * grads[0].values,
+                                                         grads[0].indices))] + \
+            trick_dense.update(grads[1:], lr)
 
-    steps["TF hashing trick"] = (trick_step, lambda: args.vocab)
+    steps["TF hashing trick"] = (trick_step, lambda: tf.constant(args.vocab))
 
     # plain TF hash tables: lookup, gradient of the rows, insert back.
     tables = {
@@ -136,7 +139,6 @@ def make_steps(args):
             continue
         dense = Dense(args, width, 1)
 
-        @tf.function
         def table_step(keys, labels, hash_table=hash_table, dense=dense):
             flat = tf.reshape(keys, [-1])
             distinct, position = tf.unique(flat, out_idx=tf.int64)
@@ -149,27 +151,62 @@ def make_steps(args):
             # The gather's gradient: IndexedSlices by position, summed per key.
             grad = tf.math.unsorted_segment_sum(grads[0].values, grads[0].indices,
                                                 tf.shape(rows)[0])
-            hash_table.insert(distinct, rows - lr * grad)
-            dense.update(grads[1:], lr)
-            return loss
+            return loss, [hash_table.insert(distinct, rows - lr * grad)] + \
+                dense.update(grads[1:], lr)
 
-        steps[name] = (table_step, lambda hash_table=hash_table: int(hash_table.size()))
+        steps[name] = (table_step, hash_table.size)
 
     # The dense part alone, on a fixed embedding tensor.
     fixed = tf.Variable(tf.random.uniform([args.batch, width], -0.05, 0.05))
     alone = Dense(args, width, 1)
 
-    @tf.function
     def dense_step(keys, labels):
         del keys
         with tf.GradientTape() as tape:
             loss = alone.loss(fixed, labels)
         grads = tape.gradient(loss, [fixed] + alone.weights)
-        alone.update(grads[1:], lr)
-        return loss + 0.0 * tf.reduce_sum(grads[0])
+        return loss + 0.0 * tf.reduce_sum(grads[0]), alone.update(grads[1:], lr)
 
-    steps["dense part alone"] = (dense_step, lambda: 0)
+    steps["dense part alone"] = (dense_step, lambda: tf.constant(0))
     return steps
+
+
+def function_steps(args, keys, labels):
+    """{side: (step(i), rows())}: each side's step as a tf.function on batch
+    i's tensors (already on the device)."""
+    built = {}
+    for name, (body, rows) in make_steps(args, graph=False).items():
+        fn = tf.function(lambda k, y, body=body: body(k, y)[0])
+        built[name] = (lambda i, fn=fn: fn(keys[i % len(keys)], labels[i % len(keys)]),
+                       lambda rows=rows: int(rows()))
+    return built
+
+
+def graph_steps(args, keys, labels):
+    """{side: (step(i), rows())}: each side's step in one graph run by one
+    tf.compat.v1.Session; the batches live in variables on the device and
+    a step feeds only its batch's number."""
+    graph = tf.Graph()
+    with graph.as_default():
+        keys_in = tf.compat.v1.placeholder(tf.int64, (len(keys),) + keys[0].shape)
+        labels_in = tf.compat.v1.placeholder(tf.float32, (len(labels),) + labels[0].shape)
+        all_keys = tf.Variable(keys_in, trainable=False)
+        all_labels = tf.Variable(labels_in, trainable=False)
+        index = tf.compat.v1.placeholder(tf.int32, [])
+        batch_keys, batch_labels = tf.gather(all_keys, index), tf.gather(all_labels, index)
+        ops = {name: (body(batch_keys, batch_labels), rows())
+               for name, (body, rows) in make_steps(args, graph=True).items()}
+        sess = tf.compat.v1.Session(graph=graph)
+        sess.run(tf.compat.v1.global_variables_initializer(),
+                 {keys_in: np.stack(keys), labels_in: np.stack(labels)})
+    built = {}
+    for name, ((loss, updates), rows) in ops.items():
+        with graph.as_default():
+            train = tf.group(*[u for u in updates if u is not None])
+        built[name] = (
+            lambda i, loss=loss, train=train: sess.run([loss, train], {index: i % len(keys)})[0],
+            lambda rows=rows: int(sess.run(rows)))
+    return built
 
 
 def main():
@@ -188,22 +225,28 @@ def main():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--trace", default=None, help="trace the sides whose name contains this")
+    p.add_argument("--mode", choices=("function", "graph"), default="function",
+                   help="tf.function steps, or one graph run by a tf.compat.v1.Session")
     p.add_argument("--skip", default="", help="comma-separated parts of names of sides not "
                    "to run (the hashing trick and the dense part always run)")
     p.add_argument("--trace_steps", type=int, default=3)
     args = p.parse_args()
     sok.init(comm_tool="none")
     rng = np.random.default_rng(args.seed)
-    batches = [tf.constant(k) for k in key_batches(args, rng)]
-    labels = [tf.constant(rng.integers(0, 2, size=args.batch).astype(np.float32))
-              for _ in batches]
-    distinct = np.mean([np.unique(b.numpy()).size for b in batches])
+    key_arrays = key_batches(args, rng)
+    label_arrays = [rng.integers(0, 2, size=args.batch).astype(np.float32) for _ in key_arrays]
+    distinct = np.mean([np.unique(b).size for b in key_arrays])
     device = "GPU" if tf.config.list_physical_devices("GPU") else "CPU"
     print(f"device {device}, TensorFlow {tf.__version__}; {args.batch} x {args.slots} x "
           f"{args.nnz} keys a step ({distinct:.0f} distinct), "
           f"{'Zipf(%.2f)' % args.alpha if args.alpha > 0 else 'uniform'} over {args.vocab} ids "
-          f"hashed into 63 bits; dim {args.dim}; {args.layers} x {args.units} dense", flush=True)
-    steps = make_steps(args)
+          f"hashed into 63 bits; dim {args.dim}; {args.layers} x {args.units} dense; "
+          f"{'tf.compat.v1.Session' if args.mode == 'graph' else 'tf.function'}", flush=True)
+    if args.mode == "graph":
+        steps = graph_steps(args, key_arrays, label_arrays)
+    else:
+        steps = function_steps(args, [tf.constant(k) for k in key_arrays],
+                               [tf.constant(y) for y in label_arrays])
     for part in filter(None, args.skip.split(",")):
         for name in [n for n in steps if part.lower() in n.lower()]:
             if name not in ("TF hashing trick", "dense part alone"):
@@ -212,7 +255,7 @@ def main():
     def run_round(step):
         start = time.perf_counter()
         for i in range(args.steps):
-            loss = step(batches[i % len(batches)], labels[i % len(batches)])
+            loss = step(i)
         float(loss)  # waits for the last step
         return (time.perf_counter() - start) / args.steps
 
@@ -231,14 +274,14 @@ def main():
         ratio = "" if name == "dense part alone" else f"{emb / trick:13.2f}"
         print(f"{name:>22} {median[name] * 1e3:9.2f} "
               f"{'' if name == 'dense part alone' else '%9.2f' % (emb * 1e3):>9} {ratio:>13} "
-              f"{rows() if rows() else '':>10}")
+              f"{rows() or '':>10}")
     if args.trace:
         for name, (step, _) in steps.items():
             if args.trace.lower() in name.lower():
-                trace(name, step, batches, labels, args.trace_steps)
+                trace(name, step, args.trace_steps)
 
 
-def trace(name, step, batches, labels, count):
+def trace(name, step, count):
     """Prints a side's GPU time per TensorFlow op and its device-to-host
     copies, per step, from a profiler trace of `count` steps."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -247,7 +290,7 @@ def trace(name, step, batches, labels, count):
     logdir = tempfile.mkdtemp(prefix="hashed_trace_")
     tf.profiler.experimental.start(logdir)
     for i in range(count):
-        loss = step(batches[i % len(batches)], labels[i % len(batches)])
+        loss = step(i)
     float(loss)
     tf.profiler.experimental.stop()
     space = host_syncs._xspace(logdir)

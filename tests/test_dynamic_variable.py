@@ -474,11 +474,11 @@ def test_hybrid_table_split_over_host_memory_gives_its_slots_the_same_split(rng)
 
 
 def test_sparse_read_gradient_sums_a_keys_repeats_once(rng):
-    """sparse_read of a batch with repeated keys: in a tf.function its
-    gradient reaches the optimizer as distinct keys, each with the sum of
-    its rows' gradients (numpy's), and the optimizer adds no unique of its
-    own; eagerly the same update. A key repeated past one piece of the
-    segment sum (1024) is among them."""
+    """sparse_read of a batch with repeated keys: eagerly and in a
+    tf.function its gradient has each distinct key once, with the sum of its
+    rows' gradients (numpy's), and the optimizer adds no unique of its own;
+    training gives the same rows in both modes. A key repeated past one
+    piece of the segment sum (1024) is among them."""
     keys = np.concatenate([np.full(3000, 5), rng.integers(0, 40, 498),
                            [2 ** 50, -7]]).astype(np.int64)
     rng.shuffle(keys)
@@ -493,12 +493,12 @@ def test_sparse_read_gradient_sums_a_keys_repeats_once(rng):
         return tape.gradient(loss, table)
 
     table = sok.DynamicVariable(3, initializer="zeros")
-    graph_fn = tf.function(lambda: gradient(table))
-    grad = graph_fn()
-    got_keys = grad.indices.numpy()
-    assert sorted(got_keys.tolist()) == sorted(distinct.tolist())  # each key once
-    for k, row in zip(got_keys, grad.values.numpy()):
-        np.testing.assert_allclose(row, want[k], rtol=1e-5, atol=1e-4)
+    for mode, grad in (("eager", gradient(table)),
+                       ("function", tf.function(lambda: gradient(table))())):
+        got_keys = grad.indices.numpy()
+        assert sorted(got_keys.tolist()) == sorted(distinct.tolist()), mode  # each key once
+        for k, row in zip(got_keys, grad.values.numpy()):
+            np.testing.assert_allclose(row, want[k], rtol=1e-5, atol=1e-4, err_msg=mode)
 
     trained = {}
     for mode in ("eager", "function"):
@@ -521,3 +521,76 @@ def test_sparse_read_gradient_sums_a_keys_repeats_once(rng):
         assert sorted(rows) == sorted(distinct.tolist()), mode
         for k in distinct:
             np.testing.assert_allclose(rows[k], -want[k], rtol=1e-5, atol=1e-4, err_msg=mode)
+
+
+def test_sparse_read_gradient_norm_is_the_same_in_every_mode():
+    """A hot key's repeats summed into one gradient row in eager and graph
+    mode alike: clip_by_global_norm sees the true gradient's norm (numpy's)
+    and trains the same rows either way."""
+    keys = np.array([5] * 100 + [6], np.int64)
+    want_norm = np.sqrt(2 * 100.0 ** 2 + 2 * 1.0 ** 2)  # dim 2, rows of ones
+    rows = {}
+    for mode in ("eager", "function"):
+        table = sok.DynamicVariable(2, initializer="zeros")
+        opt = sok.SGD(1.0)
+
+        def step(table=table, opt=opt):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(table.sparse_read(tf.constant(keys)))
+            grads, norm = tf.clip_by_global_norm([tape.gradient(loss, table)], 1.0)
+            opt.apply_gradients([(grads[0], table)])
+            return norm
+
+        norm = step() if mode == "eager" else tf.function(step)()
+        np.testing.assert_allclose(float(norm), want_norm, rtol=1e-6, err_msg=mode)
+        rows[mode] = table.sparse_read(tf.constant([5, 6], tf.int64)).numpy()
+    np.testing.assert_allclose(rows["eager"], rows["function"], rtol=1e-6)
+    np.testing.assert_allclose(rows["eager"][:, 0], [-100 / want_norm, -1 / want_norm],
+                               rtol=1e-5)
+
+
+def test_sparse_read_jacobians_and_gradients_across_eager_and_graph():
+    """An eager read differentiated by a jacobian (built through a graph)
+    or by a tf.function: the same derivatives as numpy gives."""
+    table = sok.DynamicVariable(3, initializer="ones")
+    keys = np.array([[3, 1, 3], [1, 3, 9]], np.int64)
+    weights = np.arange(18, dtype=np.float32).reshape(2, 3, 3)
+    with tf.GradientTape(persistent=True) as tape:
+        rows = table.sparse_read(keys)
+        per_sample = tf.reduce_sum(rows * weights, axis=[1, 2])
+        loss = tf.reduce_sum(per_sample)
+    jacobian = tape.jacobian(per_sample, rows).numpy()
+    want = np.zeros((2, 2, 3, 3), np.float32)
+    for i in range(2):
+        want[i, i] = weights[i]
+    np.testing.assert_array_equal(jacobian, want)
+    grad = tf.function(lambda: tape.gradient(loss, table))()
+    got = dict(zip(grad.indices.numpy().tolist(), grad.values.numpy()))
+    for k in np.unique(keys):
+        np.testing.assert_allclose(got[k], weights[keys == k].sum(0))
+
+
+@pytest.mark.parametrize("read", ["sparse_read", "not trainable", "sparse_read_and_evict"])
+def test_a_read_counts_each_distinct_key_once(read):
+    """Every way of reading a table adds one to a key's use count per read,
+    however often the batch repeats the key (as lookup_sparse does): an LFU
+    table evicts the key read in fewest batches, whichever way it was read."""
+    table = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
+                                evict_strategy="lfu", initializer="zeros",
+                                trainable=read != "not trainable")
+
+    def read_keys(keys):
+        keys = tf.constant(keys, tf.int64)
+        if read == "sparse_read_and_evict":
+            return sok.sparse_read_and_evict(table, keys)[0]
+        return table.sparse_read(keys)
+
+    for batch in ([1] * 10 + [2], [2, 3], [3, 4], [2]):
+        read_keys(batch)
+    from sok_graph.ops import dynamic as dynamic_ops
+    keys, _, _, frequencies, _ = dynamic_ops.export(table.handle, tf.int64, 2)
+    assert dict(zip(keys.numpy().tolist(), frequencies.numpy().tolist())) == \
+        {1: 1, 2: 3, 3: 2, 4: 1}
+    read_keys([5])  # evicts key 1 or key 4, each read once: never 2 or 3
+    left = set(sok.export(table)[0].numpy().tolist())
+    assert {2, 3, 5} <= left and len(left) == 4

@@ -36,7 +36,6 @@ GPU_KERNELS = {
     "SokUnique": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     "SokUniqueWithCounts": ({"T": {INT64}, "out_idx": {INT64}}, set()),
     # The per-group sizes come back with the unique's count, to the host.
-    "SokUniqueGrouped": ({"T": {INT64}, "out_idx": {INT64}}, {"group_sizes"}),
     # Sizes known before it runs: nothing goes to the host (the exchange's
     # dedups, which must not wait for the device).
     "SokUniquePadded": ({"T": {INT64}, "out_idx": {INT64}}, set()),

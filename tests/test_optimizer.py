@@ -290,6 +290,41 @@ def test_slots_of_evicted_keys_are_dropped():
     assert keys(v) == keys(acc)
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_slots_of_evicted_keys_are_dropped_in_a_tf1_session(fused):
+    """TF1 graph mode builds the read before apply_gradients makes the
+    slots: the slots still drop the keys each step's read evicts, so a key
+    that comes back starts its accumulator afresh, as eagerly (fused: the
+    SokDynamicSparseApply path; else the wrapper's find/scatter path)."""
+    with tf.Graph().as_default():
+        v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
+                                initializer="zeros")
+        opt = sok.OptimizerWrapper(V1.AdagradOptimizer(0.1, initial_accumulator_value=1.0),
+                                   update_all_rows=False)
+        if not fused:
+            opt._fusable = lambda var: False  # the wrapper's own row updates
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        loss = tf.reduce_sum(v.sparse_read(keys))
+        train = opt.apply_gradients([(tf.compat.v1.gradients(loss, [v])[0], v)])
+        acc = opt.get_slot(v, "accumulator")
+        from sok_graph.ops import dynamic as dynamic_ops
+
+        exported = [dynamic_ops.export(t.handle, tf.int64, 2)[0] for t in (v, acc)]
+        found = acc.find(tf.constant([1, 4], tf.int64))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for batch in ([1, 2, 3, 4], [1, 2, 3, 4], [5, 6]):
+                sess.run(train, {keys: batch})
+            table_keys, slot_keys = (set(k.tolist()) for k in sess.run(exported))
+            assert table_keys == slot_keys == {3, 4, 5, 6}
+            sess.run(train, {keys: [1]})  # 1 comes back: 1 + 1^2 = 2
+            rows, present = sess.run(found)
+            assert present.all()
+            np.testing.assert_allclose(rows, [[2.0, 2.0], [3.0, 3.0]])
+            table_keys, slot_keys = (set(k.tolist()) for k in sess.run(exported))
+            assert table_keys == slot_keys
+
+
 def test_bad_optimizers():
     with pytest.raises(TypeError, match="must be a tf.compat.v1.train or Keras optimizer"):
         sok.OptimizerWrapper(object())

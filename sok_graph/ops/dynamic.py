@@ -169,25 +169,5 @@ def _unique_find_or_insert_grad(op, unused_keys_grad, unused_positions_grad, gra
                                 *unused_grads_of_eviction_outputs):
     """The gradient of the rows, addressed by the op's distinct keys (its
     output 0, which the GPU table also remembers as present: the optimizer's
-    write-back of exactly that tensor needs no insert). Rows gathered at the
-    op's own positions (sparse_read of a batch: every key's row, repeats
-    and all) have their repeats summed here, a row per distinct key, so the
-    optimizer gets distinct keys; other gradients keep their indices."""
-    distinct = op.outputs[0]
-    if isinstance(grad, tf.IndexedSlices) and _same_tensor(grad.indices, op.outputs[1]):
-        grad = util_ops.sum_by_position(grad.values, grad.indices, tf.shape(distinct)[0])
-    return [_rows_grad(grad, distinct), None]
-
-
-def _same_tensor(tensor, target):
-    """Whether graph tensor `tensor` is `target` or an identity or reshape of
-    it (a gather's gradient reshapes its indices); False in eager mode."""
-    if tf.executing_eagerly():
-        return False
-    while getattr(tensor, "op", None) is not None:
-        if tensor.graph is target.graph and tensor.name == target.name:
-            return True
-        if tensor.op.type not in ("Identity", "Reshape"):
-            return False
-        tensor = tensor.op.inputs[0]
-    return False
+    write-back of exactly that tensor needs no insert)."""
+    return [_rows_grad(grad, op.outputs[0]), None]

@@ -20,18 +20,6 @@ def unique(x, out_idx=tf.int32, name=None):
     return library.load().sok_unique(x, out_idx=out_idx, name=name)
 
 
-def unique_grouped(x, groups, out_idx=tf.int32, name=None):
-    """(y, idx, group_sizes): unique(x), and how many values of y fall in
-    each of `groups` groups (a value v in group v mod groups), as an int64
-    [groups] tensor that a GPU op leaves in host memory. On a GPU the sizes
-    come back in the unique's own wait for the device, so splitting y by
-    group costs no second wait."""
-    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1:
-        raise ValueError(f"groups must be an int >= 1 (the number of groups, a value v in "
-                         f"group v mod groups); got {groups!r}")
-    return library.load().sok_unique_grouped(x, groups=int(groups), out_idx=out_idx, name=name)
-
-
 def unique_padded(x, groups=0, out_idx=tf.int64, name=None):
     """(y, idx, count, group_sizes) with sizes known before the op runs: y
     [n] holds unique(x)'s distinct values in its first `count` entries (an
@@ -118,6 +106,29 @@ def marked_distinct(tensor):
     return graph is not None and tensor.name in getattr(graph, _DISTINCT_ATTR, ())
 
 
+def gather_by_position(rows, positions):
+    """tf.gather(rows, positions) along axis 0 for a unique's outputs (rows
+    [u, ...] of its distinct values, positions [n] int64, each row read at
+    least once), with a gradient of one row per distinct value: each row's
+    repeats summed (sum_by_position), in eager and graph mode alike.
+    tf.gather's own gradient carries a row per position, which an
+    optimizer would deduplicate again, and whose norm (gradient clipping)
+    is not the gradient's."""
+
+    @tf.custom_gradient
+    def gather(rows):
+        def grad(upstream):
+            count = tf.shape(rows, out_type=tf.int64)[0]
+            if isinstance(upstream, tf.IndexedSlices):  # only some positions' rows
+                return sum_by_position(upstream.values, tf.gather(positions, upstream.indices),
+                                       count)
+            return sum_by_position(upstream, positions, count)
+
+        return tf.gather(rows, positions), grad
+
+    return gather(rows)
+
+
 def sum_by_position(values, position, count):
     """values [n, ...] summed into `count` rows by position [n], a unique's
     positions (each in [0, count)): the gradient of rows read at repeated
@@ -131,8 +142,8 @@ def sum_by_position(values, position, count):
 
 # Ops whose output 0 never repeats a value (the unique ops, and a dynamic
 # table's unique find-or-insert).
-_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "SokUniqueGrouped", "Unique",
-               "UniqueWithCounts", "SokDynamicTableUniqueFindOrInsert")
+_UNIQUE_OPS = ("SokUnique", "SokUniqueWithCounts", "Unique", "UniqueWithCounts",
+               "SokDynamicTableUniqueFindOrInsert")
 
 
 def distinct_by_construction(indices):

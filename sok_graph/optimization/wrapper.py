@@ -228,7 +228,8 @@ class OptimizerWrapper:
         """One SokDynamicSparseApply op for dynamic table `var`."""
         keys, values = _distinct_rows(grad)
         slots = [self._slots[id(var)][name] for name in self.slot_names()]
-        op = fused_apply.dynamic_sparse_apply(var, slots, keys, values, self._hp, lr, step)
+        with tf.control_dependencies(var.late_shadow_drops()):
+            op = fused_apply.dynamic_sparse_apply(var, slots, keys, values, self._hp, lr, step)
         return None if tf.executing_eagerly() else op
 
     def _apply_sparse(self, grad, var, step, lr):
@@ -239,6 +240,10 @@ class OptimizerWrapper:
         dtype = values.dtype
         lr = tf.cast(lr, dtype)
         if is_dynamic(var):
+            drops = var.late_shadow_drops()
+            if drops:
+                with tf.control_dependencies(drops):
+                    unique = tf.identity(unique)  # the slots' reads wait for the drops
             rows, _ = var.find(unique)  # a row evicted meanwhile reads as 0 and is reinserted
             slot_rows = {n: dynamic_ops.find_or_insert(s.handle, unique, var.dimension)[0]
                          for n, s in slots.items()}

@@ -46,6 +46,8 @@ hashed by identity (element-wise == means nothing without a dense value).
 """
 
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
@@ -206,6 +208,11 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         # Tables keyed like this one (optimizer slots) that must drop the keys
         # this table evicts, so a key that comes back starts afresh in all.
         self._shadows = []
+        # Per graph, (evicted keys, shadows wired to them) of each read built
+        # in it: a shadow added after the read (the slots an optimizer makes
+        # in apply_gradients, once a TF1 graph's forward pass is built) drops
+        # those keys too, before the update (late_shadow_drops).
+        self._graph_evictions = weakref.WeakKeyDictionary()
         self._in_graph_mode = not tf.executing_eagerly()
         if tf.executing_eagerly():
             self._deleter = compat.eager_resource_deleter(self._handle)
@@ -504,17 +511,17 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     def _read(self, keys, low_frequency_filter, evicted_rows):
         """(rows, evicted_keys, evicted_rows or None): the rows of keys (any
-        shape), with the evicted rows when asked for.
+        shape), with the rows the table evicted when asked for.
 
-        A trainable table reads a batch's distinct keys once
-        (unique_find_or_insert, one op) and gathers each key's row from
-        them: its gradient then sums a key's repeats by position
-        (_unique_find_or_insert_grad) and reaches the optimizer as distinct
-        keys, where a row per key of the batch (a hot key of a Zipf stream
-        is hundreds of thousands of them) had to be deduplicated by the
-        optimizer again. That op does not return evicted rows; a read that
-        wants them (read_evicting) and a table no gradient reaches read
-        every key."""
+        Every read looks up a batch's distinct keys once, then gathers each
+        key's row (util_ops.gather_by_position): a key's use count (what LFU
+        eviction and the dump's frequencies keep) grows by one per read,
+        however often the batch repeats it, as through lookup_sparse; and
+        the gradient has one row per distinct key, its repeats summed, in
+        eager and graph mode alike, so an optimizer runs no unique or sum of
+        its own (a Zipf stream's hot key is hundreds of thousands of rows of
+        a step). unique_find_or_insert does both in one op but returns no
+        evicted rows; read_evicting takes a unique, then find-or-insert."""
         keys = self._check_keys(keys, widen=True)
         if self._trainable:
             compat.record_variable_access(self)
@@ -528,18 +535,20 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             rows = serving_mode.table_for(self).lookup(keys)
             evicted_keys = tf.zeros([0], self._key_type)
             evicted_rows_out = tf.zeros([0, self._dimension], tf.float32)
-        elif self._admission is not None:
-            _, rows, positions, evicted_keys, evicted_rows_out = self._admitted_read(
-                keys, low_frequency_filter)
-            rows = tf.gather(rows, positions)
-        elif self._trainable and not evicted_rows:
-            _, positions, rows, _, evicted_keys = dynamic_ops.unique_find_or_insert(
-                self._handle, keys, self._dimension)
-            rows = tf.gather(self._after_evictions(rows, evicted_keys), positions)
         else:
-            rows, _, evicted_keys, evicted_rows_out = dynamic_ops.find_or_insert_evicting(
-                self._handle, keys, self._dimension)
-            rows = self._after_evictions(rows, evicted_keys)
+            if self._admission is not None:
+                _, rows, positions, evicted_keys, evicted_rows_out = self._admitted_read(
+                    keys, low_frequency_filter)
+            elif evicted_rows:
+                distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
+                rows, _, evicted_keys, evicted_rows_out = dynamic_ops.find_or_insert_evicting(
+                    self._handle, distinct, self._dimension)
+                rows = self._after_evictions(rows, evicted_keys)
+            else:
+                _, positions, rows, _, evicted_keys = dynamic_ops.unique_find_or_insert(
+                    self._handle, keys, self._dimension)
+                rows = self._after_evictions(rows, evicted_keys)
+            rows = util_ops.gather_by_position(rows, positions)
         if shaped:
             rows = tf.reshape(rows, tf.concat([key_shape, [self._dimension]], 0))
             rows.set_shape(static_shape.concatenate([self._dimension]))
@@ -625,11 +634,33 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     def _after_evictions(self, rows, evicted):
         """rows, once every shadow table has dropped the keys this table
         evicted to make room for them."""
+        if not tf.executing_eagerly():
+            self._graph_evictions.setdefault(evicted.graph, []).append(
+                (evicted, len(self._shadows)))
         if not self._shadows:
             return rows
         drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
         with tf.control_dependencies(drops):
             return tf.identity(rows)
+
+    def late_shadow_drops(self):
+        """Removes, from the shadow tables added after a read of the current
+        graph was built, of the keys that read evicted: what _after_evictions
+        would have wired had they existed then (graph mode; [] eagerly). An
+        update of the shadows runs after them: without them a key evicted
+        and read again kept its old optimizer state in a TF1 Session. Reads
+        inside a control-flow construct (a TF1 while_loop or cond), whose
+        tensors cannot be used outside it, are left out."""
+        if tf.executing_eagerly():
+            return []
+        drops = []
+        # Plain loops: TF 1.x's AutoGraph, which converts this code inside a
+        # tf.function, mangles a nested comprehension.
+        for evicted, wired in self._graph_evictions.get(tf.compat.v1.get_default_graph(), []):
+            if getattr(evicted.op, "_control_flow_context", None) is None:
+                for shadow in self._shadows[wired:]:
+                    drops.append(dynamic_ops.remove(shadow.handle, evicted))
+        return drops
 
     def row_count(self):
         """The number of keys this table holds (an int64 scalar; the table

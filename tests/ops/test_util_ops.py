@@ -63,42 +63,18 @@ def _group_sizes(y, groups):
     return np.bincount(np.mod(y.astype(np.int64), groups), minlength=groups)
 
 
-@pytest.mark.parametrize("dtype", [tf.int32, tf.int64])
-@pytest.mark.parametrize("groups", [1, 3, 26])
-@pytest.mark.parametrize("case", ["random", "empty", "negative", "extremes"])
-def test_unique_grouped_is_unique_and_counts_per_group(rng, dtype, groups, case):
-    info = np.iinfo(dtype.as_numpy_dtype)
-    x = {
-        "random": rng.integers(0, 400, size=3000),
-        "empty": np.zeros([0]),
-        "negative": rng.integers(-60, 60, size=500),
-        "extremes": np.array([info.max, 0, info.min, info.max, -1, 0, info.min]),
-    }[case].astype(dtype.as_numpy_dtype)
-    y, idx, sizes = util.unique_grouped(tf.constant(x, dtype), groups, out_idx=tf.int64)
-    ref_y, ref_idx = tf.unique(tf.constant(x, dtype), out_idx=tf.int64)
-    np.testing.assert_array_equal(y.numpy(), ref_y.numpy())
-    np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())
-    assert sizes.dtype == tf.int64 and sizes.shape == [groups]
-    np.testing.assert_array_equal(sizes.numpy(), _group_sizes(np.unique(x), groups))
-
-
-def test_unique_grouped_over_batches_that_overflow_the_set(rng):
+def test_unique_over_batches_that_overflow_the_set(rng):
     """One op instance over batches whose distinct counts jump (the GPU's
     set, sized by the last batch, overflows and the batch runs again): the
-    group sizes are those of the final pass, never a partial count."""
-    step = tf.function(lambda x: util.unique_grouped(x, 7, out_idx=tf.int64),
+    values and positions are those of the final pass, never a partial one."""
+    step = tf.function(lambda x: util.unique(x, out_idx=tf.int64),
                        input_signature=[tf.TensorSpec([None], tf.int64)])
     for n, high in [(2000, 10), (2000, 1500), (20000, 100), (20000, 5000), (40, 3)]:
         x = rng.integers(0, high, size=n)
-        y, _, sizes = step(tf.constant(x, tf.int64))
-        np.testing.assert_array_equal(np.sort(y.numpy()), np.unique(x))
-        np.testing.assert_array_equal(sizes.numpy(), _group_sizes(np.unique(x), 7))
-
-
-@pytest.mark.parametrize("groups", [0, -3, 2.5, True, None])
-def test_unique_grouped_rejects_bad_groups(groups):
-    with pytest.raises(ValueError, match=r"groups must be an int >= 1.*got"):
-        util.unique_grouped(tf.constant([1, 2], tf.int64), groups)
+        y, idx = step(tf.constant(x, tf.int64))
+        ref_y, ref_idx = tf.unique(tf.constant(x, tf.int64), out_idx=tf.int64)
+        np.testing.assert_array_equal(y.numpy(), ref_y.numpy())
+        np.testing.assert_array_equal(idx.numpy(), ref_idx.numpy())
 
 
 @pytest.mark.parametrize("dtype", [tf.int32, tf.int64])

@@ -1,5 +1,5 @@
 // The util ops on the CPU: the functors of SokUnique, SokUniqueWithCounts,
-// SokUniqueGrouped, SokUniquePadded and SokUnsortedSegmentSum (util_op.h)
+// SokUniquePadded and SokUnsortedSegmentSum (util_op.h)
 // over tf_ops/util/core.
 #include <algorithm>
 #include <limits>
@@ -59,18 +59,14 @@ struct UniqueFunctor<CpuDevice, K, I> {
       TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({u}), &count));
       std::copy(counts.begin(), counts.end(), count->flat<I>().data());
     }
-    if (padded && groups == 0) {
+    if (padded) {
+      // The distinct values per group (v mod groups); none when groups = 0.
       Tensor* sizes = nullptr;
-      return ctx->allocate_output(3, TensorShape({0}), &sizes);
-    }
-    if (groups > 0) {
-      // The distinct values per group (v mod groups).
-      Tensor* sizes = nullptr;
-      TF_RETURN_IF_ERROR(ctx->allocate_output(padded ? 3 : 2, TensorShape({groups}), &sizes));
+      TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({groups}), &sizes));
       auto out = sizes->flat<TfInt64>();
       for (int64_t g = 0; g < groups; ++g) out(g) = 0;
-      for (const K value : unique) {
-        int64_t g = static_cast<int64_t>(value) % groups;
+      for (size_t k = 0; groups > 0 && k < unique.size(); ++k) {
+        int64_t g = static_cast<int64_t>(unique[k]) % groups;
         if (g < 0) g += groups;
         ++out(g);
       }

@@ -1,5 +1,5 @@
 // The util ops on the GPU: the functors of SokUnique, SokUniqueWithCounts,
-// SokUniqueGrouped, SokUniquePadded and SokUnsortedSegmentSum (util_op.h;
+// SokUniquePadded and SokUnsortedSegmentSum (util_op.h;
 // float data, int64 keys and ids): the C launchers of util_kernels.cu on the
 // op's stream. Compiled only when the build found a CUDA toolkit
 // (SOK_GRAPH_WITH_CUDA).
@@ -52,9 +52,8 @@ int SegmentSum(const float* data, const int64_t* ids, int64_t n, int64_t width, 
 
 }  // namespace
 
-// With `groups`, the distinct values per group come back with their number,
-// in the same read-back; the hash set of a call is sized by the op's last
-// batch (UniqueSetHint).
+// The hash set of a call is sized by the op's last batch (UniqueSetHint);
+// the padded unique's groups are counted on the device (Padded).
 template <typename K, typename I>
 struct UniqueFunctor<GpuDevice, K, I> {
   Status operator()(OpKernelContext* ctx, const Tensor& x, bool with_counts, int64_t groups,
@@ -74,10 +73,9 @@ struct UniqueFunctor<GpuDevice, K, I> {
     const TensorShape room({n > 0 ? n : 1});
     TF_RETURN_IF_ERROR(ctx->allocate_temp(x.dtype(), room, &y_all));
     if (with_counts) TF_RETURN_IF_ERROR(ctx->allocate_temp(idx->dtype(), room, &count_all));
-    // The number of distinct values, then (grouped) each group's share.
-    TF_RETURN_IF_ERROR(
-        ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1 + groups}), &num));
-    std::vector<int64_t> read_back(1 + groups, 0);
+    // The number of distinct values.
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({1}), &num));
+    int64_t read_back = 0;
     const C<K>* xs = reinterpret_cast<const C<K>*>(x.flat<K>().data());
     C<K>* ys = reinterpret_cast<C<K>*>(Data(y_all));
     C<I>* idxs = reinterpret_cast<C<I>*>(idx->flat<I>().data());
@@ -92,25 +90,13 @@ struct UniqueFunctor<GpuDevice, K, I> {
                                                  return Unique(xs, n, set_slots, ys, idxs, counts,
                                                                u_dev, scratch, bytes, stream);
                                                }));
-          if (groups > 0) {
-            TF_RETURN_IF_ERROR(CudaStatus(
-                sok_unique_group_sizes_i64(reinterpret_cast<const int64_t*>(ys), u_dev, n, groups,
-                                           u_dev + 1, stream),
-                "counting distinct values per group"));
-          }
-          TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(read_back.data(), u_dev,
-                                                             sizeof(int64_t) * read_back.size(),
-                                                             stream),
-                                        "reading the number of distinct values back"));
-          *distinct = read_back[0];
+          TF_RETURN_IF_ERROR(CudaStatus(
+              sok_gpu_copy_to_host(&read_back, u_dev, sizeof(read_back), stream),
+              "reading the number of distinct values back"));
+          *distinct = read_back;
           return OkStatus();
         },
         &u));
-    if (groups > 0) {
-      Tensor* sizes = nullptr;
-      TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({groups}), &sizes));
-      std::copy(read_back.begin() + 1, read_back.end(), sizes->flat<TfInt64>().data());
-    }
     Tensor* y = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({u}), &y));
     TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_on_device(Data(*y), ys, sizeof(K) * u, stream),

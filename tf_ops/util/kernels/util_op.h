@@ -1,5 +1,5 @@
 // The one OpKernel of each util op (SokUnique, SokUniqueWithCounts,
-// SokUniqueGrouped, SokUnsortedSegmentSum) for every device: it checks the
+// SokUniquePadded, SokUnsortedSegmentSum) for every device: it checks the
 // inputs once and hands them to the device's functor — the CPU's in
 // util_kernels.cc (tf_ops/util/core), the GPU's in util_kernels_gpu.cc (the
 // launchers of util_kernels.cu). Each device file registers the kernels
@@ -25,10 +25,10 @@ struct GpuDevice {};
 // The devices' work, each a member of its op (a functor may keep state
 // across calls, as the GPU's unique keeps its hash set's size):
 //   UniqueFunctor: Status operator()(ctx, x, with_counts, groups, padded)
-//     writes y (0), idx (1) and counts or, with groups > 0, group_sizes (2);
-//     padded (SokUniquePadded): y of x's length (-1 past the distinct
-//     values), idx (1), count (2, a scalar) and group_sizes (3), with no
-//     wait for the device.
+//     writes y (0), idx (1) and, with_counts, counts (2); padded
+//     (SokUniquePadded): y of x's length (-1 past the distinct values), idx
+//     (1), count (2, a scalar) and group_sizes (3, `groups` of them), with
+//     no wait for the device.
 //   SegmentSumFunctor: Status operator()(ctx, data, ids, num_segments,
 //     width, check_ids, out) fills the allocated output, failing on an id
 //     >= num_segments (a GPU functor with check_ids false drops it
@@ -38,8 +38,8 @@ struct UniqueFunctor;
 template <typename Device, typename T, typename I>
 struct SegmentSumFunctor;
 
-// SokUniqueWithCounts (kCounts), SokUnique, SokUniqueGrouped (an op with
-// a `groups` attribute) and SokUniquePadded (kPadded). On the GPU all but
+// SokUniqueWithCounts (kCounts), SokUnique and SokUniquePadded (kPadded,
+// with a `groups` attribute). On the GPU all but
 // the padded one wait to learn the number of distinct values.
 template <typename Device, typename K, typename I, bool kCounts, bool kPadded = false>
 class UniqueOp : public DeviceWaitingKernel<> {
@@ -100,9 +100,8 @@ class UnsortedSegmentSumOp : public DeviceWaitingKernel<> {
 }  // namespace util_kernels
 }  // namespace sok_graph
 
-// Registers the four unique ops on DEVICE_TYPE (DEVICE_CPU or DEVICE_GPU,
-// with its functor tag TAG) for values K and indices I. group_sizes is read
-// on the host (HostMemory is a no-op on the CPU).
+// Registers the three unique ops on DEVICE_TYPE (DEVICE_CPU or DEVICE_GPU,
+// with its functor tag TAG) for values K and indices I.
 #define SOK_REGISTER_UNIQUE_OPS(DEVICE_TYPE, TAG, K, I)                                \
   REGISTER_KERNEL_BUILDER(Name("SokUniqueWithCounts")                                  \
                               .Device(::tensorflow::DEVICE_TYPE)                       \
@@ -113,12 +112,6 @@ class UnsortedSegmentSumOp : public DeviceWaitingKernel<> {
                               .Device(::tensorflow::DEVICE_TYPE)                       \
                               .TypeConstraint<K>("T")                                  \
                               .TypeConstraint<I>("out_idx"),                           \
-                          ::sok_graph::util_kernels::UniqueOp<TAG, K, I, false>);      \
-  REGISTER_KERNEL_BUILDER(Name("SokUniqueGrouped")                                     \
-                              .Device(::tensorflow::DEVICE_TYPE)                       \
-                              .TypeConstraint<K>("T")                                  \
-                              .TypeConstraint<I>("out_idx")                            \
-                              .HostMemory("group_sizes"),                              \
                           ::sok_graph::util_kernels::UniqueOp<TAG, K, I, false>);      \
   REGISTER_KERNEL_BUILDER(Name("SokUniquePadded")                                      \
                               .Device(::tensorflow::DEVICE_TYPE)                       \

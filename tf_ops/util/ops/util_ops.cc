@@ -52,32 +52,6 @@ x[i]. SokUniqueWithCounts without the counts, which cost the GPU kernel an
 atomic per warp of keys.
 )doc");
 
-REGISTER_OP("SokUniqueGrouped")
-    .Input("x: T")
-    .Output("y: T")
-    .Output("idx: out_idx")
-    .Output("group_sizes: int64")
-    .Attr("T: {int32, int64}")
-    .Attr("out_idx: {int32, int64} = DT_INT32")
-    .Attr("groups: int >= 1")
-    .SetShapeFn([](InferenceContext* c) -> Status {
-      ShapeHandle x;
-      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &x));
-      TfInt64 groups = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("groups", &groups));
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, x);
-      c->set_output(2, c->Vector(groups));
-      return OkStatus();
-    })
-    .Doc(R"doc(
-SokUnique, and how many distinct values fall in each of `groups` groups, a
-value v in group v mod groups (floor modulo, so in [0, groups) for any v).
-group_sizes is in host memory on a GPU: it is read back with the number of
-distinct values, in the one wait the op has anyway, so a split of y by
-group (the tables of a model-parallel exchange) waits for nothing more.
-)doc");
-
 REGISTER_OP("SokUniquePadded")
     .Input("x: T")
     .Output("y: T")
@@ -99,11 +73,12 @@ REGISTER_OP("SokUniquePadded")
       return OkStatus();
     })
     .Doc(R"doc(
-SokUniqueGrouped with outputs of a size known before it runs: y has the
-length of x, its first `count` entries the distinct values in the order
-SokUnique gives them, the rest -1. idx, as SokUnique's, points into those
-first `count`. group_sizes (empty when groups = 0) counts the distinct
-values per group, v mod groups. On a GPU every output stays in device
+SokUnique with outputs of a size known before it runs: y has the length of
+x, its first `count` entries the distinct values in the order SokUnique
+gives them, the rest -1. idx, as SokUnique's, points into those first
+`count`. group_sizes (empty when groups = 0) counts the distinct values per
+group, a value v in group v mod groups (floor modulo, so in [0, groups) for
+any v). On a GPU every output stays in device
 memory and the op never waits for the device: the ops after it are queued
 while it runs (the model-parallel exchange's dedups, whose counts only the
 all-to-all's one read of its sizes and a later gradient need on the host).
