@@ -29,6 +29,7 @@ import functools
 import glob
 import json
 import os
+import re
 import shutil
 import struct
 import time
@@ -138,6 +139,25 @@ def _file_stem(name):
     return "".join(c if c.isalnum() or c in "-_." else "_" for c in name)
 
 
+def table_stem(name):
+    """A file name for a variable's name (other characters become '_'; names
+    that are only dots too): what sok.Saver names a table's directory by."""
+    stem = _file_stem(name)
+    return stem if stem.strip(".") else "_" * max(len(stem), 1)
+
+
+def dumped_names(path):
+    """The variable names of the sok_graph dump at `path` (or the one an
+    interrupted dump moved aside), [] where there is none or its manifest
+    does not read."""
+    try:
+        with open(os.path.join(_dump_dir(path), "manifest.json"), "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+        return sorted(manifest["variables"])
+    except (CheckpointError, OSError, ValueError, KeyError, TypeError):
+        return []
+
+
 def _unique_stem(stem, parts, used):
     """`stem`, or stem-1, stem-2, ...: the first whose files (stem.part) no
     earlier variable of the dump has taken. Different names can sanitize to
@@ -188,6 +208,14 @@ def _check_named_alike(manifest, variables):
     many tables of that name: matched by place, one would get another's
     rows (two unnamed eager tables are both "Variable:0")."""
     for base, dumped in sorted(manifest.get("named_alike", {}).items()):
+        for place, name in enumerate(dumped):
+            var = variables.get(name)
+            if var is not None and _var_name(var) != base:
+                raise CheckpointError(
+                    f"table '{_var_name(var)}' of load_vars would take the rows dumped as "
+                    f"'{name}', which belong to table {place + 1} of the {len(dumped)} named "
+                    f"'{base}' in the dump: give the tables distinct names, or load the "
+                    f"tables named '{base}' with it, in the order they were dumped")
         given = [name for name in dumped if name in variables]
         if given and len(given) != len(dumped):
             raise CheckpointError(
@@ -382,10 +410,25 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
     # `path` is whole now: every moved-aside dump (this one's, or those of
     # dumps killed between the renames) can go. Each loses its manifest
     # first, so one half deleted when this process dies is never loaded.
-    for old in glob.glob(glob.escape(path) + ".old-*"):
+    for old in _siblings(path, _ASIDE):
         with contextlib.suppress(OSError):
             os.remove(os.path.join(old, "manifest.json"))
         shutil.rmtree(old, ignore_errors=True)
+
+
+# The siblings a dump to `path` makes: `path`.tmp-<pid>-<8 hex> while it
+# writes, `path`.old-<20-digit ns time>-<8 hex> for the dump it replaces.
+# Only names of exactly these forms are ever deleted or loaded: a user's
+# `model.old-notes` next to a dump to `model` is the user's.
+_TMP = re.compile(r"\.tmp-([0-9]+)-[0-9a-f]{8}")
+_ASIDE = re.compile(r"\.old-[0-9]{20}-[0-9a-f]{8}")
+
+
+def _siblings(path, pattern):
+    """The directories next to `path` named `path` + a `pattern` suffix."""
+    return [d for d in glob.glob(glob.escape(path) + ".*")
+            if pattern.fullmatch(d[len(path):]) and os.path.isdir(d)
+            and not os.path.islink(d)]
 
 
 def _manifest_checksum(manifest):
@@ -437,13 +480,12 @@ def _check_replaceable(path):
 def _remove_dead_writers_tmp(path):
     """Deletes temporary directories of dumps to `path` whose process is
     gone (killed mid-dump); those of live processes are left alone."""
-    for tmp in glob.glob(glob.escape(path) + ".tmp-*"):
+    for tmp in _siblings(path, _TMP):
         try:
-            pid = int(tmp[len(path) + len(".tmp-"):].split("-")[0])
-            os.kill(pid, 0)
+            os.kill(int(_TMP.fullmatch(tmp[len(path):]).group(1)), 0)
         except ProcessLookupError:
             shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, PermissionError):
+        except (ValueError, OverflowError, PermissionError):
             pass
 
 
@@ -452,7 +494,7 @@ def _dump_dir(path):
     path = os.path.abspath(path)
     if os.path.exists(os.path.join(path, "manifest.json")):
         return path
-    aside = [d for d in glob.glob(glob.escape(path) + ".old-*")
+    aside = [d for d in _siblings(path, _ASIDE)
              if os.path.exists(os.path.join(d, "manifest.json"))]
     if aside:
         return max(aside)  # the most recently moved aside (names sort by time)

@@ -149,6 +149,24 @@ def test_tables_of_one_name_load_only_as_the_list_they_were_dumped_in(tmp_path):
     np.testing.assert_array_equal(user.numpy(), np.full((3, 2), 1.0))
 
 
+def test_a_table_never_takes_rows_dumped_under_a_repeated_name(tmp_path):
+    """Dumped [x "emb", y "emb", w "emb_1"], the files are emb, emb_1 (y)
+    and emb_1_1 (w); loading [x, w] would match w to y's file by name. A
+    CheckpointError instead (w used to get y's rows), nothing changes."""
+    from sok_graph.dump_load import CheckpointError
+
+    x = sok.Variable(np.full((2, 2), 1.0, np.float32), name="emb")
+    y = sok.Variable(np.full((2, 2), 2.0, np.float32), name="emb")
+    w = sok.Variable(np.full((2, 2), 3.0, np.float32), name="emb_1")
+    sok.dump(str(tmp_path / "d"), [x, y, w])
+    w.assign(np.zeros((2, 2), np.float32))
+    with pytest.raises(CheckpointError, match="table 'emb_1' of load_vars would take"):
+        sok.load(str(tmp_path / "d"), [x, w])
+    np.testing.assert_array_equal(w.numpy(), np.zeros((2, 2)))
+    sok.load(str(tmp_path / "d"), [x, y, w])
+    np.testing.assert_array_equal(w.numpy(), np.full((2, 2), 3.0))
+
+
 def test_interrupted_dump_keeps_previous_dump_loadable(tmp_path):
     """Kill a process while it overwrites a dump: what load() finds is a
     complete dump, the old one or the new one, never a broken one."""
@@ -399,6 +417,26 @@ def test_dump_replaces_a_previous_dump_and_fills_an_empty_directory(tmp_path):
     v.assign(np.zeros((3, 2), np.float32))
     sok.load(str(tmp_path / "empty"), [v])
     np.testing.assert_array_equal(v.numpy(), np.full((3, 2), 2.0, np.float32))
+
+
+def test_a_dump_touches_no_sibling_but_its_own(tmp_path):
+    """Directories next to a dump path whose names only start like a dump's
+    own temporary and moved-aside ones (a user's `model.old-notes`, another
+    dump at `model.old-v1`) are neither deleted by a dump nor loaded in
+    place of a missing one."""
+    v = sok.Variable(np.ones((3, 2), np.float32), name="v")
+    sok.dump(str(tmp_path / "model.old-v1"), [v])  # a dump of its own
+    notes = tmp_path / "model.old-notes"
+    notes.mkdir()
+    (notes / "readme.txt").write_text("mine")
+    mine = tmp_path / "model.tmp-999999-mine"
+    mine.mkdir()
+    sok.dump(str(tmp_path / "model"), [v])
+    assert (notes / "readme.txt").read_text() == "mine"
+    assert (tmp_path / "model.old-v1" / "manifest.json").exists() and mine.exists()
+    sok.dump(str(tmp_path / "m2.old-x"), [v])
+    with pytest.raises(CheckpointError, match="no sok_graph dump"):
+        sok.load(str(tmp_path / "m2"), [v])  # m2.old-x is a dump of its own
 
 
 def test_load_into_tables_of_another_shape_changes_nothing(tmp_path):

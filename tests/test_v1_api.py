@@ -477,6 +477,98 @@ def test_saver_round_trip_graph(tmp_path):
             np.testing.assert_array_equal(sess.run(out)[:, 0], values[[5, 2]])
 
 
+def test_saver_keeps_every_table_dumped_into_one_directory(tmp_path):
+    """SOK's Saver takes a directory for all its tables: two tables dumped
+    into one keep their own files and restore their own rows (the second
+    dump used to replace the first, and restoring the first table gave it
+    the second's rows)."""
+    sok.init(comm_tool="none")
+    saver = sok.Saver()
+    user = sok.DynamicVariable(dimension=2, initializer="0", name="user")
+    item = sok.DynamicVariable(dimension=2, initializer="0", name="item")
+    static = sok.Variable(np.arange(6, dtype=np.float32).reshape(3, 2), name="static")
+    user.scatter_update(tf.constant([1, 2], tf.int64), tf.constant([[1.0, 1.0], [2.0, 2.0]]))
+    item.scatter_update(tf.constant([7, 8, 9], tf.int64), tf.fill([3, 2], 7.0))
+    for var in (user, item, static):
+        saver.dump_to_file(var, tmp_path)
+    user.scatter_update(tf.constant([5], tf.int64), tf.constant([[5.0, 5.0]]))
+    static.assign(np.zeros((3, 2), np.float32))
+    for var in (user, item, static):
+        saver.restore_from_file(var, tmp_path)
+    assert sorted(sok.export(user)[0].numpy().tolist()) == [1, 2]
+    assert sorted(sok.export(item)[0].numpy().tolist()) == [7, 8, 9]
+    np.testing.assert_array_equal(static.numpy(), np.arange(6).reshape(3, 2))
+    other = sok.DynamicVariable(dimension=2, name="other")
+    from sok_graph.dump_load import CheckpointError
+
+    with pytest.raises(CheckpointError, match="no Saver dump of 'other'"):
+        saver.restore_from_file(other, tmp_path)
+
+
+def test_saver_restores_a_dump_of_the_earlier_layout(tmp_path):
+    """A directory holding one table's dump directly (what dump_to_file wrote
+    before it kept tables by name) restores into any table."""
+    from sok_graph.dump_load import write_dump
+
+    sok.init(comm_tool="none")
+    write_dump(str(tmp_path / "old"), {"table": ("dynamic", {
+        "keys": np.array([4, 6], np.int64), "values": np.array([[4.0], [6.0]], np.float32)})})
+    var = sok.DynamicVariable(dimension=1, initializer="0", name="anything")
+    sok.Saver().restore_from_file(var, tmp_path / "old")
+    got = dict(zip(*(x.numpy().tolist() for x in sok.export(var))))
+    assert got == {4: [4.0], 6: [6.0]}
+
+
+def test_saver_keeps_each_workers_shard_apart(tmp_path):
+    """Every worker dumps its shard of a table to the same directory (as in
+    SOK 1.x): each restores its own rows (the last worker's used to
+    overwrite the others'). Two shards of one table, their placement set
+    by hand as two workers would have it."""
+    sok.init(comm_tool="none")
+    whole = np.arange(12, dtype=np.float32).reshape(6, 2)
+    shards = []
+    for rank in (0, 1):
+        shard = sok.Variable(whole[rank::2].copy(), name="emb")
+        shard._sok_world_size, shard._sok_rank = 2, rank
+        shard._sok_global_shape = tf.TensorShape([6, 2])
+        shards.append(shard)
+    saver = sok.Saver()
+    for shard in shards:
+        saver.dump_to_file(shard, tmp_path)
+    for shard in shards:
+        shard.assign(np.zeros((3, 2), np.float32))
+        saver.restore_from_file(shard, tmp_path)
+    np.testing.assert_array_equal(shards[0].numpy(), whole[0::2])
+    np.testing.assert_array_equal(shards[1].numpy(), whole[1::2])
+
+
+def test_saver_takes_its_directory_as_a_string_tensor(tmp_path):
+    """In a Session the directory may be fed per run; anything but a path or
+    a string is refused naming filepath (a tensor's repr used to become the
+    directory's name)."""
+    with tf.Graph().as_default():
+        sok.init()
+        var = sok.DynamicVariable(dimension=1, initializer="0", name="t")
+        path = tf.compat.v1.placeholder(tf.string, [])
+        write = var.scatter_update(tf.constant([3], tf.int64), tf.constant([[3.0]]))
+        saver = sok.Saver()
+        dump, restore = saver.dump_to_file(var, path), saver.restore_from_file(var, path)
+        wipe = var.scatter_update(tf.constant([3], tf.int64), tf.constant([[0.0]]))
+        read = var.sparse_read(tf.constant([3], tf.int64))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(write)
+            sess.run(dump, {path: str(tmp_path / "step1")})
+            sess.run(wipe)
+            sess.run(restore, {path: str(tmp_path / "step1")})
+            assert sess.run(read).tolist() == [[3.0]]
+        assert (tmp_path / "step1").is_dir()
+        with pytest.raises(TypeError, match="filepath must be"):
+            saver.dump_to_file(var, 7)
+        with pytest.raises(TypeError, match="filepath must be"):
+            saver.dump_to_file(var, tf.constant([1, 2]))
+
+
 def test_saver_refuses_int64_keys_for_an_int32_table(tmp_path):
     """Keys past int32 restored into an int32-key table used to be cast:
     2^32 + 5 became 5, 2^31 became -2^31. A CheckpointError instead, and the

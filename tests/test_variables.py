@@ -1,6 +1,8 @@
 """assign / export / the table protocol / filter_variables /
 sparse_read_and_evict / all2all_dense_embedding."""
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -155,11 +157,14 @@ def test_static_shard_numbers_rows_as_its_placement_says(rng, tmp_path):
         shard.replace_rows(tf.constant([0, 1, 2], tf.int64), new)
     shard.import_rows(tf.constant([5], tf.int64), whole[5:6])
     _assert_holds(shard, {1: new[0], 3: new[1], 5: whole[5]})
-    # The Saver writes the shard as a table of its own: local rows 0..2.
+    # The Saver writes the shard as a table of its own, in a directory named
+    # by the table and the shard: local rows 0..2.
     saver = sok.Saver()
     saver.dump_to_file(shard, tmp_path / "shard")
     from sok_graph.dump_load import read_dump
-    saved = read_dump(str(tmp_path / "shard"), {"table": 2})[1]["table"]
+    name = shard.name[:-2] if shard.name.endswith(":0") else shard.name
+    assert os.listdir(tmp_path / "shard") == [f"{name}.shard-1-of-2"]
+    saved = read_dump(str(tmp_path / "shard" / f"{name}.shard-1-of-2"), {name: 2})[1][name]
     np.testing.assert_array_equal(saved["keys"], [0, 1, 2])
     shard.replace_rows(tf.constant([1, 3, 5], tf.int64), np.zeros((3, 2), np.float32))
     saver.restore_from_file(shard, tmp_path / "shard")

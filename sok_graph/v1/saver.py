@@ -1,15 +1,24 @@
 """`sok.Saver`, the SOK 1.x way to save and restore one embedding table.
 
     saver = sok.Saver()
-    saver.dump_to_file(layer.embedding_variable, "/ckpt/user_table")
-    saver.restore_from_file(layer.embedding_variable, "/ckpt/user_table")
+    saver.dump_to_file(layer.embedding_variable, "/ckpt")
+    saver.restore_from_file(layer.embedding_variable, "/ckpt")
     saver.load_embedding_values(layer.embedding_variable, initial_rows)
 
-Files use sok.dump's format (a directory per table: checked headers,
-manifest, written aside and swapped in). Eagerly each call does its work at
-once; in graph mode each returns an op that does it when a Session runs it,
-so it can sit in a graph next to the training op.
+`filepath` is a directory that holds, as SOK's does, the tables dumped to
+it under their names: each table (each worker's shard of it, with several
+workers) in a directory of its own inside it, `<name>` or
+`<name>.shard-<rank>-of-<workers>`, in sok.dump's format (checked headers,
+manifest, written aside and swapped in). Dumping one table replaces only
+that table's files; restoring reads the table of the variable's own name
+and shard. A directory from before this layout (one table's dump directly
+in `filepath`) still restores. `filepath` may be a string tensor (fed per
+run in a Session). Eagerly each call does its work at once; in graph mode
+each returns an op that does it when a Session runs it, so it can sit in a
+graph next to the training op.
 """
+
+import os
 
 import numpy as np
 import tensorflow as tf
@@ -17,9 +26,10 @@ import tensorflow as tf
 from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.dump_load import check_keys_fit, read_dump, write_dump
+from sok_graph.dump_load import (CheckpointError, check_keys_fit, dumped_names, read_dump,
+                                 table_stem, write_dump)
 
-_TABLE = "table"  # the one variable in a Saver's dump directory
+_TABLE = "table"  # the one table of a dump written before per-name directories
 
 
 def _check(var, method):
@@ -27,6 +37,42 @@ def _check(var, method):
         raise TypeError(f"Saver.{method} takes a sok embedding variable (a layer's "
                         f"embedding_variable, sok.Variable or DynamicVariable); got "
                         f"{getattr(var, 'name', type(var).__name__)!r}")
+
+
+def _directory(filepath, method):
+    """filepath as a str, or (graph mode) a scalar string tensor to feed the
+    op that reads or writes the files."""
+    if isinstance(filepath, tf.Tensor):
+        if filepath.dtype != tf.string or filepath.shape.rank not in (None, 0):
+            raise TypeError(f"Saver.{method}: filepath must be a str, a path or a scalar "
+                            f"tf.string tensor; got a {filepath.dtype.name} tensor of shape "
+                            f"{filepath.shape}")
+        if hasattr(filepath, "numpy"):  # eager
+            return filepath.numpy().decode("utf-8")
+        return filepath
+    if isinstance(filepath, (str, os.PathLike)):
+        return os.fspath(filepath)
+    raise TypeError(f"Saver.{method}: filepath must be a str, a path or a scalar tf.string "
+                    f"tensor (the directory of the dump); got {type(filepath).__name__} "
+                    f"{filepath!r}")
+
+
+def _as_str(path):
+    return path.decode("utf-8") if isinstance(path, bytes) else path
+
+
+def _name(var):
+    name = var.name
+    return name[:-2] if name.endswith(":0") else name
+
+
+def _entry(var):
+    """The directory, inside filepath, of var's shard: its name's file stem,
+    and with several workers the shard (rank, number of workers), so the
+    workers' shards of one table never share files."""
+    world_size, rank, _ = var.placement
+    stem = table_stem(_name(var))
+    return stem if world_size == 1 else f"{stem}.shard-{rank}-of-{world_size}"
 
 
 # A Saver writes one shard as a table of its own, keys in the shard's own
@@ -46,57 +92,81 @@ def _assign(var, keys, rows):
     return var.replace_rows(tf.cast(var.global_ids(keys), var.key_dtype), rows)
 
 
+def _in_graph_or_now(fn, inputs, out_types, path):
+    """fn(path, *inputs) now (eagerly) or as a py_func of the graph, the
+    path a string tensor or a constant."""
+    if tf.executing_eagerly():
+        return fn(path, *[x.numpy() if hasattr(x, "numpy") else x for x in inputs])
+    path = path if isinstance(path, tf.Tensor) else tf.constant(path)
+    return tf.compat.v1.py_func(fn, [path] + list(inputs), out_types, stateful=True)
+
+
 class Saver:
     """Saves and restores single sok embedding tables (see the module docstring)."""
 
     def dump_to_file(self, embedding_variable, filepath):
-        """Writes the table's keys and rows to the directory `filepath`."""
+        """Writes the table's (this worker's shard's) keys and rows into the
+        directory `filepath`, next to the other tables dumped there."""
         _check(embedding_variable, "dump_to_file")
         # One shard: that of the replica being built (inside strategy.run).
-        embedding_variable = replica_shards.resolve(embedding_variable, "Saver.dump_to_file")
-        path = str(filepath)
-        kind = kind_of(embedding_variable)
+        var = replica_shards.resolve(embedding_variable, "Saver.dump_to_file")
+        directory = _directory(filepath, "dump_to_file")
+        kind, name, entry = kind_of(var), _name(var), _entry(var)
 
-        def write(keys, rows):
-            keys = keys.numpy() if hasattr(keys, "numpy") else keys
-            rows = rows.numpy() if hasattr(rows, "numpy") else rows
-            write_dump(path, {_TABLE: (kind, {"keys": keys, "values": rows})})
+        def write(path, keys, rows):
+            target = os.path.join(_as_str(path), entry)
+            held = dumped_names(target)
+            if held and held != [name]:
+                raise FileExistsError(
+                    f"{target} holds a Saver dump of {held}, not of {name!r}: their names "
+                    f"map to one file name; give the variables names that differ in "
+                    f"letters, digits, '-', '_' or '.'")
+            write_dump(target, {name: (kind, {"keys": keys, "values": rows})})
             return np.int32(0)
 
-        keys, rows = _rows(embedding_variable)
-        if tf.executing_eagerly():
-            write(keys, rows)
-            return None
-        return tf.group(tf.compat.v1.py_func(write, [keys, rows], tf.int32, stateful=True),
-                        name="sok_saver_dump")
+        keys, rows = _rows(var)
+        result = _in_graph_or_now(write, [keys, rows], tf.int32, directory)
+        return None if tf.executing_eagerly() else tf.group(result, name="sok_saver_dump")
 
     def restore_from_file(self, embedding_variable, filepath):
-        """Replaces the table's contents with what dump_to_file wrote to
-        `filepath` (checked before anything changes)."""
+        """Replaces the table's contents with what dump_to_file wrote for it
+        (its name, this worker's shard) into `filepath`, checked before
+        anything changes."""
         _check(embedding_variable, "restore_from_file")
         # One shard: that of the replica being built (inside strategy.run).
-        embedding_variable = replica_shards.resolve(embedding_variable, "Saver.restore_from_file")
-        var = embedding_variable
-        path = str(filepath)
-        dim = dimension_of(var)
+        var = replica_shards.resolve(embedding_variable, "Saver.restore_from_file")
+        directory = _directory(filepath, "restore_from_file")
+        dim, name, entry = dimension_of(var), _name(var), _entry(var)
         # A table of fixed rows holds exactly the shard's rows, numbered 0..n-1.
         fixed = var.fixed_rows
-        static_rows = {} if fixed is None else {
-            _TABLE: placement.shard_rows(fixed, *var.placement)}
-
+        shard_rows = None if fixed is None else placement.shard_rows(fixed, *var.placement)
         key_dtype = var.key_dtype
 
-        def read():
-            arrays = read_dump(path, {_TABLE: dim}, static_rows)[1][_TABLE]
+        def read(path):
+            path = _as_str(path)
+            target, table = os.path.join(path, entry), name
+            if not dumped_names(target):
+                if _TABLE in dumped_names(path):  # one table's dump, the earlier layout
+                    target, table = path, _TABLE
+                else:
+                    inside = sorted(os.listdir(path)) if os.path.isdir(path) else []
+                    raise CheckpointError(
+                        f"no Saver dump of {name!r} (this worker's shard: {entry!r}) in "
+                        f"{path}; it holds {inside[:8]}")
+            if dumped_names(target) != [table]:
+                raise CheckpointError(f"{target} holds a Saver dump of "
+                                      f"{dumped_names(target)}, not of {name!r}")
+            static_rows = {} if shard_rows is None else {table: shard_rows}
+            arrays = read_dump(target, {table: dim}, static_rows)[1][table]
             keys = arrays["keys"].astype(np.int64)
-            check_keys_fit(keys, key_dtype, f"the table restored from {path}")
+            check_keys_fit(keys, key_dtype, f"the table restored from {target}")
             return keys, arrays["values"].astype(np.float32)
 
         if tf.executing_eagerly():
-            keys, rows = read()
+            keys, rows = read(directory)
             _assign(var, tf.constant(keys), tf.constant(rows))
             return None
-        keys, rows = tf.compat.v1.py_func(read, [], [tf.int64, tf.float32], stateful=True)
+        keys, rows = _in_graph_or_now(read, [], [tf.int64, tf.float32], directory)
         keys.set_shape([None])
         rows.set_shape([None, dim])
         return tf.group(_assign(var, keys, rows), name="sok_saver_restore")
