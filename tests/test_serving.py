@@ -417,6 +417,11 @@ def test_bad_arguments_are_named_errors(tmp_path):
                                session=tf.compat.v1.Session(graph=tf.Graph()))
     with pytest.raises(TypeError, match="export_serving_delta takes sok tables"):
         sok.export_serving_delta([table, tf.Variable(1.0)], 0, str(tmp_path / "d"))
+    # Two tables of one name: numbered by this list they could reach each
+    # other's serving table (the export numbers them in the model's order).
+    twin = sok.Variable(tf.ones([4, 2]), name=table.name.split(":")[0])
+    with pytest.raises(ValueError, match="several tables named.*pass a dict"):
+        sok.export_serving_delta([table, twin], 0, str(tmp_path / "d"))
     assert not os.path.exists(str(tmp_path / "a")) and not os.path.exists(str(tmp_path / "d"))
 
 

@@ -53,11 +53,17 @@ def _named(variables):
     for v in variables:
         if not is_sok_variable(v):
             raise TypeError(f"export_serving_delta takes sok tables; got {type(v).__name__}")
-        name = base = table_name(v)
-        k = 0
-        while name in out:
-            k += 1
-            name = f"{base}_{k}"
+        name = table_name(v)
+        if name in out:
+            # The export numbered tables of one name (name, name_1, ...) in
+            # the order the model read them, which a list here need not
+            # follow: numbered by this list, a delta would reach the wrong
+            # table without an error.
+            raise ValueError(
+                f"export_serving_delta: variables holds several tables named {name!r}; their "
+                f"serving names (the export's sok_tables: {name!r}, {name + '_1'!r}, ...) follow "
+                f"the order the model read them in: pass a dict {{serving name: table}}, or give "
+                f"the tables distinct names")
         out[name] = v
     return out
 
