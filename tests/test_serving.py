@@ -445,6 +445,44 @@ def _crafted_delta(directory, keys, rows, key_file="t.keys.npy", rows_file="t.ro
     return directory
 
 
+@tf2_only
+def test_a_refused_export_leaves_the_previous_one(tmp_path):
+    """An export that still holds sok ops is refused only after it was
+    written; the export it would replace stays whole (it used to be
+    overwritten, leaving a model with sok ops and a manifest of the wrong
+    tables). A directory that is not an export is never replaced."""
+    sok.init(comm_tool="none")
+    user = sok.DynamicVariable(2, initializer="zeros", name="user")
+    sok.assign(user, tf.constant([1], tf.int64), np.full((1, 2), 1.0, np.float32))
+    sig = [tf.TensorSpec([None, 1], tf.int64)]
+
+    class Good(tf.Module):
+        def __call__(self, x):
+            return sok.lookup_sparse([user], [tf.RaggedTensor.from_tensor(x)],
+                                     combiners=["sum"])[0]
+
+    class Bad(tf.Module):
+        def __call__(self, x):
+            from sok_graph.ops import util as util_ops
+
+            distinct = util_ops.unique(tf.reshape(x, [-1]))[0]  # a sok op kept in the model
+            return Good()(x) + tf.cast(tf.reduce_sum(distinct), tf.float32)
+
+    export_dir = str(tmp_path / "model")
+    sok.export_for_serving(Good(), export_dir, sig)
+    with pytest.raises(RuntimeError, match="still holds sok_graph ops"):
+        sok.export_for_serving(Bad(), export_dir, sig)
+    loaded = tf.saved_model.load(export_dir)
+    np.testing.assert_array_equal(loaded.serve(tf.constant([[1]], tf.int64)).numpy(), [[1, 1]])
+    assert sorted(os.listdir(tmp_path)) == ["model"]  # no staging directory left
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match="holds something other than a SavedModel"):
+        sok.export_for_serving(Good(), str(mine), sig)
+    assert (mine / "notes.txt").read_text() == "mine"
+
+
 def test_delta_of_well_formed_arrays_is_read(tmp_path):
     d = _crafted_delta(str(tmp_path / "ok"), np.array([6, 7], np.int64),
                        np.ones((2, 2), np.float32))

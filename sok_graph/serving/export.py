@@ -23,9 +23,12 @@ TF1: `export_for_serving(build_fn, export_dir, session=sess)` calls
 variables are in the checkpoint (for sok.apply_serving_delta).
 """
 
+import contextlib
 import inspect
 import json
 import os
+import shutil
+import uuid
 
 import numpy as np
 import tensorflow as tf
@@ -284,6 +287,41 @@ class _ServingModule(tf.Module):
     pass
 
 
+@contextlib.contextmanager
+def _staged(export_dir):
+    """A directory beside export_dir to write the export into, put in
+    export_dir's place only once it is whole and checked: an export that
+    fails or is refused (sok ops left in it) leaves what export_dir held.
+    It replaces only a previous export (a directory with saved_model.pb) or
+    an empty directory; anything else there is the user's, and stays.
+    Paths of other file systems (gs://...) are written in place."""
+    if "://" in str(export_dir):
+        yield str(export_dir)
+        return
+    final = os.path.abspath(os.fspath(export_dir))
+    if os.path.lexists(final):
+        is_dir = os.path.isdir(final) and not os.path.islink(final)
+        if not is_dir or (os.listdir(final)
+                          and not os.path.exists(os.path.join(final, "saved_model.pb"))):
+            raise FileExistsError(
+                f"export_dir={str(export_dir)!r} holds something other than a SavedModel: an "
+                f"export replaces only a previous export or an empty directory; choose "
+                f"another export_dir or remove it")
+    tmp = f"{final}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        yield tmp
+        aside = None
+        if os.path.lexists(final):
+            aside = f"{final}.old-{uuid.uuid4().hex[:8]}"
+            os.rename(final, aside)
+        os.rename(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if aside is not None:
+        shutil.rmtree(aside, ignore_errors=True)
+
+
 def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
     if input_signature is None:
         raise ValueError("export_for_serving(model, export_dir, input_signature=[...]): the "
@@ -316,13 +354,14 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
         signatures = None
         if all(isinstance(s, tf.TensorSpec) for s in flat):
             signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: concrete}
-        tf.saved_model.save(root, export_dir, signatures=signatures)
-    paths = _object_graph_keys(export_dir)
+        with _staged(export_dir) as out:
+            tf.saved_model.save(root, out, signatures=signatures)
+            paths = _object_graph_keys(out)
 
-    def keys_of(name, t):
-        return {role: paths[("sok_tables", name, role)] for role in t.variables_by_role()}
-    _write_manifest(export_dir, resolver.tables, keys_of)
-    _check_stock(export_dir)
+            def keys_of(name, t):
+                return {role: paths[("sok_tables", name, role)] for role in t.variables_by_role()}
+            _write_manifest(out, resolver.tables, keys_of)
+            _check_stock(out)
     return export_dir
 
 
@@ -412,25 +451,32 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
             tf.compat.v1.logging.warning(
                 "export_for_serving: no trained value for %s; they keep their initial "
                 "values", missing)
-        with graph.as_default():
-            builder = tf.compat.v1.saved_model.Builder(export_dir)
-            builder.add_meta_graph_and_variables(
-                sess, [tf.saved_model.SERVING], signature_def_map=signature_map,
-                assets_collection=graph.get_collection(tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
-                main_op=main_op, strip_default_attrs=strip_default_attrs,
-                clear_devices=clear_devices)
-            builder.save(as_text=as_text)
-    if assets_extra:
-        extra = os.path.join(export_dir, "assets.extra")
-        for dst, src in assets_extra.items():
-            target_path = os.path.join(extra, dst)
-            tf.io.gfile.makedirs(os.path.dirname(target_path))
-            tf.io.gfile.copy(src, target_path, overwrite=True)
+        if os.path.isdir(export_dir) and os.listdir(export_dir):
+            # As TensorFlow's TF1 SavedModel Builder: never over an export.
+            raise FileExistsError(f"export_dir={export_dir!r} exists and is not empty; a TF1 "
+                                  f"export (as TensorFlow's SavedModel Builder) writes only a "
+                                  f"new directory: choose another export_dir")
+        with _staged(export_dir) as out:
+            with graph.as_default():
+                builder = tf.compat.v1.saved_model.Builder(out)
+                builder.add_meta_graph_and_variables(
+                    sess, [tf.saved_model.SERVING], signature_def_map=signature_map,
+                    assets_collection=graph.get_collection(
+                        tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
+                    main_op=main_op, strip_default_attrs=strip_default_attrs,
+                    clear_devices=clear_devices)
+                builder.save(as_text=as_text)
+            if assets_extra:
+                extra = os.path.join(out, "assets.extra")
+                for dst, src in assets_extra.items():
+                    target_path = os.path.join(extra, dst)
+                    tf.io.gfile.makedirs(os.path.dirname(target_path))
+                    tf.io.gfile.copy(src, target_path, overwrite=True)
 
-    def keys_of(name, t):
-        return {role: v.op.name for role, v in t.variables_by_role().items()}
-    _write_manifest(export_dir, resolver.tables, keys_of)
-    _check_stock(export_dir)
+            def keys_of(name, t):
+                return {role: v.op.name for role, v in t.variables_by_role().items()}
+            _write_manifest(out, resolver.tables, keys_of)
+            _check_stock(out)
     return export_dir
 
 
