@@ -311,7 +311,8 @@ def dump(path, dump_vars, optimizer=None):
     if optimizer is not None:
         step = _run(optimizer.iterations)
         optimizer_entry = {"algorithm": optimizer.algorithm, "step": int(step),
-                           "slots": [n for n, _ in _slot_specs(optimizer)]}
+                           "slots": [n for n, _ in _slot_specs(optimizer)],
+                           "formulas": optimizer.slot_formulas}
     # With several workers, each holds every row now; the first writes the
     # dump (atomically, as with one) and the others wait until it is there.
     # Replicas of one process are written once, by that process.
@@ -516,7 +517,8 @@ def load(path, load_vars, optimizer=None):
                    if var.fixed_rows is not None}
     manifest, loaded = read_dump(
         path, dims, static_rows, slot_names=[n for n, _ in slots],
-        algorithm=None if optimizer is None else optimizer.algorithm)
+        algorithm=None if optimizer is None else optimizer.algorithm,
+        formulas=None if optimizer is None else optimizer.slot_formulas)
     _check_named_alike(manifest, variables)
     _check_fits(variables, loaded)
     ops = []
@@ -641,7 +643,12 @@ def _load_counts(var, counts):
     return [admission.restore(tf.constant(entries), tf.constant(values))]
 
 
-def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None):
+# Algorithms whose slots mean different things in tf.compat.v1.train's and
+# Keras' formulas: loaded across, they would resume a wrong state.
+_SLOTS_DIFFER_BY_FORMULAS = ("momentum",)
+
+
+def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formulas=None):
     """(manifest, {name: arrays}) of the variables named in `dims` (name ->
     dimension), each file checked against the manifest and its checksum.
     static_rows: name -> row count of static tables, whose keys must be
@@ -668,6 +675,15 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None):
         if saved["algorithm"] != algorithm:
             raise CheckpointError(f"the dump holds {saved['algorithm']} state; the optimizer "
                                   f"runs {algorithm}")
+        dumped_formulas = saved.get("formulas")  # dumps before it was recorded: unknown
+        if algorithm in _SLOTS_DIFFER_BY_FORMULAS and formulas is not None \
+                and dumped_formulas is not None and dumped_formulas != formulas:
+            kinds = {"tf1": "a tf.compat.v1.train optimizer's", "keras": "a Keras optimizer's"}
+            raise CheckpointError(
+                f"the dump holds {kinds.get(dumped_formulas, dumped_formulas)} {algorithm} "
+                f"slots; the optimizer keeps {kinds.get(formulas, formulas)}, whose slots mean "
+                f"another thing (an accumulator of gradients against a velocity): load with "
+                f"the kind of optimizer that was dumped")
     loaded = {}
     for name, dim in dims.items():
         entry = manifest["variables"].get(name)

@@ -167,6 +167,34 @@ def test_a_table_never_takes_rows_dumped_under_a_repeated_name(tmp_path):
     np.testing.assert_array_equal(w.numpy(), np.full((2, 2), 3.0))
 
 
+def test_momentum_slots_load_only_into_the_kind_of_optimizer_that_made_them(tmp_path):
+    """Keras' momentum slot is a velocity (scaled by the learning rate),
+    tf.compat.v1.train's an accumulator of gradients: loaded across, training
+    resumed from a wrong state (rows up to 10 off). A CheckpointError
+    instead; the same kind loads."""
+    from sok_graph.dump_load import CheckpointError
+
+    def trained(opt):
+        table = sok.DynamicVariable(2, initializer="zeros", name="m")
+        keys = tf.constant([1, 2], tf.int64)
+        for _ in range(2):
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(table.sparse_read(keys))
+            opt.apply_gradients([(tape.gradient(loss, table), table)])
+        return table
+
+    keras_opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    table = trained(keras_opt)
+    sok.dump(str(tmp_path / "d"), [table], keras_opt)
+    v1_opt = sok.OptimizerWrapper(tf.compat.v1.train.MomentumOptimizer(0.1, 0.9))
+    other = trained(v1_opt)
+    with pytest.raises(CheckpointError, match="Keras optimizer's momentum slots"):
+        sok.load(str(tmp_path / "d"), [other], v1_opt)
+    again = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+    fresh = trained(again)
+    sok.load(str(tmp_path / "d"), [fresh], again)
+
+
 def test_interrupted_dump_keeps_previous_dump_loadable(tmp_path):
     """Kill a process while it overwrites a dump: what load() finds is a
     complete dump, the old one or the new one, never a broken one."""

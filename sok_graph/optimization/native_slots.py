@@ -58,6 +58,10 @@ class SlotRouter:
     def algorithm(self):
         return self._wrapper.algorithm
 
+    @property
+    def slot_formulas(self):
+        return self._wrapper.slot_formulas
+
     def slot_specs(self):
         return self._wrapper.slot_specs()
 

@@ -109,6 +109,13 @@ class OptimizerWrapper:
         """The algorithm's name in the table ("sgd", "adam", ...)."""
         return self._hp.algorithm.name
 
+    @property
+    def slot_formulas(self):
+        """"tf1" or "keras": whose formulas the slots follow. A momentum slot
+        means a different thing in each (tf.compat.v1.train's accumulator of
+        gradients, Keras' velocity, already scaled by the learning rate)."""
+        return "tf1" if self._hp.tf1 else "keras"
+
     def slot_specs(self):
         """(name, initial value) of each slot kept per row."""
         return list(self._hp.slots())
