@@ -71,11 +71,15 @@ def _write_array(path, array):
         f.write(payload)
         f.flush()
         os.fsync(f.fileno())
+    return zlib.crc32(payload)
 
 
-def _read_array(path, dtype, width, rows):
+def _read_array(path, dtype, width, rows, crc32=None):
     """The array in `path`, after checking its header against what the
-    manifest promised and its payload against the checksum."""
+    manifest promised and its payload against the checksum; crc32, where
+    the manifest recorded one, must be the file's own: a file of another
+    dump (copied over, a partial restore of a backup) has a valid checksum
+    of its own but is not this dump's."""
     name = os.path.basename(path)
     try:
         with open(path, "rb") as f:
@@ -102,6 +106,10 @@ def _read_array(path, dtype, width, rows):
                               f"expected {expected}")
     if zlib.crc32(payload) != crc:
         raise CheckpointError(f"{name} is corrupted: checksum mismatch")
+    if crc32 is not None and crc != crc32:
+        raise CheckpointError(f"{name} is not the file this dump wrote (its checksum is not "
+                              f"the one the manifest recorded): files of different dumps are "
+                              f"mixed in {os.path.dirname(path)}")
     array = np.frombuffer(payload, dtype=dtype)
     return array.reshape(rows, width) if width > 1 or dtype is np.float32 else array
 
@@ -369,7 +377,7 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
         used = set()
         for name, (kind, arrays) in tables.items():
             stem = _unique_stem(_file_stem(name), list(arrays), used)
-            files = {}
+            files, crcs = {}, {}
             for part, array in arrays.items():
                 if part == _FILTER_KIND:
                     continue
@@ -378,13 +386,14 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
                 else:
                     array = np.asarray(array, np.float32)
                 fname = f"{stem}.{part}"
-                _write_array(os.path.join(tmp, fname), array)
+                crcs[part] = _write_array(os.path.join(tmp, fname), array)
                 files[part] = fname
             manifest["variables"][name] = {
                 "kind": kind,
                 "dim": int(np.shape(arrays["values"])[1]),
                 "rows": int(np.shape(arrays["keys"])[0]),
                 "files": files,
+                "crc32": crcs,  # each file's, so files of another dump are told apart
             }
             if "filter.keys" in arrays:
                 manifest["variables"][name]["filter"] = dict(
@@ -693,26 +702,27 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
         if entry["dim"] != dim:
             raise CheckpointError(f"variable '{name}' was dumped with dimension {entry['dim']}; "
                                   f"it has dimension {dim}")
-        rows, files = entry["rows"], entry["files"]
-        arrays = {"keys": _read_array(os.path.join(directory, files["keys"]), np.int64, 1, rows),
-                  "values": _read_array(os.path.join(directory, files["values"]), np.float32,
-                                        dim, rows)}
+        rows, files, crcs = entry["rows"], entry["files"], entry.get("crc32", {})
+
+        def read(part, dtype, width, count, fname=None):
+            return _read_array(os.path.join(directory, fname or files[part]), dtype, width,
+                               count, crcs.get(part))
+
+        arrays = {"keys": read("keys", np.int64, 1, rows),
+                  "values": read("values", np.float32, dim, rows)}
         for meta in ("timestamps", "frequencies"):
             if meta in files:
-                arrays[meta] = _read_array(os.path.join(directory, files[meta]), np.int64, 1,
-                                           rows)
+                arrays[meta] = read(meta, np.int64, 1, rows)
         for part in _FILTER_PARTS:
             if part in files:
-                arrays[part] = _read_array(os.path.join(directory, files[part]), np.int64, 1,
-                                           entry["filter"]["rows"])
+                arrays[part] = read(part, np.int64, 1, entry["filter"]["rows"])
         if "filter" in entry:
             arrays[_FILTER_KIND] = {k: v for k, v in entry["filter"].items() if k != "rows"}
         for slot in slot_names:
             fname = files.get("slot." + slot)
             if fname is None:
                 raise CheckpointError(f"the dump has no '{slot}' slot for variable '{name}'")
-            arrays["slot." + slot] = _read_array(os.path.join(directory, fname), np.float32,
-                                                 dim, rows)
+            arrays["slot." + slot] = read("slot." + slot, np.float32, dim, rows, fname)
         if name in static_rows:
             keys, want = arrays["keys"], static_rows[name]
             # Two messages: the one message for both said, of a dump of

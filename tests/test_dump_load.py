@@ -195,6 +195,27 @@ def test_momentum_slots_load_only_into_the_kind_of_optimizer_that_made_them(tmp_
     sok.load(str(tmp_path / "d"), [fresh], again)
 
 
+def test_files_of_another_dump_are_refused(tmp_path):
+    """A file copied in from another dump of the same shapes (a partial
+    restore of a backup) has a valid checksum of its own: the manifest's
+    record of each file's checksum refuses it, nothing changes."""
+    import shutil
+
+    from sok_graph.dump_load import CheckpointError
+
+    v = sok.Variable(np.full((3, 2), 1.0, np.float32), name="v")
+    sok.dump(str(tmp_path / "step1"), [v])
+    v.assign(np.full((3, 2), 2.0, np.float32))
+    sok.dump(str(tmp_path / "step2"), [v])
+    shutil.copy(tmp_path / "step2" / "v.values", tmp_path / "step1" / "v.values")
+    v.assign(np.zeros((3, 2), np.float32))
+    with pytest.raises(CheckpointError, match="v.values is not the file this dump wrote"):
+        sok.load(str(tmp_path / "step1"), [v])
+    np.testing.assert_array_equal(v.numpy(), np.zeros((3, 2)))
+    sok.load(str(tmp_path / "step2"), [v])
+    np.testing.assert_array_equal(v.numpy(), np.full((3, 2), 2.0))
+
+
 def test_interrupted_dump_keeps_previous_dump_loadable(tmp_path):
     """Kill a process while it overwrites a dump: what load() finds is a
     complete dump, the old one or the new one, never a broken one."""
