@@ -483,6 +483,28 @@ def test_a_refused_export_leaves_the_previous_one(tmp_path):
     assert (mine / "notes.txt").read_text() == "mine"
 
 
+@tf2_only
+def test_int64_ids_for_an_int32_key_table_are_refused_at_export(tmp_path):
+    """Training refuses int64 ids for an int32-key table; the export did
+    not, and the served model narrowed them (id 2^32 + 5 served key 5's
+    row). A TypeError naming the table, as in training."""
+    sok.init(comm_tool="none")
+    table = sok.DynamicVariable(2, initializer="zeros", name="narrow", key_type=tf.int32)
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            return sok.lookup_sparse([table], [tf.RaggedTensor.from_tensor(x)],
+                                     combiners=["sum"])[0]
+
+    with pytest.raises(TypeError, match="must hold int32 keys"):
+        Model()(tf.constant([[2 ** 32 + 5]], tf.int64))
+    with pytest.raises(TypeError, match="table 'narrow' must be int32"):
+        sok.export_for_serving(Model(), str(tmp_path / "m"),
+                               [tf.TensorSpec([None, 1], tf.int64)])
+    assert not os.path.exists(str(tmp_path / "m"))
+    sok.export_for_serving(Model(), str(tmp_path / "m"), [tf.TensorSpec([None, 1], tf.int32)])
+
+
 def test_delta_of_well_formed_arrays_is_read(tmp_path):
     d = _crafted_delta(str(tmp_path / "ok"), np.array([6, 7], np.int64),
                        np.ones((2, 2), np.float32))

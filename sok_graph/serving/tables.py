@@ -186,6 +186,11 @@ class DynamicTable(tf.Module):
 
     def _keys(self, keys):
         keys = tf.convert_to_tensor(keys)
+        if keys.dtype == tf.int64 and self.key_dtype == tf.int32:
+            # As training's lookup: narrowed, id 2^32 + 5 would serve key 5's row.
+            raise TypeError(f"keys of table '{self.table_name}' must be int32 (the key_type of "
+                            f"its DynamicVariable); got int64: give the model int32 ids, as "
+                            f"in training")
         if keys.dtype != self.key_dtype:
             keys = tf.cast(keys, self.key_dtype)
         return keys
