@@ -367,7 +367,7 @@ def _writers_take_turns(parent):
 def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike):
     _check_replaceable(path)
     _remove_dead_writers_tmp(path)
-    tmp = f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = staging_dir(path)
     os.makedirs(tmp)
     try:
         # world_size is informational: load() redistributes rows to any number
@@ -407,18 +407,34 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
             json.dump(manifest, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-        # Swap the new dump in; the previous one is deleted only afterwards.
-        # Aside names sort by the time they were moved aside, so load() finds
-        # the newest when a dump dies between the two renames.
-        if os.path.exists(path):
-            os.rename(path, f"{path}.old-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}")
-        os.rename(tmp, path)
-        _fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    # `path` is whole now: every moved-aside dump (this one's, or those of
-    # dumps killed between the renames) can go. Each loses its manifest
+    swap_into_place(tmp, path)
+
+
+def staging_dir(path):
+    """The temporary sibling a writer of the directory `path` fills before
+    swap_into_place (a name _remove_dead_writers_tmp recognizes)."""
+    return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def swap_into_place(tmp, path):
+    """Puts the finished directory `tmp` at `path` (both absolute, siblings):
+    the previous `path` is moved aside first and deleted only once `tmp` is
+    in place. Aside names sort by the time they were moved aside, so load()
+    finds the newest when a writer dies between the two renames. Dumps and
+    serving exports are swapped in by it."""
+    try:
+        if os.path.lexists(path):
+            os.rename(path, f"{path}.old-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}")
+        os.rename(tmp, path)
+        _fsync_dir(os.path.dirname(path))
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # `path` is whole now: every moved-aside copy (this one's, or those of
+    # writers killed between the renames) can go. Each loses its manifest
     # first, so one half deleted when this process dies is never loaded.
     for old in _siblings(path, _ASIDE):
         with contextlib.suppress(OSError):

@@ -28,12 +28,12 @@ import inspect
 import json
 import os
 import shutil
-import uuid
 
 import numpy as np
 import tensorflow as tf
 
 from sok_graph import communication, context
+from sok_graph.dump_load import staging_dir, swap_into_place
 from sok_graph.tables import is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables.dynamic import DynamicVariable
@@ -307,19 +307,13 @@ def _staged(export_dir):
                 f"export_dir={str(export_dir)!r} holds something other than a SavedModel: an "
                 f"export replaces only a previous export or an empty directory; choose "
                 f"another export_dir or remove it")
-    tmp = f"{final}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    tmp = staging_dir(final)
     try:
         yield tmp
-        aside = None
-        if os.path.lexists(final):
-            aside = f"{final}.old-{uuid.uuid4().hex[:8]}"
-            os.rename(final, aside)
-        os.rename(tmp, final)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    if aside is not None:
-        shutil.rmtree(aside, ignore_errors=True)
+    swap_into_place(tmp, final)
 
 
 def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):

@@ -26,8 +26,8 @@ import tensorflow as tf
 from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.dump_load import (CheckpointError, check_keys_fit, dumped_names, read_dump,
-                                 table_stem, write_dump)
+from sok_graph.dump_load import (CheckpointError, _var_name, check_keys_fit, dumped_names,
+                                 read_dump, table_stem, write_dump)
 
 _TABLE = "table"  # the one table of a dump written before per-name directories
 
@@ -61,17 +61,12 @@ def _as_str(path):
     return path.decode("utf-8") if isinstance(path, bytes) else path
 
 
-def _name(var):
-    name = var.name
-    return name[:-2] if name.endswith(":0") else name
-
-
 def _entry(var):
     """The directory, inside filepath, of var's shard: its name's file stem,
     and with several workers the shard (rank, number of workers), so the
     workers' shards of one table never share files."""
     world_size, rank, _ = var.placement
-    stem = table_stem(_name(var))
+    stem = table_stem(_var_name(var))
     return stem if world_size == 1 else f"{stem}.shard-{rank}-of-{world_size}"
 
 
@@ -111,7 +106,7 @@ class Saver:
         # One shard: that of the replica being built (inside strategy.run).
         var = replica_shards.resolve(embedding_variable, "Saver.dump_to_file")
         directory = _directory(filepath, "dump_to_file")
-        kind, name, entry = kind_of(var), _name(var), _entry(var)
+        kind, name, entry = kind_of(var), _var_name(var), _entry(var)
 
         def write(path, keys, rows):
             target = os.path.join(_as_str(path), entry)
@@ -136,7 +131,7 @@ class Saver:
         # One shard: that of the replica being built (inside strategy.run).
         var = replica_shards.resolve(embedding_variable, "Saver.restore_from_file")
         directory = _directory(filepath, "restore_from_file")
-        dim, name, entry = dimension_of(var), _name(var), _entry(var)
+        dim, name, entry = dimension_of(var), _var_name(var), _entry(var)
         # A table of fixed rows holds exactly the shard's rows, numbered 0..n-1.
         fixed = var.fixed_rows
         shard_rows = None if fixed is None else placement.shard_rows(fixed, *var.placement)
@@ -145,17 +140,17 @@ class Saver:
         def read(path):
             path = _as_str(path)
             target, table = os.path.join(path, entry), name
-            if not dumped_names(target):
+            held = dumped_names(target)
+            if not held:
                 if _TABLE in dumped_names(path):  # one table's dump, the earlier layout
-                    target, table = path, _TABLE
+                    target, table, held = path, _TABLE, [_TABLE]
                 else:
                     inside = sorted(os.listdir(path)) if os.path.isdir(path) else []
                     raise CheckpointError(
                         f"no Saver dump of {name!r} (this worker's shard: {entry!r}) in "
                         f"{path}; it holds {inside[:8]}")
-            if dumped_names(target) != [table]:
-                raise CheckpointError(f"{target} holds a Saver dump of "
-                                      f"{dumped_names(target)}, not of {name!r}")
+            if held != [table]:
+                raise CheckpointError(f"{target} holds a Saver dump of {held}, not of {name!r}")
             static_rows = {} if shard_rows is None else {table: shard_rows}
             arrays = read_dump(target, {table: dim}, static_rows)[1][table]
             keys = arrays["keys"].astype(np.int64)
