@@ -4,10 +4,14 @@ the same table with every row in GPU memory, on one training stream.
 Both tables are DynamicVariable(var_type="hybrid") with the same
 max_capacity, dimension and initializer; "all in GPU memory" leaves
 max_hbm_for_vectors unset, "split" sets it to --hbm-share of the table's
-row storage (2/3: a table 1.5 times what it is given of GPU memory, which is
-issue 43's case of a table 1.5x the GPU, scaled to the host's memory). Both
-are filled with the same --rows keys first (untimed), so the steps read and
-write rows of both tiers.
+values, max_capacity rows of dim floats (2/3: a table 1.5 times what it is
+given of GPU memory, which is issue 43's case of a table 1.5x the GPU,
+scaled to the host's memory; a GPU table has more row slots than keys, so
+the rest of its row storage is in host memory). Both are filled with the
+same --rows keys first (untimed), so the steps start with rows of both
+tiers; the split table then moves its most used rows into GPU memory as it
+trains (a pass every 16 lookups), which the warm-up round and the rounds
+include.
 
 A step (one tf.function): --batch samples of --hotness ids each, drawn from
 Zipf(--alpha) (or uniform, --alpha 0) over --rows ids, each id hashed into
@@ -79,11 +83,13 @@ def main():
     sok.init(comm_tool="none")
     rng = np.random.default_rng(args.seed)
     row_storage = (gpu_slots(args.capacity) + 2) * args.dim * 4
-    hbm_gib = args.hbm_share * row_storage / (1 << 30)
+    values = args.capacity * args.dim * 4
+    hbm_gib = args.hbm_share * values / (1 << 30)
     print(f"device: {'GPU' if tf.config.list_physical_devices('GPU') else 'CPU only'}; "
-          f"{args.rows} ids, dim {args.dim}, max_capacity {args.capacity}; row storage "
-          f"{row_storage / (1 << 30):.2f} GiB, split table: {hbm_gib:.2f} GiB in GPU memory "
-          f"({args.hbm_share:.3f}); stream: "
+          f"{args.rows} ids, dim {args.dim}, max_capacity {args.capacity}; values "
+          f"{values / (1 << 30):.2f} GiB (row storage {row_storage / (1 << 30):.2f} GiB), "
+          f"split table: {hbm_gib:.2f} GiB in GPU memory ({args.hbm_share:.3f} of the "
+          f"values); stream: "
           f"{'Zipf(%.2f)' % args.alpha if args.alpha > 0 else 'uniform'}, "
           f"{args.batch} x {args.hotness} ids per step", flush=True)
 

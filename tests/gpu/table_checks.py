@@ -50,6 +50,8 @@ def bind(lib, ref):
         "sok_gpu_table_remove": [P, P, I64, P, P],
         "sok_gpu_table_import": [P, P, I64, P, P, P, I64, P, P],
         "sok_gpu_table_export": [P, I64, I64, P, P, P, P, I64, P, P],
+        "sok_gpu_table_rebalance": [P, P],
+        "sok_gpu_table_row_tiers": [P, P, I64, P, P],
     }
     for name, args in sig.items():
         getattr(lib, name).argtypes = args
@@ -115,6 +117,17 @@ class GpuTable:
         self._check("size", self.lib.sok_gpu_table_size(self.h, ctypes.byref(size),
                                                         ctypes.byref(slots), stream()))
         return size.value, slots.value
+
+    def rebalance(self):
+        self._check("rebalance", self.lib.sok_gpu_table_rebalance(self.h, stream()))
+
+    def row_tiers(self, keys):
+        """Per key: 0 missing, 1 row in device memory, 2 in host memory."""
+        d = cp.asarray(keys)
+        out = cp.full(keys.size, 255, cp.uint8)
+        self._check("row_tiers", self.lib.sok_gpu_table_row_tiers(self.h, ptr(d), keys.size,
+                                                                  ptr(out), stream()))
+        return cp.asnumpy(out)
 
     def find_d(self, keys, out, found=None, default_row=None):
         self._check("find", self.lib.sok_gpu_table_find(self.h, ptr(keys), keys.size,
@@ -390,10 +403,44 @@ def run_sequence(lib, ref, rng, t, steps, **cfg):
             freq = rng.integers(0, 50, size=n).astype(np.int64) if meta else None
             t.equal(f"{where} evicted", gpu.import_(keys, rows, ts, freq, now),
                     cpu.import_(keys, rows, ts, freq, now))
+        if cfg.get("hbm_bytes", -1) > 0 and rng.random() < 0.5:
+            # Rows moved between device and host memory keep their values.
+            gpu.rebalance()
         if not compare_state(t, where, gpu, cpu):
             break
     # export of recently updated rows only
     compare_state(t, f"{tag} export after", gpu, cpu, updated_after=now - 6)
+    gpu.close()
+    cpu.close()
+
+
+def check_tiers(lib, ref, rng, t):
+    """A table with a third of its rows in device memory, fed a skewed
+    stream: after enough lookups (a pass every 16) the most used keys' rows
+    are in device memory, and every row and count equals the CPU table's
+    (which has one tier) through the moves."""
+    dim, rows, hot = 8, 3000, 200
+    cfg = dict(dim=dim, max_rows=rows, eviction=1, init="uniform", seed=12,
+               hbm_bytes=dim * 4 * 1400)
+    gpu, cpu = GpuTable(lib, **cfg), CpuTable(ref, **cfg)
+    keys = rng.permutation(rows).astype(np.int64) * 7919 - 10**6
+    now = 100
+    # Every key once (rows placed by hash), then the hot keys many times.
+    for batch in (keys, *([keys[:hot]] * 40), keys[hot:2 * hot]):
+        now += 1
+        t.cases += 1
+        ge, gout, _ = gpu.find_or_insert(batch, now)
+        ce, cout, _ = cpu.find_or_insert(batch, now)
+        t.equal(f"tiers step {now} evicted", ge, ce)
+        t.rows(f"tiers step {now} rows", gout, cout)
+    compare_state(t, "tiers after the hot stream", gpu, cpu)
+    tiers = gpu.row_tiers(keys)
+    t.cases += 1
+    t.equal("tiers: every hot key's row in device memory", (tiers[:hot] == 1).all(), True)
+    t.equal("tiers: rows in device memory within the budget",
+            int((tiers == 1).sum()) <= 1400 + 2, True)
+    t.equal("tiers: every key present", (tiers > 0).all(), True)
+    t.equal("tiers: a missing key", gpu.row_tiers(np.array([10**12], np.int64))[0], 0)
     gpu.close()
     cpu.close()
 
@@ -445,6 +492,7 @@ def check_table(lib, ref, rng, quick=False):
             compare_state(t, where, gpu, cpu)
         gpu.close()
         cpu.close()
+    check_tiers(lib, ref, rng, t)
     # A key missing from a scatter that promised present keys is skipped and
     # reported by the next call that waits, until a clear.
     table = GpuTable(lib, 4, init="zeros")

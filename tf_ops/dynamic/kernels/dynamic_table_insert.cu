@@ -434,6 +434,7 @@ using sok_graph::gpu_table::GatherKernel;
 using sok_graph::gpu_table::kDistinct;
 using sok_graph::gpu_table::kNew;
 using sok_graph::gpu_table::kThreads;
+using sok_graph::gpu_table::MaybeRebalance;
 using sok_graph::gpu_table::ProbeCountedKernel;
 using sok_graph::gpu_table::StreamOf;
 using sok_graph::gpu_table::Sync;
@@ -470,13 +471,16 @@ __attribute__((visibility("default"))) int sok_gpu_table_find_or_insert(
   cudaStream_t s = StreamOf(stream);
   int rc = Ensure(t, keys, n, now, true, true, out, evicted_keys, evicted_rows, result, s);
   if (rc) return rc;
-  if (out == nullptr) return 0;
-  if (VecOk(t->dev.dim, out)) {
-    GatherKernel<true><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, t->flags8, n, out);
-  } else {
-    GatherKernel<false><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, t->flags8, n, out);
+  if (out != nullptr) {
+    if (VecOk(t->dev.dim, out)) {
+      GatherKernel<true><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, t->flags8, n, out);
+    } else {
+      GatherKernel<false><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, t->flags8, n,
+                                                            out);
+    }
+    SOK_CUDA(cudaGetLastError());
   }
-  return static_cast<int>(cudaGetLastError());
+  return MaybeRebalance(t, false, s);
 }
 
 __attribute__((visibility("default"))) int sok_gpu_table_ensure_distinct(
@@ -539,7 +543,8 @@ __attribute__((visibility("default"))) int sok_gpu_table_gather_ensured(SokGpuTa
   } else {
     GatherKernel<false><<<BlocksFor(n), kThreads, 0, s>>>(t->dev, t->slot_of, nullptr, n, out);
   }
-  return static_cast<int>(cudaGetLastError());
+  SOK_CUDA(cudaGetLastError());
+  return MaybeRebalance(t, false, s);
 }
 
 }  // extern "C"

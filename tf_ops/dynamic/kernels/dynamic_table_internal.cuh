@@ -59,20 +59,28 @@ struct DevInit {
 // ---------------------------------------------------------------------------
 // Slots.
 
-// Row storage addressed by row number: rows [0, split) at `near` (device
-// memory), the rest at `far` (mapped pinned host memory, which the kernels
-// read and write directly). A plain buffer is all `near`.
+// Row storage: physical rows [0, split) at `near` (device memory), the rest
+// at `far` (mapped pinned host memory, which the kernels read and write
+// directly). A plain buffer is all `near`. A table with both tiers maps each
+// slot to a physical row through `loc` (a permutation of the rows, which
+// dynamic_table_tiers.cu changes to keep the most used rows in device
+// memory); without `loc` slot s owns row s. Every kernel reaches a slot's
+// row through Row(), so only that file knows rows move.
 struct RowSpace {
   float* near;
   float* far;
   int64_t split;
-  __device__ __forceinline__ float* Row(int64_t r, int dim) const {
+  int32_t* loc;  // [slots + 2] or null
+  __device__ __forceinline__ float* Phys(int64_t r, int dim) const {
     return r < split ? near + r * dim : far + (r - split) * dim;
+  }
+  __device__ __forceinline__ float* Row(int64_t s, int dim) const {
+    return Phys(loc != nullptr ? static_cast<int64_t>(loc[s]) : s, dim);
   }
 };
 
 __host__ __device__ inline RowSpace Plain(float* p) {
-  return RowSpace{p, nullptr, INT64_MAX};
+  return RowSpace{p, nullptr, INT64_MAX, nullptr};
 }
 
 __host__ __device__ inline RowSpace Plain(const float* p) {
@@ -315,6 +323,11 @@ struct SokGpuTable {
   uint8_t* flags8 = nullptr;
   int64_t slot_scratch_n = 0;
   int64_t *slot_a = nullptr, *slot_b = nullptr, *slot_c = nullptr, *slot_d = nullptr;
+  // Tiered rows (dynamic_table_tiers.cu): training lookups since the last
+  // pass that moved the most used rows into device memory, and that pass's
+  // device scratch (use-count histograms and counters).
+  int64_t tier_calls = 0;
+  long long* tier_scratch = nullptr;
   void* cub_temp = nullptr;
   size_t cub_bytes = 0;
 };
@@ -371,6 +384,7 @@ inline void FreeTable(const SokGpuAllocator& a, DevTable* t) {
   Free(a, &t->rows.near);
   if (t->rows.far) cudaFreeHost(t->rows.far);
   t->rows.far = nullptr;
+  Free(a, &t->rows.loc);
   Free(a, &t->ts);
   Free(a, &t->freq);
 }
@@ -463,6 +477,11 @@ int Rehash(SokGpuTable* t, int64_t slots, cudaStream_t s);
 // dynamic_table_evict.cu: evicts `excess` keys not used at `now`.
 int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, float* evicted_rows,
           cudaStream_t s);
+
+// dynamic_table_tiers.cu: every kTierPeriod training lookups of a table
+// with rows in both tiers, moves its most used rows into device memory
+// (force: now, whatever the count).
+int MaybeRebalance(SokGpuTable* t, bool force, cudaStream_t s);
 
 // dynamic_table_insert.cu: makes every batch key present (t->slot_of).
 int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,

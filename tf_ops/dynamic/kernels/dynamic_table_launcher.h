@@ -23,8 +23,10 @@
 // tombstones, which inserts reuse when a call has to make room and a rehash
 // clears. Rows take (2^k + 2) * dim floats: between 4/3 and 8/3 rows per
 // key at the bound (GPU tables trade memory for one random read per find).
-// Rows past the config's hbm_bytes (slot numbers above its budget) live in
-// mapped pinned host memory; keys, times and counts stay in device memory.
+// Rows past the config's hbm_bytes live in mapped pinned host memory; keys,
+// times and counts stay in device memory. Such a table maps slots to rows
+// and every 16 training lookups moves its most used rows (by use count)
+// into device memory (dynamic_table_tiers.cu); values never change by it.
 //
 // Every function takes the stream to run on (a cudaStream_t; NULL for the
 // default stream) and returns 0, a cudaError_t (> 0), or a SOK_GPU_TABLE_*
@@ -164,6 +166,21 @@ int sok_gpu_table_scatter_present(SokGpuTable* table, const int64_t* keys, int64
                                   const float* rows, int mode, int distinct, int64_t now,
                                   void* stream);
 
+// The optimizer's update in place, for distinct keys the caller knows are
+// all in the table (as sok_gpu_table_scatter_present's): each key's row,
+// and its rows in up to 3 slot tables (Adam's m and v, ...), updated by the
+// formula of tf_ops/optimizer/core/sparse_apply.h with gradient row
+// grads[i] ([n, dim]); hyper and step in device memory, as
+// sok_dense_apply_f32 takes them. Each slot table's last call must have
+// been a find-or-insert of these keys (its slots of the keys are what that
+// call left). The rows are marked updated at `now`. No wait; a key missing
+// all the same is skipped and reported as by sok_gpu_table_scatter_present.
+int sok_gpu_table_apply_present(SokGpuTable* table, SokGpuTable* const* slot_tables,
+                                int num_slot_tables, const int64_t* keys, int64_t n,
+                                const float* grads, int algorithm, int tf1, int nesterov,
+                                const float* hyper, const int64_t* step, int64_t now,
+                                void* stream);
+
 // How many calls so far may have taken keys out of the table (evictions,
 // removes, clears). While it stays the same, every key a call made present
 // is still there.
@@ -179,6 +196,16 @@ int sok_gpu_table_remove(SokGpuTable* table, const int64_t* keys, int64_t n,
 int sok_gpu_table_import(SokGpuTable* table, const int64_t* keys, int64_t n, const float* rows,
                          const int64_t* timestamps, const int64_t* frequencies, int64_t now,
                          SokGpuTableResult* result, void* stream);
+
+// A table with rows in both tiers: moves its most used rows into device
+// memory now (training lookups do it every 16 calls). No wait; a table with
+// rows in one tier only has nothing to do.
+int sok_gpu_table_rebalance(SokGpuTable* table, void* stream);
+
+// tiers[i] (device, n entries) <- where the row of keys[i] lives: 0 the key
+// is missing, 1 device memory, 2 host memory. Nothing changes; no wait.
+int sok_gpu_table_row_tiers(SokGpuTable* table, const int64_t* keys, int64_t n, uint8_t* tiers,
+                            void* stream);
 
 // An export chunk. A row's position is the number of rows before it in slot
 // order (the table's export order); the chunk is the first `capacity` rows

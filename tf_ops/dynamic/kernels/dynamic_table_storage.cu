@@ -18,6 +18,8 @@ namespace sok_graph {
 namespace gpu_table {
 namespace {
 
+// Empties every slot; a tiered table's slots own their rows again (a
+// cleared slot's row holds nothing: an insert writes the key's initial row).
 __global__ void FillKernel(DevTable t) {
   const int64_t total = t.slots + 2;
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < total;
@@ -25,6 +27,7 @@ __global__ void FillKernel(DevTable t) {
     if (s < t.slots) t.keys[s] = kEmpty;
     t.ts[s] = 0;
     t.freq[s] = 0;
+    if (t.rows.loc != nullptr) t.rows.loc[s] = static_cast<int32_t>(s);
   }
 }
 
@@ -82,7 +85,8 @@ int AllocMapped(float** p, int64_t count) {
 
 // A table of `slots` slots and slots + 2 rows: the first `near_rows` (all
 // when < 0) in device memory from the allocator, the others in mapped host
-// memory. Rows are 16-byte aligned in both tiers when dim % 4 == 0.
+// memory, with a slot -> row map when there are both (FillKernel sets it).
+// Rows are 16-byte aligned in both tiers when dim % 4 == 0.
 int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim,
                int64_t near_rows) {
   t->slots = slots;
@@ -90,10 +94,11 @@ int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim,
   t->dim = dim;
   const int64_t rows = slots + 2;
   const int64_t near = near_rows < 0 ? rows : std::min(near_rows, rows);
-  t->rows = RowSpace{nullptr, nullptr, near};
+  t->rows = RowSpace{nullptr, nullptr, near, nullptr};
   int rc = Alloc(a, &t->keys, slots);
   if (!rc) rc = Alloc(a, &t->rows.near, near * dim);
   if (!rc) rc = AllocMapped(&t->rows.far, (rows - near) * dim);
+  if (!rc && near > 0 && near < rows) rc = Alloc(a, &t->rows.loc, rows);
   if (!rc) rc = Alloc(a, &t->ts, rows);
   if (!rc) rc = Alloc(a, &t->freq, rows);
   return rc;
@@ -231,6 +236,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_destroy(SokGpuTable* t,
   if (t->host_counters) cudaFreeHost(t->host_counters);
   FreeScratch(t);
   FreeSlotScratch(t);
+  Free(t->allocator, &t->tier_scratch);
   Free(t->allocator, reinterpret_cast<char**>(&t->cub_temp));
   delete t;
   return 0;
@@ -270,7 +276,8 @@ __attribute__((visibility("default"))) int64_t sok_gpu_table_evicted_total(const
 __attribute__((visibility("default"))) int64_t sok_gpu_table_memory_bytes(const SokGpuTable* t) {
   if (t == nullptr) return 0;
   const int64_t slots = t->dev.slots;
-  return slots * 8 + (slots + 2) * (4 * t->dev.dim + 16) + t->scratch_n * 41 +
+  return slots * 8 + (slots + 2) * (4 * t->dev.dim + 16 + (t->dev.rows.loc ? 4 : 0)) +
+         t->scratch_n * 41 +
          t->slot_scratch_n * 32 + static_cast<int64_t>(t->cub_bytes);
 }
 

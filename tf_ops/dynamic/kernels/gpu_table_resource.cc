@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -271,6 +272,16 @@ class GpuTableResource : public TableResource {
   // without ordering them when it knows they are distinct.
   Status ScatterRows(OpKernelContext* ctx, const Tensor& keys, const int64_t* device_keys,
                      const float* rows, int mode, SokGpuTableResult* result);
+
+  // SparseApply of keys this table knows are distinct and present: each
+  // slot table makes them present (find-or-insert without rows), then one
+  // launch updates every row and slot row in place, this table and the
+  // slot tables locked throughout (each slot table's slots of the keys are
+  // what its find-or-insert left). *applied <- false, nothing done, for
+  // other keys.
+  Status ApplyPresent(OpKernelContext* ctx, const Tensor& keys_in, const int64_t* keys,
+                      const std::vector<GpuTableResource*>& slots,
+                      const core::SparseApplyConfig& c, bool* applied);
 
   // *distinct <- the number of distinct keys among keys[0, n) (one wait).
   static Status CountDistinct(OpKernelContext* ctx, const int64_t* keys, int64_t n,
@@ -594,10 +605,54 @@ Status GpuTableResource::Clear(OpKernelContext* ctx) {
   return Error(ctx, sok_gpu_table_clear(table_, GpuStreamOf(ctx)));
 }
 
+Status GpuTableResource::ApplyPresent(OpKernelContext* ctx, const Tensor& keys_in,
+                                      const int64_t* keys,
+                                      const std::vector<GpuTableResource*>& slots,
+                                      const core::SparseApplyConfig& c, bool* applied) {
+  *applied = false;
+  const int64_t n = keys_in.NumElements();
+  const int num_slots = static_cast<int>(slots.size());
+  if (num_slots > 3) return OkStatus();
+  void* stream = GpuStreamOf(ctx);
+  ::tensorflow::mutex_lock lock(*mu());
+  bool distinct = false;
+  if (!KnownPresent(keys_in, &distinct) || !distinct) return OkStatus();
+  Tensor evicted;
+  if (num_slots > 0) {
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &evicted));
+  }
+  // This table first, then its slot tables, as no other op locks them.
+  // (TensorFlow defines mutex_lock(x) as a macro that rejects unnamed
+  // locks; the alias names the class.)
+  using Lock = ::tensorflow::mutex_lock;
+  std::vector<std::unique_ptr<Lock>> slot_locks;
+  std::vector<SokGpuTable*> slot_handles;
+  for (GpuTableResource* slot : slots) {
+    slot_locks.emplace_back(new Lock(*slot->mu()));
+    SokGpuTableResult result{0, -1};
+    const int rc = sok_gpu_table_find_or_insert(slot->table_, keys, n, slot->Tick(), nullptr,
+                                                I64(&evicted), nullptr, &result, stream);
+    TF_RETURN_IF_ERROR(slot->Error(ctx, rc, &result));
+    slot_handles.push_back(slot->table_);
+  }
+  TF_RETURN_IF_ERROR(Error(
+      ctx, sok_gpu_table_apply_present(
+               table_, slot_handles.data(), num_slots, keys, n,
+               ctx->input(2).flat<float>().data(), c.algorithm, c.tf1, c.nesterov,
+               ctx->input(3).flat<float>().data(),
+               reinterpret_cast<const int64_t*>(ctx->input(4).flat<TfInt64>().data()), Tick(),
+               stream)));
+  *applied = true;
+  return OkStatus();
+}
+
 // The same steps as the CPU table's, on the op's stream with the table
 // launchers, the formula on the gathered rows (sok_dense_apply_f32, hyper
 // and step read on the device), nothing read back but what the launchers
-// read (a table that must grow or make room).
+// read (a table that must grow or make room). Keys this table knows are
+// distinct and present (its unique find-or-insert's output, the usual
+// training step) take ApplyPresent instead: the same formula on the rows in
+// place.
 Status GpuTableResource::SparseApply(OpKernelContext* ctx, const Tensor& keys_in,
                                      const std::vector<TableResource*>& slot_tables,
                                      const core::SparseApplyConfig& c) {
@@ -612,6 +667,9 @@ Status GpuTableResource::SparseApply(OpKernelContext* ctx, const Tensor& keys_in
   const int num_slots = static_cast<int>(slots.size());
   const int64_t d = dim();
   void* stream = GpuStreamOf(ctx);
+  bool applied = false;
+  TF_RETURN_IF_ERROR(ApplyPresent(ctx, keys_in, keys, slots, c, &applied));
+  if (applied) return OkStatus();
   // Scratch: the table's rows and each slot's, [n, dim] each, and room
   // for the keys a slot table's insert may evict.
   Tensor scratch, evicted;
