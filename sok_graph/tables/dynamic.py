@@ -11,7 +11,8 @@ var_type="hybrid" (SOK's HierarchicalKV table): at most max_capacity keys;
   "lru", the default) or least frequently ("lfu") used rows evicted. On a
   GPU, max_hbm_for_vectors GiB of rows live in GPU memory and the rest in
   pinned host memory that the table's kernels read and write in place, so a
-  table may be larger than the GPU; unset, every row is in GPU memory. On
+  table may be larger than the GPU; the most used rows are moved into GPU
+  memory as it trains (docs/gpu.md); unset, every row is in GPU memory. On
   CPU every row is in host memory. (max_hbm_for_vectors used to bound the
   rows as well, evicting once that much was used; it no longer evicts.)
 
