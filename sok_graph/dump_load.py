@@ -3,11 +3,14 @@ optimizer state on disk.
 
 Layout of a dump directory:
   manifest.json           format version, variables (name, kind, dim, rows,
-                          key dtype, files), optimizer (algorithm, step, slots),
+                          dtype of the rows, files and their CRC-32s),
+                          optimizer (algorithm, step, slots),
                           named_alike (tables of one name, told apart by their
                           places in the list), and a CRC-32 of all that
   <var>.keys              int64 keys (row numbers for a sok.Variable)
-  <var>.values            float32 rows [rows, dim]
+  <var>.values            rows [rows, dim] in the table's dtype (float32,
+                          float64, float16 or bfloat16; the manifest's
+                          "dtype", and per file "dtypes")
   <var>.timestamps/.frequencies   per-key metadata (dynamic tables)
   <var>.slot.<name>       optimizer slot rows, aligned with the keys
   <var>.filter.keys/.filter.counts   an admission filter's counts (dynamic
@@ -16,12 +19,22 @@ Layout of a dump directory:
 Every file starts with a 64-byte header: magic, format version, dtype, row
 width, row count and a CRC-32 of the payload; load() checks all of them for
 every file before it changes any variable, so a corrupted or truncated dump
-loads nothing.
+loads nothing. load() converts rows to the loading table's dtype, and refuses
+(before any table changes) a finite value that would become infinite there.
+
+Format version 1 throughout: dumps once widened or narrowed every table to
+float32 (dtype code 1) and still load as float32 rows. Rows of other dtypes
+have codes of their own (3 to 5), which a reader that predates them refuses,
+naming the code, instead of misreading; a float32 dump is byte for byte what
+it was.
 
 A dump is written into a temporary directory next to `path` and renamed into
 place; an existing dump is moved aside first and deleted last. If the
 process dies in between, load() finds the previous dump under its
-moved-aside name, so an interrupted dump never costs the previous one.
+moved-aside name, so an interrupted dump never costs the previous one. A
+name the file system would refuse (a file's, from a variable's name, or the
+directory's with its siblings' suffix) is a ValueError before anything is
+written.
 """
 
 import contextlib
@@ -50,8 +63,19 @@ FORMAT_VERSION = 1
 _MAGIC = b"SOKGDUMP"
 _HEADER = struct.Struct("<8sIIQQI28x")  # magic, version, dtype, width, rows, crc32
 _HEADER_FIELDS = struct.calcsize("<8sIIQQI")  # the rest is reserved, written as zeros
-_DTYPES = {1: np.float32, 2: np.int64}
-_CODES = {np.dtype(np.float32): 1, np.dtype(np.int64): 2}
+# The dtype codes of file headers. Rows are written in their table's dtype;
+# codes 3-5 came later (every table used to be written as float32).
+_FLOATS = {"float32": np.dtype(np.float32), "float64": np.dtype(np.float64),
+           "float16": np.dtype(np.float16), "bfloat16": np.dtype(tf.bfloat16.as_numpy_dtype)}
+_DTYPES = {1: _FLOATS["float32"], 2: np.dtype(np.int64), 3: _FLOATS["float64"],
+           4: _FLOATS["float16"], 5: _FLOATS["bfloat16"]}
+_CODES = {dtype: code for code, dtype in _DTYPES.items()}
+# Where a file name is longer than the file system says (os.pathconf's
+# PC_NAME_MAX) or where it does not say: NAME_MAX of Linux's file systems.
+_NAME_MAX = 255
+# The longest suffix a dump directory's siblings add to its name
+# (".old-<20 digits>-<8 hex>"; ".tmp-<pid>-<8 hex>" is shorter).
+_SIBLING_SUFFIX = len(".old-") + 20 + 1 + 8
 
 
 class CheckpointError(ValueError):
@@ -96,11 +120,13 @@ def _read_array(path, dtype, width, rows, crc32=None):
     if version != FORMAT_VERSION:
         raise CheckpointError(f"{name} has format version {version}; this sok_graph reads "
                               f"version {FORMAT_VERSION}")
-    if _DTYPES.get(code) is not dtype or got_width != width or got_rows != rows:
-        raise CheckpointError(f"{name} holds {got_rows}x{got_width} of dtype code {code}; the "
-                              f"manifest says {rows}x{width} {np.dtype(dtype).name}")
+    dtype = np.dtype(dtype)
+    if _DTYPES.get(code) != dtype or got_width != width or got_rows != rows:
+        got = _DTYPES[code].name if code in _DTYPES else f"of dtype code {code}"
+        raise CheckpointError(f"{name} holds {got_rows}x{got_width} {got}; the manifest says "
+                              f"{rows}x{width} {dtype.name}")
     payload = data[_HEADER.size:]
-    expected = rows * width * np.dtype(dtype).itemsize
+    expected = rows * width * dtype.itemsize
     if len(payload) != expected:
         raise CheckpointError(f"{name} is truncated or padded: {len(payload)} payload bytes, "
                               f"expected {expected}")
@@ -111,7 +137,7 @@ def _read_array(path, dtype, width, rows, crc32=None):
                               f"the one the manifest recorded): files of different dumps are "
                               f"mixed in {os.path.dirname(path)}")
     array = np.frombuffer(payload, dtype=dtype)
-    return array.reshape(rows, width) if width > 1 or dtype is np.float32 else array
+    return array.reshape(rows, width) if width > 1 or dtype.kind != "i" else array
 
 
 # ------------------------------------------------------------ tensors in/out
@@ -296,6 +322,17 @@ def _shard_tensors(var, optimizer):
     return fetch
 
 
+def _parts(var, optimizer):
+    """The parts (file name suffixes) a dump of `var` may have: keys, values,
+    its per-key metadata, admission counts and the optimizer's slots."""
+    shard = replica_shards.shards_of(var)[0]
+    parts = ["keys", "values"] + list(key_metadata_of(shard))
+    admission = shard.admission
+    if admission is not None and admission.counting:
+        parts += list(_FILTER_PARTS)
+    return parts + ["slot." + name for name, _ in _slot_specs(optimizer)]
+
+
 def _barrier(world_size):
     """Waits for every worker process (graph mode: through the default
     Session)."""
@@ -314,6 +351,11 @@ def dump(path, dump_vars, optimizer=None):
     variable's are)."""
     variables = _check_vars(dump_vars, "dump_vars")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
+    # Names too long for the file system are refused on every worker,
+    # before anything is read or written (write_dump checks the exact names).
+    check_name_lengths(path, {name: [f"{_file_stem(name)}.{part}"
+                                     for part in _parts(var, optimizer)]
+                              for name, var in variables.items()})
     tables = {name: (kind_of(var), _export(var, optimizer)) for name, var in variables.items()}
     optimizer_entry = None
     if optimizer is not None:
@@ -341,12 +383,12 @@ def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=Non
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     os.makedirs(parent, exist_ok=True)
-    with _writers_take_turns(parent):
+    with writers_take_turns(parent):
         _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike)
 
 
 @contextlib.contextmanager
-def _writers_take_turns(parent):
+def writers_take_turns(parent):
     """Dumps into one directory run one at a time, also from several
     processes (an exclusive flock on the directory, released when the
     holder exits or dies), so two writers to one path never swap at once:
@@ -366,7 +408,15 @@ def _writers_take_turns(parent):
 
 def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike):
     _check_replaceable(path)
-    _remove_dead_writers_tmp(path)
+    # Every file's name first: one the file system refuses raises here,
+    # before anything is written.
+    stems, used = {}, set()
+    for name, (kind, arrays) in tables.items():
+        stems[name] = _unique_stem(_file_stem(name), list(arrays), used)
+    check_name_lengths(path, {name: [f"{stems[name]}.{part}" for part in arrays
+                                     if part != _FILTER_KIND]
+                              for name, (kind, arrays) in tables.items()})
+    remove_dead_writers_tmp(path)
     tmp = staging_dir(path)
     os.makedirs(tmp)
     try:
@@ -374,17 +424,17 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
         # of workers.
         manifest = {"format_version": FORMAT_VERSION, "world_size": int(world_size),
                     "variables": {}}
-        used = set()
         for name, (kind, arrays) in tables.items():
-            stem = _unique_stem(_file_stem(name), list(arrays), used)
-            files, crcs = {}, {}
+            stem = stems[name]
+            files, crcs, dtypes = {}, {}, {}
             for part, array in arrays.items():
                 if part == _FILTER_KIND:
                     continue
-                if part in ("keys", "timestamps", "frequencies") + _FILTER_PARTS:
+                if part in _INT64_PARTS:
                     array = np.asarray(array, np.int64)
                 else:
-                    array = np.asarray(array, np.float32)
+                    array = _float_rows(array)
+                    dtypes[part] = array.dtype.name
                 fname = f"{stem}.{part}"
                 crcs[part] = _write_array(os.path.join(tmp, fname), array)
                 files[part] = fname
@@ -392,6 +442,8 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
                 "kind": kind,
                 "dim": int(np.shape(arrays["values"])[1]),
                 "rows": int(np.shape(arrays["keys"])[0]),
+                "dtype": dtypes["values"],  # the table's
+                "dtypes": dtypes,  # each file of rows (values, slots)
                 "files": files,
                 "crc32": crcs,  # each file's, so files of another dump are told apart
             }
@@ -413,9 +465,75 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
     swap_into_place(tmp, path)
 
 
+# Parts of a dump that hold integers (keys, per-key metadata, admission
+# counts); every other part holds rows.
+_INT64_PARTS = ("keys", "timestamps", "frequencies", "filter.keys", "filter.counts")
+
+
+def _float_rows(array):
+    """Rows to write: in their own dtype where it has a dtype code (a
+    table's float32, float64, float16 or bfloat16), else as float32."""
+    array = np.asarray(array)
+    return array if array.dtype in _FLOATS.values() else array.astype(np.float32)
+
+
+def name_max(directory):
+    """The longest file name, in bytes, that the file system of `directory`
+    (or of its nearest existing parent) takes."""
+    directory = os.path.abspath(directory)
+    while not os.path.isdir(directory) and os.path.dirname(directory) != directory:
+        directory = os.path.dirname(directory)
+    try:
+        limit = int(os.pathconf(directory, "PC_NAME_MAX"))
+    except (AttributeError, OSError, ValueError):
+        return _NAME_MAX
+    return limit if limit > 0 else _NAME_MAX
+
+
+def _shown(name):
+    """A long name as its start and its end."""
+    return name if len(name) <= 64 else f"{name[:40]}...{name[-20:]}"
+
+
+def check_name_lengths(path, file_names):
+    """ValueError, before anything is written, where a name of the dump at
+    `path` would be longer than its file system allows: the directory's own
+    (with the suffix of its siblings, .old-... / .tmp-...) or a file's of
+    `file_names` ({variable name: [its files' names]}). The file system's
+    own error (a bare OSError, "File name too long") came midway, after
+    some files were written."""
+    path = os.path.abspath(path)
+    limit = name_max(os.path.dirname(path))
+    base = os.path.basename(path)
+    if len(os.fsencode(base)) + _SIBLING_SUFFIX > limit:
+        raise ValueError(
+            f"path={path!r}: its last component {_shown(base)!r} is "
+            f"{len(os.fsencode(base))} bytes long; a dump directory's name may have at most "
+            f"{limit - _SIBLING_SUFFIX} bytes (the file system takes names of {limit} bytes, "
+            f"and a dump writes beside the directory under its name + {_SIBLING_SUFFIX} "
+            f"bytes)")
+    for name, files in file_names.items():
+        for fname in files:
+            refuse_long_name(name, fname, len(os.fsencode(fname)), limit, "the dump file")
+
+
+def refuse_long_name(variable, fname, size, limit, what, note=""):
+    """ValueError where the name `fname` that variable `variable` gives
+    `what` is over `limit` bytes; `size`: the longest name made from it
+    (`note` says how)."""
+    if size <= limit:
+        return
+    overhead = size - len(os.fsencode(_file_stem(variable)))
+    raise ValueError(
+        f"variable {_shown(variable)!r}: its name is {len(os.fsencode(variable))} bytes "
+        f"long, which makes {what} {_shown(fname)!r}{note} {size} bytes long; the file "
+        f"system takes file names of at most {limit} bytes: give the variable a name of at "
+        f"most {max(limit - overhead, 0)} bytes")
+
+
 def staging_dir(path):
     """The temporary sibling a writer of the directory `path` fills before
-    swap_into_place (a name _remove_dead_writers_tmp recognizes)."""
+    swap_into_place (a name remove_dead_writers_tmp recognizes)."""
     return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
 
 
@@ -424,22 +542,43 @@ def swap_into_place(tmp, path):
     the previous `path` is moved aside first and deleted only once `tmp` is
     in place. Aside names sort by the time they were moved aside, so load()
     finds the newest when a writer dies between the two renames. Dumps and
-    serving exports are swapped in by it."""
+    serving exports are swapped in by it. An error between the two renames
+    puts the previous `path` back."""
+    aside = None
     try:
         if os.path.lexists(path):
-            os.rename(path, f"{path}.old-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}")
+            aside = f"{path}.old-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
+            os.rename(path, aside)
         os.rename(tmp, path)
         _fsync_dir(os.path.dirname(path))
     except BaseException:
+        if aside is not None and os.path.lexists(aside) and not os.path.lexists(path):
+            with contextlib.suppress(OSError):
+                os.rename(aside, path)
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     # `path` is whole now: every moved-aside copy (this one's, or those of
     # writers killed between the renames) can go. Each loses its manifest
-    # first, so one half deleted when this process dies is never loaded.
+    # (a dump's, or an export's saved_model.pb) first, so one half deleted
+    # when this process dies is never loaded.
     for old in _siblings(path, _ASIDE):
-        with contextlib.suppress(OSError):
-            os.remove(os.path.join(old, "manifest.json"))
+        for marker in _MARKERS:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(old, marker))
         shutil.rmtree(old, ignore_errors=True)
+
+
+# The file that makes a directory a dump, and a serving export's.
+_MARKERS = ("manifest.json", "saved_model.pb")
+
+
+def newest_aside(path, marker):
+    """The copy of `path` that swap_into_place moved aside most recently
+    and that holds the file `marker`, or None: where a writer died between
+    its two renames, the previous `path` is there and `path` is missing."""
+    aside = [d for d in _siblings(os.path.abspath(path), _ASIDE)
+             if os.path.exists(os.path.join(d, marker))]
+    return max(aside) if aside else None  # names sort by the time they were moved
 
 
 # The siblings a dump to `path` makes: `path`.tmp-<pid>-<8 hex> while it
@@ -503,7 +642,7 @@ def _check_replaceable(path):
         f"remove it")
 
 
-def _remove_dead_writers_tmp(path):
+def remove_dead_writers_tmp(path):
     """Deletes temporary directories of dumps to `path` whose process is
     gone (killed mid-dump); those of live processes are left alone."""
     for tmp in _siblings(path, _TMP):
@@ -520,10 +659,9 @@ def _dump_dir(path):
     path = os.path.abspath(path)
     if os.path.exists(os.path.join(path, "manifest.json")):
         return path
-    aside = [d for d in _siblings(path, _ASIDE)
-             if os.path.exists(os.path.join(d, "manifest.json"))]
-    if aside:
-        return max(aside)  # the most recently moved aside (names sort by time)
+    aside = newest_aside(path, "manifest.json")
+    if aside is not None:
+        return aside
     raise CheckpointError(f"no sok_graph dump at {path} (no manifest.json)")
 
 
@@ -545,6 +683,8 @@ def load(path, load_vars, optimizer=None):
         algorithm=None if optimizer is None else optimizer.algorithm,
         formulas=None if optimizer is None else optimizer.slot_formulas)
     _check_named_alike(manifest, variables)
+    for name, var in first.items():
+        _as_table_dtype(loaded[name], var, f"variable '{name}'")
     _check_fits(variables, loaded)
     ops = []
     for name, table in variables.items():
@@ -584,6 +724,49 @@ def load(path, load_vars, optimizer=None):
         ops.extend(optimizer.set_step(manifest["optimizer"]["step"]))
     if not tf.executing_eagerly():
         _run([op for op in ops if op is not None])
+
+
+def _as_table_dtype(arrays, var, what):
+    """Converts the dumped rows (values, slots) of `arrays` in place to the
+    dtype of the table `var` that loads them (CheckpointError, before any
+    table changes, where one becomes infinite)."""
+    dtype = tf.as_dtype(var.dtype).base_dtype
+    static = var.fixed_rows is not None
+    for part in [p for p in arrays if p == "values" or p.startswith("slot.")]:
+        slot = "" if part == "values" else f"slot '{part[len('slot.'):]}' "
+        arrays[part] = rows_as(arrays[part], dtype, what, arrays["keys"], static, slot)
+
+
+def rows_as(rows, dtype, what, keys=None, static=True, slot="", source="the dump",
+            advice=None):
+    """The dumped `rows` (numpy floats) as the table's `dtype` (a tf.DType).
+    Rounding is fine; a finite value that becomes infinite (float64 1e300
+    in a float32 table, 70000 in a float16 one) is a CheckpointError naming
+    `what` (the table), the first such value and where it is: a table
+    holding inf where the dump held a number gives every lookup of it inf,
+    and numpy's cast only warns.
+
+    keys: the rows' keys (row numbers where `static`); slot: "slot 'x' " for
+    an optimizer slot's rows; source, advice: the message's words for where
+    the rows come from and what to do instead."""
+    target = np.dtype(dtype.as_numpy_dtype)
+    if rows.dtype == target:
+        return rows
+    with np.errstate(over="ignore", invalid="ignore"):
+        converted = rows.astype(target)
+        overflow = np.isfinite(rows.astype(np.float64)) & \
+            ~np.isfinite(converted.astype(np.float64))
+    if overflow.any():
+        at = tuple(int(i) for i in np.argwhere(overflow)[0])
+        value = float(np.asarray(rows[at], np.float64))
+        key = at[0] if keys is None else int(keys[at[0]])
+        where = f"row {key}" if static else f"the row of key {key}"
+        raise CheckpointError(
+            f"{what} has dtype {dtype.name}; {source} holds the {rows.dtype.name} value "
+            f"{value!r} in {slot}{where}, column {at[-1]}, beyond {dtype.name}'s largest finite "
+            f"value {float(dtype.max)!r}: it would become {'inf' if value > 0 else '-inf'}; "
+            + (advice or f"load it into a table of dtype {rows.dtype.name}"))
+    return converted
 
 
 def check_keys_fit(keys, key_dtype, what):
@@ -647,9 +830,14 @@ def _load_shard(var, a, optimizer, slots):
     # as its replace_rows takes them. Metadata the dump lacks (a static
     # table's dump loaded into a dynamic table) is None: the table's default.
     keys = tf.constant(a["keys"].astype(var.key_dtype.as_numpy_dtype))
-    ops.append(var.replace_rows(keys, a["values"], **{m: a.get(m) for m in var.key_metadata}))
+    # Rows are in the table's dtype already (_as_table_dtype): as tensors of
+    # it, which tables take whatever the dtype (bfloat16 arrays are not numpy
+    # floats).
+    ops.append(var.replace_rows(keys, tf.convert_to_tensor(a["values"]),
+                                **{m: a.get(m) for m in var.key_metadata}))
     for slot, _ in slots:
-        ops.append(var.replace_slot(optimizer.get_slot(var, slot), keys, a["slot." + slot]))
+        ops.append(var.replace_slot(optimizer.get_slot(var, slot), keys,
+                                    tf.convert_to_tensor(a["slot." + slot])))
     ops.extend(_load_counts(var, counts))
     return ops
 
@@ -724,8 +912,19 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             return _read_array(os.path.join(directory, fname or files[part]), dtype, width,
                                count, crcs.get(part))
 
+        # Dumps before rows kept their dtype: float32 rows, no "dtypes".
+        dtypes = entry.get("dtypes", {})
+
+        def rows_dtype(part):
+            dtype = _FLOATS.get(dtypes.get(part, "float32"))
+            if dtype is None:
+                raise CheckpointError(
+                    f"variable '{name}': the manifest gives {part} the dtype "
+                    f"{dtypes[part]!r}; dumps hold rows of {sorted(_FLOATS)}")
+            return dtype
+
         arrays = {"keys": read("keys", np.int64, 1, rows),
-                  "values": read("values", np.float32, dim, rows)}
+                  "values": read("values", rows_dtype("values"), dim, rows)}
         for meta in ("timestamps", "frequencies"):
             if meta in files:
                 arrays[meta] = read(meta, np.int64, 1, rows)
@@ -738,7 +937,8 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             fname = files.get("slot." + slot)
             if fname is None:
                 raise CheckpointError(f"the dump has no '{slot}' slot for variable '{name}'")
-            arrays["slot." + slot] = read("slot." + slot, np.float32, dim, rows, fname)
+            arrays["slot." + slot] = read("slot." + slot, rows_dtype("slot." + slot), dim, rows,
+                                          fname)
         if name in static_rows:
             keys, want = arrays["keys"], static_rows[name]
             # Two messages: the one message for both said, of a dump of

@@ -1,6 +1,7 @@
 """sok.dump / sok.load / sok.incremental_model_dump."""
 
 import datetime
+import json
 import os
 import signal
 import subprocess
@@ -529,3 +530,177 @@ def test_load_into_tables_of_another_shape_changes_nothing(tmp_path):
     order = np.argsort(keys.numpy())
     np.testing.assert_array_equal(keys.numpy()[order], np.arange(4))
     np.testing.assert_array_equal(rows.numpy()[order], whole)
+
+
+def _without_dtypes(path):
+    """Makes the dump at `path` read as one written before rows kept their
+    dtype: no "dtype" / "dtypes" in its manifest (float32 files are the same
+    bytes as then)."""
+    from sok_graph import dump_load
+
+    manifest_path = os.path.join(path, "manifest.json")
+    with open(manifest_path) as f:
+        manifest = json.load(f)
+    for entry in manifest["variables"].values():
+        assert set(entry.pop("dtypes", {}).values()) <= {"float32"}
+        assert entry.pop("dtype", "float32") == "float32"
+    del manifest["checksum"]
+    manifest["checksum"] = dump_load._manifest_checksum(manifest)
+    with open(manifest_path, "w") as f:
+        json.dump(manifest, f)
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16", "bfloat16"])
+def test_rows_keep_the_tables_dtype_through_dump_and_load(tmp_path, dtype):
+    """A table's rows are dumped in its own dtype (the manifest says which)
+    and come back bit for bit, through sok.dump / sok.load and sok.Saver; a
+    float64 table's rows used to be dumped as float32 (1 + 1e-12 came back
+    as 1.0, 1e300 as inf, 5e-324 as 0). Loaded into a float32 table they
+    are numpy's float32 of the same values."""
+    tf_dtype = tf.as_dtype(dtype)
+    rng = np.random.default_rng(3)
+    wide = rng.normal(size=(5, 3)) * 100
+    if dtype == "float64":
+        wide[0, 0], wide[1, 1], wide[2, 2], wide[3, 0] = 1 + 1e-12, 1e300, 5e-324, np.pi
+    values = wide.astype(tf_dtype.as_numpy_dtype)
+    table = sok.Variable(values, name="t", dtype=tf_dtype)
+    path = str(tmp_path / "d")
+    sok.dump(path, [table])
+    target = sok.Variable(np.zeros((5, 3)), name="t", dtype=tf_dtype)
+    sok.load(path, [target])
+    assert target.numpy().dtype == values.dtype
+    assert target.numpy().tobytes() == values.tobytes()
+    with open(os.path.join(path, "manifest.json")) as f:
+        entry = json.load(f)["variables"]["t"]
+    assert entry["dtype"] == dtype and entry["dtypes"] == {"values": dtype}
+
+    saver = sok.Saver()
+    saver.dump_to_file(table, str(tmp_path / "saver"))
+    restored = sok.Variable(np.zeros((5, 3)), name="t", dtype=tf_dtype)
+    saver.restore_from_file(restored, str(tmp_path / "saver"))
+    assert restored.numpy().tobytes() == values.tobytes()
+
+    if dtype != "float64":  # (1e300 has no float32: the next test)
+        narrow = sok.Variable(np.zeros((5, 3), np.float32), name="t")
+        sok.load(path, [narrow])
+        np.testing.assert_array_equal(narrow.numpy(), values.astype(np.float32))
+
+
+def test_dumps_from_before_rows_kept_their_dtype_still_load(tmp_path):
+    """A dump written before (float32 files, dtype code 1, no dtype in the
+    manifest) loads into float32, float64 and float16 tables, as numpy
+    converts its rows; float32 files are what they were, byte for byte."""
+    import struct
+
+    values = np.array([[0.1, -2.5], [1e-3, 65000.0]], np.float32)
+    path = str(tmp_path / "d")
+    sok.dump(path, [sok.Variable(values, name="t")])
+    with open(os.path.join(path, "t.values"), "rb") as f:
+        magic, version, code = struct.unpack("<8sII", f.read(16))
+    assert (magic, version, code) == (b"SOKGDUMP", 1, 1)
+    _without_dtypes(path)
+    for dtype in (np.float32, np.float64, np.float16):
+        target = sok.Variable(np.zeros((2, 2), dtype), name="t")
+        sok.load(path, [target])
+        np.testing.assert_array_equal(target.numpy(), values.astype(dtype))
+
+
+def test_a_value_beyond_the_loading_tables_dtype_is_refused(tmp_path):
+    """Rows loaded into a table of a narrower dtype are rounded as numpy
+    rounds them; a finite value that would become infinite there (float64
+    1e300 in a float32 table, float32 70000 in a float16 one) is a
+    CheckpointError naming the variable, the value, where it is and the
+    table's dtype, raised before any table of the call changes (the table
+    used to take inf, with only numpy's warning). sok.Saver the same."""
+    dyn = sok.DynamicVariable(2, name="dyn")
+    sok.assign(dyn, tf.constant([4, 9], tf.int64), np.array([[1, 2], [3, 4]], np.float32))
+    wide = sok.Variable(np.array([[0.1, 1e300], [-2.5, 1e30]]), name="wide", dtype=tf.float64)
+    path = str(tmp_path / "d")
+    sok.dump(path, [dyn, wide])
+    sok.assign(dyn, tf.constant([4], tf.int64), np.full((1, 2), 7.0, np.float32))
+
+    def dyn_rows():
+        keys, rows = sok.export(dyn)
+        return {int(k): r.tolist() for k, r in zip(keys.numpy(), rows.numpy())}
+
+    before = dyn_rows()
+    assert before == {4: [7.0, 7.0], 9: [3.0, 4.0]}
+    sentinel = np.full((2, 2), -1.0, np.float32)
+    narrow = sok.Variable(sentinel, name="wide")
+    with pytest.raises(CheckpointError, match=r"variable 'wide' has dtype float32; the dump holds "
+                                              r"the float64 value 1e\+300 in row 0, column 1, "
+                                              r"beyond float32's largest finite value .*become "
+                                              r"inf; load it into a table of dtype float64"):
+        sok.load(path, [dyn, narrow])
+    np.testing.assert_array_equal(narrow.numpy(), sentinel)
+    assert dyn_rows() == before  # the dynamic table, replaced first, was not
+
+    half = sok.Variable(np.full((2, 2), -1.0, np.float16), name="h")
+    sok.dump(str(tmp_path / "h"), [sok.Variable(np.array([[1, 2], [-7e4, 3]], np.float32),
+                                                name="h")])
+    with pytest.raises(CheckpointError, match=r"'h' has dtype float16; .*float32 value "
+                                              r"-70000\.0 in row 1, column 0.*65504.*-inf"):
+        sok.load(str(tmp_path / "h"), [half])
+    np.testing.assert_array_equal(half.numpy(), np.full((2, 2), -1.0, np.float16))
+
+    # Rounding (finite to finite) loads: numpy's rounding of the same values.
+    rounded = np.array([[0.1, 1e-300], [-2.5, 1e30]])
+    wide.assign(rounded)
+    sok.dump(path, [wide])
+    sok.load(path, [narrow])
+    np.testing.assert_array_equal(narrow.numpy(), rounded.astype(np.float32))
+    assert narrow.numpy()[0, 1] == 0.0 and float(narrow.numpy()[0, 0]) != 0.1
+
+    saver = sok.Saver()
+    wide.assign(np.array([[0.1, 1e300], [-2.5, 1e30]]))
+    saver.dump_to_file(wide, str(tmp_path / "saver"))
+    narrow.assign(sentinel)
+    with pytest.raises(CheckpointError, match=r"has dtype float32; the dump holds the float64 "
+                                              r"value 1e\+300 in row 0, column 1"):
+        saver.restore_from_file(narrow, str(tmp_path / "saver"))
+    np.testing.assert_array_equal(narrow.numpy(), sentinel)
+
+
+def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(tmp_path):
+    """A variable whose name makes a file name longer than the file system
+    takes (255 bytes here) made sok.dump and the Saver fail with a bare
+    OSError ("File name too long"), the Saver after making its directory.
+    A ValueError now, naming the variable, its name's length and the
+    limit, before anything is written; the longest names that fit dump and
+    load (a dynamic table's longest file is its .frequencies, a Saver's
+    directory gets a 34-byte suffix beside it)."""
+    limit = os.pathconf(str(tmp_path), "PC_NAME_MAX")
+    static = sok.Variable(np.ones((2, 2), np.float32), name="s" * (limit - 6))
+    with pytest.raises(ValueError, match=rf"variable 's+\.\.\.s+': its name is {limit - 6} "
+                                         rf"bytes long, which makes the dump file 's+\.\.\.s+\."
+                                         rf"values' {limit + 1} bytes long; the file system "
+                                         rf"takes file names of at most {limit} bytes: give the "
+                                         rf"variable a name of at most {limit - 7} bytes"):
+        sok.dump(str(tmp_path / "d"), [sok.Variable(np.ones((1, 2), np.float32), name="ok"),
+                                       static])
+    dyn = sok.DynamicVariable(2, name="k" * (limit - 11))
+    dyn.sparse_read(tf.constant([1, 2], tf.int64))
+    with pytest.raises(ValueError, match=rf"its name is {limit - 11} bytes long.*"
+                                         rf"\.frequencies' {limit + 1} bytes long"):
+        sok.dump(str(tmp_path / "d"), [dyn])
+    saver = sok.Saver()
+    with pytest.raises(ValueError, match=rf"its name is {limit - 6} bytes long, which makes the "
+                                         rf"Saver's directory .* {limit + 28} bytes long.*at "
+                                         rf"most {limit - 34} bytes"):
+        saver.dump_to_file(static, str(tmp_path / "saver"))
+    with pytest.raises(ValueError, match=rf"path=.*{limit - 20} bytes long; a dump directory's "
+                                         rf"name may have at most {limit - 34} bytes"):
+        sok.dump(str(tmp_path / ("p" * (limit - 20))), [dyn])
+    assert os.listdir(tmp_path) == []
+
+    fits = sok.DynamicVariable(2, initializer=3.0, name="k" * (limit - 12))
+    fits.sparse_read(tf.constant([1, 2], tf.int64))
+    sok.dump(str(tmp_path / "d"), [fits])
+    again = sok.DynamicVariable(2, name="k" * (limit - 12))
+    sok.load(str(tmp_path / "d"), [again])
+    assert sorted(again.export()[0].numpy().tolist()) == [1, 2]
+    fits_saver = sok.Variable(np.full((2, 2), 5.0, np.float32), name="s" * (limit - 34))
+    saver.dump_to_file(fits_saver, str(tmp_path / "saver"))
+    back = sok.Variable(np.zeros((2, 2), np.float32), name="s" * (limit - 34))
+    saver.restore_from_file(back, str(tmp_path / "saver"))
+    np.testing.assert_array_equal(back.numpy(), np.full((2, 2), 5.0))

@@ -26,8 +26,9 @@ import tensorflow as tf
 from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.dump_load import (CheckpointError, _var_name, check_keys_fit, dumped_names,
-                                 read_dump, table_stem, write_dump)
+from sok_graph.dump_load import (_SIBLING_SUFFIX, CheckpointError, _file_stem, _var_name,
+                                 check_keys_fit, dumped_names, name_max, read_dump,
+                                 refuse_long_name, rows_as, table_stem, write_dump)
 
 _TABLE = "table"  # the one table of a dump written before per-name directories
 
@@ -75,6 +76,22 @@ def _entry(var):
 # table's keys), as its files always held them.
 
 
+def _check_name_length(var, entry, directory):
+    """ValueError, before anything is written, where the table's name makes
+    a name longer than the file system of `directory` takes (a string
+    tensor, fed when the graph runs: that of "/"): the table's directory in
+    filepath (with the suffix of the copies a dump writes beside it) or its
+    files."""
+    name = _var_name(var)
+    limit = name_max(directory) if isinstance(directory, str) else name_max("/")
+    refuse_long_name(name, entry, len(os.fsencode(entry)) + _SIBLING_SUFFIX, limit,
+                     "the Saver's directory",
+                     " (with the suffix of the copies a dump writes beside it)")
+    for part in ("keys", "values"):
+        fname = f"{_file_stem(name)}.{part}"
+        refuse_long_name(name, fname, len(os.fsencode(fname)), limit, "the Saver's file")
+
+
 def _rows(var):
     """(keys, rows) tensors of the whole shard, keys in its own numbering."""
     keys, rows, _ = var.read_all()
@@ -107,6 +124,7 @@ class Saver:
         var = replica_shards.resolve(embedding_variable, "Saver.dump_to_file")
         directory = _directory(filepath, "dump_to_file")
         kind, name, entry = kind_of(var), _var_name(var), _entry(var)
+        _check_name_length(var, entry, directory)
 
         def write(path, keys, rows):
             target = os.path.join(_as_str(path), entry)
@@ -136,6 +154,7 @@ class Saver:
         fixed = var.fixed_rows
         shard_rows = None if fixed is None else placement.shard_rows(fixed, *var.placement)
         key_dtype = var.key_dtype
+        dtype = tf.as_dtype(var.dtype).base_dtype
 
         def read(path):
             path = _as_str(path)
@@ -154,14 +173,18 @@ class Saver:
             static_rows = {} if shard_rows is None else {table: shard_rows}
             arrays = read_dump(target, {table: dim}, static_rows)[1][table]
             keys = arrays["keys"].astype(np.int64)
-            check_keys_fit(keys, key_dtype, f"the table restored from {target}")
-            return keys, arrays["values"].astype(np.float32)
+            what = f"the table restored from {target}"
+            check_keys_fit(keys, key_dtype, what)
+            # Rows in the dump's dtype (float32 in dumps before it was kept),
+            # converted to the table's: no finite value may become infinite.
+            rows = rows_as(arrays["values"], dtype, what, keys, static=fixed is not None)
+            return keys, rows
 
         if tf.executing_eagerly():
             keys, rows = read(directory)
             _assign(var, tf.constant(keys), tf.constant(rows))
             return None
-        keys, rows = _in_graph_or_now(read, [], [tf.int64, tf.float32], directory)
+        keys, rows = _in_graph_or_now(read, [], [tf.int64, dtype], directory)
         keys.set_shape([None])
         rows.set_shape([None, dim])
         return tf.group(_assign(var, keys, rows), name="sok_saver_restore")
