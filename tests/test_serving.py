@@ -686,3 +686,279 @@ def test_serving_dynamic_table_holding_no_keys_serves_and_takes_deltas():
     assert int(apply_delta(tf.constant([3], tf.int64), tf.ones([1, 2]))) == 1
     np.testing.assert_array_equal(lookup(tf.constant([3, -8], tf.int64)),
                                   [[1.0, 1.0], [1.5, 1.5]])
+
+
+# ------------------------------------------------------------ applying deltas
+
+def _one_table_export(tmp_path, name="export"):
+    """An export of a model reading one dynamic table 'user' (key 1: row 1),
+    and the table."""
+    sok.init(comm_tool="none")
+    user = sok.DynamicVariable(2, initializer="zeros", name="user")
+    sok.assign(user, tf.constant([1], tf.int64), np.full((1, 2), 1.0, np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            return sok.lookup_sparse([user], [tf.RaggedTensor.from_tensor(x)],
+                                     combiners=["sum"])[0]
+
+    export_dir = str(tmp_path / name)
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
+    return export_dir, user
+
+
+def _export_state(export_dir):
+    """({role: array} of table 'user' in the export's checkpoint, [ids of
+    the deltas recorded as applied])."""
+    extra = os.path.join(export_dir, "assets.extra")
+    with open(os.path.join(extra, "sok_serving.json")) as f:
+        where = {t["name"]: t for t in json.load(f)["tables"]}["user"]["checkpoint_keys"]
+    reader = tf.train.load_checkpoint(os.path.join(export_dir, "variables", "variables"))
+    arrays = {role: reader.get_tensor(key) for role, key in sorted(where.items())}
+    applied = []
+    if os.path.exists(os.path.join(extra, "sok_deltas.json")):
+        with open(os.path.join(extra, "sok_deltas.json")) as f:
+            applied = [a["id"] for a in json.load(f)["applied"]]
+    return arrays, applied
+
+
+def _same_state(a, b):
+    return a[1] == b[1] and sorted(a[0]) == sorted(b[0]) and all(
+        np.array_equal(a[0][k], b[0][k]) for k in a[0])
+
+
+def _served_rows(export_dir, keys):
+    """The rows the export serves for `keys` (numpy, from its checkpoint): a
+    key the table does not hold gets row 0, the default."""
+    arrays = _export_state(export_dir)[0]
+    index = dict(zip(arrays["keys"].tolist(), arrays["index"].tolist()))
+    return np.stack([arrays["rows"][index.get(int(k), 0)] for k in keys])
+
+
+class _Stop(BaseException):
+    """Raised inside apply_serving_delta, as a crash stops it at that point
+    (not an Exception: no `except Exception` of the code under test may
+    catch it)."""
+
+
+@tf2_only
+def test_a_delta_stopped_anywhere_leaves_the_export_whole(tmp_path):
+    """apply_serving_delta in place, stopped at every step of its own code
+    and of dump_load's swap (an exception raised at the n-th call, return
+    or C call there, for every n): the export is whole afterwards,
+    either as it was (old rows, no delta recorded) or, stopped after its
+    swap, updated (new rows, the delta recorded), and loads in TensorFlow.
+    The export used to be rewritten in place: its checkpoint files were
+    deleted, then the new ones renamed in, so a stop between left an export
+    without variables."""
+    import shutil
+
+    from sok_graph import dump_load
+    from sok_graph.serving import delta as delta_mod
+
+    export_dir, user = _one_table_export(tmp_path)
+    since = time.time() * 1e6
+    sok.assign(user, tf.constant([1, 5], tf.int64), np.array([[2, 3], [4, 5]], np.float32))
+    delta_dir = sok.export_serving_delta([user], since, str(tmp_path / "delta"))
+    pristine = str(tmp_path / "pristine")
+    shutil.copytree(export_dir, pristine)
+    old = _export_state(export_dir)
+    np.testing.assert_array_equal(_served_rows(export_dir, np.array([1, 5])), [[1, 1], [0, 0]])
+
+    # sok_graph's own steps (an exception injected inside the standard
+    # library's breaks its own invariants; what reaches sok_graph from a
+    # call into it that fails is an exception of that call, as here).
+    files = {os.path.abspath(m.__file__).replace(".pyc", ".py") for m in (delta_mod, dump_load)}
+
+    def hook_stopping_at(n, seen):
+        # Not inside the lock's own code: stopped there, this process would
+        # keep the lock (a crash releases it with the process).
+        def hook(frame, event, arg):
+            if frame.f_code.co_filename in files \
+                    and frame.f_code.co_name != "writers_take_turns":
+                seen[0] += 1
+                if seen[0] == n:
+                    raise _Stop(f"stopped at event {n}: {event} in "
+                                f"{frame.f_code.co_name}")
+        return hook
+
+    probe = str(tmp_path / "probe")
+    shutil.copytree(export_dir, probe)
+    seen = [0]
+    sys.setprofile(hook_stopping_at(-1, seen))
+    try:
+        sok.apply_serving_delta(probe, delta_dir)
+    finally:
+        sys.setprofile(None)
+    total = seen[0]
+    new = _export_state(probe)
+    assert new[1] and not old[1] and not _same_state(old, new)
+    np.testing.assert_array_equal(_served_rows(probe, np.array([1, 5, 9])),
+                                  [[2, 3], [4, 5], [0, 0]])
+    outcomes = {"old": 0, "new": 0}
+    for n in range(1, total + 1):
+        sys.setprofile(hook_stopping_at(n, [0]))
+        try:
+            sok.apply_serving_delta(export_dir, delta_dir)
+            stopped = False
+        except _Stop:
+            stopped = True
+        finally:
+            sys.setprofile(None)
+        assert stopped, n
+        assert os.path.exists(os.path.join(export_dir, "saved_model.pb")), n
+        state = _export_state(export_dir)
+        # No staging directory stays (a crashed process's goes with the next
+        # apply); a copy moved aside may, when stopped after the swap.
+        beside = [f for f in os.listdir(tmp_path) if f.startswith("export.")]
+        assert all(f.startswith("export.old-") for f in beside), (n, beside)
+        if _same_state(state, old):
+            outcomes["old"] += 1
+        else:
+            assert _same_state(state, new), f"stopped at event {n}: neither the old export " \
+                                            f"nor the updated one"
+            outcomes["new"] += 1
+            for f in beside + ["export"]:
+                shutil.rmtree(os.path.join(tmp_path, f))
+            shutil.copytree(pristine, export_dir)
+    assert outcomes["old"] > 0 and outcomes["new"] > 0, outcomes
+    print(f"stops: {outcomes}")
+    # A process killed between the swap's two renames leaves no export_dir,
+    # and the previous export moved aside: the next apply starts from it.
+    os.rename(export_dir, f"{export_dir}.old-{time.time_ns():020d}-0123abcd")
+    assert sok.apply_serving_delta(export_dir, delta_dir) == {"user": 2}
+    assert _same_state(_export_state(export_dir), new)
+    loaded = tf.saved_model.load(export_dir)
+    np.testing.assert_array_equal(loaded.serve(tf.constant([[1], [5], [9]], tf.int64)).numpy(),
+                                  [[2, 3], [4, 5], [0, 0]])
+    assert sorted(os.listdir(tmp_path)) == ["delta", "export", "pristine", "probe"]
+
+
+@tf2_only
+def test_a_delta_is_applied_once_and_in_order(tmp_path, monkeypatch):
+    """The export records the deltas applied to it: the same delta twice,
+    a delta older than one applied (its rows would overwrite newer ones) and
+    a delta older than the export itself are refused with a DeltaError
+    naming the delta, and the export is unchanged; a delta of before deltas
+    had an id is known by its manifest. They all used to be applied (rows
+    rolled back without a word). A failure midway (the checkpoint write
+    raising) leaves the export as it was, and the delta may be applied
+    after it."""
+    from sok_graph.serving import delta as delta_mod
+
+    export_dir, user = _one_table_export(tmp_path)
+    since = time.time() * 1e6
+    deltas = []
+    for step, (key, value) in enumerate([(1, 2.0), (5, 3.0), (1, 4.0)]):
+        sok.assign(user, tf.constant([key], tf.int64), np.full((1, 2), value, np.float32))
+        deltas.append(sok.export_serving_delta([user], since, str(tmp_path / f"d{step}")))
+        time.sleep(0.002)  # distinct creation times
+    # numpy's account of what the export serves after each delta
+    want = [{1: [2, 2]}, {1: [2, 2], 5: [3, 3]}, {1: [4, 4], 5: [3, 3]}]
+
+    def served(directory):
+        return {int(k): r.tolist() for k, r in zip(
+            [1, 5], _served_rows(directory, np.array([1, 5]))) if r.any()}
+
+    assert served(export_dir) == {1: [1, 1]}
+    real_write = delta_mod._write_checkpoint
+
+    def write_then_fail(prefix, tensors):
+        real_write(prefix, tensors)
+        raise OSError("disk full (simulated)")
+
+    monkeypatch.setattr(delta_mod, "_write_checkpoint", write_then_fail)
+    with pytest.raises(OSError, match="simulated"):
+        sok.apply_serving_delta(export_dir, deltas[0])
+    monkeypatch.undo()
+    assert served(export_dir) == {1: [1, 1]} and _export_state(export_dir)[1] == []
+
+    sok.apply_serving_delta(export_dir, deltas[0])
+    assert served(export_dir) == want[0]
+    with pytest.raises(delta_mod.DeltaError, match=r"d0 \(id [0-9a-f]{32}\) was already applied"):
+        sok.apply_serving_delta(export_dir, deltas[0])
+    sok.apply_serving_delta(export_dir, deltas[2])
+    assert served(export_dir) == want[2]
+    before = _export_state(export_dir)
+    with pytest.raises(delta_mod.DeltaError, match=r"d1 was exported at .*not after delta "
+                                                   r".*apply deltas in the order"):
+        sok.apply_serving_delta(export_dir, deltas[1])
+    assert _same_state(_export_state(export_dir), before) and served(export_dir) == want[2]
+
+    # A copy (output_dir) starts from its source's record; an export made
+    # after a delta holds newer rows than it.
+    copy = str(tmp_path / "copy")
+    with pytest.raises(delta_mod.DeltaError, match="already applied"):
+        sok.apply_serving_delta(export_dir, deltas[2], output_dir=copy)
+    assert not os.path.exists(copy)
+    fresh, _ = _one_table_export(tmp_path, "fresh")  # made after the deltas
+    with pytest.raises(delta_mod.DeltaError, match=r"d0 was exported at .*before the export at "
+                                                   r".*fresh was made"):
+        sok.apply_serving_delta(fresh, deltas[0])
+
+    # A delta without an id (written before deltas had one) is applied once.
+    since = time.time() * 1e6
+    sok.assign(user, tf.constant([7], tf.int64), np.full((1, 2), 6.0, np.float32))
+    new_delta = sok.export_serving_delta([user], since, str(tmp_path / "d3"))
+    with open(os.path.join(new_delta, "manifest.json")) as f:
+        manifest = json.load(f)
+    del manifest["id"]
+    with open(os.path.join(new_delta, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    sok.apply_serving_delta(fresh, new_delta)
+    np.testing.assert_array_equal(_served_rows(fresh, np.array([7])), [[6, 6]])
+    with pytest.raises(delta_mod.DeltaError, match=r"d3 \(id manifest-sha256-[0-9a-f]{64}\) "
+                                                   r"was already applied"):
+        sok.apply_serving_delta(fresh, new_delta)
+
+
+def test_deltas_of_a_tf1_export_are_applied_once_and_in_order(tmp_path):
+    """The same for a TF1 (Session) export, on every TensorFlow: deltas
+    applied in order give the rows numpy expects; the same delta again, or
+    an older one after a newer, is refused and the export is unchanged."""
+    import shutil
+
+    from sok_graph.serving import delta as delta_mod
+
+    with tf.Graph().as_default():
+        sok.init()
+        user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        assign = sok.assign(user, keys, rows)
+
+        def build_fn():
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            table = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+            return {"ids": ids}, {"out": sok.all2all_dense_embedding(table, ids)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(assign, {keys: [1], rows: [[1, 1]]})
+            export_dir = str(tmp_path / "tf1")
+            sok.export_for_serving(build_fn, export_dir, session=sess)
+            since = time.time() * 1e6
+            deltas = []
+            for step, (key, value) in enumerate([(1, 2.0), (5, 3.0)]):
+                sess.run(assign, {keys: [key], rows: [[value, value]]})
+                deltas.append(sok.export_serving_delta([user], since, str(tmp_path / f"d{step}"),
+                                                       session=sess))
+                time.sleep(0.002)  # distinct creation times
+    want = {1: [1, 1], 5: [0, 0]}
+    for delta_dir, changed in zip(deltas, [{1: [2, 2]}, {5: [3, 3]}]):
+        sok.apply_serving_delta(export_dir, delta_dir)
+        want.update(changed)
+        got = _served_rows(export_dir, np.array(sorted(want)))
+        np.testing.assert_array_equal(got, [want[k] for k in sorted(want)])
+    state = _export_state(export_dir)
+    for delta_dir, words in ((deltas[1], "was already applied"),
+                             (deltas[0], "was already applied")):
+        with pytest.raises(delta_mod.DeltaError, match=words):
+            sok.apply_serving_delta(export_dir, delta_dir)
+    out_of_order = str(tmp_path / "tf1_copy")
+    shutil.copytree(export_dir, out_of_order)
+    os.remove(os.path.join(out_of_order, "assets.extra", "sok_deltas.json"))  # as exported
+    sok.apply_serving_delta(out_of_order, deltas[1])
+    with pytest.raises(delta_mod.DeltaError, match="apply deltas in the order they were exported"):
+        sok.apply_serving_delta(out_of_order, deltas[0])
+    assert _same_state(_export_state(export_dir), state)

@@ -2,9 +2,10 @@
 up to date without a new export.
 
 A delta directory:
-  manifest.json       format, since / created (UTC microseconds), and per
-                      table: name, kind, key dtype, dtype, dimension, rows,
-                      and for its two files their size and CRC-32
+  manifest.json       format, id (random, unique to the delta), since /
+                      created (UTC microseconds), and per table: name, kind,
+                      key dtype, dtype, dimension, rows, and for its two
+                      files their size and CRC-32
   <table>.keys.npy    int64 keys (global row numbers of a static table)
   <table>.rows.npy    rows [n, dimension]
 Plain .npy files: a server without sok_graph reads them with numpy.
@@ -16,8 +17,20 @@ A delta is applied to an export directory (apply_serving_delta, which
 rewrites the SavedModel's variables with numpy and stock TensorFlow ops), or
 to a loaded TF2 model through the function the SavedModel holds:
 `loaded.sok_tables[name].apply_delta_fn(keys, rows)`.
+
+apply_serving_delta is all or nothing: the updated export is written beside
+export_dir and swapped in whole (dump_load.staging_dir, swap_into_place), so
+a failure or a crash midway leaves the export as it was. It records every
+delta it applied in the export (assets.extra/sok_deltas.json: id, since,
+created, rows per table) and refuses a delta applied before, one older than
+the last it applied (created earlier: its rows would overwrite newer ones)
+and one exported before the export itself was made. Deltas written before
+deltas had an id are known by a digest of their manifest.json.
 """
 
+import contextlib
+import datetime
+import hashlib
 import json
 import os
 import shutil
@@ -28,7 +41,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context
+from sok_graph import context, dump_load
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
@@ -38,6 +51,9 @@ from sok_graph.serving.tables import safe_name
 
 DELTA_FORMAT = 1
 DELTA_MANIFEST = "manifest.json"
+# In an export's assets.extra: the deltas apply_serving_delta applied to it.
+APPLIED = "sok_deltas.json"
+APPLIED_FORMAT = 1
 
 
 class DeltaError(ValueError):
@@ -127,7 +143,10 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
             files[part] = dict(file=file_name, bytes=os.path.getsize(path), crc32=_crc(path))
         entries.append(dict(name=name, kind=kind, key_dtype=key_dtype, dtype=dtype,
                             dimension=dim, rows=int(len(keys)), files=files))
-    manifest = dict(format=DELTA_FORMAT, since=after, created=created, tables=entries)
+    # The id tells this delta from every other: apply_serving_delta records
+    # it in the export and refuses the delta a second time.
+    manifest = dict(format=DELTA_FORMAT, id=uuid.uuid4().hex, since=after, created=created,
+                    tables=entries)
     with open(os.path.join(tmp, DELTA_MANIFEST), "w") as f:
         json.dump(manifest, f, indent=1)
     os.rename(tmp, delta_dir)
@@ -135,16 +154,31 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
 
 
 def read_serving_delta(delta_dir):
-    """{table name: (keys, rows)} of a delta directory, after checking every
-    file's size and checksum."""
+    """{table name: (entry, keys, rows)} of a delta directory, after checking
+    every file's size and checksum."""
+    return _read_delta(delta_dir)[2]
+
+
+def _read_delta(delta_dir):
+    """(manifest, identity, tables) of a delta directory: its manifest, what
+    tells it from other deltas (its id, or for a delta written before deltas
+    had one a digest of its manifest) and read_serving_delta's tables."""
     try:
-        with open(os.path.join(delta_dir, DELTA_MANIFEST)) as f:
-            manifest = json.load(f)
+        with open(os.path.join(delta_dir, DELTA_MANIFEST), "rb") as f:
+            raw = f.read()
+        manifest = json.loads(raw.decode("utf-8"))
     except (OSError, ValueError) as e:
         raise DeltaError(f"{delta_dir}: no readable {DELTA_MANIFEST} ({e})") from None
-    if manifest.get("format") != DELTA_FORMAT:
-        raise DeltaError(f"{delta_dir}: delta format {manifest.get('format')!r} is not "
-                         f"{DELTA_FORMAT}")
+    if not isinstance(manifest, dict) or manifest.get("format") != DELTA_FORMAT:
+        raise DeltaError(f"{delta_dir}: delta format "
+                         f"{manifest.get('format') if isinstance(manifest, dict) else None!r} "
+                         f"is not {DELTA_FORMAT}")
+    identity = manifest.get("id")
+    if identity is None:
+        identity = "manifest-sha256-" + hashlib.sha256(raw).hexdigest()
+    elif not isinstance(identity, str) or not identity:
+        raise DeltaError(f"{delta_dir}: the manifest's id is {identity!r}; a delta's id is a "
+                         f"non-empty string")
     out = {}
     for entry in manifest["tables"]:
         arrays = []
@@ -165,7 +199,7 @@ def read_serving_delta(delta_dir):
                              f"rows of shape {rows.shape}; the manifest says {entry['rows']} "
                              f"x {entry['dimension']}")
         out[entry["name"]] = (entry, keys, rows)
-    return out
+    return manifest, identity, out
 
 
 def _file_inside(delta_dir, name):
@@ -234,26 +268,152 @@ def _write_checkpoint(prefix, tensors):
 def apply_serving_delta(export_dir, delta_dir, output_dir=None):
     """Writes the rows of a delta into the SavedModel at export_dir (written
     by sok.export_for_serving or CollectiveStrategy.export_saved_model): in
-    place, or into a copy at output_dir. Needs only numpy and stock
-    TensorFlow. Returns {table name: rows applied}."""
-    if output_dir is not None:
-        if os.path.exists(output_dir):
+    place, or into a copy at output_dir (a new directory). Needs only numpy
+    and stock TensorFlow. Returns {table name: rows applied}.
+
+    All or nothing: the updated export is written beside its place and
+    swapped in whole, so an error or a crash midway leaves export_dir (and
+    output_dir) as they were. A delta the export already took, one older
+    than the last it took, or one exported before the export was made is
+    refused (DeltaError): the export records the deltas applied to it in
+    assets.extra/sok_deltas.json (a copy at output_dir keeps the record)."""
+    source = os.path.abspath(os.fspath(export_dir))
+    target = source if output_dir is None else os.path.abspath(os.fspath(output_dir))
+    if output_dir is not None and os.path.lexists(target):
+        raise FileExistsError(f"output_dir {output_dir!r} exists")
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    # Appliers to one directory take turns, as dump writers do: each reads
+    # the record of applied deltas the one before it swapped in. A copy also
+    # waits for appliers of its source (locks taken in one order).
+    with contextlib.ExitStack() as locks:
+        for parent in sorted({os.path.dirname(source), os.path.dirname(target)}):
+            locks.enter_context(dump_load.writers_take_turns(parent))
+        if output_dir is not None and os.path.lexists(target):
             raise FileExistsError(f"output_dir {output_dir!r} exists")
-        shutil.copytree(export_dir, output_dir)
-        export_dir = output_dir
-    manifest_path = os.path.join(export_dir, "assets.extra", MANIFEST)
+        if not os.path.exists(os.path.join(source, "saved_model.pb")):
+            # An applier or export that died between the two renames of its
+            # swap left the previous export moved aside, and none in place.
+            aside = dump_load.newest_aside(source, "saved_model.pb")
+            source = aside if aside is not None else source
+        served, applied_before, export_created = _served(source, export_dir)
+        manifest, identity, delta = _read_delta(delta_dir)
+        record = _check_order(manifest, identity, applied_before, export_created, delta_dir,
+                              export_dir)
+        prefix = os.path.join(source, "variables", "variables")
+        tensors, applied = _applied_tensors(served, delta, prefix, export_dir, delta_dir)
+        record["tables"] = applied
+        dump_load.remove_dead_writers_tmp(target)
+        tmp = dump_load.staging_dir(target)
+        try:
+            # Everything but the variables, which are written anew.
+            shutil.copytree(source, tmp, ignore=_variables_of(source))
+            _write_checkpoint(os.path.join(tmp, "variables", "variables"), tensors)
+            _write_applied(tmp, applied_before + [record])
+            dump_load.swap_into_place(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # gone already once swapped in
+            raise
+    return applied
+
+
+def _variables_of(export_dir):
+    """copytree's ignore: the checkpoint files of the export's variables."""
+    variables = os.path.join(export_dir, "variables")
+
+    def ignore(directory, names):
+        if os.path.abspath(directory) != variables:
+            return []
+        return [n for n in names if n == "variables.index" or n.startswith("variables.data-")]
+    return ignore
+
+
+def _served(export_dir, given):
+    """({table name: sok_serving.json entry}, the deltas applied so far, the
+    time the export was made or None) of the export at export_dir."""
+    extra = os.path.join(export_dir, "assets.extra")
+    manifest_path = os.path.join(extra, MANIFEST)
     try:
         with open(manifest_path) as f:
-            served = {t["name"]: t for t in json.load(f)["tables"]}
-    except (OSError, ValueError) as e:
-        raise DeltaError(f"{export_dir} has no readable {manifest_path} ({e}); was it written "
+            manifest = json.load(f)
+        served = {t["name"]: t for t in manifest["tables"]}
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DeltaError(f"{given} has no readable {manifest_path} ({e}); was it written "
                          "by sok.export_for_serving?") from None
-    delta = read_serving_delta(delta_dir)
+    applied = []
+    record_path = os.path.join(extra, APPLIED)
+    if os.path.exists(record_path):
+        try:
+            with open(record_path) as f:
+                record = json.load(f)
+            applied = list(record["applied"])
+            if record.get("format") != APPLIED_FORMAT or not all(
+                    isinstance(a, dict) and isinstance(a.get("id"), str)
+                    and isinstance(a.get("created"), int) for a in applied):
+                raise ValueError(f"not a record of format {APPLIED_FORMAT}")
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise DeltaError(f"{given}: its record of the deltas applied to it, {record_path}, "
+                             f"does not read ({e}); without it a delta applied twice or out "
+                             f"of order cannot be told") from None
+    created = manifest.get("created")  # exports before it was recorded: unknown
+    return served, applied, created if isinstance(created, int) else None
+
+
+def _micros(t):
+    """A UTC microsecond time for messages."""
+    return datetime.datetime.fromtimestamp(t / 1e6, datetime.timezone.utc).isoformat()
+
+
+def _check_order(manifest, identity, applied, export_created, delta_dir, export_dir):
+    """The record of a delta about to be applied to an export that took the
+    deltas `applied`: DeltaError where it took this one already, where this
+    one is older than the last it took (created earlier: its rows would
+    overwrite newer ones) or older than the export itself."""
+    created = manifest.get("created")
+    if isinstance(created, bool) or not isinstance(created, int):
+        raise DeltaError(f"{delta_dir}: the manifest's created is {created!r}; it must be the "
+                         f"time the delta was exported, in integer UTC microseconds")
+    for place, before in enumerate(applied):
+        if before["id"] == identity:
+            raise DeltaError(
+                f"delta {delta_dir} (id {identity}) was already applied to {export_dir} (delta "
+                f"{place + 1} of the {len(applied)} applied to it): a delta is applied once")
+    if applied:
+        last = max(applied, key=lambda a: a["created"])
+        if created <= last["created"]:
+            raise DeltaError(
+                f"delta {delta_dir} was exported at {_micros(created)} (created={created}), "
+                f"not after delta {last['id']} that {export_dir} took last (created="
+                f"{last['created']}, {_micros(last['created'])}): applied now, its rows "
+                f"would overwrite newer ones; apply deltas in the order they were exported")
+    if export_created is not None and created < export_created:
+        raise DeltaError(
+            f"delta {delta_dir} was exported at {_micros(created)} (created={created}), before "
+            f"the export at {export_dir} was made (created={export_created}, "
+            f"{_micros(export_created)}): the export holds newer rows; apply only deltas "
+            f"exported after it")
+    since = manifest.get("since")
+    return dict(id=identity, created=created, since=since if isinstance(since, int) else None,
+                applied=int(time.time() * 1e6), delta_dir=os.path.abspath(delta_dir))
+
+
+def _write_applied(export_dir, applied):
+    """Writes the record of the deltas applied to the export at export_dir."""
+    extra = os.path.join(export_dir, "assets.extra")
+    os.makedirs(extra, exist_ok=True)
+    with open(os.path.join(extra, APPLIED), "w") as f:
+        json.dump(dict(format=APPLIED_FORMAT, applied=applied), f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _applied_tensors(served, delta, prefix, export_dir, delta_dir):
+    """({checkpoint key: array} of the export's variables with the delta's
+    rows written in, {table name: rows applied}); every check runs here,
+    before anything is written."""
     unknown = sorted(set(delta) - set(served))
     if unknown:
         raise DeltaError(f"the delta has tables {unknown} that the model at {export_dir} does "
                          f"not serve (it serves {sorted(served)})")
-    prefix = os.path.join(export_dir, "variables", "variables")
     reader = tf.train.load_checkpoint(prefix)
     tensors = {name: reader.get_tensor(name) for name in reader.get_variable_to_dtype_map()}
     applied = {}
@@ -264,8 +424,13 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
                              f"dimension {entry['dimension']}; the model serves a "
                              f"{table['kind']} table of dimension {table['dimension']}")
         where = table["checkpoint_keys"]
-        dtype = tf.as_dtype(table["dtype"]).as_numpy_dtype
-        rows = rows.astype(dtype)
+        try:  # rounding is fine; a finite value that becomes infinite is not
+            rows = dump_load.rows_as(
+                rows, tf.as_dtype(table["dtype"]), f"the served table {name!r}", keys,
+                static=table["kind"] == "static", source=f"delta {delta_dir}",
+                advice="the served model would give inf for it")
+        except dump_load.CheckpointError as e:
+            raise DeltaError(str(e)) from None
         if table["kind"] == "static":
             values = tensors[where["rows"]].copy()
             if len(keys) and (keys.min() < 0 or keys.max() >= len(values)):
@@ -285,15 +450,4 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             tensors[where["index"]] = merged[1]
             tensors[where["rows"]] = merged[2]
         applied[name] = int(len(keys))
-    directory = os.path.dirname(prefix)
-    tmp_prefix = os.path.join(directory, f"variables-delta-{uuid.uuid4().hex[:8]}")
-    _write_checkpoint(tmp_prefix, tensors)
-    old = [f for f in os.listdir(directory)
-           if f == "variables.index" or f.startswith("variables.data-")]
-    for f in old:
-        os.remove(os.path.join(directory, f))
-    for f in os.listdir(directory):
-        if f.startswith(os.path.basename(tmp_prefix)):
-            os.rename(os.path.join(directory, f),
-                      os.path.join(directory, "variables" + f[len(os.path.basename(tmp_prefix)):]))
-    return applied
+    return tensors, applied

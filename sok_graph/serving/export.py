@@ -28,6 +28,7 @@ import inspect
 import json
 import os
 import shutil
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -246,7 +247,10 @@ def _check_stock(export_dir):
             "all2all_dense_embedding / DynamicVariable.sparse_read")
 
 
-def _write_manifest(export_dir, tables, keys_of):
+def _write_manifest(export_dir, tables, keys_of, created):
+    """Writes sok_serving.json. created: when the export began to read the
+    tables (UTC microseconds): apply_serving_delta refuses deltas exported
+    before it, whose rows are older than the export's."""
     entries = []
     for name, t in tables.items():
         entries.append(dict(name=name, kind=t.kind, key_dtype=t.key_dtype.name,
@@ -255,7 +259,8 @@ def _write_manifest(export_dir, tables, keys_of):
     extra = os.path.join(export_dir, "assets.extra")
     tf.io.gfile.makedirs(extra)
     with tf.io.gfile.GFile(os.path.join(extra, MANIFEST), "w") as f:
-        f.write(json.dumps(dict(format=MANIFEST_FORMAT, tables=entries), indent=1))
+        f.write(json.dumps(dict(format=MANIFEST_FORMAT, created=created, tables=entries),
+                           indent=1))
 
 
 def _object_graph_keys(export_dir):
@@ -323,6 +328,7 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
                          "SparseTensorSpec, or of dicts of them) is needed to trace the model")
     comm = context.active()
     rank = 0 if comm is None or comm.in_process else comm.rank
+    created = int(time.time() * 1e6)  # before any table is read
     resolver = LiveResolver(default_row, chunk_rows)
 
     def serve(*inputs):
@@ -354,7 +360,7 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
 
             def keys_of(name, t):
                 return {role: paths[("sok_tables", name, role)] for role in t.variables_by_role()}
-            _write_manifest(out, resolver.tables, keys_of)
+            _write_manifest(out, resolver.tables, keys_of, created)
             _check_stock(out)
     return export_dir
 
@@ -403,6 +409,7 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
     name: array}) and fills the serving tables from `table_sources` ({name:
     sok table of the training graph}, read through source_runner), then rank 0
     writes the SavedModel. Every worker calls it (tables are gathered)."""
+    created = int(time.time() * 1e6)  # before any table is read
     saved_comm = context._communicator
     resolver = GraphResolver(default_row)
     context._communicator = communication.SingleProcess()
@@ -469,7 +476,7 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
 
             def keys_of(name, t):
                 return {role: v.op.name for role, v in t.variables_by_role().items()}
-            _write_manifest(out, resolver.tables, keys_of)
+            _write_manifest(out, resolver.tables, keys_of, created)
             _check_stock(out)
     return export_dir
 
