@@ -962,3 +962,51 @@ def test_deltas_of_a_tf1_export_are_applied_once_and_in_order(tmp_path):
     with pytest.raises(delta_mod.DeltaError, match="apply deltas in the order they were exported"):
         sok.apply_serving_delta(out_of_order, deltas[0])
     assert _same_state(_export_state(export_dir), state)
+
+
+@tf2_only
+def test_a_delta_row_beyond_the_served_dtype_is_refused(tmp_path):
+    """A delta's float32 row for a float16 served table: rounded as numpy
+    rounds it, but a value that would become infinite (70000) is a
+    DeltaError naming the table, the row and the value, and the export is
+    unchanged (the served table took inf, with only numpy's warning)."""
+    from sok_graph.serving import delta as delta_mod
+
+    sok.init(comm_tool="none")
+    half = sok.Variable(np.ones((4, 2), np.float16), name="half")
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            return sok.lookup_sparse([half], [tf.RaggedTensor.from_tensor(x)],
+                                     combiners=["sum"])[0]
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
+    with open(os.path.join(export_dir, "assets.extra", "sok_serving.json")) as f:
+        where = json.load(f)["tables"][0]["checkpoint_keys"]["rows"]
+
+    def served():
+        prefix = os.path.join(export_dir, "variables", "variables")
+        return tf.train.load_checkpoint(prefix).get_tensor(where)
+
+    def delta(name, rows):
+        directory = _crafted_delta(str(tmp_path / name), np.array([1, 3], np.int64), rows)
+        with open(os.path.join(directory, "manifest.json")) as f:
+            manifest = json.load(f)
+        manifest["created"] = int(time.time() * 1e6)
+        manifest["tables"][0].update(name="half", kind="static")
+        with open(os.path.join(directory, "manifest.json"), "w") as f:
+            json.dump(manifest, f)
+        return directory
+
+    with pytest.raises(delta_mod.DeltaError, match=r"served table 'half' has dtype float16; "
+                                                   r"delta .*big holds the float32 value "
+                                                   r"70000\.0 in row 3, column 0"):
+        sok.apply_serving_delta(export_dir, delta("big", np.array([[1, 2], [7e4, 1]],
+                                                                  np.float32)))
+    np.testing.assert_array_equal(served(), np.ones((4, 2), np.float16))
+    rows = np.array([[0.1, 2], [6e4, 1]], np.float32)
+    sok.apply_serving_delta(export_dir, delta("fits", rows))
+    want = np.ones((4, 2), np.float16)
+    want[[1, 3]] = rows.astype(np.float16)
+    np.testing.assert_array_equal(served(), want)
