@@ -121,7 +121,10 @@ def _read_array(path, dtype, width, rows, crc32=None):
         raise CheckpointError(f"{name} has format version {version}; this sok_graph reads "
                               f"version {FORMAT_VERSION}")
     dtype = np.dtype(dtype)
-    if _DTYPES.get(code) != dtype or got_width != width or got_rows != rows:
+    # The code first: numpy takes None for float64, so an unknown code
+    # compared equal to a float64 the manifest promised.
+    if code not in _DTYPES or _DTYPES[code] != dtype or got_width != width \
+            or got_rows != rows:
         got = _DTYPES[code].name if code in _DTYPES else f"of dtype code {code}"
         raise CheckpointError(f"{name} holds {got_rows}x{got_width} {got}; the manifest says "
                               f"{rows}x{width} {dtype.name}")

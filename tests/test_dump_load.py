@@ -605,6 +605,28 @@ def test_dumps_from_before_rows_kept_their_dtype_still_load(tmp_path):
         np.testing.assert_array_equal(target.numpy(), values.astype(dtype))
 
 
+def test_a_file_of_an_unknown_dtype_code_is_refused(tmp_path):
+    """A dump file whose header gives a dtype code this sok_graph does not
+    know is refused, whatever dtype the manifest promised: one promised as
+    float64 used to load (numpy compares None equal to float64), its bytes
+    read as float64 rows."""
+    import struct
+
+    values = np.array([[0.5, -1.0], [2.0, 3.0]])
+    path = str(tmp_path / "d")
+    sok.dump(path, [sok.Variable(values, name="t", dtype=tf.float64)])
+    with open(os.path.join(path, "t.values"), "r+b") as f:
+        magic, version, code = struct.unpack("<8sII", f.read(16))
+        assert (magic, code) == (b"SOKGDUMP", 3)
+        f.seek(12)
+        f.write(struct.pack("<I", 9))  # the payload and its checksums stay
+    target = sok.Variable(np.zeros((2, 2)), name="t", dtype=tf.float64)
+    with pytest.raises(CheckpointError, match=r"t\.values holds 2x2 of dtype code 9; the "
+                                              r"manifest says 2x2 float64"):
+        sok.load(path, [target])
+    np.testing.assert_array_equal(target.numpy(), np.zeros((2, 2)))
+
+
 def test_a_value_beyond_the_loading_tables_dtype_is_refused(tmp_path):
     """Rows loaded into a table of a narrower dtype are rounded as numpy
     rounds them; a finite value that would become infinite there (float64

@@ -912,6 +912,54 @@ def test_a_delta_is_applied_once_and_in_order(tmp_path, monkeypatch):
         sok.apply_serving_delta(fresh, new_delta)
 
 
+@tf2_only
+def test_an_export_swaps_in_under_the_appliers_lock(tmp_path, monkeypatch):
+    """export_for_serving swaps its export in holding the lock that
+    apply_serving_delta holds from reading the export to swapping in its
+    update. It swapped without it: an export swapped in while an applier
+    worked was replaced by the older export plus the delta (and deleted as
+    a moved-aside copy), and the check that refuses a delta older than the
+    export had read the older export's time."""
+    import fcntl
+
+    from sok_graph.serving import export as export_mod
+
+    export_dir, user = _one_table_export(tmp_path)
+    parent = os.path.dirname(os.path.abspath(export_dir))
+
+    def lock_held():
+        # flock locks belong to an open file: another open of the
+        # directory, in this process too, cannot take a lock held.
+        fd = os.open(parent, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            return True
+        finally:
+            os.close(fd)
+        return False
+
+    held = []
+    real_swap = export_mod.swap_into_place
+
+    def swap(tmp, final):
+        held.append(lock_held())
+        return real_swap(tmp, final)
+
+    monkeypatch.setattr(export_mod, "swap_into_place", swap)
+    sok.assign(user, tf.constant([1], tf.int64), np.full((1, 2), 2.0, np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            return sok.lookup_sparse([user], [tf.RaggedTensor.from_tensor(x)],
+                                     combiners=["sum"])[0]
+
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
+    assert held == [True]
+    assert not lock_held()
+    np.testing.assert_array_equal(_served_rows(export_dir, np.array([1])), [[2, 2]])
+
+
 def test_deltas_of_a_tf1_export_are_applied_once_and_in_order(tmp_path):
     """The same for a TF1 (Session) export, on every TensorFlow: deltas
     applied in order give the rows numpy expects; the same delta again, or

@@ -34,7 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import communication, context
-from sok_graph.dump_load import staging_dir, swap_into_place
+from sok_graph.dump_load import staging_dir, swap_into_place, writers_take_turns
 from sok_graph.tables import is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables.dynamic import DynamicVariable
@@ -299,7 +299,10 @@ def _staged(export_dir):
     fails or is refused (sok ops left in it) leaves what export_dir held.
     It replaces only a previous export (a directory with saved_model.pb) or
     an empty directory; anything else there is the user's, and stays.
-    Paths of other file systems (gs://...) are written in place."""
+    Paths of other file systems (gs://...) are written in place. The swap
+    takes the lock apply_serving_delta holds from reading an export to
+    swapping its update in: an export swapped in meanwhile was replaced by
+    the older export plus the delta, and deleted."""
     if "://" in str(export_dir):
         yield str(export_dir)
         return
@@ -318,7 +321,12 @@ def _staged(export_dir):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    swap_into_place(tmp, final)
+    try:
+        with writers_take_turns(os.path.dirname(final)):
+            swap_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)  # gone already once swapped in
+        raise
 
 
 def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
