@@ -355,10 +355,15 @@ def dump(path, dump_vars, optimizer=None):
     variables = _check_vars(dump_vars, "dump_vars")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     # Names too long for the file system are refused on every worker,
-    # before anything is read or written (write_dump checks the exact names).
-    check_name_lengths(path, {name: [f"{_file_stem(name)}.{part}"
-                                     for part in _parts(var, optimizer)]
-                              for name, var in variables.items()})
+    # before anything is read or written, with the names write_dump gives
+    # (a stem that repeats gets a suffix): a name refused only where the
+    # files are written would leave the other workers waiting for it.
+    used, file_names = set(), {}
+    for name, var in variables.items():
+        parts = _parts(var, optimizer)
+        stem = _unique_stem(_file_stem(name), parts, used)
+        file_names[name] = [f"{stem}.{part}" for part in parts]
+    check_name_lengths(path, file_names)
     tables = {name: (kind_of(var), _export(var, optimizer)) for name, var in variables.items()}
     optimizer_entry = None
     if optimizer is not None:

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import sok_graph as sok
+from sok_graph import dump_load
 from sok_graph.dump_load import CheckpointError
 
 # Builds the same model in any process: a static and a dynamic table, an
@@ -681,6 +682,25 @@ def test_a_value_beyond_the_loading_tables_dtype_is_refused(tmp_path):
                                               r"value 1e\+300 in row 0, column 1"):
         saver.restore_from_file(narrow, str(tmp_path / "saver"))
     np.testing.assert_array_equal(narrow.numpy(), sentinel)
+
+
+def test_a_suffixed_name_too_long_is_refused_before_any_table_is_read(tmp_path, monkeypatch):
+    """Names that clean up to one file stem ("a/b", "a_b") get a suffix
+    ("-1") in the dump; the check every worker makes before reading its
+    tables must count it, or a name one byte short of the limit passed there
+    and was refused only by the worker that writes the files, while the
+    others waited for it at the dump's barrier."""
+    limit = os.pathconf(str(tmp_path), "PC_NAME_MAX")
+    stem = "s" * (limit - 8)  # "<stem>.values" fits; "<stem>-1.values" does not
+    first = sok.Variable(np.ones((2, 2), np.float32), name=stem[:-2] + "/x")
+    second = sok.Variable(np.ones((2, 2), np.float32), name=stem[:-2] + "_x")
+    read = []
+    real_export = dump_load._export
+    monkeypatch.setattr(dump_load, "_export",
+                        lambda *a, **k: read.append(1) or real_export(*a, **k))
+    with pytest.raises(ValueError, match=r"-1\.values"):
+        sok.dump(str(tmp_path / "d"), [first, second])
+    assert read == [] and os.listdir(tmp_path) == []
 
 
 def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(tmp_path):
