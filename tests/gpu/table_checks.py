@@ -51,6 +51,7 @@ def bind(lib, ref):
         "sok_gpu_table_import": [P, P, I64, P, P, P, I64, P, P],
         "sok_gpu_table_export": [P, I64, I64, P, P, P, P, I64, P, P],
         "sok_gpu_table_rebalance": [P, P],
+        "sok_gpu_table_apply_present": [P, P, I32, P, I64, P, I32, I32, I32, P, P, I64, P],
         "sok_gpu_table_row_tiers": [P, P, I64, P, P],
     }
     for name, args in sig.items():
@@ -445,6 +446,49 @@ def check_tiers(lib, ref, rng, t):
     cpu.close()
 
 
+def check_apply_present(lib, rng, t):
+    """The optimizer's update in place (sok_gpu_table_apply_present) of
+    distinct keys a find-or-insert made present: SGD on a table alone, and
+    tf.compat.v1 Momentum with its accumulator in a slot table (zeros
+    initially, so after one step acc = g and w = w0 - lr * g), on a table
+    with rows in both tiers after a pass moved some; against numpy."""
+    lr, momentum = 0.125, 0.9
+    hyper = np.zeros(11, np.float32)  # core::kNumHyper
+    hyper[0], hyper[1] = lr, momentum  # kLr, kMomentumCoef
+    hyper_d, step_d = cp.asarray(hyper), cp.asarray(np.array([1], np.int64))
+    for algorithm, slot_count, cfg in ((0, 0, dict(dim=8, init="uniform", seed=3)),
+                                       (1, 1, dict(dim=12, max_rows=4000, init="normal", seed=4,
+                                                   hbm_bytes=12 * 4 * 1000))):
+        dim = cfg["dim"]
+        table = GpuTable(lib, **cfg)
+        slots = [GpuTable(lib, **dict(cfg, init="zeros")) for _ in range(slot_count)]
+        keys = rng.permutation(np.arange(3000, dtype=np.int64) * 31 - 777)
+        _, before, _ = table.find_or_insert(keys, 10)
+        table.rebalance()
+        for slot in slots:
+            slot.find_or_insert(keys, 10)
+        grads = rng.standard_normal((keys.size, dim)).astype(np.float32)
+        keys_d, grads_d = cp.asarray(keys), cp.asarray(grads)
+        handles = (ctypes.c_void_p * max(1, slot_count))(*[s.h.value for s in slots])
+        rc = lib.sok_gpu_table_apply_present(table.h, ctypes.cast(handles, ctypes.c_void_p),
+                                             slot_count, ptr(keys_d),
+                                             keys.size, ptr(grads_d), algorithm, 1, 0,
+                                             ptr(hyper_d), ptr(step_d), 11, stream())
+        t.cases += 1
+        t.equal(f"apply_present algorithm {algorithm} rc", rc, 0)
+        after, found, _ = table.find(keys, np.zeros(dim, np.float32))
+        want = before - np.float32(lr) * grads
+        # a multiply-add may be fused on the GPU: one rounding, not two
+        close = np.abs(after - want) <= 2 * np.spacing(np.abs(want))
+        t.equal(f"apply_present algorithm {algorithm} rows", bool(close.all() and found.all()),
+                True)
+        for slot in slots:
+            acc, _, _ = slot.find(keys, np.zeros(dim, np.float32))
+            t.rows(f"apply_present algorithm {algorithm} accumulator", acc, grads)
+            slot.close()
+        table.close()
+
+
 def check_table(lib, ref, rng, quick=False):
     bind(lib, ref)
     t = Tally()
@@ -489,10 +533,13 @@ def check_table(lib, ref, rng, quick=False):
                 t.rows(f"{where} rows", gout, cout)
             drop = keys[: n // 5]
             t.equal(f"{where} removed", gpu.remove(drop), cpu.remove(drop))
+            if cfg.get("hbm_bytes", -1) > 0:
+                gpu.rebalance()  # rows moved between tiers keep their values
             compare_state(t, where, gpu, cpu)
         gpu.close()
         cpu.close()
     check_tiers(lib, ref, rng, t)
+    check_apply_present(lib, rng, t)
     # A key missing from a scatter that promised present keys is skipped and
     # reported by the next call that waits, until a clear.
     table = GpuTable(lib, 4, init="zeros")

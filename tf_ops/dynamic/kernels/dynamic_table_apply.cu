@@ -30,10 +30,11 @@ struct SlotTables {
 };
 
 // Each lane of a warp finds one key's slot; the warp then updates its 32
-// keys' rows together, element by element. A key missing from the table (or
-// from a slot table) after all breaks the caller's promise: it is counted as
-// a failure, which the next call that waits reports, and skipped, as
-// scatter_present does.
+// keys' rows together, element by element. A key missing from the table
+// after all breaks the caller's promise: it is counted as a failure, which
+// the table's next wait reports, and skipped, as scatter_present does. A
+// key a slot table could not place (its find-or-insert counted that
+// failure in its own counters) is skipped.
 __global__ void ApplyPresentKernel(DevTable t, SlotTables slots, const int64_t* __restrict__ keys,
                                    int64_t n, const float* __restrict__ grads,
                                    SparseApplyConfig config, const float* __restrict__ hyper_dev,
@@ -51,14 +52,16 @@ __global__ void ApplyPresentKernel(DevTable t, SlotTables slots, const int64_t* 
   if (!WarpTile(n, &base, &lane)) return;
   const int64_t i = base + lane;
   int64_t slot = -1;
+  bool missing = false;
   if (i < n) {
     slot = FindSlot(t, keys[i]);
+    missing = slot < 0;
     for (int k = 0; k < slots.count; ++k) {
       if (slots.slot_of[k][i] < 0) slot = -1;
     }
     if (slot >= 0) t.ts[slot] = now;
   }
-  WarpCount(i < n && slot < 0, counters + kFail, lane);
+  WarpCount(missing, counters + kFail, lane);
   const int w = threadIdx.x / kWarp;
   warp_slots[w][lane] = slot;
   __syncwarp();

@@ -325,9 +325,13 @@ struct SokGpuTable {
   int64_t *slot_a = nullptr, *slot_b = nullptr, *slot_c = nullptr, *slot_d = nullptr;
   // Tiered rows (dynamic_table_tiers.cu): training lookups since the last
   // pass that moved the most used rows into device memory, and that pass's
-  // device scratch (use-count histograms and counters).
+  // device scratch, allocated with the table (TierScratch) so that a pass
+  // neither allocates nor waits: use-count histograms and counters, and
+  // the slots to promote and to demote (tier_cap each).
   int64_t tier_calls = 0;
+  int64_t tier_cap = 0;
   long long* tier_scratch = nullptr;
+  int64_t *tier_promote = nullptr, *tier_demote = nullptr;
   void* cub_temp = nullptr;
   size_t cub_bytes = 0;
 };
@@ -482,6 +486,10 @@ int Evict(SokGpuTable* t, int64_t excess, int64_t now, int64_t* evicted_keys, fl
 // with rows in both tiers, moves its most used rows into device memory
 // (force: now, whatever the count).
 int MaybeRebalance(SokGpuTable* t, bool force, cudaStream_t s);
+// The pass's scratch for a table whose rows may come to be in both tiers
+// (a device-memory budget of rows > 0), at creation; freed by FreeTierScratch.
+int AllocTierScratch(SokGpuTable* t);
+void FreeTierScratch(SokGpuTable* t);
 
 // dynamic_table_insert.cu: makes every batch key present (t->slot_of).
 int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool accessed,

@@ -212,6 +212,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
   int rc = AllocTable(t->allocator, &t->dev, slots, static_cast<int>(config->dim),
                       t->near_rows);
   if (!rc) rc = Alloc(t->allocator, &t->dev.side, 2);
+  if (!rc) rc = sok_graph::gpu_table::AllocTierScratch(t);
   if (!rc) rc = Alloc(t->allocator, &t->counters, kNumCounters);
   if (!rc) {
     rc = static_cast<int>(cudaMallocHost(reinterpret_cast<void**>(&t->host_counters),
@@ -236,7 +237,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_destroy(SokGpuTable* t,
   if (t->host_counters) cudaFreeHost(t->host_counters);
   FreeScratch(t);
   FreeSlotScratch(t);
-  Free(t->allocator, &t->tier_scratch);
+  sok_graph::gpu_table::FreeTierScratch(t);
   Free(t->allocator, reinterpret_cast<char**>(&t->cub_temp));
   delete t;
   return 0;
@@ -277,8 +278,8 @@ __attribute__((visibility("default"))) int64_t sok_gpu_table_memory_bytes(const 
   if (t == nullptr) return 0;
   const int64_t slots = t->dev.slots;
   return slots * 8 + (slots + 2) * (4 * t->dev.dim + 16 + (t->dev.rows.loc ? 4 : 0)) +
-         t->scratch_n * 41 +
-         t->slot_scratch_n * 32 + static_cast<int64_t>(t->cub_bytes);
+         t->scratch_n * 41 + t->slot_scratch_n * 32 + t->tier_cap * 16 +
+         static_cast<int64_t>(t->cub_bytes);
 }
 
 }  // extern "C"

@@ -15,8 +15,9 @@
 //
 // A row moves only to make room for a hotter one, so while T stays the
 // same no row goes back and forth between passes. The pass never waits for
-// the device (the counts stay there), swaps at most a sixteenth of the
-// device-memory rows, and runs every kTierPeriod training lookups
+// the device (the counts stay there; its scratch comes with the table),
+// swaps at most a sixteenth of the device-memory rows (at least 2^16), and
+// runs every kTierPeriod training lookups
 // (find-or-insert, gather_ensured). Rows keep their values; only where they
 // live changes, so results are those of an untiered table.
 #include <algorithm>
@@ -178,28 +179,40 @@ __global__ void InDeviceMemoryKernel(DevTable t, const int64_t* __restrict__ key
 
 }  // namespace
 
+int AllocTierScratch(SokGpuTable* t) {
+  if (t->near_rows <= 0) return 0;  // every row in one tier, whatever the size
+  // Swaps a pass may make: a sixteenth of the device-memory rows (at least
+  // 2^16), so a table settles within a few passes while one stays short.
+  const int64_t cap = std::max<int64_t>(int64_t{1} << 16, t->near_rows / 16);
+  int rc = Alloc(t->allocator, &t->tier_scratch, kTierScratch);
+  if (!rc) rc = Alloc(t->allocator, &t->tier_promote, cap);
+  if (!rc) rc = Alloc(t->allocator, &t->tier_demote, cap);
+  if (!rc) t->tier_cap = cap;
+  return rc;
+}
+
+void FreeTierScratch(SokGpuTable* t) {
+  Free(t->allocator, &t->tier_scratch);
+  Free(t->allocator, &t->tier_promote);
+  Free(t->allocator, &t->tier_demote);
+  t->tier_cap = 0;
+}
+
 int MaybeRebalance(SokGpuTable* t, bool force, cudaStream_t s) {
-  if (t->dev.rows.loc == nullptr) return 0;
+  if (t->dev.rows.loc == nullptr || t->tier_cap == 0) return 0;
   if (!force && ++t->tier_calls < kTierPeriod) return 0;
   t->tier_calls = 0;
-  int rc = EnsureSlotScratch(t);
-  if (!rc && t->tier_scratch == nullptr) rc = Alloc(t->allocator, &t->tier_scratch, kTierScratch);
-  if (rc) return rc;
-  // Swaps a pass may make: a sixteenth of the device-memory rows, so a
-  // table settles within a few passes while one pass stays short.
-  const int64_t cap =
-      std::min<int64_t>(t->dev.slots + 2,
-                        std::max<int64_t>(int64_t{1} << 16, t->dev.rows.split / 16));
+  const int64_t cap = t->tier_cap;
   const int64_t total = t->dev.slots + 2;
   SOK_CUDA(cudaMemsetAsync(t->tier_scratch, 0, sizeof(long long) * 2 * kBins, s));
   TierHistogramKernel<<<Grid(total), 256, 0, s>>>(t->dev, t->tier_scratch);
   TierThresholdKernel<<<1, 1, 0, s>>>(t->tier_scratch, t->dev.rows.split);
-  TierCandidatesKernel<<<Grid(total), 256, 0, s>>>(t->dev, t->tier_scratch, t->slot_a,
-                                                   t->slot_b, cap);
-  TierSwapRowsKernel<<<Grid(cap * t->dev.dim), 256, 0, s>>>(t->dev, t->tier_scratch, t->slot_a,
-                                                            t->slot_b, cap);
-  TierSwapMapKernel<<<Grid(cap), 256, 0, s>>>(t->dev, t->tier_scratch, t->slot_a, t->slot_b,
-                                              cap);
+  TierCandidatesKernel<<<Grid(total), 256, 0, s>>>(t->dev, t->tier_scratch, t->tier_promote,
+                                                   t->tier_demote, cap);
+  TierSwapRowsKernel<<<Grid(cap * t->dev.dim), 256, 0, s>>>(t->dev, t->tier_scratch,
+                                                            t->tier_promote, t->tier_demote, cap);
+  TierSwapMapKernel<<<Grid(cap), 256, 0, s>>>(t->dev, t->tier_scratch, t->tier_promote,
+                                              t->tier_demote, cap);
   return static_cast<int>(cudaGetLastError());
 }
 

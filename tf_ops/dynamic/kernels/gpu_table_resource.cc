@@ -32,6 +32,7 @@
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
 #include <memory>
 #include <string>
@@ -613,22 +614,33 @@ Status GpuTableResource::ApplyPresent(OpKernelContext* ctx, const Tensor& keys_i
   const int64_t n = keys_in.NumElements();
   const int num_slots = static_cast<int>(slots.size());
   if (num_slots > 3) return OkStatus();
+  // Each table locked once: slot tables that repeat, or name this table,
+  // take the general update (whose locks are taken one at a time).
+  for (int a = 0; a < num_slots; ++a) {
+    if (slots[a] == this) return OkStatus();
+    for (int b = 0; b < a; ++b) {
+      if (slots[a] == slots[b]) return OkStatus();
+    }
+  }
   void* stream = GpuStreamOf(ctx);
-  ::tensorflow::mutex_lock lock(*mu());
+  // Every table locked for the whole update, in address order, so that two
+  // updates sharing tables cannot wait on each other. (TensorFlow defines
+  // mutex_lock(x) as a macro that rejects unnamed locks; the alias names
+  // the class.)
+  using Lock = ::tensorflow::mutex_lock;
+  std::vector<GpuTableResource*> order(slots.begin(), slots.end());
+  order.push_back(this);
+  std::sort(order.begin(), order.end(), std::less<GpuTableResource*>());
+  std::vector<std::unique_ptr<Lock>> locks;
+  for (GpuTableResource* r : order) locks.emplace_back(new Lock(*r->mu()));
   bool distinct = false;
   if (!KnownPresent(keys_in, &distinct) || !distinct) return OkStatus();
   Tensor evicted;
   if (num_slots > 0) {
     TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, TensorShape({n}), &evicted));
   }
-  // This table first, then its slot tables, as no other op locks them.
-  // (TensorFlow defines mutex_lock(x) as a macro that rejects unnamed
-  // locks; the alias names the class.)
-  using Lock = ::tensorflow::mutex_lock;
-  std::vector<std::unique_ptr<Lock>> slot_locks;
   std::vector<SokGpuTable*> slot_handles;
   for (GpuTableResource* slot : slots) {
-    slot_locks.emplace_back(new Lock(*slot->mu()));
     SokGpuTableResult result{0, -1};
     const int rc = sok_gpu_table_find_or_insert(slot->table_, keys, n, slot->Tick(), nullptr,
                                                 I64(&evicted), nullptr, &result, stream);
