@@ -576,8 +576,9 @@ def swap_into_place(tmp, path):
         shutil.rmtree(old, ignore_errors=True)
 
 
-# The file that makes a directory a dump, and a serving export's.
-_MARKERS = ("manifest.json", "saved_model.pb")
+# The file that makes a directory a dump, and a serving export's (binary, or
+# a TF1 export's text form).
+_MARKERS = ("manifest.json", "saved_model.pb", "saved_model.pbtxt")
 
 
 def newest_aside(path, marker):

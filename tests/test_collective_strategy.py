@@ -354,6 +354,21 @@ def test_two_workers_train_as_one_process(tmp_path, api, opt):
         _check_saved_model(export, want)
 
 
+def test_an_export_as_text_is_checked_and_serves(tmp_path):
+    """export_saved_model(as_text=True), as tf.estimator's exporters offer
+    it, writes saved_model.pbtxt: the check that no sok op is left read
+    only saved_model.pb and failed the export with TensorFlow's "not
+    found". One process (engine "none"); the export serves in plain
+    TensorFlow as the binary one does."""
+    export = str(tmp_path / "saved_model")
+    _run([sys.executable, WORKER, "--mode", "strategy", "--api", "lookup", "--opt", "adagrad",
+          "--out", str(tmp_path / "one"), "--export", export, "--as_text"],
+         COLLECTIVE_STRATEGY="none")
+    assert os.path.exists(os.path.join(export, "saved_model.pbtxt"))
+    assert not os.path.exists(os.path.join(export, "saved_model.pb"))
+    _check_saved_model(export, _merged(tmp_path / "one", 1))
+
+
 def _check_saved_model(export, want):
     """The SavedModel holds the whole table and serves in plain TensorFlow."""
     ids = np.array([3, 0, 7], np.int64)  # sample 0: ids 3, 0; sample 1: none; sample 2: 7

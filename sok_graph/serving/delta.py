@@ -46,7 +46,7 @@ from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
 from sok_graph.serving import sources
-from sok_graph.serving.export import MANIFEST, table_name
+from sok_graph.serving.export import MANIFEST, SAVED_MODEL_FILES, saved_model_file, table_name
 from sok_graph.serving.tables import safe_name
 
 DELTA_FORMAT = 1
@@ -290,11 +290,12 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             locks.enter_context(dump_load.writers_take_turns(parent))
         if output_dir is not None and os.path.lexists(target):
             raise FileExistsError(f"output_dir {output_dir!r} exists")
-        if not os.path.exists(os.path.join(source, "saved_model.pb")):
+        if saved_model_file(source) is None:
             # An applier or export that died between the two renames of its
             # swap left the previous export moved aside, and none in place.
-            aside = dump_load.newest_aside(source, "saved_model.pb")
-            source = aside if aside is not None else source
+            asides = [dump_load.newest_aside(source, name) for name in SAVED_MODEL_FILES]
+            asides = [a for a in asides if a is not None]
+            source = max(asides) if asides else source
         served, applied_before, export_created = _served(source, export_dir)
         manifest, identity, delta = _read_delta(delta_dir)
         record = _check_order(manifest, identity, applied_before, export_created, delta_dir,

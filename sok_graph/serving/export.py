@@ -223,13 +223,36 @@ class GraphResolver(_StandIns):
 
 # ------------------------------------------------------------ checks
 
+# A SavedModel's file: binary, or text where a TF1 export was asked for it
+# (CollectiveStrategy.export_saved_model(as_text=True), as tf.estimator's).
+SAVED_MODEL_FILES = ("saved_model.pb", "saved_model.pbtxt")
+
+
+def saved_model_file(export_dir):
+    """The path of export_dir's SavedModel file, or None where it has none."""
+    for name in SAVED_MODEL_FILES:
+        path = os.path.join(export_dir, name)
+        if tf.io.gfile.exists(path):
+            return path
+    return None
+
+
 def saved_op_types(export_dir):
     """Every op type of a SavedModel's graphs and function libraries."""
+    from google.protobuf import text_format
     from tensorflow.core.protobuf import saved_model_pb2
 
     model = saved_model_pb2.SavedModel()
-    with tf.io.gfile.GFile(os.path.join(export_dir, "saved_model.pb"), "rb") as f:
-        model.ParseFromString(f.read())
+    path = saved_model_file(export_dir)
+    if path is None:
+        raise FileNotFoundError(f"{export_dir} holds no SavedModel (none of "
+                                f"{', '.join(SAVED_MODEL_FILES)})")
+    with tf.io.gfile.GFile(path, "rb") as f:
+        data = f.read()
+    if path.endswith(".pbtxt"):
+        text_format.Merge(data.decode("utf-8"), model)
+    else:
+        model.ParseFromString(data)
     types = set()
     for meta in model.meta_graphs:
         types.update(node.op for node in meta.graph_def.node)
@@ -297,7 +320,7 @@ def _staged(export_dir):
     """A directory beside export_dir to write the export into, put in
     export_dir's place only once it is whole and checked: an export that
     fails or is refused (sok ops left in it) leaves what export_dir held.
-    It replaces only a previous export (a directory with saved_model.pb) or
+    It replaces only a previous export (a directory with a SavedModel file) or
     an empty directory; anything else there is the user's, and stays.
     Paths of other file systems (gs://...) are written in place. The swap
     takes the lock apply_serving_delta holds from reading an export to
@@ -309,8 +332,7 @@ def _staged(export_dir):
     final = os.path.abspath(os.fspath(export_dir))
     if os.path.lexists(final):
         is_dir = os.path.isdir(final) and not os.path.islink(final)
-        if not is_dir or (os.listdir(final)
-                          and not os.path.exists(os.path.join(final, "saved_model.pb"))):
+        if not is_dir or (os.listdir(final) and saved_model_file(final) is None):
             raise FileExistsError(
                 f"export_dir={str(export_dir)!r} holds something other than a SavedModel: an "
                 f"export replaces only a previous export or an empty directory; choose "

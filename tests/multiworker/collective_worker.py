@@ -100,6 +100,7 @@ def main():
     p.add_argument("--opt", choices=["adagrad", "ftrl"], required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--export", help="strategy mode: export a SavedModel here after training")
+    p.add_argument("--as_text", action="store_true", help="export saved_model.pbtxt")
     args = p.parse_args()
     import tensorflow as tf
 
@@ -146,7 +147,8 @@ def main():
                     return {"serving_default": sig}
 
                 written = strategy.export_saved_model(args.export, session=sess,
-                                                      signature_def_fn=signature_def_fn)
+                                                      signature_def_fn=signature_def_fn,
+                                                      as_text=args.as_text)
                 assert (written is not None) == (rank == 0), written
     if strategy is not None:
         assert len(table_vars) == 1 and sok.distributed_variable.is_sok_variable(table_vars[0])
