@@ -425,6 +425,25 @@ def test_bad_arguments_are_named_errors(tmp_path):
     assert not os.path.exists(str(tmp_path / "a")) and not os.path.exists(str(tmp_path / "d"))
 
 
+def test_a_delta_of_a_name_too_long_for_a_file_is_refused_before_writing(tmp_path):
+    """export_serving_delta names its files after the tables: a name that
+    makes one longer than the file system takes was np.save's bare OSError
+    midway, its directory left half-written beside delta_dir. A ValueError
+    naming the variable now, before anything is written; so is a delta_dir
+    whose name leaves no room for the name it is written under first."""
+    limit = os.pathconf(str(tmp_path), "PC_NAME_MAX")
+    table = sok.Variable(tf.ones([4, 2]), name="t" * (limit - 8))  # + ".keys.npy": limit + 1
+    with pytest.raises(ValueError, match=rf"variable 't+\.\.\.t+': its name is {limit - 8} "
+                                         rf"bytes long, which makes the delta file"):
+        sok.export_serving_delta([table], 0, str(tmp_path / "d"))
+    with pytest.raises(ValueError, match=r"delta_dir=.*bytes long; a delta is written beside"):
+        sok.export_serving_delta([sok.Variable(tf.ones([4, 2]))], 0,
+                                 str(tmp_path / ("d" * (limit - 5))))
+    assert os.listdir(tmp_path) == []
+    fits = sok.Variable(tf.ones([4, 2]), name="t" * (limit - 9))
+    assert sok.export_serving_delta([fits], 0, str(tmp_path / "d")) == str(tmp_path / "d")
+
+
 def _crafted_delta(directory, keys, rows, key_file="t.keys.npy", rows_file="t.rows.npy"):
     """A delta directory for one dynamic table 't', with the arrays and file
     names given (as a hostile or careless writer might make it)."""

@@ -126,15 +126,31 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     if os.path.exists(delta_dir):
         raise FileExistsError(f"delta_dir {delta_dir!r} exists; a delta goes to a new directory")
     tmp = os.path.join(parent, f".{os.path.basename(delta_dir)}.tmp-{uuid.uuid4().hex[:8]}")
-    os.makedirs(tmp)
-    entries, used = [], set()
-    for name, kind, key_dtype, dtype, dim, keys, rows in collected:
+    # Every name first: one longer than the file system takes is refused
+    # here, before anything is written (its own error came midway).
+    limit = dump_load.name_max(parent)
+    own = len(os.fsencode(os.path.basename(delta_dir)))
+    beside = len(os.fsencode(os.path.basename(tmp)))
+    if beside > limit:
+        raise ValueError(f"delta_dir={delta_dir!r}: its last component is {own} bytes long; a "
+                         f"delta is written beside it under a name {beside - own} bytes longer, "
+                         f"and the file system takes names of {limit} bytes: use a name of at "
+                         f"most {limit - (beside - own)} bytes")
+    stems, used = [], set()
+    for name, *_ in collected:
         stem = base = safe_name(name)
         k = 0
         while stem.lower() in used:
             k += 1
             stem = f"{base}-{k}"
         used.add(stem.lower())
+        longest = f"{stem}.keys.npy"
+        dump_load.refuse_long_name(name, longest, len(os.fsencode(longest)), limit,
+                                   "the delta file")
+        stems.append(stem)
+    os.makedirs(tmp)
+    entries = []
+    for stem, (name, kind, key_dtype, dtype, dim, keys, rows) in zip(stems, collected):
         files = {}
         for part, array in (("keys", keys.astype(np.int64)), ("rows", rows)):
             file_name = f"{stem}.{part}.npy"
