@@ -454,6 +454,29 @@ def test_saver_round_trip_eager(tmp_path, use_hashtable):
         saver.dump_to_file(tf.Variable(values), tmp_path / "x")
 
 
+def test_load_embedding_values_into_a_float64_table():
+    """load_embedding_values took every tensor as float32, so a float64
+    sok.Variable refused its own rows (TypeError); they now go in at the
+    table's dtype, bit for bit."""
+    values = (np.arange(8, dtype=np.float64).reshape(4, 2) + 1) / 3.0  # not float32-exact
+    if tf.executing_eagerly():
+        sok.Init(global_batch_size=1)
+        var = sok.Variable(np.zeros((4, 2), np.float64))
+        sok.Saver().load_embedding_values(var, values)
+        got = var.numpy()
+    else:
+        with tf.Graph().as_default():
+            init_op = sok.Init(global_batch_size=1)
+            var = sok.Variable(np.zeros((4, 2), np.float64))
+            load = sok.Saver().load_embedding_values(var, values)
+            with tf.compat.v1.Session() as sess:
+                sess.run(init_op)
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(load)
+                got = sess.run(var)
+    np.testing.assert_array_equal(got, values)
+
+
 def test_saver_round_trip_graph(tmp_path):
     with tf.Graph().as_default():
         init_op = sok.Init(global_batch_size=2)

@@ -200,9 +200,11 @@ class Saver:
         if not parts:
             raise ValueError("tensors must hold at least one [rows, dim] tensor")
         dim = dimension_of(table)
+        # The table's own dtype: float32 made a float64 table refuse its rows.
+        dtype = tf.as_dtype(table.dtype).base_dtype
         values = []
         for i, t in enumerate(parts):
-            t = tf.convert_to_tensor(t, tf.float32)
+            t = tf.convert_to_tensor(t, dtype)
             if t.shape.rank != 2 or (t.shape[1] is not None and t.shape[1] != dim):
                 raise ValueError(f"tensors[{i}] must be [rows, {dim}] (the table's dimension); "
                                  f"got shape {t.shape}")
