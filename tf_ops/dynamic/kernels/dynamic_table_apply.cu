@@ -21,7 +21,8 @@ namespace {
 
 using sok_graph::core::SparseApplyConfig;
 
-constexpr int kMaxSlotTables = 3;
+// The most slot tables an update has: the formula's own bound.
+constexpr int kMaxSlotTables = sok_graph::core::kMaxSlots;
 
 struct SlotTables {
   DevTable table[kMaxSlotTables];

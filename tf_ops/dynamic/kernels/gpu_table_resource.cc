@@ -613,7 +613,7 @@ Status GpuTableResource::ApplyPresent(OpKernelContext* ctx, const Tensor& keys_i
   *applied = false;
   const int64_t n = keys_in.NumElements();
   const int num_slots = static_cast<int>(slots.size());
-  if (num_slots > 3) return OkStatus();
+  if (num_slots > core::kMaxSlots) return OkStatus();
   // Each table locked once: slot tables that repeat, or name this table,
   // take the general update (whose locks are taken one at a time).
   for (int a = 0; a < num_slots; ++a) {
