@@ -1077,3 +1077,67 @@ def test_a_delta_row_beyond_the_served_dtype_is_refused(tmp_path):
     want = np.ones((4, 2), np.float16)
     want[[1, 3]] = rows.astype(np.float16)
     np.testing.assert_array_equal(served(), want)
+
+@tf2_only
+def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tmp_path):
+    """The loaded model's apply_delta_fn, in plain TensorFlow: NaN or
+    infinite rows and a static table's row ids outside [0, rows) are
+    InvalidArgumentErrors naming the table, and the tables keep their rows
+    (NaN rows used to be served; an id outside the table failed on a CPU
+    only, without the table's name). It keeps no record of the deltas
+    applied (its docstring says why)."""
+    sok.init(comm_tool="none")
+    start = np.arange(8, dtype=np.float32).reshape(4, 2)
+    user = sok.DynamicVariable(2, initializer="zeros", name="user")
+    item = sok.Variable(start, name="item")
+    sok.assign(user, tf.constant([1], tf.int64), np.full((1, 2), 1.0, np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            ids = tf.RaggedTensor.from_tensor(x)
+            return sok.lookup_sparse([user, item], [ids, ids % 4], combiners=["sum", "sum"])
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
+    result = _plain_tf("""
+        loaded = tf.saved_model.load(sys.argv[1])
+        nan, inf = float("nan"), float("inf")
+        calls = {"nan": ("user", [1, 8], [[nan, 1.0], [1.0, 1.0]]),
+                 "inf": ("item", [0], [[-inf, 0.0]]),
+                 "outside": ("item", [2, 4], [[1.0, 1.0], [1.0, 1.0]]),
+                 "negative": ("item", [-1], [[1.0, 1.0]])}
+        out = {}
+        for case, (name, keys, rows) in calls.items():
+            try:
+                loaded.sok_tables[name].apply_delta_fn(tf.constant(keys, tf.int64),
+                                                       tf.constant(rows, tf.float32))
+                out[case] = "accepted"
+            except tf.errors.InvalidArgumentError as e:
+                out[case] = str(e)
+        out["user"] = loaded.sok_tables["user"].lookup_fn(
+            tf.constant([1, 8], tf.int64)).numpy().tolist()
+        out["item"] = loaded.sok_tables["item"].lookup_fn(
+            tf.range(4, dtype=tf.int64)).numpy().tolist()
+        loaded.sok_tables["item"].apply_delta_fn(tf.constant([3], tf.int64),
+                                                 tf.constant([[9.0, 9.0]]))
+        out["item_after"] = loaded.sok_tables["item"].lookup_fn(
+            tf.range(4, dtype=tf.int64)).numpy().tolist()
+        print(json.dumps(out))
+    """, export_dir)
+    for case, name, words in (("nan", "user", "rows must be finite"),
+                              ("inf", "item", "rows must be finite"),
+                              ("outside", "item", "delta row ids must be in [0, rows"),
+                              ("negative", "item", "delta row ids must be in [0, rows")):
+        # (the table's name quoted, and escaped by the Assert's message)
+        assert "apply_delta_fn of table" in result[case] and f"table \\'{name}\\'" in result[case] \
+            and words in result[case], (case, result[case])
+    assert result["user"] == [[1, 1], [0, 0]], result
+    np.testing.assert_array_equal(result["item"], start)
+    want = start.copy()
+    want[3] = 9.0
+    np.testing.assert_array_equal(result["item_after"], want)
+    from sok_graph.serving.tables import DynamicTable, StaticTable
+
+    for cls in (DynamicTable, StaticTable):
+        assert "records no delta and cannot refuse one" in cls.apply_delta.__doc__
+

@@ -378,6 +378,8 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
         for t in resolver.tables.values():
             lookup_spec, delta_spec = t.function_signatures()
             t.lookup_fn = tf.function(t.lookup, input_signature=lookup_spec)
+            # Applies a delta to the loaded model in memory; it keeps no
+            # record of the deltas applied (serving/tables.py, _NO_RECORD).
             t.apply_delta_fn = tf.function(t.apply_delta, input_signature=delta_spec)
         root.serve = function
         flat = tf.nest.flatten(list(input_signature), expand_composites=False)

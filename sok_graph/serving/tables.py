@@ -60,6 +60,29 @@ def default_row_value(default_row, name, dim, dtype):
     return row.astype(tf.as_dtype(dtype).as_numpy_dtype)
 
 
+# What apply_delta_fn (apply_delta, as the function a TF2 export holds for
+# each table) does not do that apply_serving_delta does, and why.
+_NO_RECORD = """
+As the export's apply_delta_fn it records no delta and cannot refuse one
+applied twice, out of order or after a gap, as apply_serving_delta does:
+it runs in the serving process on the loaded model's variables, in memory
+(the export on disk, where apply_serving_delta keeps its record in
+assets.extra/sok_deltas.json, is not written, and a reload starts from the
+export again), and its signature, (keys, rows), which servers without
+sok_graph call, carries no delta's id, since or created to check. The
+server keeps that order: apply a delta once, deltas in the order they were
+exported (created ascending), and only one whose since is at or before the
+created of the last one applied, or of the export
+(assets.extra/sok_serving.json)."""
+
+
+def _keeps_no_record(apply_delta):
+    """Adds _NO_RECORD to the docstring of a serving table's apply_delta."""
+    apply_delta.__doc__ = apply_delta.__doc__.rstrip() + "\n" + \
+        "\n".join("        " + line if line else line for line in _NO_RECORD.split("\n"))
+    return apply_delta
+
+
 class StaticTable(tf.Module):
     """A sok.Variable's whole table, served from a plain variable."""
 
@@ -85,11 +108,25 @@ class StaticTable(tf.Module):
         """Rows [n, dim] of global row numbers `ids` [n]."""
         return tf.gather(self.rows, tf.cast(ids, tf.int64))
 
+    @_keeps_no_record
     def apply_delta(self, keys, rows):
-        """Overwrites the rows of global row numbers `keys`; returns their number."""
-        rows = _paired(keys, rows, self.table_name)
-        update = self.rows.scatter_update(tf.IndexedSlices(tf.cast(rows, self.dtype),
-                                                           tf.cast(keys, tf.int64)))
+        """Overwrites the rows of global row numbers `keys`; returns their
+        number. Refuses (InvalidArgumentError naming the table, nothing
+        written) what apply_serving_delta refuses of the keys and rows
+        themselves: keys and rows that do not pair, a row id outside
+        [0, rows), a NaN or infinite value (also one that becomes infinite in
+        the table's dtype)."""
+        keys = tf.cast(keys, tf.int64)
+        rows = _finite(tf.cast(_paired(keys, rows, self.table_name), self.dtype),
+                       self.table_name)
+        count = self.row_count()
+        inside = tf.debugging.Assert(
+            tf.reduce_all(tf.logical_and(keys >= 0, keys < count)),
+            [f"apply_delta_fn of table '{self.table_name}': delta row ids must be in "
+             f"[0, rows of the table); the rows of the table and the smallest and largest "
+             f"id are", count, tf.reduce_min(keys), tf.reduce_max(keys)])
+        with tf.control_dependencies([inside]):
+            update = self.rows.scatter_update(tf.IndexedSlices(rows, keys))
         with tf.control_dependencies([_as_op(update)]):
             return tf.size(keys, out_type=tf.int64)
 
@@ -133,6 +170,20 @@ def _paired(keys, rows, table):
         tf.size(keys, out_type=tf.int64), tf.shape(rows, out_type=tf.int64)[0],
         message=f"apply_delta_fn of table '{table}': keys and rows must pair one to one "
                 f"(keys [n], rows [n, dimension]); the numbers of keys and of rows are")
+    with tf.control_dependencies([check]):
+        return tf.identity(rows)
+
+
+def _finite(rows, table):
+    """rows, after a check that every value is finite: apply_serving_delta
+    refuses a delta's NaN or infinite value, and a float32 value a float16
+    table would hold as inf."""
+    values = rows if rows.dtype in (tf.float16, tf.float32, tf.float64) \
+        else tf.cast(rows, tf.float32)  # bfloat16, exactly
+    check = tf.debugging.Assert(
+        tf.reduce_all(tf.math.is_finite(values)),
+        [f"apply_delta_fn of table '{table}': rows must be finite (a NaN or infinite value, "
+         f"or one beyond the table's dtype)"])
     with tf.control_dependencies([check]):
         return tf.identity(rows)
 
@@ -202,11 +253,16 @@ class DynamicTable(tf.Module):
         row = tf.where(found, _held_at(self.index, probe), tf.zeros_like(probe))
         return tf.gather(self.rows, row)
 
+    @_keeps_no_record
     def apply_delta(self, keys, rows):
         """Sets the rows of `keys` (unique): held keys are overwritten in place,
-        new keys are added. Returns the number of new keys."""
+        new keys are added. Returns the number of new keys. Refuses
+        (InvalidArgumentError naming the table, nothing written) keys and
+        rows that do not pair and a NaN or infinite value (also one that
+        becomes infinite in the table's dtype), as apply_serving_delta does."""
         keys = self._keys(keys)
-        rows = tf.cast(_paired(keys, rows, self.table_name), self.dtype)
+        rows = _finite(tf.cast(_paired(keys, rows, self.table_name), self.dtype),
+                       self.table_name)
         sorted_keys = tf.convert_to_tensor(self.keys)
         probe, found = _search(sorted_keys, keys)
         held_rows = tf.boolean_mask(_held_at(self.index, probe), found)
