@@ -133,8 +133,9 @@ sess.run(tf.compat.v1.global_variables_initializer())
 import os
 assert os.path.exists("export/1/saved_model.pb")
 """, False),
-    ("docs/serving.md", "since = time.time() * 1e6                  "
-                        "# UTC microseconds (or a datetime)"): (_SERVING_MODEL + """
+    ("docs/serving.md", "# since: when the export read its tables (UTC microseconds; "
+                        "a datetime too)"): (_SERVING_MODEL + """
+import json
 sok.export_for_serving(model, "export/1", input_signature=[
     {"ids": tf.TensorSpec([None, 3], tf.int64, name="ids")}])
 """, """

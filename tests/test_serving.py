@@ -216,10 +216,13 @@ def test_delta_round_trip(tmp_path):
     sok.init()
     seen = np.array([5, 17, 2 ** 40, -3, 8, 1001, 64], np.int64)
     model = _trained(ServingModel(), seen)
+    time.sleep(0.01)
+    # A float (time.time() * 1e6), before the export: the delta misses no
+    # row trained after the export read its tables.
+    since = time.time() * 1e6
+    time.sleep(0.01)
     export_dir = str(tmp_path / "model")
     sok.export_for_serving(model, export_dir, _SIGNATURE, default_row={"dyn_b": 0.5})
-    time.sleep(0.01)
-    since = time.time() * 1e6  # a float, as docs/serving.md writes it
     time.sleep(0.01)
     # "Training" after the export: held and new keys of both dynamic tables,
     # and rows of the static table.
@@ -726,6 +729,13 @@ def _one_table_export(tmp_path, name="export"):
     return export_dir, user
 
 
+def _export_created(export_dir):
+    """When the export at export_dir began to read its tables (its
+    sok_serving.json): the since of a first delta that misses no row."""
+    with open(os.path.join(export_dir, "assets.extra", "sok_serving.json")) as f:
+        return json.load(f)["created"]
+
+
 def _export_state(export_dir):
     """({role: array} of table 'user' in the export's checkpoint, [ids of
     the deltas recorded as applied])."""
@@ -776,7 +786,7 @@ def test_a_delta_stopped_anywhere_leaves_the_export_whole(tmp_path):
     from sok_graph.serving import delta as delta_mod
 
     export_dir, user = _one_table_export(tmp_path)
-    since = time.time() * 1e6
+    since = _export_created(export_dir)
     sok.assign(user, tf.constant([1, 5], tf.int64), np.array([[2, 3], [4, 5]], np.float32))
     delta_dir = sok.export_serving_delta([user], since, str(tmp_path / "delta"))
     pristine = str(tmp_path / "pristine")
@@ -866,7 +876,7 @@ def test_a_delta_is_applied_once_and_in_order(tmp_path, monkeypatch):
     from sok_graph.serving import delta as delta_mod
 
     export_dir, user = _one_table_export(tmp_path)
-    since = time.time() * 1e6
+    since = _export_created(export_dir)
     deltas = []
     for step, (key, value) in enumerate([(1, 2.0), (5, 3.0), (1, 4.0)]):
         sok.assign(user, tf.constant([key], tf.int64), np.full((1, 2), value, np.float32))
@@ -916,7 +926,7 @@ def test_a_delta_is_applied_once_and_in_order(tmp_path, monkeypatch):
         sok.apply_serving_delta(fresh, deltas[0])
 
     # A delta without an id (written before deltas had one) is applied once.
-    since = time.time() * 1e6
+    since = _export_created(fresh)
     sok.assign(user, tf.constant([7], tf.int64), np.full((1, 2), 6.0, np.float32))
     new_delta = sok.export_serving_delta([user], since, str(tmp_path / "d3"))
     with open(os.path.join(new_delta, "manifest.json")) as f:
@@ -1004,7 +1014,7 @@ def test_deltas_of_a_tf1_export_are_applied_once_and_in_order(tmp_path):
             sess.run(assign, {keys: [1], rows: [[1, 1]]})
             export_dir = str(tmp_path / "tf1")
             sok.export_for_serving(build_fn, export_dir, session=sess)
-            since = time.time() * 1e6
+            since = _export_created(export_dir)
             deltas = []
             for step, (key, value) in enumerate([(1, 2.0), (5, 3.0)]):
                 sess.run(assign, {keys: [key], rows: [[value, value]]})
@@ -1078,6 +1088,7 @@ def test_a_delta_row_beyond_the_served_dtype_is_refused(tmp_path):
     want[[1, 3]] = rows.astype(np.float16)
     np.testing.assert_array_equal(served(), want)
 
+
 @tf2_only
 def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tmp_path):
     """The loaded model's apply_delta_fn, in plain TensorFlow: NaN or
@@ -1140,4 +1151,116 @@ def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tm
 
     for cls in (DynamicTable, StaticTable):
         assert "records no delta and cannot refuse one" in cls.apply_delta.__doc__
+
+
+def _checkpoint_rows(export_dir, name):
+    """The rows variable of served table `name` in the export's checkpoint."""
+    with open(os.path.join(export_dir, "assets.extra", "sok_serving.json")) as f:
+        where = {t["name"]: t for t in json.load(f)["tables"]}[name]["checkpoint_keys"]
+    prefix = os.path.join(export_dir, "variables", "variables")
+    return tf.train.load_checkpoint(prefix).get_tensor(where["rows"])
+
+
+def test_a_delta_after_a_gap_is_refused(tmp_path):
+    """A delta of a dynamic table's rows changed after a since later than
+    the newest rows the export holds (the created of the export, then of
+    the last delta it took) is refused with a DeltaError naming both times
+    and the delta, nothing written: the rows changed in between were in
+    neither (it used to be applied). A since at or before that time is
+    taken (the overlap is rewritten with newer rows), and a delta of static
+    tables only, which holds them whole, whatever its since."""
+    from sok_graph.serving import delta as delta_mod
+
+    with tf.Graph().as_default():
+        sok.init()
+        user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+        item = sok.Variable(np.zeros((4, 2), np.float32), name="item")
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        assign = sok.assign(user, keys, rows)
+        set_item = item.scatter_update(tf.IndexedSlices(rows, keys))
+
+        def build_fn():
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            served_user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+            served_item = sok.Variable(np.zeros((4, 2), np.float32), name="item")
+            return {"ids": ids}, {"user": sok.all2all_dense_embedding(served_user, ids),
+                                  "item": sok.all2all_dense_embedding(served_item, ids % 4)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+
+            def train(key, value, op=assign):
+                sess.run(op, {keys: [key], rows: [[value, value]]})
+                time.sleep(0.002)  # distinct update times
+
+            def now():
+                moment = int(time.time() * 1e6)
+                time.sleep(0.002)
+                return moment
+
+            def delta(name, since, tables=(user,)):
+                out = sok.export_serving_delta(list(tables), since, str(tmp_path / name),
+                                               session=sess)
+                time.sleep(0.002)  # distinct creation times
+                return out
+
+            train(1, 1.0)
+            export_dir = str(tmp_path / "export")
+            sok.export_for_serving(build_fn, export_dir, session=sess)
+            made = _export_created(export_dir)
+            train(1, 2.0)
+            late = now()
+            train(5, 3.0)
+            gap = delta("gap", late)  # key 5 only: key 1's new row is in neither
+            first = delta("first", made)
+            train(7, 4.0)
+            late_again = now()
+            train(9, 5.0)
+            gap_again = delta("gap_again", late_again)
+            overlap = delta("overlap", made)  # everything since the export
+            train(1, 6.0)
+            with open(os.path.join(overlap, "manifest.json")) as f:
+                overlap_created = json.load(f)["created"]
+            at_last = delta("at_last", overlap_created)
+            train(2, 7.0, set_item)
+            static_only = delta("static_only", now(), tables=(item,))
+    with open(os.path.join(first, "manifest.json")) as f:
+        first_manifest = json.load(f)
+
+    def served_user():
+        held = [1, 5, 7, 9]
+        return {k: r.tolist() for k, r in zip(held, _served_rows(export_dir, np.array(held)))
+                if r.any()}
+
+    state = _export_state(export_dir)
+    with pytest.raises(delta_mod.DeltaError) as refused:
+        sok.apply_serving_delta(export_dir, gap)
+    message = str(refused.value)
+    assert f"delta {gap} holds the rows changed after" in message, message
+    assert f"(since={late})" in message and "rows up to" in message, message
+    assert f"(created={made}: the time the export was made)" in message, message
+    assert _same_state(_export_state(export_dir), state) and served_user() == {1: [1, 1]}
+
+    sok.apply_serving_delta(export_dir, first)
+    assert served_user() == {1: [2, 2], 5: [3, 3]}
+    state = _export_state(export_dir)
+    with pytest.raises(delta_mod.DeltaError) as refused:
+        sok.apply_serving_delta(export_dir, gap_again)
+    message = str(refused.value)
+    assert f"delta {gap_again} holds the rows changed after" in message, message
+    assert f"(since={late_again})" in message, message
+    assert (f"(created={first_manifest['created']}: the created of delta "
+            f"{first_manifest['id']}, the last it took)") in message, message
+    assert _same_state(_export_state(export_dir), state)
+
+    sok.apply_serving_delta(export_dir, overlap)
+    assert served_user() == {1: [2, 2], 5: [3, 3], 7: [4, 4], 9: [5, 5]}
+    sok.apply_serving_delta(export_dir, at_last)
+    assert served_user() == {1: [6, 6], 5: [3, 3], 7: [4, 4], 9: [5, 5]}
+    assert sok.apply_serving_delta(export_dir, static_only) == {"item": 4}
+    want_item = np.zeros((4, 2), np.float32)
+    want_item[2] = 7.0
+    np.testing.assert_array_equal(_checkpoint_rows(export_dir, "item"), want_item)
+    assert len(_export_state(export_dir)[1]) == 4
 

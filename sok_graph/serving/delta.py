@@ -23,9 +23,16 @@ export_dir and swapped in whole (dump_load.staging_dir, swap_into_place), so
 a failure or a crash midway leaves the export as it was. It records every
 delta it applied in the export (assets.extra/sok_deltas.json: id, since,
 created, rows per table) and refuses a delta applied before, one older than
-the last it applied (created earlier: its rows would overwrite newer ones)
-and one exported before the export itself was made. Deltas written before
-deltas had an id are known by a digest of their manifest.json.
+the last it applied (created earlier: its rows would overwrite newer ones),
+one exported before the export itself was made, and one whose since is
+after the created of the newest thing the export holds (the export itself,
+or the last delta it took) where the delta holds a dynamic table: rows
+trained in between would be in neither. Deltas written before deltas had
+an id are known by a digest of their manifest.json.
+
+apply_delta_fn, the loaded model's own function, keeps no such record and
+cannot check order (serving/tables.py says why); it refuses what its keys
+and rows show.
 """
 
 import contextlib
@@ -290,9 +297,12 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
     All or nothing: the updated export is written beside its place and
     swapped in whole, so an error or a crash midway leaves export_dir (and
     output_dir) as they were. A delta the export already took, one older
-    than the last it took, or one exported before the export was made is
-    refused (DeltaError): the export records the deltas applied to it in
-    assets.extra/sok_deltas.json (a copy at output_dir keeps the record)."""
+    than the last it took, one exported before the export was made, or one
+    of dynamic rows changed after a since later than the newest rows the
+    export holds (the created of the last delta it took, or its own: rows
+    changed in between would be missing) is refused (DeltaError): the
+    export records the deltas applied to it in assets.extra/sok_deltas.json
+    (a copy at output_dir keeps the record)."""
     source = os.path.abspath(os.fspath(export_dir))
     target = source if output_dir is None else os.path.abspath(os.fspath(output_dir))
     if output_dir is not None and os.path.lexists(target):
@@ -384,11 +394,20 @@ def _check_order(manifest, identity, applied, export_created, delta_dir, export_
     """The record of a delta about to be applied to an export that took the
     deltas `applied`: DeltaError where it took this one already, where this
     one is older than the last it took (created earlier: its rows would
-    overwrite newer ones) or older than the export itself."""
+    overwrite newer ones) or older than the export itself, and where it
+    leaves a gap: it holds a dynamic table's rows changed after its since,
+    later than the newest rows the export holds (the created of the last
+    delta it took, or its own), so rows changed in between would be in
+    neither. A since at or before that time is fine: the rows changed in
+    the overlap are in the delta too, and newer."""
     created = manifest.get("created")
     if isinstance(created, bool) or not isinstance(created, int):
         raise DeltaError(f"{delta_dir}: the manifest's created is {created!r}; it must be the "
                          f"time the delta was exported, in integer UTC microseconds")
+    since = manifest.get("since")
+    if isinstance(since, bool) or not isinstance(since, int):
+        raise DeltaError(f"{delta_dir}: the manifest's since is {since!r}; it must be the time "
+                         f"the delta's rows were changed after, in integer UTC microseconds")
     for place, before in enumerate(applied):
         if before["id"] == identity:
             raise DeltaError(
@@ -408,9 +427,34 @@ def _check_order(manifest, identity, applied, export_created, delta_dir, export_
             f"the export at {export_dir} was made (created={export_created}, "
             f"{_micros(export_created)}): the export holds newer rows; apply only deltas "
             f"exported after it")
-    since = manifest.get("since")
-    return dict(id=identity, created=created, since=since if isinstance(since, int) else None,
-                applied=int(time.time() * 1e6), delta_dir=os.path.abspath(delta_dir))
+    _check_no_gap(manifest, since, applied, export_created, delta_dir, export_dir)
+    return dict(id=identity, created=created, since=since, applied=int(time.time() * 1e6),
+                delta_dir=os.path.abspath(delta_dir))
+
+
+def _check_no_gap(manifest, since, applied, export_created, delta_dir, export_dir):
+    """DeltaError where a delta holding a dynamic table gives the rows
+    changed after `since` and the export holds rows only up to an earlier
+    time (the created of the last delta it took, or its own). A delta of
+    static tables only holds them whole, and an export of before created
+    was recorded that took no delta gives no time to compare."""
+    # A list: all() leaves a generator unfinished, and its close could
+    # swallow an exception raised there.
+    if all([t.get("kind") == "static" for t in manifest.get("tables", [])]):
+        return
+    last = max(applied, key=lambda a: a["created"]) if applied else None
+    if last is not None and (export_created is None or last["created"] >= export_created):
+        newest, what = last["created"], f"the created of delta {last['id']}, the last it took"
+    elif export_created is not None:
+        newest, what = export_created, "the time the export was made"
+    else:
+        return
+    if since > newest:
+        raise DeltaError(
+            f"delta {delta_dir} holds the rows changed after {_micros(since)} (since={since}); "
+            f"{export_dir} holds rows up to {_micros(newest)} (created={newest}: {what}): "
+            f"rows changed in between would be in neither; export a delta with since <= "
+            f"{newest}")
 
 
 def _write_applied(export_dir, applied):
