@@ -1264,3 +1264,71 @@ def test_a_delta_after_a_gap_is_refused(tmp_path):
     np.testing.assert_array_equal(_checkpoint_rows(export_dir, "item"), want_item)
     assert len(_export_state(export_dir)[1]) == 4
 
+
+# Per dtype: the unsigned integer of its width (bits compared), and rows
+# that dtype holds exactly where float32, or a rounding, would change them.
+_DTYPE_CASES = {
+    "bfloat16": (np.uint16, [[1.0078125, -2.0 ** -130], [3.3895313892515355e38, -0.0]]),
+    "float16": (np.uint16, [[1.0009765625, -2.0 ** -24], [65504.0, 6.1e-05]]),
+    "float64": (np.uint64, [[1 + 1e-12, 1e300], [5e-324, -2.5]]),
+}
+
+
+@pytest.mark.parametrize("dtype", sorted(_DTYPE_CASES))
+def test_a_delta_of_a_table_of_any_float_dtype_round_trips_bit_for_bit(tmp_path, dtype):
+    """A bfloat16, float16 or float64 sok.Variable's delta, exported from a
+    Session and applied to its export: the served rows are numpy's, bit for
+    bit. A bfloat16 table's rows file holds their raw bits (uint16), which
+    its manifest entry says, and numpy alone reads them back; np.save wrote
+    bfloat16 rows as void ('|V2'), which read_serving_delta refused."""
+    from sok_graph.serving import delta as delta_mod
+
+    bits, new = _DTYPE_CASES[dtype]
+    np_dtype = tf.as_dtype(dtype).as_numpy_dtype
+    start = (np.arange(12, dtype=np.float64).reshape(6, 2) / 3).astype(np_dtype)
+    new = np.array(new, np.float64).astype(np_dtype)
+    want = start.copy()
+    want[[1, 4]] = new
+    with tf.Graph().as_default():
+        sok.init()
+        table = sok.Variable(start, name="emb")
+        update = table.scatter_update(tf.IndexedSlices(tf.constant(new), tf.constant([1, 4])))
+
+        def build_fn():
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            served = sok.Variable(np.zeros((6, 2), np_dtype), name="emb")
+            return {"ids": ids}, {"out": sok.all2all_dense_embedding(served, ids)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            export_dir = str(tmp_path / "export")
+            sok.export_for_serving(build_fn, export_dir, session=sess)
+            sess.run(update)
+            delta_dir = sok.export_serving_delta([table], _export_created(export_dir),
+                                                 str(tmp_path / "delta"), session=sess)
+    _, keys, rows = delta_mod.read_serving_delta(delta_dir)["emb"]
+    assert rows.dtype == np.dtype(np_dtype)
+    np.testing.assert_array_equal(keys, np.arange(6))
+    np.testing.assert_array_equal(rows.view(bits), want.view(bits))
+
+    assert sok.apply_serving_delta(export_dir, delta_dir) == {"emb": 6}
+    served = _checkpoint_rows(export_dir, "emb")
+    assert served.dtype == np.dtype(np_dtype)
+    np.testing.assert_array_equal(served.view(bits), want.view(bits))
+    # The updated export loads, holding those rows (its lookup sums in
+    # float32 and flushes subnormals, as training's does: the variable is
+    # compared).
+    with tf.Graph().as_default() as graph, tf.compat.v1.Session(graph=graph) as sess:
+        tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export_dir)
+        variable = [v for v in tf.compat.v1.global_variables() if v.op.name == "emb"][0]
+        loaded = sess.run(variable)
+    np.testing.assert_array_equal(np.asarray(loaded).view(bits), want.view(bits))
+    # numpy alone reads the rows file: the manifest names the dtype it holds.
+    with open(os.path.join(delta_dir, "manifest.json")) as f:
+        entry = json.load(f)["tables"][0]
+    stored = np.load(os.path.join(delta_dir, entry["files"]["rows"]["file"]))
+    assert entry["dtype"] == dtype
+    assert stored.dtype.name == entry["files"]["rows"]["dtype"] == (
+        "uint16" if dtype == "bfloat16" else dtype)
+    np.testing.assert_array_equal(stored.view(bits), want.view(bits))
+

@@ -7,8 +7,14 @@ A delta directory:
                       key dtype, dtype, dimension, rows, and for its two
                       files their size and CRC-32
   <table>.keys.npy    int64 keys (global row numbers of a static table)
-  <table>.rows.npy    rows [n, dimension]
-Plain .npy files: a server without sok_graph reads them with numpy.
+  <table>.rows.npy    rows [n, dimension] in the table's dtype; a bfloat16
+                      table's as their raw bits, uint16 (.npy has no
+                      bfloat16: np.save wrote it as void '|V2', which no
+                      reader takes back as numbers). Each file's entry in
+                      the manifest names the dtype the .npy holds.
+Plain .npy files: a server without sok_graph reads them with numpy (a
+bfloat16 table's rows: np.load(...).view(bfloat16), or tf.bitcast to
+tf.bfloat16).
 
 Dynamic tables give the keys updated after `since` (their per-key update
 times); static tables keep no update times and give every row.
@@ -61,6 +67,9 @@ DELTA_MANIFEST = "manifest.json"
 # In an export's assets.extra: the deltas apply_serving_delta applied to it.
 APPLIED = "sok_deltas.json"
 APPLIED_FORMAT = 1
+# Rows of a dtype .npy cannot hold are written as their raw bits, in the
+# unsigned integer of their width: {table dtype: the .npy's dtype}.
+_BITS = {"bfloat16": np.dtype(np.uint16)}
 
 
 class DeltaError(ValueError):
@@ -97,6 +106,20 @@ def _crc(path):
         for block in iter(lambda: f.read(1 << 20), b""):
             crc = zlib.crc32(block, crc)
     return crc
+
+
+def _stored_rows(rows, dtype):
+    """The array a rows file holds for `rows` of the table dtype named
+    `dtype`: the rows, or for a dtype of _BITS their raw bits."""
+    bits = _BITS.get(dtype)
+    rows = np.ascontiguousarray(rows, tf.as_dtype(dtype).as_numpy_dtype)
+    return rows if bits is None else rows.view(bits)
+
+
+def _float_dtype(dtype):
+    """Whether numpy dtype `dtype` holds rows: a numpy float, or bfloat16
+    (which numpy does not count as one)."""
+    return np.issubdtype(dtype, np.floating) or dtype == np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
 def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1 << 20):
@@ -159,11 +182,13 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     entries = []
     for stem, (name, kind, key_dtype, dtype, dim, keys, rows) in zip(stems, collected):
         files = {}
-        for part, array in (("keys", keys.astype(np.int64)), ("rows", rows)):
+        for part, array in (("keys", np.ascontiguousarray(keys, np.int64)),
+                            ("rows", _stored_rows(rows, dtype))):
             file_name = f"{stem}.{part}.npy"
             path = os.path.join(tmp, file_name)
-            np.save(path, np.ascontiguousarray(array))
-            files[part] = dict(file=file_name, bytes=os.path.getsize(path), crc32=_crc(path))
+            np.save(path, array)
+            files[part] = dict(file=file_name, dtype=array.dtype.name,
+                               bytes=os.path.getsize(path), crc32=_crc(path))
         entries.append(dict(name=name, kind=kind, key_dtype=key_dtype, dtype=dtype,
                             dimension=dim, rows=int(len(keys)), files=files))
     # The id tells this delta from every other: apply_serving_delta records
@@ -213,10 +238,17 @@ def _read_delta(delta_dir):
                 raise DeltaError(f"{path} is missing, truncated or corrupted (size or "
                                  "checksum differs from the manifest)")
             try:
-                arrays.append(np.load(path, allow_pickle=False))
+                array = np.load(path, allow_pickle=False)
             except (ValueError, OSError) as e:
                 raise DeltaError(f"{path} is not a numpy array of numbers ({e})") from None
-        keys, rows = _checked_arrays(delta_dir, entry, *arrays)
+            # Deltas from before files named their dtype: the array's own.
+            stored = info.get("dtype", array.dtype.name)
+            if array.dtype.name != stored:
+                raise DeltaError(f"{path} holds {array.dtype.name} values; the manifest says "
+                                 f"{stored!r}")
+            arrays.append(array)
+        keys, rows = _checked_arrays(delta_dir, entry, arrays[0],
+                                     _rows_of(delta_dir, entry, arrays[1]))
         if len(keys) != entry["rows"] or rows.shape != (entry["rows"], entry["dimension"]):
             raise DeltaError(f"{delta_dir}: table {entry['name']!r} has {len(keys)} keys and "
                              f"rows of shape {rows.shape}; the manifest says {entry['rows']} "
@@ -235,17 +267,36 @@ def _file_inside(delta_dir, name):
     return os.path.join(delta_dir, name)
 
 
+def _rows_of(delta_dir, entry, stored):
+    """The rows of one table of a delta from the array its rows file holds:
+    that array, or where the file holds the raw bits of a dtype .npy has no
+    code for (_BITS: a bfloat16 table's rows as uint16), those bits read as
+    the table's dtype."""
+    dtype = entry.get("dtype")
+    bits = _BITS.get(dtype)
+    if bits is None:
+        return stored  # numbers of their own dtype (_checked_arrays checks them)
+    if stored.dtype != bits:
+        raise DeltaError(f"{delta_dir}: table {entry.get('name')!r} of dtype {dtype} has rows "
+                         f"of dtype {stored.dtype}; a {dtype} table's rows are written as "
+                         f"their raw bits, {bits.name}")
+    return stored.view(tf.as_dtype(dtype).as_numpy_dtype)
+
+
 def _checked_arrays(delta_dir, entry, keys, rows):
     """(keys, rows) of one table of a delta: integer keys, finite float rows."""
     name = entry.get("name")
     if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
         raise DeltaError(f"{delta_dir}: table {name!r} has keys of dtype {keys.dtype} and shape "
                          f"{keys.shape}; keys must be a vector of integers")
-    if rows.ndim != 2 or not np.issubdtype(rows.dtype, np.floating):
+    if rows.ndim != 2 or not _float_dtype(rows.dtype):
         raise DeltaError(f"{delta_dir}: table {name!r} has rows of dtype {rows.dtype} and shape "
                          f"{rows.shape}; rows must be a [keys, dimension] float matrix")
-    if not np.all(np.isfinite(rows)):
-        bad = int(np.argwhere(~np.isfinite(rows))[0][0])
+    # bfloat16 as float32 (exact): numpy's ufuncs need not take it.
+    finite = np.isfinite(rows if np.issubdtype(rows.dtype, np.floating)
+                         else rows.astype(np.float32))
+    if not np.all(finite):
+        bad = int(np.argwhere(~finite)[0][0])
         raise DeltaError(f"{delta_dir}: table {name!r} has a NaN or infinite value in the row "
                          f"of key {int(keys[bad]) if bad < len(keys) else bad}; rows must be "
                          f"finite")
