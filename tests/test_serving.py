@@ -1332,3 +1332,42 @@ def test_a_delta_of_a_table_of_any_float_dtype_round_trips_bit_for_bit(tmp_path,
         "uint16" if dtype == "bfloat16" else dtype)
     np.testing.assert_array_equal(stored.view(bits), want.view(bits))
 
+
+def test_delta_file_names_are_made_unique_as_a_dumps_are(tmp_path, monkeypatch):
+    """Serving names that clean up to one file stem ("a/b", "a_b", and
+    "A_B" on a file system that ignores case) get files of their own,
+    named by dump_load._unique_stem as a dump's are (the delta had a loop
+    of its own), and each table's rows come back as numpy has them."""
+    from sok_graph import dump_load
+    from sok_graph.serving import delta as delta_mod
+
+    stems = []
+    real = dump_load._unique_stem
+
+    def unique_stem(stem, parts, used):
+        out = real(stem, parts, used)
+        stems.append((stem, tuple(parts), out))
+        return out
+
+    monkeypatch.setattr(dump_load, "_unique_stem", unique_stem)
+    rng = _rng()
+    arrays = {name: rng.normal(size=(3, 2)).astype(np.float32)
+              for name in ("a/b", "a_b", "A_B")}
+    with tf.Graph().as_default():
+        sok.init()
+        tables = {name: sok.Variable(array, name=f"t{i}")
+                  for i, (name, array) in enumerate(arrays.items())}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            delta_dir = sok.export_serving_delta(tables, 0, str(tmp_path / "delta"),
+                                                 session=sess)
+    assert stems == [("a_b", ("keys.npy", "rows.npy"), "a_b"),
+                     ("a_b", ("keys.npy", "rows.npy"), "a_b-1"),
+                     ("A_B", ("keys.npy", "rows.npy"), "A_B-2")], stems
+    files = [f for f in os.listdir(delta_dir) if f != "manifest.json"]
+    assert len({f.lower() for f in files}) == len(files) == 6, files
+    read = delta_mod.read_serving_delta(delta_dir)
+    for name, array in arrays.items():
+        _, keys, rows = read[name]
+        np.testing.assert_array_equal(keys, np.arange(3))
+        np.testing.assert_array_equal(rows, array)

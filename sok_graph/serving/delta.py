@@ -64,6 +64,8 @@ from sok_graph.serving.tables import safe_name
 
 DELTA_FORMAT = 1
 DELTA_MANIFEST = "manifest.json"
+# A table's files in a delta: <stem>.keys.npy, <stem>.rows.npy.
+_PARTS = ("keys.npy", "rows.npy")
 # In an export's assets.extra: the deltas apply_serving_delta applied to it.
 APPLIED = "sok_deltas.json"
 APPLIED_FORMAT = 1
@@ -168,12 +170,9 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
                          f"most {limit - (beside - own)} bytes")
     stems, used = [], set()
     for name, *_ in collected:
-        stem = base = safe_name(name)
-        k = 0
-        while stem.lower() in used:
-            k += 1
-            stem = f"{base}-{k}"
-        used.add(stem.lower())
+        # Names that clean up to one stem ("a/b", "a_b", also "A" and "a" on
+        # file systems that ignore case) get -1, -2, ... as a dump's files do.
+        stem = dump_load._unique_stem(safe_name(name), _PARTS, used)
         longest = f"{stem}.keys.npy"
         dump_load.refuse_long_name(name, longest, len(os.fsencode(longest)), limit,
                                    "the delta file")
