@@ -45,35 +45,32 @@ def _read_each_once(ids, read, counted=False, groups=0):
     return tf.gather(read(unique), position)
 
 
-def _exchange(comm, ids, owner_of, read, name, counted=False, groups=0, in_sent_order=False,
-              padded=False):
-    """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)):
-    the ids travel to their owners, which answer with read(received ids)
-    (counted: read(distinct received ids, their occurrences); groups > 0:
-    read(distinct received ids padded with -1s, their number per group)).
-    in_sent_order: returns (rows in the order sent, where ids[i]'s row is
-    among them) instead of the rows in the order of `ids`, for a caller that
-    indexes the rows anyway. padded: an owner of N marks padding, sent to
-    nobody (with in_sent_order only: padding gets no row)."""
-    world_size = comm.world_size
-    if padded and not in_sent_order:
-        raise ValueError("a padded exchange returns rows in the order sent (in_sent_order): "
-                         "padding gets no row to put back in place")
+def _exchange(comm, ids, owner_of, read, name, counted=False):
+    """Rows for `ids` [n] whose owners are `owner_of` [n] (values in [0, N)),
+    in the order of `ids`: the ids travel to their owners, which answer with
+    read(received ids) (counted: read(distinct received ids, their
+    occurrences))."""
     with tf.name_scope(name):
         # Owners come from floormod (or a fixed owner): never negative.
-        buckets = sharding_ops.bucketize_by_owner(owner_of, world_size + int(padded),
-                                                  non_negative=True)
-        send = tf.gather(ids, buckets.permutation)
-        sizes = buckets.sizes[:world_size] if padded else buckets.sizes
-        # The bucketing op's sizes add up to the ids it sorted, and the reply
-        # has a row for each id received: no check of the splits.
-        received, received_splits = comm.alltoall(send, sizes, check_splits=False,
-                                                  padded=padded)
-        rows = _read_each_once(received, read, counted, groups)
-        back, _ = comm.alltoall(rows, received_splits, check_splits=False)
-        if in_sent_order:
-            return back, buckets.inverse_permutation
+        buckets = sharding_ops.bucketize_by_owner(owner_of, comm.world_size, non_negative=True)
+        # The bucketing op's sizes add up to the ids it sorted.
+        back = _sent_and_answered(comm, tf.gather(ids, buckets.permutation), buckets.sizes, read,
+                                  counted=counted)
         return _unpermuted(back, buckets.permutation, buckets.inverse_permutation)
+
+
+def _sent_and_answered(comm, send, sizes, read, counted=False, groups=0, padded=False):
+    """The rows for keys `send` grouped by owner (sizes[w] of them for worker
+    w, adding up to the keys sent): the keys travel to their owners, which
+    answer with read(received keys) (counted, groups: as _read_each_once
+    says); the rows come back in the order sent. padded: `send` goes on
+    past the sizes' sum with padding, which stays here."""
+    # The sizes add up to the keys (or the keys before the padding), and the
+    # reply has a row for each key received: no check of the splits.
+    received, received_splits = comm.alltoall(send, sizes, check_splits=False, padded=padded)
+    rows = _read_each_once(received, read, counted, groups)
+    back, _ = comm.alltoall(rows, received_splits, check_splits=False)
+    return back
 
 
 def _unpermuted(rows, permutation, inverse):
@@ -127,34 +124,24 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", names=Non
     which nothing uses.
 
     The step waits for the device once here: the all-to-all reads how many
-    keys go to each worker. Both dedups (the sender's, of its ids, and the
-    owner's, of what it received) are util.unique_padded, whose outputs have
-    the length of their input and whose counts stay on the device."""
+    keys go to each worker. Neither dedup waits: the sender's is part of
+    sharding.route_grouped_keys, the owner's (of what it received) is
+    util.unique_padded; the outputs of both have the length of their input,
+    and their counts stay on the device."""
     count = len(tables)
     world_size, _, fixed_owner = tables[0].placement
-    if world_size != comm.world_size:  # padding goes to owner world_size: no worker's
+    if world_size != comm.world_size:
         raise ValueError(f"the tables are sharded over {world_size} workers; the "
                          f"communicator has {comm.world_size}")
     with tf.name_scope(name):
-        keys, positions, distinct, _ = util_ops.unique_padded(ids * count + table,
-                                                              out_idx=tf.int64)
-        if fixed_owner >= 0:
-            send, owners = keys, tf.fill(tf.shape(keys), tf.constant(fixed_owner, tf.int64))
-        else:
-            # The key as its owner reads it: local row * T + t. (A unique
-            # that also counted each owner's keys, for the all-to-all's sizes,
-            # measured no faster on two H200s: the exchange's wait for the
-            # received counts reads the sent ones in the same trip.)
-            send = tf.math.floordiv(keys, count * world_size) * count \
-                + tf.math.floormod(keys, count)
-            owners = tf.math.floormod(tf.math.floordiv(keys, count), world_size)
-        # The padding past the distinct keys goes to no worker (owner N).
-        # The positions are an int32 range, which TensorFlow computes on the
-        # host from the shape and copies to the GPU; an int64 one would be
-        # computed there from a size copied back (a wait for the device).
-        position = tf.cast(tf.range(tf.size(keys)), tf.int64)
-        owners = tf.where(position < distinct, owners,
-                          tf.fill(tf.shape(owners), tf.constant(world_size, tf.int64)))
+        # One op (SokRouteGroupedKeys) dedups the keys, finds their owners,
+        # groups them by owner and writes them as the owners read them,
+        # local row * T + t: the ~20 ops of arithmetic, masks and gathers it
+        # replaced were a chain on every step's way to its first all-to-all,
+        # each a turn of the executor's (the multi-GPU step is bound by the
+        # host: bench/RESULTS.md). The padding past the distinct keys goes
+        # to nobody.
+        route = sharding_ops.route_grouped_keys(ids, table, count, world_size, fixed_owner)
 
         def read(received, per_table):
             # One op reads every table's rows (SokGroupedGather), in the
@@ -162,15 +149,15 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", names=Non
             # counted by the unique that made them (host memory on a GPU),
             # lets its gradient size each table's rows without a wait. A
             # gather per table and a sort by table instead cost ~200 ops of
-            # every replica's step with 26 tables, and the step of a
-            # multi-GPU machine is bound by the host (bench/RESULTS.md).
+            # every replica's step with 26 tables.
             return sharding_ops.grouped_gather(tables, received, per_table, names,
                                                distinct=True, padded=True)
 
-        # The rows stay in the order they came back in (by owner); each id
-        # finds its row through the bucketing's inverse permutation, one
-        # gather of ids instead of a gather of the rows into key order
-        # (and another of their gradient back).
-        rows, slot_of_key = _exchange(comm, send, owners, read, "rows", groups=count,
-                                      in_sent_order=True, padded=True)
-        return rows, tf.gather(slot_of_key, positions)
+        with tf.name_scope("rows"):
+            # The rows stay in the order they came back in (by owner); each
+            # id finds its row through its slot, a gather of ids instead of a
+            # gather of the rows into key order (and another of their
+            # gradient back).
+            rows = _sent_and_answered(comm, route.keys, route.sizes, read, groups=count,
+                                      padded=True)
+        return rows, route.slots

@@ -1,5 +1,6 @@
 """The sharding ops (tf_ops/sharding): ids grouped by owning worker, local
-rows, and an owner's read of several tables for keys that name their table.
+rows, the sender's routing of keys that name their table, and an owner's
+read of several tables for such keys.
 
 Distributed tables: global row i lives on worker i % world_size as local row
 i // world_size. Localized tables: all rows on one worker (``fixed_owner``).
@@ -39,6 +40,23 @@ def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None, non_negative=
 def local_rows(ids, world_size, name=None):
     """id // world_size: the row an id occupies in its owner's shard."""
     return library.load().sok_local_rows(ids, world_size=int(world_size), name=name)
+
+
+Route = collections.namedtuple("Route", ["keys", "sizes", "slots"])
+
+
+def route_grouped_keys(ids, tables, num_tables, world_size, fixed_owner=-1, name=None):
+    """The sender's side of a grouped exchange in one op, for row ids [n]
+    (int64) of the tables `tables` [n] names among num_tables: the distinct
+    keys id * num_tables + table, grouped by owning worker and written as
+    their owners read them. Returns Route(keys [n]: the d distinct keys
+    first, -1 after them; sizes [world_size]: how many go to each worker,
+    adding up to d; slots [n]: where each id's key is among `keys`). On a GPU
+    the op does not wait for the device. See SokRouteGroupedKeys."""
+    out = library.load().sok_route_grouped_keys(
+        ids, tables, num_tables=int(num_tables), world_size=int(world_size),
+        fixed_owner=int(fixed_owner), name=name)
+    return Route(*out)
 
 
 def grouped_gather(tables, keys, table_sizes, table_names=None, distinct=False, padded=False,

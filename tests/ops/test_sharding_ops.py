@@ -261,3 +261,74 @@ def test_grouped_gather_grad_with_keys_not_grouped_by_table():
         np.testing.assert_array_equal(indices[0].numpy(), [0, -1])
         np.testing.assert_array_equal(values[0].numpy(), [[1, 1], [0, 0]])
         np.testing.assert_array_equal(indices[1].numpy(), [1])
+
+
+def _routed(ids, tables, count, world_size, fixed_owner=-1):
+    """numpy's model of the sender's side of a grouped exchange: the distinct
+    keys id * count + table in order of first appearance, stably grouped by
+    owner, each as its owner reads it; -1 after them; and each id's slot."""
+    with np.errstate(over="ignore"):
+        keys = ids.astype(np.int64) * np.int64(count) + tables.astype(np.int64)
+    _, first = np.unique(keys, return_index=True)
+    distinct = keys[np.sort(first)]
+    if fixed_owner >= 0:
+        owners = np.full(distinct.shape, fixed_owner, np.int64)
+        on_owner = distinct
+    else:
+        owners = (distinct // count) % world_size  # numpy's // and % round down
+        on_owner = (distinct // count // world_size) * count + distinct % count
+    order = np.argsort(owners, kind="stable")
+    sent = np.full(keys.shape, -1, np.int64)
+    sent[:len(distinct)] = on_owner[order]
+    place = {int(k): i for i, k in enumerate(distinct[order])}
+    slots = np.array([place[int(k)] for k in keys], np.int64)
+    return sent, np.bincount(owners, minlength=world_size), slots
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 8])
+@pytest.mark.parametrize("count", [1, 3, 26])
+@pytest.mark.parametrize("fixed_owner", [-1, 0], ids=["distributed", "localized"])
+def test_route_grouped_keys(rng, world_size, count, fixed_owner):
+    """Keys deduplicated, grouped by owner and written as the owner reads
+    them, against numpy; ids repeat, and some are bad (negative, or so large
+    that id * count wraps), as a lookup's unchecked ids may be."""
+    n = 2000
+    ids = rng.integers(0, 300, size=n)
+    ids[:4] = [-1, -7, np.iinfo(np.int64).max, np.iinfo(np.int64).min + 3]
+    tables = rng.integers(0, count, size=n)
+    route = sharding.route_grouped_keys(tf.constant(ids), tf.constant(tables), count,
+                                        world_size, fixed_owner)
+    sent, sizes, slots = _routed(ids, tables, count, world_size, fixed_owner)
+    np.testing.assert_array_equal(route.keys.numpy(), sent)
+    np.testing.assert_array_equal(route.sizes.numpy(), sizes)
+    np.testing.assert_array_equal(route.slots.numpy(), slots)
+
+
+def test_route_grouped_keys_in_a_graph_and_empty(rng):
+    ids = rng.integers(0, 50, size=300)
+    tables = rng.integers(0, 4, size=300)
+
+    @tf.function
+    def route(i, t):
+        return sharding.route_grouped_keys(i, t, 4, 3)
+
+    out = route(tf.constant(ids), tf.constant(tables))
+    for got, want in zip(out, _routed(ids, tables, 4, 3)):
+        np.testing.assert_array_equal(got.numpy(), want)
+    empty = route(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
+    assert empty.keys.shape == (0,) and empty.slots.shape == (0,)
+    np.testing.assert_array_equal(empty.sizes.numpy(), [0, 0, 0])
+
+
+def test_route_grouped_keys_rejects_bad_input():
+    ids = tf.constant([1, 2], tf.int64)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="one length|must be equal"):
+        sharding.route_grouped_keys(ids, tf.constant([0], tf.int64), 2, 2)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="fixed_owner"):
+        sharding.route_grouped_keys(ids, tf.constant([0, 1], tf.int64), 2, 2, fixed_owner=2)
+    with pytest.raises((tf.errors.InvalidArgumentError, ValueError), match="world_size"):
+        sharding.route_grouped_keys(ids, tf.constant([0, 1], tf.int64), 2, 0)
+    with tf.device("/cpu:0"):  # the GPU kernel reads a table modulo num_tables
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"tables must be in \[0, num_tables=2\); got 2 at position 1"):
+            sharding.route_grouped_keys(ids, tf.constant([0, 2], tf.int64), 2, 2)

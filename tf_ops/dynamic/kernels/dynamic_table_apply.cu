@@ -44,10 +44,7 @@ __global__ void ApplyPresentKernel(DevTable t, SlotTables slots, const int64_t* 
   __shared__ float hyper[sok_graph::core::kNumHyper];
   __shared__ float alpha;
   __shared__ int64_t warp_slots[kWarpsPerBlock][kWarp];
-  if (threadIdx.x < sok_graph::core::kNumHyper) hyper[threadIdx.x] = hyper_dev[threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x == 0) alpha = sok_graph::core::StepAlpha(config.algorithm, hyper, *step);
-  __syncthreads();
+  sok_graph::core::LoadHyperIntoBlock(config, hyper_dev, step, hyper, &alpha);
   int64_t base;
   int lane;
   if (!WarpTile(n, &base, &lane)) return;

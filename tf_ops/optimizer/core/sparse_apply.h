@@ -301,6 +301,21 @@ SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const f
   }
 }
 
+#if defined(__CUDACC__)
+// Block-wide, before a kernel's first update: the hyperparameters (device
+// memory: the host never reads them) into the block's shared `hyper`, and
+// the step size of the bias-corrected algorithms into its shared `alpha`.
+// Every thread of the block must call it.
+__device__ __forceinline__ void LoadHyperIntoBlock(const SparseApplyConfig& config,
+                                                   const float* hyper_dev, const int64_t* step,
+                                                   float* hyper, float* alpha) {
+  if (threadIdx.x < kNumHyper) hyper[threadIdx.x] = hyper_dev[threadIdx.x];
+  __syncthreads();
+  if (threadIdx.x == 0) *alpha = StepAlpha(config.algorithm, hyper, *step);
+  __syncthreads();
+}
+#endif
+
 }  // namespace core
 }  // namespace sok_graph
 

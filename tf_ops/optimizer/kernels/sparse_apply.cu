@@ -22,25 +22,12 @@ __device__ __forceinline__ int TableOf(const int64_t* offsets, int n, int64_t ro
   return lo;
 }
 
-// Block-wide, before any update: the hyperparameters (device memory: the
-// host never reads them) into the block's shared `hyper`, and the step size
-// of the bias-corrected algorithms into its shared `alpha`.
-__device__ __forceinline__ void LoadHyper(const SparseApplyConfig& config, const float* hyper_dev,
-                                          const int64_t* step, float* hyper, float* alpha) {
-  if (threadIdx.x < sok_graph::core::kNumHyper) hyper[threadIdx.x] = hyper_dev[threadIdx.x];
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    *alpha = sok_graph::core::StepAlpha(config.algorithm, hyper, *step);
-  }
-  __syncthreads();
-}
-
 __global__ void SparseApplyKernel(const SokSparseApplyTable* tables, const int64_t* offsets,
                                   int n, int64_t total, SparseApplyConfig config,
                                   const float* hyper_dev, const int64_t* step) {
   __shared__ float hyper[sok_graph::core::kNumHyper];
   __shared__ float alpha;
-  LoadHyper(config, hyper_dev, step, hyper, &alpha);
+  sok_graph::core::LoadHyperIntoBlock(config, hyper_dev, step, hyper, &alpha);
   const int lane = threadIdx.x % kWarp;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * kWarpsPerBlock;
   for (int64_t r = static_cast<int64_t>(blockIdx.x) * kWarpsPerBlock + threadIdx.x / kWarp;
@@ -71,7 +58,7 @@ __global__ void DenseApplyKernel(float* __restrict__ rows, float* __restrict__ s
                                  const float* hyper_dev, const int64_t* step) {
   __shared__ float hyper[sok_graph::core::kNumHyper];
   __shared__ float alpha;
-  LoadHyper(config, hyper_dev, step, hyper, &alpha);
+  sok_graph::core::LoadHyperIntoBlock(config, hyper_dev, step, hyper, &alpha);
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < total;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     sok_graph::core::ApplyElement(config, hyper, alpha, grads[i], rows + i,

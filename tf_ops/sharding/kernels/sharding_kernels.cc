@@ -1,12 +1,13 @@
 // The sharding ops on the CPU: the functors of SokBucketizeByOwner,
-// SokLocalRows (over tf_ops/sharding/core) and the grouped gather and its
-// gradient (sharding_op.h).
+// SokLocalRows, SokRouteGroupedKeys (over tf_ops/sharding/core) and the
+// grouped gather and its gradient (sharding_op.h).
 #include <cstring>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
 #include "compat/tf_compat.h"
 #include "tf_ops/sharding/core/bucketize.h"
+#include "tf_ops/sharding/core/route_keys.h"
 #include "tf_ops/sharding/kernels/sharding_args.h"
 #include "tf_ops/sharding/kernels/sharding_op.h"
 
@@ -51,6 +52,25 @@ struct LocalRowsFunctor<CpuDevice, K> {
 SOK_REGISTER_SHARDING(int32_t)
 SOK_REGISTER_SHARDING(TfInt64)
 #undef SOK_REGISTER_SHARDING
+
+template <>
+struct RouteFunctor<CpuDevice> {
+  Status operator()(OpKernelContext* ctx, const RouteArgs& a) const {
+    for (int64_t i = 0; i < a.n; ++i) {
+      if (a.tables[i] < 0 || a.tables[i] >= a.num_tables) {
+        return ::tensorflow::errors::InvalidArgument(
+            "tables must be in [0, num_tables=", a.num_tables, "); got ",
+            static_cast<int64_t>(a.tables[i]), " at position ", i);
+      }
+    }
+    core::RouteGroupedKeys(a.ids, a.tables, a.n, a.num_tables, a.world_size, a.fixed_owner,
+                           a.sent, a.sizes, a.slots);
+    return OkStatus();
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SokRouteGroupedKeys").Device(::tensorflow::DEVICE_CPU),
+                        RouteGroupedKeysOp<CpuDevice>);
 
 template <>
 struct GroupedGatherFunctor<CpuDevice> {

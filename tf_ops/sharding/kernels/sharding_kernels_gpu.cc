@@ -1,10 +1,11 @@
 // The sharding ops on the GPU: the functors of SokBucketizeByOwner,
-// SokLocalRows and the grouped gather (sharding_op.h) — the C launchers of
-// bucketize.cu, local_rows.cu and grouped_gather.cu on the op's stream.
+// SokLocalRows, SokRouteGroupedKeys and the grouped gather (sharding_op.h) —
+// the C launchers of bucketize.cu, local_rows.cu, route_keys.cu and
+// grouped_gather.cu on the op's stream.
 // Negative ids are found on the device and read back (one wait): an error
-// as on the CPU, never a silent -1 row or a wrong owner. The grouped gather
-// and its gradient wait for nothing: their output sizes are known on the
-// host. Compiled only when the build found a CUDA toolkit
+// as on the CPU, never a silent -1 row or a wrong owner. The routing of keys,
+// the grouped gather and its gradient wait for nothing: their output sizes
+// are known on the host. Compiled only when the build found a CUDA toolkit
 // (SOK_GRAPH_WITH_CUDA); registering the kernels costs nothing on machines
 // without a GPU, where TensorFlow simply never places the ops there.
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
@@ -22,6 +23,7 @@
 #include "tf_ops/sharding/kernels/bucketize_launcher.h"
 #include "tf_ops/sharding/kernels/grouped_gather_launcher.h"
 #include "tf_ops/sharding/kernels/local_rows_launcher.h"
+#include "tf_ops/sharding/kernels/route_keys_launcher.h"
 #include "tf_ops/sharding/kernels/sharding_args.h"
 #include "tf_ops/sharding/kernels/sharding_op.h"
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
@@ -111,6 +113,28 @@ REGISTER_KERNEL_BUILDER(
 REGISTER_KERNEL_BUILDER(
     Name("SokLocalRows").Device(::tensorflow::DEVICE_GPU).TypeConstraint<TfInt64>("T"),
     LocalRowsOp<GpuDevice, TfInt64>);
+
+template <>
+struct RouteFunctor<GpuDevice> {
+  Status operator()(OpKernelContext* ctx, const RouteArgs& a) const {
+    if (a.n >= (int64_t{1} << 30)) {
+      return errors::InvalidArgument("ids has ", a.n, " entries; the GPU kernel takes fewer "
+                                     "than 2^30");
+    }
+    Tensor temp;
+    void* stream = GpuStreamOf(ctx);
+    return LaunchWithScratch(ctx, "SokRouteGroupedKeys", &temp,
+                             [&](void* scratch, size_t* bytes) {
+                               return sok_route_grouped_keys(
+                                   a.ids, a.tables, a.n, a.num_tables, a.world_size,
+                                   a.fixed_owner, a.sent, a.sizes, a.slots, scratch, bytes,
+                                   stream);
+                             });
+  }
+};
+
+REGISTER_KERNEL_BUILDER(Name("SokRouteGroupedKeys").Device(::tensorflow::DEVICE_GPU),
+                        RouteGroupedKeysOp<GpuDevice>);
 
 // The widest copy unit (16, 8, 4 or 2 bytes) that divides every address.
 int MaxUnitBytes(const std::vector<const void*>& buffers) {

@@ -1,9 +1,9 @@
 // The one OpKernel of each sharding op (SokBucketizeByOwner, SokLocalRows,
-// SokGroupedGather and its gradient) for every device: attributes and input
-// shapes checked once here, the work in the device's functor — the CPU's in
-// sharding_kernels.cc (tf_ops/sharding/core), the GPU's in
-// sharding_kernels_gpu.cc (the launchers of bucketize.cu, local_rows.cu and
-// grouped_gather.cu). Each device file registers the kernels with its
+// SokRouteGroupedKeys, SokGroupedGather and its gradient) for every device:
+// attributes and input shapes checked once here, the work in the device's
+// functor — the CPU's in sharding_kernels.cc (tf_ops/sharding/core), the
+// GPU's in sharding_kernels_gpu.cc (the launchers of bucketize.cu,
+// local_rows.cu, route_keys.cu and grouped_gather.cu). Each device file registers the kernels with its
 // functor.
 #ifndef SOK_GRAPH_TF_OPS_SHARDING_KERNELS_SHARDING_OP_H_
 #define SOK_GRAPH_TF_OPS_SHARDING_KERNELS_SHARDING_OP_H_
@@ -112,6 +112,77 @@ class LocalRowsOp : public DeviceWaitingKernel<> {
   int world_size_ = 1;
 };
 
+
+// SokRouteGroupedKeys's inputs and outputs, checked and allocated by the op.
+struct RouteArgs {
+  const int64_t* ids = nullptr;     // [n]
+  const int64_t* tables = nullptr;  // [n]
+  int64_t n = 0;
+  int64_t num_tables = 1;
+  int64_t world_size = 1;
+  int64_t fixed_owner = -1;
+  int64_t* sent = nullptr;   // [n]
+  int64_t* sizes = nullptr;  // [world_size]
+  int64_t* slots = nullptr;  // [n]
+};
+
+// RouteFunctor: Status operator()(ctx, args) (core::RouteGroupedKeys on the
+// CPU, route_keys.cu on the GPU).
+template <typename Device>
+struct RouteFunctor;
+
+template <typename Device>
+class RouteGroupedKeysOp : public ::tensorflow::OpKernel {
+ public:
+  explicit RouteGroupedKeysOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
+    namespace errors = ::tensorflow::errors;
+    int num_tables = 0, world_size = 0, fixed_owner = 0;
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("fixed_owner", &fixed_owner));
+    OP_REQUIRES(ctx, fixed_owner < world_size,
+                errors::InvalidArgument("fixed_owner must be < world_size (", world_size,
+                                        "); got ", fixed_owner));
+    OP_REQUIRES(ctx, world_size <= kMaxWorldSize,
+                errors::InvalidArgument("world_size must be <= ", kMaxWorldSize, "; got ",
+                                        world_size));
+    num_tables_ = num_tables;
+    world_size_ = world_size;
+    fixed_owner_ = fixed_owner;
+  }
+
+  void Compute(::tensorflow::OpKernelContext* ctx) override {
+    namespace errors = ::tensorflow::errors;
+    const ::tensorflow::Tensor& ids = ctx->input(0);
+    const ::tensorflow::Tensor& tables = ctx->input(1);
+    OP_REQUIRES(ctx, ids.dims() == 1 && tables.dims() == 1 &&
+                         ids.NumElements() == tables.NumElements(),
+                errors::InvalidArgument("ids and tables must be vectors of one length; got "
+                                        "shapes ", ids.shape().DebugString(), " and ",
+                                        tables.shape().DebugString()));
+    ::tensorflow::Tensor *sent = nullptr, *sizes = nullptr, *slots = nullptr;
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(0, ids.shape(), &sent));
+    OP_REQUIRES_OK(ctx,
+                   ctx->allocate_output(1, ::tensorflow::TensorShape({world_size_}), &sizes));
+    OP_REQUIRES_OK(ctx, ctx->allocate_output(2, ids.shape(), &slots));
+    RouteArgs args;
+    args.ids = reinterpret_cast<const int64_t*>(ids.flat<TfInt64>().data());
+    args.tables = reinterpret_cast<const int64_t*>(tables.flat<TfInt64>().data());
+    args.n = ids.NumElements();
+    args.num_tables = num_tables_;
+    args.world_size = world_size_;
+    args.fixed_owner = fixed_owner_;
+    args.sent = reinterpret_cast<int64_t*>(sent->flat<TfInt64>().data());
+    args.sizes = reinterpret_cast<int64_t*>(sizes->flat<TfInt64>().data());
+    args.slots = reinterpret_cast<int64_t*>(slots->flat<TfInt64>().data());
+    OP_REQUIRES_OK(ctx, RouteFunctor<Device>()(ctx, args));
+  }
+
+ private:
+  int64_t num_tables_ = 1;
+  int64_t world_size_ = 1;
+  int64_t fixed_owner_ = -1;
+};
 
 // SokGroupedGather's tables, checked: each table's first row and row count,
 // and the bytes of a row (all tables have one dtype and dimension).

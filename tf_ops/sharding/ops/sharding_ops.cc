@@ -67,6 +67,52 @@ The row each id occupies in its owner's shard of a distributed table:
 id // world_size. Ids must be >= 0.
 )doc");
 
+REGISTER_OP("SokRouteGroupedKeys")
+    .Input("ids: int64")
+    .Input("tables: int64")
+    .Output("sent_keys: int64")
+    .Output("send_sizes: int64")
+    .Output("slots: int64")
+    .Attr("num_tables: int >= 1")
+    .Attr("world_size: int >= 1")
+    .Attr("fixed_owner: int = -1")
+    .SetShapeFn([](InferenceContext* c) -> Status {
+      ShapeHandle ids, tables;
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
+      TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &tables));
+      TF_RETURN_IF_ERROR(c->Merge(ids, tables, &ids));
+      int world_size = 0, fixed_owner = 0;
+      TF_RETURN_IF_ERROR(c->GetAttr("world_size", &world_size));
+      TF_RETURN_IF_ERROR(c->GetAttr("fixed_owner", &fixed_owner));
+      if (fixed_owner >= world_size) {
+        return ::tensorflow::errors::InvalidArgument("fixed_owner must be < world_size (",
+                                                     world_size, "); got ", fixed_owner);
+      }
+      c->set_output(0, ids);
+      c->set_output(1, c->Vector(world_size));
+      c->set_output(2, ids);
+      return OkStatus();
+    })
+    .Doc(R"doc(
+The sender's side of a grouped exchange in one op: the keys of ids of
+num_tables tables, deduplicated, grouped by owning worker and written as
+their owners read them (tf_ops/sharding/core/route_keys.h).
+
+ids: [n] row ids, ids[i] a row of table tables[i]. Not checked against the
+  tables (the caller's range check does that; a bad id still gets a key).
+tables: [n] table of each id, each in [0, num_tables) (checked on the CPU;
+  the GPU kernel reads an out-of-range table modulo num_tables).
+sent_keys: [n] the d distinct keys id * num_tables + table, grouped by
+  owner ((key // num_tables) mod world_size, or fixed_owner), each as its
+  owner reads it ((key // (num_tables * world_size)) * num_tables + table,
+  or the key itself with a fixed owner); -1 after them.
+send_sizes: [world_size] how many of the d keys go to each worker; they add
+  up to d, so an all-to-all of sent_keys with these splits leaves the
+  padding unsent.
+slots: [n] the position in sent_keys of ids[i]'s key.
+On a GPU the op reads nothing back: it does not wait for the device.
+)doc");
+
 // The [n, dim] rows of SokGroupedGather: dim from the first table whose
 // shape says it (a tensor, or a variable's recorded handle shape).
 Status GroupedGatherShape(InferenceContext* c) {
