@@ -40,7 +40,11 @@ def _read_each_once(ids, read, counted=False, groups=0):
         return tf.gather(read(unique, occurrences), position)
     if groups:
         unique, position, _, sizes = util_ops.unique_padded(ids, groups, out_idx=tf.int64)
-        return tf.gather(read(unique, sizes), position)
+        # Its gradient is sok's segment sum by position, one op on the way
+        # back to the tables; TensorFlow's gradient of a gather is an
+        # IndexedSlices, which the grouped read's gradient made dense again
+        # with ~10 ops (shapes, and an atomic segment sum).
+        return util_ops.gather_by_position(read(unique, sizes), position)
     unique, position = util_ops.unique(ids, out_idx=tf.int64)
     return tf.gather(read(unique), position)
 
