@@ -167,6 +167,28 @@ def _in_session_graph(fn):
     return wrapper
 
 
+def checked_path(path, what="path"):
+    """`path` as a str: a str, an os.PathLike, bytes (decoded as the file
+    system does) or an eager scalar tf.string tensor; anything else, or an
+    empty path, is an error naming `what` (bytes failed midway with "can't
+    concat str to bytes", other types with os's message naming no argument,
+    and "" was taken as the current directory)."""
+    if isinstance(path, tf.Tensor) and path.dtype == tf.string and path.shape.rank == 0 \
+            and hasattr(path, "numpy"):
+        path = path.numpy()
+    if isinstance(path, os.PathLike):
+        path = os.fspath(path)
+    if isinstance(path, bytes):
+        path = os.fsdecode(path)
+    if not isinstance(path, str):
+        raise TypeError(f"{what} must be a str or a path (a directory); got "
+                        f"{type(path).__name__} {path!r}")
+    if not path:
+        raise ValueError(f"{what} must name a directory; got an empty string (for the current "
+                         f"directory's subdirectory, give its name)")
+    return path
+
+
 def _var_name(var):
     name = var.name[:-2] if var.name.endswith(":0") else var.name
     return name
@@ -352,6 +374,15 @@ def dump(path, dump_vars, optimizer=None):
     tf.compat.v1.train) that updated sok variables itself or inside
     sok.OptimizerScope (optimization/native_slots.py says whose slots a
     variable's are)."""
+    path = checked_path(path)
+    if os.path.abspath(path) == os.path.abspath(os.getcwd()):
+        # A dump replaces `path` by renames: the process would be left in
+        # a deleted directory (later relative paths fail). A directory of
+        # the user's files is refused as such, as anywhere.
+        _check_replaceable(os.path.abspath(path))
+        raise ValueError(f"path={path!r} is the current directory, which a dump would replace "
+                         f"(the process would be left in a deleted directory): give a "
+                         f"subdirectory")
     variables = _check_vars(dump_vars, "dump_vars")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     # Names too long for the file system are refused on every worker,
@@ -390,7 +421,13 @@ def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=Non
     share, which load checks (_check_named_alike)."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
-    os.makedirs(parent, exist_ok=True)
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        # os's "[Errno 17] File exists" named neither the dump nor the cause.
+        raise FileExistsError(
+            f"cannot write a dump at {path!r}: a file stands where its parent directories "
+            f"must be ({e.filename!r} or a directory above it is not a directory)") from e
     with writers_take_turns(parent):
         _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike)
 
@@ -678,6 +715,7 @@ def _dump_dir(path):
 def load(path, load_vars, optimizer=None):
     """Restores variables (and, when given, the optimizer's slots and step)
     from a dump. Everything is read and checked before anything is assigned."""
+    path = checked_path(path)
     variables = _check_vars(load_vars, "load_vars")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     slots = _slot_specs(optimizer)

@@ -39,6 +39,49 @@ def _finite_constant(value, given):
     return value
 
 
+def _is_tensor(value):
+    """Whether `value` is a tf.Tensor or tf.Variable (TensorFlow is imported
+    only once this module's callers have done so)."""
+    import tensorflow as tf
+
+    return isinstance(value, (tf.Tensor, tf.Variable))
+
+
+def _checked_seed(seed, what):
+    """seed as an int of int64's range (the op's attribute), or a ValueError
+    naming `what`: a float was cut to an int, a str or a larger int failed
+    with int()'s or the attribute's message, naming nothing."""
+    if seed is None:
+        return 0
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
+            not -(1 << 63) <= int(seed) < (1 << 63):
+        raise ValueError(f"{what} must be None or an integer in [-2^63, 2^63); got {seed!r}")
+    return int(seed)
+
+
+def _finite_parameters(kind, spec):
+    """spec, after a check that the parameters its `initializer` reads are
+    finite float32 numbers (stddev > 0 is not asked: TensorFlow's own
+    initializers take any): a Keras / tf initializer object holding NaN or
+    an infinity (Constant(nan), RandomNormal(stddev=inf)) filled every new
+    row of the table with NaN or infinities, where the same constant given
+    as a number is refused."""
+    used = {"constant": ("value",), "normal": ("mean", "stddev"),
+            "truncated_normal": ("mean", "stddev"),
+            "uniform": ("minval", "maxval")}.get(spec["initializer"], ())
+    limit = float(np.finfo(np.float32).max)
+    for key in used:
+        value = spec[key]
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            number = float("nan")
+        if not math.isfinite(number) or abs(number) > limit:
+            raise ValueError(f"initializer {kind}: its {key} must be a finite float32 number "
+                             f"(every new row would be filled from it); got {value!r}")
+    return spec
+
+
 def initializer_spec(initializer, seed=None):
     """The table's complete initializer spec (every key of DEFAULT) from
     SOK's accepted forms: None, "random" (SOK's default name) or "uniform"
@@ -47,7 +90,13 @@ def initializer_spec(initializer, seed=None):
     0.05, as Keras' defaults), "zeros", "ones", a number (constant), or a
     Keras / tf initializer object (RandomNormal, TruncatedNormal,
     RandomUniform, Zeros, Ones, Constant)."""
-    spec = dict(DEFAULT, seed=seed or 0)
+    spec = dict(DEFAULT, seed=_checked_seed(seed, "seed"))
+    if _is_tensor(initializer):
+        # Its comparison with a name below failed with "Cannot convert '' to
+        # EagerTensor".
+        raise TypeError(f"initializer must be a name, a number or a Keras/TF initializer; got "
+                        f"a {type(initializer).__name__} (give a number: "
+                        f"initializer=float(value))")
     if isinstance(initializer, (np.ndarray, list, tuple)):
         raise TypeError(f"initializer must be a name, a number or a Keras/TF initializer (a "
                         f"dynamic table has no fixed rows to take an array's values); got "
@@ -79,7 +128,14 @@ def initializer_spec(initializer, seed=None):
     kind = type(initializer).__name__
     if config is None:
         raise TypeError(f"initializer {initializer!r} is not a supported initializer")
-    seed = config.get("seed", seed) or 0
+    seed = _checked_seed(config.get("seed", seed), f"the seed of initializer {kind}")
+    spec = _object_spec(kind, config, spec, seed)
+    return _finite_parameters(kind, spec)
+
+
+def _object_spec(kind, config, spec, seed):
+    """The spec of a Keras / tf initializer object of class `kind` whose
+    get_config() is `config`."""
     if kind in ("RandomNormal", "random_normal_initializer"):
         return dict(spec, initializer="normal", mean=config.get("mean", 0.0),
                     stddev=config.get("stddev", 1.0),

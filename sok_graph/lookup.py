@@ -476,8 +476,12 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     if sp_weights is not None and single and not isinstance(sp_weights, (list, tuple)):
         sp_weights = [sp_weights]
     sp_weights = _as_list(sp_weights, "sp_weights", n)
-    if combiners is None or isinstance(combiners, str):
-        combiners = [combiners or "mean"] * n
+    # Only None means the default: "" is a name, refused below (it was
+    # taken as "mean").
+    if combiners is None:
+        combiners = ["mean"] * n
+    elif isinstance(combiners, str):
+        combiners = [combiners] * n
     combiners = _as_list(combiners, "combiners", n)
     names = lookup_ops.combiner_names()
     for t, c in enumerate(combiners):
@@ -646,8 +650,14 @@ def all2all_dense_embedding(param, indices, name=None):
     fixed order (docs/gpu.md)."""
     with tf.name_scope(name or "all2all_dense_embedding"):
         indices = tf.convert_to_tensor(indices)
+        # Named here: the lookup below would name its own argument, sp_ids[0].
+        if indices.dtype not in (tf.int32, tf.int64):
+            raise TypeError(f"indices must hold int32 or int64 ids; got {indices.dtype.name}")
         flat = tf.reshape(indices, [-1])
         table = _single_worker_dynamic(param)
+        if table is not None and indices.dtype == tf.int64 and table.key_type == tf.int32:
+            raise TypeError(f"indices must hold int32 keys (the key_type of DynamicVariable "
+                            f"'{table.name}'); got int64")
         if table is not None:
             rows = _rows_by_position(table, flat, _table_name(table, 0))
         else:

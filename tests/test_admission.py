@@ -184,6 +184,7 @@ def test_counting_filter_in_a_session_graph(rng):
     (dict(min_count=3, min_count_counters=64, min_count_hashes=9),
      r"min_count_hashes must be in \[1, 8\]"),
     (dict(filter_default="zero"), "filter_default must be a finite number"),
+    (dict(min_count=2, filter_default=1e39), "filter_default must be a finite float32 number"),
 ])
 def test_bad_filter_settings(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):

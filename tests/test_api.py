@@ -136,6 +136,7 @@ def test_disable_eager_execution_session():
 @pytest.mark.parametrize("kwargs,exc,pattern", [
     (dict(sp_ids=[None]), TypeError, r"sp_ids\[0\] must be a tf.SparseTensor or tf.RaggedTensor"),
     (dict(combiners=["max"]), ValueError, r"combiners\[0\] must be one of .*'max'"),
+    (dict(combiners=""), ValueError, r"combiners\[0\] must be one of .*''"),
     (dict(combiners=["sum", "sum"]), ValueError, r"combiners must have one entry per table \(1\)"),
     (dict(sp_weights=[None, None]), ValueError, r"sp_weights must have one entry per table"),
     (dict(max_norm=-1.0), ValueError, r"max_norm\[0\] must be None or a positive finite"),
@@ -164,6 +165,19 @@ def test_lookup_sparse_bad_types():
         sok.lookup_sparse([tf.ones([4, 2])], [tf.ragged.constant([[[0]]], tf.int64)])
     with pytest.raises(TypeError, match=r"share one dtype"):
         sok.lookup_sparse([tf.ones([4, 2]), tf.ones([4, 2], tf.float16)], [ids, ids])
+
+
+def test_all2all_dense_embedding_names_its_indices():
+    """Its errors name its own argument, not the lookup's sp_ids[0]."""
+    with pytest.raises(TypeError, match="indices must hold int32 or int64 ids; got float32"):
+        sok.all2all_dense_embedding(tf.ones([4, 2]), tf.constant([1.0]))
+    table = sok.DynamicVariable(2, key_type=tf.int32)
+    with pytest.raises(TypeError, match=r"indices must hold int32 keys \(the key_type"):
+        sok.all2all_dense_embedding(table, tf.constant([2 ** 33], tf.int64))
+    np.testing.assert_array_equal(
+        sok.all2all_dense_embedding(tf.reshape(tf.range(8.0), [4, 2]),
+                                    tf.constant([[3]], tf.int32)).numpy(),
+        tf.nn.embedding_lookup(tf.reshape(tf.range(8.0), [4, 2]), [[3]]).numpy())
 
 
 def test_mixed_id_dtypes_are_widened(rng):

@@ -459,6 +459,53 @@ def test_dump_never_replaces_what_is_not_a_dump(tmp_path, monkeypatch, existing)
     assert keep.read_text() == "mine"
 
 
+@pytest.mark.parametrize("form", ["bytes", "pathlib", "tensor"])
+def test_dump_and_load_take_a_path_in_any_form_of_one(tmp_path, form):
+    """bytes failed midway ("can't concat str to bytes"), an eager string
+    tensor with os's "expected str, bytes or os.PathLike object"."""
+    v = sok.Variable(np.arange(6, dtype=np.float32).reshape(3, 2), name="v")
+    where = str(tmp_path / "d ü")
+    path = {"bytes": os.fsencode(where), "pathlib": tmp_path / "d ü",
+            "tensor": tf.constant(where)}[form]
+    sok.dump(path, [v])
+    assert sorted(os.listdir(tmp_path)) == ["d ü"]
+    w = sok.Variable(np.zeros((3, 2), np.float32), name="v")
+    sok.load(path, [w])
+    np.testing.assert_array_equal(w.numpy(), np.arange(6, dtype=np.float32).reshape(3, 2))
+
+
+def test_dump_refuses_paths_that_name_no_directory(tmp_path, monkeypatch):
+    """"" was taken as the current directory, and a dump to the current
+    directory (empty, or a previous dump) renamed it away: the process was
+    left in a deleted directory (os.getcwd() failed). A file where a parent
+    directory must be gave os's bare "[Errno 17] File exists"."""
+    v = sok.Variable(np.ones((3, 2), np.float32), name="v")
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    for path in ("", b""):
+        with pytest.raises(ValueError, match="path must name a directory; got an empty string"):
+            sok.dump(path, [v])
+    with pytest.raises(ValueError, match=r"path='\.' is the current directory"):
+        sok.dump(".", [v])
+    with pytest.raises(ValueError, match=r"is the current directory"):
+        sok.dump(str(here), [v])
+    assert os.getcwd() == str(here) and os.listdir(here) == []
+    for path in (None, 3):
+        with pytest.raises(TypeError, match="path must be a str or a path"):
+            sok.dump(path, [v])
+        with pytest.raises(TypeError, match="path must be a str or a path"):
+            sok.load(path, [v])
+    (tmp_path / "afile").write_text("mine")
+    for path in ("afile/ckpt", "afile/sub/ckpt"):
+        with pytest.raises(FileExistsError, match=r"cannot write a dump at .*afile.*a file stands "
+                                                  r"where its parent directories must be"):
+            sok.dump(str(tmp_path / path), [v])
+    assert (tmp_path / "afile").read_text() == "mine"
+    sok.dump("sub", [v])  # a directory under the current one is fine
+    sok.load("sub", [v])
+
+
 def test_dump_replaces_a_previous_dump_and_fills_an_empty_directory(tmp_path):
     v = sok.Variable(np.ones((3, 2), np.float32), name="v")
     (tmp_path / "empty").mkdir()

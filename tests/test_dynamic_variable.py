@@ -339,6 +339,14 @@ def test_hybrid_table_with_max_hbm_for_vectors_loses_no_row_before_max_capacity(
     (dict(dtype=tf.float16), TypeError, "dtype must be float32"),
     (dict(capacity=3), TypeError, r"unknown DynamicVariable arguments \['capacity'\]"),
     (dict(init_capacity=-1), ValueError, "init_capacity must be a non-negative integer"),
+    (dict(init_capacity=True), ValueError, "init_capacity must be a non-negative integer"),
+    (dict(var_type="hybrid", init_capacity=4, max_capacity=4, max_hbm_for_vectors=1e30),
+     ValueError, r"max_hbm_for_vectors must be a non-negative number of GiB below 2\^33"),
+    (dict(seed=2 ** 70), ValueError, r"seed must be None or an integer in \[-2\^63, 2\^63\)"),
+    (dict(seed="a"), ValueError, "seed must be None or an integer"),
+    (dict(seed=1.5), ValueError, "seed must be None or an integer"),
+    (dict(initializer=tf.constant(2.0)), TypeError,
+     "initializer must be a name, a number or a Keras/TF initializer; got a"),
 ])
 def test_bad_arguments(kwargs, exc, pattern):
     with pytest.raises(exc, match=pattern):
@@ -353,6 +361,23 @@ def test_bad_dimension_and_key_dtype():
         sok.lookup_sparse([v], [tf.ragged.constant([[1]], tf.int64)])
     with pytest.raises(TypeError, match="keys for DynamicVariable .* must be int32"):
         v.sparse_read(tf.constant([1], tf.int64))
+
+
+@pytest.mark.parametrize("init,key", [
+    (tf.keras.initializers.Constant(float("nan")), "value"),
+    (tf.keras.initializers.Constant(1e39), "value"),
+    (tf.compat.v1.constant_initializer(float("inf")), "value"),
+    (tf.keras.initializers.RandomNormal(stddev=float("nan")), "stddev"),
+    (tf.keras.initializers.TruncatedNormal(mean=float("-inf")), "mean"),
+    (tf.keras.initializers.RandomUniform(0.0, float("inf")), "maxval"),
+])
+def test_initializer_objects_of_non_finite_parameters_are_refused(init, key):
+    """As a constant given as a number is: every new row would be NaN or
+    infinite (Constant(nan) gave NaN rows, RandomUniform(0, inf) rows of
+    float32's largest value)."""
+    with pytest.raises(ValueError, match=f"initializer {type(init).__name__}: its {key} must "
+                                         f"be a finite float32 number"):
+        sok.DynamicVariable(3, initializer=init)
 
 
 @pytest.mark.parametrize("init,check", [

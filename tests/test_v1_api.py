@@ -454,6 +454,101 @@ def test_saver_round_trip_eager(tmp_path, use_hashtable):
         saver.dump_to_file(tf.Variable(values), tmp_path / "x")
 
 
+def test_load_embedding_values_refuses_rows_beyond_the_tables_dtype():
+    """float64 rows whose values float32 cannot hold became inf in a float32
+    table without an error (a load of a dump refuses them); a tensor of
+    another dtype failed with TensorFlow's message naming no argument."""
+    sok.Init(global_batch_size=1)
+    var = sok.Variable(np.ones((4, 2), np.float32))
+    rows = np.zeros((4, 2), np.float64)
+    rows[2, 1] = 1e39
+    with pytest.raises(ValueError, match=r"tensors\[1\] holds 1e\+39 at \[0, 1\], beyond "
+                                         r"float32's largest finite value"):
+        sok.Saver().load_embedding_values(var, [rows[:2], rows[2:]])
+    with pytest.raises(TypeError, match=r"tensors\[0\] must be float32 .*got a float64 tensor"):
+        sok.Saver().load_embedding_values(var, tf.constant(rows[:1].repeat(4, 0)))
+    np.testing.assert_array_equal(var.numpy(), np.ones((4, 2), np.float32))
+    rows[2, 1] = 0.1  # rounds to float32: taken
+    sok.Saver().load_embedding_values(var, rows)
+    np.testing.assert_array_equal(var.numpy(), rows.astype(np.float32))
+
+
+@pytest.mark.parametrize("layer", ["all2all", "distributed"])
+def test_int32_key_layer_refuses_int64_keys_beyond_int32(layer):
+    """A hashtable layer of key_dtype=tf.int32 cast int64 keys: 2^32 + 5 read
+    (and trained) key 5's row. Keys within int32's range still go in."""
+    sok.Init(global_batch_size=2)
+    init = tf.keras.initializers.RandomUniform(-1.0, 1.0, seed=4)
+    if layer == "all2all":
+        emb = sok.All2AllDenseEmbedding(8, 3, 1, 1, key_dtype=tf.int32,
+                                        embedding_initializer=init)
+
+        def call(keys):
+            return emb(tf.constant(keys, tf.int64)[:, None, None])[:, 0, 0]
+    else:
+        emb = sok.DistributedEmbedding("sum", 8, 3, 1, 1, key_dtype=tf.int32,
+                                       embedding_initializer=init)
+
+        def call(keys):
+            return emb(tf.SparseTensor([[0, 0], [1, 0]], tf.constant(keys, tf.int64),
+                                       [2, 1]))[:, 0]
+    within = call([5, -(2 ** 31)]).numpy()
+    table = emb.embedding_variable
+    np.testing.assert_array_equal(
+        within, table.sparse_read(tf.constant([5, -(2 ** 31)], tf.int32)).numpy())
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"inputs must hold keys in int32's range"):
+        call([5, 2 ** 32 + 5])
+    with pytest.raises(tf.errors.InvalidArgumentError, match="int32's range"):
+        call([-(2 ** 31) - 1, 1])
+
+
+def test_hashtable_layer_initializer_errors_name_embedding_initializer():
+    """A non-finite initializer of a hashtable layer was reported as a
+    table that max_vocabulary_size_per_gpu does not make."""
+    sok.Init(global_batch_size=1)
+    with pytest.raises(ValueError, match=r"^embedding_initializer: initializer Constant: its "
+                                         r"value must be a finite float32 number"):
+        sok.All2AllDenseEmbedding(8, 3, 1, 1, embedding_initializer=tf.keras.initializers.Constant(
+            float("nan")))
+    with pytest.raises(ValueError, match=r"^embedding_initializer: initializer='nan'"):
+        sok.DistributedEmbedding("sum", 8, 3, 1, 1, embedding_initializer="nan")
+
+
+@pytest.mark.parametrize("kwargs,exc,pattern", [
+    (dict(learning_rate=float("nan")), ValueError, "learning_rate must be a finite number >= 0"),
+    (dict(learning_rate=float("inf")), ValueError, "learning_rate must be a finite number >= 0"),
+    (dict(learning_rate=-0.1), ValueError, "learning_rate must be a finite number >= 0"),
+    (dict(learning_rate="0.1"), TypeError, "learning_rate must be a number, a tensor"),
+    (dict(learning_rate=None), TypeError, "learning_rate must be a number, a tensor"),
+    (dict(epsilon=float("nan")), ValueError, "epsilon must be a finite number > 0"),
+    (dict(epsilon=None), TypeError, "epsilon must be a number; got None"),
+    (dict(beta_1="x"), TypeError, "beta_1 must be a number; got 'x'"),
+    (dict(beta_2=None), TypeError, "beta_2 must be a number; got None"),
+])
+@pytest.mark.parametrize("cls", ["Adam", "LazyAdam"])
+def test_sok_adam_hyperparameters_are_checked(cls, kwargs, exc, pattern):
+    """sok.optimizers.Adam / LazyAdam took a NaN or infinite learning rate or
+    a NaN epsilon and made every updated row NaN; a str or None failed at the
+    first update (in a Cast) or named nothing (float())."""
+    with pytest.raises(exc, match=pattern):
+        getattr(sok.optimizers, cls)(**kwargs)
+
+
+def test_sok_adam_with_a_schedule_or_tensor_rate_still_trains():
+    """What the checks above let through: the rows move as plain TensorFlow
+    moves them (one lazy Adam step of a gradient of ones from zero moments)."""
+    sok.Init(global_batch_size=1)
+    for lr in (tf.constant(0.1), tf.keras.optimizers.schedules.ExponentialDecay(0.1, 10, 0.5)):
+        var = sok.Variable(np.ones((3, 2), np.float32))
+        opt = sok.optimizers.LazyAdam(learning_rate=lr)
+        opt.apply_gradients([(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                                               tf.constant([3, 2], tf.int64)), var)])
+        want = np.ones((3, 2), np.float32)
+        want[1] -= 0.1 * 1.0 / (1.0 + 1e-7)  # m_hat = v_hat = 1
+        np.testing.assert_allclose(var.numpy(), want, rtol=1e-6)
+
+
 def test_load_embedding_values_into_a_float64_table():
     """load_embedding_values took every tensor as float32, so a float64
     sok.Variable refused its own rows (TypeError); they now go in at the

@@ -103,6 +103,10 @@ def from_config(table_config):
         raise ValueError("min_count_counters sizes the sketch of a counting filter: give "
                          "min_count >= 2 with it")
     default = float(_number(table_config, "filter_default", 0.0, _NUMBER))
+    if abs(default) > float(np.finfo(np.float32).max):
+        # The row is float32: 1e39 read as inf for every key not admitted.
+        raise ValueError(f"filter_default must be a finite float32 number (the row keys not "
+                         f"admitted read); got {table_config['filter_default']!r}")
     return AdmissionFilter(ratio, min_count, counters, hashes, default)
 
 

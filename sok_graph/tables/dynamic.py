@@ -229,7 +229,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if self._var_type not in ("hbm", "hybrid"):
             raise ValueError(f"var_type must be 'hbm' or 'hybrid'; got {self._var_type!r}")
         init_capacity = cfg.get("init_capacity", _DEFAULT_INIT_CAPACITY)
-        if not isinstance(init_capacity, (int, np.integer)) or init_capacity < 0:
+        if isinstance(init_capacity, (bool, np.bool_)) or \
+                not isinstance(init_capacity, (int, np.integer)) or init_capacity < 0:
             raise ValueError(f"init_capacity must be a non-negative integer; got {init_capacity!r}")
         if self._var_type == "hbm":
             # SOK hands every setting to the table as configuration; its
@@ -264,10 +265,12 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if gib is None:
             return dict(init_capacity=int(init_capacity), max_capacity=int(max_capacity),
                         hbm_bytes=-1)
+        # Below 2^33 GiB: the op takes bytes as an int64 (1e30 failed with
+        # Python's "int too big to convert", naming nothing).
         if isinstance(gib, bool) or not isinstance(gib, (int, float, np.number)) \
-                or not np.isfinite(gib) or gib < 0:
-            raise ValueError(f"max_hbm_for_vectors must be a non-negative number of GiB; "
-                             f"got {gib!r}")
+                or not np.isfinite(gib) or gib < 0 or gib >= (1 << 33):
+            raise ValueError(f"max_hbm_for_vectors must be a non-negative number of GiB below "
+                             f"2^33 (its bytes must fit in int64); got {gib!r}")
         return dict(init_capacity=int(init_capacity), max_capacity=int(max_capacity),
                     hbm_bytes=int(gib * (1 << 30)))
 

@@ -23,7 +23,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context
-from sok_graph.initializers import static_initializer
+from sok_graph.initializers import initializer_spec, static_initializer
 from sok_graph.tables.static import Variable
 from sok_graph.tables.dynamic import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
@@ -111,6 +111,12 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         # In graph mode the table is initialized after sok.Init's op.
         after = session.creation_dependencies()
         if use_hashtable:
+            # The initializer's own errors name it, not the table's capacity
+            # (the ValueError of the table below is about that).
+            try:
+                initializer_spec(embedding_initializer, seed)
+            except ValueError as e:
+                raise ValueError(f"embedding_initializer: {e}") from None
             try:
                 self.embedding_variable = _BoundedTable(
                     self.embedding_vec_size, initializer=embedding_initializer,
@@ -186,8 +192,26 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         if not ids.dtype.is_integer or ids.dtype not in (tf.int32, tf.int64):
             raise TypeError(f"{what} must hold int32 or int64 keys; got {ids.dtype.name}")
         if self.use_hashtable and ids.dtype != self.key_dtype:
+            if self.key_dtype == tf.int32:
+                ids = self._checked_int32(ids, what)
             ids = tf.cast(ids, self.key_dtype)
         return ids
+
+    def _checked_int32(self, ids, what):
+        """int64 `ids`, once a check that each fits the table's int32 keys
+        (key_dtype=tf.int32) has passed: the cast took 2^32 + 5 as key 5,
+        another key's row, without an error."""
+        info = np.iinfo(np.int32)
+        flat = tf.reshape(ids, [-1])
+        bad = tf.logical_or(flat < info.min, flat > info.max)
+        first = tf.gather(tf.concat([tf.boolean_mask(flat, bad), tf.zeros([1], flat.dtype)], 0),
+                          0)
+        check = tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(bad)),
+            [f"{self.name}: {what} must hold keys in int32's range [{info.min}, {info.max}] "
+             f"(the layer's key_dtype is int32); got", first])
+        with tf.control_dependencies([check]):
+            return tf.identity(ids)
 
     def get_config(self):
         config = super().get_config()

@@ -113,6 +113,32 @@ def _in_graph_or_now(fn, inputs, out_types, path):
     return tf.compat.v1.py_func(fn, [path] + list(inputs), out_types, stateful=True)
 
 
+def _rows_of_dtype(rows, dtype, what):
+    """`rows` as a tensor of the table's `dtype`. Numbers (numpy, lists) are
+    converted, and a finite value that the conversion would make infinite
+    is a ValueError naming `what`, as a load refuses it (float64 1e39 into
+    a float32 table became inf, without an error); a tensor of another dtype
+    is a TypeError naming `what` (TensorFlow's "Tensor conversion requested
+    dtype" named no argument)."""
+    if isinstance(rows, (tf.Tensor, tf.Variable)):
+        if rows.dtype.base_dtype != dtype:
+            raise TypeError(f"{what} must be {dtype.name} (the table's dtype); got a "
+                            f"{rows.dtype.base_dtype.name} tensor: cast it first")
+        return tf.convert_to_tensor(rows)
+    array = np.asarray(rows)
+    if array.dtype.kind == "f":
+        target = dtype.as_numpy_dtype
+        with np.errstate(over="ignore", invalid="ignore"):
+            overflow = np.isfinite(array.astype(np.float64)) & \
+                ~np.isfinite(array.astype(target).astype(np.float64))
+        if overflow.any():
+            at = tuple(int(i) for i in np.argwhere(overflow)[0])
+            raise ValueError(f"{what} holds {float(array[at])!r} at {list(at)}, beyond "
+                             f"{dtype.name}'s largest finite value {float(dtype.max)!r} (the "
+                             f"table's dtype): it would become inf")
+    return tf.convert_to_tensor(array, dtype)
+
+
 class Saver:
     """Saves and restores single sok embedding tables (see the module docstring)."""
 
@@ -204,7 +230,7 @@ class Saver:
         dtype = tf.as_dtype(table.dtype).base_dtype
         values = []
         for i, t in enumerate(parts):
-            t = tf.convert_to_tensor(t, dtype)
+            t = _rows_of_dtype(t, dtype, f"tensors[{i}]")
             if t.shape.rank != 2 or (t.shape[1] is not None and t.shape[1] != dim):
                 raise ValueError(f"tensors[{i}] must be [rows, {dim}] (the table's dimension); "
                                  f"got shape {t.shape}")
