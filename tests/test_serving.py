@@ -8,6 +8,7 @@ tables never saw; its saved_model.pb must list only stock ops.
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -1371,3 +1372,152 @@ def test_delta_file_names_are_made_unique_as_a_dumps_are(tmp_path, monkeypatch):
         _, keys, rows = read[name]
         np.testing.assert_array_equal(keys, np.arange(3))
         np.testing.assert_array_equal(rows, array)
+
+
+def _delta_of(directory, name, kind, keys, rows, since, created):
+    """_crafted_delta's delta, of table `name` of `kind`, with the times
+    given: a delta written by hand."""
+    _crafted_delta(directory, np.asarray(keys, np.int64), np.asarray(rows, np.float32))
+    with open(os.path.join(directory, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest.update(since=since, created=created)
+    manifest["tables"][0].update(name=name, kind=kind)
+    with open(os.path.join(directory, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    return directory
+
+
+def test_a_delta_that_repeats_a_key_is_refused(tmp_path):
+    """A delta whose keys file holds a key twice (made by hand or
+    corrupted; export_serving_delta writes each once) is a DeltaError
+    naming the delta, the table and the key, before anything is written, on
+    every TensorFlow: apply_serving_delta took it, adding a new dynamic key
+    twice (and a static table's row id took one of its rows, unsaid which).
+    A delta of distinct keys is then taken, giving the rows numpy expects."""
+    from sok_graph.serving import delta as delta_mod
+
+    with tf.Graph().as_default():
+        sok.init()
+        user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
+        assign = sok.assign(user, keys, rows)
+
+        def build_fn():
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            served_user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+            served_item = sok.Variable(np.zeros((4, 2), np.float32), name="item")
+            return {"ids": ids}, {"user": sok.all2all_dense_embedding(served_user, ids),
+                                  "item": sok.all2all_dense_embedding(served_item, ids % 4)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(assign, {keys: [1], rows: [[1, 1]]})
+            export_dir = str(tmp_path / "export")
+            sok.export_for_serving(build_fn, export_dir, session=sess)
+    made = _export_created(export_dir)
+    now = int(time.time() * 1e6)
+    new_twice = _delta_of(str(tmp_path / "new_twice"), "user", "dynamic", [5, 1, 5],
+                          [[3, 3], [2, 2], [4, 4]], made, now)
+    held_twice = _delta_of(str(tmp_path / "held_twice"), "user", "dynamic", [1, 7, 1, 7, 9],
+                           np.ones((5, 2)), made, now)
+    static_twice = _delta_of(str(tmp_path / "static_twice"), "item", "static", [2, 0, 2],
+                             [[3, 3], [2, 2], [4, 4]], 0, now)
+    state = _export_state(export_dir)
+    for delta_dir, words in (
+            (new_twice, r"table 'user' has key 5 2 times in its keys file 't.keys.npy'; a "
+                        r"delta holds each key once"),
+            (held_twice, r"table 'user' has key 1 2 times in its keys file 't.keys.npy' "
+                         r"\(and 1 other key repeated\)"),
+            (static_twice, r"table 'item' has row id 2 2 times in its keys file "
+                           r"'t.keys.npy'; a delta holds each row id once")):
+        for apply in (delta_mod.read_serving_delta,
+                      lambda d: sok.apply_serving_delta(export_dir, d),
+                      lambda d: sok.apply_serving_delta(export_dir, d,
+                                                        output_dir=str(tmp_path / "copy"))):
+            with pytest.raises(delta_mod.DeltaError) as refused:
+                apply(delta_dir)
+            message = str(refused.value)
+            assert message.startswith(f"{delta_dir}: ") and re.search(words, message), message
+    # nothing written: the rows numpy expects of the export as it was made
+    assert _same_state(_export_state(export_dir), state) and state[1] == []
+    np.testing.assert_array_equal(_export_state(export_dir)[0]["keys"], [1])
+    np.testing.assert_array_equal(_served_rows(export_dir, np.array([1, 5])), [[1, 1], [0, 0]])
+    np.testing.assert_array_equal(_checkpoint_rows(export_dir, "item"), np.zeros((4, 2)))
+    assert sorted(os.listdir(tmp_path)) == ["export", "held_twice", "new_twice", "static_twice"]
+
+    distinct = _delta_of(str(tmp_path / "distinct"), "user", "dynamic", [5, 1],
+                         [[3, 3], [2, 2]], made, now + 1)
+    assert sok.apply_serving_delta(export_dir, distinct) == {"user": 2}
+    np.testing.assert_array_equal(_export_state(export_dir)[0]["keys"], [1, 5])
+    np.testing.assert_array_equal(_served_rows(export_dir, np.array([1, 5, 9])),
+                                  [[2, 2], [3, 3], [0, 0]])
+    items = _delta_of(str(tmp_path / "items"), "item", "static", [2, 0], [[3, 3], [2, 2]], 0,
+                      now + 2)
+    assert sok.apply_serving_delta(export_dir, items) == {"item": 2}
+    np.testing.assert_array_equal(_checkpoint_rows(export_dir, "item"),
+                                  [[2, 2], [0, 0], [3, 3], [0, 0]])
+
+
+@tf2_only
+def test_a_served_models_apply_delta_fn_refuses_a_repeated_key(tmp_path):
+    """The loaded model's apply_delta_fn, in plain TensorFlow: keys (a
+    static table's row ids) given twice are an InvalidArgumentError naming
+    the table and the key, and the tables keep their keys and rows (a new
+    key was added twice, a static row took one of its rows). Distinct keys
+    are then taken, giving the rows numpy expects."""
+    sok.init(comm_tool="none")
+    start = np.arange(8, dtype=np.float32).reshape(4, 2)
+    user = sok.DynamicVariable(2, initializer="zeros", name="user")
+    item = sok.Variable(start, name="item")
+    sok.assign(user, tf.constant([1], tf.int64), np.full((1, 2), 1.0, np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            ids = tf.RaggedTensor.from_tensor(x)
+            return sok.lookup_sparse([user, item], [ids, ids % 4], combiners=["sum", "sum"])
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
+    result = _plain_tf("""
+        loaded = tf.saved_model.load(sys.argv[1])
+        calls = {"new_twice": ("user", [8, 3, 8], [[5, 5], [6, 6], [7, 7]]),
+                 "held_twice": ("user", [1, 1], [[5, 5], [6, 6]]),
+                 "static_twice": ("item", [2, 0, 2], [[5, 5], [6, 6], [7, 7]])}
+        out = {}
+        for case, (name, keys, rows) in calls.items():
+            try:
+                loaded.sok_tables[name].apply_delta_fn(tf.constant(keys, tf.int64),
+                                                       tf.constant(rows, tf.float32))
+                out[case] = "accepted"
+            except tf.errors.InvalidArgumentError as e:
+                out[case] = str(e)
+        user, item = loaded.sok_tables["user"], loaded.sok_tables["item"]
+        probe = tf.constant([1, 3, 8], tf.int64)
+        out["user_keys"] = user.keys.numpy().tolist()
+        out["user"] = user.lookup_fn(probe).numpy().tolist()
+        out["item"] = item.lookup_fn(tf.range(4, dtype=tf.int64)).numpy().tolist()
+        out["added"] = int(user.apply_delta_fn(tf.constant([8, 3], tf.int64),
+                                               tf.constant([[5.0, 5.0], [6.0, 6.0]])))
+        item.apply_delta_fn(tf.constant([2, 0], tf.int64), tf.constant([[7.0, 7.0], [9.0, 9.0]]))
+        out["user_keys_after"] = user.keys.numpy().tolist()
+        out["user_after"] = user.lookup_fn(probe).numpy().tolist()
+        out["item_after"] = item.lookup_fn(tf.range(4, dtype=tf.int64)).numpy().tolist()
+        print(json.dumps(out))
+    """, export_dir)
+    for case, name, words, key in (("new_twice", "user", "keys must be distinct", 8),
+                                   ("held_twice", "user", "keys must be distinct", 1),
+                                   ("static_twice", "item", "row ids must be distinct", 2)):
+        # (the table's name quoted, and escaped by the Assert's message)
+        assert "apply_delta_fn of table" in result[case] and f"table \\'{name}\\'" in result[case] \
+            and words in result[case] and re.search(rf"are\] \[{key}\]", result[case]), \
+            (case, result[case])
+    assert result["user_keys"] == [1], result
+    np.testing.assert_array_equal(result["user"], [[1, 1], [0, 0], [0, 0]])
+    np.testing.assert_array_equal(result["item"], start)
+    assert result["added"] == 2 and result["user_keys_after"] == [1, 3, 8], result
+    np.testing.assert_array_equal(result["user_after"], [[1, 1], [6, 6], [5, 5]])
+    want = start.copy()
+    want[[2, 0]] = [[7, 7], [9, 9]]
+    np.testing.assert_array_equal(result["item_after"], want)
+

@@ -6,7 +6,8 @@ A delta directory:
                       created (UTC microseconds), and per table: name, kind,
                       key dtype, dtype, dimension, rows, and for its two
                       files their size and CRC-32
-  <table>.keys.npy    int64 keys (global row numbers of a static table)
+  <table>.keys.npy    int64 keys (global row numbers of a static table),
+                      each once: a delta repeating one is refused
   <table>.rows.npy    rows [n, dimension] in the table's dtype; a bfloat16
                       table's as their raw bits, uint16 (.npy has no
                       bfloat16: np.save wrote it as void '|V2', which no
@@ -283,11 +284,13 @@ def _rows_of(delta_dir, entry, stored):
 
 
 def _checked_arrays(delta_dir, entry, keys, rows):
-    """(keys, rows) of one table of a delta: integer keys, finite float rows."""
+    """(keys, rows) of one table of a delta: distinct integer keys, finite
+    float rows."""
     name = entry.get("name")
     if keys.ndim != 1 or not np.issubdtype(keys.dtype, np.integer):
         raise DeltaError(f"{delta_dir}: table {name!r} has keys of dtype {keys.dtype} and shape "
                          f"{keys.shape}; keys must be a vector of integers")
+    _refuse_repeats(delta_dir, entry, keys)
     if rows.ndim != 2 or not _float_dtype(rows.dtype):
         raise DeltaError(f"{delta_dir}: table {name!r} has rows of dtype {rows.dtype} and shape "
                          f"{rows.shape}; rows must be a [keys, dimension] float matrix")
@@ -300,6 +303,28 @@ def _checked_arrays(delta_dir, entry, keys, rows):
                          f"of key {int(keys[bad]) if bad < len(keys) else bad}; rows must be "
                          f"finite")
     return keys, rows
+
+
+def _refuse_repeats(delta_dir, entry, keys):
+    """DeltaError where a key (a static table's row id) is in a table's
+    keys file more than once. export_serving_delta writes each once; a
+    delta made by hand or corrupted can repeat one, and then which of its
+    rows is meant cannot be told (a new dynamic key was added twice)."""
+    ordered = np.sort(keys)
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(repeated):
+        return
+    what = "row id" if entry.get("kind") == "static" else "key"
+    first = repeated[0]
+    distinct = len(np.unique(repeated))
+    others = "" if distinct == 1 else \
+        f" (and {distinct - 1} other {what}{'s' if distinct > 2 else ''} repeated)"
+    keys_file = entry["files"]["keys"]["file"]
+    raise DeltaError(f"{delta_dir}: table {entry.get('name')!r} has {what} {int(first)} "
+                     f"{int(np.count_nonzero(keys == first))} times in its keys file "
+                     f"{keys_file!r}{others}; a delta holds each {what} once (which of its "
+                     f"rows is meant cannot be told): this delta is corrupted or was not "
+                     f"written by export_serving_delta")
 
 
 def _merge_dynamic(keys, index, rows, new_keys, new_rows):

@@ -114,9 +114,9 @@ class StaticTable(tf.Module):
         number. Refuses (InvalidArgumentError naming the table, nothing
         written) what apply_serving_delta refuses of the keys and rows
         themselves: keys and rows that do not pair, a row id outside
-        [0, rows), a NaN or infinite value (also one that becomes infinite in
-        the table's dtype)."""
-        keys = tf.cast(keys, tf.int64)
+        [0, rows) or given twice, a NaN or infinite value (also one that
+        becomes infinite in the table's dtype)."""
+        keys = _distinct(tf.cast(keys, tf.int64), self.table_name, "row ids")
         rows = _finite(tf.cast(_paired(keys, rows, self.table_name), self.dtype),
                        self.table_name)
         count = self.row_count()
@@ -172,6 +172,20 @@ def _paired(keys, rows, table):
                 f"(keys [n], rows [n, dimension]); the numbers of keys and of rows are")
     with tf.control_dependencies([check]):
         return tf.identity(rows)
+
+
+def _distinct(keys, table, what):
+    """keys, after a check that none is given twice: apply_serving_delta
+    refuses a delta that repeats one (which of its rows is meant cannot be
+    told; a new key of a dynamic table was added twice)."""
+    unique, _, counts = tf.unique_with_counts(keys)
+    repeated = tf.boolean_mask(unique, counts > 1)
+    check = tf.debugging.Assert(
+        tf.equal(tf.size(repeated), 0),
+        [f"apply_delta_fn of table '{table}': {what} must be distinct (a delta holds each "
+         f"once); the repeated {what} (up to 10) are", repeated], summarize=10)
+    with tf.control_dependencies([check]):
+        return tf.identity(keys)
 
 
 def _finite(rows, table):
@@ -255,12 +269,13 @@ class DynamicTable(tf.Module):
 
     @_keeps_no_record
     def apply_delta(self, keys, rows):
-        """Sets the rows of `keys` (unique): held keys are overwritten in place,
-        new keys are added. Returns the number of new keys. Refuses
+        """Sets the rows of `keys`: held keys are overwritten in place, new
+        keys are added. Returns the number of new keys. Refuses
         (InvalidArgumentError naming the table, nothing written) keys and
-        rows that do not pair and a NaN or infinite value (also one that
-        becomes infinite in the table's dtype), as apply_serving_delta does."""
-        keys = self._keys(keys)
+        rows that do not pair, a key given twice (a new one was added twice)
+        and a NaN or infinite value (also one that becomes infinite in the
+        table's dtype), as apply_serving_delta does."""
+        keys = _distinct(self._keys(keys), self.table_name, "keys")
         rows = _finite(tf.cast(_paired(keys, rows, self.table_name), self.dtype),
                        self.table_name)
         sorted_keys = tf.convert_to_tensor(self.keys)
