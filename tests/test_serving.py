@@ -1521,3 +1521,46 @@ def test_a_served_models_apply_delta_fn_refuses_a_repeated_key(tmp_path):
     want[[2, 0]] = [[7, 7], [9, 9]]
     np.testing.assert_array_equal(result["item_after"], want)
 
+
+# Awkward names and the file stem both cleanups give them today (the
+# expected strings written out, not computed).
+_STEMS = [
+    ("a/b", "a_b"),
+    ("scope/table:0", "scope_table_0"),
+    ("with space", "with_space"),
+    ("tab\tand\nnewline", "tab_and_newline"),
+    ("C:\\dir\\t", "C__dir_t"),
+    ("café/日本語", "café_日本語"),
+    ("emoji🙂", "emoji_"),
+    ("e\u0301", "e_"),  # a combining accent is no letter
+    ("x²", "x²"),  # a superscript digit is one
+    ("dots..and-dash_ok", "dots..and-dash_ok"),
+    ("..", ".."),
+    ("/", "_"),
+    ("a" * 300 + "/b:c", "a" * 300 + "_b_c"),
+]
+
+
+@pytest.mark.parametrize("name,stem", _STEMS)
+def test_serving_names_and_dump_file_stems_are_one_cleanup(name, stem):
+    """serving.tables.safe_name (a delta's file stems, the serving tables'
+    name scopes) and dump_load._file_stem (a dump's files) give the names
+    they gave before for awkward names, and one is written in terms of the
+    other (each had its own copy of the rule); only an empty name differs:
+    "table" as a serving name."""
+    from sok_graph import dump_load
+    from sok_graph.serving import tables as serving_tables
+
+    assert dump_load._file_stem(name) == stem
+    assert serving_tables.safe_name(name) == stem
+
+
+def test_safe_name_is_dump_loads_file_stem(monkeypatch):
+    from sok_graph import dump_load
+    from sok_graph.serving import tables as serving_tables
+
+    assert dump_load._file_stem("") == "" and serving_tables.safe_name("") == "table"
+    monkeypatch.setattr(dump_load, "_file_stem", lambda name: f"<{name}>")
+    assert serving_tables.safe_name("a/b") == "<a/b>"
+    monkeypatch.setattr(dump_load, "_file_stem", lambda name: "")
+    assert serving_tables.safe_name("a/b") == "table"

@@ -30,7 +30,7 @@ give zero rows).
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import compat
+from sok_graph import compat, dump_load
 
 
 def _variable(initial_value, shape, name):
@@ -40,8 +40,10 @@ def _variable(initial_value, shape, name):
 
 
 def safe_name(name):
-    """`name` with only characters variable and file names take."""
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "table"
+    """`name` with only characters variable and file names take: the file
+    stem a dump gives it (dump_load._file_stem, the one place that cleanup
+    is written), "table" for an empty name."""
+    return dump_load._file_stem(name) or "table"
 
 
 def default_row_value(default_row, name, dim, dtype):
