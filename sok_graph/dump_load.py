@@ -673,11 +673,20 @@ def _check_replaceable(path):
         try:
             with open(os.path.join(path, "manifest.json"), "rb") as f:
                 manifest = json.loads(f.read().decode("utf-8"))
-            if isinstance(manifest, dict) and "format_version" in manifest \
-                    and "variables" in manifest:
-                return
         except (OSError, ValueError):
-            pass
+            manifest = None
+        if isinstance(manifest, dict) and "format_version" in manifest \
+                and isinstance(manifest.get("variables"), dict):
+            others = _not_of_the_dump(manifest, entries)
+            if not others:
+                return
+            # The whole directory goes: a table a sok.Saver dumped into it,
+            # or a user's file put there, went with it unnoticed.
+            raise FileExistsError(
+                f"path={path!r} is a sok_graph dump that also holds "
+                f"{others[:5]}{'...' if len(others) > 5 else ''}, which are not the dump's "
+                f"(a sok.Saver's tables, or files of yours): a dump replaces the whole "
+                f"directory, so they would be deleted; move them out or choose another path")
         what = f"a directory holding {sorted(entries)[:5]}" + (
             "..." if len(entries) > 5 else "")
     else:
@@ -686,6 +695,20 @@ def _check_replaceable(path):
         f"path={path!r} is {what}, not a sok_graph dump (no manifest.json of one); a dump "
         f"replaces only a previous dump or an empty directory: choose another path or "
         f"remove it")
+
+
+def _not_of_the_dump(manifest, entries):
+    """The names among `entries` (a previous dump directory's) that are not
+    files its manifest lists, nor the manifest: [] for a dump as written.
+    A manifest that lists no files (of a format this reader does not know)
+    claims every entry."""
+    listed = {"manifest.json"}
+    for entry in manifest["variables"].values():
+        files = entry.get("files") if isinstance(entry, dict) else None
+        if not isinstance(files, dict):
+            return []
+        listed.update(str(f) for f in files.values())
+    return sorted(e for e in entries if e not in listed)
 
 
 def remove_dead_writers_tmp(path):

@@ -185,7 +185,20 @@ def test_counting_filter_in_a_session_graph(rng):
      r"min_count_hashes must be in \[1, 8\]"),
     (dict(filter_default="zero"), "filter_default must be a finite number"),
     (dict(min_count=2, filter_default=1e39), "filter_default must be a finite float32 number"),
+    (dict(min_count=2 ** 24 + 1), r"min_count must be <= 2\^24"),
 ])
 def test_bad_filter_settings(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         sok.DynamicVariable(DIM, **kwargs)
+
+
+def test_min_count_up_to_the_limit_admits_on_time():
+    """Counts are float32 rows, exact up to 2^24: with min_count = 2^24 + 2 a
+    key's count stuck at 2^24 (2^24 + 1 rounds back) and it never entered,
+    however often it came; such a min_count is refused (above), and at
+    2^24 a key enters on its 2^24-th occurrence."""
+    var = sok.DynamicVariable(DIM, min_count=2 ** 24, initializer="ones")
+    key = tf.constant([7], tf.int64)
+    var.admission.restore(key, tf.constant([2 ** 24 - 2], tf.int64))
+    np.testing.assert_array_equal(var.sparse_read(key).numpy(), np.zeros((1, DIM)))
+    np.testing.assert_array_equal(var.sparse_read(key).numpy(), np.ones((1, DIM)))

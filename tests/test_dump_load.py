@@ -3,6 +3,7 @@
 import datetime
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -504,6 +505,35 @@ def test_dump_refuses_paths_that_name_no_directory(tmp_path, monkeypatch):
     assert (tmp_path / "afile").read_text() == "mine"
     sok.dump("sub", [v])  # a directory under the current one is fine
     sok.load("sub", [v])
+
+
+def test_a_dump_never_replaces_a_previous_dump_holding_what_is_not_its_own(tmp_path):
+    """A previous dump is replaced whole: a table sok.Saver dumped into its
+    directory (SOK's usage puts both in one checkpoint directory) and a
+    user's file there were deleted without a word by the next dump."""
+    a = sok.Variable(np.ones((3, 2), np.float32), name="a")
+    b = sok.Variable(np.full((3, 2), 2.0, np.float32), name="b")
+    path = str(tmp_path / "ckpt")
+    sok.dump(path, [a])
+    sok.Saver().dump_to_file(b, path)
+    (tmp_path / "ckpt" / "notes.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"is a sok_graph dump that also holds \['b', "
+                                              r"'notes.txt'\], which are not the dump's"):
+        sok.dump(path, [a])
+    assert (tmp_path / "ckpt" / "notes.txt").read_text() == "mine"
+    b.assign(np.zeros((3, 2), np.float32))
+    sok.Saver().restore_from_file(b, path)
+    np.testing.assert_array_equal(b.numpy(), np.full((3, 2), 2.0, np.float32))
+    sok.load(path, [a])  # the dump itself is as it was
+    np.testing.assert_array_equal(a.numpy(), np.ones((3, 2), np.float32))
+    # Without them, the dump is replaced as before.
+    os.remove(tmp_path / "ckpt" / "notes.txt")
+    shutil.rmtree(tmp_path / "ckpt" / "b")
+    a.assign(np.full((3, 2), 5.0, np.float32))
+    sok.dump(path, [a])
+    a.assign(np.zeros((3, 2), np.float32))
+    sok.load(path, [a])
+    np.testing.assert_array_equal(a.numpy(), np.full((3, 2), 5.0, np.float32))
 
 
 def test_dump_replaces_a_previous_dump_and_fills_an_empty_directory(tmp_path):

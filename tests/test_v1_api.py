@@ -503,6 +503,15 @@ def test_int32_key_layer_refuses_int64_keys_beyond_int32(layer):
         call([-(2 ** 31) - 1, 1])
 
 
+def test_init_seed_beyond_int64_is_refused_by_init():
+    """sok.Init(seed=2**70) was taken; the first layer then failed with
+    "int too big to convert" (hashtable) or "Can't convert Python sequence
+    with out-of-range integer" (static), naming nothing."""
+    with pytest.raises(ValueError, match="seed must be None or a non-negative integer below 2"):
+        sok.Init(global_batch_size=1, seed=2 ** 70)
+    sok.Init(global_batch_size=1, seed=2 ** 63 - 1)
+
+
 def test_hashtable_layer_initializer_errors_name_embedding_initializer():
     """A non-finite initializer of a hashtable layer was reported as a
     table that max_vocabulary_size_per_gpu does not make."""

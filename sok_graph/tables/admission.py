@@ -68,6 +68,9 @@ def key_hash(keys, salt):
     return _mix(h + salt, _MULTIPLIERS[5])
 
 
+# The largest count the count tables (float32 rows) hold exactly.
+_MAX_COUNT = 1 << 24
+
 _INTEGER = ((int, np.integer), "an integer")
 _NUMBER = ((int, float, np.number), "a finite number")
 
@@ -92,6 +95,11 @@ def from_config(table_config):
     if min_count < 1:
         raise ValueError(f"min_count must be >= 1 (occurrences before a key enters); "
                          f"got {min_count}")
+    if min_count > _MAX_COUNT:
+        # Counts are kept as float32 rows, exact up to 2^24: a count there
+        # plus 1 rounds back, so a key seen once a call never entered.
+        raise ValueError(f"min_count must be <= 2^24 = {_MAX_COUNT} (the counts are exact up "
+                         f"to it); got {min_count}")
     counters = int(_number(table_config, "min_count_counters", 0, _INTEGER))
     hashes = int(_number(table_config, "min_count_hashes", 3, _INTEGER))
     if counters < 0 or counters > (1 << 30):

@@ -60,8 +60,10 @@ def Init(**kwargs):  # noqa: N802 (SOK's name)
                         "workers>")
     batch = _positive_int("global_batch_size", kwargs["global_batch_size"])
     seed = kwargs.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0):
-        raise ValueError(f"seed must be None or a non-negative integer; got {seed!r}")
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0
+                             or seed >= (1 << 63)):
+        # The tables' seed is an int64.
+        raise ValueError(f"seed must be None or a non-negative integer below 2^63; got {seed!r}")
     # Under a tf.distribute strategy the strategy is the communication engine.
     comm_tool = "tf" if tf.distribute.has_strategy() else "horovod"
     # SOK 1.x's Init predates Keras' legacy optimizers and leaves
