@@ -229,6 +229,17 @@ def _unique_stem(stem, parts, used):
     return candidate
 
 
+def check_float_table(var, what):
+    """TypeError naming `what` and the variable unless its rows are of a
+    float dtype a dump holds: a sok.Variable of int32 or bool rows was
+    dumped as float32 (int32 values beyond 2^24 rounded) and loaded by
+    truncating (0.5 became 0, 1e10 became -2^31, any nonzero True)."""
+    dtype = tf.as_dtype(var.dtype).base_dtype
+    if dtype.name not in _FLOATS:
+        raise TypeError(f"{what}: variable '{_var_name(var)}' has {dtype.name} rows; sok.dump, "
+                        f"sok.load and the Saver take tables of {', '.join(_FLOATS)} rows")
+
+
 def _check_vars(variables, what):
     """{file name: variable}. Variables are named by their names; a name that
     repeats (e.g. eager tf.Variables are all "Variable") gets _1, _2, ... in
@@ -240,6 +251,7 @@ def _check_vars(variables, what):
         if not is_sok_variable(v):
             raise TypeError(f"{what} must hold sok.Variable or sok.DynamicVariable objects; got "
                             f"{type(v).__name__}")
+        check_float_table(v, what)
         if any(v is seen for seen in names.values()):
             raise ValueError(f"{what} holds variable '{_var_name(v)}' twice")
         base = name = _var_name(v)

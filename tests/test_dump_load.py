@@ -536,6 +536,35 @@ def test_a_dump_never_replaces_a_previous_dump_holding_what_is_not_its_own(tmp_p
     np.testing.assert_array_equal(a.numpy(), np.full((3, 2), 5.0, np.float32))
 
 
+@pytest.mark.parametrize("dtype", [np.int32, np.int64, bool])
+def test_tables_of_rows_that_are_not_floats_are_refused(tmp_path, dtype):
+    """A sok.Variable of int32 rows was dumped as float32 (16777217 came
+    back 16777216) and a float dump loaded into it by truncation (0.5 became
+    0, 1e10 became -2^31, a bool table all True), through sok.load, the
+    Saver and load_embedding_values alike."""
+    rows = np.array([[0.5, 1e10], [2.7, -3.9]], np.float32)
+    a = sok.Variable(rows, name="a")
+    path = str(tmp_path / "d")
+    sok.dump(path, [a])
+    other = sok.Variable(np.array([[0, 16777217], [1, 2]]).astype(dtype), name="a")
+    before = other.numpy().copy()
+    pattern = f"variable 'a' has {np.dtype(dtype).name} rows; sok.dump, sok.load and the Saver"
+    with pytest.raises(TypeError, match="load_vars: " + pattern):
+        sok.load(path, [other])
+    with pytest.raises(TypeError, match="dump_vars: " + pattern):
+        sok.dump(str(tmp_path / "e"), [other])
+    saver = sok.Saver()
+    saver.dump_to_file(a, str(tmp_path / "s"))
+    with pytest.raises(TypeError, match="Saver.restore_from_file: " + pattern):
+        saver.restore_from_file(other, str(tmp_path / "s"))
+    with pytest.raises(TypeError, match="Saver.dump_to_file: " + pattern):
+        saver.dump_to_file(other, str(tmp_path / "s2"))
+    with pytest.raises(TypeError, match="Saver.load_embedding_values: " + pattern):
+        saver.load_embedding_values(other, rows)
+    np.testing.assert_array_equal(other.numpy(), before)
+    assert not os.path.exists(tmp_path / "e") and not os.path.exists(tmp_path / "s2")
+
+
 def test_dump_replaces_a_previous_dump_and_fills_an_empty_directory(tmp_path):
     v = sok.Variable(np.ones((3, 2), np.float32), name="v")
     (tmp_path / "empty").mkdir()

@@ -27,7 +27,7 @@ from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import (_SIBLING_SUFFIX, CheckpointError, _file_stem, _var_name,
-                                 check_keys_fit, dumped_names, name_max, read_dump,
+                                 check_float_table, check_keys_fit, dumped_names, name_max, read_dump,
                                  refuse_long_name, rows_as, table_stem, write_dump)
 
 _TABLE = "table"  # the one table of a dump written before per-name directories
@@ -38,6 +38,7 @@ def _check(var, method):
         raise TypeError(f"Saver.{method} takes a sok embedding variable (a layer's "
                         f"embedding_variable, sok.Variable or DynamicVariable); got "
                         f"{getattr(var, 'name', type(var).__name__)!r}")
+    check_float_table(var, f"Saver.{method}")
 
 
 def _directory(filepath, method):
