@@ -1091,13 +1091,9 @@ def test_a_delta_row_beyond_the_served_dtype_is_refused(tmp_path):
 
 
 @tf2_only
-def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tmp_path):
-    """The loaded model's apply_delta_fn, in plain TensorFlow: NaN or
-    infinite rows and a static table's row ids outside [0, rows) are
-    InvalidArgumentErrors naming the table, and the tables keep their rows
-    (NaN rows used to be served; an id outside the table failed on a CPU
-    only, without the table's name). It keeps no record of the deltas
-    applied (its docstring says why)."""
+def _user_and_item_export(tmp_path):
+    """(export dir, item's rows) of a model serving a dynamic table 'user'
+    (key 1 holds [1, 1]) and a static table 'item' (4 x 2, rows 0..7)."""
     sok.init(comm_tool="none")
     start = np.arange(8, dtype=np.float32).reshape(4, 2)
     user = sok.DynamicVariable(2, initializer="zeros", name="user")
@@ -1111,21 +1107,41 @@ def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tm
 
     export_dir = str(tmp_path / "export")
     sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
-    result = _plain_tf("""
+    return export_dir, start
+
+
+# Plain-TF code (indented as the bodies it goes before): each case's
+# apply_delta_fn call, "accepted" or its error.
+_APPLY_EACH = """
+        def apply_each(loaded, calls):
+            out = {}
+            for case, (name, keys, rows) in calls.items():
+                try:
+                    loaded.sok_tables[name].apply_delta_fn(tf.constant(keys, tf.int64),
+                                                           tf.constant(rows, tf.float32))
+                    out[case] = "accepted"
+                except tf.errors.InvalidArgumentError as e:
+                    out[case] = str(e)
+            return out
+"""
+
+
+def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tmp_path):
+    """The loaded model's apply_delta_fn, in plain TensorFlow: NaN or
+    infinite rows and a static table's row ids outside [0, rows) are
+    InvalidArgumentErrors naming the table, and the tables keep their rows
+    (NaN rows used to be served; an id outside the table failed on a CPU
+    only, without the table's name). It keeps no record of the deltas
+    applied (its docstring says why)."""
+    export_dir, start = _user_and_item_export(tmp_path)
+    result = _plain_tf(_APPLY_EACH + """
         loaded = tf.saved_model.load(sys.argv[1])
         nan, inf = float("nan"), float("inf")
         calls = {"nan": ("user", [1, 8], [[nan, 1.0], [1.0, 1.0]]),
                  "inf": ("item", [0], [[-inf, 0.0]]),
                  "outside": ("item", [2, 4], [[1.0, 1.0], [1.0, 1.0]]),
                  "negative": ("item", [-1], [[1.0, 1.0]])}
-        out = {}
-        for case, (name, keys, rows) in calls.items():
-            try:
-                loaded.sok_tables[name].apply_delta_fn(tf.constant(keys, tf.int64),
-                                                       tf.constant(rows, tf.float32))
-                out[case] = "accepted"
-            except tf.errors.InvalidArgumentError as e:
-                out[case] = str(e)
+        out = apply_each(loaded, calls)
         out["user"] = loaded.sok_tables["user"].lookup_fn(
             tf.constant([1, 8], tf.int64)).numpy().tolist()
         out["item"] = loaded.sok_tables["item"].lookup_fn(
@@ -1466,32 +1482,13 @@ def test_a_served_models_apply_delta_fn_refuses_a_repeated_key(tmp_path):
     the table and the key, and the tables keep their keys and rows (a new
     key was added twice, a static row took one of its rows). Distinct keys
     are then taken, giving the rows numpy expects."""
-    sok.init(comm_tool="none")
-    start = np.arange(8, dtype=np.float32).reshape(4, 2)
-    user = sok.DynamicVariable(2, initializer="zeros", name="user")
-    item = sok.Variable(start, name="item")
-    sok.assign(user, tf.constant([1], tf.int64), np.full((1, 2), 1.0, np.float32))
-
-    class Model(tf.Module):
-        def __call__(self, x):
-            ids = tf.RaggedTensor.from_tensor(x)
-            return sok.lookup_sparse([user, item], [ids, ids % 4], combiners=["sum", "sum"])
-
-    export_dir = str(tmp_path / "export")
-    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
-    result = _plain_tf("""
+    export_dir, start = _user_and_item_export(tmp_path)
+    result = _plain_tf(_APPLY_EACH + """
         loaded = tf.saved_model.load(sys.argv[1])
         calls = {"new_twice": ("user", [8, 3, 8], [[5, 5], [6, 6], [7, 7]]),
                  "held_twice": ("user", [1, 1], [[5, 5], [6, 6]]),
                  "static_twice": ("item", [2, 0, 2], [[5, 5], [6, 6], [7, 7]])}
-        out = {}
-        for case, (name, keys, rows) in calls.items():
-            try:
-                loaded.sok_tables[name].apply_delta_fn(tf.constant(keys, tf.int64),
-                                                       tf.constant(rows, tf.float32))
-                out[case] = "accepted"
-            except tf.errors.InvalidArgumentError as e:
-                out[case] = str(e)
+        out = apply_each(loaded, calls)
         user, item = loaded.sok_tables["user"], loaded.sok_tables["item"]
         probe = tf.constant([1, 3, 8], tf.int64)
         out["user_keys"] = user.keys.numpy().tolist()

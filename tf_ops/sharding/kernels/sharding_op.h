@@ -47,23 +47,32 @@ struct LocalRowsFunctor;
 
 constexpr int kMaxWorldSize = 1 << 20;
 
+// world_size and fixed_owner of an op that places ids on workers, checked.
+inline ::tensorflow::Status ReadOwnerAttrs(::tensorflow::OpKernelConstruction* ctx,
+                                           int* world_size, int* fixed_owner) {
+  namespace errors = ::tensorflow::errors;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("world_size", world_size));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("fixed_owner", fixed_owner));
+  if (*fixed_owner >= *world_size) {
+    return errors::InvalidArgument("fixed_owner must be < world_size (", *world_size,
+                                   "); got ", *fixed_owner);
+  }
+  // Outputs and scratch hold world_size entries each: an absurd world_size
+  // would allocate gigabytes.
+  if (*world_size > kMaxWorldSize) {
+    return errors::InvalidArgument("world_size must be <= ", kMaxWorldSize, "; got ",
+                                   *world_size);
+  }
+  return OkStatus();
+}
+
 template <typename Device, typename K>
 class BucketizeByOwnerOp : public DeviceWaitingKernel<> {
  public:
   explicit BucketizeByOwnerOp(::tensorflow::OpKernelConstruction* ctx)
       : DeviceWaitingKernel(ctx) {
-    namespace errors = ::tensorflow::errors;
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("fixed_owner", &fixed_owner_));
+    OP_REQUIRES_OK(ctx, ReadOwnerAttrs(ctx, &world_size_, &fixed_owner_));
     OP_REQUIRES_OK(ctx, ctx->GetAttr("check_negative", &check_negative_));
-    OP_REQUIRES(ctx, fixed_owner_ < world_size_,
-                errors::InvalidArgument("fixed_owner must be < world_size (", world_size_,
-                                        "); got ", fixed_owner_));
-    // bucket_sizes and the scratch of the counting sort hold world_size
-    // entries each: an absurd world_size would allocate gigabytes.
-    OP_REQUIRES(ctx, world_size_ <= kMaxWorldSize,
-                errors::InvalidArgument("world_size must be <= ", kMaxWorldSize, "; got ",
-                                        world_size_));
   }
 
   void Compute(::tensorflow::OpKernelContext* ctx) override {
@@ -135,17 +144,9 @@ template <typename Device>
 class RouteGroupedKeysOp : public ::tensorflow::OpKernel {
  public:
   explicit RouteGroupedKeysOp(::tensorflow::OpKernelConstruction* ctx) : OpKernel(ctx) {
-    namespace errors = ::tensorflow::errors;
     int num_tables = 0, world_size = 0, fixed_owner = 0;
     OP_REQUIRES_OK(ctx, ctx->GetAttr("num_tables", &num_tables));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("world_size", &world_size));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("fixed_owner", &fixed_owner));
-    OP_REQUIRES(ctx, fixed_owner < world_size,
-                errors::InvalidArgument("fixed_owner must be < world_size (", world_size,
-                                        "); got ", fixed_owner));
-    OP_REQUIRES(ctx, world_size <= kMaxWorldSize,
-                errors::InvalidArgument("world_size must be <= ", kMaxWorldSize, "; got ",
-                                        world_size));
+    OP_REQUIRES_OK(ctx, ReadOwnerAttrs(ctx, &world_size, &fixed_owner));
     num_tables_ = num_tables;
     world_size_ = world_size;
     fixed_owner_ = fixed_owner;

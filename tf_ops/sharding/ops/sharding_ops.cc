@@ -16,6 +16,19 @@ using ::tensorflow::Tensor;
 using ::tensorflow::shape_inference::InferenceContext;
 using ::tensorflow::shape_inference::ShapeHandle;
 
+// world_size and fixed_owner of an op that places ids on workers, checked:
+// a fixed owner must be one of the workers.
+Status OwnerAttrs(InferenceContext* c, int* world_size) {
+  int fixed_owner = 0;
+  TF_RETURN_IF_ERROR(c->GetAttr("world_size", world_size));
+  TF_RETURN_IF_ERROR(c->GetAttr("fixed_owner", &fixed_owner));
+  if (fixed_owner >= *world_size) {
+    return ::tensorflow::errors::InvalidArgument("fixed_owner must be < world_size (",
+                                                 *world_size, "); got ", fixed_owner);
+  }
+  return OkStatus();
+}
+
 REGISTER_OP("SokBucketizeByOwner")
     .Input("ids: T")
     .Output("bucketed_ids: T")
@@ -29,13 +42,8 @@ REGISTER_OP("SokBucketizeByOwner")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle ids;
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
-      int world_size = 0, fixed_owner = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("world_size", &world_size));
-      TF_RETURN_IF_ERROR(c->GetAttr("fixed_owner", &fixed_owner));
-      if (fixed_owner >= world_size) {
-        return ::tensorflow::errors::InvalidArgument("fixed_owner must be < world_size (",
-                                                     world_size, "); got ", fixed_owner);
-      }
+      int world_size = 0;
+      TF_RETURN_IF_ERROR(OwnerAttrs(c, &world_size));
       c->set_output(0, ids);
       c->set_output(1, c->Vector(world_size));
       c->set_output(2, ids);
@@ -81,13 +89,8 @@ REGISTER_OP("SokRouteGroupedKeys")
       TF_RETURN_IF_ERROR(c->WithRank(c->input(0), 1, &ids));
       TF_RETURN_IF_ERROR(c->WithRank(c->input(1), 1, &tables));
       TF_RETURN_IF_ERROR(c->Merge(ids, tables, &ids));
-      int world_size = 0, fixed_owner = 0;
-      TF_RETURN_IF_ERROR(c->GetAttr("world_size", &world_size));
-      TF_RETURN_IF_ERROR(c->GetAttr("fixed_owner", &fixed_owner));
-      if (fixed_owner >= world_size) {
-        return ::tensorflow::errors::InvalidArgument("fixed_owner must be < world_size (",
-                                                     world_size, "); got ", fixed_owner);
-      }
+      int world_size = 0;
+      TF_RETURN_IF_ERROR(OwnerAttrs(c, &world_size));
       c->set_output(0, ids);
       c->set_output(1, c->Vector(world_size));
       c->set_output(2, ids);
