@@ -40,11 +40,15 @@ def _read_each_once(ids, read, counted=False, groups=0):
         return tf.gather(read(unique, occurrences), position)
     if groups:
         unique, position, _, sizes = util_ops.unique_padded(ids, groups, out_idx=tf.int64)
+        rows = read(unique, sizes)
+        if rows.dtype != tf.float32:
+            # sok's segment sum runs on a GPU for float32 only.
+            return tf.gather(rows, position)
         # Its gradient is sok's segment sum by position, one op on the way
         # back to the tables; TensorFlow's gradient of a gather is an
         # IndexedSlices, which the grouped read's gradient made dense again
         # with ~10 ops (shapes, and an atomic segment sum).
-        return util_ops.gather_by_position(read(unique, sizes), position)
+        return util_ops.gather_by_position(rows, position)
     unique, position = util_ops.unique(ids, out_idx=tf.int64)
     return tf.gather(read(unique), position)
 

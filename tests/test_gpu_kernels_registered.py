@@ -47,6 +47,7 @@ GPU_KERNELS = {
                               {"num_segments"}),
     "SokBucketizeByOwner": ({"T": {INT64}}, set()),
     "SokLocalRows": ({"T": {INT64}}, set()),
+    "SokRouteGroupedKeys": ({}, set()),
     # Dynamic tables: int64 and int32 keys on the GPU hash table.
     "SokDynamicTableHandle": ({}, {"table"}),
     "SokDynamicTableCreate": ({"key_dtype": {INT32, INT64}}, {"table"}),

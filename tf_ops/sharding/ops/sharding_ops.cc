@@ -105,10 +105,12 @@ ids: [n] row ids, ids[i] a row of table tables[i]. Not checked against the
   tables (the caller's range check does that; a bad id still gets a key).
 tables: [n] table of each id, each in [0, num_tables) (checked on the CPU;
   the GPU kernel reads an out-of-range table modulo num_tables).
-sent_keys: [n] the d distinct keys id * num_tables + table, grouped by
-  owner ((key // num_tables) mod world_size, or fixed_owner), each as its
-  owner reads it ((key // (num_tables * world_size)) * num_tables + table,
-  or the key itself with a fixed owner); -1 after them.
+sent_keys: [n] the d distinct keys id * num_tables + table (wrapping on
+  overflow), grouped by owner ((key // num_tables) mod world_size, or
+  fixed_owner; floor division), in order of first appearance within an
+  owner, each as its owner reads it ((key // (num_tables * world_size)) *
+  num_tables + key mod num_tables, or the key itself with a fixed owner);
+  -1 after them.
 send_sizes: [world_size] how many of the d keys go to each worker; they add
   up to d, so an all-to-all of sent_keys with these splits leaves the
   padding unsent.
