@@ -1,10 +1,16 @@
-"""Checks and timings of the unique-with-counts, unsorted segment sum and
-bucketing-by-owner launchers against numpy references on random inputs."""
+"""Checks and timings of the unique-with-counts, unsorted segment sum,
+bucketing-by-owner and key-routing launchers against numpy references on
+random inputs."""
 
 import ctypes
+import os
+import sys
 
 import cupy as cp
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from routing_reference import routed  # noqa: E402  (tests/, shared with the op's tests)
 
 P, I64 = ctypes.c_void_p, ctypes.c_int64
 SIZE_P = ctypes.POINTER(ctypes.c_size_t)
@@ -26,6 +32,8 @@ def bind(lib):
         f = getattr(lib, f"sok_bucketize_by_owner_{k}")
         f.argtypes = [P, I64, I64, I64, P, P, P, P, P, P, SIZE_P, P]
         f.restype = ctypes.c_int
+    lib.sok_route_grouped_keys.argtypes = [P, P, I64, I64, I64, I64, P, P, P, P, SIZE_P, P]
+    lib.sok_route_grouped_keys.restype = ctypes.c_int
     for name in ("sok_gpu_copy_to_host", "sok_gpu_copy_to_device", "sok_gpu_copy_on_device"):
         getattr(lib, name).argtypes = [P, P, ctypes.c_size_t, P]
         getattr(lib, name).restype = ctypes.c_int
@@ -127,6 +135,19 @@ def bucketize(lib, ids, world, fixed):
     cp.cuda.get_current_stream().synchronize()
     return (cp.asnumpy(bucketed[:n]), cp.asnumpy(sizes), cp.asnumpy(perm[:n]),
             cp.asnumpy(inv[:n]), int(neg[0]))
+
+
+def route(lib, ids, tables, count, world, fixed):
+    n = len(ids)
+    d_ids, d_tables = cp.asarray(ids), cp.asarray(tables)
+    sent = cp.full(max(n, 1), -7, cp.int64)
+    sizes = cp.full(world, -7, cp.int64)
+    slots = cp.full(max(n, 1), -7, cp.int64)
+    call_with_temp(lib.sok_route_grouped_keys, d_ids.data.ptr if n else None,
+                   d_tables.data.ptr if n else None, n, count, world, fixed, sent.data.ptr,
+                   sizes.data.ptr, slots.data.ptr)
+    cp.cuda.get_current_stream().synchronize()
+    return cp.asnumpy(sent[:n]), cp.asnumpy(sizes), cp.asnumpy(slots[:n])
 
 
 def check_util(lib, rng):
@@ -266,6 +287,18 @@ def check_util(lib, rng):
     cases += 1
     if bucketize(lib, ids, 4, -1)[4] != 9:
         fail("bucketize did not report the first negative id at position 9")
+    # the sender's routing of grouped keys (SokRouteGroupedKeys)
+    for n, count, world, fixed in [(1000, 26, 2, -1), (1, 1, 1, -1), (0, 3, 2, -1),
+                                   (70000, 3, 8, -1), (5000, 26, 4, 1), (200000, 26, 2, -1)]:
+        ids = rng.integers(0, max(n // 4, 1), size=n).astype(np.int64)
+        if n > 4:
+            ids[:4] = [-1, -9, I64_MAX, I64_MIN + 3]  # unchecked ids: negative, wrapping
+        tables = rng.integers(0, count, size=n).astype(np.int64)
+        got = route(lib, ids, tables, count, world, fixed)
+        cases += 1
+        if not all(np.array_equal(g, w) for g, w in zip(got, routed(ids, tables, count, world,
+                                                                    fixed))):
+            fail(f"route n={n} tables={count} world={world} fixed={fixed}")
     # determinism of the segment sum on many duplicates
     data = rng.standard_normal((100000, 16)).astype(np.float32)
     ids = rng.integers(0, 10, size=100000).astype(np.int64)
@@ -287,7 +320,7 @@ def check_util(lib, rng):
         ok = ok and lib.sok_gpu_copy_to_host(back.ctypes.data, b.data.ptr, 8 * n, stream()) == 0
         if not (ok and np.array_equal(back, host) and int(a[-1]) == -5):
             fail(f"gpu memory helpers, n={n}")
-    print(f"unique / segment-sum / bucketize / memory-helper checks: {cases - failures} passed, "
+    print(f"unique / segment-sum / bucketize / routing / memory-helper checks: {cases - failures} passed, "
           f"{failures} failed")
     return failures
 

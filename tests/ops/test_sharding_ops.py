@@ -5,6 +5,7 @@ import pytest
 import tensorflow as tf
 
 from conftest import ON_GPU
+from routing_reference import routed
 from sok_graph.ops import library, sharding
 
 
@@ -263,28 +264,6 @@ def test_grouped_gather_grad_with_keys_not_grouped_by_table():
         np.testing.assert_array_equal(indices[1].numpy(), [1])
 
 
-def _routed(ids, tables, count, world_size, fixed_owner=-1):
-    """numpy's model of the sender's side of a grouped exchange: the distinct
-    keys id * count + table in order of first appearance, stably grouped by
-    owner, each as its owner reads it; -1 after them; and each id's slot."""
-    with np.errstate(over="ignore"):
-        keys = ids.astype(np.int64) * np.int64(count) + tables.astype(np.int64)
-    _, first = np.unique(keys, return_index=True)
-    distinct = keys[np.sort(first)]
-    if fixed_owner >= 0:
-        owners = np.full(distinct.shape, fixed_owner, np.int64)
-        on_owner = distinct
-    else:
-        owners = (distinct // count) % world_size  # numpy's // and % round down
-        on_owner = (distinct // count // world_size) * count + distinct % count
-    order = np.argsort(owners, kind="stable")
-    sent = np.full(keys.shape, -1, np.int64)
-    sent[:len(distinct)] = on_owner[order]
-    place = {int(k): i for i, k in enumerate(distinct[order])}
-    slots = np.array([place[int(k)] for k in keys], np.int64)
-    return sent, np.bincount(owners, minlength=world_size), slots
-
-
 @pytest.mark.parametrize("world_size", [1, 2, 3, 8])
 @pytest.mark.parametrize("count", [1, 3, 26])
 @pytest.mark.parametrize("fixed_owner", [-1, 0], ids=["distributed", "localized"])
@@ -298,7 +277,7 @@ def test_route_grouped_keys(rng, world_size, count, fixed_owner):
     tables = rng.integers(0, count, size=n)
     route = sharding.route_grouped_keys(tf.constant(ids), tf.constant(tables), count,
                                         world_size, fixed_owner)
-    sent, sizes, slots = _routed(ids, tables, count, world_size, fixed_owner)
+    sent, sizes, slots = routed(ids, tables, count, world_size, fixed_owner)
     np.testing.assert_array_equal(route.keys.numpy(), sent)
     np.testing.assert_array_equal(route.sizes.numpy(), sizes)
     np.testing.assert_array_equal(route.slots.numpy(), slots)
@@ -313,7 +292,7 @@ def test_route_grouped_keys_in_a_graph_and_empty(rng):
         return sharding.route_grouped_keys(i, t, 4, 3)
 
     out = route(tf.constant(ids), tf.constant(tables))
-    for got, want in zip(out, _routed(ids, tables, 4, 3)):
+    for got, want in zip(out, routed(ids, tables, 4, 3)):
         np.testing.assert_array_equal(got.numpy(), want)
     empty = route(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64))
     assert empty.keys.shape == (0,) and empty.slots.shape == (0,)
