@@ -14,6 +14,8 @@ tf.function. References:
 Also: the graph-mode ordering rules of sok.Init, the session helpers, Saver.
 """
 
+import os
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -766,3 +768,202 @@ def test_optimizer_scope_rejects_plain_variables_and_leaves_no_trace():
     opt = tf.keras.optimizers.SGD(1.0)
     opt.apply_gradients([(tf.constant([[0.5]]), plain)])
     np.testing.assert_allclose(plain.numpy(), [[0.5]])
+
+
+# ------------------------------------------------- hostile arguments (layers)
+
+@pytest.mark.parametrize("dtype", [tf.float16, "float16", tf.float64, "bfloat16", tf.int32])
+@pytest.mark.parametrize("kind", ["a2a", "dist"])
+def test_layers_refuse_a_dtype_their_float32_tables_do_not_have(kind, dtype):
+    """dtype=tf.float16 (or float64, ...) was passed on to Keras and ignored:
+    the layer kept float32 rows and returned float32. Refused now, naming
+    dtype, before a table is made."""
+    sok.Init(global_batch_size=2)
+    name = tf.as_dtype(dtype).name
+    with pytest.raises(ValueError, match=rf"dtype=.*{name}.*must be float32"):
+        if kind == "a2a":
+            sok.All2AllDenseEmbedding(10, 4, 1, 2, dtype=dtype)
+        else:
+            sok.DistributedEmbedding("sum", 10, 4, 1, 2, dtype=dtype)
+    layer = (sok.All2AllDenseEmbedding(10, 4, 1, 2, dtype="float32") if kind == "a2a" else
+             sok.DistributedEmbedding("sum", 10, 4, 1, 2, dtype=tf.float32))
+    assert layer.embedding_variable.dtype == tf.float32
+
+
+@pytest.mark.skipif(sok.compat.IS_TF1, reason="TF 1.15's Keras has no dtype policy names")
+@pytest.mark.parametrize("policy, out", [("mixed_float16", tf.float16),
+                                         ("mixed_bfloat16", tf.bfloat16)])
+def test_a_mixed_precision_layer_returns_its_compute_dtype(policy, out):
+    """Under a mixed-precision policy (float32 variables) the output is the
+    float32 rows cast to the compute dtype, as Keras's Embedding gives them
+    (it was float32 whatever the policy)."""
+    sok.Init(global_batch_size=2)
+    w = np.random.default_rng(4).normal(size=(10, 4)).astype(np.float32)
+    dense = tf.constant([[[1, 7]], [[3, 3]]], tf.int64)
+    a2a = sok.All2AllDenseEmbedding(10, 4, 1, 2, use_hashtable=False, dtype=policy,
+                                    embedding_initializer=w)
+    got = a2a(dense)
+    assert got.dtype == out
+    np.testing.assert_array_equal(got.numpy(), tf.cast(tf.nn.embedding_lookup(w, dense),
+                                                       out).numpy())
+    sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1, 7, 3], tf.int64), [2, 2])
+    dist = sok.DistributedEmbedding("sum", 10, 4, 1, 2, use_hashtable=False, dtype=policy,
+                                    embedding_initializer=w)
+    got = dist(sp)
+    assert got.dtype == out
+    want = tf.nn.embedding_lookup_sparse(w, sp, None, combiner="sum")
+    np.testing.assert_array_equal(got.numpy(), tf.cast(tf.reshape(want, [2, 1, 4]), out).numpy())
+
+
+@pytest.mark.parametrize("init", [
+    np.full((3, 4), 1e39),  # float64 beyond float32: became inf
+    np.full((3, 4), np.nan),
+    lambda: tf.keras.initializers.Constant(float("nan")),
+    lambda: tf.keras.initializers.RandomUniform(0.0, float("inf")),
+], ids=["float64_beyond_float32", "nan_array", "Constant_nan", "RandomUniform_inf"])
+def test_static_layer_initializer_must_give_finite_rows(init):
+    """A static (use_hashtable=False) layer's table took NaN or infinite
+    initial rows without an error (a hashtable layer refuses the same
+    initializers)."""
+    sok.Init(global_batch_size=1)
+    init = init() if callable(init) else init
+    with pytest.raises(ValueError, match="embedding_initializer gives NaN or infinite rows"):
+        sok.DistributedEmbedding("sum", 3, 4, 1, 2, use_hashtable=False,
+                                 embedding_initializer=init)
+    with pytest.raises(TypeError, match="embedding_initializer must be .* array of numbers"):
+        sok.All2AllDenseEmbedding(3, 4, 1, 2, use_hashtable=False, embedding_initializer=True)
+    with pytest.raises(ValueError, match="^embedding_initializer: .*bogus"):
+        sok.All2AllDenseEmbedding(3, 4, 1, 2, use_hashtable=False, embedding_initializer="bogus")
+    big = np.full((3, 4), 3e38)  # float64, within float32: taken as float32
+    layer = sok.All2AllDenseEmbedding(3, 4, 1, 2, use_hashtable=False, embedding_initializer=big)
+    np.testing.assert_array_equal(tf.convert_to_tensor(layer.embedding_variable).numpy(),
+                                  big.astype(np.float32))
+
+
+def test_static_layer_initializer_is_checked_when_the_graph_runs():
+    """In graph mode the rows an initializer gives are known only when the
+    variable initializer runs: it fails then, naming embedding_initializer."""
+    with tf.Graph().as_default():
+        init_op = sok.Init(global_batch_size=1)
+        layer = sok.All2AllDenseEmbedding(3, 4, 1, 2, use_hashtable=False,
+                                          embedding_initializer=tf.keras.initializers.Constant(
+                                              float("nan")))
+        with tf.compat.v1.Session() as sess:
+            sess.run(init_op)
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="embedding_initializer gives NaN or infinite rows"):
+                sess.run(layer.embedding_variable.initializer)
+
+
+@pytest.mark.parametrize("make", [
+    lambda: tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 2]),
+    lambda: tf.ragged.constant([[1, 2], [3]], tf.int64),
+], ids=["SparseTensor", "RaggedTensor"])
+def test_all2all_layer_names_sparse_and_ragged_inputs(make):
+    """All2AllDenseEmbedding takes a dense tensor of keys; a SparseTensor or
+    RaggedTensor failed inside tf.convert_to_tensor, naming neither the
+    layer nor its argument."""
+    sok.Init(global_batch_size=1)
+    layer = sok.All2AllDenseEmbedding(10, 4, 1, 2, name="dense_keys")
+    with pytest.raises(TypeError, match=r"dense_keys: inputs must be a dense tensor .* got a "
+                                        r"(SparseTensor|RaggedTensor)"):
+        layer(make())
+
+
+# ------------------------------------------------- hostile arguments (Saver)
+
+def test_saver_refuses_a_directory_holding_a_sok_dump(tmp_path):
+    """dump_to_file into the directory of a sok.dump wrote the table's
+    directory in among the dump's files (a sok.dump there then refused to
+    replace the mixed directory). Refused before anything is written,
+    eagerly and from a Session; the dump stays as it was and loads."""
+    sok.init(comm_tool="none")
+    dumped = np.arange(6, dtype=np.float32).reshape(3, 2)
+    var = sok.Variable(dumped, name="emb")
+    path = str(tmp_path / "ckpt")
+    sok.dump(path, [var])
+    before = sorted(os.listdir(path))
+    with pytest.raises(FileExistsError, match=r"filepath=.*ckpt.* is a sok.dump \(of \['emb'\]\)"):
+        sok.Saver().dump_to_file(var, path)
+    assert sorted(os.listdir(path)) == before
+    with tf.Graph().as_default():
+        sok.init(comm_tool="none")
+        gvar = sok.Variable(dumped, name="emb")
+        feed = tf.compat.v1.placeholder(tf.string, [])
+        op = sok.Saver().dump_to_file(gvar, feed)
+        with tf.compat.v1.Session() as sess:
+            sess.run(gvar.initializer)
+            with pytest.raises(Exception, match="is a sok.dump"):
+                sess.run(op, {feed: path})
+    assert sorted(os.listdir(path)) == before
+    sok.init(comm_tool="none")
+    var.assign(np.zeros((3, 2), np.float32))
+    sok.load(path, [var])
+    np.testing.assert_array_equal(var.numpy(), dumped)
+
+
+def test_saver_filepath_empty_or_bytes(tmp_path, monkeypatch):
+    """filepath="" was the current directory: dump_to_file wrote the table's
+    directory into wherever the process ran, and restore_from_file read
+    from there. "" is a ValueError naming filepath now (as sok.dump's path);
+    bytes are a path, as sok.dump takes them."""
+    sok.init(comm_tool="none")
+    monkeypatch.chdir(tmp_path)
+    rows = np.arange(4, dtype=np.float32).reshape(2, 2)
+    var = sok.Variable(rows, name="t")
+    saver = sok.Saver()
+    with pytest.raises(ValueError, match="Saver.dump_to_file: filepath must name a directory"):
+        saver.dump_to_file(var, "")
+    with pytest.raises(ValueError, match="Saver.dump_to_file: filepath must name a directory"):
+        saver.dump_to_file(var, tf.constant(""))
+    assert os.listdir(tmp_path) == []
+    with pytest.raises(ValueError, match="Saver.restore_from_file: filepath must name a dir"):
+        saver.restore_from_file(var, "")
+    saver.dump_to_file(var, os.fsencode(str(tmp_path / "d")))
+    var.assign(np.zeros((2, 2), np.float32))
+    saver.restore_from_file(var, os.fsencode(str(tmp_path / "d")))
+    np.testing.assert_array_equal(var.numpy(), rows)
+
+
+@pytest.mark.parametrize("bad", [{"a": 1}, "abc", [[True, False], [True, True]]],
+                         ids=["dict", "str", "bool"])
+def test_load_embedding_values_names_tensors_that_are_not_numbers(bad):
+    """A dict, a string or bools failed in float() or a conversion naming no
+    argument."""
+    sok.init(comm_tool="none")
+    var = sok.Variable(np.ones((2, 2), np.float32), name="t")
+    with pytest.raises(TypeError, match=r"tensors\[0\] must be a \[rows, dim\] array or tensor "
+                                        r"of numbers"):
+        sok.Saver().load_embedding_values(var, bad)
+    np.testing.assert_array_equal(var.numpy(), np.ones((2, 2)))
+
+
+def test_distributed_embedding_checks_a_sparse_shape_known_only_when_run():
+    """A SparseTensor whose dense shape is known only when the graph runs (a
+    tf.function of SparseTensorSpec([None, None])): rows not a multiple of
+    slot_num failed in a reshape naming nothing, and a second dimension
+    beyond max_nnz was accepted (eagerly both are refused). Both fail now
+    with the layer's messages; valid input is tf.nn.embedding_lookup_sparse's."""
+    sok.Init(global_batch_size=2)
+    w = np.random.default_rng(7).normal(size=(10, 4)).astype(np.float32)
+    layer = sok.DistributedEmbedding("sum", 10, 4, 2, 2, use_hashtable=False,
+                                     embedding_initializer=w, name="late_shape")
+
+    @tf.function(input_signature=[tf.SparseTensorSpec([None, None], tf.int64)])
+    def run(sp):
+        return layer(sp)
+
+    def sparse(rows, cols):
+        return tf.SparseTensor([[0, 0], [rows - 1, cols - 1]], tf.constant([1, 2], tf.int64),
+                               [rows, cols])
+
+    want = tf.nn.embedding_lookup_sparse(w, sparse(4, 2), None, combiner="sum")
+    np.testing.assert_allclose(run(sparse(4, 2)).numpy(), tf.reshape(want, [2, 2, 4]).numpy(),
+                               **TOL)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"late_shape: the SparseTensor must have batch \* slot_num rows"):
+        run(sparse(3, 2))
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="late_shape: the second dimension of the SparseTensor exceeds "
+                             "max_nnz=2"):
+        run(sparse(4, 5))

@@ -11,6 +11,11 @@ max_vocabulary_size_per_gpu rows on each worker:
   sok.Variable of max_vocabulary_size_per_gpu * workers rows (key k lives on
   worker k % workers), and a key outside it is an error.
 
+Tables hold float32 rows: a layer's `dtype` is float32 or a mixed-precision
+policy of float32 variables ("mixed_float16", "mixed_bfloat16"), whose compute
+dtype the output is cast to, as Keras's Embedding does; another dtype is a
+ValueError.
+
 Keras 3 lists only its own Variable type among a layer's weights, so the
 layers report their table through `variables` / `trainable_variables` /
 `weights` themselves: `model.trainable_variables` includes the table on
@@ -86,6 +91,7 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
     def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable,
                  key_dtype, embedding_initializer, **kwargs):
         super().__init__(**kwargs)
+        self._output_dtype = self._checked_dtype(kwargs.get("dtype"))
         comm = context.communicator(f"creating a sok.{type(self).__name__} (call "
                                     "sok.Init(global_batch_size=...) first)")
         self.max_vocabulary_size_per_gpu = _positive_int("max_vocabulary_size_per_gpu",
@@ -115,8 +121,8 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
             # (the ValueError of the table below is about that).
             try:
                 initializer_spec(embedding_initializer, seed)
-            except ValueError as e:
-                raise ValueError(f"embedding_initializer: {e}") from None
+            except (TypeError, ValueError) as e:
+                raise type(e)(f"embedding_initializer: {e}") from None
             try:
                 self.embedding_variable = _BoundedTable(
                     self.embedding_vec_size, initializer=embedding_initializer,
@@ -141,21 +147,62 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
             tf.compat.v1.add_to_collection(GraphKeys.SparseOperationKitEmbeddingVariables,
                                            self.embedding_variable)
 
+    def _checked_dtype(self, given):
+        """The dtype of the layer's output: float32, or a mixed-precision
+        policy's compute dtype (float16, bfloat16), to which the float32 rows
+        are cast as Keras's Embedding casts them. Tables hold float32 rows, so
+        a layer whose variables would be of another dtype (dtype=tf.float16,
+        "float64", ...) is a ValueError naming `dtype`: it used to be ignored,
+        and float32 rows returned."""
+        variable = tf.as_dtype(self.dtype or tf.float32)
+        compute = tf.as_dtype(getattr(self, "compute_dtype", None)
+                              or getattr(self, "_compute_dtype", None) or variable)
+        if variable != tf.float32 or compute not in (tf.float32, tf.float16, tf.bfloat16):
+            raise ValueError(
+                f"{type(self).__name__}: dtype={given!r} makes the layer's variables "
+                f"{variable.name} and its computation {compute.name}; its table holds float32 "
+                f"rows: dtype must be float32 (the default) or a mixed-precision policy of "
+                f"float32 variables (\"mixed_float16\", \"mixed_bfloat16\"), whose compute "
+                f"dtype the output takes")
+        return compute
+
+    def _output(self, rows):
+        """The rows in the layer's output dtype (see _checked_dtype)."""
+        return rows if self._output_dtype == tf.float32 else tf.cast(rows, self._output_dtype)
+
     def _initial_rows(self, rows):
         init = self.embedding_initializer
         shape = [rows, self.embedding_vec_size]
         if isinstance(init, (str, int, float, np.number)) and not isinstance(init, bool):
-            init = static_initializer(init)
+            try:
+                init = static_initializer(init)
+            except ValueError as e:  # Keras's "Could not interpret initializer identifier"
+                raise ValueError(f"embedding_initializer: {e}") from None
         if callable(init):
             value = init(shape=shape, dtype=tf.float32)
         else:
-            value = tf.convert_to_tensor(init, tf.float32)
+            array = init if isinstance(init, (tf.Tensor, tf.Variable)) else np.asarray(init)
+            if isinstance(array, np.ndarray) and array.dtype.kind not in "iuf":
+                raise TypeError(f"embedding_initializer must be an initializer, a name, a "
+                                f"number or a {shape} array of numbers; got "
+                                f"{type(init).__name__} (a numpy array of {array.dtype})")
+            with np.errstate(over="ignore"):
+                value = tf.convert_to_tensor(array, tf.float32)
             if value.shape.as_list() != shape:
                 raise ValueError(f"embedding_initializer holds a tensor of shape "
                                  f"{value.shape.as_list()}; the table is {shape}")
-        # An identity op, so that the dependency on sok.Init's op (graph
-        # mode) sits on the value the variable is initialized from.
-        return tf.identity(value)
+        # The rows must be finite, as a hashtable's initializer must be: a
+        # NaN or an infinity (also float64 values beyond float32, which the
+        # conversion made inf) was the table's initial value, without an
+        # error.
+        message = (f"{self.name}: embedding_initializer gives NaN or infinite rows (or values "
+                   f"beyond float32); the table's initial rows must be finite")
+        try:
+            # Also the identity op on which the dependency on sok.Init's op
+            # (graph mode) sits, before the variable is initialized from it.
+            return tf.debugging.check_numerics(value, message)
+        except tf.errors.InvalidArgumentError:  # eagerly: at once
+            raise ValueError(message) from None
 
     # The table is this layer's only weight (see the module docstring).
     def _tables(self):
@@ -244,6 +291,11 @@ class All2AllDenseEmbedding(_EmbeddingLayer):
                          key_dtype, embedding_initializer, **kwargs)
 
     def call(self, inputs, training=True):
+        if isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor)):
+            # tf.convert_to_tensor's message named neither the layer nor inputs.
+            raise TypeError(f"{self.name}: inputs must be a dense tensor of keys [batch, "
+                            f"slot_num, nnz_per_slot]; got a {type(inputs).__name__} (a "
+                            f"DistributedEmbedding takes sparse or ragged keys)")
         ids = self._ids(tf.convert_to_tensor(inputs), "inputs")
         if not self.dynamic_input:
             shape = ids.shape
@@ -256,7 +308,8 @@ class All2AllDenseEmbedding(_EmbeddingLayer):
                     "for inputs of any shape)")
         # Everything the lookup reads waits for the check (graph mode).
         with tf.control_dependencies(session.check_initialized()):
-            return all2all_dense_embedding(self.embedding_variable, ids, name=self.name)
+            return self._output(all2all_dense_embedding(self.embedding_variable, ids,
+                                                        name=self.name))
 
     def get_config(self):
         config = super().get_config()
@@ -303,6 +356,21 @@ class DistributedEmbedding(_EmbeddingLayer):
             if static is not None and static[0] % self.slot_num:
                 raise ValueError(f"{self.name}: the SparseTensor has {static[0]} rows; it must "
                                  f"have batch * slot_num rows (slot_num={self.slot_num})")
+            if static is None:
+                # Its dense shape is known when the graph runs (a tf.function
+                # of a SparseTensorSpec([None, None]), a sparse placeholder):
+                # the checks above, then (rows failed in a reshape, naming
+                # nothing; a dimension beyond max_nnz was accepted).
+                shape = tf.cast(inputs.dense_shape, tf.int64)
+                checks += [
+                    tf.debugging.assert_less_equal(
+                        shape[-1], tf.constant(self.max_nnz, tf.int64),
+                        message=f"{self.name}: the second dimension of the SparseTensor exceeds "
+                                f"max_nnz={self.max_nnz}"),
+                    tf.debugging.assert_equal(
+                        shape[0] % self.slot_num, tf.zeros([], tf.int64),
+                        message=f"{self.name}: the SparseTensor must have batch * slot_num "
+                                f"rows (slot_num={self.slot_num})")]
             values = inputs.values
         elif isinstance(inputs, tf.RaggedTensor):
             values = inputs.flat_values
@@ -332,7 +400,7 @@ class DistributedEmbedding(_EmbeddingLayer):
         with tf.control_dependencies(session.check_initialized() + checks):
             rows = lookup_sparse(self.embedding_variable, inputs, combiners=self.combiner,
                                  name=self.name)
-        return tf.reshape(rows, [-1, self.slot_num, self.embedding_vec_size])
+        return self._output(tf.reshape(rows, [-1, self.slot_num, self.embedding_vec_size]))
 
     def get_config(self):
         config = super().get_config()

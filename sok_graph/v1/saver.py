@@ -27,8 +27,9 @@ from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import (_SIBLING_SUFFIX, CheckpointError, _file_stem, _var_name,
-                                 check_float_table, check_keys_fit, dumped_names, name_max, read_dump,
-                                 refuse_long_name, rows_as, table_stem, write_dump)
+                                 check_float_table, check_keys_fit, checked_path, dumped_names,
+                                 name_max, read_dump, refuse_long_name, rows_as, table_stem,
+                                 write_dump)
 
 _TABLE = "table"  # the one table of a dump written before per-name directories
 
@@ -49,14 +50,30 @@ def _directory(filepath, method):
             raise TypeError(f"Saver.{method}: filepath must be a str, a path or a scalar "
                             f"tf.string tensor; got a {filepath.dtype.name} tensor of shape "
                             f"{filepath.shape}")
-        if hasattr(filepath, "numpy"):  # eager
-            return filepath.numpy().decode("utf-8")
-        return filepath
-    if isinstance(filepath, (str, os.PathLike)):
-        return os.fspath(filepath)
-    raise TypeError(f"Saver.{method}: filepath must be a str, a path or a scalar tf.string "
-                    f"tensor (the directory of the dump); got {type(filepath).__name__} "
-                    f"{filepath!r}")
+        if not hasattr(filepath, "numpy"):  # a graph's: checked when the op runs
+            return filepath
+    if not isinstance(filepath, (str, bytes, os.PathLike, tf.Tensor)):
+        raise TypeError(f"Saver.{method}: filepath must be a str, a path or a scalar tf.string "
+                        f"tensor (the directory of the dump); got {type(filepath).__name__} "
+                        f"{filepath!r}")
+    # "" was the current directory: the tables' directories were written
+    # into (and restored from) wherever the process happened to run.
+    return checked_path(filepath, f"Saver.{method}: filepath")
+
+
+def _refuse_a_dump_at(path):
+    """FileExistsError where `path` (a Saver's directory) is itself a
+    sok.dump: the Saver's table directories were written in beside the
+    dump's files, which the next sok.dump to that path then refused to
+    replace (and sok.load took as a dump holding files not its own)."""
+    names = dumped_names(path)
+    if names or os.path.lexists(os.path.join(path, "manifest.json")):
+        raise FileExistsError(
+            f"Saver.dump_to_file: filepath={path!r} is a sok.dump (of {names}), not a Saver's "
+            f"directory: the Saver keeps each table in a directory of its own inside "
+            f"filepath, and would mix them into the dump's files; choose another filepath "
+            f"(a dump of the Saver's earlier one-table layout still restores, but takes no "
+            f"new tables)")
 
 
 def _as_str(path):
@@ -127,6 +144,11 @@ def _rows_of_dtype(rows, dtype, what):
                             f"{rows.dtype.base_dtype.name} tensor: cast it first")
         return tf.convert_to_tensor(rows)
     array = np.asarray(rows)
+    if array.dtype.kind not in "iuf":
+        # np.asarray made an object or string array of it: float()'s message
+        # ("not 'dict'", "could not convert string") named no argument.
+        raise TypeError(f"{what} must be a [rows, dim] array or tensor of numbers; got "
+                        f"{type(rows).__name__} (a numpy array of {array.dtype})")
     if array.dtype.kind == "f":
         target = dtype.as_numpy_dtype
         with np.errstate(over="ignore", invalid="ignore"):
@@ -153,8 +175,13 @@ class Saver:
         kind, name, entry = kind_of(var), _var_name(var), _entry(var)
         _check_name_length(var, entry, directory)
 
+        if isinstance(directory, str):
+            _refuse_a_dump_at(directory)
+
         def write(path, keys, rows):
-            target = os.path.join(_as_str(path), entry)
+            path = checked_path(_as_str(path), "Saver.dump_to_file: filepath")
+            _refuse_a_dump_at(path)
+            target = os.path.join(path, entry)
             held = dumped_names(target)
             if held and held != [name]:
                 raise FileExistsError(
@@ -184,7 +211,7 @@ class Saver:
         dtype = tf.as_dtype(var.dtype).base_dtype
 
         def read(path):
-            path = _as_str(path)
+            path = checked_path(_as_str(path), "Saver.restore_from_file: filepath")
             target, table = os.path.join(path, entry), name
             held = dumped_names(target)
             if not held:
