@@ -1,6 +1,7 @@
 """The streaming Parquet reader against pyarrow's own full read."""
 
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -231,3 +232,101 @@ def test_bad_id_values_are_clear_errors(tmp_path, values, words):
     _write(path, {"a": pa.array(values), "label": pa.array([0.0, 1.0], pa.float32())}, 10)
     with pytest.raises(ValueError, match=f"column 'a' {words}"):
         list(ParquetReader(path, 2, ["a"]))
+
+
+@pytest.mark.parametrize("case", ["dense_strings", "dense_lists", "label_strings",
+                                  "ragged_not_lists"])
+def test_columns_of_the_wrong_type_are_named_before_reading(tmp_path, case):
+    """A dense or label column of strings or lists, or a ragged column of
+    plain numbers, failed mid-epoch with numpy's "could not convert string
+    to float" / "setting an array element with a sequence" or "'Int64Array'
+    object has no attribute 'offsets'", naming no column. The reader now
+    refuses it when made, naming the column, the file and its type."""
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "t.parquet")
+    cols = {"ids": pa.array([[1, 2], [3]]), "plain": pa.array([4, 5]),
+            "s": pa.array(["x", "y"]), "label": pa.array([0.0, 1.0])}
+    args, words = {
+        "dense_strings": ((["ids"], ["s"]), "column 's' must hold numbers (a dense column)"),
+        "dense_lists": ((["ids"], ["ids"]), "column 'ids' must hold numbers (a dense column)"),
+        "label_strings": ((["ids"], [], "s"), "column 's' must hold numbers (the label column)"),
+        "ragged_not_lists": ((["plain"],), "column 'plain' must hold lists of integer ids"),
+    }[case]
+    _write(path, cols, 10)
+    with pytest.raises(ValueError, match=re.escape(words) + r".* in .*t\.parquet it is"):
+        ParquetReader(path, 2, *args)
+
+
+def test_outputs_that_would_share_a_key_are_refused(tmp_path):
+    """A ragged column named 'label' or 'dense', or ragged columns 'x' and
+    'x_splits', had their values replaced in every batch by the label, the
+    dense matrix or the other column's row_splits, without an error."""
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "t.parquet")
+    _write(path, {"label": pa.array([[1, 2], [3]]), "dense": pa.array([[4], [5, 6]]),
+                  "x": pa.array([[7], [8]]), "x_splits": pa.array([[9], [10]]),
+                  "y": pa.array([1.0, 2.0]), "target": pa.array([0.0, 1.0])}, 10)
+    with pytest.raises(ValueError, match="ragged column 'label' and label column 'label'"):
+        ParquetReader(path, 2, ["label"])
+    with pytest.raises(ValueError, match="ragged column 'dense' and the dense columns"):
+        ParquetReader(path, 2, ["dense"], ["y"], label_column="target")
+    with pytest.raises(ValueError, match="'x_splits'"):
+        ParquetReader(path, 2, ["x", "x_splits"], label_column="target")
+    # Each alone reads as written (plain lists, not the other outputs).
+    got = list(ParquetReader(path, 2, ["dense", "x"], label_column="target"))[0]
+    assert got["dense"].tolist() == [4, 5, 6] and got["dense_splits"].tolist() == [0, 1, 3]
+    assert got["x"].tolist() == [7, 8]
+
+
+def test_bad_reader_arguments_name_themselves(tmp_path, criteo):
+    """Float ranks or world sizes failed at the first batch ("slice indices
+    must be integers"), a str seed in numpy, a str prefetch in int(); a
+    zero-byte file or a directory got pyarrow's message without the path;
+    one ragged column given as a string was split into letters."""
+    from sok_graph.data.parquet import ParquetReader
+
+    cases = [(dict(rank=0.5, world_size=2), r"rank must be in \[0, world_size=2\), an integer"),
+             (dict(world_size=1.5), "world_size must be a positive integer"),
+             (dict(seed="x", shuffle=True), "seed must be a non-negative integer"),
+             (dict(prefetch="x"), "prefetch must be an integer"),
+             (dict(shuffle="no"), "shuffle must be True or False")]
+    for kwargs, words in cases:
+        with pytest.raises((TypeError, ValueError), match=words):
+            ParquetReader(criteo, 10, ["C1"], **kwargs)
+    empty = tmp_path / "empty.parquet"
+    empty.write_bytes(b"")
+    with pytest.raises(Exception, match=r"empty\.parquet: not a readable Parquet file"):
+        ParquetReader(str(empty), 10, ["C1"])
+    with pytest.raises(OSError, match=f"{tmp_path}: not a readable Parquet file"):
+        ParquetReader(str(tmp_path), 10, ["C1"])
+    one = next(iter(ParquetReader(criteo, 10, "C1")))
+    assert set(one) == {"C1", "C1_splits", "label"}
+
+
+def test_files_whose_column_types_differ_read_as_one(tmp_path):
+    """Two files of one data set, int32 ids and double labels in one, int64
+    ids and float labels in the other: a batch spanning both failed with
+    pyarrow's "Schema at index 1 was different"."""
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    _write(a, {"ids": pa.array([[1, 2], [3]], pa.list_(pa.int32())),
+               "x": pa.array([1, 2], pa.int64()), "label": pa.array([0.5, 1.5])}, 10)
+    _write(b, {"ids": pa.array([[2 ** 40], []], pa.list_(pa.int64())),
+               "x": pa.array([3.5, 4.5], pa.float32()),
+               "label": pa.array([2.5, 3.5], pa.float32())}, 10)
+    got = list(ParquetReader([a, b], 3, ["ids"], ["x"]))
+    assert got[0]["ids"].tolist() == [1, 2, 3, 2 ** 40]
+    assert got[0]["ids_splits"].tolist() == [0, 2, 3, 4]
+    assert got[0]["dense"].tolist() == [[1.0], [2.0], [3.5]]
+    assert got[0]["label"].tolist() == [0.5, 1.5, 2.5]
+    assert got[1]["ids"].tolist() == [] and got[1]["ids_splits"].tolist() == [0, 0]
+    assert got[1]["dense"].tolist() == [[4.5]] and got[1]["label"].tolist() == [3.5]

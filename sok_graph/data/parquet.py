@@ -12,6 +12,7 @@ and converts those, so decoding overlaps conversion and the consumer. List
 columns become (values, row_splits) without copying the values.
 """
 
+import os
 import queue
 import threading
 
@@ -27,6 +28,11 @@ class ParquetReader:
     label_column="label", rank=0, world_size=1, shuffle=False, seed=0,
     prefetch=2, drop_remainder=False)``
 
+    ragged_columns and dense_columns are lists of column names (or one name);
+    a ragged column holds lists of integer ids, dense and label columns
+    numbers, checked in every file when the reader is made. Files may differ
+    in these types (int32 or int64 ids, float or double numbers).
+
     Iterating yields dicts: for each ragged column ``name`` two int64 arrays
     ``name`` (values) and ``name_splits`` (row_splits, batch + 1); ``dense``
     a float32 [batch, len(dense_columns)] array; ``label`` float32 [batch].
@@ -39,33 +45,78 @@ class ParquetReader:
     def __init__(self, files, batch_size, ragged_columns, dense_columns=(),
                  label_column="label", rank=0, world_size=1, shuffle=False, seed=0,
                  prefetch=2, drop_remainder=False):
-        if isinstance(files, str):
+        if isinstance(files, (str, bytes, os.PathLike)):
             files = [files]
         if not files:
             raise ValueError("files must name at least one Parquet file")
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not _is_int(batch_size) or batch_size < 1:
             raise ValueError(f"batch_size must be a positive integer; got {batch_size!r}")
-        if not 0 <= rank < world_size:
-            raise ValueError(f"rank must be in [0, world_size={world_size}); got {rank}")
-        self.files = list(files)
-        self.batch_size = batch_size
-        self.ragged_columns = list(ragged_columns)
-        self.dense_columns = list(dense_columns)
+        # Floats failed later, in a slice ("slice indices must be integers").
+        if not _is_int(world_size) or world_size < 1:
+            raise ValueError(f"world_size must be a positive integer; got {world_size!r}")
+        if not _is_int(rank) or not 0 <= rank < world_size:
+            raise ValueError(f"rank must be in [0, world_size={world_size}), an integer; got "
+                             f"{rank!r}")
+        if not _is_int(seed) or seed < 0:
+            raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
+        if not _is_int(prefetch):
+            raise ValueError(f"prefetch must be an integer (batches read ahead); got "
+                             f"{prefetch!r}")
+        for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
+            if not isinstance(value, (bool, np.bool_)):
+                raise TypeError(f"{flag} must be True or False; got {value!r}")
+        self.files = [os.fsdecode(f) if isinstance(f, (bytes, os.PathLike)) else f
+                      for f in files]
+        self.batch_size = int(batch_size)
+        self.ragged_columns = _names("ragged_columns", ragged_columns)
+        self.dense_columns = _names("dense_columns", dense_columns)
+        if label_column is not None and not isinstance(label_column, str):
+            raise TypeError(f"label_column must be a column name or None; got {label_column!r}")
         self.label_column = label_column
-        self.rank, self.world_size = rank, world_size
-        self.shuffle, self.seed = shuffle, seed
+        _check_output_keys(self.ragged_columns, self.dense_columns, label_column)
+        self.rank, self.world_size = int(rank), int(world_size)
+        self.shuffle, self.seed = bool(shuffle), int(seed)
         self.prefetch = max(1, int(prefetch))
-        self.drop_remainder = drop_remainder
+        self.drop_remainder = bool(drop_remainder)
         self._epoch = 0
         self._units = []
         for f in self.files:
-            meta = pq.ParquetFile(f).metadata
+            if not isinstance(f, str):
+                raise TypeError(f"files must be paths of Parquet files; got {f!r}")
+            try:
+                meta = pq.ParquetFile(f).metadata
+            except (OSError, pa.ArrowException) as e:
+                # pyarrow's "Parquet file size is 0 bytes" named no file.
+                raise type(e)(f"{f}: not a readable Parquet file: {e}") from None
             schema = meta.schema.to_arrow_schema()
             for name in self.columns:
                 if name not in schema.names:
                     raise ValueError(f"column '{name}' is not in {f}; it has {schema.names}")
+            self._check_types(f, schema)
             for g in range(meta.num_row_groups):
                 self._units.append((f, g))
+
+    def _check_types(self, path, schema):
+        """ValueError naming the file, the column and its type where a
+        column cannot be read as asked: a ragged column that is not a list
+        of integers, a dense or label column that is not numbers (they
+        failed mid-epoch with "'Int64Array' object has no attribute
+        'offsets'", "could not convert string to float" or "setting an
+        array element with a sequence", naming no column)."""
+        for name in self.ragged_columns:
+            t = schema.field(name).type
+            if not (pa.types.is_list(t) or pa.types.is_large_list(t)) or \
+                    not pa.types.is_integer(t.value_type):
+                raise ValueError(f"column '{name}' must hold lists of integer ids (a ragged "
+                                 f"column); in {path} it is {t}")
+        numeric = self.dense_columns + ([self.label_column] if self.label_column else [])
+        for name in numeric:
+            t = schema.field(name).type
+            if not (pa.types.is_integer(t) or pa.types.is_floating(t) or
+                    pa.types.is_boolean(t)):
+                what = "a dense column" if name in self.dense_columns else "the label column"
+                raise ValueError(f"column '{name}' must hold numbers ({what}); in {path} it "
+                                 f"is {t}")
 
     @property
     def columns(self):
@@ -96,7 +147,7 @@ class ParquetReader:
             rows += table.num_rows
             if rows < self.batch_size:
                 continue
-            merged = pa.concat_tables(pending)
+            merged = self._concat(pending)
             start = 0
             while merged.num_rows - start >= self.batch_size:
                 yield merged.slice(start, self.batch_size)
@@ -104,7 +155,26 @@ class ParquetReader:
             pending = [merged.slice(start)] if start < merged.num_rows else []
             rows = merged.num_rows - start
         if rows and not self.drop_remainder:
-            yield pa.concat_tables(pending)
+            yield self._concat(pending)
+
+    def _concat(self, tables):
+        """One table of `tables` (row groups, possibly of different files).
+        Files of one data set may differ in their columns' types (int32 or
+        int64 ids, float or double labels), which pa.concat_tables refused
+        ("Schema at index 1 was different") for a batch spanning two such
+        files: their columns are then cast to one type each, ids to int64
+        and numbers to float64, as the batch holds them in the end."""
+        first = tables[0].schema
+        if all(t.schema.equals(first) for t in tables[1:]):
+            return pa.concat_tables(tables)
+        ragged = set(self.ragged_columns)
+
+        def common(t):
+            return t.cast(pa.schema([pa.field(f.name, pa.list_(pa.int64()) if f.name in ragged
+                                              else pa.float64()) for f in t.schema]),
+                          safe=False)
+
+        return pa.concat_tables([common(t) for t in tables])
 
     def _convert(self, table):
         out = {}
@@ -193,6 +263,42 @@ class ParquetReader:
         else:
             options.autotune.enabled = False
         return ds.prefetch(autotune).with_options(options)
+
+
+def _is_int(value):
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
+def _names(what, columns):
+    """A list of column names; one name is a list of it, as `files` takes one
+    file (list("ids") made the columns 'i', 'd', 's')."""
+    if isinstance(columns, str):
+        return [columns]
+    columns = list(columns)
+    bad = [c for c in columns if not isinstance(c, str)]
+    if bad:
+        raise TypeError(f"{what} must hold column names (str); got {bad[0]!r}")
+    return columns
+
+
+def _check_output_keys(ragged, dense, label):
+    """ValueError where two outputs would share a key of the batch dict: a
+    ragged column 'x' gives 'x' and 'x_splits', the dense columns 'dense',
+    the label 'label'. A ragged column named 'label' or 'dense', or one
+    beside a ragged column 'x_splits', had its values replaced in every
+    batch without an error."""
+    owner = {}
+    for name in ragged:
+        for key in (name, name + "_splits"):
+            owner.setdefault(key, []).append(f"ragged column '{name}'")
+    if dense:
+        owner.setdefault("dense", []).append("the dense columns")
+    if label:
+        owner.setdefault("label", []).append(f"label column '{label}'")
+    for key, who in owner.items():
+        if len(who) > 1:
+            raise ValueError(f"{' and '.join(who)} would both be the batch's '{key}'; rename a "
+                             f"column, or list a ragged column once")
 
 
 def _view(array, column):
