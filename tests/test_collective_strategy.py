@@ -14,6 +14,7 @@ SavedModel served by plain TensorFlow.
 """
 
 import os
+import re
 import sys
 
 import numpy as np
@@ -397,3 +398,66 @@ def _check_saved_model(export, want):
     mean = np.stack([rows[[3, 0]].mean(0), np.zeros(rows.shape[1]), rows[[7]].mean(0)])
     x = np.concatenate([mean, rows[single]], 1)
     np.testing.assert_allclose(logits, x @ want["w"] + want["b"], rtol=1e-5, atol=1e-6)
+
+
+def _one_variable_signature(name):
+    """A serving graph of one variable `name` ([1, 2]) and y = x @ it."""
+    def build():
+        x = tf.compat.v1.placeholder(tf.float32, [None, 1], name="x")
+        v = tf.compat.v1.get_variable(name, initializer=tf.constant([[0.0, 0.0]]))
+        return {"serving_default": tf.compat.v1.saved_model.predict_signature_def(
+            {"x": x}, {"y": tf.matmul(x, v)})}
+    return build
+
+
+def _served(export):
+    with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
+        tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], export)
+        return sess.run(tf.compat.v1.global_variables())
+
+
+def test_export_saved_model_refuses_a_variable_without_a_trained_value(none_engine, tmp_path,
+                                                                       monkeypatch):
+    """A serving graph whose variable the training graph does not have (a
+    renamed or misspelt variable) was exported with the variable's initial
+    value, and only a warning logged: a model that serves untrained weights.
+    It is a ValueError naming the variable now, nothing written. Bad
+    arguments are named errors before anything is read: savedmodel_dir as
+    bytes is a path (it made a directory "b'..." in the current directory
+    before failing with "can't concat str to bytes"), None and "" are
+    refused, as are a session that is not one, flags that are not bools
+    (as_text="no" wrote text) and assets_extra names leaving assets.extra."""
+    monkeypatch.chdir(tmp_path)
+    s = sok.CollectiveStrategy()
+    trained = np.array([[5.0, 6.0]], np.float32)
+    with s.scope(), tf.Graph().as_default():
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant([[1.0, 2.0]]))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(w.assign(trained))
+            out = str(tmp_path / "renamed")
+            with pytest.raises(ValueError, match=r"no value for: \['w_other'\]"):
+                s.export_saved_model(out, signature_def_fn=_one_variable_signature("w_other"),
+                                     session=sess)
+            assert not os.path.exists(out)
+            good = _one_variable_signature("w")
+            bad = [(dict(savedmodel_dir=None), TypeError, "savedmodel_dir must be a str"),
+                   (dict(savedmodel_dir=""), ValueError, "savedmodel_dir must name a directory"),
+                   (dict(session="sess"), TypeError, "session must be a tf.compat.v1.Session"),
+                   (dict(as_text="no"), TypeError, "as_text must be True or False"),
+                   (dict(clear_devices=None), TypeError, "clear_devices must be True or False"),
+                   (dict(assets_extra={"../up": __file__}), ValueError, "'../up' must be a rel"),
+                   (dict(assets_extra={"a": str(tmp_path / "none")}), ValueError,
+                    "does not exist")]
+            for kwargs, exc, words in bad:
+                args = dict(savedmodel_dir=str(tmp_path / "bad"), signature_def_fn=good,
+                            session=sess)
+                args.update(kwargs)
+                with pytest.raises(exc, match=re.escape(words)):
+                    s.export_saved_model(**args)
+            assert sorted(os.listdir(tmp_path)) == []
+            export = str(tmp_path / "served")
+            assert s.export_saved_model(os.fsencode(export), signature_def_fn=good,
+                                        session=sess) == export
+    assert sorted(os.listdir(tmp_path)) == ["served"]
+    np.testing.assert_array_equal(_served(export)[0], trained)

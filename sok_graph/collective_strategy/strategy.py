@@ -10,6 +10,7 @@ import tempfile
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
+from sok_graph.dump_load import checked_path
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables import is_dynamic
 from sok_graph.serving import sources
@@ -20,6 +21,37 @@ from .export import _write_saved_model
 from .lookups import _lookup_patches
 from .model_parallel import _embedding_patches
 from .patching import _PATCHES, _originals
+
+
+def _checked_export_args(savedmodel_dir, session, assets_extra, flags):
+    """export_saved_model's arguments, checked before anything is read or
+    written: savedmodel_dir as a str (bytes made a directory named "b'..."
+    in the current directory before failing with "can't concat str to
+    bytes"; None failed in os.stat), a session that is one (a str failed
+    with "'str' object has no attribute 'graph'"), the flags bools (as_text
+    "no" wrote text), assets_extra a {relative name: existing file} map
+    whose names stay inside the export's assets.extra."""
+    savedmodel_dir = checked_path(savedmodel_dir, "savedmodel_dir")
+    if session is not None and not (hasattr(session, "run") and (
+            hasattr(session, "graph") or hasattr(session, "_tf_sess"))):
+        raise TypeError(f"session must be a tf.compat.v1.Session or MonitoredSession of the "
+                        f"training graph; got {type(session).__name__} {session!r}")
+    for name, value in flags.items():
+        if not isinstance(value, bool):
+            raise TypeError(f"{name} must be True or False; got {value!r}")
+    if assets_extra is None:
+        return savedmodel_dir, None
+    if not isinstance(assets_extra, dict):
+        raise TypeError(f"assets_extra must be a dict {{name in assets.extra: source file}}; "
+                        f"got {type(assets_extra).__name__}")
+    for dst, src in assets_extra.items():
+        parts = str(dst).replace("\\", "/").split("/")
+        if not isinstance(dst, str) or not dst or os.path.isabs(dst) or ".." in parts:
+            raise ValueError(f"assets_extra: {dst!r} must be a relative file name inside the "
+                             f"export's assets.extra (no '..', not absolute)")
+        if not isinstance(src, (str, os.PathLike)) or not tf.io.gfile.exists(os.fspath(src)):
+            raise ValueError(f"assets_extra[{dst!r}]: the source file {src!r} does not exist")
+    return savedmodel_dir, assets_extra
 
 
 class _CallableInt(int):
@@ -187,6 +219,10 @@ class CollectiveStrategy:
         if session is None and checkpoint_dir is None:
             raise ValueError("export_saved_model needs session=<a session of the training "
                              "graph> or checkpoint_dir=<its checkpoint directory>")
+        savedmodel_dir, assets_extra = _checked_export_args(
+            savedmodel_dir, session, assets_extra,
+            dict(as_text=as_text, clear_devices=clear_devices,
+                 strip_default_attrs=strip_default_attrs))
         values, tables = (self._session_values(session) if session is not None
                           else self._checkpoint_values(checkpoint_dir))
         dynamic = {name: v for name, v, _, _ in tables if is_dynamic(v)}

@@ -435,12 +435,15 @@ def _session_values(session):
 def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_runner,
                             default_row=None, chunk_rows=1 << 20, assets_extra=None,
                             as_text=False, clear_devices=True, strip_default_attrs=True,
-                            rank=0):
+                            rank=0, missing_ok=True):
     """The TF1 writer (also CollectiveStrategy.export_saved_model's): builds
     the serving graph with build_fn in serving mode, loads `values` ({variable
     name: array}) and fills the serving tables from `table_sources` ({name:
     sok table of the training graph}, read through source_runner), then rank 0
-    writes the SavedModel. Every worker calls it (tables are gathered)."""
+    writes the SavedModel. Every worker calls it (tables are gathered).
+    missing_ok=False: a variable or table of the serving graph that has no
+    trained value is a ValueError on every worker, before any table is read
+    (else a warning, and it keeps its initial value)."""
     created = int(time.time() * 1e6)  # before any table is read
     saved_comm = context._communicator
     resolver = GraphResolver(default_row)
@@ -460,20 +463,24 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
     with tf.compat.v1.Session(graph=graph) as sess:
         with graph.as_default():
             sess.run(tf.compat.v1.global_variables_initializer())
-        missing = []
+        missing = [v.op.name for v in variables
+                   if v.op.name not in values and id(v) not in table_vars]
+        missing += [name for name in resolver.tables
+                    if table_sources.get(name) is None and name not in values]
+        if missing and not missing_ok:
+            # Every worker sees the same names: all refuse, none waits in a gather.
+            raise ValueError(
+                f"the serving graph has variables the training left no value for: "
+                f"{sorted(missing)[:10]}{'...' if len(missing) > 10 else ''}; they would be "
+                f"exported with their initial values. The serving graph must use the "
+                f"training graph's variable names")
         for v in variables:
-            if id(v) in table_vars and v.op.name not in values:
-                continue
             if v.op.name in values:
                 v.load(values[v.op.name], sess)
-            else:
-                missing.append(v.op.name)
         target = sources.Runner(sess)
         for name, t in resolver.tables.items():
             source = table_sources.get(name)
             if source is None:
-                if name not in values:
-                    missing.append(name)
                 continue
             if isinstance(t, StaticTable) and name in values:
                 continue
