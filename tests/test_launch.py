@@ -423,6 +423,18 @@ def test_output_of_every_line_arrives_prefixed_without_blocking(job):
             {"SOK_GRAPH_LAUNCH_TIMEOUT": "0"},
             "environment variable SOK_GRAPH_LAUNCH_TIMEOUT must be a positive number of seconds",
         ),
+        # A GPU listed twice gave two workers the same device (each its own
+        # CUDA_VISIBLE_DEVICES=0).
+        (
+            ["{script}"],
+            {"CUDA_VISIBLE_DEVICES": "0,0"},
+            "CUDA_VISIBLE_DEVICES=0,0 lists GPU 0 more than once: 2 workers would share it",
+        ),
+        (
+            ["-np", "3", "{script}"],
+            {"CUDA_VISIBLE_DEVICES": "3, 1,3"},
+            "lists GPU 3 more than once: 3 workers would share it",
+        ),
     ],
 )
 def test_bad_arguments_exit_2_with_a_message(job, args, env, message):

@@ -166,6 +166,16 @@ def parse_args(argv):
                 "for CPU workers"
             )
         args.gpus = gpus[: args.np]
+        shared = sorted({g for g in args.gpus if args.gpus.count(g) > 1})
+        if shared:
+            # Each worker would get its own CUDA_VISIBLE_DEVICES naming one GPU:
+            # two workers on one device (NCCL refuses a second rank on a
+            # device; without NCCL both fill its memory).
+            parser.error(
+                f"CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')} lists GPU "
+                f"{', '.join(shared)} more than once: {args.np} workers would share it; list "
+                "each GPU once, or use --cpu for CPU workers"
+            )
     else:
         args.np = 1 if args.np is None else args.np
         args.gpus = None
