@@ -696,3 +696,33 @@ def test_side_effects_ordered_per_replica_in_functions():
     assert _waits_for(ordered["second0"], ordered["first0"])
     assert _waits_for(ordered["second1"], ordered["first1"])
     assert _waits_for(ordered["host1"], ordered["second1"])
+
+
+def test_a_replica_sharded_table_after_sok_init_without_its_strategy():
+    """A table sharded over a MirroredStrategy's replicas (a ReplicaShards),
+    used after sok.init set up another engine (one process): its lookup
+    failed with "'SingleProcess' object has no attribute 'replica_id'". A
+    RuntimeError names the call, the table and both set-ups. (Two shards
+    made by hand: the object a 2-replica strategy makes, without the
+    logical CPUs it needs.)"""
+    import tensorflow as tf
+
+    import sok_graph as sok
+    from sok_graph import context
+    from sok_graph.tables.replica_shards import ReplicaShards
+
+    sok.init("none")
+    try:
+        rows = np.arange(8, dtype=np.float32).reshape(4, 2)
+        table = ReplicaShards([sok.Variable(rows, name="sharded"),
+                               sok.Variable(rows + 100, name="sharded")])
+        ids = tf.ragged.constant([[1], [2, 3]], tf.int64)
+        words = (r"sok.lookup_sparse on 'sharded(:0)?': the table is sharded over the 2 replicas "
+                 r"of the MirroredStrategy it was made under, but sok.init has since set up "
+                 r"'none' with 1 worker\(s\)")
+        with pytest.raises(RuntimeError, match=words):
+            sok.lookup_sparse([table], [ids], combiners=["sum"])
+        with pytest.raises(RuntimeError, match="sok.all2all_dense_embedding on 'sharded"):
+            sok.all2all_dense_embedding(table, tf.constant([1], tf.int64))
+    finally:
+        context.reset()

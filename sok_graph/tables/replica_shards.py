@@ -91,6 +91,16 @@ class ReplicaShards(compat.trackable_base_class()):
         """The shard of the replica being built; a clear error outside
         strategy.run."""
         comm = context.communicator(what)
+        count = len(self._shards)
+        if not hasattr(comm, "replica_id") or comm.world_size != count:
+            # sok.init ran again since, with another engine or strategy: the
+            # replica id was looked up on a communicator that has none
+            # (AttributeError) or indexed shards that do not exist.
+            raise RuntimeError(
+                f"{what} on {self.name!r}: the table is sharded over the {count} replicas of "
+                f"the MirroredStrategy it was made under, but sok.init has since set up "
+                f"{getattr(comm, 'name', type(comm).__name__)!r} with {comm.world_size} "
+                f"worker(s); use it under that strategy (call sok.init in its scope again)")
         return self._shards[comm.replica_id(f"{what} on {self.name!r}")]
 
     # What every shard shares.
