@@ -330,3 +330,26 @@ def test_files_whose_column_types_differ_read_as_one(tmp_path):
     assert got[0]["label"].tolist() == [0.5, 1.5, 2.5]
     assert got[1]["ids"].tolist() == [] and got[1]["ids_splits"].tolist() == [0, 0]
     assert got[1]["dense"].tolist() == [[4.5]] and got[1]["label"].tolist() == [3.5]
+
+
+def test_more_workers_than_row_groups_is_refused(tmp_path):
+    """Workers read whole row groups: with 3 row groups and 4 workers worker
+    3 got no batch at all (a synchronous job then waits for it forever).
+    Refused when the reader is made, naming both counts; an empty file for
+    one worker still reads as no batch."""
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "three.parquet")
+    _write(path, {"ids": pa.array([[i] for i in range(6)]),
+                  "label": pa.array([float(i) for i in range(6)])}, 2)
+    got = [list(ParquetReader(path, 2, ["ids"], rank=r, world_size=3)) for r in range(3)]
+    assert [[b["ids"].tolist() for b in part] for part in got] == [[[0, 1]], [[2, 3]], [[4, 5]]]
+    with pytest.raises(ValueError, match=r"3 row group\(s\), fewer than world_size=4: workers "
+                                         r"3\.\.3 would read nothing"):
+        ParquetReader(path, 2, ["ids"], rank=0, world_size=4)
+    empty = str(tmp_path / "empty.parquet")
+    _write(empty, {"ids": pa.array([], pa.list_(pa.int64())), "label": pa.array([], pa.float64())},
+           2)
+    assert list(ParquetReader(empty, 2, ["ids"])) == []

@@ -28,6 +28,10 @@ class ParquetReader:
     label_column="label", rank=0, world_size=1, shuffle=False, seed=0,
     prefetch=2, drop_remainder=False)``
 
+    Workers read whole row groups, so with several workers the files must
+    hold at least world_size of them (else a ValueError); workers whose row
+    groups hold fewer rows get fewer batches in an epoch.
+
     ragged_columns and dense_columns are lists of column names (or one name);
     a ragged column holds lists of integer ids, dense and label columns
     numbers, checked in every file when the reader is made. Files may differ
@@ -95,6 +99,13 @@ class ParquetReader:
             self._check_types(f, schema)
             for g in range(meta.num_row_groups):
                 self._units.append((f, g))
+        if 1 < self.world_size and len(self._units) < self.world_size:
+            # Workers read whole row groups: those past the last one got no
+            # batch at all, and a synchronous job waited for them forever.
+            raise ValueError(
+                f"the files hold {len(self._units)} row group(s), fewer than world_size="
+                f"{self.world_size}: workers {len(self._units)}..{self.world_size - 1} would "
+                f"read nothing; write the files with smaller row groups, or use fewer workers")
 
     def _check_types(self, path, schema):
         """ValueError naming the file, the column and its type where a
