@@ -48,9 +48,12 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
         raise TypeError(
             f"use_legacy_optimizer must be a bool; got {use_legacy_optimizer!r}"
         )
+    # The communicator first: an init refused (an unknown comm_tool, no
+    # engine joining several workers) leaves tf.keras as it was.
+    comm = set_comm_tool(comm_tool)
     if use_legacy_optimizer:
         use_legacy_keras_optimizers()
-    return set_comm_tool(comm_tool)
+    return comm
 
 
 def set_comm_tool(tool):

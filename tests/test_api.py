@@ -41,6 +41,41 @@ def test_init_rejects_unknown_comm_tool():
         sok.init(comm_tool="mpi")
 
 
+@pytest.mark.parametrize("names", [("SOK_GRAPH_RANK", "SOK_GRAPH_WORLD_SIZE"),
+                                   ("HOROVOD_RANK", "HOROVOD_SIZE"),
+                                   ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")],
+                         ids=["launcher", "horovodrun", "mpirun"])
+def test_init_in_one_of_several_workers_needs_an_engine_that_joins_them(monkeypatch, names):
+    """Under `python -m sok_graph.launch -np 2` (or horovodrun, mpirun)
+    without hvd.init(), sok.init() made each worker a single process: two
+    independent trainings, each on half the data with its own whole table,
+    and no error. The default engine, "tf" without a multi-worker strategy,
+    and sok.Init are RuntimeErrors naming the worker and what to call now;
+    comm_tool="none" still makes an independent process."""
+    for key in list(os.environ):
+        if key.startswith(("SOK_GRAPH_", "HOROVOD_", "OMPI_COMM_WORLD_")):
+            monkeypatch.delenv(key)
+    rank, size = names
+    monkeypatch.setenv(rank, "1")
+    monkeypatch.setenv(size, "2")
+    context.reset()
+    keras_optimizers = tf.keras.optimizers
+    with pytest.raises(RuntimeError, match=r"worker 1 of 2 .*comm_tool='horovod' found nothing "
+                                           r"joining the workers.*Call hvd.init\(\)"):
+        sok.init()
+    assert tf.keras.optimizers is keras_optimizers  # a refused init rebinds nothing
+    with pytest.raises(RuntimeError, match=r"comm_tool='tf' .*MultiWorkerMirroredStrategy"):
+        sok.init(comm_tool="tf")
+    with pytest.raises(RuntimeError, match="worker 1 of 2"):
+        sok.Init(global_batch_size=2)
+    assert context.active() is None  # nothing was set up
+    comm = sok.init(comm_tool="none")
+    assert (comm.world_size, comm.rank) == (1, 0)
+    monkeypatch.setenv(size, "1")
+    monkeypatch.setenv(rank, "0")
+    assert sok.init().world_size == 1
+
+
 def test_lookup_before_init_says_to_call_init():
     context.reset()
     with pytest.raises(RuntimeError, match=r"call sok.init\(\)"):

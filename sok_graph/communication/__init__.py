@@ -47,6 +47,32 @@ def create(comm_tool):
                          f"mean one process); got {comm_tool!r}")
     if comm_tool in SINGLE_PROCESS_TOOLS:
         return SingleProcess()
-    if comm_tool == "horovod":
-        return horovod.create()
-    return tf_distribute.create()
+    comm = horovod.create() if comm_tool == "horovod" else tf_distribute.create()
+    if type(comm) is SingleProcess:
+        _refuse_one_of_several_workers(comm_tool)
+    return comm
+
+
+def _refuse_one_of_several_workers(comm_tool):
+    """RuntimeError where the environment says this process is one of
+    several workers (python -m sok_graph.launch, horovodrun, mpirun) but
+    `comm_tool` found no engine joining them (Horovod not initialized; no
+    multi-worker strategy): every worker then trained alone on its part of
+    the data, its own whole table, without an error. comm_tool="none"
+    still makes independent processes, if that is what is meant."""
+    from sok_graph.launch.environment import worker_info
+
+    try:
+        rank, _, world_size = worker_info()
+    except ValueError:  # malformed variables: the engines' business, not this check's
+        return
+    if world_size > 1:
+        how = ("call hvd.init() (import horovod.tensorflow as hvd) before sok.init()"
+               if comm_tool == "horovod" else
+               "call sok.init(comm_tool=\"tf\") inside the scope of a "
+               "MultiWorkerMirroredStrategy")
+        raise RuntimeError(
+            f"this process is worker {rank} of {world_size} (its launcher's environment "
+            f"says so), but comm_tool={comm_tool!r} found nothing joining the workers: each "
+            f"would train alone. {how[0].upper() + how[1:]}; or comm_tool=\"none\" for "
+            f"independent processes")
