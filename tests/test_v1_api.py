@@ -967,3 +967,18 @@ def test_distributed_embedding_checks_a_sparse_shape_known_only_when_run():
                        match="late_shape: the second dimension of the SparseTensor exceeds "
                              "max_nnz=2"):
         run(sparse(4, 5))
+
+
+def test_init_takes_numpy_integers():
+    """sok.Init(global_batch_size=np.int64(4)) and seed=np.int64(3) (a numpy
+    computation's result) were refused as "not a positive integer"; they
+    are the integers they hold now. numpy bools and floats stay refused."""
+    sok.Init(global_batch_size=np.int64(4), seed=np.int64(3))
+    assert context.v1_config("global_batch_size") == 4
+    assert type(context.v1_config("seed")) is int and context.v1_config("seed") == 3
+    layer = sok.DistributedEmbedding("sum", 10, 4, 1, 2)
+    assert layer(tf.SparseTensor([[0, 0]], tf.constant([5], tf.int64), [4, 2])).shape == (4, 1, 4)
+    for bad in (dict(global_batch_size=np.bool_(True)), dict(global_batch_size=np.float64(4)),
+                dict(global_batch_size=4, seed=np.float32(1))):
+        with pytest.raises(ValueError, match="global_batch_size|seed"):
+            sok.Init(**bad)

@@ -19,6 +19,7 @@ order impossible to miss:
 
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context
@@ -41,10 +42,16 @@ class _GraphInit:
 _graph_inits = weakref.WeakKeyDictionary()  # tf.Graph -> _GraphInit
 
 
+def _is_int(value):
+    """A Python or numpy integer (np.int64(4), a numpy computation's result,
+    was refused as "not a positive integer"); not a bool."""
+    return isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+
+
 def _positive_int(name, value):
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+    if not _is_int(value) or value <= 0:
         raise ValueError(f"{name} must be a positive integer; got {value!r}")
-    return value
+    return int(value)
 
 
 def Init(**kwargs):  # noqa: N802 (SOK's name)
@@ -60,10 +67,10 @@ def Init(**kwargs):  # noqa: N802 (SOK's name)
                         "workers>")
     batch = _positive_int("global_batch_size", kwargs["global_batch_size"])
     seed = kwargs.get("seed")
-    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, int) or seed < 0
-                             or seed >= (1 << 63)):
+    if seed is not None and (not _is_int(seed) or seed < 0 or int(seed) >= (1 << 63)):
         # The tables' seed is an int64.
         raise ValueError(f"seed must be None or a non-negative integer below 2^63; got {seed!r}")
+    seed = None if seed is None else int(seed)
     # Under a tf.distribute strategy the strategy is the communication engine.
     comm_tool = "tf" if tf.distribute.has_strategy() else "horovod"
     # SOK 1.x's Init predates Keras' legacy optimizers and leaves
