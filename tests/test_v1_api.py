@@ -873,9 +873,9 @@ def test_all2all_layer_names_sparse_and_ragged_inputs(make):
 # ------------------------------------------------- hostile arguments (Saver)
 
 def test_saver_refuses_a_directory_holding_a_sok_dump(tmp_path):
-    """dump_to_file into the directory of a sok.dump wrote the table's
-    directory in among the dump's files (a sok.dump there then refused to
-    replace the mixed directory). Refused before anything is written,
+    """dump_to_file into the directory of a sok.dump (or a directory inside
+    it) wrote the table's directory in among the dump's files (a sok.dump
+    there then refused to replace the mixed directory). Refused before anything is written,
     eagerly and from a Session; the dump stays as it was and loads."""
     sok.init(comm_tool="none")
     dumped = np.arange(6, dtype=np.float32).reshape(3, 2)
@@ -885,6 +885,9 @@ def test_saver_refuses_a_directory_holding_a_sok_dump(tmp_path):
     before = sorted(os.listdir(path))
     with pytest.raises(FileExistsError, match=r"filepath=.*ckpt.* is a sok.dump \(of \['emb'\]\)"):
         sok.Saver().dump_to_file(var, path)
+    # A directory to make inside the dump mixes in as well.
+    with pytest.raises(FileExistsError, match=r"filepath=.*sub.* is inside the sok.dump"):
+        sok.Saver().dump_to_file(var, os.path.join(path, "sub"))
     assert sorted(os.listdir(path)) == before
     with tf.Graph().as_default():
         sok.init(comm_tool="none")

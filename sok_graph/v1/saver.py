@@ -62,18 +62,26 @@ def _directory(filepath, method):
 
 
 def _refuse_a_dump_at(path):
-    """FileExistsError where `path` (a Saver's directory) is itself a
-    sok.dump: the Saver's table directories were written in beside the
-    dump's files, which the next sok.dump to that path then refused to
-    replace (and sok.load took as a dump holding files not its own)."""
-    names = dumped_names(path)
-    if names or os.path.lexists(os.path.join(path, "manifest.json")):
-        raise FileExistsError(
-            f"Saver.dump_to_file: filepath={path!r} is a sok.dump (of {names}), not a Saver's "
-            f"directory: the Saver keeps each table in a directory of its own inside "
-            f"filepath, and would mix them into the dump's files; choose another filepath "
-            f"(a dump of the Saver's earlier one-table layout still restores, but takes no "
-            f"new tables)")
+    """FileExistsError where `path` (a Saver's directory), or a directory
+    above it, is a sok.dump: the Saver's table directories were written in
+    beside the dump's files, which the next sok.dump to that path then
+    refused to replace (and sok.load took as a dump holding files not its
+    own)."""
+    where = os.path.abspath(path)
+    while True:
+        names = dumped_names(where)
+        if names or os.path.lexists(os.path.join(where, "manifest.json")):
+            inside = "" if where == os.path.abspath(path) else f" inside the sok.dump {where!r}"
+            raise FileExistsError(
+                f"Saver.dump_to_file: filepath={path!r} is{inside or ' a sok.dump'} (of "
+                f"{names}), not a Saver's directory: the Saver keeps each table in a directory "
+                f"of its own inside filepath, and would mix them into the dump's files; choose "
+                f"another filepath (a dump of the Saver's earlier one-table layout still "
+                f"restores, but takes no new tables)")
+        parent = os.path.dirname(where)
+        if parent == where:
+            return
+        where = parent
 
 
 def _as_str(path):
