@@ -24,6 +24,29 @@ def test_auc_matches_pairwise_count(rng):
     assert metrics.auc([0, 1], [0.1, 0.9]) == 1.0
 
 
+def test_auc_of_a_column_of_scores_and_of_nans(rng):
+    """A model's scores as a column [n, 1] were sorted along their last
+    axis: AUCs such as -0.63. NaN scores (a diverged model's) gave 1.0 and
+    NaN labels counted as negatives; labels and scores of two lengths failed
+    with numpy's "boolean index did not match". Columns are taken as their
+    values; the others are ValueErrors naming the argument."""
+    labels = rng.integers(0, 2, size=100)
+    scores = np.round(rng.standard_normal(100), 1)
+    want = brute_force_auc(labels, scores)
+    assert metrics.auc(labels, scores[:, None]) == pytest.approx(want)
+    assert metrics.auc(labels[:, None], scores[:, None]) == pytest.approx(want)
+    with pytest.raises(ValueError, match=r"scores hold 2 NaN\(s\), the first at position 0"):
+        metrics.auc([0, 1], [np.nan, np.nan])
+    with pytest.raises(ValueError, match=r"labels hold 1 NaN\(s\), the first at position 1"):
+        metrics.auc([0, np.nan, 1], [0.1, 0.5, 0.9])
+    with pytest.raises(ValueError, match="got 3 labels and 2 scores"):
+        metrics.auc([0, 1, 1], [0.1, 0.5])
+    with pytest.raises(ValueError, match=r"scores must be 1-D .*got shape \(2, 2\)"):
+        metrics.auc([0, 1], [[0.1, 0.2], [0.3, 0.4]])
+    # Infinite scores order as numbers.
+    assert metrics.auc([0, 1, 0], [-np.inf, np.inf, 0.0]) == 1.0
+
+
 @pytest.mark.skipif(importlib.util.find_spec("recbole") is None or
                     importlib.util.find_spec("pyarrow") is None,
                     reason="needs the recbole wheel and pyarrow (scripts/run_demo.sh installs them)")

@@ -3,11 +3,36 @@
 import numpy as np
 
 
+def _vector(name, values):
+    """`values` as a 1-D numpy array; a column [n, 1] (a model's output) is
+    taken as its n values (it was sorted along its last axis, which gave
+    AUCs such as -0.63)."""
+    values = np.asarray(values)
+    if values.ndim == 2 and values.shape[1] == 1:
+        values = values[:, 0]
+    if values.ndim != 1:
+        raise ValueError(f"{name} must be 1-D (or a column [n, 1]); got shape {values.shape}")
+    if values.dtype.kind not in "biuf":
+        raise TypeError(f"{name} must hold numbers; got {values.dtype}")
+    return values
+
+
 def auc(labels, scores):
     """Area under the ROC curve by the rank-sum formula (tied scores share
-    their mean rank). NaN when only one class is present."""
-    labels = np.asarray(labels)
-    scores = np.asarray(scores, np.float64)
+    their mean rank). NaN when only one class is present. labels and scores
+    are 1-D (or columns [n, 1]) of one length; a NaN in either is a
+    ValueError (NaN scores, a diverged model's, gave AUC 1.0, and NaN labels
+    counted as negatives)."""
+    labels = _vector("labels", labels)
+    scores = _vector("scores", scores).astype(np.float64)
+    if len(labels) != len(scores):
+        raise ValueError(f"labels and scores must be of one length; got {len(labels)} labels "
+                         f"and {len(scores)} scores")
+    for name, values in (("labels", labels), ("scores", scores)):
+        nan = np.isnan(values.astype(np.float64))
+        if nan.any():
+            raise ValueError(f"{name} hold {int(nan.sum())} NaN(s), the first at position "
+                             f"{int(np.argmax(nan))}: the AUC of NaN is not defined")
     order = np.argsort(scores, kind="mergesort")
     sorted_scores = scores[order]
     ranks = np.empty(len(scores))
