@@ -509,13 +509,14 @@ def test_dump_refuses_paths_that_name_no_directory(tmp_path, monkeypatch):
 
 def test_a_dump_never_replaces_a_previous_dump_holding_what_is_not_its_own(tmp_path):
     """A previous dump is replaced whole: a table sok.Saver dumped into its
-    directory (SOK's usage puts both in one checkpoint directory) and a
-    user's file there were deleted without a word by the next dump."""
+    directory (the Saver refuses that now, but earlier versions did it) and
+    a user's file there were deleted without a word by the next dump."""
     a = sok.Variable(np.ones((3, 2), np.float32), name="a")
     b = sok.Variable(np.full((3, 2), 2.0, np.float32), name="b")
     path = str(tmp_path / "ckpt")
     sok.dump(path, [a])
-    sok.Saver().dump_to_file(b, path)
+    sok.Saver().dump_to_file(b, str(tmp_path / "saver"))
+    shutil.copytree(str(tmp_path / "saver" / "b"), os.path.join(path, "b"))
     (tmp_path / "ckpt" / "notes.txt").write_text("mine")
     with pytest.raises(FileExistsError, match=r"is a sok_graph dump that also holds \['b', "
                                               r"'notes.txt'\], which are not the dump's"):
