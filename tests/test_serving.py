@@ -1090,7 +1090,6 @@ def test_a_delta_row_beyond_the_served_dtype_is_refused(tmp_path):
     np.testing.assert_array_equal(served(), want)
 
 
-@tf2_only
 def _user_and_item_export(tmp_path):
     """(export dir, item's rows) of a model serving a dynamic table 'user'
     (key 1 holds [1, 1]) and a static table 'item' (4 x 2, rows 0..7)."""
@@ -1126,6 +1125,7 @@ _APPLY_EACH = """
 """
 
 
+@tf2_only
 def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tmp_path):
     """The loaded model's apply_delta_fn, in plain TensorFlow: NaN or
     infinite rows and a static table's row ids outside [0, rows) are
