@@ -999,11 +999,7 @@ def test_deltas_of_a_tf1_export_are_applied_once_and_in_order(tmp_path):
     from sok_graph.serving import delta as delta_mod
 
     with tf.Graph().as_default():
-        sok.init()
-        user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
-        keys = tf.compat.v1.placeholder(tf.int64, [None])
-        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
-        assign = sok.assign(user, keys, rows)
+        user, keys, rows, assign = _assignable_user_in_graph()
 
         def build_fn():
             ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
@@ -1088,6 +1084,16 @@ def test_a_delta_row_beyond_the_served_dtype_is_refused(tmp_path):
     want = np.ones((4, 2), np.float16)
     want[[1, 3]] = rows.astype(np.float16)
     np.testing.assert_array_equal(served(), want)
+
+
+def _assignable_user_in_graph():
+    """In the default graph, after sok.init(): a dynamic table 'user' of
+    dimension 2, placeholders for keys and rows, and the op assigning them."""
+    sok.init()
+    user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+    keys = tf.compat.v1.placeholder(tf.int64, [None])
+    rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
+    return user, keys, rows, sok.assign(user, keys, rows)
 
 
 def _user_and_item_export(tmp_path):
@@ -1413,11 +1419,7 @@ def test_a_delta_that_repeats_a_key_is_refused(tmp_path):
     from sok_graph.serving import delta as delta_mod
 
     with tf.Graph().as_default():
-        sok.init()
-        user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
-        keys = tf.compat.v1.placeholder(tf.int64, [None])
-        rows = tf.compat.v1.placeholder(tf.float32, [None, 2])
-        assign = sok.assign(user, keys, rows)
+        user, keys, rows, assign = _assignable_user_in_graph()
 
         def build_fn():
             ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")

@@ -457,16 +457,24 @@ class _PlainSGD(OwnRule):
         return None if tf.executing_eagerly() else tf.group(*ops)
 
 
+def check_learning_rate(optimizer, lr):
+    """A sok optimizer's learning_rate: a finite number >= 0, a tensor, a
+    variable, a callable or a schedule (NaN and infinities made every
+    updated row NaN or infinite; a str failed at the first update, in a
+    Cast). `optimizer` names it in the error."""
+    if isinstance(lr, (bool, np.bool_)) or not (
+            isinstance(lr, (int, float, np.number)) or callable(lr)
+            or isinstance(lr, (tf.Tensor, tf.Variable))):
+        raise TypeError(f"{optimizer}: learning_rate must be a number, a tensor, a variable or "
+                        f"a schedule; got {lr!r}")
+    if isinstance(lr, (int, float, np.number)) and not (np.isfinite(lr) and lr >= 0):
+        raise ValueError(f"{optimizer}: learning_rate must be a finite number >= 0; got {lr!r}")
+
+
 class SGD(OptimizerWrapper):
     """``SGD(lr)``: plain sparse SGD for sok variables (and any other variable)."""
 
     def __init__(self, lr=0.01, learning_rate=None):
         lr = learning_rate if learning_rate is not None else lr
-        if isinstance(lr, (bool, np.bool_)) or not (
-                isinstance(lr, (int, float, np.number)) or callable(lr)
-                or isinstance(lr, (tf.Tensor, tf.Variable))):
-            raise TypeError(f"sok.SGD: learning_rate must be a number, a tensor, a variable or "
-                            f"a schedule; got {lr!r}")
-        if isinstance(lr, (int, float, np.number)) and not (np.isfinite(lr) and lr >= 0):
-            raise ValueError(f"sok.SGD: learning_rate must be a finite number >= 0; got {lr!r}")
+        check_learning_rate("sok.SGD", lr)
         super().__init__(_PlainSGD(lr))

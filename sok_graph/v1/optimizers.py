@@ -30,7 +30,8 @@ import tensorflow as tf
 
 from sok_graph import compat
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.optimization.wrapper import OptimizerWrapper, OwnRule, update_op, wrapper_for
+from sok_graph.optimization.wrapper import (OptimizerWrapper, OwnRule, check_learning_rate,
+                                            update_op, wrapper_for)
 
 
 def _float(optimizer, name, value):
@@ -43,21 +44,6 @@ def _float(optimizer, name, value):
         except (TypeError, ValueError):
             pass
     raise TypeError(f"{optimizer}: {name} must be a number; got {value!r}")
-
-
-def _check_learning_rate(optimizer, learning_rate):
-    """learning_rate as sok.SGD takes it: a finite number >= 0, a tensor, a
-    variable, a callable or a schedule (NaN and infinities made every
-    updated row NaN or infinite; a str failed at the first update, in a
-    Cast)."""
-    lr = learning_rate
-    if isinstance(lr, (bool, np.bool_)) or not (
-            isinstance(lr, (int, float, np.number)) or callable(lr)
-            or isinstance(lr, (tf.Tensor, tf.Variable))):
-        raise TypeError(f"{optimizer}: learning_rate must be a number, a tensor, a variable or "
-                        f"a schedule; got {lr!r}")
-    if isinstance(lr, (int, float, np.number)) and not (np.isfinite(lr) and lr >= 0):
-        raise ValueError(f"{optimizer}: learning_rate must be a finite number >= 0; got {lr!r}")
 
 
 class _AdamRule(OwnRule):
@@ -87,7 +73,7 @@ class Adam(OptimizerWrapper):
         kwargs.pop("name", None)
         if kwargs:
             raise TypeError(f"{type(self).__name__} got unexpected arguments {sorted(kwargs)}")
-        _check_learning_rate(type(self).__name__, learning_rate)
+        check_learning_rate(type(self).__name__, learning_rate)
         for name, value in (("beta_1", beta_1), ("beta_2", beta_2)):
             if not 0.0 <= _float(type(self).__name__, name, value) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1); got {value!r}")
