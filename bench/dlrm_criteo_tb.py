@@ -78,6 +78,9 @@ def parse(argv=None):
     p.add_argument("--timeline", type=float, default=None, metavar="MIN_GAP_US",
                    help="with --trace: also print the traced steps' GPU events and host ops "
                         "in order, marking GPU idle gaps of at least MIN_GAP_US (rank 0 only)")
+    p.add_argument("--trace_top", type=int, default=8, metavar="N",
+                   help="with --trace: list N entries of each ranking (device-to-host "
+                        "copies, kernels, host time by op type), and host time by node")
     p.add_argument("--bytes", type=int, default=0, metavar="STEPS",
                    help="after the timed steps, count the bytes the exchanges send over "
                         "STEPS steps with ids deduplicated per table before the exchange "
@@ -409,16 +412,21 @@ def _trace_breakdown(strategy, step, pool, args, tf, steps):
     else:
         print("  host synchronisations per step: not in this trace (no CUDA API events)")
     print(f"  device-to-host copies per step (all replicas): {sum(dtoh.values()) / steps:.1f}")
-    for op, count in dtoh.most_common(6):
+    top = args.trace_top
+    for op, count in dtoh.most_common(top):
         print(f"    {count / steps:5.1f}  {op}")
-    for (op, call), count in blocking.most_common(8):
+    for (op, call), count in blocking.most_common(top):
         print(f"    {count / steps:5.1f}  {op:32} {call}")
     print("  GPU kernels and copies by busy time (ms per step and GPU):")
-    for name, ps in device_time.most_common(10):
+    for name, ps in device_time.most_common(top):
         print(f"    {ps / 1e9 / steps / gpus:7.3f}  {name}")
     print("  host time by TensorFlow op type (ms per step, all replicas):")
-    for name, ps in op_time.most_common(8):
+    for name, ps in op_time.most_common(top):
         print(f"    {ps / 1e9 / steps:7.3f}  {name}")
+    if top > 8:
+        print("  host time by node, numbered repeats folded (ms per step, all replicas):")
+        for name, ps in host_syncs.host_time_by_node(space).most_common(top):
+            print(f"    {ps / 1e9 / steps:7.3f}  {name}")
     if args.timeline is not None and rank == 0:
         print(f"  the traced steps in order (GPU idle gaps of {args.timeline:g} us or more):")
         host_syncs.timeline(space, args.timeline)

@@ -115,6 +115,18 @@ def analyse(space):
     return planes, by_op, dtoh, op_time, device_time
 
 
+def host_time_by_node(space):
+    """Host time (ps) of each TensorFlow op's TraceMe by node name, numeric
+    suffixes folded (_base_name): which ops of a step cost its host most."""
+    by_node = collections.Counter()
+    for plane in space.planes:
+        if plane.name.startswith("/host:CPU"):
+            for _, _, name, s, e in _events(plane):
+                if _op_type(name):
+                    by_node[_base_name(name.rsplit(":", 1)[0])] += e - s
+    return by_node
+
+
 def _device_kind(name):
     """"GPU:0" / "CPU:0" (with the task where the name has one) of a device name."""
     spec = name.rsplit("/", 1)[-1].replace("device:", "")
