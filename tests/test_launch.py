@@ -687,3 +687,116 @@ def test_bad_stall_timeout_exits_2(tmp_path, args, env, message):
     script.write_text("")
     p = _launch(script, args, **env)
     assert p.returncode == 2 and message in p.stderr.decode(), p.stderr.decode()
+
+
+# -- resources: open files and threads ---------------------------------------------
+
+
+def _with_open_file_limit(soft):
+    import resource
+
+    def lower():
+        hard = resource.getrlimit(resource.RLIMIT_NOFILE)[1]
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+    return lower
+
+
+def test_more_workers_than_open_files_allow_exit_2_naming_np(job):
+    """Each worker takes two of the launcher's file descriptors (its output
+    pipes): -np 40 under a limit of 64 died midway with "Too many open
+    files" (a traceback from free_ports, or "could not start worker 27")
+    after starting workers. Now exit status 2 naming -np, its value and the
+    limit, before any worker starts; a count that fits still runs."""
+    argv = job.argv(["-np", "40", "--no-horovod"], "marker")
+    p = subprocess.run(argv, env=_env(), capture_output=True, check=False,
+                       timeout=RUN_TIMEOUT_S, preexec_fn=_with_open_file_limit(64))
+    err = p.stderr.decode()
+    assert p.returncode == 2, err
+    assert "sok_graph.launch: error: -np 40 needs about " in err, err
+    assert "more than this process may open: 64 (RLIMIT_NOFILE, `ulimit -n`" in err, err
+    assert "Traceback" not in err and "Too many open files" not in err, err
+    assert not (job.piddir / "started").exists()
+    assert job.pids() == []
+
+    argv = job.argv(["-np", "12", "--no-horovod"], "report")
+    p = subprocess.run(argv, env=_env(), capture_output=True, check=False,
+                       timeout=RUN_TIMEOUT_S, preexec_fn=_with_open_file_limit(64))
+    assert p.returncode == 0, p.stderr.decode()
+    assert sorted(_lines_by_rank(p.stdout.decode())) == list(range(12))
+
+
+def test_descriptor_shortfall_counts_per_worker_and_its_own():
+    # 3 open + 16 of its own + 2 per worker (3 with Horovod's connection).
+    assert launch_cli.descriptor_shortfall(10, False, limits=(39, 100), in_use=3) is None
+    assert launch_cli.descriptor_shortfall(10, True, limits=(49, 100), in_use=3) is None
+    assert launch_cli.descriptor_shortfall(10, True, limits=(48, 100), in_use=3) == (
+        "-np 10 needs about 49 open file descriptors in the launcher (3 per worker for its "
+        "output pipes and its connection to Horovod's rendezvous, and 19 of its own), more "
+        "than this process may open: 48 (RLIMIT_NOFILE, `ulimit -n`; its hard limit is 100); "
+        "use -np <= 9, or raise the limit (`ulimit -n 49` in the shell that runs the launcher)"
+    )
+    assert launch_cli.descriptor_shortfall(2, False, limits=(20, -1), in_use=3) == (
+        "-np 2 needs about 23 open file descriptors in the launcher (2 per worker for its "
+        "output pipes, and 19 of its own), more than this process may open: 20 (RLIMIT_NOFILE, "
+        "`ulimit -n`; its hard limit is unlimited); raise the limit (`ulimit -n 23` in the "
+        "shell that runs the launcher)"
+    )
+    assert launch_cli.descriptor_shortfall(10 ** 6, True, limits=(-1, -1), in_use=3) is None
+
+
+def test_a_reader_thread_that_cannot_start_stops_every_worker(job, monkeypatch):
+    """"can't start new thread" after the workers were started raised out of
+    _start, and run() stopped none of them: they ran on unwatched. Now the
+    started workers are killed and the error is a LaunchError."""
+    import threading
+    import types
+
+    from sok_graph.launch import supervisor
+
+    procs = []
+    popen = subprocess.Popen
+
+    def recording_popen(*args, **kwargs):
+        procs.append(popen(*args, **kwargs))
+        return procs[-1]
+
+    starts = []
+    real_start = threading.Thread.start
+
+    def start(self):
+        if len(starts) == 3:
+            raise RuntimeError("can't start new thread")
+        starts.append(self)
+        real_start(self)
+
+    monkeypatch.setattr(supervisor.subprocess, "Popen", recording_popen)
+    monkeypatch.setattr(threading.Thread, "start", start)
+    monkeypatch.setattr(supervisor, "_die_with_parent_hook", lambda: None)
+    args = types.SimpleNamespace(np=3, gpus=None, tf_config=True, stall_timeout=30.0,
+                                 script=str(job.script),
+                                 script_args=[str(job.piddir), "sleep", "obey"])
+    monkeypatch.setattr(os, "environ", dict(_env()))
+    with pytest.raises(supervisor.LaunchError, match=r"could not start the thread that reads a "
+                                                     r"worker's output \(3 of 6 started\): "
+                                                     r"can't start new thread; use a smaller "
+                                                     r"-np \(now 3\)"):
+        supervisor._start(args, supervisor._Output(), None)
+    assert len(procs) == 3
+    assert all(p.poll() is not None for p in procs), [p.pid for p in procs]
+
+
+def test_ports_that_cannot_be_had_are_a_launch_error(monkeypatch):
+    import types
+
+    from sok_graph.launch import supervisor
+
+    def no_ports(count):
+        raise OSError(24, "Too many open files")
+
+    monkeypatch.setattr(supervisor, "free_ports", no_ports)
+    args = types.SimpleNamespace(np=5)
+    with pytest.raises(supervisor.LaunchError, match=r"could not find 6 free ports for 5 "
+                                                     r"worker\(s\) on 127\.0\.0\.1: \[Errno 24\] "
+                                                     r"Too many open files"):
+        supervisor._start(args, supervisor._Output(), None)

@@ -6,7 +6,10 @@
 Devices: on GPU machines one worker per GPU in CUDA_VISIBLE_DEVICES (every
 GPU `nvidia-smi -L` lists when the variable is unset; `-np N` takes the first
 N); with no GPU (or `--cpu`, or CUDA_VISIBLE_DEVICES empty or "-1") N CPU
-workers, default 1. Each worker runs `<this python> script.py args...` with
+workers, default 1. The launcher holds two open files per worker (its
+output pipes; three with Horovod, its rendezvous connection) besides about
+20 of its own: an -np its open-file limit (RLIMIT_NOFILE, `ulimit -n`)
+cannot hold is refused (status 2) before any worker starts. Each worker runs `<this python> script.py args...` with
 CUDA_VISIBLE_DEVICES set to its one GPU (empty on CPU) and:
 
   SOK_GRAPH_RANK               worker index, 0 .. world size - 1

@@ -18,6 +18,16 @@ from .environment import (
 )
 
 EXIT_BAD_ARGS = 2
+# Open file descriptors the launcher holds for each worker while it runs: the
+# read ends of its stdout and stderr pipes; with Horovod one more, its
+# connection to the rendezvous server the launcher serves.
+FDS_PER_WORKER = 2
+FDS_PER_HOROVOD_WORKER = 3
+# Descriptors the launcher needs besides those (and those it has open when
+# the arguments are checked): a worker's start takes five for a moment (its
+# pipes' write ends, subprocess's error pipe, /dev/null), Horovod's server
+# its listening socket, nvidia-smi its pipe.
+FDS_RESERVE = 16
 
 
 class _Parser(argparse.ArgumentParser):
@@ -125,6 +135,50 @@ def _env_seconds(parser, name):
         parser.error(f"environment variable {name} {e}")
 
 
+def _open_descriptors():
+    """Number of file descriptors this process has open (3 where it cannot
+    be told)."""
+    for where in ("/proc/self/fd", "/dev/fd"):
+        try:
+            return max(3, len(os.listdir(where)) - 1)  # less the listing's own
+        except OSError:
+            continue
+    return 3
+
+
+def descriptor_shortfall(np_, horovod, limits=None, in_use=None):
+    """None where the launcher can hold what `np_` workers need of its open
+    file descriptors; else the message saying why not. limits: (soft, hard)
+    RLIMIT_NOFILE (this process's, where None); in_use: descriptors open
+    now."""
+    try:
+        import resource
+    except ImportError:  # not a Unix: no such limit to check
+        return None
+    if limits is None:
+        limits = resource.getrlimit(resource.RLIMIT_NOFILE)
+    infinity = resource.RLIM_INFINITY
+    soft, hard = limits
+    if soft == infinity or soft < 0:
+        return None
+    in_use = _open_descriptors() if in_use is None else in_use
+    per_worker = FDS_PER_HOROVOD_WORKER if horovod else FDS_PER_WORKER
+    fixed = in_use + FDS_RESERVE
+    need = fixed + per_worker * np_
+    if need <= soft:
+        return None
+    most = (soft - fixed) // per_worker
+    why = "its output pipes" + (" and its connection to Horovod's rendezvous" if horovod else "")
+    hard_text = "unlimited" if hard == infinity or hard < 0 else str(hard)
+    use = f"use -np <= {most}, or raise" if most >= 1 else "raise"
+    return (
+        f"-np {np_} needs about {need} open file descriptors in the launcher ({per_worker} per "
+        f"worker for {why}, and {fixed} of its own), more than this process may open: "
+        f"{soft} (RLIMIT_NOFILE, `ulimit -n`; its hard limit is {hard_text}); {use} the "
+        f"limit (`ulimit -n {need}` in the shell that runs the launcher)"
+    )
+
+
 def parse_args(argv):
     """Parsed and checked arguments; exits with status 2 and a message on bad ones."""
     parser = _parser()
@@ -179,4 +233,9 @@ def parse_args(argv):
     else:
         args.np = 1 if args.np is None else args.np
         args.gpus = None
+    # Checked before anything starts: it failed midway with "Too many open
+    # files" (from free_ports, or starting worker k of N).
+    shortfall = descriptor_shortfall(args.np, args.horovod)
+    if shortfall:
+        parser.error(shortfall)
     return args

@@ -11,7 +11,7 @@ import threading
 import time
 
 from .cli import parse_args
-from .environment import free_ports, horovod_environment, worker_environments
+from .environment import HOST, free_ports, horovod_environment, worker_environments
 
 EXIT_START_FAILED = 1
 EXIT_TIMEOUT = 124
@@ -201,8 +201,22 @@ def _describe(returncode):
     return f"exited with status {returncode}"
 
 
+def _kill(procs):
+    """SIGKILLs the process groups of workers already started, and reaps them."""
+    for p in procs:
+        try:
+            os.killpg(p.pid, signal.SIGKILL)
+        except OSError:
+            pass
+        p.wait()
+
+
 def _start(args, output, rendezvous):
-    ports = free_ports(args.np + 1)
+    try:
+        ports = free_ports(args.np + 1)
+    except OSError as e:
+        raise LaunchError(f"could not find {args.np + 1} free ports for {args.np} worker(s) "
+                          f"on {HOST}: {e}") from e
     envs = worker_environments(
         args.np,
         args.gpus,
@@ -229,18 +243,24 @@ def _start(args, output, rendezvous):
                 )
             )
     except OSError as e:
-        for p in procs:
-            try:
-                os.killpg(p.pid, signal.SIGKILL)
-            except OSError:
-                pass
-            p.wait()
+        _kill(procs)
         raise LaunchError(f"could not start worker {len(procs)} ({cmd[0]}): {e}") from e
     # Readers start after every fork, so no fork happens while they run.
     workers = [_Worker(rank, p, output) for rank, p in enumerate(procs)]
-    for w in workers:
-        for t in w.readers:
-            t.start()
+    started = 0
+    try:
+        for w in workers:
+            for t in w.readers:
+                t.start()
+                started += 1
+    except RuntimeError as e:
+        # "can't start new thread": the workers ran on, unwatched (run()
+        # only stops the workers _start returned).
+        _kill(procs)
+        raise LaunchError(
+            f"could not start the thread that reads a worker's output ({started} of "
+            f"{2 * len(workers)} started): {e}; use a smaller -np (now {args.np})"
+        ) from e
     return workers
 
 
