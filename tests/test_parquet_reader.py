@@ -62,7 +62,9 @@ def test_reads_every_row_in_order(criteo):
 
 @pytest.mark.parametrize("world_size", [2, 3])
 def test_workers_read_disjoint_parts_that_cover_the_file(criteo, world_size):
-    parts = [rows_of(reader(criteo, rank=r, world_size=world_size, shuffle=True, seed=5))
+    # even_batches=False: every row, in unequal numbers of batches.
+    parts = [rows_of(reader(criteo, rank=r, world_size=world_size, shuffle=True, seed=5,
+                            even_batches=False))
              for r in range(world_size)]
     merged = sorted(row for part in parts for row in part)
     assert merged == sorted(reference(criteo))
@@ -353,3 +355,96 @@ def test_more_workers_than_row_groups_is_refused(tmp_path):
     _write(empty, {"ids": pa.array([], pa.list_(pa.int64())), "label": pa.array([], pa.float64())},
            2)
     assert list(ParquetReader(empty, 2, ["ids"])) == []
+
+
+def _unequal_shares(tmp_path):
+    """Files whose 4 row groups give 3 workers 4, 2 and 2 rows: ids 0..7,
+    labels 0.0..7.0, row groups [0, 1], [2, 3], [4, 5] (a.parquet) and
+    [6, 7] (b.parquet); worker 0 reads [0, 1] and [6, 7]."""
+    import pyarrow as pa
+
+    a, b = str(tmp_path / "a.parquet"), str(tmp_path / "b.parquet")
+    _write(a, {"ids": pa.array([[i] for i in range(6)]),
+               "label": pa.array([float(i) for i in range(6)])}, 2)
+    _write(b, {"ids": pa.array([[6], [7]]), "label": pa.array([6.0, 7.0])}, 2)
+    return [a, b]
+
+
+def test_workers_yield_equal_batch_counts(tmp_path):
+    """Workers whose row groups hold unequal numbers of rows got unequal
+    numbers of batches: in a training loop the one that ran out stopped
+    calling the collectives, and the others waited in one forever. Every
+    worker now yields the fewest any worker makes; batch_counts says how
+    many each makes."""
+    import threading
+
+    from sok_graph.data.parquet import ParquetReader
+
+    files = _unequal_shares(tmp_path)
+
+    def ids(rank, batch_size, **kw):
+        return [b["ids"].tolist() for b in ParquetReader(files, batch_size, ["ids"], rank=rank,
+                                                         world_size=3, **kw)]
+
+    assert [ids(r, 1) for r in range(3)] == [[[0], [1]], [[2], [3]], [[4], [5]]]
+    assert [ids(r, 3) for r in range(3)] == [[[0, 1, 6]], [[2, 3]], [[4, 5]]]
+    # Workers 1 and 2 make no whole batch of 3: nobody yields one.
+    assert [ids(r, 3, drop_remainder=True) for r in range(3)] == [[], [], []]
+    assert ParquetReader(files, 1, ["ids"], rank=1, world_size=3).batch_counts() == [4, 2, 2]
+    assert ParquetReader(files, 3, ["ids"], rank=1, world_size=3).batch_counts(0) == [2, 1, 1]
+    assert ParquetReader(files, 3, ["ids"], rank=1, world_size=3,
+                         drop_remainder=True).batch_counts() == [1, 0, 0]
+    # even_batches=False: every row, in unequal numbers of batches.
+    assert [ids(r, 1, even_batches=False) for r in range(3)] == [
+        [[0], [1], [6], [7]], [[2], [3]], [[4], [5]]]
+    # One label array per batch, as the iterator's: the cut is the same.
+    labels = ParquetReader(files, 1, ["ids"], rank=0, world_size=3)
+    assert [b["label"].tolist() for b in labels] == [[0.0], [1.0]]
+
+    # Three workers, a barrier per batch standing for a collective: each
+    # reaches it as often as the others, and none is left waiting.
+    barrier = threading.Barrier(3, timeout=20)
+    errors = []
+
+    def train(rank):
+        try:
+            for _ in ParquetReader(files, 1, ["ids"], rank=rank, world_size=3, shuffle=True,
+                                   seed=rank):
+                barrier.wait()
+        except threading.BrokenBarrierError as e:
+            errors.append((rank, e))
+            barrier.abort()
+
+    threads = [threading.Thread(target=train, args=(r,)) for r in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors and not any(t.is_alive() for t in threads)
+
+
+def test_equal_batch_counts_follow_each_epochs_shuffle(tmp_path):
+    """With shuffle=True each epoch deals the row groups anew: the count is
+    that epoch's smallest, the same on every worker."""
+    from sok_graph.data.parquet import ParquetReader
+
+    files = _unequal_shares(tmp_path)
+    readers = [ParquetReader(files, 1, ["ids"], rank=r, world_size=3, shuffle=True, seed=11)
+               for r in range(3)]
+    for epoch in range(4):
+        got = [sorted(i for b in reader for i in b["ids"].tolist()) for reader in readers]
+        assert [len(g) for g in got] == [2, 2, 2], (epoch, got)
+        assert len(set(i for g in got for i in g)) == 6
+
+
+def test_batch_counts_refuses_a_bad_epoch(tmp_path):
+    from sok_graph.data.parquet import ParquetReader
+
+    r = ParquetReader(_unequal_shares(tmp_path), 1, ["ids"])
+    assert r.batch_counts() == [8]
+    for bad in (-1, 1.5, "1", True):
+        with pytest.raises(ValueError, match="epoch must be a non-negative integer; got "
+                                             + re.escape(repr(bad))):
+            r.batch_counts(bad)
+    with pytest.raises(TypeError, match="even_batches must be True or False; got 'yes'"):
+        ParquetReader(_unequal_shares(tmp_path), 1, ["ids"], even_batches="yes")

@@ -5,7 +5,10 @@ tf.data.
 Files are split into units of one row group; each worker (rank r of
 world_size) reads units r, r + world_size, ... of the (optionally shuffled,
 per epoch) unit list, so workers read disjoint data and memory never holds
-more than a few row groups, whatever the files' size. Two background threads
+more than a few row groups, whatever the files' size. Every worker yields
+as many batches in an epoch as the worker with the fewest rows (with
+even_batches=True, the default), so that no worker waits in a collective
+for one that has run out. Two background threads
 keep both cores busy: one decodes the next row groups (pyarrow releases the
 GIL and decodes the columns in parallel), the other cuts them into batches
 and converts those, so decoding overlaps conversion and the consumer. List
@@ -26,11 +29,21 @@ _DONE = object()
 class ParquetReader:
     """``ParquetReader(files, batch_size, ragged_columns, dense_columns=(),
     label_column="label", rank=0, world_size=1, shuffle=False, seed=0,
-    prefetch=2, drop_remainder=False)``
+    prefetch=2, drop_remainder=False, even_batches=True)``
 
     Workers read whole row groups, so with several workers the files must
-    hold at least world_size of them (else a ValueError); workers whose row
-    groups hold fewer rows get fewer batches in an epoch.
+    hold at least world_size of them (else a ValueError), and their row
+    groups need not add up to the same number of rows. With
+    even_batches=True (the default) every worker yields the same number of
+    batches in an epoch: the fewest any worker's rows make (counted from
+    the files' metadata, for that epoch's order of row groups); a worker
+    with more rows leaves the rest unread that epoch (with shuffle=True,
+    other rows each epoch). ``batch_counts(epoch)`` gives each worker's
+    count before that cut, so the rows left out can be told. A training loop with collectives (every sok
+    lookup across workers) needs this: a worker that ran out stopped
+    calling them and the others waited forever. even_batches=False reads
+    every row, in unequal numbers of batches (for work without collectives,
+    such as each worker scoring its own part).
 
     ragged_columns and dense_columns are lists of column names (or one name);
     a ragged column holds lists of integer ids, dense and label columns
@@ -48,7 +61,7 @@ class ParquetReader:
 
     def __init__(self, files, batch_size, ragged_columns, dense_columns=(),
                  label_column="label", rank=0, world_size=1, shuffle=False, seed=0,
-                 prefetch=2, drop_remainder=False):
+                 prefetch=2, drop_remainder=False, even_batches=True):
         if isinstance(files, (str, bytes, os.PathLike)):
             files = [files]
         if not files:
@@ -66,7 +79,8 @@ class ParquetReader:
         if not _is_int(prefetch):
             raise ValueError(f"prefetch must be an integer (batches read ahead); got "
                              f"{prefetch!r}")
-        for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder)):
+        for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder),
+                            ("even_batches", even_batches)):
             if not isinstance(value, (bool, np.bool_)):
                 raise TypeError(f"{flag} must be True or False; got {value!r}")
         self.files = [os.fsdecode(f) if isinstance(f, (bytes, os.PathLike)) else f
@@ -82,8 +96,10 @@ class ParquetReader:
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.prefetch = max(1, int(prefetch))
         self.drop_remainder = bool(drop_remainder)
+        self.even_batches = bool(even_batches)
         self._epoch = 0
         self._units = []
+        self._rows = {}  # (file, row group): its number of rows
         for f in self.files:
             if not isinstance(f, str):
                 raise TypeError(f"files must be paths of Parquet files; got {f!r}")
@@ -99,6 +115,7 @@ class ParquetReader:
             self._check_types(f, schema)
             for g in range(meta.num_row_groups):
                 self._units.append((f, g))
+                self._rows[(f, g)] = meta.row_group(g).num_rows
         if 1 < self.world_size and len(self._units) < self.world_size:
             # Workers read whole row groups: those past the last one got no
             # batch at all, and a synchronous job waited for them forever.
@@ -134,12 +151,31 @@ class ParquetReader:
         cols = self.ragged_columns + self.dense_columns
         return cols + ([self.label_column] if self.label_column else [])
 
-    def _my_units(self, epoch):
+    def _ordered_units(self, epoch):
+        """Every worker's units in epoch `epoch`'s order (the same on every
+        worker)."""
         units = list(self._units)
         if self.shuffle:
             order = np.random.default_rng(self.seed + epoch).permutation(len(units))
             units = [units[i] for i in order]
-        return units[self.rank::self.world_size]
+        return units
+
+    def _my_units(self, epoch):
+        return self._ordered_units(epoch)[self.rank::self.world_size]
+
+    def batch_counts(self, epoch=0):
+        """The number of batches each worker's row groups make in epoch
+        `epoch` (a list, by rank), before even_batches cuts them to the
+        smallest: from the files' metadata, without reading them."""
+        if not _is_int(epoch) or epoch < 0:
+            raise ValueError(f"epoch must be a non-negative integer; got {epoch!r}")
+        units = self._ordered_units(int(epoch))
+        counts = []
+        for r in range(self.world_size):
+            rows = sum(self._rows[u] for u in units[r::self.world_size])
+            full, rest = divmod(rows, self.batch_size)
+            counts.append(full + (1 if rest and not self.drop_remainder else 0))
+        return counts
 
     def _tables(self, epoch):
         files = {}
@@ -215,10 +251,19 @@ class ParquetReader:
                                                                              copy=False)
         return out
 
+    def _epoch_batches(self, epoch):
+        """This worker's batches of epoch `epoch`: with even_batches, as
+        many as the worker with the fewest makes."""
+        batches = self._batches(epoch)
+        if not self.even_batches or self.world_size == 1:
+            return batches
+        return _first(batches, min(self.batch_counts(epoch)))
+
     def __iter__(self):
         epoch = self._epoch
         self._epoch += 1
-        return _background(lambda: map(self._convert, self._batches(epoch)), self.prefetch)
+        return _background(lambda: map(self._convert, self._epoch_batches(epoch)),
+                           self.prefetch)
 
     def dataset(self, ragged=True):
         """The batches as a tf.data.Dataset of dicts (one epoch per
@@ -274,6 +319,20 @@ class ParquetReader:
         else:
             options.autotune.enabled = False
         return ds.prefetch(autotune).with_options(options)
+
+
+def _first(iterator, n):
+    """The first n items of a generator, which is closed after them (its
+    background decoding stops)."""
+    try:
+        for _ in range(n):
+            try:
+                item = next(iterator)
+            except StopIteration:
+                return
+            yield item
+    finally:
+        iterator.close()
 
 
 def _is_int(value):
