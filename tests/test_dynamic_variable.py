@@ -1,5 +1,7 @@
 """sok.DynamicVariable and lookups that mix dynamic and static tables."""
 
+import contextlib
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -468,6 +470,43 @@ def test_v1_saver_round_trip(tmp_path, rng):
         with tf.compat.v1.Session(graph=graph) as fresh:  # restore without the initializer
             saver.restore(fresh, path)
             np.testing.assert_array_equal(fresh.run(read), rows)
+
+
+@pytest.mark.parametrize("scope", [None, "outer"])
+def test_graph_mode_tables_named_with_any_characters(tmp_path, scope):
+    """Names that TensorFlow refuses as name scopes ("表", "tablé", "a b",
+    "_x", "a:0") are tables' names in a Session's graph as eagerly; names
+    that differ only in such characters keep their own rows through
+    sok.dump / sok.load and tf.compat.v1.train.Saver."""
+    names = ["表", "tablé", "table", "a b", "_x", "a:0"]
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.compat.v1.name_scope(scope) if scope else contextlib.nullcontext():
+            tables = [sok.DynamicVariable(2, name=n, initializer="zeros") for n in names]
+        keys = tf.constant([3, 9], tf.int64)
+        fill = [t.import_rows(keys, tf.constant([[i, -i], [i + 0.5, 7.0]], tf.float32))
+                for i, t in enumerate(tables)]
+        clobber = [t.scatter_add(keys, tf.ones([2, 2])) for t in tables]
+        reads = [t.find(keys)[0] for t in tables]
+        saver = tf.compat.v1.train.Saver(tables)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(fill)
+            sok.dump(str(tmp_path / "dump"), tables)
+            path = saver.save(sess, str(tmp_path / "tf" / "model"))
+            for restore in (lambda: sok.load(str(tmp_path / "dump"), tables),
+                            lambda: saver.restore(sess, path)):
+                sess.run(clobber)
+                restore()
+                for i, (name, got) in enumerate(zip(names, sess.run(reads))):
+                    assert got.tolist() == [[i, -i], [i + 0.5, 7.0]], name
+    assert [t.name for t in tables] == names
+
+
+@pytest.mark.parametrize("name", [5, b"table", ["t"]])
+def test_a_name_that_is_no_str_is_refused(name):
+    with pytest.raises(TypeError, match=r"name must be a str or None; got"):
+        sok.DynamicVariable(2, name=name)
 
 
 def test_hybrid_table_split_over_host_memory_gives_its_slots_the_same_split(rng):

@@ -47,6 +47,7 @@ hashed by identity (element-wise == means nothing without a dense value).
 """
 
 
+import re
 import weakref
 
 import numpy as np
@@ -168,6 +169,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         self._mode = mode
         self._placement = (world_size, rank, -1 if target is None else target)
         self._trainable = bool(trainable)
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None; got {type(name).__name__} {name!r}")
         self._name = name or "DynamicVariable"
         limits = self._capacity_config(table_config)
         eviction = str(table_config.get("evict_strategy", "lru")).lower()
@@ -190,7 +193,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         # The table lives where its handle op is placed (the worker's device
         # where the engine names one, else a GPU where one is visible, int32
         # or int64 keys alike); its ops follow the handle.
-        with tf.name_scope(self._name), context.table_scope():
+        with tf.name_scope(scope_name(self._name)), context.table_scope():
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
             if self._admission is not None:
@@ -917,7 +920,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         return {"-keys": keys, "-values": rows, "-timestamps": times, "-frequencies": counts}
 
     def _restore_from_tensors(self, restored_tensors):
-        with tf.name_scope(f"{self._name}_restore"):
+        with tf.name_scope(scope_name(f"{self._name}_restore")):
             created = self._create_op()  # a Saver may restore before any initializer ran
             deps = [] if created is None or tf.executing_eagerly() else [created]
             values = restored_tensors["-values"]
@@ -931,6 +934,19 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                     self._handle, tf.cast(restored_tensors["-keys"], self._key_type), values,
                     restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"),
                     replace=True)
+
+
+def scope_name(name):
+    """`name` as a name scope that graph mode takes: TensorFlow refuses a
+    scope of other characters than letters, digits and "_.-/" (newer
+    versions also take "\\" and ">"), or one starting with "_", "-" or "/"
+    at the root, so a table named "表" or "a b", which works eagerly, failed
+    in a Session's graph with "not a valid root scope name", naming no
+    argument. Those characters become "_" here (the table keeps its name:
+    its ops are only grouped under this scope), and a scope that would
+    start with "_", "-" or "/" gets the prefix "t"."""
+    scope = re.sub(r"[^A-Za-z0-9_./-]", "_", name)
+    return scope if re.match(r"[A-Za-z0-9.]", scope) else "t" + scope
 
 
 def _refuse_conversion(value, dtype=None, name=None, as_ref=False):
