@@ -132,6 +132,17 @@ def test_load_errors_name_the_problem(tmp_path):
         sok.load(path, [static])
 
 
+@pytest.mark.parametrize("optimizer", ["adam", 0.1, object()])
+def test_an_optimizer_that_is_no_optimizer_is_refused_naming_the_argument(tmp_path, optimizer):
+    v = sok.DynamicVariable(2, name="t")
+    sok.dump(str(tmp_path / "d"), [v])
+    for call in (sok.dump, sok.load):
+        with pytest.raises(TypeError, match=r"optimizer must be None, a sok optimizer .*; got "
+                                            + type(optimizer).__name__):
+            call(str(tmp_path / "d"), [v], optimizer)
+    assert dump_load.dumped_names(str(tmp_path / "d")) == ["t"]
+
+
 def test_tables_of_one_name_load_only_as_the_list_they_were_dumped_in(tmp_path):
     """Two unnamed eager tables are both "Variable:0": the dump tells them
     apart by their places in the list. Loading one of them alone used to

@@ -29,6 +29,7 @@ The native slots themselves are read and written by NativeSlots
 
 import tensorflow as tf
 
+from sok_graph import compat
 from sok_graph.tables import is_dynamic, replica_shards
 from sok_graph.optimization.native_state import NativeSlots
 from sok_graph.optimization.wrapper import OptimizerWrapper, wrapper_for
@@ -40,6 +41,14 @@ def slot_state_for(optimizer):
     and the wrapper that sok.OptimizerScope routes its sok updates to."""
     if isinstance(optimizer, OptimizerWrapper):
         return optimizer
+    if not compat.is_optimizer(optimizer):
+        # wrapper_for's weak dictionary failed first, with "cannot create
+        # weak reference to 'str' object", naming neither the argument nor
+        # what it takes.
+        raise TypeError(f"optimizer must be None, a sok optimizer (sok.OptimizerWrapper, "
+                        f"sok.SGD, sok.optimizers.Adam, ...), a Keras optimizer or a "
+                        f"tf.compat.v1.train optimizer; got {type(optimizer).__name__} "
+                        f"{optimizer!r}")
     return SlotRouter(optimizer, wrapper_for(optimizer))
 
 
