@@ -1477,6 +1477,48 @@ def test_a_delta_that_repeats_a_key_is_refused(tmp_path):
                                   [[2, 2], [0, 0], [3, 3], [0, 0]])
 
 
+def test_a_table_read_with_a_key_twice_is_refused_before_the_delta_is_written(tmp_path,
+                                                                              monkeypatch):
+    """A table changed while export_serving_delta reads it in chunks can
+    give a key twice. The delta was written anyway, and read_serving_delta /
+    apply_serving_delta then refused it as corrupted; now export_serving_delta
+    refuses it, naming the table, the key and how often, and writes
+    nothing."""
+    from sok_graph.serving import delta as delta_mod
+
+    reads = {
+        "user": [(np.array([3, 1], np.int64), np.array([[3, 3], [1, 1]], np.float32)),
+                 (np.array([1, 8, 8], np.int64), np.ones((3, 2), np.float32))],
+        "item": [(np.array([0, 2], np.int64), np.zeros((2, 2), np.float32)),
+                 (np.array([2], np.int64), np.ones((1, 2), np.float32))],
+    }
+
+    def whole_table(table, runner, chunk_rows=1 << 20, updated_after=None, keys_only=False):
+        chunks = reads[table_names[id(table)]]
+        return sum(len(k) for k, _ in chunks), iter(chunks)
+
+    monkeypatch.setattr(delta_mod.sources, "whole_table", whole_table)
+    with tf.Graph().as_default():
+        sok.init()
+        user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+        item = sok.Variable(np.zeros((4, 2), np.float32), name="item")
+        table_names = {id(user): "user", id(item): "item"}
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for name, table, words in (
+                    ("user", user, "table 'user' gave key 1 2 times while it was read (and 1 "
+                                   "other key repeated); a table holds each key once"),
+                    ("item", item, "table 'item' gave row id 2 2 times while it was read; a "
+                                   "table holds each row id once")):
+                delta_dir = str(tmp_path / name)
+                with pytest.raises(delta_mod.DeltaError) as refused:
+                    sok.export_serving_delta({name: table}, 0, delta_dir, session=sess)
+                message = str(refused.value)
+                assert message.startswith("export_serving_delta: " + words), message
+                assert message.endswith(f"nothing was written to delta_dir={delta_dir!r}")
+    assert os.listdir(str(tmp_path)) == []
+
+
 @tf2_only
 def test_a_served_models_apply_delta_fn_refuses_a_repeated_key(tmp_path):
     """The loaded model's apply_delta_fn, in plain TensorFlow: keys (a

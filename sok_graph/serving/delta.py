@@ -18,7 +18,12 @@ bfloat16 table's rows: np.load(...).view(bfloat16), or tf.bitcast to
 tf.bfloat16).
 
 Dynamic tables give the keys updated after `since` (their per-key update
-times); static tables keep no update times and give every row.
+times); static tables keep no update times and give every row. The update
+times are each worker's own clock's, `created` rank 0's: with clocks that
+differ, a since of the previous created misses keys a lagging worker
+updated just after it, so take since earlier by more than the clocks can
+differ (docs/serving.md, "Clocks"). A table that gives a key twice while it
+is read (changed meanwhile) is refused before anything is written.
 
 A delta is applied to an export directory (apply_serving_delta, which
 rewrites the SavedModel's variables with numpy and stock TensorFlow ops), or
@@ -125,12 +130,39 @@ def _float_dtype(dtype):
     return np.issubdtype(dtype, np.floating) or dtype == np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
+def _refuse_read_repeats(name, what, ordered, delta_dir):
+    """DeltaError where the sorted keys read from table `name` hold one
+    twice. A table gives each key once; one changed while it is read in
+    chunks (trained meanwhile: a dynamic table's keys move when it grows)
+    can give one twice, and a delta of it is refused when read
+    (_refuse_repeats): refused here, before it is written."""
+    repeated = ordered[1:][ordered[1:] == ordered[:-1]]
+    if not len(repeated):
+        return
+    first = repeated[0]
+    distinct = len(np.unique(repeated))
+    others = "" if distinct == 1 else \
+        f" (and {distinct - 1} other {what}{'s' if distinct > 2 else ''} repeated)"
+    raise DeltaError(
+        f"export_serving_delta: table {name!r} gave {what} {int(first)} "
+        f"{int(np.count_nonzero(ordered == first))} times while it was read{others}; a table "
+        f"holds each {what} once, so it was changed while it was read (train only after "
+        f"export_serving_delta returns, on every worker): nothing was written to "
+        f"delta_dir={delta_dir!r}")
+
+
 def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1 << 20):
     """Writes the rows of `variables` (sok tables: a list, or {serving name:
     table}) changed after `since` (a UTC datetime or microseconds) to the new
     directory `delta_dir`. Every worker calls it (tables are gathered); rank
     0 writes and returns delta_dir, the others return None. In graph mode
-    pass the trained graph's `session`."""
+    pass the trained graph's `session`.
+
+    `since` is compared, on each worker, with the update times that
+    worker's clock gave its keys: where the workers' clocks may differ, take
+    it earlier than the previous `created` by more than they can differ
+    (docs/serving.md, "Clocks"). A table that gives a key twice while it is
+    read (trained meanwhile) is a DeltaError; nothing is written."""
     after = dynamic_ops.utc_micros(since, "since")
     created = int(time.time() * 1e6)
     tables = _named(variables)
@@ -149,9 +181,11 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros([0], np.int64)
         rows = np.concatenate([r for _, r in parts]) if parts else np.zeros([0, dim], dtype)
         order = np.argsort(keys, kind="stable")
+        keys, rows = keys[order], rows[order]
+        _refuse_read_repeats(name, "key" if dynamic else "row id", keys, delta_dir)
         collected.append((name, "dynamic" if dynamic else "static",
                           table.key_type.name if dynamic else "int64",
-                          tf.as_dtype(dtype).name, dim, keys[order], rows[order]))
+                          tf.as_dtype(dtype).name, dim, keys, rows))
     if rank != 0:
         return None
     parent = os.path.dirname(os.path.abspath(delta_dir))
