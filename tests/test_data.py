@@ -1,6 +1,7 @@
 """Data helpers: AUC against a brute-force count, MovieLens conversion."""
 
 import importlib.util
+import re
 
 import numpy as np
 import pytest
@@ -63,3 +64,95 @@ def test_movielens_parquet_round_trip(tmp_path):
         np.testing.assert_array_equal(back[key], value)
     train, test = movielens.split(samples)
     assert len(train["label"]) == 80000 and len(test["label"]) == 20000
+
+
+def _tiny_samples():
+    """Three MovieLens-shaped samples, written by hand."""
+    from sok_graph.data import movielens
+
+    out = {name: np.array([0, 1, 2], np.int64) for name in movielens.CATEGORICAL}
+    out["label"] = np.array([1.0, 0.0, 1.0], np.float32)
+    out["timestamp"] = np.array([10, 20, 30], np.int64)
+    out["genres_values"] = np.array([4, 5, 6, 7], np.int64)
+    out["genres_splits"] = np.array([0, 1, 3, 4], np.int64)
+    return out
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="needs pyarrow")
+@pytest.mark.parametrize("writer", ["movielens", "criteo"])
+def test_an_interrupted_parquet_write_leaves_no_half_file(tmp_path, monkeypatch, writer):
+    """movielens.write_parquet and synthetic.write_criteo_parquet wrote
+    straight to `path`: interrupted, they left a half-written file there,
+    which the MovieLens demo (it converts only when the file is missing)
+    then read and failed on at every later run. Now the file is written
+    under a temporary name and renamed: an interrupted write leaves the
+    directory as it was, and a whole write reads back."""
+    import pyarrow.parquet as pq
+
+    from sok_graph.data import movielens, synthetic
+
+    path = tmp_path / "data.parquet"
+
+    def write(p):
+        if writer == "movielens":
+            movielens.write_parquet(_tiny_samples(), p)
+        else:
+            synthetic.write_criteo_parquet(p, num_rows=30, num_tables=1, num_dense=1,
+                                           vocab_size=10, row_group_size=10)
+
+    real = pq.ParquetWriter.write_table
+    calls = []
+
+    def interrupted(self, table, *args, **kwargs):
+        calls.append(1)
+        real(self, table, *args, **kwargs)
+        raise KeyboardInterrupt  # Ctrl-C after the first row group
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        write(str(path))
+    assert calls and sorted(p.name for p in tmp_path.iterdir()) == []
+    # A previous file stays whole when its rewrite is interrupted.
+    path.write_bytes(b"previous")
+    with pytest.raises(KeyboardInterrupt):
+        write(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.parquet"]
+    assert path.read_bytes() == b"previous"
+
+    monkeypatch.setattr(pq.ParquetWriter, "write_table", real)
+    write(path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.parquet"]
+    table = pq.read_table(str(path))
+    if writer == "movielens":
+        assert table.column("timestamp").to_pylist() == [10, 20, 30]
+        assert table.column("genres").to_pylist() == [[4], [5, 6], [7]]
+    else:
+        assert table.num_rows == 30 and pq.ParquetFile(str(path)).metadata.num_row_groups == 3
+
+
+@pytest.mark.skipif(importlib.util.find_spec("pyarrow") is None, reason="needs pyarrow")
+def test_parquet_writers_name_bad_arguments(tmp_path):
+    """num_rows=0 wrote no file at all and returned as if it had;
+    row_group_size=0 failed in range() ("arg 3 must not be zero"); a path
+    that is a directory or in a missing one failed inside pyarrow."""
+    from sok_graph.data import movielens, synthetic
+
+    path = str(tmp_path / "c.parquet")
+    for kwargs, words in ((dict(num_rows=0), "num_rows must be an integer >= 1; got 0"),
+                          (dict(num_rows=2.5), "num_rows must be an integer >= 1; got 2.5"),
+                          (dict(num_rows=5, row_group_size=0),
+                           "row_group_size must be an integer >= 1; got 0"),
+                          (dict(num_rows=5, vocab_size=True),
+                           "vocab_size must be an integer >= 1; got True")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            synthetic.write_criteo_parquet(path, **kwargs)
+    with pytest.raises(IsADirectoryError, match=re.escape(
+            f"path={str(tmp_path)!r} is a directory; give the path of a file")):
+        synthetic.write_criteo_parquet(str(tmp_path), num_rows=5)
+    missing = str(tmp_path / "no" / "ml.parquet")
+    with pytest.raises(FileNotFoundError, match=re.escape(
+            f"path={missing!r}: its directory {str(tmp_path / 'no')!r} does not exist")):
+        movielens.write_parquet(_tiny_samples(), missing)
+    with pytest.raises(ValueError, match="path must name a file; got an empty string"):
+        movielens.write_parquet(_tiny_samples(), "")
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -79,14 +79,20 @@ def load_samples():
 
 
 def write_parquet(samples, path):
-    """Writes the samples as a Parquet file (genres as a list column)."""
+    """Writes the samples as a Parquet file (genres as a list column),
+    whole: under a temporary name renamed to `path` at the end, so an
+    interrupted write leaves no half-written file there (the demo, finding
+    one, read it and failed on every later run)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
+
+    from sok_graph.data.files import written_whole
 
     columns = {name: pa.array(samples[name]) for name in CATEGORICAL + ["label", "timestamp"]}
     columns["genres"] = pa.ListArray.from_arrays(pa.array(samples["genres_splits"], pa.int32()),
                                                  pa.array(samples["genres_values"]))
-    pq.write_table(pa.table(columns), path)
+    with written_whole(path) as tmp:
+        pq.write_table(pa.table(columns), tmp)
 
 
 def read_parquet(path):

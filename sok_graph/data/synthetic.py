@@ -54,10 +54,30 @@ def write_criteo_parquet(path, num_rows, num_tables=26, num_dense=13, vocab_size
     """A Criteo-shaped Parquet file with a planted signal: list columns
     C1..C<num_tables> of int64 ids (1..max_hotness per row), float columns
     I1..I<num_dense>, and a label drawn from the ids' hidden scores and the
-    dense values. Written in row groups so readers can stream it."""
+    dense values. Written in row groups so readers can stream it, whole:
+    under a temporary name renamed to `path` at the end, so an interrupted
+    write leaves no half-written file there."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from sok_graph.data.files import written_whole
+
+    for name, value, least in (("num_rows", num_rows, 1), ("num_tables", num_tables, 0),
+                               ("num_dense", num_dense, 0), ("vocab_size", vocab_size, 1),
+                               ("max_hotness", max_hotness, 1),
+                               ("row_group_size", row_group_size, 1)):
+        # num_rows=0 wrote no file at all, without an error; row_group_size=0
+        # failed in range() naming no argument.
+        if not isinstance(value, (int, np.integer)) or isinstance(value, (bool, np.bool_)) \
+                or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}; got {value!r}")
+    with written_whole(path) as tmp:
+        _write_criteo(tmp, pa, pq, int(num_rows), int(num_tables), int(num_dense),
+                      int(vocab_size), int(max_hotness), int(row_group_size), seed)
+
+
+def _write_criteo(path, pa, pq, num_rows, num_tables, num_dense, vocab_size, max_hotness,
+                  row_group_size, seed):
     rng = np.random.default_rng(seed)
     dense_weights = rng.standard_normal(num_dense) * 0.3
     scores = [rng.standard_normal(vocab_size) for _ in range(num_tables)]
