@@ -78,6 +78,10 @@ def parse(argv=None):
     p.add_argument("--timeline", type=float, default=None, metavar="MIN_GAP_US",
                    help="with --trace: also print the traced steps' GPU events and host ops "
                         "in order, marking GPU idle gaps of at least MIN_GAP_US (rank 0 only)")
+    p.add_argument("--bytes_per_pack", type=int, default=0, metavar="BYTES",
+                   help="with --workers: the dense gradients' all-reduce in packs of about "
+                        "BYTES (TensorFlow's CommunicationOptions; 0: one pack), so the "
+                        "first layers' gradients reduce while the backward goes on")
     p.add_argument("--trace_top", type=int, default=8, metavar="N",
                    help="with --trace: list N entries of each ranking (device-to-host "
                         "copies, kernels, host time by op type), and host time by node")
@@ -174,6 +178,7 @@ def make_strategy(args, tf):
         options = None
         if tf.config.list_physical_devices("GPU") and not args.cpu:
             options = tf.distribute.experimental.CommunicationOptions(
+                bytes_per_pack=args.bytes_per_pack,
                 implementation=tf.distribute.experimental.CommunicationImplementation.NCCL)
         return tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
     if args.cpu:

@@ -219,16 +219,18 @@ def timeline(space, min_gap_us):
         elif plane.name.startswith("/device:GPU"):
             for _, line, name, s, e, op in _events(plane, with_op=True):
                 if "Stream" in line:
-                    rows.append((s, e, "gpu", name[:60], op.split(":")[0][-50:]))
+                    # "gpu s13": kernels of different streams (NCCL's) overlap.
+                    stream = line.split("(")[0].replace("Stream #", "s").strip()
+                    rows.append((s, e, f"gpu {stream}", name[:60], op.split(":")[0][-50:]))
     rows.sort()
-    gpu = [r for r in rows if r[2] == "gpu"]
+    gpu = [r for r in rows if r[2].startswith("gpu")]
     if not gpu:
         return
     t0, busy_end = gpu[0][0], gpu[0][0]
     rows = [r for r in rows if r[0] >= t0]
     for s, e, kind, name, op in rows:
         mark = ""
-        if kind == "gpu":
+        if kind.startswith("gpu"):
             if s - busy_end >= min_gap_us * 1e6:
                 mark = f"  <- GPU idle {(s - busy_end) / 1e6:.0f} us"
             busy_end = max(busy_end, e)
