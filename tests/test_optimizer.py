@@ -1,6 +1,7 @@
 """sok.OptimizerWrapper / sok.SGD against TensorFlow's own optimizers and numpy."""
 
 import inspect
+import re
 
 import numpy as np
 import pytest
@@ -478,3 +479,85 @@ def test_a_static_tables_gradient_is_refused_for_a_dynamic_table():
     with pytest.raises(ValueError, match="addressed by key.*dense_shape"):
         opt.apply_gradients([(grad, dynamic)])
     assert int(dynamic.size[0]) == 0
+
+
+def _one_step(opt, dynamic):
+    """(rows of keys 1 and 3, the plain variable, the step) after
+    opt.apply_gradients of a gradient of ones for key 1 of a table of ones
+    and of a plain variable, or the exception it raised with them."""
+    if dynamic:
+        table = sok.DynamicVariable(2, initializer="ones")
+        table.sparse_read(tf.constant([1, 3], tf.int64))  # the rows a lookup gives them
+        grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64))
+    else:
+        table = sok.Variable(np.ones((4, 2), np.float32))
+        grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                                tf.constant([4, 2], tf.int64))
+    plain = tf.Variable([1.0, 1.0])
+    error = None
+    try:
+        opt.apply_gradients([(grad, table), (tf.ones([2]), plain)])
+    except (TypeError, ValueError) as e:
+        error = e
+    rows = (table.find(tf.constant([1, 3], tf.int64))[0] if dynamic
+            else tf.gather(table, [1, 3])).numpy().tolist()
+    return rows, plain.numpy().tolist(), int(opt.iterations.numpy()), error
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("make,exc,pattern", [
+    # A vector: sok.optimizers.Adam applied one rate per column, the fused
+    # updates failed in a Pack of the hyperparameters.
+    (lambda: sok.SGD(tf.constant([0.1, 0.2])), ValueError,
+     r"^sok.SGD: learning_rate must be a scalar; got a \w+ of shape \[2\]"),
+    (lambda: sok.optimizers.Adam(tf.constant([0.1, 0.2])), ValueError,
+     r"^Adam: learning_rate must be a scalar; got a \w+ of shape \[2\]"),
+    (lambda: sok.optimizers.LazyAdam(tf.Variable([0.1, 0.2])), ValueError,
+     r"^LazyAdam: learning_rate must be a scalar; got a \w+ of shape \[2\]"),
+    (lambda: sok.SGD(lambda: tf.constant([[0.1]])), ValueError,
+     r"^SGD: learning_rate must be a scalar; got a \w+ of shape \[1, 1\]"),
+    (lambda: sok.OptimizerWrapper(V1.GradientDescentOptimizer(tf.constant([0.1, 0.2]))),
+     ValueError, r"^GradientDescentOptimizer: learning_rate must be a scalar; got a \w+ of "
+                 r"shape \[2\]"),
+    # NaN or negative in a tensor, refused as the same number is.
+    (lambda: sok.SGD(tf.constant(float("nan"))), ValueError,
+     r"^sok.SGD: learning_rate must be a finite number >= 0; got a tensor holding nan"),
+    (lambda: sok.optimizers.Adam(tf.constant(-1.0)), ValueError,
+     r"^Adam: learning_rate must be a finite number >= 0; got a tensor holding -1.0"),
+    # Not a real number: failed in a Cast, naming nothing.
+    (lambda: sok.SGD(tf.constant("0.1")), TypeError,
+     r"^sok.SGD: learning_rate must be a real number; got a string \w+"),
+    (lambda: sok.SGD(lambda: "0.1"), TypeError,
+     r"^SGD: learning_rate must be a number, a tensor or a variable .*; got '0.1'"),
+    (lambda: sok.OptimizerWrapper(V1.GradientDescentOptimizer("0.1")), TypeError,
+     r"^GradientDescentOptimizer: learning_rate must be a number, a tensor or a variable"),
+])
+def test_a_learning_rate_that_is_no_real_scalar_is_refused(make, exc, pattern, dynamic):
+    """Refused when the optimizer is made where it can be, else at the
+    update, before anything (table, plain variable, step) changes."""
+    try:
+        opt = make()
+    except exc as e:
+        assert re.search(pattern, str(e)), str(e)
+        return
+    rows, plain, step, error = _one_step(opt, dynamic)
+    assert isinstance(error, exc) and re.search(pattern, str(error)), repr(error)
+    assert (rows, plain, step) == ([[1.0, 1.0], [1.0, 1.0]], [1.0, 1.0], 0)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("make", [
+    lambda: sok.SGD(tf.constant(0.5)), lambda: sok.SGD(tf.Variable(0.5)),
+    lambda: sok.SGD(lambda: tf.constant(0.5)), lambda: sok.SGD(np.float32(0.5)),
+    lambda: sok.SGD(tf.constant(1, tf.int32) / 2),
+    lambda: sok.OptimizerWrapper(V1.GradientDescentOptimizer(tf.constant(0.5))),
+    lambda: sok.OptimizerWrapper(V1.GradientDescentOptimizer(lambda: 0.5)),
+    lambda: sok.OptimizerWrapper(tf.keras.optimizers.SGD(
+        tf.keras.optimizers.schedules.ExponentialDecay(0.5, 10, 0.5))),
+])
+def test_a_scalar_learning_rate_in_any_form_still_trains(make, dynamic):
+    rows, plain, step, error = _one_step(make(), dynamic)
+    assert error is None
+    # w - 0.5 * 1 for key 1 and the plain variable; key 3 untouched.
+    assert (rows, plain, step) == ([[0.5, 0.5], [1.0, 1.0]], [0.5, 0.5], 1)
+

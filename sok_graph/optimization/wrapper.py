@@ -13,6 +13,12 @@ nesterov too), Adagrad, Ftrl (l1, l2, l2 shrinkage, beta), RMSprop
 keep their moments, as LazyAdam does; the bias correction uses this
 wrapper's step count).
 
+Refused, naming the optimizer and the hyperparameter (when the wrapper is
+made; for a native optimizer under sok.OptimizerScope, when it would update
+sok rows), before anything changes: a Keras option the row updates ignore
+(weight_decay, clipnorm, ...); a learning rate (a tensor, a variable, what
+a callable or schedule gives) that is not a scalar of a real dtype.
+
 The slot API (`algorithm`, `slot_specs`, `slot_names`, `create_slots`,
 `has_slots`, `get_slot`, `variables`, `set_step`) is what dump/load and the
 savers use to write and restore optimizer state.
@@ -99,10 +105,19 @@ class OptimizerWrapper:
         return [self._step_variable(r).assign(step) for r in range(replicas)]
 
     def _learning_rate(self, step):
+        """The learning rate of the step `step` (after its increment), or,
+        with step None, of any step where it does not depend on the step
+        (else None); either checked by check_scalar_rate."""
         lr = self._hp.lr
         if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
-            return lr(step - 1)
-        return value(lr)
+            if step is None:
+                return None
+            lr = lr(step - 1)
+        else:
+            lr = value(lr)
+        owner = self._optimizer if not isinstance(self._optimizer, OwnRule) else self
+        check_scalar_rate(type(owner).__name__, lr)
+        return lr
 
     @property
     def algorithm(self):
@@ -180,6 +195,9 @@ class OptimizerWrapper:
             _check_gradient(g, v)
         if sok_pairs and self._hp.unapplied:
             raise ValueError(self._hp.unapplied)
+        # A learning rate that is no real scalar is refused before anything
+        # changes too (a schedule's, which the step gives, once it counts).
+        lr = self._learning_rate(None) if sok_pairs else None
         ops = []
         if others:
             ops.append(update_op(self._optimizer.apply_gradients(others, **kwargs)))
@@ -187,7 +205,13 @@ class OptimizerWrapper:
             for _, v in sok_pairs:
                 self.create_slots(v)
             step = self._step_variable().assign_add(1)
-            lr = self._learning_rate(step)
+            if lr is None:
+                try:
+                    lr = self._learning_rate(step)
+                except (TypeError, ValueError):
+                    if tf.executing_eagerly():
+                        self._step_variable().assign_sub(1)
+                    raise
             fusable = [self._fusable(v) for _, v in sok_pairs]
             fused = [pair for pair, f in zip(sok_pairs, fusable)
                      if f and not is_dynamic(pair[1])]
@@ -461,7 +485,9 @@ def check_learning_rate(optimizer, lr):
     """A sok optimizer's learning_rate: a finite number >= 0, a tensor, a
     variable, a callable or a schedule (NaN and infinities made every
     updated row NaN or infinite; a str failed at the first update, in a
-    Cast). `optimizer` names it in the error."""
+    Cast). A tensor or variable must be a scalar of a real dtype, and an
+    eager tensor's value a finite number >= 0 as well (check_scalar_rate).
+    `optimizer` names it in the error."""
     if isinstance(lr, (bool, np.bool_)) or not (
             isinstance(lr, (int, float, np.number)) or callable(lr)
             or isinstance(lr, (tf.Tensor, tf.Variable))):
@@ -469,6 +495,37 @@ def check_learning_rate(optimizer, lr):
                         f"a schedule; got {lr!r}")
     if isinstance(lr, (int, float, np.number)) and not (np.isfinite(lr) and lr >= 0):
         raise ValueError(f"{optimizer}: learning_rate must be a finite number >= 0; got {lr!r}")
+    if isinstance(lr, (tf.Tensor, tf.Variable)):
+        check_scalar_rate(optimizer, lr)
+        # An eager tensor's value is fixed (a variable's may change later).
+        if isinstance(lr, tf.Tensor) and hasattr(lr, "numpy"):
+            number = float(lr.numpy())
+            if not (np.isfinite(number) and number >= 0):
+                raise ValueError(f"{optimizer}: learning_rate must be a finite number >= 0; "
+                                 f"got a tensor holding {number!r}")
+
+
+def check_scalar_rate(optimizer, lr):
+    """TypeError / ValueError naming `optimizer` unless the learning rate
+    `lr` (a number, or a tensor or variable, as the optimizer, its callable
+    or its schedule gives it) is a scalar of a real dtype: a vector was
+    broadcast over the rows' columns (each column its own rate) or failed
+    inside the fused update, stacking the hyperparameters; a str failed in
+    a Cast. Only what is known when the update is built is checked."""
+    if isinstance(lr, (int, float, np.number)) and not isinstance(lr, (bool, np.bool_)):
+        return
+    dtype, shape = getattr(lr, "dtype", None), getattr(lr, "shape", None)
+    try:
+        dtype, shape = tf.as_dtype(dtype).base_dtype, tf.TensorShape(shape)
+    except (TypeError, ValueError):
+        raise TypeError(f"{optimizer}: learning_rate must be a number, a tensor or a variable "
+                        f"(or a callable or schedule giving one); got {lr!r}") from None
+    if dtype.is_bool or not (dtype.is_floating or dtype.is_integer):
+        raise TypeError(f"{optimizer}: learning_rate must be a real number; got a "
+                        f"{dtype.name} {type(lr).__name__}")
+    if shape.rank not in (None, 0):
+        raise ValueError(f"{optimizer}: learning_rate must be a scalar; got a "
+                         f"{type(lr).__name__} of shape {shape.as_list()}")
 
 
 class SGD(OptimizerWrapper):
