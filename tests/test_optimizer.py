@@ -561,3 +561,62 @@ def test_a_scalar_learning_rate_in_any_form_still_trains(make, dynamic):
     # w - 0.5 * 1 for key 1 and the plain variable; key 3 untouched.
     assert (rows, plain, step) == ([[0.5, 0.5], [1.0, 1.0]], [0.5, 0.5], 1)
 
+
+@pytest.mark.parametrize("make,pattern", [
+    # Adam's bias correction divides by 1 - beta_1^t: every updated row NaN.
+    (lambda: tf.keras.optimizers.Adam(0.1, beta_1=1.0),
+     r"Adam's beta_1 must be in \[0, 1\) for the rows of sok tables \(adam\); got 1.0"),
+    (lambda: tf.keras.optimizers.Adam(0.1, beta_1=float("nan")),
+     r"Adam's beta_1 must be in \[0, 1\) .*; got nan"),
+    (lambda: tf.keras.optimizers.Adam(0.1, beta_2=1.5),
+     r"Adam's beta_2 must be in \[0, 1\) .*; got 1.5"),
+    (lambda: tf.keras.optimizers.Adam(0.1, epsilon=-1.0),
+     r"Adam's epsilon must be a finite number >= 0 .*; got -1.0"),
+    (lambda: V1.AdamOptimizer(0.1, beta1=2.0),
+     r"AdamOptimizer's beta1 must be in \[0, 1\) .*; got 2.0"),
+    (lambda: V1.GradientDescentOptimizer(float("nan")),
+     r"GradientDescentOptimizer's learning_rate must be a finite number >= 0 .*; got nan"),
+    (lambda: V1.GradientDescentOptimizer(-0.5),
+     r"GradientDescentOptimizer's learning_rate must be a finite number >= 0 .*; got -0.5"),
+    (lambda: V1.GradientDescentOptimizer(tf.constant(float("inf"))),
+     r"GradientDescentOptimizer's learning_rate must be a finite number >= 0 .*; got inf"),
+    (lambda: V1.MomentumOptimizer(0.1, momentum=float("inf")),
+     r"MomentumOptimizer's momentum must be a finite number .*; got inf"),
+    (lambda: V1.RMSPropOptimizer(0.1, decay=1.5),
+     r"RMSPropOptimizer's decay must be in \[0, 1\] .*; got 1.5"),
+    (lambda: V1.AdadeltaOptimizer(0.1, rho=-0.5),
+     r"AdadeltaOptimizer's rho must be in \[0, 1\] .*; got -0.5"),
+])
+def test_wrapped_hyperparameters_out_of_range_are_refused(make, pattern):
+    """A NaN, an infinity or a number outside what the algorithm takes made
+    every row the update touched NaN (or moved it up the gradient): refused
+    when the wrapper is made, and under sok.OptimizerScope when the native
+    optimizer would update sok rows, before anything changes."""
+    with pytest.raises(ValueError, match="^sok.OptimizerWrapper: " + pattern):
+        sok.OptimizerWrapper(make())
+    v = sok.Variable(np.ones((4, 2), np.float32))
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                            tf.constant([4, 2], tf.int64))
+    with sok.OptimizerScope([v]):
+        with pytest.raises(ValueError, match="^sok.OptimizerWrapper: " + pattern):
+            make().apply_gradients([(grad, v)])
+    np.testing.assert_array_equal(v.numpy(), np.ones((4, 2), np.float32))
+
+
+@pytest.mark.parametrize("make,want", [
+    # Adamax takes beta_2 = 1 (u = max(u, |g|)): 1 - 0.1 / (1 - 0.9) * 0.1 / (1 + 1e-7).
+    (lambda: tf.keras.optimizers.Adamax(0.1, beta_1=0.9, beta_2=1.0, epsilon=1e-7),
+     1 - 0.1 / 0.1 * 0.1 / (1 + 1e-7)),
+    # rho = 1 keeps TF1 RMSProp's mean square at its start, 1: 1 - 0.1 / sqrt(1 + 1e-10).
+    (lambda: V1.RMSPropOptimizer(0.1, decay=1.0, epsilon=1e-10), 1 - 0.1 / np.sqrt(1 + 1e-10)),
+    # A learning rate of 0 moves nothing.
+    (lambda: V1.GradientDescentOptimizer(0.0), 1.0),
+])
+def test_wrapped_hyperparameters_at_the_ends_of_their_range_still_train(make, want):
+    v = sok.Variable(np.ones((4, 2), np.float32))
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                            tf.constant([4, 2], tf.int64))
+    sok.OptimizerWrapper(make()).apply_gradients([(grad, v)])
+    expected = np.ones((4, 2), np.float32)
+    expected[1] = want
+    np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6)

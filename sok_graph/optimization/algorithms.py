@@ -22,8 +22,10 @@ selects the tf.compat.v1.train variant.
 """
 
 import collections
+import math
 import types
 
+import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat
@@ -256,6 +258,80 @@ def _unapplied_option(opt):
     return None
 
 
+# The hyperparameters each algorithm reads, each with the range of the
+# numbers it takes: (low, high, whether high itself is taken), None for no
+# bound (every one must be finite). A number outside made every row the
+# update touched NaN or infinite (Adam's beta_1=1 divides its bias
+# correction by zero, beta_2 > 1 or rho > 1 takes the root of a negative
+# number, a NaN spreads to every updated row) or moved rows up the
+# gradient (a negative learning rate, refused as sok's own optimizers
+# refuse it).
+_ANY = (None, None, False)
+_RATE = (0.0, None, False)
+_FRACTION = (0.0, 1.0, True)
+_BELOW_ONE = (0.0, 1.0, False)
+_RANGES = {
+    "sgd": {"lr": _RATE},
+    "momentum": {"lr": _RATE, "momentum": _ANY},
+    "adagrad": {"lr": _RATE, "initial_accumulator": _RATE, "epsilon": _RATE},
+    "ftrl": {"lr": _RATE, "initial_accumulator": _RATE, "lr_power": _ANY, "l1": _ANY,
+             "l2": _ANY, "l2_shrinkage": _ANY, "beta": _ANY},
+    "rmsprop": {"lr": _RATE, "rho": _FRACTION, "epsilon": _RATE, "momentum": _ANY},
+    "adadelta": {"lr": _RATE, "rho": _FRACTION, "epsilon": _RATE},
+    "adam": {"lr": _RATE, "beta_1": _BELOW_ONE, "beta_2": _BELOW_ONE, "epsilon": _RATE},
+    "adamax": {"lr": _RATE, "beta_1": _BELOW_ONE, "beta_2": _FRACTION, "epsilon": _RATE},
+}
+# How the optimizers spell them, where not as Hyperparameters does.
+_KERAS_NAMES = {"lr": "learning_rate", "initial_accumulator": "initial_accumulator_value",
+                "lr_power": "learning_rate_power", "l1": "l1_regularization_strength",
+                "l2": "l2_regularization_strength",
+                "l2_shrinkage": "l2_shrinkage_regularization_strength"}
+_TF1_NAMES = dict(_KERAS_NAMES, beta_1="beta1", beta_2="beta2")
+
+
+def _known_number(x):
+    """The float value of hyperparameter `x` where it is a number (Python,
+    numpy, or an eager tensor or variable of one number: Keras 2 on TF 1.x
+    keeps every hyperparameter as a variable), else None (a graph tensor
+    or variable, a callable or a schedule: known only when it runs)."""
+    if isinstance(x, (bool, np.bool_)):
+        return None
+    if isinstance(x, (int, float, np.number)):
+        return float(x)
+    if isinstance(x, (tf.Tensor, tf.Variable)) and tf.executing_eagerly() \
+            and hasattr(x, "numpy") and x.shape.rank == 0 \
+            and (x.dtype.is_floating or x.dtype.is_integer):
+        return float(x.numpy())
+    return None
+
+
+def _out_of_range(opt, hp, algorithm):
+    """The message refusing the first hyperparameter of `opt` (as `hp`
+    read it) outside the range `algorithm` takes (_RANGES), or None."""
+    names = _TF1_NAMES if hp.tf1_names else _KERAS_NAMES
+    for attr, (low, high, high_taken) in _RANGES[algorithm].items():
+        number = _known_number(getattr(hp, attr))
+        if number is None:
+            continue
+        if attr == "rho" and hp.tf1_names and algorithm == "rmsprop":
+            name = "decay"  # RMSPropOptimizer's name for it
+        else:
+            name = names.get(attr, attr)
+        inside = math.isfinite(number) and (low is None or number >= low) and (
+            high is None or number < high or high_taken and number == high)
+        if inside:
+            continue
+        if low is None:
+            wanted = "a finite number"
+        elif high is None:
+            wanted = f"a finite number >= {low:g}"
+        else:
+            wanted = f"in [{low:g}, {high:g}{']' if high_taken else ')'}"
+        return (f"sok.OptimizerWrapper: {type(opt).__name__}'s {name} must be {wanted} for "
+                f"the rows of sok tables ({algorithm}); got {number!r}")
+    return None
+
+
 class Hyperparameters:
     """One wrapped optimizer's algorithm (an entry of ALGORITHMS), formula
     flavor (`tf1`) and hyperparameters, read from its attributes."""
@@ -312,6 +388,16 @@ class Hyperparameters:
         if name == "sgd" and self.uses_momentum:
             name = "momentum"
         self.algorithm = ALGORITHMS[name]
+        self.tf1_names = tf1_names
+        # A hyperparameter out of its algorithm's range (a message refusing
+        # it), refused where an option the updates ignore is.
+        self.out_of_range = _out_of_range(o, self, name)
+
+    @property
+    def refusal(self):
+        """Why this optimizer may not update sok rows (an option they would
+        ignore, a hyperparameter out of range), or None."""
+        return self.unapplied or self.out_of_range
 
     def slots(self):
         """(name, initial value) of each slot the algorithm keeps per row."""

@@ -16,8 +16,11 @@ wrapper's step count).
 Refused, naming the optimizer and the hyperparameter (when the wrapper is
 made; for a native optimizer under sok.OptimizerScope, when it would update
 sok rows), before anything changes: a Keras option the row updates ignore
-(weight_decay, clipnorm, ...); a learning rate (a tensor, a variable, what
-a callable or schedule gives) that is not a scalar of a real dtype.
+(weight_decay, clipnorm, ...); a hyperparameter given as a number that is
+NaN, infinite or outside what its algorithm takes (a learning rate < 0,
+Adam's beta_1 outside [0, 1), rho outside [0, 1], ...:
+algorithms._RANGES); a learning rate (a tensor, a variable, what a callable
+or schedule gives) that is not a scalar of a real dtype.
 
 The slot API (`algorithm`, `slot_specs`, `slot_names`, `create_slots`,
 `has_slots`, `get_slot`, `variables`, `set_step`) is what dump/load and the
@@ -69,8 +72,8 @@ class OptimizerWrapper:
         self._optimizer = optimizer
         self._hp = Hyperparameters(optimizer, tf1_formulas=getattr(optimizer, "tf1_formulas",
                                                                    None))
-        if self._hp.unapplied and self.refuses_when_made:
-            raise ValueError(self._hp.unapplied)
+        if self._hp.refusal and self.refuses_when_made:
+            raise ValueError(self._hp.refusal)
         self._slots = {}  # id(var) -> {slot name: tf.Variable or DynamicVariable}
         self._slot_vars = []
         # replica -> step counter: one (0) but with a MirroredStrategy's
@@ -193,8 +196,8 @@ class OptimizerWrapper:
         # raises and leaves all variables as they were.
         for g, v in sok_pairs:
             _check_gradient(g, v)
-        if sok_pairs and self._hp.unapplied:
-            raise ValueError(self._hp.unapplied)
+        if sok_pairs and self._hp.refusal:
+            raise ValueError(self._hp.refusal)
         # A learning rate that is no real scalar is refused before anything
         # changes too (a schedule's, which the step gives, once it counts).
         lr = self._learning_rate(None) if sok_pairs else None
