@@ -1519,6 +1519,95 @@ def test_a_table_read_with_a_key_twice_is_refused_before_the_delta_is_written(tm
     assert os.listdir(str(tmp_path)) == []
 
 
+def test_serving_paths_and_chunk_rows_are_checked_before_anything_is_read(tmp_path,
+                                                                          monkeypatch):
+    """export_serving_delta(delta_dir="") wrote the delta beside the
+    current directory's parent, failed to rename it to "" and left it
+    there; bytes and None failed in os.path naming no argument, after the
+    tables were read; a delta_dir under a file failed with os's bare "File
+    exists"; chunk_rows=0 failed inside a TensorFlow op and 1.5 was taken.
+    export_for_serving(model, ".") in an empty current directory, and
+    apply_serving_delta(".", ...) in the export's directory, renamed the
+    current directory away (the process was left in a deleted directory).
+    Each is now an error naming the argument, with nothing written."""
+    from sok_graph.serving import delta as delta_mod
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(str(work))
+    with tf.Graph().as_default():
+        user, keys, rows, assign = _assignable_user_in_graph()
+
+        def build_fn():
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            served = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+            return {"ids": ids}, {"user": sok.all2all_dense_embedding(served, ids)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(assign, {keys: [1], rows: [[1, 1]]})
+            for delta_dir, chunk_rows, error, words in (
+                    ("", 8, ValueError, "delta_dir must name a directory; got an empty string"),
+                    (None, 8, TypeError,
+                     "delta_dir must be a str or a path (a directory); got NoneType None"),
+                    ("d", 0, ValueError, "export_serving_delta: chunk_rows must be a positive "
+                                         "integer (the rows read at a time); got 0"),
+                    ("d", 1.5, ValueError, "chunk_rows must be a positive integer (the rows "
+                                           "read at a time); got 1.5"),
+                    ("d", True, ValueError, "chunk_rows must be a positive integer (the rows "
+                                            "read at a time); got True")):
+                with pytest.raises(error, match=re.escape(words)):
+                    sok.export_serving_delta([user], 0, delta_dir, session=sess,
+                                             chunk_rows=chunk_rows)
+            assert sorted(os.listdir(str(tmp_path))) == ["work"] and os.listdir(".") == []
+
+            (work / "file").write_text("mine")
+            with pytest.raises(FileExistsError, match=re.escape(
+                    "cannot write delta_dir='file/d': a file stands where its parent "
+                    "directories must be")):
+                sok.export_serving_delta([user], 0, "file/d", session=sess)
+            (work / "file").unlink()
+
+            with pytest.raises(ValueError, match=re.escape(
+                    "export_for_serving: export_dir='.' is the current directory, which it "
+                    "would replace")):
+                sok.export_for_serving(build_fn, ".", session=sess)
+            with pytest.raises(ValueError, match=re.escape(
+                    "export_for_serving: chunk_rows must be a positive integer (the rows read "
+                    "at a time); got -1")):
+                sok.export_for_serving(build_fn, "export", session=sess, chunk_rows=-1)
+            assert os.listdir(".") == []
+            # bytes are a path
+            assert sok.export_for_serving(build_fn, b"export", session=sess) == "export"
+            # since 0: key 1, stamped before the export, is in the delta too
+            assert sok.export_serving_delta([user], 0, b"d1", session=sess) == "d1"
+    assert sorted(os.listdir(".")) == ["d1", "export"]
+    state = _export_state("export")
+
+    monkeypatch.chdir(str(work / "export"))
+    with pytest.raises(ValueError, match=re.escape(
+            "apply_serving_delta: export_dir='.' is the current directory, which it would "
+            "replace")):
+        sok.apply_serving_delta(".", "../d1")
+    assert os.getcwd() == str(work / "export") and os.path.isfile("saved_model.pb")
+    assert _same_state(_export_state("."), state)
+    for kwargs, error, words in (
+            (dict(export_dir=None, delta_dir="../d1"), TypeError,
+             "export_dir must be a str or a path (a directory); got NoneType None"),
+            (dict(export_dir=".", delta_dir=None, output_dir="../copy"), TypeError,
+             "delta_dir must be a str or a path (a directory); got NoneType None"),
+            (dict(export_dir=".", delta_dir="../d1", output_dir=""), ValueError,
+             "output_dir must name a directory; got an empty string")):
+        with pytest.raises(error, match=re.escape(words)):
+            sok.apply_serving_delta(**kwargs)
+    # A copy of the current directory is fine, and bytes are paths.
+    assert sok.apply_serving_delta(b".", b"../d1", output_dir=b"../copy") == {"user": 1}
+    monkeypatch.chdir(str(work))
+    assert sorted(os.listdir(".")) == ["copy", "d1", "export"]
+    np.testing.assert_array_equal(_served_rows("copy", np.array([1, 2])), [[1, 1], [0, 0]])
+    assert delta_mod.read_serving_delta("d1")["user"][1].tolist() == [1]
+
+
 @tf2_only
 def test_a_served_models_apply_delta_fn_refuses_a_repeated_key(tmp_path):
     """The loaded model's apply_delta_fn, in plain TensorFlow: keys (a

@@ -65,7 +65,8 @@ from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
 from sok_graph.serving import sources
-from sok_graph.serving.export import MANIFEST, SAVED_MODEL_FILES, saved_model_file, table_name
+from sok_graph.serving.export import (MANIFEST, SAVED_MODEL_FILES, checked_chunk_rows,
+                                      checked_dir, saved_model_file, table_name)
 from sok_graph.serving.tables import safe_name
 
 DELTA_FORMAT = 1
@@ -163,6 +164,11 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     it earlier than the previous `created` by more than they can differ
     (docs/serving.md, "Clocks"). A table that gives a key twice while it is
     read (trained meanwhile) is a DeltaError; nothing is written."""
+    # Checked on every worker before any table is read: "" wrote the delta
+    # beside the current directory's parent and left it there, bytes and
+    # None failed in os.path once the tables were read.
+    delta_dir = checked_dir(delta_dir, "delta_dir", "export_serving_delta")
+    chunk_rows = checked_chunk_rows(chunk_rows, "export_serving_delta")
     after = dynamic_ops.utc_micros(since, "since")
     created = int(time.time() * 1e6)
     tables = _named(variables)
@@ -189,8 +195,14 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     if rank != 0:
         return None
     parent = os.path.dirname(os.path.abspath(delta_dir))
-    os.makedirs(parent, exist_ok=True)
-    if os.path.exists(delta_dir):
+    try:
+        os.makedirs(parent, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        # os's "[Errno 17] File exists" named neither delta_dir nor the cause.
+        raise FileExistsError(f"cannot write delta_dir={delta_dir!r}: a file stands where its "
+                              f"parent directories must be ({e.filename!r} or a directory "
+                              f"above it is not a directory)") from e
+    if os.path.lexists(delta_dir):
         raise FileExistsError(f"delta_dir {delta_dir!r} exists; a delta goes to a new directory")
     tmp = os.path.join(parent, f".{os.path.basename(delta_dir)}.tmp-{uuid.uuid4().hex[:8]}")
     # Every name first: one longer than the file system takes is refused
@@ -412,8 +424,15 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
     changed in between would be missing) is refused (DeltaError): the
     export records the deltas applied to it in assets.extra/sok_deltas.json
     (a copy at output_dir keeps the record)."""
-    source = os.path.abspath(os.fspath(export_dir))
-    target = source if output_dir is None else os.path.abspath(os.fspath(output_dir))
+    # bytes and None failed in os.path (naming no argument), "." as the
+    # export to update in place (the current directory) was renamed away.
+    export_dir = checked_dir(export_dir, "export_dir", "apply_serving_delta",
+                             replaced=output_dir is None)
+    delta_dir = checked_dir(delta_dir, "delta_dir", "apply_serving_delta", replaced=False)
+    if output_dir is not None:
+        output_dir = checked_dir(output_dir, "output_dir", "apply_serving_delta")
+    source = os.path.abspath(export_dir)
+    target = source if output_dir is None else os.path.abspath(output_dir)
     if output_dir is not None and os.path.lexists(target):
         raise FileExistsError(f"output_dir {output_dir!r} exists")
     os.makedirs(os.path.dirname(target), exist_ok=True)

@@ -33,7 +33,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import communication, context
+from sok_graph import communication, context, dump_load
 from sok_graph.dump_load import staging_dir, swap_into_place, writers_take_turns
 from sok_graph.tables import is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
@@ -309,6 +309,33 @@ def _object_graph_keys(export_dir):
     return out
 
 
+# ------------------------------------------------------------ arguments
+
+def checked_chunk_rows(chunk_rows, caller):
+    """chunk_rows as an int: a positive integer (numpy's too), else a
+    ValueError naming it (0 or less failed inside a TensorFlow op, a float
+    was taken)."""
+    if not isinstance(chunk_rows, (int, np.integer)) or isinstance(chunk_rows, (bool, np.bool_)) \
+            or chunk_rows < 1:
+        raise ValueError(f"{caller}: chunk_rows must be a positive integer (the rows read at a "
+                         f"time); got {chunk_rows!r}")
+    return int(chunk_rows)
+
+
+def checked_dir(path, what, caller, replaced=True):
+    """`path` as a str (bytes, os.PathLike and eager string tensors are
+    paths; None, other types and "" errors naming `what`). replaced: the
+    directory is written by renames, so the current directory is refused
+    (the process was left in a deleted directory)."""
+    path = dump_load.checked_path(path, what)
+    if replaced and "://" not in path and \
+            os.path.abspath(path) == os.path.abspath(os.getcwd()):
+        raise ValueError(f"{caller}: {what}={path!r} is the current directory, which it would "
+                         f"replace (the process would be left in a deleted directory): give a "
+                         f"subdirectory")
+    return path
+
+
 # ------------------------------------------------------------ TF2
 
 class _ServingModule(tf.Module):
@@ -546,6 +573,8 @@ def export_for_serving(model, export_dir, input_signature=None, session=None,
                      (zeros), a number, a [dim] vector, or {table name: either}
     chunk_rows:      rows read at a time while tables are copied
     """
+    export_dir = checked_dir(export_dir, "export_dir", "export_for_serving")
+    chunk_rows = checked_chunk_rows(chunk_rows, "export_for_serving")
     if session is not None:
         if not callable(model):
             raise TypeError("with session=, model must be a function building the serving "
