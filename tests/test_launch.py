@@ -800,3 +800,27 @@ def test_ports_that_cannot_be_had_are_a_launch_error(monkeypatch):
                                                      r"worker\(s\) on 127\.0\.0\.1: \[Errno 24\] "
                                                      r"Too many open files"):
         supervisor._start(args, supervisor._Output(), None)
+
+
+def test_a_long_output_line_arrives_whole(tmp_path):
+    """Lines were read 64 KiB at a time, each piece printed as a line of
+    its own with the rank in front: a worker's 100 KB JSON line reached the
+    launcher's stdout as two lines, neither of them JSON. Lines of up to
+    1 MiB now arrive whole; a longer one comes in 1 MiB lines, each with
+    the rank in front. A failed worker's report keeps 4 KiB of a line."""
+    script = tmp_path / "long.py"
+    script.write_text(
+        "import json, sys\n"
+        "sys.stdout.write(json.dumps({'k': 'x' * 100000}) + '\\n')\n"
+        "sys.stdout.write('y' * (2 * 1048576 + 5))\n"
+        "sys.stdout.flush()\n"
+        "sys.stderr.write('z' * 10000 + '\\n')\n"
+        "sys.exit(3)\n"
+    )
+    p = _launch(script, ["--no-horovod"])
+    out = p.stdout.decode().split("\n")
+    assert out[0] == '[0] {"k": "' + "x" * 100000 + '"}'
+    assert out[1:] == ["[0] " + "y" * 1048576, "[0] " + "y" * 1048576, "[0] yyyyy", ""]
+    err = p.stderr.decode()
+    assert p.returncode == 3 and "[0] " + "z" * 10000 + "\n" in err, err[-300:]
+    assert "[0] " + "z" * 4096 + " [...]\n" in err.split("the last lines of its stderr:")[1]

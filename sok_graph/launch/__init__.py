@@ -56,7 +56,8 @@ HOROVOD_STALL_SHUTDOWN_TIME_SECONDS and HOROVOD_GLOO_TIMEOUT_SECONDS already
 in the launcher's environment are passed on as they are.
 
 Each output line of a worker is printed with its rank in front ("[1] ..."),
-stdout to stdout and stderr to stderr. SIGINT, SIGTERM and SIGHUP are
+stdout to stdout and stderr to stderr; a line longer than 1 MiB is printed
+in 1 MiB pieces, each a line with the rank in front. SIGINT, SIGTERM and SIGHUP are
 forwarded to every worker (a second one kills them). When a worker exits
 non-zero or is killed by a signal, the others get SIGTERM and, `--grace`
 seconds later (default 10, or SOK_GRAPH_LAUNCH_GRACE), SIGKILL; the launcher

@@ -16,6 +16,12 @@ from .environment import HOST, free_ports, horovod_environment, worker_environme
 EXIT_START_FAILED = 1
 EXIT_TIMEOUT = 124
 STDERR_TAIL_LINES = 20
+# A worker's output line is forwarded whole, with its rank in front, up to
+# this many bytes; a longer one is forwarded in pieces of this size, each
+# a line with the rank in front (no reader holds more than one piece).
+LINE_LIMIT = 1 << 20
+# The most of one line kept for the report of a failed worker's stderr.
+_TAIL_LINE_BYTES = 4096
 # The host name the Horovod rendezvous knows the workers' (one) host by, as in
 # `horovodrun -H localhost:N`.
 HOROVOD_HOST = "localhost"
@@ -155,11 +161,14 @@ class _Worker:
         # One thread per pipe keeps every pipe drained, so no worker blocks on
         # a full pipe while we wait on another.
         try:
-            for line in iter(lambda: pipe.readline(1 << 16), b""):
+            # A line of up to LINE_LIMIT bytes arrives as it was printed (a
+            # 64 KiB limit cut a longer JSON line into two prefixed lines).
+            for line in iter(lambda: pipe.readline(LINE_LIMIT), b""):
                 if not line.endswith(b"\n"):
                     line += b"\n"
                 if tail is not None:
-                    tail.append(line)
+                    tail.append(line if len(line) <= _TAIL_LINE_BYTES else
+                                line[:_TAIL_LINE_BYTES] + b" [...]\n")
                 output.write(stream, prefix + line)
         except (OSError, ValueError):
             pass
