@@ -15,6 +15,7 @@ Also: the graph-mode ordering rules of sok.Init, the session helpers, Saver.
 """
 
 import os
+import re
 
 import numpy as np
 import pytest
@@ -632,6 +633,31 @@ def test_saver_keeps_every_table_dumped_into_one_directory(tmp_path):
 
     with pytest.raises(CheckpointError, match="no Saver dump of 'other'"):
         saver.restore_from_file(other, tmp_path)
+
+
+@pytest.mark.parametrize("suffix", [".old-00000000000000000001-abcdef12",
+                                    ".tmp-999999999-abcdef12"])
+def test_saver_refuses_a_table_named_as_another_tables_copy(tmp_path, suffix):
+    """A table named as the copy a dump of table 't' keeps beside its
+    directory ('t' + suffix) had its directory deleted, without an error,
+    by the next dump of 't'; it is refused before anything is written, and
+    't' and names that only look alike still dump and restore."""
+    sok.init(comm_tool="none")
+    saver = sok.Saver()
+    t = sok.Variable(np.full((2, 2), 1.0, np.float32), name="t")
+    saver.dump_to_file(t, tmp_path)
+    copy = sok.Variable(np.full((2, 2), 2.0, np.float32), name="t" + suffix)
+    with pytest.raises(ValueError, match=r"^Saver.dump_to_file: variable 't" + re.escape(suffix)
+                       + r"' would be kept in the directory .* the table 't' makes beside"):
+        saver.dump_to_file(copy, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["t"]
+    alike = sok.Variable(np.full((2, 2), 3.0, np.float32), name="t" + suffix + "x")
+    for var in (alike, t):
+        saver.dump_to_file(var, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == sorted(["t", "t" + suffix + "x"])
+    alike.assign(np.zeros((2, 2), np.float32))
+    saver.restore_from_file(alike, tmp_path)
+    np.testing.assert_array_equal(alike.numpy(), np.full((2, 2), 3.0))
 
 
 def test_saver_restores_a_dump_of_the_earlier_layout(tmp_path):

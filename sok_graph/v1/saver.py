@@ -9,9 +9,12 @@
 it under their names: each table (each worker's shard of it, with several
 workers) in a directory of its own inside it, `<name>` or
 `<name>.shard-<rank>-of-<workers>`, in sok.dump's format (checked headers,
-manifest, written aside and swapped in). Dumping one table replaces only
-that table's files; restoring reads the table of the variable's own name
-and shard. A directory from before this layout (one table's dump directly
+manifest, written aside and swapped in: beside the table's directory, a
+copy named `<its name>.tmp-<pid>-<8 hex>` while it is written and
+`<its name>.old-<20 digits>-<8 hex>` for the one it replaces, so a table
+whose directory would have such a name is refused). Dumping one table
+replaces only that table's files; restoring reads the table of the
+variable's own name and shard. A directory from before this layout (one table's dump directly
 in `filepath`) still restores. `filepath` may be a string tensor (fed per
 run in a Session). Eagerly each call does its work at once; in graph mode
 each returns an op that does it when a Session runs it, so it can sit in a
@@ -19,6 +22,7 @@ graph next to the training op.
 """
 
 import os
+import re
 
 import numpy as np
 import tensorflow as tf
@@ -26,8 +30,8 @@ import tensorflow as tf
 from sok_graph import placement
 from sok_graph.tables import dimension_of, kind_of, replica_shards
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.dump_load import (_SIBLING_SUFFIX, CheckpointError, _file_stem, _var_name,
-                                 check_float_table, check_keys_fit, checked_path, dumped_names,
+from sok_graph.dump_load import (_ASIDE, _SIBLING_SUFFIX, _TMP, CheckpointError, _file_stem,
+                                 _var_name, check_float_table, check_keys_fit, checked_path, dumped_names,
                                  name_max, read_dump, refuse_long_name, rows_as, table_stem,
                                  write_dump)
 
@@ -118,6 +122,23 @@ def _check_name_length(var, entry, directory):
         refuse_long_name(name, fname, len(os.fsencode(fname)), limit, "the Saver's file")
 
 
+def _refuse_a_copys_name(var, entry):
+    """ValueError where the table's directory `entry` is named as the
+    copies that a dump to another table's directory makes beside it
+    (`<dir>.old-<20 digits>-<8 hex>`, `<dir>.tmp-<pid>-<8 hex>`): the next
+    dump of that table deleted this one's directory as its own old copy,
+    without an error, and a restore of it took this one's files as its
+    own previous dump."""
+    for pattern in (_ASIDE, _TMP):
+        found = re.search(pattern.pattern + r"\Z", entry)
+        if found is not None:
+            raise ValueError(
+                f"Saver.dump_to_file: variable {_var_name(var)!r} would be kept in the "
+                f"directory {entry!r}, which is named as the copies a dump of the table "
+                f"{entry[:found.start()]!r} makes beside its own directory (and deletes): "
+                f"give the variable a name that does not end in {found.group(0)!r}")
+
+
 def _rows(var):
     """(keys, rows) tensors of the whole shard, keys in its own numbering."""
     keys, rows, _ = var.read_all()
@@ -182,6 +203,7 @@ class Saver:
         directory = _directory(filepath, "dump_to_file")
         kind, name, entry = kind_of(var), _var_name(var), _entry(var)
         _check_name_length(var, entry, directory)
+        _refuse_a_copys_name(var, entry)
 
         if isinstance(directory, str):
             _refuse_a_dump_at(directory)
