@@ -103,8 +103,8 @@ def _read_array(path, dtype, width, rows, crc32=None):
     manifest promised and its payload against the checksum; crc32, where
     the manifest recorded one, must be the file's own: a file of another
     dump (copied over, a partial restore of a backup) has a valid checksum
-    of its own but is not this dump's."""
-    name = os.path.basename(path)
+    of its own but is not this dump's. Errors name the file by its path."""
+    name = path
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -273,7 +273,7 @@ def _named_alike(variables):
     return {base: names for base, names in groups.items() if len(names) > 1}
 
 
-def _check_named_alike(manifest, variables):
+def _check_named_alike(manifest, variables, source):
     """CheckpointError where the dump holds tables of one name, told apart
     by their places in the dumped list, and load_vars does not give that
     many tables of that name: matched by place, one would get another's
@@ -285,12 +285,12 @@ def _check_named_alike(manifest, variables):
                 raise CheckpointError(
                     f"table '{_var_name(var)}' of load_vars would take the rows dumped as "
                     f"'{name}', which belong to table {place + 1} of the {len(dumped)} named "
-                    f"'{base}' in the dump: give the tables distinct names, or load the "
+                    f"'{base}' in {source}: give the tables distinct names, or load the "
                     f"tables named '{base}' with it, in the order they were dumped")
         given = [name for name in dumped if name in variables]
         if given and len(given) != len(dumped):
             raise CheckpointError(
-                f"the dump holds {len(dumped)} tables named '{base}', told apart only by their "
+                f"{source} holds {len(dumped)} tables named '{base}', told apart only by their "
                 f"places in the dumped list; load_vars holds {len(given)} of them: load all of "
                 f"them, in the order they were dumped, or give the tables distinct names")
 
@@ -760,14 +760,18 @@ def load(path, load_vars, optimizer=None):
     dims = {name: dimension_of(var) for name, var in first.items()}
     static_rows = {name: var.fixed_rows for name, var in first.items()
                    if var.fixed_rows is not None}
+    # The dump read (a moved-aside one, if an interrupted dump left only
+    # that), which every refusal names.
+    directory = _dump_dir(path)
+    source = f"the dump at {directory}"
     manifest, loaded = read_dump(
-        path, dims, static_rows, slot_names=[n for n, _ in slots],
+        directory, dims, static_rows, slot_names=[n for n, _ in slots],
         algorithm=None if optimizer is None else optimizer.algorithm,
         formulas=None if optimizer is None else optimizer.slot_formulas)
-    _check_named_alike(manifest, variables)
+    _check_named_alike(manifest, variables, source)
     for name, var in first.items():
-        _as_table_dtype(loaded[name], var, f"variable '{name}'")
-    _check_fits(variables, loaded)
+        _as_table_dtype(loaded[name], var, f"variable '{name}'", source)
+    _check_fits(variables, loaded, source)
     ops = []
     for name, table in variables.items():
         if optimizer is not None:
@@ -808,15 +812,16 @@ def load(path, load_vars, optimizer=None):
         _run([op for op in ops if op is not None])
 
 
-def _as_table_dtype(arrays, var, what):
+def _as_table_dtype(arrays, var, what, source):
     """Converts the dumped rows (values, slots) of `arrays` in place to the
-    dtype of the table `var` that loads them (CheckpointError, before any
-    table changes, where one becomes infinite)."""
+    dtype of the table `var` that loads them (CheckpointError naming
+    `source`, the dump, before any table changes, where one becomes
+    infinite)."""
     dtype = tf.as_dtype(var.dtype).base_dtype
     static = var.fixed_rows is not None
     for part in [p for p in arrays if p == "values" or p.startswith("slot.")]:
         slot = "" if part == "values" else f"slot '{part[len('slot.'):]}' "
-        arrays[part] = rows_as(arrays[part], dtype, what, arrays["keys"], static, slot)
+        arrays[part] = rows_as(arrays[part], dtype, what, arrays["keys"], static, slot, source)
 
 
 def rows_as(rows, dtype, what, keys=None, static=True, slot="", source="the dump",
@@ -851,19 +856,20 @@ def rows_as(rows, dtype, what, keys=None, static=True, slot="", source="the dump
     return converted
 
 
-def check_keys_fit(keys, key_dtype, what):
+def check_keys_fit(keys, key_dtype, what, source="the dump"):
     """CheckpointError unless every dumped key (int64) fits the table's key
-    dtype: cast, 2^32 + 5 would become key 5 of an int32 table."""
+    dtype: cast, 2^32 + 5 would become key 5 of an int32 table. `source`:
+    the message's words for the dump."""
     info = np.iinfo(key_dtype.as_numpy_dtype)
     outside = keys[(keys < info.min) | (keys > info.max)]
     if outside.size:
         raise CheckpointError(
-            f"{what} has {key_dtype.name} keys (key_type); the dump holds key "
+            f"{what} has {key_dtype.name} keys (key_type); {source} holds key "
             f"{int(outside[0])}, which does not fit in {key_dtype.name}: load it into a table "
             f"with key_type=tf.int64")
 
 
-def _check_fits(variables, loaded):
+def _check_fits(variables, loaded, source):
     """CheckpointError, before any table changes, where a table cannot take
     the rows it would own: keys outside its key dtype, admission counts kept
     another way, or more rows than its bound (a dynamic table's
@@ -872,21 +878,21 @@ def _check_fits(variables, loaded):
     for name, table in variables.items():
         for var in replica_shards.shards_of(table):
             keys = loaded[name]["keys"][owned_mask(var, loaded[name]["keys"])]
-            check_keys_fit(keys, var.key_dtype, f"variable '{name}'")
+            check_keys_fit(keys, var.key_dtype, f"variable '{name}'", source)
             dumped = loaded[name].get(_FILTER_KIND)
             admission = var.admission
             if dumped is not None and admission is not None and admission.counting \
                     and dumped != admission.description():
                 raise CheckpointError(
                     f"variable '{name}' counts keys for its admission filter as "
-                    f"{admission.description()}; the dump's counts were kept as {dumped}: "
+                    f"{admission.description()}; {source} kept its counts as {dumped}: "
                     f"load into a table with the same min_count_counters and "
                     f"min_count_hashes")
             limit = int(_run(var.row_limit()))
             if 0 < limit < keys.size:
                 raise CheckpointError(
                     f"variable '{name}' holds at most {limit} rows (its max_capacity); "
-                    f"the dump gives it {keys.size}: raise max_capacity or load into a "
+                    f"{source} gives it {keys.size}: raise max_capacity or load into a "
                     f"larger table")
 
 
@@ -950,6 +956,10 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
     0..rows-1. algorithm: the optimizer whose slots `slot_names` must be there."""
     static_rows = static_rows or {}
     directory = _dump_dir(path)
+    # Every refusal names the dump it read (a moved-aside copy, where an
+    # interrupted dump left one): the variable's name alone did not say
+    # which of several dumps was the wrong one.
+    where = f"the dump at {directory}"
     try:
         with open(os.path.join(directory, "manifest.json"), "rb") as f:
             manifest = json.loads(f.read().decode("utf-8"))
@@ -960,22 +970,22 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
         raise CheckpointError(f"{directory}/manifest.json is corrupted: checksum mismatch (or "
                               f"no checksum: written by an older sok_graph)")
     if manifest.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"dump format version {manifest.get('format_version')} is not "
-                              f"{FORMAT_VERSION}")
+        raise CheckpointError(f"{where}: dump format version {manifest.get('format_version')} "
+                              f"is not {FORMAT_VERSION}")
     if algorithm is not None:
         saved = manifest.get("optimizer")
         if saved is None:
-            raise CheckpointError("the dump holds no optimizer state; call load without "
-                                  "optimizer=")
+            raise CheckpointError(f"{where} holds no optimizer state; call load without "
+                                  f"optimizer=")
         if saved["algorithm"] != algorithm:
-            raise CheckpointError(f"the dump holds {saved['algorithm']} state; the optimizer "
+            raise CheckpointError(f"{where} holds {saved['algorithm']} state; the optimizer "
                                   f"runs {algorithm}")
         dumped_formulas = saved.get("formulas")  # dumps before it was recorded: unknown
         if algorithm in _SLOTS_DIFFER_BY_FORMULAS and formulas is not None \
                 and dumped_formulas is not None and dumped_formulas != formulas:
             kinds = {"tf1": "a tf.compat.v1.train optimizer's", "keras": "a Keras optimizer's"}
             raise CheckpointError(
-                f"the dump holds {kinds.get(dumped_formulas, dumped_formulas)} {algorithm} "
+                f"{where} holds {kinds.get(dumped_formulas, dumped_formulas)} {algorithm} "
                 f"slots; the optimizer keeps {kinds.get(formulas, formulas)}, whose slots mean "
                 f"another thing (an accumulator of gradients against a velocity): load with "
                 f"the kind of optimizer that was dumped")
@@ -983,11 +993,11 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
     for name, dim in dims.items():
         entry = manifest["variables"].get(name)
         if entry is None:
-            raise CheckpointError(f"the dump has no variable '{name}'; it has "
+            raise CheckpointError(f"{where} has no variable '{name}'; it has "
                                   f"{sorted(manifest['variables'])}")
         if entry["dim"] != dim:
-            raise CheckpointError(f"variable '{name}' was dumped with dimension {entry['dim']}; "
-                                  f"it has dimension {dim}")
+            raise CheckpointError(f"{where}: variable '{name}' was dumped with dimension "
+                                  f"{entry['dim']}; it has dimension {dim}")
         rows, files, crcs = entry["rows"], entry["files"], entry.get("crc32", {})
 
         def read(part, dtype, width, count, fname=None):
@@ -1001,7 +1011,7 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             dtype = _FLOATS.get(dtypes.get(part, "float32"))
             if dtype is None:
                 raise CheckpointError(
-                    f"variable '{name}': the manifest gives {part} the dtype "
+                    f"{where}: variable '{name}': the manifest gives {part} the dtype "
                     f"{dtypes[part]!r}; dumps hold rows of {sorted(_FLOATS)}")
             return dtype
 
@@ -1018,7 +1028,7 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
         for slot in slot_names:
             fname = files.get("slot." + slot)
             if fname is None:
-                raise CheckpointError(f"the dump has no '{slot}' slot for variable '{name}'")
+                raise CheckpointError(f"{where} has no '{slot}' slot for variable '{name}'")
             arrays["slot." + slot] = read("slot." + slot, rows_dtype("slot." + slot), dim, rows,
                                           fname)
         if name in static_rows:
@@ -1027,12 +1037,13 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             # rows 0..3 loaded into a table of 5 rows, that its keys were
             # not 0..3.
             if rows != want:
-                raise CheckpointError(f"variable '{name}' has {want} rows; the dump holds "
-                                      f"{rows} rows: load it into a table of {rows} rows")
+                raise CheckpointError(f"{where}: variable '{name}' has {want} rows; the dump "
+                                      f"holds {rows} rows: load it into a table of {rows} rows")
             if not np.array_equal(keys, np.arange(rows)):
                 first = int(np.flatnonzero(keys != np.arange(rows))[0])
                 raise CheckpointError(
-                    f"variable '{name}' is a static table of {want} rows, whose keys are its "
+                    f"{where}: variable '{name}' is a static table of {want} rows, whose keys "
+                    f"are its "
                     f"row numbers 0..{want - 1}; the dump holds key {int(keys[first])} where "
                     f"row {first} belongs (a dynamic table's dump?): load it into a "
                     f"sok.DynamicVariable")

@@ -3,6 +3,7 @@
 import datetime
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -768,7 +769,8 @@ def test_a_value_beyond_the_loading_tables_dtype_is_refused(tmp_path):
     assert before == {4: [7.0, 7.0], 9: [3.0, 4.0]}
     sentinel = np.full((2, 2), -1.0, np.float32)
     narrow = sok.Variable(sentinel, name="wide")
-    with pytest.raises(CheckpointError, match=r"variable 'wide' has dtype float32; the dump holds "
+    with pytest.raises(CheckpointError, match=r"variable 'wide' has dtype float32; the dump at "
+                                              + re.escape(path) + r" holds "
                                               r"the float64 value 1e\+300 in row 0, column 1, "
                                               r"beyond float32's largest finite value .*become "
                                               r"inf; load it into a table of dtype float64"):
@@ -800,6 +802,40 @@ def test_a_value_beyond_the_loading_tables_dtype_is_refused(tmp_path):
                                               r"value 1e\+300 in row 0, column 1"):
         saver.restore_from_file(narrow, str(tmp_path / "saver"))
     np.testing.assert_array_equal(narrow.numpy(), sentinel)
+
+
+def test_load_refusals_name_the_dump_they_read(tmp_path):
+    """Each refusal of a dump that does not fit the tables given to
+    sok.load names the dump's directory (and a damaged file its path): with
+    several dumps about, "variable 's' was dumped with dimension 2" did not
+    say which one."""
+    path = str(tmp_path / "run-7")
+    static = sok.Variable(np.zeros((4, 2), np.float32), name="s")
+    dyn = sok.DynamicVariable(2, name="d", key_type=tf.int64)
+    sok.assign(dyn, tf.constant([2 ** 32 + 5], tf.int64), np.ones((1, 2), np.float32))
+    sok.dump(path, [static, dyn])
+    at = "the dump at " + path
+    for targets, words in (
+            ([sok.Variable(np.zeros((4, 3), np.float32), name="s")],
+             at + ": variable 's' was dumped with dimension 2; it has dimension 3"),
+            ([sok.Variable(np.zeros((5, 2), np.float32), name="s")],
+             at + ": variable 's' has 5 rows; the dump holds 4 rows"),
+            ([sok.Variable(np.zeros((1, 2), np.float32), name="d")],
+             at + ": variable 'd' is a static table of 1 rows"),
+            ([sok.DynamicVariable(2, name="x")], at + " has no variable 'x'"),
+            ([sok.DynamicVariable(2, name="d", key_type=tf.int32)],
+             "variable 'd' has int32 keys (key_type); " + at + " holds key 4294967301")):
+        with pytest.raises(CheckpointError, match=re.escape(words)):
+            sok.load(path, targets)
+    with pytest.raises(CheckpointError, match=re.escape(at + " holds no optimizer state")):
+        sok.load(path, [static], sok.OptimizerWrapper(tf.keras.optimizers.Adagrad()))
+    with open(os.path.join(path, "manifest.json")) as f:
+        values = json.load(f)["variables"]["s"]["files"]["values"]
+    with open(os.path.join(path, values), "r+b") as f:
+        f.truncate(10)
+    with pytest.raises(CheckpointError, match=re.escape(os.path.join(path, values)
+                                                        + " is truncated")):
+        sok.load(path, [static])
 
 
 def test_a_suffixed_name_too_long_is_refused_before_any_table_is_read(tmp_path, monkeypatch):
