@@ -635,6 +635,84 @@ def test_saver_keeps_every_table_dumped_into_one_directory(tmp_path):
         saver.restore_from_file(other, tmp_path)
 
 
+def test_saver_refuses_two_tables_of_one_name_in_one_directory(tmp_path):
+    """A sok.DynamicVariable and a sok.Variable both named "t" (or two
+    DynamicVariables named "t") dumped into one Saver directory: the second
+    dump used to replace the first one's files without an error. It is
+    refused, naming both tables and the name, before anything is written;
+    the same table dumps again, and a table of that name dumps once the
+    other is gone."""
+    import gc
+
+    sok.init(comm_tool="none")
+    saver = sok.Saver()
+    dyn = sok.DynamicVariable(dimension=2, initializer="0", name="t")
+    dyn.scatter_update(tf.constant([7], tf.int64), tf.constant([[7.0, 8.0]]))
+    static = sok.Variable(np.full((3, 2), 5.0, np.float32), name="t")
+    twin = sok.DynamicVariable(dimension=2, initializer="0", name="t")
+    saver.dump_to_file(dyn, tmp_path)
+    before = sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "t").iterdir())
+    where = re.escape(str(tmp_path / "t"))
+    with pytest.raises(ValueError, match=r"^Saver.dump_to_file: sok.Variable \(3 rows of "
+                       r"dimension 2\) and sok.DynamicVariable \(dimension 2\) are both named "
+                       r"'t': .*\(" + where + r"\), .*give the tables distinct names"):
+        saver.dump_to_file(static, tmp_path)
+    with pytest.raises(ValueError, match=r"^Saver.dump_to_file: this sok.DynamicVariable "
+                       r"\(dimension 2\) and another sok.DynamicVariable \(dimension 2\) are "
+                       r"both named 't'"):
+        saver.dump_to_file(twin, tmp_path)
+    assert sorted(os.listdir(tmp_path)) == ["t"]
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (tmp_path / "t").iterdir()) == before
+    dyn.scatter_update(tf.constant([7], tf.int64), tf.constant([[0.0, 0.0]]))
+    saver.restore_from_file(dyn, tmp_path)
+    assert [x.numpy().tolist() for x in sok.export(dyn)] == [[7], [[7.0, 8.0]]]
+
+    saver.dump_to_file(dyn, tmp_path)  # the same table again
+    saver.dump_to_file(static, tmp_path / "other")
+    del dyn, twin
+    gc.collect()
+    saver.dump_to_file(static, tmp_path)  # the other "t" is gone
+    static.assign(np.zeros((3, 2), np.float32))
+    saver.restore_from_file(static, tmp_path)
+    np.testing.assert_array_equal(static.numpy(), np.full((3, 2), 5.0))
+
+
+def test_saver_refuses_two_tables_of_one_name_in_one_graph(tmp_path):
+    """The same in a Session's graph, where the dumps run: two
+    DynamicVariables named "t" (TensorFlow does not rename them) dumped
+    into one directory. A table named "t" in a new graph replaces the old
+    graph's "t"."""
+    graphs = []
+    for _ in range(2):
+        with tf.Graph().as_default() as graph:
+            sok.init()
+            first = sok.DynamicVariable(dimension=1, initializer="0", name="t")
+            second = sok.DynamicVariable(dimension=1, initializer="0", name="t")
+            fill = [first.scatter_update(tf.constant([1], tf.int64), tf.constant([[1.0]])),
+                    second.scatter_update(tf.constant([2], tf.int64), tf.constant([[2.0]]))]
+            saver = sok.Saver()
+            dumps = [saver.dump_to_file(t, str(tmp_path)) for t in (first, second)]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(fill)
+                sess.run(dumps[0])
+                with pytest.raises(tf.errors.OpError, match=r"this sok.DynamicVariable "
+                                   r"\(dimension 1\) and another sok.DynamicVariable "
+                                   r"\(dimension 1\) are both named 't'"):
+                    sess.run(dumps[1])
+            graphs.append((graph, first, second))  # the old graph's tables live on
+        keys, rows = read_saver_dump(tmp_path / "t")
+        assert (keys.tolist(), rows.tolist()) == ([1], [[1.0]])
+
+
+def read_saver_dump(directory):
+    """The keys and rows a Saver wrote for one table, read as a sok.dump."""
+    from sok_graph.dump_load import read_dump
+
+    arrays = read_dump(str(directory), {"t": 1})[1]["t"]
+    return arrays["keys"], arrays["values"]
+
+
 @pytest.mark.parametrize("suffix", [".old-00000000000000000001-abcdef12",
                                     ".tmp-999999999-abcdef12"])
 def test_saver_refuses_a_table_named_as_another_tables_copy(tmp_path, suffix):

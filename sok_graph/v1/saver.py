@@ -15,7 +15,17 @@ copy named `<its name>.tmp-<pid>-<8 hex>` while it is written and
 whose directory would have such a name is refused). Dumping one table
 replaces only that table's files; restoring reads the table of the
 variable's own name and shard. A directory from before this layout (one table's dump directly
-in `filepath`) still restores. `filepath` may be a string tensor (fed per
+in `filepath`) still restores.
+
+Tables are told apart by their names only, so two tables of one name
+cannot share a `filepath`: where another table of the same name, living in
+the same place (both eager, or both in one graph), was dumped to that
+directory by this process and still exists, `dump_to_file` refuses with a
+ValueError naming both tables and their name before anything is written
+(the second dump used to replace the first one's files without a word,
+and restoring the first then gave it the second's rows). Dumping a table
+again replaces its own files, as does a table of that name from a later
+run, or from a new graph built in place of the old one. `filepath` may be a string tensor (fed per
 run in a Session). Eagerly each call does its work at once; in graph mode
 each returns an op that does it when a Session runs it, so it can sit in a
 graph next to the training op.
@@ -23,6 +33,8 @@ graph next to the training op.
 
 import os
 import re
+import threading
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -139,6 +151,50 @@ def _refuse_a_copys_name(var, entry):
                 f"give the variable a name that does not end in {found.group(0)!r}")
 
 
+# The real path of a table's directory inside a Saver's filepath -> a weak
+# reference to the table this process last dumped there. The lock makes a
+# check and the dump it allows one step, so two tables of one name dumped
+# at once cannot both pass.
+_dumped_here = {}
+_dumped_lock = threading.Lock()
+
+
+def _home(var):
+    """The graph the table was made in; None for an eager table."""
+    try:
+        return var.handle.graph
+    except AttributeError:  # an eager handle has no graph
+        return None
+
+
+def _described(var):
+    """How the refusal of a shared name names a table."""
+    if kind_of(var) == "dynamic":
+        return f"sok.DynamicVariable (dimension {dimension_of(var)})"
+    return f"sok.Variable ({var.fixed_rows} rows of dimension {dimension_of(var)})"
+
+
+def _refuse_a_namesake(var, name, target):
+    """ValueError where another table named `name`, eager as `var` is or in
+    its graph, was dumped by this process to the directory `target` and
+    still exists: `var`'s dump would replace that table's files there
+    (a Saver tells tables apart by name only), losing its rows without an
+    error. Called under _dumped_lock."""
+    ref = _dumped_here.get(os.path.realpath(target))
+    other = None if ref is None else ref()
+    if other is None or other is var or _home(other) is not _home(var):
+        return
+    this, that = _described(var), _described(other)
+    if this == that:
+        this, that = f"this {this}", f"another {that}"
+    raise ValueError(
+        f"Saver.dump_to_file: {this} and {that} are both named {name!r}: in "
+        f"filepath a Saver keeps each table in the directory of its name ({target}), where "
+        f"the other one was dumped before, so this dump would replace its rows; give the "
+        f"tables distinct names (name=...), or dump them to different filepaths (nothing "
+        f"was written)")
+
+
 def _rows(var):
     """(keys, rows) tensors of the whole shard, keys in its own numbering."""
     keys, rows, _ = var.read_all()
@@ -218,7 +274,10 @@ class Saver:
                     f"{target} holds a Saver dump of {held}, not of {name!r}: their names "
                     f"map to one file name; give the variables names that differ in "
                     f"letters, digits, '-', '_' or '.'")
-            write_dump(target, {name: (kind, {"keys": keys, "values": rows})})
+            with _dumped_lock:
+                _refuse_a_namesake(var, name, target)
+                write_dump(target, {name: (kind, {"keys": keys, "values": rows})})
+                _dumped_here[os.path.realpath(target)] = weakref.ref(var)
             return np.int32(0)
 
         keys, rows = _rows(var)
