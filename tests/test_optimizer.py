@@ -603,6 +603,97 @@ def test_wrapped_hyperparameters_out_of_range_are_refused(make, pattern):
     np.testing.assert_array_equal(v.numpy(), np.ones((4, 2), np.float32))
 
 
+@pytest.mark.parametrize("dynamic", [False, True])
+@pytest.mark.parametrize("name,make", [
+    ("SGD", sok.SGD), ("Adam", sok.optimizers.Adam), ("LazyAdam", sok.optimizers.LazyAdam),
+    ("GradientDescentOptimizer",
+     lambda lr: sok.OptimizerWrapper(V1.GradientDescentOptimizer(lr))),
+])
+def test_a_learning_rate_known_only_when_the_graph_runs_is_checked_then(name, make, dynamic):
+    """A placeholder learning rate fed NaN, an infinity or a negative
+    number in a Session: the update fails with an InvalidArgumentError
+    naming the optimizer and learning_rate, before any row, the step or
+    (sok.SGD) a plain variable changes; those rows used to turn NaN or move
+    up the gradient. A rate of 0.5 then trains: w - 0.5 for the row of key
+    1 (Adam's first step moves a row by the learning rate), key 3 as it
+    was."""
+    with tf.Graph().as_default():
+        lr = tf.compat.v1.placeholder(tf.float32, [])
+        opt = make(lr)
+        keys = tf.constant([1, 3], tf.int64)
+        if dynamic:
+            table = sok.DynamicVariable(2, initializer="ones")
+            ready = table.sparse_read(keys)  # the rows a lookup gives them
+            grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64))
+            read = table.find(keys)[0]
+        else:
+            table = sok.Variable(np.ones((4, 2), np.float32))
+            ready = tf.no_op()
+            grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                                    tf.constant([4, 2], tf.int64))
+            read = tf.gather(table, keys)
+        pairs = [(grad, table)]
+        plain = tf.Variable([1.0, 1.0]) if name == "SGD" else tf.constant([1.0, 1.0])
+        if name == "SGD":
+            pairs.append((tf.ones([2]), plain))
+        train = opt.apply_gradients(pairs)
+        step = opt.iterations
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(ready)
+            for bad in (float("nan"), float("inf"), -1.0):
+                with pytest.raises(tf.errors.InvalidArgumentError,
+                                   match=name + ": learning_rate must be a finite number >= 0"):
+                    sess.run(train, {lr: bad})
+                got = sess.run([read, plain, step])
+                assert (got[0].tolist(), got[1].tolist(), int(got[2])) == (
+                    [[1.0, 1.0], [1.0, 1.0]], [1.0, 1.0], 0), bad
+            sess.run(train, {lr: 0.5})
+            got = sess.run([read, plain, step])
+    np.testing.assert_allclose(got[0], [[0.5, 0.5], [1.0, 1.0]], rtol=1e-5)
+    assert got[1].tolist() == ([0.5, 0.5] if name == "SGD" else [1.0, 1.0])
+    assert int(got[2]) == 1
+
+
+@pytest.mark.parametrize("known", [True, False])
+def test_only_a_learning_rate_known_when_the_graph_runs_adds_a_check(known):
+    """A Python number adds no op to the graph; a placeholder its assertion."""
+    graph = tf.Graph()
+    with graph.as_default():
+        lr = 0.5 if known else tf.compat.v1.placeholder_with_default(0.5, [])
+        table = sok.Variable(np.ones((4, 2), np.float32))
+        grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                                tf.constant([4, 2], tf.int64))
+        sok.optimizers.LazyAdam(lr).apply_gradients([(grad, table)])
+    checks = [op.name for op in graph.get_operations() if "learning_rate_check" in op.name]
+    assert bool(checks) == (not known), checks
+
+
+@pytest.mark.parametrize("lr", [-1.0, float("nan")])
+@pytest.mark.parametrize("make", [tf.keras.optimizers.Adam, tf.keras.optimizers.SGD])
+def test_a_keras_learning_rate_kept_in_a_variable_is_checked(make, lr):
+    """Keras 3 keeps the learning rate in a Keras variable (no tf.Variable):
+    a wrapped Adam(-1.0) was taken, and moved every row up the gradient.
+    Refused when the wrapper is made, naming the optimizer and
+    learning_rate; a rate assigned to that variable later is refused by
+    the update, before the row changes."""
+    with pytest.raises(ValueError, match=r"^sok.OptimizerWrapper: " + make.__name__ +
+                       r"'s learning_rate must be a finite number >= 0 .*; got " + str(lr)):
+        sok.OptimizerWrapper(make(lr))
+    opt = make(0.5)
+    wrapper = sok.OptimizerWrapper(opt)
+    v = sok.Variable(np.ones((4, 2), np.float32))
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                            tf.constant([4, 2], tf.int64))
+    if not hasattr(opt.learning_rate, "assign"):
+        return  # Keras 2 on TF 1.x: a float until the optimizer builds its variables
+    opt.learning_rate.assign(lr)
+    with pytest.raises(ValueError, match=make.__name__ + r": learning_rate must be a finite "
+                                         r"number >= 0; got " + str(lr)):
+        wrapper.apply_gradients([(grad, v)])
+    np.testing.assert_array_equal(v.numpy(), np.ones((4, 2), np.float32))
+
+
 @pytest.mark.parametrize("make,want", [
     # Adamax takes beta_2 = 1 (u = max(u, |g|)): 1 - 0.1 / (1 - 0.9) * 0.1 / (1 + 1e-7).
     (lambda: tf.keras.optimizers.Adamax(0.1, beta_1=0.9, beta_2=1.0, epsilon=1e-7),

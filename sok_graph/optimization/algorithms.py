@@ -289,19 +289,21 @@ _KERAS_NAMES = {"lr": "learning_rate", "initial_accumulator": "initial_accumulat
 _TF1_NAMES = dict(_KERAS_NAMES, beta_1="beta1", beta_2="beta2")
 
 
-def _known_number(x):
+def known_number(x):
     """The float value of hyperparameter `x` where it is a number (Python,
     numpy, or an eager tensor or variable of one number: Keras 2 on TF 1.x
-    keeps every hyperparameter as a variable), else None (a graph tensor
-    or variable, a callable or a schedule: known only when it runs)."""
+    keeps every hyperparameter as a variable, Keras 3 its learning rate, in
+    a Keras variable that is no tf.Variable), else None (a graph tensor or
+    variable, a callable or a schedule: known only when it runs)."""
     if isinstance(x, (bool, np.bool_)):
         return None
     if isinstance(x, (int, float, np.number)):
         return float(x)
-    if isinstance(x, (tf.Tensor, tf.Variable)) and tf.executing_eagerly() \
-            and hasattr(x, "numpy") and x.shape.rank == 0 \
-            and (x.dtype.is_floating or x.dtype.is_integer):
-        return float(x.numpy())
+    if tf.executing_eagerly() and hasattr(x, "numpy") and hasattr(x, "dtype") \
+            and not callable(x):
+        number = np.asarray(x.numpy())
+        if number.shape == () and number.dtype.kind in "iuf":
+            return float(number)
     return None
 
 
@@ -310,7 +312,7 @@ def _out_of_range(opt, hp, algorithm):
     read it) outside the range `algorithm` takes (_RANGES), or None."""
     names = _TF1_NAMES if hp.tf1_names else _KERAS_NAMES
     for attr, (low, high, high_taken) in _RANGES[algorithm].items():
-        number = _known_number(getattr(hp, attr))
+        number = known_number(getattr(hp, attr))
         if number is None:
             continue
         if attr == "rho" and hp.tf1_names and algorithm == "rmsprop":

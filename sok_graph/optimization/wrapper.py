@@ -19,8 +19,17 @@ sok rows), before anything changes: a Keras option the row updates ignore
 (weight_decay, clipnorm, ...); a hyperparameter given as a number that is
 NaN, infinite or outside what its algorithm takes (a learning rate < 0,
 Adam's beta_1 outside [0, 1), rho outside [0, 1], ...:
-algorithms._RANGES); a learning rate (a tensor, a variable, what a callable
-or schedule gives) that is not a scalar of a real dtype.
+algorithms._RANGES; a Keras 3 learning rate is read from its variable); a
+learning rate (a tensor, a variable, what a callable or schedule gives)
+that is not a scalar of a real dtype.
+
+A learning rate known only when a graph runs (a placeholder, a variable, a
+schedule's result, in a Session's graph or a tf.function) is checked then:
+NaN, an infinity or a negative number fails the update with an
+InvalidArgumentError naming the optimizer and learning_rate, before any
+row, slot or the step changes (checked_rate). Eagerly, the value of a
+tensor or variable is checked at each apply_gradients (a ValueError).
+Python numbers add no op.
 
 The slot API (`algorithm`, `slot_specs`, `slot_names`, `create_slots`,
 `has_slots`, `get_slot`, `variables`, `set_step`) is what dump/load and the
@@ -52,7 +61,7 @@ from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.optimization import fused_apply, native_state
-from sok_graph.optimization.algorithms import Hyperparameters, value
+from sok_graph.optimization.algorithms import Hyperparameters, known_number, value
 
 class OptimizerWrapper:
     """``OptimizerWrapper(optimizer)``: ``apply_gradients`` works on sok variables.
@@ -120,7 +129,7 @@ class OptimizerWrapper:
             lr = value(lr)
         owner = self._optimizer if not isinstance(self._optimizer, OwnRule) else self
         check_scalar_rate(type(owner).__name__, lr)
-        return lr
+        return checked_rate(type(owner).__name__, lr)
 
     @property
     def algorithm(self):
@@ -207,7 +216,11 @@ class OptimizerWrapper:
         if sok_pairs:
             for _, v in sok_pairs:
                 self.create_slots(v)
-            step = self._step_variable().assign_add(1)
+            # In a graph the step counts only once the learning rate passed
+            # its check (checked_rate), as the rows wait for it.
+            with tf.control_dependencies([lr] if isinstance(lr, tf.Tensor) and
+                                         not tf.executing_eagerly() else []):
+                step = self._step_variable().assign_add(1)
             if lr is None:
                 try:
                     lr = self._learning_rate(step)
@@ -272,6 +285,9 @@ class OptimizerWrapper:
             unique, values = self._every_row(var, unique, values)
         slots = self._slots[id(var)]
         dtype = values.dtype
+        # Every write waits for the learning rate's check (checked_rate):
+        # a slot's new rows (Adam's moments) do not depend on the rate.
+        checked = [lr] if isinstance(lr, tf.Tensor) and not tf.executing_eagerly() else []
         lr = tf.cast(lr, dtype)
         if is_dynamic(var):
             drops = var.late_shadow_drops()
@@ -282,16 +298,18 @@ class OptimizerWrapper:
             slot_rows = {n: dynamic_ops.find_or_insert(s.handle, unique, var.dimension)[0]
                          for n, s in slots.items()}
             new_rows, new_slots = self._hp.update(rows, values, slot_rows, lr, step)
-            writes = [dynamic_ops.scatter(var.handle, unique, new_rows, "update")]
-            writes += [dynamic_ops.scatter(slots[n].handle, unique, r, "update")
-                       for n, r in new_slots.items()]
+            with tf.control_dependencies(checked):
+                writes = [dynamic_ops.scatter(var.handle, unique, new_rows, "update")]
+                writes += [dynamic_ops.scatter(slots[n].handle, unique, r, "update")
+                           for n, r in new_slots.items()]
         else:
             rows = tf.gather(var, unique)
             slot_rows = {n: tf.gather(s, unique) for n, s in slots.items()}
             new_rows, new_slots = self._hp.update(rows, values, slot_rows, lr, step)
-            writes = [var.scatter_update(tf.IndexedSlices(new_rows, unique))]
-            writes += [slots[n].scatter_update(tf.IndexedSlices(r, unique))
-                       for n, r in new_slots.items()]
+            with tf.control_dependencies(checked):
+                writes = [var.scatter_update(tf.IndexedSlices(new_rows, unique))]
+                writes += [slots[n].scatter_update(tf.IndexedSlices(r, unique))
+                           for n, r in new_slots.items()]
         if tf.executing_eagerly():
             return None
         return tf.group(*writes)
@@ -475,8 +493,9 @@ class _PlainSGD(OwnRule):
 
     def apply_gradients(self, grads_and_vars, **kwargs):
         ops = []
+        rate = checked_rate("SGD", value(self.learning_rate))
         for g, v in grads_and_vars:
-            lr = tf.cast(value(self.learning_rate), v.dtype)
+            lr = tf.cast(rate, v.dtype)
             if isinstance(g, tf.IndexedSlices):
                 ops.append(v.scatter_sub(tf.IndexedSlices(lr * g.values, g.indices)))
             else:
@@ -490,7 +509,8 @@ def check_learning_rate(optimizer, lr):
     updated row NaN or infinite; a str failed at the first update, in a
     Cast). A tensor or variable must be a scalar of a real dtype, and an
     eager tensor's value a finite number >= 0 as well (check_scalar_rate).
-    `optimizer` names it in the error."""
+    A value known only later (a variable's, a placeholder's) is checked at
+    each update (checked_rate). `optimizer` names it in the error."""
     if isinstance(lr, (bool, np.bool_)) or not (
             isinstance(lr, (int, float, np.number)) or callable(lr)
             or isinstance(lr, (tf.Tensor, tf.Variable))):
@@ -529,6 +549,41 @@ def check_scalar_rate(optimizer, lr):
     if shape.rank not in (None, 0):
         raise ValueError(f"{optimizer}: learning_rate must be a scalar; got a "
                          f"{type(lr).__name__} of shape {shape.as_list()}")
+
+
+def checked_rate(optimizer, lr):
+    """The learning rate `lr` (check_scalar_rate's) that an update uses,
+    refused where it is NaN, infinite or negative: such a rate made every
+    updated row NaN or moved rows up the gradient. A number passes as it
+    is (the optimizers refuse bad ones when they are made). A value known
+    now (eagerly: a tensor's or a variable's, Keras 3's variable included;
+    in a graph: a constant) is checked now, a ValueError naming `optimizer`
+    and learning_rate. A graph's tensor or variable (a placeholder, a
+    variable assigned later, a schedule's result) is known only when the
+    graph runs: `lr` then comes back read after an assertion, so whatever
+    uses it waits for the check, which fails with an InvalidArgumentError
+    naming `optimizer` and learning_rate."""
+    if isinstance(lr, (int, float, np.number)):
+        return lr
+    number = known_number(lr)
+    if number is None and isinstance(lr, tf.Tensor):
+        constant = tf.get_static_value(lr)
+        number = None if constant is None else float(constant)
+    if number is not None:
+        if not (np.isfinite(number) and number >= 0):
+            raise ValueError(f"{optimizer}: learning_rate must be a finite number >= 0; got "
+                             f"{number!r}")
+        return lr
+    if tf.executing_eagerly():
+        return lr  # what known_number cannot read (check_scalar_rate took it)
+    rate = tf.convert_to_tensor(lr)
+    wide = tf.cast(rate, tf.float64)
+    check = tf.debugging.Assert(
+        tf.logical_and(tf.math.is_finite(wide), wide >= 0),
+        [f"{optimizer}: learning_rate must be a finite number >= 0; when the update ran it "
+         f"was", rate], name="learning_rate_check")
+    with tf.control_dependencies([check]):
+        return tf.identity(rate)
 
 
 class SGD(OptimizerWrapper):
