@@ -1,6 +1,7 @@
 """assign / export / the table protocol / filter_variables /
 sparse_read_and_evict / all2all_dense_embedding."""
 
+import contextlib
 import os
 
 import numpy as np
@@ -185,6 +186,66 @@ def test_static_replace_rows_checks_keys_known_only_when_run(rng):
             np.testing.assert_array_equal(sess.run(table.read_value()), values)
             with pytest.raises(tf.errors.InvalidArgumentError, match="every global row number"):
                 sess.run(replace, {keys: np.arange(4)[::-1]})
+
+
+@pytest.mark.parametrize("scope", [None, "outer"])
+def test_graph_mode_static_tables_named_with_any_characters(tmp_path, scope):
+    """sok.Variable(..., name="表") (or "tablé", "a b", "_x", "a:0") failed
+    in a Session's graph with TensorFlow's "not a valid root scope name",
+    naming no argument, although it worked eagerly. The table keeps its
+    name (inside the name scope, with TensorFlow's suffix where the graph
+    has a variable of that name); lookups, an optimizer's update with its
+    slots, sok.dump / sok.load, sok.Saver and tf.compat.v1.train.Saver
+    keep each table's rows."""
+    names = ["表", "tablé", "table", "a b", "_x", "a:0"]
+    prefix = scope + "/" if scope else ""
+    graph = tf.Graph()
+    with graph.as_default():
+        with tf.compat.v1.name_scope(scope) if scope else contextlib.nullcontext():
+            tables = [sok.Variable(np.full((3, 2), float(i), np.float32), name=n)
+                      for i, n in enumerate(names)]
+        twin = sok.Variable(np.full((3, 2), 9.0, np.float32), name="表")
+        every = tables + [twin]
+        ids = [tf.ragged.constant([[1], [2]], tf.int64) for _ in every]
+        looked_up = sok.lookup_sparse(every, ids, combiners=["sum"] * len(every))
+        grads = [tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64),
+                                  tf.constant([3, 2], tf.int64)) for _ in every]
+        train = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.1)).apply_gradients(
+            list(zip(grads, every)))
+        clobber = [t.assign(np.full((3, 2), -1.0, np.float32)) for t in every]
+        saver = sok.Saver()
+        saver_dumps = [saver.dump_to_file(t, str(tmp_path / "saver")) for t in every]
+        saver_restores = [saver.restore_from_file(t, str(tmp_path / "saver")) for t in every]
+        tf_saver = tf.compat.v1.train.Saver(every)
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got = sess.run(looked_up)
+            for i, rows in enumerate(got):
+                value = 9.0 if i == 6 else float(i)  # each table's rows as made
+                assert rows.tolist() == [[value, value]] * 2, i
+            sess.run(train)
+            # Adagrad (TF1): accumulator 0.1 + 1, row 1 moves by 0.1 / sqrt(1.1).
+            want = [np.full((3, 2), v, np.float32) for v in list(range(6)) + [9.0]]
+            for w in want:
+                w[1] -= 0.1 / np.sqrt(1.1)
+            sok.dump(str(tmp_path / "dump"), every)
+            path = tf_saver.save(sess, str(tmp_path / "tf" / "model"))
+            sess.run(saver_dumps)
+            for restore in (lambda: sok.load(str(tmp_path / "dump"), every),
+                            lambda: tf_saver.restore(sess, path),
+                            lambda: sess.run(saver_restores)):
+                sess.run(clobber)
+                restore()
+                for w, got in zip(want, sess.run(every)):
+                    np.testing.assert_allclose(got, w, rtol=1e-6)
+    assert [t.name for t in tables] == [prefix + n + ":0" for n in names]
+    assert twin.name == ("表:0" if scope else "表_1:0")
+
+
+@pytest.mark.parametrize("name", [5, b"table", ["t"]])
+def test_a_static_tables_name_that_is_no_str_is_refused(name):
+    with pytest.raises(TypeError, match=r"name must be a str or None; got"):
+        sok.Variable(np.zeros((2, 2), np.float32), name=name)
 
 
 def test_filter_variables():

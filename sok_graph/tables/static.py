@@ -11,12 +11,15 @@ constructor returns a ReplicaShards holding every replica's shard
 (sok_graph/tables/replica_shards.py).
 """
 
+import re
+
 import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
 from sok_graph.tables import repeated_key_checks, replica_shards, rows_of_dtype, STATIC
 from sok_graph.initializers import static_initializer
+from sok_graph.tables.dynamic import scope_name
 
 _ResourceVariable = compat.resource_variable_class()
 
@@ -80,6 +83,10 @@ class Variable(_ResourceVariable):
     mode: "distributed" or "localized:<rank>". The object is a
       DistributedVariable or a LocalizedVariable, as SOK's sok.Variable
       returns; both are sok.Variable subclasses.
+    name: any str (a TypeError otherwise), in a graph as eagerly: where a
+      graph's ops cannot take it ("表", "a b", "_x"), the variable keeps it
+      and only its ops' names have those characters as '_' (_keep_name),
+      as a DynamicVariable's do.
     """
 
     def __new__(cls, initial_value=None, mode="distributed", *args, **kwargs):
@@ -112,8 +119,56 @@ class Variable(_ResourceVariable):
                 f"initial_value must be a [rows, dim] matrix; got shape {list(shape)}"
             )
         self._sok_global_shape = tf.TensorShape(shape)
+        name = kwargs.get("name")
+        if name is not None and not isinstance(name, str):
+            raise TypeError(f"name must be a str or None; got {type(name).__name__} {name!r}")
+        with tf.init_scope():  # where TensorFlow makes the variable's ops
+            in_graph = not tf.executing_eagerly()
+        scope = None
+        if in_graph and name is not None and scope_name(name) != name:
+            kwargs = dict(kwargs, name=scope_name(name))
+            scope = kwargs["name"]
         with comm.table_scope():
             super().__init__(initial_value=value, *args, **kwargs)
+        self._sok_op_name = None
+        if scope is not None:
+            self._keep_name(name, scope)
+
+    def _keep_name(self, name, scope):
+        """Gives the variable the name it was asked for, `name`, where a
+        graph's ops took it as `scope` (scope_name's): TensorFlow refuses
+        an op name of other characters than letters, digits and "_.-/", or
+        starting with "_", so sok.Variable(..., name="表") failed in a
+        Session's graph (with "not a valid root scope name", naming no
+        argument) although it worked eagerly, as a DynamicVariable's does.
+        The name keeps the graph's name scope, and a variable of the graph
+        named so already gives it the suffix TensorFlow would ("outer/表_1");
+        the ops keep `scope`'s form, which _shared_name gives (for slot
+        variables' names, and tf.compat.v1.train.Saver saves the variable
+        under its op's name)."""
+        op_name = self._handle_name[:-len(":0")]
+        found = re.match(r"\A(.*/)?" + re.escape(scope) + r"(_\d+)?\Z", op_name)
+        if found is None:
+            return
+        graph = self.handle.graph
+        taken = {v.name for key in (tf.compat.v1.GraphKeys.GLOBAL_VARIABLES,
+                                    tf.compat.v1.GraphKeys.LOCAL_VARIABLES)
+                 for v in graph.get_collection(key) if v is not self}
+        base = (found.group(1) or "") + name
+        kept, k = base, 0
+        while f"{kept}:0" in taken:
+            k += 1
+            kept = f"{base}_{k}"
+        self._sok_op_name = op_name
+        self._handle_name = f"{kept}:0"
+
+    @property
+    def _shared_name(self):
+        """The name of the variable's ops (without ":0"): its name, but for
+        a name kept in a graph whose ops could not take it (_keep_name)."""
+        if getattr(self, "_sok_op_name", None) is not None:
+            return self._sok_op_name
+        return super()._shared_name
 
     @property
     def mode(self):
@@ -368,7 +423,7 @@ class Variable(_ResourceVariable):
         if start is None:
             start = tf.fill(tf.shape(self), tf.cast(initial_value, self.dtype))
         return replica_shards.new_variable(start, trainable=False,
-                                           name=f"{self.name.split(':')[0]}/{name}")
+                                           name=f"{self._shared_name}/{name}")
 
     @property
     def placement(self):
