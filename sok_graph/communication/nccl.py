@@ -225,51 +225,19 @@ class Transport:
             return None
         return self._reverse_of.setdefault(tf.compat.v1.get_default_graph(), {})
 
-    def alltoall(self, tensor, splits, rank, name=None, padded=False, count_exchange=None):
+    def alltoall(self, tensor, splits, rank, name=None, padded=False):
         """(received rows, received splits [world_size] int64) on `rank`'s
         device (the caller's device scope). padded: `tensor` may have rows
-        past the splits' sum, not sent. count_exchange: where the splits
-        are not the reply's to an earlier exchange, a function of them that
-        gives (the splits, what each worker sends this one), both in host
-        memory, exchanged by the engine on the host: the NCCL op then waits
-        for nothing on the device (see _sized_by_host)."""
+        past the splits' sum, not sent."""
         known = self._known()
         reverse = known.get(splits.ref()) if known is not None else None
         if reverse is not None:
             received = collective_ops.alltoall_sized(tensor, splits, reverse, self.clique, rank,
                                                      self.world_size, name=name)
             received_splits, sent_splits = reverse, splits
-        elif count_exchange is not None:
-            received, received_splits, sent_splits = self._sized_by_host(
-                tensor, splits, rank, name, padded, count_exchange)
         else:
             received, received_splits, sent_splits = collective_ops.alltoall(
                 tensor, splits, self.clique, rank, self.world_size, padded=padded, name=name)
         if known is not None:
             known[received_splits.ref()] = sent_splits
         return received, received_splits
-
-    def _sized_by_host(self, tensor, splits, rank, name, padded, count_exchange):
-        """The exchange with its counts exchanged on the host first.
-
-        SokNcclAllToAll exchanges the counts on the NCCL stream and reads
-        them back, so the host waits there for everything queued on that
-        stream before: in a training step, the previous step's gradient
-        all-to-all, which waits for that step's whole backward. The counts
-        leave the device as soon as the op that made them has run (early:
-        they depend on the batch only), the engine exchanges them on the
-        host, and the rows go through the sized op, which reads nothing
-        back: the host queues the owner's read and the reply without
-        waiting for the device (bench/RESULTS.md, fifteenth pass)."""
-        sent_splits, received_splits = count_exchange(splits)
-        if padded:
-            # Only the rows the splits count travel. The slice's bounds are
-            # made on the host, where the GPU kernel reads them: made on the
-            # GPU, they would be copied back, a wait for the device.
-            with tf.device(sent_splits.device):
-                bounds = (tf.zeros([1], tf.int64), tf.reduce_sum(sent_splits, keepdims=True),
-                          tf.ones([1], tf.int64))
-            tensor = tf.strided_slice(tensor, *bounds)
-        received = collective_ops.alltoall_sized(tensor, sent_splits, received_splits,
-                                                 self.clique, rank, self.world_size, name=name)
-        return received, received_splits, sent_splits

@@ -446,8 +446,7 @@ class TFDistribute(Communicator):
         if self._nccl is not None:
             with tf.device(self._gpu):
                 return self._nccl.alltoall(tensor, splits, self._rank,
-                                           name=name or "sok_alltoall", padded=padded,
-                                           count_exchange=self._counts_on_host)
+                                           name=name or "sok_alltoall", padded=padded)
         size = self._size
         device = self._device
         with tf.name_scope(name or "sok_alltoall"):
@@ -480,16 +479,6 @@ class TFDistribute(Communicator):
                     return self._exchange(x, send, receive, rows, key, bucketed), grad
 
                 return exchange(tensor, splits, recv_splits, chunk), recv_splits
-
-    def _counts_on_host(self, splits):
-        """(splits, what every worker sends this one), both on this worker's
-        CPU: the NCCL exchange's counts through one all-gather of the
-        engine's own on the host (communication/nccl.py, _sized_by_host)."""
-        with tf.device(self._device):
-            sent = tf.identity(splits)
-            matrix = tf.reshape(self._gather_equal(tf.reshape(sent, [1, self._size]),
-                                                   _keys(1)[0]), [self._size, self._size])
-            return sent, matrix[:, self._rank]
 
     # --- all-reduce, all-gather, broadcast --------------------------------------
 
