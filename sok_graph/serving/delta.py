@@ -19,11 +19,14 @@ tf.bfloat16).
 
 Dynamic tables give the keys updated after `since` (their per-key update
 times); static tables keep no update times and give every row. The update
-times are each worker's own clock's, `created` rank 0's: with clocks that
-differ, a since of the previous created misses keys a lagging worker
-updated just after it, so take since earlier by more than the clocks can
-differ (docs/serving.md, "Clocks"). A table that gives a key twice while it
-is read (changed meanwhile) is refused before anything is written.
+times are each worker's own clock's; `created` (of an export or a delta) is
+the earliest of the workers' clocks, each read before any table is
+(serving/collective.py), so a since of the previous created misses no key
+updated after it read the tables, whatever the offsets between the
+workers' clocks (docs/serving.md, "Clocks"). A table that gives a key twice
+while it is read (changed meanwhile) is refused before anything is
+written; where rank 0 refuses or fails to write a delta, every worker
+raises.
 
 A delta is applied to an export directory (apply_serving_delta, which
 rewrites the SavedModel's variables with numpy and stock TensorFlow ops), or
@@ -64,7 +67,7 @@ from sok_graph import context, dump_load
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
-from sok_graph.serving import sources
+from sok_graph.serving import collective, sources
 from sok_graph.serving.export import (MANIFEST, SAVED_MODEL_FILES, checked_chunk_rows,
                                       checked_dir, saved_model_file, table_name)
 from sok_graph.serving.tables import safe_name
@@ -160,40 +163,99 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     pass the trained graph's `session`.
 
     `since` is compared, on each worker, with the update times that
-    worker's clock gave its keys: where the workers' clocks may differ, take
-    it earlier than the previous `created` by more than they can differ
-    (docs/serving.md, "Clocks"). A table that gives a key twice while it is
-    read (trained meanwhile) is a DeltaError; nothing is written."""
+    worker's clock gave its keys. The delta's `created` is the earliest of
+    the workers' clocks, each read before any table is (as an export's):
+    a since of the previous created (of an export or a delta) misses no key
+    updated after it read the tables, whatever the offsets between the
+    workers' clocks (docs/serving.md, "Clocks"). A table that gives a key
+    twice while it is read (trained meanwhile) is a DeltaError; nothing is
+    written. Where rank 0 refuses or fails to write the delta (delta_dir
+    exists, a repeated key, a full disk), every worker raises: rank 0 its
+    own error, the others one of its class naming rank 0 and its message."""
     # Checked on every worker before any table is read: "" wrote the delta
     # beside the current directory's parent and left it there, bytes and
     # None failed in os.path once the tables were read.
     delta_dir = checked_dir(delta_dir, "delta_dir", "export_serving_delta")
     chunk_rows = checked_chunk_rows(chunk_rows, "export_serving_delta")
     after = dynamic_ops.utc_micros(since, "since")
-    created = int(time.time() * 1e6)
     tables = _named(variables)
     runner = sources.Runner(None if session is None else (
         session._tf_sess() if hasattr(session, "_tf_sess") else session))
     comm = context.active()
     rank = 0 if comm is None or comm.in_process else comm.rank
+    eager = runner.session is None
+    # Rank 0 writes: a delta_dir it cannot write is refused by every worker
+    # before any table is read. With it, every worker's clock reading: the
+    # earliest is `created` (serving/collective.py says why).
+    failed = None
+    if rank == 0:
+        try:
+            _refuse_taken(delta_dir)
+        except FileExistsError as e:
+            failed = e
+    created, failures = collective.agree(comm, eager, reading=collective.now_micros(),
+                                         error=failed)
+    collective.raise_shared(comm, failed, failures, "export_serving_delta", _FAILURES)
     collected = []
     for name, table in tables.items():
         dynamic = is_dynamic(replica_shards.shards_of(table)[0])
         _, chunks = sources.whole_table(table, runner, chunk_rows,
                                         updated_after=after if dynamic else None)
+        # Every worker reads every table (each read is a round of gathers),
+        # also after rank 0 refused one: it says so once all are read.
         parts = list(chunks)
+        if failed is not None:
+            continue
         dim = dimension_of(table)
         dtype = tf.as_dtype(table.dtype).base_dtype.as_numpy_dtype
         keys = np.concatenate([k for k, _ in parts]) if parts else np.zeros([0], np.int64)
         rows = np.concatenate([r for _, r in parts]) if parts else np.zeros([0, dim], dtype)
         order = np.argsort(keys, kind="stable")
         keys, rows = keys[order], rows[order]
-        _refuse_read_repeats(name, "key" if dynamic else "row id", keys, delta_dir)
+        try:
+            _refuse_read_repeats(name, "key" if dynamic else "row id", keys, delta_dir)
+        except DeltaError as e:
+            failed = e
+            continue
         collected.append((name, "dynamic" if dynamic else "static",
                           table.key_type.name if dynamic else "int64",
                           tf.as_dtype(dtype).name, dim, keys, rows))
-    if rank != 0:
-        return None
+    if rank == 0 and failed is None:
+        try:
+            _write_delta(delta_dir, after, created, collected)
+        except Exception as e:  # told to every worker, then raised
+            failed = e
+    # The other workers learn whether rank 0 wrote the delta: each raises
+    # where it did not (they returned None while rank 0 failed).
+    _, failures = collective.agree(comm, eager, error=failed)
+    collective.raise_shared(comm, failed, failures, "export_serving_delta", _FAILURES)
+    return delta_dir if rank == 0 else None
+
+
+# The classes of rank 0's errors that the other workers raise as they are
+# (any other: RuntimeError, naming it).
+_FAILURES = (DeltaError, FileExistsError, FileNotFoundError, NotADirectoryError,
+             IsADirectoryError, PermissionError, OSError, ValueError, TypeError, RuntimeError)
+
+
+def _refuse_taken(delta_dir):
+    """FileExistsError where delta_dir exists, or a file stands where one of
+    its parent directories must be; changes nothing (the writer checks again
+    as it writes)."""
+    if os.path.lexists(delta_dir):
+        raise FileExistsError(f"delta_dir {delta_dir!r} exists; a delta goes to a new directory")
+    place = os.path.dirname(os.path.abspath(delta_dir))
+    while not os.path.lexists(place) and os.path.dirname(place) != place:
+        place = os.path.dirname(place)
+    if not os.path.isdir(place):
+        raise FileExistsError(f"cannot write delta_dir={delta_dir!r}: a file stands where its "
+                              f"parent directories must be ({place!r} is not a directory)")
+
+
+def _write_delta(delta_dir, after, created, collected):
+    """Writes the delta of `collected` (the tables' rows, as
+    export_serving_delta read them) beside delta_dir and renames it into
+    place. Checks every name before anything is written."""
     parent = os.path.dirname(os.path.abspath(delta_dir))
     try:
         os.makedirs(parent, exist_ok=True)
@@ -225,26 +287,29 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
                                    "the delta file")
         stems.append(stem)
     os.makedirs(tmp)
-    entries = []
-    for stem, (name, kind, key_dtype, dtype, dim, keys, rows) in zip(stems, collected):
-        files = {}
-        for part, array in (("keys", np.ascontiguousarray(keys, np.int64)),
-                            ("rows", _stored_rows(rows, dtype))):
-            file_name = f"{stem}.{part}.npy"
-            path = os.path.join(tmp, file_name)
-            np.save(path, array)
-            files[part] = dict(file=file_name, dtype=array.dtype.name,
-                               bytes=os.path.getsize(path), crc32=_crc(path))
-        entries.append(dict(name=name, kind=kind, key_dtype=key_dtype, dtype=dtype,
-                            dimension=dim, rows=int(len(keys)), files=files))
-    # The id tells this delta from every other: apply_serving_delta records
-    # it in the export and refuses the delta a second time.
-    manifest = dict(format=DELTA_FORMAT, id=uuid.uuid4().hex, since=after, created=created,
-                    tables=entries)
-    with open(os.path.join(tmp, DELTA_MANIFEST), "w") as f:
-        json.dump(manifest, f, indent=1)
-    os.rename(tmp, delta_dir)
-    return delta_dir
+    try:
+        entries = []
+        for stem, (name, kind, key_dtype, dtype, dim, keys, rows) in zip(stems, collected):
+            files = {}
+            for part, array in (("keys", np.ascontiguousarray(keys, np.int64)),
+                                ("rows", _stored_rows(rows, dtype))):
+                file_name = f"{stem}.{part}.npy"
+                path = os.path.join(tmp, file_name)
+                np.save(path, array)
+                files[part] = dict(file=file_name, dtype=array.dtype.name,
+                                   bytes=os.path.getsize(path), crc32=_crc(path))
+            entries.append(dict(name=name, kind=kind, key_dtype=key_dtype, dtype=dtype,
+                                dimension=dim, rows=int(len(keys)), files=files))
+        # The id tells this delta from every other: apply_serving_delta
+        # records it in the export and refuses the delta a second time.
+        manifest = dict(format=DELTA_FORMAT, id=uuid.uuid4().hex, since=after,
+                        created=created, tables=entries)
+        with open(os.path.join(tmp, DELTA_MANIFEST), "w") as f:
+            json.dump(manifest, f, indent=1)
+        os.rename(tmp, delta_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def read_serving_delta(delta_dir):

@@ -28,7 +28,6 @@ import inspect
 import json
 import os
 import shutil
-import time
 
 import numpy as np
 import tensorflow as tf
@@ -38,7 +37,7 @@ from sok_graph.dump_load import staging_dir, swap_into_place, writers_take_turns
 from sok_graph.tables import is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables.dynamic import DynamicVariable
-from sok_graph.serving import mode, sources
+from sok_graph.serving import collective, mode, sources
 from sok_graph.serving.tables import DynamicTable, StaticTable
 
 MANIFEST = "sok_serving.json"
@@ -272,8 +271,9 @@ def _check_stock(export_dir):
 
 def _write_manifest(export_dir, tables, keys_of, created):
     """Writes sok_serving.json. created: when the export began to read the
-    tables (UTC microseconds): apply_serving_delta refuses deltas exported
-    before it, whose rows are older than the export's."""
+    tables (UTC microseconds; the earliest of the workers' clocks, read
+    before any table): apply_serving_delta refuses deltas exported before
+    it, whose rows are older than the export's."""
     entries = []
     for name, t in tables.items():
         entries.append(dict(name=name, kind=t.kind, key_dtype=t.key_dtype.name,
@@ -385,7 +385,10 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
                          "SparseTensorSpec, or of dicts of them) is needed to trace the model")
     comm = context.active()
     rank = 0 if comm is None or comm.in_process else comm.rank
-    created = int(time.time() * 1e6)  # before any table is read
+    # Before any table is read: the earliest of every worker's clock
+    # (serving/collective.py), so a delta since it misses no key a worker
+    # whose clock is behind rank 0's updates after the export.
+    created = collective.earliest_clock(comm, eager=True)
     resolver = LiveResolver(default_row, chunk_rows)
 
     def serve(*inputs):
@@ -471,7 +474,10 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
     missing_ok=False: a variable or table of the serving graph that has no
     trained value is a ValueError on every worker, before any table is read
     (else a warning, and it keeps its initial value)."""
-    created = int(time.time() * 1e6)  # before any table is read
+    # Before any table is read, through the job's communicator (swapped
+    # out below while the serving graph is built): the earliest of every
+    # worker's clock (serving/collective.py).
+    created = collective.earliest_clock(context.active(), eager=tf.executing_eagerly())
     saved_comm = context._communicator
     resolver = GraphResolver(default_row)
     context._communicator = communication.SingleProcess()
@@ -560,7 +566,10 @@ def export_for_serving(model, export_dir, input_signature=None, session=None,
     """Writes a SavedModel of `model` that stock TensorFlow (and TF Serving)
     loads: no sok_graph op, every sok table whole (gathered from all
     workers; every worker calls this, rank 0 writes). Returns export_dir on
-    rank 0, None on the others.
+    rank 0, None on the others. The export's `created` (sok_serving.json)
+    is the earliest of the workers' clocks, each read before any table is:
+    a delta with since=created misses no key updated after the export,
+    whatever the offsets between the workers' clocks.
 
     model:           TF2: a Keras model, tf.Module or callable whose call uses sok
                      lookups; TF1 (with session): a function building the
