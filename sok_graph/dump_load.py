@@ -273,21 +273,22 @@ def _named_alike(variables):
     return {base: names for base, names in groups.items() if len(names) > 1}
 
 
-def _check_named_alike(manifest, variables, source):
+def _check_named_alike(manifest, names, source):
     """CheckpointError where the dump holds tables of one name, told apart
     by their places in the dumped list, and load_vars does not give that
     many tables of that name: matched by place, one would get another's
-    rows (two unnamed eager tables are both "Variable:0")."""
+    rows (two unnamed eager tables are both "Variable:0"). names: {file
+    name (as _check_vars gives it): the table's own name}."""
     for base, dumped in sorted(manifest.get("named_alike", {}).items()):
         for place, name in enumerate(dumped):
-            var = variables.get(name)
-            if var is not None and _var_name(var) != base:
+            own = names.get(name)
+            if own is not None and own != base:
                 raise CheckpointError(
-                    f"table '{_var_name(var)}' of load_vars would take the rows dumped as "
+                    f"table '{own}' of load_vars would take the rows dumped as "
                     f"'{name}', which belong to table {place + 1} of the {len(dumped)} named "
                     f"'{base}' in {source}: give the tables distinct names, or load the "
                     f"tables named '{base}' with it, in the order they were dumped")
-        given = [name for name in dumped if name in variables]
+        given = [name for name in dumped if name in names]
         if given and len(given) != len(dumped):
             raise CheckpointError(
                 f"{source} holds {len(dumped)} tables named '{base}', told apart only by their "
@@ -767,8 +768,8 @@ def load(path, load_vars, optimizer=None):
     manifest, loaded = read_dump(
         directory, dims, static_rows, slot_names=[n for n, _ in slots],
         algorithm=None if optimizer is None else optimizer.algorithm,
-        formulas=None if optimizer is None else optimizer.slot_formulas)
-    _check_named_alike(manifest, variables, source)
+        formulas=None if optimizer is None else optimizer.slot_formulas,
+        names={name: _var_name(var) for name, var in variables.items()})
     for name, var in first.items():
         _as_table_dtype(loaded[name], var, f"variable '{name}'", source)
     _check_fits(variables, loaded, source)
@@ -949,11 +950,15 @@ def _load_counts(var, counts):
 _SLOTS_DIFFER_BY_FORMULAS = ("momentum",)
 
 
-def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formulas=None):
+def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formulas=None,
+              names=None):
     """(manifest, {name: arrays}) of the variables named in `dims` (name ->
     dimension), each file checked against the manifest and its checksum.
     static_rows: name -> row count of static tables, whose keys must be
-    0..rows-1. algorithm: the optimizer whose slots `slot_names` must be there."""
+    0..rows-1. algorithm: the optimizer whose slots `slot_names` must be there.
+    names: {name in `dims`: the table's own name}, where the loaded tables
+    must take the tables the dump holds under one name together
+    (_check_named_alike), checked before any table's dimension or rows."""
     static_rows = static_rows or {}
     directory = _dump_dir(path)
     # Every refusal names the dump it read (a moved-aside copy, where an
@@ -972,6 +977,10 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
     if manifest.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{where}: dump format version {manifest.get('format_version')} "
                               f"is not {FORMAT_VERSION}")
+    if names is not None:
+        # First: the dimension or row count of the table of that name that
+        # the dump holds first said nothing of the others of its name.
+        _check_named_alike(manifest, names, where)
     if algorithm is not None:
         saved = manifest.get("optimizer")
         if saved is None:

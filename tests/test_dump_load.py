@@ -164,6 +164,31 @@ def test_tables_of_one_name_load_only_as_the_list_they_were_dumped_in(tmp_path):
     np.testing.assert_array_equal(user.numpy(), np.full((3, 2), 1.0))
 
 
+@pytest.mark.parametrize("dynamic_dim", [2, 4])
+def test_a_dump_holding_two_tables_of_the_loaded_name_says_so_first(tmp_path, dynamic_dim):
+    """A dump of [dynamic "t", static "t"] loaded as [static "t"]: the
+    file "t" is the dynamic table's, so the load was refused with its row
+    count ("has 3 rows; the dump holds 1 rows: load it into a table of 1
+    rows") or dimension, which pointed at the wrong fix. It is refused
+    saying the dump holds 2 tables named 't', nothing changes, and the
+    list loads as dumped."""
+    dyn = sok.DynamicVariable(dimension=dynamic_dim, initializer="0", name="t")
+    dyn.scatter_update(tf.constant([7], tf.int64), tf.fill([1, dynamic_dim], 7.0))
+    static = sok.Variable(np.full((3, 2), 5.0, np.float32), name="t")
+    path = str(tmp_path / "d")
+    sok.dump(path, [dyn, static])
+    static.assign(np.zeros((3, 2), np.float32))
+    with pytest.raises(CheckpointError) as refused:
+        sok.load(path, [static])
+    assert str(refused.value) == (
+        f"the dump at {path} holds 2 tables named 't', told apart only by their places in "
+        f"the dumped list; load_vars holds 1 of them: load all of them, in the order they "
+        f"were dumped, or give the tables distinct names")
+    np.testing.assert_array_equal(static.numpy(), np.zeros((3, 2)))
+    sok.load(path, [dyn, static])
+    np.testing.assert_array_equal(static.numpy(), np.full((3, 2), 5.0))
+
+
 def test_a_table_never_takes_rows_dumped_under_a_repeated_name(tmp_path):
     """Dumped [x "emb", y "emb", w "emb_1"], the files are emb, emb_1 (y)
     and emb_1_1 (w); loading [x, w] would match w to y's file by name. A
