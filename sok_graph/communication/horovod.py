@@ -4,7 +4,9 @@ GPU clusters), SOK's own default.
 Horovod matches a collective across workers by its op name, so every worker
 must build the same graph (the same tables, lookups and layers in the same
 order) — as any Horovod program must. Horovod's alltoall has a registered
-gradient (the reverse exchange), so lookups differentiate through it.
+gradient (the reverse exchange), so lookups differentiate through it. The
+barrier is the base class's all-reduce: horovod.tensorflow has no
+hvd.barrier (horovod.torch has).
 """
 
 from sok_graph.communication.base import Communicator, SingleProcess
@@ -47,9 +49,6 @@ class Horovod(Communicator):
         if not 0 <= root_rank < self._size:
             raise ValueError(f"root_rank must be in [0, {self._size}); got {root_rank}")
         return self._hvd.broadcast(tensor, root_rank, name=name)
-
-    def barrier(self):
-        self._hvd.barrier()
 
 
 def create():
