@@ -1001,10 +1001,7 @@ def test_deltas_of_a_tf1_export_are_applied_once_and_in_order(tmp_path):
     with tf.Graph().as_default():
         user, keys, rows, assign = _assignable_user_in_graph()
 
-        def build_fn():
-            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
-            table = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
-            return {"ids": ids}, {"out": sok.all2all_dense_embedding(table, ids)}
+        build_fn = _serving_build_fn(user_output="out")
 
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -1084,6 +1081,22 @@ def test_a_delta_row_beyond_the_served_dtype_is_refused(tmp_path):
     want = np.ones((4, 2), np.float16)
     want[[1, 3]] = rows.astype(np.float16)
     np.testing.assert_array_equal(served(), want)
+
+
+def _serving_build_fn(user_output="user", item=False):
+    """The build_fn of a TF1 export that serves the dynamic table 'user'
+    (dimension 2) as `user_output` and, with item, the static table 'item'
+    (4 x 2) as "item", both read at placeholder ids (item's modulo 4)."""
+    def build_fn():
+        ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+        served_user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+        outputs = {user_output: sok.all2all_dense_embedding(served_user, ids)}
+        if item:
+            served_item = sok.Variable(np.zeros((4, 2), np.float32), name="item")
+            outputs["item"] = sok.all2all_dense_embedding(served_item, ids % 4)
+        return {"ids": ids}, outputs
+
+    return build_fn
 
 
 def _assignable_user_in_graph():
@@ -1203,12 +1216,7 @@ def test_a_delta_after_a_gap_is_refused(tmp_path):
         assign = sok.assign(user, keys, rows)
         set_item = item.scatter_update(tf.IndexedSlices(rows, keys))
 
-        def build_fn():
-            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
-            served_user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
-            served_item = sok.Variable(np.zeros((4, 2), np.float32), name="item")
-            return {"ids": ids}, {"user": sok.all2all_dense_embedding(served_user, ids),
-                                  "item": sok.all2all_dense_embedding(served_item, ids % 4)}
+        build_fn = _serving_build_fn(item=True)
 
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -1421,12 +1429,7 @@ def test_a_delta_that_repeats_a_key_is_refused(tmp_path):
     with tf.Graph().as_default():
         user, keys, rows, assign = _assignable_user_in_graph()
 
-        def build_fn():
-            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
-            served_user = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
-            served_item = sok.Variable(np.zeros((4, 2), np.float32), name="item")
-            return {"ids": ids}, {"user": sok.all2all_dense_embedding(served_user, ids),
-                                  "item": sok.all2all_dense_embedding(served_item, ids % 4)}
+        build_fn = _serving_build_fn(item=True)
 
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
@@ -1538,10 +1541,7 @@ def test_serving_paths_and_chunk_rows_are_checked_before_anything_is_read(tmp_pa
     with tf.Graph().as_default():
         user, keys, rows, assign = _assignable_user_in_graph()
 
-        def build_fn():
-            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
-            served = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
-            return {"ids": ids}, {"user": sok.all2all_dense_embedding(served, ids)}
+        build_fn = _serving_build_fn()
 
         with tf.compat.v1.Session() as sess:
             sess.run(tf.compat.v1.global_variables_initializer())
