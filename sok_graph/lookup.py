@@ -495,6 +495,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                               or not np.isfinite(m) or m <= 0):
             raise ValueError(f"max_norm[{t}] must be None or a positive finite number (the L2 "
                              f"norm rows are clipped to); got {m!r}")
+        if m is not None:
+            lookup_ops.refuse_subnormal_max_norm(float(m), f"max_norm[{t}]")
 
     if serving:
         return _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, name)

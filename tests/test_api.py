@@ -186,6 +186,35 @@ def test_lookup_sparse_bad_arguments(kwargs, exc, pattern):
         sok.lookup_sparse(**args)
 
 
+def test_max_norm_below_float32s_smallest_normal_is_refused():
+    """max_norm=1e-40 (a float32 subnormal) or 1e-50 (0 in float32): the op
+    read it as 0, no clipping, and returned the rows as they were, where
+    tf.nn.embedding_lookup_sparse scales them down to zero. Refused, naming
+    the argument, by lookup_sparse and fused_lookup; float32's smallest
+    normal number still clips as TensorFlow does."""
+    from sok_graph.ops import lookup as lookup_ops
+
+    table = np.arange(1, 13, dtype=np.float32).reshape(6, 2)
+    sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1, 4, 2], tf.int64), [2, 2])
+    tiny = float(np.finfo(np.float32).tiny)
+    for max_norm in (1e-40, 1e-50, tiny / 2):
+        with pytest.raises(ValueError) as refused:
+            sok.lookup_sparse(tf.constant(table), sp, max_norm=max_norm)
+        assert str(refused.value) == (
+            f"max_norm[0] must be at least 1.1754943508222875e-38 (float32's smallest normal "
+            f"number: the lookup clips in float32, where a smaller max_norm reads as 0, no "
+            f"clipping); got {max_norm!r}")
+        with pytest.raises(ValueError, match=r"^max_norms\[0\] must be at least "):
+            lookup_ops.fused_lookup([tf.constant(table)], [tf.constant([1, 4], tf.int64)],
+                                    [tf.constant([0, 2], tf.int64)], combiners=["sum"],
+                                    max_norms=[max_norm])
+    for max_norm in (tiny, 1e-30, 2.5):
+        got = sok.lookup_sparse(tf.Variable(table), sp, combiners="sum", max_norm=max_norm)
+        want = tf.nn.embedding_lookup_sparse(tf.constant(table), sp, None, combiner="sum",
+                                             max_norm=max_norm)
+        np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=0)
+
+
 def test_lookup_sparse_bad_types():
     ids = tf.ragged.constant([[0]], tf.int64)
     with pytest.raises(TypeError, match=r"params\[0\] must be float32.*int32"):

@@ -9,6 +9,7 @@ sok_graph.lookup_sparse), as one dense tensor.
 
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 from sok_graph.ops import library
@@ -34,6 +35,23 @@ def combiner_names():
         return _combiner_names
     raise RuntimeError("the op library's SokFusedLookup lists no combiners: it is older than "
                        "this sok_graph; build it again")
+
+
+# float32's smallest normal number. The op takes max_norm as a float32 and
+# reads a subnormal one as 0 (TensorFlow's threads flush subnormals to
+# zero), which means no clipping: max_norm=1e-40 left the rows as they were,
+# where tf.nn.embedding_lookup_sparse scales them down to (almost) zero.
+FLOAT32_TINY = float(np.finfo(np.float32).tiny)
+
+
+def refuse_subnormal_max_norm(value, what):
+    """ValueError naming `what` where `value`, a positive max_norm, is below
+    float32's smallest normal number (or rounds to 0 in float32)."""
+    if 0 < value < FLOAT32_TINY:
+        raise ValueError(
+            f"{what} must be at least {FLOAT32_TINY!r} (float32's smallest normal number: "
+            f"the lookup clips in float32, where a smaller max_norm reads as 0, no "
+            f"clipping); got {value!r}")
 
 
 def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norms=None,
@@ -67,6 +85,9 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
                         ("max_norms", max_norms)):
         if len(items) != n:
             raise ValueError(f"{what} must have one entry per table ({n}); got {len(items)}")
+    for t, m in enumerate(max_norms):
+        if m is not None:
+            refuse_subnormal_max_norm(float(m), f"max_norms[{t}]")
     ids = [tf.convert_to_tensor(i) for i in ids]
     if len({i.dtype for i in ids}) > 1:
         # TensorFlow's own error would only give an input number.
