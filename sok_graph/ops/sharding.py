@@ -9,12 +9,23 @@ i // world_size. Localized tables: all rows on one worker (``fixed_owner``).
 import collections
 import contextlib
 
+import numpy as np
 import tensorflow as tf
 
 from sok_graph.compat import IndexedSlices, register_gradient
 from sok_graph.ops import library
 from sok_graph.ops import util as util_ops
 from sok_graph.ops.lookup import table_dtype, table_input, table_shape
+
+def count_argument(value, what, least):
+    """`value` as an int, or a ValueError naming `what` where it is no
+    integer >= least: int() cut 2.5 workers to 2 and took True as 1,
+    without an error (an owner computed for another world size)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+            or value < least:
+        raise ValueError(f"{what} must be an int >= {least}; got {value!r}")
+    return int(value)
+
 
 Buckets = collections.namedtuple(
     "Buckets", ["ids", "sizes", "permutation", "inverse_permutation"]
@@ -31,7 +42,8 @@ def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None, non_negative=
     GPU kernel then does not read its check back: no wait for the device).
     """
     out = library.load().sok_bucketize_by_owner(
-        ids, world_size=int(world_size), fixed_owner=int(fixed_owner),
+        ids, world_size=count_argument(world_size, "world_size", 1),
+        fixed_owner=count_argument(fixed_owner, "fixed_owner", -1),
         check_negative=not non_negative, name=name
     )
     return Buckets(*out)
@@ -39,7 +51,8 @@ def bucketize_by_owner(ids, world_size, fixed_owner=-1, name=None, non_negative=
 
 def local_rows(ids, world_size, name=None):
     """id // world_size: the row an id occupies in its owner's shard."""
-    return library.load().sok_local_rows(ids, world_size=int(world_size), name=name)
+    return library.load().sok_local_rows(
+        ids, world_size=count_argument(world_size, "world_size", 1), name=name)
 
 
 Route = collections.namedtuple("Route", ["keys", "sizes", "slots"])
@@ -54,8 +67,9 @@ def route_grouped_keys(ids, tables, num_tables, world_size, fixed_owner=-1, name
     adding up to d; slots [n]: where each id's key is among `keys`). On a GPU
     the op does not wait for the device. See SokRouteGroupedKeys."""
     out = library.load().sok_route_grouped_keys(
-        ids, tables, num_tables=int(num_tables), world_size=int(world_size),
-        fixed_owner=int(fixed_owner), name=name)
+        ids, tables, num_tables=count_argument(num_tables, "num_tables", 1),
+        world_size=count_argument(world_size, "world_size", 1),
+        fixed_owner=count_argument(fixed_owner, "fixed_owner", -1), name=name)
     return Route(*out)
 
 

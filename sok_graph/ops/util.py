@@ -20,6 +20,11 @@ def unique(x, out_idx=tf.int32, name=None):
     return library.load().sok_unique(x, out_idx=out_idx, name=name)
 
 
+# The most groups unique_padded counts: the most workers (the sharding ops'
+# kMaxWorldSize), whose number its groups are.
+MAX_GROUPS = 1 << 20
+
+
 def unique_padded(x, groups=0, out_idx=tf.int64, name=None):
     """(y, idx, count, group_sizes) with sizes known before the op runs: y
     [n] holds unique(x)'s distinct values in its first `count` entries (an
@@ -30,6 +35,11 @@ def unique_padded(x, groups=0, out_idx=tf.int64, name=None):
     if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 0:
         raise ValueError(f"groups must be an int >= 0 (the number of groups, a value v in "
                          f"group v mod groups; 0 for none); got {groups!r}")
+    if groups > MAX_GROUPS:
+        # group_sizes holds `groups` int64s: 2^31 groups took 16 GiB, and the
+        # process was killed for memory.
+        raise ValueError(f"groups must be <= {MAX_GROUPS} (the most workers a table is "
+                         f"sharded over; group_sizes holds one count per group); got {groups}")
     return library.load().sok_unique_padded(x, groups=int(groups), out_idx=out_idx, name=name)
 
 

@@ -57,6 +57,35 @@ def test_bucketize_rejects_bad_world_size():
         sharding.bucketize_by_owner(tf.constant([1], tf.int64), 0)
 
 
+@pytest.mark.parametrize("argument,value", [
+    ("world_size", 2.7), ("world_size", 2.0), ("world_size", True), ("world_size", "2"),
+    ("fixed_owner", 1.9), ("fixed_owner", -5), ("fixed_owner", True),
+    ("num_tables", 2.5), ("num_tables", True)])
+def test_sharding_counts_that_are_no_ints_are_refused(argument, value):
+    """int() cut world_size=2.7 to 2 workers (ids bucketized for 2, no
+    error), took True as 1 and fixed_owner=1.9 as owner 1, and read
+    fixed_owner=-5 as no fixed owner. Each is a ValueError naming the
+    argument and the value, in every op that takes it."""
+    ids = tf.constant([1, 2, 3], tf.int64)
+    calls = {
+        "bucketize_by_owner": lambda **kw: sharding.bucketize_by_owner(
+            ids, kw.get("world_size", 2), fixed_owner=kw.get("fixed_owner", -1)),
+        "local_rows": lambda **kw: sharding.local_rows(ids, kw.get("world_size", 2)),
+        "route_grouped_keys": lambda **kw: sharding.route_grouped_keys(
+            ids, tf.constant([0, 1, 0], tf.int64), kw.get("num_tables", 2),
+            kw.get("world_size", 2), fixed_owner=kw.get("fixed_owner", -1)),
+    }
+    takes = {"world_size": calls, "fixed_owner": ["bucketize_by_owner", "route_grouped_keys"],
+             "num_tables": ["route_grouped_keys"]}[argument]
+    low = {"world_size": 1, "fixed_owner": -1, "num_tables": 1}[argument]
+    for op in takes:
+        with pytest.raises(ValueError) as refused:
+            calls[op](**{argument: value})
+        assert str(refused.value) == f"{argument} must be an int >= {low}; got {value!r}", op
+    # numpy integers are ints
+    np.testing.assert_array_equal(sharding.local_rows(ids, np.int64(2)).numpy(), [0, 1, 1])
+
+
 @pytest.mark.parametrize("world_size", [1, 2, 5])
 def test_local_rows(rng, world_size):
     ids = rng.integers(0, 10**12, size=100)

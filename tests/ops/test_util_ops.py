@@ -120,6 +120,22 @@ def test_unique_padded_through_one_op_over_batches(rng):
         np.testing.assert_array_equal(sizes.numpy(), _group_sizes(distinct, 7))
 
 
+def test_unique_padded_refuses_more_groups_than_workers():
+    """groups=2^40 failed allocating group_sizes (a ResourceExhaustedError
+    naming no argument), and 2^31 took 16 GiB: the process was killed for
+    memory. More groups than the most workers (2^20) is a ValueError naming
+    groups; 2^20 groups count as numpy does."""
+    x = tf.constant([5, -3, 5, 2**20 + 7], tf.int64)
+    for groups in (2**20 + 1, 2**40):
+        with pytest.raises(ValueError) as refused:
+            util.unique_padded(x, groups)
+        assert str(refused.value) == (
+            f"groups must be <= 1048576 (the most workers a table is sharded over; "
+            f"group_sizes holds one count per group); got {groups}")
+    sizes = util.unique_padded(x, 2**20)[3].numpy()
+    np.testing.assert_array_equal(sizes, _group_sizes(np.array([5, -3, 2**20 + 7]), 2**20))
+
+
 @pytest.mark.parametrize("groups", [-3, 2.5, True, None])
 def test_unique_padded_rejects_bad_groups(groups):
     with pytest.raises(ValueError, match=r"groups must be an int >= 0.*got"):
