@@ -677,6 +677,94 @@ def test_saver_refuses_two_tables_of_one_name_in_one_directory(tmp_path):
     np.testing.assert_array_equal(static.numpy(), np.full((3, 2), 5.0))
 
 
+def test_saver_restore_refuses_rows_that_are_another_tables(tmp_path):
+    """A DynamicVariable "t" of keys 0..2 dumped into a Saver directory,
+    beside a sok.Variable "t" and another DynamicVariable "t" whose own
+    dumps there were refused: restoring either took the dumped table's
+    rows without an error. Both are refused, naming the tables, and keep
+    their rows; a DynamicVariable "t" that never dumped there takes the rows
+    (a copy), the dumped table restores, and once it is gone the others
+    restore too."""
+    import gc
+
+    sok.init(comm_tool="none")
+    saver = sok.Saver()
+    dyn = sok.DynamicVariable(dimension=2, initializer="0", name="t")
+    dyn.scatter_update(tf.constant([0, 1, 2], tf.int64),
+                       tf.constant([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]))
+    twin = sok.DynamicVariable(dimension=2, initializer="0", name="t")
+    twin.scatter_update(tf.constant([9], tf.int64), tf.constant([[9.0, 9.0]]))
+    static = sok.Variable(np.full((3, 2), 5.0, np.float32), name="t")
+    copy = sok.DynamicVariable(dimension=2, initializer="0", name="t")
+    saver.dump_to_file(dyn, tmp_path)
+    with pytest.raises(ValueError, match="are both named 't'"):
+        saver.dump_to_file(twin, tmp_path)
+    where = str(tmp_path / "t")
+    with pytest.raises(ValueError) as refused:
+        saver.restore_from_file(twin, tmp_path)
+    assert str(refused.value) == (
+        f"Saver.restore_from_file: this sok.DynamicVariable (dimension 2) and another "
+        f"sok.DynamicVariable (dimension 2) are both named 't': in filepath a Saver keeps each "
+        f"table in the directory of its name ({where}), which holds the rows of the other one "
+        f"(this table's own dump there was refused); give the tables distinct names "
+        f"(name=...) and dump each (the table was not changed)")
+    assert [x.numpy().tolist() for x in sok.export(twin)] == [[9], [[9.0, 9.0]]]
+    with pytest.raises(ValueError) as refused:
+        saver.restore_from_file(static, tmp_path)
+    assert str(refused.value) == (
+        f"Saver.restore_from_file: sok.Variable (3 rows of dimension 2) and "
+        f"sok.DynamicVariable (dimension 2) are both named 't': in filepath a Saver keeps each "
+        f"table in the directory of its name ({where}), which holds the rows of the other one "
+        f"(a static table's rows are not a dynamic table's); give the tables distinct names "
+        f"(name=...) and dump each (the table was not changed)")
+    np.testing.assert_array_equal(static.numpy(), np.full((3, 2), 5.0))
+
+    def rows_of(table):
+        keys, rows = sok.export(table)
+        return rows.numpy()[np.argsort(keys.numpy())].tolist()
+
+    saver.restore_from_file(copy, tmp_path)  # never dumped there: a copy
+    assert rows_of(copy) == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    dyn.scatter_update(tf.constant([0], tf.int64), tf.constant([[0.0, 0.0]]))
+    saver.restore_from_file(dyn, tmp_path)  # the table that was dumped
+    assert rows_of(dyn) == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+    del dyn, refused
+    gc.collect()
+    saver.restore_from_file(static, tmp_path)  # the dumped "t" is gone
+    np.testing.assert_array_equal(static.numpy(), [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])
+    saver.restore_from_file(twin, tmp_path)
+    assert rows_of(twin) == [[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]]
+
+
+def test_saver_restore_refuses_another_tables_rows_in_one_graph(tmp_path):
+    """The same in a Session's graph, where the dumps and the restore run:
+    two DynamicVariables named "t" in one graph, the second's dump refused;
+    its restore op fails naming both, and it keeps its rows."""
+    with tf.Graph().as_default():
+        sok.init()
+        first = sok.DynamicVariable(dimension=1, initializer="0", name="t")
+        second = sok.DynamicVariable(dimension=1, initializer="0", name="t")
+        fill = [first.scatter_update(tf.constant([1], tf.int64), tf.constant([[1.0]])),
+                second.scatter_update(tf.constant([2], tf.int64), tf.constant([[2.0]]))]
+        saver = sok.Saver()
+        dumps = [saver.dump_to_file(t, str(tmp_path)) for t in (first, second)]
+        restore = saver.restore_from_file(second, str(tmp_path))
+        exported = sok.export(second)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(fill)
+            sess.run(dumps[0])
+            with pytest.raises(tf.errors.OpError, match="are both named 't'"):
+                sess.run(dumps[1])
+            with pytest.raises(tf.errors.OpError, match=r"Saver.restore_from_file: this "
+                               r"sok.DynamicVariable \(dimension 1\) and another "
+                               r"sok.DynamicVariable \(dimension 1\) are both named 't'.*"
+                               r"this table's own dump there was refused"):
+                sess.run(restore)
+            keys, rows = sess.run(exported)
+            assert (keys.tolist(), rows.tolist()) == ([2], [[2.0]])
+
+
 def test_saver_refuses_two_tables_of_one_name_in_one_graph(tmp_path):
     """The same in a Session's graph, where the dumps run: two
     DynamicVariables named "t" (TensorFlow does not rename them) dumped

@@ -23,7 +23,13 @@ the same place (both eager, or both in one graph), was dumped to that
 directory by this process and still exists, `dump_to_file` refuses with a
 ValueError naming both tables and their name before anything is written
 (the second dump used to replace the first one's files without a word,
-and restoring the first then gave it the second's rows). Dumping a table
+and restoring the first then gave it the second's rows). A restore from
+that directory is refused the same way, before the table changes, where
+the rows there cannot be the table's: its own dump there was refused, or
+the table dumped there is of the other kind (a sok.Variable and a
+sok.DynamicVariable; a static table took a dynamic one's rows whose keys
+happened to be 0..n-1). A table restored from the dump of another of its
+kind and name (a copy made to check a round trip) takes its rows. Dumping a table
 again replaces its own files, as does a table of that name from a later
 run, or from a new graph built in place of the old one. `filepath` may be a string tensor (fed per
 run in a Session). Eagerly each call does its work at once; in graph mode
@@ -157,6 +163,10 @@ def _refuse_a_copys_name(var, entry):
 # at once cannot both pass.
 _dumped_here = {}
 _dumped_lock = threading.Lock()
+# The real path of a table's directory -> weak references to the tables
+# whose dump there _refuse_a_namesake refused: the rows there are not
+# theirs, which a restore of one of them checks.
+_refused_here = {}
 
 
 def _home(var):
@@ -174,25 +184,76 @@ def _described(var):
     return f"sok.Variable ({var.fixed_rows} rows of dimension {dimension_of(var)})"
 
 
+def _namesake(var, target):
+    """The other table, eager as `var` is or in its graph, that this
+    process dumped to the directory `target` and that still exists; None
+    where there is none. Called under _dumped_lock."""
+    ref = _dumped_here.get(os.path.realpath(target))
+    other = None if ref is None else ref()
+    if other is None or other is var or _home(other) is not _home(var):
+        return None
+    return other
+
+
+def _refused_before(var, target):
+    """Whether `var`'s dump to the directory `target` was refused (its rows
+    are not there). Called under _dumped_lock."""
+    return any(ref() is var for ref in _refused_here.get(os.path.realpath(target), ()))
+
+
 def _refuse_a_namesake(var, name, target):
     """ValueError where another table named `name`, eager as `var` is or in
     its graph, was dumped by this process to the directory `target` and
     still exists: `var`'s dump would replace that table's files there
     (a Saver tells tables apart by name only), losing its rows without an
     error. Called under _dumped_lock."""
-    ref = _dumped_here.get(os.path.realpath(target))
-    other = None if ref is None else ref()
-    if other is None or other is var or _home(other) is not _home(var):
+    other = _namesake(var, target)
+    if other is None:
         return
-    this, that = _described(var), _described(other)
-    if this == that:
-        this, that = f"this {this}", f"another {that}"
+    refused = [ref for ref in _refused_here.get(os.path.realpath(target), ()) if ref() is not None]
+    if not any(ref() is var for ref in refused):
+        refused.append(weakref.ref(var))
+    _refused_here[os.path.realpath(target)] = refused
+    this, that = _names_of(var, other)
+    other = None  # the refusal's traceback must not keep the other table alive
     raise ValueError(
         f"Saver.dump_to_file: {this} and {that} are both named {name!r}: in "
         f"filepath a Saver keeps each table in the directory of its name ({target}), where "
         f"the other one was dumped before, so this dump would replace its rows; give the "
         f"tables distinct names (name=...), or dump them to different filepaths (nothing "
         f"was written)")
+
+
+def _refuse_anothers_rows(var, name, target):
+    """ValueError where the rows a restore of `var` would read from the
+    directory `target` are another live table's (see _namesake) that cannot
+    be meant for `var`: `var`'s own dump there was refused, or that table is
+    of the other kind (static against dynamic). A restore from the dump of
+    another table of its kind and name is a copy, which goes on. Called
+    under _dumped_lock."""
+    other = _namesake(var, target)
+    if other is None:
+        return
+    refused = _refused_before(var, target)
+    if not refused and kind_of(other) == kind_of(var):
+        return
+    this, that = _names_of(var, other)
+    other = None  # the refusal's traceback must not keep the other table alive
+    why = ("this table's own dump there was refused" if refused else
+           "a static table's rows are not a dynamic table's")
+    raise ValueError(
+        f"Saver.restore_from_file: {this} and {that} are both named {name!r}: in "
+        f"filepath a Saver keeps each table in the directory of its name ({target}), which "
+        f"holds the rows of the other one ({why}); give the tables distinct names "
+        f"(name=...) and dump each (the table was not changed)")
+
+
+def _names_of(var, other):
+    """How a refusal names `var` and `other`, two tables of one name."""
+    this, that = _described(var), _described(other)
+    if this == that:
+        this, that = f"this {this}", f"another {that}"
+    return this, that
 
 
 def _rows(var):
@@ -277,7 +338,11 @@ class Saver:
             with _dumped_lock:
                 _refuse_a_namesake(var, name, target)
                 write_dump(target, {name: (kind, {"keys": keys, "values": rows})})
-                _dumped_here[os.path.realpath(target)] = weakref.ref(var)
+                where = os.path.realpath(target)
+                _dumped_here[where] = weakref.ref(var)
+                # Its rows are there now: no longer a refused table there.
+                _refused_here[where] = [ref for ref in _refused_here.get(where, ())
+                                        if ref() is not None and ref() is not var]
             return np.int32(0)
 
         keys, rows = _rows(var)
@@ -313,6 +378,9 @@ class Saver:
                         f"{path}; it holds {inside[:8]}")
             if held != [table]:
                 raise CheckpointError(f"{target} holds a Saver dump of {held}, not of {name!r}")
+            if table == name:
+                with _dumped_lock:
+                    _refuse_anothers_rows(var, name, target)
             static_rows = {} if shard_rows is None else {table: shard_rows}
             arrays = read_dump(target, {table: dim}, static_rows)[1][table]
             keys = arrays["keys"].astype(np.int64)
