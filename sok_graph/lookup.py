@@ -18,10 +18,18 @@ from sok_graph.serving import mode as serving_mode
 _FLOAT_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
 
 
+def _is_list(value):
+    """Whether `value` is a list of per-table entries. A SparseTensorValue
+    is a tuple (indices, values, dense_shape) but one table's ids: taken
+    as a list, a lookup of one table said sp_ids had 3 entries."""
+    return isinstance(value, (list, tuple)) \
+        and not isinstance(value, tf.compat.v1.SparseTensorValue)
+
+
 def _as_list(value, name, n):
     if value is None:
         return [None] * n
-    items = list(value) if isinstance(value, (list, tuple)) else [value]
+    items = list(value) if _is_list(value) else [value]
     if len(items) != n:
         raise ValueError(
             f"{name} must have one entry per table ({n}); got {len(items)}"
@@ -470,10 +478,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     n = len(params)
     if n == 0:
         raise ValueError("params must name at least one table; got an empty list")
-    if single and not isinstance(sp_ids, (list, tuple)):
+    if single and not _is_list(sp_ids):
         sp_ids = [sp_ids]
     sp_ids = _as_list(sp_ids, "sp_ids", n)
-    if sp_weights is not None and single and not isinstance(sp_weights, (list, tuple)):
+    if sp_weights is not None and single and not _is_list(sp_weights):
         sp_weights = [sp_weights]
     sp_weights = _as_list(sp_weights, "sp_weights", n)
     # Only None means the default: "" is a name, refused below (it was

@@ -61,6 +61,34 @@ def test_unsorted_value_in_a_session():
     np.testing.assert_array_equal(run_in_graph(build), EXPECTED)
 
 
+def test_a_sparse_tensor_value_given_alone_is_one_tables_ids():
+    """A SparseTensorValue is a tuple (indices, values, dense_shape): given
+    alone for a single table, lookup_sparse took it as a list of three
+    entries and refused it ("sp_ids must have one entry per table (1); got
+    3"), while [value] worked; as weights it was refused the same way. It
+    is one table's ids (or weights), in eager mode and in a Session, as
+    TensorFlow's lookup of the same SparseTensor gives."""
+    ids = tf.compat.v1.SparseTensorValue([[1, 0], [0, 0], [0, 1]], np.array([1, 2, 3]), [2, 2])
+    weights = tf.compat.v1.SparseTensorValue([[1, 0], [0, 0], [0, 1]],
+                                             np.array([0.5, 2.0, -1.0], np.float32), [2, 2])
+    ordered = tf.sparse.reorder(tf.SparseTensor.from_value(ids))
+    want = tf.nn.embedding_lookup_sparse(
+        tf.constant(TABLE), ordered,
+        tf.sparse.reorder(tf.SparseTensor.from_value(weights)), combiner="sum").numpy()
+    v = sok.Variable(TABLE)
+    np.testing.assert_array_equal(sok.lookup_sparse(v, ids, combiners="sum").numpy(), EXPECTED)
+    np.testing.assert_array_equal(
+        sok.lookup_sparse(v, ids, weights, combiners="sum").numpy(), want)
+
+    def build():
+        table = sok.Variable(TABLE)
+        return sok.lookup_sparse(table, ids, weights, combiners="sum")
+
+    np.testing.assert_array_equal(run_in_graph(build), want)
+    with pytest.raises(ValueError, match=r"^sp_ids must have one entry per table \(2\); got 1$"):
+        sok.lookup_sparse([v, v], ids)
+
+
 @pytest.mark.parametrize("combiner", ["sum", "mean", "sqrtn"])
 def test_random_orders_gaps_and_weights_match_tensorflow(combiner):
     rng = np.random.default_rng(42)
