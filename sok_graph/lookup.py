@@ -658,6 +658,18 @@ def all2all_dense_embedding(param, indices, name=None):
     differ in the last bits from run to run; with
     ``tf.config.experimental.enable_op_determinism()`` it is summed in a
     fixed order (docs/gpu.md)."""
+    if isinstance(param, (list, tuple)):
+        # lookup_sparse took the list and gave a list of rows, which failed
+        # in a reshape naming neither argument.
+        raise TypeError(f"param must be one table (a sok.Variable, tf.Variable, tensor or "
+                        f"sok.DynamicVariable); got a {type(param).__name__} of {len(param)}: "
+                        f"call all2all_dense_embedding once per table")
+    if isinstance(indices, (tf.SparseTensor, tf.compat.v1.SparseTensorValue, tf.RaggedTensor)):
+        # tf.convert_to_tensor's messages ("object of type 'RaggedTensor'
+        # has no len()") named no argument.
+        raise TypeError(f"indices must be a dense tensor of ids (any shape); got a "
+                        f"{type(indices).__name__}: sok.lookup_sparse takes sparse and ragged "
+                        f"ids")
     with tf.name_scope(name or "all2all_dense_embedding"):
         indices = tf.convert_to_tensor(indices)
         # Named here: the lookup below would name its own argument, sp_ids[0].

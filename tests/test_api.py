@@ -244,6 +244,32 @@ def test_all2all_dense_embedding_names_its_indices():
         tf.nn.embedding_lookup(tf.reshape(tf.range(8.0), [4, 2]), [[3]]).numpy())
 
 
+def test_all2all_dense_embedding_names_a_list_of_tables_and_sparse_indices():
+    """param given as a list of tables failed in a reshape ("Input to
+    reshape is a tensor with 4 values"), or with "'list' object has no
+    attribute 'shape'"; ragged or sparse indices with tf.convert_to_tensor's
+    messages ("object of type 'RaggedTensor' has no len()"). Each is a
+    TypeError naming the argument; one table still reads as
+    tf.nn.embedding_lookup."""
+    table = tf.reshape(tf.range(8.0), [4, 2])
+    for param, indices in (([table], [1, 2]), ([table], [1]), ((table, table), [[1]])):
+        with pytest.raises(TypeError) as refused:
+            sok.all2all_dense_embedding(param, tf.constant(indices))
+        assert str(refused.value) == (
+            f"param must be one table (a sok.Variable, tf.Variable, tensor or "
+            f"sok.DynamicVariable); got a {type(param).__name__} of {len(param)}: call "
+            f"all2all_dense_embedding once per table")
+    for indices in (tf.ragged.constant([[1], [2, 3]]), tf.SparseTensor([[0]], [1], [2]),
+                    tf.compat.v1.SparseTensorValue([[0]], [1], [2])):
+        with pytest.raises(TypeError) as refused:
+            sok.all2all_dense_embedding(table, indices)
+        assert str(refused.value) == (
+            f"indices must be a dense tensor of ids (any shape); got a "
+            f"{type(indices).__name__}: sok.lookup_sparse takes sparse and ragged ids")
+    np.testing.assert_array_equal(sok.all2all_dense_embedding(table, [[1, 2], [3, 0]]).numpy(),
+                                  tf.nn.embedding_lookup(table, [[1, 2], [3, 0]]).numpy())
+
+
 def test_mixed_id_dtypes_are_widened(rng):
     t = tf.constant(rng.standard_normal((5, 2)).astype(np.float32))
     a, b = sok.lookup_sparse([t, t], [tf.ragged.constant([[4]], tf.int32),
