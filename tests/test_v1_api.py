@@ -1164,6 +1164,60 @@ def test_distributed_embedding_checks_a_sparse_shape_known_only_when_run():
         run(sparse(4, 5))
 
 
+def test_distributed_embedding_names_inputs_of_another_rank():
+    """A RaggedTensor of ragged rank 2 or of 2-D values, a SparseTensor of a
+    static rank 3 (tf.function of SparseTensorSpec([None, None, None])) or
+    one of rank 3 fed to a sparse placeholder of no shape: the errors named
+    sp_ids[0], the argument of the lookup inside the layer (the layer's own
+    checks were skipped). They name the layer and inputs now; 2-D input
+    still matches tf.nn.embedding_lookup_sparse."""
+    sok.Init(global_batch_size=2)
+    w = np.random.default_rng(3).normal(size=(10, 4)).astype(np.float32)
+    layer = sok.DistributedEmbedding("sum", 10, 4, 1, 3, use_hashtable=False,
+                                     embedding_initializer=w, name="ranked")
+    nested = tf.RaggedTensor.from_row_splits(
+        tf.RaggedTensor.from_row_splits(tf.constant([1, 2, 3], tf.int64), [0, 1, 3]), [0, 1, 2])
+    with pytest.raises(ValueError, match=r"ranked: inputs must be a 2-D RaggedTensor \[batch "
+                       r"\* slot_num, \(keys\)\]; got ragged rank 2 with values of rank 1"):
+        layer(nested)
+    column = tf.RaggedTensor.from_row_splits(tf.constant([[1], [2], [3]], tf.int64), [0, 1, 3])
+    with pytest.raises(ValueError, match=r"ranked: inputs must be a 2-D RaggedTensor .*got "
+                       r"ragged rank 1 with values of rank 2"):
+        layer(column)
+
+    @tf.function(input_signature=[tf.SparseTensorSpec([None, None, None], tf.int64)])
+    def run(sp):
+        return layer(sp)
+
+    with pytest.raises(ValueError, match=r"ranked: inputs must be a 2-D SparseTensor \[batch "
+                       r"\* slot_num, max_nnz\]; got rank 3"):
+        run.get_concrete_function()
+    ragged = tf.ragged.constant([[1], [2, 3]], tf.int64)
+    want = tf.reshape(tf.nn.embedding_lookup_sparse(w, ragged.to_sparse(), None,
+                                                    combiner="sum"), [2, 1, 4]).numpy()
+    np.testing.assert_allclose(layer(ragged).numpy(), want, **TOL)
+    from sok_graph.compat.keras import KERAS_MAJOR_VERSION
+
+    if KERAS_MAJOR_VERSION >= 3:
+        return  # Keras 3 itself refuses a placeholder of unknown rank ("as_list()")
+    with tf.Graph().as_default():
+        sok.Init(global_batch_size=2)
+        graph_layer = sok.DistributedEmbedding("sum", 10, 4, 1, 3, use_hashtable=False,
+                                               embedding_initializer=w, name="ranked_graph")
+        sp = tf.compat.v1.sparse_placeholder(tf.int64)
+        out = graph_layer(sp)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match=r"ranked_graph: inputs must be a 2-D SparseTensor \[batch "
+                                     r"\* slot_num, max_nnz\]; its dense_shape has another "
+                                     r"rank"):
+                sess.run(out, {sp: tf.compat.v1.SparseTensorValue([[0, 0, 0]], [1], [2, 2, 2])})
+            got = sess.run(out, {sp: tf.compat.v1.SparseTensorValue([[0, 0], [1, 0], [1, 1]],
+                                                                    [1, 2, 3], [2, 2])})
+            np.testing.assert_allclose(got, want, **TOL)
+
+
 def test_init_takes_numpy_integers():
     """sok.Init(global_batch_size=np.int64(4)) and seed=np.int64(3) (a numpy
     computation's result) were refused as "not a positive integer"; they

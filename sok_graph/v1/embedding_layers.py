@@ -356,13 +356,23 @@ class DistributedEmbedding(_EmbeddingLayer):
             if static is not None and static[0] % self.slot_num:
                 raise ValueError(f"{self.name}: the SparseTensor has {static[0]} rows; it must "
                                  f"have batch * slot_num rows (slot_num={self.slot_num})")
+            rank = compat.sparse_static_shape(inputs).rank
+            if static is None and rank is not None and rank != 2:
+                # The lookup's own message named its argument, sp_ids[0].
+                raise ValueError(f"{self.name}: inputs must be a 2-D SparseTensor [batch * "
+                                 f"slot_num, max_nnz]; got rank {rank}")
             if static is None:
                 # Its dense shape is known when the graph runs (a tf.function
                 # of a SparseTensorSpec([None, None]), a sparse placeholder):
                 # the checks above, then (rows failed in a reshape, naming
-                # nothing; a dimension beyond max_nnz was accepted).
+                # nothing; a dimension beyond max_nnz was accepted; another
+                # rank was named as the lookup's sp_ids[0]).
                 shape = tf.cast(inputs.dense_shape, tf.int64)
                 checks += [
+                    tf.debugging.assert_equal(
+                        tf.size(shape), 2,
+                        message=f"{self.name}: inputs must be a 2-D SparseTensor [batch * "
+                                f"slot_num, max_nnz]; its dense_shape has another rank"),
                     tf.debugging.assert_less_equal(
                         shape[-1], tf.constant(self.max_nnz, tf.int64),
                         message=f"{self.name}: the second dimension of the SparseTensor exceeds "
@@ -373,21 +383,25 @@ class DistributedEmbedding(_EmbeddingLayer):
                                 f"rows (slot_num={self.slot_num})")]
             values = inputs.values
         elif isinstance(inputs, tf.RaggedTensor):
+            if inputs.ragged_rank != 1 or inputs.flat_values.shape.rank != 1:
+                # The lookup's own message named its argument, sp_ids[0].
+                raise ValueError(f"{self.name}: inputs must be a 2-D RaggedTensor [batch * "
+                                 f"slot_num, (keys)]; got ragged rank {inputs.ragged_rank} with "
+                                 f"values of rank {inputs.flat_values.shape.rank}")
             values = inputs.flat_values
-            if inputs.ragged_rank == 1:
-                # A SparseTensor's dense shape bounds its rows by max_nnz; a
-                # RaggedTensor's rows are bounded here, at run time.
-                nrows = inputs.nrows()
-                checks += [
-                    tf.debugging.assert_less_equal(
-                        tf.reduce_max(tf.concat([[0], inputs.row_lengths()], 0)),
-                        tf.cast(self.max_nnz, inputs.row_splits.dtype),
-                        message=f"{self.name}: a row of the RaggedTensor has more than "
-                                f"max_nnz={self.max_nnz} keys"),
-                    tf.debugging.assert_equal(
-                        nrows % self.slot_num, tf.zeros([], nrows.dtype),
-                        message=f"{self.name}: the RaggedTensor must have batch * slot_num "
-                                f"rows (slot_num={self.slot_num})")]
+            # A SparseTensor's dense shape bounds its rows by max_nnz; a
+            # RaggedTensor's rows are bounded here, at run time.
+            nrows = inputs.nrows()
+            checks += [
+                tf.debugging.assert_less_equal(
+                    tf.reduce_max(tf.concat([[0], inputs.row_lengths()], 0)),
+                    tf.cast(self.max_nnz, inputs.row_splits.dtype),
+                    message=f"{self.name}: a row of the RaggedTensor has more than "
+                            f"max_nnz={self.max_nnz} keys"),
+                tf.debugging.assert_equal(
+                    nrows % self.slot_num, tf.zeros([], nrows.dtype),
+                    message=f"{self.name}: the RaggedTensor must have batch * slot_num "
+                            f"rows (slot_num={self.slot_num})")]
         else:
             raise TypeError(f"{self.name}: inputs must be a tf.SparseTensor (or RaggedTensor) "
                             f"[batch * slot_num, max_nnz]; got {type(inputs).__name__}")
