@@ -1218,6 +1218,50 @@ def test_distributed_embedding_names_inputs_of_another_rank():
             np.testing.assert_allclose(got, want, **TOL)
 
 
+def test_all2all_layer_checks_an_input_shape_known_only_when_run():
+    """Inputs whose shape is known only when the graph runs (a tf.function
+    of TensorSpec([None, None, None]) or of no shape, a placeholder of no
+    shape): [1, 1, 2], [1, 4, 1] or [1, 2] keys were looked up and gave
+    rows of their shape ([1, 1, 2, dim]), where eagerly they are refused
+    for not being [batch, slot_num, nnz_per_slot]. They fail with the
+    layer's message, a hashtable layer inserting none of their keys; the
+    right shape reads as tf.nn.embedding_lookup."""
+    sok.Init(global_batch_size=2)
+    w = np.random.default_rng(11).normal(size=(10, 3)).astype(np.float32)
+    layer = sok.All2AllDenseEmbedding(10, 3, slot_num=2, nnz_per_slot=2, use_hashtable=False,
+                                      embedding_initializer=w, name="late_keys")
+    hashed = sok.All2AllDenseEmbedding(16, 3, slot_num=2, nnz_per_slot=2, name="late_hashed")
+    message = (r"late_(keys|hashed): inputs must have shape \[batch, slot_num=2, "
+               r"nnz_per_slot=2\] \(pass dynamic_input=True for inputs of any shape\); got "
+               r"shape")
+    for spec in (tf.TensorSpec([None, None, None], tf.int64), tf.TensorSpec(None, tf.int64)):
+        for table in (layer, hashed):
+            run = tf.function(table.__call__, input_signature=[spec])
+            for keys in ([[[6, 7]]], [[[6], [7], [8], [6]]], [[7, 8]]):
+                if spec.shape.rank == 3 and np.ndim(keys) != 3:
+                    continue
+                with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                    run(tf.constant(keys, tf.int64))
+            keys = [[[1, 2], [3, 9]], [[0, 0], [5, 4]]]
+            got = run(tf.constant(keys, tf.int64)).numpy()
+            if table is layer:
+                np.testing.assert_allclose(got, tf.nn.embedding_lookup(w, keys).numpy(), **TOL)
+    assert int(hashed.embedding_variable.size[0]) == 7  # the keys of the right shape only
+    with tf.Graph().as_default():
+        sok.Init(global_batch_size=2)
+        graph_layer = sok.All2AllDenseEmbedding(10, 3, slot_num=2, nnz_per_slot=2,
+                                                use_hashtable=False, embedding_initializer=w,
+                                                name="late_keys")
+        keys = tf.compat.v1.placeholder(tf.int64, [None, None, None])
+        out = graph_layer(keys)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                sess.run(out, {keys: [[[1, 2]]]})
+            np.testing.assert_allclose(sess.run(out, {keys: [[[1, 2], [3, 9]]]}),
+                                       w[np.array([[[1, 2], [3, 9]]])], **TOL)
+
+
 def test_init_takes_numpy_integers():
     """sok.Init(global_batch_size=np.int64(4)) and seed=np.int64(3) (a numpy
     computation's result) were refused as "not a positive integer"; they

@@ -297,17 +297,30 @@ class All2AllDenseEmbedding(_EmbeddingLayer):
                             f"slot_num, nnz_per_slot]; got a {type(inputs).__name__} (a "
                             f"DistributedEmbedding takes sparse or ragged keys)")
         ids = self._ids(tf.convert_to_tensor(inputs), "inputs")
+        checks = []
         if not self.dynamic_input:
             shape = ids.shape
             want = [self.slot_num, self.nnz_per_slot]
+            message = (f"{self.name}: inputs must have shape [batch, slot_num={self.slot_num}, "
+                       f"nnz_per_slot={self.nnz_per_slot}]")
+            advice = "(pass dynamic_input=True for inputs of any shape)"
             if shape.rank is not None and (shape.rank != 3 or [
                     d for d, w in zip(shape.as_list()[1:], want) if d is not None and d != w]):
-                raise ValueError(
-                    f"{self.name}: inputs must have shape [batch, slot_num={self.slot_num}, "
-                    f"nnz_per_slot={self.nnz_per_slot}]; got {shape} (pass dynamic_input=True "
-                    "for inputs of any shape)")
+                raise ValueError(f"{message}; got {shape} {advice}")
+            if shape.rank is None or not shape[1:].is_fully_defined():
+                # Known only when the graph runs (a tf.function of
+                # TensorSpec([None, None, None]), a placeholder): inputs of
+                # any shape were looked up, [batch, 1, 4] giving rows
+                # [batch, 1, 4, dim], where eagerly they are refused.
+                got = tf.shape(ids, out_type=tf.int64)
+                checks.append(tf.debugging.Assert(
+                    tf.reduce_all(tf.equal(
+                        tf.concat([tf.size(got, out_type=tf.int64)[None],
+                                   tf.pad(got, [[0, 3]])[1:3]], 0),
+                        tf.constant([3] + want, tf.int64))),
+                    [f"{message} {advice}; got shape", got]))
         # Everything the lookup reads waits for the check (graph mode).
-        with tf.control_dependencies(session.check_initialized()):
+        with tf.control_dependencies(session.check_initialized() + checks):
             return self._output(all2all_dense_embedding(self.embedding_variable, ids,
                                                         name=self.name))
 
