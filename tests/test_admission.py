@@ -125,6 +125,31 @@ def test_filter_ratio_applies_only_when_asked_and_repeats(rng):
     assert abs(len(runs[0]) / 4000 - 0.657) < 0.04, len(runs[0])
 
 
+def test_use_low_frequency_filter_must_be_a_bool(rng):
+    """use_low_frequency_filter="False" (a flag read from a config or a
+    command line) is truthy: the filter was applied, and a table of
+    filter_ratio 0.3 turned away about 70% of the new keys, which read its
+    default row. A TypeError naming the argument, before any key is
+    inserted; False, 0 and None leave every key in, True and 1 filter."""
+    keys = tf.constant(rng.choice(1 << 60, size=400, replace=False), tf.int64)
+    ids = tf.RaggedTensor.from_row_lengths(keys, [400])
+    var = sok.DynamicVariable(DIM, filter_ratio=0.3, initializer="ones")
+    for flag in ("False", "no", b"", 0.0, 2, tf.constant(False)):
+        with pytest.raises(TypeError) as refused:
+            sok.lookup_sparse(var, ids, combiners="sum", use_low_frequency_filter=flag)
+        assert str(refused.value) == (f"use_low_frequency_filter must be a bool; got "
+                                      f"{type(flag).__name__} {flag!r}")
+        assert int(var.size[0]) == 0
+    for flag in (False, 0, None, np.False_):
+        sok.lookup_sparse(var, ids, combiners="sum", use_low_frequency_filter=flag)
+        assert int(var.size[0]) == 400
+        var.remove(keys)
+    for flag in (True, 1):
+        filtered = sok.DynamicVariable(DIM, filter_ratio=0.3, initializer="ones")
+        sok.lookup_sparse(filtered, ids, combiners="sum", use_low_frequency_filter=flag)
+        assert 40 < int(filtered.size[0]) < 200
+
+
 @pytest.mark.parametrize("counters", [0, 4096])
 def test_counts_survive_dump_and_load(rng, tmp_path, counters):
     """Dump after some steps, load into new tables, go on: the loaded table
