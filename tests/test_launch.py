@@ -824,3 +824,34 @@ def test_a_long_output_line_arrives_whole(tmp_path):
     err = p.stderr.decode()
     assert p.returncode == 3 and "[0] " + "z" * 10000 + "\n" in err, err[-300:]
     assert "[0] " + "z" * 4096 + " [...]\n" in err.split("the last lines of its stderr:")[1]
+
+
+def test_a_failed_workers_report_names_its_error_before_a_long_traceback(tmp_path):
+    """TensorFlow prints an error's message and then the traceback of the
+    failing op's creation: the report of a failed worker, its last 20
+    stderr lines, showed only that traceback (a multi-worker test's failure
+    said where it failed, not what). The report now also gives the last
+    line that names an exception."""
+    script = tmp_path / "fails.py"
+    script.write_text(
+        "import sys\n"
+        "sys.stderr.write('Traceback (most recent call last):\\n')\n"
+        "sys.stderr.write('tensorflow.python.framework.errors_impl.DeadlineExceededError: '\n"
+        "                 'Collective ops timed out after 5 s\\n')\n"
+        "for i in range(30):\n"
+        "    sys.stderr.write('  File \"model.py\", line %d, in step\\n' % i)\n"
+        "sys.exit(1)\n"
+    )
+    p = _launch(script, ["--no-horovod"])
+    err = p.stderr.decode()
+    assert p.returncode == 1, err[-2000:]
+    report = err.split("the last lines of its stderr:\n")[1]
+    assert report.startswith(
+        "its last error, before the last lines: [0] tensorflow.python.framework.errors_impl."
+        "DeadlineExceededError: Collective ops timed out after 5 s\n"), report[:500]
+    lines = report.splitlines()
+    assert lines[1:21] == ['[0]   File "model.py", line %d, in step' % i for i in range(10, 30)], report
+    # An error among the last lines is not repeated.
+    script.write_text("import sys\nsys.stderr.write('ValueError: bad\\n')\nsys.exit(2)\n")
+    err = _launch(script, ["--no-horovod"]).stderr.decode()
+    assert err.split("the last lines of its stderr:\n")[1].startswith("[0] ValueError: bad\n"), err

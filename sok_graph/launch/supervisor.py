@@ -5,6 +5,7 @@ workers, forwards their output and signals, stops them all when one fails.
 import collections
 import os
 import signal
+import re
 import subprocess
 import sys
 import threading
@@ -139,11 +140,44 @@ class _Output:
         self.write(sys.stderr, f"sok_graph.launch: {text}\n".encode())
 
 
+# A line that names an exception: a Python traceback's last line
+# ("ValueError: ...", "tensorflow.python.framework.errors_impl.
+# DeadlineExceededError: ...").
+_ERROR_LINE = re.compile(rb"^(?:[A-Za-z_]\w*\.)*[A-Z]\w*(?:Error|Exception|Exit|Interrupt)\b")
+
+
+class _StderrTail:
+    """The last STDERR_TAIL_LINES lines of a worker's stderr, and the last
+    line among all of them that names an exception. A TensorFlow error raised
+    by a Session or a tf.function prints its message first and then the
+    traceback of the failing op's creation (dozens of lines), which pushed
+    the message out of the last lines: the report of a failed worker then
+    said where, but not what."""
+
+    def __init__(self):
+        self.lines = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.error = None
+
+    def append(self, line):
+        if len(line) > _TAIL_LINE_BYTES:
+            line = line[:_TAIL_LINE_BYTES] + b" [...]\n"
+        self.lines.append(line)
+        if _ERROR_LINE.match(line):
+            self.error = line
+
+    def report(self, prefix):
+        text = "".join(prefix + line.decode("utf-8", "replace") for line in self.lines)
+        if self.error is not None and self.error not in self.lines:
+            text = ("its last error, before the last lines: " + prefix
+                    + self.error.decode("utf-8", "replace") + text)
+        return text
+
+
 class _Worker:
     def __init__(self, rank, proc, output):
         self.rank = rank
         self.proc = proc
-        self.stderr_tail = collections.deque(maxlen=STDERR_TAIL_LINES)
+        self.stderr_tail = _StderrTail()
         prefix = f"[{rank}] ".encode()
         self.readers = [
             threading.Thread(
@@ -167,8 +201,7 @@ class _Worker:
                 if not line.endswith(b"\n"):
                     line += b"\n"
                 if tail is not None:
-                    tail.append(line if len(line) <= _TAIL_LINE_BYTES else
-                                line[:_TAIL_LINE_BYTES] + b" [...]\n")
+                    tail.append(line)
                 output.write(stream, prefix + line)
         except (OSError, ValueError):
             pass
@@ -366,7 +399,7 @@ def _watch(workers, args, output, received):
     _drain(workers)
     if failed is not None:
         prefix = f"[{failed.rank}] "
-        tail = "".join(prefix + line.decode("utf-8", "replace") for line in failed.stderr_tail)
+        tail = failed.stderr_tail.report(prefix)
         output.message(
             f"rank {failed.rank} failed: it {_describe(failed.proc.returncode)}; "
             "the last lines of its stderr:\n" + (tail or "(it wrote nothing to stderr)\n")
