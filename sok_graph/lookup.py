@@ -529,7 +529,14 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 continue
             # A variable goes to the fused op as it is: the op reads a
             # resource variable's rows in place (see ops/lookup.py).
-            tensor = p if isinstance(p, tf.Variable) else tf.convert_to_tensor(p)
+            try:
+                tensor = p if isinstance(p, tf.Variable) else tf.convert_to_tensor(p)
+            except (TypeError, ValueError):
+                # tf.convert_to_tensor's "Attempt to convert a value (None)
+                # with an unsupported type" named no argument.
+                raise TypeError(
+                    f"params[{t}] must be a table: a sok.Variable, sok.DynamicVariable, "
+                    f"tf.Variable or [rows, dim] tensor; got {type(p).__name__}") from None
             _check_table(tensor, t)
             tensors.append(tensor)
             names.append(given_names[t])

@@ -231,6 +231,29 @@ def test_lookup_sparse_bad_types():
         sok.lookup_sparse([tf.ones([4, 2]), tf.ones([4, 2], tf.float16)], [ids, ids])
 
 
+def test_lookup_sparse_names_params_that_are_no_table():
+    """A dict of tables, an iterator, None or an object as params (or as one
+    of a list's entries) failed with tf.convert_to_tensor's "Attempt to
+    convert a value (None) with an unsupported type", naming no argument.
+    A TypeError naming params[t] and what it got; tables given alike still
+    read as tf.nn.embedding_lookup_sparse."""
+    ids = tf.ragged.constant([[0, 2]], tf.int64)
+    table = tf.reshape(tf.range(8.0), [4, 2])
+    cases = [({"a": table}, 0, "dict"), (iter([table]), 0, "list_iterator"),
+             (None, 0, "NoneType"), (object(), 0, "object"), ([table, None], 1, "NoneType"),
+             ([table, {"x": 1}], 1, "dict")]
+    for params, t, got in cases:
+        sp_ids = [ids] * len(params) if isinstance(params, list) else ids
+        with pytest.raises(TypeError) as refused:
+            sok.lookup_sparse(params, sp_ids)
+        assert str(refused.value) == (
+            f"params[{t}] must be a table: a sok.Variable, sok.DynamicVariable, tf.Variable or "
+            f"[rows, dim] tensor; got {got}")
+    np.testing.assert_array_equal(
+        sok.lookup_sparse([table, table.numpy()], [ids, ids], combiners="sum")[1].numpy(),
+        tf.nn.embedding_lookup_sparse(table, ids.to_sparse(), None, combiner="sum").numpy())
+
+
 def test_all2all_dense_embedding_names_its_indices():
     """Its errors name its own argument, not the lookup's sp_ids[0]."""
     with pytest.raises(TypeError, match="indices must hold int32 or int64 ids; got float32"):
