@@ -88,6 +88,15 @@ def fused_lookup(params, ids, row_splits, weights=None, combiners=None, max_norm
     for t, m in enumerate(max_norms):
         if m is not None:
             refuse_subnormal_max_norm(float(m), f"max_norms[{t}]")
+    if combiners is None or isinstance(combiners, (str, bytes)):
+        # None failed with "'NoneType' object is not iterable", and a str
+        # was taken letter by letter ("Value for attr 'combiners' of "s"").
+        raise TypeError(f"combiners must be a list of one combiner name per table ({n}), each "
+                        f"one of {combiner_names()}; got {combiners!r}")
+    combiners = list(combiners)
+    for t, c in enumerate(combiners):
+        if c not in combiner_names():
+            raise ValueError(f"combiners[{t}] must be one of {combiner_names()}; got {c!r}")
     ids = [tf.convert_to_tensor(i) for i in ids]
     if len({i.dtype for i in ids}) > 1:
         # TensorFlow's own error would only give an input number.

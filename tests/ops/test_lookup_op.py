@@ -404,6 +404,28 @@ def test_dense_grads_of_the_wrong_length_is_rejected():
                                 dense_grads=[True, False])
 
 
+def test_combiners_that_are_no_list_of_names_are_named():
+    """fused_lookup's combiners default None failed with "'NoneType' object
+    is not iterable", a str was taken letter by letter (TensorFlow's "Value
+    for attr 'combiners' of \"s\""), and an unknown name failed inside the
+    op, naming no entry. Errors naming combiners (or combiners[t]) now; a
+    list of names reads as numpy does."""
+    table = tf.reshape(tf.range(8.0), [4, 2])
+    args = ([table], [tf.constant([1, 3], tf.int64)], [tf.constant([0, 2], tf.int64)])
+    names = "('sum', 'mean', 'sqrtn')"
+    for combiners in (None, "sum", b"sum"):
+        with pytest.raises(TypeError) as refused:
+            lookup_ops.fused_lookup(*args, combiners=combiners)
+        assert str(refused.value) == (f"combiners must be a list of one combiner name per table "
+                                      f"(1), each one of {names}; got {combiners!r}")
+    for bad in ("max", "Sum", None):
+        with pytest.raises(ValueError) as refused:
+            lookup_ops.fused_lookup(*args, combiners=[bad])
+        assert str(refused.value) == f"combiners[0] must be one of {names}; got {bad!r}"
+    got = lookup_ops.fused_lookup(*args, combiners=("mean",))[0].numpy()
+    np.testing.assert_array_equal(got, [(np.arange(8.0).reshape(4, 2)[[1, 3]]).mean(0)])
+
+
 def test_empty_batch_and_all_empty_rows(rng):
     table = tf.constant(rng.standard_normal((5, 3)).astype(np.float32))
     empty_batch = tf.RaggedTensor.from_row_splits(tf.zeros([0], tf.int64), [0])
