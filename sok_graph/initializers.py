@@ -91,6 +91,12 @@ def initializer_spec(initializer, seed=None):
     Keras / tf initializer object (RandomNormal, TruncatedNormal,
     RandomUniform, Zeros, Ones, Constant)."""
     spec = dict(DEFAULT, seed=_checked_seed(seed, "seed"))
+    if isinstance(initializer, type):
+        # Its get_config, called on the class, failed with "missing 1
+        # required positional argument: 'self'".
+        raise TypeError(f"initializer must be a name, a number or a Keras/TF initializer "
+                        f"object; got the class {initializer.__name__} (give an instance: "
+                        f"{initializer.__name__}())")
     if _is_tensor(initializer):
         # Its comparison with a name below failed with "Cannot convert '' to
         # EagerTensor".

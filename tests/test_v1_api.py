@@ -1262,6 +1262,42 @@ def test_all2all_layer_checks_an_input_shape_known_only_when_run():
                                        w[np.array([[[1, 2], [3, 9]]])], **TOL)
 
 
+def test_an_initializer_class_given_for_an_instance_is_named():
+    """embedding_initializer=tf.keras.initializers.Zeros (the class, not
+    Zeros()): a static layer failed with "Zeros() takes no arguments" or
+    "RandomNormal.__init__() got an unexpected keyword argument 'shape'", a
+    hashtable layer and a DynamicVariable with "get_config() missing 1
+    required positional argument: 'self'"; a callable of another signature
+    (np.zeros) with "Cannot interpret 'tf.float32' as a data type". Each
+    names the layer or the argument now; an instance gives its rows."""
+    sok.Init(global_batch_size=2)
+    for cls in (tf.keras.initializers.Zeros, tf.keras.initializers.RandomNormal):
+        name = cls.__name__
+        with pytest.raises(TypeError) as refused:
+            sok.All2AllDenseEmbedding(4, 2, 1, 1, use_hashtable=False, embedding_initializer=cls,
+                                      name="by_class")
+        assert str(refused.value) == (
+            f"by_class: embedding_initializer must be an initializer object, a name, a number "
+            f"or a [4, 2] array; got the class {name} (give an instance: {name}())")
+        spec_message = (f"initializer must be a name, a number or a Keras/TF initializer "
+                        f"object; got the class {name} (give an instance: {name}())")
+        with pytest.raises(TypeError) as refused:
+            sok.All2AllDenseEmbedding(4, 2, 1, 1, embedding_initializer=cls)
+        assert str(refused.value) == "embedding_initializer: " + spec_message
+        with pytest.raises(TypeError) as refused:
+            sok.DynamicVariable(2, initializer=cls)
+        assert str(refused.value) == spec_message
+    with pytest.raises(TypeError, match=r"^by_numpy: embedding_initializer <built-in function "
+                                        r"zeros> failed when called as init\(shape=\[4, 2\], "
+                                        r"dtype=tf.float32\): "):
+        sok.All2AllDenseEmbedding(4, 2, 1, 1, use_hashtable=False, embedding_initializer=np.zeros,
+                                  name="by_numpy")
+    layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, use_hashtable=False,
+                                      embedding_initializer=tf.keras.initializers.Constant(3.0))
+    np.testing.assert_array_equal(layer(tf.constant([[[1]], [[3]]], tf.int64)).numpy(),
+                                  np.full((2, 1, 1, 2), 3.0))
+
+
 def test_init_takes_numpy_integers():
     """sok.Init(global_batch_size=np.int64(4)) and seed=np.int64(3) (a numpy
     computation's result) were refused as "not a positive integer"; they

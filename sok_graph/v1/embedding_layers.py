@@ -178,8 +178,22 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
                 init = static_initializer(init)
             except ValueError as e:  # Keras's "Could not interpret initializer identifier"
                 raise ValueError(f"embedding_initializer: {e}") from None
+        if isinstance(init, type):
+            # Called as init(shape=..., dtype=...), the class failed with
+            # "Zeros() takes no arguments", naming neither the layer nor
+            # embedding_initializer.
+            raise TypeError(f"{self.name}: embedding_initializer must be an initializer "
+                            f"object, a name, a number or a {shape} array; got the class "
+                            f"{init.__name__} (give an instance: {init.__name__}())")
         if callable(init):
-            value = init(shape=shape, dtype=tf.float32)
+            try:
+                value = init(shape=shape, dtype=tf.float32)
+            except (TypeError, ValueError) as e:
+                # A callable of another signature (np.zeros: "Cannot interpret
+                # 'tf.float32' as a data type") named nothing of the layer's.
+                kind = TypeError if isinstance(e, TypeError) else ValueError
+                raise kind(f"{self.name}: embedding_initializer {init!r} failed when called "
+                           f"as init(shape={shape}, dtype=tf.float32): {e}") from None
         else:
             array = init if isinstance(init, (tf.Tensor, tf.Variable)) else np.asarray(init)
             if isinstance(array, np.ndarray) and array.dtype.kind not in "iuf":
