@@ -61,7 +61,8 @@ in 1 MiB pieces, each a line with the rank in front. SIGINT, SIGTERM and SIGHUP 
 forwarded to every worker (a second one kills them). When a worker exits
 non-zero or is killed by a signal, the others get SIGTERM and, `--grace`
 seconds later (default 10, or SOK_GRAPH_LAUNCH_GRACE), SIGKILL; the launcher
-prints which rank failed and the end of its stderr and exits with its status
+prints which rank failed, the end of its stderr (and the last line of it
+that names an exception) and exits with its status
 (128 + N for signal N). `--timeout S` (or SOK_GRAPH_LAUNCH_TIMEOUT) stops the
 whole job after S seconds with status 124; by default there is none. Exit
 status 1: a worker or Horovod's rendezvous server could not be started;
