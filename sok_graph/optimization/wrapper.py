@@ -218,8 +218,7 @@ class OptimizerWrapper:
                 self.create_slots(v)
             # In a graph the step counts only once the learning rate passed
             # its check (checked_rate), as the rows wait for it.
-            with tf.control_dependencies([lr] if isinstance(lr, tf.Tensor) and
-                                         not tf.executing_eagerly() else []):
+            with tf.control_dependencies(after_rate_check(lr)):
                 step = self._step_variable().assign_add(1)
             if lr is None:
                 try:
@@ -287,7 +286,7 @@ class OptimizerWrapper:
         dtype = values.dtype
         # Every write waits for the learning rate's check (checked_rate):
         # a slot's new rows (Adam's moments) do not depend on the rate.
-        checked = [lr] if isinstance(lr, tf.Tensor) and not tf.executing_eagerly() else []
+        checked = after_rate_check(lr)
         lr = tf.cast(lr, dtype)
         if is_dynamic(var):
             drops = var.late_shadow_drops()
@@ -584,6 +583,13 @@ def checked_rate(optimizer, lr):
          f"was", rate], name="learning_rate_check")
     with tf.control_dependencies([check]):
         return tf.identity(rate)
+
+
+def after_rate_check(lr):
+    """The control dependencies that make a write wait for the learning
+    rate's run-time check: [lr] where checked_rate gave a graph tensor
+    (read after its Assert), else none (a number, or eagerly)."""
+    return [lr] if isinstance(lr, tf.Tensor) and not tf.executing_eagerly() else []
 
 
 class SGD(OptimizerWrapper):
