@@ -119,6 +119,10 @@ class GpuTable:
                                                         ctypes.byref(slots), stream()))
         return size.value, slots.value
 
+    def memory_bytes(self):
+        """What the table holds in both tiers (index, rows, scratch)."""
+        return int(self.lib.sok_gpu_table_memory_bytes(self.h))
+
     def rebalance(self):
         self._check("rebalance", self.lib.sok_gpu_table_rebalance(self.h, stream()))
 
@@ -444,6 +448,24 @@ def check_tiers(lib, ref, rng, t):
     t.equal("tiers: a missing key", gpu.row_tiers(np.array([10**12], np.int64))[0], 0)
     gpu.close()
     cpu.close()
+    check_pool_memory(lib, t)
+
+
+def check_pool_memory(lib, t):
+    """A bounded table with a device-memory budget allocates rows for
+    max_rows keys (its pool), not one per slot of its index (4096 slots hold
+    3000 keys at most 3/4 full): what lets its rows exceed the GPU's memory
+    by no more than they must."""
+    dim, rows, slots = 1024, 3000, 4096
+    for hbm_rows in (1000, 0, 5000):
+        table = GpuTable(lib, dim, max_rows=rows, init="zeros", hbm_bytes=dim * 4 * hbm_rows)
+        got = table.memory_bytes()
+        t.cases += 1
+        t.equal(f"pooled table (budget {hbm_rows} rows): at least max_rows rows",
+                got >= rows * 4 * dim, True)
+        t.equal(f"pooled table (budget {hbm_rows} rows): fewer rows than slots "
+                f"({got} bytes)", got < slots * 4 * dim, True)
+        table.close()
 
 
 def check_apply_present(lib, rng, t):
@@ -507,6 +529,11 @@ def check_table(lib, ref, rng, quick=False):
         dict(dim=6, max_rows=90, eviction=1, init="uniform", hbm_bytes=6 * 4 * 100),
         dict(dim=5, init="normal", seed=8, hbm_bytes=0),
         dict(dim=12, init_capacity=10, init="normal", seed=2, hbm_bytes=12 * 4 * 70),
+        # Bounded tables with a budget keep their rows in a pool of max_rows
+        # (+ 3) rows: rows taken and given back through inserts, evictions,
+        # removals, rehashes and passes of the tiers, both eviction orders.
+        dict(dim=8, max_rows=120, eviction=1, init="normal", seed=5, hbm_bytes=8 * 4 * 50),
+        dict(dim=4, max_rows=64, eviction=0, init="uniform", seed=6, hbm_bytes=4 * 4 * 20),
     ]
     for cfg in configs:
         run_sequence(lib, ref, rng, t, 12 if quick else 40, **cfg)

@@ -63,6 +63,7 @@ __global__ void EvictKernel(DevTable t, const int64_t* __restrict__ victims, int
     }
     if (s < t.slots) {
       t.keys[s] = kTomb;
+      GiveRow(t, s);
     } else {
       t.side[s - t.slots] = 0;
     }

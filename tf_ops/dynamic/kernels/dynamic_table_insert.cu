@@ -147,6 +147,7 @@ __global__ void ClaimKernel(DevTable t, const int64_t* __restrict__ keys, int64_
     slot = FindOrClaimSlot(t, key, &claimed);
     slot_of[i] = slot;
     is_new[i] = claimed;
+    if (claimed) TakeRow(t, slot, counters);
     if (slot >= 0) {
       t.ts[slot] = now;
       if (accessed) atomicAdd(t.freq + slot, 1ULL);
@@ -156,6 +157,7 @@ __global__ void ClaimKernel(DevTable t, const int64_t* __restrict__ keys, int64_
   WarpCount(claimed, counters + kSize, lane);
   WarpCount(claimed && slot < t.slots, counters + kOcc, lane);
   if (!initialize) return;
+  __syncwarp();  // the rows the claiming lanes took, seen by the whole warp
   unsigned todo = __ballot_sync(kFull, claimed);
   while (todo) {
     const int l = __ffs(todo) - 1;
@@ -252,6 +254,7 @@ __global__ void InsertAbsentKernel(DevTable t, const int64_t* __restrict__ new_k
     key = new_keys[j];
     slot = InsertAbsent(t, key, &from_empty);
     if (slot >= 0) {
+      TakeRow(t, slot, counters);
       t.ts[slot] = now;
       t.freq[slot] = 0;
     }
@@ -260,6 +263,7 @@ __global__ void InsertAbsentKernel(DevTable t, const int64_t* __restrict__ new_k
   WarpCount(j < n && slot >= 0, counters + kSize, lane);
   WarpCount(from_empty, counters + kOcc, lane);
   if (!initialize) return;
+  __syncwarp();
   unsigned todo = __ballot_sync(kFull, slot >= 0);
   while (todo) {
     const int l = __ffs(todo) - 1;
@@ -389,7 +393,7 @@ int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, 
   const int64_t excess = size + num_new - t->row_limit;
   if (excess > 0) {
     if ((rc = Evict(t, excess, now, evicted_keys, evicted_rows, s))) {
-      if (rehash) FreeTable(t->allocator, &fresh);
+      if (rehash) FreeReplaced(t->allocator, &fresh);
       return rc;
     }
     if (result) result->num_evicted = excess;

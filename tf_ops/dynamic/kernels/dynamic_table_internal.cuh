@@ -16,9 +16,11 @@
 //
 // Slots: keys_[S] (S = 2^k) hold a key, kEmpty or kTomb. The two keys whose
 // values are the sentinels live in two side slots S and S + 1, flagged in
-// side_[2], so every int64 is a valid key. Row, timestamp and use count of a
-// key sit at its slot's index in rows_, ts_ and freq_ (S + 2 entries each).
-// Free slots keep timestamp 0 and count 0, so a claimed slot starts clean.
+// side_[2], so every int64 is a valid key. Timestamp and use count of a key
+// sit at its slot's index in ts_ and freq_ (S + 2 entries each); its row at
+// the same index of the row storage, or, in a pooled table, wherever the
+// slot -> row map says (RowSpace below). Free slots keep timestamp 0 and
+// count 0, so a claimed slot starts clean.
 #ifndef SOK_GRAPH_TF_OPS_DYNAMIC_KERNELS_DYNAMIC_TABLE_INTERNAL_CUH_
 #define SOK_GRAPH_TF_OPS_DYNAMIC_KERNELS_DYNAMIC_TABLE_INTERNAL_CUH_
 
@@ -45,6 +47,10 @@ constexpr int kThreads = kWarp * kWarpsPerBlock;
 // (the CPU table's bound, core::DynamicTable::kMaxEntries, is 2^30 - 1).
 constexpr int64_t kUnboundedRows = SOK_GPU_TABLE_MAX_UNBOUNDED_ROWS;
 
+// A pooled table's fixed rows (DevTable::pool_rows).
+constexpr int32_t kSinkRow = 2;
+constexpr int32_t kFirstPoolRow = 3;
+
 // Device counters, one int64 each.
 enum Counter { kSize = 0, kOcc, kDistinct, kNew, kCand, kFail, kNumCounters };
 
@@ -61,11 +67,20 @@ struct DevInit {
 
 // Row storage: physical rows [0, split) at `near` (device memory), the rest
 // at `far` (mapped pinned host memory, which the kernels read and write
-// directly). A plain buffer is all `near`. A table with both tiers maps each
-// slot to a physical row through `loc` (a permutation of the rows, which
-// dynamic_table_tiers.cu changes to keep the most used rows in device
-// memory); without `loc` slot s owns row s. Every kernel reaches a slot's
-// row through Row(), so only that file knows rows move.
+// directly). A plain buffer is all `near`. Without `loc` slot s owns row s.
+// With `loc`, each slot reaches its row through the map, in one of two ways:
+//   - tiered (an unbounded table with both tiers): one row per slot, `loc`
+//     a permutation of them;
+//   - pooled (a bounded table given a device-memory budget, SOK's hybrid):
+//     max_rows + 2 rows however many slots the index has, a live slot's row
+//     taken from a stack of free rows when its key is inserted and given
+//     back when the key goes (TakeRow, GiveRow); a free slot's entry is -1.
+//     An index keeps at most 3/4 of its slots occupied, so one row per slot
+//     would be 1.3-2.7 rows per key: the pool is what lets a table whose
+//     rows are larger than the GPU's memory keep max_rows rows, no more.
+// dynamic_table_tiers.cu changes the map to keep the most used rows in
+// device memory. Every kernel reaches a slot's row through Row(), so only
+// the insert, removal, rehash and tier code know rows move.
 struct RowSpace {
   float* near;
   float* far;
@@ -89,13 +104,23 @@ __host__ __device__ inline RowSpace Plain(const float* p) {
 
 struct DevTable {
   int64_t* keys;  // [S]
-  RowSpace rows;  // [S + 2] rows of dim
+  RowSpace rows;  // [S + 2] rows of dim, or [pool_rows] when pooled
   int64_t* ts;    // [S + 2]
   unsigned long long* freq;  // [S + 2]
   int* side;      // [2]: whether kEmpty / kTomb (as keys) are present
   uint64_t mask;  // S - 1
   int64_t slots;  // S
   int dim;
+  // Pooled rows (RowSpace): 0 when rows are per slot. The free rows are
+  // free_rows[0, *free_top); the stack's top is taken (popped) by inserts
+  // and given back (pushed) by removals and evictions, never both in one
+  // kernel. The side slots own rows 0 and 1 for good (a sentinel key's
+  // removal only clears its flag, as without a pool); row 2 is the sink of
+  // TakeRow; rows 3.. are the pool proper (max_rows of them). A rehash moves
+  // the map's entries, not the rows: the fresh index shares rows and stack.
+  int64_t pool_rows;
+  int32_t* free_rows;  // [pool_rows]
+  long long* free_top;  // device [1]
 };
 
 namespace {
@@ -199,6 +224,35 @@ __device__ inline int64_t InsertAbsent(const DevTable& t, int64_t key, bool* fro
 
 __device__ __forceinline__ void AddCounter(long long* counter, long long v) {
   atomicAdd(reinterpret_cast<unsigned long long*>(counter), static_cast<unsigned long long>(v));
+}
+
+// A pooled table's main slot s, just claimed, takes a free row (a side slot
+// keeps its own; a table without a pool has its row already). The host's
+// bound on keys keeps the pool from running dry; if it did, the slot gets
+// the pool's sink row (written, never read as anyone's) and the call a
+// failure, which the host reports as a full table.
+__device__ __forceinline__ void TakeRow(const DevTable& t, int64_t s, long long* counters) {
+  if (t.pool_rows == 0 || s >= t.slots) return;
+  const long long top = static_cast<long long>(atomicAdd(
+      reinterpret_cast<unsigned long long*>(t.free_top), static_cast<unsigned long long>(-1LL)));
+  if (top <= 0) {
+    AddCounter(t.free_top, 1);
+    AddCounter(counters + kFail, 1);
+    t.rows.loc[s] = kSinkRow;
+    return;
+  }
+  t.rows.loc[s] = t.free_rows[top - 1];
+}
+
+// A pooled table's main slot s, whose key is gone, gives its row back.
+__device__ __forceinline__ void GiveRow(const DevTable& t, int64_t s) {
+  if (t.pool_rows == 0 || s >= t.slots) return;
+  const int32_t r = t.rows.loc[s];
+  if (r < kFirstPoolRow) return;  // the sink is nobody's to give
+  t.rows.loc[s] = -1;
+  const long long top = static_cast<long long>(
+      atomicAdd(reinterpret_cast<unsigned long long*>(t.free_top), 1ULL));
+  t.free_rows[top] = r;
 }
 
 // Adds a warp's count to a device counter with one atomic.
@@ -332,6 +386,7 @@ struct SokGpuTable {
   int64_t tier_cap = 0;
   long long* tier_scratch = nullptr;
   int64_t *tier_promote = nullptr, *tier_demote = nullptr;
+  int32_t* tier_owner = nullptr;  // a pooled table's row -> owner [pool_rows]
   void* cub_temp = nullptr;
   size_t cub_bytes = 0;
 };
@@ -383,14 +438,32 @@ void Free(const SokGpuAllocator& a, T** p) {
   *p = nullptr;
 }
 
-inline void FreeTable(const SokGpuAllocator& a, DevTable* t) {
+// The index of a table: keys, slot -> row map, timestamps and counts.
+inline void FreeIndex(const SokGpuAllocator& a, DevTable* t) {
   Free(a, &t->keys);
-  Free(a, &t->rows.near);
-  if (t->rows.far) cudaFreeHost(t->rows.far);
-  t->rows.far = nullptr;
   Free(a, &t->rows.loc);
   Free(a, &t->ts);
   Free(a, &t->freq);
+}
+
+// The index and the rows (which a pooled table's rehash keeps).
+inline void FreeTable(const SokGpuAllocator& a, DevTable* t) {
+  FreeIndex(a, t);
+  Free(a, &t->rows.near);
+  if (t->rows.far) cudaFreeHost(t->rows.far);
+  t->rows.far = nullptr;
+  Free(a, &t->free_rows);
+  Free(a, &t->free_top);
+}
+
+// An index replaced by a rehash (or a fresh one not used): with its rows,
+// unless the rows are a pool that the other index keeps.
+inline void FreeReplaced(const SokGpuAllocator& a, DevTable* t) {
+  if (t->pool_rows > 0) {
+    FreeIndex(a, t);
+  } else {
+    FreeTable(a, t);
+  }
 }
 
 inline int Sync(SokGpuTable* t, cudaStream_t s) {

@@ -18,8 +18,10 @@ namespace sok_graph {
 namespace gpu_table {
 namespace {
 
-// Empties every slot; a tiered table's slots own their rows again (a
-// cleared slot's row holds nothing: an insert writes the key's initial row).
+// Empties every slot; a tiered table's slots own their rows again, a pooled
+// table's main slots own none and its side slots rows 0 and 1 (a cleared
+// slot's row holds nothing: an insert writes the key's initial row). The
+// pool's stack is ResetPoolKernel's.
 __global__ void FillKernel(DevTable t) {
   const int64_t total = t.slots + 2;
   for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < total;
@@ -27,8 +29,23 @@ __global__ void FillKernel(DevTable t) {
     if (s < t.slots) t.keys[s] = kEmpty;
     t.ts[s] = 0;
     t.freq[s] = 0;
-    if (t.rows.loc != nullptr) t.rows.loc[s] = static_cast<int32_t>(s);
+    if (t.pool_rows > 0) {
+      t.rows.loc[s] = s < t.slots ? -1 : static_cast<int32_t>(s - t.slots);
+    } else if (t.rows.loc != nullptr) {
+      t.rows.loc[s] = static_cast<int32_t>(s);
+    }
   }
+}
+
+// Every pool row free, stacked so that inserts take the lowest first: rows
+// in device memory before rows in host memory.
+__global__ void ResetPoolKernel(DevTable t) {
+  const int64_t free = t.pool_rows - kFirstPoolRow;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < free;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    t.free_rows[i] = static_cast<int32_t>(t.pool_rows - 1 - i);
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) *t.free_top = free;
 }
 
 // Moves every live key of `from` into `to` (an empty table of the same dim).
@@ -52,12 +69,20 @@ __global__ void RehashKernel(DevTable from, DevTable to, long long* counters) {
   }
   WarpCount(dst >= 0, counters + kOcc, lane);
   WarpCount(s < from.slots && dst < 0 && SlotLive(from, s), counters + kFail, lane);
+  if (to.pool_rows > 0) {  // the rows stay where they are; the map moves
+    if (dst >= 0) to.rows.loc[dst] = from.rows.loc[s];
+    return;
+  }
   WarpCopyRows<kVec>(from.rows, dst >= 0 ? s : -1, to.rows, dst, from.dim, nullptr, lane);
 }
 
 // The rows of the side slots (keys kEmpty and kTomb) of `from`, copied to
-// those of `to`: one block per side slot.
+// those of `to` (a pooled table's map entries): one block per side slot.
 __global__ void CopySideRowsKernel(DevTable from, DevTable to) {
+  if (to.pool_rows > 0) {
+    if (threadIdx.x == 0) to.rows.loc[to.slots + blockIdx.x] = from.rows.loc[from.slots + blockIdx.x];
+    return;
+  }
   const float* src = from.rows.Row(from.slots + blockIdx.x, from.dim);
   float* dst = to.rows.Row(to.slots + blockIdx.x, to.dim);
   for (int d = threadIdx.x; d < from.dim; d += blockDim.x) dst[d] = src[d];
@@ -83,24 +108,36 @@ int AllocMapped(float** p, int64_t count) {
   return 0;
 }
 
-// A table of `slots` slots and slots + 2 rows: the first `near_rows` (all
-// when < 0) in device memory from the allocator, the others in mapped host
-// memory, with a slot -> row map when there are both (FillKernel sets it).
-// Rows are 16-byte aligned in both tiers when dim % 4 == 0.
-int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim,
-               int64_t near_rows) {
+// The index of a table of `slots` slots: keys, timestamps, counts and,
+// when `with_loc`, the slot -> row map.
+int AllocIndex(const SokGpuAllocator& a, DevTable* t, int64_t slots, bool with_loc) {
   t->slots = slots;
   t->mask = static_cast<uint64_t>(slots - 1);
+  int rc = Alloc(a, &t->keys, slots);
+  if (!rc && with_loc) rc = Alloc(a, &t->rows.loc, slots + 2);
+  if (!rc) rc = Alloc(a, &t->ts, slots + 2);
+  if (!rc) rc = Alloc(a, &t->freq, slots + 2);
+  return rc;
+}
+
+// A table of `slots` slots and its rows: `pool_rows` rows and their stack
+// when > 0 (pooled), else slots + 2. The first `near_rows` rows (all when
+// < 0) are in device memory from the allocator, the others in mapped host
+// memory, with a slot -> row map when pooled or when there are both
+// (FillKernel sets it). Rows are 16-byte aligned in both tiers when
+// dim % 4 == 0.
+int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim,
+               int64_t near_rows, int64_t pool_rows) {
   t->dim = dim;
-  const int64_t rows = slots + 2;
+  t->pool_rows = pool_rows;
+  const int64_t rows = pool_rows > 0 ? pool_rows : slots + 2;
   const int64_t near = near_rows < 0 ? rows : std::min(near_rows, rows);
   t->rows = RowSpace{nullptr, nullptr, near, nullptr};
-  int rc = Alloc(a, &t->keys, slots);
+  int rc = AllocIndex(a, t, slots, pool_rows > 0 || (near > 0 && near < rows));
   if (!rc) rc = Alloc(a, &t->rows.near, near * dim);
   if (!rc) rc = AllocMapped(&t->rows.far, (rows - near) * dim);
-  if (!rc && near > 0 && near < rows) rc = Alloc(a, &t->rows.loc, rows);
-  if (!rc) rc = Alloc(a, &t->ts, rows);
-  if (!rc) rc = Alloc(a, &t->freq, rows);
+  if (!rc && pool_rows > 0) rc = Alloc(a, &t->free_rows, pool_rows);
+  if (!rc && pool_rows > 0) rc = Alloc(a, &t->free_top, 1);
   return rc;
 }
 
@@ -112,9 +149,19 @@ int AllocTable(const SokGpuAllocator& a, DevTable* t, int64_t slots, int dim,
 int AllocFresh(SokGpuTable* t, int64_t slots, DevTable* fresh) {
   *fresh = DevTable{};
   if (slots > SOK_GPU_TABLE_MAX_SLOTS) return SOK_GPU_TABLE_TOO_MANY_KEYS;
-  fresh->side = t->dev.side;
-  const int rc = AllocTable(t->allocator, fresh, slots, t->dev.dim, t->near_rows);
-  if (rc) FreeTable(t->allocator, fresh);
+  int rc = 0;
+  if (t->dev.pool_rows > 0) {  // a new index over the same rows
+    *fresh = t->dev;
+    fresh->keys = nullptr;
+    fresh->rows.loc = nullptr;
+    fresh->ts = nullptr;
+    fresh->freq = nullptr;
+    rc = AllocIndex(t->allocator, fresh, slots, true);
+  } else {
+    fresh->side = t->dev.side;
+    rc = AllocTable(t->allocator, fresh, slots, t->dev.dim, t->near_rows, 0);
+  }
+  if (rc) FreeReplaced(t->allocator, fresh);
   return rc;
 }
 
@@ -138,7 +185,7 @@ int MoveInto(SokGpuTable* t, DevTable fresh, cudaStream_t s) {
   }
   SOK_CUDA(cudaGetLastError());
   SOK_CUDA(cudaStreamSynchronize(s));
-  FreeTable(t->allocator, &t->dev);
+  FreeReplaced(t->allocator, &t->dev);
   t->dev = fresh;
   FreeSlotScratch(t);  // sized by the old index
   return Sync(t, s);
@@ -163,6 +210,8 @@ using sok_graph::gpu_table::Free;
 using sok_graph::gpu_table::FreeScratch;
 using sok_graph::gpu_table::FreeSlotScratch;
 using sok_graph::gpu_table::FreeTable;
+using sok_graph::gpu_table::kFirstPoolRow;
+using sok_graph::gpu_table::ResetPoolKernel;
 using sok_graph::gpu_table::kNumCounters;
 using sok_graph::gpu_table::kUnboundedRows;
 using sok_graph::gpu_table::MaxOccupied;
@@ -209,8 +258,14 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
   }
   cudaStream_t s = StreamOf(stream);
   if (config->hbm_bytes >= 0) t->near_rows = config->hbm_bytes / (4 * config->dim);
+  // A bounded table given a device-memory budget (SOK's hybrid) keeps
+  // max_rows rows in a pool (RowSpace), not a row per slot: its rows are
+  // what may not fit the GPU, so it allocates no more of them than it holds.
+  const int64_t pool_rows = config->max_rows > 0 && config->hbm_bytes >= 0
+                                ? config->max_rows + kFirstPoolRow
+                                : 0;
   int rc = AllocTable(t->allocator, &t->dev, slots, static_cast<int>(config->dim),
-                      t->near_rows);
+                      t->near_rows, pool_rows);
   if (!rc) rc = Alloc(t->allocator, &t->dev.side, 2);
   if (!rc) rc = sok_graph::gpu_table::AllocTierScratch(t);
   if (!rc) rc = Alloc(t->allocator, &t->counters, kNumCounters);
@@ -247,6 +302,9 @@ __attribute__((visibility("default"))) int sok_gpu_table_clear(SokGpuTable* t, v
   if (BadTable(t)) return SOK_GPU_TABLE_BAD_ARGUMENT;
   cudaStream_t s = StreamOf(stream);
   FillKernel<<<Grid(t->dev.slots + 2), 256, 0, s>>>(t->dev);
+  if (t->dev.pool_rows > 0) {
+    ResetPoolKernel<<<Grid(t->dev.pool_rows), 256, 0, s>>>(t->dev);
+  }
   SOK_CUDA(cudaGetLastError());
   SOK_CUDA(cudaMemsetAsync(t->dev.side, 0, 2 * sizeof(int), s));
   SOK_CUDA(cudaMemsetAsync(t->counters, 0, kNumCounters * sizeof(long long), s));
@@ -277,7 +335,10 @@ __attribute__((visibility("default"))) int64_t sok_gpu_table_evicted_total(const
 __attribute__((visibility("default"))) int64_t sok_gpu_table_memory_bytes(const SokGpuTable* t) {
   if (t == nullptr) return 0;
   const int64_t slots = t->dev.slots;
-  return slots * 8 + (slots + 2) * (4 * t->dev.dim + 16 + (t->dev.rows.loc ? 4 : 0)) +
+  const int64_t pool = t->dev.pool_rows;
+  const int64_t rows = pool > 0 ? pool : slots + 2;
+  return slots * 8 + (slots + 2) * (16 + (t->dev.rows.loc ? 4 : 0)) + rows * 4 * t->dev.dim +
+         pool * 4 * (t->tier_owner != nullptr ? 2 : 1) +
          t->scratch_n * 41 + t->slot_scratch_n * 32 + t->tier_cap * 16 +
          static_cast<int64_t>(t->cub_bytes);
 }

@@ -13,6 +13,12 @@
 //      entries, with device-memory rows of bin < T or of free slots (there
 //      are enough: every key of bin >= T fits in device memory).
 //
+// A pooled table (RowSpace) has fewer rows than slots: there step 3 swaps
+// with device-memory rows that are free or whose owner is of bin < T, found
+// through a row -> owner map the pass builds first, and the stack of free
+// rows is built again after (host-memory rows at the bottom, so inserts
+// take device-memory rows first). Its side slots keep rows 0 and 1.
+//
 // A row moves only to make room for a hotter one, so while T stays the
 // same no row goes back and forth between passes. The pass never waits for
 // the device (the counts stay there; its scratch comes with the table),
@@ -39,7 +45,11 @@ constexpr int64_t kTierPeriod = 16;
 // host-memory rows), then the threshold bin, the promote count, the demote
 // count.
 constexpr int kThreshold = 2 * kBins, kPromoted = kThreshold + 1, kDemoted = kThreshold + 2;
-constexpr int kTierScratch = kDemoted + 1;
+// A pooled table's free rows in host and in device memory, counted, then
+// placed on the stack.
+constexpr int kFreeFar = kDemoted + 1, kFreeNear = kFreeFar + 1;
+constexpr int kPlacedFar = kFreeNear + 1, kPlacedNear = kPlacedFar + 1;
+constexpr int kTierScratch = kPlacedNear + 1;
 
 __device__ __forceinline__ int BinOf(unsigned long long uses) {
   return uses == 0 ? 0 : min(kBins - 1, 64 - __clzll(static_cast<long long>(uses)));
@@ -167,6 +177,145 @@ __global__ void TierSwapMapKernel(DevTable t, const long long* scratch,
   }
 }
 
+// Pooled tables. owner[r] <- the live main slot whose row is r (-1: none).
+__global__ void PoolOwnersKernel(DevTable t, int32_t* __restrict__ owner) {
+  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < t.slots;
+       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int32_t r = t.rows.loc[s];
+    if (r >= kFirstPoolRow && SlotLive(t, s)) owner[r] = static_cast<int32_t>(s);
+  }
+}
+
+// Adds a warp's flagged items to a list: one atomic per warp. Every lane
+// calls it.
+__device__ __forceinline__ void WarpAppend(bool flag, int64_t item, long long* count,
+                                           int64_t* list, int64_t cap, int lane) {
+  const unsigned flags = __ballot_sync(kFull, flag);
+  long long base = 0;
+  if (lane == 0 && flags) {
+    base = static_cast<long long>(atomicAdd(reinterpret_cast<unsigned long long*>(count),
+                                            static_cast<unsigned long long>(__popc(flags))));
+  }
+  base = __shfl_sync(kFull, base, 0);
+  if (flag) {
+    const long long i = base + __popc(flags & ((1u << lane) - 1u));
+    if (i < cap) list[i] = item;
+  }
+}
+
+// Candidates of a pooled table: main slots to promote (live, host memory,
+// bin >= T), device-memory pool rows to take (free, or their owner's bin < T).
+__global__ void PoolCandidatesKernel(DevTable t, const int32_t* __restrict__ owner,
+                                     long long* scratch, int64_t* promote, int64_t* demote,
+                                     int64_t cap) {
+  const int threshold = static_cast<int>(scratch[kThreshold]);
+  const int64_t total = t.slots > t.rows.split ? t.slots : t.rows.split;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x - lane;
+       first < total; first += stride) {
+    const int64_t i = first + lane;
+    bool up = false, down = false;
+    if (i < t.slots && SlotLive(t, i) && !InDeviceMemory(t, i)) {
+      up = BinOf(t.freq[i]) >= threshold;
+    }
+    if (i >= kFirstPoolRow && i < t.rows.split) {
+      const int32_t o = owner[i];
+      down = o < 0 || BinOf(t.freq[o]) < threshold;
+    }
+    WarpAppend(up, i, scratch + kPromoted, promote, cap, lane);
+    WarpAppend(down, i, scratch + kDemoted, demote, cap, lane);
+  }
+}
+
+// Pair j: slot promote[j]'s host-memory row and device-memory row demote[j]
+// trade contents (a free row's are nothing); then the map and the owners.
+__global__ void PoolSwapRowsKernel(DevTable t, const long long* scratch,
+                                   const int64_t* __restrict__ promote,
+                                   const int64_t* __restrict__ demote, int64_t cap) {
+  const int64_t pairs = SwapCount(scratch, cap);
+  const int dim = t.dim;
+  const int64_t items = pairs * dim;
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
+       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t j = i / dim;
+    const int d = static_cast<int>(i - j * dim);
+    float* up = t.rows.Row(promote[j], dim) + d;
+    float* down = t.rows.Phys(demote[j], dim) + d;
+    const float v = *up;
+    *up = *down;
+    *down = v;
+  }
+}
+
+__global__ void PoolSwapMapKernel(DevTable t, const long long* scratch,
+                                  const int64_t* __restrict__ promote,
+                                  const int64_t* __restrict__ demote, int64_t cap,
+                                  int32_t* __restrict__ owner) {
+  const int64_t pairs = SwapCount(scratch, cap);
+  for (int64_t j = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; j < pairs;
+       j += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+    const int64_t p = promote[j];
+    const int32_t near = static_cast<int32_t>(demote[j]), far = t.rows.loc[p];
+    const int32_t o = owner[near];
+    t.rows.loc[p] = near;
+    owner[near] = static_cast<int32_t>(p);
+    owner[far] = o;
+    if (o >= 0) t.rows.loc[o] = far;
+  }
+}
+
+// The free pool rows (no owner), counted per tier (far: 0, near: 1) ...
+__global__ void PoolCountFreeKernel(DevTable t, const int32_t* __restrict__ owner,
+                                    long long* scratch) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  for (int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x - lane;
+       first < t.pool_rows; first += stride) {
+    const int64_t r = first + lane;
+    const bool free = r >= kFirstPoolRow && r < t.pool_rows && owner[r] < 0;
+    WarpCount(free && r >= t.rows.split, scratch + kFreeFar, lane);
+    WarpCount(free && r < t.rows.split, scratch + kFreeNear, lane);
+  }
+}
+
+// ... then stacked: host-memory rows below device-memory rows.
+__global__ void PoolStackFreeKernel(DevTable t, const int32_t* __restrict__ owner,
+                                    long long* scratch) {
+  const int lane = threadIdx.x % kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  const long long far_count = scratch[kFreeFar];
+  for (int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x - lane;
+       first < t.pool_rows; first += stride) {
+    const int64_t r = first + lane;
+    const bool free = r >= kFirstPoolRow && r < t.pool_rows && owner[r] < 0;
+    const bool near = r < t.rows.split;
+    const unsigned fars = __ballot_sync(kFull, free && !near);
+    const unsigned nears = __ballot_sync(kFull, free && near);
+    long long far_base = 0, near_base = 0;
+    if (lane == 0 && fars) {
+      far_base = static_cast<long long>(
+          atomicAdd(reinterpret_cast<unsigned long long*>(scratch + kPlacedFar),
+                    static_cast<unsigned long long>(__popc(fars))));
+    }
+    if (lane == 0 && nears) {
+      near_base = static_cast<long long>(
+          atomicAdd(reinterpret_cast<unsigned long long*>(scratch + kPlacedNear),
+                    static_cast<unsigned long long>(__popc(nears))));
+    }
+    far_base = __shfl_sync(kFull, far_base, 0);
+    near_base = __shfl_sync(kFull, near_base, 0);
+    const unsigned below = (1u << lane) - 1u;
+    if (free && !near) t.free_rows[far_base + __popc(fars & below)] = static_cast<int32_t>(r);
+    if (free && near) {
+      t.free_rows[far_count + near_base + __popc(nears & below)] = static_cast<int32_t>(r);
+    }
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *t.free_top = far_count + scratch[kFreeNear];
+  }
+}
+
 __global__ void InDeviceMemoryKernel(DevTable t, const int64_t* __restrict__ keys, int64_t n,
                                      uint8_t* __restrict__ out) {
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
@@ -179,6 +328,15 @@ __global__ void InDeviceMemoryKernel(DevTable t, const int64_t* __restrict__ key
 
 }  // namespace
 
+// Whether rows are in both tiers, so that a pass has rows to move: a
+// pooled table's whole budget may hold all its rows (or none of its pool).
+bool Tiered(const SokGpuTable* t) {
+  const DevTable& d = t->dev;
+  if (d.rows.loc == nullptr || t->tier_cap == 0) return false;
+  if (d.pool_rows == 0) return true;
+  return d.rows.split > kFirstPoolRow && d.rows.split < d.pool_rows;
+}
+
 int AllocTierScratch(SokGpuTable* t) {
   if (t->near_rows <= 0) return 0;  // every row in one tier, whatever the size
   // Swaps a pass may make: a sixteenth of the device-memory rows (at least
@@ -187,6 +345,7 @@ int AllocTierScratch(SokGpuTable* t) {
   int rc = Alloc(t->allocator, &t->tier_scratch, kTierScratch);
   if (!rc) rc = Alloc(t->allocator, &t->tier_promote, cap);
   if (!rc) rc = Alloc(t->allocator, &t->tier_demote, cap);
+  if (!rc) rc = Alloc(t->allocator, &t->tier_owner, t->dev.pool_rows);
   if (!rc) t->tier_cap = cap;
   return rc;
 }
@@ -195,13 +354,37 @@ void FreeTierScratch(SokGpuTable* t) {
   Free(t->allocator, &t->tier_scratch);
   Free(t->allocator, &t->tier_promote);
   Free(t->allocator, &t->tier_demote);
+  Free(t->allocator, &t->tier_owner);
   t->tier_cap = 0;
 }
 
+// A pooled table's pass (the steps of the file's comment).
+int RebalancePool(SokGpuTable* t, cudaStream_t s) {
+  const DevTable& d = t->dev;
+  const int64_t cap = t->tier_cap;
+  SOK_CUDA(cudaMemsetAsync(t->tier_scratch, 0, sizeof(long long) * kTierScratch, s));
+  SOK_CUDA(cudaMemsetAsync(t->tier_owner, 0xff, sizeof(int32_t) * d.pool_rows, s));
+  PoolOwnersKernel<<<Grid(d.slots), 256, 0, s>>>(d, t->tier_owner);
+  TierHistogramKernel<<<Grid(d.slots + 2), 256, 0, s>>>(d, t->tier_scratch);
+  // Device-memory rows for keys: all but the sink (the side keys' rows are
+  // there too, and counted as keys).
+  TierThresholdKernel<<<1, 1, 0, s>>>(t->tier_scratch, d.rows.split - 1);
+  PoolCandidatesKernel<<<Grid(std::max(d.slots, d.rows.split)), 256, 0, s>>>(
+      d, t->tier_owner, t->tier_scratch, t->tier_promote, t->tier_demote, cap);
+  PoolSwapRowsKernel<<<Grid(cap * d.dim), 256, 0, s>>>(d, t->tier_scratch, t->tier_promote,
+                                                       t->tier_demote, cap);
+  PoolSwapMapKernel<<<Grid(cap), 256, 0, s>>>(d, t->tier_scratch, t->tier_promote,
+                                              t->tier_demote, cap, t->tier_owner);
+  PoolCountFreeKernel<<<Grid(d.pool_rows), 256, 0, s>>>(d, t->tier_owner, t->tier_scratch);
+  PoolStackFreeKernel<<<Grid(d.pool_rows), 256, 0, s>>>(d, t->tier_owner, t->tier_scratch);
+  return static_cast<int>(cudaGetLastError());
+}
+
 int MaybeRebalance(SokGpuTable* t, bool force, cudaStream_t s) {
-  if (t->dev.rows.loc == nullptr || t->tier_cap == 0) return 0;
+  if (!Tiered(t)) return 0;
   if (!force && ++t->tier_calls < kTierPeriod) return 0;
   t->tier_calls = 0;
+  if (t->dev.pool_rows > 0) return RebalancePool(t, s);
   const int64_t cap = t->tier_cap;
   const int64_t total = t->dev.slots + 2;
   SOK_CUDA(cudaMemsetAsync(t->tier_scratch, 0, sizeof(long long) * 2 * kBins, s));

@@ -116,6 +116,7 @@ __global__ void RemoveKernel(DevTable t, const int64_t* __restrict__ keys, int64
                  static_cast<unsigned long long>(key);
     }
     if (gone) {
+      GiveRow(t, s);
       t.ts[s] = 0;
       t.freq[s] = 0;
     }
