@@ -1048,6 +1048,17 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             if rows != want:
                 raise CheckpointError(f"{where}: variable '{name}' has {want} rows; the dump "
                                       f"holds {rows} rows: load it into a table of {rows} rows")
+            order = np.argsort(keys, kind="stable")
+            if not np.array_equal(keys, np.arange(rows)) and \
+                    np.array_equal(keys[order], np.arange(rows)):
+                # Keys 0..rows-1 in another order (a dynamic table's dump,
+                # in its hash table's order, which differs between the CPU
+                # and the GPU): row k is key k's, on every device alike.
+                for part in ("keys", "values", "timestamps", "frequencies") + tuple(
+                        "slot." + slot for slot in slot_names):
+                    if part in arrays:
+                        arrays[part] = arrays[part][order]
+                keys = arrays["keys"]
             if not np.array_equal(keys, np.arange(rows)):
                 first = int(np.flatnonzero(keys != np.arange(rows))[0])
                 raise CheckpointError(

@@ -677,6 +677,47 @@ def test_load_into_tables_of_another_shape_changes_nothing(tmp_path):
     np.testing.assert_array_equal(rows.numpy()[order], whole)
 
 
+def test_a_dynamic_tables_dump_of_keys_0_to_n_loads_into_a_static_table_by_key(tmp_path):
+    """A dynamic table's dump of keys 0..rows-1 loads into a static table of
+    that many rows, row k from key k, whatever order the dump holds them in:
+    sok.dump sorts by key, but sok.Saver writes the table's own order (the
+    GPU's hash order, the CPU's insertion order), and a static table restored
+    from such a dump was refused as "a dynamic table's dump" (on a GPU even
+    for keys inserted in order)."""
+    sok.init(comm_tool="none")
+    rng = np.random.default_rng(3)
+    keys = rng.permutation(1000).astype(np.int64)
+    rows = rng.standard_normal((1000, 3)).astype(np.float32)
+    dyn = sok.DynamicVariable(3, name="s")
+    sok.assign(dyn, tf.constant(keys), rows)
+    exported = sok.export(dyn)[0].numpy()
+    assert not np.array_equal(exported, np.sort(exported))  # the dump is out of key order
+    path = str(tmp_path / "dump")
+    sok.dump(path, [dyn])
+    static = sok.Variable(np.zeros((1000, 3), np.float32), name="s")
+    sok.load(path, [static])
+    want = np.empty_like(rows)
+    want[keys] = rows
+    np.testing.assert_array_equal(static.numpy(), want)
+    # Keys that are not 0..rows-1 are still refused, naming the first misfit.
+    sok.assign(dyn, tf.constant([1000], tf.int64), np.ones((1, 3), np.float32))
+    sok.dump(path, [dyn])
+    with pytest.raises(CheckpointError, match=r"'s' has 1000 rows; the dump holds 1001 rows"):
+        sok.load(path, [static])
+    np.testing.assert_array_equal(static.numpy(), want)
+
+    # sok.Saver writes a table's rows in the table's order, not sorted.
+    import gc
+    other = sok.DynamicVariable(3, name="v")
+    sok.assign(other, tf.constant(keys), rows)
+    sok.Saver().dump_to_file(other, str(tmp_path / "saver"))
+    del other
+    gc.collect()  # its namesake below may take its rows once it is gone
+    static = sok.Variable(np.zeros((1000, 3), np.float32), name="v")
+    sok.Saver().restore_from_file(static, str(tmp_path / "saver"))
+    np.testing.assert_array_equal(static.numpy(), want)
+
+
 def _without_dtypes(path):
     """Makes the dump at `path` read as one written before rows kept their
     dtype: no "dtype" / "dtypes" in its manifest (float32 files are the same
