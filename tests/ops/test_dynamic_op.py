@@ -481,7 +481,7 @@ def test_concurrent_updates_are_serializable():
         t.start()
     for t in threads:
         t.join()
-    assert not errors, errors
+    assert not errors, [f"{type(e).__name__}: {e}" for e in errors]
     final = dyn.find(handle, keys, dim)[0].numpy()[:, 0]
     expected = np.zeros(keys_per * 4)
     for w in range(writers):
