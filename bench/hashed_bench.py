@@ -40,10 +40,8 @@ step (bench/host_syncs.py reads the trace).
 """
 
 import argparse
-import collections
 import os
 import sys
-import tempfile
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -282,31 +280,12 @@ def main():
 
 
 def trace(name, step, count):
-    """Prints a side's GPU time per TensorFlow op and its device-to-host
-    copies, per step, from a profiler trace of `count` steps."""
+    """Prints a side's GPU time per TensorFlow op and per kernel and its
+    device-to-host copies, per step, from a profiler trace of `count` steps."""
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import host_syncs
 
-    logdir = tempfile.mkdtemp(prefix="hashed_trace_")
-    tf.profiler.experimental.start(logdir)
-    for i in range(count):
-        loss = step(i)
-    float(loss)
-    tf.profiler.experimental.stop()
-    space = host_syncs._xspace(logdir)
-    _, _, dtoh, _, _ = host_syncs.analyse(space)
-    by_op = collections.Counter()
-    for plane in space.planes:
-        if plane.name.startswith("/device:GPU"):
-            for _, line, kernel, s, e, op in host_syncs._events(plane, with_op=True):
-                if "Stream" in line:
-                    by_op[(op.split(":")[-1] or kernel[:40])] += e - s
-    total = sum(by_op.values())
-    print(f"{name}: GPU busy {total / 1e9 / count:.3f} ms per step; by TensorFlow op type:")
-    for op, ps in by_op.most_common(14):
-        print(f"  {ps / 1e9 / count:8.3f}  {op}")
-    print(f"  device-to-host copies per step: {sum(dtoh.values()) / count:.1f} "
-          f"({', '.join(f'{op} {c / count:.1f}' for op, c in dtoh.most_common(5))})")
+    host_syncs.print_traced_steps(name, step, count)
 
 
 if __name__ == "__main__":

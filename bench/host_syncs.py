@@ -115,6 +115,37 @@ def analyse(space):
     return planes, by_op, dtoh, op_time, device_time
 
 
+def print_traced_steps(name, step, count, top=14):
+    """Runs step(i) for i < count under TensorFlow's profiler and prints the
+    GPU time per step by TensorFlow op type and by CUDA kernel (an op such
+    as a table's lookup runs several), and the device-to-host copies per
+    step. For the benchmarks that trace one side of theirs (--trace)."""
+    logdir = tempfile.mkdtemp(prefix="sok_trace_")
+    tf.profiler.experimental.start(logdir)
+    for i in range(count):
+        out = step(i)
+    float(out)  # waits for the last step
+    tf.profiler.experimental.stop()
+    space = _xspace(logdir)
+    _, _, dtoh, _, _ = analyse(space)
+    by_op, by_kernel = collections.Counter(), collections.Counter()
+    for plane in space.planes:
+        if plane.name.startswith("/device:GPU"):
+            for _, line, kernel, s, e, op in _events(plane, with_op=True):
+                if "Stream" in line:
+                    by_op[(op.split(":")[-1] or kernel[:40])] += e - s
+                    by_kernel[kernel.replace("(anonymous namespace)::", "").split("(")[0].split("<")[0][-60:]] += e - s
+    total = sum(by_op.values())
+    print(f"{name}: GPU busy {total / 1e9 / count:.3f} ms per step; by TensorFlow op type:")
+    for op, ps in by_op.most_common(top):
+        print(f"  {ps / 1e9 / count:8.3f}  {op}")
+    print("  by kernel:")
+    for kernel, ps in by_kernel.most_common(top):
+        print(f"  {ps / 1e9 / count:8.3f}  {kernel}")
+    print(f"  device-to-host copies per step: {sum(dtoh.values()) / count:.1f} "
+          f"({', '.join(f'{op} {c / count:.1f}' for op, c in dtoh.most_common(5))})")
+
+
 def host_time_by_node(space):
     """Host time (ps) of each TensorFlow op's TraceMe by node name, numeric
     suffixes folded (_base_name): which ops of a step cost its host most."""

@@ -12,15 +12,15 @@ slots its index has). --split-only leaves out the all-GPU table, for a
 table whose values do not fit the GPU at all. Both are filled with the
 same --rows keys first (untimed), so the steps start with rows of both
 tiers; the split table then moves its most used rows into GPU memory as it
-trains (a pass every 16 lookups), which the warm-up round and the rounds
-include.
+trains (a pass every 16 lookups; per 2^25 slots for larger tables), which
+the warm-up (--warmup steps, at least one round) and the rounds include.
 
 A step (one tf.function): --batch samples of --hotness ids each, drawn from
 Zipf(--alpha) (or uniform, --alpha 0) over --rows ids, each id hashed into
 the 63-bit key space; sok.lookup_sparse (combiner sum), a squared loss, its
 gradient and the SGD update of the table through sok.OptimizerWrapper. The
 tables run in interleaved rounds (--rounds rounds of --steps steps each,
-after one warm-up round); the figure is the median over rounds of the time
+after the warm-up); the figure is the median over rounds of the time
 per step. Printed: ms per step, millions of ids per second, the split
 table's step rate over the all-GPU one's (issue 43's target: >= 0.5 on a
 Zipf(1.05) stream), and the rows each table holds and has evicted after the
@@ -35,6 +35,7 @@ memory); the host needs memory for the host share of the rows.
 
 import argparse
 import os
+import sys
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -69,11 +70,17 @@ def main():
     p.add_argument("--hbm-share", type=float, default=2 / 3,
                    help="share of the split table's row storage in GPU memory")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--warmup", type=int, default=0,
+                   help="steps of each table before the rounds (default: one round's); a "
+                        "large table passes its rows between tiers every 16 lookups per 2^25 "
+                        "slots, so its steady state takes more")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--batches", type=int, default=16, help="distinct batches, cycled")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--split-only", action="store_true",
                    help="only the split table (one whose values exceed the GPU's memory)")
+    p.add_argument("--trace", type=int, default=0,
+                   help="then trace this many steps of each table: GPU time by op and kernel")
     args = p.parse_args()
     args.capacity = 1 << max(1, int(np.ceil(np.log2(args.rows))))
     sok.init(comm_tool="none")
@@ -129,7 +136,9 @@ def main():
         return (time.perf_counter() - start) / args.steps
 
     for name in tables:
-        run_round(name)  # warm-up: traces and first touches
+        # warm-up: traces, first touches, the tiers' first passes
+        for _ in range(max(1, -(-args.warmup // args.steps))):
+            run_round(name)
     times = {name: [] for name in tables}
     for _ in range(args.rounds):
         for name in tables:
@@ -142,6 +151,13 @@ def main():
     if "all in GPU memory" in times:
         ratio = np.median(times["all in GPU memory"]) / np.median(times["split"])
         print(f"split / all-in-GPU step rate: {ratio:.3f} (target >= 0.5)")
+    if args.trace:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import host_syncs
+
+        for name in tables:
+            host_syncs.print_traced_steps(
+                name, lambda i, name=name: steps[name](batches[i % len(batches)]), args.trace)
     for name, table in tables.items():
         stats = {k: int(v) for k, v in table.stats().items()}
         print(f"{name:>18}: {stats['size']} rows held of {args.rows} inserted, "

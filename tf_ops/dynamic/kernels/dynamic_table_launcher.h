@@ -25,8 +25,10 @@
 // key at the bound (GPU tables trade memory for one random read per find).
 // Rows past the config's hbm_bytes live in mapped pinned host memory; keys,
 // times and counts stay in device memory. Such a table maps slots to rows
-// and every 16 training lookups moves its most used rows (by use count)
-// into device memory (dynamic_table_tiers.cu); values never change by it.
+// and every 16 training lookups (more past 2^25 slots) moves its most used
+// rows (by use count) into device memory (dynamic_table_tiers.cu); values
+// never change by it. A bounded one holds max_rows rows (+ 3), taken by
+// its slots from a pool (dynamic_table_internal.cuh, RowSpace).
 //
 // Every function takes the stream to run on (a cudaStream_t; NULL for the
 // default stream) and returns 0, a cudaError_t (> 0), or a SOK_GPU_TABLE_*

@@ -23,7 +23,8 @@
 // same no row goes back and forth between passes. The pass never waits for
 // the device (the counts stay there; its scratch comes with the table),
 // swaps at most a sixteenth of the device-memory rows (at least 2^16), and
-// runs every kTierPeriod training lookups
+// runs every kTierPeriod training lookups (more for tables of more than
+// kTierPeriodSlots slots: TierPeriod)
 // (find-or-insert, gather_ensured). Rows keep their values; only where they
 // live changes, so results are those of an untiered table.
 #include <algorithm>
@@ -64,11 +65,22 @@ __global__ void TierHistogramKernel(DevTable t, long long* scratch) {
   for (int i = threadIdx.x; i < 2 * kBins; i += blockDim.x) bins[i] = 0;
   __syncthreads();
   const int64_t total = t.slots + 2;
-  for (int64_t s = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; s < total;
-       s += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    if (!SlotLive(t, s)) continue;
-    const int tier = InDeviceMemory(t, s) ? 0 : 1;
-    atomicAdd(bins + tier * kBins + BinOf(t.freq[s]), 1ULL);
+  const int lane = threadIdx.x % kWarp;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * blockDim.x;
+  // Most keys share a few bins (use counts 1, 2-3, ...): one shared-memory
+  // add per bin a warp saw, not one per key, or a table of 2^29 slots
+  // spends its pass queued on a few counters.
+  for (int64_t first = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x - lane;
+       first < total; first += stride) {
+    const int64_t s = first + lane;
+    int bin = -1;
+    if (s < total && SlotLive(t, s)) {
+      bin = (InDeviceMemory(t, s) ? 0 : kBins) + BinOf(t.freq[s]);
+    }
+    const unsigned peers = __match_any_sync(kFull, bin);
+    if (bin >= 0 && lane == __ffs(peers) - 1) {
+      atomicAdd(bins + bin, static_cast<unsigned long long>(__popc(peers)));
+    }
   }
   __syncthreads();
   for (int i = threadIdx.x; i < 2 * kBins; i += blockDim.x) {
@@ -380,9 +392,22 @@ int RebalancePool(SokGpuTable* t, cudaStream_t s) {
   return static_cast<int>(cudaGetLastError());
 }
 
+// Lookups between passes. A pass reads the whole index (and a pool's
+// owners): 20-40 bytes a slot, where a lookup's work grows with its batch,
+// not with the table. Past kTierPeriodSlots slots the period grows with the
+// slots, so that a pass costs a lookup no more than at that size (on an
+// H200, a pass over 2^29 slots and 2^28 pool rows took ~0.5 ms a lookup
+// every 16 lookups, a tenth of the step).
+constexpr int64_t kTierPeriodSlots = int64_t{1} << 25;
+
+int64_t TierPeriod(const SokGpuTable* t) {
+  return kTierPeriod * std::max<int64_t>(1, (t->dev.slots + kTierPeriodSlots - 1) /
+                                                kTierPeriodSlots);
+}
+
 int MaybeRebalance(SokGpuTable* t, bool force, cudaStream_t s) {
   if (!Tiered(t)) return 0;
-  if (!force && ++t->tier_calls < kTierPeriod) return 0;
+  if (!force && ++t->tier_calls < TierPeriod(t)) return 0;
   t->tier_calls = 0;
   if (t->dev.pool_rows > 0) return RebalancePool(t, s);
   const int64_t cap = t->tier_cap;
