@@ -52,6 +52,10 @@ extern "C" {
 // Inserting calls do not wait for the device to learn it: the call after
 // the one that broke it reports it (and every later one, until a clear).
 #define SOK_GPU_TABLE_FULL (-3)
+// The rows a table keeps in host memory (past its device-memory budget)
+// could not be allocated as pinned host memory: the host has too little
+// memory, or the process may lock too little of it.
+#define SOK_GPU_TABLE_HOST_MEMORY (-4)
 
 // Size limits: a table has at most 2^30 slots (CUB counts a call's items,
 // slots included, in int). A bounded table (max_rows) keeps at most 3/4 of

@@ -95,8 +95,11 @@ int AllocMapped(float** p, int64_t count) {
   *p = nullptr;
   if (count <= 0) return 0;
   void* host = nullptr;
-  SOK_CUDA(cudaHostAlloc(&host, sizeof(float) * count,
-                         cudaHostAllocMapped | cudaHostAllocPortable));
+  if (cudaHostAlloc(&host, sizeof(float) * count, cudaHostAllocMapped | cudaHostAllocPortable) !=
+      cudaSuccess) {
+    cudaGetLastError();  // not the device's fault: later calls must not see it
+    return SOK_GPU_TABLE_HOST_MEMORY;
+  }
   void* device = nullptr;
   cudaError_t e = cudaHostGetDevicePointer(&device, host, 0);
   if (e == cudaSuccess && device != host) e = cudaErrorNotSupported;

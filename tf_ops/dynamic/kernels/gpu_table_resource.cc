@@ -95,6 +95,11 @@ Status TableError(OpKernelContext* ctx, int rc, const SokGpuTableResult* result,
       return errors::InvalidArgument(where, "the GPU table rejected its arguments (a table ",
                                      "that failed to allocate, a negative count, dim < 1 or an ",
                                      "unknown mode)");
+    case SOK_GPU_TABLE_HOST_MEMORY:
+      return errors::ResourceExhausted(
+          where, "out of host memory: the rows this table keeps in host memory (past ",
+          "max_hbm_for_vectors) could not be allocated as pinned host memory. Give it more GPU ",
+          "memory (max_hbm_for_vectors) or fewer rows (max_capacity), or free host memory");
     case SOK_GPU_TABLE_FULL:
       return errors::Internal(where, "no free slot was found for a new key (an invariant of ",
                               "the GPU hash table broke)");
