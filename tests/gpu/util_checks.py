@@ -365,20 +365,27 @@ def bench_util(lib, time_ms):
                  "torch.unique(inverse), sorted order", t_ms))
     width, segs = 16, 1 << 20
     data = cp.random.standard_normal((n, width), dtype=cp.float32)
-    ids = cp.random.randint(0, segs, size=n, dtype=cp.int64)
     out = cp.empty((segs, width), cp.float32)
     bad = cp.full(1, I64_MAX, cp.int64)
     fn = lib.sok_unsorted_segment_sum_f32_i64
     size = ctypes.c_size_t(0)
     fn(None, None, n, width, segs, None, None, None, ctypes.byref(size), None)
     temp = cp.empty(size.value, cp.uint8)
-    ms = time_ms(lambda: fn(data.data.ptr, ids.data.ptr, n, width, segs, out.data.ptr,
-                            bad.data.ptr, temp.data.ptr, ctypes.byref(size), stream()))
-    if torch is not None:
-        td, ti = torch.as_tensor(data, device="cuda"), torch.as_tensor(ids, device="cuda")
-        t_ms = time_ms(lambda: torch.zeros((segs, width), device="cuda").index_add_(0, ti, td))
-    rows.append((f"unsorted segment sum, {n}x{width} into {segs} segments", ms,
-                 "torch index_add_ (atomics, not deterministic)", t_ms))
+    # Uniform segments, and a gradient's repeats on a Zipf(1.05) stream (the
+    # hashed DemoModel's: a hot key's segment is ~5% of the rows).
+    weights = 1.0 / np.arange(1, segs + 1) ** 1.05
+    zipf = np.random.default_rng(0).permutation(segs)[np.random.default_rng(1).choice(
+        segs, size=n, p=weights / weights.sum())]
+    for what, ids in (("uniform", cp.random.randint(0, segs, size=n, dtype=cp.int64)),
+                      ("Zipf(1.05)", cp.asarray(zipf.astype(np.int64)))):
+        ms = time_ms(lambda: fn(data.data.ptr, ids.data.ptr, n, width, segs, out.data.ptr,
+                                bad.data.ptr, temp.data.ptr, ctypes.byref(size), stream()))
+        if torch is not None:
+            td, ti = torch.as_tensor(data, device="cuda"), torch.as_tensor(ids, device="cuda")
+            t_ms = time_ms(lambda: torch.zeros((segs, width), device="cuda").index_add_(0, ti,
+                                                                                         td))
+        rows.append((f"unsorted segment sum, {n}x{width} into {segs} segments, {what}", ms,
+                     "torch index_add_ (atomics, not deterministic)", t_ms))
     world = 8
     ids = cp.random.randint(0, 1 << 40, size=n, dtype=cp.int64)
     outs = [cp.empty(n, cp.int64) for _ in range(3)]
