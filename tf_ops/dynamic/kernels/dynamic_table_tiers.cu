@@ -104,6 +104,23 @@ __global__ void TierThresholdKernel(long long* scratch, int64_t near_rows) {
   scratch[kDemoted] = 0;
 }
 
+// Adds a warp's flagged items to a list: one atomic per warp. Every lane
+// calls it.
+__device__ __forceinline__ void WarpAppend(bool flag, int64_t item, long long* count,
+                                           int64_t* list, int64_t cap, int lane) {
+  const unsigned flags = __ballot_sync(kFull, flag);
+  long long base = 0;
+  if (lane == 0 && flags) {
+    base = static_cast<long long>(atomicAdd(reinterpret_cast<unsigned long long*>(count),
+                                            static_cast<unsigned long long>(__popc(flags))));
+  }
+  base = __shfl_sync(kFull, base, 0);
+  if (flag) {
+    const long long i = base + __popc(flags & ((1u << lane) - 1u));
+    if (i < cap) list[i] = item;
+  }
+}
+
 // Lists the slots to promote (live, host memory, bin >= T) and to demote
 // (device memory, free or bin < T), at most `cap` of each.
 __global__ void TierCandidatesKernel(DevTable t, long long* scratch, int64_t* promote,
@@ -126,29 +143,8 @@ __global__ void TierCandidatesKernel(DevTable t, long long* scratch, int64_t* pr
         up = live && bin >= threshold;
       }
     }
-    const unsigned ups = __ballot_sync(kFull, up), downs = __ballot_sync(kFull, down);
-    long long up_base = 0, down_base = 0;
-    if (lane == 0 && ups) {
-      up_base = static_cast<long long>(atomicAdd(
-          reinterpret_cast<unsigned long long*>(scratch + kPromoted),
-          static_cast<unsigned long long>(__popc(ups))));
-    }
-    if (lane == 0 && downs) {
-      down_base = static_cast<long long>(atomicAdd(
-          reinterpret_cast<unsigned long long*>(scratch + kDemoted),
-          static_cast<unsigned long long>(__popc(downs))));
-    }
-    up_base = __shfl_sync(kFull, up_base, 0);
-    down_base = __shfl_sync(kFull, down_base, 0);
-    const unsigned below = (1u << lane) - 1u;
-    if (up) {
-      const long long i = up_base + __popc(ups & below);
-      if (i < cap) promote[i] = s;
-    }
-    if (down) {
-      const long long i = down_base + __popc(downs & below);
-      if (i < cap) demote[i] = s;
-    }
+    WarpAppend(up, s, scratch + kPromoted, promote, cap, lane);
+    WarpAppend(down, s, scratch + kDemoted, demote, cap, lane);
   }
 }
 
@@ -156,20 +152,23 @@ __device__ __forceinline__ int64_t SwapCount(const long long* scratch, int64_t c
   return min(cap, static_cast<int64_t>(min(scratch[kPromoted], scratch[kDemoted])));
 }
 
-// Swaps the contents of the rows of promote[j] and demote[j] (one column a
-// thread); the map is swapped after, by TierSwapMapKernel.
+// Swaps the contents of slot promote[j]'s row and demote[j]'s (one column
+// a thread): a slot's row, or in a pooled table a device-memory row itself
+// (a free row's contents are nothing). The map is changed after, by
+// TierSwapMapKernel or PoolSwapMapKernel.
 __global__ void TierSwapRowsKernel(DevTable t, const long long* scratch,
                                    const int64_t* __restrict__ promote,
                                    const int64_t* __restrict__ demote, int64_t cap) {
   const int64_t pairs = SwapCount(scratch, cap);
   const int dim = t.dim;
   const int64_t items = pairs * dim;
+  const bool demote_rows = t.pool_rows > 0;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
     const int64_t j = i / dim;
     const int d = static_cast<int>(i - j * dim);
     float* up = t.rows.Row(promote[j], dim) + d;
-    float* down = t.rows.Row(demote[j], dim) + d;
+    float* down = (demote_rows ? t.rows.Phys(demote[j], dim) : t.rows.Row(demote[j], dim)) + d;
     const float v = *up;
     *up = *down;
     *down = v;
@@ -198,23 +197,6 @@ __global__ void PoolOwnersKernel(DevTable t, int32_t* __restrict__ owner) {
   }
 }
 
-// Adds a warp's flagged items to a list: one atomic per warp. Every lane
-// calls it.
-__device__ __forceinline__ void WarpAppend(bool flag, int64_t item, long long* count,
-                                           int64_t* list, int64_t cap, int lane) {
-  const unsigned flags = __ballot_sync(kFull, flag);
-  long long base = 0;
-  if (lane == 0 && flags) {
-    base = static_cast<long long>(atomicAdd(reinterpret_cast<unsigned long long*>(count),
-                                            static_cast<unsigned long long>(__popc(flags))));
-  }
-  base = __shfl_sync(kFull, base, 0);
-  if (flag) {
-    const long long i = base + __popc(flags & ((1u << lane) - 1u));
-    if (i < cap) list[i] = item;
-  }
-}
-
 // Candidates of a pooled table: main slots to promote (live, host memory,
 // bin >= T), device-memory pool rows to take (free, or their owner's bin < T).
 __global__ void PoolCandidatesKernel(DevTable t, const int32_t* __restrict__ owner,
@@ -240,26 +222,9 @@ __global__ void PoolCandidatesKernel(DevTable t, const int32_t* __restrict__ own
   }
 }
 
-// Pair j: slot promote[j]'s host-memory row and device-memory row demote[j]
-// trade contents (a free row's are nothing); then the map and the owners.
-__global__ void PoolSwapRowsKernel(DevTable t, const long long* scratch,
-                                   const int64_t* __restrict__ promote,
-                                   const int64_t* __restrict__ demote, int64_t cap) {
-  const int64_t pairs = SwapCount(scratch, cap);
-  const int dim = t.dim;
-  const int64_t items = pairs * dim;
-  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < items;
-       i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    const int64_t j = i / dim;
-    const int d = static_cast<int>(i - j * dim);
-    float* up = t.rows.Row(promote[j], dim) + d;
-    float* down = t.rows.Phys(demote[j], dim) + d;
-    const float v = *up;
-    *up = *down;
-    *down = v;
-  }
-}
-
+// Pair j (after TierSwapRowsKernel): slot promote[j] takes device-memory
+// row demote[j]; its host-memory row goes to that row's owner, if any, or
+// becomes free.
 __global__ void PoolSwapMapKernel(DevTable t, const long long* scratch,
                                   const int64_t* __restrict__ promote,
                                   const int64_t* __restrict__ demote, int64_t cap,
@@ -383,7 +348,7 @@ int RebalancePool(SokGpuTable* t, cudaStream_t s) {
   TierThresholdKernel<<<1, 1, 0, s>>>(t->tier_scratch, d.rows.split - 1);
   PoolCandidatesKernel<<<Grid(std::max(d.slots, d.rows.split)), 256, 0, s>>>(
       d, t->tier_owner, t->tier_scratch, t->tier_promote, t->tier_demote, cap);
-  PoolSwapRowsKernel<<<Grid(cap * d.dim), 256, 0, s>>>(d, t->tier_scratch, t->tier_promote,
+  TierSwapRowsKernel<<<Grid(cap * d.dim), 256, 0, s>>>(d, t->tier_scratch, t->tier_promote,
                                                        t->tier_demote, cap);
   PoolSwapMapKernel<<<Grid(cap), 256, 0, s>>>(d, t->tier_scratch, t->tier_promote,
                                               t->tier_demote, cap, t->tier_owner);
