@@ -11,7 +11,8 @@ tests/multiworker/serving_clock_worker.py runs rank 0 an hour ahead (its
 clock as the serving code reads it, and the times it stamps its keys
 with), exports, updates keys on both workers, exports a delta since the
 export's created and applies it; then asks for deltas rank 0 refuses,
-which every worker must now raise (the others returned None).
+which every worker must now raise (the others returned None), and an
+export into a directory rank 0 refuses, which every worker must raise too.
 """
 
 import json
@@ -113,3 +114,26 @@ def test_every_worker_raises_where_rank_0_refuses_a_delta(run):
     assert reports[1]["twice"] == [
         "DeltaError", "export_serving_delta failed on rank 0 of 2: " + twice], (mode, reports[1])
     assert not os.path.exists(os.path.join(out, "twice"))
+
+
+def test_every_worker_raises_where_rank_0_refuses_an_export_dir(run):
+    """export_dir holds a file of the user's: rank 0 refused it and raised,
+    while rank 1 returned None (and went on as if the export were written).
+    Every worker raises now, rank 1 an error of rank 0's class naming rank 0,
+    before any table is read; the user's file stays, alone."""
+    mode, out, reports = run
+    taken = os.path.join(out, "taken")
+    if mode == "eager":
+        refused = (f"export_dir={taken!r} holds something other than a SavedModel: an export "
+                   f"replaces only a previous export or an empty directory; choose another "
+                   f"export_dir or remove it")
+    else:
+        refused = (f"export_dir={taken!r} exists and is not empty; a TF1 export (as "
+                   f"TensorFlow's SavedModel Builder) writes only a new directory: choose "
+                   f"another export_dir")
+    caller = "CollectiveStrategy.export_saved_model" if mode == "strategy" \
+        else "export_for_serving"
+    assert reports[0]["taken"] == ["FileExistsError", refused], (mode, reports[0])
+    assert reports[1]["taken"] == [
+        "FileExistsError", f"{caller} failed on rank 0 of 2: {refused}"], (mode, reports[1])
+    assert os.listdir(taken) == ["notes.txt"]

@@ -9,8 +9,9 @@ created: the earliest clock reading over all workers. Every worker reads
   so after `created`, whatever the offsets between the workers' clocks. A
   delta with since=created therefore holds it (rows updated in the overlap
   are written again, newer).
-outcome: whether a step (rank 0's writing of a delta, its checks) failed on
-  some worker, so that every worker raises, not only the one that failed.
+outcome: whether a step (rank 0's writing of an export or a delta, its
+  checks) failed on some worker, so that every worker raises, not only the
+  one that failed.
 
 Each is one all-gather of int64 numbers through the job's communicator
 (serving/sources.py's _Gather, as the tables' gathers), made by every
@@ -102,11 +103,10 @@ def agree(comm, eager, reading=None, error=None):
     return (min(readings) if readings else None), failures
 
 
-def earliest_clock(comm, eager):
-    """`created`: the earliest of every worker's clock reading (this
-    worker's now_micros, gathered), read before any table is."""
-    reading, _ = agree(comm, eager, reading=now_micros())
-    return reading
+# The classes of rank 0's errors (writing an export or a delta) that the
+# other workers raise as they are; any other class is a RuntimeError naming it.
+SHARED_FAILURES = (FileExistsError, FileNotFoundError, NotADirectoryError, IsADirectoryError,
+                   PermissionError, OSError, ValueError, TypeError, RuntimeError)
 
 
 def raise_shared(comm, own, failures, what, kinds):

@@ -234,8 +234,7 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
 
 # The classes of rank 0's errors that the other workers raise as they are
 # (any other: RuntimeError, naming it).
-_FAILURES = (DeltaError, FileExistsError, FileNotFoundError, NotADirectoryError,
-             IsADirectoryError, PermissionError, OSError, ValueError, TypeError, RuntimeError)
+_FAILURES = (DeltaError,) + collective.SHARED_FAILURES
 
 
 def _refuse_taken(delta_dir):

@@ -342,6 +342,40 @@ class _ServingModule(tf.Module):
     pass
 
 
+def _refusal(export_dir, tf1):
+    """The FileExistsError rank 0 raises for export_dir, or None: a TF1
+    export (as TensorFlow's SavedModel Builder) writes only into a new or
+    empty directory; a TF2 one replaces only a previous export or an empty
+    directory. Rank 0 checks before any table is read, and every worker
+    raises with it (_agreed)."""
+    if "://" in str(export_dir):
+        return None
+    if tf1 and os.path.isdir(export_dir) and os.listdir(export_dir):
+        return FileExistsError(f"export_dir={export_dir!r} exists and is not empty; a TF1 "
+                               f"export (as TensorFlow's SavedModel Builder) writes only a "
+                               f"new directory: choose another export_dir")
+    final = os.path.abspath(os.fspath(export_dir))
+    if os.path.lexists(final):
+        is_dir = os.path.isdir(final) and not os.path.islink(final)
+        if not is_dir or (os.listdir(final) and saved_model_file(final) is None):
+            return FileExistsError(
+                f"export_dir={str(export_dir)!r} holds something other than a SavedModel: an "
+                f"export replaces only a previous export or an empty directory; choose "
+                f"another export_dir or remove it")
+    return None
+
+
+def _agreed(comm, eager, failed, reading=None, what="export_for_serving"):
+    """Every worker at the same point: rank 0's error (`failed`, None on the
+    others and where none) raised on every worker, rank 0 its own, the
+    others one of its class naming rank 0 (they returned None while rank 0
+    had refused export_dir or failed to write). Returns the earliest of the
+    workers' clock `reading`s, where given."""
+    created, failures = collective.agree(comm, eager, reading=reading, error=failed)
+    collective.raise_shared(comm, failed, failures, what, collective.SHARED_FAILURES)
+    return created
+
+
 @contextlib.contextmanager
 def _staged(export_dir):
     """A directory beside export_dir to write the export into, put in
@@ -356,14 +390,10 @@ def _staged(export_dir):
     if "://" in str(export_dir):
         yield str(export_dir)
         return
+    refused = _refusal(export_dir, tf1=False)
+    if refused is not None:
+        raise refused
     final = os.path.abspath(os.fspath(export_dir))
-    if os.path.lexists(final):
-        is_dir = os.path.isdir(final) and not os.path.islink(final)
-        if not is_dir or (os.listdir(final) and saved_model_file(final) is None):
-            raise FileExistsError(
-                f"export_dir={str(export_dir)!r} holds something other than a SavedModel: an "
-                f"export replaces only a previous export or an empty directory; choose "
-                f"another export_dir or remove it")
     tmp = staging_dir(final)
     try:
         yield tmp
@@ -387,44 +417,55 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
     rank = 0 if comm is None or comm.in_process else comm.rank
     # Before any table is read: the earliest of every worker's clock
     # (serving/collective.py), so a delta since it misses no key a worker
-    # whose clock is behind rank 0's updates after the export.
-    created = collective.earliest_clock(comm, eager=True)
+    # whose clock is behind rank 0's updates after the export; and rank 0's
+    # refusal of export_dir, raised on every worker.
+    created = _agreed(comm, True, _refusal(export_dir, tf1=False) if rank == 0 else None,
+                      reading=collective.now_micros())
     resolver = LiveResolver(default_row, chunk_rows)
 
     def serve(*inputs):
         return model(*inputs)
 
+    failed = None
     with mode.serving(resolver):
         function = tf.function(serve, input_signature=list(input_signature))
         concrete = function.get_concrete_function()
-        if rank != 0:
-            return None
-        root = _ServingModule()
-        table_vars = {id(v) for t in resolver.tables.values()
-                      for v in t.variables_by_role().values()}
-        root.model_variables = [v for v in concrete.graph.variables
-                                if id(v) not in table_vars]
-        root.sok_tables = dict(resolver.tables)
-        for t in resolver.tables.values():
-            lookup_spec, delta_spec = t.function_signatures()
-            t.lookup_fn = tf.function(t.lookup, input_signature=lookup_spec)
-            # Applies a delta to the loaded model in memory; it keeps no
-            # record of the deltas applied (serving/tables.py, _NO_RECORD).
-            t.apply_delta_fn = tf.function(t.apply_delta, input_signature=delta_spec)
-        root.serve = function
-        flat = tf.nest.flatten(list(input_signature), expand_composites=False)
-        signatures = None
-        if all(isinstance(s, tf.TensorSpec) for s in flat):
-            signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: concrete}
-        with _staged(export_dir) as out:
-            tf.saved_model.save(root, out, signatures=signatures)
-            paths = _object_graph_keys(out)
+        if rank == 0:
+            try:
+                _write_v2(export_dir, resolver, function, concrete, input_signature, created)
+            except Exception as e:  # told to every worker, then raised
+                failed = e
+    _agreed(comm, True, failed)
+    return export_dir if rank == 0 else None
 
-            def keys_of(name, t):
-                return {role: paths[("sok_tables", name, role)] for role in t.variables_by_role()}
-            _write_manifest(out, resolver.tables, keys_of, created)
-            _check_stock(out)
-    return export_dir
+
+def _write_v2(export_dir, resolver, function, concrete, input_signature, created):
+    """Rank 0's part of a TF2 export: the SavedModel, written whole."""
+    root = _ServingModule()
+    table_vars = {id(v) for t in resolver.tables.values()
+                  for v in t.variables_by_role().values()}
+    root.model_variables = [v for v in concrete.graph.variables
+                            if id(v) not in table_vars]
+    root.sok_tables = dict(resolver.tables)
+    for t in resolver.tables.values():
+        lookup_spec, delta_spec = t.function_signatures()
+        t.lookup_fn = tf.function(t.lookup, input_signature=lookup_spec)
+        # Applies a delta to the loaded model in memory; it keeps no
+        # record of the deltas applied (serving/tables.py, _NO_RECORD).
+        t.apply_delta_fn = tf.function(t.apply_delta, input_signature=delta_spec)
+    root.serve = function
+    flat = tf.nest.flatten(list(input_signature), expand_composites=False)
+    signatures = None
+    if all(isinstance(s, tf.TensorSpec) for s in flat):
+        signatures = {tf.saved_model.DEFAULT_SERVING_SIGNATURE_DEF_KEY: concrete}
+    with _staged(export_dir) as out:
+        tf.saved_model.save(root, out, signatures=signatures)
+        paths = _object_graph_keys(out)
+
+        def keys_of(name, t):
+            return {role: paths[("sok_tables", name, role)] for role in t.variables_by_role()}
+        _write_manifest(out, resolver.tables, keys_of, created)
+        _check_stock(out)
 
 
 # ------------------------------------------------------------ TF1
@@ -465,7 +506,7 @@ def _session_values(session):
 def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_runner,
                             default_row=None, chunk_rows=1 << 20, assets_extra=None,
                             as_text=False, clear_devices=True, strip_default_attrs=True,
-                            rank=0, missing_ok=True):
+                            rank=0, missing_ok=True, what="export_for_serving"):
     """The TF1 writer (also CollectiveStrategy.export_saved_model's): builds
     the serving graph with build_fn in serving mode, loads `values` ({variable
     name: array}) and fills the serving tables from `table_sources` ({name:
@@ -473,11 +514,15 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
     writes the SavedModel. Every worker calls it (tables are gathered).
     missing_ok=False: a variable or table of the serving graph that has no
     trained value is a ValueError on every worker, before any table is read
-    (else a warning, and it keeps its initial value)."""
+    (else a warning, and it keeps its initial value). what: the caller's
+    name, in the error the other workers raise where rank 0 failed."""
     # Before any table is read, through the job's communicator (swapped
     # out below while the serving graph is built): the earliest of every
-    # worker's clock (serving/collective.py).
-    created = collective.earliest_clock(context.active(), eager=tf.executing_eagerly())
+    # worker's clock (serving/collective.py), and rank 0's refusal of
+    # export_dir, raised on every worker.
+    comm, eager = context.active(), tf.executing_eagerly()
+    created = _agreed(comm, eager, _refusal(export_dir, tf1=True) if rank == 0 else None,
+                      reading=collective.now_micros(), what=what)
     saved_comm = context._communicator
     resolver = GraphResolver(default_row)
     context._communicator = communication.SingleProcess()
@@ -518,39 +563,49 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
             if isinstance(t, StaticTable) and name in values:
                 continue
             _fill_from(t, source, source_runner, target, chunk_rows, writer=rank == 0)
-        if rank != 0:
-            return None
-        if missing:
-            tf.compat.v1.logging.warning(
-                "export_for_serving: no trained value for %s; they keep their initial "
-                "values", missing)
-        if os.path.isdir(export_dir) and os.listdir(export_dir):
-            # As TensorFlow's TF1 SavedModel Builder: never over an export.
-            raise FileExistsError(f"export_dir={export_dir!r} exists and is not empty; a TF1 "
-                                  f"export (as TensorFlow's SavedModel Builder) writes only a "
-                                  f"new directory: choose another export_dir")
-        with _staged(export_dir) as out:
-            with graph.as_default():
-                builder = tf.compat.v1.saved_model.Builder(out)
-                builder.add_meta_graph_and_variables(
-                    sess, [tf.saved_model.SERVING], signature_def_map=signature_map,
-                    assets_collection=graph.get_collection(
-                        tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
-                    main_op=main_op, strip_default_attrs=strip_default_attrs,
-                    clear_devices=clear_devices)
-                builder.save(as_text=as_text)
-            if assets_extra:
-                extra = os.path.join(out, "assets.extra")
-                for dst, src in assets_extra.items():
-                    target_path = os.path.join(extra, dst)
-                    tf.io.gfile.makedirs(os.path.dirname(target_path))
-                    tf.io.gfile.copy(src, target_path, overwrite=True)
+        failed = None
+        if rank == 0:
+            try:
+                _write_v1(export_dir, graph, sess, signature_map, main_op, assets_extra, as_text,
+                          clear_devices, strip_default_attrs, resolver, created, missing)
+            except Exception as e:  # told to every worker, then raised
+                failed = e
+    _agreed(comm, eager, failed, what=what)
+    return export_dir if rank == 0 else None
 
-            def keys_of(name, t):
-                return {role: v.op.name for role, v in t.variables_by_role().items()}
-            _write_manifest(out, resolver.tables, keys_of, created)
-            _check_stock(out)
-    return export_dir
+
+def _write_v1(export_dir, graph, sess, signature_map, main_op, assets_extra, as_text,
+              clear_devices, strip_default_attrs, resolver, created, missing):
+    """Rank 0's part of a TF1 export: the SavedModel of the serving graph
+    (its variables and tables filled in `sess`), written whole."""
+    if missing:
+        tf.compat.v1.logging.warning(
+            "export_for_serving: no trained value for %s; they keep their initial "
+            "values", missing)
+    refused = _refusal(export_dir, tf1=True)  # as TensorFlow's Builder: never over an export
+    if refused is not None:
+        raise refused
+    with _staged(export_dir) as out:
+        with graph.as_default():
+            builder = tf.compat.v1.saved_model.Builder(out)
+            builder.add_meta_graph_and_variables(
+                sess, [tf.saved_model.SERVING], signature_def_map=signature_map,
+                assets_collection=graph.get_collection(
+                    tf.compat.v1.GraphKeys.ASSET_FILEPATHS),
+                main_op=main_op, strip_default_attrs=strip_default_attrs,
+                clear_devices=clear_devices)
+            builder.save(as_text=as_text)
+        if assets_extra:
+            extra = os.path.join(out, "assets.extra")
+            for dst, src in assets_extra.items():
+                target_path = os.path.join(extra, dst)
+                tf.io.gfile.makedirs(os.path.dirname(target_path))
+                tf.io.gfile.copy(src, target_path, overwrite=True)
+
+        def keys_of(name, t):
+            return {role: v.op.name for role, v in t.variables_by_role().items()}
+        _write_manifest(out, resolver.tables, keys_of, created)
+        _check_stock(out)
 
 
 def _export_v1(build_fn, export_dir, session, default_row, chunk_rows):

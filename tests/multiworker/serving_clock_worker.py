@@ -17,7 +17,8 @@ sok.assign, stamped by the kernels' (the machine's) clock.
      <out>/delta; rank 0 applies it to the export;
   5. the same delta again (delta_dir exists), and a delta of "dyn" and
      "other" in which rank 0 reads the keys of "dyn" twice (as a table
-     changed while it is read): what each worker raised.
+     changed while it is read), and an export into <out>/taken, a
+     directory holding a file of the user's: what each worker raised.
 
 Writes <out>/rank<r>.json: rank 1's own clock (time.time_ns) just before
 and after its export call, and the errors.
@@ -101,10 +102,21 @@ def main():
         with open(path) as f:
             return json.load(f)["created"]
 
-    def refusals(run_delta):
+    def refusals(run_delta, run_export):
         """What export_serving_delta raised on this worker, for a delta_dir
-        that exists and for a key read twice on rank 0."""
+        that exists and for a key read twice on rank 0; and what the export
+        raised for an export_dir that holds a file of the user's."""
         out = {}
+        taken = os.path.join(args.out, "taken")
+        if rank == 0:
+            os.makedirs(taken)
+            with open(os.path.join(taken, "notes.txt"), "w") as f:
+                f.write("the user's")
+        barrier()
+        try:
+            out["taken"] = ["returned", repr(run_export(taken))]
+        except Exception as e:  # reported, checked by the test
+            out["taken"] = [type(e).__name__, str(e)]
         try:
             out["exists"] = ["returned", repr(run_delta(("dyn",), delta_dir))]
         except Exception as e:  # reported, checked by the test
@@ -148,10 +160,13 @@ def main():
                 return tf.concat([sok.all2all_dense_embedding(tables["dyn"], ids),
                                   sok.all2all_dense_embedding(tables["other"], ids)], 1)
 
+        def run_export(where):
+            return sok.export_for_serving(Model(), where,
+                                          [tf.TensorSpec([None], tf.int64, name="ids")])
+
         barrier()  # every key is in before any worker reads its clock
         report["rank1_clock_before_export"] = micros()
-        sok.export_for_serving(Model(), export_dir,
-                               [tf.TensorSpec([None], tf.int64, name="ids")])
+        run_export(export_dir)
         report["rank1_clock_after_export"] = micros()
         barrier()  # rank 0 wrote the export
         write(tables["dyn"], AFTER, 100)
@@ -196,13 +211,15 @@ def main():
                 return {"serving_default": tf.compat.v1.saved_model.predict_signature_def(
                     inputs, outputs)}
 
+            def run_export(where):
+                if strategy is not None:
+                    return strategy.export_saved_model(where, signature_def_fn=signature_def_fn,
+                                                       session=sess)
+                return sok.export_for_serving(build, where, session=sess)
+
             barrier()
             report["rank1_clock_before_export"] = micros()
-            if strategy is not None:
-                strategy.export_saved_model(export_dir, signature_def_fn=signature_def_fn,
-                                            session=sess)
-            else:
-                sok.export_for_serving(build, export_dir, session=sess)
+            run_export(export_dir)
             report["rank1_clock_after_export"] = micros()
             barrier()
             write("dyn", AFTER, 100)
@@ -217,7 +234,7 @@ def main():
     if rank == 0:
         report["applied"] = sok.apply_serving_delta(export_dir, delta_dir)
     barrier()
-    report.update(refusals(run_delta))
+    report.update(refusals(run_delta, run_export))
     with open(os.path.join(args.out, f"rank{rank}.json"), "w") as f:
         json.dump(report, f)
     print(f"rank {rank}: done", flush=True)
