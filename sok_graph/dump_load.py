@@ -1048,9 +1048,9 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             if rows != want:
                 raise CheckpointError(f"{where}: variable '{name}' has {want} rows; the dump "
                                       f"holds {rows} rows: load it into a table of {rows} rows")
-            order = np.argsort(keys, kind="stable")
-            if not np.array_equal(keys, np.arange(rows)) and \
-                    np.array_equal(keys[order], np.arange(rows)):
+            order = None if np.array_equal(keys, np.arange(rows)) else \
+                np.argsort(keys, kind="stable")
+            if order is not None and np.array_equal(keys[order], np.arange(rows)):
                 # Keys 0..rows-1 in another order (a dynamic table's dump,
                 # in its hash table's order, which differs between the CPU
                 # and the GPU): row k is key k's, on every device alike.

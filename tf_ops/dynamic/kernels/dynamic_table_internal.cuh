@@ -72,7 +72,7 @@ struct DevInit {
 //   - tiered (an unbounded table with both tiers): one row per slot, `loc`
 //     a permutation of them;
 //   - pooled (a bounded table given a device-memory budget, SOK's hybrid):
-//     max_rows + 2 rows however many slots the index has, a live slot's row
+//     max_rows + 3 rows however many slots the index has, a live slot's row
 //     taken from a stack of free rows when its key is inserted and given
 //     back when the key goes (TakeRow, GiveRow); a free slot's entry is -1.
 //     An index keeps at most 3/4 of its slots occupied, so one row per slot

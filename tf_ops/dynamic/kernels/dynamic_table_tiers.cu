@@ -106,8 +106,9 @@ __global__ void TierThresholdKernel(long long* scratch, int64_t near_rows) {
 
 // Adds a warp's flagged items to a list: one atomic per warp. Every lane
 // calls it.
-__device__ __forceinline__ void WarpAppend(bool flag, int64_t item, long long* count,
-                                           int64_t* list, int64_t cap, int lane) {
+template <typename T>
+__device__ __forceinline__ void WarpAppend(bool flag, int64_t item, long long* count, T* list,
+                                           int64_t cap, int lane) {
   const unsigned flags = __ballot_sync(kFull, flag);
   long long base = 0;
   if (lane == 0 && flags) {
@@ -117,7 +118,7 @@ __device__ __forceinline__ void WarpAppend(bool flag, int64_t item, long long* c
   base = __shfl_sync(kFull, base, 0);
   if (flag) {
     const long long i = base + __popc(flags & ((1u << lane) - 1u));
-    if (i < cap) list[i] = item;
+    if (i < cap) list[i] = static_cast<T>(item);
   }
 }
 
@@ -267,26 +268,9 @@ __global__ void PoolStackFreeKernel(DevTable t, const int32_t* __restrict__ owne
     const int64_t r = first + lane;
     const bool free = r >= kFirstPoolRow && r < t.pool_rows && owner[r] < 0;
     const bool near = r < t.rows.split;
-    const unsigned fars = __ballot_sync(kFull, free && !near);
-    const unsigned nears = __ballot_sync(kFull, free && near);
-    long long far_base = 0, near_base = 0;
-    if (lane == 0 && fars) {
-      far_base = static_cast<long long>(
-          atomicAdd(reinterpret_cast<unsigned long long*>(scratch + kPlacedFar),
-                    static_cast<unsigned long long>(__popc(fars))));
-    }
-    if (lane == 0 && nears) {
-      near_base = static_cast<long long>(
-          atomicAdd(reinterpret_cast<unsigned long long*>(scratch + kPlacedNear),
-                    static_cast<unsigned long long>(__popc(nears))));
-    }
-    far_base = __shfl_sync(kFull, far_base, 0);
-    near_base = __shfl_sync(kFull, near_base, 0);
-    const unsigned below = (1u << lane) - 1u;
-    if (free && !near) t.free_rows[far_base + __popc(fars & below)] = static_cast<int32_t>(r);
-    if (free && near) {
-      t.free_rows[far_count + near_base + __popc(nears & below)] = static_cast<int32_t>(r);
-    }
+    WarpAppend(free && !near, r, scratch + kPlacedFar, t.free_rows, t.pool_rows, lane);
+    WarpAppend(free && near, r, scratch + kPlacedNear, t.free_rows + far_count,
+               t.pool_rows - far_count, lane);
   }
   if (blockIdx.x == 0 && threadIdx.x == 0) {
     *t.free_top = far_count + scratch[kFreeNear];
