@@ -82,6 +82,9 @@ def main():
     p.add_argument("--trace", type=int, default=0,
                    help="then trace this many steps of each table: GPU time by op and kernel")
     args = p.parse_args()
+    for flag in ("warmup", "trace"):
+        if getattr(args, flag) < 0:
+            p.error(f"--{flag} must be >= 0 (steps); got {getattr(args, flag)}")
     args.capacity = 1 << max(1, int(np.ceil(np.log2(args.rows))))
     sok.init(comm_tool="none")
     rng = np.random.default_rng(args.seed)
