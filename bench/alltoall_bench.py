@@ -2,7 +2,7 @@
 against NCCL's own all-to-all (through torch.distributed, one process per GPU)
 for the same bytes.
 
-    python bench/alltoall_bench.py --engine sok   [--gpus 2] [--mib 8,64,256]
+    python bench/alltoall_bench.py --engine sok   [--gpus 2] [--mib 8,64,256] [--trace 2]
     python -m sok_graph.launch -np 2 bench/alltoall_bench.py --engine sok --workers
     python bench/alltoall_bench.py --engine torch [--gpus 2] [--mib 8,64,256]
 
@@ -38,6 +38,11 @@ def parse():
     p.add_argument("--iters", type=int, default=20)
     p.add_argument("--workers", action="store_true",
                    help="sok: one process per GPU under python -m sok_graph.launch")
+    p.add_argument("--trace", type=int, default=0, metavar="CALLS",
+                   help="sok: after the timing of each size, trace CALLS calls (each of "
+                        "--iters + 1 exchanges) with TensorFlow's profiler and print the GPU "
+                        "time by kernel: against the time per exchange it says whether the "
+                        "GPU or the host sets the pace")
     return p.parse_args()
 
 
@@ -96,6 +101,15 @@ def run_sok(args):
             if rank == 0:
                 report(label, n, rows * args.dim * 4,
                        (time.perf_counter() - t0) / (args.iters + 1))
+            if args.trace:
+                import sys
+
+                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+                import host_syncs
+
+                host_syncs.print_traced_steps(
+                    f"rank {rank} {label} {mib:g} MiB, per call of {args.iters + 1} exchanges",
+                    lambda _: strategy.reduce("SUM", exchange(x), axis=None), args.trace)
 
 
 def _torch_worker(rank, args, port):

@@ -39,9 +39,10 @@
 // broadcast (one process per GPU).
 //
 // Ranks must run their all-to-alls in the same order (NCCL matches them by
-// order); sok_graph/communication/nccl.py chains the ops of each rank with
+// order); sok_graph/ops/collective.py chains the ops of each rank with
 // control dependencies in the order they are built, which is the same on
-// every rank, and each rank's thread (RankWorker) runs them in that order.
+// every rank, and each rank's RankWorker runs them in that order (on its
+// thread, or on the executor's for an exchange that waits for nothing).
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
 
 #include <condition_variable>
@@ -145,6 +146,9 @@ int DeviceNumber(const std::string& name) {
 // while it waits the executor must go on to start the peers' ops, which in
 // one process are the other replicas' — TensorFlow may run a function's
 // ops inline on one thread, where a waiting kernel would stall them all.
+// An exchange that cannot wait (RunOrPush) runs on the caller's thread
+// instead when nothing of the rank's is queued or running: the hand-over to
+// this thread is a wake-up of another thread on every exchange's way.
 class RankWorker {
  public:
   RankWorker() : thread_([this] { Loop(); }) { thread_.detach(); }
@@ -157,23 +161,50 @@ class RankWorker {
     ready_.notify_one();
   }
 
+  // Runs `job` here and now where the rank is idle, else after what is
+  // queued (the order the executor started the exchanges stays NCCL's).
+  void RunOrPush(std::function<void()> job) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      if (busy_ || !jobs_.empty()) {
+        jobs_.push_back(std::move(job));
+        ready_.notify_one();
+        return;
+      }
+      busy_ = true;
+    }
+    job();
+    Idle();
+  }
+
  private:
   void Loop() {
     for (;;) {
       std::function<void()> job;
       {
         std::unique_lock<std::mutex> lock(mu_);
-        ready_.wait(lock, [this] { return !jobs_.empty(); });
+        ready_.wait(lock, [this] { return !busy_ && !jobs_.empty(); });
         job = std::move(jobs_.front());
         jobs_.pop_front();
+        busy_ = true;
       }
       job();
+      Idle();
     }
+  }
+
+  void Idle() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      busy_ = false;
+    }
+    ready_.notify_one();
   }
 
   std::mutex mu_;
   std::condition_variable ready_;
   std::deque<std::function<void()>> jobs_;
+  bool busy_ = false;  // a job runs, here or on a caller's thread
   std::thread thread_;
 };
 
@@ -204,13 +235,21 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
-    // Runs on the rank's own thread, in the order the executor started the
-    // rank's exchanges (see RankWorker).
-    WorkerOf(clique_, rank_)->Push([this, ctx, done]() {
+    // Runs in the order the executor started the rank's exchanges (see
+    // RankWorker): on the rank's own thread, or, for an exchange that waits
+    // for nothing (sizes known, one process per GPU, its communicator made),
+    // on this thread where the rank is idle.
+    std::function<void()> job = [this, ctx, done]() {
       const Status status = Run(ctx);
       if (!status.ok()) ctx->SetStatus(status);
       done();
-    });
+    };
+    RankWorker* worker = WorkerOf(clique_, rank_);
+    if (sized_ && !InProcess() && HaveCommunicator()) {
+      worker->RunOrPush(std::move(job));
+    } else {
+      worker->Push(std::move(job));
+    }
   }
 
  private:
@@ -298,6 +337,13 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   // Whether the clique is the GPUs of this process (see the top of the file).
   bool InProcess() const {
     return clique_.compare(0, sizeof(kLocalPrefix) - 1, kLocalPrefix) == 0;
+  }
+
+  // Whether this rank's communicator exists (its set-up waits for the peers).
+  bool HaveCommunicator() const {
+    Clique* clique = CliqueNamed(clique_, world_size_);
+    std::lock_guard<std::mutex> lock(*clique->rank_mu[rank_]);
+    return clique->comms[rank_] != nullptr;
   }
 
   static Status StreamAfterCompute(void* stream, void* compute) {
@@ -477,19 +523,21 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
       send_at[r] = send_at[r - 1] + static_cast<size_t>(send[r - 1]) * row_bytes;
       receive_at[r] = receive_at[r - 1] + static_cast<size_t>(receive[r - 1]) * row_bytes;
     }
-    // What stays on this GPU is a copy on the stream, not a message.
+    // What stays on this GPU: one rank alone copies it on the stream; among
+    // several it is a message to itself in the same group, which NCCL copies
+    // while the peers' rows travel (a copy queued first would hold them back).
     const size_t own = static_cast<size_t>(send[rank_]) * row_bytes;
     if (own != static_cast<size_t>(receive[rank_]) * row_bytes) {
       return errors::Internal("SokNcclAllToAll: rank ", rank_, " sends itself ", send[rank_],
                               " rows but expects ", receive[rank_]);
     }
-    TF_RETURN_IF_ERROR(CudaStatus(
-        sok_gpu_copy_on_device(out + receive_at[rank_], in + send_at[rank_], own, stream),
-        "SokNcclAllToAll: the rows this rank keeps"));
-    if (world_size_ == 1) return OkStatus();
+    if (world_size_ == 1) {
+      return CudaStatus(sok_gpu_copy_on_device(out + receive_at[rank_], in + send_at[rank_], own,
+                                               stream),
+                        "SokNcclAllToAll: the rows this rank keeps");
+    }
     return Grouped(lib, "exchanging the rows", [&]() {
       for (int r = 0; r < world_size_; ++r) {
-        if (r == rank_) continue;
         const size_t out_bytes = static_cast<size_t>(send[r]) * row_bytes;
         const size_t in_bytes = static_cast<size_t>(receive[r]) * row_bytes;
         int rc = nccl::kSuccess;
