@@ -340,10 +340,11 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   }
 
   // Whether this rank's communicator exists (its set-up waits for the peers).
+  // Never waits: while the set-up holds the rank's lock the answer is no.
   bool HaveCommunicator() const {
     Clique* clique = CliqueNamed(clique_, world_size_);
-    std::lock_guard<std::mutex> lock(*clique->rank_mu[rank_]);
-    return clique->comms[rank_] != nullptr;
+    std::unique_lock<std::mutex> lock(*clique->rank_mu[rank_], std::try_to_lock);
+    return lock.owns_lock() && clique->comms[rank_] != nullptr;
   }
 
   static Status StreamAfterCompute(void* stream, void* compute) {
