@@ -232,20 +232,25 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     sized_ = ctx->num_inputs() == 3;
     if (!sized_) OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
     device_ = DeviceNumber(ctx->device()->name());
+    // Run makes its device current on the thread it runs on. On an
+    // executor's thread that is harmless only where the process sees one GPU
+    // (the launcher's workers): with several, the thread would keep a device
+    // TensorFlow did not choose for it.
+    one_gpu_ = sok_cuda_device_count() == 1;
   }
 
   void ComputeAsync(OpKernelContext* ctx, DoneCallback done) override {
     // Runs in the order the executor started the rank's exchanges (see
     // RankWorker): on the rank's own thread, or, for an exchange that waits
-    // for nothing (sizes known, one process per GPU, its communicator made),
-    // on this thread where the rank is idle.
+    // for nothing (sizes known, one process per GPU, the only GPU it sees, its
+    // communicator made), on this thread where the rank is idle.
     std::function<void()> job = [this, ctx, done]() {
       const Status status = Run(ctx);
       if (!status.ok()) ctx->SetStatus(status);
       done();
     };
     RankWorker* worker = WorkerOf(clique_, rank_);
-    if (sized_ && !InProcess() && HaveCommunicator()) {
+    if (sized_ && one_gpu_ && !InProcess() && HaveCommunicator()) {
       worker->RunOrPush(std::move(job));
     } else {
       worker->Push(std::move(job));
@@ -573,6 +578,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   bool sized_ = false;
   bool padded_ = false;
   int device_ = 0;
+  bool one_gpu_ = false;  // the process sees one GPU (see the constructor)
 };
 
 #define SOK_REGISTER_NCCL(type)                                                         \
