@@ -9,7 +9,7 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 
 import tensorflow as tf
 
-from sok_graph.tables import dimension_of, is_dynamic, replica_shards
+from sok_graph.tables import dimension_of, is_dynamic, replica_shards, rows_from_user
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 
@@ -30,12 +30,18 @@ def assign(var, indices, values):
 
     var: sok.Variable (indices are row numbers of this worker's shard) or
       sok.DynamicVariable (indices are keys; missing keys are inserted).
-    values: [len(indices), dim].
+    indices: a vector.
+    values: [len(indices), dim], numbers or a tensor of the table's dtype
+      (numbers beyond its range are refused, not written as inf).
     """
     _check_sok(var, "assign")
     var = replica_shards.resolve(var, "sok.assign")
-    values = tf.convert_to_tensor(values, dtype=var.dtype)
+    values = rows_from_user(values, tf.as_dtype(var.dtype).base_dtype, "values for sok.assign")
     indices = tf.convert_to_tensor(indices)
+    if indices.shape.rank is not None and indices.shape.rank != 1:
+        raise ValueError(f"indices for sok.assign must be a vector of "
+                         f"{'keys' if is_dynamic(var) else 'row numbers'}; got shape "
+                         f"{indices.shape}")
     # TensorFlow's scatter does not check an empty update's row width.
     dim = dimension_of(var)
     n = indices.shape[0] if indices.shape.rank == 1 else None
@@ -49,12 +55,21 @@ def assign(var, indices, values):
     if not indices.dtype.is_integer:
         raise TypeError(f"indices must be integers; got {indices.dtype.name}")
     rows = var.shape[0]
-    if tf.executing_eagerly() and indices.shape[0]:
-        bad = tf.logical_or(indices < 0, indices >= rows).numpy()
-        if bad.any():
-            first = int(bad.argmax())
-            raise ValueError(f"indices for sok.assign must be in [0, {rows}) (the variable's "
-                             f"rows); got {int(indices[first])} at position {first}")
+    words = f"indices for sok.assign must be in [0, {rows}) (the rows of the variable); got"
+    if tf.executing_eagerly():
+        if indices.shape[0]:
+            bad = tf.logical_or(indices < 0, indices >= rows).numpy()
+            if bad.any():
+                first = int(bad.argmax())
+                raise ValueError(f"{words} {int(indices[first])} at position {first}")
+    else:
+        # Known when the graph runs: TensorFlow's scatter names no argument
+        # on a CPU and drops the write on a GPU.
+        check = tf.debugging.Assert(
+            tf.reduce_all(tf.logical_and(indices >= 0, indices < rows)), [words, indices],
+            summarize=16)
+        with tf.control_dependencies([check]):
+            indices = tf.identity(indices)
     return var.scatter_update(tf.IndexedSlices(values, indices))
 
 

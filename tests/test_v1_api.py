@@ -457,6 +457,25 @@ def test_saver_round_trip_eager(tmp_path, use_hashtable):
         saver.dump_to_file(tf.Variable(values), tmp_path / "x")
 
 
+def test_load_embedding_values_refuses_more_rows_than_a_bounded_table_holds():
+    """Ten rows into a hash table of at most four failed in the table's
+    import op, with a message that named neither the table nor tensors;
+    the table keeps what it held."""
+    sok.Init(global_batch_size=4)
+    layer = sok.DistributedEmbedding("sum", 4, 2, slot_num=1, max_nnz=1)
+    layer(tf.SparseTensor([[0, 0]], tf.constant([1], tf.int64), [1, 1]))
+    var = layer.embedding_variable
+    before = sorted(sok.export(var)[0].numpy().tolist())
+    with pytest.raises(ValueError, match=r"load_embedding_values: table '.*' holds at most 4 "
+                                         r"rows \(its max_capacity\); tensors give it 10"):
+        sok.Saver().load_embedding_values(var, np.zeros((10, 2), np.float32))
+    assert sorted(sok.export(var)[0].numpy().tolist()) == before
+    sok.Saver().load_embedding_values(var, np.ones((4, 2), np.float32))
+    keys, rows = sok.export(var)
+    assert sorted(keys.numpy().tolist()) == [0, 1, 2, 3]
+    np.testing.assert_array_equal(rows.numpy(), np.ones((4, 2), np.float32))
+
+
 def test_load_embedding_values_refuses_rows_beyond_the_tables_dtype():
     """float64 rows whose values float32 cannot hold became inf in a float32
     table without an error (a load of a dump refuses them); a tensor of

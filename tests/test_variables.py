@@ -35,6 +35,62 @@ def test_assign_and_export_dynamic(rng):
     np.testing.assert_array_equal(got[1 << 40], values[1])
 
 
+def test_assign_refuses_what_it_would_write_wrongly():
+    """A scalar index failed with Python's IndexError; float64 numbers beyond
+    float32's range were written as inf; a float64 tensor failed with
+    TensorFlow's message naming no argument. Each is now an error naming
+    the argument, and the table is unchanged."""
+    static = sok.Variable(np.ones((5, 2), np.float32))
+    dynamic = sok.DynamicVariable(2)
+    for var in (static, dynamic):
+        with pytest.raises(ValueError, match=r"indices for sok.assign must be a vector.*shape \(\)"):
+            sok.assign(var, tf.constant(3, tf.int64), [[1.0, 1.0]])
+        with pytest.raises(ValueError, match=r"values for sok.assign holds 1e\+39 at \[0, 0\], "
+                                             r"beyond float32's largest finite value"):
+            sok.assign(var, tf.constant([1], tf.int64), np.array([[1e39, 1.0]]))
+        with pytest.raises(TypeError, match="values for sok.assign must be float32.*float64"):
+            sok.assign(var, tf.constant([1], tf.int64), tf.constant([[1.0, 1.0]], tf.float64))
+    np.testing.assert_array_equal(static.numpy(), np.ones((5, 2), np.float32))
+    assert int(dynamic.row_count()) == 0
+    # Integers are numbers too: written as floats.
+    sok.assign(static, [4], [[2, 3]])
+    np.testing.assert_array_equal(static.numpy()[4], [2.0, 3.0])
+
+
+@pytest.mark.parametrize("mode", ["function", "graph"])
+def test_assign_checks_row_numbers_when_the_graph_runs(mode):
+    """The range check of a static table's row numbers was eager only: a
+    tf.function or a Session raised TensorFlow's scatter error, naming
+    neither sok.assign nor the variable (and a GPU's scatter drops
+    out-of-range writes). Compared with a numpy copy of the rows."""
+    init = np.arange(10, dtype=np.float32).reshape(5, 2)
+    message = r"indices for sok.assign must be in \[0, 5\) \(the rows of the variable\); got\] \[2 7\]"
+    if mode == "function":
+        var = sok.Variable(init)
+        write = tf.function(lambda i, x: sok.assign(var, i, x))
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            write(tf.constant([2, 7]), tf.ones([2, 2]))
+        np.testing.assert_array_equal(var.numpy(), init)
+        write(tf.constant([2, 4]), tf.ones([2, 2]))
+        want = init.copy()
+        want[[2, 4]] = 1.0
+        np.testing.assert_array_equal(var.numpy(), want)
+        return
+    with tf.Graph().as_default():
+        var = sok.Variable(init)
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        op = sok.assign(var, ids, tf.ones([2, 2]))
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+                sess.run(op, {ids: [2, 7]})
+            np.testing.assert_array_equal(sess.run(var), init)
+            sess.run(op, {ids: [2, 4]})
+            want = init.copy()
+            want[[2, 4]] = 1.0
+            np.testing.assert_array_equal(sess.run(var), want)
+
+
 def test_tables_read_in_chunks_cover_every_row_once(rng):
     """The table protocol's chunked read (export_chunk) against the table's
     own contents: chunks of 5 cover every row once, in order for a static

@@ -143,6 +143,38 @@ def rows_of_dtype(rows, dtype, label, method, dtype_words):
     return tf.convert_to_tensor(array, dtype)
 
 
+def rows_from_user(rows, dtype, what):
+    """Rows a user hands to a table (sok.assign's values, the Saver's
+    load_embedding_values) as a tensor of the table's `dtype`. Numbers
+    (numpy, lists) are converted, and a finite value that the conversion
+    would make infinite is a ValueError naming `what`, as a load refuses it
+    (float64 1e39 into a float32 table became inf, without an error); a
+    tensor of another dtype is a TypeError naming `what` (TensorFlow's
+    "Tensor conversion requested dtype" named no argument)."""
+    if isinstance(rows, (tf.Tensor, tf.Variable)):
+        if rows.dtype.base_dtype != dtype:
+            raise TypeError(f"{what} must be {dtype.name} (the table's dtype); got a "
+                            f"{rows.dtype.base_dtype.name} tensor: cast it first")
+        return tf.convert_to_tensor(rows)
+    array = np.asarray(rows)
+    if array.dtype.kind not in "iuf":
+        # np.asarray made an object or string array of it: float()'s message
+        # ("not 'dict'", "could not convert string") named no argument.
+        raise TypeError(f"{what} must be a [rows, dim] array or tensor of numbers; got "
+                        f"{type(rows).__name__} (a numpy array of {array.dtype})")
+    # Integers too: 70000 is beyond float16's largest finite value.
+    target = dtype.as_numpy_dtype
+    with np.errstate(over="ignore", invalid="ignore"):
+        overflow = np.isfinite(array.astype(np.float64)) & \
+            ~np.isfinite(array.astype(target).astype(np.float64))
+    if overflow.any():
+        at = tuple(int(i) for i in np.argwhere(overflow)[0])
+        raise ValueError(f"{what} holds {float(array[at])!r} at {list(at)}, beyond "
+                         f"{dtype.name}'s largest finite value {float(dtype.max)!r} (the "
+                         f"table's dtype): it would become inf")
+    return tf.convert_to_tensor(array, dtype)
+
+
 def repeated_key_checks(keys, label, method):
     """[] where no key of `keys` comes twice, checked now where the keys are
     known (a ValueError "<label>: <method> takes each key at most once"

@@ -46,7 +46,8 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import placement
-from sok_graph.tables import dimension_of, kind_of, replica_shards
+from sok_graph.tables import (dimension_of, is_dynamic, kind_of, replica_shards,
+                               rows_from_user)
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import (_ASIDE, _SIBLING_SUFFIX, _TMP, CheckpointError, _file_stem,
                                  _var_name, check_float_table, check_keys_fit, checked_path, dumped_names,
@@ -277,35 +278,25 @@ def _in_graph_or_now(fn, inputs, out_types, path):
     return tf.compat.v1.py_func(fn, [path] + list(inputs), out_types, stateful=True)
 
 
-def _rows_of_dtype(rows, dtype, what):
-    """`rows` as a tensor of the table's `dtype`. Numbers (numpy, lists) are
-    converted, and a finite value that the conversion would make infinite
-    is a ValueError naming `what`, as a load refuses it (float64 1e39 into
-    a float32 table became inf, without an error); a tensor of another dtype
-    is a TypeError naming `what` (TensorFlow's "Tensor conversion requested
-    dtype" named no argument)."""
-    if isinstance(rows, (tf.Tensor, tf.Variable)):
-        if rows.dtype.base_dtype != dtype:
-            raise TypeError(f"{what} must be {dtype.name} (the table's dtype); got a "
-                            f"{rows.dtype.base_dtype.name} tensor: cast it first")
-        return tf.convert_to_tensor(rows)
-    array = np.asarray(rows)
-    if array.dtype.kind not in "iuf":
-        # np.asarray made an object or string array of it: float()'s message
-        # ("not 'dict'", "could not convert string") named no argument.
-        raise TypeError(f"{what} must be a [rows, dim] array or tensor of numbers; got "
-                        f"{type(rows).__name__} (a numpy array of {array.dtype})")
-    if array.dtype.kind == "f":
-        target = dtype.as_numpy_dtype
-        with np.errstate(over="ignore", invalid="ignore"):
-            overflow = np.isfinite(array.astype(np.float64)) & \
-                ~np.isfinite(array.astype(target).astype(np.float64))
-        if overflow.any():
-            at = tuple(int(i) for i in np.argwhere(overflow)[0])
-            raise ValueError(f"{what} holds {float(array[at])!r} at {list(at)}, beyond "
-                             f"{dtype.name}'s largest finite value {float(dtype.max)!r} (the "
-                             f"table's dtype): it would become inf")
-    return tf.convert_to_tensor(array, dtype)
+def _refuse_more_rows_than_held(var, n):
+    """ValueError naming the table where keys 0..n-1 give a shard of it more
+    rows than it can hold (a bounded dynamic table's max_capacity); the
+    table's import refused them with a message that named neither the table
+    nor `tensors`."""
+    for shard in replica_shards.shards_of(var):
+        if not is_dynamic(shard):
+            continue
+        world_size, rank, fixed_owner = shard.placement
+        if fixed_owner >= 0:
+            owned = n if fixed_owner == rank else 0
+        else:  # key k lives on worker k mod world_size
+            owned = max(0, (n - rank + world_size - 1) // world_size)
+        limit = int(shard.row_limit())
+        if 0 < limit < owned:
+            raise ValueError(
+                f"load_embedding_values: table '{_var_name(shard)}' holds at most {limit} rows "
+                f"(its max_capacity{' on this worker' if world_size > 1 else ''}); tensors give "
+                f"it {owned}: raise max_capacity or load fewer rows")
 
 
 class Saver:
@@ -415,7 +406,7 @@ class Saver:
         dtype = tf.as_dtype(table.dtype).base_dtype
         values = []
         for i, t in enumerate(parts):
-            t = _rows_of_dtype(t, dtype, f"tensors[{i}]")
+            t = rows_from_user(t, dtype, f"tensors[{i}]")
             if t.shape.rank != 2 or (t.shape[1] is not None and t.shape[1] != dim):
                 raise ValueError(f"tensors[{i}] must be [rows, {dim}] (the table's dimension); "
                                  f"got shape {t.shape}")
@@ -433,6 +424,8 @@ class Saver:
                         f"hold as many")
             with tf.control_dependencies([check]):
                 rows = tf.identity(rows)
+        if n is not None and tf.executing_eagerly():
+            _refuse_more_rows_than_held(var, n)
         all_keys = tf.range(tf.shape(rows, out_type=tf.int64)[0])
         ops = []
         # Each worker keeps the rows it owns (each replica's shard, when the
