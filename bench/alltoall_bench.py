@@ -71,6 +71,11 @@ def run_sok(args):
     with strategy.scope():
         sok.init(comm_tool="tf")
     comm = sok.context.communicator()
+    if args.trace:
+        import sys
+
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        import host_syncs
     n = strategy.num_replicas_in_sync
     for mib in (float(m) for m in args.mib.split(",")):
         rows = int(mib * 2**20 / (4 * args.dim)) // n * n
@@ -102,11 +107,6 @@ def run_sok(args):
                 report(label, n, rows * args.dim * 4,
                        (time.perf_counter() - t0) / (args.iters + 1))
             if args.trace:
-                import sys
-
-                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-                import host_syncs
-
                 host_syncs.print_traced_steps(
                     f"rank {rank} {label} {mib:g} MiB, per call of {args.iters + 1} exchanges",
                     lambda _: strategy.reduce("SUM", exchange(x), axis=None), args.trace)

@@ -108,6 +108,17 @@ def owned_mask(var, ids):
     return np.mod(ids.astype(np.int64), world_size) == rank
 
 
+def owned_count(var, n):
+    """How many of the global ids or keys 0..n-1 this worker holds (as
+    owned_mask counts them, without making the n ids)."""
+    world_size, rank, fixed_owner = var.placement
+    if world_size == 1:
+        return n
+    if fixed_owner >= 0:
+        return n if fixed_owner == rank else 0
+    return max(0, (n - rank + world_size - 1) // world_size)
+
+
 def assemble(shard_rows, placement, global_shape):
     """numpy: the whole static table from every worker's shard concatenated in
     rank order (`shard_rows`, as an all-gather returns them)."""

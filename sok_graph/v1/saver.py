@@ -286,16 +286,13 @@ def _refuse_more_rows_than_held(var, n):
     for shard in replica_shards.shards_of(var):
         if not is_dynamic(shard):
             continue
-        world_size, rank, fixed_owner = shard.placement
-        if fixed_owner >= 0:
-            owned = n if fixed_owner == rank else 0
-        else:  # key k lives on worker k mod world_size
-            owned = max(0, (n - rank + world_size - 1) // world_size)
+        owned = placement.owned_count(shard, n)
         limit = int(shard.row_limit())
         if 0 < limit < owned:
             raise ValueError(
                 f"load_embedding_values: table '{_var_name(shard)}' holds at most {limit} rows "
-                f"(its max_capacity{' on this worker' if world_size > 1 else ''}); tensors give "
+                f"(its max_capacity{' on this worker' if shard.placement[0] > 1 else ''}); "
+                f"tensors give "
                 f"it {owned}: raise max_capacity or load fewer rows")
 
 
