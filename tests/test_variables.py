@@ -35,6 +35,26 @@ def test_assign_and_export_dynamic(rng):
     np.testing.assert_array_equal(got[1 << 40], values[1])
 
 
+def test_a_value_that_shape_does_not_allow_is_refused():
+    """As tf.Variable refuses an initial_value its shape= does not allow;
+    the table took the value's size before, silently. (The sharded form,
+    each worker's rows from the initializer, is checked with 2 and 3
+    workers in multiworker/sharded_lookup_edges.py.)"""
+    with pytest.raises(ValueError, match=r"shape is \[4, 3\]; initial_value has shape \[2, 3\]"):
+        sok.Variable(np.ones((2, 3), np.float32), shape=[4, 3])
+    for wrong in ([2, 3], [5, 7]):
+        with pytest.raises(ValueError, match=r"shape is \[4, 3\]; the initializer's value has "
+                                             r"shape \[%d, %d\]" % tuple(wrong)):
+            sok.Variable(shape=[4, 3],
+                         initializer=lambda shape, dtype=None, wrong=wrong: tf.zeros(wrong))
+    # What shape= allows is taken as before.
+    assert tuple(sok.Variable(np.ones((2, 3), np.float32), shape=[None, 3]).shape) == (2, 3)
+    np.testing.assert_array_equal(sok.Variable(np.full((2, 3), 2.0, np.float32),
+                                               shape=[2, 3]).numpy(), np.full((2, 3), 2.0))
+    np.testing.assert_array_equal(sok.Variable(shape=[4, 3], initializer="zeros").numpy(),
+                                  np.zeros((4, 3)))
+
+
 def test_assign_refuses_what_it_would_write_wrongly():
     """A scalar index failed with Python's IndexError; float64 numbers beyond
     float32's range were written as inf; a float64 tensor failed with

@@ -40,17 +40,33 @@ def _whole_value(initial_value, kwargs):
     shape = kwargs.pop("shape", None)
     initializer = kwargs.pop("initializer", None)
     value = initial_value() if callable(initial_value) else initial_value
+    made = "initial_value"
     if value is None and initializer is not None:
         if shape is None:
             raise ValueError("sok.Variable(initializer=...) needs shape=[rows, dim]")
         dtype = kwargs.get("dtype") or tf.float32
         initializer = static_initializer(initializer)
         value = initializer(shape=tf.TensorShape(shape).as_list(), dtype=tf.as_dtype(dtype))
+        made = "the initializer's value"
     if value is None:
         raise ValueError("initial_value must be given (a [rows, dim] array or tensor), or "
                          "shape= and initializer=")
     if isinstance(value, list):
         value = np.asarray(value)
+    return _within_shape(value, shape, made)
+
+
+def _within_shape(value, shape, made, asked=None):
+    """value, refused by name unless its shape is one `shape` allows (as
+    tf.Variable refuses an initial_value its shape= does not allow): the
+    table would otherwise take the value's size, and a lookup past it fail
+    later with a range error that names neither."""
+    if shape is None:
+        return value
+    got = tf.TensorShape(value.shape if isinstance(value, tf.Tensor) else np.shape(value))
+    if not tf.TensorShape(shape).is_compatible_with(got):
+        asked = asked or f"shape is {tf.TensorShape(shape).as_list()}"
+        raise ValueError(f"{asked}; {made} has shape {got.as_list()}")
     return value
 
 
@@ -71,7 +87,14 @@ def _shard_from_initializer(kwargs, where):
     dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
     initializer = static_initializer(initializer)
     local = placement.shard_rows(shape[0], *where)
-    return shape, lambda: initializer(shape=[local, shape[1]], dtype=dtype)
+
+    def rows():
+        made = initializer(shape=[local, shape[1]], dtype=dtype)
+        return _within_shape(made, [local, shape[1]], "the initializer's value",
+                             f"shape is {list(shape)}, of which this worker holds {local} "
+                             f"rows: the initializer was asked for {[local, shape[1]]}")
+
+    return shape, rows
 
 
 class Variable(_ResourceVariable):

@@ -158,6 +158,25 @@ def assemble(shards, rows, mode, n):
     return whole
 
 
+def check_initializer_shape(sok, strategy, n):
+    """shape= and initializer=: each worker makes only its own rows, and an
+    initializer whose value has another shape than the rows asked of it is
+    refused naming both (the table took the value's size before)."""
+    import tensorflow as tf
+
+    with strategy.scope():
+        try:
+            sok.Variable(shape=[7, 3], initializer=lambda shape, dtype=None: tf.zeros([1, 3]))
+        except ValueError as e:
+            assert "shape is [7, 3]" in str(e) and "[1, 3]" in str(e), e
+        else:
+            raise AssertionError("an initializer's value of another shape made a table")
+        made = sok.Variable(shape=[7, 3], initializer="ones")
+    shards = [x.numpy() for x in made.shards]
+    assert len(shards) == n and sum(len(x) for x in shards) == 7, [x.shape for x in shards]
+    assert all((x == 1).all() and x.shape[1] == 3 for x in shards)
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--replicas", type=int, default=2)
@@ -179,6 +198,7 @@ def main():
     with strategy.scope():
         comm = sok.init(comm_tool="tf", use_legacy_optimizer=False)
     assert comm.world_size == n, comm.describe()
+    check_initializer_shape(sok, strategy, n)
     specs = table_specs(n)
     whole = whole_tables(specs)
     cases = make_cases(n, specs)
