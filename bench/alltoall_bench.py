@@ -11,7 +11,11 @@ one process per GPU under the launcher (MultiWorkerMirroredStrategy, as
 `bench/dlrm_criteo_tb.py --workers`). Two lines per size for sok: "sok" is
 an exchange whose receive counts the GPUs must first tell each other (the
 ids of a lookup: the host waits for them), "sok-sz" one whose counts the
-host knows already (the rows sent back, and every gradient).
+host knows already (the rows sent back, and every gradient). Each is timed
+twice: per exchange of a call of --iters + 1 exchanges (the call's own cost,
+its dispatch and the wait for its end, spread over them), and with a "+" the
+marginal cost of an exchange in a chain (a call of 2 x --iters + 1 less one
+of --iters + 1, over --iters), the figure to set against NCCL's.
 
 Each GPU sends MiB per rank (float32 rows of --dim, split evenly over the
 ranks, a rank's own share included, as NCCL's tests count it) and the time is
@@ -87,25 +91,37 @@ def run_sok(args):
         splits = tf.constant([rows // n] * n, tf.int64)
 
         for label, sized in (("sok", False), ("sok-sz", True)):
-            @tf.function
-            def exchange(x):
-                def replica(x):
-                    out, received = comm.alltoall(x, splits)
-                    for _ in range(args.iters):
-                        # The splits an exchange returned are known on the
-                        # host: an exchange sent with them is sized from there.
-                        out, received = comm.alltoall(out, received if sized else splits)
-                    return tf.reduce_sum(out[:1])
-                return strategy.run(replica, args=(x,))
+            def chain(iters):
+                @tf.function
+                def exchange(x):
+                    def replica(x):
+                        out, received = comm.alltoall(x, splits)
+                        for _ in range(iters):
+                            # The splits an exchange returned are known on
+                            # the host: an exchange sent with them is sized
+                            # from there.
+                            out, received = comm.alltoall(out, received if sized else splits)
+                        return tf.reduce_sum(out[:1])
+                    return strategy.run(replica, args=(x,))
+                return exchange
 
-            for _ in range(2):
+            def timed(exchange):
+                for _ in range(2):
+                    float(strategy.reduce("SUM", exchange(x), axis=None))
+                t0 = time.perf_counter()
                 float(strategy.reduce("SUM", exchange(x), axis=None))
-            t0 = time.perf_counter()
-            float(strategy.reduce("SUM", exchange(x), axis=None))
+                return time.perf_counter() - t0
+
+            exchange = chain(args.iters)
+            once = timed(exchange)
+            # The call's own cost (the function's dispatch, the loss's
+            # all-reduce, the wait for it) is in every call: a chain twice as
+            # long, less this one, leaves what --iters more exchanges cost.
+            marginal = (timed(chain(2 * args.iters)) - once) / args.iters
             # iters + 1 exchanges, the first of them unsized in both modes
             if rank == 0:
-                report(label, n, rows * args.dim * 4,
-                       (time.perf_counter() - t0) / (args.iters + 1))
+                report(label, n, rows * args.dim * 4, once / (args.iters + 1))
+                report(label + "+", n, rows * args.dim * 4, marginal)
             if args.trace:
                 host_syncs.print_traced_steps(
                     f"rank {rank} {label} {mib:g} MiB, per call of {args.iters + 1} exchanges",

@@ -30,6 +30,12 @@
 //    different orders on different ranks could wait for each other through
 //    the compute stream; the engines make one clique per process.
 //
+// Counts: SokNcclAllToAll learns how many rows each peer sends it from a
+// small exchange of counts, read back on the host (its output's size). The
+// counts come to it in host memory and go on the NCCL stream before that
+// waits for the compute stream, so the host waits for the peers and the
+// rank's earlier exchanges, not for this GPU to drain (ExchangeCounts).
+//
 // Communicators: one per rank of a clique, created when the rank's first
 // all-to-all runs and kept for the process. A clique named "local:..." is
 // the GPUs of this process (a MirroredStrategy's replicas): its first rank to
@@ -87,6 +93,9 @@ struct Clique {
   std::vector<nccl::Comm> comms;
   std::vector<std::string> failed;  // a rank's init error, reported again
   std::vector<void*> streams;       // each rank's NCCL stream (see the top)
+  // Device memory per rank for the counts sent and received (2 x
+  // world_size int64, see ExchangeCounts), outside TensorFlow's allocator.
+  std::vector<int64_t*> counts_dev;
   // Pinned host memory per rank for the counts read back: a copy to
   // pageable memory holds the CUDA driver's lock while it waits for the
   // stream, and a peer's set-up (cudaMalloc) in this process would then
@@ -112,6 +121,7 @@ Clique* CliqueNamed(const std::string& name, int world_size) {
     slot->failed.assign(world_size, "");
     slot->pinned.assign(world_size, nullptr);
     slot->streams.assign(world_size, nullptr);
+    slot->counts_dev.assign(world_size, nullptr);
   }
   return slot.get();
 }
@@ -283,12 +293,13 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     void* stream = nullptr;
     TF_RETURN_IF_ERROR(Communicator(*lib, ctx, compute, &comm, &stream));
 
+    // Both ops take send_splits in host memory.
     std::vector<int64_t> send(world_size_), receive(world_size_);
+    std::memcpy(send.data(), ctx->input(1).flat<TfInt64>().data(), 8 * world_size_);
     if (sized_) {
-      std::memcpy(send.data(), ctx->input(1).flat<TfInt64>().data(), 8 * world_size_);
       std::memcpy(receive.data(), ctx->input(2).flat<TfInt64>().data(), 8 * world_size_);
     } else {
-      TF_RETURN_IF_ERROR(ExchangeCounts(ctx, *lib, comm, compute, stream, &send, &receive));
+      TF_RETURN_IF_ERROR(ExchangeCounts(*lib, comm, stream, send, &receive));
     }
     int64_t sent_rows = 0, received_rows = 0;
     for (int r = 0; r < world_size_; ++r) {
@@ -430,7 +441,8 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     return OkStatus();
   }
 
-  // After ncclCommInitRank: pinned memory for the counts, then one message
+  // After ncclCommInitRank: pinned and device memory for the counts, then
+  // one message
   // to and from every peer (NCCL connects pairs of ranks at their first
   // message, allocating buffers), between two barriers of this process's
   // ranks where it has several. So no rank waits on an exchange while
@@ -443,6 +455,10 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_host_alloc(&pinned, 8 * 2 * world_size_),
                                   "SokNcclAllToAll: pinned memory for the counts"));
     clique->pinned[rank_] = static_cast<int64_t*>(pinned);
+    void* counts_dev = nullptr;
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_device_alloc(&counts_dev, 8 * 2 * world_size_),
+                                  "SokNcclAllToAll: device memory for the counts"));
+    clique->counts_dev[rank_] = static_cast<int64_t*>(counts_dev);
     // One rank per process: no barrier (the peers are elsewhere), but the
     // pairs still connect now, while the compute stream waits for nothing of
     // NCCL's: later exchanges order the compute stream after the NCCL stream
@@ -487,24 +503,28 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   }
 
   // The counts of rows each rank sends here, from a grouped exchange of one
-  // int64 per pair of ranks, then both count vectors to the host: the wait
-  // that sizes the output (SokNcclAllToAllSized has none).
-  Status ExchangeCounts(OpKernelContext* ctx, const nccl::Library& lib, nccl::Comm comm,
-                        void* compute, void* stream, std::vector<int64_t>* send,
-                        std::vector<int64_t>* receive) {
-    Tensor both;
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
-                                          TensorShape({2 * world_size_}), &both));
-    int64_t* counts = reinterpret_cast<int64_t*>(both.flat<TfInt64>().data());
-    TF_RETURN_IF_ERROR(StreamAfterCompute(stream, compute));
-    const int64_t* send_dev =
-        reinterpret_cast<const int64_t*>(ctx->input(1).flat<TfInt64>().data());
-    TF_RETURN_IF_ERROR(CudaStatus(
-        sok_gpu_copy_on_device(counts, send_dev, 8 * world_size_, stream),
-        "SokNcclAllToAll: copying the splits"));
+  // int64 per pair of ranks, read back on the host: the wait that sizes the
+  // output (SokNcclAllToAllSized has none). send_splits comes in host memory
+  // (TensorFlow copies a count made on this GPU to the host as soon as the
+  // kernel that made it has run), and the counts go on the NCCL stream
+  // before it waits for the compute stream, from a buffer outside
+  // TensorFlow's allocator: the wait is for the peers' counts and this
+  // rank's earlier exchanges, not for every kernel queued on the GPU since
+  // the count was made. In a training step the next step's counts then
+  // reach the host when the step's last exchange (its gradient rows) is
+  // done, not after the step's sparse update and the dense layers queued
+  // behind it, and the host queues the next keys, owners' reads and rows
+  // while the GPU still runs those.
+  Status ExchangeCounts(const nccl::Library& lib, nccl::Comm comm, void* stream,
+                        const std::vector<int64_t>& send, std::vector<int64_t>* receive) {
+    Clique* clique = CliqueNamed(clique_, world_size_);
+    int64_t* counts = clique->counts_dev[rank_];
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(counts, send.data(), 8 * world_size_,
+                                                         stream),
+                                  "SokNcclAllToAll: copying the splits"));
     TF_RETURN_IF_ERROR(Grouped(lib, "exchanging the splits", [&]() {
       for (int r = 0; r < world_size_; ++r) {
-        int rc = lib.send(send_dev + r, 8, nccl::kUint8, r, comm, stream);
+        int rc = lib.send(counts + r, 8, nccl::kUint8, r, comm, stream);
         if (rc == nccl::kSuccess) {
           rc = lib.recv(counts + world_size_ + r, 8, nccl::kUint8, r, comm, stream);
         }
@@ -512,12 +532,11 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
       }
       return nccl::kSuccess;
     }));
-    int64_t* host = CliqueNamed(clique_, world_size_)->pinned[rank_];
-    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(host, counts, 8 * 2 * world_size_,
-                                                       stream),
+    int64_t* host = clique->pinned[rank_];
+    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_host(host, counts + world_size_,
+                                                       8 * world_size_, stream),
                                   "SokNcclAllToAll: reading the splits"));
-    send->assign(host, host + world_size_);
-    receive->assign(host + world_size_, host + 2 * world_size_);
+    receive->assign(host, host + world_size_);
     return OkStatus();
   }
 
@@ -585,6 +604,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   REGISTER_KERNEL_BUILDER(Name("SokNcclAllToAll")                                       \
                               .Device(::tensorflow::DEVICE_GPU)                         \
                               .TypeConstraint("T", type)                                \
+                              .HostMemory("send_splits")                                \
                               .HostMemory("received_splits")                            \
                               .HostMemory("sent_splits"),                               \
                           NcclAllToAllOp);                                              \

@@ -68,6 +68,10 @@ SOK_EXPORT int sok_gpu_host_alloc(void** out, size_t bytes) {
   return static_cast<int>(cudaHostAlloc(out, bytes, cudaHostAllocPortable));
 }
 
+SOK_EXPORT int sok_gpu_device_alloc(void** out, size_t bytes) {
+  return static_cast<int>(cudaMalloc(out, bytes));
+}
+
 SOK_EXPORT int sok_cuda_device_count(void) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);

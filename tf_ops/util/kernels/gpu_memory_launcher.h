@@ -43,6 +43,11 @@ int sok_gpu_set_device(int device);
 // the process (cudaHostAlloc): copies into it wait for the stream without
 // holding the driver's lock as copies into pageable memory do.
 int sok_gpu_host_alloc(void** out, size_t bytes);
+// *out <- bytes of device memory of the current device, outside TensorFlow's
+// allocator, kept by the caller for the process (cudaMalloc): for work on a
+// stream of the caller's own, which must not touch memory TensorFlow's
+// allocator hands out in the order of its compute stream.
+int sok_gpu_device_alloc(void** out, size_t bytes);
 // *out <- a new stream of the current device that does not wait for the
 // legacy default stream (cudaStreamNonBlocking); kept by the caller.
 int sok_gpu_stream_create(void** out);
