@@ -431,6 +431,10 @@ def test_static_table_protocol_refuses_bad_arguments(rng):
          TypeError, r"import_rows takes rows of floats .*got rows of dtype int64"),
         (lambda: shard.import_rows(tf.constant([1], tf.int64), tf.ones([1, 2], tf.float64)),
          TypeError, r"rows of the table's dtype float32; got rows of dtype float64"),
+        (lambda: shard.replace_rows(tf.constant([1, 3, 5], tf.int64),
+                                    np.full((3, 2), 1e300)), ValueError,
+         r"replace_rows takes rows of the table's dtype float32; got 1e\+300 at \[0, 0\], "
+         r"beyond float32's largest finite value"),
         (lambda: shard.replace_rows(tf.constant([1.0, 3.0, 5.0]), whole[:3]), TypeError,
          r"replace_rows takes keys of int32 or int64 .*float32"),
         (lambda: shard.replace_rows(tf.constant([1, 3, 5], tf.int64), whole[:3, :1]),
@@ -486,8 +490,9 @@ def test_static_import_rows_checks_keys_known_only_when_run(rng):
 
 def test_dynamic_table_import_refuses_bad_arguments():
     """A dynamic table's import_rows and replace_rows (and so replace_slot)
-    refuse rows of another shape or of integers and float write times
-    (truncated), and replace_rows a repeated key (which it settled by keeping
+    refuse rows of another shape or of integers, values the table's dtype
+    makes infinite, float write times (truncated), and replace_rows a
+    repeated key (which it settled by keeping
     the last row without a word: the table is to hold exactly the keys
     given), naming the table, the argument and the value, and leave the
     table as it was. import_rows keeps the last row of a repeated key, as
@@ -506,6 +511,10 @@ def test_dynamic_table_import_refuses_bad_arguments():
                  f"{method} takes rows of floats .*got rows of dtype int32"),
                 ((keys, tf.ones([2, 2], tf.float64)), {}, TypeError,
                  f"{method} takes rows of float32; got rows of dtype float64"),
+                # float64 beyond float32's range was written as inf.
+                ((keys, np.array([[1.0, 2.0], [3.0, -1e300]])), {}, ValueError,
+                 rf"'dyn_bad_args': {method} takes rows of float32; got -1e\+300 at \[1, 1\], "
+                 r"beyond float32's largest finite value .*would become inf"),
                 ((keys, rows), {"timestamps": np.array([1.5, 2.5])}, TypeError,
                  f"{method} takes timestamps of integers; got timestamps of dtype float64"),
                 ((tf.constant([5.0, 6.0]), rows), {}, TypeError, "must be int64")):

@@ -140,7 +140,25 @@ def rows_of_dtype(rows, dtype, label, method, dtype_words):
     if array.dtype.kind != "f":
         raise TypeError(f"{label}: {method} takes rows of floats ({dtype_words}); got rows of "
                         f"dtype {array.dtype}")
+    beyond = _beyond_dtype(array, dtype)
+    if beyond:
+        raise ValueError(f"{label}: {method} takes rows of {dtype_words}; got {beyond}")
     return tf.convert_to_tensor(array, dtype)
+
+
+def _beyond_dtype(array, dtype):
+    """Where the numbers of `array` have a finite value that the conversion
+    to `dtype` would make infinite ("1e+39 at [0, 1], beyond float32's
+    largest finite value ...: it would become inf"), else "". Integers
+    too: 70000 is beyond float16's largest finite value."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        overflow = np.isfinite(array.astype(np.float64)) & \
+            ~np.isfinite(array.astype(dtype.as_numpy_dtype).astype(np.float64))
+    if not overflow.any():
+        return ""
+    at = tuple(int(i) for i in np.argwhere(overflow)[0])
+    return (f"{float(array[at])!r} at {list(at)}, beyond {dtype.name}'s largest finite value "
+            f"{float(dtype.max)!r}: it would become inf")
 
 
 def rows_from_user(rows, dtype, what):
@@ -162,16 +180,9 @@ def rows_from_user(rows, dtype, what):
         # ("not 'dict'", "could not convert string") named no argument.
         raise TypeError(f"{what} must be a [rows, dim] array or tensor of numbers; got "
                         f"{type(rows).__name__} (a numpy array of {array.dtype})")
-    # Integers too: 70000 is beyond float16's largest finite value.
-    target = dtype.as_numpy_dtype
-    with np.errstate(over="ignore", invalid="ignore"):
-        overflow = np.isfinite(array.astype(np.float64)) & \
-            ~np.isfinite(array.astype(target).astype(np.float64))
-    if overflow.any():
-        at = tuple(int(i) for i in np.argwhere(overflow)[0])
-        raise ValueError(f"{what} holds {float(array[at])!r} at {list(at)}, beyond "
-                         f"{dtype.name}'s largest finite value {float(dtype.max)!r} (the "
-                         f"table's dtype): it would become inf")
+    beyond = _beyond_dtype(array, dtype)
+    if beyond:
+        raise ValueError(f"{what} holds {beyond} ({dtype.name} is the table's dtype)")
     return tf.convert_to_tensor(array, dtype)
 
 
