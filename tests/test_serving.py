@@ -553,6 +553,64 @@ def test_delta_with_bad_arrays_is_refused(tmp_path, case, keys, rows, pattern):
         sok.serving.delta.read_serving_delta(d)
 
 
+@pytest.mark.parametrize("edit,pattern", [
+    (lambda m: m.pop("tables"), r"the manifest's tables is None; it must be a list"),
+    (lambda m: m.update(tables="abc"), r"the manifest's tables is 'abc'"),
+    (lambda m: m.update(tables=[1]), r"tables\[0\] is 1; it must be an object"),
+    (lambda m: m["tables"][0].pop("rows"), r"tables\[0\] has rows None; it must be a int"),
+    (lambda m: m["tables"][0].update(dimension="2"), r"has dimension '2'; it must be a int"),
+    (lambda m: m["tables"][0]["files"]["keys"].pop("crc32"),
+     r"has files\['keys'\] .*it must name the file, its bytes and its crc32"),
+    (lambda m: m["tables"][0]["files"].pop("rows"), r"has files\['rows'\] None"),
+    (lambda m: m["tables"][0].update(table_rows=2.0), r"has table_rows 2.0; it must be a int"),
+])
+def test_a_hand_edited_manifest_is_refused_naming_the_field(tmp_path, edit, pattern):
+    """A KeyError or TypeError naming nothing before."""
+    d = _crafted_delta(str(tmp_path / "edited"), np.array([6, 7], np.int64),
+                       np.ones((2, 2), np.float32))
+    path = os.path.join(d, "manifest.json")
+    manifest = json.load(open(path))
+    edit(manifest)
+    json.dump(manifest, open(path, "w"))
+    with pytest.raises(sok.serving.delta.DeltaError, match=pattern):
+        sok.serving.delta.read_serving_delta(d)
+
+
+def test_a_static_delta_of_another_tables_size_is_refused(tmp_path):
+    """A static table's delta holds it whole and says how many rows that
+    is: one read from a table of another size is another model's table of
+    the same name, and wrote over the served table's first rows without an
+    error before."""
+    sok.init()
+
+    class Model(tf.Module):
+        def __init__(self, rows, seed):
+            super().__init__()
+            self.item = sok.Variable(np.random.default_rng(seed).normal(size=(rows, 3))
+                                     .astype(np.float32), name="item_of_delta_test")
+
+        @tf.function
+        def __call__(self, ids):
+            return sok.all2all_dense_embedding(self.item, ids)
+
+    served = Model(10, 0)
+    export_dir = str(tmp_path / "a")
+    sok.export_for_serving(served, export_dir, [tf.TensorSpec([None], tf.int64)])
+    created = json.load(open(os.path.join(export_dir, "assets.extra",
+                                          "sok_serving.json")))["created"]
+    other = Model(5, 1)
+    sok.export_serving_delta([other.item], created, str(tmp_path / "delta"))
+    with pytest.raises(sok.serving.delta.DeltaError,
+                       match=r"'item_of_delta_test': the delta was read from a static table "
+                             r"of 5 rows; the model at .* serves 10: the delta is of another"):
+        sok.apply_serving_delta(export_dir, str(tmp_path / "delta"),
+                                output_dir=str(tmp_path / "out"))
+    assert not os.path.exists(str(tmp_path / "out"))
+    # The same table's own delta (all 10 rows) is taken.
+    sok.export_serving_delta([served.item], created, str(tmp_path / "own"))
+    sok.apply_serving_delta(export_dir, str(tmp_path / "own"), output_dir=str(tmp_path / "out"))
+
+
 @pytest.mark.parametrize("name", ["../other/t.keys.npy", "/tmp/t.keys.npy", "sub/t.keys.npy",
                                   ".."])
 def test_delta_files_outside_its_directory_are_refused(tmp_path, name):
@@ -709,6 +767,36 @@ def test_serving_dynamic_table_holding_no_keys_serves_and_takes_deltas():
     assert int(apply_delta(tf.constant([3], tf.int64), tf.ones([1, 2]))) == 1
     np.testing.assert_array_equal(lookup(tf.constant([3, -8], tf.int64)),
                                   [[1.0, 1.0], [1.5, 1.5]])
+
+
+@tf2_only  # on TF 1.15 a tf.function fails placing the gather by the eager table
+def test_tf_nn_embedding_lookup_on_a_dynamic_table_is_exported(tmp_path):
+    """As docs/serving.md says, tf.nn.embedding_lookup on a DynamicVariable
+    serves too: its export failed ("untracked resource"), TensorFlow's
+    placement of the gather having taken the training table's handle into
+    the servable function. Served rows against the table's own."""
+    sok.init(comm_tool="none")
+    user = sok.DynamicVariable(3, initializer="zeros", name="user_embedding_lookup")
+    held = np.array([4, 2 ** 40, -7], np.int64)
+    rows = np.arange(9, dtype=np.float32).reshape(3, 3)
+    sok.assign(user, tf.constant(held), rows)
+
+    class Model(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.user = user
+
+        def __call__(self, ids):
+            return tf.nn.embedding_lookup(self.user, ids)
+
+    export_dir = str(tmp_path / "lookup")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None], tf.int64)])
+    served = tf.saved_model.load(export_dir)
+    ids = np.array([2 ** 40, 4, 5, -7, 4], np.int64)
+    got = served.signatures["serving_default"](tf.constant(ids))
+    (out,) = got.values()
+    expected = np.stack([rows[1], rows[0], np.zeros(3), rows[2], rows[0]])
+    np.testing.assert_array_equal(out.numpy(), expected)
 
 
 # ------------------------------------------------------------ applying deltas

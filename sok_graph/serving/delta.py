@@ -4,8 +4,10 @@ up to date without a new export.
 A delta directory:
   manifest.json       format, id (random, unique to the delta), since /
                       created (UTC microseconds), and per table: name, kind,
-                      key dtype, dtype, dimension, rows, and for its two
-                      files their size and CRC-32
+                      key dtype, dtype, dimension, rows, for a static table
+                      table_rows (the rows of the table it was read from,
+                      all of them), and for its two files their size and
+                      CRC-32
   <table>.keys.npy    int64 keys (global row numbers of a static table),
                       each once: a delta repeating one is refused
   <table>.rows.npy    rows [n, dimension] in the table's dtype; a bfloat16
@@ -297,8 +299,13 @@ def _write_delta(delta_dir, after, created, collected):
                 np.save(path, array)
                 files[part] = dict(file=file_name, dtype=array.dtype.name,
                                    bytes=os.path.getsize(path), crc32=_crc(path))
-            entries.append(dict(name=name, kind=kind, key_dtype=key_dtype, dtype=dtype,
-                                dimension=dim, rows=int(len(keys)), files=files))
+            entry = dict(name=name, kind=kind, key_dtype=key_dtype, dtype=dtype,
+                         dimension=dim, rows=int(len(keys)), files=files)
+            if kind == "static":
+                # It holds the table whole: its size, which a served table
+                # of another size refuses.
+                entry["table_rows"] = int(len(keys))
+            entries.append(entry)
         # The id tells this delta from every other: apply_serving_delta
         # records it in the export and refuses the delta a second time.
         manifest = dict(format=DELTA_FORMAT, id=uuid.uuid4().hex, since=after,
@@ -338,7 +345,7 @@ def _read_delta(delta_dir):
         raise DeltaError(f"{delta_dir}: the manifest's id is {identity!r}; a delta's id is a "
                          f"non-empty string")
     out = {}
-    for entry in manifest["tables"]:
+    for entry in _table_entries(manifest, delta_dir):
         arrays = []
         for part in ("keys", "rows"):
             info = entry["files"][part]
@@ -365,6 +372,35 @@ def _read_delta(delta_dir):
                              f"x {entry['dimension']}")
         out[entry["name"]] = (entry, keys, rows)
     return manifest, identity, out
+
+
+def _table_entries(manifest, delta_dir):
+    """The manifest's table entries, each checked for what _read_delta reads
+    of it: a hand-edited or foreign manifest is a DeltaError naming the
+    delta and the field, not a bare KeyError or TypeError."""
+    tables = manifest.get("tables")
+    if not isinstance(tables, list):
+        raise DeltaError(f"{delta_dir}: the manifest's tables is {tables!r}; it must be a list "
+                         f"of tables")
+    for i, entry in enumerate(tables):
+        where = f"{delta_dir}: the manifest's tables[{i}]"
+        if not isinstance(entry, dict):
+            raise DeltaError(f"{where} is {entry!r}; it must be an object")
+        for field, kind in (("name", str), ("kind", str), ("rows", int), ("dimension", int),
+                            ("files", dict)):
+            if not isinstance(entry.get(field), kind) or isinstance(entry.get(field), bool):
+                raise DeltaError(f"{where} has {field} {entry.get(field)!r}; it must be a "
+                                 f"{kind.__name__}")
+        if "table_rows" in entry and (not isinstance(entry["table_rows"], int) or
+                                      isinstance(entry["table_rows"], bool)):
+            raise DeltaError(f"{where} has table_rows {entry['table_rows']!r}; it must be a int")
+        for part in ("keys", "rows"):
+            info = entry["files"].get(part)
+            if not isinstance(info, dict) or not isinstance(info.get("file"), str) or \
+                    not all(isinstance(info.get(k), int) for k in ("bytes", "crc32")):
+                raise DeltaError(f"{where} has files[{part!r}] {info!r}; it must name the "
+                                 f"file, its bytes and its crc32")
+    return tables
 
 
 def _file_inside(delta_dir, name):
@@ -686,6 +722,14 @@ def _applied_tensors(served, delta, prefix, export_dir, delta_dir):
             raise DeltaError(str(e)) from None
         if table["kind"] == "static":
             values = tensors[where["rows"]].copy()
+            if entry.get("table_rows", len(values)) != len(values):
+                # Read from a table of another size: another table (another
+                # model's of the same table names), whose rows wrote over the
+                # first rows of this one unnoticed. (A delta made by hand may
+                # hold some rows; it says nothing of its table's size.)
+                raise DeltaError(f"table {name!r}: the delta was read from a static table of "
+                                 f"{entry['table_rows']} rows; the model at {export_dir} serves "
+                                 f"{len(values)}: the delta is of another table")
             if len(keys) and (keys.min() < 0 or keys.max() >= len(values)):
                 raise DeltaError(f"table {name!r}: delta row ids must be in [0, {len(values)})")
             values[keys] = rows

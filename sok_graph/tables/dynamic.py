@@ -287,6 +287,12 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     # ---------------------------------------------------------------- identity
     @property
     def handle(self):
+        if serving_mode.active():
+            # What TensorFlow's ops take a variable's handle for (the
+            # placement of tf.nn.embedding_lookup's gather, colocate_with)
+            # finds the serving table's rows: the table's own handle, taken
+            # into a servable function, made its export fail as "untracked".
+            return serving_mode.table_for(self).rows.handle
         return self._handle
 
     @property
@@ -672,7 +678,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     def row_count(self):
         """The number of keys this table holds (an int64 scalar; the table
         protocol, sok_graph/tables/__init__.py)."""
-        return dynamic_ops.stats(self.handle)[0]
+        return dynamic_ops.stats(self._handle)[0]
 
     def export_chunk(self, offset, limit, updated_after=None):
         """(keys, rows, next_offset) of up to `limit` entries from position
@@ -680,7 +686,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         those written since (the table protocol)."""
         after = dynamic_ops.INT64_MIN if updated_after is None else updated_after
         keys, rows, _, _, next_offset = dynamic_ops.export(
-            self.handle, self.key_type, self.dimension, offset, limit, updated_after=after)
+            self._handle, self.key_type, self.dimension, offset, limit, updated_after=after)
         return keys, rows, next_offset
 
     # What dump, load and the Saver ask (sok_graph/tables/__init__.py).
