@@ -236,6 +236,21 @@ def test_bad_id_values_are_clear_errors(tmp_path, values, words):
         list(ParquetReader(path, 2, ["a"]))
 
 
+@pytest.mark.parametrize("label", [[0.0, None, 1.0, 1.0], [0.0, float("nan"), 1.0, 1.0]])
+def test_a_null_or_nan_label_is_a_clear_error(tmp_path, label):
+    """It came out as NaN, and the loss and every weight trained on it
+    became NaN; a dense column's null stays NaN (a missing feature)."""
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "labels.parquet")
+    _write(path, {"a": pa.array([[1], [2], [3], [4]]), "label": pa.array(label, pa.float32())}, 10)
+    with pytest.raises(ValueError, match=r"label column 'label' holds a null or NaN label "
+                                         r"\(row 1 of a batch of 2\)"):
+        list(ParquetReader(path, 2, ["a"]))
+
+
 @pytest.mark.parametrize("case", ["dense_strings", "dense_lists", "label_strings",
                                   "ragged_not_lists"])
 def test_columns_of_the_wrong_type_are_named_before_reading(tmp_path, case):
