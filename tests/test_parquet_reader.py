@@ -236,19 +236,28 @@ def test_bad_id_values_are_clear_errors(tmp_path, values, words):
         list(ParquetReader(path, 2, ["a"]))
 
 
-@pytest.mark.parametrize("label", [[0.0, None, 1.0, 1.0], [0.0, float("nan"), 1.0, 1.0]])
-def test_a_null_or_nan_label_is_a_clear_error(tmp_path, label):
-    """It came out as NaN, and the loss and every weight trained on it
-    became NaN; a dense column's null stays NaN (a missing feature)."""
+@pytest.mark.parametrize("label, kind", [
+    ([0.0, None, 1.0, 1.0], "float32"), ([0.0, float("nan"), 1.0, 1.0], "float32"),
+    ([0.0, float("inf"), 1.0, 1.0], "float32"), ([0.0, 1e300, 1.0, 1.0], "float64"),
+    ([False, None, True, True], "bool_"), ([0, None, 1, 1], "int64")])
+def test_a_missing_or_infinite_label_is_a_clear_error(tmp_path, label, kind):
+    """It came out as NaN or inf (a bool column's null as numpy's TypeError),
+    and the loss and every weight trained on it became NaN; a dense
+    column's null stays NaN (a missing feature)."""
     import pyarrow as pa
 
     from sok_graph.data.parquet import ParquetReader
 
     path = str(tmp_path / "labels.parquet")
-    _write(path, {"a": pa.array([[1], [2], [3], [4]]), "label": pa.array(label, pa.float32())}, 10)
-    with pytest.raises(ValueError, match=r"label column 'label' holds a null or NaN label "
-                                         r"\(row 1 of a batch of 2\)"):
+    _write(path, {"a": pa.array([[1], [2], [3], [4]]),
+                  "label": pa.array(label, getattr(pa, kind)())}, 10)
+    with pytest.raises(ValueError, match=r"label column 'label' holds a null, NaN or infinite "
+                                         r"label \(row 1 of a batch of 2"):
         list(ParquetReader(path, 2, ["a"]))
+    good = str(tmp_path / "good.parquet")
+    labels = [True, False] if kind == "bool_" else [1, 0]
+    _write(good, {"a": pa.array([[1], [2]]), "label": pa.array(labels, getattr(pa, kind)())}, 10)
+    np.testing.assert_array_equal(next(iter(ParquetReader(good, 2, ["a"])))["label"], [1, 0])
 
 
 @pytest.mark.parametrize("case", ["dense_strings", "dense_lists", "label_strings",

@@ -1187,6 +1187,27 @@ def _serving_build_fn(user_output="user", item=False):
     return build_fn
 
 
+def test_a_tf1_build_fn_reading_a_training_graph_dynamic_table_is_refused(tmp_path):
+    """A build_fn that reads the training graph's DynamicVariable instead of
+    making its own: a TypeError naming the table, nothing written (the
+    table was taken for a static table's rows)."""
+    with tf.Graph().as_default():
+        user, keys, rows, assign = _assignable_user_in_graph()
+
+        def build_fn():
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            return {"ids": ids}, {"user": sok.all2all_dense_embedding(user, ids)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(assign, {keys: [1], rows: [[1, 1]]})
+            with pytest.raises(TypeError, match=r"sok.DynamicVariable 'user' is not of the "
+                                                r"serving graph; create the dynamic tables "
+                                                r"inside build_fn"):
+                sok.export_for_serving(build_fn, str(tmp_path / "export"), session=sess)
+    assert not os.path.exists(str(tmp_path / "export"))
+
+
 def _assignable_user_in_graph():
     """In the default graph, after sok.init(): a dynamic table 'user' of
     dimension 2, placeholders for keys and rows, and the op assigning them."""

@@ -53,8 +53,8 @@ class ParquetReader:
     Iterating yields dicts: for each ragged column ``name`` two int64 arrays
     ``name`` (values) and ``name_splits`` (row_splits, batch + 1); ``dense``
     a float32 [batch, len(dense_columns)] array (a null is NaN, a missing
-    feature); ``label`` float32 [batch] (a null or NaN label is a
-    ValueError: it would make the loss NaN).
+    feature); ``label`` float32 [batch] (a null, NaN or infinite label is
+    a ValueError: it would make the loss NaN).
     Each iteration is one epoch; with shuffle=True the unit order differs
     per epoch (seed + epoch). Up to ``prefetch`` batches are converted ahead
     of the consumer, and one row group is decoded ahead of them.
@@ -249,14 +249,20 @@ class ParquetReader:
                 dense[i] = _floats(table.column(c))
             out["dense"] = np.ascontiguousarray(dense.T)
         if self.label_column:
-            labels = table.column(self.label_column).to_numpy().astype(np.float32, copy=False)
-            # A dense column's null is a missing feature (NaN); a missing or
-            # NaN label made the loss, and from it every weight, NaN.
-            bad = np.flatnonzero(np.isnan(labels))
+            raw = table.column(self.label_column).to_numpy()
+            if raw.dtype == object:  # a bool column's nulls come as None
+                raw = np.array([np.nan if v is None else v for v in raw], np.float64)
+            with np.errstate(over="ignore"):
+                labels = raw.astype(np.float32, copy=False)
+            # A dense column's null is a missing feature (NaN); a missing,
+            # NaN or infinite label made the loss, and from it every weight,
+            # NaN.
+            bad = np.flatnonzero(~np.isfinite(labels))
             if len(bad):
-                raise ValueError(f"label column '{self.label_column}' holds a null or NaN "
-                                 f"label (row {int(bad[0])} of a batch of {len(labels)}); every "
-                                 f"label must be a number")
+                raise ValueError(f"label column '{self.label_column}' holds a null, NaN or "
+                                 f"infinite label (row {int(bad[0])} of a batch of "
+                                 f"{len(labels)}: {raw[bad[0]]}); every label must be a "
+                                 f"finite number")
             out["label"] = labels
         return out
 

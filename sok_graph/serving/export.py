@@ -202,6 +202,12 @@ class GraphResolver(_StandIns):
                             f"graph; got {param!r}")
         if id(param) in self._by_id:
             return self._by_id[id(param)]
+        if is_dynamic(param):
+            # One made in build_fn is a serving table already; this one is
+            # the training graph's (it was taken for a static table's rows).
+            raise TypeError(f"serving mode: sok.DynamicVariable {param.name!r} is not of the "
+                            f"serving graph; create the dynamic tables inside build_fn (a "
+                            f"serving table takes the trained table's rows by its name)")
         name = param.op.name
         if name in self.tables:
             raise ValueError(f"two serving tables named {name!r}")

@@ -505,8 +505,9 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   // The counts of rows each rank sends here, from a grouped exchange of one
   // int64 per pair of ranks, read back on the host: the wait that sizes the
   // output (SokNcclAllToAllSized has none). send_splits comes in host memory
-  // (TensorFlow copies a count made on this GPU to the host as soon as the
-  // kernel that made it has run), and the counts go on the NCCL stream
+  // (TensorFlow copies a count made on this GPU to the host once the compute
+  // stream has run the kernel that made it and what was queued before it),
+  // and the counts go on the NCCL stream
   // before it waits for the compute stream, from a buffer outside
   // TensorFlow's allocator: the wait is for the peers' counts and this
   // rank's earlier exchanges, not for every kernel queued on the GPU since

@@ -56,9 +56,10 @@ rank order; received_splits says how many rows came from each, and
 sent_splits repeats send_splits. Both splits are in host memory, so the
 reply (SokNcclAllToAllSized with the splits swapped) and the gradient need
 no wait for the device. send_splits is read in host memory. The splits
-travel first, on a communicator and stream of their own (one wait, for the
-peers' splits: the output's size; not for the kernels queued on this GPU);
-then the rows, GPU to GPU. padded: input may have more
+travel first, on the rows' NCCL stream before it waits for the compute
+stream (one wait, for the peers' splits and this rank's earlier exchanges:
+the output's size; not for the kernels queued on this GPU since); then the
+rows, GPU to GPU. padded: input may have more
 rows than send_splits add up to (the padding of a unique that did not wait
 for its count); those are not sent.
 )doc");
