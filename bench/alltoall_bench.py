@@ -39,7 +39,8 @@ def parse():
     p.add_argument("--gpus", type=int, default=2)
     p.add_argument("--mib", default="8,64,256")
     p.add_argument("--dim", type=int, default=128)
-    p.add_argument("--iters", type=int, default=20)
+    p.add_argument("--iters", type=int, default=20,
+                   help="exchanges per call after the first (at least 1)")
     p.add_argument("--workers", action="store_true",
                    help="sok: one process per GPU under python -m sok_graph.launch")
     p.add_argument("--trace", type=int, default=0, metavar="CALLS",
@@ -47,7 +48,10 @@ def parse():
                         "--iters + 1 exchanges) with TensorFlow's profiler and print the GPU "
                         "time by kernel: against the time per exchange it says whether the "
                         "GPU or the host sets the pace")
-    return p.parse_args()
+    args = p.parse_args()
+    if args.iters < 1:
+        p.error(f"--iters must be at least 1; got {args.iters}")
+    return args
 
 
 def report(engine, n, size_bytes, seconds):

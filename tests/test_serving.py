@@ -563,6 +563,10 @@ def test_delta_with_bad_arrays_is_refused(tmp_path, case, keys, rows, pattern):
      r"has files\['keys'\] .*it must name the file, its bytes and its crc32"),
     (lambda m: m["tables"][0]["files"].pop("rows"), r"has files\['rows'\] None"),
     (lambda m: m["tables"][0].update(table_rows=2.0), r"has table_rows 2.0; it must be a int"),
+    (lambda m: m["tables"][0].update(dtype=["float32"]), r"has dtype \['float32'\]; it must "
+                                                         r"be a dtype's name"),
+    (lambda m: m["tables"].append(dict(m["tables"][0])),
+     r"tables\[1\] names table 't' a second time"),
 ])
 def test_a_hand_edited_manifest_is_refused_naming_the_field(tmp_path, edit, pattern):
     """A KeyError or TypeError naming nothing before."""

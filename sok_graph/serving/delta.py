@@ -394,6 +394,11 @@ def _table_entries(manifest, delta_dir):
         if "table_rows" in entry and (not isinstance(entry["table_rows"], int) or
                                       isinstance(entry["table_rows"], bool)):
             raise DeltaError(f"{where} has table_rows {entry['table_rows']!r}; it must be a int")
+        if not isinstance(entry.get("dtype", ""), str):
+            raise DeltaError(f"{where} has dtype {entry['dtype']!r}; it must be a dtype's name")
+        if any(other.get("name") == entry["name"] for other in tables[:i]):
+            # Read into one dict by name: one of the two was dropped unsaid.
+            raise DeltaError(f"{where} names table {entry['name']!r} a second time")
         for part in ("keys", "rows"):
             info = entry["files"].get(part)
             if not isinstance(info, dict) or not isinstance(info.get("file"), str) or \

@@ -151,6 +151,8 @@ def _beyond_dtype(array, dtype):
     to `dtype` would make infinite ("1e+39 at [0, 1], beyond float32's
     largest finite value ...: it would become inf"), else "". Integers
     too: 70000 is beyond float16's largest finite value."""
+    if np.can_cast(array.dtype, dtype.as_numpy_dtype, "safe"):
+        return ""  # float32 into float32 (or wider): nothing to convert, nothing to overflow
     with np.errstate(over="ignore", invalid="ignore"):
         overflow = np.isfinite(array.astype(np.float64)) & \
             ~np.isfinite(array.astype(dtype.as_numpy_dtype).astype(np.float64))

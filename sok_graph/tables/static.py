@@ -63,7 +63,7 @@ def _within_shape(value, shape, made, asked=None):
     later with a range error that names neither."""
     if shape is None:
         return value
-    got = tf.TensorShape(value.shape if isinstance(value, tf.Tensor) else np.shape(value))
+    got = tf.TensorShape(value.shape if hasattr(value, "shape") else np.shape(value))
     if not tf.TensorShape(shape).is_compatible_with(got):
         asked = asked or f"shape is {tf.TensorShape(shape).as_list()}"
         raise ValueError(f"{asked}; {made} has shape {got.as_list()}")
