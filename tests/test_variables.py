@@ -55,6 +55,25 @@ def test_a_value_that_shape_does_not_allow_is_refused():
                                   np.zeros((4, 3)))
 
 
+def test_bfloat16_rows_from_numpy_are_taken():
+    """numpy files bfloat16 under kind "V": sok.assign and import_rows
+    refused a bfloat16 table's own rows as "not floats". Rows beyond
+    bfloat16's range are still refused."""
+    bf = tf.bfloat16.as_numpy_dtype
+    rows = np.array([[1.5, 2.0], [3.0, -1.0]], np.float32)
+    table = sok.Variable(np.zeros((3, 2), bf))
+    sok.assign(table, [2], rows[:1].astype(bf))
+    table.import_rows(tf.constant([0, 1], tf.int64), rows.astype(bf))
+    np.testing.assert_array_equal(table.numpy().astype(np.float32),
+                                  [[1.5, 2.0], [3.0, -1.0], [1.5, 2.0]])
+    wide = sok.Variable(np.zeros((2, 2), np.float32))  # converted into float32
+    wide.import_rows(tf.constant([0, 1], tf.int64), rows.astype(bf))
+    np.testing.assert_array_equal(wide.numpy(), rows)
+    with pytest.raises(ValueError, match=r"beyond bfloat16's largest finite value"):
+        sok.assign(table, [0], np.full((1, 2), 1e39))
+    np.testing.assert_array_equal(table.numpy()[0].astype(np.float32), [1.5, 2.0])
+
+
 def test_assign_refuses_what_it_would_write_wrongly():
     """A scalar index failed with Python's IndexError; float64 numbers beyond
     float32's range were written as inf; a float64 tensor failed with

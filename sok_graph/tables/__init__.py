@@ -137,13 +137,20 @@ def rows_of_dtype(rows, dtype, label, method, dtype_words):
                             f"{rows.dtype.name}")
         return tf.convert_to_tensor(rows)
     array = np.asarray(rows)
-    if array.dtype.kind != "f":
+    if not _floats(array.dtype):
         raise TypeError(f"{label}: {method} takes rows of floats ({dtype_words}); got rows of "
                         f"dtype {array.dtype}")
     beyond = _beyond_dtype(array, dtype)
     if beyond:
         raise ValueError(f"{label}: {method} takes rows of {dtype_words}; got {beyond}")
     return tf.convert_to_tensor(array, dtype)
+
+
+def _floats(dtype):
+    """Whether numpy dtype `dtype` is a float type, bfloat16 included (numpy
+    files it under kind "V": its bfloat16 rows for a bfloat16 table were
+    refused as "not floats")."""
+    return dtype.kind == "f" or dtype == np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
 def _beyond_dtype(array, dtype):
@@ -177,7 +184,7 @@ def rows_from_user(rows, dtype, what):
                             f"{rows.dtype.base_dtype.name} tensor: cast it first")
         return tf.convert_to_tensor(rows)
     array = np.asarray(rows)
-    if array.dtype.kind not in "iuf":
+    if array.dtype.kind not in "iu" and not _floats(array.dtype):
         # np.asarray made an object or string array of it: float()'s message
         # ("not 'dict'", "could not convert string") named no argument.
         raise TypeError(f"{what} must be a [rows, dim] array or tensor of numbers; got "
