@@ -53,7 +53,8 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context
-from sok_graph.tables import dimension_of, key_metadata_of, kind_of, replica_shards
+from sok_graph.tables import (dimension_of, key_metadata_of, kind_of, overflow_at,
+                              replica_shards)
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.placement import owned_mask
 from sok_graph.ops import dynamic as dynamic_ops
@@ -840,12 +841,8 @@ def rows_as(rows, dtype, what, keys=None, static=True, slot="", source="the dump
     target = np.dtype(dtype.as_numpy_dtype)
     if rows.dtype == target:
         return rows
-    with np.errstate(over="ignore", invalid="ignore"):
-        converted = rows.astype(target)
-        overflow = np.isfinite(rows.astype(np.float64)) & \
-            ~np.isfinite(converted.astype(np.float64))
-    if overflow.any():
-        at = tuple(int(i) for i in np.argwhere(overflow)[0])
+    at, converted = overflow_at(rows, target)
+    if at is not None:
         value = float(np.asarray(rows[at], np.float64))
         key = at[0] if keys is None else int(keys[at[0]])
         where = f"row {key}" if static else f"the row of key {key}"

@@ -68,7 +68,7 @@ import tensorflow as tf
 from sok_graph import context, dump_load
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.tables import dimension_of, is_dynamic, replica_shards
+from sok_graph.tables import dimension_of, is_dynamic, is_float_dtype, replica_shards
 from sok_graph.serving import collective, sources
 from sok_graph.serving.export import (MANIFEST, SAVED_MODEL_FILES, checked_chunk_rows,
                                       checked_dir, saved_model_file, table_name)
@@ -128,12 +128,6 @@ def _stored_rows(rows, dtype):
     bits = _BITS.get(dtype)
     rows = np.ascontiguousarray(rows, tf.as_dtype(dtype).as_numpy_dtype)
     return rows if bits is None else rows.view(bits)
-
-
-def _float_dtype(dtype):
-    """Whether numpy dtype `dtype` holds rows: a numpy float, or bfloat16
-    (which numpy does not count as one)."""
-    return np.issubdtype(dtype, np.floating) or dtype == np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
 def _refuse_read_repeats(name, what, ordered, delta_dir):
@@ -386,14 +380,14 @@ def _table_entries(manifest, delta_dir):
         where = f"{delta_dir}: the manifest's tables[{i}]"
         if not isinstance(entry, dict):
             raise DeltaError(f"{where} is {entry!r}; it must be an object")
+        # table_rows only where a static table's delta recorded it.
         for field, kind in (("name", str), ("kind", str), ("rows", int), ("dimension", int),
-                            ("files", dict)):
+                            ("files", dict), ("table_rows", int)):
+            if field == "table_rows" and field not in entry:
+                continue
             if not isinstance(entry.get(field), kind) or isinstance(entry.get(field), bool):
                 raise DeltaError(f"{where} has {field} {entry.get(field)!r}; it must be a "
                                  f"{kind.__name__}")
-        if "table_rows" in entry and (not isinstance(entry["table_rows"], int) or
-                                      isinstance(entry["table_rows"], bool)):
-            raise DeltaError(f"{where} has table_rows {entry['table_rows']!r}; it must be a int")
         if not isinstance(entry.get("dtype", ""), str):
             raise DeltaError(f"{where} has dtype {entry['dtype']!r}; it must be a dtype's name")
         if any(other.get("name") == entry["name"] for other in tables[:i]):
@@ -442,7 +436,7 @@ def _checked_arrays(delta_dir, entry, keys, rows):
         raise DeltaError(f"{delta_dir}: table {name!r} has keys of dtype {keys.dtype} and shape "
                          f"{keys.shape}; keys must be a vector of integers")
     _refuse_repeats(delta_dir, entry, keys)
-    if rows.ndim != 2 or not _float_dtype(rows.dtype):
+    if rows.ndim != 2 or not is_float_dtype(rows.dtype):
         raise DeltaError(f"{delta_dir}: table {name!r} has rows of dtype {rows.dtype} and shape "
                          f"{rows.shape}; rows must be a [keys, dimension] float matrix")
     # bfloat16 as float32 (exact): numpy's ufuncs need not take it.

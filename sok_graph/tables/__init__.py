@@ -137,7 +137,7 @@ def rows_of_dtype(rows, dtype, label, method, dtype_words):
                             f"{rows.dtype.name}")
         return tf.convert_to_tensor(rows)
     array = np.asarray(rows)
-    if not _floats(array.dtype):
+    if not is_float_dtype(array.dtype):
         raise TypeError(f"{label}: {method} takes rows of floats ({dtype_words}); got rows of "
                         f"dtype {array.dtype}")
     beyond = _beyond_dtype(array, dtype)
@@ -146,26 +146,36 @@ def rows_of_dtype(rows, dtype, label, method, dtype_words):
     return tf.convert_to_tensor(array, dtype)
 
 
-def _floats(dtype):
-    """Whether numpy dtype `dtype` is a float type, bfloat16 included (numpy
-    files it under kind "V": its bfloat16 rows for a bfloat16 table were
-    refused as "not floats")."""
+def is_float_dtype(dtype):
+    """Whether numpy dtype `dtype` holds rows: a numpy float, or bfloat16
+    (which numpy files under kind "V", not as a float)."""
     return dtype.kind == "f" or dtype == np.dtype(tf.bfloat16.as_numpy_dtype)
 
 
-def _beyond_dtype(array, dtype):
-    """Where the numbers of `array` have a finite value that the conversion
-    to `dtype` would make infinite ("1e+39 at [0, 1], beyond float32's
-    largest finite value ...: it would become inf"), else "". Integers
-    too: 70000 is beyond float16's largest finite value."""
-    if np.can_cast(array.dtype, dtype.as_numpy_dtype, "safe"):
-        return ""  # float32 into float32 (or wider): nothing to convert, nothing to overflow
+def overflow_at(array, target):
+    """(index of the first finite value of numpy `array` that numpy dtype
+    `target` makes infinite, or None; `array` as `target`). Rounding is
+    fine; inf where the source held a number is not (numpy's cast only
+    warns). Integers too: 70000 is beyond float16's largest finite value."""
+    target = np.dtype(target)
+    if np.can_cast(array.dtype, target, "safe"):
+        return None, array.astype(target, copy=False)  # nothing can overflow
     with np.errstate(over="ignore", invalid="ignore"):
+        converted = array.astype(target)
         overflow = np.isfinite(array.astype(np.float64)) & \
-            ~np.isfinite(array.astype(dtype.as_numpy_dtype).astype(np.float64))
+            ~np.isfinite(converted.astype(np.float64))
     if not overflow.any():
+        return None, converted
+    return tuple(int(i) for i in np.argwhere(overflow)[0]), converted
+
+
+def _beyond_dtype(array, dtype):
+    """Where `array` has a finite value that the conversion to tf.DType
+    `dtype` would make infinite ("1e+39 at [0, 1], beyond float32's largest
+    finite value ...: it would become inf"), else ""."""
+    at, _ = overflow_at(array, dtype.as_numpy_dtype)
+    if at is None:
         return ""
-    at = tuple(int(i) for i in np.argwhere(overflow)[0])
     return (f"{float(array[at])!r} at {list(at)}, beyond {dtype.name}'s largest finite value "
             f"{float(dtype.max)!r}: it would become inf")
 
@@ -184,7 +194,7 @@ def rows_from_user(rows, dtype, what):
                             f"{rows.dtype.base_dtype.name} tensor: cast it first")
         return tf.convert_to_tensor(rows)
     array = np.asarray(rows)
-    if array.dtype.kind not in "iu" and not _floats(array.dtype):
+    if array.dtype.kind not in "iu" and not is_float_dtype(array.dtype):
         # np.asarray made an object or string array of it: float()'s message
         # ("not 'dict'", "could not convert string") named no argument.
         raise TypeError(f"{what} must be a [rows, dim] array or tensor of numbers; got "
