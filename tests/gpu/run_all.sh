@@ -5,6 +5,7 @@
 # machine that has CUDA, CuPy and PyTorch but no TensorFlow.
 #
 #   bash tests/gpu/run_all.sh [--quick] [--checks-only]
+#   bash tests/gpu/run_all.sh --build-only   # prints the library's path
 #
 # SOK_GPU_LIB=path/libsok_cuda_kernels.so checks that library instead of
 # building one (e.g. the Bazel build's, compiled with CUDA 12 by clang); only
@@ -27,7 +28,7 @@ start=$(date +%s)
 if [[ -n "${SOK_GPU_LIB:-}" ]]; then
   [[ -f "$SOK_GPU_LIB" ]] || { echo "SOK_GPU_LIB=$SOK_GPU_LIB does not exist" >&2; exit 1; }
   g++ -O2 -std=c++14 -ffp-contract=off -shared -fPIC -I. tests/gpu/cpu_table_ref.cc -o "$BUILD/libcpu_table_ref.so"
-  echo "prebuilt $SOK_GPU_LIB; built the CPU reference in $(( $(date +%s) - start )) s"
+  echo "prebuilt $SOK_GPU_LIB; built the CPU reference in $(( $(date +%s) - start )) s" >&2
   LIB="$SOK_GPU_LIB"
 else
   pids=()
@@ -42,11 +43,12 @@ else
   for pid in "${pids[@]}"; do wait "$pid"; done
   "$NVCC" -shared -cudart static -o "$BUILD/libsok_cuda_kernels.so" "${objs[@]}" \
     -Xlinker --no-undefined
-  echo "built ${#objs[@]} CUDA sources + CPU reference in $(( $(date +%s) - start )) s with $("$NVCC" --version | tail -1)"
+  echo "built ${#objs[@]} CUDA sources + CPU reference in $(( $(date +%s) - start )) s with $("$NVCC" --version | tail -1)" >&2
   LIB="$BUILD/libsok_cuda_kernels.so"
 fi
 
 REF="$BUILD/libcpu_table_ref.so"
+if [[ "${1:-}" == --build-only ]]; then echo "$LIB"; exit 0; fi
 export PYTHONUNBUFFERED=1
 if [[ "${SOK_GPU_SANITIZE:-0}" == 1 ]]; then
   SOK_GPU_NO_POOL=1 compute-sanitizer --tool memcheck --error-exitcode 9 --print-limit 20 \
