@@ -79,6 +79,13 @@ def _sparse_parts_on_host(sp, label):
         tf.size(shape), 2,
         message=f"{label} must be a 2-D SparseTensor [batch, max_nnz]; its dense_shape is")
     with tf.control_dependencies([rank]):
+        # The batch becomes the output's rows, counted in 32 bits by the
+        # ragged conversion below: 2^32 + 3 gave 3 rows.
+        sizes = tf.debugging.Assert(
+            tf.reduce_all(tf.stack([shape[0] >= 0, shape[0] < 2**31, shape[1] >= 0])),
+            [f"{label}: the dense_shape [batch, max_nnz] of a SparseTensor must be >= 0, "
+             f"with a batch below 2^31; got", shape], summarize=2)
+    with tf.control_dependencies([sizes]):
         sp = tf.sparse.reorder(tf.SparseTensor(sp.indices, sp.values, tf.identity(shape)))
     indices = sp.indices
     outside = tf.reduce_any(tf.logical_or(indices < 0, indices >= shape[None, :]), axis=1)
@@ -136,6 +143,27 @@ def _checked_ids(ids, rows, index, name):
         return tf.identity(ids)
 
 
+def _ids_range_check(ids, rows, index, name):
+    """The check of _checked_ids alone (a tensor to wait for), on the host:
+    what a call's dynamic tables wait for before they insert keys."""
+    with tf.device("/device:CPU:0"):
+        wide = tf.cast(ids, tf.int64)
+        bad = tf.logical_or(wide < 0, wide >= tf.cast(rows, tf.int64))
+        return _fails_if_any(bad, lambda first: [
+            f"ids of {name} (sp_ids[{index}]) must be in [0, {rows}) (the table's rows); got",
+            _padded_gather(ids, first)])
+
+
+def _static_rows(param, tensor):
+    """A static table's rows (its global rows when it is sharded), an int
+    when the shape says, else a tensor."""
+    if _is_sharded(param):
+        return param.global_shape[0]
+    table = param if tensor is None else tensor
+    rows = tf.compat.dimension_value(table.shape[0])
+    return rows if rows is not None else tf.shape(table, out_type=tf.int64)[0]
+
+
 def _fails_if_any(bad, details, more=()):
     """A check (a tensor to wait for) that fails with the message
     details(first), first the position of the first True of the bool vector
@@ -180,8 +208,8 @@ def _after_splits_check(ids, splits, index, name):
 
 
 def _aligned_weights(weights, weight_splits, ids, index):
-    """weights, after a check that they pair one to one with the ids: same
-    row lengths (sp_weights[index] against sp_ids[index])."""
+    """(weights after a check that they pair one to one with the ids, that
+    check): same row lengths (sp_weights[index] against sp_ids[index])."""
     count, id_splits = ids
     same = tf.logical_and(
         tf.equal(tf.size(weights, out_type=tf.int64), count),
@@ -196,7 +224,7 @@ def _aligned_weights(weights, weight_splits, ids, index):
         f"the row_splits of the weights and of the ids are", weight_splits, id_splits],
         summarize=8)
     with tf.control_dependencies([check]):
-        return tf.identity(weights)
+        return tf.identity(weights), check
 
 
 def _first_true(flags):
@@ -550,18 +578,47 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                     f"is {d.name}"
                 )
 
-        values, splits, dense_grads = [], [], [False] * n
-        pending, member_ids = [], []
+        parts = []
         for t, ids in enumerate(sp_ids):
             v, s = _ragged_parts(ids, t)
             if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
                 raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
+            parts.append((v, s))
+        member_ids = [(tf.size(v, out_type=tf.int64), s) for v, s in parts]
+        weights, input_checks = [], []
+        for t, w in enumerate(sp_weights):
+            if w is None:
+                weights.append(None)
+                continue
+            wv, ws = _ragged_parts(w, t, "sp_weights")
+            if not wv.dtype.is_floating:
+                raise TypeError(f"sp_weights[{t}] must hold floats; got {wv.dtype.name}")
+            aligned, check = _aligned_weights(tf.cast(wv, dtype), ws, member_ids[t], t)
+            weights.append(aligned)
+            input_checks.append(check)
+        # A dynamic table inserts the keys it reads before the fused op
+        # checks the call's other inputs: its keys wait for the weights'
+        # checks and for the other tables' id ranges, so that a call that
+        # fails leaves every table (and admission filter counts) as it was.
+        dynamic = [t for t, p in enumerate(params) if is_dynamic(p)]
+        if dynamic:
+            input_checks += [_ids_range_check(parts[t][0], _static_rows(p, tensors[t]), t,
+                                              names[t])
+                             for t, p in enumerate(params) if not is_dynamic(p)]
+
+        values, splits, dense_grads = [], [], [False] * n
+        pending = []
+        for t, ids in enumerate(sp_ids):
+            v, s = parts[t]
             if tensors[t] is None and _is_sharded(params[t]) and dedup_before_exchange \
                     and not is_dynamic(params[t]):
                 pending.append(t)  # fetched with the other sharded tables, below
             elif tensors[t] is None:
                 if is_dynamic(params[t]) and isinstance(ids, tf.RaggedTensor):
                     v = _after_splits_check(v, s, t, names[t])
+                if is_dynamic(params[t]) and input_checks:
+                    with tf.control_dependencies(input_checks):
+                        v = tf.identity(v)
                 # A variable: each distinct id is fetched once (read, looked
                 # up or inserted; from its owner when the table is sharded),
                 # and the fused op combines rows of that small gathered
@@ -575,17 +632,6 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                 dense_grads[t] = True
             values.append(v)
             splits.append(s)
-            member_ids.append((tf.size(v, out_type=tf.int64), s))
-
-        weights = []
-        for t, w in enumerate(sp_weights):
-            if w is None:
-                weights.append(None)
-                continue
-            wv, ws = _ragged_parts(w, t, "sp_weights")
-            if not wv.dtype.is_floating:
-                raise TypeError(f"sp_weights[{t}] must hold floats; got {wv.dtype.name}")
-            weights.append(_aligned_weights(tf.cast(wv, dtype), ws, member_ids[t], t))
 
         # Sharded static tables: one entry of the fused op per group, whose
         # table is the rows of the group's distinct ids (every row used: a

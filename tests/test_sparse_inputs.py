@@ -152,6 +152,80 @@ def test_a_rejected_sparse_input_inserts_no_key(mode, indices):
     assert sok.export(v)[0].numpy().tolist() == []
 
 
+@pytest.mark.parametrize("mode", ["eager", "function"])
+@pytest.mark.parametrize("case", ["weights", "static_id", "admission"])
+def test_a_call_that_fails_another_check_inserts_no_key(mode, case):
+    """The dynamic table's keys also wait for the call's other checks: weights
+    that do not pair with the ids, an id outside a static table of the same
+    call. A failed call used to leave its keys in the table (and, with a
+    counting admission filter, counted as seen: two failed calls admitted
+    them)."""
+    kwargs = {"min_count": 2} if case == "admission" else {}
+    v = sok.DynamicVariable(dimension=2, initializer="zeros", **kwargs)
+    static = sok.Variable(TABLE)
+    keys = tf.ragged.constant([[11, 12]], tf.int64)
+    bad_weights = tf.ragged.constant([[1.0]], tf.float32)
+
+    def lookup():
+        if case == "static_id":
+            return sok.lookup_sparse([static, v], [tf.ragged.constant([[9, 10]], tf.int64), keys],
+                                     combiners="sum")
+        return sok.lookup_sparse(v, keys, bad_weights, combiners="sum")
+
+    if mode == "function":
+        lookup = tf.function(lookup)
+    message = r"sp_ids\[0\]\) must be in \[0, 10\)" if case == "static_id" else r"sp_weights\[0\]"
+    for _ in range(2):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=message):
+            lookup()
+    assert sok.export(v)[0].numpy().tolist() == []
+    if case == "admission":  # the failed calls were not counted: one good call admits nothing
+        sok.lookup_sparse(v, keys, combiners="sum")
+        assert sok.export(v)[0].numpy().tolist() == []
+
+
+@pytest.mark.parametrize("mode,dense_shape", [
+    ("eager", [2**32 + 3, 1]), ("eager", [2**31, 1]), ("function", [2**32 + 3, 1]),
+    ("function", [2**31, 1]), ("function", [-1, 1]), ("function", [3, -2])])
+def test_a_dense_shape_the_output_cannot_have_is_an_error(mode, dense_shape):
+    """The batch of dense_shape is the output's rows: 2^32 + 3 gave 3 rows
+    in a tf.function (the count went through 32 bits), other sizes gave
+    messages naming no argument. (Eagerly, tf.SparseTensor itself refuses
+    negative sizes.)"""
+    v = sok.Variable(TABLE)
+
+    def lookup(indices, values, shape):
+        return sok.lookup_sparse(v, tf.SparseTensor(indices, values, shape), combiners="sum")
+
+    if mode == "function":
+        lookup = tf.function(lookup, input_signature=[
+            tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None], tf.int64),
+            tf.TensorSpec([2], tf.int64)])
+    indices = tf.constant([[0, 0], [1, 0], [2, 0]], tf.int64)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"sp_ids\[0\]: the dense_shape \[batch, max_nnz\] of a SparseTensor"):
+        lookup(indices, tf.ones([3], tf.int64), tf.constant(dense_shape, tf.int64))
+
+
+def test_a_nan_weight_under_sqrtn_gives_nan_gradients_as_tensorflow():
+    """sqrtn's factor 1 / sqrt(sum w^2) is NaN for a NaN weight, as in
+    tf.nn.embedding_lookup_sparse: the sample's other rows got a zero
+    gradient instead of NaN, hiding the NaN from the training loop."""
+    v = sok.Variable(TABLE)
+    plain = tf.Variable(TABLE)
+    ids = tf.ragged.constant([[1, 2]], tf.int64)
+    weights = tf.ragged.constant([[np.nan, 1.0]], tf.float32)
+    with tf.GradientTape(persistent=True) as tape:
+        got = sok.lookup_sparse(v, ids, weights, combiners="sqrtn")
+        want = tf.nn.embedding_lookup_sparse(plain, ids.to_sparse(), weights.to_sparse(),
+                                             combiner="sqrtn")
+    np.testing.assert_array_equal(np.isnan(got.numpy()), np.isnan(want.numpy()))
+    g = tf.convert_to_tensor(tape.gradient(got, v)).numpy()
+    w = tf.convert_to_tensor(tape.gradient(want, plain)).numpy()
+    np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+    assert np.isnan(g[2]).all()
+
+
 def test_weights_must_pair_with_the_ids_row_by_row():
     v = sok.Variable(TABLE)
     ids = tf.ragged.constant([[1, 2], [3]], tf.int64)

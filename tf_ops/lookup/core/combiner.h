@@ -53,8 +53,10 @@ inline std::string CombinersAttr() { return "combiners: list({" + QuotedCombiner
 
 // The factor that turns a sample's weighted sum of rows into its output:
 // 1, 1 / sum(w), or 1 / sqrt(sum(w^2)). A sample with no ids (or weights that
-// sum to zero) gets 0, so its output is a zero row rather than NaN. The
-// GPU launchers pass the combiner as its int (kSum 0, kMean 1, kSqrtn 2).
+// sum to zero) gets 0, so its output is a zero row rather than NaN; a NaN
+// weight gives NaN, as in TensorFlow (a test `> 0` made sqrtn's factor 0,
+// and the gradient of the sample's other rows 0 instead of NaN). The GPU
+// launchers pass the combiner as its int (kSum 0, kMean 1, kSqrtn 2).
 SOK_HOST_DEVICE inline float CombinerScale(Combiner c, float weight_sum, float weight_sq_sum) {
   switch (c) {
     case Combiner::kSum:
@@ -62,7 +64,7 @@ SOK_HOST_DEVICE inline float CombinerScale(Combiner c, float weight_sum, float w
     case Combiner::kMean:
       return weight_sum != 0.0f ? 1.0f / weight_sum : 0.0f;
     case Combiner::kSqrtn:
-      return weight_sq_sum > 0.0f ? 1.0f / sqrtf(weight_sq_sum) : 0.0f;
+      return weight_sq_sum != 0.0f ? 1.0f / sqrtf(weight_sq_sum) : 0.0f;
   }
   return 0.0f;
 }
