@@ -741,6 +741,35 @@ def _native_start():
             rng.normal(size=(9, 4)).astype(np.float32)]
 
 
+def test_a_keras_optimizers_state_is_dumped_as_it_is_or_refused(tmp_path):
+    """An optimizer that keeps a variable's state indexed by variable (Keras
+    3's) holds it out of sok's reach: sok.dump wrote the wrapper's zero
+    momentum and step 0 for tables such an optimizer trained itself, and
+    sok.load filled slots its updates never read; both are refused now,
+    naming the table. An optimizer whose slots sok reads (OptimizerV2: TF
+    2.15's tf.keras after sok.init(), TF 1.15's) dumps its own state."""
+    sok.init(comm_tool="none")
+    tables, opt = _native_tables(_native_start()), tf.keras.optimizers.SGD(0.1, momentum=0.9)
+    for i in range(3):
+        _native_step(opt, tables, i)
+    path = str(tmp_path / "native")
+    if not callable(getattr(opt, "get_slot", None)):
+        with pytest.raises(ValueError, match=r"updated sok variable 'dist.*momentum.*OptimizerScope"):
+            sok.dump(path, tables, opt)
+        assert not os.path.exists(path)
+        wrapped = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1, momentum=0.9))
+        sok.dump(path, _native_tables(_native_start()), wrapped)
+        with pytest.raises(ValueError, match=r"updated sok variable 'dist"):
+            sok.load(path, tables, opt)
+        return
+    momentum = opt.get_slot(tables[0], "momentum").numpy()
+    sok.dump(path, tables, opt)
+    opt.get_slot(tables[0], "momentum").assign(tf.zeros_like(momentum))
+    sok.load(path, tables, opt)
+    np.testing.assert_array_equal(opt.get_slot(tables[0], "momentum").numpy(), momentum)
+    assert np.abs(momentum).max() > 0
+
+
 @pytest.mark.parametrize("name,kwargs,slots", NATIVE_KERAS)
 def test_dump_load_keeps_a_plain_keras_optimizers_slots(tmp_path, name, kwargs, slots):
     module = _legacy_keras_optimizers()

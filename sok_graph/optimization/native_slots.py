@@ -86,6 +86,15 @@ class SlotRouter:
         if is_dynamic(var) or isinstance(var, replica_shards.ReplicaShards):
             return False
         names = self._wrapper.slot_names()
+        if names and self._native.trained_without_slots(var):
+            # The wrapper's (empty) slots would be dumped as the state, and
+            # loaded ones never read by the native updates that follow.
+            raise ValueError(
+                f"optimizer {type(self._native.optimizer).__name__} updated sok variable "
+                f"'{getattr(var, 'name', var)}' with its own apply_gradients, and keeps its "
+                f"{', '.join(names)} state where sok.dump / sok.load cannot read or write it "
+                f"(Keras 3's optimizers, Keras 2's newer ones): train sok variables inside "
+                f"sok.OptimizerScope(...) or with sok.OptimizerWrapper(optimizer)")
         if not self._native.has(var, names):
             if not (create and self._native.keeps_slots):
                 return False

@@ -36,12 +36,34 @@ class NativeSlots:
         self._renames = (_TF1_NAMES if self._tf1 else _KERAS_NAMES).get(algorithm, {})
 
     @property
+    def optimizer(self):
+        return self._opt
+
+    @property
     def keeps_slots(self):
         """Whether the optimizer keeps slots per variable (Keras OptimizerV2 and
         tf.compat.v1.train do; Keras' newer optimizers and sok_graph's own
         rules do not)."""
         return all(callable(getattr(self._opt, attr, None))
                    for attr in ("get_slot", "_create_slots"))
+
+    def trained_without_slots(self, var):
+        """Whether the optimizer updated `var` with its own apply_gradients
+        while keeping no slots per variable that NativeSlots can read
+        (Keras 3's optimizers, and Keras 2's newer ones, which index their
+        state by variable): its state for `var` is out of sok's reach."""
+        if self.keeps_slots:
+            return False
+        index = getattr(self._opt, "_trainable_variables_indices", None)
+        if not isinstance(index, dict):
+            index = getattr(self._opt, "_index_dict", None)
+        key_of = getattr(self._opt, "_var_key", None)
+        if not isinstance(index, dict) or not callable(key_of):
+            return False
+        try:
+            return key_of(var) in index
+        except (AttributeError, TypeError, ValueError):
+            return False
 
     def _lookup(self, var, name):
         try:
