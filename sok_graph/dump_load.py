@@ -358,6 +358,14 @@ def _shard_tensors(var, optimizer):
     if optimizer is not None and optimizer.has_slots(var):
         for name, init in _slot_specs(optimizer):
             fetch["slot." + name] = var.read_slot(optimizer.get_slot(var, name), keys, init)
+    elif optimizer is not None:
+        # A graph whose optimizer never trained this table has no slots
+        # for it (an eager dump makes them, see _export): their initial
+        # values, so that a load with this optimizer finds every slot (a
+        # Session's dump of a trained and an untrained table could not be
+        # loaded back with the same arguments).
+        for name, init in _slot_specs(optimizer):
+            fetch["slot." + name] = tf.fill(tf.shape(rows), tf.cast(init, rows.dtype))
     return fetch
 
 
@@ -775,9 +783,17 @@ def load(path, load_vars, optimizer=None):
         _as_table_dtype(loaded[name], var, f"variable '{name}'", source)
     _check_fits(variables, loaded, source)
     ops = []
+    made = []
     for name, table in variables.items():
         if optimizer is not None:
+            shards = replica_shards.shards_of(table)
+            new = [shard for shard in shards if not optimizer.has_slots(shard)]
             optimizer.create_slots(table)
+            made += [optimizer.get_slot(shard, n) for shard in new for n, _ in slots]
+    if made and not tf.executing_eagerly():
+        # Slots this graph's optimizer had not made (it never trained the
+        # table): a dynamic slot table must exist before rows go in.
+        _run([slot.initializer for slot in made])
     # Tables whose replacement can fail (dynamic ones, which build a new
     # table) first: each is replaced whole or not at all (a table that
     # cannot take its rows raises with its old rows in place), and the

@@ -323,6 +323,51 @@ def test_dump_and_load_in_graph_mode(tmp_path):
             np.testing.assert_array_equal(sess.run(read), np.full((2, 2), 3.0))
 
 
+def test_a_session_dump_of_a_table_its_optimizer_never_trained_loads_back(tmp_path):
+    """A graph's optimizer makes slots only for the tables it trains: a
+    dump of a trained and an untrained table wrote no slots for the second,
+    and sok.load with the same arguments refused it ("no 'm' slot").
+    The untrained table's slots are dumped at their initial values (as an
+    eager dump makes them), and the load makes them in the graph."""
+    path = str(tmp_path / "g")
+
+    def build():
+        graph = tf.Graph()
+        with graph.as_default():
+            a = sok.Variable(np.ones((4, 2), np.float32), name="a")
+            b = sok.DynamicVariable(2, initializer=1.0, name="b")
+            ids = tf.RaggedTensor.from_tensor(tf.constant([[1]], tf.int64))
+            loss = tf.reduce_sum(sok.lookup_sparse([a], [ids], combiners=["sum"])[0])
+            opt = sok.OptimizerWrapper(tf.compat.v1.train.AdamOptimizer(0.1))
+            train = opt.apply_gradients(zip(tf.compat.v1.gradients(loss, [a]), [a]))
+            read_b = b.sparse_read(tf.constant([5, 6], tf.int64))
+            init = tf.compat.v1.global_variables_initializer()
+        sess = tf.compat.v1.Session(graph=graph)
+        sess.run(init)
+        return sess, a, b, opt, train, read_b
+
+    sess, a, b, opt, train, read_b = build()
+    with sess.graph.as_default(), sess.as_default():
+        sess.run([train, read_b])
+        sess.run(train)
+        sok.dump(path, [a, b], opt)
+        want_a = sess.run(a.read_value())
+        m = sess.run(opt.get_slot(a, "m"))
+    sess.close()
+    sess, a, b, opt, train, read_b = build()
+    with sess.graph.as_default(), sess.as_default():
+        sok.load(path, [a, b], opt)
+        np.testing.assert_array_equal(sess.run(a.read_value()), want_a)
+        np.testing.assert_array_equal(sess.run(opt.get_slot(a, "m")), m)
+        rows, found = sess.run(b.find(tf.constant([5, 6], tf.int64)))
+        assert found.all()
+        np.testing.assert_array_equal(rows, np.ones((2, 2), np.float32))
+        rows, found = sess.run(opt.get_slot(b, "v").find(tf.constant([5, 6], tf.int64)))
+        assert found.all()
+        np.testing.assert_array_equal(rows, np.zeros((2, 2), np.float32))
+    sess.close()
+
+
 def test_variables_with_the_same_name_are_told_apart_by_position(tmp_path):
     a, b = sok.DynamicVariable(2, initializer=1.0), sok.DynamicVariable(2, initializer=2.0)
     a.sparse_read(tf.constant([1], tf.int64))
