@@ -1212,6 +1212,59 @@ def test_a_tf1_build_fn_reading_a_training_graph_dynamic_table_is_refused(tmp_pa
     assert not os.path.exists(str(tmp_path / "export"))
 
 
+def test_a_tf1_build_fn_reading_a_static_table_with_stock_ops_serves_its_trained_rows(
+        tmp_path):
+    """A sok.Variable that build_fn reads with tf.nn.embedding_lookup (no sok
+    lookup) kept its initial rows in the export, with only a warning: it is
+    filled from the trained table of its name as a sok lookup's table is."""
+    trained = np.arange(20, dtype=np.float32).reshape(10, 2)
+    export_dir = str(tmp_path / "export")
+    with tf.Graph().as_default():
+        sok.init()
+        sok.Variable(trained, name="st")
+
+        def build_fn():
+            table = sok.Variable(tf.ones([10, 2]), name="st")
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            return {"ids": ids}, {"out": tf.nn.embedding_lookup(table, ids)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sok.export_for_serving(build_fn, export_dir, session=sess)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export_dir)
+        sig = meta.signature_def["serving_default"]
+        got = sess.run(sig.outputs["out"].name, {sig.inputs["ids"].name: [3, 9, 0]})
+    np.testing.assert_array_equal(got, trained[[3, 9, 0]])
+
+
+@pytest.mark.parametrize("serving_shape", [[12, 2], [8, 2], [10, 3]])
+def test_a_tf1_build_fn_whose_static_table_has_another_shape_is_refused(tmp_path,
+                                                                        serving_shape):
+    """A serving graph whose static table has other rows than the trained
+    one was exported declaring its own shape while holding the trained
+    rows (serving then failed past row 10, or served rows 8 and 9 of an
+    [8, 2] table); another dimension failed in a feed naming neither. Both
+    are a ValueError naming the variable and the shapes, nothing written."""
+    with tf.Graph().as_default():
+        sok.init()
+        st = sok.Variable(np.arange(20, dtype=np.float32).reshape(10, 2), name="st")
+
+        def build_fn():
+            table = sok.Variable(tf.ones(serving_shape), name="st")
+            ids = tf.compat.v1.ragged.placeholder(tf.int64, 1, [], name="ids")
+            return {"ids": ids}, {"out": sok.lookup_sparse(table, ids, combiners="sum")}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assert sess.run(st.read_value()).shape == (10, 2)
+            with pytest.raises(ValueError, match=r"static table 'st' has shape \(%d, %d\); "
+                                                 r"the trained table has \(10, 2\)"
+                                                 % tuple(serving_shape)):
+                sok.export_for_serving(build_fn, str(tmp_path / "export"), session=sess)
+    assert not os.path.exists(str(tmp_path / "export"))
+
+
 def _assignable_user_in_graph():
     """In the default graph, after sok.init(): a dynamic table 'user' of
     dimension 2, placeholders for keys and rows, and the op assigning them."""

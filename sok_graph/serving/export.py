@@ -509,6 +509,25 @@ def _session_values(session):
     return raw, values, tables
 
 
+def _refuse_other_static_shapes(tables, table_sources):
+    """A serving graph's static table takes the trained table's rows whole,
+    so it must have its shape: the copy gives a resource variable the rows
+    whatever its declared shape, and an export of a table built with other
+    rows declared that shape while holding the trained rows (serving failed
+    past them, or served rows past the declared ones); another dimension
+    failed in a feed naming neither. Every worker sees the same shapes."""
+    for name, t in tables.items():
+        source = table_sources.get(name)
+        if source is None or not isinstance(t, StaticTable):
+            continue
+        trained = tf.TensorShape(getattr(source, "global_shape", None) or source.shape)
+        if not t.rows.shape.is_compatible_with(trained):
+            raise ValueError(
+                f"the serving graph's static table '{name}' has shape {t.rows.shape}; the "
+                f"trained table has {trained}: build_fn must make it with the trained "
+                f"table's rows and dimension")
+
+
 def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_runner,
                             default_row=None, chunk_rows=1 << 20, assets_extra=None,
                             as_text=False, clear_devices=True, strip_default_attrs=True,
@@ -539,6 +558,12 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
             if isinstance(result, (tuple, list)) and result and _is_signature_map(result[0]):
                 result, main_op = result[0], (result[1] if len(result) > 1 else None)
             signature_map = _signature_map(result)
+            # A sok.Variable that build_fn reads with stock ops
+            # (tf.nn.embedding_lookup) instead of a sok lookup is a table
+            # all the same: it kept its initial rows in the export.
+            for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES):
+                if is_sok_variable(v) and not is_dynamic(v) and v.op.name in table_sources:
+                    resolver.table_for(v)
         table_vars = {id(v) for t in resolver.tables.values()
                       for v in t.variables_by_role().values()}
     finally:
@@ -561,6 +586,7 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
         for v in variables:
             if v.op.name in values:
                 v.load(values[v.op.name], sess)
+        _refuse_other_static_shapes(resolver.tables, table_sources)
         target = sources.Runner(sess)
         for name, t in resolver.tables.items():
             source = table_sources.get(name)
