@@ -711,3 +711,32 @@ def test_wrapped_hyperparameters_at_the_ends_of_their_range_still_train(make, wa
     expected = np.ones((4, 2), np.float32)
     expected[1] = want
     np.testing.assert_allclose(v.numpy(), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("make", [lambda: tf.compat.v1.train.AdagradOptimizer(0.1),
+                                  lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
+                                  lambda: tf.compat.v1.train.AdamOptimizer(0.1)],
+                         ids=["adagrad", "momentum", "adam"])
+def test_the_step_counts_every_session_run_whatever_the_formula(make):
+    """In a graph the wrapper's step is an assign_add the update may not
+    read (Adagrad's and momentum's formulas take no step): on TF 1.15 it
+    never ran, the step stayed 0 and sok.dump recorded 0."""
+    graph = tf.Graph()
+    with graph.as_default():
+        table = sok.Variable(np.ones((6, 2), np.float32), name="t")
+        dyn = sok.DynamicVariable(2, initializer=1.0, name="d")
+        ids = tf.RaggedTensor.from_tensor(tf.constant([[1, 4]], tf.int64))
+        out = sok.lookup_sparse([table, dyn], [ids, ids], combiners=["sum", "sum"])
+        loss = tf.reduce_sum(out[0]) + tf.reduce_sum(out[1])
+        opt = sok.OptimizerWrapper(make())
+        grads = tf.compat.v1.gradients(loss, [table, dyn])
+        static_only = opt.apply_gradients([(grads[0], table)])
+        both = opt.apply_gradients(zip(grads, [table, dyn]))
+        init = tf.compat.v1.global_variables_initializer()
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(init)
+        for _ in range(3):
+            sess.run(static_only)
+        assert sess.run(opt.iterations) == 3
+        sess.run(both)
+        assert sess.run(opt.iterations) == 4

@@ -220,6 +220,10 @@ class OptimizerWrapper:
             # its check (checked_rate), as the rows wait for it.
             with tf.control_dependencies(after_rate_check(lr)):
                 step = self._step_variable().assign_add(1)
+            # In a graph the returned op runs the count itself: an update
+            # whose formula takes no step (Adagrad, momentum) does not read
+            # it, and the step stayed 0 (dumped as 0) on TF 1.15.
+            ops.append(step)
             if lr is None:
                 try:
                     lr = self._learning_rate(step)
