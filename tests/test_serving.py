@@ -1265,6 +1265,25 @@ def test_a_tf1_build_fn_whose_static_table_has_another_shape_is_refused(tmp_path
     assert not os.path.exists(str(tmp_path / "export"))
 
 
+def test_a_graphs_delta_reads_its_default_session(tmp_path):
+    """export_serving_delta(session=None) in graph mode reads the tables in
+    the default Session, as sok.dump does (an AttributeError about .numpy()
+    before); with none, a ValueError saying what to pass."""
+    with tf.Graph().as_default():
+        user, keys, rows, assign = _assignable_user_in_graph()
+        sess = tf.compat.v1.Session()  # not the default Session
+        sess.run(tf.compat.v1.global_variables_initializer())
+        sess.run(assign, {keys: [1, 7], rows: [[1, 1], [2, 2]]})
+        with pytest.raises(ValueError, match=r"pass session= .*sess.as_default"):
+            sok.export_serving_delta([user], 0, str(tmp_path / "none"))
+        assert not os.path.exists(str(tmp_path / "none"))
+        with sess.as_default():
+            delta_dir = sok.export_serving_delta([user], 0, str(tmp_path / "d"))
+        sess.close()
+    keys_file = [f for f in os.listdir(delta_dir) if f.endswith(".keys.npy")]
+    assert sorted(np.load(os.path.join(delta_dir, keys_file[0])).tolist()) == [1, 7]
+
+
 def _assignable_user_in_graph():
     """In the default graph, after sok.init(): a dynamic table 'user' of
     dimension 2, placeholders for keys and rows, and the op assigning them."""

@@ -175,6 +175,14 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     chunk_rows = checked_chunk_rows(chunk_rows, "export_serving_delta")
     after = dynamic_ops.utc_micros(since, "since")
     tables = _named(variables)
+    if session is None and not tf.executing_eagerly():
+        # As sok.dump: a graph's tables are read in its default Session (an
+        # AttributeError about .numpy() before).
+        session = tf.compat.v1.get_default_session()
+        if session is None:
+            raise ValueError("export_serving_delta in graph mode reads the tables in a "
+                             "Session: pass session= (the one that trained them) or call it "
+                             "inside `with sess.as_default():`")
     runner = sources.Runner(None if session is None else (
         session._tf_sess() if hasattr(session, "_tf_sess") else session))
     comm = context.active()
