@@ -228,6 +228,17 @@ def test_export_chunks_and_incremental(rng):
     assert sorted(k.numpy().tolist()) == [3, 4]
 
 
+@pytest.mark.parametrize("chunk_size", [0, -3, 1.5, True, "7"])
+def test_export_chunks_refuses_a_chunk_size_that_is_no_positive_integer(rng, chunk_size):
+    """0 was refused as the op's "limit", 1.5 was taken."""
+    v = filled(rng.standard_normal((5, 2)).astype(np.float32))
+    with pytest.raises(ValueError, match=r"chunk_size must be a positive integer"):
+        list(v.export_chunks(chunk_size=chunk_size))
+    with pytest.raises(ValueError, match=r"chunk_size must be a positive integer"):
+        v.export(chunk_size=chunk_size)
+    assert sum(int(c[0].shape[0]) for c in v.export_chunks(chunk_size=np.int64(2))) == 5
+
+
 # (No tf.function of empty row_splits: TensorFlow cannot trace one.)
 @pytest.mark.parametrize("mode,splits", [
     (mode, splits) for mode in ("eager", "function")

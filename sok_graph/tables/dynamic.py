@@ -824,6 +824,11 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if not tf.executing_eagerly():
             raise RuntimeError("DynamicVariable.export_chunks runs eagerly; in graph mode use "
                                "sok_graph.ops.dynamic.export with explicit offsets")
+        # 1.5 was taken (and 0 refused as the op's "limit"): named here.
+        if isinstance(chunk_size, (bool, np.bool_)) or not isinstance(
+                chunk_size, (int, np.integer)) or chunk_size < 1:
+            raise ValueError(f"DynamicVariable.export_chunks: chunk_size must be a positive "
+                             f"integer (rows per chunk); got {chunk_size!r}")
         after = dynamic_ops.INT64_MIN if updated_after is None else dynamic_ops.utc_micros(
             updated_after, "updated_after")
         offset = 0
