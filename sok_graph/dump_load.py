@@ -152,19 +152,39 @@ def _run(fetches):
         return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fetches)
     sess = tf.compat.v1.get_default_session()
     if sess is None:
-        raise RuntimeError("sok.dump / sok.load in graph mode run in the default Session: "
-                           "call them inside `with sess.as_default():`")
+        raise RuntimeError(_NO_SESSION)
     return sess.run(fetches)
+
+
+_NO_SESSION = ("sok.dump / sok.load in graph mode run in the default Session: call them "
+               "inside `with sess.as_default():`")
 
 
 def _in_session_graph(fn):
     """In graph mode, builds the ops of `fn` in the default Session's graph
-    (where the variables live), whatever graph is the default."""
+    (where the variables live), whatever graph is the default. A finalized
+    graph (tf.compat.v1.train.MonitoredTrainingSession's) takes them too, as
+    the serving export's reads (serving/sources.py): TensorFlow's bare
+    "Graph is finalized and cannot be modified" was all a dump or load
+    there gave. Each call adds its ops once more."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        sess = None if tf.executing_eagerly() else tf.compat.v1.get_default_session()
-        with sess.graph.as_default() if sess is not None else contextlib.nullcontext():
+        if tf.executing_eagerly():
             return fn(*args, **kwargs)
+        sess = tf.compat.v1.get_default_session()
+        if sess is None:
+            raise RuntimeError(_NO_SESSION)
+        graph = sess.graph
+        unfinalize = getattr(graph, "_unsafe_unfinalize", None)
+        refinalize = graph.finalized and unfinalize is not None
+        if refinalize:
+            unfinalize()
+        try:
+            with graph.as_default():
+                return fn(*args, **kwargs)
+        finally:
+            if refinalize:
+                graph.finalize()
     return wrapper
 
 

@@ -368,6 +368,34 @@ def test_a_session_dump_of_a_table_its_optimizer_never_trained_loads_back(tmp_pa
     sess.close()
 
 
+def test_dump_and_load_in_a_monitored_training_session(tmp_path):
+    """A MonitoredTrainingSession finalizes its graph: a dump or load there
+    gave only TensorFlow's "Graph is finalized and cannot be modified". They
+    work there; without a default Session the error says what to do."""
+    path = str(tmp_path / "m")
+    graph = tf.Graph()
+    with graph.as_default():
+        v = sok.DynamicVariable(2, initializer=3.0, name="mv")
+        s = sok.Variable(np.ones((3, 2), np.float32), name="ms")
+        read = v.sparse_read(tf.constant([5, 6], tf.int64))
+        read_s = s.read_value()
+        bump = [v.scatter_add(tf.constant([5], tf.int64), tf.ones([1, 2])),
+                s.assign_add(tf.ones([3, 2]))]
+        with tf.compat.v1.train.MonitoredTrainingSession() as mon:
+            assert graph.finalized
+            with pytest.raises(RuntimeError, match=r"inside `with sess.as_default\(\):`"):
+                sok.dump(path, [v, s])
+            assert not os.path.exists(path)
+            mon.run(read)
+            with mon._tf_sess().as_default():
+                sok.dump(path, [v, s])
+                mon.run(bump)
+                sok.load(path, [v, s])
+            assert graph.finalized
+            np.testing.assert_array_equal(mon.run(read), np.full((2, 2), 3.0))
+            np.testing.assert_array_equal(mon.run(read_s), np.ones((3, 2)))
+
+
 def test_variables_with_the_same_name_are_told_apart_by_position(tmp_path):
     a, b = sok.DynamicVariable(2, initializer=1.0), sok.DynamicVariable(2, initializer=2.0)
     a.sparse_read(tf.constant([1], tf.int64))
