@@ -239,6 +239,25 @@ def test_export_chunks_refuses_a_chunk_size_that_is_no_positive_integer(rng, chu
     assert sum(int(c[0].shape[0]) for c in v.export_chunks(chunk_size=np.int64(2))) == 5
 
 
+def test_restoring_more_keys_than_max_capacity_names_the_table(tmp_path):
+    """replace_rows, a Saver's restore and tf.train.Checkpoint's of more keys
+    than a bounded table holds: the op's refusal named neither the table nor
+    max_capacity. Nothing changes."""
+    big = sok.DynamicVariable(2, name="d", initializer="zeros")
+    big.import_rows(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    path = tf.train.Checkpoint(t=big).save(str(tmp_path / "ck"))
+    small = sok.DynamicVariable(2, name="d", var_type="hybrid", init_capacity=2, max_capacity=2)
+    small.import_rows(tf.constant([7], tf.int64), tf.fill([1, 2], 5.0))
+    with pytest.raises(ValueError, match=r"DynamicVariable 'd': replace_rows of more keys than "
+                                         r"its max_capacity=2 holds: got 3 keys"):
+        small.replace_rows(tf.constant([1, 2, 3], tf.int64), tf.ones([3, 2]))
+    with pytest.raises(ValueError, match=r"'d': a checkpoint's restore of more keys than its "
+                                         r"max_capacity=2"):
+        tf.train.Checkpoint(t=small).restore(path)
+    keys, rows = small.export()
+    assert keys.numpy().tolist() == [7] and rows.numpy().tolist() == [[5.0, 5.0]]
+
+
 # (No tf.function of empty row_splits: TensorFlow cannot trace one.)
 @pytest.mark.parametrize("mode,splits", [
     (mode, splits) for mode in ("eager", "function")

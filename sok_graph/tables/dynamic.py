@@ -895,8 +895,31 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                                     f"integers; got {what} of dtype {tf.as_dtype(dtype).name}")
             metadata.append(entries)
         if distinct:
-            keys = self._distinct_keys(keys, method)
+            keys = self._within_capacity(self._distinct_keys(keys, method), method)
         return (keys, rows) + tuple(metadata)
+
+    def _within_capacity(self, keys, method):
+        """Distinct keys that replace the table's, after a check that they fit
+        its max_capacity: the op's own refusal ("the batch has 3 distinct
+        keys but the table holds at most 2 rows") named neither the table
+        nor max_capacity, through a Saver's or tf.train.Checkpoint's
+        restore. A ValueError where the count is known, else an assertion
+        when the graph runs."""
+        bound = self._config["max_capacity"]
+        if not bound:
+            return keys
+        message = (f"DynamicVariable '{self._name}': {method} of more keys than its "
+                   f"max_capacity={bound} holds")
+        count = tf.compat.dimension_value(keys.shape[0])
+        if count is not None:
+            if count > bound:
+                raise ValueError(f"{message}: got {count} keys")
+            return keys
+        check = tf.debugging.assert_less_equal(
+            tf.size(keys, out_type=tf.int64), tf.constant(bound, tf.int64),
+            message=message + "; the number of keys is")
+        with tf.control_dependencies([check]):
+            return tf.identity(keys)
 
     def _distinct_keys(self, keys, method):
         """keys, after a check that none comes twice: a ValueError now where
@@ -940,9 +963,11 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                 raise ValueError(
                     f"checkpoint rows of DynamicVariable '{self._name}' have dimension "
                     f"{values.shape[1]}; the variable has {self._dimension}")
+            keys = self._within_capacity(tf.cast(restored_tensors["-keys"], self._key_type),
+                                         "a checkpoint's restore")
             with tf.control_dependencies(deps):
                 return dynamic_ops.import_rows(
-                    self._handle, tf.cast(restored_tensors["-keys"], self._key_type), values,
+                    self._handle, keys, values,
                     restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"),
                     replace=True)
 
