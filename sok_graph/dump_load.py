@@ -475,19 +475,30 @@ def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=Non
 
 
 @contextlib.contextmanager
-def writers_take_turns(parent):
+def writers_take_turns(parent, reader=False):
     """Dumps into one directory run one at a time, also from several
     processes (an exclusive flock on the directory, released when the
     holder exits or dies), so two writers to one path never swap at once:
-    the later dump replaces the earlier one."""
+    the later dump replaces the earlier one. reader=True: a load's turn
+    (a shared flock): loads run together, never while a dump there writes
+    or swaps (a load overlapping a dump read files of both and was refused
+    as "files of different dumps are mixed", as if the dump were damaged).
+    A reader that cannot lock the directory (it does not exist: no dump
+    there, which the load then says) reads without the lock."""
     try:
         import fcntl
     except ImportError:  # no flock on this platform: writers are not ordered
         yield
         return
-    fd = os.open(parent, os.O_RDONLY)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fd = os.open(parent, os.O_RDONLY)
+    except OSError:
+        if not reader:
+            raise
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH if reader else fcntl.LOCK_EX)
         yield
     finally:
         os.close(fd)  # releases the lock
@@ -792,13 +803,14 @@ def load(path, load_vars, optimizer=None):
                    if var.fixed_rows is not None}
     # The dump read (a moved-aside one, if an interrupted dump left only
     # that), which every refusal names.
-    directory = _dump_dir(path)
-    source = f"the dump at {directory}"
-    manifest, loaded = read_dump(
-        directory, dims, static_rows, slot_names=[n for n, _ in slots],
-        algorithm=None if optimizer is None else optimizer.algorithm,
-        formulas=None if optimizer is None else optimizer.slot_formulas,
-        names={name: _var_name(var) for name, var in variables.items()})
+    with writers_take_turns(os.path.dirname(os.path.abspath(path)), reader=True):
+        directory = _dump_dir(path)
+        source = f"the dump at {directory}"
+        manifest, loaded = read_dump(
+            directory, dims, static_rows, slot_names=[n for n, _ in slots],
+            algorithm=None if optimizer is None else optimizer.algorithm,
+            formulas=None if optimizer is None else optimizer.slot_formulas,
+            names={name: _var_name(var) for name, var in variables.items()})
     for name, var in first.items():
         _as_table_dtype(loaded[name], var, f"variable '{name}'", source)
     _check_fits(variables, loaded, source)

@@ -396,6 +396,61 @@ def test_dump_and_load_in_a_monitored_training_session(tmp_path):
             np.testing.assert_array_equal(mon.run(read_s), np.ones((3, 2)))
 
 
+_WRITER = """
+import sys
+import numpy as np
+from sok_graph import dump_load
+path, arrays, kind, ready = sys.argv[1:]
+with np.load(arrays) as data:
+    tables = {"s": (kind, {k: data[k] for k in data.files})}
+open(ready, "w").close()
+dump_load.write_dump(path, tables)
+"""
+
+
+def test_a_load_never_reads_a_dump_that_another_process_swaps_in(tmp_path, monkeypatch):
+    """A load takes a reader's turn on the dump's directory: another
+    process's dump there waits until the load has read the files (a load
+    overlapping a dump read files of both, refused as "files of different
+    dumps are mixed", as if the dump were damaged)."""
+    import subprocess
+    import sys
+    import time
+
+    from sok_graph import dump_load
+    from sok_graph.tables import kind_of
+
+    path = str(tmp_path / "ck")
+    s = sok.Variable(np.ones((4, 2), np.float32), name="s")
+    sok.dump(path, [s])
+    s.assign(tf.fill([4, 2], 2.0))
+    arrays = str(tmp_path / "newer.npz")
+    np.savez(arrays, **dump_load._export(s, None))
+    ready = str(tmp_path / "ready")
+    read_dump, writer = dump_load.read_dump, []
+
+    def read_while_another_process_dumps(*args, **kwargs):
+        if not writer:
+            writer.append(subprocess.Popen([sys.executable, "-c", _WRITER, path, arrays,
+                                            kind_of(s), ready]))
+            deadline = time.time() + 120
+            while not os.path.exists(ready) and writer[0].poll() is None \
+                    and time.time() < deadline:
+                time.sleep(0.05)
+            time.sleep(2.0)  # a dump of 4 rows takes milliseconds, if it is let through
+            assert writer[0].poll() is None, "the other process's dump did not wait"
+        return read_dump(*args, **kwargs)
+
+    monkeypatch.setattr(dump_load, "read_dump", read_while_another_process_dumps)
+    t = sok.Variable(np.zeros((4, 2), np.float32), name="s")
+    sok.load(path, [t])
+    np.testing.assert_array_equal(t.numpy(), np.ones((4, 2)))
+    assert writer[0].wait(timeout=120) == 0
+    monkeypatch.setattr(dump_load, "read_dump", read_dump)
+    sok.load(path, [t])
+    np.testing.assert_array_equal(t.numpy(), np.full((4, 2), 2.0))
+
+
 def test_variables_with_the_same_name_are_told_apart_by_position(tmp_path):
     a, b = sok.DynamicVariable(2, initializer=1.0), sok.DynamicVariable(2, initializer=2.0)
     a.sparse_read(tf.constant([1], tf.int64))
@@ -457,10 +512,18 @@ def test_replace_that_does_not_fit_leaves_the_table_as_it_was():
     """The replacing import itself (what load, Saver restores and
     checkpoints use) fails whole: five keys into a table of four rows keep
     its three old keys and rows (an import after a clear lost them)."""
+    from sok_graph.ops import dynamic as dynamic_ops
+
     table = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4)
     table.import_rows(tf.constant([1, 2, 3], tf.int64), tf.constant([[1., 1], [2, 2], [3, 3]]))
+    too_many = tf.constant([7, 8, 9, 10, 11], tf.int64)
+    # replace_rows refuses the count before the op (naming max_capacity);
+    # the op refuses it on its own too.
+    with pytest.raises(ValueError, match="max_capacity=4 holds: got 5 keys"):
+        table.replace_rows(too_many, tf.ones([5, 2]))
     with pytest.raises(tf.errors.InvalidArgumentError, match="5 distinct keys"):
-        table.replace_rows(tf.constant([7, 8, 9, 10, 11], tf.int64), tf.ones([5, 2]))
+        dynamic_ops.import_rows(table.handle, too_many, tf.ones([5, 2]), None, None,
+                                replace=True)
     keys, rows = table.export()
     order = np.argsort(keys.numpy())
     assert keys.numpy()[order].tolist() == [1, 2, 3]
