@@ -268,6 +268,10 @@ def _check_vars(variables, what):
     names = {}
     if is_sok_variable(variables):
         variables = [variables]  # SOK takes one variable or a list
+    if isinstance(variables, dict):
+        # Iterating a dict gives its keys: "got str" named no dict.
+        raise TypeError(f"{what} must be a sok variable or a list of them (files are named "
+                        f"by the variables' names); got a dict: pass list(....values())")
     for v in list(variables):
         if not is_sok_variable(v):
             raise TypeError(f"{what} must hold sok.Variable or sok.DynamicVariable objects; got "

@@ -451,6 +451,17 @@ def test_a_load_never_reads_a_dump_that_another_process_swaps_in(tmp_path, monke
     np.testing.assert_array_equal(t.numpy(), np.full((4, 2), 2.0))
 
 
+def test_dump_vars_given_as_a_dict_is_a_type_error_naming_it(tmp_path):
+    """A dict iterated as its keys: the error said "got str"."""
+    table = sok.DynamicVariable(2, name="a")
+    with pytest.raises(TypeError, match=r"dump_vars must be a sok variable or a list of them.*"
+                                        r"got a dict"):
+        sok.dump(str(tmp_path / "d"), {"a": table})
+    with pytest.raises(TypeError, match=r"load_vars .*got a dict"):
+        sok.load(str(tmp_path / "d"), {"a": table})
+    assert not os.path.exists(str(tmp_path / "d"))
+
+
 def test_variables_with_the_same_name_are_told_apart_by_position(tmp_path):
     a, b = sok.DynamicVariable(2, initializer=1.0), sok.DynamicVariable(2, initializer=2.0)
     a.sparse_read(tf.constant([1], tf.int64))
