@@ -209,12 +209,26 @@ def test_counting_filter_in_a_session_graph(rng):
     (dict(min_count=3, min_count_counters=64, min_count_hashes=9),
      r"min_count_hashes must be in \[1, 8\]"),
     (dict(filter_default="zero"), "filter_default must be a finite number"),
-    (dict(min_count=2, filter_default=1e39), "filter_default must be a finite float32 number"),
+    (dict(min_count=2, filter_default=1e39), "filter_default must be 0 or a float32 number"),
+    # A subnormal row read as 0 (the ops' threads flush subnormals to zero).
+    (dict(min_count=2, filter_default=1e-40), r"filter_default must be 0 or a float32 number"),
+    (dict(min_count=2, filter_default=-1e-50), r"filter_default must be 0 or a float32 number"),
+    (dict(min_count=10 ** 30), r"min_count must be <= 2\^24"),
+    (dict(min_count=3, min_count_counters=10 ** 400), "min_count_counters must be an integer"),
     (dict(min_count=2 ** 24 + 1), r"min_count must be <= 2\^24"),
 ])
 def test_bad_filter_settings(kwargs, pattern):
     with pytest.raises(ValueError, match=pattern):
         sok.DynamicVariable(DIM, **kwargs)
+
+
+def test_filter_default_at_float32s_bounds_is_read_back():
+    """float32's largest number as printed (3.4028235e38, a little above it in
+    float64) and its smallest normal one are rows keys not admitted read."""
+    for default in (3.4028235e38, float(np.finfo(np.float32).tiny)):
+        var = sok.DynamicVariable(DIM, min_count=2, initializer="ones", filter_default=default)
+        np.testing.assert_array_equal(var.sparse_read(tf.constant([1], tf.int64)).numpy(),
+                                      np.full((1, DIM), default, np.float32))
 
 
 def test_min_count_up_to_the_limit_admits_on_time():
@@ -227,3 +241,86 @@ def test_min_count_up_to_the_limit_admits_on_time():
     var.admission.restore(key, tf.constant([2 ** 24 - 2], tf.int64))
     np.testing.assert_array_equal(var.sparse_read(key).numpy(), np.zeros((1, DIM)))
     np.testing.assert_array_equal(var.sparse_read(key).numpy(), np.ones((1, DIM)))
+
+
+@pytest.mark.parametrize("counters", [0, 1 << 20])
+def test_two_reads_of_one_table_in_one_run_lose_no_count(counters):
+    """Two features sharing one table (lookup_sparse([v, v], ...)) read it
+    twice in one Session run, in parallel: each key once in each, with
+    min_count=2, enters in that run. The counts were read and written back by
+    two ops, so the reads' writes could cross and a count of 2 end as 1 (0
+    keys admitted in some runs)."""
+    keys = np.arange(2000, dtype=np.int64)
+    extra = {"min_count_counters": counters} if counters else {}
+    graph = tf.Graph()
+    with graph.as_default():
+        var = sok.DynamicVariable(2, initializer="ones", min_count=2, **extra)
+        a = tf.compat.v1.placeholder(tf.int64, [None])
+        b = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = sok.lookup_sparse([var, var], [tf.RaggedTensor.from_row_lengths(a, [2000]),
+                                              tf.RaggedTensor.from_row_lengths(b, [2000])],
+                                 combiners=["sum", "sum"])
+        reset = [var.clear(), var.admission.restore(tf.zeros([0], tf.int64),
+                                                    tf.zeros([0], tf.int64))]
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sizes = []
+            for _ in range(8):
+                sess.run(reset)
+                sess.run(rows, {a: keys, b: keys})
+                sizes.append(int(sess.run(var.size)[0]))
+    assert sizes == [2000] * 8
+
+
+def test_counts_of_keys_an_int32_table_cannot_hold_are_refused(tmp_path):
+    """A dump's waiting counts load by key: key 2^32 + 5 narrowed into an
+    int32 table became key 5, which then entered on its first occurrence."""
+    dumped = sok.DynamicVariable(DIM, name="t", min_count=3, initializer="ones")
+    dumped.sparse_read(tf.constant([2 ** 32 + 5] * 2, tf.int64))
+    dumped.sparse_read(tf.constant([7] * 3, tf.int64))
+    path = os.path.join(str(tmp_path), "dump")
+    sok.dump(path, [dumped])
+    narrow = sok.DynamicVariable(DIM, name="t", min_count=3, initializer="ones",
+                                 key_type=tf.int32)
+    with pytest.raises(CheckpointError, match=r"admission filter's counts.*4294967301"):
+        sok.load(path, [narrow])
+    assert held_keys(narrow) == set()
+    np.testing.assert_array_equal(narrow.sparse_read(tf.constant([5], tf.int32)).numpy(),
+                                  np.zeros((1, DIM)))
+
+
+@pytest.mark.parametrize("min_count", [1, 2])
+def test_draws_go_on_after_a_load_where_the_dump_left_them(rng, tmp_path, min_count):
+    """A table loaded from a dump made after 3 filtered calls admits in its
+    next 3 calls the keys the table that never stopped admits: the dump
+    keeps the filter's call counter, which salts the draws. Restarted at 0,
+    the loaded table drew with the first calls' salts again, and turned the
+    same keys away (0.66 of them held after 6 calls, where 1 - 0.7^6 = 0.88
+    are due)."""
+    keys = tf.constant(rng.choice(1 << 60, size=4000, replace=False), tf.int64)
+    ids = tf.RaggedTensor.from_row_lengths(keys, [4000])
+    settings = dict(filter_ratio=0.3, initializer="ones", name="drawn")
+    if min_count > 1:
+        settings["min_count"] = min_count
+
+    def calls(var, n):
+        for _ in range(n):
+            sok.lookup_sparse(var, ids, combiners="sum", use_low_frequency_filter=True)
+
+    ref = sok.DynamicVariable(DIM, **settings)
+    calls(ref, 3)
+    path = os.path.join(str(tmp_path), "dump")
+    sok.dump(path, [ref])
+    loaded = sok.DynamicVariable(DIM, **settings)
+    sok.load(path, [loaded])
+    assert held_keys(loaded) == held_keys(ref)
+    calls(ref, 3)
+    calls(loaded, 3)
+    assert held_keys(loaded) == held_keys(ref)
+    if min_count == 1:  # each call a fresh chance of 0.3 per waiting key
+        assert abs(len(held_keys(ref)) / 4000 - (1 - 0.7 ** 6)) < 0.04
+    # A dump of a table that drew nothing starts the counter afresh.
+    plain = sok.DynamicVariable(DIM, name="drawn", initializer="ones")
+    sok.dump(path, [plain])
+    sok.load(path, [loaded])
+    assert int(loaded.admission.calls().numpy()[0]) == 0

@@ -16,9 +16,13 @@ Settings (DynamicVariable keyword arguments):
   call that brings its occurrences to n. Every occurrence counts, repeats
   within a batch included (DeepRec's counter filter). Counts are kept per
   key in a side table (exact; a key's count is dropped when it enters),
-  or, with min_count_counters=m, in a count-min sketch of m counters per
-  hash (min_count_hashes, default 3) that never holds more than that:
-  colliding keys can make a key enter early, never late.
+  or, with min_count_counters=m, in a count-min sketch of m counters in
+  all, shared by its min_count_hashes hashes (default 3), that never holds
+  more than that: a key counts at each of its hashes' counters (at one of
+  them twice where two of its hashes meet), so colliding keys can make a
+  key enter early, never late. Two reads of one table at once (a Session
+  running lookup_sparse([v, v], ...), threads) add their counts under the
+  table's lock; a key then enters in whichever call sees its count reach n.
 - filter_default: the row (a number for every column) that keys not
   admitted read; 0.0 by default.
 
@@ -27,9 +31,15 @@ rows and sok.load restores them (a dump without counts starts them afresh;
 counts kept another way, exact or a sketch of another size, are refused);
 for tables sharded over workers each worker counts the keys it owns (a
 sketch dumps the counters of all shards added up, and each shard loads that
-sum, which can only overestimate). tf.compat.v1.train.Saver saves the
-table's rows, not the counts.
+sum, which can only overestimate). So is the call count that salts
+filter_ratio's draws: a load goes on drawing where the dump left off (from
+0 again, a restarted job would repeat its first calls' draws and turn the
+same keys away). tf.train.Checkpoint and tf.compat.v1.train.Saver save the
+table's rows, not the filter's state: their restore leaves the counts and
+the call count as they were.
 """
+
+import math
 
 import numpy as np
 import tensorflow as tf
@@ -78,7 +88,14 @@ _NUMBER = ((int, float, np.number), "a finite number")
 def _number(config, name, default, kind):
     value = config.get(name, default)
     types, what = kind
-    if isinstance(value, bool) or not isinstance(value, types) or not np.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, types):
+        raise ValueError(f"{name} must be {what}; got {value!r}")
+    try:
+        # float() of an int beyond float64 (10**400) overflows: not finite.
+        finite = math.isfinite(float(value))
+    except (OverflowError, TypeError):
+        finite = False
+    if not finite:
         raise ValueError(f"{name} must be {what}; got {value!r}")
     return value
 
@@ -111,10 +128,14 @@ def from_config(table_config):
         raise ValueError("min_count_counters sizes the sketch of a counting filter: give "
                          "min_count >= 2 with it")
     default = float(_number(table_config, "filter_default", 0.0, _NUMBER))
-    if abs(default) > float(np.finfo(np.float32).max):
-        # The row is float32: 1e39 read as inf for every key not admitted.
-        raise ValueError(f"filter_default must be a finite float32 number (the row keys not "
-                         f"admitted read); got {table_config['filter_default']!r}")
+    with np.errstate(over="ignore"):
+        as_float32 = np.float32(default)  # 3.4028235e38, float32's max as printed, fits
+    if not np.isfinite(as_float32) or 0 < abs(default) < np.finfo(np.float32).tiny:
+        # The row is float32: 1e39 read as inf for every key not admitted,
+        # and a subnormal (1e-40) as 0 (the ops' threads flush them to zero).
+        raise ValueError(f"filter_default must be 0 or a float32 number of magnitude in "
+                         f"[{float(np.finfo(np.float32).tiny)!r}, float32 max] (the row keys "
+                         f"not admitted read); got {table_config['filter_default']!r}")
     return AdmissionFilter(ratio, min_count, counters, hashes, default)
 
 
@@ -210,15 +231,38 @@ class AdmissionFilter:
         return tf.reduce_min(tf.reshape(total, [-1, self.hashes]), axis=1) >= self.min_count
 
     def _add(self, entries, adds):
-        """Adds adds [m] to the counts of distinct entries [m]; their new counts."""
-        before, _ = dynamic_ops.find_or_insert(self.counts_handle, entries, 1)
-        total = tf.cast(tf.round(before[:, 0]), tf.int64) + adds
-        update = dynamic_ops.scatter(self.counts_handle, entries,
-                                     tf.cast(total, tf.float32)[:, None], "update")
-        with tf.control_dependencies([update]):
-            return tf.identity(total)
+        """Adds adds [m] to the counts of distinct entries [m]; their counts
+        after that. The add is one op (the table adds under its lock): a read
+        and a write back lost counts where two reads of one table ran at once
+        (a Session running lookup_sparse([v, v], ...), threads). The counts
+        read after it may hold another call's adds too: such a key enters in
+        whichever call sees its count reach min_count (possibly both)."""
+        added = dynamic_ops.scatter(self.counts_handle, entries,
+                                    tf.cast(adds, tf.float32)[:, None], "add")
+        with tf.control_dependencies([added]):
+            total, _ = dynamic_ops.find(self.counts_handle, entries, 1)
+        return tf.cast(tf.round(total[:, 0]), tf.int64)
 
     # ------------------------------------------------------------ dump/load
+    @property
+    def draws(self):
+        """Whether the filter draws (filter_ratio < 1): its call counter, which
+        salts the draws, is then part of its state."""
+        return self._calls is not None
+
+    def calls(self):
+        """int64 [1]: the calls that have drawn so far (the next draw's salt
+        is one more)."""
+        return tf.reshape(self._calls.read_value(), [1])
+
+    def restore_calls(self, calls):
+        """The op that sets the call counter: after a load, the draws go on
+        where the dump left them. Restarted at 0, they would repeat the
+        salts of the first calls, and a key turned away by those draws
+        would be turned away again (after each restart, for a job that
+        restarts often: never admitted)."""
+        return self._calls.assign(tf.constant(int(calls), tf.int64))
+
     def description(self):
         """What the counts mean, as a dump's manifest records it: per key, or
         per counter of a sketch of this size."""
