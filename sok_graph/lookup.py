@@ -184,45 +184,52 @@ def _fails_if_any(bad, details, more=()):
     return tf.cond(any_bad, fail, lambda: tf.identity(any_bad))
 
 
-def _after_splits_check(ids, splits, index, name):
-    """ids, once their row_splits are checked as the fused op checks them
-    (they start at 0, never decrease and end at the number of ids): a
-    dynamic table inserts the keys it reads before that op runs, and a
-    RaggedTensor made with validate=False carries any splits. With several
-    workers, a worker whose splits are bad fails before the exchange (its
-    peers then fail or time out in it, as for a bad id of a static table)."""
-    # On the host, where a RaggedTensor's splits usually come from: the
-    # table's find-or-insert then waits for the host, not for the device.
+def _splits_check(ids, splits, index, name):
+    """A check (a tensor to wait for) that the row_splits of sp_ids[index]
+    are what the fused op checks (they start at 0, never decrease and end at
+    the number of ids). A dynamic table inserts the keys it reads before that
+    op runs, and a RaggedTensor made with validate=False carries any splits,
+    so a call with a dynamic table waits for this check of every ragged
+    input. With several workers, a worker whose splits are bad fails before
+    the exchange (its peers then fail or time out in it, as for a bad id of
+    a static table)."""
+    # The number of ids is read from the shape where the ids are (no copy);
+    # the rest runs on the host, where a RaggedTensor's splits usually come
+    # from: the table's find-or-insert then waits for the host, not for the
+    # device.
+    n = tf.size(ids, out_type=tf.int64)
     with tf.device("/device:CPU:0"):
-        n = tf.size(ids, out_type=tf.int64)
         ok = tf.reduce_all(tf.stack([
             tf.size(splits) > 0,
             tf.reduce_all(tf.equal(splits[:1], 0)),
             tf.reduce_all(tf.equal(splits[-1:], n)),
             tf.reduce_all(splits[1:] >= splits[:-1])]))
-        check = _fails_if_any(tf.reshape(tf.logical_not(ok), [1]), lambda first: [
+        return _fails_if_any(tf.reshape(tf.logical_not(ok), [1]), lambda first: [
             f"row_splits of {name} (sp_ids[{index}]) must start at 0, never decrease and end "
             f"at its number of ids{_known_count(ids)}; got", splits])
-    with tf.control_dependencies([check]):
-        return tf.identity(ids)
 
 
 def _aligned_weights(weights, weight_splits, ids, index):
     """(weights after a check that they pair one to one with the ids, that
     check): same row lengths (sp_weights[index] against sp_ids[index])."""
     count, id_splits = ids
-    same = tf.logical_and(
-        tf.equal(tf.size(weights, out_type=tf.int64), count),
-        tf.logical_and(tf.equal(tf.size(weight_splits), tf.size(id_splits)),
-                       tf.reduce_all(tf.equal(
-                           tf.pad(weight_splits, [[0, tf.maximum(tf.size(id_splits) -
-                                                                 tf.size(weight_splits), 0)]]),
-                           tf.pad(id_splits, [[0, tf.maximum(tf.size(weight_splits) -
-                                                             tf.size(id_splits), 0)]])))))
-    check = tf.debugging.Assert(same, [
-        f"sp_weights[{index}] must have one weight per id of sp_ids[{index}], row by row; "
-        f"the row_splits of the weights and of the ids are", weight_splits, id_splits],
-        summarize=8)
+    # The weights' count from their shape where they are; the comparison
+    # on the host (the splits' usual place): a dynamic table's insert waits
+    # for this check, and on a GPU it would otherwise wait for a copy back.
+    size = tf.size(weights, out_type=tf.int64)
+    with tf.device("/device:CPU:0"):
+        same = tf.logical_and(
+            tf.equal(size, count),
+            tf.logical_and(tf.equal(tf.size(weight_splits), tf.size(id_splits)),
+                           tf.reduce_all(tf.equal(
+                               tf.pad(weight_splits, [[0, tf.maximum(tf.size(id_splits) -
+                                                                     tf.size(weight_splits), 0)]]),
+                               tf.pad(id_splits, [[0, tf.maximum(tf.size(weight_splits) -
+                                                                 tf.size(id_splits), 0)]])))))
+        check = tf.debugging.Assert(same, [
+            f"sp_weights[{index}] must have one weight per id of sp_ids[{index}], row by row; "
+            f"the row_splits of the weights and of the ids are", weight_splits, id_splits],
+            summarize=8)
     with tf.control_dependencies([check]):
         return tf.identity(weights), check
 
@@ -605,6 +612,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             input_checks += [_ids_range_check(parts[t][0], _static_rows(p, tensors[t]), t,
                                               names[t])
                              for t, p in enumerate(params) if not is_dynamic(p)]
+            # Every table's ragged row_splits, a dynamic table's own and the
+            # others' (which only the fused op, after the inserts, checked).
+            input_checks += [_splits_check(parts[t][0], parts[t][1], t, names[t])
+                             for t, ids in enumerate(sp_ids) if isinstance(ids, tf.RaggedTensor)]
 
         values, splits, dense_grads = [], [], [False] * n
         pending = []
@@ -614,8 +625,6 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                     and not is_dynamic(params[t]):
                 pending.append(t)  # fetched with the other sharded tables, below
             elif tensors[t] is None:
-                if is_dynamic(params[t]) and isinstance(ids, tf.RaggedTensor):
-                    v = _after_splits_check(v, s, t, names[t])
                 if is_dynamic(params[t]) and input_checks:
                     with tf.control_dependencies(input_checks):
                         v = tf.identity(v)

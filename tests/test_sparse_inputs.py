@@ -153,32 +153,46 @@ def test_a_rejected_sparse_input_inserts_no_key(mode, indices):
 
 
 @pytest.mark.parametrize("mode", ["eager", "function"])
-@pytest.mark.parametrize("case", ["weights", "static_id", "admission"])
+@pytest.mark.parametrize("case", ["weights", "static_id", "admission", "dynamic_splits",
+                                  "variable_splits"])
 def test_a_call_that_fails_another_check_inserts_no_key(mode, case):
     """The dynamic table's keys also wait for the call's other checks: weights
     that do not pair with the ids, an id outside a static table of the same
-    call. A failed call used to leave its keys in the table (and, with a
-    counting admission filter, counted as seen: two failed calls admitted
-    them)."""
+    call, the row_splits of another table's ragged ids (made with
+    validate=False), of a dynamic or a plain table. A failed call used to
+    leave its keys in the table (and, with a counting admission filter,
+    counted as seen: two failed calls admitted them)."""
     kwargs = {"min_count": 2} if case == "admission" else {}
     v = sok.DynamicVariable(dimension=2, initializer="zeros", **kwargs)
     static = sok.Variable(TABLE)
     keys = tf.ragged.constant([[11, 12]], tf.int64)
     bad_weights = tf.ragged.constant([[1.0]], tf.float32)
+    # Splits that end past the ids: the fused op refuses them, after inserts.
+    bad_splits = tf.RaggedTensor.from_row_splits(tf.constant([1, 2], tf.int64),
+                                                 tf.constant([0, 3], tf.int64), validate=False)
+    other = sok.DynamicVariable(dimension=2, initializer="zeros")
+    plain = tf.Variable(TABLE)
 
     def lookup():
         if case == "static_id":
             return sok.lookup_sparse([static, v], [tf.ragged.constant([[9, 10]], tf.int64), keys],
                                      combiners="sum")
+        if case == "dynamic_splits":
+            return sok.lookup_sparse([v, other], [keys, bad_splits], combiners="sum")
+        if case == "variable_splits":
+            return sok.lookup_sparse([plain, v], [bad_splits, keys], combiners="sum")
         return sok.lookup_sparse(v, keys, bad_weights, combiners="sum")
 
     if mode == "function":
         lookup = tf.function(lookup)
-    message = r"sp_ids\[0\]\) must be in \[0, 10\)" if case == "static_id" else r"sp_weights\[0\]"
+    message = {"static_id": r"sp_ids\[0\]\) must be in \[0, 10\)",
+               "dynamic_splits": r"row_splits of .*sp_ids\[1\]",
+               "variable_splits": r"row_splits of .*sp_ids\[0\]"}.get(case, r"sp_weights\[0\]")
     for _ in range(2):
         with pytest.raises(tf.errors.InvalidArgumentError, match=message):
             lookup()
     assert sok.export(v)[0].numpy().tolist() == []
+    assert sok.export(other)[0].numpy().tolist() == []
     if case == "admission":  # the failed calls were not counted: one good call admits nothing
         sok.lookup_sparse(v, keys, combiners="sum")
         assert sok.export(v)[0].numpy().tolist() == []
