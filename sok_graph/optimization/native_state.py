@@ -61,9 +61,25 @@ class NativeSlots:
         if not isinstance(index, dict) or not callable(key_of):
             return False
         try:
-            return key_of(var) in index
+            indexed = key_of(var) in index
         except (AttributeError, TypeError, ValueError):
             return False
+        # build() indexes every variable it is given (Keras 3's fit builds the
+        # optimizer over all trainable variables before the first step, and a
+        # restore often builds it first): only an optimizer that has taken a
+        # step can have updated `var` itself.
+        return indexed and self._has_stepped()
+
+    def _has_stepped(self):
+        """Whether the optimizer's step count is above 0; True where it cannot
+        be read now (a graph not yet run), so a doubt refuses."""
+        count = getattr(self._opt, "iterations", None)
+        if count is None or not tf.executing_eagerly():
+            return True
+        try:
+            return int(np.asarray(count.numpy() if hasattr(count, "numpy") else count)) > 0
+        except (TypeError, ValueError, AttributeError):
+            return True
 
     def _lookup(self, var, name):
         try:
