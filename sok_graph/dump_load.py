@@ -146,14 +146,40 @@ def _read_array(path, dtype, width, rows, crc32=None):
 
 # ------------------------------------------------------------ tensors in/out
 
-def _run(fetches):
+def _run(fetches, feed_dict=None):
     """Values of tensors: eagerly, or in the default Session in graph mode."""
     if tf.executing_eagerly():
         return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, fetches)
     sess = tf.compat.v1.get_default_session()
     if sess is None:
         raise RuntimeError(_NO_SESSION)
-    return sess.run(fetches)
+    return sess.run(fetches, feed_dict=feed_dict)
+
+
+class _Feeds:
+    """The arrays a load hands its ops as tensors. In graph mode an array of
+    _FED_BYTES or more is a placeholder, fed when the Session runs the load:
+    as a constant it went into the graph, which grew by the tables' size at
+    every load and could not hold a table of 2 GB or more at all
+    (TensorFlow's "Cannot create a tensor proto whose content is larger
+    than 2GB"). Smaller arrays stay constants, whose values the tables'
+    checks read when the ops are built."""
+
+    def __init__(self):
+        self.feed_dict = {}
+
+    def tensor(self, array):
+        if array is None:
+            return None
+        if tf.executing_eagerly() or np.asarray(array).nbytes < _FED_BYTES:
+            return tf.convert_to_tensor(array)
+        array = np.asarray(array)
+        fed = tf.compat.v1.placeholder(tf.as_dtype(array.dtype), array.shape)
+        self.feed_dict[fed] = array
+        return fed
+
+
+_FED_BYTES = 1 << 16
 
 
 _NO_SESSION = ("sok.dump / sok.load in graph mode run in the default Session: call them "
@@ -345,11 +371,16 @@ def _export(var, optimizer):
                  for k, t in fetch.items()}
     out = _run(fetch)
     counts = {k: np.asarray(out.pop(k)) for k in _FILTER_PARTS if k in out}
+    calls = out.pop(_FILTER_CALLS, None)
     order = np.argsort(out["keys"], kind="stable")
     arrays = {k: np.asarray(v)[order] for k, v in out.items()}
     if counts:
         arrays.update(_merged_counts(counts["filter.keys"], counts["filter.counts"]))
         arrays[_FILTER_KIND] = shards[0].admission.description()
+    if calls is not None:
+        # One counter per shard, each counting the calls of its own reads
+        # (every worker's shard is read once a step): the most of them.
+        arrays[_FILTER_CALLS] = int(np.max(calls))
     return arrays
 
 
@@ -358,6 +389,10 @@ def _export(var, optimizer):
 _FILTER_PARTS = ("filter.keys", "filter.counts")
 # The filter those counts belong to (a dict, written into the manifest).
 _FILTER_KIND = "filter"
+# A drawing filter's call counter (an int, written into the manifest).
+_FILTER_CALLS = "filter_calls"
+# Parts of a variable's arrays that are no file of the dump.
+_MANIFEST_PARTS = (_FILTER_KIND, _FILTER_CALLS)
 
 
 def _merged_counts(entries, counts):
@@ -379,6 +414,8 @@ def _shard_tensors(var, optimizer):
     admission = var.admission
     if admission is not None and admission.counting:
         fetch["filter.keys"], fetch["filter.counts"] = admission.export()
+    if admission is not None and admission.draws:
+        fetch[_FILTER_CALLS] = admission.calls()
     if optimizer is not None and optimizer.has_slots(var):
         for name, init in _slot_specs(optimizer):
             fetch["slot." + name] = var.read_slot(optimizer.get_slot(var, name), keys, init)
@@ -494,18 +531,32 @@ def writers_take_turns(parent, reader=False):
     except ImportError:  # no flock on this platform: writers are not ordered
         yield
         return
+    fd = None
     try:
         fd = os.open(parent, os.O_RDONLY)
     except OSError:
         if not reader:
             raise
-        yield
-        return
+    # (The body runs outside the except clauses: its own errors, "no sok_graph
+    # dump at ...", do not come chained to this one.)
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH if reader else fcntl.LOCK_EX)
+        except OSError as e:
+            # A file system without locks (NFS mounted nolock: ENOLCK; some
+            # FUSE mounts: EOPNOTSUPP) read and wrote dumps before they were
+            # ordered; they still do, unordered.
+            os.close(fd)
+            fd = None
+            if not reader:
+                tf.get_logger().warning(
+                    "sok.dump: %s cannot be locked (%s); dumps into it from several "
+                    "processes at once are not ordered", parent, e)
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH if reader else fcntl.LOCK_EX)
         yield
     finally:
-        os.close(fd)  # releases the lock
+        if fd is not None:
+            os.close(fd)  # releases the lock
 
 
 def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike):
@@ -516,7 +567,7 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
     for name, (kind, arrays) in tables.items():
         stems[name] = _unique_stem(_file_stem(name), list(arrays), used)
     check_name_lengths(path, {name: [f"{stems[name]}.{part}" for part in arrays
-                                     if part != _FILTER_KIND]
+                                     if part not in _MANIFEST_PARTS]
                               for name, (kind, arrays) in tables.items()})
     remove_dead_writers_tmp(path)
     tmp = staging_dir(path)
@@ -530,7 +581,7 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
             stem = stems[name]
             files, crcs, dtypes = {}, {}, {}
             for part, array in arrays.items():
-                if part == _FILTER_KIND:
+                if part in _MANIFEST_PARTS:
                     continue
                 if part in _INT64_PARTS:
                     array = np.asarray(array, np.int64)
@@ -552,6 +603,8 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
             if "filter.keys" in arrays:
                 manifest["variables"][name]["filter"] = dict(
                     arrays[_FILTER_KIND], rows=int(np.shape(arrays["filter.keys"])[0]))
+            if _FILTER_CALLS in arrays:
+                manifest["variables"][name][_FILTER_CALLS] = int(arrays[_FILTER_CALLS])
         if optimizer_entry is not None:
             manifest["optimizer"] = optimizer_entry
         if named_alike:
@@ -841,12 +894,13 @@ def load(path, load_vars, optimizer=None):
     # those tables were replaced (out of memory; every check ran above)
     # puts them back as they were, slots and metadata included.
     replaced = []
+    feeds = _Feeds()
     try:
         for name, table in order:
             for var in replica_shards.shards_of(table):
                 if tf.executing_eagerly() and var.replace_can_fail:
                     replaced.append((var, _run(_shard_tensors(var, optimizer))))
-                ops.extend(_load_shard(var, loaded[name], optimizer, slots))
+                ops.extend(_load_shard(var, loaded[name], optimizer, slots, feeds))
     except Exception as failure:
         unrestored = []
         for var, before in reversed(replaced):
@@ -863,7 +917,7 @@ def load(path, load_vars, optimizer=None):
     if optimizer is not None:
         ops.extend(optimizer.set_step(manifest["optimizer"]["step"]))
     if not tf.executing_eagerly():
-        _run([op for op in ops if op is not None])
+        _run([op for op in ops if op is not None], feeds.feed_dict)
 
 
 def _as_table_dtype(arrays, var, what, source):
@@ -938,6 +992,13 @@ def _check_fits(variables, loaded, source):
                     f"{admission.description()}; {source} kept its counts as {dumped}: "
                     f"load into a table with the same min_count_counters and "
                     f"min_count_hashes")
+            if admission is not None and admission.counting and admission.kind == "keys" \
+                    and "filter.keys" in loaded[name]:
+                # The keys still waiting to enter: a narrowed key (2^32 + 5
+                # as 5) would carry another key's count.
+                waiting = loaded[name]["filter.keys"]
+                check_keys_fit(waiting[owned_mask(var, waiting)], var.key_dtype,
+                               f"variable '{name}' (its admission filter's counts)", source)
             limit = int(_run(var.row_limit()))
             if 0 < limit < keys.size:
                 raise CheckpointError(
@@ -955,32 +1016,39 @@ def _put_back(var, before, optimizer):
         var.replace_slot(optimizer.get_slot(var, name), keys, before["slot." + name])
     if "filter.keys" in before:
         var.admission.restore(before["filter.keys"], before["filter.counts"])
+    if _FILTER_CALLS in before:
+        var.admission.restore_calls(before[_FILTER_CALLS][0])
 
 
-def _load_shard(var, a, optimizer, slots):
+def _load_shard(var, a, optimizer, slots, feeds):
     """Assignments of the rows of dumped arrays `a` that shard `var` owns."""
     ops = []
     counts = {k: a[k] for k in _FILTER_PARTS if k in a}
+    calls = a.get(_FILTER_CALLS, 0)
     # Each worker takes the rows it owns, whatever the dumping world size.
     keep = owned_mask(var, a["keys"])
-    a = {k: v[keep] for k, v in a.items() if k not in _FILTER_PARTS + (_FILTER_KIND,)}
+    a = {k: v[keep] for k, v in a.items() if k not in _FILTER_PARTS + _MANIFEST_PARTS}
     # Keys are sorted, so a static shard's rows come in its local-row order,
     # as its replace_rows takes them. Metadata the dump lacks (a static
     # table's dump loaded into a dynamic table) is None: the table's default.
-    keys = tf.constant(a["keys"].astype(var.key_dtype.as_numpy_dtype))
+    keys = feeds.tensor(a["keys"].astype(var.key_dtype.as_numpy_dtype))
     # Rows are in the table's dtype already (_as_table_dtype): as tensors of
     # it, which tables take whatever the dtype (bfloat16 arrays are not numpy
     # floats).
-    ops.append(var.replace_rows(keys, tf.convert_to_tensor(a["values"]),
-                                **{m: a.get(m) for m in var.key_metadata}))
+    ops.append(var.replace_rows(keys, feeds.tensor(a["values"]),
+                                **{m: feeds.tensor(a.get(m)) for m in var.key_metadata}))
     for slot, _ in slots:
         ops.append(var.replace_slot(optimizer.get_slot(var, slot), keys,
-                                    tf.convert_to_tensor(a["slot." + slot])))
-    ops.extend(_load_counts(var, counts))
+                                    feeds.tensor(a["slot." + slot])))
+    ops.extend(_load_counts(var, counts, feeds))
+    if var.admission is not None and var.admission.draws:
+        # A dump without a call counter (no draws then, or from before it was
+        # kept) starts the draws afresh.
+        ops.append(var.admission.restore_calls(calls))
     return ops
 
 
-def _load_counts(var, counts):
+def _load_counts(var, counts, feeds):
     """The op that gives `var`'s admission filter the dumped counts it owns
     (a dump without counts: counting starts afresh)."""
     admission = var.admission
@@ -991,7 +1059,7 @@ def _load_counts(var, counts):
     if admission.kind == "keys":
         keep = owned_mask(var, entries)
         entries, values = entries[keep], values[keep]
-    return [admission.restore(tf.constant(entries), tf.constant(values))]
+    return [admission.restore(feeds.tensor(entries), feeds.tensor(values))]
 
 
 # Algorithms whose slots mean different things in tf.compat.v1.train's and
@@ -1083,6 +1151,12 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
                 arrays[part] = read(part, np.int64, 1, entry["filter"]["rows"])
         if "filter" in entry:
             arrays[_FILTER_KIND] = {k: v for k, v in entry["filter"].items() if k != "rows"}
+        if _FILTER_CALLS in entry:
+            calls = entry[_FILTER_CALLS]
+            if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
+                raise CheckpointError(f"{where}: variable '{name}': the manifest's "
+                                      f"{_FILTER_CALLS} must be an integer >= 0; got {calls!r}")
+            arrays[_FILTER_CALLS] = calls
         for slot in slot_names:
             fname = files.get("slot." + slot)
             if fname is None:

@@ -193,9 +193,10 @@ def test_segment_sum_of_long_segments_has_the_documented_bits(rng, check_ids):
     """A hot id repeated over several pieces (a Zipf stream's) next to short
     ones: the same bits as numpy adding in the documented association, on
     whichever device the test runs (a GPU sums a long segment's pieces in
-    parallel), checked or not."""
+    parallel, and adds a segment's piece sums 32 loads at a time: id 7's 71
+    pieces are two such batches and a tail), checked or not."""
     ids = np.concatenate([np.full(4 * 1024 + 300, 2), np.full(1024, 0), np.full(1025, 5),
-                          rng.integers(-1, 9, 700)])
+                          np.full(70 * 1024 + 33, 7), rng.integers(-1, 9, 700)])
     rng.shuffle(ids)
     data = (rng.standard_normal((len(ids), 4)) * 100).astype(np.float32)
     got = util.unsorted_segment_sum(tf.constant(data), tf.constant(ids), 9, check_ids=check_ids)
