@@ -180,7 +180,9 @@ def combiner_scale(combiner, wsum, wsq):
         return F32(1)
     if combiner == "mean":
         return F32(1) / wsum if wsum != 0 else F32(0)
-    return F32(1) / np.sqrt(wsq) if wsq > 0 else F32(0)
+    # A NaN weight makes the factor NaN (TensorFlow's embedding_lookup_sparse
+    # divides by it too), so every row of the sample gets a NaN gradient.
+    return F32(1) / np.sqrt(wsq) if wsq != 0 else F32(0)
 
 
 def ref_lookup_grad(params, ids, splits, weights, combiner, max_norm, grads):
