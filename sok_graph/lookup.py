@@ -704,7 +704,11 @@ def _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, nam
             values, splits = _ragged_parts(sp_ids[t], t)
             weights = None
             if sp_weights[t] is not None:
-                weights, _ = _ragged_parts(sp_weights[t], t, "sp_weights")
+                # Paired with the ids row by row, as in training (the served
+                # sums took misaligned weights without an error).
+                weights, weight_splits = _ragged_parts(sp_weights[t], t, "sp_weights")
+                weights, _ = _aligned_weights(
+                    weights, weight_splits, (tf.size(values, out_type=tf.int64), splits), t)
             out.append(serving_tables.combine(table, values, splits, weights, combiners[t],
                                               max_norm[t], dtype))
     return out[0] if single else out

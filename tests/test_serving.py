@@ -1879,3 +1879,191 @@ def test_safe_name_is_dump_loads_file_stem(monkeypatch):
     assert serving_tables.safe_name("a/b") == "<a/b>"
     monkeypatch.setattr(dump_load, "_file_stem", lambda name: "")
     assert serving_tables.safe_name("a/b") == "table"
+
+
+_RAGGED_IDS = [tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)]
+
+
+class _DecoratedModule(tf.Module):
+    """The usual way to a SavedModel: a tf.Module whose __call__ is a
+    tf.function (here without an input signature; below with one)."""
+
+    def __init__(self):
+        super().__init__()
+        self.static = sok.Variable(np.ones([4, 2], np.float32), name="decorated_static")
+        self.dynamic = sok.DynamicVariable(dimension=2, initializer="1", name="decorated_dyn")
+
+    def lookup(self, ids):
+        a, b = sok.lookup_sparse([self.static, self.dynamic], [ids, ids], combiners="sum")
+        return a + b
+
+    @tf.function
+    def __call__(self, ids):
+        return self.lookup(ids)
+
+
+class _DecoratedWithSignature(_DecoratedModule):
+    @tf.function(input_signature=_RAGGED_IDS)
+    def __call__(self, ids):
+        return self.lookup(ids)
+
+
+@tf2_only
+@pytest.mark.parametrize("signature", [False, True])
+def test_a_model_whose_call_is_a_tf_function_trains_on_after_its_export(tmp_path, signature):
+    """The export traced the model's tf.function, whose cache kept the serving
+    trace: the model's calls after the export read the served tables'
+    snapshot (the trained rows changed, its answers did not), a second export
+    served the first one's rows; and a trace made before the export (with an
+    input signature) was taken for the serving one, which failed naming an
+    'untracked' resource."""
+    sok.init()
+    model = _DecoratedWithSignature() if signature else _DecoratedModule()
+    x = tf.ragged.constant([[1], [2]], dtype=tf.int64)
+    model(x)  # a training trace before the export
+    sok.export_for_serving(model, str(tmp_path / "first"), input_signature=_RAGGED_IDS)
+    sok.assign(model.dynamic, tf.constant([1, 2], tf.int64), tf.constant([[5., 5.], [7., 7.]]))
+    model.static.assign(np.full([4, 2], 10., np.float32))
+    want = np.array([[15., 15.], [17., 17.], [11., 11.]], np.float32)
+    np.testing.assert_array_equal(
+        model(tf.ragged.constant([[1], [2], [3]], dtype=tf.int64)).numpy(), want)
+    np.testing.assert_array_equal(model(x).numpy(), want[:2])
+    sok.export_for_serving(model, str(tmp_path / "second"), input_signature=_RAGGED_IDS)
+    served = tf.saved_model.load(str(tmp_path / "second"))
+    np.testing.assert_array_equal(served.serve(x).numpy(), want[:2])
+
+
+@tf2_only
+def test_lookups_in_a_models_inner_tf_function_are_refused_at_export(tmp_path):
+    """A lookup inside a tf.function below the model's __call__ would leave
+    its serving trace in that function's cache, for the training calls after
+    the export: refused, naming the cause, and the model goes on training
+    on its tables."""
+    sok.init()
+
+    class Inner(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.dynamic = sok.DynamicVariable(dimension=2, initializer="1", name="inner_dyn")
+            self.embed = tf.function(
+                lambda ids: sok.lookup_sparse(self.dynamic, ids, combiners="sum"))
+
+        def __call__(self, ids):
+            return self.embed(ids) * 2.0
+
+    model = Inner()
+    x = tf.ragged.constant([[1], [2]], dtype=tf.int64)
+    with pytest.raises(ValueError, match=r"inside a tf\.function of its own"):
+        sok.export_for_serving(model, str(tmp_path / "export"), input_signature=_RAGGED_IDS)
+    assert not os.path.exists(str(tmp_path / "export"))
+    sok.assign(model.dynamic, tf.constant([1, 2], tf.int64), tf.constant([[5., 5.], [7., 7.]]))
+    np.testing.assert_array_equal(model(x).numpy(), [[10., 10.], [14., 14.]])
+
+
+@tf2_only
+def test_served_weights_must_pair_with_the_ids_as_in_training(tmp_path):
+    """Weights whose rows do not pair with the ids' (same count, other row
+    lengths) are refused by training; the served model summed them by the
+    ids' rows without an error."""
+    sok.init()
+    table = sok.Variable(np.arange(12, dtype=np.float32).reshape(4, 3), name="weighted")
+
+    def model(ids, weights):
+        return sok.lookup_sparse(table, ids, weights, combiners="mean")
+
+    spec = _RAGGED_IDS + [tf.RaggedTensorSpec([None, None], tf.float32, ragged_rank=1)]
+    sok.export_for_serving(model, str(tmp_path / "export"), input_signature=spec)
+    served = tf.saved_model.load(str(tmp_path / "export"))
+    ids = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
+    paired = tf.ragged.constant([[1., 3.], [2.]])
+    np.testing.assert_array_equal(served.serve(ids, paired).numpy(), model(ids, paired).numpy())
+    shifted = tf.ragged.constant([[1.], [2., 3.]])
+    for run in (model, served.serve):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"sp_weights\[0\] must have one weight per id"):
+            run(ids, shifted)
+
+
+def _filtered_table(name):
+    """A counting table where key 1 was admitted (seen 3 times) and key 2
+    was not (seen once): training reads filter_default for key 2 and for
+    keys never seen."""
+    table = sok.DynamicVariable(dimension=2, initializer="0.5", name=name, min_count=3,
+                                filter_default=0.25)
+    return table
+
+
+@tf2_only
+def test_keys_a_filter_has_not_admitted_serve_its_default_row(tmp_path):
+    """Training reads filter_default for keys an admission filter has not
+    admitted (and for keys never seen); the served model read zeros for
+    them. A default_row given for the table still wins."""
+    sok.init()
+    table = _filtered_table("admitted_only")
+    for _ in range(3):
+        sok.lookup_sparse(table, tf.ragged.constant([[1]], dtype=tf.int64), combiners="sum")
+    sok.lookup_sparse(table, tf.ragged.constant([[2]], dtype=tf.int64), combiners="sum")
+
+    def model(ids):
+        return sok.lookup_sparse(table, ids, combiners="sum")
+
+    ids = tf.ragged.constant([[1], [2], [9]], dtype=tf.int64)
+    want = np.array([[.5, .5], [.25, .25], [.25, .25]], np.float32)
+    np.testing.assert_array_equal(model(ids).numpy(), want)
+    sok.export_for_serving(model, str(tmp_path / "export"), input_signature=_RAGGED_IDS)
+    served = tf.saved_model.load(str(tmp_path / "export"))
+    np.testing.assert_array_equal(served.serve(ids).numpy(), want)
+    sok.export_for_serving(model, str(tmp_path / "given"), input_signature=_RAGGED_IDS,
+                           default_row={"admitted_only": 7.0})
+    given = tf.saved_model.load(str(tmp_path / "given"))
+    np.testing.assert_array_equal(given.serve(ids).numpy(), [[.5, .5], [7., 7.], [7., 7.]])
+
+
+def test_keys_a_filter_has_not_admitted_serve_its_default_row_in_a_session(tmp_path):
+    """The same for a Session's export, whose build_fn makes the table with
+    the training table's settings."""
+    with tf.Graph().as_default():
+        sok.init()
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        rows = sok.all2all_dense_embedding(_filtered_table("admitted_tf1"), keys)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for batch in ([1], [1], [1], [2]):
+                sess.run(rows, {keys: batch})
+            want = sess.run(rows, {keys: [1, 2, 9]})
+
+            def build_fn():
+                k = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
+                return {"keys": k}, {"out": sok.all2all_dense_embedding(
+                    _filtered_table("admitted_tf1"), k)}
+            sok.export_for_serving(build_fn, str(tmp_path / "tf1"), session=sess)
+    np.testing.assert_array_equal(want, [[.5, .5], [.25, .25], [.25, .25]])
+    with tf.Graph().as_default() as g, tf.compat.v1.Session(graph=g) as sess:
+        meta = tf.compat.v1.saved_model.load(sess, [tf.saved_model.SERVING], str(tmp_path / "tf1"))
+        sig = meta.signature_def["serving_default"]
+        got = sess.run(g.get_tensor_by_name(sig.outputs["out"].name),
+                       {g.get_tensor_by_name(sig.inputs["keys"].name): [1, 2, 9]})
+    np.testing.assert_array_equal(got, want)
+
+
+@tf2_only
+def test_served_static_ids_outside_the_table_fail_on_any_device(tmp_path):
+    """A served static table's ids outside [0, rows) fail with the table's
+    name, as in training; TensorFlow's gather failed only on a CPU (a GPU's
+    gives zeros for them)."""
+    sok.init()
+    table = sok.Variable(np.arange(12, dtype=np.float32).reshape(4, 3), name="bounded")
+
+    def model(ids):
+        return sok.lookup_sparse(table, ids, combiners="sum")
+
+    sok.export_for_serving(model, str(tmp_path / "export"), input_signature=_RAGGED_IDS)
+    served = tf.saved_model.load(str(tmp_path / "export"))
+    ok = tf.ragged.constant([[3, 0]], dtype=tf.int64)
+    np.testing.assert_array_equal(served.serve(ok).numpy(), model(ok).numpy())
+    for bad in (4, -1):
+        with pytest.raises(tf.errors.InvalidArgumentError,
+                           match=r"ids of served table .*bounded.* must be in \[0, rows\)"):
+            served.serve(tf.ragged.constant([[1, bad]], dtype=tf.int64))
+        with tf.device("/device:CPU:0"), pytest.raises(tf.errors.InvalidArgumentError):
+            model(tf.ragged.constant([[1, bad]], dtype=tf.int64))

@@ -34,7 +34,7 @@ import tensorflow as tf
 
 from sok_graph import communication, context, dump_load
 from sok_graph.dump_load import staging_dir, swap_into_place, writers_take_turns
-from sok_graph.tables import is_dynamic, replica_shards
+from sok_graph.tables import admission, is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables.dynamic import DynamicVariable
 from sok_graph.serving import collective, mode, sources
@@ -137,8 +137,21 @@ class _StandIns:
         """The serving table for sok.DynamicVariable(*args, **kwargs)."""
         bound = inspect.signature(DynamicVariable.__init__).bind(None, *args, **kwargs)
         a = dict(bound.arguments)
+        settings = {k: v for k, v in a.get("table_config", {}).items() if k in admission.SETTINGS}
+        filtered = admission.from_config(settings)
         return self.new_dynamic(a.get("name") or "DynamicVariable", a.get("key_type"),
-                                int(a["dimension"]), a.get("dtype"))
+                                int(a["dimension"]), a.get("dtype"),
+                                None if filtered is None else filtered.default)
+
+
+def _default_row_for(default_row, name, filter_default):
+    """The row a dynamic serving table named `name` gives keys it does not
+    hold: what default_row gives it, else the row its admission filter
+    gives keys not admitted (filter_default: what training reads for them,
+    and for keys never seen; served as zeros before), else zeros."""
+    if isinstance(default_row, dict):
+        return default_row[name] if name in default_row else filter_default
+    return filter_default if default_row is None else default_row
 
 
 class LiveResolver(_StandIns):
@@ -151,6 +164,9 @@ class LiveResolver(_StandIns):
         self.tables = {}
         self._by_id = {}
         self._runner = sources.Runner()
+        # The graph of the export's own trace (set as it starts): lookups in
+        # graphs of the model's own tf.functions below it are refused.
+        self.trace_graph = None
 
     @tf.autograph.experimental.do_not_convert
     def table_for(self, param):
@@ -170,8 +186,11 @@ class LiveResolver(_StandIns):
         with tf.init_scope():
             first = replica_shards.shards_of(param)[0]
             if is_dynamic(first):
-                serving_table = DynamicTable(name, first.key_type, first.dimension,
-                                             first.dtype, self.default_row)
+                filtered = first.admission
+                serving_table = DynamicTable(
+                    name, first.key_type, first.dimension, first.dtype,
+                    _default_row_for(self.default_row, name,
+                                     None if filtered is None else filtered.default))
             else:
                 serving_table = StaticTable(name, shape=tf.TensorShape(
                     [None, int(first.shape[1])]), dtype=tf.as_dtype(first.dtype).base_dtype)
@@ -180,7 +199,7 @@ class LiveResolver(_StandIns):
         self._by_id[key] = (param, serving_table)  # keeps param alive: ids stay unique
         return serving_table
 
-    def new_dynamic(self, name, key_type, dimension, dtype):
+    def new_dynamic(self, name, key_type, dimension, dtype, filter_default=None):
         raise RuntimeError("sok.DynamicVariable cannot be created while a model is traced "
                            "for serving; create it before sok.export_for_serving")
 
@@ -216,12 +235,12 @@ class GraphResolver(_StandIns):
         self._by_id[id(param)] = serving_table
         return serving_table
 
-    def new_dynamic(self, name, key_type, dimension, dtype):
+    def new_dynamic(self, name, key_type, dimension, dtype, filter_default=None):
         if name in self.tables:
             raise ValueError(f"two sok.DynamicVariable named {name!r} in the serving graph; "
                              "give each its own name= (tables are matched by name)")
         table = DynamicTable(name, key_type or tf.int64, dimension, dtype or tf.float32,
-                             self.default_row)
+                             _default_row_for(self.default_row, name, filter_default))
         self.tables[name] = table
         return table
 
@@ -414,6 +433,20 @@ def _staged(export_dir):
         raise
 
 
+def _traceable(model):
+    """What the export traces for `model`: a tf.function's Python function
+    (a model given as one, or a tf.Module whose __call__ is one: the usual
+    way to a SavedModel). Traced through the tf.function, the serving trace
+    stayed in its cache, keyed by the inputs alone: the training calls after
+    the export read the served tables' snapshot, and a training trace made
+    before it was taken for the serving one."""
+    for candidate in (model, getattr(model, "__call__", None)):
+        python_function = getattr(candidate, "python_function", None)
+        if callable(python_function):
+            return python_function
+    return model
+
+
 def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
     if input_signature is None:
         raise ValueError("export_for_serving(model, export_dir, input_signature=[...]): the "
@@ -429,8 +462,14 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
                       reading=collective.now_micros())
     resolver = LiveResolver(default_row, chunk_rows)
 
+    traced = _traceable(model)
+
     def serve(*inputs):
-        return model(*inputs)
+        # The graph every sok lookup of the model must be traced into (see
+        # mode.table_for): one in a tf.function of the model's own would be
+        # kept in that function's cache.
+        resolver.trace_graph = tf.compat.v1.get_default_graph()
+        return traced(*inputs)
 
     failed = None
     with mode.serving(resolver):

@@ -107,8 +107,18 @@ class StaticTable(tf.Module):
         return {"rows": self.rows}
 
     def lookup(self, ids):
-        """Rows [n, dim] of global row numbers `ids` [n]."""
-        return tf.gather(self.rows, tf.cast(ids, tf.int64))
+        """Rows [n, dim] of global row numbers `ids` [n]; an id outside
+        [0, rows) fails, as in training, on any device (a GPU's tf.gather
+        gives zeros for it)."""
+        ids = tf.cast(ids, tf.int64)
+        rows = tf.shape(self.rows, out_type=tf.int64)[0]
+        outside = tf.logical_or(ids < 0, ids >= rows)
+        check = tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(outside)),
+            [f"ids of served table {self.table_name!r} must be in [0, rows) (rows:", rows,
+             "); got", tf.boolean_mask(ids, outside)], summarize=3)
+        with tf.control_dependencies([check]):
+            return tf.gather(self.rows, ids)
 
     @_keeps_no_record
     def apply_delta(self, keys, rows):
