@@ -342,3 +342,45 @@ def test_assign_and_export_in_graph_mode(rng):
 def test_sgd_learning_rate_must_be_a_rate(lr, exc):
     with pytest.raises(exc, match=r"sok.SGD: learning_rate must be"):
         sok.SGD(lr)
+
+
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="TF2 tapes over tf.functions")
+@pytest.mark.parametrize("kind", ["tf.Variable", "sok.Variable"])
+@pytest.mark.parametrize("first_call", ["without_a_tape", "inside_a_tf_function"])
+def test_a_traced_lookup_called_under_a_later_tape_has_its_gradient(kind, first_call):
+    """A tf.function of a lookup traced without a tape (a warm-up or an
+    evaluation call) or inside another tf.function, then called under an
+    eager GradientTape: the gradient for the table was None (the trace did
+    not list the table among the variables it reads, so the tape never
+    watched it), and an optimizer passed the table over without an error.
+    The gradient is now tf.nn.embedding_lookup_sparse's."""
+    sok.init(comm_tool="none")
+    start = np.arange(12, dtype=np.float32).reshape(4, 3)
+    table = tf.Variable(start) if kind == "tf.Variable" else sok.Variable(start)
+    reference = tf.Variable(start)
+    ids = tf.ragged.constant([[1, 2], [3, 3]], dtype=tf.int64)
+
+    @tf.function
+    def embed(ids):
+        return sok.lookup_sparse(table, ids, combiners="sum")
+
+    @tf.function
+    def differentiated_inside(ids):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(embed(ids))
+        return tape.gradient(loss, table)
+
+    if first_call == "without_a_tape":
+        embed(ids)
+    else:
+        differentiated_inside(ids)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(embed(ids)))
+    got = tape.gradient(loss, table)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.square(tf.nn.embedding_lookup_sparse(
+            reference, ids.to_sparse(), None, combiner="sum")))
+    want = tape.gradient(loss, reference)
+    assert got is not None
+    np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(),
+                               tf.convert_to_tensor(want).numpy(), rtol=1e-6)

@@ -145,10 +145,18 @@ def reference(obj):
 
 
 def record_variable_access(variable):
-    """Tells active GradientTapes that `variable` was read, as reading a
-    tf.Variable does, so gradients w.r.t. it are recorded automatically."""
+    """Records that `variable` was read, as reading a tf.Variable does: the
+    active GradientTapes watch it, and a tf.function being traced lists it
+    among the variables its graph reads. A tape that a traced function is
+    called under later watches those (without that, a tf.function traced
+    without a tape, as a warm-up or an evaluation call, or inside another
+    tf.function, gave a None gradient for the table when called under a
+    tape, and an optimizer passed the table over without an error)."""
     from tensorflow.python.eager import tape
 
+    graph = tf.compat.v1.get_default_graph()
+    if hasattr(graph, "watch_variable"):
+        graph.watch_variable(variable)
     tape.variable_accessed(variable)
 
 

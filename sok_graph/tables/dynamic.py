@@ -536,7 +536,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         a step). unique_find_or_insert does both in one op but returns no
         evicted rows; read_evicting takes a unique, then find-or-insert."""
         keys = self._check_keys(keys, widen=True)
-        if self._trainable:
+        if self._trainable and not serving_mode.active():
+            # (A servable trace reads the serving table, not this one: a
+            # table it listed as read would be saved with the export.)
             compat.record_variable_access(self)
         shaped = keys.shape.rank != 1
         if shaped:  # keys of any shape, as tf.nn.embedding_lookup passes them
@@ -578,7 +580,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if keys.shape.rank is not None and keys.shape.rank != 1:
             raise ValueError(f"keys for DynamicVariable.unique_read must be 1-D; got shape "
                              f"{keys.shape}")
-        if self._trainable:
+        if self._trainable and not serving_mode.active():
             compat.record_variable_access(self)
         if serving_mode.active():
             distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
