@@ -384,3 +384,42 @@ def test_a_traced_lookup_called_under_a_later_tape_has_its_gradient(kind, first_
     assert got is not None
     np.testing.assert_allclose(tf.convert_to_tensor(got).numpy(),
                                tf.convert_to_tensor(want).numpy(), rtol=1e-6)
+
+
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="TF2 tapes over tf.functions")
+@pytest.mark.parametrize("read", ["sparse_read", "lookup_sparse"])
+@pytest.mark.parametrize("first_call", ["under_the_tape", "without_a_tape"])
+def test_a_dynamic_tables_tf_function_differentiated_by_a_tape_outside_it(read, first_call):
+    """A tf.function reading a DynamicVariable, differentiated by a tape
+    outside it: building its gradient failed with TensorFlow's "Node with id
+    4 is different from the passed in node" (and, traced without a tape
+    first, the gradient was None). It now equals the eager gradient."""
+    sok.init(comm_tool="none")
+    table = sok.DynamicVariable(dimension=3, initializer="1")
+    keys = tf.constant([1, 2, 3, 3, 7], tf.int64)
+    upstream = tf.constant(np.arange(15, dtype=np.float32).reshape(5, 3))
+
+    def rows(keys):
+        if read == "sparse_read":
+            return table.sparse_read(keys)
+        return sok.lookup_sparse(table, tf.RaggedTensor.from_row_lengths(keys, [1, 1, 1, 1, 1]),
+                                 combiners="sum")
+
+    def gradient(fn):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(fn(keys) * upstream)
+        g = tape.gradient(loss, table)
+        assert isinstance(g, tf.IndexedSlices)
+        dense = {}
+        for k, v in zip(g.indices.numpy().tolist(), g.values.numpy()):
+            dense[k] = dense.get(k, 0) + v
+        return dense
+
+    want = gradient(rows)
+    traced = tf.function(rows)
+    if first_call == "without_a_tape":
+        traced(keys)
+    got = gradient(traced)
+    assert sorted(got) == sorted(want) == [1, 2, 3, 7]
+    for k in want:
+        np.testing.assert_array_equal(got[k], want[k])

@@ -147,10 +147,26 @@ def clear(table):
 
 
 def _rows_grad(grad, keys):
-    """The gradient of rows [k, dim] of `keys` [k]: the table's IndexedSlices."""
+    """The gradient of rows [k, dim] of `keys` [k]: the table's IndexedSlices.
+    Built in a graph of its own (a tf.function differentiated by a tape
+    outside it), its indices are made there (an identity of the keys): the
+    forward tensor returned as it is failed the gradient's build ("Node with
+    id 4 is different from the passed in node")."""
     if isinstance(grad, tf.IndexedSlices):
         return IndexedSlices(grad.values, tf.gather(keys, grad.indices))
+    if not tf.executing_eagerly() and _graph_of(keys) not in (None,
+                                                              tf.compat.v1.get_default_graph()):
+        keys = tf.identity(keys)
     return IndexedSlices(grad, keys)
+
+
+def _graph_of(tensor):
+    """A graph tensor's graph; None for an eager tensor (an eager read's
+    keys, differentiated inside a tf.function), which is captured as it is."""
+    try:
+        return tensor.graph
+    except AttributeError:
+        return None
 
 
 @register_gradient("SokDynamicTableFindOrInsert")
