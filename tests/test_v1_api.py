@@ -1330,3 +1330,61 @@ def test_init_takes_numpy_integers():
                 dict(global_batch_size=4, seed=np.float32(1))):
         with pytest.raises(ValueError, match="global_batch_size|seed"):
             sok.Init(**bad)
+
+
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras Model.fit (TF2)")
+@pytest.mark.parametrize("use_hashtable", [False, True])
+def test_a_1x_layer_trains_in_keras_fit_as_a_plain_table_does(use_hashtable):
+    """Model.fit of a model holding a 1.x layer, its table trained inside
+    sok.OptimizerScope: the table and the dense kernel end as those of the
+    same model on a plain tf.Variable with tf.nn.embedding_lookup_sparse.
+    Keras 3 reads every weight's regularizer at each step (Layer.losses): fit
+    failed with "'DistributedVariable' object has no attribute 'regularizer'"
+    before any step."""
+    sok.init(comm_tool="none")
+    rng = np.random.RandomState(0)
+    x = rng.randint(0, 16, (12, 3)).astype(np.int64)
+    y = rng.normal(size=(12, 1)).astype(np.float32)
+    start = tf.keras.initializers.Constant(0.1)
+
+    class Model(tf.keras.Model):
+        def __init__(self, embed):
+            super().__init__()
+            self.embed = embed
+            self.dense = tf.keras.layers.Dense(1, use_bias=False,
+                                               kernel_initializer=tf.keras.initializers.Constant(0.5))
+
+        def call(self, ids):
+            sparse = tf.RaggedTensor.from_tensor(tf.cast(ids, tf.int64)).to_sparse()
+            return self.dense(tf.reshape(self.embed(sparse), [-1, 4]))
+
+    class PlainEmbedding(tf.keras.layers.Layer):
+        def __init__(self):
+            super().__init__()
+            self.table = self.add_weight(name="table", shape=(16, 4), initializer=start)
+
+        def call(self, sparse):
+            return tf.nn.embedding_lookup_sparse(tf.convert_to_tensor(self.table), sparse, None,
+                                                 combiner="sum")
+
+    layer = sok.DistributedEmbedding("sum", 16, 4, slot_num=1, max_nnz=3,
+                                     use_hashtable=use_hashtable, embedding_initializer=start)
+    plain = PlainEmbedding()
+    models = [Model(layer), Model(plain)]
+    for model in models:
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+        model(x[:2])
+    with sok.OptimizerScope([layer.embedding_variable]):
+        models[0].fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    models[1].fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    got = sok.export(layer.embedding_variable) if use_hashtable else None
+    if use_hashtable:
+        keys, rows = [t.numpy() for t in got]
+        want = np.asarray(plain.table)[keys]
+        np.testing.assert_allclose(rows, want, rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_allclose(layer.embedding_variable.numpy(), np.asarray(plain.table),
+                                   rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(models[0].dense.kernel.numpy(), models[1].dense.kernel.numpy(),
+                               rtol=1e-5, atol=1e-6)
+    assert not np.allclose(np.asarray(plain.table), 0.1)

@@ -112,6 +112,11 @@ class Variable(_ResourceVariable):
       as a DynamicVariable's do.
     """
 
+    # Keras 3 layers read each weight's regularizer (Layer.losses, every
+    # step of Model.fit): a table has none. A 1.x layer lists its table as
+    # its weight, and its fit failed with "no attribute 'regularizer'".
+    regularizer = None
+
     def __new__(cls, initial_value=None, mode="distributed", *args, **kwargs):
         if cls is Variable:
             cls = LocalizedVariable if _is_localized(mode) else DistributedVariable
