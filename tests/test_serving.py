@@ -2067,3 +2067,26 @@ def test_served_static_ids_outside_the_table_fail_on_any_device(tmp_path):
             served.serve(tf.ragged.constant([[1, bad]], dtype=tf.int64))
         with tf.device("/device:CPU:0"), pytest.raises(tf.errors.InvalidArgumentError):
             model(tf.ragged.constant([[1, bad]], dtype=tf.int64))
+
+
+@tf2_only
+def test_a_models_dynamic_find_is_served(tmp_path):
+    """DynamicVariable.find (the read for inference, which inserts nothing)
+    in a model: served as training reads it (the export failed with
+    TensorFlow's "untracked resource" for the training table's handle)."""
+    sok.init()
+    table = sok.DynamicVariable(dimension=2, initializer="0.5", name="found")
+    sok.assign(table, tf.constant([3, 2 ** 40], tf.int64), tf.constant([[1., 2.], [3., 4.]]))
+
+    def model(ids):
+        rows, found = table.find(ids, default_value=-1.0)
+        return rows * tf.cast(found, tf.float32)[:, None] + rows
+
+    ids = tf.constant([2 ** 40, 7, 3], tf.int64)
+    want = model(ids).numpy()
+    np.testing.assert_array_equal(want, [[6., 8.], [-1., -1.], [2., 4.]])
+    sok.export_for_serving(model, str(tmp_path / "export"),
+                           input_signature=[tf.TensorSpec([None], tf.int64)])
+    served = tf.saved_model.load(str(tmp_path / "export"))
+    np.testing.assert_array_equal(served.serve(ids).numpy(), want)
+    assert sorted(sok.export(table)[0].numpy().tolist()) == [3, 2 ** 40]

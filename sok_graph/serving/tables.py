@@ -274,10 +274,20 @@ class DynamicTable(tf.Module):
 
     def lookup(self, keys):
         """Rows [n, dim] of keys [n]; the default row for keys not held."""
+        return self.find(keys)[0]
+
+    def find(self, keys, default_value=None):
+        """(rows [n, dim], found [n]) of keys [n], as DynamicVariable.find
+        reads them: keys not held get default_value in every column (None:
+        the table's default row)."""
         keys = self._keys(keys)
         probe, found = _search(tf.convert_to_tensor(self.keys), keys)
         row = tf.where(found, _held_at(self.index, probe), tf.zeros_like(probe))
-        return tf.gather(self.rows, row)
+        rows = tf.gather(self.rows, row)
+        if default_value is not None:
+            fill = tf.fill(tf.shape(rows), tf.cast(default_value, rows.dtype))
+            rows = tf.where(tf.broadcast_to(found[:, None], tf.shape(rows)), rows, fill)
+        return rows, found
 
     @_keeps_no_record
     def apply_delta(self, keys, rows):

@@ -755,8 +755,12 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     def find(self, keys, default_value=0.0):
         """(rows, found) for inference: missing keys get default_value, nothing is inserted."""
-        return dynamic_ops.find(self._handle, self._check_keys(keys), self._dimension,
-                                default_value)
+        keys = self._check_keys(keys)
+        if serving_mode.active():
+            # A servable model reads the serving table (the export failed
+            # with TensorFlow's "untracked resource" for this table's handle).
+            return serving_mode.table_for(self).find(keys, default_value)
+        return dynamic_ops.find(self._handle, keys, self._dimension, default_value)
 
     def _scatter(self, method, keys, rows):
         """keys and rows of a scatter_* call: (keys, rows), or one
