@@ -135,23 +135,23 @@ def _checked_ids(ids, rows, index, name):
     sharded, its owner) must not be asked for a row that does not exist —
     TensorFlow's gather would fail on the CPU without naming the table and
     give zeros on a GPU."""
-    bad = tf.logical_or(ids < 0, ids >= rows)
-    check = _fails_if_any(bad, lambda first: [
-        f"ids of {name} (sp_ids[{index}]) must be in [0, {rows}) (the table's rows); got",
-        _padded_gather(ids, first)])
-    with tf.control_dependencies([check]):
+    with tf.control_dependencies([_range_check(ids, rows, index, name)]):
         return tf.identity(ids)
 
 
+def _range_check(ids, rows, index, name):
+    """A check (a tensor to wait for) that each id is in [0, rows)."""
+    bad = tf.logical_or(ids < 0, ids >= rows)
+    return _fails_if_any(bad, lambda first: [
+        f"ids of {name} (sp_ids[{index}]) must be in [0, {rows}) (the table's rows); got",
+        _padded_gather(ids, first)])
+
+
 def _ids_range_check(ids, rows, index, name):
-    """The check of _checked_ids alone (a tensor to wait for), on the host:
-    what a call's dynamic tables wait for before they insert keys."""
+    """_range_check on the host: what a call's dynamic tables wait for before
+    they insert keys."""
     with tf.device("/device:CPU:0"):
-        wide = tf.cast(ids, tf.int64)
-        bad = tf.logical_or(wide < 0, wide >= tf.cast(rows, tf.int64))
-        return _fails_if_any(bad, lambda first: [
-            f"ids of {name} (sp_ids[{index}]) must be in [0, {rows}) (the table's rows); got",
-            _padded_gather(ids, first)])
+        return _range_check(tf.cast(ids, tf.int64), rows, index, name)
 
 
 def _static_rows(param, tensor):

@@ -541,10 +541,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         a step). unique_find_or_insert does both in one op but returns no
         evicted rows; read_evicting takes a unique, then find-or-insert."""
         keys = self._check_keys(keys, widen=True)
-        if self._trainable and not serving_mode.active():
-            # (A servable trace reads the serving table, not this one: a
-            # table it listed as read would be saved with the export.)
-            compat.record_variable_access(self)
+        self._record_read()
         shaped = keys.shape.rank != 1
         if shaped:  # keys of any shape, as tf.nn.embedding_lookup passes them
             key_shape = tf.shape(keys)
@@ -585,8 +582,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if keys.shape.rank is not None and keys.shape.rank != 1:
             raise ValueError(f"keys for DynamicVariable.unique_read must be 1-D; got shape "
                              f"{keys.shape}")
-        if self._trainable and not serving_mode.active():
-            compat.record_variable_access(self)
+        self._record_read()
         if serving_mode.active():
             distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
             return distinct, serving_mode.table_for(self).lookup(distinct), positions
@@ -614,9 +610,16 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         distinct = self._check_keys(distinct, widen=True)
         if self._admission is None:
             return self.sparse_read(distinct)
-        if self._trainable:
-            compat.record_variable_access(self)
+        self._record_read()
         return self._admitted_rows(distinct, occurrences, low_frequency_filter)[0]
+
+    def _record_read(self):
+        """Tells GradientTapes (and a tf.function being traced) that a
+        trainable table was read. Not while a servable model is traced: it
+        reads the serving table, and a table listed as read would be saved
+        with the export."""
+        if self._trainable and not serving_mode.active():
+            compat.record_variable_access(self)
 
     def _admitted_rows(self, distinct, occurrences, use_ratio):
         """(rows [u, dimension], evicted keys, evicted rows) of distinct keys
