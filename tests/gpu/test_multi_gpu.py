@@ -64,13 +64,15 @@ def _train(engine, world, configs, out, env):
 
 
 def _train_per_gpu(engine, world, out, **env):
-    """mw.CONFIGS on `world` processes under the launcher, each pinned to a
+    """CONFIGS on `world` processes under the launcher, each pinned to a
     GPU of its own."""
     run_process([sys.executable, "-m", "sok_graph.launch", "-np", str(world), "--timeout", "840",
-                 mw.TRAIN, "--engine", engine, "--configs", ",".join(mw.CONFIGS), "--world",
+                 mw.TRAIN, "--engine", engine, "--configs", ",".join(CONFIGS), "--world",
                  str(world), "--out", str(out)], timeout=900, **dict(GROWTH, **env))
 
 
+# Every table kind, API and mode, and two steps per tf.function call.
+CONFIGS = mw.CONFIGS + mw.UNROLLED
 WORLDS = [pytest.param(2, marks=needs_gpus(2)), pytest.param(4, marks=needs_gpus(4))]
 # SOK_GRAPH_NCCL: "0" exchanges rows with the engine's own collectives, "1"
 # with sok_graph's NCCL all-to-all (and fails where it cannot).
@@ -79,14 +81,14 @@ EXCHANGES = ["0", "1"]
 
 @pytest.fixture(scope="module")
 def one_gpu(tmp_path_factory):
-    """world -> the folder of the 1-GPU reference run of mw.CONFIGS with
+    """world -> the folder of the 1-GPU reference run of CONFIGS with
     that world's global batches (made once per world)."""
     made = {}
 
     def reference(world):
         if world not in made:
             made[world] = tmp_path_factory.mktemp(f"one_gpu_{world}")
-            _train("none", world, mw.CONFIGS, made[world], ONE_GPU)
+            _train("none", world, CONFIGS, made[world], ONE_GPU)
         return made[world]
     return reference
 
@@ -97,8 +99,8 @@ def test_n_gpus_train_as_one_gpu(world, nccl, one_gpu, tmp_path):
     """Every table kind, API and mode: rows, dense weights and losses on N
     GPUs of one process (MirroredStrategy) equal those on one GPU (relative
     squared error < 1e-6)."""
-    _train("mirrored", world, mw.CONFIGS, tmp_path, dict(ON_GPUS, SOK_GRAPH_NCCL=nccl))
-    mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
+    _train("mirrored", world, CONFIGS, tmp_path, dict(ON_GPUS, SOK_GRAPH_NCCL=nccl))
+    mw._compare_configs(CONFIGS, tmp_path, one_gpu(world),
                         f"MirroredStrategy over {world} GPUs, SOK_GRAPH_NCCL={nccl}")
 
 
@@ -109,7 +111,7 @@ def test_process_per_gpu_trains_as_one_gpu(world, nccl, one_gpu, tmp_path):
     (each worker pinned to its GPU; MultiWorkerMirroredStrategy and sok's
     tf.distribute engine)."""
     _train_per_gpu("tf", world, tmp_path, SOK_GRAPH_NCCL=nccl)
-    mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
+    mw._compare_configs(CONFIGS, tmp_path, one_gpu(world),
                         f"{world} processes, a GPU each, SOK_GRAPH_NCCL={nccl}")
 
 
@@ -131,7 +133,7 @@ def test_horovod_process_per_gpu_trains_as_one_gpu(world, one_gpu, tmp_path):
         pytest.skip("Horovod with NCCL GPU operations is not installed "
                     "(scripts/build_horovod_gpu.sh builds it)")
     _train_per_gpu("horovod", world, tmp_path)
-    mw._compare_configs(mw.CONFIGS, tmp_path, one_gpu(world),
+    mw._compare_configs(CONFIGS, tmp_path, one_gpu(world),
                         f"Horovod, {world} processes, a GPU each")
 
 

@@ -9,7 +9,10 @@ one process it is the single-process reference the test compares against.
   --engine  horovod | tf | none      communication engine; or mirrored: one
             | mirrored               process, a MirroredStrategy over --world
                                      logical CPUs, each replica a worker
-  --mode    function | graph         tf.function, or a tf.compat.v1 Session
+  --mode    function | graph         tf.function, or a tf.compat.v1 Session;
+            | unrolled               or two steps in each tf.function call
+                                     (Keras' steps_per_execution: a later
+                                     step's exchanges may start early)
   --api     v2 | a2a | dist          sok.lookup_sparse on two tables; the 1.x
                                      All2AllDenseEmbedding; DistributedEmbedding
   --table   static | dynamic         sok.Variable / DynamicVariable (v2), or
@@ -58,7 +61,7 @@ def parse():
     for text in args.configs.split(","):
         api, table, mode = text.split(":")
         assert api in ("v2", "a2a", "dist") and table in ("static", "dynamic", "localized", "filtered") \
-            and mode in ("function", "graph"), text
+            and mode in ("function", "graph", "unrolled"), text
         configs.append(argparse.Namespace(api=api, table=table, mode=mode, text=text,
                                           engine=args.engine, world=args.world,
                                           steps=args.steps, fault=args.fault))
@@ -363,6 +366,16 @@ class Model:
             step = tf.function(replicated, reduce_retracing=True)
         except TypeError:  # TF 1.15's name for it
             step = tf.function(replicated, experimental_relax_shapes=True)
+        if self.args.mode == "unrolled":
+            # Two steps a call, as one graph: the second step's lookup may
+            # start before the first step's update (its keys' exchange
+            # does; its rows must wait for the update).
+            pairs = tf.function(lambda a, b: (replicated(a), replicated(b)))
+            assert len(data) % 2 == 0, len(data)
+            for i in range(0, len(data), 2):
+                inputs = [tf.nest.map_structure(tf.constant, b) for b in data[i:i + 2]]
+                losses.extend(float(x) for x in pairs(*inputs))
+            return losses
         for i, batch in enumerate(data):
             self._maybe_fail(i)
             inputs = tf.nest.map_structure(tf.constant, batch)
