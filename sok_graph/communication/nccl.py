@@ -44,24 +44,6 @@ how many rows arrive): each all-to-all returns its splits in host memory,
 and `Transport.alltoall` recognises splits that came out of an earlier
 exchange of the same graph, whose reply is then sized from the host.
 
-Two channels (SOK_GRAPH_NCCL_CHANNELS=2, the default; 1 puts everything on
-one clique): the exchanges whose sizes only the device knows (the keys of a
-lookup) go on a second clique of the same ranks, and complete on the host.
-On one clique every exchange waits for the one built before it, so with
-several training steps in one call (Keras' steps_per_execution, a loop in a
-tf.function) the next step's keys waited for this step's gradient exchange,
-and the next step's forward waited for the count read back after them. On
-their own clique the keys of later steps travel while this step's rows and
-gradients do, and the next step's forward only reads rows and sends them.
-Each clique keeps its own order (sok_graph/ops/collective.py chains each
-rank's ops per clique, and compat gives each clique its own order among a
-replica's side effects). Their exchanges complete on the host because a
-compute stream that waited for them on the GPU could deadlock the two
-cliques (tf_ops/collective/kernels/nccl_kernels_gpu.cc).
-
-SOK_GRAPH_NCCL_GRADIENT_WAIT ("stream", the default, or "host") chooses how
-a gradient's exchange completes (sok_graph/ops/collective.py).
-
 NVLink multicast stays off (NCCL_NVLS_ENABLE=0) in every process that uses
 this: it can take a shared host's GPUs out of service.
 """
@@ -200,9 +182,8 @@ def unique_id_hex():
     return buf.raw.hex()
 
 
-# (cluster, task, GPU) -> (the hex unique id of that worker's clique, that of
-# its keys' channel or None), drawn once: every engine over the same workers
-# shares the communicators.
+# (cluster, task, GPU) -> the hex unique id of that worker's clique, drawn
+# once: every engine over the same workers shares one communicator.
 _cliques = {}
 
 
@@ -218,32 +199,18 @@ def remember_clique(key, clique):
     return clique
 
 
-CHANNELS_ENV = "SOK_GRAPH_NCCL_CHANNELS"
-
-
-def channels():
-    """1 or 2 (SOK_GRAPH_NCCL_CHANNELS; see the module's docstring)."""
-    value = os.environ.get(CHANNELS_ENV, "2").strip()
-    if value not in ("1", "2"):
-        raise ValueError(f"{CHANNELS_ENV} must be 1 or 2; got {value!r}")
-    return int(value)
-
-
 class Transport:
     """The all-to-all of one clique of ranks (see the module's docstring).
     `clique` is "local:<devices>" for the GPUs of this process or a unique
-    id's hex for one GPU per process; `keys_clique`, a second clique of the
-    same ranks for the exchanges whose sizes only the device knows (the
-    keys' channel), or None to send those on `clique` too."""
+    id's hex for one GPU per process."""
 
-    def __init__(self, clique, world_size, keys_clique=None):
+    def __init__(self, clique, world_size):
         os.environ.setdefault("NCCL_NVLS_ENABLE", "0")
         # Each rank launches its kernels from its own thread; NCCL's GROUP
         # launch mode would make the ranks of one process wait for each other
         # at every launch.
         os.environ.setdefault("NCCL_LAUNCH_MODE", "PARALLEL")
         self.clique = clique
-        self.keys_clique = keys_clique
         self.world_size = world_size
         # graph -> {splits tensor's ref: the splits of the reverse direction}
         self._reverse_of = weakref.WeakKeyDictionary()
@@ -251,8 +218,7 @@ class Transport:
     @classmethod
     def local(cls, devices):
         names = ",".join(tf.DeviceSpec.from_string(d).to_string() for d in devices)
-        keys = "local:" + names + "#keys" if channels() == 2 else None
-        return cls("local:" + names, len(devices), keys)
+        return cls("local:" + names, len(devices))
 
     def _known(self):
         if tf.executing_eagerly():
@@ -270,12 +236,8 @@ class Transport:
                                                      self.world_size, name=name)
             received_splits, sent_splits = reverse, splits
         else:
-            # Counted first (the keys of a lookup): on the keys' channel
-            # where there is one, completing on the host.
-            keys = self.keys_clique is not None
             received, received_splits, sent_splits = collective_ops.alltoall(
-                tensor, splits, self.keys_clique if keys else self.clique, rank,
-                self.world_size, padded=padded, name=name, complete_on_host=keys)
+                tensor, splits, self.clique, rank, self.world_size, padded=padded, name=name)
         if known is not None:
             known[received_splits.ref()] = sent_splits
         return received, received_splits

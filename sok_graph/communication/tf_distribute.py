@@ -306,23 +306,14 @@ class TFDistribute(Communicator):
                                        f"workers have one GPU and NCCL")
                 return
             if int(votes[1]) == self._size:
-                clique, keys_clique = known
+                clique = known
             else:
-                # Rank 0 draws the rows' clique and, for the keys' channel
-                # (nccl.channels()), a second; all 0 says it drew none, and
-                # every worker takes rank 0's choice.
-                none = "00" * 128
-                unique = none * 2
-                if self._rank == 0:
-                    unique = nccl.unique_id_hex() + (
-                        nccl.unique_id_hex() if nccl.channels() == 2 else none)
+                unique = nccl.unique_id_hex() if self._rank == 0 else "00" * 128
                 shared = self.broadcast(tf.constant(list(bytes.fromhex(unique)), tf.int32), 0,
                                         name="sok_nccl_id").numpy()
-                ids = bytes(int(b) for b in shared).hex()
-                keys_clique = ids[256:] if ids[256:] != none else None
-                clique, keys_clique = nccl.remember_clique(key, (ids[:256], keys_clique))
+                clique = nccl.remember_clique(key, bytes(int(b) for b in shared).hex())
         self._gpu = gpus[0]
-        self._nccl = nccl.Transport(clique, self._size, keys_clique)
+        self._nccl = nccl.Transport(clique, self._size)
 
     @property
     def checks_splits(self):

@@ -273,9 +273,6 @@ _PER_DEVICE_ORDER = {"registered": None, "graphs": None}
 _REPLICA_SCOPE = re.compile(r"(?:^|/)(replica_\d+)/")
 
 
-_NCCL_OPS = ("SokNcclAllToAll", "SokNcclAllToAllSized")
-
-
 def order_side_effects_per_replica(graph):
     """In `graph` (a tf.function's graph), order the stateful ops that touch
     no resource per replica instead of all together; returns False where
@@ -291,10 +288,7 @@ def order_side_effects_per_replica(graph):
     writer of a token of its replica (its device, or the "replica_N" name
     scope the strategy gives replica N > 0) through a resource resolver of
     auto_control_deps keeps each replica's own order and drops the order
-    between replicas. sok's all-to-alls get a token of their replica and
-    clique: ops/collective.py orders each clique's exchanges itself, and the
-    keys' channel (communication/nccl.py) may then run ahead of the
-    replica's other side effects. Only graphs passed here are affected."""
+    between replicas. Only graphs passed here are affected."""
     state = _PER_DEVICE_ORDER
     if state["registered"] is None:
         state["registered"] = False
@@ -319,12 +313,6 @@ def order_side_effects_per_replica(graph):
             # that replica's.
             replica = _REPLICA_SCOPE.search(op.name)
             key = replica.group(1) if replica else op.device
-            if op.type in _NCCL_OPS:
-                # sok's exchanges keep an order of their own per clique
-                # (ops/collective.py chains them): the keys' channel's
-                # exchanges of a later step then run while this step's
-                # rows and gradients travel on the other clique.
-                key = (key, op.get_attr("clique"))
             token = tokens.get(key)
             if token is not None and token in resource_writes:
                 return False  # already added (resolvers run until nothing changes)

@@ -24,7 +24,6 @@ built before it, other ranks' included; compat.order_side_effects_per_replica
 limits that to the op's own replica.
 """
 
-import os
 import weakref
 
 import tensorflow as tf
@@ -56,46 +55,22 @@ def _ordered(clique, rank, build):
     return out
 
 
-def _attrs(clique, rank, world_size, complete_on_host):
-    return dict(clique=str(clique), rank=int(rank), world_size=int(world_size),
-                complete_on_host=bool(complete_on_host))
+def _attrs(clique, rank, world_size):
+    return dict(clique=str(clique), rank=int(rank), world_size=int(world_size))
 
 
-def alltoall(tensor, send_splits, clique, rank, world_size, padded=False, name=None,
-             complete_on_host=False):
+def alltoall(tensor, send_splits, clique, rank, world_size, padded=False, name=None):
     """(received, received_splits, sent_splits); see the module's docstring.
-    padded: `tensor` may have rows past the splits' sum, which stay here.
-    complete_on_host: the op ends once the rows are here, and the compute
-    stream never waits for NCCL's (the exchanges of a second clique of the
-    same ranks must be built so; the kernel's file says why)."""
+    padded: `tensor` may have rows past the splits' sum, which stay here."""
     return _ordered(clique, rank, lambda: tuple(library.load().sok_nccl_all_to_all(
         tensor, tf.cast(send_splits, tf.int64), padded=bool(padded), name=name,
-        **_attrs(clique, rank, world_size, complete_on_host))))
+        **_attrs(clique, rank, world_size))))
 
 
-def alltoall_sized(tensor, send_splits, receive_splits, clique, rank, world_size, name=None,
-                   complete_on_host=False):
+def alltoall_sized(tensor, send_splits, receive_splits, clique, rank, world_size, name=None):
     """The rows received, when both splits are known (host memory)."""
     return _ordered(clique, rank, lambda: library.load().sok_nccl_all_to_all_sized(
-        tensor, send_splits, receive_splits, name=name,
-        **_attrs(clique, rank, world_size, complete_on_host)))
-
-
-GRADIENT_WAIT_ENV = "SOK_GRAPH_NCCL_GRADIENT_WAIT"
-
-
-def gradient_completes_on_host():
-    """Whether a gradient's exchange (the backward of the rows' reply) is
-    built with complete_on_host: SOK_GRAPH_NCCL_GRADIENT_WAIT "host", or
-    "stream" (the default), read when the gradient is built. On the host,
-    the compute stream goes on with the dense layers' backward and their
-    all-reduce while the peers' gradient rows travel, and the owner's sum
-    of them is queued once they are here; on the stream, every kernel
-    queued after the exchange waits for the peers."""
-    value = os.environ.get(GRADIENT_WAIT_ENV, "stream").strip().lower()
-    if value not in ("stream", "host"):
-        raise ValueError(f"{GRADIENT_WAIT_ENV} must be 'stream' or 'host'; got {value!r}")
-    return value == "host"
+        tensor, send_splits, receive_splits, name=name, **_attrs(clique, rank, world_size)))
 
 
 def _reverse(op, dy, send_splits, receive_splits):
@@ -103,12 +78,8 @@ def _reverse(op, dy, send_splits, receive_splits):
         dy = tf.zeros_like(op.outputs[0])
     clique = op.get_attr("clique")
     clique = clique.decode() if isinstance(clique, bytes) else clique
-    # The reverse of a second clique's exchange stays on that clique, and
-    # completes as it did.
-    on_host = op.get_attr("complete_on_host") or gradient_completes_on_host()
     return alltoall_sized(tf.convert_to_tensor(dy), send_splits, receive_splits, clique,
-                          op.get_attr("rank"), op.get_attr("world_size"),
-                          complete_on_host=on_host)
+                          op.get_attr("rank"), op.get_attr("world_size"))
 
 
 @tf.RegisterGradient("SokNcclAllToAll")

@@ -13,14 +13,6 @@
 //    kernel (a copy between the GPUs of the process, which TensorFlow queues
 //    behind the compute stream) the two GPUs would wait for each other
 //    forever. TensorFlow's own NCCL ops complete that way.
-//  - an op built with complete_on_host, anywhere: the same, on the rank's
-//    thread. The exchanges of a second clique of the same ranks (the keys'
-//    channel of sok_graph/communication/nccl.py, whose exchanges TensorFlow
-//    may run ahead of the first clique's) must complete so: a compute stream
-//    that waited for them on the GPU could hold back a first-clique exchange
-//    that a peer's second-clique exchange waits for (below). A gradient
-//    exchange built so leaves the compute stream free for the dense layers'
-//    kernels while the peers' gradient rows are on their way.
 //  - one process per GPU: as soon as the exchange is queued, with the
 //    compute stream waiting on the GPU for the NCCL stream (an event), as
 //    any GPU op completes. Every rank queues its exchanges in the same
@@ -36,12 +28,7 @@
 //    ncclCommAbort), and an error of the NCCL kernels shows in the next
 //    operation that waits for the GPU. Two cliques of one process queued in
 //    different orders on different ranks could wait for each other through
-//    the compute stream (rank 0's compute stream waits for its exchange k of
-//    clique B, queued before its exchange j of clique A; rank 1 queued j
-//    first, so its B stream, which waits for its compute stream, reaches k
-//    only once j is done, and j waits for rank 0's A stream, behind rank 0's
-//    compute stream): so at most one clique per process completes on the
-//    stream, and the others are built with complete_on_host.
+//    the compute stream; the engines make one clique per process.
 //
 // Counts: SokNcclAllToAll learns how many rows each peer sends it from a
 // small exchange of counts, read back on the host (its output's size). The
@@ -254,7 +241,6 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
                                         rank_));
     sized_ = ctx->num_inputs() == 3;
     if (!sized_) OP_REQUIRES_OK(ctx, ctx->GetAttr("padded", &padded_));
-    OP_REQUIRES_OK(ctx, ctx->GetAttr("complete_on_host", &complete_on_host_));
     device_ = DeviceNumber(ctx->device()->name());
     // Run makes its device current on the thread it runs on. On an
     // executor's thread that is harmless only where the process sees one GPU
@@ -267,15 +253,14 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     // Runs in the order the executor started the rank's exchanges (see
     // RankWorker): on the rank's own thread, or, for an exchange that waits
     // for nothing (sizes known, one process per GPU, the only GPU it sees, its
-    // communicator made, completing on the stream), on this thread where the
-    // rank is idle.
+    // communicator made), on this thread where the rank is idle.
     std::function<void()> job = [this, ctx, done]() {
       const Status status = Run(ctx);
       if (!status.ok()) ctx->SetStatus(status);
       done();
     };
     RankWorker* worker = WorkerOf(clique_, rank_);
-    if (sized_ && !complete_on_host_ && one_gpu_ && !InProcess() && HaveCommunicator()) {
+    if (sized_ && one_gpu_ && !InProcess() && HaveCommunicator()) {
       worker->RunOrPush(std::move(job));
     } else {
       worker->Push(std::move(job));
@@ -350,7 +335,7 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
     // before it is then no longer read or written there.
     TF_RETURN_IF_ERROR(StreamAfterCompute(stream, compute));
     const Status queued = ExchangeRows(*lib, comm, stream, in, dst, row_bytes, send, receive);
-    if (!queued.ok() || InProcess() || complete_on_host_) {
+    if (!queued.ok() || InProcess()) {
       // On an error too: what was queued may still read the input and
       // write the output, which go back to the allocator with this op.
       const Status drained =
@@ -612,7 +597,6 @@ class NcclAllToAllOp : public ::tensorflow::AsyncOpKernel {
   int world_size_ = 1;
   bool sized_ = false;
   bool padded_ = false;
-  bool complete_on_host_ = false;  // drain the NCCL stream, never order compute
   int device_ = 0;
   bool one_gpu_ = false;  // the process sees one GPU (see the constructor)
 };

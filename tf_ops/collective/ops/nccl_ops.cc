@@ -32,16 +32,12 @@ Status AllToAllShape(InferenceContext* c, int split_outputs) {
 // The communicator attributes, shared by both ops: a clique of ranks named
 // by `clique` (the hex of an ncclUniqueId for one rank per process, or
 // "local:<devices>" for the GPUs of this process), this op's `rank` in it
-// and the `world_size`; complete_on_host: the op ends when its rows have
-// arrived, read on the host, and the compute stream never waits for its NCCL
-// stream (tf_ops/collective/kernels/nccl_kernels_gpu.cc says when that is
-// needed).
+// and the `world_size`.
 #define SOK_NCCL_ATTRS                                     \
   Attr("T: {float, half, bfloat16, double, int32, int64}") \
       .Attr("clique: string")                              \
       .Attr("rank: int >= 0")                              \
-      .Attr("world_size: int >= 1")                        \
-      .Attr("complete_on_host: bool = false")
+      .Attr("world_size: int >= 1")
 
 REGISTER_OP("SokNcclAllToAll")
     .Input("input: T")
