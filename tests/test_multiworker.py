@@ -106,7 +106,7 @@ def _compare_configs(configs, directory, reference, what):
 
 @needs_horovod
 def test_horovod_two_workers_equal_single_process(reference, tmp_path):
-    _check_engine("horovod", 2, CONFIGS, reference, tmp_path)
+    _check_engine("horovod", 2, CONFIGS + UNROLLED, reference, tmp_path)
 
 
 @needs_horovod
