@@ -372,7 +372,7 @@ def test_more_workers_than_row_groups_is_refused(tmp_path):
                   "label": pa.array([float(i) for i in range(6)])}, 2)
     got = [list(ParquetReader(path, 2, ["ids"], rank=r, world_size=3)) for r in range(3)]
     assert [[b["ids"].tolist() for b in part] for part in got] == [[[0, 1]], [[2, 3]], [[4, 5]]]
-    with pytest.raises(ValueError, match=r"3 row group\(s\), fewer than world_size=4: workers "
+    with pytest.raises(ValueError, match=r"3 row group\(s\) with rows, fewer than world_size=4: workers "
                                          r"3\.\.3 would read nothing"):
         ParquetReader(path, 2, ["ids"], rank=0, world_size=4)
     empty = str(tmp_path / "empty.parquet")
@@ -447,18 +447,186 @@ def test_workers_yield_equal_batch_counts(tmp_path):
     assert not errors and not any(t.is_alive() for t in threads)
 
 
-def test_equal_batch_counts_follow_each_epochs_shuffle(tmp_path):
-    """With shuffle=True each epoch deals the row groups anew: the count is
-    that epoch's smallest, the same on every worker."""
+def test_equal_batch_counts_with_shuffle_and_each_workers_own_seed(tmp_path):
+    """With shuffle=True each worker shuffles its own row groups per epoch;
+    the count is the smallest share, the same on every worker, whatever
+    seed each was given; the worker with more rows leaves other rows
+    unread from one epoch to the next."""
     from sok_graph.data.parquet import ParquetReader
 
     files = _unequal_shares(tmp_path)
-    readers = [ParquetReader(files, 1, ["ids"], rank=r, world_size=3, shuffle=True, seed=11)
+    readers = [ParquetReader(files, 1, ["ids"], rank=r, world_size=3, shuffle=True, seed=r)
                for r in range(3)]
-    for epoch in range(4):
+    first_worker = set()
+    for epoch in range(6):
         got = [sorted(i for b in reader for i in b["ids"].tolist()) for reader in readers]
         assert [len(g) for g in got] == [2, 2, 2], (epoch, got)
         assert len(set(i for g in got for i in g)) == 6
+        first_worker.update(got[0])
+    assert first_worker == {0, 1, 6, 7}
+
+
+def _write_row_groups(path, groups):
+    """One file whose row groups hold the ids of `groups` (lists of ids; an
+    empty list is a row group without rows), each row [id], label id."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("ids", pa.list_(pa.int64())), ("label", pa.float64())])
+    with pq.ParquetWriter(path, schema) as writer:
+        for ids in groups:
+            writer.write_table(pa.table({"ids": pa.array([[i] for i in ids], pa.list_(pa.int64())),
+                                         "label": pa.array([float(i) for i in ids], pa.float64())},
+                                        schema=schema))
+
+
+def test_workers_given_their_own_seeds_read_every_row_once(tmp_path):
+    """Each worker passing its own seed (tf.data's habit: shard, then shuffle
+    with the worker's seed) made the workers deal differently shuffled lists:
+    two of them read row groups 0 and 3, none read 2 and 4, and their
+    batch counts for even_batches could differ. The dealing no longer
+    depends on the seed."""
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "seven.parquet")
+    _write_row_groups(path, [[i] for i in range(7)])
+    for world in (2, 3):
+        readers = [ParquetReader(path, 1, ["ids"], rank=r, world_size=world, shuffle=True,
+                                 seed=r, even_batches=False) for r in range(world)]
+        for epoch in range(3):
+            got = [i for reader in readers for b in reader for i in b["ids"].tolist()]
+            assert sorted(got) == list(range(7)), (world, epoch, got)
+        counts = {tuple(ParquetReader(path, 1, ["ids"], rank=r, world_size=world, shuffle=True,
+                                      seed=10 * r).batch_counts(e))
+                  for r in range(world) for e in range(3)}
+        assert len(counts) == 1, counts
+
+
+def test_row_groups_without_rows_are_no_workers_share(tmp_path):
+    """A row group (or a file) without rows was dealt as a share: with row
+    groups of [0, 3, 0, 5, 0] rows over two workers each worker's share was
+    counted as 0 or 8 rows, and with even_batches both workers read
+    nothing, without an error."""
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "gaps.parquet")
+    _write_row_groups(path, [[], [0, 1, 2], [], [3, 4, 5, 6, 7], []])
+    readers = [ParquetReader(path, 1, ["ids"], rank=r, world_size=2) for r in range(2)]
+    assert readers[0].batch_counts() == [3, 5]
+    got = [[i for b in reader for i in b["ids"].tolist()] for reader in readers]
+    assert got == [[0, 1, 2], [3, 4, 5]]
+    # An empty file beside one with a single row group: one share for two
+    # workers, refused as any such data set is.
+    empty = str(tmp_path / "empty.parquet")
+    _write_row_groups(empty, [[]])
+    one = str(tmp_path / "one.parquet")
+    _write_row_groups(one, [[0, 1, 2, 3]])
+    with pytest.raises(ValueError, match=r"1 row group\(s\) with rows, fewer than world_size=2"):
+        ParquetReader([empty, one], 2, ["ids"], rank=0, world_size=2)
+
+
+def test_a_file_changed_after_the_reader_was_made_is_refused(tmp_path):
+    """The batch counts come from the files' metadata when the reader is
+    made: a file rewritten with other row groups gave workers unequal
+    numbers of batches (a collective then waits forever)."""
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "moving.parquet")
+    _write_row_groups(path, [[0, 1], [2, 3], [4, 5], [6, 7]])
+    reader = ParquetReader(path, 1, ["ids"], rank=0, world_size=2)
+    _write_row_groups(path, [[0, 1], [2], [3, 4], [5]])
+    with pytest.raises(RuntimeError, match=re.escape(f"{path} changed after the reader was "
+                                                     f"made: its row groups hold [2, 1, 2, 1] "
+                                                     f"rows, where the reader counted "
+                                                     f"[2, 2, 2, 2]")):
+        list(reader)
+
+
+def test_many_files_read_with_few_file_descriptors(tmp_path):
+    """Every file of an epoch stayed open to the epoch's end: 300 files
+    under a limit of 200 open files failed mid-epoch with "Too many open
+    files". A file is closed after its last row group of the epoch."""
+    import os
+    import subprocess
+    import sys
+
+    script = f"""
+import os, resource, sys
+import pyarrow as pa, pyarrow.parquet as pq
+sys.path.insert(0, {os.path.dirname(os.path.dirname(os.path.abspath(__file__)))!r})
+from sok_graph.data.parquet import ParquetReader
+files = []
+for i in range(300):
+    path = os.path.join({str(tmp_path)!r}, f"part{{i:03d}}.parquet")
+    pq.write_table(pa.table({{"ids": pa.array([[i]]), "label": pa.array([1.0])}}), path)
+    files.append(path)
+resource.setrlimit(resource.RLIMIT_NOFILE, (200, 200))
+ids = [i for b in ParquetReader(files, 7, ["ids"], shuffle=True) for i in b["ids"].tolist()]
+assert sorted(ids) == list(range(300)), ids
+print("read", len(ids))
+"""
+    out = subprocess.run([sys.executable, "-c", script], stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert out.returncode == 0 and "read 300" in out.stdout, out.stdout[-3000:]
+
+
+def test_values_the_batch_cannot_hold_are_refused(tmp_path):
+    """A uint64 id of 2**63 or more became a negative int64 id, and a dense
+    value beyond float32's range became infinite, both without an error;
+    duplicate column names gave pyarrow's "Column a does not exist"."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "u64.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[1], [2 ** 64 - 1]], pa.list_(pa.uint64())),
+                             "label": pa.array([0.0, 1.0])}), path)
+    with pytest.raises(ValueError, match=re.escape(f"column 'ids' holds the id {2 ** 64 - 1}, "
+                                                   f"beyond int64")):
+        list(ParquetReader(path, 2, ["ids"]))
+    fine = str(tmp_path / "u63.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[1], [2 ** 63 - 1]], pa.list_(pa.uint64())),
+                             "label": pa.array([0.0, 1.0])}), fine)
+    assert [b["ids"].tolist() for b in ParquetReader(fine, 2, ["ids"])] == [[1, 2 ** 63 - 1]]
+
+    path = str(tmp_path / "big.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[1], [2]]), "x": pa.array([1.5, 1e300]),
+                             "label": pa.array([0.0, 1.0])}), path)
+    with pytest.raises(ValueError, match=r"dense column 'x' holds 1e\+300 \(row 1 of a batch "
+                                         r"of 2\), beyond float32's range"):
+        list(ParquetReader(path, 2, ["ids"], dense_columns=["x"]))
+    # An infinite value in the file stays what it is.
+    inf = str(tmp_path / "inf.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[1], [2]]), "x": pa.array([1.5, float("inf")]),
+                             "label": pa.array([0.0, 1.0])}), inf)
+    dense = next(iter(ParquetReader(inf, 2, ["ids"], dense_columns=["x"])))["dense"]
+    assert dense[:, 0].tolist() == [1.5, float("inf")]
+
+    path = str(tmp_path / "twice.parquet")
+    pq.write_table(pa.Table.from_arrays([pa.array([[1]]), pa.array([[2]]), pa.array([0.0])],
+                                        names=["ids", "ids", "label"]), path)
+    with pytest.raises(ValueError, match=re.escape(f"{path} has 2 columns named 'ids'")):
+        ParquetReader(path, 1, ["ids"])
+
+
+def test_arguments_of_the_wrong_kind_are_named(tmp_path):
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "one.parquet")
+    _write_row_groups(path, [[0, 1]])
+    with pytest.raises(ValueError, match="files must name at least one Parquet file"):
+        ParquetReader((f for f in []), 1, ["ids"])
+    with pytest.raises(TypeError, match="files must be a path or a list of paths of Parquet "
+                                        "files; got 5"):
+        ParquetReader(5, 1, ["ids"])
+    for bad in (None, 5, b"ids"):
+        with pytest.raises(TypeError, match="ragged_columns must be a column name or a list of "
+                                            "column names; got " + re.escape(repr(bad))):
+            ParquetReader(path, 1, bad)
+    with pytest.raises(TypeError, match="dense_columns must be a column name or a list of "
+                                        "column names; got b'label'"):
+        ParquetReader(path, 1, ["ids"], dense_columns=b"label")
 
 
 def test_batch_counts_refuses_a_bad_epoch(tmp_path):

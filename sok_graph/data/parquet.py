@@ -2,10 +2,12 @@
 row_splits), dense float columns and labels, as numpy arrays or through
 tf.data.
 
-Files are split into units of one row group; each worker (rank r of
-world_size) reads units r, r + world_size, ... of the (optionally shuffled,
-per epoch) unit list, so workers read disjoint data and memory never holds
-more than a few row groups, whatever the files' size. Every worker yields
+Files are split into units of one row group (row groups without rows are
+skipped); each worker (rank r of world_size) reads units r, r + world_size,
+... of the unit list in the files' order, optionally shuffled among
+themselves per epoch. Workers read disjoint data whatever seeds they are
+given (the dealing is fixed, as tf.data's shard before a shuffle), and
+memory never holds more than a few row groups, whatever the files' size. Every worker yields
 as many batches in an epoch as the worker with the fewest rows (with
 even_batches=True, the default), so that no worker waits in a collective
 for one that has run out. Two background threads
@@ -32,13 +34,14 @@ class ParquetReader:
     prefetch=2, drop_remainder=False, even_batches=True)``
 
     Workers read whole row groups, so with several workers the files must
-    hold at least world_size of them (else a ValueError), and their row
-    groups need not add up to the same number of rows. With
+    hold at least world_size row groups with rows (else a ValueError), and
+    each worker's row groups need not add up to the same number of rows.
+    Every worker must be given the same files in the same order (they deal
+    the row groups by position); seeds may differ. With
     even_batches=True (the default) every worker yields the same number of
     batches in an epoch: the fewest any worker's rows make (counted from
-    the files' metadata, for that epoch's order of row groups); a worker
-    with more rows leaves the rest unread that epoch (with shuffle=True,
-    other rows each epoch). ``batch_counts(epoch)`` gives each worker's
+    the files' metadata); a worker with more rows leaves the rest unread
+    that epoch (with shuffle=True, other rows each epoch). ``batch_counts(epoch)`` gives each worker's
     count before that cut, so the rows left out can be told. A training loop with collectives (every sok
     lookup across workers) needs this: a worker that ran out stopped
     calling them and the others waited forever. even_batches=False reads
@@ -55,8 +58,13 @@ class ParquetReader:
     a float32 [batch, len(dense_columns)] array (a null is NaN, a missing
     feature); ``label`` float32 [batch] (a null, NaN or infinite label is
     a ValueError: it would make the loss NaN).
-    Each iteration is one epoch; with shuffle=True the unit order differs
-    per epoch (seed + epoch). Up to ``prefetch`` batches are converted ahead
+    A null list is an empty one (a sample without ids); a null id inside a
+    list, or an id of an unsigned column at 2**63 or more (beyond int64), is
+    a ValueError, as is a dense value beyond float32's range.
+    Each iteration is one epoch; with shuffle=True the order of a worker's
+    units differs per epoch (seed + epoch). The files must not change while
+    the reader is used: a file whose row groups no longer match what the
+    reader counted when it was made is a RuntimeError. Up to ``prefetch`` batches are converted ahead
     of the consumer, and one row group is decoded ahead of them.
     ``dataset()`` gives the same batches through tf.data.
     """
@@ -66,6 +74,12 @@ class ParquetReader:
                  prefetch=2, drop_remainder=False, even_batches=True):
         if isinstance(files, (str, bytes, os.PathLike)):
             files = [files]
+        try:
+            # A generator passed `not files` and made an empty reader.
+            files = list(files)
+        except TypeError:
+            raise TypeError(f"files must be a path or a list of paths of Parquet files; got "
+                            f"{files!r}") from None
         if not files:
             raise ValueError("files must name at least one Parquet file")
         if not _is_int(batch_size) or batch_size < 1:
@@ -102,6 +116,7 @@ class ParquetReader:
         self._epoch = 0
         self._units = []
         self._rows = {}  # (file, row group): its number of rows
+        self._layout = {}  # file: its row groups' numbers of rows, when counted
         for f in self.files:
             if not isinstance(f, str):
                 raise TypeError(f"files must be paths of Parquet files; got {f!r}")
@@ -114,17 +129,28 @@ class ParquetReader:
             for name in self.columns:
                 if name not in schema.names:
                     raise ValueError(f"column '{name}' is not in {f}; it has {schema.names}")
+                if len(schema.get_all_field_indices(name)) > 1:
+                    # pyarrow said "Column a does not exist in schema".
+                    raise ValueError(f"{f} has {len(schema.get_all_field_indices(name))} "
+                                     f"columns named '{name}'; a column read must be named "
+                                     f"once")
             self._check_types(f, schema)
             for g in range(meta.num_row_groups):
-                self._units.append((f, g))
+                # A row group without rows is no worker's share: dealt as
+                # one, it left a worker nothing to read, and with
+                # even_batches every worker read nothing.
+                if meta.row_group(g).num_rows:
+                    self._units.append((f, g))
                 self._rows[(f, g)] = meta.row_group(g).num_rows
+            self._layout[f] = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
         if 1 < self.world_size and len(self._units) < self.world_size:
             # Workers read whole row groups: those past the last one got no
             # batch at all, and a synchronous job waited for them forever.
             raise ValueError(
-                f"the files hold {len(self._units)} row group(s), fewer than world_size="
-                f"{self.world_size}: workers {len(self._units)}..{self.world_size - 1} would "
-                f"read nothing; write the files with smaller row groups, or use fewer workers")
+                f"the files hold {len(self._units)} row group(s) with rows, fewer than "
+                f"world_size={self.world_size}: workers {len(self._units)}.."
+                f"{self.world_size - 1} would read nothing; write the files with smaller row "
+                f"groups, or use fewer workers")
 
     def _check_types(self, path, schema):
         """ValueError naming the file, the column and its type where a
@@ -153,38 +179,68 @@ class ParquetReader:
         cols = self.ragged_columns + self.dense_columns
         return cols + ([self.label_column] if self.label_column else [])
 
-    def _ordered_units(self, epoch):
-        """Every worker's units in epoch `epoch`'s order (the same on every
-        worker)."""
-        units = list(self._units)
+    def _my_units(self, epoch):
+        """This worker's units in epoch `epoch`'s order. The dealing does not
+        depend on the seed: workers given different seeds (tf.data's habit:
+        shard, then shuffle with the worker's own seed) dealt a shuffled list
+        each, read some row groups twice and others never, and counted
+        different numbers of batches for even_batches."""
+        units = self._units[self.rank::self.world_size]
         if self.shuffle:
             order = np.random.default_rng(self.seed + epoch).permutation(len(units))
             units = [units[i] for i in order]
         return units
 
-    def _my_units(self, epoch):
-        return self._ordered_units(epoch)[self.rank::self.world_size]
-
     def batch_counts(self, epoch=0):
         """The number of batches each worker's row groups make in epoch
-        `epoch` (a list, by rank), before even_batches cuts them to the
-        smallest: from the files' metadata, without reading them."""
+        `epoch` (a list, by rank; the same every epoch), before even_batches
+        cuts them to the smallest: from the files' metadata, without reading
+        them."""
         if not _is_int(epoch) or epoch < 0:
             raise ValueError(f"epoch must be a non-negative integer; got {epoch!r}")
-        units = self._ordered_units(int(epoch))
         counts = []
         for r in range(self.world_size):
-            rows = sum(self._rows[u] for u in units[r::self.world_size])
+            rows = sum(self._rows[u] for u in self._units[r::self.world_size])
             full, rest = divmod(rows, self.batch_size)
             counts.append(full + (1 if rest and not self.drop_remainder else 0))
         return counts
 
     def _tables(self, epoch):
+        units = self._my_units(epoch)
+        left = {}  # file: its units still to read (it is closed after the last)
+        for f, _ in units:
+            left[f] = left.get(f, 0) + 1
         files = {}
-        for f, g in self._my_units(epoch):
-            if f not in files:
-                files[f] = pq.ParquetFile(f)
-            yield files[f].read_row_group(g, columns=self.columns)
+        try:
+            for f, g in units:
+                if f not in files:
+                    files[f] = self._open_unchanged(f)
+                table = files[f].read_row_group(g, columns=self.columns)
+                left[f] -= 1
+                if not left[f]:
+                    # Kept open to the epoch's end, a data set of more files
+                    # than the process may open failed mid-epoch ("Too many
+                    # open files").
+                    _close(files.pop(f))
+                yield table
+        finally:
+            for handle in files.values():
+                _close(handle)
+
+    def _open_unchanged(self, path):
+        """pq.ParquetFile(path), or a RuntimeError where its row groups are
+        no longer those counted when the reader was made: the batch counts
+        (and with them even_batches' promise of equal counts) came from
+        them."""
+        handle = pq.ParquetFile(path)
+        meta = handle.metadata
+        now = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+        if now != self._layout[path]:
+            _close(handle)
+            raise RuntimeError(f"{path} changed after the reader was made: its row groups hold "
+                               f"{now} rows, where the reader counted {self._layout[path]}; "
+                               f"make a new reader for the new files")
+        return handle
 
     def _batches(self, epoch):
         """Tables of batch_size rows (the last may be shorter), carrying rows
@@ -235,7 +291,12 @@ class ParquetReader:
             offsets = _view(col.offsets, name)
             values = _view(col.values, name)
             first = offsets[0]
-            out[name] = values[first:offsets[-1]].astype(np.int64, copy=False)
+            ids = values[first:offsets[-1]]
+            if ids.dtype == np.uint64 and len(ids) and ids.max() >= np.uint64(1 << 63):
+                # astype(int64) made 2**64 - 1 the id -1.
+                raise ValueError(f"column '{name}' holds the id {int(ids.max())}, beyond int64 "
+                                 f"(ids must be < 2**63)")
+            out[name] = ids.astype(np.int64, copy=False)
             splits = offsets.astype(np.int64)
             if first:  # a batch that starts inside a row group
                 splits -= first
@@ -246,7 +307,7 @@ class ParquetReader:
             # [rows, columns] matrix.
             dense = np.empty((len(self.dense_columns), table.num_rows), np.float32)
             for i, c in enumerate(self.dense_columns):
-                dense[i] = _floats(table.column(c))
+                dense[i] = _floats(table.column(c), c)
             out["dense"] = np.ascontiguousarray(dense.T)
         if self.label_column:
             raw = table.column(self.label_column).to_numpy()
@@ -359,6 +420,11 @@ def _names(what, columns):
     file (list("ids") made the columns 'i', 'd', 's')."""
     if isinstance(columns, str):
         return [columns]
+    if isinstance(columns, bytes) or not hasattr(columns, "__iter__"):
+        # bytes were iterated into numbers ("got 108"); None and numbers
+        # failed with "'NoneType' object is not iterable".
+        raise TypeError(f"{what} must be a column name or a list of column names; got "
+                        f"{columns!r}")
     columns = list(columns)
     bad = [c for c in columns if not isinstance(c, str)]
     if bad:
@@ -398,16 +464,34 @@ def _view(array, column):
     return np.frombuffer(array.buffers()[1], dtype, len(array), array.offset * dtype.itemsize)
 
 
-def _floats(column):
-    """A dense column's values for a float32 array: a view where it is one
-    float32 chunk without nulls, else pyarrow's conversion (nulls become
-    NaN, other numeric types are cast)."""
+def _floats(column, name):
+    """A dense column's values as float32: a view where it is one float32
+    chunk without nulls, else pyarrow's conversion (nulls become NaN, other
+    numeric types are cast; a finite value beyond float32's range is a
+    ValueError: it became infinite without a word)."""
     if column.num_chunks == 1 and column.null_count == 0:
         chunk = column.chunk(0)
         data = chunk.buffers()[1]
         if chunk.type == pa.float32() and data is not None:
             return np.frombuffer(data, np.float32, len(chunk), chunk.offset * 4)
-    return column.to_numpy()
+    raw = column.to_numpy()
+    if raw.dtype == object:  # a bool column's nulls come as None
+        raw = np.array([np.nan if v is None else v for v in raw], np.float64)
+    with np.errstate(over="ignore", invalid="ignore"):
+        values = raw.astype(np.float32)
+    overflow = np.flatnonzero(np.isinf(values) & np.isfinite(raw.astype(np.float64)))
+    if len(overflow):
+        raise ValueError(f"dense column '{name}' holds {float(raw[overflow[0]])!r} (row "
+                         f"{int(overflow[0])} of a batch of {len(raw)}), beyond float32's range")
+    return values
+
+
+def _close(handle):
+    """Closes a pq.ParquetFile (pyarrow < 8 has no close; its file goes with
+    the object)."""
+    close = getattr(handle, "close", None)
+    if close is not None:
+        close()
 
 
 def _background(make_iterator, depth):
