@@ -156,3 +156,81 @@ def test_parquet_writers_name_bad_arguments(tmp_path):
     with pytest.raises(ValueError, match="path must name a file; got an empty string"):
         movielens.write_parquet(_tiny_samples(), "")
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_hashed_keys_are_one_to_one_and_refuse_what_is_no_id():
+    """splitmix64 masked to 63 bits sent two ids to one key (this pair gave
+    18 twice), and floats were truncated (1.0, 1.5 and 1.9 gave one key)."""
+    from sok_graph.data.hashed_keys import hashed
+
+    pair = hashed(np.array([1456680767690989848, 2893656578351523145]))
+    assert pair[0] != pair[1], pair
+    rng = np.random.default_rng(0)
+    ids = np.unique(np.concatenate([np.arange(100000),
+                                    rng.integers(0, 2 ** 63, size=200000, dtype=np.int64)]))
+    keys = hashed(ids)
+    assert keys.dtype == np.int64 and keys.min() >= 0
+    assert len(np.unique(keys)) == len(ids)
+    # Evenly spread: each of 16 ranges of the key space holds about 1/16.
+    counts = np.bincount((keys >> 59).astype(np.int64), minlength=16)
+    assert counts.min() > 0.9 * len(ids) / 16, counts
+    assert hashed([3.0]).tolist() == hashed([3]).tolist()
+    for bad, what in (([1.5], "ids must be whole numbers; got 1.5"),
+                      ([float("nan")], "ids must be whole numbers; got nan"),
+                      ([-1], r"ids must be in \[0, 2\*\*63\); got -1"),
+                      (np.array([2 ** 63], np.uint64), r"ids must be in \[0, 2\*\*63\)")):
+        with pytest.raises(ValueError, match=what):
+            hashed(bad)
+
+
+def test_draw_ids_refuses_what_gives_no_ids_in_range():
+    """alpha 1.2 with vocab 0 gave [0 0 0], a negative vocab negative ids, a
+    float vocab float ids; alpha in (0, 1] failed inside numpy."""
+    from sok_graph.data.hashed_keys import draw_ids
+
+    rng = np.random.default_rng(0)
+    ids = draw_ids(rng, 1.2, 10, 1000)
+    assert ids.min() >= 0 and ids.max() < 10
+    for vocab in (0, -10, 10.5, True):
+        with pytest.raises(ValueError, match="vocab must be a positive integer; got "
+                                             + re.escape(repr(vocab))):
+            draw_ids(rng, 1.2, vocab, 3)
+    with pytest.raises(ValueError, match=r"alpha must be > 1 \(Zipf\) or <= 0 \(uniform\); "
+                                         r"got 0.5"):
+        draw_ids(rng, 0.5, 10, 3)
+
+
+def test_auc_of_large_integer_scores():
+    """Integer scores were cast to float64, where 2**60 and 2**60 + 1 are one
+    number: a perfect ranking gave 0.5."""
+    assert metrics.auc([0, 1], np.array([2 ** 60, 2 ** 60 + 1])) == 1.0
+    assert metrics.auc([0, 1], np.array([2 ** 64 - 1, 2 ** 64 - 2], np.uint64)) == 0.0
+    assert metrics.auc([0, 1, 1], np.array([True, False, True])) == \
+        pytest.approx(brute_force_auc(np.array([0, 1, 1]), np.array([1, 0, 1])))
+
+
+def test_planted_dataset_helpers_refuse_impossible_arguments():
+    from sok_graph.data import movielens, synthetic
+
+    with pytest.raises(ValueError, match="vocab_sizes and max_hotness must give one value per "
+                                         "table; got 2 and 1"):
+        synthetic.make_planted_dataset(5, [10, 20], [3])
+    with pytest.raises(ValueError, match=r"max_hotness\[0\] must be a positive integer; got 0"):
+        synthetic.make_planted_dataset(5, [10], [0])
+    data = synthetic.make_planted_dataset(6, [10], [2])
+    values, splits, labels = synthetic.batch(data, 2, 5)
+    assert len(splits[0]) == 4 and len(labels) == 3 and splits[0][-1] == len(values[0])
+    for start, stop in ((-2, 5), (4, 2), (0, 7), (1.0, 3)):
+        with pytest.raises(ValueError, match="start and stop must be integers with 0 <= start "
+                                             "< stop <= 6"):
+            synthetic.batch(data, start, stop)
+    samples = {"label": np.arange(5, dtype=np.float32), "user": np.arange(5),
+               "genres_values": np.arange(7), "genres_splits": np.array([0, 1, 3, 4, 6, 7])}
+    for bad in (1.5, -0.5, float("nan"), "0.2"):
+        with pytest.raises(ValueError, match="test_fraction must be a number in \\[0, 1\\]; got "
+                                             + re.escape(repr(bad))):
+            movielens.split(samples, test_fraction=bad)
+    train, test = movielens.split(samples, test_fraction=0.4)
+    assert len(train["label"]) == 3 and len(test["label"]) == 2
+    picked = movielens.take(samples, [0, 2])  # a list (it failed: list + int)
+    assert picked["genres_values"].tolist() == [0, 3] and picked["genres_splits"].tolist() == [0, 1, 2]

@@ -24,12 +24,20 @@ def auc(labels, scores):
     ValueError (NaN scores, a diverged model's, gave AUC 1.0, and NaN labels
     counted as negatives)."""
     labels = _vector("labels", labels)
-    scores = _vector("scores", scores).astype(np.float64)
+    scores = _vector("scores", scores)
+    if scores.dtype.kind == "b":
+        scores = scores.astype(np.int8)
+    elif scores.dtype.kind == "f":
+        scores = scores.astype(np.float64)
+    # Integer scores stay integers: as float64, 2**60 and 2**60 + 1 were one
+    # score (a tie) and gave an AUC of 0.5 for a perfect ranking.
     if len(labels) != len(scores):
         raise ValueError(f"labels and scores must be of one length; got {len(labels)} labels "
                          f"and {len(scores)} scores")
     for name, values in (("labels", labels), ("scores", scores)):
-        nan = np.isnan(values.astype(np.float64))
+        if values.dtype.kind != "f":
+            continue
+        nan = np.isnan(values)
         if nan.any():
             raise ValueError(f"{name} hold {int(nan.sum())} NaN(s), the first at position "
                              f"{int(np.argmax(nan))}: the AUC of NaN is not defined")

@@ -108,7 +108,12 @@ def read_parquet(path):
 
 
 def split(samples, test_fraction=0.2, seed=0):
-    """(train, test): a seeded random split of the samples."""
+    """(train, test): a seeded random split of the samples; test_fraction in
+    [0, 1] (1.5 and -0.5 split as 0.5 and 0 did, without an error)."""
+    if isinstance(test_fraction, (bool, np.bool_)) or \
+            not isinstance(test_fraction, (int, float, np.integer, np.floating)) or \
+            not 0.0 <= test_fraction <= 1.0:
+        raise ValueError(f"test_fraction must be a number in [0, 1]; got {test_fraction!r}")
     n = len(samples["label"])
     order = np.random.default_rng(seed).permutation(n)
     cut = int(n * (1 - test_fraction))
@@ -116,7 +121,9 @@ def split(samples, test_fraction=0.2, seed=0):
 
 
 def take(samples, index):
-    """The samples at positions `index`, genres included."""
+    """The samples at positions `index` (an integer array or list), genres
+    included."""
+    index = np.asarray(index, dtype=np.int64)
     out = {k: v[index] for k, v in samples.items() if not k.startswith("genres")}
     starts, ends = samples["genres_splits"][index], samples["genres_splits"][index + 1]
     lengths = ends - starts

@@ -19,7 +19,19 @@ PlantedDataset = collections.namedtuple(
 
 def make_planted_dataset(num_samples, vocab_sizes, max_hotness, seed=0, signal=2.0):
     """values[t] [nnz_t] int64 ids, row_splits[t] [num_samples + 1] int64,
-    labels [num_samples] float32 in {0, 1}."""
+    labels [num_samples] float32 in {0, 1}. vocab_sizes and max_hotness
+    give one positive integer per table, in lists of one length (zip cut
+    the longer one short, and the dataset named tables it did not have)."""
+    vocab_sizes, max_hotness = list(vocab_sizes), list(max_hotness)
+    if len(vocab_sizes) != len(max_hotness):
+        raise ValueError(f"vocab_sizes and max_hotness must give one value per table; got "
+                         f"{len(vocab_sizes)} and {len(max_hotness)}")
+    for name, values in (("vocab_sizes", vocab_sizes), ("max_hotness", max_hotness)):
+        for t, v in enumerate(values):
+            if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)) or v < 1:
+                raise ValueError(f"{name}[{t}] must be a positive integer; got {v!r}")
+    if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
+        raise ValueError(f"num_samples must be a positive integer; got {num_samples!r}")
     rng = np.random.default_rng(seed)
     logits = np.zeros(num_samples)
     values, splits = [], []
@@ -40,7 +52,15 @@ def make_planted_dataset(num_samples, vocab_sizes, max_hotness, seed=0, signal=2
 
 
 def batch(dataset, start, stop):
-    """The samples [start, stop) of a PlantedDataset as (values, row_splits, labels)."""
+    """The samples [start, stop) of a PlantedDataset as (values, row_splits,
+    labels), 0 <= start < stop <= its samples."""
+    n = len(dataset.labels)
+    if not (isinstance(start, (int, np.integer)) and isinstance(stop, (int, np.integer))
+            and 0 <= start < stop <= n):
+        # A negative start gave one row's splits and two labels; start past
+        # stop gave empty row_splits.
+        raise ValueError(f"start and stop must be integers with 0 <= start < stop <= {n} "
+                         f"(the samples); got start={start!r}, stop={stop!r}")
     values, splits = [], []
     for v, s in zip(dataset.values, dataset.row_splits):
         lo, hi = s[start], s[stop]
