@@ -14,6 +14,7 @@ tf.function. References:
 Also: the graph-mode ordering rules of sok.Init, the session helpers, Saver.
 """
 
+import contextlib
 import os
 import re
 
@@ -422,6 +423,128 @@ def test_init_hook_with_monitored_training_session():
             for _ in range(3):
                 losses.append(sess.run([loss, train])[0])
         assert losses[2] < losses[1] < losses[0]
+
+
+def _decayed_rows(minimize, use_hashtable):
+    """Rows 0 and 1 of a table of ones after three steps of
+    GradientDescentOptimizer(0.1 * 0.5**global_step) on the sum of their
+    lookup, and the global step: minimize(opt, loss, var_list, gs) builds
+    the update."""
+    with tf.Graph().as_default():
+        sok.Init(global_batch_size=1)
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        layer = sok.All2AllDenseEmbedding(4, 2, 1, 2, embedding_initializer="ones",
+                                          use_hashtable=use_hashtable)
+        ids = tf.constant([[[0, 1]]], tf.int64)
+        loss = tf.reduce_sum(layer(ids))
+        lr = tf.compat.v1.train.exponential_decay(0.1, gs, 1, 0.5)
+        opt = tf.compat.v1.train.GradientDescentOptimizer(lr)
+        with sok.OptimizerScope(layer.trainable_variables):
+            train = minimize(opt, loss, layer.trainable_variables, gs)
+        rows = layer(ids)
+        with tf.compat.v1.Session() as sess:
+            sok.initialize_session(sess)
+            for _ in range(3):
+                sess.run(train)
+            return sess.run(rows)[0, 0], sess.run(gs)
+
+
+@pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
+def test_a_scope_with_only_sok_variables_counts_the_global_step(use_hashtable):
+    """tf.compat.v1's global_step, counted by the native apply_gradients, was
+    never counted where every variable was a sok variable: the step stayed
+    0, a learning rate decayed by it never decayed, and a loop stopped by it
+    (StopAtStepHook) never ended. The reference: a plain tf.Variable trained
+    the same way."""
+    with tf.Graph().as_default():
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        table = tf.Variable(tf.ones([4, 2]))
+        loss = tf.reduce_sum(tf.gather(table, [0, 1]))
+        lr = tf.compat.v1.train.exponential_decay(0.1, gs, 1, 0.5)
+        train = tf.compat.v1.train.GradientDescentOptimizer(lr).minimize(loss, global_step=gs)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train)
+            want, want_step = sess.run(table)[:2], sess.run(gs)
+    assert want_step == 3
+    ways = {
+        "minimize": lambda opt, loss, v, gs: opt.minimize(loss, global_step=gs),
+        "by name": lambda opt, loss, v, gs: opt.apply_gradients(
+            zip(tf.gradients(loss, v), v), global_step=gs),
+        "by position": lambda opt, loss, v, gs: opt.apply_gradients(
+            list(zip(tf.gradients(loss, v), v)), gs),
+    }
+    for way, minimize in ways.items():
+        rows, step = _decayed_rows(minimize, use_hashtable)
+        assert step == 3, way
+        np.testing.assert_allclose(rows, want, rtol=1e-6, err_msg=way)
+
+    # A loop stopped by the step ends.
+    with tf.Graph().as_default():
+        _, out = _graph_with_layer(use_hashtable)
+        gs = tf.compat.v1.train.get_or_create_global_step()
+        emb_vars = tf.compat.v1.get_collection(sok.GraphKeys.SparseOperationKitEmbeddingVariables)
+        with sok.OptimizerScope(emb_vars):
+            train = tf.compat.v1.train.GradientDescentOptimizer(0.1).minimize(
+                tf.reduce_sum(out), global_step=gs)
+        steps = 0
+        with tf.compat.v1.train.MonitoredTrainingSession(
+                hooks=[sok.InitHook(), tf.compat.v1.train.StopAtStepHook(last_step=3)]) as sess:
+            while not sess.should_stop() and steps < 10:
+                sess.run(train)
+                steps += 1
+        assert steps == 3
+
+
+def _momentum_rows(use_sok, momentum):
+    with tf.Graph().as_default():
+        sok.Init(global_batch_size=1)
+        fed = tf.compat.v1.placeholder_with_default(momentum, [])
+        if use_sok:
+            layer = sok.All2AllDenseEmbedding(4, 2, 1, 2, use_hashtable=False,
+                                              embedding_initializer="ones")
+            out, var_list = layer(tf.constant([[[0, 1]]], tf.int64)), layer.trainable_variables
+        else:
+            table = tf.Variable(tf.ones([4, 2]))
+            out, var_list = tf.gather(table, [0, 1]), [table]
+        opt = tf.compat.v1.train.MomentumOptimizer(0.1, fed)
+        with sok.OptimizerScope(var_list) if use_sok else contextlib.nullcontext():
+            train = opt.minimize(tf.reduce_sum(out * out), var_list=var_list)
+        with tf.compat.v1.Session() as sess:
+            sok.initialize_session(sess) if use_sok else \
+                sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(3):
+                sess.run(train)
+            return sess.run(out).reshape(-1)
+
+
+@pytest.mark.parametrize("momentum", [0.9, 0.0])
+def test_a_momentum_given_as_a_tensor_trains_as_tensorflow(momentum):
+    """A graph tensor momentum (a placeholder) made OptimizerScope fail with
+    "using a tf.Tensor as a Python bool" while the update was built."""
+    np.testing.assert_allclose(_momentum_rows(True, momentum), _momentum_rows(False, momentum),
+                               rtol=1e-6)
+
+
+def test_sok_adam_counts_the_global_step():
+    """sok.optimizers.Adam(...).apply_gradients(..., global_step=gs) dropped
+    gs; it is counted once the rows are updated, eagerly and in a graph."""
+    sok.Init(global_batch_size=1)
+    layer = sok.All2AllDenseEmbedding(4, 2, 1, 2, use_hashtable=False)
+    gs = tf.compat.v1.train.get_or_create_global_step()
+    opt = sok.optimizers.Adam(0.1)
+    ids = tf.constant([[[0, 1]]], tf.int64)
+    for _ in range(2):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(ids))
+        grads = tape.gradient(loss, layer.trainable_variables)
+        opt.apply_gradients(zip(grads, layer.trainable_variables), global_step=gs)
+    assert int(gs.numpy()) == 2
+    before = layer.embedding_variable.numpy()
+    with pytest.raises(TypeError, match="global_step must be a variable"):
+        opt.apply_gradients(zip(grads, layer.trainable_variables), global_step=3)
+    np.testing.assert_array_equal(layer.embedding_variable.numpy(), before)
 
 
 def test_init_hook_without_init_is_an_error():

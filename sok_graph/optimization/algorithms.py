@@ -214,7 +214,18 @@ def _uses_momentum(opt, momentum):
     flag = getattr(opt, "_momentum", None)
     if isinstance(flag, bool):
         return flag
-    return bool(momentum) and float(value(momentum)) > 0
+    momentum = value(momentum)
+    if momentum is None:
+        return False
+    if isinstance(momentum, (tf.Tensor, tf.Variable)) and not tf.executing_eagerly():
+        known = tf.get_static_value(momentum) if isinstance(momentum, tf.Tensor) else None
+        if known is None:
+            # Its value comes when the graph runs (a placeholder, a
+            # variable; bool() of it raised "using a tf.Tensor as a Python
+            # bool"): the momentum update, which with momentum 0 is SGD's.
+            return True
+        momentum = known
+    return float(momentum) > 0
 
 
 def _attr(opt, *names, default=None):

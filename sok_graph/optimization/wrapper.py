@@ -207,6 +207,10 @@ class OptimizerWrapper:
             _check_gradient(g, v)
         if sok_pairs and self._hp.refusal:
             raise ValueError(self._hp.refusal)
+        global_step = kwargs.get("global_step")
+        if global_step is not None and not hasattr(global_step, "assign_add"):
+            raise TypeError(f"global_step must be a variable (tf.compat.v1.train."
+                            f"get_or_create_global_step()) or None; got {global_step!r}")
         # A learning rate that is no real scalar is refused before anything
         # changes too (a schedule's, which the step gives, once it counts).
         lr = self._learning_rate(None) if sok_pairs else None
@@ -241,6 +245,11 @@ class OptimizerWrapper:
                     ops.append(self._apply_dynamic_fused(g, v, step, lr))
                 elif not f:
                     ops.append(self._apply_sparse(g, v, step, lr))
+            if not others:
+                # The wrapped optimizer's apply_gradients, which counts
+                # global_step, did not run: a loop stopped by the step
+                # (StopAtStepHook) never ended, and decays by it never came.
+                ops.append(_count_global_step(global_step, ops))
         if tf.executing_eagerly():
             return None
         return tf.group(*[op for op in ops if op is not None], name=name or "sok_apply")
@@ -360,6 +369,19 @@ def update_op(result):
     counter, a Keras variable, which tf.group refuses; it runs eagerly or in
     a tf.function, where its updates run in program order all the same."""
     return result if isinstance(result, (tf.Operation, tf.Tensor, tf.Variable)) else None
+
+
+def _count_global_step(global_step, updates):
+    """global_step (tf.compat.v1.train's argument: a variable counted once
+    per apply_gradients, after the variables' updates) incremented after
+    `updates`; None where there is none to count."""
+    if global_step is None:
+        return None
+    if tf.executing_eagerly():
+        global_step.assign_add(1)
+        return None
+    with tf.control_dependencies([u for u in updates if u is not None]):
+        return update_op(global_step.assign_add(1))
 
 
 def _by_device(pairs):

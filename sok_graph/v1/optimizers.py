@@ -84,10 +84,11 @@ class Adam(OptimizerWrapper):
         super().__init__(_AdamRule(learning_rate, beta_1, beta_2, epsilon),
                          update_all_rows=not self._lazy)
 
-    def apply_gradients(self, grads_and_vars, name=None, **kwargs):
+    def apply_gradients(self, grads_and_vars, name=None, global_step=None, **kwargs):
         # experimental_aggregate_gradients (and similar Keras arguments) have
-        # nothing to do for sok variables.
-        return super().apply_gradients(grads_and_vars, name=name)
+        # nothing to do for sok variables; global_step (tf.compat.v1.train's)
+        # is counted once the rows are updated.
+        return super().apply_gradients(grads_and_vars, name=name, global_step=global_step)
 
 
 class LazyAdam(Adam):
@@ -141,6 +142,18 @@ def _optimizer_classes():
     return owners
 
 
+def _global_step_of(params, args, kwargs):
+    """The global_step of a call apply_gradients(self, grads_and_vars, *args,
+    **kwargs) to a method with parameters `params` (tf.compat.v1.train's
+    takes it second, by position or name; Keras' has none)."""
+    if "global_step" in kwargs:
+        return kwargs["global_step"]
+    names = [n for n in params if n not in ("self", "grads_and_vars")]
+    if args and names and names[0] == "global_step":
+        return args[0]
+    return None
+
+
 def _routing(original):
     """apply_gradients that sends sok variables to the optimizer's wrapper
     while an OptimizerScope is open in this thread."""
@@ -156,7 +169,12 @@ def _routing(original):
         if not sok_pairs:
             return original(self, pairs, *args, **kwargs)
         others = [(g, v) for g, v in pairs if not is_sok_variable(v)]
-        result = wrapper_for(self).apply_gradients(sok_pairs)
+        # With sok variables only, the native code (which counts a
+        # tf.compat.v1 optimizer's global_step) does not run: the wrapper
+        # counts it (minimize(loss, global_step=gs) left gs at 0, and a loop
+        # stopped by the step never ended).
+        counted = {} if others else {"global_step": _global_step_of(params, args, kwargs)}
+        result = wrapper_for(self).apply_gradients(sok_pairs, **counted)
         if others:
             if not takes_any:  # Keras 3 has no experimental_aggregate_gradients
                 kwargs = {k: v for k, v in kwargs.items() if k in params}
