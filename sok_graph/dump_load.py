@@ -264,6 +264,28 @@ def dumped_names(path):
         return []
 
 
+def unreadable_manifest(path):
+    """Why the dump directory `path` cannot be read although it looks like
+    one (its manifest.json does not parse, or it is missing beside the
+    dump's data files), or None: dumped_names' [] said "no dump" for a
+    damaged one."""
+    if not os.path.isdir(path):
+        return None
+    manifest = os.path.join(path, "manifest.json")
+    if not os.path.exists(manifest):
+        if newest_aside(os.path.abspath(path), "manifest.json") is not None:
+            return None
+        data = sorted(f for f in os.listdir(path) if f.endswith((".keys", ".values")))
+        return f"its manifest.json is missing beside {data[:4]}" if data else None
+    try:
+        with open(manifest, "rb") as f:
+            loaded = json.loads(f.read().decode("utf-8"))
+        sorted(loaded["variables"])
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        return f"its manifest.json does not read ({type(e).__name__}: {e})"
+    return None
+
+
 def _unique_stem(stem, parts, used):
     """`stem`, or stem-1, stem-2, ...: the first whose files (stem.part) no
     earlier variable of the dump has taken. Different names can sanitize to

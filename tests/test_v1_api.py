@@ -556,6 +556,36 @@ def test_init_hook_without_init_is_an_error():
 
 # ------------------------------------------------------------------- Saver
 
+def test_saver_restore_says_a_damaged_manifest_is_damaged(tmp_path):
+    """A truncated, empty or deleted manifest.json of a Saver dump was
+    reported as "no Saver dump of 'emb_table'" (a directory that "holds
+    ['emb_table']")."""
+    import os
+
+    from sok_graph.dump_load import CheckpointError
+
+    sok.Init(global_batch_size=1)
+    layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, embedding_initializer="ones", name="emb")
+    layer(tf.constant([[[3]], [[9]]], tf.int64))
+    saver = sok.Saver()
+    saver.dump_to_file(layer.embedding_variable, tmp_path / "ck")
+    table = tmp_path / "ck" / "emb_table"
+    manifest = table / "manifest.json"
+    whole = manifest.read_bytes()
+    for damage, message in ((whole[:-10], "its manifest.json does not read"),
+                            (b"", "its manifest.json does not read"),
+                            (None, "its manifest.json is missing beside")):
+        if damage is None:
+            os.remove(manifest)
+        else:
+            manifest.write_bytes(damage)
+        with pytest.raises(CheckpointError, match=re.escape(
+                f"the Saver dump of 'emb_table' in {table} is damaged: {message}")):
+            saver.restore_from_file(layer.embedding_variable, tmp_path / "ck")
+        manifest.write_bytes(whole)
+    saver.restore_from_file(layer.embedding_variable, tmp_path / "ck")
+
+
 @pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
 def test_saver_round_trip_eager(tmp_path, use_hashtable):
     sok.Init(global_batch_size=4)

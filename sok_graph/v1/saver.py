@@ -52,7 +52,7 @@ from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import (_ASIDE, _SIBLING_SUFFIX, _TMP, CheckpointError, _file_stem,
                                  _var_name, check_float_table, check_keys_fit, checked_path, dumped_names,
                                  name_max, read_dump, refuse_long_name, rows_as, table_stem,
-                                 write_dump)
+                                 unreadable_manifest, write_dump)
 
 _TABLE = "table"  # the one table of a dump written before per-name directories
 
@@ -360,6 +360,11 @@ class Saver:
                 if _TABLE in dumped_names(path):  # one table's dump, the earlier layout
                     target, table, held = path, _TABLE, [_TABLE]
                 else:
+                    damage = unreadable_manifest(target)
+                    if damage is not None:
+                        # It said "no Saver dump" of a dump it could not read.
+                        raise CheckpointError(f"the Saver dump of {name!r} in {target} is "
+                                              f"damaged: {damage}")
                     inside = sorted(os.listdir(path)) if os.path.isdir(path) else []
                     raise CheckpointError(
                         f"no Saver dump of {name!r} (this worker's shard: {entry!r}) in "
