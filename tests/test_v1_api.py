@@ -556,6 +556,41 @@ def test_init_hook_without_init_is_an_error():
 
 # ------------------------------------------------------------------- Saver
 
+@pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
+def test_load_embedding_values_of_a_nested_list_and_of_non_finite_rows(use_hashtable):
+    """W.tolist() was read as a list of tensors, one per row ("tensors[0]
+    must be [rows, 2]; got shape (2,)"); NaN and infinite rows were loaded
+    (every lookup of their keys, and the loss, NaN)."""
+    sok.Init(global_batch_size=1)
+    layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, use_hashtable=use_hashtable)
+    var = layer.embedding_variable
+    saver = sok.Saver()
+    values = np.arange(8, dtype=np.float32).reshape(4, 2)
+    saver.load_embedding_values(var, values.tolist())
+    ids = tf.constant([[[0]], [[3]]], tf.int64)
+    np.testing.assert_array_equal(layer(ids).numpy().reshape(2, 2), values[[0, 3]])
+    for bad in (np.nan, np.inf):
+        broken = values.copy()
+        broken[2, 1] = bad
+        with pytest.raises(ValueError, match=r"tensors hold a NaN or infinite value in row 2 "
+                                             r"\(key 2\)"):
+            saver.load_embedding_values(var, broken)
+    np.testing.assert_array_equal(layer(ids).numpy().reshape(2, 2), values[[0, 3]])
+    # In a graph, when the step runs.
+    with tf.Graph().as_default():
+        sok.Init(global_batch_size=1)
+        layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, use_hashtable=use_hashtable)
+        fed = tf.compat.v1.placeholder(tf.float32, [4, 2])
+        load = sok.Saver().load_embedding_values(layer.embedding_variable, fed)
+        with tf.compat.v1.Session() as sess:
+            sok.initialize_session(sess)
+            sess.run(load, {fed: values})
+            broken = values.copy()
+            broken[1, 0] = np.nan
+            with pytest.raises(tf.errors.InvalidArgumentError, match="NaN or infinite"):
+                sess.run(load, {fed: broken})
+
+
 def test_saver_restore_says_a_damaged_manifest_is_damaged(tmp_path):
     """A truncated, empty or deleted manifest.json of a Saver dump was
     reported as "no Saver dump of 'emb_table'" (a directory that "holds

@@ -401,6 +401,12 @@ class Saver:
         var = embedding_variable
         table = replica_shards.shards_of(var)[0]  # the kind, dimension and rows of every shard
         parts = list(tensors) if isinstance(tensors, (list, tuple)) else [tensors]
+        if parts and all(isinstance(p, (list, tuple)) and p and
+                         all(isinstance(x, (int, float, np.number)) for x in p) for p in parts):
+            # A nested list of numbers (W.tolist()) is one [rows, dim] value;
+            # each of its rows was taken for a tensor ("tensors[0] must be
+            # [rows, dim]; got shape (dim,)").
+            parts = [tensors]
         if not parts:
             raise ValueError("tensors must hold at least one [rows, dim] tensor")
         dim = dimension_of(table)
@@ -414,6 +420,18 @@ class Saver:
                                  f"got shape {t.shape}")
             values.append(t)
         rows = tf.concat(values, 0) if len(values) > 1 else values[0]
+        # A NaN or infinite row (which the layers' initializers refuse) made
+        # every lookup of its key, and the loss, NaN.
+        if tf.executing_eagerly():
+            finite = np.isfinite(rows.numpy())
+            if not finite.all():
+                row = int(np.argwhere(~finite)[0][0])
+                raise ValueError(f"load_embedding_values: tensors hold a NaN or infinite value "
+                                 f"in row {row} (key {row}); every value must be finite")
+        else:
+            rows = tf.debugging.assert_all_finite(
+                rows, "load_embedding_values: tensors hold a NaN or infinite value; every "
+                      "value must be finite")
         n = tf.compat.dimension_value(rows.shape[0])  # a Dimension on TF 1.15
         fixed = table.fixed_rows
         if fixed is not None and n is not None and n != fixed:
