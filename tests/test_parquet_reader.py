@@ -321,6 +321,9 @@ def test_bad_reader_arguments_name_themselves(tmp_path, criteo):
              (dict(world_size=1.5), "world_size must be a positive integer"),
              (dict(seed="x", shuffle=True), "seed must be a non-negative integer"),
              (dict(prefetch="x"), "prefetch must be an integer"),
+             (dict(prefetch=0), r"prefetch must be an integer in \[1, 1024\]"),
+             (dict(prefetch=-5), r"prefetch must be an integer in \[1, 1024\]"),
+             (dict(prefetch=10 ** 12), r"prefetch must be an integer in \[1, 1024\]"),
              (dict(shuffle="no"), "shuffle must be True or False")]
     for kwargs, words in cases:
         with pytest.raises((TypeError, ValueError), match=words):

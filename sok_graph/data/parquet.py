@@ -64,8 +64,8 @@ class ParquetReader:
     Each iteration is one epoch; with shuffle=True the order of a worker's
     units differs per epoch (seed + epoch). The files must not change while
     the reader is used: a file whose row groups no longer match what the
-    reader counted when it was made is a RuntimeError. Up to ``prefetch`` batches are converted ahead
-    of the consumer, and one row group is decoded ahead of them.
+    reader counted when it was made is a RuntimeError. Up to ``prefetch`` batches (1 to 1024) are
+    converted ahead of the consumer, and one row group is decoded ahead of them.
     ``dataset()`` gives the same batches through tf.data.
     """
 
@@ -92,9 +92,10 @@ class ParquetReader:
                              f"{rank!r}")
         if not _is_int(seed) or seed < 0:
             raise ValueError(f"seed must be a non-negative integer; got {seed!r}")
-        if not _is_int(prefetch):
-            raise ValueError(f"prefetch must be an integer (batches read ahead); got "
-                             f"{prefetch!r}")
+        if not _is_int(prefetch) or not 1 <= prefetch <= 1024:
+            # 0 and -5 were read as 1; 10**12 made a queue without a bound.
+            raise ValueError(f"prefetch must be an integer in [1, 1024] (batches read ahead); "
+                             f"got {prefetch!r}")
         for flag, value in (("shuffle", shuffle), ("drop_remainder", drop_remainder),
                             ("even_batches", even_batches)):
             if not isinstance(value, (bool, np.bool_)):
@@ -110,7 +111,7 @@ class ParquetReader:
         _check_output_keys(self.ragged_columns, self.dense_columns, label_column)
         self.rank, self.world_size = int(rank), int(world_size)
         self.shuffle, self.seed = bool(shuffle), int(seed)
-        self.prefetch = max(1, int(prefetch))
+        self.prefetch = int(prefetch)
         self.drop_remainder = bool(drop_remainder)
         self.even_batches = bool(even_batches)
         self._epoch = 0
