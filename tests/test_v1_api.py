@@ -591,6 +591,18 @@ def test_load_embedding_values_of_a_nested_list_and_of_non_finite_rows(use_hasht
                 sess.run(load, {fed: broken})
 
 
+def test_a_key_dtype_that_is_no_dtype_is_named():
+    """key_dtype="foo" gave TensorFlow's "Cannot convert the argument
+    `type_value`", naming no argument of the layer."""
+    sok.Init(global_batch_size=1)
+    for make in (lambda kd: sok.All2AllDenseEmbedding(4, 2, 1, 1, key_dtype=kd),
+                 lambda kd: sok.DistributedEmbedding("sum", 4, 2, 1, 1, key_dtype=kd)):
+        with pytest.raises(TypeError, match="key_dtype must be int32 or int64; got 'foo'"):
+            make("foo")
+        with pytest.raises(TypeError, match="key_dtype must be int32 or int64; got float32"):
+            make(tf.float32)
+
+
 def test_saver_restore_says_a_damaged_manifest_is_damaged(tmp_path):
     """A truncated, empty or deleted manifest.json of a Saver dump was
     reported as "no Saver dump of 'emb_table'" (a directory that "holds

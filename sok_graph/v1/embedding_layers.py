@@ -100,7 +100,12 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         if not isinstance(use_hashtable, bool):
             raise TypeError(f"use_hashtable must be a bool; got {use_hashtable!r}")
         self.use_hashtable = use_hashtable
-        self.key_dtype = tf.as_dtype(key_dtype or tf.int64)
+        try:
+            self.key_dtype = tf.as_dtype(key_dtype or tf.int64)
+        except TypeError:
+            # TensorFlow's "Cannot convert the argument `type_value`" named
+            # neither the layer's argument nor what it takes.
+            raise TypeError(f"key_dtype must be int32 or int64; got {key_dtype!r}") from None
         if self.key_dtype not in (tf.int32, tf.int64):
             raise TypeError(f"key_dtype must be int32 or int64; got {self.key_dtype.name}")
         seed = context.v1_config("seed")
