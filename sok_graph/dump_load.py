@@ -252,14 +252,22 @@ def table_stem(name):
     return stem if stem.strip(".") else "_" * max(len(stem), 1)
 
 
+def _manifest_variables(path):
+    """The sorted variable names of the manifest of the dump at `path` (or of
+    the one an interrupted dump moved aside); CheckpointError where there is
+    no manifest, OSError / ValueError / KeyError / TypeError where it does
+    not read."""
+    with open(os.path.join(_dump_dir(path), "manifest.json"), "rb") as f:
+        manifest = json.loads(f.read().decode("utf-8"))
+    return sorted(manifest["variables"])
+
+
 def dumped_names(path):
     """The variable names of the sok_graph dump at `path` (or the one an
     interrupted dump moved aside), [] where there is none or its manifest
     does not read."""
     try:
-        with open(os.path.join(_dump_dir(path), "manifest.json"), "rb") as f:
-            manifest = json.loads(f.read().decode("utf-8"))
-        return sorted(manifest["variables"])
+        return _manifest_variables(path)
     except (CheckpointError, OSError, ValueError, KeyError, TypeError):
         return []
 
@@ -271,16 +279,11 @@ def unreadable_manifest(path):
     damaged one."""
     if not os.path.isdir(path):
         return None
-    manifest = os.path.join(path, "manifest.json")
-    if not os.path.exists(manifest):
-        if newest_aside(os.path.abspath(path), "manifest.json") is not None:
-            return None
+    try:
+        _manifest_variables(path)
+    except CheckpointError:  # no manifest, none moved aside
         data = sorted(f for f in os.listdir(path) if f.endswith((".keys", ".values")))
         return f"its manifest.json is missing beside {data[:4]}" if data else None
-    try:
-        with open(manifest, "rb") as f:
-            loaded = json.loads(f.read().decode("utf-8"))
-        sorted(loaded["variables"])
     except (OSError, ValueError, KeyError, TypeError) as e:
         return f"its manifest.json does not read ({type(e).__name__}: {e})"
     return None

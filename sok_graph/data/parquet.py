@@ -116,7 +116,6 @@ class ParquetReader:
         self.even_batches = bool(even_batches)
         self._epoch = 0
         self._units = []
-        self._rows = {}  # (file, row group): its number of rows
         self._layout = {}  # file: its row groups' numbers of rows, when counted
         for f in self.files:
             if not isinstance(f, str):
@@ -136,14 +135,11 @@ class ParquetReader:
                                      f"columns named '{name}'; a column read must be named "
                                      f"once")
             self._check_types(f, schema)
-            for g in range(meta.num_row_groups):
-                # A row group without rows is no worker's share: dealt as
-                # one, it left a worker nothing to read, and with
-                # even_batches every worker read nothing.
-                if meta.row_group(g).num_rows:
-                    self._units.append((f, g))
-                self._rows[(f, g)] = meta.row_group(g).num_rows
             self._layout[f] = [meta.row_group(g).num_rows for g in range(meta.num_row_groups)]
+            # A row group without rows is no worker's share: dealt as one, it
+            # left a worker nothing to read, and with even_batches every
+            # worker read nothing.
+            self._units.extend((f, g) for g, rows in enumerate(self._layout[f]) if rows)
         if 1 < self.world_size and len(self._units) < self.world_size:
             # Workers read whole row groups: those past the last one got no
             # batch at all, and a synchronous job waited for them forever.
@@ -201,7 +197,7 @@ class ParquetReader:
             raise ValueError(f"epoch must be a non-negative integer; got {epoch!r}")
         counts = []
         for r in range(self.world_size):
-            rows = sum(self._rows[u] for u in self._units[r::self.world_size])
+            rows = sum(self._layout[f][g] for f, g in self._units[r::self.world_size])
             full, rest = divmod(rows, self.batch_size)
             counts.append(full + (1 if rest and not self.drop_remainder else 0))
         return counts
@@ -311,9 +307,7 @@ class ParquetReader:
                 dense[i] = _floats(table.column(c), c)
             out["dense"] = np.ascontiguousarray(dense.T)
         if self.label_column:
-            raw = table.column(self.label_column).to_numpy()
-            if raw.dtype == object:  # a bool column's nulls come as None
-                raw = np.array([np.nan if v is None else v for v in raw], np.float64)
+            raw = _numbers(table.column(self.label_column))
             with np.errstate(over="ignore"):
                 labels = raw.astype(np.float32, copy=False)
             # A dense column's null is a missing feature (NaN); a missing,
@@ -475,9 +469,7 @@ def _floats(column, name):
         data = chunk.buffers()[1]
         if chunk.type == pa.float32() and data is not None:
             return np.frombuffer(data, np.float32, len(chunk), chunk.offset * 4)
-    raw = column.to_numpy()
-    if raw.dtype == object:  # a bool column's nulls come as None
-        raw = np.array([np.nan if v is None else v for v in raw], np.float64)
+    raw = _numbers(column)
     with np.errstate(over="ignore", invalid="ignore"):
         values = raw.astype(np.float32)
     overflow = np.flatnonzero(np.isinf(values) & np.isfinite(raw.astype(np.float64)))
@@ -485,6 +477,15 @@ def _floats(column, name):
         raise ValueError(f"dense column '{name}' holds {float(raw[overflow[0]])!r} (row "
                          f"{int(overflow[0])} of a batch of {len(raw)}), beyond float32's range")
     return values
+
+
+def _numbers(column):
+    """A number column as numpy, a null as NaN (pyarrow gives a bool
+    column's nulls as None in an object array)."""
+    raw = column.to_numpy()
+    if raw.dtype == object:
+        raw = np.array([np.nan if v is None else v for v in raw], np.float64)
+    return raw
 
 
 def _close(handle):

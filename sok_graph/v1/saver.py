@@ -423,9 +423,10 @@ class Saver:
         # A NaN or infinite row (which the layers' initializers refuse) made
         # every lookup of its key, and the loss, NaN.
         if tf.executing_eagerly():
-            finite = np.isfinite(rows.numpy())
-            if not finite.all():
-                row = int(np.argwhere(~finite)[0][0])
+            # Checked where the rows are: no copy of a table to the host.
+            finite = tf.math.is_finite(rows)
+            if not bool(tf.reduce_all(finite)):
+                row = int(tf.where(tf.logical_not(finite))[0][0])
                 raise ValueError(f"load_embedding_values: tensors hold a NaN or infinite value "
                                  f"in row {row} (key {row}); every value must be finite")
         else:
