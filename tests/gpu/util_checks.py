@@ -107,13 +107,19 @@ def unique_reference(x):
     return values[order], rank[inverse.reshape(-1)], counts[order]
 
 
-def segment_sum(lib, data, ids, num_segments):
+def segment_sum(lib, data, ids, num_segments, shift=0):
+    """The launcher's sum; shift > 0 places data `shift` floats past a
+    16-byte boundary (the one-float-a-thread path)."""
     n, width = data.shape
     k = "i64" if ids.dtype == np.int64 else "i32"
     fn = getattr(lib, f"sok_unsorted_segment_sum_f32_{k}")
     out = cp.full((num_segments, width), cp.nan, cp.float32)
     bad = cp.full(1, I64_MAX, cp.int64)
     d_data, d_ids = cp.asarray(data), cp.asarray(ids)
+    if shift:
+        buf = cp.empty(data.size + shift, cp.float32)
+        buf[shift:] = d_data.reshape(-1)
+        d_data = buf[shift:].reshape(data.shape)
     call_with_temp(fn, d_data.data.ptr if n else None, d_ids.data.ptr if n else None, n, width,
                    num_segments, out.data.ptr if out.size else None, bad.data.ptr)
     cp.cuda.get_current_stream().synchronize()
@@ -148,6 +154,26 @@ def route(lib, ids, tables, count, world, fixed):
                    sizes.data.ptr, slots.data.ptr)
     cp.cuda.get_current_stream().synchronize()
     return cp.asnumpy(sent[:n]), cp.asnumpy(sizes), cp.asnumpy(slots[:n])
+
+
+SEGMENT_PIECE = 1024  # tf_ops/util/core/segment_sum.h kSegmentPiece
+
+
+def ordered_segment_sum(data, ids, num_segments):
+    """float32 sums in position order as the CPU kernel associates them: a
+    segment's rows in pieces of SEGMENT_PIECE, each piece added from zero,
+    then the pieces' sums in order (np.add.at adds one row at a time)."""
+    out = np.zeros((num_segments, data.shape[1]), np.float32)
+    for s in range(num_segments):
+        rows = data[np.nonzero(ids == s)[0]]
+        if len(rows) <= SEGMENT_PIECE:
+            np.add.at(out, np.full(len(rows), s), rows)
+            continue
+        pieces = np.zeros(((len(rows) + SEGMENT_PIECE - 1) // SEGMENT_PIECE, data.shape[1]),
+                          np.float32)
+        np.add.at(pieces, np.arange(len(rows)) // SEGMENT_PIECE, rows)
+        np.add.at(out, np.full(len(pieces), s), pieces)
+    return out
 
 
 def check_util(lib, rng):
@@ -239,10 +265,15 @@ def check_util(lib, rng):
                                           ctypes.byref(size), None) == 0:
         fail("unique of 2^30 keys was not refused")
     # unsorted segment sum: bit-identical to float32 sums in position order
-    for n, width, segs, case in [(1000, 16, 50, "random"), (777, 3, 1000, "random"),
-                                 (5000, 130, 7, "random"), (0, 4, 5, "random"),
-                                 (300, 1, 1, "all_equal"), (20000, 32, 3000, "random"),
-                                 (100, 8, 0, "random"), (64, 5, 10, "bad")]:
+    # (widths of 4k floats take four columns a thread where aligned; shift
+    # misaligns the data by one float, which takes one column a thread; 5000
+    # and 3100 rows of few segments are summed in pieces)
+    for n, width, segs, case, shift in [
+            (1000, 16, 50, "random", 0), (777, 3, 1000, "random", 0),
+            (5000, 130, 7, "random", 0), (0, 4, 5, "random", 0), (300, 1, 1, "all_equal", 0),
+            (20000, 32, 3000, "random", 0), (100, 8, 0, "random", 0), (64, 5, 10, "bad", 0),
+            (5000, 16, 1, "all_equal", 0), (5000, 16, 1, "all_equal", 1),
+            (3100, 12, 3, "random", 0), (3100, 12, 3, "random", 1), (1000, 16, 50, "random", 2)]:
         for idt in (np.int32, np.int64):
             data = rng.standard_normal((n, width)).astype(np.float32)
             ids = rng.integers(-3, max(segs, 1), size=n).astype(idt)  # negatives are dropped
@@ -250,11 +281,10 @@ def check_util(lib, rng):
                 ids[:] = 0
             if case == "bad":
                 ids[[17, 40]] = [segs, segs + 5]
-            got, bad = segment_sum(lib, data, ids, segs)
+            got, bad = segment_sum(lib, data, ids, segs, shift)
             want_bad = int(np.nonzero(ids >= segs)[0][0]) if (ids >= segs).any() else I64_MAX
             keep = (ids >= 0) & (ids < segs)
-            want = np.zeros((segs, width), np.float32)
-            np.add.at(want, ids[keep].astype(np.int64), data[keep])  # in position order
+            want = ordered_segment_sum(data, ids, segs)
             ref64 = np.zeros((segs, width))
             np.add.at(ref64, ids[keep].astype(np.int64), data[keep].astype(np.float64))
             cases += 1
@@ -262,7 +292,8 @@ def check_util(lib, rng):
                 fail(f"segment sum n={n} {case}: first bad {bad}, want {want_bad}")
             elif case != "bad" and not (got.tobytes() == want.tobytes() and np.allclose(
                     got, ref64, rtol=1e-4, atol=1e-4)):
-                fail(f"segment sum n={n} width={width} segments={segs} {case} {idt.__name__}: "
+                fail(f"segment sum n={n} width={width} segments={segs} {case} shift {shift} "
+                     f"{idt.__name__}: "
                      f"max diff {np.max(np.abs(got - want)) if got.size else 0:.3g}")
     # bucketize by owner
     for n, world, fixed in [(1000, 4, -1), (1, 1, -1), (0, 3, -1), (5000, 8, 2), (70000, 7, -1),

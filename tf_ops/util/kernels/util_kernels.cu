@@ -415,54 +415,82 @@ __global__ void SegmentPieces(const int64_t* __restrict__ start, int64_t num_seg
   }
 }
 
+// Columns are added V at a time (float4 loads where the rows allow: a
+// row of 16 floats is then four loads a thread, not sixteen threads' one),
+// each column still its own float32 sum in position order, so V does not
+// change a bit of the result.
+template <int V> struct Lanes;
+template <> struct Lanes<1> {
+  using T = float;
+  __device__ static T Zero() { return 0.0f; }
+  __device__ static void Add(T& acc, T v) { acc += v; }
+};
+template <> struct Lanes<4> {
+  using T = float4;
+  __device__ static T Zero() { return make_float4(0.0f, 0.0f, 0.0f, 0.0f); }
+  __device__ static void Add(T& acc, T v) {
+    acc.x += v.x;
+    acc.y += v.y;
+    acc.z += v.z;
+    acc.w += v.w;
+  }
+};
+
 // data[order[k] * width + col] added for k in [first, last) in that order,
-// the association the CPU kernel uses. The loads are issued kBatch at a
-// time before their adds: one thread adds up to a piece's 1024 rows, and
-// with the compiler's four loads in flight a Zipf stream's hot keys made
-// the sum wait on a memory latency per four rows while most of the GPU
-// idled (bench/hash_path_bench.py on an H200, 8.2M rows of 16 floats into
-// 1M keys: 0.92 ms with four, 0.85 with 16, 0.80 with 32).
-constexpr int kBatch = 32;
-__device__ __forceinline__ float SumInOrder(const float* __restrict__ data,
-                                            const int32_t* __restrict__ order, int64_t first,
-                                            int64_t last, int64_t width, int64_t col) {
-  float acc = 0.0f;
+// the association the CPU kernel uses (width and col in units of V floats).
+// The loads are issued kBatch at a time before their adds: one thread adds
+// up to a piece's 1024 rows, and with the compiler's four loads in flight a
+// Zipf stream's hot keys made the sum wait on a memory latency per four
+// rows while most of the GPU idled (bench/hash_path_bench.py on an H200,
+// 8.2M rows of 16 floats into 1M keys: 0.92 ms with four, 0.85 with 16,
+// 0.80 with 32 single floats).
+template <int V, int kBatch>
+__device__ __forceinline__ typename Lanes<V>::T SumInOrder(
+    const typename Lanes<V>::T* __restrict__ data, const int32_t* __restrict__ order,
+    int64_t first, int64_t last, int64_t width, int64_t col) {
+  using L = Lanes<V>;
+  typename L::T acc = L::Zero();
   int64_t k = first;
   for (; k + kBatch <= last; k += kBatch) {
-    float v[kBatch];
+    typename L::T v[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) v[j] = __ldg(data + int64_t{order[k + j]} * width + col);
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) acc += v[j];
+    for (int j = 0; j < kBatch; ++j) L::Add(acc, v[j]);
   }
-  for (; k < last; ++k) acc += data[int64_t{order[k]} * width + col];
+  for (; k < last; ++k) L::Add(acc, data[int64_t{order[k]} * width + col]);
   return acc;
 }
 
 // The same for rows [first, last) of data: a long segment's piece sums.
-__device__ __forceinline__ float SumRowsInOrder(const float* __restrict__ data, int64_t first,
-                                                int64_t last, int64_t width, int64_t col) {
-  float acc = 0.0f;
+template <int V, int kBatch>
+__device__ __forceinline__ typename Lanes<V>::T SumRowsInOrder(
+    const typename Lanes<V>::T* __restrict__ data, int64_t first, int64_t last, int64_t width,
+    int64_t col) {
+  using L = Lanes<V>;
+  typename L::T acc = L::Zero();
   int64_t k = first;
   for (; k + kBatch <= last; k += kBatch) {
-    float v[kBatch];
+    typename L::T v[kBatch];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) v[j] = __ldg(data + (k + j) * width + col);
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) acc += v[j];
+    for (int j = 0; j < kBatch; ++j) L::Add(acc, v[j]);
   }
-  for (; k < last; ++k) acc += data[k * width + col];
+  for (; k < last; ++k) L::Add(acc, data[k * width + col]);
   return acc;
 }
 
-// One thread per (piece, column) of the long segments: the piece's rows
+// One thread per (piece, V columns) of the long segments: the piece's rows
 // added in position order. max_pieces bounds the count (pieces of segments
 // longer than one piece: at most 2n / kSegmentPiece); the threads past the
-// count do nothing.
-__global__ void SumPieces(const float* __restrict__ data, const int32_t* __restrict__ order,
-                          const int64_t* __restrict__ start,
+// count do nothing. width: in units of V floats.
+template <int V, int kBatch>
+__global__ void SumPieces(const typename Lanes<V>::T* __restrict__ data,
+                          const int32_t* __restrict__ order, const int64_t* __restrict__ start,
                           const int64_t* __restrict__ piece_start, int64_t num_segments,
-                          int64_t max_pieces, int64_t width, float* __restrict__ partial) {
+                          int64_t max_pieces, int64_t width,
+                          typename Lanes<V>::T* __restrict__ partial) {
   const int64_t total = piece_start[num_segments];
   SOK_FOR_EACH(i, max_pieces * width) {
     const int64_t piece = i / width;
@@ -477,29 +505,63 @@ __global__ void SumPieces(const float* __restrict__ data, const int32_t* __restr
     const int64_t first = start[lo] + (piece - piece_start[lo]) * kSegmentPiece;
     const int64_t end = first + kSegmentPiece;
     const int64_t last = end < start[lo + 1] ? end : start[lo + 1];
-    partial[i] = SumInOrder(data, order, first, last, width, col);
+    partial[i] = SumInOrder<V, kBatch>(data, order, first, last, width, col);
   }
 }
 
-// One thread per (segment, column): a short segment's rows added in position
-// order (neighbouring threads read neighbouring columns of one row), a long
-// one's piece sums in order.
-__global__ void SumSegments(const float* __restrict__ data, const int32_t* __restrict__ order,
-                            const int64_t* __restrict__ start,
-                            const int64_t* __restrict__ piece_start, const float* partial,
-                            int64_t num_segments, int64_t width, float* __restrict__ out) {
+// One thread per (segment, V columns): a short segment's rows added in
+// position order (neighbouring threads read neighbouring columns of one
+// row), a long one's piece sums in order. width: in units of V floats.
+template <int V, int kBatch>
+__global__ void SumSegments(const typename Lanes<V>::T* __restrict__ data,
+                            const int32_t* __restrict__ order, const int64_t* __restrict__ start,
+                            const int64_t* __restrict__ piece_start,
+                            const typename Lanes<V>::T* partial, int64_t num_segments,
+                            int64_t width, typename Lanes<V>::T* __restrict__ out) {
   SOK_FOR_EACH(i, num_segments * width) {
     const int64_t seg = i / width;
     const int64_t col = i - seg * width;
-    float acc = 0.0f;
     if (piece_start[seg + 1] > piece_start[seg]) {
-      acc = SumRowsInOrder(partial, piece_start[seg], piece_start[seg + 1], width, col);
+      out[i] = SumRowsInOrder<V, kBatch>(partial, piece_start[seg], piece_start[seg + 1],
+                                         width, col);
     } else {
-      acc = SumInOrder(data, order, start[seg], start[seg + 1], width, col);
+      out[i] = SumInOrder<V, kBatch>(data, order, start[seg], start[seg + 1], width, col);
     }
-    out[i] = acc;
   }
 }
+
+// The pieces of long segments, V columns a thread (width in floats, a
+// multiple of V). Few threads sum them (a Zipf stream's 8.2M rows in 1M
+// keys: about 6000 pieces), so each keeps kBatch loads in flight.
+template <int V, int kBatch>
+void LaunchPieces(const float* data, const int32_t* order, const int64_t* start,
+                  const int64_t* piece_start, float* partial, int64_t num_segments,
+                  int64_t max_pieces, int64_t width, cudaStream_t s) {
+  using T = typename Lanes<V>::T;
+  const int64_t lanes = width / V;
+  SumPieces<V, kBatch><<<Grid(max_pieces * lanes), 256, 0, s>>>(
+      reinterpret_cast<const T*>(data), order, start, piece_start, num_segments, max_pieces,
+      lanes, reinterpret_cast<T*>(partial));
+}
+
+// The segments, V columns a thread: a thread per short segment's V columns.
+template <int V, int kBatch>
+void LaunchSegments(const float* data, const int32_t* order, const int64_t* start,
+                    const int64_t* piece_start, const float* partial, int64_t num_segments,
+                    int64_t width, float* out, cudaStream_t s) {
+  using T = typename Lanes<V>::T;
+  const int64_t lanes = width / V;
+  SumSegments<V, kBatch><<<Grid(num_segments * lanes), 256, 0, s>>>(
+      reinterpret_cast<const T*>(data), order, start, piece_start,
+      reinterpret_cast<const T*>(partial), num_segments, lanes, reinterpret_cast<T*>(out));
+}
+
+// Pieces a thread per column (four columns a thread, with fewer threads,
+// had fewer loads in flight: Zipf 0.79 -> 0.97 ms), short segments four
+// columns a thread where the rows allow (uniform keys: 1.26 -> 0.97 ms).
+constexpr int kPieceLanes = 1, kPieceBatch = 32;
+
+bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename I>
 int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_t num_segments,
@@ -562,12 +624,22 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
   size_t bytes = scan_bytes;
   SOK_CUDA(cub::DeviceScan::ExclusiveSum(cub_temp, bytes, pieces, piece_start,
                                          static_cast<int>(num_segments + 1), s));
+  const bool by4 = width % 4 == 0 && Aligned16(data) && Aligned16(out) && Aligned16(partial);
   if (n > kSegmentPiece) {
-    SumPieces<<<Grid(max_pieces * width), 256, 0, s>>>(data, order, start, piece_start,
-                                                       num_segments, max_pieces, width, partial);
+    if (by4 || kPieceLanes == 1) {
+      LaunchPieces<kPieceLanes, kPieceBatch>(data, order, start, piece_start, partial,
+                                             num_segments, max_pieces, width, s);
+    } else {
+      LaunchPieces<1, 32>(data, order, start, piece_start, partial, num_segments, max_pieces,
+                          width, s);
+    }
   }
-  SumSegments<<<Grid(num_segments * width), 256, 0, s>>>(data, order, start, piece_start,
-                                                         partial, num_segments, width, out);
+  if (by4) {
+    LaunchSegments<4, 8>(data, order, start, piece_start, partial, num_segments, width, out, s);
+  } else {
+    LaunchSegments<1, 32>(data, order, start, piece_start, partial, num_segments, width, out,
+                          s);
+  }
   return static_cast<int>(cudaGetLastError());
 }
 
