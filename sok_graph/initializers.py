@@ -13,6 +13,8 @@ attributes reads them back from the registration.
 """
 
 import math
+import threading
+import weakref
 
 import numpy as np
 
@@ -48,11 +50,12 @@ def _is_tensor(value):
 
 
 def _checked_seed(seed, what):
-    """seed as an int of int64's range (the op's attribute), or a ValueError
-    naming `what`: a float was cut to an int, a str or a larger int failed
-    with int()'s or the attribute's message, naming nothing."""
+    """seed as an int of int64's range (the op's attribute), None for None,
+    or a ValueError naming `what`: a float was cut to an int, a str or a
+    larger int failed with int()'s or the attribute's message, naming
+    nothing."""
     if seed is None:
-        return 0
+        return None
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or \
             not -(1 << 63) <= int(seed) < (1 << 63):
         raise ValueError(f"{what} must be None or an integer in [-2^63, 2^63); got {seed!r}")
@@ -89,7 +92,65 @@ def initializer_spec(initializer, seed=None):
     a number ("13": constant), "normal" / "truncated_normal" (mean 0, stddev
     0.05, as Keras' defaults), "zeros", "ones", a number (constant), or a
     Keras / tf initializer object (RandomNormal, TruncatedNormal,
-    RandomUniform, Zeros, Ones, Constant)."""
+    RandomUniform, Zeros, Ones, Constant). The seed: the initializer
+    object's own, else `seed`, else 0 (table_spec gives a new table one of
+    its own instead)."""
+    spec = _spec(initializer, seed)
+    return spec if spec["seed"] is not None else dict(spec, seed=0)
+
+
+# The kinds of initializer that draw a table's rows (a seed matters).
+DRAWN = ("uniform", "normal", "truncated_normal")
+
+
+def table_spec(initializer, seed=None, base=0):
+    """initializer_spec for a new table. A table whose rows are drawn and
+    that was given no seed (neither `seed` nor one in its initializer
+    object) gets one of its own (own_seed(base)): with one seed for all, two
+    tables gave every key the same initial row in both, so a user table and
+    an item table keyed alike started equal, where Keras and TensorFlow
+    draw each variable apart."""
+    spec = _spec(initializer, seed)
+    if spec["seed"] is not None:
+        return spec
+    return dict(spec, seed=own_seed(base) if spec["initializer"] in DRAWN else 0)
+
+
+# Seeds handed out by own_seed: per graph (graph mode) or for the eager
+# context, how many were drawn from each base.
+_own_seeds = weakref.WeakKeyDictionary()
+_eager_own_seeds = {}
+_own_seeds_lock = threading.Lock()
+_MASK64 = (1 << 64) - 1
+
+
+def own_seed(base=0):
+    """The seed of a table given none: `base` for the first such table of
+    this graph (eagerly: of this process), then one derived from `base` and
+    the table's number, as TensorFlow derives each op's seed from its
+    graph's. Every worker of a job, like the one process it is compared
+    with, makes its tables in the same order, so a table gets the same seed
+    on each (a dynamic table's initial row of a key depends on it, not on
+    the worker that holds the key)."""
+    import tensorflow as tf
+
+    with tf.init_scope():
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    with _own_seeds_lock:
+        counts = _eager_own_seeds if graph is None else _own_seeds.setdefault(graph, {})
+        number = counts.get(base, 0)
+        counts[base] = number + 1
+    if number == 0:
+        return base
+    # splitmix64 of (base, number), into int64's non-negative half
+    x = (base + number * 0x9E3779B97F4A7C15) & _MASK64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return (x ^ (x >> 31)) >> 1
+
+
+def _spec(initializer, seed):
+    """initializer_spec, with seed None where none was given."""
     spec = dict(DEFAULT, seed=_checked_seed(seed, "seed"))
     if isinstance(initializer, type):
         # Its get_config, called on the class, failed with "missing 1
@@ -134,8 +195,8 @@ def initializer_spec(initializer, seed=None):
     kind = type(initializer).__name__
     if config is None:
         raise TypeError(f"initializer {initializer!r} is not a supported initializer")
-    seed = _checked_seed(config.get("seed", seed), f"the seed of initializer {kind}")
-    spec = _object_spec(kind, config, spec, seed)
+    own = _checked_seed(config.get("seed"), f"the seed of initializer {kind}")
+    spec = _object_spec(kind, config, spec, spec["seed"] if own is None else own)
     return _finite_parameters(kind, spec)
 
 

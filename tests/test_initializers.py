@@ -8,6 +8,7 @@ import pytest
 import tensorflow as tf
 
 import sok_graph as sok
+from conftest import run_in_graph
 from sok_graph.initializers import DEFAULT, initializer_spec, static_initializer
 
 ROWS, DIM = 4000, 8
@@ -69,3 +70,57 @@ def test_every_spec_is_complete_and_names_outside_the_spec_are_keras():
         static_initializer(float("nan"))
     with pytest.raises(TypeError, match="initializer must be a name, a number"):
         static_initializer([1.0, 2.0])
+
+
+KEYS = np.arange(256, dtype=np.int64)
+
+
+def _unseeded_tables():
+    """Rows of KEYS from four tables made without a seed: by default, by
+    name, by a Keras initializer without a seed, and one with seed=0."""
+    tables = [sok.DynamicVariable(DIM), sok.DynamicVariable(DIM, initializer="normal"),
+              sok.DynamicVariable(DIM, initializer=tf.keras.initializers.RandomUniform(-1, 1)),
+              sok.DynamicVariable(DIM, seed=0)]
+    return [t.sparse_read(tf.constant(KEYS)) for t in tables]
+
+
+def test_tables_given_no_seed_start_apart_and_alike_from_run_to_run():
+    """Every table without a seed used seed 0, so two tables gave a key the
+    same initial row (a user and an item table keyed 0..n started equal).
+    Each now has its own seed, numbered by its place among the graph's
+    tables as TensorFlow numbers op seeds: a graph built again gets the
+    same rows, and the first table keeps the old default's rows."""
+    sok.init()
+    first = run_in_graph(_unseeded_tables)
+    again = run_in_graph(_unseeded_tables)
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    default, _, keras_uniform, seeded = first
+    # The first unseeded table draws what seed 0 draws; the others differ
+    # from it and from each other row by row.
+    np.testing.assert_array_equal(default, seeded)
+    assert keras_uniform.min() < -0.5 and keras_uniform.max() > 0.5  # its own range
+    scaled = keras_uniform * 0.05  # the same law as the default's
+    assert not np.any(np.all(np.isclose(scaled, default, atol=1e-7), axis=1))
+    b = sok.DynamicVariable(DIM)
+    c = sok.DynamicVariable(DIM)
+    rows_b, rows_c = (t.sparse_read(tf.constant(KEYS)).numpy() for t in (b, c))
+    assert not np.any(np.all(rows_b == rows_c, axis=1))
+
+
+def test_a_seed_given_wins_over_the_tables_own():
+    """seed= is taken for an initializer object without a seed of its own
+    (it was ignored: RandomUniform()'s config holds seed None, which then
+    became seed 0), and an object's own seed is taken over none given."""
+    def rows(**kwargs):
+        return sok.DynamicVariable(DIM, **kwargs).sparse_read(tf.constant(KEYS)).numpy()
+
+    sok.init()
+    uniform = tf.keras.initializers.RandomUniform(-0.05, 0.05)
+    np.testing.assert_array_equal(rows(initializer=uniform, seed=5), rows(seed=5))
+    assert not np.array_equal(rows(seed=5), rows(seed=6))
+    own = tf.keras.initializers.RandomUniform(-0.05, 0.05, seed=9)
+    np.testing.assert_array_equal(rows(initializer=own), rows(seed=9))
+    np.testing.assert_array_equal(rows(initializer=own, seed=3), rows(seed=9))
+    spec = initializer_spec(None)
+    assert spec["seed"] == 0  # a spec outside a table: the op's seed 0

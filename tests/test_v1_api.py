@@ -410,6 +410,35 @@ def test_graph_init_order_is_automatic(use_hashtable):
     assert np.abs(results[0]).max() > 0  # the seeded initializer ran
 
 
+def _two_default_layers(use_hashtable):
+    init_op = sok.Init(global_batch_size=4, seed=7)
+    layers = [sok.All2AllDenseEmbedding(16, 3, 2, 1, use_hashtable=use_hashtable)
+              for _ in range(2)]
+    ids = tf.constant([[[1], [5]], [[5], [9]], [[0], [1]], [[2], [3]]], tf.int64)
+    return init_op, [layer(ids) for layer in layers]
+
+
+@pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
+def test_init_seed_gives_each_layer_rows_of_its_own(use_hashtable):
+    """sok.Init(seed=7) gave every default-initialized layer the seed 7, so
+    two layers of one shape were identical copies (the same row for a key
+    in both). Each layer now draws from a seed of its own derived from 7:
+    its rows differ from the other's, and the same graph built again gets
+    the same rows."""
+    results = []
+    for _ in range(2):
+        with tf.Graph().as_default():
+            init_op, outs = _two_default_layers(use_hashtable)
+            with tf.compat.v1.Session() as sess:
+                sok.initialize_session(sess)
+                results.append(sess.run(outs))
+    for a, b in zip(results[0], results[1]):
+        np.testing.assert_array_equal(a, b)
+    first, second = (r.reshape(-1, 3) for r in results[0])
+    assert np.abs(first).max() > 0 and np.abs(first).max() <= 0.05
+    assert not np.any(np.all(first == second, axis=1))
+
+
 def test_init_hook_with_monitored_training_session():
     with tf.Graph().as_default():
         _, out = _graph_with_layer(True)

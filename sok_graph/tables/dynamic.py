@@ -56,7 +56,7 @@ import tensorflow as tf
 from sok_graph import compat, context, placement
 from sok_graph.tables import admission, repeated_key_checks, replica_shards, rows_of_dtype, DYNAMIC
 from sok_graph import initializers
-from sok_graph.initializers import initializer_spec
+from sok_graph.initializers import table_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
@@ -133,8 +133,14 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             # variables stands for the table (sok_graph/serving).
             return serving_mode.resolver().dynamic_stand_in(args, kwargs)
         # Under a MirroredStrategy whose replicas are the workers: one shard
-        # per replica (sok_graph/tables/replica_shards.py).
-        shards = replica_shards.replicate(cls, args, kwargs, context.active())
+        # per replica (sok_graph/tables/replica_shards.py), all with the
+        # table's one seed, so that each draws a key's row as the whole
+        # table would.
+        comm = context.active()
+        if replica_shards.replicates(comm) and kwargs.get("seed") is None:
+            initializer = kwargs.get("initializer", args[1] if len(args) > 1 else None)
+            kwargs = dict(kwargs, seed=table_spec(initializer)["seed"])
+        shards = replica_shards.replicate(cls, args, kwargs, comm)
         return shards if shards is not None else super().__new__(cls)
 
     @classmethod
@@ -183,7 +189,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if eviction not in dynamic_ops.EVICTIONS:
             raise ValueError(f"evict_strategy must be 'lru' or 'lfu'; got "
                              f"{table_config.get('evict_strategy')!r}")
-        spec = initializer_spec(initializer, table_config.get("seed"))
+        spec = table_spec(initializer, table_config.get("seed"))
         # Which new keys get a row (sok_graph/tables/admission.py); None: every one.
         self._admission = admission.from_config(table_config)
         self._table_config = dict(table_config)

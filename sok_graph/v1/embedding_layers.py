@@ -28,7 +28,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context
-from sok_graph.initializers import initializer_spec, static_initializer
+from sok_graph.initializers import initializer_spec, own_seed, static_initializer
 from sok_graph.tables.static import Variable
 from sok_graph.tables.dynamic import DynamicVariable
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
@@ -108,7 +108,12 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
             raise TypeError(f"key_dtype must be int32 or int64; got {key_dtype!r}") from None
         if self.key_dtype not in (tf.int32, tf.int64):
             raise TypeError(f"key_dtype must be int32 or int64; got {self.key_dtype.name}")
+        # sok.Init(seed=s): each layer's rows from a seed of its own drawn
+        # from s (one seed for all made every layer of a shape an identical
+        # copy); without it, Keras' unseeded draws and the table's own seed.
         seed = context.v1_config("seed")
+        if seed is not None:
+            seed = own_seed(seed)
         if use_hashtable and isinstance(embedding_initializer, (np.ndarray, tf.Tensor,
                                                                   tf.Variable, list)):
             # A hashtable has no row numbers that an array of rows could fill.
