@@ -1561,6 +1561,44 @@ def test_init_takes_numpy_integers():
             sok.Init(**bad)
 
 
+def _keras3_model_supports_jit():
+    """Keras 3's own test of whether compile(jit_compile="auto") may use XLA
+    for a model (None under Keras 2, which never chooses XLA itself)."""
+    try:
+        from keras.src.trainers.trainer import model_supports_jit
+    except ImportError:
+        return None
+    return model_supports_jit if tf.keras.__name__.startswith("keras") else None
+
+
+@pytest.mark.skipif(_keras3_model_supports_jit() is None,
+                    reason="Keras 3 decides on XLA for Model.fit by its layers")
+@pytest.mark.parametrize("use_hashtable", [False, True])
+def test_keras_does_not_compile_a_model_with_a_1x_layer_with_xla(use_hashtable):
+    """On a GPU, Keras 3 compiles Model.fit's step with XLA unless a layer
+    says it cannot; sok's ops have no XLA kernels, so fit of a model with a
+    1.x layer failed on a GPU ("Detected unsupported operations when trying
+    to compile graph ... on XLA_GPU_JIT"). Keras' own decision, asked here,
+    is the one fit makes (on a CPU it never chooses XLA)."""
+    sok.init(comm_tool="none")
+    layer = sok.DistributedEmbedding("sum", 16, 4, slot_num=1, max_nnz=3,
+                                     use_hashtable=use_hashtable)
+    inputs = tf.keras.Input(shape=(3,))
+    plain = tf.keras.Model(inputs, tf.keras.layers.Dense(1)(inputs))
+    assert _keras3_model_supports_jit()(plain)  # a model of XLA-able layers
+
+    class Model(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embed = layer
+            self.dense = tf.keras.layers.Dense(1)
+
+        def call(self, sparse):
+            return self.dense(tf.reshape(self.embed(sparse), [-1, 4]))
+
+    assert not _keras3_model_supports_jit()(Model())
+
+
 @pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras Model.fit (TF2)")
 @pytest.mark.parametrize("use_hashtable", [False, True])
 def test_a_1x_layer_trains_in_keras_fit_as_a_plain_table_does(use_hashtable):

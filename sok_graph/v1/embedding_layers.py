@@ -91,6 +91,11 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
     def __init__(self, max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable,
                  key_dtype, embedding_initializer, **kwargs):
         super().__init__(**kwargs)
+        # sok's ops have no XLA kernels. Keras 3 compiles Model.fit's step
+        # with XLA on a GPU unless a layer says it cannot (compile's
+        # jit_compile="auto"), and fit then failed with "Detected
+        # unsupported operations ... XLA_GPU_JIT". Keras 2 ignores this.
+        self.supports_jit = False
         self._output_dtype = self._checked_dtype(kwargs.get("dtype"))
         comm = context.communicator(f"creating a sok.{type(self).__name__} (call "
                                     "sok.Init(global_batch_size=...) first)")
