@@ -13,7 +13,7 @@ import types
 
 import tensorflow as tf
 
-from sok_graph import communication, compat
+from sok_graph import communication, compat, initializers
 
 _lock = threading.Lock()
 _communicator = None
@@ -41,7 +41,9 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
       and rebinding tf.keras to tf_keras's would break Keras 3 models.
       False leaves tf.keras alone. sok.OptimizerWrapper takes either kind.
 
-    Calling init again replaces the communicator (SOK allows one call).
+    Calling init again replaces the communicator (SOK allows one call), and
+    tables made after it without a seed are numbered from the first again,
+    as after tf.random.set_seed (sok_graph/initializers.py own_seed).
     Returns the communicator (SOK returns None).
     """
     if not isinstance(use_legacy_optimizer, bool):
@@ -53,6 +55,9 @@ def init(comm_tool="horovod", use_legacy_optimizer=True):
     comm = set_comm_tool(comm_tool)
     if use_legacy_optimizer:
         use_legacy_keras_optimizers()
+    # Tables made from now on without a seed are numbered from the first
+    # again: a model built again after init starts from the same rows.
+    initializers.restart_own_seeds()
     return comm
 
 

@@ -103,17 +103,33 @@ def initializer_spec(initializer, seed=None):
 DRAWN = ("uniform", "normal", "truncated_normal")
 
 
-def table_spec(initializer, seed=None, base=0):
-    """initializer_spec for a new table. A table whose rows are drawn and
-    that was given no seed (neither `seed` nor one in its initializer
-    object) gets one of its own (own_seed(base)): with one seed for all, two
-    tables gave every key the same initial row in both, so a user table and
-    an item table keyed alike started equal, where Keras and TensorFlow
-    draw each variable apart."""
+def table_spec(initializer, seed=None):
+    """initializer_spec for a new table, with seed None where the table must
+    draw one of its own (own_seed, once every argument has passed its
+    checks): its rows are drawn and it was given no seed, neither `seed` nor
+    one in its initializer object. With one seed for all, two tables gave
+    every key the same initial row in both, so a user table and an item
+    table keyed alike started equal, where Keras and TensorFlow draw each
+    variable apart."""
     spec = _spec(initializer, seed)
-    if spec["seed"] is not None:
+    if spec["seed"] is not None or spec["initializer"] in DRAWN:
         return spec
-    return dict(spec, seed=own_seed(base) if spec["initializer"] in DRAWN else 0)
+    return dict(spec, seed=0)
+
+
+class SharedSeed:
+    """The one seed of a table split into replica shards (each built as a
+    table of its own): drawn by the first shard once its arguments passed
+    their checks, then taken by the others, so the shards draw a key's row
+    as the whole table does in a job of one process per worker."""
+
+    def __init__(self):
+        self._value = None
+
+    def get(self):
+        if self._value is None:
+            self._value = own_seed()
+        return self._value
 
 
 # Seeds handed out by own_seed: per graph (graph mode) or for the eager
@@ -126,12 +142,12 @@ _MASK64 = (1 << 64) - 1
 
 def own_seed(base=0):
     """The seed of a table given none: `base` for the first such table of
-    this graph (eagerly: of this process), then one derived from `base` and
-    the table's number, as TensorFlow derives each op's seed from its
-    graph's. Every worker of a job, like the one process it is compared
-    with, makes its tables in the same order, so a table gets the same seed
-    on each (a dynamic table's initial row of a key depends on it, not on
-    the worker that holds the key)."""
+    this graph (eagerly: since sok.init / sok.Init, see restart_own_seeds),
+    then one derived from `base` and the table's number, as TensorFlow
+    derives each op's seed from its graph's. Every worker of a job, like the
+    one process it is compared with, makes its tables in the same order, so
+    a table gets the same seed on each (a dynamic table's initial row of a
+    key depends on it, not on the worker that holds the key)."""
     import tensorflow as tf
 
     with tf.init_scope():
@@ -147,6 +163,21 @@ def own_seed(base=0):
     x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
     x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
     return (x ^ (x >> 31)) >> 1
+
+
+def restart_own_seeds():
+    """Numbers the next tables without a seed from the first again (eagerly,
+    and in the current graph): sok.init and sok.Init call it, as
+    tf.random.set_seed restarts TensorFlow's op seeds, so a model built
+    again in the same process after them starts from the same rows."""
+    import tensorflow as tf
+
+    with tf.init_scope():
+        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    with _own_seeds_lock:
+        _eager_own_seeds.clear()
+        if graph is not None:
+            _own_seeds.pop(graph, None)
 
 
 def _spec(initializer, seed):

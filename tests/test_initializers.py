@@ -124,3 +124,22 @@ def test_a_seed_given_wins_over_the_tables_own():
     np.testing.assert_array_equal(rows(initializer=own, seed=3), rows(seed=9))
     spec = initializer_spec(None)
     assert spec["seed"] == 0  # a spec outside a table: the op's seed 0
+
+
+def test_init_numbers_unseeded_tables_from_the_first_again():
+    """Eagerly, a model built again after sok.init starts from the same rows
+    (the tables' numbers restart, as TensorFlow's op seeds do after
+    tf.random.set_seed), and a table refused for its arguments takes no
+    number from the tables made after it."""
+    def rows(table):
+        return table.sparse_read(tf.constant(KEYS)).numpy()
+
+    sok.init()
+    first = [rows(sok.DynamicVariable(DIM)), rows(sok.DynamicVariable(DIM))]
+    sok.init()
+    with pytest.raises(ValueError, match="max_capacity"):
+        sok.DynamicVariable(DIM, var_type="hybrid", max_capacity=1000)
+    again = [rows(sok.DynamicVariable(DIM)), rows(sok.DynamicVariable(DIM))]
+    for a, b in zip(first, again):
+        np.testing.assert_array_equal(a, b)
+    assert not np.any(np.all(first[0] == first[1], axis=1))

@@ -1561,6 +1561,23 @@ def test_init_takes_numpy_integers():
             sok.Init(**bad)
 
 
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="eager layers (TF2)")
+@pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
+def test_init_seed_gives_the_same_layers_again_eagerly(use_hashtable):
+    """Eagerly, sok.Init(seed=7) then a layer, twice in one process, gives the
+    same rows both times (each layer's seed is numbered from sok.Init, as
+    in a new graph); a second layer after the same Init has rows of its own."""
+    ids = tf.constant([[[1], [5]], [[5], [9]], [[0], [1]], [[2], [3]]], tf.int64)
+    outs = []
+    for _ in range(2):
+        sok.Init(global_batch_size=4, seed=7)
+        outs.append([sok.All2AllDenseEmbedding(16, 3, 2, 1, use_hashtable=use_hashtable)(ids)
+                     .numpy().reshape(-1, 3) for _ in range(2)])
+    np.testing.assert_array_equal(outs[0][0], outs[1][0])
+    np.testing.assert_array_equal(outs[0][1], outs[1][1])
+    assert not np.any(np.all(outs[0][0] == outs[0][1], axis=1))
+
+
 def _keras3_model_supports_jit():
     """Keras 3's own test of whether compile(jit_compile="auto") may use XLA
     for a model (None under Keras 2, which never chooses XLA itself)."""

@@ -138,8 +138,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         # table would.
         comm = context.active()
         if replica_shards.replicates(comm) and kwargs.get("seed") is None:
-            initializer = kwargs.get("initializer", args[1] if len(args) > 1 else None)
-            kwargs = dict(kwargs, seed=table_spec(initializer)["seed"])
+            kwargs = dict(kwargs, seed=initializers.SharedSeed())
         shards = replica_shards.replicate(cls, args, kwargs, comm)
         return shards if shards is not None else super().__new__(cls)
 
@@ -189,10 +188,18 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if eviction not in dynamic_ops.EVICTIONS:
             raise ValueError(f"evict_strategy must be 'lru' or 'lfu'; got "
                              f"{table_config.get('evict_strategy')!r}")
-        spec = table_spec(initializer, table_config.get("seed"))
+        seed = table_config.get("seed")
+        shared = seed if isinstance(seed, initializers.SharedSeed) else None
+        spec = table_spec(initializer, None if shared else seed)
         # Which new keys get a row (sok_graph/tables/admission.py); None: every one.
         self._admission = admission.from_config(table_config)
+        if spec["seed"] is None:
+            # Drawn once every argument passed its checks: a table refused
+            # (and caught) takes no number from the tables after it.
+            spec["seed"] = shared.get() if shared else initializers.own_seed()
         self._table_config = dict(table_config)
+        if shared:
+            del self._table_config["seed"]  # a shard's settings are the table's, as given
         self._initializer_arg = initializer
         self._config = dict(limits, eviction=eviction, **spec)
 

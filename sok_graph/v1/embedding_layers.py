@@ -115,7 +115,8 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
             raise TypeError(f"key_dtype must be int32 or int64; got {self.key_dtype.name}")
         # sok.Init(seed=s): each layer's rows from a seed of its own drawn
         # from s (one seed for all made every layer of a shape an identical
-        # copy); without it, Keras' unseeded draws and the table's own seed.
+        # copy), numbered from sok.Init; without it, Keras' unseeded draws
+        # and the table's own seed.
         seed = context.v1_config("seed")
         if seed is not None:
             seed = own_seed(seed)

@@ -162,7 +162,28 @@ def main():
     np.testing.assert_array_equal(rows.numpy()[np.argsort(keys_.numpy())],
                                   np.arange(20, dtype=np.float32).reshape(10, 2))
     assert [int(shard.size[0]) for shard in dynamic.shards] == sizes
+    _check_shards_share_one_seed(sok, strategy, n)
     print("OK", flush=True)
+
+
+def _check_shards_share_one_seed(sok, strategy, n):
+    """A table's replica shards draw a key's row from one seed, the seed
+    the same table gets in a job of one process per worker: a table made
+    without one takes the next number of the tables made since sok.init,
+    and a table refused for its arguments takes none (it took one)."""
+    with strategy.scope():
+        sok.init(comm_tool="tf")  # numbers tables from the first again
+    try:
+        sok.DynamicVariable(dimension=2, var_type="hybrid", max_capacity=1000)
+    except ValueError:
+        pass  # not a power of two
+    else:
+        raise AssertionError("max_capacity=1000 of a hybrid table was taken")
+    first, second = sok.DynamicVariable(dimension=2), sok.DynamicVariable(dimension=2)
+    seeds = [[shard._config["seed"] for shard in t.shards] for t in (first, second)]
+    assert seeds[0] == [0] * n, seeds  # the first unseeded table, as in a worker process
+    assert len(set(seeds[1])) == 1 and seeds[1][0] != 0, seeds
+    assert all("seed" not in shard.config_dict for shard in first.shards)
 
 
 if __name__ == "__main__":
