@@ -1174,3 +1174,98 @@ def test_a_graph_mode_load_feeds_the_rows_instead_of_growing_the_graph(tmp_path)
                                           want_values[np.argsort(want_keys)])
     # The static table's rows alone are 3.2 MB (its slots as much again).
     assert grown < rows * dim * 4 // 2, grown
+
+
+def _keys_of(table):
+    return sorted(np.asarray(sok.export(table)[0]).tolist())
+
+
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="eager training (TF2)")
+@pytest.mark.parametrize("route", ["checkpoint", "sok_load", "saver", "remove"])
+def test_a_restore_that_drops_keys_drops_their_optimizer_state(tmp_path, route):
+    """Restoring a dynamic table to a dump taken before key 5 existed left
+    key 5's Adam moments in the slots, so the key came back with them
+    instead of afresh (remove() drops them: the reference route). After
+    every route the slots hold exactly the table's keys, the restored key's
+    state is the dump's, and key 5's next step is the fresh key's step."""
+    sok.init()
+    table = sok.DynamicVariable(2, initializer=0.0, name="emb")
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
+
+    def step(keys):
+        with tf.GradientTape() as tape:
+            ids = tf.RaggedTensor.from_row_lengths(tf.constant(keys, tf.int64), [len(keys)])
+            out = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+            loss = tf.reduce_sum(out * tf.constant([1.0, -1.0]))
+        opt.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    step([1])
+    slots = [opt.get_slot(table, name) for name in ("m", "v")]
+    dumped = [np.asarray(s.find(tf.constant([1], tf.int64))[0]) for s in slots]
+    checkpoint = tf.train.Checkpoint(table=table)
+    saved = checkpoint.save(str(tmp_path / "ckpt"))
+    sok.dump(str(tmp_path / "dump"), [table])
+    saver = sok.Saver()
+    saver.dump_to_file(table, str(tmp_path / "saver"))
+    for _ in range(3):
+        step([1, 5])
+    if route == "checkpoint":
+        checkpoint.restore(saved)
+    elif route == "sok_load":
+        sok.load(str(tmp_path / "dump"), [table])
+    elif route == "saver":
+        saver.restore_from_file(table, str(tmp_path / "saver"))
+    else:
+        table.remove(tf.constant([5], tf.int64))
+    assert _keys_of(table) == [1]
+    for slot, before in zip(slots, dumped):
+        assert _keys_of(slot) == [1], route
+        if route == "remove":
+            continue
+        # slots not in the dump (no optimizer given) keep key 1's newer state
+        assert not np.array_equal(np.asarray(slot.find(tf.constant([1], tf.int64))[0]), before)
+    # key 5 comes back with zero moments: after one step they are
+    # (1 - beta) times the gradient [1, -1] and its square
+    step([5])
+    row = np.asarray(table.find(tf.constant([5], tf.int64))[0])[0]
+    m = 0.1 * np.array([1.0, -1.0])  # (1 - beta_1) * g from zero moments
+    v = 0.001 * np.array([1.0, 1.0])  # (1 - beta_2) * g^2
+    for slot, fresh in zip(slots, (m, v)):
+        np.testing.assert_allclose(np.asarray(slot.find(tf.constant([5], tf.int64))[0])[0],
+                                   fresh, rtol=1e-4)
+    assert np.all(np.abs(row) > 0)
+
+
+def test_a_restore_in_a_graph_drops_the_keys_it_drops_from_the_shadows(tmp_path):
+    """The same in a tf.compat.v1 Session: sok.load and a tf.compat.v1
+    Saver's restore of a table leave its shadow tables (an optimizer's
+    slots; here one made by make_slot) holding only keys the table holds."""
+    with tf.Graph().as_default():
+        sok.init()
+        table = sok.DynamicVariable(2, initializer=0.0, name="emb")
+        shadow = table.make_slot("m", 0.0)
+        first = tf.constant([1, 2], tf.int64)
+        later = tf.constant([5, 6], tf.int64)
+        put = [t.import_rows(first, tf.ones([2, 2])) for t in (table, shadow)]
+        put_later = [t.import_rows(later, 2 * tf.ones([2, 2])) for t in (table, shadow)]
+        saver = tf.compat.v1.train.Saver([table])
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(put)
+            sok.dump(str(tmp_path / "dump"), [table])
+            path = saver.save(sess, str(tmp_path / "ckpt"))
+            for restore in (lambda: sok.load(str(tmp_path / "dump"), [table]),
+                            lambda: saver.restore(sess, path)):
+                sess.run(put_later)
+                restore()
+                keys = [sorted(sess.run(sok_export_keys(t)).tolist()) for t in (table, shadow)]
+                assert keys == [[1, 2], [1, 2]], keys
+
+
+def sok_export_keys(table):
+    """A table's keys, as a graph tensor (every key in one chunk)."""
+    from sok_graph.ops import dynamic as dynamic_ops
+
+    count = dynamic_ops.stats(table.handle)[0]
+    return dynamic_ops.export(table.handle, table.key_type, table.dimension, 0,
+                              tf.maximum(count, 1))[0]

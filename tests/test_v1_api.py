@@ -1567,6 +1567,9 @@ def test_init_seed_gives_the_same_layers_again_eagerly(use_hashtable):
     """Eagerly, sok.Init(seed=7) then a layer, twice in one process, gives the
     same rows both times (each layer's seed is numbered from sok.Init, as
     in a new graph); a second layer after the same Init has rows of its own."""
+    if not use_hashtable and tf.__version__.startswith("1."):
+        pytest.skip("TF 1.x's Keras RandomUniform draws anew from one seed eagerly (its "
+                    "kernel for a seed keeps its state), so a static table cannot repeat")
     ids = tf.constant([[[1], [5]], [[5], [9]], [[0], [1]], [[2], [3]]], tf.int64)
     outs = []
     for _ in range(2):

@@ -883,8 +883,40 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         import (on the CPU) leaves the table as it was."""
         keys, rows, timestamps, frequencies = self._checked_import(
             "replace_rows", keys, rows, timestamps, frequencies, distinct=True)
-        return dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies,
-                                       replace=True)
+        return self._shadows_follow(dynamic_ops.import_rows(
+            self._handle, keys, rows, timestamps, frequencies, replace=True))
+
+    def _shadows_follow(self, replaced):
+        """`replaced` (an import that left the table holding exactly the
+        imported keys), after which each shadow table (an optimizer's slot)
+        drops the keys the table no longer holds, as remove() makes it:
+        restoring a dump taken before a key existed left that key's slot
+        rows (Adam's moments), so the key came back with them instead of
+        afresh. Keys the table holds keep their slot rows, whether a load
+        restores the slots before the table or after it."""
+        if not self._shadows:
+            return replaced
+        if tf.executing_eagerly():
+            for shadow in self._shadows:
+                gone = [tf.boolean_mask(k, tf.logical_not(self._holds(k)))
+                        for k, _, _, _ in shadow.export_chunks()]
+                if gone:  # removed once read: a removal would move the chunks' offsets
+                    dynamic_ops.remove(shadow.handle, tf.concat(gone, 0))
+            return replaced
+        drops = []
+        with tf.control_dependencies([replaced]):
+            for shadow in self._shadows:
+                count = dynamic_ops.stats(shadow.handle)[0]
+                keys = dynamic_ops.export(shadow.handle, shadow.key_type, shadow.dimension, 0,
+                                          tf.maximum(count, 1))[0]
+                drops.append(dynamic_ops.remove(
+                    shadow.handle, tf.boolean_mask(keys, tf.logical_not(self._holds(keys)))))
+        with tf.control_dependencies(drops):
+            return tf.identity(replaced)
+
+    def _holds(self, keys):
+        """Whether the table holds each of `keys` (inserts nothing)."""
+        return dynamic_ops.find(self._handle, keys, self._dimension)[1]
 
     def _checked_import(self, method, keys, rows, timestamps, frequencies, distinct):
         """(keys, rows, timestamps, frequencies) for an import, after checks
@@ -993,10 +1025,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             keys = self._within_capacity(tf.cast(restored_tensors["-keys"], self._key_type),
                                          "a checkpoint's restore")
             with tf.control_dependencies(deps):
-                return dynamic_ops.import_rows(
+                return self._shadows_follow(dynamic_ops.import_rows(
                     self._handle, keys, values,
                     restored_tensors.get("-timestamps"), restored_tensors.get("-frequencies"),
-                    replace=True)
+                    replace=True))
 
 
 def scope_name(name):
