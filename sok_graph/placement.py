@@ -23,7 +23,11 @@ LOCALIZED_PREFIX = "localized:"
 
 
 def parse_mode(mode, world_size):
-    """("distributed", None) or ("localized", rank) from a mode string."""
+    """("distributed", None) or ("localized", rank) from a mode string; None
+    is SOK's default, "distributed" (sok.Variable(..., mode=None) was a
+    TypeError, a DynamicVariable's mode=None was taken)."""
+    if mode is None:
+        return DISTRIBUTED, None
     if not isinstance(mode, str):
         raise TypeError(f"mode must be a string; got {mode!r}")
     if mode == DISTRIBUTED:

@@ -557,3 +557,16 @@ def test_dynamic_table_import_refuses_bad_arguments():
             with pytest.raises(tf.errors.InvalidArgumentError, match="at most once"):
                 sess.run(replace, {ph: [3, 3]})
             sess.run(replace, {ph: [3, 4]})
+
+
+def test_mode_none_is_distributed_as_in_sok():
+    """sok.Variable(..., mode=None) (SOK's default spelled out) was a
+    TypeError; it is a distributed table, as a DynamicVariable's is."""
+    sok.init()
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    table = sok.Variable(rows, mode=None)
+    assert isinstance(table, sok.DistributedVariable) and table.mode == "distributed"
+    assert sok.DynamicVariable(3, mode=None).mode == "distributed"
+    ids = tf.RaggedTensor.from_row_lengths(tf.constant([3, 0, 3], tf.int64), [2, 1])
+    np.testing.assert_array_equal(sok.lookup_sparse(table, ids, combiners="sum").numpy(),
+                                  [rows[3] + rows[0], rows[3]])
