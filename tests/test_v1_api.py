@@ -1581,6 +1581,42 @@ def test_init_seed_gives_the_same_layers_again_eagerly(use_hashtable):
     assert not np.any(np.all(outs[0][0] == outs[0][1], axis=1))
 
 
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras weights files (TF2)")
+@pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
+def test_keras_weights_files_hold_a_1x_layers_table(tmp_path, use_hashtable):
+    """model.save_weights("*.weights.h5") / load_weights (what ModelCheckpoint
+    writes) kept no rows of a 1.x layer under Keras 3: an empty group, and a
+    load that restored nothing without a word. The table's keys and rows are
+    saved and loaded back, exactly."""
+    sok.init(comm_tool="none")
+    ids = np.array([[1, 5, 9], [5, 0, 2]], np.int64)
+
+    class Model(tf.keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.embed = sok.DistributedEmbedding("sum", 16, 4, slot_num=1, max_nnz=3,
+                                                  use_hashtable=use_hashtable)
+            self.dense = tf.keras.layers.Dense(1)
+
+        def call(self, x):
+            sparse = tf.RaggedTensor.from_tensor(x).to_sparse()
+            return self.dense(tf.reshape(self.embed(sparse), [-1, 4]))
+
+    def table_of(model):
+        keys, rows = (np.asarray(t) for t in sok.export(model.embed.embedding_variable))
+        return keys[np.argsort(keys)], rows[np.argsort(keys)]
+
+    trained, fresh = Model(), Model()
+    want = trained(ids).numpy()
+    fresh(ids[:1, :1])  # built, its table drawn apart (and holding other keys)
+    path = str(tmp_path / "model.weights.h5")
+    trained.save_weights(path)
+    fresh.load_weights(path)
+    for got, saved in zip(table_of(fresh), table_of(trained)):
+        np.testing.assert_array_equal(got, saved)
+    np.testing.assert_array_equal(fresh(ids).numpy(), want)
+
+
 def _keras3_model_supports_jit():
     """Keras 3's own test of whether compile(jit_compile="auto") may use XLA
     for a model (None under Keras 2, which never chooses XLA itself)."""

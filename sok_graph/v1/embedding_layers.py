@@ -238,6 +238,47 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
     def _tables(self):
         return [self.embedding_variable]
 
+    # Keras' save_weights / load_weights (and ModelCheckpoint) in the
+    # .weights.h5 format store each layer's Keras variables through these
+    # two; a table is none, so Keras 3 saved an empty group for the layer
+    # and a load restored nothing, without a word. The table's keys (row
+    # numbers of a static table) and rows are stored instead.
+    def save_own_variables(self, store):
+        self._whole_table_here("save_weights")
+        from sok_graph.variables import export
+
+        keys, rows = export(self.embedding_variable)
+        store["keys"] = np.asarray(keys)
+        store["rows"] = np.asarray(rows)
+
+    def load_own_variables(self, store):
+        self._whole_table_here("load_weights")
+        if sorted(store.keys()) != ["keys", "rows"]:
+            raise ValueError(f"load_weights: the file's entry for sok layer '{self.name}' holds "
+                             f"{sorted(store.keys())}, not the table's keys and rows (a file "
+                             f"saved before sok layers saved their tables keeps none)")
+        keys, rows = np.asarray(store["keys"]), np.asarray(store["rows"])
+        table = self.embedding_variable
+        if self.use_hashtable:
+            table.replace_rows(keys, rows)
+            return
+        shape = tuple(table.shape.as_list())
+        if rows.shape != shape or not np.array_equal(keys, np.arange(shape[0])):
+            raise ValueError(f"load_weights: the file holds {rows.shape[0]} rows of "
+                             f"{rows.shape[1:]} for sok layer '{self.name}', whose table is "
+                             f"{list(shape)}")
+        table.assign(rows)
+
+    def _whole_table_here(self, what):
+        """A Keras weights file holds one process's view of the table: the
+        whole table only where one worker holds it all."""
+        comm = context.communicator(what)
+        if comm.world_size != 1:
+            raise ValueError(
+                f"{what}: sok layer '{self.name}' has its table sharded over "
+                f"{comm.world_size} workers, which a Keras weights file cannot hold; save and "
+                f"restore it with sok.Saver (dump_to_file / restore_from_file)")
+
     @property
     def trainable_weights(self):
         return self._tables() if self.trainable else []
