@@ -662,6 +662,38 @@ def test_saver_restore_says_a_damaged_manifest_is_damaged(tmp_path):
     saver.restore_from_file(layer.embedding_variable, tmp_path / "ck")
 
 
+def test_saver_restore_refuses_a_newer_dump_made_by_another_number_of_workers(tmp_path):
+    """A directory holding a one-worker dump ('emb_table') and a newer
+    two-worker one ('emb_table.shard-<r>-of-2') restored the older rows
+    into a one-worker job without a word. Now a CheckpointError names both;
+    an older dump of another number of workers beside is no obstacle. (The
+    two-worker dump is the one-worker's copied under a shard's name, its
+    time set later.)"""
+    import os
+    import shutil
+
+    from sok_graph.dump_load import CheckpointError
+
+    sok.Init(global_batch_size=1)
+    layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, embedding_initializer="ones", name="emb")
+    layer(tf.constant([[[3]], [[9]]], tf.int64))
+    saver = sok.Saver()
+    saver.dump_to_file(layer.embedding_variable, tmp_path / "ck")
+    mine = tmp_path / "ck" / "emb_table"
+    when = os.path.getmtime(mine)
+    for rank in range(2):
+        shard = tmp_path / "ck" / f"emb_table.shard-{rank}-of-2"
+        shutil.copytree(mine, shard)
+        os.utime(shard, (when + 60, when + 60))
+    with pytest.raises(CheckpointError, match=re.escape(
+            "holds a dump of 'emb_table' made by 1 worker(s) ('emb_table') and newer ones made "
+            "by another number of workers (['emb_table.shard-0-of-2', "
+            "'emb_table.shard-1-of-2'])")):
+        saver.restore_from_file(layer.embedding_variable, tmp_path / "ck")
+    os.utime(mine, (when + 120, when + 120))  # the one-worker dump is the newest
+    saver.restore_from_file(layer.embedding_variable, tmp_path / "ck")
+
+
 @pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
 def test_saver_round_trip_eager(tmp_path, use_hashtable):
     sok.Init(global_batch_size=4)

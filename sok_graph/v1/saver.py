@@ -120,6 +120,32 @@ def _entry(var):
     return stem if world_size == 1 else f"{stem}.shard-{rank}-of-{world_size}"
 
 
+def _refuse_a_newer_dump_of_other_workers(var, path, entry):
+    """A CheckpointError where `path` holds a dump of var's table made by
+    another number of workers that is newer than `entry`, the one this
+    worker would read: a job that shrank or grew between a dump and a
+    restore read the older files without a word (a one-worker restore took
+    the rows of the dump before the two-worker job trained)."""
+    world_size = var.placement[0]
+    stem = table_stem(_var_name(var))
+    mine = os.path.getmtime(os.path.join(path, entry))
+    pattern = re.compile(re.escape(stem) + r"(?:\.shard-\d+-of-(\d+))?\Z")
+    newer = []
+    for name in os.listdir(path):
+        found = pattern.match(name)
+        workers = 1 if found and found.group(1) is None else int(found.group(1)) if found else 0
+        if workers in (0, world_size) or not dumped_names(os.path.join(path, name)):
+            continue
+        if os.path.getmtime(os.path.join(path, name)) > mine:
+            newer.append(name)
+    if newer:
+        raise CheckpointError(
+            f"{path} holds a dump of {_var_name(var)!r} made by {world_size} worker(s) "
+            f"({entry!r}) and newer ones made by another number of workers ({sorted(newer)}); "
+            f"restoring would read the older rows: restore with the job's number of workers "
+            f"that wrote the newer dump, or remove the dump not wanted")
+
+
 # A Saver writes one shard as a table of its own, keys in the shard's own
 # numbering (key_map: a static shard's local row numbers 0..n-1, a dynamic
 # table's keys), as its files always held them.
@@ -371,6 +397,8 @@ class Saver:
                         f"{path}; it holds {inside[:8]}")
             if held != [table]:
                 raise CheckpointError(f"{target} holds a Saver dump of {held}, not of {name!r}")
+            if target != path:
+                _refuse_a_newer_dump_of_other_workers(var, path, entry)
             if table == name:
                 with _dumped_lock:
                     _refuse_anothers_rows(var, name, target)
