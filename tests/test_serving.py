@@ -504,6 +504,19 @@ def test_a_refused_export_leaves_the_previous_one(tmp_path):
     with pytest.raises(FileExistsError, match="holds something other than a SavedModel"):
         sok.export_for_serving(Good(), str(mine), sig)
     assert (mine / "notes.txt").read_text() == "mine"
+    # Files added to a previous export (TF Serving's warm-up requests, a
+    # README) were deleted by the export replacing it, without a word.
+    warmup = tmp_path / "model" / "assets.extra" / "tf_serving_warmup_requests"
+    warmup.write_bytes(b"requests")
+    (tmp_path / "model" / "README.txt").write_text("mine")
+    with pytest.raises(FileExistsError, match=r"files no export writes, \['README.txt', "
+                                              r"'assets.extra/tf_serving_warmup_requests'\]"):
+        sok.export_for_serving(Good(), export_dir, sig)
+    assert warmup.read_bytes() == b"requests"
+    assert (tmp_path / "model" / "README.txt").read_text() == "mine"
+    warmup.unlink()
+    (tmp_path / "model" / "README.txt").unlink()
+    sok.export_for_serving(Good(), export_dir, sig)  # an export of its own files only
 
 
 @tf2_only

@@ -387,7 +387,32 @@ def _refusal(export_dir, tf1):
                 f"export_dir={str(export_dir)!r} holds something other than a SavedModel: an "
                 f"export replaces only a previous export or an empty directory; choose "
                 f"another export_dir or remove it")
+        added = _not_of_an_export(final)
+        if added:
+            return FileExistsError(
+                f"export_dir={str(export_dir)!r} holds a previous export and files no export "
+                f"writes, {added}, which replacing it would delete (TF Serving's "
+                f"assets.extra/tf_serving_warmup_requests is one); move them, or choose another "
+                f"export_dir")
     return None
+
+
+# What an export (TensorFlow's SavedModel and sok's files) writes at its top
+# level and in assets.extra; anything else in a previous export was added.
+_EXPORT_ENTRIES = set(SAVED_MODEL_FILES) | {"variables", "assets", "fingerprint.pb",
+                                            "assets.extra"}
+_EXPORT_EXTRAS = {MANIFEST, "sok_deltas.json"}  # the manifest; delta.APPLIED
+
+
+def _not_of_an_export(export_dir):
+    """The entries of a previous export that no export writes, sorted
+    (paths relative to export_dir)."""
+    added = [name for name in os.listdir(export_dir) if name not in _EXPORT_ENTRIES]
+    extra = os.path.join(export_dir, "assets.extra")
+    if os.path.isdir(extra):
+        added += [os.path.join("assets.extra", name) for name in os.listdir(extra)
+                  if name not in _EXPORT_EXTRAS]
+    return sorted(added)
 
 
 def _agreed(comm, eager, failed, reading=None, what="export_for_serving"):
