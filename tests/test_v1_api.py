@@ -632,6 +632,17 @@ def test_a_key_dtype_that_is_no_dtype_is_named():
             make(tf.float32)
 
 
+def _layer_dumped_by_a_saver(directory):
+    """A one-worker layer 'emb' with keys 3 and 9, dumped by a sok.Saver into
+    `directory` (as 'emb_table'); (layer, saver)."""
+    sok.Init(global_batch_size=1)
+    layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, embedding_initializer="ones", name="emb")
+    layer(tf.constant([[[3]], [[9]]], tf.int64))
+    saver = sok.Saver()
+    saver.dump_to_file(layer.embedding_variable, directory)
+    return layer, saver
+
+
 def test_saver_restore_says_a_damaged_manifest_is_damaged(tmp_path):
     """A truncated, empty or deleted manifest.json of a Saver dump was
     reported as "no Saver dump of 'emb_table'" (a directory that "holds
@@ -640,11 +651,7 @@ def test_saver_restore_says_a_damaged_manifest_is_damaged(tmp_path):
 
     from sok_graph.dump_load import CheckpointError
 
-    sok.Init(global_batch_size=1)
-    layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, embedding_initializer="ones", name="emb")
-    layer(tf.constant([[[3]], [[9]]], tf.int64))
-    saver = sok.Saver()
-    saver.dump_to_file(layer.embedding_variable, tmp_path / "ck")
+    layer, saver = _layer_dumped_by_a_saver(tmp_path / "ck")
     table = tmp_path / "ck" / "emb_table"
     manifest = table / "manifest.json"
     whole = manifest.read_bytes()
@@ -674,11 +681,7 @@ def test_saver_restore_refuses_a_newer_dump_made_by_another_number_of_workers(tm
 
     from sok_graph.dump_load import CheckpointError
 
-    sok.Init(global_batch_size=1)
-    layer = sok.All2AllDenseEmbedding(4, 2, 1, 1, embedding_initializer="ones", name="emb")
-    layer(tf.constant([[[3]], [[9]]], tf.int64))
-    saver = sok.Saver()
-    saver.dump_to_file(layer.embedding_variable, tmp_path / "ck")
+    layer, saver = _layer_dumped_by_a_saver(tmp_path / "ck")
     mine = tmp_path / "ck" / "emb_table"
     when = os.path.getmtime(mine)
     for rank in range(2):
