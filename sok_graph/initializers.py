@@ -148,10 +148,7 @@ def own_seed(base=0):
     one process it is compared with, makes its tables in the same order, so
     a table gets the same seed on each (a dynamic table's initial row of a
     key depends on it, not on the worker that holds the key)."""
-    import tensorflow as tf
-
-    with tf.init_scope():
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    graph = _tables_graph()
     with _own_seeds_lock:
         counts = _eager_own_seeds if graph is None else _own_seeds.setdefault(graph, {})
         number = counts.get(base, 0)
@@ -170,14 +167,20 @@ def restart_own_seeds():
     and in the current graph): sok.init and sok.Init call it, as
     tf.random.set_seed restarts TensorFlow's op seeds, so a model built
     again in the same process after them starts from the same rows."""
-    import tensorflow as tf
-
-    with tf.init_scope():
-        graph = None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
+    graph = _tables_graph()
     with _own_seeds_lock:
         _eager_own_seeds.clear()
         if graph is not None:
             _own_seeds.pop(graph, None)
+
+
+def _tables_graph():
+    """The graph a table made now lives in (where tf.init_scope lifts its
+    creation), or None eagerly."""
+    import tensorflow as tf
+
+    with tf.init_scope():
+        return None if tf.executing_eagerly() else tf.compat.v1.get_default_graph()
 
 
 def _spec(initializer, seed):

@@ -70,16 +70,15 @@ from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.tables import dimension_of, is_dynamic, is_float_dtype, replica_shards
 from sok_graph.serving import collective, sources
-from sok_graph.serving.export import (MANIFEST, SAVED_MODEL_FILES, checked_chunk_rows,
-                                      checked_dir, saved_model_file, table_name)
+from sok_graph.serving.export import (APPLIED, MANIFEST, SAVED_MODEL_FILES,
+                                      checked_chunk_rows, checked_dir, saved_model_file,
+                                      table_name)
 from sok_graph.serving.tables import safe_name
 
 DELTA_FORMAT = 1
 DELTA_MANIFEST = "manifest.json"
 # A table's files in a delta: <stem>.keys.npy, <stem>.rows.npy.
 _PARTS = ("keys.npy", "rows.npy")
-# In an export's assets.extra: the deltas apply_serving_delta applied to it.
-APPLIED = "sok_deltas.json"
 APPLIED_FORMAT = 1
 # Rows of a dtype .npy cannot hold are written as their raw bits, in the
 # unsigned integer of their width: {table dtype: the .npy's dtype}.

@@ -41,6 +41,9 @@ from sok_graph.serving import collective, mode, sources
 from sok_graph.serving.tables import DynamicTable, StaticTable
 
 MANIFEST = "sok_serving.json"
+# In an export's assets.extra: the deltas apply_serving_delta applied to it
+# (sok_graph/serving/delta.py).
+APPLIED = "sok_deltas.json"
 MANIFEST_FORMAT = 1
 
 
@@ -401,7 +404,7 @@ def _refusal(export_dir, tf1):
 # level and in assets.extra; anything else in a previous export was added.
 _EXPORT_ENTRIES = set(SAVED_MODEL_FILES) | {"variables", "assets", "fingerprint.pb",
                                             "assets.extra"}
-_EXPORT_EXTRAS = {MANIFEST, "sok_deltas.json"}  # the manifest; delta.APPLIED
+_EXPORT_EXTRAS = {MANIFEST, APPLIED}
 
 
 def _not_of_an_export(export_dir):

@@ -133,10 +133,10 @@ def _refuse_a_newer_dump_of_other_workers(var, path, entry):
     newer = []
     for name in os.listdir(path):
         found = pattern.match(name)
-        workers = 1 if found and found.group(1) is None else int(found.group(1)) if found else 0
-        if workers in (0, world_size) or not dumped_names(os.path.join(path, name)):
+        if found is None or int(found.group(1) or 1) == world_size:
             continue
-        if os.path.getmtime(os.path.join(path, name)) > mine:
+        other = os.path.join(path, name)
+        if dumped_names(other) and os.path.getmtime(other) > mine:
             newer.append(name)
     if newer:
         raise CheckpointError(

@@ -556,11 +556,6 @@ void LaunchSegments(const float* data, const int32_t* order, const int64_t* star
       reinterpret_cast<const T*>(partial), num_segments, lanes, reinterpret_cast<T*>(out));
 }
 
-// Pieces a thread per column (four columns a thread, with fewer threads,
-// had fewer loads in flight: Zipf 0.79 -> 0.97 ms), short segments four
-// columns a thread where the rows allow (uniform keys: 1.26 -> 0.97 ms).
-constexpr int kPieceLanes = 1, kPieceBatch = 32;
-
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 template <typename I>
@@ -624,17 +619,14 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
   size_t bytes = scan_bytes;
   SOK_CUDA(cub::DeviceScan::ExclusiveSum(cub_temp, bytes, pieces, piece_start,
                                          static_cast<int>(num_segments + 1), s));
-  const bool by4 = width % 4 == 0 && Aligned16(data) && Aligned16(out) && Aligned16(partial);
+  // Pieces a column a thread (four columns a thread, with fewer threads,
+  // had fewer loads in flight: Zipf 0.79 -> 0.97 ms), short segments four
+  // columns a thread where the rows allow (uniform keys: 1.26 -> 0.97 ms).
   if (n > kSegmentPiece) {
-    if (by4 || kPieceLanes == 1) {
-      LaunchPieces<kPieceLanes, kPieceBatch>(data, order, start, piece_start, partial,
-                                             num_segments, max_pieces, width, s);
-    } else {
-      LaunchPieces<1, 32>(data, order, start, piece_start, partial, num_segments, max_pieces,
-                          width, s);
-    }
+    LaunchPieces<1, 32>(data, order, start, piece_start, partial, num_segments, max_pieces,
+                        width, s);
   }
-  if (by4) {
+  if (width % 4 == 0 && Aligned16(data) && Aligned16(out) && Aligned16(partial)) {
     LaunchSegments<4, 8>(data, order, start, piece_start, partial, num_segments, width, out, s);
   } else {
     LaunchSegments<1, 32>(data, order, start, piece_start, partial, num_segments, width, out,
