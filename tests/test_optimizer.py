@@ -740,3 +740,60 @@ def test_the_step_counts_every_session_run_whatever_the_formula(make):
         assert sess.run(opt.iterations) == 3
         sess.run(both)
         assert sess.run(opt.iterations) == 4
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "tf_function"])
+@pytest.mark.parametrize("kind", ["scope_keras", "scope_tf1", "wrapper_keras"])
+def test_tf_train_checkpoint_resumes_the_sok_optimizer_state(tmp_path, rng, kind, compiled):
+    """tf.train.Checkpoint of the tables, a dense weight and the optimizer
+    (a native one under OptimizerScope, or a sok.OptimizerWrapper), restored
+    into fresh objects before their first step and into the trained ones
+    (rolled back), trains on exactly as the uninterrupted run: rows, the
+    dense weight and the sok step. The sok slots used to be left out: Adam's
+    moments started again from zero, without a word."""
+    from sok_graph.optimization.wrapper import wrapper_for
+
+    table = rng.standard_normal((12, 3)).astype(np.float32)
+    batches = [tf.constant(rng.integers(0, 12, size=6), tf.int64) for _ in range(5)]
+
+    def build():
+        dyn, static = dynamic_from(table), sok.Variable(table)
+        dense = tf.Variable(np.linspace(-1.0, 1.0, 3, dtype=np.float32).reshape(3, 1))
+        native = tf.keras.optimizers.Adam(0.05) if kind.endswith("keras") else V1.AdamOptimizer(0.05)
+        opt = sok.OptimizerWrapper(native) if kind.startswith("wrapper") else native
+
+        def step(ids):
+            ragged = tf.RaggedTensor.from_row_lengths(ids, [2, 2, 2])
+            with tf.GradientTape() as tape:
+                a, b = sok.lookup_sparse([dyn, static], [ragged, ragged], combiners=["sum", "sum"])
+                loss = tf.reduce_sum(tf.matmul(tf.square(a - b), dense))
+            variables = [dyn, static, dense]
+            pairs = zip(tape.gradient(loss, variables), variables)
+            with sok.OptimizerScope([dyn, static]):
+                opt.apply_gradients(pairs)
+
+        run = tf.function(step) if compiled else step
+        checkpoint = tf.train.Checkpoint(dyn=dyn, static=static, dense=dense, optimizer=opt)
+        return dyn, static, dense, opt, run, checkpoint
+
+    def state(dyn, static, dense, opt):
+        sok_step = opt.iterations if kind.startswith("wrapper") else wrapper_for(opt).iterations
+        return [rows_of(dyn, 12), static.numpy(), dense.numpy(), int(sok_step.numpy())]
+
+    dyn, static, dense, opt, run, checkpoint = build()
+    for ids in batches[:3]:
+        run(ids)
+    path = checkpoint.save(str(tmp_path / "ck"))
+    for ids in batches[3:]:
+        run(ids)
+    expected = state(dyn, static, dense, opt)
+    assert expected[3] == 5
+
+    fresh = build()
+    restored = [fresh[5].restore(path), checkpoint.restore(path)]
+    for resumed, status in zip((fresh, (dyn, static, dense, opt, run)), restored):
+        for ids in batches[3:]:
+            resumed[4](ids)
+        status.assert_consumed()  # the fresh optimizer's variables exist now
+        for got, want in zip(state(*resumed[:4]), expected):
+            np.testing.assert_array_equal(got, want)

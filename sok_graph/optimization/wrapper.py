@@ -63,10 +63,21 @@ from sok_graph.ops import util as util_ops
 from sok_graph.optimization import fused_apply, native_state
 from sok_graph.optimization.algorithms import Hyperparameters, known_number, value
 
-class OptimizerWrapper:
+class OptimizerWrapper(compat.trackable_base_class()):
     """``OptimizerWrapper(optimizer)``: ``apply_gradients`` works on sok variables.
 
     optimizer: a tf.compat.v1.train optimizer or a Keras optimizer.
+
+    tf.train.Checkpoint saves and restores the wrapper's state as it does a
+    Keras or tf.compat.v1 optimizer's: its step counters are its children,
+    and its slots are checkpointed as slot variables of the table (or
+    replica shard) they belong to, which the checkpoint must hold too. A
+    checkpoint restored before the first step creates the slots it holds
+    (_create_or_restore_slot_variable). A native optimizer's own wrapper
+    (sok.OptimizerScope) is a child of that optimizer
+    (NATIVE_STATE_DEPENDENCY), so ``tf.train.Checkpoint(optimizer=opt)``
+    holds it; an explicit wrapper holds the optimizer it wraps as its child
+    "optimizer".
     """
 
     # Whether an option the row updates would ignore is refused when the
@@ -89,6 +100,8 @@ class OptimizerWrapper:
         # replicas as workers (each replica counts its own applies).
         self._steps = {}
         self._update_all_rows = bool(update_all_rows)
+        if not isinstance(self, _NativeWrapper) and hasattr(optimizer, "_track_trackable"):
+            self._track_trackable(optimizer, name="optimizer")
 
     @property
     def optimizer(self):
@@ -108,6 +121,9 @@ class OptimizerWrapper:
             with tf.init_scope(), replica_shards.shard_scope(replica):
                 self._steps[replica] = replica_shards.new_variable(
                     0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
+                # A checkpoint restored before the counter existed sets it now.
+                self._track_trackable(self._steps[replica],
+                                      name="step" if replica == 0 else f"step_replica_{replica}")
         return self._steps[replica]
 
     def set_step(self, step):
@@ -155,7 +171,27 @@ class OptimizerWrapper:
         return id(var) in self._slots
 
     def get_slot(self, var, name):
+        """Slot `name` of sok variable `var` (inside strategy.run, of the
+        replica's shard of a table sharded over replicas); KeyError for a
+        variable without slots here (what TensorFlow's checkpoint code,
+        which asks every object it saves, expects)."""
+        if isinstance(var, replica_shards.ReplicaShards) and not replica_shards.in_replica():
+            raise KeyError(f"{var.name!r} has slots per replica shard: ask for those of "
+                           f"var.shards[r]")
         return self._slots[id(replica_shards.resolve(var, "get_slot"))][name]
+
+    # tf.train.Checkpoint's protocol for an optimizer's slots (see the class
+    # docstring): the names, get_slot above, and the restore.
+    def get_slot_names(self):
+        return self.slot_names()
+
+    def _create_or_restore_slot_variable(self, slot_variable_position, slot_name, variable):
+        """Restores slot `slot_name` of `variable` from a checkpoint,
+        creating the variable's slots first where no step made them yet."""
+        if not is_sok_variable(variable) or slot_name not in self.slot_names():
+            return
+        slots = self.create_slots(variable)
+        slot_variable_position.restore(slots[slot_name])
 
     def variables(self):
         """Every slot (tf.Variable or DynamicVariable) and the step counter(s)."""
@@ -480,7 +516,16 @@ def wrapper_for(optimizer):
     if wrapper is None:
         wrapper = _NativeWrapper(optimizer)
         _native_wrappers[optimizer] = wrapper
+        if hasattr(optimizer, "_track_trackable"):
+            # tf.train.Checkpoint(optimizer=optimizer) holds the sok state;
+            # one restored before this wrapper existed restores it now.
+            with tf.init_scope():
+                optimizer._track_trackable(wrapper, name=NATIVE_STATE_DEPENDENCY)
     return wrapper
+
+
+# The name of a native optimizer's wrapper among its checkpoint children.
+NATIVE_STATE_DEPENDENCY = "sok_optimizer_state"
 
 
 class _NativeWrapper(OptimizerWrapper):

@@ -162,8 +162,59 @@ def main():
     np.testing.assert_array_equal(rows.numpy()[np.argsort(keys_.numpy())],
                                   np.arange(20, dtype=np.float32).reshape(10, 2))
     assert [int(shard.size[0]) for shard in dynamic.shards] == sizes
+    _check_checkpoint_holds_every_shards_optimizer_slots(sok, strategy, table, dynamic, keys)
     _check_shards_share_one_seed(sok, strategy, n)
     print("OK", flush=True)
+
+
+def _check_checkpoint_holds_every_shards_optimizer_slots(sok, strategy, table, dynamic, keys):
+    """tf.train.Checkpoint of the tables and a native Adam that trained them
+    under OptimizerScope holds every replica shard's slots and step: a
+    fresh Adam restored from it has them, before its first step."""
+    import tempfile
+
+    import tensorflow as tf
+    from sok_graph.optimization.wrapper import wrapper_for
+
+    opt = tf.keras.optimizers.Adam(0.1)
+    ids = tf.RaggedTensor.from_tensor(keys)
+
+    def replica_step():
+        with tf.GradientTape() as tape:
+            a, b = sok.lookup_sparse([table, dynamic], [ids, ids], combiners=["sum", "sum"])
+            loss = tf.reduce_sum(a * a) + tf.reduce_sum(b * b)
+        grads = tape.gradient(loss, [table, dynamic])
+        with sok.OptimizerScope([table, dynamic]):
+            opt.apply_gradients(zip(grads, [table, dynamic]))
+
+    step = tf.function(lambda: strategy.run(replica_step))
+    step()
+    step()
+
+    def state(optimizer):
+        wrapper = wrapper_for(optimizer)
+        slots = []
+        for shard in table.shards:
+            slots += [wrapper.get_slot(shard, name).numpy() for name in ("m", "v")]
+        for shard in dynamic.shards:
+            for name in ("m", "v"):
+                k, rows = wrapper.get_slot(shard, name).export()
+                slots.append(rows.numpy()[np.argsort(k.numpy())])
+        # Each replica's step counter (made here if need be: a restored
+        # checkpoint sets it as it is made).
+        return slots + [int(wrapper._step_variable(r).numpy()) for r in range(len(table.shards))]
+
+    want = state(opt)
+    assert want[-len(table.shards):] == [2] * len(table.shards), want
+    assert any(np.abs(s).sum() > 0 for s in want[:-len(table.shards)])
+    checkpoint = tf.train.Checkpoint(table=table, dynamic=dynamic, optimizer=opt)
+    path = checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"))
+    fresh = tf.keras.optimizers.Adam(0.1)
+    tf.train.Checkpoint(table=table, dynamic=dynamic, optimizer=fresh).restore(path)
+    got = state(fresh)
+    assert len(got) == len(want)
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(g, w)
 
 
 def _check_shards_share_one_seed(sok, strategy, n):
