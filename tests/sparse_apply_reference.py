@@ -11,8 +11,22 @@ def hyper(lr=0.1, momentum=0.9, epsilon=1e-7, beta_1=0.8, beta_2=0.95, lr_power=
                      rho], np.float32)
 
 
-def numpy_step(algorithm, w, slots, g, h, step, tf1=False, nesterov=False):
-    """The algorithms' formulas in float64, on whole rows."""
+# The formula families the ops take (their attributes tf1 and
+# keras_optimizer_v2): Keras', tf.compat.v1.train's, Keras 2's OptimizerV2.
+FORMULAS = ("keras", "tf1", "keras_v2")
+
+
+def formula_attrs(formulas):
+    """The ops' attributes selecting `formulas`."""
+    return {"tf1": formulas == "tf1", "keras_optimizer_v2": formulas == "keras_v2"}
+
+
+def numpy_step(algorithm, w, slots, g, h, step, formulas="keras", nesterov=False):
+    """The algorithms' formulas in float64, on whole rows. Keras 2's
+    OptimizerV2 (keras_v2) adds epsilon after the root of Adagrad and of
+    RMSprop without momentum, as its sparse kernels do."""
+    assert formulas in FORMULAS, formulas
+    tf1, keras_v2 = formulas == "tf1", formulas == "keras_v2"
     lr, mom, eps, b1, b2, lr_power, l1, l2, shrink, beta, rho = [float(x) for x in h]
     if algorithm == "sgd":
         return w - lr * g, []
@@ -24,6 +38,8 @@ def numpy_step(algorithm, w, slots, g, h, step, tf1=False, nesterov=False):
         return (w + mom * vel - lr * g if nesterov else w + vel), [vel]
     if algorithm == "adagrad":
         acc = slots[0] + g * g
+        if keras_v2:
+            return w - lr * g / (np.sqrt(acc) + eps), [acc]
         return w - lr * g / np.sqrt(acc if tf1 else acc + eps), [acc]
     if algorithm == "adam":
         m = b1 * slots[0] + (1 - b1) * g
@@ -37,11 +53,12 @@ def numpy_step(algorithm, w, slots, g, h, step, tf1=False, nesterov=False):
         mom_slot = rest.pop(0) if "momentum" in algorithm else None
         mg_slot = rest.pop(0) if "centered" in algorithm else None
         ms = rho * slots[0] + (1 - rho) * g * g
-        new, denom = [ms], ms + eps
+        after_root = keras_v2 and mom_slot is None
+        new, denom = [ms], ms if after_root else ms + eps
         if mg_slot is not None:
             mg = rho * mg_slot + (1 - rho) * g
             denom = denom - mg * mg
-        inc = lr * g / np.sqrt(denom)
+        inc = lr * g / (np.sqrt(denom) + eps) if after_root else lr * g / np.sqrt(denom)
         if mom_slot is not None:
             inc = mom * mom_slot + inc
             new.append(inc)

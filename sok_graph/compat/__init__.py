@@ -14,6 +14,7 @@ import tensorflow as tf
 from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
     KERAS_MAJOR_VERSION,
     is_keras_optimizer,
+    is_keras_optimizer_v2,
     is_optimizer,
     is_package_keras_optimizer,
     is_tf1_optimizer,

@@ -61,6 +61,14 @@ def is_tf1_optimizer(opt):
     return isinstance(opt, tf.compat.v1.train.Optimizer)
 
 
+def is_keras_optimizer_v2(opt):
+    """A Keras 2 OptimizerV2: its legacy optimizers (``tf.keras.optimizers.legacy``,
+    ``tf_keras.optimizers.legacy``, every tf.keras optimizer before TF 2.11
+    and on TF 1.x), known by its base class's name in any package. Its
+    Adagrad and RMSprop add epsilon after the root (algorithms.py)."""
+    return "OptimizerV2" in [cls.__name__ for cls in type(opt).__mro__]
+
+
 # Packages whose optimizers are Keras optimizers even when tf.keras is
 # another Keras: tf_keras (Keras 2 as a package, which SOK scripts on
 # TF >= 2.17 import for its legacy optimizers) and keras itself.

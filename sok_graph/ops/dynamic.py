@@ -107,12 +107,13 @@ def scatter(table, keys, rows, mode):
     return library.load().sok_dynamic_table_scatter(table, keys, rows, mode=mode)
 
 
-def sparse_apply(table, slots, keys, grads, hyper, step, algorithm, tf1=False, nesterov=False):
+def sparse_apply(table, slots, keys, grads, hyper, step, algorithm, tf1=False,
+                 keras_optimizer_v2=False, nesterov=False):
     """One fused optimizer step for distinct `keys` of `table` and its slot
     tables (SokDynamicSparseApply; see sok_graph/optimization/fused_apply.py)."""
     return library.load().sok_dynamic_sparse_apply(
         table, keys, grads, hyper, step, list(slots), algorithm=algorithm, tf1=bool(tf1),
-        nesterov=bool(nesterov))
+        keras_optimizer_v2=bool(keras_optimizer_v2), nesterov=bool(nesterov))
 
 
 def remove(table, keys):

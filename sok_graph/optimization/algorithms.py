@@ -15,10 +15,13 @@ wrapper is asked to (`update_all_rows`), the same way. Adding an algorithm
 is adding an entry here and its formula and slots there.
 
 Each formula follows the optimizer family it wraps (e.g. Keras' Adagrad
-divides by sqrt(accum + epsilon), TF1's by sqrt(accum); TF1's RMSProp starts
-its mean square at 1, Keras' at 0), so sparse updates equal what
-TensorFlow's own sparse kernels compute for the rows they touch. `hp.tf1`
-selects the tf.compat.v1.train variant.
+divides by sqrt(accum + epsilon), Keras 2's OptimizerV2 Adagrad by
+sqrt(accum) + epsilon, TF1's by sqrt(accum); TF1's RMSProp starts its mean
+square at 1, Keras' at 0), so sparse updates equal what TensorFlow's own
+sparse kernels compute for the rows they touch. `hp.tf1` selects the
+tf.compat.v1.train variant, `hp.keras_v2` Keras 2's OptimizerV2 (its legacy
+optimizers), whose Adagrad and momentum-free RMSprop add epsilon after the
+root.
 """
 
 import collections
@@ -68,7 +71,12 @@ def _momentum(hp, w, g, s, lr, step):
 
 def _adagrad(hp, w, g, s, lr, step):
     acc = s["accumulator"] + g * g
-    denom = tf.sqrt(acc) if hp.tf1 else tf.sqrt(acc + _f(hp.epsilon, w))
+    if hp.tf1:
+        denom = tf.sqrt(acc)
+    elif hp.keras_v2:
+        denom = tf.sqrt(acc) + _f(hp.epsilon, w)
+    else:
+        denom = tf.sqrt(acc + _f(hp.epsilon, w))
     return w - lr * g / denom, {"accumulator": acc}
 
 
@@ -106,12 +114,17 @@ def _rmsprop(hp, w, g, s, lr, step):
     rho = _f(hp.rho, w)
     ms = rho * s["rms"] + (1.0 - rho) * g * g
     new = {"rms": ms}
-    denom = ms + _f(hp.epsilon, w)
+    # Keras 2's OptimizerV2 without momentum: epsilon after the root.
+    epsilon_after_root = hp.keras_v2 and "momentum" not in s
+    denom = ms if epsilon_after_root else ms + _f(hp.epsilon, w)
     if hp.centered:
         mg = rho * s["mg"] + (1.0 - rho) * g
         new["mg"] = mg
         denom = denom - mg * mg
-    inc = lr * g * tf.math.rsqrt(denom)
+    if epsilon_after_root:
+        inc = lr * g / (tf.sqrt(denom) + _f(hp.epsilon, w))
+    else:
+        inc = lr * g * tf.math.rsqrt(denom)
     if "momentum" in s:
         mom = _f(hp.momentum, w) * s["momentum"] + inc
         new["momentum"] = mom
@@ -354,6 +367,7 @@ class Hyperparameters:
         tf1_names = compat.is_tf1_optimizer(opt)  # how its attributes are spelled
         # tf1_formulas: sok_graph's own rules choose the formula flavor.
         self.tf1 = tf1_names if tf1_formulas is None else bool(tf1_formulas)
+        self.keras_v2 = not self.tf1 and compat.is_keras_optimizer_v2(opt)
         o = opt
         # An option the row updates would ignore (a message refusing it).
         self.unapplied = None

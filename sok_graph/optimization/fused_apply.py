@@ -109,7 +109,7 @@ def sparse_apply(variables, slots, indices, values, hp, lr, step):
         vars=[v.handle for v in variables], slots=[s.handle for s in slots],
         indices=list(indices), grads=list(values), hyper=_hyper(hp, lr),
         step=tf.cast(step, tf.int64), algorithm=hp.kernel, tf1=bool(hp.tf1),
-        nesterov=bool(hp.nesterov))
+        keras_optimizer_v2=bool(hp.keras_v2), nesterov=bool(hp.nesterov))
 
 
 def dynamic_sparse_apply(table, slots, keys, values, hp, lr, step):
@@ -118,4 +118,5 @@ def dynamic_sparse_apply(table, slots, keys, values, hp, lr, step):
     Returns the op."""
     return dynamic_ops.sparse_apply(
         table.handle, [s.handle for s in slots], keys, values, _hyper(hp, lr),
-        tf.cast(step, tf.int64), hp.kernel, tf1=hp.tf1, nesterov=hp.nesterov)
+        tf.cast(step, tf.int64), hp.kernel, tf1=hp.tf1, keras_optimizer_v2=hp.keras_v2,
+        nesterov=hp.nesterov)

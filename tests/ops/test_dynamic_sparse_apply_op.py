@@ -8,10 +8,11 @@ import pytest
 import tensorflow as tf
 
 import sok_graph as sok
+from sok_graph import compat
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import library
 from sok_graph.optimization import fused_apply
-from sparse_apply_reference import hyper, numpy_step, slot_count
+from sparse_apply_reference import formula_attrs, hyper, numpy_step, slot_count
 
 DIM = 4
 SLOT_INIT = 0.3  # the slot tables' initial value for keys they do not hold
@@ -32,14 +33,16 @@ def _rows(v, keys, key_type):
     return rows.numpy(), found.numpy()
 
 
-@pytest.mark.parametrize("algorithm,tf1,nesterov", [
-    ("sgd", False, False), ("momentum", True, False), ("momentum", False, True),
-    ("adagrad", True, False), ("adagrad", False, False), ("adam", False, False),
-    ("ftrl", False, False), ("rmsprop", False, False), ("rmsprop_momentum", False, False),
-    ("rmsprop_centered", False, False), ("rmsprop_momentum_centered", False, False),
-    ("adadelta", False, False), ("adamax", False, False)])
+@pytest.mark.parametrize("algorithm,formulas,nesterov", [
+    ("sgd", "keras", False), ("momentum", "tf1", False), ("momentum", "keras", True),
+    ("adagrad", "tf1", False), ("adagrad", "keras", False), ("adagrad", "keras_v2", False),
+    ("adam", "keras", False), ("ftrl", "keras", False), ("rmsprop", "keras", False),
+    ("rmsprop", "keras_v2", False), ("rmsprop_momentum", "keras", False),
+    ("rmsprop_momentum", "keras_v2", False), ("rmsprop_centered", "keras", False),
+    ("rmsprop_centered", "keras_v2", False), ("rmsprop_momentum_centered", "keras", False),
+    ("adadelta", "keras", False), ("adamax", "keras", False)])
 @pytest.mark.parametrize("key_type", [tf.int32, tf.int64])
-def test_updates_keys_as_numpy(algorithm, tf1, nesterov, key_type, rng):
+def test_updates_keys_as_numpy(algorithm, formulas, nesterov, key_type, rng):
     """Keys the table holds and a key it does not (read as zeros, then
     inserted); slot rows the slot tables hold and ones they insert with their
     initializer. Rows, slots and their presence afterwards, against float64
@@ -58,14 +61,15 @@ def test_updates_keys_as_numpy(algorithm, tf1, nesterov, key_type, rng):
         slot_held.append(rows)
     keys = [11, 42, 3, 7]  # 42: in no table
     grads = rng.standard_normal((len(keys), DIM)).astype(np.float32)
-    h = hyper()
+    # An epsilon that tells sqrt(x) + epsilon (keras_v2) from sqrt(x + epsilon).
+    h = hyper(epsilon=0.5 if formulas == "keras_v2" else 1e-7)
     dynamic_ops.sparse_apply(table.handle, [s.handle for s in slots], tf.constant(keys, key_type),
                              tf.constant(grads), tf.constant(h), tf.constant(3, tf.int64),
-                             algorithm, tf1=tf1, nesterov=nesterov)
+                             algorithm, nesterov=nesterov, **formula_attrs(formulas))
     for i, k in enumerate(keys):
         w = held.get(k, np.zeros(DIM, np.float32)).astype(np.float64)
         s = [r.get(k, np.full(DIM, SLOT_INIT, np.float32)).astype(np.float64) for r in slot_held]
-        want_w, want_s = numpy_step(algorithm, w, s, grads[i].astype(np.float64), h, 3, tf1,
+        want_w, want_s = numpy_step(algorithm, w, s, grads[i].astype(np.float64), h, 3, formulas,
                                      nesterov)
         got_w, found = _rows(table, [k], key_type)
         assert found.all()
@@ -89,6 +93,14 @@ _MAKE = {"momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
          "adadelta": lambda: tf.keras.optimizers.Adadelta(1.0),
          "adadelta_tf1": lambda: tf.compat.v1.train.AdadeltaOptimizer(1.0),
          "adamax": lambda: tf.keras.optimizers.Adamax(0.05)}
+# Keras 2's OptimizerV2 (epsilon after the root), where this TensorFlow has
+# it; an epsilon large enough to tell the two formulas apart.
+_OPTIMIZER_V2 = tf.keras.optimizers if compat.IS_TF1 else compat.legacy_optimizers_module()
+if _OPTIMIZER_V2 is not None:
+    _MAKE.update({
+        "adagrad_keras_v2": lambda: _OPTIMIZER_V2.Adagrad(0.05, epsilon=0.5),
+        "rmsprop_keras_v2_centered": lambda: _OPTIMIZER_V2.RMSprop(0.05, epsilon=0.5,
+                                                                   centered=True)})
 
 
 @pytest.mark.parametrize("algorithm", sorted(_MAKE))

@@ -14,18 +14,21 @@ from sok_graph import compat
 from sok_graph.ops import library
 from sok_graph.optimization import fused_apply
 from sok_graph.optimization.algorithms import kernel_slot_names
-from sparse_apply_reference import hyper, numpy_step, slot_count
+from sparse_apply_reference import formula_attrs, hyper, numpy_step, slot_count
 
 
-@pytest.mark.parametrize("algorithm,tf1,nesterov", [
-    ("sgd", False, False), ("momentum", True, False), ("momentum", True, True),
-    ("momentum", False, False), ("momentum", False, True), ("adagrad", True, False),
-    ("adagrad", False, False), ("adam", False, False), ("ftrl", False, False),
-    ("rmsprop", False, False), ("rmsprop_momentum", False, False), ("rmsprop_centered", False, False),
-    ("rmsprop_momentum_centered", False, False), ("adadelta", False, False),
-    ("adamax", False, False)])
+@pytest.mark.parametrize("algorithm,formulas,nesterov", [
+    ("sgd", "keras", False), ("momentum", "tf1", False), ("momentum", "tf1", True),
+    ("momentum", "keras", False), ("momentum", "keras", True), ("adagrad", "tf1", False),
+    ("adagrad", "keras", False), ("adagrad", "keras_v2", False), ("adam", "keras", False),
+    ("ftrl", "keras", False), ("rmsprop", "keras", False), ("rmsprop", "keras_v2", False),
+    ("rmsprop_momentum", "keras", False), ("rmsprop_momentum", "keras_v2", False),
+    ("rmsprop_centered", "keras", False), ("rmsprop_centered", "keras_v2", False),
+    ("rmsprop_momentum_centered", "keras", False),
+    ("rmsprop_momentum_centered", "keras_v2", False), ("adadelta", "keras", False),
+    ("adamax", "keras", False)])
 @pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
-def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
+def test_updates_touched_rows_as_numpy(algorithm, formulas, nesterov, index_dtype):
     rng = np.random.default_rng(3)
     shapes = [(12, 4), (7, 3)]  # two tables, updated by one op
     tables = [rng.normal(size=s).astype(np.float32) for s in shapes]
@@ -36,20 +39,21 @@ def test_updates_touched_rows_as_numpy(algorithm, tf1, nesterov, index_dtype):
             per[-1] *= 0.2
     indices = [np.array([0, 11, 5], index_dtype), np.array([6, 2], index_dtype)]
     grads = [rng.normal(size=(len(i), s[1])).astype(np.float32) for i, s in zip(indices, shapes)]
-    h, step = hyper(), 3
+    # An epsilon that tells sqrt(x) + epsilon (keras_v2) from sqrt(x + epsilon).
+    h, step = hyper(epsilon=0.5 if formulas == "keras_v2" else 1e-7), 3
     vars_ = [tf.Variable(t) for t in tables]
     slot_vars = [tf.Variable(s) for per in slots for s in per]
     library.load().sok_sparse_apply(
         vars=[v.handle for v in vars_], slots=[s.handle for s in slot_vars],
         indices=[tf.constant(i) for i in indices], grads=[tf.constant(g) for g in grads],
-        hyper=tf.constant(h), step=tf.constant(step, tf.int64), algorithm=algorithm, tf1=tf1,
-        nesterov=nesterov)
+        hyper=tf.constant(h), step=tf.constant(step, tf.int64), algorithm=algorithm,
+        nesterov=nesterov, **formula_attrs(formulas))
     k = 0
     for t, (table, idx, g) in enumerate(zip(tables, indices, grads)):
         want_w = table.astype(np.float64)
         want_s = [s.astype(np.float64) for s in slots[t]]
         new_w, new_s = numpy_step(algorithm, want_w[idx], [s[idx] for s in want_s], g, h, step,
-                                   tf1, nesterov)
+                                   formulas, nesterov)
         want_w[idx] = new_w
         for s, n in zip(want_s, new_s):
             s[idx] = n

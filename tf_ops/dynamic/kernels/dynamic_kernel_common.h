@@ -256,9 +256,10 @@ struct SparseApplyArgs {
 
   ::tensorflow::Status Parse(::tensorflow::OpKernelConstruction* ctx) {
     std::string algorithm;
-    bool tf1 = false, nesterov = false;
+    bool nesterov = false;
+    int32_t formulas = core::kKerasFormulas;
     TF_RETURN_IF_ERROR(ctx->GetAttr("algorithm", &algorithm));
-    TF_RETURN_IF_ERROR(ctx->GetAttr("tf1", &tf1));
+    TF_RETURN_IF_ERROR(ParseSparseFormulas(ctx, &formulas));
     TF_RETURN_IF_ERROR(ctx->GetAttr("nesterov", &nesterov));
     TF_RETURN_IF_ERROR(ctx->GetAttr("num_slots", &num_slots));
     TF_RETURN_IF_ERROR(CheckSparseApplySpec(ctx));
@@ -271,7 +272,7 @@ struct SparseApplyArgs {
           "algorithm '", algorithm, "' keeps ", core::SlotCount(a), " slot tables; got ",
           num_slots);
     }
-    config = core::SparseApplyConfig{static_cast<int32_t>(a), tf1 ? 1 : 0, nesterov ? 1 : 0};
+    config = core::SparseApplyConfig{static_cast<int32_t>(a), formulas, nesterov ? 1 : 0};
     return OkStatus();
   }
 

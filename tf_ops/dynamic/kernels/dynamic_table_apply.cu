@@ -96,7 +96,7 @@ extern "C" {
 
 __attribute__((visibility("default"))) int sok_gpu_table_apply_present(
     SokGpuTable* t, SokGpuTable* const* slot_tables, int num_slot_tables, const int64_t* keys,
-    int64_t n, const float* grads, int algorithm, int tf1, int nesterov, const float* hyper,
+    int64_t n, const float* grads, int algorithm, int formulas, int nesterov, const float* hyper,
     const int64_t* step, int64_t now, void* stream) {
   if (BadTable(t) || n < 0 || num_slot_tables < 0 || num_slot_tables > kMaxSlotTables) {
     return SOK_GPU_TABLE_BAD_ARGUMENT;
@@ -113,7 +113,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_apply_present(
     slots.slot_of[k] = s->slot_of;
   }
   if (n == 0) return 0;
-  sok_graph::core::SparseApplyConfig config{algorithm, tf1, nesterov};
+  sok_graph::core::SparseApplyConfig config{algorithm, formulas, nesterov};
   ApplyPresentKernel<<<BlocksFor(n), kThreads, 0, StreamOf(stream)>>>(
       t->dev, slots, keys, n, grads, config, hyper, step, now, t->counters);
   return static_cast<int>(cudaGetLastError());

@@ -183,7 +183,7 @@ int sok_gpu_table_scatter_present(SokGpuTable* table, const int64_t* keys, int64
 // all the same is skipped and reported as by sok_gpu_table_scatter_present.
 int sok_gpu_table_apply_present(SokGpuTable* table, SokGpuTable* const* slot_tables,
                                 int num_slot_tables, const int64_t* keys, int64_t n,
-                                const float* grads, int algorithm, int tf1, int nesterov,
+                                const float* grads, int algorithm, int formulas, int nesterov,
                                 const float* hyper, const int64_t* step, int64_t now,
                                 void* stream);
 

@@ -655,7 +655,7 @@ Status GpuTableResource::ApplyPresent(OpKernelContext* ctx, const Tensor& keys_i
   TF_RETURN_IF_ERROR(Error(
       ctx, sok_gpu_table_apply_present(
                table_, slot_handles.data(), num_slots, keys, n,
-               ctx->input(2).flat<float>().data(), c.algorithm, c.tf1, c.nesterov,
+               ctx->input(2).flat<float>().data(), c.algorithm, c.formulas, c.nesterov,
                ctx->input(3).flat<float>().data(),
                reinterpret_cast<const int64_t*>(ctx->input(4).flat<TfInt64>().data()), Tick(),
                stream)));
@@ -717,7 +717,7 @@ Status GpuTableResource::SparseApply(OpKernelContext* ctx, const Tensor& keys_in
       sok_dense_apply_f32(rows, num_slots > 0 ? slot_rows(0) : nullptr,
                           num_slots > 1 ? slot_rows(1) : nullptr,
                           num_slots > 2 ? slot_rows(2) : nullptr,
-                          ctx->input(2).flat<float>().data(), n, d, c.algorithm, c.tf1,
+                          ctx->input(2).flat<float>().data(), n, d, c.algorithm, c.formulas,
                           c.nesterov, ctx->input(3).flat<float>().data(),
                           reinterpret_cast<const int64_t*>(ctx->input(4).flat<TfInt64>().data()),
                           stream),

@@ -261,6 +261,7 @@ REGISTER_OP("SokDynamicSparseApply")
     .Attr(::sok_graph::core::SlotNamesAttr())
     .Attr(::sok_graph::core::HyperNamesAttr())
     .Attr("tf1: bool = false")
+    .Attr("keras_optimizer_v2: bool = false")
     .Attr("nesterov: bool = false")
     .SetShapeFn([](InferenceContext* c) -> Status {
       ShapeHandle keys, grads, hyper, step;

@@ -156,9 +156,26 @@ inline std::string SpecMismatch(const std::vector<std::string>& slot_names,
   return std::string();
 }
 
+// Whose formulas an update follows where the optimizer families differ
+// (SparseApplyConfig::formulas; the ops' attributes `tf1` and
+// `keras_optimizer_v2` select it, and the GPU launchers take it as this int).
+enum SparseFormulas : int32_t {
+  // Keras 3 and Keras 2's Optimizer: Adagrad and RMSprop divide by
+  // sqrt(x + epsilon).
+  kKerasFormulas = 0,
+  // tf.compat.v1.train: momentum accumulates gradients, Adagrad has no
+  // epsilon.
+  kTf1Formulas = 1,
+  // Keras 2's OptimizerV2 (its legacy optimizers; all of Keras on TF 1.x):
+  // Adagrad and RMSprop without momentum divide by sqrt(x) + epsilon, as
+  // its ResourceSparseApplyAdagradV2 and its own RMSprop ops do; otherwise
+  // Keras' formulas.
+  kKerasV2Formulas = 2,
+};
+
 struct SparseApplyConfig {
   int32_t algorithm;  // SparseAlgorithm
-  int32_t tf1;        // tf.compat.v1.train's formula variant
+  int32_t formulas;   // SparseFormulas
   int32_t nesterov;
 };
 
@@ -192,18 +209,22 @@ SOK_OPT_HOST_DEVICE inline float PowerOf(float x, float p) {
 
 // RMSprop on one element; s_mom and s_mg are null where the variant keeps
 // no momentum or is not centered.
+// Keras 2's OptimizerV2 adds epsilon after the root where it keeps no
+// momentum (kKerasV2Formulas).
 SOK_OPT_HOST_DEVICE inline void RmspropElement(const float* h, float g, float* w, float* s_rms,
-                                               float* s_mom, float* s_mg) {
+                                               float* s_mom, float* s_mg, int32_t formulas) {
   const float rho = h[kRho];
   const float ms = rho * *s_rms + (1.0f - rho) * g * g;
   *s_rms = ms;
-  float denom = ms + h[kEpsilon];
+  const bool epsilon_after_root = formulas == kKerasV2Formulas && s_mom == nullptr;
+  float denom = epsilon_after_root ? ms : ms + h[kEpsilon];
   if (s_mg != nullptr) {
     const float mg = rho * *s_mg + (1.0f - rho) * g;
     *s_mg = mg;
     denom = denom - mg * mg;
   }
-  const float inc = h[kLr] * g / sqrtf(denom);
+  const float inc =
+      epsilon_after_root ? h[kLr] * g / (sqrtf(denom) + h[kEpsilon]) : h[kLr] * g / sqrtf(denom);
   if (s_mom != nullptr) {
     const float mom = h[kMomentumCoef] * *s_mom + inc;
     *s_mom = mom;
@@ -225,7 +246,7 @@ SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const f
       return;
     case SparseAlgorithm::kMomentum: {
       const float m = h[kMomentumCoef];
-      if (c.tf1) {  // accumulation = m * accumulation + g
+      if (c.formulas == kTf1Formulas) {  // accumulation = m * accumulation + g
         const float acc = m * *s0 + g;
         *s0 = acc;
         *w = *w - (c.nesterov ? lr * g + lr * m * acc : lr * acc);
@@ -239,7 +260,9 @@ SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const f
     case SparseAlgorithm::kAdagrad: {
       const float acc = *s0 + g * g;
       *s0 = acc;
-      const float denom = c.tf1 ? sqrtf(acc) : sqrtf(acc + h[kEpsilon]);
+      const float denom = c.formulas == kTf1Formulas      ? sqrtf(acc)
+                          : c.formulas == kKerasV2Formulas ? sqrtf(acc) + h[kEpsilon]
+                                                           : sqrtf(acc + h[kEpsilon]);
       *w = *w - lr * g / denom;
       return;
     }
@@ -268,16 +291,16 @@ SOK_OPT_HOST_DEVICE inline void ApplyElement(const SparseApplyConfig& c, const f
       return;
     }
     case SparseAlgorithm::kRmsprop:
-      RmspropElement(h, g, w, s0, nullptr, nullptr);
+      RmspropElement(h, g, w, s0, nullptr, nullptr, c.formulas);
       return;
     case SparseAlgorithm::kRmspropMomentum:
-      RmspropElement(h, g, w, s0, s1, nullptr);
+      RmspropElement(h, g, w, s0, s1, nullptr, c.formulas);
       return;
     case SparseAlgorithm::kRmspropCentered:
-      RmspropElement(h, g, w, s0, nullptr, s1);
+      RmspropElement(h, g, w, s0, nullptr, s1, c.formulas);
       return;
     case SparseAlgorithm::kRmspropMomentumCentered:
-      RmspropElement(h, g, w, s0, s1, s2);
+      RmspropElement(h, g, w, s0, s1, s2, c.formulas);
       return;
     case SparseAlgorithm::kAdadelta: {
       const float rho = h[kRho], eps = h[kEpsilon];

@@ -21,10 +21,11 @@ void Hyper(float* h) {
   h[kL2Shrinkage] = 0.03f; h[kBeta] = 0.5f; h[kRho] = 0.85f;
 }
 
-Cell Step(SparseAlgorithm a, int tf1, int nesterov, Cell c, float g, int64_t step = 1) {
+// formulas: a SparseFormulas (0 Keras, 1 tf.compat.v1, 2 Keras 2's OptimizerV2).
+Cell Step(SparseAlgorithm a, int formulas, int nesterov, Cell c, float g, int64_t step = 1) {
   float h[kNumHyper];
   Hyper(h);
-  SparseApplyConfig config{static_cast<int32_t>(a), tf1, nesterov};
+  SparseApplyConfig config{static_cast<int32_t>(a), formulas, nesterov};
   ApplyElement(config, h, StepAlpha(config.algorithm, h, step), g, &c.w, &c.s0, &c.s1, &c.s2);
   return c;
 }
@@ -139,6 +140,33 @@ TEST(SparseApplyTest, RmspropVariants) {
   EXPECT_NEAR(c.s1, mc, 1e-6);
   EXPECT_NEAR(c.s2, mg, 1e-6);
   EXPECT_NEAR(c.w, 1.0 - mc, 1e-6);
+}
+
+TEST(SparseApplyTest, KerasOptimizerV2AddsEpsilonAfterTheRoot) {
+  // Keras 2's OptimizerV2 Adagrad (ResourceSparseApplyAdagradV2) and its
+  // RMSprop without momentum divide by sqrt(x) + epsilon. Small gradients,
+  // where that differs from sqrt(x + epsilon) by far.
+  const double lr = 0.1, eps = 1e-7, rho = 0.85;
+  double g = 1e-4;
+  Cell c = Step(SparseAlgorithm::kAdagrad, kKerasV2Formulas, 0, {1.0f, 0.0f, 0, 0}, 1e-4f);
+  EXPECT_NEAR(c.s0, g * g, 1e-12);
+  EXPECT_NEAR(c.w, 1.0 - lr * g / (std::sqrt(g * g) + eps), 1e-6);
+  g = 1e-3;
+  const double ms = (1 - rho) * g * g, mg = (1 - rho) * g;
+  c = Step(SparseAlgorithm::kRmsprop, kKerasV2Formulas, 0, {1.0f, 0.0f, 0, 0}, 1e-3f);
+  EXPECT_NEAR(c.w, 1.0 - lr * g / (std::sqrt(ms) + eps), 1e-6);
+  c = Step(SparseAlgorithm::kRmspropCentered, kKerasV2Formulas, 0, {1.0f, 0.0f, 0.0f, 0},
+           1e-3f);
+  EXPECT_NEAR(c.w, 1.0 - lr * g / (std::sqrt(ms - mg * mg) + eps), 1e-6);
+  // With momentum its kernels (ResourceSparseApply[Centered]RMSProp) keep
+  // epsilon inside, as Keras does.
+  for (int formulas : {kKerasFormulas, kKerasV2Formulas}) {
+    c = Step(SparseAlgorithm::kRmspropMomentum, formulas, 0, {1.0f, 0.0f, 0.0f, 0}, 1e-3f);
+    EXPECT_NEAR(c.w, 1.0 - lr * g / std::sqrt(ms + eps), 1e-6);
+  }
+  // The others are Keras' formulas.
+  EXPECT_EQ(Step(SparseAlgorithm::kAdam, kKerasV2Formulas, 0, {1.0f, 0.3f, 0.4f, 0}, 2.0f).w,
+            Step(SparseAlgorithm::kAdam, kKerasFormulas, 0, {1.0f, 0.3f, 0.4f, 0}, 2.0f).w);
 }
 
 TEST(SparseApplyTest, AdadeltaStep) {

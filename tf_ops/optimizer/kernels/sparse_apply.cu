@@ -73,10 +73,10 @@ __global__ void DenseApplyKernel(float* __restrict__ rows, float* __restrict__ s
 
 SOK_EXPORT int sok_sparse_apply_f32(const SokSparseApplyTable* tables,
                                     const int64_t* row_offsets, int num_tables,
-                                    int64_t total_rows, int algorithm, int tf1, int nesterov,
+                                    int64_t total_rows, int algorithm, int formulas, int nesterov,
                                     const float* hyper, const int64_t* step, void* stream) {
   if (total_rows <= 0) return 0;
-  SparseApplyConfig config{algorithm, tf1, nesterov};
+  SparseApplyConfig config{algorithm, formulas, nesterov};
   const int64_t blocks_needed = (total_rows + kWarpsPerBlock - 1) / kWarpsPerBlock;
   const int blocks = static_cast<int>(blocks_needed < 65536 ? blocks_needed : 65536);
   SparseApplyKernel<<<blocks, kWarp * kWarpsPerBlock, 0, static_cast<cudaStream_t>(stream)>>>(
@@ -86,11 +86,11 @@ SOK_EXPORT int sok_sparse_apply_f32(const SokSparseApplyTable* tables,
 
 SOK_EXPORT int sok_dense_apply_f32(float* rows, float* slot0, float* slot1, float* slot2,
                                    const float* grads,
-                                   int64_t n, int64_t dim, int algorithm, int tf1, int nesterov,
+                                   int64_t n, int64_t dim, int algorithm, int formulas, int nesterov,
                                    const float* hyper, const int64_t* step, void* stream) {
   const int64_t total = n * dim;
   if (total <= 0) return 0;
-  SparseApplyConfig config{algorithm, tf1, nesterov};
+  SparseApplyConfig config{algorithm, formulas, nesterov};
   const int64_t blocks_needed = (total + 255) / 256;
   const int blocks = static_cast<int>(blocks_needed < 65536 ? blocks_needed : 65536);
   DenseApplyKernel<<<blocks, 256, 0, static_cast<cudaStream_t>(stream)>>>(

@@ -84,7 +84,7 @@ struct SparseApplyFunctor<GpuDevice, K> {
     return CudaStatus(
         sok_sparse_apply_f32(static_cast<const SokSparseApplyTable*>(descs_ptr),
                              static_cast<const int64_t*>(offsets_ptr), n, offsets[n],
-                             attrs.config.algorithm, attrs.config.tf1, attrs.config.nesterov,
+                             attrs.config.algorithm, attrs.config.formulas, attrs.config.nesterov,
                              hyper.flat<float>().data(),
                              reinterpret_cast<const int64_t*>(step.tensor_data().data()), stream),
         "sok_sparse_apply_f32");

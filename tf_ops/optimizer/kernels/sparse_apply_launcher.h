@@ -32,7 +32,7 @@ typedef struct {
 // outside [0, rows) are skipped (the op's caller passes checked ones).
 // Returns a cudaError_t.
 int sok_sparse_apply_f32(const SokSparseApplyTable* tables, const int64_t* row_offsets,
-                         int num_tables, int64_t total_rows, int algorithm, int tf1,
+                         int num_tables, int64_t total_rows, int algorithm, int formulas,
                          int nesterov, const float* hyper, const int64_t* step, void* stream);
 
 // The same update on n contiguous rows [n, dim]: rows (and slot0..slot2 as
@@ -41,7 +41,7 @@ int sok_sparse_apply_f32(const SokSparseApplyTable* tables, const int64_t* row_o
 // device memory, as above. Returns a cudaError_t.
 int sok_dense_apply_f32(float* rows, float* slot0, float* slot1, float* slot2,
                         const float* grads, int64_t n,
-                        int64_t dim, int algorithm, int tf1, int nesterov, const float* hyper,
+                        int64_t dim, int algorithm, int formulas, int nesterov, const float* hyper,
                         const int64_t* step, void* stream);
 
 #ifdef __cplusplus

@@ -29,6 +29,22 @@ inline ::tensorflow::Status CheckSparseApplySpec(::tensorflow::OpKernelConstruct
   return OkStatus();
 }
 
+// The formulas (core::SparseFormulas) the attributes `tf1` and
+// `keras_optimizer_v2` select; both set is an error.
+inline ::tensorflow::Status ParseSparseFormulas(::tensorflow::OpKernelConstruction* ctx,
+                                                int32_t* formulas) {
+  bool tf1 = false, keras_optimizer_v2 = false;
+  TF_RETURN_IF_ERROR(ctx->GetAttr("tf1", &tf1));
+  TF_RETURN_IF_ERROR(ctx->GetAttr("keras_optimizer_v2", &keras_optimizer_v2));
+  if (tf1 && keras_optimizer_v2) {
+    return ::tensorflow::errors::InvalidArgument(
+        "tf1 and keras_optimizer_v2 select different formulas; set at most one");
+  }
+  *formulas = tf1 ? core::kTf1Formulas
+                  : (keras_optimizer_v2 ? core::kKerasV2Formulas : core::kKerasFormulas);
+  return OkStatus();
+}
+
 }  // namespace sok_graph
 
 #endif  // SOK_GRAPH_TF_OPS_OPTIMIZER_KERNELS_SPARSE_APPLY_SPEC_H_

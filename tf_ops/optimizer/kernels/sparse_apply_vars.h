@@ -34,7 +34,7 @@ class SparseApplyAttrs {
     TF_RETURN_IF_ERROR(ctx->GetAttr("num_tables", &num_tables));
     TF_RETURN_IF_ERROR(ctx->GetAttr("num_slot_vars", &num_slot_vars));
     TF_RETURN_IF_ERROR(ctx->GetAttr("algorithm", &algorithm));
-    TF_RETURN_IF_ERROR(ctx->GetAttr("tf1", &tf1));
+    TF_RETURN_IF_ERROR(ParseSparseFormulas(ctx, &config.formulas));
     TF_RETURN_IF_ERROR(ctx->GetAttr("nesterov", &nesterov));
     TF_RETURN_IF_ERROR(CheckSparseApplySpec(ctx));
     core::SparseAlgorithm a;
@@ -49,7 +49,6 @@ class SparseApplyAttrs {
           "; got num_slot_vars=", num_slot_vars);
     }
     config.algorithm = static_cast<int32_t>(a);
-    config.tf1 = tf1 ? 1 : 0;
     config.nesterov = nesterov ? 1 : 0;
     return OkStatus();
   }
@@ -57,7 +56,6 @@ class SparseApplyAttrs {
   int num_tables = 0;
   int num_slot_vars = 0;
   int slots_per_table = 0;
-  bool tf1 = false;
   bool nesterov = false;
   core::SparseApplyConfig config{};
 };

@@ -45,6 +45,7 @@ REGISTER_OP("SokSparseApply")
     .Attr(::sok_graph::core::SlotNamesAttr())
     .Attr(::sok_graph::core::HyperNamesAttr())
     .Attr("tf1: bool = false")
+    .Attr("keras_optimizer_v2: bool = false")
     .Attr("nesterov: bool = false")
     .Attr("T: {float}")
     .Attr("Tindices: {int32, int64}")
@@ -57,7 +58,9 @@ slots in turn (num_slot_vars = num_tables x the algorithm's slot count:
 momentum 1, adagrad 1 (accumulator), adam 2 (m, v), ftrl 2 (accumulator,
 linear)). Indices of one table must be distinct and in [0, rows). hyper:
 [lr, momentum, epsilon, beta_1, beta_2, lr_power, l1, l2, l2_shrinkage, beta];
-step: Adam's 1-based step. tf1 selects tf.compat.v1.train's formulas
+step: Adam's 1-based step. tf1 selects tf.compat.v1.train's formulas,
+keras_optimizer_v2 those of Keras 2's OptimizerV2 (epsilon added after
+Adagrad's and momentum-free RMSprop's root), neither Keras' own
 (sok_graph/optimization/algorithms.py has them as TensorFlow ops).
 )doc");
 
