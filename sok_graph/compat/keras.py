@@ -32,10 +32,13 @@ def keras_optimizer_classes():
         pass
     legacy = getattr(tf.keras.optimizers, "legacy", None)
     # Keras 3 keeps a `legacy` module whose names only warn; only a real
-    # optimizer class counts.
-    base = getattr(legacy, "Optimizer", None)
-    if isinstance(base, type) and hasattr(base, "apply_gradients"):
-        classes.append(base)
+    # optimizer class counts. Keras 2's new Optimizer stays in `experimental`
+    # after sok.init made tf.keras.optimizers the legacy ones (its Lion and
+    # Adafactor, which have no legacy kind, were left unrouted).
+    experimental = getattr(tf.keras.optimizers, "experimental", None)
+    for base in (getattr(legacy, "Optimizer", None), getattr(experimental, "Optimizer", None)):
+        if isinstance(base, type) and hasattr(base, "apply_gradients") and base not in classes:
+            classes.append(base)
     for cls in package_keras_optimizer_classes():
         if cls not in classes:
             classes.append(cls)
