@@ -11,7 +11,6 @@ import tensorflow as tf
 
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards, rows_from_user
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.ops import dynamic as dynamic_ops
 
 
 class BackendError(TypeError, ValueError):
@@ -51,7 +50,8 @@ def assign(var, indices, values):
         raise ValueError(f"values for sok.assign must have shape [len(indices), {dim}] "
                          f"(indices has shape {indices.shape}); got shape {values.shape}")
     if is_dynamic(var):
-        return dynamic_ops.scatter(var.handle, var._check_keys(indices), values, "update")
+        # Its slots drop a key the write evicted (see DynamicVariable._scatter).
+        return var.scatter_update(indices, values)
     if not indices.dtype.is_integer:
         raise TypeError(f"indices must be integers; got {indices.dtype.name}")
     rows = var.shape[0]

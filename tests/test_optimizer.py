@@ -326,6 +326,73 @@ def test_slots_of_evicted_keys_are_dropped_in_a_tf1_session(fused):
             assert table_keys == slot_keys
 
 
+WRITES = {
+    "sok.assign": lambda v, k, r: sok.assign(v, k, r),
+    "scatter_update": lambda v, k, r: v.scatter_update(tf.IndexedSlices(r, k)),
+    "scatter_add": lambda v, k, r: v.scatter_add(k, r),
+    "import_rows": lambda v, k, r: v.import_rows(k, r),
+}
+
+
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "session"])
+@pytest.mark.parametrize("write", sorted(WRITES))
+def test_slots_of_keys_a_write_evicts_are_dropped(write, graph):
+    """A write of a new key into a full table evicts the least recently
+    used key (1): its slot rows go too, so when it comes back its
+    accumulator starts afresh (it came back with its old one, 3 + 1 where
+    a fresh one gives 1 + 1). A write that evicts nothing drops nothing."""
+    def build():
+        v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
+                                initializer="zeros")
+        opt = sok.OptimizerWrapper(V1.AdagradOptimizer(0.1, initial_accumulator_value=1.0))
+        keys = tf.compat.v1.placeholder(tf.int64, [None]) if graph else None
+
+        def step(batch):
+            ids = keys if graph else tf.constant(batch, tf.int64)
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(v.sparse_read(ids))
+            return opt.apply_gradients([(tape.gradient(loss, v), v)])
+
+        return v, opt, keys, step
+
+    rows = [[0.5, 0.5]]
+    if not graph:
+        v, opt, _, step = build()
+        for batch in ([1, 2, 3, 4], [1, 2, 3, 4], [2, 3, 4]):
+            step(batch)
+        acc = opt.get_slot(v, "accumulator")
+        WRITES[write](v, tf.constant([3], tf.int64), rows)  # held: evicts nothing
+        assert set(acc.export()[0].numpy().tolist()) == {1, 2, 3, 4}
+        WRITES[write](v, tf.constant([9], tf.int64), rows)
+        assert set(v.export()[0].numpy().tolist()) == {2, 3, 4, 9}
+        assert set(acc.export()[0].numpy().tolist()) == {2, 3, 4}
+        step([1])  # evicts 2, the least recently used (of 2 and 4, the smaller key)
+        got = acc.find(tf.constant([1, 4], tf.int64))[0].numpy()
+    else:
+        with tf.Graph().as_default():
+            v, opt, keys, step = build()
+            train = step(None)
+            acc = opt.get_slot(v, "accumulator")
+            held = WRITES[write](v, tf.constant([3], tf.int64), rows)
+            new = WRITES[write](v, tf.constant([9], tf.int64), rows)
+            from sok_graph.ops import dynamic as dynamic_ops
+
+            slot_keys = dynamic_ops.export(acc.handle, tf.int64, 2)[0]
+            found = acc.find(tf.constant([1, 4], tf.int64))[0]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for batch in ([1, 2, 3, 4], [1, 2, 3, 4], [2, 3, 4]):
+                    sess.run(train, {keys: batch})
+                sess.run(held)
+                assert set(sess.run(slot_keys).tolist()) == {1, 2, 3, 4}
+                sess.run(new)
+                assert set(sess.run(slot_keys).tolist()) == {2, 3, 4}
+                sess.run(train, {keys: [1]})
+                got = sess.run(found)
+    # key 1 afresh: 1 + 1^2; key 4 read three times: 1 + 3 * 1^2
+    np.testing.assert_allclose(got, [[2.0, 2.0], [4.0, 4.0]])
+
+
 def test_bad_optimizers():
     with pytest.raises(TypeError, match="must be a tf.compat.v1.train or Keras optimizer"):
         sok.OptimizerWrapper(object())

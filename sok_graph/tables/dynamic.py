@@ -791,8 +791,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         elif rows is None:
             raise TypeError(f"DynamicVariable.{method} takes (keys, rows) or one "
                             f"tf.IndexedSlices; got keys {keys!r} and no rows")
-        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows,
-                                   method[len("scatter_"):])
+        # A key new to a full table evicts another: its slots go with it.
+        return self._shadows_follow(
+            dynamic_ops.scatter(self._handle, self._check_keys(keys), rows,
+                                method[len("scatter_"):]), only_after_evictions=True)
 
     def scatter_add(self, keys, rows=None, use_locking=False, name=None):
         return self._scatter("scatter_add", keys, rows)
@@ -874,7 +876,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         A key given twice holds its last row, as scatter_update's does."""
         keys, rows, timestamps, frequencies = self._checked_import(
             "import_rows", keys, rows, timestamps, frequencies, distinct=False)
-        return dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies)
+        return self._shadows_follow(
+            dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies),
+            only_after_evictions=True)
 
     def replace_rows(self, keys, rows, timestamps=None, frequencies=None):
         """The table holds exactly `keys` with `rows` afterwards: imported
@@ -886,33 +890,47 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         return self._shadows_follow(dynamic_ops.import_rows(
             self._handle, keys, rows, timestamps, frequencies, replace=True))
 
-    def _shadows_follow(self, replaced):
-        """`replaced` (an import that left the table holding exactly the
-        imported keys), after which each shadow table (an optimizer's slot)
-        drops the keys the table no longer holds, as remove() makes it:
-        restoring a dump taken before a key existed left that key's slot
-        rows (Adam's moments), so the key came back with them instead of
-        afresh. Keys the table holds keep their slot rows, whether a load
+    def _shadows_follow(self, write, only_after_evictions=False):
+        """`write` (a write op's count of evicted rows), after which each
+        shadow table (an optimizer's slot) drops the keys the table no
+        longer holds, as remove() makes it. After a restore (an import that
+        left the table holding exactly the imported keys): restoring a dump
+        taken before a key existed left that key's slot rows (Adam's
+        moments), so the key came back with them instead of afresh. With
+        only_after_evictions, only where the write evicted rows (a new key
+        written into a full table: the evicted key came back with its slot
+        rows). Keys the table holds keep their slot rows, whether a load
         restores the slots before the table or after it."""
         if not self._shadows:
-            return replaced
+            return write
         if tf.executing_eagerly():
+            if only_after_evictions and int(write) == 0:
+                return write
             for shadow in self._shadows:
                 gone = [tf.boolean_mask(k, tf.logical_not(self._holds(k)))
                         for k, _, _, _ in shadow.export_chunks()]
                 if gone:  # removed once read: a removal would move the chunks' offsets
                     dynamic_ops.remove(shadow.handle, tf.concat(gone, 0))
-            return replaced
-        drops = []
-        with tf.control_dependencies([replaced]):
+            return write
+
+        def drop_from_shadows():
+            dropped = []
             for shadow in self._shadows:
                 count = dynamic_ops.stats(shadow.handle)[0]
                 keys = dynamic_ops.export(shadow.handle, shadow.key_type, shadow.dimension, 0,
                                           tf.maximum(count, 1))[0]
-                drops.append(dynamic_ops.remove(
+                dropped.append(dynamic_ops.remove(
                     shadow.handle, tf.boolean_mask(keys, tf.logical_not(self._holds(keys)))))
-        with tf.control_dependencies(drops):
-            return tf.identity(replaced)
+            return tf.add_n(dropped)
+
+        with tf.control_dependencies([write]):
+            if only_after_evictions:
+                dropped = tf.cond(tf.greater(write, 0), drop_from_shadows,
+                                  lambda: tf.constant(0, tf.int64))
+            else:
+                dropped = drop_from_shadows()
+        with tf.control_dependencies([dropped]):
+            return tf.identity(write)
 
     def _holds(self, keys):
         """Whether the table holds each of `keys` (inserts nothing)."""
