@@ -957,3 +957,36 @@ def test_keras_2s_new_optimizers_are_routed_once_sok_init_made_the_legacy_ones_d
         with pytest.raises(TypeError, match="got Lion"):
             with sok.OptimizerScope([dyn]):
                 experimental.Lion(0.1).apply_gradients([(g, dyn)])
+
+
+def test_a_saved_model_holding_the_optimizer_of_sok_tables_loads(tmp_path, rng):
+    """tf.saved_model.save of a module holding a native optimizer that
+    trained a sok table under OptimizerScope (so its sok state is the
+    optimizer's child), then tf.saved_model.load: the loader rebuilds the
+    sok state as a plain object, which must not be given slot variables
+    (loading failed with "'_UserObject' object has no attribute
+    'add_slot'"). A tf.train.Checkpoint of the same objects still holds the
+    slots."""
+    if compat.IS_TF1:
+        pytest.skip("TF 1.x saves no object graphs in SavedModels")
+    table = rng.standard_normal((6, 3)).astype(np.float32)
+    static = sok.Variable(table)
+    dense = tf.Variable(np.ones((3, 1), np.float32))
+    opt = tf.keras.optimizers.Adam(0.05)
+    ids = tf.ragged.constant([[1, 2], [4]], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.matmul(sok.lookup_sparse(static, ids, combiners="sum"), dense))
+    with sok.OptimizerScope([static]):
+        opt.apply_gradients(zip(tape.gradient(loss, [static, dense]), [static, dense]))
+    module = tf.Module()
+    module.static, module.dense, module.opt = static, dense, opt
+    module.score = tf.function(
+        lambda x: tf.matmul(tf.gather(tf.convert_to_tensor(static), x), dense),
+        input_signature=[tf.TensorSpec([None], tf.int64)])
+    tf.saved_model.save(module, str(tmp_path / "sm"))
+    loaded = tf.saved_model.load(str(tmp_path / "sm"))
+    np.testing.assert_allclose(loaded.score(tf.constant([1, 4], tf.int64)).numpy(),
+                               module.score(tf.constant([1, 4], tf.int64)).numpy())
+    path = tf.train.Checkpoint(static=static, optimizer=opt).save(str(tmp_path / "ck"))
+    names = [name for name, _ in tf.train.list_variables(path)]
+    assert any("OPTIMIZER_SLOT/optimizer/sok_optimizer_state/m" in n for n in names), names

@@ -95,6 +95,10 @@ class OptimizerWrapper(compat.trackable_base_class()):
         if self._hp.refusal and self.refuses_when_made:
             raise ValueError(self._hp.refusal)
         self._slots = {}  # id(var) -> {slot name: tf.Variable or DynamicVariable}
+        # id(var) -> a weak reference to var: a new object reusing the id of
+        # a table since freed has none of its slots (get_slot, which
+        # TensorFlow's checkpoint code asks for every object it saves).
+        self._slot_owners = {}
         self._slot_vars = []
         # replica -> step counter: one (0) but with a MirroredStrategy's
         # replicas as workers (each replica counts its own applies).
@@ -168,7 +172,8 @@ class OptimizerWrapper(compat.trackable_base_class()):
 
     def has_slots(self, var):
         """Whether the slots of sok variable (or shard) `var` exist yet."""
-        return id(var) in self._slots
+        owner = self._slot_owners.get(id(var))
+        return owner is not None and owner() is var
 
     def get_slot(self, var, name):
         """Slot `name` of sok variable `var` (inside strategy.run, of the
@@ -178,12 +183,30 @@ class OptimizerWrapper(compat.trackable_base_class()):
         if isinstance(var, replica_shards.ReplicaShards) and not replica_shards.in_replica():
             raise KeyError(f"{var.name!r} has slots per replica shard: ask for those of "
                            f"var.shards[r]")
-        return self._slots[id(replica_shards.resolve(var, "get_slot"))][name]
+        var = replica_shards.resolve(var, "get_slot")
+        if not self.has_slots(var):
+            raise KeyError(f"no slots for {getattr(var, 'name', type(var).__name__)!r}")
+        return self._slots[id(var)][name]
 
     # tf.train.Checkpoint's protocol for an optimizer's slots (see the class
     # docstring): the names, get_slot above, and the restore.
     def get_slot_names(self):
-        return self.slot_names()
+        # None for a SavedModel: its loader rebuilds this object as a plain
+        # one, which cannot take slots (loading failed with "'_UserObject'
+        # object has no attribute 'add_slot'"); a SavedModel serves, it does
+        # not resume training.
+        return [] if self._gathered_for_saved_model else self.slot_names()
+
+    # Whether the last save that gathered this object was a SavedModel's:
+    # TensorFlow asks every object for its children (with the save's kind)
+    # before it asks optimizers for their slots, and a SavedModel writes its
+    # variables' checkpoint after leaving its save context.
+    _gathered_for_saved_model = False
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        self._gathered_for_saved_model = str(getattr(save_type, "value", save_type)) == (
+            "savedmodel")
+        return super()._trackable_children(save_type, **kwargs)
 
     def _create_or_restore_slot_variable(self, slot_variable_position, slot_name, variable):
         """Restores slot `slot_name` of `variable` from a checkpoint,
@@ -206,7 +229,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
             for shard in var.shards:
                 self.create_slots(shard)
             return None
-        if id(var) in self._slots:
+        if self.has_slots(var):
             return self._slots[id(var)]
         slots = {}
         # A replica's shard keeps its slots on its device, as its own.
@@ -217,6 +240,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 slots[name] = slot
                 self._slot_vars.append(slot)
         self._slots[id(var)] = slots
+        self._slot_owners[id(var)] = weakref.ref(var)
         return slots
 
     def _native_rows(self, var):
