@@ -433,7 +433,7 @@ class DistributedEmbedding(_EmbeddingLayer):
             static = compat.constant_value(inputs.dense_shape)
             if static is not None and len(static) != 2:
                 raise ValueError(f"{self.name}: inputs must be a 2-D SparseTensor [batch * "
-                                 f"slot_num, max_nnz]; got dense_shape {list(static)}")
+                                 f"slot_num, max_nnz]; got dense_shape {[int(d) for d in static]}")
             if static is not None and static[-1] > self.max_nnz:
                 raise ValueError(f"{self.name}: the SparseTensor's second dimension "
                                  f"({static[-1]}) exceeds max_nnz={self.max_nnz}")
