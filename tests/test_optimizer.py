@@ -1001,3 +1001,62 @@ def test_a_saved_model_holding_the_optimizer_of_sok_tables_loads(tmp_path, rng):
     path = tf.train.Checkpoint(static=static, optimizer=opt).save(str(tmp_path / "ck"))
     names = [name for name, _ in tf.train.list_variables(path)]
     assert any("OPTIMIZER_SLOT/optimizer/sok_optimizer_state/m" in n for n in names), names
+
+
+LIVE_CHANGES = {
+    "adam_beta_1": (lambda: tf.keras.optimizers.Adam(0.05), "beta_1", 0.5),
+    "sgd_momentum": (lambda: tf.keras.optimizers.SGD(0.05, momentum=0.9), "momentum", 0.3),
+    "rmsprop_rho": (lambda: tf.keras.optimizers.RMSprop(0.05), "rho", 0.5),
+}
+
+
+@pytest.mark.parametrize("name", sorted(LIVE_CHANGES))
+def test_a_keras_hyperparameter_changed_between_steps_takes_effect(rng, name):
+    """`opt.beta_1 = 0.5` (momentum, rho) between eager steps changes sok's
+    updates as it changes Keras' own on a plain tf.Variable (every step reads
+    the same rows, so Keras' non-lazy momentum and moments agree with sok's
+    lazy ones). Keras 3 keeps them as Python numbers, which sok read once,
+    at its first update: the change was ignored without a word."""
+    make, attribute, changed = LIVE_CHANGES[name]
+    table = rng.standard_normal((6, 3)).astype(np.float32)
+    ids = tf.ragged.constant([[1, 2], [4, 2]], tf.int64)
+
+    def train(var, lookup):
+        opt = make()
+        for step in range(4):
+            if step == 2:
+                setattr(opt, attribute, changed)
+            with tf.GradientTape() as tape:
+                loss = loss_of(lookup(var))
+            if getattr(var, "is_sok_variable", False):
+                with sok.OptimizerScope([var]):
+                    opt.apply_gradients([(tape.gradient(loss, var), var)])
+            else:
+                opt.apply_gradients([(tape.gradient(loss, var), var)])
+
+    ref = tf.Variable(table)
+    train(ref, lambda v: tf.nn.embedding_lookup_sparse(v, ids.to_sparse(), None, combiner="sum"))
+    static, dyn = sok.Variable(table), dynamic_from(table)
+    for var in (static, dyn):
+        train(var, lambda v: sok.lookup_sparse(v, ids, combiners="sum"))
+    touched = [1, 2, 4]
+    want = ref.numpy()[touched]
+    np.testing.assert_allclose(static.numpy()[touched], want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(rows_of(dyn, 6)[touched], want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_hyperparameter_changed_out_of_range_is_refused_at_the_next_update():
+    """The range checks of the hyperparameters run before each update, on
+    the numbers the optimizer holds then."""
+    table = sok.Variable(np.ones((4, 2), np.float32))
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.05))
+    grad = tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64))
+    opt.apply_gradients([(grad, table)])
+    opt.optimizer.beta_1 = 1.0
+    if not isinstance(opt.optimizer.beta_1, float):
+        pytest.skip("this Keras keeps beta_1 in a variable (OptimizerV2), checked at the first "
+                    "update only: reading it before each would wait for its device")
+    before = table.numpy()
+    with pytest.raises(ValueError, match=r"beta_1 must be in \[0, 1\).*got 1.0"):
+        opt.apply_gradients([(grad, table)])
+    np.testing.assert_array_equal(table.numpy(), before)

@@ -331,12 +331,17 @@ def known_number(x):
     return None
 
 
-def _out_of_range(opt, hp, algorithm):
+def _out_of_range(opt, hp, algorithm, numbers_only=False):
     """The message refusing the first hyperparameter of `opt` (as `hp`
-    read it) outside the range `algorithm` takes (_RANGES), or None."""
+    read it) outside the range `algorithm` takes (_RANGES), or None. With
+    numbers_only, only Python and numpy numbers are checked (an eager
+    tensor's value would be read back from its device)."""
     names = _TF1_NAMES if hp.tf1_names else _KERAS_NAMES
     for attr, (low, high, high_taken) in _RANGES[algorithm].items():
-        number = known_number(getattr(hp, attr))
+        setting = getattr(hp, attr)
+        if numbers_only and not isinstance(setting, (int, float, np.number)):
+            continue
+        number = known_number(setting)
         if number is None:
             continue
         if attr == "rho" and hp.tf1_names and algorithm == "rmsprop":
@@ -358,11 +363,37 @@ def _out_of_range(opt, hp, algorithm):
     return None
 
 
+# A Keras optimizer's numeric hyperparameters beside the learning rate,
+# read from it whenever an update is built (so `opt.beta_1 = 0.5` between
+# steps takes effect as it does for Keras' own updates; a tf.function
+# traced before keeps what it read, as Keras' own does): Hyperparameters'
+# attribute -> (the optimizer's attributes, the first that is set wins;
+# the default). Keras 2's OptimizerV2 keeps some private.
+_KERAS_LIVE = {
+    "momentum": (("momentum",), 0.0),
+    "epsilon": (("epsilon",), 1e-7),
+    "beta_1": (("beta_1",), 0.9),
+    "beta_2": (("beta_2",), 0.999),
+    "rho": (("rho",), 0.9),
+    "lr_power": (("learning_rate_power",), -0.5),
+    "l1": (("l1_regularization_strength",), 0.0),
+    "l2": (("l2_regularization_strength",), 0.0),
+    "l2_shrinkage": (("l2_shrinkage_regularization_strength",
+                      "_l2_shrinkage_regularization_strength"), 0.0),
+    "beta": (("beta",), 0.0),
+}
+
+
 class Hyperparameters:
     """One wrapped optimizer's algorithm (an entry of ALGORITHMS), formula
-    flavor (`tf1`) and hyperparameters, read from its attributes."""
+    flavor (`tf1`) and hyperparameters, read from its attributes: a Keras
+    optimizer's numbers each time an update is built (_KERAS_LIVE), what
+    decides the slots (momentum or not, centered, nesterov, the initial
+    accumulator) and a tf.compat.v1 optimizer's numbers (fixed when it is
+    made) once."""
 
     def __init__(self, opt, tf1_formulas=None):
+        self._live = None  # the Keras optimizer whose numbers are read live
         name = _algorithm_name(opt)
         tf1_names = compat.is_tf1_optimizer(opt)  # how its attributes are spelled
         # tf1_formulas: sok_graph's own rules choose the formula flavor.
@@ -390,23 +421,12 @@ class Hyperparameters:
             if name == "sgd":
                 self.momentum = 0.0
         else:
-            self.momentum = _attr(o, "momentum", default=0.0)
+            self._live = o  # momentum, epsilon, ...: _KERAS_LIVE, __getattr__
             self.nesterov = _attr(o, "nesterov", default=False)
-            self.epsilon = _attr(o, "epsilon", default=1e-7)
-            self.beta_1 = _attr(o, "beta_1", default=0.9)
-            self.beta_2 = _attr(o, "beta_2", default=0.999)
-            self.rho = _attr(o, "rho", default=0.9)
             self.centered = _attr(o, "centered", default=False)
             # Keras 2's OptimizerV2 Adagrad keeps it private.
             self.initial_accumulator = _attr(o, "initial_accumulator_value",
                                              "_initial_accumulator_value", default=0.1)
-            self.lr_power = _attr(o, "learning_rate_power", default=-0.5)
-            self.l1 = _attr(o, "l1_regularization_strength", default=0.0)
-            self.l2 = _attr(o, "l2_regularization_strength", default=0.0)
-            # Keras 2's OptimizerV2 Ftrl keeps it private.
-            self.l2_shrinkage = _attr(o, "l2_shrinkage_regularization_strength",
-                                      "_l2_shrinkage_regularization_strength", default=0.0)
-            self.beta = _attr(o, "beta", default=0.0)
             if name == "adam" and _attr(o, "amsgrad", default=False):
                 raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
             self.unapplied = _unapplied_option(o)
@@ -416,14 +436,32 @@ class Hyperparameters:
             name = "momentum"
         self.algorithm = ALGORITHMS[name]
         self.tf1_names = tf1_names
-        # A hyperparameter out of its algorithm's range (a message refusing
-        # it), refused where an option the updates ignore is.
-        self.out_of_range = _out_of_range(o, self, name)
+        self._opt = o
+        # Every hyperparameter as it is now, eager tensors read too; the
+        # numbers again before each update (out_of_range).
+        self._first_refusal = _out_of_range(o, self, name)
+
+    def __getattr__(self, name):
+        # Only for attributes __init__ did not set: a Keras optimizer's
+        # numbers, read now.
+        live = self.__dict__.get("_live")
+        if live is not None and name in _KERAS_LIVE:
+            names, default = _KERAS_LIVE[name]
+            return _attr(live, *names, default=default)
+        raise AttributeError(name)
+
+    @property
+    def out_of_range(self):
+        """A message refusing a hyperparameter out of its algorithm's range
+        (a number as the optimizer holds it now), or None."""
+        return self._first_refusal or _out_of_range(self._opt, self, self.algorithm.name,
+                                                    numbers_only=True)
 
     @property
     def refusal(self):
         """Why this optimizer may not update sok rows (an option they would
-        ignore, a hyperparameter out of range), or None."""
+        ignore, a hyperparameter out of range), or None; asked before each
+        update, as the numbers may have changed since."""
         return self.unapplied or self.out_of_range
 
     def slots(self):
