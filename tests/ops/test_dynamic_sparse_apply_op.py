@@ -82,6 +82,45 @@ def test_updates_keys_as_numpy(algorithm, formulas, nesterov, key_type, rng):
     np.testing.assert_array_equal(_rows(table, [20], key_type)[0][0], held[20])
 
 
+@pytest.mark.parametrize("key_type", [tf.int32, tf.int64])
+def test_keys_its_insert_evicts_leave_the_slot_tables(key_type, rng):
+    """A key evicted between its lookup and its update is put back by the
+    update, which evicts another key of the full table (max_capacity 4; by
+    LRU, key 1, the oldest there). That key's slot rows go too, and the
+    slot table, whose own oldest key is 2, keeps every key the table keeps:
+    before, the slot table evicted key 2 to make room by its own order, so
+    key 2 lost its accumulator while key 1, gone from the table, kept its
+    own for when it came back. Against numpy's Adagrad."""
+    bounds = dict(var_type="hybrid", init_capacity=4, max_capacity=4)
+    table = sok.DynamicVariable(DIM, initializer="zeros", key_type=key_type, **bounds)
+    slot = sok.DynamicVariable(DIM, initializer=SLOT_INIT, key_type=key_type, **bounds)
+    held = [1, 2, 3, 4]
+    rows = rng.standard_normal((4, DIM)).astype(np.float32)
+    accumulators = rng.uniform(0.2, 1.0, (4, DIM)).astype(np.float32)
+    # Import times (microseconds, long before now): the table's oldest key
+    # is 1, the slot table's is 2.
+    table.import_rows(tf.constant(held, key_type), tf.constant(rows),
+                      timestamps=tf.constant([1, 2, 3, 4], tf.int64))
+    slot.import_rows(tf.constant(held, key_type), tf.constant(accumulators),
+                     timestamps=tf.constant([2, 1, 3, 4], tf.int64))
+    grads = rng.standard_normal((1, DIM)).astype(np.float32)
+    h = hyper()
+    dynamic_ops.sparse_apply(table.handle, [slot.handle], tf.constant([9], key_type),
+                             tf.constant(grads), tf.constant(h), tf.constant(1, tf.int64),
+                             "adagrad")
+    kept = [2, 3, 4, 9]
+    _, found = _rows(table, [1] + kept, key_type)
+    assert found.tolist() == [False, True, True, True, True]
+    got, found = _rows(slot, [1] + kept, key_type)
+    assert found.tolist() == [False, True, True, True, True]
+    np.testing.assert_array_equal(got[1:4], accumulators[1:4])
+    # Key 9 read zeros and its accumulator started at SLOT_INIT.
+    want_w, want_s = numpy_step("adagrad", np.zeros(DIM), [np.full(DIM, SLOT_INIT)],
+                                grads[0].astype(np.float64), h, 1, "keras", False)
+    np.testing.assert_allclose(_rows(table, [9], key_type)[0][0], want_w, rtol=2e-5, atol=2e-6)
+    np.testing.assert_allclose(got[4], want_s[0], rtol=2e-5, atol=2e-6)
+
+
 _MAKE = {"momentum": lambda: tf.compat.v1.train.MomentumOptimizer(0.1, 0.9),
          "adam": lambda: tf.keras.optimizers.Adam(0.05),
          "ftrl": lambda: tf.keras.optimizers.Ftrl(0.1),

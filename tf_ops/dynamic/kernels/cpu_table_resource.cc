@@ -147,14 +147,7 @@ class CpuTableResource : public TableResource {
   Status Remove(OpKernelContext* ctx, const Tensor& keys_in) override {
     std::vector<int64_t> widened;
     const int64_t* keys = KeysAsInt64(keys_in, &widened);
-    int64_t removed = 0;
-    {
-      ::tensorflow::mutex_lock lock(*mu());
-      for (int64_t i = 0; i < keys_in.NumElements(); ++i) {
-        removed += table_.Remove(keys[i]) ? 1 : 0;
-      }
-    }
-    return ScalarOutput(ctx, 0, removed);
+    return ScalarOutput(ctx, 0, RemoveKeys(keys, keys_in.NumElements()));
   }
 
   Status ReadStats(OpKernelContext* ctx, Stats* stats) override {
@@ -238,11 +231,25 @@ class CpuTableResource : public TableResource {
     std::vector<float> rows(elems);
     std::vector<std::vector<float>> slot_rows(num_slots, std::vector<float>(elems));
     const std::vector<float> zeros(static_cast<size_t>(d), 0.0f);
-    {
-      ::tensorflow::tf_shared_lock lock(*mu());
-      core::FindBatch(table_, keys, n, zeros.data(), rows.data(), nullptr, RunnerFor(ctx));
-    }
+    // The keys' rows, then every key made present as the write-back below
+    // would make it, in one locked step. A key evicted since its lookup
+    // reads as zeros and is put back, which may evict other keys: they
+    // leave the slot tables before any slot row is read, so a key that
+    // comes back later starts afresh in every slot, and a slot table (as
+    // bounded as this one) never has to evict a key this table keeps.
+    std::vector<int64_t> evicted_keys;
     int64_t evicted = 0;
+    TF_RETURN_IF_ERROR(RunLocked(
+        [&](core::DynamicTable& t, int64_t now, std::string* error) {
+          core::FindBatch(t, keys, n, zeros.data(), rows.data(), nullptr, RunnerFor(ctx));
+          std::vector<int64_t> entries(static_cast<size_t>(n));
+          return core::EnsureEntries(t, keys, n, now, /*accessed=*/false, /*initialize=*/true,
+                                     entries.data(), RunnerFor(ctx), error, &evicted_keys);
+        },
+        &evicted));
+    for (CpuTableResource* slot : slots) {
+      slot->RemoveKeys(evicted_keys.data(), static_cast<int64_t>(evicted_keys.size()));
+    }
     for (int s = 0; s < num_slots; ++s) {
       float* out = slot_rows[s].data();
       TF_RETURN_IF_ERROR(slots[s]->RunLocked(
@@ -286,6 +293,14 @@ class CpuTableResource : public TableResource {
   }
 
  private:
+  // Removes those of keys[0, n) the table holds; returns how many.
+  int64_t RemoveKeys(const int64_t* keys, int64_t n) {
+    int64_t removed = 0;
+    ::tensorflow::mutex_lock lock(*mu());
+    for (int64_t i = 0; i < n; ++i) removed += table_.Remove(keys[i]) ? 1 : 0;
+    return removed;
+  }
+
   // Runs a batch operation that changes the table: under the table's lock,
   // at this call's time. `op(table, now, error)` returns the number of
   // evicted rows (*evicted), or -1 with `error` set.

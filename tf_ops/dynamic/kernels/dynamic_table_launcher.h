@@ -162,6 +162,14 @@ int sok_gpu_table_gather_ensured(SokGpuTable* table, int64_t n, float* out, void
 int sok_gpu_table_scatter(SokGpuTable* table, const int64_t* keys, int64_t n, const float* rows,
                           int mode, int64_t now, SokGpuTableResult* result, void* stream);
 
+// Makes every key present as sok_gpu_table_scatter's insert does (a new key
+// gets its initial row; present keys are marked updated at `now`, use
+// counts do not change), writing the keys evicted to make room to
+// evicted_keys (device, n entries, may be NULL) and their number to
+// result->num_evicted. Waits for the stream when the table must make room.
+int sok_gpu_table_insert_missing(SokGpuTable* table, const int64_t* keys, int64_t n, int64_t now,
+                                 int64_t* evicted_keys, SokGpuTableResult* result, void* stream);
+
 // As sok_gpu_table_scatter, for keys the caller knows are all in the table
 // (a call made them present and sok_gpu_table_removals has not changed
 // since): nothing is inserted, so no bound is checked and nothing waits. A

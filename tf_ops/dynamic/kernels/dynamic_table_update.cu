@@ -185,6 +185,19 @@ __attribute__((visibility("default"))) int sok_gpu_table_scatter(SokGpuTable* t,
   return ApplyRows(t, n, rows, mode, nullptr, nullptr, now, s);
 }
 
+__attribute__((visibility("default"))) int sok_gpu_table_insert_missing(
+    SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, int64_t* evicted_keys,
+    SokGpuTableResult* result, void* stream) {
+  if (BadTable(t) || n < 0) return SOK_GPU_TABLE_BAD_ARGUMENT;
+  if (result) {
+    result->num_evicted = 0;
+    result->distinct_keys = -1;
+  }
+  if (n == 0) return 0;
+  return Ensure(t, keys, n, now, false, true, nullptr, evicted_keys, nullptr, result,
+                StreamOf(stream));
+}
+
 __attribute__((visibility("default"))) int sok_gpu_table_scatter_present(
     SokGpuTable* t, const int64_t* keys, int64_t n, const float* rows, int mode, int distinct,
     int64_t now, void* stream) {

@@ -698,11 +698,50 @@ Status GpuTableResource::SparseApply(OpKernelContext* ctx, const Tensor& keys_in
   // Keys the table knows are a unique op's output are distinct for the
   // slot tables too.
   bool distinct = false;
+  // The keys' rows, then every key made present as the write-back below
+  // would make it, in one locked step. A key evicted since its lookup reads
+  // as zeros and is put back, which may evict other keys: they leave the
+  // slot tables before any slot row is read, so a key that comes back later
+  // starts afresh in every slot, and a slot table (as bounded as this one)
+  // never has to evict a key this table keeps.
+  SokGpuTableResult inserted{0, -1};
+  // Puts the table's earlier note back when the op ends, however it ends.
+  struct NoteRestorer {
+    GpuTableResource* table;
+    Tensor keys;
+    int64_t removals;
+    bool distinct;
+    ~NoteRestorer() {
+      ::tensorflow::mutex_lock lock(*table->mu());
+      table->present_keys_ = keys;
+      table->present_removals_ = removals;
+      table->present_distinct_ = distinct;
+    }
+  };
+  std::unique_ptr<NoteRestorer> restore_note;
   {
-    ::tensorflow::tf_shared_lock lock(*mu());
+    ::tensorflow::mutex_lock lock(*mu());
+    restore_note.reset(
+        new NoteRestorer{this, present_keys_, present_removals_, present_distinct_});
     KnownPresent(keys_in, &distinct);
     TF_RETURN_IF_ERROR(
         Error(ctx, sok_gpu_table_find(table_, keys, n, nullptr, rows, nullptr, stream)));
+    TF_RETURN_IF_ERROR(Error(
+        ctx, sok_gpu_table_insert_missing(table_, keys, n, Tick(), I64(&evicted), &inserted,
+                                          stream),
+        &inserted));
+    // Noted for this op's write-back (no second insert, which would wait
+    // again for a full table), and the earlier note put back after it.
+    NotePresent(keys_in, distinct);
+  }
+  if (inserted.num_evicted > 0) {
+    // Out of the slot tables, then `evicted` is free for their inserts.
+    for (GpuTableResource* slot : slots) {
+      ::tensorflow::mutex_lock lock(*slot->mu());
+      TF_RETURN_IF_ERROR(slot->Error(
+          ctx, sok_gpu_table_remove(slot->table_, I64(&evicted), inserted.num_evicted, nullptr,
+                                    stream)));
+    }
   }
   for (int s = 0; s < num_slots; ++s) {
     GpuTableResource* slot = slots[s];
@@ -722,15 +761,16 @@ Status GpuTableResource::SparseApply(OpKernelContext* ctx, const Tensor& keys_in
                           reinterpret_cast<const int64_t*>(ctx->input(4).flat<TfInt64>().data()),
                           stream),
       "sok_dense_apply_f32"));
-  // The keys are usually all present: the step's lookup inserted them
-  // (the table's, when they are its unique find-or-insert's output), or
-  // the find-or-insert above did (the slots', noted for this op's own
-  // write-back and forgotten after it).
+  // The keys are all present (unless another op removed some meanwhile):
+  // the insert above made them so in this table, the find-or-insert above
+  // in the slots, each noted for this op's own write-back and forgotten
+  // after it.
   const auto write_back = [&](GpuTableResource* t, const float* values) {
     SokGpuTableResult result{0, -1};
     return t->ScatterRows(ctx, keys_in, keys, values, /*update=*/2, &result);
   };
   TF_RETURN_IF_ERROR(write_back(this, rows));
+  restore_note.reset();
   for (int s = 0; s < num_slots; ++s) {
     TF_RETURN_IF_ERROR(write_back(slots[s], slot_rows(s)));
     // The note was for this op's write-back only (the keys are an input).

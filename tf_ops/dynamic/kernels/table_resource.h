@@ -87,7 +87,8 @@ class TableResource : public ::tensorflow::ResourceBase {
   virtual ::tensorflow::Status Clear(::tensorflow::OpKernelContext* ctx) = 0;
   // SokDynamicSparseApply: the rows of `keys` and of each slot table (of
   // this table's kind, checked) updated by the fused formula (inputs grads 2,
-  // hyper 3, step 4).
+  // hyper 3, step 4). Keys this table evicts to put back a key it lost
+  // since the lookup leave the slot tables first.
   virtual ::tensorflow::Status SparseApply(::tensorflow::OpKernelContext* ctx,
                                            const ::tensorflow::Tensor& keys,
                                            const std::vector<TableResource*>& slots,

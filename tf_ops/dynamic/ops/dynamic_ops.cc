@@ -276,12 +276,13 @@ REGISTER_OP("SokDynamicSparseApply")
     .Doc(R"doc(
 One optimizer step of `algorithm` for distinct keys of a dynamic table, in
 one op, as these table ops in turn would take it: the keys' rows are found
-(a missing key reads as zeros), each slot table's rows found or inserted
-(with the slot table's initializer), the rows and slots updated from grads
-[n, dim] (the formulas of SokSparseApply; hyper: [lr, momentum, epsilon,
-beta_1, beta_2, lr_power, l1, l2, l2_shrinkage, beta], step: Adam's 1-based
-step), then written back with scatter "update" (inserting keys the table
-has evicted meanwhile). slots: the algorithm's slot tables in its order
+(a missing key, evicted since its lookup, reads as zeros and is inserted
+again; the keys that insert evicts are removed from every slot table), each
+slot table's rows found or inserted (with the slot table's initializer),
+the rows and slots updated from grads [n, dim] (the formulas of
+SokSparseApply; hyper: [lr, momentum, epsilon, beta_1, beta_2, lr_power,
+l1, l2, l2_shrinkage, beta], step: Adam's 1-based step), then written back
+with scatter "update". slots: the algorithm's slot tables in its order
 (momentum 1, adagrad 1, adam 2: m, v, ftrl 2: accumulator, linear).
 )doc");
 
