@@ -94,11 +94,11 @@ class OptimizerWrapper(compat.trackable_base_class()):
                                                                    None))
         if self._hp.refusal and self.refuses_when_made:
             raise ValueError(self._hp.refusal)
-        self._slots = {}  # id(var) -> {slot name: tf.Variable or DynamicVariable}
-        # id(var) -> a weak reference to var: a new object reusing the id of
-        # a table since freed has none of its slots (get_slot, which
-        # TensorFlow's checkpoint code asks for every object it saves).
-        self._slot_owners = {}
+        # id(var) -> (a weak reference to var, {slot name: tf.Variable or
+        # DynamicVariable}): a new object reusing the id of a table since
+        # freed has none of its slots (get_slot, which TensorFlow's
+        # checkpoint code asks for every object it saves).
+        self._slots = {}
         self._slot_vars = []
         # replica -> step counter: one (0) but with a MirroredStrategy's
         # replicas as workers (each replica counts its own applies).
@@ -172,8 +172,12 @@ class OptimizerWrapper(compat.trackable_base_class()):
 
     def has_slots(self, var):
         """Whether the slots of sok variable (or shard) `var` exist yet."""
-        owner = self._slot_owners.get(id(var))
-        return owner is not None and owner() is var
+        return self._slots_of(var) is not None
+
+    def _slots_of(self, var):
+        """{slot name: slot} of sok variable (or shard) `var`, or None."""
+        owner, slots = self._slots.get(id(var), (None, None))
+        return slots if owner is not None and owner() is var else None
 
     def get_slot(self, var, name):
         """Slot `name` of sok variable `var` (inside strategy.run, of the
@@ -186,7 +190,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         var = replica_shards.resolve(var, "get_slot")
         if not self.has_slots(var):
             raise KeyError(f"no slots for {getattr(var, 'name', type(var).__name__)!r}")
-        return self._slots[id(var)][name]
+        return self._slots_of(var)[name]
 
     # tf.train.Checkpoint's protocol for an optimizer's slots (see the class
     # docstring): the names, get_slot above, and the restore.
@@ -230,7 +234,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 self.create_slots(shard)
             return None
         if self.has_slots(var):
-            return self._slots[id(var)]
+            return self._slots_of(var)
         slots = {}
         # A replica's shard keeps its slots on its device, as its own.
         with tf.init_scope(), replica_shards.shard_scope(var.placement[1]):
@@ -239,8 +243,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 slot = var.make_slot(name, init, start=native[name] if native else None)
                 slots[name] = slot
                 self._slot_vars.append(slot)
-        self._slots[id(var)] = slots
-        self._slot_owners[id(var)] = weakref.ref(var)
+        self._slots[id(var)] = (weakref.ref(var), slots)
         return slots
 
     def _native_rows(self, var):
@@ -326,7 +329,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         if is_dynamic(var):
             return True
         return compat.is_plain_resource_variable(var) and all(
-            compat.is_plain_resource_variable(s) for s in self._slots[id(var)].values())
+            compat.is_plain_resource_variable(s) for s in self._slots_of(var).values())
 
     def _apply_fused(self, pairs, step, lr):
         """One SokSparseApply op for the tables of `pairs` (one device)."""
@@ -339,14 +342,14 @@ class OptimizerWrapper(compat.trackable_base_class()):
             indices.append(distinct)
             values.append(rows)
             for name in self.slot_names():
-                slots.append(self._slots[id(table)][name])
+                slots.append(self._slots_of(table)[name])
         op = fused_apply.sparse_apply(tables, slots, indices, values, self._hp, lr, step)
         return None if tf.executing_eagerly() else op
 
     def _apply_dynamic_fused(self, grad, var, step, lr):
         """One SokDynamicSparseApply op for dynamic table `var`."""
         keys, values = _distinct_rows(grad)
-        slots = [self._slots[id(var)][name] for name in self.slot_names()]
+        slots = [self._slots_of(var)[name] for name in self.slot_names()]
         with tf.control_dependencies(var.late_shadow_drops()):
             op = fused_apply.dynamic_sparse_apply(var, slots, keys, values, self._hp, lr, step)
         return None if tf.executing_eagerly() else op
@@ -355,7 +358,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         unique, values = _distinct_rows(grad)
         if self._update_all_rows:
             unique, values = self._every_row(var, unique, values)
-        slots = self._slots[id(var)]
+        slots = self._slots_of(var)
         dtype = values.dtype
         # Every write waits for the learning rate's check (checked_rate):
         # a slot's new rows (Adam's moments) do not depend on the rate.
