@@ -342,13 +342,16 @@ WRITES = {
 }
 
 
-@pytest.mark.parametrize("graph", [False, True], ids=["eager", "session"])
+@pytest.mark.parametrize("graph,writes_first", [(False, False), (True, False), (True, True)],
+                         ids=["eager", "session", "session_writes_built_before_the_slots"])
 @pytest.mark.parametrize("write", sorted(WRITES))
-def test_slots_of_keys_a_write_evicts_are_dropped(write, graph):
+def test_slots_of_keys_a_write_evicts_are_dropped(write, graph, writes_first):
     """A write of a new key into a full table evicts the least recently
     used key (1): its slot rows go too, so when it comes back its
     accumulator starts afresh (it came back with its old one, 3 + 1 where
-    a fresh one gives 1 + 1). A write that evicts nothing drops nothing."""
+    a fresh one gives 1 + 1). A write that evicts nothing drops nothing.
+    In a graph also a write built before the optimizer made its slots (it
+    dropped nothing from them)."""
     def build():
         v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
                                 initializer="zeros")
@@ -379,10 +382,14 @@ def test_slots_of_keys_a_write_evicts_are_dropped(write, graph):
     else:
         with tf.Graph().as_default():
             v, opt, keys, step = build()
+            if writes_first:
+                held = WRITES[write](v, tf.constant([3], tf.int64), rows)
+                new = WRITES[write](v, tf.constant([9], tf.int64), rows)
             train = step(None)
             acc = opt.get_slot(v, "accumulator")
-            held = WRITES[write](v, tf.constant([3], tf.int64), rows)
-            new = WRITES[write](v, tf.constant([9], tf.int64), rows)
+            if not writes_first:
+                held = WRITES[write](v, tf.constant([3], tf.int64), rows)
+                new = WRITES[write](v, tf.constant([9], tf.int64), rows)
             from sok_graph.ops import dynamic as dynamic_ops
 
             slot_keys = dynamic_ops.export(acc.handle, tf.int64, 2)[0]

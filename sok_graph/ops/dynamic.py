@@ -116,6 +116,12 @@ def sparse_apply(table, slots, keys, grads, hyper, step, algorithm, tf1=False,
         keras_optimizer_v2=bool(keras_optimizer_v2), nesterov=bool(nesterov))
 
 
+def add_shadow(table, shadow):
+    """Makes dynamic table `shadow` drop every key `table` evicts or removes
+    (SokDynamicTableAddShadow)."""
+    return library.load().sok_dynamic_table_add_shadow(table, shadow)
+
+
 def remove(table, keys):
     return library.load().sok_dynamic_table_remove(table, keys)
 

@@ -350,8 +350,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         """One SokDynamicSparseApply op for dynamic table `var`."""
         keys, values = _distinct_rows(grad)
         slots = [self._slots_of(var)[name] for name in self.slot_names()]
-        with tf.control_dependencies(var.late_shadow_drops()):
-            op = fused_apply.dynamic_sparse_apply(var, slots, keys, values, self._hp, lr, step)
+        op = fused_apply.dynamic_sparse_apply(var, slots, keys, values, self._hp, lr, step)
         return None if tf.executing_eagerly() else op
 
     def _apply_sparse(self, grad, var, step, lr):
@@ -365,13 +364,14 @@ class OptimizerWrapper(compat.trackable_base_class()):
         checked = after_rate_check(lr)
         lr = tf.cast(lr, dtype)
         if is_dynamic(var):
-            drops = var.late_shadow_drops()
-            if drops:
-                with tf.control_dependencies(drops):
-                    unique = tf.identity(unique)  # the slots' reads wait for the drops
-            rows, _ = var.find(unique)  # a row evicted meanwhile reads as 0 and is reinserted
-            slot_rows = {n: dynamic_ops.find_or_insert(s.handle, unique, var.dimension)[0]
-                         for n, s in slots.items()}
+            # As the fused update: a row evicted since the lookup reads as 0
+            # and is put back before the slots are read, so the keys that
+            # evicts have left them (the table's shadows) first.
+            rows, _ = var.find(unique)
+            with tf.control_dependencies([dynamic_ops.scatter(var.handle, unique, rows,
+                                                              "update")]):
+                slot_rows = {n: dynamic_ops.find_or_insert(s.handle, unique, var.dimension)[0]
+                             for n, s in slots.items()}
             new_rows, new_slots = self._hp.update(rows, values, slot_rows, lr, step)
             with tf.control_dependencies(checked):
                 writes = [dynamic_ops.scatter(var.handle, unique, new_rows, "update")]

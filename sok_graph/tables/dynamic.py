@@ -48,7 +48,6 @@ hashed by identity (element-wise == means nothing without a dense value).
 
 
 import re
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -227,14 +226,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                 with tf.control_dependencies(None):
                     self._graph_element = self._size_tensor()
         self._table_shared_name = shared_name
-        # Tables keyed like this one (optimizer slots) that must drop the keys
-        # this table evicts, so a key that comes back starts afresh in all.
+        # Tables keyed like this one (optimizer slots) that drop the keys this
+        # table evicts or removes (add_shadow), so a key that comes back
+        # starts afresh in all.
         self._shadows = []
-        # Per graph, (evicted keys, shadows wired to them) of each read built
-        # in it: a shadow added after the read (the slots an optimizer makes
-        # in apply_gradients, once a TF1 graph's forward pass is built) drops
-        # those keys too, before the update (late_shadow_drops).
-        self._graph_evictions = weakref.WeakKeyDictionary()
         self._in_graph_mode = not tf.executing_eagerly()
         if tf.executing_eagerly():
             self._deleter = compat.eager_resource_deleter(self._handle)
@@ -573,11 +568,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                 distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
                 rows, _, evicted_keys, evicted_rows_out = dynamic_ops.find_or_insert_evicting(
                     self._handle, distinct, self._dimension)
-                rows = self._after_evictions(rows, evicted_keys)
             else:
                 _, positions, rows, _, evicted_keys = dynamic_ops.unique_find_or_insert(
                     self._handle, keys, self._dimension)
-                rows = self._after_evictions(rows, evicted_keys)
             rows = util_ops.gather_by_position(rows, positions)
         if shaped:
             rows = tf.reshape(rows, tf.concat([key_shape, [self._dimension]], 0))
@@ -602,9 +595,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         if self._admission is not None:
             distinct, rows, positions, _, _ = self._admitted_read(keys, low_frequency_filter)
             return distinct, rows, positions
-        distinct, positions, rows, _, evicted = dynamic_ops.unique_find_or_insert(
+        distinct, positions, rows, _, _ = dynamic_ops.unique_find_or_insert(
             self._handle, keys, self._dimension, name=name)
-        return distinct, self._after_evictions(rows, evicted), positions
+        return distinct, rows, positions
 
     def _admitted_read(self, keys, use_ratio):
         """(distinct keys [u], their rows [u, dimension], positions [n] int64,
@@ -642,7 +635,6 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         index = tf.where(admitted)
         rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
             self._handle, tf.gather_nd(distinct, index), self._dimension)
-        rows = self._after_evictions(rows, evicted_keys)
         shape = tf.stack([tf.size(distinct, out_type=tf.int64),
                           tf.constant(self._dimension, tf.int64)])
         rows = tf.scatter_nd(index, rows, shape)
@@ -666,37 +658,6 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         keys = ("init_capacity", "max_capacity", "max_hbm_for_vectors", "evict_strategy")
         return dict(var_type="hybrid",
                     **{k: self._table_config[k] for k in keys if k in self._table_config})
-
-    def _after_evictions(self, rows, evicted):
-        """rows, once every shadow table has dropped the keys this table
-        evicted to make room for them."""
-        if not tf.executing_eagerly():
-            self._graph_evictions.setdefault(evicted.graph, []).append(
-                (evicted, len(self._shadows)))
-        if not self._shadows:
-            return rows
-        drops = [dynamic_ops.remove(s.handle, evicted) for s in self._shadows]
-        with tf.control_dependencies(drops):
-            return tf.identity(rows)
-
-    def late_shadow_drops(self):
-        """Removes, from the shadow tables added after a read of the current
-        graph was built, of the keys that read evicted: what _after_evictions
-        would have wired had they existed then (graph mode; [] eagerly). An
-        update of the shadows runs after them: without them a key evicted
-        and read again kept its old optimizer state in a TF1 Session. Reads
-        inside a control-flow construct (a TF1 while_loop or cond), whose
-        tensors cannot be used outside it, are left out."""
-        if tf.executing_eagerly():
-            return []
-        drops = []
-        # Plain loops: TF 1.x's AutoGraph, which converts this code inside a
-        # tf.function, mangles a nested comprehension.
-        for evicted, wired in self._graph_evictions.get(tf.compat.v1.get_default_graph(), []):
-            if getattr(evicted.op, "_control_flow_context", None) is None:
-                for shadow in self._shadows[wired:]:
-                    drops.append(dynamic_ops.remove(shadow.handle, evicted))
-        return drops
 
     def row_count(self):
         """The number of keys this table holds (an int64 scalar; the table
@@ -764,10 +725,20 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     def add_shadow(self, table):
         """Makes `table` (a DynamicVariable with the same keys, such as an
-        optimizer slot) drop every key this table evicts."""
+        optimizer slot) drop every key this table evicts or removes, in the
+        op that evicts or removes it (SokDynamicTableAddShadow): whichever
+        write made room, eagerly or in any graph, whenever it was built. In
+        graph mode the link is made by `table`'s initializer."""
         if table.key_type != self._key_type:
             raise TypeError("a shadow table must have the same key_type")
         self._shadows.append(table)
+        if tf.executing_eagerly():
+            dynamic_ops.add_shadow(self._handle, table.handle)
+            return
+        # Both tables must exist first (their create ops make a table once).
+        with tf.control_dependencies([self._initializer_op, table._initializer_op]):
+            link = dynamic_ops.add_shadow(self._handle, table.handle)
+        table._initializer_op = tf.group(table._initializer_op, link)
 
     def find(self, keys, default_value=0.0):
         """(rows, found) for inference: missing keys get default_value, nothing is inserted."""
@@ -792,9 +763,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             raise TypeError(f"DynamicVariable.{method} takes (keys, rows) or one "
                             f"tf.IndexedSlices; got keys {keys!r} and no rows")
         # A key new to a full table evicts another: its slots go with it.
-        return self._shadows_follow(
-            dynamic_ops.scatter(self._handle, self._check_keys(keys), rows,
-                                method[len("scatter_"):]), only_after_evictions=True)
+        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows,
+                                   method[len("scatter_"):])
 
     def scatter_add(self, keys, rows=None, use_locking=False, name=None):
         return self._scatter("scatter_add", keys, rows)
@@ -808,15 +778,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
     def remove(self, keys):
         """Removes `keys` (those present) and returns how many were removed
         (an int64 scalar). Its shadow tables (the optimizer's slots) drop
-        them too, as after an eviction: a key that comes back starts afresh
-        in all of them, not with the removed key's slot state."""
-        keys = self._check_keys(keys)
-        removed = dynamic_ops.remove(self._handle, keys)
-        if not self._shadows:
-            return removed
-        with tf.control_dependencies([dynamic_ops.remove(s.handle, keys)
-                                      for s in self._shadows]):
-            return tf.identity(removed)
+        them too, in the same op, as after an eviction: a key that comes
+        back starts afresh in all of them, not with the removed key's slot
+        state."""
+        return dynamic_ops.remove(self._handle, self._check_keys(keys))
 
     @property
     def size(self):
@@ -876,9 +841,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         A key given twice holds its last row, as scatter_update's does."""
         keys, rows, timestamps, frequencies = self._checked_import(
             "import_rows", keys, rows, timestamps, frequencies, distinct=False)
-        return self._shadows_follow(
-            dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies),
-            only_after_evictions=True)
+        return dynamic_ops.import_rows(self._handle, keys, rows, timestamps, frequencies)
 
     def replace_rows(self, keys, rows, timestamps=None, frequencies=None):
         """The table holds exactly `keys` with `rows` afterwards: imported
@@ -890,47 +853,34 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         return self._shadows_follow(dynamic_ops.import_rows(
             self._handle, keys, rows, timestamps, frequencies, replace=True))
 
-    def _shadows_follow(self, write, only_after_evictions=False):
-        """`write` (a write op's count of evicted rows), after which each
-        shadow table (an optimizer's slot) drops the keys the table no
-        longer holds, as remove() makes it. After a restore (an import that
-        left the table holding exactly the imported keys): restoring a dump
-        taken before a key existed left that key's slot rows (Adam's
-        moments), so the key came back with them instead of afresh. With
-        only_after_evictions, only where the write evicted rows (a new key
-        written into a full table: the evicted key came back with its slot
-        rows). Keys the table holds keep their slot rows, whether a load
-        restores the slots before the table or after it."""
+    def _shadows_follow(self, restore):
+        """`restore` (a replacing import's count of evicted rows), after
+        which each shadow table (an optimizer's slot) drops the keys the
+        table no longer holds, as remove() makes it: restoring a dump taken
+        before a key existed left that key's slot rows (Adam's moments), so
+        the key came back with them instead of afresh. Keys the table holds
+        keep their slot rows, whether a load restores the slots before the
+        table or after it. (Every other write's evictions reach the shadows
+        in the op itself: add_shadow.)"""
         if not self._shadows:
-            return write
+            return restore
         if tf.executing_eagerly():
-            if only_after_evictions and int(write) == 0:
-                return write
             for shadow in self._shadows:
                 gone = [tf.boolean_mask(k, tf.logical_not(self._holds(k)))
                         for k, _, _, _ in shadow.export_chunks()]
                 if gone:  # removed once read: a removal would move the chunks' offsets
                     dynamic_ops.remove(shadow.handle, tf.concat(gone, 0))
-            return write
-
-        def drop_from_shadows():
-            dropped = []
+            return restore
+        dropped = []
+        with tf.control_dependencies([restore]):
             for shadow in self._shadows:
                 count = dynamic_ops.stats(shadow.handle)[0]
                 keys = dynamic_ops.export(shadow.handle, shadow.key_type, shadow.dimension, 0,
                                           tf.maximum(count, 1))[0]
                 dropped.append(dynamic_ops.remove(
                     shadow.handle, tf.boolean_mask(keys, tf.logical_not(self._holds(keys)))))
-            return tf.add_n(dropped)
-
-        with tf.control_dependencies([write]):
-            if only_after_evictions:
-                dropped = tf.cond(tf.greater(write, 0), drop_from_shadows,
-                                  lambda: tf.constant(0, tf.int64))
-            else:
-                dropped = drop_from_shadows()
-        with tf.control_dependencies([dropped]):
-            return tf.identity(write)
+        with tf.control_dependencies(dropped):
+            return tf.identity(restore)
 
     def _holds(self, keys):
         """Whether the table holds each of `keys` (inserts nothing)."""

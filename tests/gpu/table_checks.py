@@ -48,7 +48,7 @@ def bind(lib, ref):
         "sok_gpu_table_scatter": [P, P, I64, P, I32, I64, P, P],
         "sok_gpu_table_scatter_present": [P, P, I64, P, I32, I32, I64, P],
         "sok_gpu_table_remove": [P, P, I64, P, P],
-        "sok_gpu_table_import": [P, P, I64, P, P, P, I64, P, P],
+        "sok_gpu_table_import": [P, P, I64, P, P, P, I64, P, P, P],
         "sok_gpu_table_export": [P, I64, I64, P, P, P, P, I64, P, P],
         "sok_gpu_table_rebalance": [P, P],
         "sok_gpu_table_apply_present": [P, P, I32, P, I64, P, I32, I32, I32, P, P, I64, P],
@@ -200,7 +200,7 @@ class GpuTable:
         t = None if ts is None else cp.asarray(ts)
         f = None if freq is None else cp.asarray(freq)
         rc = self.lib.sok_gpu_table_import(self.h, ptr(k), len(keys), ptr(r), ptr(t), ptr(f), now,
-                                           ctypes.byref(res), stream())
+                                           None, ctypes.byref(res), stream())
         cp.cuda.get_current_stream().synchronize()
         if rc not in (0, TOO_MANY_KEYS):
             raise RuntimeError(f"import returned {rc}")

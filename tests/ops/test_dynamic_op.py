@@ -524,3 +524,57 @@ def test_sessions_have_separate_tables_and_rerun_init_keeps_rows():
         s1.run(init)  # re-running the initializer keeps the table
         np.testing.assert_array_equal(s1.run(read), [[1.0, 1.0]])
         np.testing.assert_array_equal(s2.run(read), [[0.0, 0.0]])
+
+
+def _keys_of(handle, key_dtype=tf.int64):
+    return set(export_dict(handle, 2, key_dtype))
+
+
+_EVICTING_WRITES = {
+    "find_or_insert": lambda t, k: dyn.find_or_insert(t, k, 2),
+    "unique_find_or_insert": lambda t, k: dyn.unique_find_or_insert(t, k, 2),
+    "scatter": lambda t, k: dyn.scatter(t, k, tf.ones([1, 2]), "add"),
+    "import": lambda t, k: dyn.import_rows(t, k, tf.ones([1, 2])),
+}
+
+
+@pytest.mark.parametrize("key_dtype", [tf.int32, tf.int64])
+@pytest.mark.parametrize("write", sorted(_EVICTING_WRITES))
+def test_a_shadow_drops_what_its_table_evicts_or_removes(write, key_dtype):
+    """SokDynamicTableAddShadow: every write that makes room in a full
+    table (bound 4) takes the key it evicts (1, used first) out of the
+    shadows in the same op; a write that evicts nothing takes nothing out;
+    remove takes its keys out of them too; a replacing import leaves them
+    as they are. Two shadows, one added twice."""
+    table = make_table(2, key_dtype, max_capacity=4)
+    shadows = [make_table(2, key_dtype, max_capacity=4) for _ in range(2)]
+    keys = lambda ks: tf.constant(ks, key_dtype)  # noqa: E731
+    for k in (1, 2, 3, 4):
+        for t in [table] + shadows:
+            dyn.find_or_insert(t, keys([k]), 2)
+    for s in shadows + shadows[:1]:
+        dyn.add_shadow(table, s)
+    _EVICTING_WRITES[write](table, keys([3]))  # held: evicts nothing
+    assert all(_keys_of(s, key_dtype) == {1, 2, 3, 4} for s in shadows)
+    _EVICTING_WRITES[write](table, keys([9]))
+    assert _keys_of(table, key_dtype) == {2, 3, 4, 9}
+    assert all(_keys_of(s, key_dtype) == {2, 3, 4} for s in shadows)
+    assert int(dyn.remove(table, keys([2, 5]))) == 1
+    assert all(_keys_of(s, key_dtype) == {3, 4} for s in shadows)
+    dyn.import_rows(table, keys([7]), tf.ones([1, 2]), replace=True)
+    assert _keys_of(table, key_dtype) == {7}
+    assert all(_keys_of(s, key_dtype) == {3, 4} for s in shadows)
+
+
+def test_a_shadow_is_refused_unless_it_is_another_table_of_the_same_keys():
+    table = make_table(2)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="cannot shadow itself"):
+        dyn.add_shadow(table, table)
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="the table's key type: the table's keys are int64, the shadow's "
+                             "int32"):
+        dyn.add_shadow(table, make_table(2, tf.int32))
+    missing = dyn.handle("a_shadow_never_created")
+    with pytest.raises(tf.errors.FailedPreconditionError,
+                       match="shadow table 'a_shadow_never_created' does not exist"):
+        dyn.add_shadow(table, missing)

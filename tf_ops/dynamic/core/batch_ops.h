@@ -249,16 +249,18 @@ inline void ScatterIn(DynamicTable& t, const int64_t* entries, const int64_t* po
 }
 
 // rows [n, dim] applied to the rows of keys: row += r, row -= r or row = r.
-// Missing keys are inserted first (with their initial rows). Updates of one
+// Missing keys are inserted first (with their initial rows; the keys evicted
+// to make room are appended to `evicted_keys` when given). Updates of one
 // key apply in input order: positions are bucketed by entry (a stable
 // counting sort), and each bucket goes to one thread, so no two threads
 // write one row.
 inline int64_t ScatterBatch(DynamicTable& t, const int64_t* keys, int64_t n, const float* rows,
                             ScatterMode mode, int64_t now, const ParallelRunner& run,
-                            std::string* error) {
+                            std::string* error, std::vector<int64_t>* evicted_keys = nullptr) {
   Scratch<int64_t, kEntriesSlot> entries(static_cast<size_t>(n));
   const int64_t* e = entries->data();
-  const int64_t evicted = EnsureEntries(t, keys, n, now, false, true, entries->data(), run, error);
+  const int64_t evicted =
+      EnsureEntries(t, keys, n, now, false, true, entries->data(), run, error, evicted_keys);
   if (evicted < 0) return -1;
   constexpr int64_t kParts = 16;
   int64_t starts[kParts + 1] = {0};
@@ -279,12 +281,14 @@ inline int64_t ScatterBatch(DynamicTable& t, const int64_t* keys, int64_t n, con
 
 // Inserts or overwrites keys with the given rows. Metadata is restored from
 // `timestamps` / `frequencies` when given (else: updated now, no accesses).
+// The keys evicted to make room are appended to `evicted_keys` when given.
 inline int64_t ImportBatch(DynamicTable& t, const int64_t* keys, int64_t n, const float* rows,
                            const int64_t* timestamps, const uint32_t* frequencies, int64_t now,
-                           const ParallelRunner& run, std::string* error) {
+                           const ParallelRunner& run, std::string* error,
+                           std::vector<int64_t>* evicted_keys = nullptr) {
   Scratch<int64_t, kEntriesSlot> entries(static_cast<size_t>(n));
   const int64_t evicted =
-      EnsureEntries(t, keys, n, now, false, false, entries->data(), run, error);
+      EnsureEntries(t, keys, n, now, false, false, entries->data(), run, error, evicted_keys);
   if (evicted < 0) return -1;
   const int64_t dim = t.dim();
   // Serial: the last occurrence of a repeated key wins, as in a serial loop.

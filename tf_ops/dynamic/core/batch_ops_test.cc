@@ -591,6 +591,35 @@ TEST_P(BatchOpsTest, ImportOverwritesRowsAndRestoresMetadata) {
   EXPECT_EQ(t.size(), 6);
 }
 
+TEST_P(BatchOpsTest, ScatterAndImportReportTheKeysTheyEvict) {
+  // A full table of 3 (1 used first): a write of a held key evicts nothing,
+  // a write of a new key evicts the oldest, and both name what they evict.
+  const TableConfig c = Config(2, 3, Eviction::kLru);
+  DynamicTable t(c);
+  std::string error;
+  std::vector<float> tmp(2);
+  for (int64_t k = 1; k <= 3; ++k) {
+    ASSERT_EQ(FindOrInsertBatch(t, &k, 1, t.Tick(10 * k), tmp.data(), run_, &error), 0);
+  }
+  const std::vector<float> row = {1, 1};
+  std::vector<int64_t> evicted;
+  const int64_t held = 3, fresh = 9, other = 7;
+  ASSERT_EQ(ScatterBatch(t, &held, 1, row.data(), ScatterMode::kAdd, t.Tick(40), run_, &error,
+                         &evicted),
+            0);
+  EXPECT_TRUE(evicted.empty());
+  ASSERT_EQ(ScatterBatch(t, &fresh, 1, row.data(), ScatterMode::kAdd, t.Tick(50), run_, &error,
+                         &evicted),
+            1);
+  EXPECT_EQ(evicted, (std::vector<int64_t>{1}));
+  evicted.clear();
+  ASSERT_EQ(ImportBatch(t, &other, 1, row.data(), nullptr, nullptr, t.Tick(60), run_, &error,
+                        &evicted),
+            1);
+  EXPECT_EQ(evicted, (std::vector<int64_t>{2}));
+  EXPECT_EQ(t.size(), 3);
+}
+
 TEST_P(BatchOpsTest, ReplaceHoldsExactlyTheRowsOrLeavesTheTableUnchanged) {
   const TableConfig c = Config(2, 4, Eviction::kLru);
   DynamicTable t(c);

@@ -80,6 +80,7 @@ class CpuTableResource : public TableResource {
       return core::FindOrInsertBatch(t, keys, n, now, rows->flat<float>().data(), RunnerFor(ctx),
                                      error, &evicted_keys, &evicted_rows);
     }));
+    TF_RETURN_IF_ERROR(DropFromShadows(ctx, evicted_keys.data(), Count(evicted_keys)));
     Tensor* out_keys = nullptr;
     const int64_t m = static_cast<int64_t>(evicted_keys.size());
     TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({m}), &out_keys));
@@ -112,6 +113,7 @@ class CpuTableResource : public TableResource {
       return core::FindOrInsertBatch(t, unique.data(), u, now, rows->flat<float>().data(),
                                      RunnerFor(ctx), error, &evicted_keys);
     }));
+    TF_RETURN_IF_ERROR(DropFromShadows(ctx, evicted_keys.data(), Count(evicted_keys)));
     Tensor* out_keys = nullptr;
     TF_RETURN_IF_ERROR(ctx->allocate_output(
         4, TensorShape({static_cast<int64_t>(evicted_keys.size())}), &out_keys));
@@ -138,16 +140,21 @@ class CpuTableResource : public TableResource {
     std::vector<int64_t> widened;
     const int64_t* keys = KeysAsInt64(keys_in, &widened);
     const int64_t n = keys_in.NumElements();
-    return RunWrite(ctx, 0, [&](core::DynamicTable& t, int64_t now, std::string* error) {
+    std::vector<int64_t> evicted_keys;
+    TF_RETURN_IF_ERROR(RunWrite(ctx, 0, [&](core::DynamicTable& t, int64_t now,
+                                            std::string* error) {
       return core::ScatterBatch(t, keys, n, rows.flat<float>().data(), mode, now, RunnerFor(ctx),
-                                error);
-    });
+                                error, &evicted_keys);
+    }));
+    return DropFromShadows(ctx, evicted_keys.data(), Count(evicted_keys));
   }
 
   Status Remove(OpKernelContext* ctx, const Tensor& keys_in) override {
     std::vector<int64_t> widened;
     const int64_t* keys = KeysAsInt64(keys_in, &widened);
-    return ScalarOutput(ctx, 0, RemoveKeys(keys, keys_in.NumElements()));
+    const int64_t n = keys_in.NumElements();
+    TF_RETURN_IF_ERROR(ScalarOutput(ctx, 0, RemoveCounted(keys, n)));
+    return DropFromShadows(ctx, keys, n);
   }
 
   Status ReadStats(OpKernelContext* ctx, Stats* stats) override {
@@ -201,12 +208,18 @@ class CpuTableResource : public TableResource {
     const int64_t* times =
         ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())
                              : nullptr;
-    return RunWrite(ctx, 0, [&](core::DynamicTable& t, int64_t now, std::string* error) {
+    // A replacing import (a restore) leaves the shadows as they are: the
+    // restore that made it decides which keys they keep.
+    std::vector<int64_t> evicted_keys;
+    TF_RETURN_IF_ERROR(RunWrite(ctx, 0, [&](core::DynamicTable& t, int64_t now,
+                                            std::string* error) {
       const float* r = rows.flat<float>().data();
       const uint32_t* f = counts.empty() ? nullptr : counts.data();
       return replace ? core::ReplaceBatch(t, keys, n, r, times, f, now, RunnerFor(ctx), error)
-                     : core::ImportBatch(t, keys, n, r, times, f, now, RunnerFor(ctx), error);
-    });
+                     : core::ImportBatch(t, keys, n, r, times, f, now, RunnerFor(ctx), error,
+                                         &evicted_keys);
+    }));
+    return DropFromShadows(ctx, evicted_keys.data(), Count(evicted_keys));
   }
 
   Status Clear(OpKernelContext* ctx) override {
@@ -247,9 +260,8 @@ class CpuTableResource : public TableResource {
                                      entries.data(), RunnerFor(ctx), error, &evicted_keys);
         },
         &evicted));
-    for (CpuTableResource* slot : slots) {
-      slot->RemoveKeys(evicted_keys.data(), static_cast<int64_t>(evicted_keys.size()));
-    }
+    TF_RETURN_IF_ERROR(DropFromShadows(ctx, evicted_keys.data(), Count(evicted_keys),
+                                       slot_tables));
     for (int s = 0; s < num_slots; ++s) {
       float* out = slot_rows[s].data();
       TF_RETURN_IF_ERROR(slots[s]->RunLocked(
@@ -292,9 +304,18 @@ class CpuTableResource : public TableResource {
     return OkStatus();
   }
 
+ protected:
+  Status RemoveKeys(OpKernelContext* ctx, const int64_t* keys, int64_t n) override {
+    (void)ctx;
+    RemoveCounted(keys, n);
+    return OkStatus();
+  }
+
  private:
+  static int64_t Count(const std::vector<int64_t>& v) { return static_cast<int64_t>(v.size()); }
+
   // Removes those of keys[0, n) the table holds; returns how many.
-  int64_t RemoveKeys(const int64_t* keys, int64_t n) {
+  int64_t RemoveCounted(const int64_t* keys, int64_t n) {
     int64_t removed = 0;
     ::tensorflow::mutex_lock lock(*mu());
     for (int64_t i = 0; i < n; ++i) removed += table_.Remove(keys[i]) ? 1 : 0;

@@ -202,6 +202,37 @@ class RemoveOp : public TableOpKernel {
   }
 };
 
+class AddShadowOp : public TableOpKernel {
+ public:
+  explicit AddShadowOp(OpKernelConstruction* ctx) : TableOpKernel(ctx, false) {}
+  void Compute(OpKernelContext* ctx) override {
+    Input in;
+    OP_REQUIRES_OK(ctx, Read(ctx, false, &in));
+    TableResource* shadow = nullptr;
+    const ::tensorflow::ResourceHandle& handle = ::tensorflow::HandleFromInput(ctx, 1);
+    const Status found = ::tensorflow::LookupResource(ctx, handle, &shadow);
+    OP_REQUIRES(ctx, found.ok(),
+                errors::FailedPrecondition("the shadow table '", handle.name(),
+                                           "' does not exist: run its initializer first; ",
+                                           found.ToString()));
+    ::tensorflow::core::ScopedUnref unref(shadow);
+    // A table that shadowed itself would hold a reference to itself.
+    OP_REQUIRES(ctx, shadow != in.table,
+                errors::InvalidArgument("a dynamic table cannot shadow itself ('",
+                                        handle.name(), "')"));
+    OP_REQUIRES(ctx, shadow->key_dtype() == in.table->key_dtype(),
+                errors::InvalidArgument(
+                    "a shadow table must have the table's key type: the table's keys are ",
+                    ::tensorflow::DataTypeString(in.table->key_dtype()), ", the shadow's ",
+                    ::tensorflow::DataTypeString(shadow->key_dtype())));
+    OP_REQUIRES(ctx, std::strcmp(shadow->device_type(), in.table->device_type()) == 0,
+                errors::InvalidArgument("the shadow table lives on a ", shadow->device_type(),
+                                        " device, the table on a ", in.table->device_type(),
+                                        " device"));
+    in.table->AddShadow(shadow);
+  }
+};
+
 class StatsOp : public TableOpKernel {
  public:
   explicit StatsOp(OpKernelConstruction* ctx) : TableOpKernel(ctx, true) {}
@@ -301,6 +332,7 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableUniqueFindOrInsert").Device(DEVICE_
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableFind").Device(DEVICE_CPU), FindOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableScatter").Device(DEVICE_CPU), ScatterOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableRemove").Device(DEVICE_CPU), RemoveOp);
+REGISTER_KERNEL_BUILDER(Name("SokDynamicTableAddShadow").Device(DEVICE_CPU), AddShadowOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableStats").Device(DEVICE_CPU), StatsOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableExport").Device(DEVICE_CPU), ExportOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableImport").Device(DEVICE_CPU), ImportOp);
@@ -331,6 +363,9 @@ REGISTER_KERNEL_BUILDER(Name("SokDynamicTableStats")
                         StatsOp);
 REGISTER_KERNEL_BUILDER(Name("SokDynamicTableClear").Device(DEVICE_GPU).HostMemory("table"),
                         ClearOp);
+REGISTER_KERNEL_BUILDER(
+    Name("SokDynamicTableAddShadow").Device(DEVICE_GPU).HostMemory("table").HostMemory("shadow"),
+    AddShadowOp);
 
 // The ops that take or give keys, per key type (the GPU table widens int32
 // keys on the device and narrows them on the way out).

@@ -206,10 +206,11 @@ int sok_gpu_table_remove(SokGpuTable* table, const int64_t* keys, int64_t n,
 
 // Inserts or overwrites keys with rows [n, dim] and metadata: timestamps[i]
 // and frequencies[i] (device, may be NULL: `now` and 0). The last
-// occurrence of a repeated key wins.
+// occurrence of a repeated key wins. evicted_keys (device, n entries, may
+// be NULL) receives the keys evicted to make room.
 int sok_gpu_table_import(SokGpuTable* table, const int64_t* keys, int64_t n, const float* rows,
                          const int64_t* timestamps, const int64_t* frequencies, int64_t now,
-                         SokGpuTableResult* result, void* stream);
+                         int64_t* evicted_keys, SokGpuTableResult* result, void* stream);
 
 // A table with rows in both tiers: moves its most used rows into device
 // memory now (training lookups do it every 16 calls). No wait; a table with

@@ -235,7 +235,8 @@ __attribute__((visibility("default"))) int sok_gpu_table_remove(SokGpuTable* t,
 
 __attribute__((visibility("default"))) int sok_gpu_table_import(
     SokGpuTable* t, const int64_t* keys, int64_t n, const float* rows, const int64_t* timestamps,
-    const int64_t* frequencies, int64_t now, SokGpuTableResult* result, void* stream) {
+    const int64_t* frequencies, int64_t now, int64_t* evicted_keys, SokGpuTableResult* result,
+    void* stream) {
   if (BadTable(t) || n < 0) return SOK_GPU_TABLE_BAD_ARGUMENT;
   if (result) {
     result->num_evicted = 0;
@@ -243,7 +244,7 @@ __attribute__((visibility("default"))) int sok_gpu_table_import(
   }
   if (n == 0) return 0;
   cudaStream_t s = StreamOf(stream);
-  int rc = Ensure(t, keys, n, now, false, false, nullptr, nullptr, nullptr, result, s);
+  int rc = Ensure(t, keys, n, now, false, false, nullptr, evicted_keys, nullptr, result, s);
   if (rc) return rc;
   return ApplyRows(t, n, rows, 3, timestamps, frequencies, now, s);
 }

@@ -226,6 +226,9 @@ class GpuTableResource : public TableResource {
                      const std::vector<TableResource*>& slot_tables,
                      const core::SparseApplyConfig& config) override;
 
+ protected:
+  Status RemoveKeys(OpKernelContext* ctx, const int64_t* keys, int64_t n) override;
+
  private:
   int64_t row_limit() const { return sok_gpu_table_row_limit(table_); }
   Status Error(OpKernelContext* ctx, int rc, const SokGpuTableResult* result = nullptr) const {
@@ -326,6 +329,7 @@ Status GpuTableResource::FindOrInsert(OpKernelContext* ctx, const Tensor& keys_i
                                                 evicted_rows.flat<float>().data(), &result, stream);
     TF_RETURN_IF_ERROR(Error(ctx, rc, &result));
   }
+  TF_RETURN_IF_ERROR(DropFromShadows(ctx, I64(&evicted), result.num_evicted));
   TF_RETURN_IF_ERROR(EvictionOutputs(ctx, 1, &evicted, result.num_evicted));
   Tensor* out_rows = nullptr;
   TF_RETURN_IF_ERROR(ctx->allocate_output(3, TensorShape({result.num_evicted, d}), &out_rows));
@@ -364,34 +368,37 @@ Status GpuTableResource::UniqueFindOrInsert(OpKernelContext* ctx, const Tensor& 
       &evicted));
   SokGpuTableResult result{0, -1};
   int64_t u = 0;
-  ::tensorflow::mutex_lock lock(*mu());
-  if (n > 0) {
-    // Unique, then the table's exact path, which reads the distinct count
-    // (with its own counters) and leaves it in u: -1 when unique's set
-    // overflowed.
-    TF_RETURN_IF_ERROR(unique_hint_.Run(
-        n,
-        [&](int64_t set_slots, int64_t* distinct) -> Status {
-          TF_RETURN_IF_ERROR(LaunchWithScratch(
-              ctx, "unique keys", &temp, [&](void* scratch, size_t* bytes) {
-                return sok_unique_in_set_i64_i64(keys, n, set_slots, I64(&distinct_keys),
-                                                 I64(positions), nullptr, I64(&count), scratch,
-                                                 bytes, stream);
-              }));
-          const int rc =
-              sok_gpu_table_ensure_distinct(table_, I64(&distinct_keys), I64(&count), n, Tick(),
-                                            I64(&evicted), &result, distinct, stream);
-          return Error(ctx, rc, &result);
-        },
-        &u));
-  }
   Tensor *unique_keys = nullptr, *rows = nullptr;
-  TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({u}), &unique_keys));
-  TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({u, dim()}), &rows));
-  TF_RETURN_IF_ERROR(
-      Error(ctx, sok_gpu_table_gather_ensured(table_, u, rows->flat<float>().data(), stream)));
-  TF_RETURN_IF_ERROR(KeysToOutput(ctx, I64(&distinct_keys), u, unique_keys));
-  NotePresent(*unique_keys, /*distinct=*/true);
+  {
+    ::tensorflow::mutex_lock lock(*mu());
+    if (n > 0) {
+      // Unique, then the table's exact path, which reads the distinct count
+      // (with its own counters) and leaves it in u: -1 when unique's set
+      // overflowed.
+      TF_RETURN_IF_ERROR(unique_hint_.Run(
+          n,
+          [&](int64_t set_slots, int64_t* distinct) -> Status {
+            TF_RETURN_IF_ERROR(LaunchWithScratch(
+                ctx, "unique keys", &temp, [&](void* scratch, size_t* bytes) {
+                  return sok_unique_in_set_i64_i64(keys, n, set_slots, I64(&distinct_keys),
+                                                   I64(positions), nullptr, I64(&count), scratch,
+                                                   bytes, stream);
+                }));
+            const int rc =
+                sok_gpu_table_ensure_distinct(table_, I64(&distinct_keys), I64(&count), n, Tick(),
+                                              I64(&evicted), &result, distinct, stream);
+            return Error(ctx, rc, &result);
+          },
+          &u));
+    }
+    TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({u}), &unique_keys));
+    TF_RETURN_IF_ERROR(ctx->allocate_output(2, TensorShape({u, dim()}), &rows));
+    TF_RETURN_IF_ERROR(
+        Error(ctx, sok_gpu_table_gather_ensured(table_, u, rows->flat<float>().data(), stream)));
+    TF_RETURN_IF_ERROR(KeysToOutput(ctx, I64(&distinct_keys), u, unique_keys));
+    NotePresent(*unique_keys, /*distinct=*/true);
+  }
+  TF_RETURN_IF_ERROR(DropFromShadows(ctx, I64(&evicted), result.num_evicted));
   return EvictionOutputs(ctx, 3, &evicted, result.num_evicted);
 }
 
@@ -423,15 +430,33 @@ Status GpuTableResource::ScatterRows(OpKernelContext* ctx, const Tensor& keys,
                                      const int64_t* device_keys, const float* rows, int mode,
                                      SokGpuTableResult* result) {
   const int64_t n = keys.NumElements();
-  ::tensorflow::mutex_lock lock(*mu());
-  bool distinct = false;
-  if (KnownPresent(keys, &distinct)) {
-    return Error(ctx, sok_gpu_table_scatter_present(table_, device_keys, n, rows, mode, distinct,
-                                                    Tick(), GpuStreamOf(ctx)));
+  void* stream = GpuStreamOf(ctx);
+  // The keys a table with shadows evicts, for them to drop.
+  Tensor evicted;
+  {
+    ::tensorflow::mutex_lock lock(*mu());
+    bool distinct = false;
+    if (KnownPresent(keys, &distinct)) {
+      return Error(ctx, sok_gpu_table_scatter_present(table_, device_keys, n, rows, mode,
+                                                      distinct, Tick(), stream));
+    }
+    if (!HasShadows()) {
+      return Error(ctx, sok_gpu_table_scatter(table_, device_keys, n, rows, mode, Tick(), result,
+                                              stream),
+                   result);
+    }
+    // sok_gpu_table_scatter's steps, the insert reporting what it evicts.
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
+                                          TensorShape({std::max<int64_t>(n, 1)}), &evicted));
+    const int64_t now = Tick();
+    TF_RETURN_IF_ERROR(Error(
+        ctx, sok_gpu_table_insert_missing(table_, device_keys, n, now, I64(&evicted), result,
+                                          stream),
+        result));
+    TF_RETURN_IF_ERROR(Error(ctx, sok_gpu_table_scatter_present(table_, device_keys, n, rows,
+                                                                mode, 0, now, stream)));
   }
-  const int rc =
-      sok_gpu_table_scatter(table_, device_keys, n, rows, mode, Tick(), result, GpuStreamOf(ctx));
-  return Error(ctx, rc, result);
+  return DropFromShadows(ctx, I64(&evicted), result->num_evicted);
 }
 
 // The launcher's modes: 0 add, 1 subtract, 2 update.
@@ -457,9 +482,17 @@ Status GpuTableResource::Remove(OpKernelContext* ctx, const Tensor& keys_in) {
   // num_removed stays on the device: no wait for the stream.
   Tensor* removed = nullptr;
   TF_RETURN_IF_ERROR(ctx->allocate_output(0, TensorShape({}), &removed));
+  {
+    ::tensorflow::mutex_lock lock(*mu());
+    TF_RETURN_IF_ERROR(Error(ctx, sok_gpu_table_remove(table_, keys, keys_in.NumElements(),
+                                                       I64(removed), GpuStreamOf(ctx))));
+  }
+  return DropFromShadows(ctx, keys, keys_in.NumElements());
+}
+
+Status GpuTableResource::RemoveKeys(OpKernelContext* ctx, const int64_t* keys, int64_t n) {
   ::tensorflow::mutex_lock lock(*mu());
-  return Error(ctx, sok_gpu_table_remove(table_, keys, keys_in.NumElements(), I64(removed),
-                                         GpuStreamOf(ctx)));
+  return Error(ctx, sok_gpu_table_remove(table_, keys, n, nullptr, GpuStreamOf(ctx)));
 }
 
 Status GpuTableResource::ReadStats(OpKernelContext* ctx, Stats* stats) {
@@ -595,14 +628,25 @@ Status GpuTableResource::Import(OpKernelContext* ctx, const Tensor& keys_in, con
       return Error(ctx, SOK_GPU_TABLE_TOO_MANY_KEYS, &result);
     }
   }
+  // The keys an import evicts leave the shadows; a replacing import (a
+  // restore) leaves them as they are: the restore that made it decides
+  // which keys they keep.
+  Tensor evicted;
+  const bool follow = !replace && HasShadows();
+  if (follow) {
+    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64,
+                                          TensorShape({std::max<int64_t>(n, 1)}), &evicted));
+  }
   {
     ::tensorflow::mutex_lock lock(*mu());
     // replace: emptied and filled in one step of the stream, under the lock.
     if (replace) TF_RETURN_IF_ERROR(Error(ctx, sok_gpu_table_clear(table_, stream)));
     const int rc = sok_gpu_table_import(table_, keys, n, rows.flat<float>().data(), times, counts,
-                                        Tick(), &result, stream);
+                                        Tick(), follow ? I64(&evicted) : nullptr, &result,
+                                        stream);
     TF_RETURN_IF_ERROR(Error(ctx, rc, &result));
   }
+  if (follow) TF_RETURN_IF_ERROR(DropFromShadows(ctx, I64(&evicted), result.num_evicted));
   return ScalarOutput(ctx, 0, result.num_evicted);
 }
 
@@ -734,15 +778,8 @@ Status GpuTableResource::SparseApply(OpKernelContext* ctx, const Tensor& keys_in
     // again for a full table), and the earlier note put back after it.
     NotePresent(keys_in, distinct);
   }
-  if (inserted.num_evicted > 0) {
-    // Out of the slot tables, then `evicted` is free for their inserts.
-    for (GpuTableResource* slot : slots) {
-      ::tensorflow::mutex_lock lock(*slot->mu());
-      TF_RETURN_IF_ERROR(slot->Error(
-          ctx, sok_gpu_table_remove(slot->table_, I64(&evicted), inserted.num_evicted, nullptr,
-                                    stream)));
-    }
-  }
+  // Out of the slot tables, then `evicted` is free for their inserts.
+  TF_RETURN_IF_ERROR(DropFromShadows(ctx, I64(&evicted), inserted.num_evicted, slot_tables));
   for (int s = 0; s < num_slots; ++s) {
     GpuTableResource* slot = slots[s];
     SokGpuTableResult result{0, -1};

@@ -14,6 +14,7 @@
 #ifndef SOK_GRAPH_TF_OPS_DYNAMIC_KERNELS_TABLE_RESOURCE_H_
 #define SOK_GRAPH_TF_OPS_DYNAMIC_KERNELS_TABLE_RESOURCE_H_
 
+#include <algorithm>
 #include <cstdint>
 #include <vector>
 
@@ -32,6 +33,9 @@ class TableResource : public ::tensorflow::ResourceBase {
  public:
   TableResource(int64_t dim, ::tensorflow::DataType key_dtype, const char* device_type)
       : dim_(dim), key_dtype_(key_dtype), device_type_(device_type) {}
+  ~TableResource() override {
+    for (TableResource* shadow : shadows_) shadow->Unref();
+  }
 
   int64_t dim() const { return dim_; }
   ::tensorflow::DataType key_dtype() const { return key_dtype_; }
@@ -94,8 +98,60 @@ class TableResource : public ::tensorflow::ResourceBase {
                                            const std::vector<TableResource*>& slots,
                                            const core::SparseApplyConfig& config) = 0;
 
+  // SokDynamicTableAddShadow. A shadow is a table keyed like this one (an
+  // optimizer's slot table) that drops every key this table evicts or
+  // removes, in the op that evicts or removes it: a key that comes back
+  // starts afresh in all of them, whichever op made room (a lookup, a
+  // scatter, an import, the optimizer's own update), eagerly or in any
+  // graph. Held by reference; adding one twice adds it once.
+  void AddShadow(TableResource* shadow) {
+    ::tensorflow::mutex_lock lock(shadows_mu_);
+    for (TableResource* s : shadows_) {
+      if (s == shadow) return;
+    }
+    shadow->Ref();
+    shadows_.push_back(shadow);
+  }
+  bool HasShadows() {
+    ::tensorflow::mutex_lock lock(shadows_mu_);
+    return !shadows_.empty();
+  }
+
+ protected:
+  // Removes keys[0, n) (int64, in this table's memory: host memory for a
+  // CPU table, device memory on the op's stream for a GPU one) from every
+  // shadow and from each of `also` that is not one (the slot tables an
+  // update was given). Called without this table's lock held: a shadow's
+  // lock is never taken inside it.
+  ::tensorflow::Status DropFromShadows(::tensorflow::OpKernelContext* ctx, const int64_t* keys,
+                                       int64_t n, const std::vector<TableResource*>& also = {}) {
+    if (n <= 0) return OkStatus();
+    std::vector<TableResource*> targets;
+    {
+      ::tensorflow::mutex_lock lock(shadows_mu_);
+      targets = shadows_;
+    }
+    for (TableResource* t : also) {
+      if (t != this && std::find(targets.begin(), targets.end(), t) == targets.end()) {
+        targets.push_back(t);
+      }
+    }
+    for (TableResource* t : targets) {
+      TF_RETURN_IF_ERROR(t->RemoveKeys(ctx, keys, n));
+    }
+    return OkStatus();
+  }
+  // Removes those of keys[0, n) (as DropFromShadows takes them) this table
+  // holds, under its lock; nothing more (its own shadows keep them).
+  virtual ::tensorflow::Status RemoveKeys(::tensorflow::OpKernelContext* ctx,
+                                          const int64_t* keys, int64_t n) = 0;
+
  private:
   ::tensorflow::mutex mu_;
+  // Shadows live at least as long as this table (AddShadow's reference);
+  // their list changes under its own lock, never this table's.
+  ::tensorflow::mutex shadows_mu_;
+  std::vector<TableResource*> shadows_;
   const int64_t dim_;
   const ::tensorflow::DataType key_dtype_;
   const char* const device_type_;

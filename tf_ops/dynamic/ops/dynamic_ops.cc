@@ -181,6 +181,20 @@ REGISTER_OP("SokDynamicTableRemove")
     .Attr("Tkeys: {int32, int64}")
     .SetShapeFn(::tensorflow::shape_inference::ScalarShape);
 
+REGISTER_OP("SokDynamicTableAddShadow")
+    .Input("table: resource")
+    .Input("shadow: resource")
+    .SetIsStateful()
+    .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
+    .Doc(R"doc(
+Makes `shadow`, a table of the same key type on the same device (an
+optimizer's slot table of `table`), drop every key that `table` evicts or
+removes, in the op that evicts or removes it: find-or-insert, unique
+find-or-insert, scatter, a non-replacing import, remove and the fused
+update. A replacing import (a restore) leaves the shadows to the caller.
+`table` holds a reference to `shadow`; adding it again does nothing.
+)doc");
+
 REGISTER_OP("SokDynamicTableStats")
     .Input("table: resource")
     .SetIsStateful()
