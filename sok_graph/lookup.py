@@ -9,7 +9,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, exchange
-from sok_graph.tables import is_dynamic, replica_shards
+from sok_graph.tables import admission, is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import lookup as lookup_ops
 from sok_graph.ops import util as util_ops
@@ -541,15 +541,9 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
         if m is not None:
             lookup_ops.refuse_subnormal_max_norm(float(m), f"max_norm[{t}]")
 
-    # bool("False") is True: a flag read from a config or command line as
-    # the string "False" turned the filter on, and keys were turned away.
-    if use_low_frequency_filter is not None and not isinstance(
-            use_low_frequency_filter, (bool, np.bool_)) and not (
-            isinstance(use_low_frequency_filter, (int, np.integer))
-            and use_low_frequency_filter in (0, 1)):
-        raise TypeError(f"use_low_frequency_filter must be a bool; got "
-                        f"{type(use_low_frequency_filter).__name__} "
-                        f"{use_low_frequency_filter!r}")
+    if use_low_frequency_filter is not None:
+        use_low_frequency_filter = admission.checked_flag(use_low_frequency_filter,
+                                                          "use_low_frequency_filter")
 
     if serving:
         return _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, name)

@@ -40,6 +40,7 @@ the call count as they were.
 """
 
 import math
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -100,6 +101,16 @@ def _number(config, name, default, kind):
     return value
 
 
+def checked_flag(value, name):
+    """`value` as a bool, where it is one (or the integer 0 or 1): bool("False")
+    is True, so a flag read from a config or command line as the string
+    "False" turned the filter on, and keys were turned away."""
+    if isinstance(value, (bool, np.bool_)) or (
+            isinstance(value, (int, np.integer)) and value in (0, 1)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool; got {type(value).__name__} {value!r}")
+
+
 def from_config(table_config):
     """The AdmissionFilter that DynamicVariable settings ask for, or None."""
     if not any(k in table_config for k in SETTINGS):
@@ -149,6 +160,9 @@ class AdmissionFilter:
         self._entry_dtype = tf.int64
         self._calls = None
         self._deleter = None
+        # Per graph, the last call built in it (its admitted tensor): the
+        # next call runs after it (see admitted).
+        self._last_call = weakref.WeakKeyDictionary()
 
     @property
     def counting(self):
@@ -180,21 +194,59 @@ class AdmissionFilter:
                 self._calls = replica_shards.new_variable(
                     tf.zeros([], tf.int64), trainable=False, name="admission_calls")
             if not tf.executing_eagerly():
+                # Made by the table's initializer, and out of GLOBAL_VARIABLES:
+                # a tf.compat.v1.train.Saver() would save it, and restoring a
+                # checkpoint written before the table had a filter_ratio
+                # failed ("Key t/admission_calls not found in checkpoint").
+                # The call count is the filter's state, which sok.dump keeps.
                 ops.append(self._calls.initializer)
+                collection = tf.compat.v1.get_collection_ref(
+                    tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
+                if self._calls in collection:
+                    collection.remove(self._calls)
         return ops
 
-    def admitted(self, keys, occurrences, found, use_ratio):
+    def admitted(self, keys, occurrences, found, use_ratio, bound=None, table=""):
         """bool [u]: which of the distinct `keys` (occurrences [u] int64 each)
         have or get a row now; found [u]: those the table holds already.
-        Counts the new keys' occurrences."""
+        Counts the new keys' occurrences. bound: a bounded table's
+        max_capacity (its name: `table`): a call that would admit more keys
+        than it holds is refused (InvalidArgumentError) before the filter
+        changes anything. The table's own refusal came after the counts
+        were added and the entering keys' counts dropped, so they had to be
+        seen min_count times again, and the draws' call count moved on.
+
+        In a graph, a call runs after the filter's previous call built in
+        that graph (outside control flow): a Session running two reads of
+        the table at once (lookup_sparse([v, v], ...)) drew with the call
+        numbers in whichever order its threads took them, so which keys
+        entered changed from run to run. Now they are numbered in the order
+        the reads were built, as eagerly and in a tf.function."""
+        after = []
+        graph = None
+        if not tf.executing_eagerly():
+            graph = tf.compat.v1.get_default_graph()
+            previous = self._last_call.get(graph)
+            if previous is not None and _outside_control_flow(previous.op, graph):
+                after.append(previous)
         new = tf.logical_not(found)
+        with tf.control_dependencies(after):
+            if bound:
+                after.append(self._check_room(keys, occurrences, found, new, use_ratio, bound,
+                                              table))
+        with tf.control_dependencies(after):
+            admitted = self._admit(keys, occurrences, found, new, use_ratio)
+        if graph is not None and _outside_control_flow(admitted.op, graph):
+            self._last_call[graph] = admitted
+        return admitted
+
+    def _admit(self, keys, occurrences, found, new, use_ratio):
+        """admitted's work: the counts and draws, and what they admit."""
         passes = tf.ones_like(new)
         if self.counting:
-            passes = self._count(keys, occurrences, new)
+            passes = self._count(keys, occurrences, new, self._add)
         if use_ratio and self.ratio < 1.0:
-            call = self._calls.assign_add(1)
-            draw = tf.cast(key_hash(keys, call), tf.float64) / _PRIME
-            passes = tf.logical_and(passes, draw < self.ratio)
+            passes = tf.logical_and(passes, self._draws(keys, self._calls.assign_add(1)))
         enters = tf.logical_and(new, passes)
         admitted = tf.logical_or(found, enters)
         if self.counting and not self.counters:
@@ -207,14 +259,34 @@ class AdmissionFilter:
                 admitted = tf.identity(admitted)
         return admitted
 
-    def _count(self, keys, occurrences, new):
+    def _check_room(self, keys, occurrences, found, new, use_ratio, bound, table):
+        """The assertion that the keys this call admits (found by reading
+        the counts and the call count, changing neither) fit `bound`."""
+        passes = tf.ones_like(new)
+        if self.counting:
+            passes = self._count(keys, occurrences, new, self._peek)
+        if use_ratio and self.ratio < 1.0:
+            passes = tf.logical_and(passes, self._draws(keys, self._calls.read_value() + 1))
+        admitting = tf.math.count_nonzero(tf.logical_or(found, tf.logical_and(new, passes)))
+        return tf.debugging.assert_less_equal(
+            admitting, tf.constant(bound, tf.int64),
+            message=(f"DynamicVariable '{table}': the call admits more distinct keys than its "
+                     f"max_capacity={bound} holds (keys used in a call are never evicted); the "
+                     f"table and its admission filter are unchanged. Keys admitted:"))
+
+    def _draws(self, keys, call):
+        """bool [u]: filter_ratio's draw for each key in call number `call`."""
+        return tf.cast(key_hash(keys, call), tf.float64) / _PRIME < self.ratio
+
+    def _count(self, keys, occurrences, new, tally):
         """bool [u]: whether each key's count reaches min_count once this
-        call's occurrences of the new keys are added."""
+        call's occurrences of the new keys are added; tally(entries, adds):
+        _add, or _peek to know without adding."""
         adds = tf.where(new, occurrences, tf.zeros_like(occurrences))
         if not self.counters:
             entries = tf.boolean_mask(keys, new)
             adds = tf.boolean_mask(adds, new)
-            total = self._add(entries, adds)
+            total = tally(entries, adds)
             # Back to one value per distinct key (0 for keys the table holds).
             index = tf.cast(tf.where(new)[:, 0], tf.int32)
             total = tf.scatter_nd(index[:, None], total, tf.shape(keys, out_type=tf.int32))
@@ -227,8 +299,13 @@ class AdmissionFilter:
         per_slot = tf.math.unsorted_segment_sum(
             tf.reshape(tf.tile(adds[:, None], [1, self.hashes]), [-1]), position,
             tf.size(distinct))
-        total = tf.gather(self._add(distinct, per_slot), position)
+        total = tf.gather(tally(distinct, per_slot), position)
         return tf.reduce_min(tf.reshape(total, [-1, self.hashes]), axis=1) >= self.min_count
+
+    def _peek(self, entries, adds):
+        """The counts _add would leave, without adding."""
+        current, _ = dynamic_ops.find(self.counts_handle, entries, 1)
+        return tf.cast(tf.round(current[:, 0]), tf.int64) + tf.cast(adds, tf.int64)
 
     def _add(self, entries, adds):
         """Adds adds [m] to the counts of distinct entries [m]; their counts
@@ -242,6 +319,12 @@ class AdmissionFilter:
         with tf.control_dependencies([added]):
             total, _ = dynamic_ops.find(self.counts_handle, entries, 1)
         return tf.cast(tf.round(total[:, 0]), tf.int64)
+
+    def clear(self):
+        """The op that forgets every count (the table was emptied)."""
+        if not self.counting:
+            return tf.no_op()
+        return dynamic_ops.clear(self.counts_handle)
 
     # ------------------------------------------------------------ dump/load
     @property
@@ -282,3 +365,11 @@ class AdmissionFilter:
         return dynamic_ops.import_rows(
             self.counts_handle, entries, tf.reshape(tf.cast(counts, tf.float32), [-1, 1]),
             replace=True)
+
+
+def _outside_control_flow(op, graph):
+    """Whether `op` and what is being built in `graph` now are both outside
+    any TF1 control-flow construct (while_loop, cond), so that one may
+    depend on the other."""
+    context = getattr(graph, "_get_control_flow_context", lambda: None)()
+    return context is None and getattr(op, "_control_flow_context", None) is None

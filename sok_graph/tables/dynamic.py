@@ -549,6 +549,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         a step). unique_find_or_insert does both in one op but returns no
         evicted rows; read_evicting takes a unique, then find-or-insert."""
         keys = self._check_keys(keys, widen=True)
+        low_frequency_filter = admission.checked_flag(low_frequency_filter,
+                                                      "low_frequency_filter")
         self._record_read()
         shaped = keys.shape.rank != 1
         if shaped:  # keys of any shape, as tf.nn.embedding_lookup passes them
@@ -585,6 +587,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         GPU a single wait for the device, where unique then sparse_read wait
         once each when the table is full."""
         keys = self._check_keys(keys, widen=True)
+        low_frequency_filter = admission.checked_flag(low_frequency_filter,
+                                                      "low_frequency_filter")
         if keys.shape.rank is not None and keys.shape.rank != 1:
             raise ValueError(f"keys for DynamicVariable.unique_read must be 1-D; got shape "
                              f"{keys.shape}")
@@ -614,6 +618,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         counts): sparse_read of the batch, given already deduplicated, as a
         sharded lookup's owner receives it."""
         distinct = self._check_keys(distinct, widen=True)
+        low_frequency_filter = admission.checked_flag(low_frequency_filter,
+                                                      "low_frequency_filter")
         if self._admission is None:
             return self.sparse_read(distinct)
         self._record_read()
@@ -631,7 +637,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         """(rows [u, dimension], evicted keys, evicted rows) of distinct keys
         seen occurrences times each, through the admission filter."""
         _, found = dynamic_ops.find(self._handle, distinct, self._dimension)
-        admitted = self._admission.admitted(distinct, occurrences, found, use_ratio)
+        admitted = self._admission.admitted(distinct, occurrences, found, use_ratio,
+                                            bound=self._config["max_capacity"],
+                                            table=self._name)
         index = tf.where(admitted)
         rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
             self._handle, tf.gather_nd(distinct, index), self._dimension)
@@ -958,7 +966,13 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             return tf.identity(keys)
 
     def clear(self):
-        return dynamic_ops.clear(self._handle)
+        """Empties the table, its shadow tables (the optimizer's slots) and
+        its admission filter's counts: a key that comes back starts afresh
+        in all of them (it came back with its old Adam moments)."""
+        ops = [dynamic_ops.clear(t.handle) for t in [self] + self._shadows]
+        if self._admission is not None:
+            ops.append(self._admission.clear())
+        return tf.group(ops)
 
     # ------------------------------------------------------- tf.train.Checkpoint
     # Saved as four tensors (keys, rows, last-use times, use counts), read
