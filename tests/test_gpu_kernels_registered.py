@@ -64,6 +64,8 @@ GPU_KERNELS = {
                                                    "next_offset"}),
     "SokDynamicTableImport": ({"Tkeys": {INT32, INT64}}, {"table", "frequencies", "num_evicted"}),
     "SokDynamicTableClear": ({}, {"table"}),
+    # Both tables' handles; nothing else crosses.
+    "SokDynamicTableAddShadow": ({}, {"table", "shadow"}),
     # The fused optimizer step of a dynamic table and its slot tables.
     "SokDynamicSparseApply": ({"Tkeys": {INT32, INT64}}, {"table", "slots"}),
 }
