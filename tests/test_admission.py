@@ -214,7 +214,13 @@ def test_counting_filter_in_a_session_graph(rng):
     (dict(min_count=2, filter_default=1e-40), r"filter_default must be 0 or a float32 number"),
     (dict(min_count=2, filter_default=-1e-50), r"filter_default must be 0 or a float32 number"),
     (dict(min_count=10 ** 30), r"min_count must be <= 2\^24"),
-    (dict(min_count=3, min_count_counters=10 ** 400), "min_count_counters must be an integer"),
+    # An integer beyond float64 is named by its range, not called "no integer".
+    (dict(min_count=3, min_count_counters=10 ** 400), r"min_count_counters must be in \[0, 2\^30\]"),
+    (dict(min_count=10 ** 400), r"min_count must be <= 2\^24"),
+    # Hashes of a sketch that is not there were ignored without a word.
+    (dict(min_count=3, min_count_hashes=4), "min_count_hashes=4 is the number of hashes of the "
+                                            "count-min sketch: give min_count_counters"),
+    (dict(min_count_hashes=2), "give min_count_counters"),
     (dict(min_count=2 ** 24 + 1), r"min_count must be <= 2\^24"),
 ])
 def test_bad_filter_settings(kwargs, pattern):

@@ -385,6 +385,17 @@ def test_bad_arguments(kwargs, exc, pattern):
         sok.DynamicVariable(4, **kwargs)
 
 
+def test_a_hybrid_table_given_only_a_small_max_capacity_starts_at_it():
+    """max_capacity=1024 alone was refused: "init_capacity (65536) must be
+    <= max_capacity (1024)", a value nobody gave. It holds 1024 keys."""
+    var = sok.DynamicVariable(2, var_type="hybrid", max_capacity=1024)
+    for start in (0, 1000):
+        var.sparse_read(tf.constant(np.arange(start, start + 1000), tf.int64))
+    stats = {k: int(x) for k, x in var.stats().items()}
+    assert stats["row_limit"] == 1024 and stats["size"] == 1024
+    assert stats["evicted_total"] == 2000 - 1024
+
+
 def test_bad_dimension_and_key_dtype():
     with pytest.raises(ValueError, match="dimension must be a positive integer; got 0"):
         sok.DynamicVariable(0)

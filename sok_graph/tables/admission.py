@@ -91,6 +91,8 @@ def _number(config, name, default, kind):
     types, what = kind
     if isinstance(value, bool) or not isinstance(value, types):
         raise ValueError(f"{name} must be {what}; got {value!r}")
+    if kind is _INTEGER:
+        return value  # finite; its range is the caller's check (10**400: "must be <= ...")
     try:
         # float() of an int beyond float64 (10**400) overflows: not finite.
         finite = math.isfinite(float(value))
@@ -138,6 +140,11 @@ def from_config(table_config):
     if counters and min_count == 1:
         raise ValueError("min_count_counters sizes the sketch of a counting filter: give "
                          "min_count >= 2 with it")
+    if "min_count_hashes" in table_config and not counters:
+        # It was ignored without a word: exact counts (and no counting) hash nothing.
+        raise ValueError(f"min_count_hashes={table_config['min_count_hashes']!r} is the number "
+                         f"of hashes of the count-min sketch: give min_count_counters (and "
+                         f"min_count >= 2) with it")
     default = float(_number(table_config, "filter_default", 0.0, _NUMBER))
     with np.errstate(over="ignore"):
         as_float32 = np.float32(default)  # 3.4028235e38, float32's max as printed, fits

@@ -263,6 +263,11 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
                     f"bound and never evicts")
             return dict(init_capacity=int(init_capacity), max_capacity=0, hbm_bytes=-1)
         max_capacity = cfg.get("max_capacity", init_capacity)
+        if "init_capacity" not in cfg and _is_power_of_two(max_capacity):
+            # A bound below the default initial size starts at the bound:
+            # max_capacity=1024 alone was refused as "init_capacity (65536)
+            # must be <= max_capacity", naming a value nobody gave.
+            init_capacity = min(init_capacity, max_capacity)
         for key, value in (("init_capacity", init_capacity), ("max_capacity", max_capacity)):
             if not _is_power_of_two(value):
                 raise ValueError(f"{key} must be a power of two for var_type='hybrid'; "
