@@ -37,6 +37,11 @@ filter_ratio's draws: a load goes on drawing where the dump left off (from
 same keys away). tf.train.Checkpoint and tf.compat.v1.train.Saver save the
 table's rows, not the filter's state: their restore leaves the counts and
 the call count as they were.
+
+A known limit of the hash below: it mixes a key's 31-bit pieces modulo
+2^31 - 1, so some pairs of keys hash alike under every salt (0 and 2^31 - 1,
+2^31 and 2^32 - 1): in a sketch they count as one key (one may enter early,
+never late), and filter_ratio draws them alike. Exact counts are per key.
 """
 
 import math
