@@ -613,28 +613,31 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
 
         values, splits, dense_grads = [], [], [False] * n
         pending = []
-        for t, ids in enumerate(sp_ids):
-            v, s = parts[t]
-            if tensors[t] is None and _is_sharded(params[t]) and dedup_before_exchange \
-                    and not is_dynamic(params[t]):
-                pending.append(t)  # fetched with the other sharded tables, below
-            elif tensors[t] is None:
-                if is_dynamic(params[t]) and input_checks:
-                    with tf.control_dependencies(input_checks):
-                        v = tf.identity(v)
-                # A variable: each distinct id is fetched once (read, looked
-                # up or inserted; from its owner when the table is sharded),
-                # and the fused op combines rows of that small gathered
-                # table. Its gradient reaches the table as (unique ids,
-                # summed rows).
-                # Every row of that table is used, so its gradient is
-                # dense: on a GPU the fused gradient then need not count
-                # distinct ids, and waits for nothing.
-                tensors[t], v = _gathered_rows(params[t], v, t, names[t],
-                                               bool(use_low_frequency_filter))
-                dense_grads[t] = True
-            values.append(v)
-            splits.append(s)
+        # A table read twice (two features sharing it) is read in this order
+        # when the graph runs: admission filters draw as eagerly.
+        with admission.reads_in_order():
+            for t, ids in enumerate(sp_ids):
+                v, s = parts[t]
+                if tensors[t] is None and _is_sharded(params[t]) and dedup_before_exchange \
+                        and not is_dynamic(params[t]):
+                    pending.append(t)  # fetched with the other sharded tables, below
+                elif tensors[t] is None:
+                    if is_dynamic(params[t]) and input_checks:
+                        with tf.control_dependencies(input_checks):
+                            v = tf.identity(v)
+                    # A variable: each distinct id is fetched once (read,
+                    # looked up or inserted; from its owner when the table is
+                    # sharded), and the fused op combines rows of that small
+                    # gathered table. Its gradient reaches the table as
+                    # (unique ids, summed rows).
+                    # Every row of that table is used, so its gradient is
+                    # dense: on a GPU the fused gradient then need not count
+                    # distinct ids, and waits for nothing.
+                    tensors[t], v = _gathered_rows(params[t], v, t, names[t],
+                                                   bool(use_low_frequency_filter))
+                    dense_grads[t] = True
+                values.append(v)
+                splits.append(s)
 
         # Sharded static tables: one entry of the fused op per group, whose
         # table is the rows of the group's distinct ids (every row used: a

@@ -419,7 +419,8 @@ def test_two_reads_of_one_table_in_a_session_draw_as_eagerly():
     eager = sok.DynamicVariable(2, filter_ratio=0.3, initializer="ones")
     lookup(eager, tf.constant(first), tf.constant(second))
     want = held_keys(eager)
-    for _ in range(4):
+    # The threads reversed the reads in about one run of six: 12 runs.
+    for _ in range(12):
         graph = tf.Graph()
         with graph.as_default():
             var = sok.DynamicVariable(2, filter_ratio=0.3, initializer="ones")
@@ -481,3 +482,40 @@ def test_a_tables_own_reads_take_a_bool_low_frequency_filter():
         read(np.False_)
         assert int(var.size[0]) == 100
         var.clear()
+
+
+def test_reads_built_apart_run_apart_and_a_restore_makes_the_filter(tmp_path):
+    """A training read and an evaluation read of one filtered table in one
+    graph: running one does not run the other (only the reads of one
+    lookup_sparse call are ordered; chaining every read of the graph made
+    the evaluation fetch ask for the training placeholder). A
+    tf.compat.v1.train.Saver restore without the initializer makes the
+    filter's state, and initializing only a slot table leaves the call
+    count as it is (it restarted at 0: draws repeated)."""
+    path = str(tmp_path / "ckpt")
+
+    def build():
+        var = sok.DynamicVariable(2, name="t", filter_ratio=0.5, min_count=2,
+                                  initializer="ones")
+        train = tf.compat.v1.placeholder(tf.int64, [None])
+        evaluate = tf.compat.v1.placeholder(tf.int64, [None])
+        reads = [var.sparse_read(k, low_frequency_filter=True) for k in (train, evaluate)]
+        return var, train, evaluate, reads, var.admission.calls(), tf.compat.v1.train.Saver()
+
+    with tf.Graph().as_default():
+        var, train, evaluate, reads, calls, saver = build()
+        slot = var.make_slot("m", 0.0)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(reads[1], {evaluate: [1, 2, 3]})
+            sess.run(reads[0], {train: [1, 2, 3]})
+            assert sess.run(calls).tolist() == [2]
+            sess.run(tf.compat.v1.variables_initializer([slot]))
+            assert sess.run(calls).tolist() == [2]
+            saver.save(sess, path)
+    with tf.Graph().as_default():
+        var, train, evaluate, reads, calls, saver = build()
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, path)
+            sess.run(reads[0], {train: [4, 5, 6]})
+            assert sess.run(calls).tolist() == [1]  # the Saver keeps no call count

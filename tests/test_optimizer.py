@@ -1067,3 +1067,39 @@ def test_a_hyperparameter_changed_out_of_range_is_refused_at_the_next_update():
     with pytest.raises(ValueError, match=r"beta_1 must be in \[0, 1\).*got 1.0"):
         opt.apply_gradients([(grad, table)])
     np.testing.assert_array_equal(table.numpy(), before)
+
+
+def test_a_saver_restore_without_the_initializer_links_the_slots(tmp_path):
+    """A tf.compat.v1.train.Saver restore runs no initializer (as
+    MonitoredTrainingSession resuming from a checkpoint): the restored
+    table and its slot table are made and linked by the restore, so the
+    keys the table evicts afterwards leave the slot too (the slot kept
+    them: 3 keys where 0 remain). Against the keys the table holds."""
+    from sok_graph.ops import dynamic as dynamic_ops
+
+    path = str(tmp_path / "ckpt")
+
+    def build():
+        v = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
+                                name="t", initializer="zeros")
+        slot = v.make_slot("m", 0.0)
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        read = v.sparse_read(keys)
+        write = slot.scatter_update(keys, tf.fill(tf.stack([tf.size(keys), 2]), 7.0))
+        exported = [dynamic_ops.export(t.handle, tf.int64, 2)[0] for t in (v, slot)]
+        return keys, read, write, exported, tf.compat.v1.train.Saver()
+
+    with tf.Graph().as_default():
+        keys, read, write, _, saver = build()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run([read, write], {keys: [1, 2, 3, 4]})
+            saver.save(sess, path)
+    with tf.Graph().as_default():
+        keys, read, write, exported, saver = build()
+        with tf.compat.v1.Session() as sess:
+            saver.restore(sess, path)
+            sess.run(read, {keys: [6, 7, 8]})  # evicts three of 1-4
+            table_keys, slot_keys = (set(k.tolist()) for k in sess.run(exported))
+    assert len(table_keys) == 4 and {6, 7, 8} <= table_keys
+    assert slot_keys == table_keys & {1, 2, 3, 4}

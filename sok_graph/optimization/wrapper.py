@@ -368,8 +368,9 @@ class OptimizerWrapper(compat.trackable_base_class()):
             # and is put back before the slots are read, so the keys that
             # evicts have left them (the table's shadows) first.
             rows, _ = var.find(unique)
-            with tf.control_dependencies([dynamic_ops.scatter(var.handle, unique, rows,
-                                                              "update")]):
+            with tf.control_dependencies(checked):
+                put_back = dynamic_ops.scatter(var.handle, unique, rows, "update")
+            with tf.control_dependencies([put_back]):
                 slot_rows = {n: dynamic_ops.find_or_insert(s.handle, unique, var.dimension)[0]
                              for n, s in slots.items()}
             new_rows, new_slots = self._hp.update(rows, values, slot_rows, lr, step)

@@ -88,11 +88,35 @@ where only the kind matters, so a new kind of dynamic table (tiered,
 filtered) that answers them is served by the same code paths.
 """
 
+import weakref
+
 import numpy as np
 import tensorflow as tf
 
 STATIC = "static"
 DYNAMIC = "dynamic"
+
+# Every sok table the process holds (each kind registers itself when made),
+# by id, weakly: export_serving_delta asks which live tables share a name.
+# (A dict of weak references: tf.Variable subclasses are unhashable.)
+_LIVE = {}
+
+
+def register(table):
+    """Counts `table` among the live tables until it is collected."""
+    key = id(table)
+
+    def forget(ref):
+        if _LIVE.get(key) is ref:
+            del _LIVE[key]
+
+    _LIVE[key] = weakref.ref(table, forget)
+
+
+def live_tables():
+    """The sok tables of the process not yet collected (a ReplicaShards and
+    each of its shards alike)."""
+    return [t for t in (r() for r in list(_LIVE.values())) if t is not None]
 
 
 def kind_of(var):

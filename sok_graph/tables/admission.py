@@ -44,8 +44,9 @@ A known limit of the hash below: it mixes a key's 31-bit pieces modulo
 never late), and filter_ratio draws them alike. Exact counts are per key.
 """
 
+import contextlib
 import math
-import weakref
+import threading
 
 import numpy as np
 import tensorflow as tf
@@ -82,6 +83,24 @@ def key_hash(keys, salt):
     h = _mix(h, _MULTIPLIERS[4])
     h = tf.bitwise.bitwise_xor(h, tf.bitwise.right_shift(h, 15))
     return _mix(h + salt, _MULTIPLIERS[5])
+
+
+# The reads being built inside reads_in_order: {id(filter): its last
+# call's admitted tensor}, per thread.
+_ORDERED = threading.local()
+
+
+@contextlib.contextmanager
+def reads_in_order():
+    """Inside, a graph's reads of one filtered table run in the order they
+    are built (admitted says why): the reads of one lookup_sparse call,
+    which are run together."""
+    outer = getattr(_ORDERED, "calls", None)
+    _ORDERED.calls = {} if outer is None else outer
+    try:
+        yield
+    finally:
+        _ORDERED.calls = outer
 
 
 # The largest count the count tables (float32 rows) hold exactly.
@@ -172,9 +191,6 @@ class AdmissionFilter:
         self._entry_dtype = tf.int64
         self._calls = None
         self._deleter = None
-        # Per graph, the last call built in it (its admitted tensor): the
-        # next call runs after it (see admitted).
-        self._last_call = weakref.WeakKeyDictionary()
 
     @property
     def counting(self):
@@ -197,8 +213,7 @@ class AdmissionFilter:
             self.counts_handle = dynamic_ops.handle(
                 compat.anonymous_name() if tf.executing_eagerly()
                 else shared_name + "/admission_counts")
-            ops.append(dynamic_ops.create(self.counts_handle, self._entry_dtype, 1,
-                                          initializer_spec("zeros")))
+            ops.append(self._create_counts())
             if tf.executing_eagerly():
                 self._deleter = compat.eager_resource_deleter(self.counts_handle)
         if self.ratio < 1.0:
@@ -218,6 +233,27 @@ class AdmissionFilter:
                     collection.remove(self._calls)
         return ops
 
+    def _create_counts(self):
+        return dynamic_ops.create(self.counts_handle, self._entry_dtype, 1,
+                                  initializer_spec("zeros"))
+
+    def restore_ops(self):
+        """Graph mode: the ops that make the filter's state where it does not
+        exist yet, leaving it as it is where it does (a table restored by a
+        Saver, which runs no initializer: the call count, not a variable a
+        Saver restores, was uninitialized and the first draw failed)."""
+        ops = [self._create_counts()] if self.counting else []
+        if self._calls is not None:
+            calls = self._calls
+
+            def start():
+                with tf.control_dependencies([calls.assign(tf.zeros([], tf.int64))]):
+                    return tf.constant(True)
+
+            ops.append(tf.cond(tf.compat.v1.is_variable_initialized(calls),
+                               lambda: tf.constant(False), start))
+        return ops
+
     def admitted(self, keys, occurrences, found, use_ratio, bound=None, table=""):
         """bool [u]: which of the distinct `keys` (occurrences [u] int64 each)
         have or get a row now; found [u]: those the table holds already.
@@ -228,18 +264,22 @@ class AdmissionFilter:
         were added and the entering keys' counts dropped, so they had to be
         seen min_count times again, and the draws' call count moved on.
 
-        In a graph, a call runs after the filter's previous call built in
-        that graph (outside control flow): a Session running two reads of
-        the table at once (lookup_sparse([v, v], ...)) drew with the call
-        numbers in whichever order its threads took them, so which keys
-        entered changed from run to run. Now they are numbered in the order
-        the reads were built, as eagerly and in a tf.function."""
+        In a graph, within reads_in_order (one lookup_sparse call), a call
+        runs after the filter's previous call built there (outside control
+        flow): a Session running two reads of the table at once
+        (lookup_sparse([v, v], ...)) drew with the call numbers in whichever
+        order its threads took them, so which keys entered changed from run
+        to run. Now they are numbered in the order the reads were built, as
+        eagerly and in a tf.function. Reads built apart (a training and an
+        evaluation read) stay apart: one runs without the other."""
         after = []
+        chain = getattr(_ORDERED, "calls", None)
         graph = None
-        if not tf.executing_eagerly():
+        if chain is not None and not tf.executing_eagerly():
             graph = tf.compat.v1.get_default_graph()
-            previous = self._last_call.get(graph)
-            if previous is not None and _outside_control_flow(previous.op, graph):
+            previous = chain.get(id(self))
+            if previous is not None and previous.graph is graph and \
+                    _outside_control_flow(previous.op, graph):
                 after.append(previous)
         new = tf.logical_not(found)
         with tf.control_dependencies(after):
@@ -249,7 +289,7 @@ class AdmissionFilter:
         with tf.control_dependencies(after):
             admitted = self._admit(keys, occurrences, found, new, use_ratio)
         if graph is not None and _outside_control_flow(admitted.op, graph):
-            self._last_call[graph] = admitted
+            chain[id(self)] = admitted
         return admitted
 
     def _admit(self, keys, occurrences, found, new, use_ratio):

@@ -48,12 +48,14 @@ hashed by identity (element-wise == means nothing without a dense value).
 
 
 import re
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.tables import admission, repeated_key_checks, replica_shards, rows_of_dtype, DYNAMIC
+from sok_graph.tables import (admission, register, repeated_key_checks, replica_shards,
+                              rows_of_dtype, DYNAMIC)
 from sok_graph import initializers
 from sok_graph.initializers import table_spec
 from sok_graph.ops import dynamic as dynamic_ops
@@ -230,6 +232,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         # table evicts or removes (add_shadow), so a key that comes back
         # starts afresh in all.
         self._shadows = []
+        # Weak references to the tables this one shadows (add_shadow).
+        self._shadow_of = []
         self._in_graph_mode = not tf.executing_eagerly()
         if tf.executing_eagerly():
             self._deleter = compat.eager_resource_deleter(self._handle)
@@ -240,6 +244,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES, self)
             if self._trainable:
                 tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.TRAINABLE_VARIABLES, self)
+        register(self)
 
     def _capacity_config(self, cfg):
         if self._var_type not in ("hbm", "hybrid"):
@@ -730,28 +735,43 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         table evicts. `start` (a static table's native state) has no meaning
         here."""
         del start
-        slot = DynamicVariable(self._dimension, initializer=float(initial_value),
-                               key_type=self._key_type, trainable=False,
-                               name=f"{self._name}/{name}", **self.slot_settings())
+        # On this table's device: a shadow lives where its table does.
+        with tf.device(self._handle.device):
+            slot = DynamicVariable(self._dimension, initializer=float(initial_value),
+                                   key_type=self._key_type, trainable=False,
+                                   name=f"{self._name}/{name}", **self.slot_settings())
         self.add_shadow(slot)
         return slot
 
     def add_shadow(self, table):
-        """Makes `table` (a DynamicVariable with the same keys, such as an
-        optimizer slot) drop every key this table evicts or removes, in the
-        op that evicts or removes it (SokDynamicTableAddShadow): whichever
-        write made room, eagerly or in any graph, whenever it was built. In
-        graph mode the link is made by `table`'s initializer."""
+        """Makes `table` (a DynamicVariable with the same keys, on the same
+        device, such as an optimizer slot) drop every key this table evicts
+        or removes, in the op that evicts or removes it
+        (SokDynamicTableAddShadow): whichever write made room, eagerly or in
+        any graph, whenever it was built. In graph mode the link is made
+        by `table`'s initializer, and by either table's restore (a Saver's
+        restore runs no initializer)."""
         if table.key_type != self._key_type:
             raise TypeError("a shadow table must have the same key_type")
-        self._shadows.append(table)
         if tf.executing_eagerly():
             dynamic_ops.add_shadow(self._handle, table.handle)
-            return
-        # Both tables must exist first (their create ops make a table once).
-        with tf.control_dependencies([self._initializer_op, table._initializer_op]):
-            link = dynamic_ops.add_shadow(self._handle, table.handle)
-        table._initializer_op = tf.group(table._initializer_op, link)
+        else:
+            table._initializer_op = tf.group(table._initializer_op, self._link_op(table))
+        self._shadows.append(table)
+        table._shadow_of.append(weakref.ref(self))
+
+    def _link_op(self, shadow):
+        """The op that links `shadow` to this table once both exist (their
+        create ops make a table once, and only the tables: not the rest of
+        an initializer, such as an admission filter's call count)."""
+        with tf.control_dependencies([self._create_op(), shadow._create_op()]):
+            return dynamic_ops.add_shadow(self._handle, shadow.handle)
+
+    def _links(self):
+        """Graph mode: the ops that make this table, its shadows and the
+        tables it shadows, and link them."""
+        shadowed = [t for t in (r() for r in self._shadow_of) if t is not None]
+        return [self._link_op(s) for s in self._shadows] + [t._link_op(self) for t in shadowed]
 
     def find(self, keys, default_value=0.0):
         """(rows, found) for inference: missing keys get default_value, nothing is inserted."""
@@ -1001,8 +1021,14 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
 
     def _restore_from_tensors(self, restored_tensors):
         with tf.name_scope(scope_name(f"{self._name}_restore")):
-            created = self._create_op()  # a Saver may restore before any initializer ran
-            deps = [] if created is None or tf.executing_eagerly() else [created]
+            # A Saver may restore before any initializer ran: the table, its
+            # links to its shadows and its filter's state are made here too.
+            created = self._create_op()
+            deps = []
+            if created is not None and not tf.executing_eagerly():
+                deps = [created] + self._links()
+                if self._admission is not None:
+                    deps += self._admission.restore_ops()
             values = restored_tensors["-values"]
             if values.shape.rank == 2 and values.shape[1] is not None \
                     and values.shape[1] != self._dimension:

@@ -20,6 +20,7 @@ import contextlib
 import tensorflow as tf
 
 from sok_graph import compat, context
+from sok_graph.tables import register
 from sok_graph.communication.replicas import building_rank
 
 
@@ -82,6 +83,7 @@ class ReplicaShards(compat.trackable_base_class()):
         for rank, shard in enumerate(self._shards):
             # tf.train.Checkpoint saves and restores every shard.
             self._track_trackable(shard, name=f"replica_{rank}")
+        register(self)
 
     @property
     def shards(self):

@@ -17,7 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.tables import repeated_key_checks, replica_shards, rows_of_dtype, STATIC
+from sok_graph.tables import register, repeated_key_checks, replica_shards, rows_of_dtype, STATIC
 from sok_graph.initializers import static_initializer
 from sok_graph.tables.dynamic import scope_name
 
@@ -161,6 +161,7 @@ class Variable(_ResourceVariable):
         self._sok_op_name = None
         if scope is not None:
             self._keep_name(name, scope)
+        register(self)
 
     def _keep_name(self, name, scope):
         """Gives the variable the name it was asked for, `name`, where a

@@ -576,5 +576,6 @@ def test_a_shadow_is_refused_unless_it_is_another_table_of_the_same_keys():
         dyn.add_shadow(table, make_table(2, tf.int32))
     missing = dyn.handle("a_shadow_never_created")
     with pytest.raises(tf.errors.FailedPreconditionError,
-                       match="shadow table 'a_shadow_never_created' does not exist"):
+                       match="shadow table .a_shadow_never_created. was not found where "
+                             "the table"):
         dyn.add_shadow(table, missing)

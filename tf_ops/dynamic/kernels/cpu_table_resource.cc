@@ -289,17 +289,22 @@ class CpuTableResource : public TableResource {
                   s1 ? s1 + o : nullptr, s2 ? s2 + o : nullptr, d);
       }
     });
-    const auto write_back = [&](CpuTableResource* table, const float* values) {
+    // The keys are present (the insert above), unless another op removed
+    // some meanwhile: what putting those back evicts leaves the shadows too.
+    evicted_keys.clear();
+    const auto write_back = [&](CpuTableResource* table, const float* values,
+                                std::vector<int64_t>* evicting) {
       return table->RunLocked(
           [&](core::DynamicTable& t, int64_t now, std::string* error) {
             return core::ScatterBatch(t, keys, n, values, core::ScatterMode::kUpdate, now,
-                                      RunnerFor(ctx), error);
+                                      RunnerFor(ctx), error, evicting);
           },
           &evicted);
     };
-    TF_RETURN_IF_ERROR(write_back(this, rows.data()));
+    TF_RETURN_IF_ERROR(write_back(this, rows.data(), &evicted_keys));
+    TF_RETURN_IF_ERROR(DropFromShadows(ctx, evicted_keys.data(), Count(evicted_keys)));
     for (int s = 0; s < num_slots; ++s) {
-      TF_RETURN_IF_ERROR(write_back(slots[s], slot_rows[s].data()));
+      TF_RETURN_IF_ERROR(write_back(slots[s], slot_rows[s].data(), nullptr));
     }
     return OkStatus();
   }

@@ -211,9 +211,13 @@ class AddShadowOp : public TableOpKernel {
     TableResource* shadow = nullptr;
     const ::tensorflow::ResourceHandle& handle = ::tensorflow::HandleFromInput(ctx, 1);
     const Status found = ::tensorflow::LookupResource(ctx, handle, &shadow);
+    // A handle of another device is not found either: say both.
     OP_REQUIRES(ctx, found.ok(),
                 errors::FailedPrecondition("the shadow table '", handle.name(),
-                                           "' does not exist: run its initializer first; ",
+                                           "' was not found where the table '",
+                                           ::tensorflow::HandleFromInput(ctx, 0).name(),
+                                           "' lives: it must be on the table's device and "
+                                           "exist (run its initializer first); ",
                                            found.ToString()));
     ::tensorflow::core::ScopedUnref unref(shadow);
     // A table that shadowed itself would hold a reference to itself.
