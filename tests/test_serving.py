@@ -429,6 +429,54 @@ def test_bad_arguments_are_named_errors(tmp_path):
     assert not os.path.exists(str(tmp_path / "a")) and not os.path.exists(str(tmp_path / "d"))
 
 
+@tf2_only
+def test_a_delta_of_a_table_whose_name_another_shares_is_given_as_a_dict(tmp_path):
+    """Two tables left with the default name are served as DynamicVariable
+    and DynamicVariable_1 (in the order the model reads them); a delta of
+    the second given in a list was written under its own name and applied
+    into the first table's served rows without a word. A list holding a
+    table whose name another live table shares (or a name the export gives
+    such a pair) is refused, naming it and saying what to pass; a dict of
+    serving names is taken, and serves each table's own rows (numpy against
+    the trained tables' find())."""
+    from sok_graph.serving import delta as delta_mod
+
+    sok.init(comm_tool="none")
+    first = sok.DynamicVariable(2, initializer="zeros")
+    second = sok.DynamicVariable(2, initializer="zeros")
+    assert first.name == second.name == "DynamicVariable"
+    ids = np.array([1, 2], np.int64)
+    sok.assign(first, tf.constant(ids), np.array([[1, 1], [2, 2]], np.float32))
+    sok.assign(second, tf.constant(ids), np.array([[10, 10], [20, 20]], np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            return tf.concat([tf.nn.embedding_lookup(first, x),
+                              tf.nn.embedding_lookup(second, x)], 1)
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None], tf.int64)])
+    since = _export_created(export_dir)
+    sok.assign(second, tf.constant([1], tf.int64), np.array([[30, 30]], np.float32))
+    third = sok.DynamicVariable(2, initializer="zeros", name="DynamicVariable_1")
+    for variables, name in (([second], "DynamicVariable"), (second, "DynamicVariable"),
+                            ([third], "DynamicVariable_1")):
+        with pytest.raises(ValueError, match=re.escape(
+                f"table {name!r} of variables shares its name with")) as refused:
+            sok.export_serving_delta(variables, since, str(tmp_path / "delta"))
+        assert "pass a dict {serving name: table}" in str(refused.value)
+    assert not os.path.exists(str(tmp_path / "delta"))
+    del third
+    delta_dir = sok.export_serving_delta({"DynamicVariable_1": second}, since,
+                                         str(tmp_path / "delta"))
+    assert sorted(delta_mod.read_serving_delta(delta_dir)) == ["DynamicVariable_1"]
+    assert sok.apply_serving_delta(export_dir, delta_dir) == {"DynamicVariable_1": 1}
+    loaded = tf.saved_model.load(export_dir)
+    want = np.concatenate([first.find(tf.constant(ids))[0], second.find(tf.constant(ids))[0]], 1)
+    np.testing.assert_array_equal(loaded.serve(tf.constant(ids)).numpy(), want)
+    assert want.tolist() == [[1, 1, 30, 30], [2, 2, 20, 20]]
+
+
 def test_a_delta_of_a_name_too_long_for_a_file_is_refused_before_writing(tmp_path):
     """export_serving_delta names its files after the tables: a name that
     makes one longer than the file system takes was np.save's bare OSError
@@ -616,7 +664,12 @@ def test_a_static_delta_of_another_tables_size_is_refused(tmp_path):
     created = json.load(open(os.path.join(export_dir, "assets.extra",
                                           "sok_serving.json")))["created"]
     other = Model(5, 1)
-    sok.export_serving_delta([other.item], created, str(tmp_path / "delta"))
+    # Two live tables of one name: a list of one of them is refused (which
+    # the export served under that name cannot be told), a dict is taken.
+    with pytest.raises(ValueError, match="shares its name with 1 other live sok table"):
+        sok.export_serving_delta([other.item], created, str(tmp_path / "delta"))
+    sok.export_serving_delta({"item_of_delta_test": other.item}, created,
+                             str(tmp_path / "delta"))
     with pytest.raises(sok.serving.delta.DeltaError,
                        match=r"'item_of_delta_test': the delta was read from a static table "
                              r"of 5 rows; the model at .* serves 10: the delta is of another"):
@@ -624,7 +677,8 @@ def test_a_static_delta_of_another_tables_size_is_refused(tmp_path):
                                 output_dir=str(tmp_path / "out"))
     assert not os.path.exists(str(tmp_path / "out"))
     # The same table's own delta (all 10 rows) is taken.
-    sok.export_serving_delta([served.item], created, str(tmp_path / "own"))
+    sok.export_serving_delta({"item_of_delta_test": served.item}, created,
+                             str(tmp_path / "own"))
     sok.apply_serving_delta(export_dir, str(tmp_path / "own"), output_dir=str(tmp_path / "out"))
 
 
@@ -870,6 +924,75 @@ def _served_rows(export_dir, keys):
     return np.stack([arrays["rows"][index.get(int(k), 0)] for k in keys])
 
 
+@tf2_only
+def test_lookups_while_deltas_are_applied_see_one_state_of_the_table(tmp_path):
+    """A loaded export's lookups running in a thread while apply_delta_fn
+    adds keys and rewrites held ones (from two threads at once): every
+    lookup gives every key its own row, all of one delta (the table before
+    a delta or after it). apply_delta_fn assigned rows, keys and index one
+    after another, and a lookup between them read keys of one state with
+    the index of another: other keys' rows. Two deltas applied at once
+    wrote over each other's rows. The final rows are numpy's."""
+    import threading
+
+    sok.init(comm_tool="none")
+    table = sok.DynamicVariable(2, initializer="zeros", name="a")
+    held = np.arange(0, 1000, 2, dtype=np.int64)  # row of key k after delta v: [k, v]
+    sok.assign(table, tf.constant(held), np.stack([held, held * 0], 1).astype(np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, ids):
+            return tf.nn.embedding_lookup(table, ids)
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None], tf.int64)])
+    served = tf.saved_model.load(export_dir).sok_tables["a"]
+    probe = tf.constant(held)
+    stop, wrong, lookups = threading.Event(), [], [0]
+
+    def serve():
+        while not stop.is_set():
+            got = served.lookup_fn(probe).numpy()
+            lookups[0] += 1
+            if not (np.array_equal(got[:, 0], held) and (got[:, 1] == got[0, 1]).all()):
+                wrong.append(got)
+
+    rng = np.random.default_rng(3)
+    # Writer 0 rewrites the held keys and adds odd negative keys, writer 1
+    # adds even negative ones (below every held key: the held keys move up
+    # in keys and index): numpy's account of the rows they leave.
+    want = {int(k): [float(k), 0.0] for k in held}
+    drawn = rng.permutation(10 ** 6)[:1600]
+    added = [-(drawn[:800] * 2 + 1), -(drawn[800:] * 2 + 2)]
+    deltas = [[], []]
+    for v, new in enumerate(np.array_split(added[0], 400), 1):
+        keys = np.concatenate([held, new])
+        deltas[0].append((keys, np.stack([keys, np.full(len(keys), v)], 1)))
+        want.update({int(k): [float(k), float(v)] for k in keys})
+    for new in np.array_split(added[1], 400):
+        deltas[1].append((new, np.stack([new, np.full(len(new), -1)], 1)))
+        want.update({int(k): [float(k), -1.0] for k in new})
+
+    def write(which):
+        for keys, rows in deltas[which]:
+            served.apply_delta_fn(tf.constant(keys, tf.int64), tf.constant(rows, tf.float32))
+
+    reader = threading.Thread(target=serve)
+    writers = [threading.Thread(target=write, args=(w,)) for w in (0, 1)]
+    reader.start()
+    for w in writers:
+        w.start()
+    for w in writers:
+        w.join()
+    stop.set()
+    reader.join()
+    assert lookups[0] > 50 and not wrong, (lookups[0], len(wrong), wrong[:1])
+    keys = np.array(sorted(want), np.int64)
+    np.testing.assert_array_equal(served.keys.numpy(), keys)
+    np.testing.assert_array_equal(served.lookup_fn(tf.constant(keys)).numpy(),
+                                  np.array([want[k] for k in keys.tolist()], np.float32))
+
+
 class _Stop(BaseException):
     """Raised inside apply_serving_delta, as a crash stops it at that point
     (not an Exception: no `except Exception` of the code under test may
@@ -1034,7 +1157,8 @@ def test_a_delta_is_applied_once_and_in_order(tmp_path, monkeypatch):
     # A delta without an id (written before deltas had one) is applied once.
     since = _export_created(fresh)
     sok.assign(user, tf.constant([7], tf.int64), np.full((1, 2), 6.0, np.float32))
-    new_delta = sok.export_serving_delta([user], since, str(tmp_path / "d3"))
+    # (a dict: the fresh export's table 'user' lives on beside this one)
+    new_delta = sok.export_serving_delta({"user": user}, since, str(tmp_path / "d3"))
     with open(os.path.join(new_delta, "manifest.json")) as f:
         manifest = json.load(f)
     del manifest["id"]
@@ -1494,6 +1618,97 @@ def test_a_delta_after_a_gap_is_refused(tmp_path):
     assert len(_export_state(export_dir)[1]) == 4
 
 
+@tf2_only
+def test_a_gap_is_checked_table_by_table(tmp_path):
+    """The gap check is per dynamic table: a delta holding table T whose
+    since is after the newest time the export holds T's rows for (its own
+    created, or that of the last delta it took holding T) is refused,
+    naming T and both times. It compared the since with the created of the
+    last delta taken whatever tables that held: a delta of 'user' alone,
+    then one of 'user' and 'item' since its created, were both taken, and
+    'item''s rows trained between the export and the first were in
+    neither; a delta of no dynamic table (static tables only, or none)
+    moved that time for every table. Served rows against the trained
+    tables' own find()."""
+    from sok_graph.serving import delta as delta_mod
+
+    sok.init(comm_tool="none")
+    user = sok.DynamicVariable(2, initializer="zeros", name="user")
+    item = sok.DynamicVariable(2, initializer="zeros", name="item")
+    static = sok.Variable(np.zeros((4, 2), np.float32), name="static")
+    ids = np.array([1, 2], np.int64)
+
+    def train(table, value):
+        sok.assign(table, tf.constant(ids), np.full((2, 2), value, np.float32))
+        time.sleep(0.002)  # distinct update times
+
+    train(user, 1.0)
+    train(item, 1.0)
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            ragged = tf.RaggedTensor.from_tensor(x[:, None] % 4)
+            return tf.concat([tf.nn.embedding_lookup(user, x), tf.nn.embedding_lookup(item, x),
+                              sok.lookup_sparse([static], [ragged], combiners=["sum"])[0]], 1)
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None], tf.int64)])
+    made = _export_created(export_dir)
+
+    def delta(name, tables, since):
+        out = sok.export_serving_delta(tables, since, str(tmp_path / name))
+        time.sleep(0.002)  # distinct creation times
+        with open(os.path.join(out, "manifest.json")) as f:
+            manifest = json.load(f)
+        return out, manifest["created"], manifest["id"]
+
+    def served():
+        loaded = tf.saved_model.load(export_dir)
+        return loaded.serve(tf.constant(ids)).numpy()
+
+    def trained():
+        return np.concatenate([user.find(tf.constant(ids))[0], item.find(tf.constant(ids))[0],
+                               tf.gather(static.read_value(), ids % 4)], 1)
+
+    train(user, 2.0)
+    train(item, 2.0)  # in no delta below until "both"
+    first, first_created, first_id = delta("first", [user], made)
+    train(user, 3.0)
+    gap, _, _ = delta("gap", [user, item], first_created)
+    sok.apply_serving_delta(export_dir, first)
+    state = _export_state(export_dir)
+    with pytest.raises(delta_mod.DeltaError) as refused:
+        sok.apply_serving_delta(export_dir, gap)
+    message = str(refused.value)
+    assert f"delta {gap} holds the rows changed after" in message, message
+    assert f"(since={first_created}) of table 'item'" in message, message
+    assert f"(created={made}: the time the export was made)" in message, message
+    assert _same_state(_export_state(export_dir), state)
+
+    # Deltas of static tables only, and of no table, are taken and move no
+    # dynamic table's time.
+    static.assign(np.full((4, 2), 5.0, np.float32))
+    static_only, static_created, _ = delta("static_only", [static], first_created)
+    empty, empty_created, _ = delta("empty", [], static_created)
+    assert sok.apply_serving_delta(export_dir, static_only) == {"static": 4}
+    assert sok.apply_serving_delta(export_dir, empty) == {}
+    after_empty, _, _ = delta("after_empty", [user], empty_created)
+    state = _export_state(export_dir)
+    with pytest.raises(delta_mod.DeltaError) as refused:
+        sok.apply_serving_delta(export_dir, after_empty)
+    message = str(refused.value)
+    assert f"(since={empty_created}) of table 'user'" in message, message
+    assert (f"(created={first_created}: the created of delta {first_id}, the last it took "
+            f"holding table 'user')") in message, message
+    assert _same_state(_export_state(export_dir), state)
+
+    # Each table since its own time: taken, and served as trained.
+    both, _, _ = delta("both", {"user": user, "item": item}, made)
+    assert sok.apply_serving_delta(export_dir, both) == {"user": 2, "item": 2}
+    np.testing.assert_array_equal(served(), trained())
+    assert served()[:, :4].tolist() == [[3, 3, 2, 2]] * 2
+
+
 # Per dtype: the unsigned integer of its width (bits compared), and rows
 # that dtype holds exactly where float32, or a rounding, would change them.
 _DTYPE_CASES = {
@@ -1804,6 +2019,174 @@ def test_serving_paths_and_chunk_rows_are_checked_before_anything_is_read(tmp_pa
     assert sorted(os.listdir(".")) == ["copy", "d1", "export"]
     np.testing.assert_array_equal(_served_rows("copy", np.array([1, 2])), [[1, 1], [0, 0]])
     assert delta_mod.read_serving_delta("d1")["user"][1].tolist() == [1]
+
+
+def test_urls_huge_chunk_rows_and_a_file_above_are_refused_before_anything_is_read(
+        tmp_path, monkeypatch):
+    """A URL as delta_dir was taken as a relative path ("gs://b/d" wrote
+    ./gs:/b/d and was returned as written); apply_serving_delta's paths
+    alike; export_for_serving to file:// skipped the refusal of a directory
+    holding something else and the write-beside-then-swap. chunk_rows of
+    2**63 and up passed the check and failed with an OverflowError once
+    tables were read; an export_dir under a regular file failed as the
+    SavedModel was written. Each is now an error naming the argument,
+    before any table is read, and nothing is written; the largest int64
+    chunk_rows is taken."""
+    from sok_graph.serving import sources
+
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(str(work))
+    real_whole_table = sources.whole_table
+    reads = []
+
+    def whole_table(*args, **kwargs):
+        reads.append(args[0])
+        return real_whole_table(*args, **kwargs)
+
+    monkeypatch.setattr(sources, "whole_table", whole_table)
+    (work / "file").write_text("mine")
+    with tf.Graph().as_default():
+        user, keys, rows, assign = _assignable_user_in_graph()
+        build_fn = _serving_build_fn()
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(assign, {keys: [1], rows: [[1, 2]]})
+            local = str(work / "d")
+            for delta_dir, words in (
+                    ("gs://bucket/d", "export_serving_delta: delta_dir='gs://bucket/d' is a URL; "
+                                      "delta_dir must be a local directory path"),
+                    ("file://" + local, f"export_serving_delta: delta_dir='file://{local}' is a "
+                                        f"file:// URL; give it as a local directory path "
+                                        f"('{local}')")):
+                with pytest.raises(ValueError, match=re.escape(words)):
+                    sok.export_serving_delta([user], 0, delta_dir, session=sess)
+            for chunk_rows in (2 ** 63, 2 ** 70, np.uint64(2 ** 63)):
+                words = ("chunk_rows must be a positive integer an int64 holds (at most 2**63 - "
+                         f"1; the rows read at a time); got {chunk_rows!r}")
+                with pytest.raises(ValueError, match=re.escape("export_serving_delta: " + words)):
+                    sok.export_serving_delta([user], 0, "d", session=sess, chunk_rows=chunk_rows)
+                with pytest.raises(ValueError, match=re.escape("export_for_serving: " + words)):
+                    sok.export_for_serving(build_fn, "export", session=sess,
+                                           chunk_rows=chunk_rows)
+            with pytest.raises(ValueError, match=re.escape(
+                    f"export_for_serving: export_dir='file://{work}/export' is a file:// URL; "
+                    f"give it as a local directory path ('{work}/export')")):
+                sok.export_for_serving(build_fn, f"file://{work}/export", session=sess)
+            with pytest.raises(FileExistsError, match=re.escape(
+                    "cannot write export_dir='file/export': a file stands where its parent "
+                    f"directories must be ({str(work / 'file')!r} is not a directory)")):
+                sok.export_for_serving(build_fn, "file/export", session=sess)
+            assert reads == [] and sorted(os.listdir(".")) == ["file"]
+            assert sok.export_for_serving(build_fn, "export", session=sess,
+                                          chunk_rows=2 ** 63 - 1) == "export"
+            assert sok.export_serving_delta([user], 0, "d", session=sess,
+                                            chunk_rows=np.int64(2 ** 63 - 1)) == "d"
+    np.testing.assert_array_equal(_served_rows("export", np.array([1, 2])), [[1, 2], [0, 0]])
+    for kwargs, words in (
+            (dict(export_dir="gs://bucket/export", delta_dir="d"),
+             "apply_serving_delta: export_dir='gs://bucket/export' is a URL; export_dir must be "
+             "a local directory path"),
+            (dict(export_dir="export", delta_dir="gs://bucket/d"),
+             "apply_serving_delta: delta_dir='gs://bucket/d' is a URL; delta_dir must be a local "
+             "directory path"),
+            (dict(export_dir="export", delta_dir="d", output_dir="gs://bucket/copy"),
+             "apply_serving_delta: output_dir='gs://bucket/copy' is a URL; output_dir must be a "
+             "local directory path"),
+            (dict(export_dir="export", delta_dir="d", output_dir=f"file://{work}/copy"),
+             f"apply_serving_delta: output_dir='file://{work}/copy' is a file:// URL")):
+        with pytest.raises(ValueError, match=re.escape(words)):
+            sok.apply_serving_delta(**kwargs)
+    with pytest.raises(FileExistsError, match=re.escape(
+            "cannot write output_dir='file/copy': a file stands where its parent directories "
+            "must be")):
+        sok.apply_serving_delta("export", "d", output_dir="file/copy")
+    assert sorted(os.listdir(".")) == ["d", "export", "file"]
+    assert sok.apply_serving_delta("export", "d", output_dir="copy") == {"user": 1}
+
+
+@tf2_only
+def test_an_updated_export_carries_the_fingerprint_of_its_new_variables(tmp_path):
+    """apply_serving_delta copied the export's fingerprint.pb, which
+    describes its previous variables (checkpoint_hash): the updated export
+    carries none or the one TensorFlow computes from its files now."""
+    export_dir, user = _one_table_export(tmp_path)
+    if not os.path.exists(os.path.join(export_dir, "fingerprint.pb")):
+        pytest.skip("this TensorFlow writes no SavedModel fingerprint")
+    from tensorflow.core.protobuf import fingerprint_pb2
+    from tensorflow.python.saved_model.pywrap_saved_model import fingerprinting
+
+    def stored(directory):
+        fingerprint = fingerprint_pb2.FingerprintDef()
+        with open(os.path.join(directory, "fingerprint.pb"), "rb") as f:
+            fingerprint.ParseFromString(f.read())
+        return fingerprint
+
+    def computed(directory):
+        fingerprint = fingerprint_pb2.FingerprintDef()
+        fingerprint.ParseFromString(fingerprinting.CreateFingerprintDef(directory))
+        return fingerprint
+
+    def same(a, b):  # but their uuid (newer TensorFlows), drawn anew each time
+        for fingerprint in (a, b):
+            if "uuid" in fingerprint.DESCRIPTOR.fields_by_name:
+                fingerprint.ClearField("uuid")
+        return a == b
+
+    since = _export_created(export_dir)
+    sok.assign(user, tf.constant([1, 5], tf.int64), np.array([[2, 3], [4, 5]], np.float32))
+    delta_dir = sok.export_serving_delta([user], since, str(tmp_path / "delta"))
+    before = stored(export_dir)
+    assert same(stored(export_dir), computed(export_dir))
+    copy = str(tmp_path / "copy")
+    sok.apply_serving_delta(export_dir, delta_dir, output_dir=copy)
+    sok.apply_serving_delta(export_dir, delta_dir)
+    for directory in (copy, export_dir):
+        np.testing.assert_array_equal(_served_rows(directory, np.array([1, 5])),
+                                      [[2, 3], [4, 5]])
+        if os.path.exists(os.path.join(directory, "fingerprint.pb")):
+            assert same(stored(directory), computed(directory))
+            assert stored(directory).checkpoint_hash != before.checkpoint_hash
+
+
+@tf2_only
+@pytest.mark.parametrize("name", ["café", "用户"])
+def test_a_table_of_a_name_beyond_ascii_is_exported_and_takes_deltas(tmp_path, name):
+    """A table named "café" or "用户" failed export_for_serving with
+    TensorFlow's "not a valid root scope name" after its rows were read.
+    It is served under its own name (loaded.sok_tables, the manifest, its
+    delta's files), its variables in an ASCII name scope; served rows
+    against the table's own find(), also after a delta."""
+    from sok_graph.serving import tables as serving_tables
+
+    sok.init(comm_tool="none")
+    table = sok.DynamicVariable(2, initializer="zeros", name=name)
+    ids = np.array([1, 2, 3], np.int64)
+    sok.assign(table, tf.constant(ids[:2]), np.array([[1, 2], [3, 4]], np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, x):
+            return sok.lookup_sparse(table, x, combiners="sum")
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir,
+                           [tf.RaggedTensorSpec([None, None], tf.int64, ragged_rank=1)])
+    since = _export_created(export_dir)
+    sok.assign(table, tf.constant(ids[1:]), np.array([[5, 6], [7, 8]], np.float32))
+    delta_dir = sok.export_serving_delta([table], since, str(tmp_path / "delta"))
+    assert sorted(os.listdir(delta_dir)) == sorted(
+        ["manifest.json", f"{name}.keys.npy", f"{name}.rows.npy"])
+    assert sok.apply_serving_delta(export_dir, delta_dir) == {name: 2}
+    loaded = tf.saved_model.load(export_dir)
+    assert list(loaded.sok_tables) == [name]
+    batch = tf.RaggedTensor.from_tensor(tf.constant(ids[:, None]))
+    np.testing.assert_array_equal(loaded.serve(batch).numpy(),
+                                  table.find(tf.constant(ids))[0].numpy())
+    assert loaded.serve(batch).numpy().tolist() == [[1, 2], [5, 6], [7, 8]]
+    assert serving_tables.scope_name(name) == {"café": "caf_", "用户": "__"}[name]
+    for ascii_name, stem in (("a/b", "a_b"), ("with space", "with_space"),
+                             ("dots..and-dash_ok", "dots..and-dash_ok")):
+        assert serving_tables.scope_name(ascii_name) == stem
 
 
 @tf2_only

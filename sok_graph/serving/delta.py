@@ -41,10 +41,10 @@ a failure or a crash midway leaves the export as it was. It records every
 delta it applied in the export (assets.extra/sok_deltas.json: id, since,
 created, rows per table) and refuses a delta applied before, one older than
 the last it applied (created earlier: its rows would overwrite newer ones),
-one exported before the export itself was made, and one whose since is
-after the created of the newest thing the export holds (the export itself,
-or the last delta it took) where the delta holds a dynamic table: rows
-trained in between would be in neither. Deltas written before deltas had
+one exported before the export itself was made, and one holding a
+dynamic table whose since is after the created of the newest thing the
+export holds of that table (the export itself, or the last delta it took
+that held the table): rows trained in between would be in neither. Deltas written before deltas had
 an id are known by a digest of their manifest.json.
 
 apply_delta_fn, the loaded model's own function, keeps no such record and
@@ -54,6 +54,7 @@ and rows show.
 
 import contextlib
 import datetime
+import gc
 import hashlib
 import json
 import os
@@ -68,11 +69,12 @@ import tensorflow as tf
 from sok_graph import context, dump_load
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.tables import dimension_of, is_dynamic, is_float_dtype, replica_shards
+from sok_graph.tables import (dimension_of, is_dynamic, is_float_dtype, live_tables,
+                              replica_shards)
 from sok_graph.serving import collective, sources
 from sok_graph.serving.export import (APPLIED, MANIFEST, SAVED_MODEL_FILES,
-                                      checked_chunk_rows, checked_dir, saved_model_file,
-                                      table_name)
+                                      checked_chunk_rows, checked_dir, file_above,
+                                      saved_model_file, table_name)
 from sok_graph.serving.tables import safe_name
 
 DELTA_FORMAT = 1
@@ -110,7 +112,69 @@ def _named(variables):
                 f"the order the model read them in: pass a dict {{serving name: table}}, or give "
                 f"the tables distinct names")
         out[name] = v
+    _refuse_namesakes(out)
     return out
+
+
+def _live_tables(world):
+    """Every live sok table of the process (a ReplicaShards once, not its
+    shards) made in `world` (a graph, or None: eagerly)."""
+    found = live_tables()
+    shards = {id(s) for o in found if isinstance(o, replica_shards.ReplicaShards)
+              for s in o.shards}
+    return [o for o in found if id(o) not in shards and _world(o) is world]
+
+
+def _world(table):
+    """The graph a sok table was made in, None where it was made eagerly:
+    an export serves the tables of one of them."""
+    shard = replica_shards.shards_of(table)[0]
+    return shard.graph if getattr(shard, "_in_graph_mode", False) else None
+
+
+def _namesakes(named):
+    """{name: the other live tables an export can serve under that name}
+    for the tables of `named` (a list's, by their own names): tables of the
+    same name, and for a name `base_k`, the tables named `base` where two or
+    more are (an export serves them as base, base_1, ...)."""
+    out = {}
+    by_world = {}
+    for name, table in named.items():
+        world = _world(table)
+        if world not in by_world:
+            by_world[world] = {}
+            for other in _live_tables(world):
+                by_world[world].setdefault(table_name(other), []).append(other)
+        names = by_world[world]
+        others = [o for o in names.get(name, []) if o is not table]
+        base, _, k = name.rpartition("_")
+        if base and k.isdigit() and len(names.get(base, [])) > 1:
+            others += names[base]
+        if others:
+            out[name] = others
+    return out
+
+
+def _refuse_namesakes(named):
+    """ValueError where a table given in a list shares its name with another
+    live table of the process: the export served such tables as name,
+    name_1, ... in the order the model read them, and a delta named after
+    the table itself went to whichever the export served as `name` (the
+    first table's served rows took the second's without an error). Tables
+    no longer referenced but not yet collected are not counted."""
+    if not _namesakes(named):
+        return
+    gc.collect()
+    shared = _namesakes(named)
+    if shared:
+        name = sorted(shared)[0]
+        raise ValueError(
+            f"export_serving_delta: table {name!r} of variables shares its name with "
+            f"{len(shared[name])} other live sok table(s) of this process; an export serves "
+            f"tables of one name as {name!r}, {name + '_1'!r}, ... in the order the model "
+            f"reads them, so the delta's name cannot say which it is: pass a dict {{serving "
+            f"name: table}} (the names loaded.sok_tables lists), or name the tables apart "
+            f"(name= of sok.Variable / sok.DynamicVariable)")
 
 
 def _crc(path):
@@ -246,10 +310,8 @@ def _refuse_taken(delta_dir):
     as it writes)."""
     if os.path.lexists(delta_dir):
         raise FileExistsError(f"delta_dir {delta_dir!r} exists; a delta goes to a new directory")
-    place = os.path.dirname(os.path.abspath(delta_dir))
-    while not os.path.lexists(place) and os.path.dirname(place) != place:
-        place = os.path.dirname(place)
-    if not os.path.isdir(place):
+    place = file_above(delta_dir)
+    if place is not None:
         raise FileExistsError(f"cannot write delta_dir={delta_dir!r}: a file stands where its "
                               f"parent directories must be ({place!r} is not a directory)")
 
@@ -525,9 +587,10 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
     swapped in whole, so an error or a crash midway leaves export_dir (and
     output_dir) as they were. A delta the export already took, one older
     than the last it took, one exported before the export was made, or one
-    of dynamic rows changed after a since later than the newest rows the
-    export holds (the created of the last delta it took, or its own: rows
-    changed in between would be missing) is refused (DeltaError): the
+    of a dynamic table's rows changed after a since later than the newest
+    rows the export holds of that table (the created of the last delta it
+    took holding it, or its own: rows changed in between would be missing)
+    is refused (DeltaError): the
     export records the deltas applied to it in assets.extra/sok_deltas.json
     (a copy at output_dir keeps the record)."""
     # bytes and None failed in os.path (naming no argument), "." as the
@@ -541,6 +604,10 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
     target = source if output_dir is None else os.path.abspath(output_dir)
     if output_dir is not None and os.path.lexists(target):
         raise FileExistsError(f"output_dir {output_dir!r} exists")
+    if output_dir is not None and file_above(target) is not None:
+        raise FileExistsError(f"cannot write output_dir={output_dir!r}: a file stands where its "
+                              f"parent directories must be ({file_above(target)!r} is not a "
+                              f"directory)")
     os.makedirs(os.path.dirname(target), exist_ok=True)
     # Appliers to one directory take turns, as dump writers do: each reads
     # the record of applied deltas the one before it swapped in. A copy also
@@ -569,12 +636,33 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             # Everything but the variables, which are written anew.
             shutil.copytree(source, tmp, ignore=_variables_of(source))
             _write_checkpoint(os.path.join(tmp, "variables", "variables"), tensors)
+            _refresh_fingerprint(tmp)
             _write_applied(tmp, applied_before + [record])
             dump_load.swap_into_place(tmp, target)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already once swapped in
             raise
     return applied
+
+
+def _refresh_fingerprint(export_dir):
+    """The SavedModel fingerprint (fingerprint.pb, TF 2.12 and up) of the
+    updated export at export_dir, written anew as tf.saved_model.save writes
+    it, or removed where this TensorFlow writes none or cannot: the copied
+    one described the export's previous variables (its checkpoint_hash),
+    and whatever keys models by it took the update for the export it was."""
+    path = os.path.join(export_dir, "fingerprint.pb")
+    if not os.path.exists(path):
+        return
+    os.remove(path)
+    try:
+        from tensorflow.python.saved_model import fingerprinting_utils
+        fingerprinting_utils.write_fingerprint(export_dir)
+    except Exception:  # pylint: disable=broad-except
+        # No fingerprint is better than one of other variables; a loader
+        # that finds none (an export of before TF 2.12) still loads it.
+        if os.path.exists(path):
+            os.remove(path)
 
 
 def _variables_of(export_dir):
@@ -629,11 +717,9 @@ def _check_order(manifest, identity, applied, export_created, delta_dir, export_
     deltas `applied`: DeltaError where it took this one already, where this
     one is older than the last it took (created earlier: its rows would
     overwrite newer ones) or older than the export itself, and where it
-    leaves a gap: it holds a dynamic table's rows changed after its since,
-    later than the newest rows the export holds (the created of the last
-    delta it took, or its own), so rows changed in between would be in
-    neither. A since at or before that time is fine: the rows changed in
-    the overlap are in the delta too, and newer."""
+    leaves a gap (_check_no_gap, table by table). A since at or before the
+    newest time the export holds a table's rows for is fine: the rows
+    changed in the overlap are in the delta too, and newer."""
     created = manifest.get("created")
     if isinstance(created, bool) or not isinstance(created, int):
         raise DeltaError(f"{delta_dir}: the manifest's created is {created!r}; it must be the "
@@ -667,28 +753,40 @@ def _check_order(manifest, identity, applied, export_created, delta_dir, export_
 
 
 def _check_no_gap(manifest, since, applied, export_created, delta_dir, export_dir):
-    """DeltaError where a delta holding a dynamic table gives the rows
-    changed after `since` and the export holds rows only up to an earlier
-    time (the created of the last delta it took, or its own). A delta of
-    static tables only holds them whole, and an export of before created
-    was recorded that took no delta gives no time to compare."""
-    # A list: all() leaves a generator unfinished, and its close could
-    # swallow an exception raised there.
-    if all([t.get("kind") == "static" for t in manifest.get("tables", [])]):
-        return
-    last = max(applied, key=lambda a: a["created"]) if applied else None
-    if last is not None and (export_created is None or last["created"] >= export_created):
-        newest, what = last["created"], f"the created of delta {last['id']}, the last it took"
-    elif export_created is not None:
-        newest, what = export_created, "the time the export was made"
-    else:
-        return
-    if since > newest:
-        raise DeltaError(
-            f"delta {delta_dir} holds the rows changed after {_micros(since)} (since={since}); "
-            f"{export_dir} holds rows up to {_micros(newest)} (created={newest}: {what}): "
-            f"rows changed in between would be in neither; export a delta with since <= "
-            f"{newest}")
+    """DeltaError where a delta holding a dynamic table gives its rows
+    changed after `since` and the export holds that table's rows only up to
+    an earlier time: the newest of the export's own created and the created
+    of the deltas it took that held that table. Checked per table: a delta
+    holding other tables (or none: static tables only, an empty list) says
+    nothing of this one's rows, and taken as the time of every table it let
+    a later delta of both skip this table's rows trained in between. A
+    static table is held whole, whatever the since. An entry of the record
+    without its tables (sok_graph writes none; one made by hand) counts for
+    no table: the check falls back to the others and the export, which can
+    refuse a delta, never take one after a gap. An export of before created
+    was recorded gives no time for a table no delta it took held."""
+    for entry in manifest.get("tables", []):
+        if entry.get("kind") == "static":
+            continue
+        name = entry.get("name")
+        holding = [a for a in applied
+                   if isinstance(a.get("tables"), dict) and name in a["tables"]]
+        last = max(holding, key=lambda a: a["created"]) if holding else None
+        if last is not None and (export_created is None or last["created"] >= export_created):
+            newest = last["created"]
+            what = f"the created of delta {last['id']}, the last it took"
+            if last is not max(applied, key=lambda a: a["created"]):
+                what += f" holding table {name!r}"
+        elif export_created is not None:
+            newest, what = export_created, "the time the export was made"
+        else:
+            continue
+        if since > newest:
+            raise DeltaError(
+                f"delta {delta_dir} holds the rows changed after {_micros(since)} (since="
+                f"{since}) of table {name!r}; {export_dir} holds that table's rows up to "
+                f"{_micros(newest)} (created={newest}: {what}): its rows changed in between "
+                f"would be in neither; export a delta of {name!r} with since <= {newest}")
 
 
 def _write_applied(export_dir, applied):

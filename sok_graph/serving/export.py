@@ -186,6 +186,14 @@ class LiveResolver(_StandIns):
         while name in self.tables:
             k += 1
             name = f"{base}_{k}"
+        if k:
+            # A delta names tables by the names they were served under,
+            # which a table no longer tells once another shares its name.
+            tf.compat.v1.logging.warning(
+                "export_for_serving: the model reads another table named %r before this one, "
+                "which is served as %r (tables of one name are numbered in the order the "
+                "model reads them): give export_serving_delta such tables as {serving name: "
+                "table}, or name them apart", base, name)
         with tf.init_scope():
             first = replica_shards.shards_of(param)[0]
             if is_dynamic(first):
@@ -339,29 +347,62 @@ def _object_graph_keys(export_dir):
 
 # ------------------------------------------------------------ arguments
 
+# chunk_rows goes to the table reads as an int64.
+_MAX_CHUNK_ROWS = (1 << 63) - 1
+
+
 def checked_chunk_rows(chunk_rows, caller):
-    """chunk_rows as an int: a positive integer (numpy's too), else a
-    ValueError naming it (0 or less failed inside a TensorFlow op, a float
-    was taken)."""
+    """chunk_rows as an int: a positive integer (numpy's too) that an int64
+    holds, else a ValueError naming it (0 or less failed inside a TensorFlow
+    op, a float was taken, 2**63 and up failed with an OverflowError once
+    the tables were being read)."""
     if not isinstance(chunk_rows, (int, np.integer)) or isinstance(chunk_rows, (bool, np.bool_)) \
             or chunk_rows < 1:
         raise ValueError(f"{caller}: chunk_rows must be a positive integer (the rows read at a "
                          f"time); got {chunk_rows!r}")
+    if int(chunk_rows) > _MAX_CHUNK_ROWS:
+        raise ValueError(f"{caller}: chunk_rows must be a positive integer an int64 holds (at "
+                         f"most 2**63 - 1; the rows read at a time); got {chunk_rows!r}")
     return int(chunk_rows)
 
 
-def checked_dir(path, what, caller, replaced=True):
+def checked_dir(path, what, caller, replaced=True, remote=False):
     """`path` as a str (bytes, os.PathLike and eager string tensors are
     paths; None, other types and "" errors naming `what`). replaced: the
     directory is written by renames, so the current directory is refused
-    (the process was left in a deleted directory)."""
+    (the process was left in a deleted directory). A URL ("scheme://") is
+    refused unless `remote` (an export, which writes other file systems in
+    place); a file:// URL always is. Deltas and their application are
+    written beside their place and renamed into it, which only a local
+    directory does all or nothing: a URL was taken as a relative path
+    ("gs://b/x" wrote ./gs:/b/x and was returned as if written), and an
+    export to file:// skipped the checks and the swap a local path gets."""
     path = dump_load.checked_path(path, what)
-    if replaced and "://" not in path and \
-            os.path.abspath(path) == os.path.abspath(os.getcwd()):
+    if "://" in path:
+        if path.lower().startswith("file://"):
+            raise ValueError(f"{caller}: {what}={path!r} is a file:// URL; give it as a local "
+                             f"directory path ({path[len('file://'):]!r}), which is written "
+                             f"beside and swapped in whole")
+        if not remote:
+            raise ValueError(f"{caller}: {what}={path!r} is a URL; {what} must be a local "
+                             f"directory path (it is written beside its place and renamed "
+                             f"into it, all or nothing, which only a local file system does): "
+                             f"copy it to or from the remote file system yourself")
+        return path
+    if replaced and os.path.abspath(path) == os.path.abspath(os.getcwd()):
         raise ValueError(f"{caller}: {what}={path!r} is the current directory, which it would "
                          f"replace (the process would be left in a deleted directory): give a "
                          f"subdirectory")
     return path
+
+
+def file_above(path):
+    """The nearest existing entry at or above `path`'s parent where it is
+    not a directory (a file where a parent directory must be), else None."""
+    place = os.path.dirname(os.path.abspath(path))
+    while not os.path.lexists(place) and os.path.dirname(place) != place:
+        place = os.path.dirname(place)
+    return None if os.path.isdir(place) else place
 
 
 # ------------------------------------------------------------ TF2
@@ -378,6 +419,13 @@ def _refusal(export_dir, tf1):
     raises with it (_agreed)."""
     if "://" in str(export_dir):
         return None
+    above = file_above(export_dir)
+    if above is not None:
+        # It failed as the SavedModel was written, after the tables were
+        # read and the model traced.
+        return FileExistsError(f"cannot write export_dir={str(export_dir)!r}: a file stands "
+                               f"where its parent directories must be ({above!r} is not a "
+                               f"directory)")
     if tf1 and os.path.isdir(export_dir) and os.listdir(export_dir):
         return FileExistsError(f"export_dir={export_dir!r} exists and is not empty; a TF1 "
                                f"export (as TensorFlow's SavedModel Builder) writes only a "
@@ -736,7 +784,7 @@ def export_for_serving(model, export_dir, input_signature=None, session=None,
                      (zeros), a number, a [dim] vector, or {table name: either}
     chunk_rows:      rows read at a time while tables are copied
     """
-    export_dir = checked_dir(export_dir, "export_dir", "export_for_serving")
+    export_dir = checked_dir(export_dir, "export_dir", "export_for_serving", remote=True)
     chunk_rows = checked_chunk_rows(chunk_rows, "export_for_serving")
     if session is not None:
         if not callable(model):

@@ -9,8 +9,10 @@ DynamicTable  a sok.DynamicVariable as three plain variables:
                 rows   [m, dim]   row 0 is the default row (keys the table
                                   does not hold), then every key's row
               A lookup is a binary search (tf.searchsorted) in keys, then a
-              gather in rows. Delta updates overwrite rows in place and
-              append rows of new keys (apply_delta, plain TF too).
+              gather in rows. A delta (apply_delta, plain TF too) appends
+              its rows and then points keys and index at them, so that a
+              lookup running meanwhile sees the table before it or after
+              it (DynamicTable.find, apply_delta say how).
 
 Both answer the read part of the table protocol (sok_graph/tables/__init__.py)
 as the training tables do: dimension, dtype, key_dtype, row_count() and
@@ -26,6 +28,8 @@ weights, max_norm) from gather and segment ops, as the fused kernel computes
 it (float32 accumulation; samples without ids, or whose weights sum to zero,
 give zero rows).
 """
+
+import uuid
 
 import numpy as np
 import tensorflow as tf
@@ -44,6 +48,17 @@ def safe_name(name):
     stem a dump gives it (dump_load._file_stem, the one place that cleanup
     is written), "table" for an empty name."""
     return dump_load._file_stem(name) or "table"
+
+
+def scope_name(name):
+    """safe_name(name) with only the characters a TensorFlow name scope
+    takes (ASCII letters, digits, "._-"), every other one "_": the name
+    scope of a serving table's variables. A table named "café" or "用户" (a
+    name a file, JSON and a delta keep) failed its export with TensorFlow's
+    "not a valid root scope name" after the tables were read. ASCII names
+    are safe_name's, so variable names stay what they were."""
+    return "".join(c if c.isascii() and (c.isalnum() or c in "._-") else "_"
+                   for c in safe_name(name))
 
 
 def default_row_value(default_row, name, dim, dtype):
@@ -94,7 +109,7 @@ class StaticTable(tf.Module):
         super().__init__()
         self.table_name = table_name
         if variable is None:
-            with tf.name_scope("sok_serving/" + safe_name(table_name)):
+            with tf.name_scope("sok_serving/" + scope_name(table_name)):
                 shape = tf.TensorShape(shape)
                 start = [0 if d is None else d for d in shape.as_list()]
                 variable = _variable(tf.zeros(start, dtype), shape, "rows")
@@ -239,6 +254,37 @@ def _held_at(vector, probe):
                    lambda: tf.zeros_like(probe, dtype=vector.dtype))
 
 
+_RESOURCE = getattr(tf.saved_model.experimental, "TrackableResource", None)
+
+
+if _RESOURCE is not None:
+    class _WritersTakeTurns(_RESOURCE):
+        """A mutex that apply_delta calls of one table take in turn, saved
+        with a TF2 SavedModel (a resource it tracks, made again when it is
+        loaded: MutexV2, a stock op)."""
+
+        def __init__(self):
+            # Named: a mutex of an empty name is one resource for every
+            # table of the process. Two loads of one export share it, which
+            # only makes their deltas take turns too.
+            self._shared_name = "sok_serving_writers_" + uuid.uuid4().hex
+            super().__init__()
+
+        def _create_resource(self):
+            return tf.raw_ops.MutexV2(shared_name=self._shared_name)
+
+
+def _writers_lock():
+    """A table's _WritersTakeTurns, made eagerly (not inside the function
+    that first takes it); None in a TF1 graph, whose exports hold no delta
+    function, and on TensorFlow 1.x, which cannot save one."""
+    if _RESOURCE is None or not tf.executing_eagerly():
+        return None
+    lock = _WritersTakeTurns()
+    lock.resource_handle  # pylint: disable=pointless-statement
+    return lock
+
+
 class DynamicTable(tf.Module):
     """A sok.DynamicVariable's rows, served from plain variables (see the
     module docstring)."""
@@ -252,11 +298,12 @@ class DynamicTable(tf.Module):
         self.dimension = int(dimension)
         self.dtype = tf.as_dtype(dtype)
         default = default_row_value(default_row, table_name, self.dimension, self.dtype)
-        with tf.name_scope("sok_serving/" + safe_name(table_name)):
+        with tf.name_scope("sok_serving/" + scope_name(table_name)):
             self.keys = _variable(tf.zeros([0], self.key_dtype), tf.TensorShape([None]), "keys")
             self.index = _variable(tf.zeros([0], tf.int64), tf.TensorShape([None]), "index")
             self.rows = _variable(tf.constant(default[None, :]),
                                   tf.TensorShape([None, self.dimension]), "rows")
+        self._writers = _writers_lock()
 
     def variables_by_role(self):
         return {"keys": self.keys, "index": self.index, "rows": self.rows}
@@ -276,13 +323,38 @@ class DynamicTable(tf.Module):
         """Rows [n, dim] of keys [n]; the default row for keys not held."""
         return self.find(keys)[0]
 
+    def _held(self):
+        """(keys, index) of one state of the table, read together: a delta
+        applied meanwhile (apply_delta) assigns them one after the other, and
+        keys of one state with the index of another sent a lookup to other
+        keys' rows. Keys are only ever added, so the two are of one state
+        exactly when they are of one length (one state's keys with a later
+        state's index of the same length: no key was added between, and that
+        index is the later state's, for the same keys); a pair of two
+        lengths is read again."""
+        def read():
+            return tf.convert_to_tensor(self.keys), tf.convert_to_tensor(self.index)
+
+        def mixed(keys, index):
+            return tf.not_equal(tf.size(keys), tf.size(index))
+
+        keys, index = read()
+        return tf.while_loop(mixed, lambda keys, index: read(), [keys, index],
+                             shape_invariants=[tf.TensorShape([None])] * 2)
+
     def find(self, keys, default_value=None):
         """(rows [n, dim], found [n]) of keys [n], as DynamicVariable.find
         reads them: keys not held get default_value in every column (None:
-        the table's default row)."""
+        the table's default row). A delta applied meanwhile (apply_delta)
+        is seen whole or not at all: keys and index are read as one state
+        (_held), and the rows after them (the gather takes the rows their
+        index gives), which hold every row that index points at, as it
+        was: apply_delta writes the rows before the index and never
+        overwrites a row."""
         keys = self._keys(keys)
-        probe, found = _search(tf.convert_to_tensor(self.keys), keys)
-        row = tf.where(found, _held_at(self.index, probe), tf.zeros_like(probe))
+        sorted_keys, index = self._held()
+        probe, found = _search(sorted_keys, keys)
+        row = tf.where(found, _held_at(index, probe), tf.zeros_like(probe))
         rows = tf.gather(self.rows, row)
         if default_value is not None:
             fill = tf.fill(tf.shape(rows), tf.cast(default_value, rows.dtype))
@@ -291,48 +363,67 @@ class DynamicTable(tf.Module):
 
     @_keeps_no_record
     def apply_delta(self, keys, rows):
-        """Sets the rows of `keys`: held keys are overwritten in place, new
-        keys are added. Returns the number of new keys. Refuses
+        """Sets the rows of `keys`: held keys get their new rows, new keys
+        are added. Returns the number of new keys. Refuses
         (InvalidArgumentError naming the table, nothing written) keys and
         rows that do not pair, a key given twice (a new one was added twice)
         and a NaN or infinite value (also one that becomes infinite in the
-        table's dtype), as apply_serving_delta does."""
+        table's dtype), as apply_serving_delta does.
+
+        A lookup running meanwhile sees the table before the delta or after
+        it, never a mix: every row of the delta is appended (a held key's
+        previous row stays, unreferenced: a lookup that read the previous
+        index reads it whole), the rows are written before the keys and the
+        index, and lookups read keys and index as one state (find). So
+        the loaded model's rows grow by every delta's rows until it is
+        loaded again (apply_serving_delta writes an export's rows in place).
+        Calls take turns (a mutex of the table, where TensorFlow can save
+        one: TF2), so two deltas applied at once do not write over each
+        other's rows."""
         keys = _distinct(self._keys(keys), self.table_name, "keys")
         rows = _finite(tf.cast(_paired(keys, rows, self.table_name), self.dtype),
                        self.table_name)
-        sorted_keys = tf.convert_to_tensor(self.keys)
-        probe, found = _search(sorted_keys, keys)
-        held_rows = tf.boolean_mask(_held_at(self.index, probe), found)
-        updated = self.rows.scatter_update(
-            tf.IndexedSlices(tf.boolean_mask(rows, found), held_rows))
-        with tf.control_dependencies([_as_op(updated)]):
-            new = tf.logical_not(found)
-            new_keys, new_rows = tf.boolean_mask(keys, new), tf.boolean_mask(rows, new)
-            order = tf.argsort(new_keys, stable=True)
-            new_keys, new_rows = tf.gather(new_keys, order), tf.gather(new_rows, order)
-            n = tf.size(sorted_keys, out_type=tf.int64)
-            m = tf.size(new_keys, out_type=tf.int64)
-            # One read of the rows gives both the new keys' first row and
-            # what they are appended to: in a TF1 graph a second read may run
-            # after the append, and the new keys' rows would point past it.
+        lock = None
+        if self._writers is not None:
+            lock = tf.raw_ops.MutexLock(mutex=self._writers.resource_handle)
+        with tf.control_dependencies([] if lock is None else [lock]):
+            # Read under the lock: another delta's writes are all in.
+            sorted_keys = tf.convert_to_tensor(self.keys)
+            index = tf.convert_to_tensor(self.index)
+            # One read of the rows gives both the delta's first row and what
+            # it is appended to: in a TF1 graph a second read may run after
+            # the append, and the index would point past it.
             held = tf.convert_to_tensor(self.rows)
-            first_row = tf.shape(held, out_type=tf.int64)[0]
-            # Where each entry of the merged key list comes from: held key i
-            # moves up by the number of new keys below it, new key j goes
-            # after the held keys below it and the new keys before it.
-            held_to = tf.range(n, dtype=tf.int64) + tf.searchsorted(
-                new_keys, sorted_keys, side="left", out_type=tf.int64)
-            new_to = tf.searchsorted(sorted_keys, new_keys, side="left",
-                                     out_type=tf.int64) + tf.range(m, dtype=tf.int64)
-            source = tf.math.invert_permutation(tf.concat([held_to, new_to], 0))
-            merged_keys = tf.gather(tf.concat([sorted_keys, new_keys], 0), source)
-            merged_index = tf.gather(
-                tf.concat([tf.convert_to_tensor(self.index),
-                           first_row + tf.range(m, dtype=tf.int64)], 0), source)
-            grown = self.rows.assign(tf.concat([held, new_rows], 0))
+        order = tf.argsort(keys, stable=True)
+        keys, rows = tf.gather(keys, order), tf.gather(rows, order)
+        probe, found = _search(sorted_keys, keys)
+        first_row = tf.shape(held, out_type=tf.int64)[0]
+        at = first_row + tf.range(tf.size(keys, out_type=tf.int64), dtype=tf.int64)
+        # Held keys point at their appended rows; their previous rows stay.
+        index = tf.tensor_scatter_nd_update(index, tf.boolean_mask(probe, found)[:, None],
+                                            tf.boolean_mask(at, found))
+        new = tf.logical_not(found)
+        new_keys, new_at = tf.boolean_mask(keys, new), tf.boolean_mask(at, new)
+        n = tf.size(sorted_keys, out_type=tf.int64)
+        m = tf.size(new_keys, out_type=tf.int64)
+        # Where each entry of the merged key list comes from: held key i
+        # moves up by the number of new keys below it, new key j goes
+        # after the held keys below it and the new keys before it.
+        held_to = tf.range(n, dtype=tf.int64) + tf.searchsorted(
+            new_keys, sorted_keys, side="left", out_type=tf.int64)
+        new_to = tf.searchsorted(sorted_keys, new_keys, side="left",
+                                 out_type=tf.int64) + tf.range(m, dtype=tf.int64)
+        source = tf.math.invert_permutation(tf.concat([held_to, new_to], 0))
+        merged_keys = tf.gather(tf.concat([sorted_keys, new_keys], 0), source)
+        merged_index = tf.gather(tf.concat([index, new_at], 0), source)
+        grown = self.rows.assign(tf.concat([held, rows], 0))
         with tf.control_dependencies([_as_op(grown)]):
             assigned = [self.keys.assign(merged_keys), self.index.assign(merged_index)]
         with tf.control_dependencies([_as_op(a) for a in assigned]):
+            if lock is not None:
+                # Releases the lock once everything is written.
+                with tf.control_dependencies([tf.raw_ops.ConsumeMutexLock(mutex_lock=lock)]):
+                    return tf.identity(m)
             return tf.identity(m)
 
     def function_signatures(self):
