@@ -999,6 +999,9 @@ def test_dynamic_variable_arguments(data):
             problem = "init_capacity"
         elif var_type == "hybrid":
             max_cap = cfg.get("max_capacity", init_cap)
+            if "init_capacity" not in cfg and isinstance(max_cap, int) and max_cap > 0 \
+                    and max_cap & (max_cap - 1) == 0:
+                init_cap = min(init_cap, max_cap)  # a bound alone below the default start
             pow2 = [x > 0 and x & (x - 1) == 0 for x in (init_cap, max_cap)]
             if not pow2[0]:
                 problem = "init_capacity"
