@@ -56,6 +56,7 @@ import contextlib
 import datetime
 import gc
 import hashlib
+import importlib
 import json
 import os
 import shutil
@@ -656,8 +657,9 @@ def _refresh_fingerprint(export_dir):
         return
     os.remove(path)
     try:
-        from tensorflow.python.saved_model import fingerprinting_utils
-        fingerprinting_utils.write_fingerprint(export_dir)
+        # TensorFlow's own writer (2.12 and up; by name: TF 1.15 has none).
+        importlib.import_module(
+            "tensorflow.python.saved_model.fingerprinting_utils").write_fingerprint(export_dir)
     except Exception:  # pylint: disable=broad-except
         # No fingerprint is better than one of other variables; a loader
         # that finds none (an export of before TF 2.12) still loads it.
