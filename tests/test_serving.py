@@ -2486,3 +2486,20 @@ def test_a_models_dynamic_find_is_served(tmp_path):
     served = tf.saved_model.load(str(tmp_path / "export"))
     np.testing.assert_array_equal(served.serve(ids).numpy(), want)
     assert sorted(sok.export(table)[0].numpy().tolist()) == [3, 2 ** 40]
+
+
+def test_a_lookup_of_a_table_whose_keys_and_index_never_agree_fails_naming_it():
+    """A delta stopped between its two assigns (or a lookup compiled with
+    XLA, which reads each variable once) leaves keys and index of two
+    lengths: the lookup's re-reads are bounded and end in an error naming
+    the table, where they spun for ever. A whole delta is read as usual."""
+    from sok_graph.serving import tables as serving_tables
+
+    table = serving_tables.DynamicTable("user", tf.int64, 2)
+    table.apply_delta(tf.constant([3, 1], tf.int64), tf.constant([[3.0, 3.0], [1.0, 1.0]]))
+    np.testing.assert_array_equal(table.lookup(tf.constant([1, 2, 3], tf.int64)).numpy(),
+                                  [[1.0, 1.0], [0.0, 0.0], [3.0, 3.0]])
+    table.keys.assign(tf.constant([1, 3, 5], tf.int64))  # the index was not assigned
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match="sok serving table 'user': its keys and index did not agree"):
+        table.lookup(tf.constant([1], tf.int64))

@@ -113,7 +113,6 @@ def _named(variables):
                 f"the order the model read them in: pass a dict {{serving name: table}}, or give "
                 f"the tables distinct names")
         out[name] = v
-    _refuse_namesakes(out)
     return out
 
 
@@ -256,11 +255,16 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
     # before any table is read. With it, every worker's clock reading: the
     # earliest is `created` (serving/collective.py says why).
     failed = None
-    if rank == 0:
-        try:
+    try:
+        # Each worker's own: which tables live in its process. Agreed on
+        # like rank 0's refusal, so that a worker refusing does not leave
+        # the others waiting for it in the gathers.
+        if not isinstance(variables, dict):
+            _refuse_namesakes(tables)
+        if rank == 0:
             _refuse_taken(delta_dir)
-        except FileExistsError as e:
-            failed = e
+    except (FileExistsError, ValueError) as e:
+        failed = e
     created, failures = collective.agree(comm, eager, reading=collective.now_micros(),
                                          error=failed)
     collective.raise_shared(comm, failed, failures, "export_serving_delta", _FAILURES)

@@ -332,15 +332,26 @@ class DynamicTable(tf.Module):
         state's index of the same length: no key was added between, and that
         index is the later state's, for the same keys); a pair of two
         lengths is read again."""
-        def read():
-            return tf.convert_to_tensor(self.keys), tf.convert_to_tensor(self.index)
+        def read():  # a list, as the loop's variables (eagerly, a tuple failed the loop)
+            return [tf.convert_to_tensor(self.keys), tf.convert_to_tensor(self.index)]
 
         def mixed(keys, index):
             return tf.not_equal(tf.size(keys), tf.size(index))
 
         keys, index = read()
-        return tf.while_loop(mixed, lambda keys, index: read(), [keys, index],
-                             shape_invariants=[tf.TensorShape([None])] * 2)
+        # Bounded: under XLA (which reads each variable once) or after a
+        # delta that stopped between its two assigns, the lengths never
+        # agree, and the lookup fails naming the table rather than spinning.
+        keys, index = tf.while_loop(mixed, lambda keys, index: read(), [keys, index],
+                                    shape_invariants=[tf.TensorShape([None])] * 2,
+                                    maximum_iterations=1000)
+        check = tf.debugging.assert_equal(
+            tf.size(keys), tf.size(index),
+            message=f"sok serving table '{self.table_name}': its keys and index did not "
+                    f"agree in 1000 reads (a delta stopped halfway, or the lookup runs "
+                    f"under XLA, which reads each variable once): reload the model")
+        with tf.control_dependencies([check]):
+            return tf.identity(keys), tf.identity(index)
 
     def find(self, keys, default_value=None):
         """(rows [n, dim], found [n]) of keys [n], as DynamicVariable.find
