@@ -460,14 +460,18 @@ class DynamicTable(tf.Module):
         # written against one kind fails the same way on the other.
         checks = [tf.debugging.assert_non_negative(offset, message="offset must be >= 0"),
                   tf.debugging.assert_positive(limit, message="limit must be >= 1")]
+        # Keys, index and their count of one state (_held), as a lookup
+        # reads them: a delta applied meanwhile paired keys with other keys'
+        # rows.
+        held_keys, index = self._held()
         with tf.control_dependencies(checks):
-            left = tf.maximum(self.row_count() - offset, 0)
+            left = tf.maximum(tf.size(held_keys, out_type=tf.int64) - offset, 0)
             end = offset + tf.minimum(limit, left)  # no offset + limit: it may overflow
         positions = tf.range(offset, end, dtype=tf.int64)
-        keys = tf.gather(self.keys, positions)
+        keys = tf.gather(held_keys, positions)
         # index maps a key's position to its row (rows are appended as keys
         # arrive, not kept in key order).
-        rows = tf.gather(self.rows, tf.gather(self.index, positions))
+        rows = tf.gather(self.rows, tf.gather(index, positions))
         return keys, rows, end
 
 
