@@ -236,7 +236,8 @@ def checked_path(path, what="path"):
     return path
 
 
-def _var_name(var):
+def var_name(var):
+    """A table's name without TensorFlow's ":0" suffix (eager static tables)."""
     name = var.name[:-2] if var.name.endswith(":0") else var.name
     return name
 
@@ -308,7 +309,7 @@ def check_float_table(var, what):
     truncating (0.5 became 0, 1e10 became -2^31, any nonzero True)."""
     dtype = tf.as_dtype(var.dtype).base_dtype
     if dtype.name not in _FLOATS:
-        raise TypeError(f"{what}: variable '{_var_name(var)}' has {dtype.name} rows; sok.dump, "
+        raise TypeError(f"{what}: variable '{var_name(var)}' has {dtype.name} rows; sok.dump, "
                         f"sok.load and the Saver take tables of {', '.join(_FLOATS)} rows")
 
 
@@ -329,8 +330,8 @@ def _check_vars(variables, what):
                             f"{type(v).__name__}")
         check_float_table(v, what)
         if any(v is seen for seen in names.values()):
-            raise ValueError(f"{what} holds variable '{_var_name(v)}' twice")
-        base = name = _var_name(v)
+            raise ValueError(f"{what} holds variable '{var_name(v)}' twice")
+        base = name = var_name(v)
         k = 0
         while name in names:
             k += 1
@@ -345,7 +346,7 @@ def _named_alike(variables):
     their places in the list."""
     groups = {}
     for name, var in variables.items():
-        groups.setdefault(_var_name(var), []).append(name)
+        groups.setdefault(var_name(var), []).append(name)
     return {base: names for base, names in groups.items() if len(names) > 1}
 
 
@@ -372,6 +373,14 @@ def _check_named_alike(manifest, names, source):
                 f"them, in the order they were dumped, or give the tables distinct names")
 
 
+def table_arrays(var):
+    """numpy arrays of one table as a dump holds them (keys sorted, rows,
+    per-key metadata, admission counts; no slots), on this process: every
+    worker's rows where the workers are replicas of this process, and with
+    worker processes every worker must call it (an allgather)."""
+    return _export(var, None)
+
+
 def _slot_specs(optimizer):
     return optimizer.slot_specs() if optimizer is not None else []
 
@@ -396,16 +405,16 @@ def _export(var, optimizer):
                  for k, t in fetch.items()}
     out = _run(fetch)
     counts = {k: np.asarray(out.pop(k)) for k in _FILTER_PARTS if k in out}
-    calls = out.pop(_FILTER_CALLS, None)
+    calls = out.pop(FILTER_CALLS, None)
     order = np.argsort(out["keys"], kind="stable")
     arrays = {k: np.asarray(v)[order] for k, v in out.items()}
     if counts:
         arrays.update(_merged_counts(counts["filter.keys"], counts["filter.counts"]))
-        arrays[_FILTER_KIND] = shards[0].admission.description()
+        arrays[FILTER_KIND] = shards[0].admission.description()
     if calls is not None:
         # One counter per shard, each counting the calls of its own reads
         # (every worker's shard is read once a step): the most of them.
-        arrays[_FILTER_CALLS] = int(np.max(calls))
+        arrays[FILTER_CALLS] = int(np.max(calls))
     return arrays
 
 
@@ -413,11 +422,11 @@ def _export(var, optimizer):
 # and their counts, in arrays of their own length.
 _FILTER_PARTS = ("filter.keys", "filter.counts")
 # The filter those counts belong to (a dict, written into the manifest).
-_FILTER_KIND = "filter"
+FILTER_KIND = "filter"
 # A drawing filter's call counter (an int, written into the manifest).
-_FILTER_CALLS = "filter_calls"
+FILTER_CALLS = "filter_calls"
 # Parts of a variable's arrays that are no file of the dump.
-_MANIFEST_PARTS = (_FILTER_KIND, _FILTER_CALLS)
+_MANIFEST_PARTS = (FILTER_KIND, FILTER_CALLS)
 
 
 def _merged_counts(entries, counts):
@@ -440,7 +449,7 @@ def _shard_tensors(var, optimizer):
     if admission is not None and admission.counting:
         fetch["filter.keys"], fetch["filter.counts"] = admission.export()
     if admission is not None and admission.draws:
-        fetch[_FILTER_CALLS] = admission.calls()
+        fetch[FILTER_CALLS] = admission.calls()
     if optimizer is not None and optimizer.has_slots(var):
         for name, init in _slot_specs(optimizer):
             fetch["slot." + name] = var.read_slot(optimizer.get_slot(var, name), keys, init)
@@ -627,9 +636,9 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
             }
             if "filter.keys" in arrays:
                 manifest["variables"][name]["filter"] = dict(
-                    arrays[_FILTER_KIND], rows=int(np.shape(arrays["filter.keys"])[0]))
-            if _FILTER_CALLS in arrays:
-                manifest["variables"][name][_FILTER_CALLS] = int(arrays[_FILTER_CALLS])
+                    arrays[FILTER_KIND], rows=int(np.shape(arrays["filter.keys"])[0]))
+            if FILTER_CALLS in arrays:
+                manifest["variables"][name][FILTER_CALLS] = int(arrays[FILTER_CALLS])
         if optimizer_entry is not None:
             manifest["optimizer"] = optimizer_entry
         if named_alike:
@@ -892,7 +901,20 @@ def load(path, load_vars, optimizer=None):
             directory, dims, static_rows, slot_names=[n for n, _ in slots],
             algorithm=None if optimizer is None else optimizer.algorithm,
             formulas=None if optimizer is None else optimizer.slot_formulas,
-            names={name: _var_name(var) for name, var in variables.items()})
+            names={name: var_name(var) for name, var in variables.items()})
+    step = None if optimizer is None else manifest["optimizer"]["step"]
+    restore(variables, loaded, source, optimizer, step)
+
+
+def restore(variables, loaded, source, optimizer=None, step=None):
+    """Gives each table of `variables` ({name: table}) the rows of
+    `loaded[name]` (arrays as read_dump or table_arrays give them, their
+    keys sorted) and, with `optimizer`, its slots and `step`; refusals
+    name `source`. Every check runs before any table changes, and a
+    failure while replacing puts back the tables already replaced.
+    sok.load and Keras weights files (tables/keras_weights.py) share it."""
+    slots = _slot_specs(optimizer)
+    first = {name: replica_shards.shards_of(var)[0] for name, var in variables.items()}
     for name, var in first.items():
         _as_table_dtype(loaded[name], var, f"variable '{name}'", source)
     _check_fits(variables, loaded, source)
@@ -932,15 +954,16 @@ def load(path, load_vars, optimizer=None):
             try:
                 _put_back(var, before, optimizer)
             except Exception as e:  # noqa: BLE001 (reported with the first failure)
-                unrestored.append(f"'{_var_name(var)}' ({type(e).__name__}: {e})")
+                unrestored.append(f"'{var_name(var)}' ({type(e).__name__}: {e})")
         if unrestored:
             raise CheckpointError(
-                f"sok.load failed ({type(failure).__name__}: {failure}) and putting back "
+                f"restoring from {source} failed ({type(failure).__name__}: {failure}) and "
+                f"putting back "
                 f"the tables it had replaced failed too for {', '.join(unrestored)}: those "
                 f"tables may hold the dump's rows") from failure
         raise
     if optimizer is not None:
-        ops.extend(optimizer.set_step(manifest["optimizer"]["step"]))
+        ops.extend(optimizer.set_step(step))
     if not tf.executing_eagerly():
         _run([op for op in ops if op is not None], feeds.feed_dict)
 
@@ -1008,7 +1031,7 @@ def _check_fits(variables, loaded, source):
         for var in replica_shards.shards_of(table):
             keys = loaded[name]["keys"][owned_mask(var, loaded[name]["keys"])]
             check_keys_fit(keys, var.key_dtype, f"variable '{name}'", source)
-            dumped = loaded[name].get(_FILTER_KIND)
+            dumped = loaded[name].get(FILTER_KIND)
             admission = var.admission
             if dumped is not None and admission is not None and admission.counting \
                     and dumped != admission.description():
@@ -1041,15 +1064,15 @@ def _put_back(var, before, optimizer):
         var.replace_slot(optimizer.get_slot(var, name), keys, before["slot." + name])
     if "filter.keys" in before:
         var.admission.restore(before["filter.keys"], before["filter.counts"])
-    if _FILTER_CALLS in before:
-        var.admission.restore_calls(before[_FILTER_CALLS][0])
+    if FILTER_CALLS in before:
+        var.admission.restore_calls(before[FILTER_CALLS][0])
 
 
 def _load_shard(var, a, optimizer, slots, feeds):
     """Assignments of the rows of dumped arrays `a` that shard `var` owns."""
     ops = []
     counts = {k: a[k] for k in _FILTER_PARTS if k in a}
-    calls = a.get(_FILTER_CALLS, 0)
+    calls = a.get(FILTER_CALLS, 0)
     # Each worker takes the rows it owns, whatever the dumping world size.
     keep = owned_mask(var, a["keys"])
     a = {k: v[keep] for k, v in a.items() if k not in _FILTER_PARTS + _MANIFEST_PARTS}
@@ -1175,13 +1198,13 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             if part in files:
                 arrays[part] = read(part, np.int64, 1, entry["filter"]["rows"])
         if "filter" in entry:
-            arrays[_FILTER_KIND] = {k: v for k, v in entry["filter"].items() if k != "rows"}
-        if _FILTER_CALLS in entry:
-            calls = entry[_FILTER_CALLS]
+            arrays[FILTER_KIND] = {k: v for k, v in entry["filter"].items() if k != "rows"}
+        if FILTER_CALLS in entry:
+            calls = entry[FILTER_CALLS]
             if isinstance(calls, bool) or not isinstance(calls, int) or calls < 0:
                 raise CheckpointError(f"{where}: variable '{name}': the manifest's "
-                                      f"{_FILTER_CALLS} must be an integer >= 0; got {calls!r}")
-            arrays[_FILTER_CALLS] = calls
+                                      f"{FILTER_CALLS} must be an integer >= 0; got {calls!r}")
+            arrays[FILTER_CALLS] = calls
         for slot in slot_names:
             fname = files.get("slot." + slot)
             if fname is None:
@@ -1189,34 +1212,40 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
             arrays["slot." + slot] = read("slot." + slot, rows_dtype("slot." + slot), dim, rows,
                                           fname)
         if name in static_rows:
-            keys, want = arrays["keys"], static_rows[name]
-            # Two messages: the one message for both said, of a dump of
-            # rows 0..3 loaded into a table of 5 rows, that its keys were
-            # not 0..3.
-            if rows != want:
-                raise CheckpointError(f"{where}: variable '{name}' has {want} rows; the dump "
-                                      f"holds {rows} rows: load it into a table of {rows} rows")
-            order = None if np.array_equal(keys, np.arange(rows)) else \
-                np.argsort(keys, kind="stable")
-            if order is not None and np.array_equal(keys[order], np.arange(rows)):
-                # Keys 0..rows-1 in another order (a dynamic table's dump,
-                # in its hash table's order, which differs between the CPU
-                # and the GPU): row k is key k's, on every device alike.
-                for part in ("keys", "values", "timestamps", "frequencies") + tuple(
-                        "slot." + slot for slot in slot_names):
-                    if part in arrays:
-                        arrays[part] = arrays[part][order]
-                keys = arrays["keys"]
-            if not np.array_equal(keys, np.arange(rows)):
-                first = int(np.flatnonzero(keys != np.arange(rows))[0])
-                raise CheckpointError(
-                    f"{where}: variable '{name}' is a static table of {want} rows, whose keys "
-                    f"are its "
-                    f"row numbers 0..{want - 1}; the dump holds key {int(keys[first])} where "
-                    f"row {first} belongs (a dynamic table's dump?): load it into a "
-                    f"sok.DynamicVariable")
+            in_row_order(arrays, name, static_rows[name], where)
         loaded[name] = arrays
     return manifest, loaded
+
+
+def in_row_order(arrays, name, want, where, holder="the dump"):
+    """Puts the arrays of static table `name` (`want` rows) in row order, in
+    place; a CheckpointError naming `where` (and the arrays as `holder`)
+    unless their keys are that table's row numbers 0..want-1."""
+    keys, rows = arrays["keys"], len(arrays["keys"])
+    # Two messages: the one message for both said, of a dump of
+    # rows 0..3 loaded into a table of 5 rows, that its keys were
+    # not 0..3.
+    if rows != want:
+        raise CheckpointError(f"{where}: variable '{name}' has {want} rows; {holder} "
+                              f"holds {rows} rows: load it into a table of {rows} rows")
+    order = None if np.array_equal(keys, np.arange(rows)) else \
+        np.argsort(keys, kind="stable")
+    if order is not None and np.array_equal(keys[order], np.arange(rows)):
+        # Keys 0..rows-1 in another order (a dynamic table's dump,
+        # in its hash table's order, which differs between the CPU
+        # and the GPU): row k is key k's, on every device alike.
+        for part in ("keys", "values", "timestamps", "frequencies") + tuple(
+                p for p in arrays if p.startswith("slot.")):
+            if part in arrays:
+                arrays[part] = arrays[part][order]
+        keys = arrays["keys"]
+    if not np.array_equal(keys, np.arange(rows)):
+        first = int(np.flatnonzero(keys != np.arange(rows))[0])
+        raise CheckpointError(
+            f"{where}: variable '{name}' is a static table of {want} rows, whose keys "
+            f"are its row numbers 0..{want - 1}; {holder} holds key {int(keys[first])} "
+            f"where row {first} belongs (a dynamic table's rows?): load it into a "
+            f"sok.DynamicVariable")
 
 
 def incremental_model_dump(sok_vars, time_threshold, sess=None):

@@ -23,6 +23,21 @@ def _keras_version():
 KERAS_MAJOR_VERSION = _keras_version()
 
 
+def keras_saveable_class():
+    """The base of what Keras 3's weights files save (model.save_weights,
+    model.save, ModelCheckpoint): an object a layer holds as an attribute
+    is saved only when it is one (tables/keras_weights.py). `object` where
+    this Keras has none: Keras 2 and TF 1.x, whose files save tf.Variables
+    on their own, and Keras 3 releases before 3.4."""
+    if KERAS_MAJOR_VERSION < 3:
+        return object
+    try:
+        from keras.src.saving.keras_saveable import KerasSaveable
+    except ImportError:  # pragma: no cover - Keras 3.0 to 3.3
+        return object
+    return KerasSaveable
+
+
 def keras_optimizer_classes():
     """Base classes of every Keras optimizer this TensorFlow can create."""
     classes = []

@@ -56,6 +56,7 @@ import tensorflow as tf
 from sok_graph import compat, context, placement
 from sok_graph.tables import (admission, register, repeated_key_checks, replica_shards,
                               rows_of_dtype, DYNAMIC)
+from sok_graph.tables.keras_weights import KerasWeights
 from sok_graph import initializers
 from sok_graph.initializers import table_spec
 from sok_graph.ops import dynamic as dynamic_ops
@@ -97,7 +98,26 @@ def _no_dense_value(method):
 
 # tf.Variable is VariableV1 on TF 1.x, Variable on TF 2.x: the class that
 # isinstance(v, tf.Variable) asks about on each.
-class DynamicVariable(tf.Variable, compat.native_object_class()):
+class _TableRefs:
+    """The tables a table links to (its shadows), in the order linked. Not
+    a list: Keras 3's weights files save every table they find in a list,
+    tuple or dict attribute of a table they save (tables/keras_weights.py),
+    and an optimizer's slot tables are no weights of the model."""
+
+    def __init__(self):
+        self._tables = []
+
+    def append(self, table):
+        self._tables.append(table)
+
+    def __iter__(self):
+        return iter(self._tables)
+
+    def __len__(self):
+        return len(self._tables)
+
+
+class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     """``DynamicVariable(dimension, initializer=None, var_type=None, name=None,
     constraint=None, trainable=True, key_type=None, dtype=None, mode=None,
     **table_config)``
@@ -231,7 +251,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         # Tables keyed like this one (optimizer slots) that drop the keys this
         # table evicts or removes (add_shadow), so a key that comes back
         # starts afresh in all.
-        self._shadows = []
+        self._shadows = _TableRefs()
         # Weak references to the tables this one shadows (add_shadow).
         self._shadow_of = []
         self._in_graph_mode = not tf.executing_eagerly()
@@ -994,7 +1014,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class()):
         """Empties the table, its shadow tables (the optimizer's slots) and
         its admission filter's counts: a key that comes back starts afresh
         in all of them (it came back with its old Adam moments)."""
-        ops = [dynamic_ops.clear(t.handle) for t in [self] + self._shadows]
+        ops = [dynamic_ops.clear(t.handle) for t in [self, *self._shadows]]
         if self._admission is not None:
             ops.append(self._admission.clear())
         return tf.group(ops)

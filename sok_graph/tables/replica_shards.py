@@ -22,6 +22,7 @@ import tensorflow as tf
 from sok_graph import compat, context
 from sok_graph.tables import register
 from sok_graph.communication.replicas import building_rank
+from sok_graph.tables.keras_weights import KerasWeights, hold_for_keras
 
 
 def replicates(communicator):
@@ -69,7 +70,7 @@ def in_replica():
 compat.accept_resource_like_gradient_sources()
 
 
-class ReplicaShards(compat.trackable_base_class()):
+class ReplicaShards(compat.trackable_base_class(), KerasWeights):
     """A sok table whose shard r lives on replica r of this process (see the
     module docstring). `shards` lists them in replica order."""
 
@@ -83,6 +84,8 @@ class ReplicaShards(compat.trackable_base_class()):
         for rank, shard in enumerate(self._shards):
             # tf.train.Checkpoint saves and restores every shard.
             self._track_trackable(shard, name=f"replica_{rank}")
+            # A Keras weights file holds this table whole, not each shard.
+            hold_for_keras(shard, self)
         register(self)
 
     @property

@@ -20,6 +20,7 @@ from sok_graph import compat, context, placement
 from sok_graph.tables import register, repeated_key_checks, replica_shards, rows_of_dtype, STATIC
 from sok_graph.initializers import static_initializer
 from sok_graph.tables.dynamic import scope_name
+from sok_graph.tables.keras_weights import KerasWeights
 
 _ResourceVariable = compat.resource_variable_class()
 
@@ -97,7 +98,7 @@ def _shard_from_initializer(kwargs, where):
     return shape, rows
 
 
-class Variable(_ResourceVariable):
+class Variable(_ResourceVariable, KerasWeights):
     """A sok embedding table: ``Variable(initial_value, mode="distributed", **tf.Variable kwargs)``.
 
     initial_value: [rows, dim] of the whole table (or a callable giving it).

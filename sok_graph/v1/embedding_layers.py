@@ -31,6 +31,7 @@ from sok_graph import compat, context
 from sok_graph.initializers import initializer_spec, own_seed, static_initializer
 from sok_graph.tables.static import Variable
 from sok_graph.tables.dynamic import DynamicVariable
+from sok_graph.tables.keras_weights import hold_for_keras
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import lookup as lookup_ops
@@ -157,6 +158,8 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
                 initial = self._initial_rows(rows)
             self.embedding_variable = Variable(initial, mode="distributed",
                                                name=f"{self.name}_table")
+        # The layer saves its table in Keras weights files (save_own_variables).
+        hold_for_keras(self.embedding_variable, self)
         _layers_by_name[self.name] = self
         if not tf.executing_eagerly():
             tf.compat.v1.add_to_collection(GraphKeys.SparseOperationKitEmbeddingLayers, self)

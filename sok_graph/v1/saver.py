@@ -50,7 +50,7 @@ from sok_graph.tables import (dimension_of, is_dynamic, kind_of, replica_shards,
                                rows_from_user)
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import (_ASIDE, _SIBLING_SUFFIX, _TMP, CheckpointError, _file_stem,
-                                 _var_name, check_float_table, check_keys_fit, checked_path, dumped_names,
+                                 var_name, check_float_table, check_keys_fit, checked_path, dumped_names,
                                  name_max, read_dump, refuse_long_name, rows_as, table_stem,
                                  unreadable_manifest, write_dump)
 
@@ -116,7 +116,7 @@ def _entry(var):
     and with several workers the shard (rank, number of workers), so the
     workers' shards of one table never share files."""
     world_size, rank, _ = var.placement
-    stem = table_stem(_var_name(var))
+    stem = table_stem(var_name(var))
     return stem if world_size == 1 else f"{stem}.shard-{rank}-of-{world_size}"
 
 
@@ -127,7 +127,7 @@ def _refuse_a_newer_dump_of_other_workers(var, path, entry):
     restore read the older files without a word (a one-worker restore took
     the rows of the dump before the two-worker job trained)."""
     world_size = var.placement[0]
-    stem = table_stem(_var_name(var))
+    stem = table_stem(var_name(var))
     mine = os.path.getmtime(os.path.join(path, entry))
     pattern = re.compile(re.escape(stem) + r"(?:\.shard-\d+-of-(\d+))?\Z")
     newer = []
@@ -140,7 +140,7 @@ def _refuse_a_newer_dump_of_other_workers(var, path, entry):
             newer.append(name)
     if newer:
         raise CheckpointError(
-            f"{path} holds a dump of {_var_name(var)!r} made by {world_size} worker(s) "
+            f"{path} holds a dump of {var_name(var)!r} made by {world_size} worker(s) "
             f"({entry!r}) and newer ones made by another number of workers ({sorted(newer)}); "
             f"restoring would read the older rows: restore with the job's number of workers "
             f"that wrote the newer dump, or remove the dump not wanted")
@@ -157,7 +157,7 @@ def _check_name_length(var, entry, directory):
     tensor, fed when the graph runs: that of "/"): the table's directory in
     filepath (with the suffix of the copies a dump writes beside it) or its
     files."""
-    name = _var_name(var)
+    name = var_name(var)
     limit = name_max(directory) if isinstance(directory, str) else name_max("/")
     refuse_long_name(name, entry, len(os.fsencode(entry)) + _SIBLING_SUFFIX, limit,
                      "the Saver's directory",
@@ -178,7 +178,7 @@ def _refuse_a_copys_name(var, entry):
         found = re.search(pattern.pattern + r"\Z", entry)
         if found is not None:
             raise ValueError(
-                f"Saver.dump_to_file: variable {_var_name(var)!r} would be kept in the "
+                f"Saver.dump_to_file: variable {var_name(var)!r} would be kept in the "
                 f"directory {entry!r}, which is named as the copies a dump of the table "
                 f"{entry[:found.start()]!r} makes beside its own directory (and deletes): "
                 f"give the variable a name that does not end in {found.group(0)!r}")
@@ -316,7 +316,7 @@ def _refuse_more_rows_than_held(var, n):
         limit = int(shard.row_limit())
         if 0 < limit < owned:
             raise ValueError(
-                f"load_embedding_values: table '{_var_name(shard)}' holds at most {limit} rows "
+                f"load_embedding_values: table '{var_name(shard)}' holds at most {limit} rows "
                 f"(its max_capacity{' on this worker' if shard.placement[0] > 1 else ''}); "
                 f"tensors give "
                 f"it {owned}: raise max_capacity or load fewer rows")
@@ -332,7 +332,7 @@ class Saver:
         # One shard: that of the replica being built (inside strategy.run).
         var = replica_shards.resolve(embedding_variable, "Saver.dump_to_file")
         directory = _directory(filepath, "dump_to_file")
-        kind, name, entry = kind_of(var), _var_name(var), _entry(var)
+        kind, name, entry = kind_of(var), var_name(var), _entry(var)
         _check_name_length(var, entry, directory)
         _refuse_a_copys_name(var, entry)
 
@@ -371,7 +371,7 @@ class Saver:
         # One shard: that of the replica being built (inside strategy.run).
         var = replica_shards.resolve(embedding_variable, "Saver.restore_from_file")
         directory = _directory(filepath, "restore_from_file")
-        dim, name, entry = dimension_of(var), _var_name(var), _entry(var)
+        dim, name, entry = dimension_of(var), var_name(var), _entry(var)
         # A table of fixed rows holds exactly the shard's rows, numbered 0..n-1.
         fixed = var.fixed_rows
         shard_rows = None if fixed is None else placement.shard_rows(fixed, *var.placement)

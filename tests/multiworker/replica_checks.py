@@ -163,6 +163,7 @@ def main():
                                   np.arange(20, dtype=np.float32).reshape(10, 2))
     assert [int(shard.size[0]) for shard in dynamic.shards] == sizes
     _check_checkpoint_holds_every_shards_optimizer_slots(sok, strategy, table, dynamic, keys)
+    _check_keras_weights_file_holds_each_table_once(sok, table, dynamic)
     _check_shards_share_one_seed(sok, strategy, n)
     print("OK", flush=True)
 
@@ -215,6 +216,45 @@ def _check_checkpoint_holds_every_shards_optimizer_slots(sok, strategy, table, d
     assert len(got) == len(want)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
+
+
+def _check_keras_weights_file_holds_each_table_once(sok, table, dynamic):
+    """A Keras 3 model holding tables sharded over the replicas saves each
+    whole, once (not each shard again), and load_weights gives every shard
+    its rows back (tests/test_keras_weights.py has the rest)."""
+    import tempfile
+
+    import h5py
+    import tensorflow as tf
+    from sok_graph.compat.keras import keras_saveable_class
+
+    if keras_saveable_class() is object:
+        return  # Keras 2 and TF 1.x save tf.Variables themselves
+    import keras
+
+    def tables(t):
+        keys, rows = (np.asarray(x) for x in sok.export(t))
+        return keys[np.argsort(keys)], rows[np.argsort(keys)]
+
+    holder = keras.Model()
+    holder.table, holder.dynamic = table, dynamic
+    holder.built = True  # nothing to build: it only holds the tables
+    want = [tables(table), tables(dynamic)]
+    path = os.path.join(tempfile.mkdtemp(), "m.weights.h5")
+    holder.save_weights(path)
+    with h5py.File(path, "r") as f:
+        groups = []
+        f.visit(groups.append)
+    assert sorted(g for g in groups if g.endswith("/keys")) == \
+        ["dynamic/vars/keys", "table/vars/keys"], groups
+    for shard in table.shards:
+        shard.assign(tf.zeros_like(shard))
+    for shard in dynamic.shards:
+        shard.clear()
+    holder.load_weights(path)
+    for got, kept in zip([tables(table), tables(dynamic)], want):
+        for g, k in zip(got, kept):
+            np.testing.assert_array_equal(g, k)
 
 
 def _check_shards_share_one_seed(sok, strategy, n):

@@ -1,0 +1,148 @@
+"""sok tables a Keras 3 model holds as attributes, in its weights files
+(model.save_weights, model.save, what ModelCheckpoint writes): Keras 3
+left them out and load_weights restored the dense layers only, without a
+word. Refusals are ValueErrors (sok's CheckpointError, or the ValueError
+in which recent Keras 3 releases gather load errors, quoting them). Each table is compared with the table that was saved, key by key, by
+sok.export (and the model's outputs with the saved model's)."""
+
+import h5py
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import sok_graph as sok
+from sok_graph.compat.keras import keras_saveable_class
+
+pytestmark = pytest.mark.skipif(
+    keras_saveable_class() is object,
+    reason="Keras 3's weights files (Keras 2 and TF 1.x save tf.Variables themselves: a "
+           "static table's rows, and a NoDenseValueError for a dynamic one)")
+
+IDS = tf.ragged.constant([[1, 2, 2], [3], [1, 9]], tf.int64)
+
+
+def _model(kind, dim=4, **table):
+    """A subclassed Keras model whose embedding is one sok table."""
+    import keras
+
+    class Model(keras.Model):
+        def __init__(self):
+            super().__init__()
+            if kind == "static":
+                self.table = sok.Variable(tf.random.normal([10, dim], seed=None), name="t")
+            else:
+                self.table = sok.DynamicVariable(dim, name="t", **table)
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, ids):
+            emb = sok.lookup_sparse(self.table, ids, combiners="sum")
+            return self.dense(tf.reduce_sum(emb, axis=1, keepdims=True))
+
+    return Model()
+
+
+def _table(model):
+    keys, rows = (np.asarray(t) for t in sok.export(model.table))
+    order = np.argsort(keys)
+    return keys[order], rows[order]
+
+
+def _train(model, steps=2):
+    """Adam under OptimizerScope: the table gets slot tables (kept out of
+    the file: a weights file holds no optimizer state)."""
+    opt = tf.keras.optimizers.Adam(0.1)
+    for _ in range(steps):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(tf.square(model(IDS)))
+        variables = [model.table] + model.dense.trainable_variables
+        grads = tape.gradient(loss, variables)
+        with sok.OptimizerScope([model.table]):
+            opt.apply_gradients(zip(grads, variables))
+
+
+KINDS = {
+    "static": {},
+    "dynamic": {},
+    "hybrid_lfu": dict(var_type="hybrid", max_capacity=64, evict_strategy="lfu"),
+    "min_count": dict(var_type="hybrid", max_capacity=64, min_count=2),
+}
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("suffix", [".weights.h5", ".keras"])
+def test_a_models_table_goes_in_its_keras_weights_file(tmp_path, kind, suffix):
+    sok.init(comm_tool="none")
+    saved, fresh = _model(kind, **KINDS[kind]), _model(kind, **KINDS[kind])
+    _train(saved)
+    if kind == "min_count":
+        # Key 9 seen once (not admitted yet): its count must come back too.
+        saved(tf.ragged.constant([[9, 11]], tf.int64))
+    fresh(tf.ragged.constant([[5, 7, 8]], tf.int64))  # other keys, to be dropped by the load
+    path = str(tmp_path / ("model" + suffix))
+    if suffix == ".keras":
+        saved.save(path)
+    else:
+        saved.save_weights(path)
+        with h5py.File(path, "r") as f:
+            # The table and the dense layer, nothing of the optimizer's slots.
+            assert sorted(f.keys()) == ["dense", "table", "vars"], sorted(f.keys())
+            entries = sorted(f["table/vars"].keys())
+        want = {"static": ["keys", "values"],
+                "dynamic": ["frequencies", "keys", "timestamps", "values"],
+                "hybrid_lfu": ["frequencies", "keys", "timestamps", "values"],
+                "min_count": ["filter.counts", "filter.keys", "filter_json", "frequencies",
+                              "keys", "timestamps", "values"]}[kind]
+        assert entries == want
+    fresh.load_weights(path)
+    for got, kept in zip(_table(fresh), _table(saved)):
+        np.testing.assert_array_equal(got, kept)
+    if kind != "static":
+        assert 5 not in _table(fresh)[0]
+    np.testing.assert_array_equal(fresh(IDS).numpy(), saved(IDS).numpy())
+    if kind == "min_count":
+        # Key 9's second sighting admits it in both; 11 was seen once in both.
+        second = tf.ragged.constant([[9]], tf.int64)
+        saved(second), fresh(second)
+        for got, kept in zip(_table(fresh), _table(saved)):
+            np.testing.assert_array_equal(got, kept)
+        assert 9 in _table(fresh)[0] and 11 not in _table(fresh)[0]
+
+
+def test_a_file_without_the_tables_entry_is_refused_naming_it(tmp_path):
+    sok.init(comm_tool="none")
+    saved, fresh = _model("dynamic"), _model("dynamic")
+    saved(IDS), fresh(IDS)
+    path = str(tmp_path / "model.weights.h5")
+    saved.save_weights(path)
+    with h5py.File(path, "a") as f:  # a file from before tables were saved
+        for part in list(f["table/vars"].keys()):
+            del f["table/vars"][part]
+    before = _table(fresh)
+    with pytest.raises(ValueError, match=r"entry for sok table 't' holds \[\], not the "
+                                              r"table's keys and values"):
+        fresh.load_weights(path)
+    for got, kept in zip(_table(fresh), before):
+        np.testing.assert_array_equal(got, kept)
+
+
+def test_rows_that_do_not_fit_the_table_are_refused_before_it_changes(tmp_path):
+    sok.init(comm_tool="none")
+    saved = _model("dynamic")
+    saved(tf.ragged.constant([[1, 2, 3, 4, 5, 6]], tf.int64))
+    path = str(tmp_path / "model.weights.h5")
+    saved.save_weights(path)
+    wider = _model("dynamic", dim=8)
+    wider(IDS)
+    with pytest.raises(ValueError, match="rows of dimension 4; the table has dimension 8"):
+        wider.load_weights(path)
+    small = _model("dynamic", var_type="hybrid", max_capacity=4)
+    small(IDS)
+    before = _table(small)
+    with pytest.raises(ValueError, match="holds at most 4 rows"):
+        small.load_weights(path)
+    for got, kept in zip(_table(small), before):
+        np.testing.assert_array_equal(got, kept)
+    static = _model("static")
+    static(IDS)
+    with pytest.raises(ValueError, match="variable 't' has 10 rows; the file holds 6 rows"):
+        static.load_weights(path)
