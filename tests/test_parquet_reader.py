@@ -592,6 +592,16 @@ def test_values_the_batch_cannot_hold_are_refused(tmp_path):
     pq.write_table(pa.table({"ids": pa.array([[1], [2 ** 63 - 1]], pa.list_(pa.uint64())),
                              "label": pa.array([0.0, 1.0])}), fine)
     assert [b["ids"].tolist() for b in ParquetReader(fine, 2, ["ids"])] == [[1, 2 ** 63 - 1]]
+    # The same id in a batch spanning a file of int32 ids: the columns cast
+    # to one type wrapped it around to a negative id.
+    small = str(tmp_path / "i32.parquet")
+    pq.write_table(pa.table({"ids": pa.array([[1, 2], [3]], pa.list_(pa.int32())),
+                             "label": pa.array([0.0, 1.0])}), small)
+    with pytest.raises(ValueError, match=re.escape(f"column 'ids' holds the id {2 ** 64 - 1}, "
+                                                   f"beyond int64")):
+        list(ParquetReader([small, path], 3, ["ids"]))
+    assert [b["ids"].tolist() for b in ParquetReader([small, fine], 4, ["ids"])] == \
+        [[1, 2, 3, 1, 2 ** 63 - 1]]
 
     path = str(tmp_path / "big.parquet")
     pq.write_table(pa.table({"ids": pa.array([[1], [2]]), "x": pa.array([1.5, 1e300]),

@@ -23,9 +23,15 @@ import threading
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 (pa.compute)
 import pyarrow.parquet as pq
 
 _DONE = object()
+
+
+def _refuse_beyond_int64(column, value):
+    raise ValueError(f"column '{column}' holds the id {value}, beyond int64 (ids must be "
+                     f"< 2**63)")
 
 
 class ParquetReader:
@@ -272,6 +278,13 @@ class ParquetReader:
         ragged = set(self.ragged_columns)
 
         def common(t):
+            for f in t.schema:
+                # The cast below wraps uint64 ids of 2**63 or more around to
+                # negative ids, where _convert would have refused them.
+                if f.name in ragged and getattr(f.type, "value_type", None) == pa.uint64():
+                    top = pa.compute.max(pa.compute.list_flatten(t.column(f.name))).as_py()
+                    if top is not None and top >= 1 << 63:
+                        _refuse_beyond_int64(f.name, top)
             return t.cast(pa.schema([pa.field(f.name, pa.list_(pa.int64()) if f.name in ragged
                                               else pa.float64()) for f in t.schema]),
                           safe=False)
@@ -291,8 +304,7 @@ class ParquetReader:
             ids = values[first:offsets[-1]]
             if ids.dtype == np.uint64 and len(ids) and ids.max() >= np.uint64(1 << 63):
                 # astype(int64) made 2**64 - 1 the id -1.
-                raise ValueError(f"column '{name}' holds the id {int(ids.max())}, beyond int64 "
-                                 f"(ids must be < 2**63)")
+                _refuse_beyond_int64(name, int(ids.max()))
             out[name] = ids.astype(np.int64, copy=False)
             splits = offsets.astype(np.int64)
             if first:  # a batch that starts inside a row group
