@@ -408,6 +408,34 @@ def test_slots_of_keys_a_write_evicts_are_dropped(write, graph, writes_first):
     np.testing.assert_allclose(got, [[2.0, 2.0], [4.0, 4.0]])
 
 
+def test_a_clear_built_before_the_slots_empties_them():
+    """In a graph, a table's clear() op built before the optimizer made its
+    slot tables empties them too when it runs (it emptied only the slots
+    made before it was built, so a key that came back kept its old
+    accumulator: 3 + 1 where a fresh one gives 1 + 1)."""
+    from sok_graph.ops import dynamic as dynamic_ops
+
+    with tf.Graph().as_default():
+        v = sok.DynamicVariable(2, initializer="zeros")
+        clear = v.clear()
+        keys = tf.compat.v1.placeholder(tf.int64, [None])
+        opt = sok.OptimizerWrapper(V1.AdagradOptimizer(0.1, initial_accumulator_value=1.0))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v.sparse_read(keys))
+        train = opt.apply_gradients([(tape.gradient(loss, v), v)])
+        acc = opt.get_slot(v, "accumulator")
+        slot_keys = dynamic_ops.export(acc.handle, tf.int64, 2)[0]
+        found = acc.find(tf.constant([1], tf.int64))[0]
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            for _ in range(2):
+                sess.run(train, {keys: [1, 2]})
+            sess.run(clear)
+            assert sess.run(slot_keys).size == 0 and sess.run(v.size)[0] == 0
+            sess.run(train, {keys: [1]})
+            np.testing.assert_allclose(sess.run(found), [[2.0, 2.0]])
+
+
 def test_bad_optimizers():
     with pytest.raises(TypeError, match="must be a tf.compat.v1.train or Keras optimizer"):
         sok.OptimizerWrapper(object())

@@ -1013,8 +1013,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     def clear(self):
         """Empties the table, its shadow tables (the optimizer's slots) and
         its admission filter's counts: a key that comes back starts afresh
-        in all of them (it came back with its old Adam moments)."""
-        ops = [dynamic_ops.clear(t.handle) for t in [self, *self._shadows]]
+        in all of them (it came back with its old Adam moments). The op
+        empties the shadows linked when it runs, also those an optimizer
+        made after this op was built into a graph."""
+        ops = [dynamic_ops.clear(self._handle)]
         if self._admission is not None:
             ops.append(self._admission.clear())
         return tf.group(ops)

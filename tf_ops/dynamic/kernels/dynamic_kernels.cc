@@ -290,7 +290,7 @@ class ClearOp : public TableOpKernel {
   void Compute(OpKernelContext* ctx) override {
     Input in;
     OP_REQUIRES_OK(ctx, Read(ctx, false, &in));
-    OP_REQUIRES_OK(ctx, in.table->Clear(ctx));
+    OP_REQUIRES_OK(ctx, in.table->ClearWithShadows(ctx));
   }
 };
 

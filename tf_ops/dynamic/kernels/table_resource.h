@@ -116,6 +116,22 @@ class TableResource : public ::tensorflow::ResourceBase {
     ::tensorflow::mutex_lock lock(shadows_mu_);
     return !shadows_.empty();
   }
+  // SokDynamicTableClear: empties this table and its shadows (their own
+  // shadows keep their keys, as DropFromShadows leaves them), so a key that
+  // comes back starts afresh in all, however long after the shadows were
+  // linked the clear op was built. Each table is emptied under its own lock.
+  ::tensorflow::Status ClearWithShadows(::tensorflow::OpKernelContext* ctx) {
+    TF_RETURN_IF_ERROR(Clear(ctx));
+    std::vector<TableResource*> targets;
+    {
+      ::tensorflow::mutex_lock lock(shadows_mu_);
+      targets = shadows_;
+    }
+    for (TableResource* t : targets) {
+      TF_RETURN_IF_ERROR(t->Clear(ctx));
+    }
+    return OkStatus();
+  }
 
  protected:
   // Removes keys[0, n) (int64, in this table's memory: host memory for a

@@ -300,6 +300,7 @@ with scatter "update". slots: the algorithm's slot tables in its order
 (momentum 1, adagrad 1, adam 2: m, v, ftrl 2: accumulator, linear).
 )doc");
 
+// Empties the table and its shadows (SokDynamicTableAddShadow).
 REGISTER_OP("SokDynamicTableClear")
     .Input("table: resource")
     .SetIsStateful()
