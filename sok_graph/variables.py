@@ -7,8 +7,10 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 (the process holds them all) and assign needs a replica.
 """
 
+import numpy as np
 import tensorflow as tf
 
+from sok_graph import placement
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards, rows_from_user
 from sok_graph.tables.static import is_sok_variable
 
@@ -50,6 +52,7 @@ def assign(var, indices, values):
         raise ValueError(f"values for sok.assign must have shape [len(indices), {dim}] "
                          f"(indices has shape {indices.shape}); got shape {values.shape}")
     if is_dynamic(var):
+        indices = _owned_keys(var, indices)
         # Its slots drop a key the write evicted (see DynamicVariable._scatter).
         return var.scatter_update(indices, values)
     if not indices.dtype.is_integer:
@@ -71,6 +74,35 @@ def assign(var, indices, values):
         with tf.control_dependencies([check]):
             indices = tf.identity(indices)
     return var.scatter_update(tf.IndexedSlices(values, indices))
+
+
+def _owned_keys(var, keys):
+    """`keys` once a check that this worker owns each has passed (eagerly a
+    ValueError now, in a graph an assertion when it runs). A key another
+    worker owns went into this worker's shard, where no lookup reads it, and
+    a dump then held two rows of the key (one its load refused, on one
+    worker only)."""
+    world_size, rank, _ = var.placement
+    if world_size == 1 or not keys.dtype.is_integer:
+        return keys
+    owners = placement.owner_of(var, keys)
+    words = (f"sok.assign writes the shard of table '{var.name}' this worker holds (worker "
+             f"{rank} of {world_size}, which owns the keys k with k mod {world_size} == {rank}"
+             f", or every key of a table localized on it); assign each key on the worker "
+             f"that owns it. Got a key of worker")
+    if tf.executing_eagerly():
+        foreign = np.flatnonzero(owners.numpy() != rank)
+        if foreign.size:
+            first = int(foreign[0])
+            raise ValueError(f"{words} {int(owners[first])}: {int(keys[first])} at position "
+                             f"{first}")
+        return keys
+    foreign = tf.not_equal(owners, rank)
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(foreign)),
+                                [words, tf.boolean_mask(owners, foreign)[:1], "key",
+                                 tf.boolean_mask(keys, foreign)[:1]])
+    with tf.control_dependencies([check]):
+        return tf.identity(keys)
 
 
 def export(var):

@@ -151,6 +151,7 @@ def main():
         keys), combiners="sum")))
     sizes = [int(shard.size[0]) for shard in dynamic.shards]
     assert sizes == [int(np.sum(np.array([1, 2, 3, 7]) % n == r)) for r in range(n)], sizes
+    _check_assign_takes_only_the_replicas_own_keys(sok, strategy, n)
     checkpoint = tf.train.Checkpoint(table=table, dynamic=dynamic)
     path = checkpoint.save(os.path.join(tempfile.mkdtemp(), "ckpt"))
     for shard in table.shards:
@@ -166,6 +167,38 @@ def main():
     _check_keras_weights_file_holds_each_table_once(sok, table, dynamic)
     _check_shards_share_one_seed(sok, strategy, n)
     print("OK", flush=True)
+
+
+def _check_assign_takes_only_the_replicas_own_keys(sok, strategy, n):
+    """sok.assign inside strategy.run writes the replica's shard: a key the
+    replica owns goes in; a key another replica owns is refused, naming its
+    owner (it went into the wrong shard, where no lookup read it, and a dump
+    then held the key twice)."""
+    import tensorflow as tf
+
+    table = sok.DynamicVariable(dimension=2, initializer="zeros")
+
+    def own():
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        key = tf.reshape(tf.cast(r, tf.int64), [1])
+        return sok.assign(table, key, tf.fill([1, 2], tf.cast(r, tf.float32) + 1.0))
+
+    strategy.run(tf.function(own))
+    keys, rows = (np.asarray(x) for x in sok.export(table))
+    np.testing.assert_array_equal(rows[np.argsort(keys)],
+                                  np.repeat(np.arange(1, n + 1, dtype=np.float32), 2).reshape(n, 2))
+    def foreign():  # the next replica's key, on every replica
+        r = tf.distribute.get_replica_context().replica_id_in_sync_group
+        key = tf.reshape(tf.math.floormod(tf.cast(r, tf.int64) + 1, n), [1])
+        return sok.assign(table, key, [[5.0, 5.0]])
+
+    try:
+        strategy.run(tf.function(foreign))
+    except tf.errors.InvalidArgumentError as e:
+        assert "sok.assign writes the shard" in str(e) and "worker that owns it" in str(e), e
+    else:
+        raise AssertionError("sok.assign of another replica's key was taken")
+    assert sorted(np.asarray(sok.export(table)[0]).tolist()) == list(range(n))
 
 
 def _check_checkpoint_holds_every_shards_optimizer_slots(sok, strategy, table, dynamic, keys):
