@@ -38,6 +38,7 @@ written.
 """
 
 import contextlib
+import errno
 import functools
 import glob
 import json
@@ -648,8 +649,11 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
             json.dump(manifest, f, indent=1, sort_keys=True)
             f.flush()
             os.fsync(f.fileno())
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        full = no_room_error(e, path, "sok.dump")
+        if full is not None:
+            raise full from e
         raise
     swap_into_place(tmp, path)
 
@@ -722,8 +726,31 @@ def refuse_long_name(variable, fname, size, limit, what, note=""):
 
 def staging_dir(path):
     """The temporary sibling a writer of the directory `path` fills before
-    swap_into_place (a name remove_dead_writers_tmp recognizes)."""
+    swap_into_place (a name remove_dead_writers_tmp recognizes). A mount
+    point is refused first: it cannot be renamed aside, so the whole copy
+    was written on the parent's file system before a bare "Device or
+    resource busy"."""
+    if os.path.ismount(path):
+        raise ValueError(
+            f"{path!r} is a mount point: a dump or export is written beside its path and "
+            f"swapped in by renaming, which a mount point refuses; write into a directory "
+            f"inside it, e.g. {os.path.join(path, 'dump')!r}")
     return f"{path}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def no_room_error(error, path, what):
+    """For `error` an OSError of a full file system (or quota) while `what`
+    ("sok.dump", an export) was writing `path` beside its previous copy: an
+    OSError that says so, names `path` and what became of the previous copy
+    (a bare "No space left on device" named neither). Else None."""
+    if not isinstance(error, OSError) or error.errno not in (errno.ENOSPC, errno.EDQUOT):
+        return None
+    before = (f"the previous one at {path!r} is unchanged" if os.path.lexists(path)
+              else "nothing was left behind")
+    return OSError(error.errno,
+                   f"{what} to {path!r}: the file system is full ({error.strerror}); a new "
+                   f"copy is written beside the previous one and swapped in, so it needs room "
+                   f"for both; {before}", error.filename)
 
 
 def swap_into_place(tmp, path):

@@ -1070,6 +1070,64 @@ def test_a_suffixed_name_too_long_is_refused_before_any_table_is_read(tmp_path, 
     assert read == [] and os.listdir(tmp_path) == []
 
 
+def test_a_full_file_system_is_named_and_the_previous_dump_stays(tmp_path, monkeypatch):
+    """A dump that runs out of room (ENOSPC, simulated at its second file)
+    raises an OSError that names the dump, says why a dump needs room for
+    two copies and that the previous one is unchanged (a bare "No space
+    left on device" named none of it); that dump still loads, and no
+    temporary directory is left."""
+    import errno
+
+    from sok_graph import dump_load
+
+    sok.init(comm_tool="none")
+    path = str(tmp_path / "ckpt")
+    v = sok.DynamicVariable(2, initializer="ones", name="t")
+    v.sparse_read(tf.constant([1, 2], tf.int64))
+    sok.dump(path, [v])
+    v.sparse_read(tf.constant([3], tf.int64))
+    written = []
+    real = dump_load._write_array
+
+    def fill_up(fname, array):
+        written.append(fname)
+        if len(written) == 2:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), fname)
+        return real(fname, array)
+
+    monkeypatch.setattr(dump_load, "_write_array", fill_up)
+    with pytest.raises(OSError, match=re.escape(f"sok.dump to {path!r}: the file system is "
+                                                f"full") + ".*room for both; the previous one "
+                                                "at .* is unchanged") as info:
+        sok.dump(path, [v])
+    assert info.value.errno == errno.ENOSPC
+    monkeypatch.setattr(dump_load, "_write_array", real)
+    fresh = sok.DynamicVariable(2, initializer="zeros", name="t")
+    sok.load(path, [fresh])
+    assert sorted(fresh.export()[0].numpy().tolist()) == [1, 2]
+    assert sorted(os.listdir(tmp_path)) == ["ckpt"]
+
+
+def test_a_mount_point_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """A dump path that is a mount point (a container's volume) cannot be
+    renamed aside: the whole dump was written on the parent's file system
+    before a bare "Device or resource busy". It is refused first, with the
+    way out."""
+    sok.init(comm_tool="none")
+    path = str(tmp_path / "volume")
+    os.makedirs(path)
+    real = os.path.ismount
+    monkeypatch.setattr(os.path, "ismount", lambda p: p == path or real(p))
+    v = sok.DynamicVariable(2, initializer="ones", name="t")
+    v.sparse_read(tf.constant([1], tf.int64))
+    with pytest.raises(ValueError, match=re.escape(f"{path!r} is a mount point") + ".*inside "
+                                         "it, e.g. " + re.escape(repr(os.path.join(path,
+                                                                                   "dump")))):
+        sok.dump(path, [v])
+    assert sorted(os.listdir(tmp_path)) == ["volume"] and os.listdir(path) == []
+    sok.dump(os.path.join(path, "dump"), [v])
+
+
 def test_a_name_too_long_for_a_file_name_is_refused_before_anything_is_written(tmp_path):
     """A variable whose name makes a file name longer than the file system
     takes (255 bytes here) made sok.dump and the Saver fail with a bare

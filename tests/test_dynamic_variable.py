@@ -699,3 +699,28 @@ def test_a_read_counts_each_distinct_key_once(read):
     read_keys([5])  # evicts key 1 or key 4, each read once: never 2 or 3
     left = set(sok.export(table)[0].numpy().tolist())
     assert {2, 3, 5} <= left and len(left) == 4
+
+
+@pytest.mark.skipif(tf.__version__.startswith("1."), reason="tf.saved_model.save is TF 2.x's")
+@pytest.mark.parametrize("with_function", [False, True])
+def test_a_saved_model_of_a_dynamic_table_is_refused_naming_it(tmp_path, with_function):
+    """tf.saved_model.save of a module holding a DynamicVariable failed with
+    TensorFlow's "Attempting to capture an EagerTensor without building a
+    function" (no function) or an "untracked resource" AssertionError (a
+    function reading it), naming no table and no way out."""
+    sok.init(comm_tool="none")
+
+    class Module(tf.Module):
+        def __init__(self):
+            super().__init__()
+            self.table = sok.DynamicVariable(2, name="items", initializer="ones")
+
+    module = Module()
+    if with_function:
+        module.read = tf.function(lambda keys: module.table.sparse_read(keys),
+                                  input_signature=[tf.TensorSpec([None], tf.int64)])
+        module.read(tf.constant([1], tf.int64))
+    with pytest.raises(ValueError, match=r"DynamicVariable 'items' cannot be saved in a "
+                                         r"SavedModel.*tf.train.Checkpoint or sok.dump.*"
+                                         r"sok.export_for_serving"):
+        tf.saved_model.save(module, str(tmp_path / "sm"))

@@ -443,6 +443,34 @@ def test_replicas_in_one_process_are_the_workers(mode):
     assert proc.returncode == 0 and "OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
 
 
+@needs_tf2_collectives
+def test_a_checkpoint_restores_into_another_number_of_replicas(tmp_path):
+    """tf.train.Checkpoint of a static and a dynamic table written by 2
+    replicas (each a shard) and read by 1 (plain tables, no strategy) and 3,
+    and written by 1 and read by 2: every row comes back, each shard holding
+    the keys it owns (tests/multiworker/replica_checkpoint.py; fresh
+    processes, as the logical CPUs must exist before TensorFlow starts).
+    Each shard saved and restored its own rows, so 2 -> 1 and 1 -> 2
+    restored nothing and 2 -> 3 left keys in shards that do not own them,
+    without an error."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker",
+                          "replica_checkpoint.py")
+
+    def run(replicas, phase, path):
+        proc = subprocess.run([sys.executable, script, "--replicas", str(replicas), "--phase",
+                               phase, "--path", path], check=False, env=_child_env(),
+                              capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0 and "OK" in proc.stdout, \
+            (replicas, phase, (proc.stdout + proc.stderr)[-4000:])
+
+    by_two, by_one = str(tmp_path / "two" / "ckpt"), str(tmp_path / "one" / "ckpt")
+    run(2, "save", by_two)
+    run(1, "load", by_two)
+    run(3, "load", by_two)
+    run(1, "save", by_one)
+    run(2, "load", by_one)
+
+
 def _unconnected(world=2, rank=0):
     """A TFDistribute for a cluster that is never started: enough to check
     what happens before any collective runs."""

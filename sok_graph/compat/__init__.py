@@ -36,6 +36,11 @@ def _parse_version(text):
 TF_VERSION_STRING = tf.__version__
 TF_VERSION = _parse_version(TF_VERSION_STRING)
 IS_TF1 = TF_VERSION[0] < 2
+
+# The name TensorFlow saves a variable's value under in a checkpoint
+# (trackable.VARIABLE_VALUE_KEY, the same in every version).
+VARIABLE_VALUE_KEY = "VARIABLE_VALUE"
+
 # SOK's `sok.tf_version`: TensorFlow's version as a list of ints. SOK splits
 # the string at dots and fails on suffixes ("2.16.0rc0"); this keeps the
 # digits of each of the three parts.

@@ -644,8 +644,11 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             _refresh_fingerprint(tmp)
             _write_applied(tmp, applied_before + [record])
             dump_load.swap_into_place(tmp, target)
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)  # gone already once swapped in
+            full = dump_load.no_room_error(e, target, "the delta's export")
+            if full is not None:
+                raise full from e
             raise
     return applied
 

@@ -33,7 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import communication, context, dump_load
-from sok_graph.dump_load import staging_dir, swap_into_place, writers_take_turns
+from sok_graph.dump_load import no_room_error, staging_dir, swap_into_place, writers_take_turns
 from sok_graph.tables import admission, is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables.dynamic import DynamicVariable
@@ -498,8 +498,11 @@ def _staged(export_dir):
     tmp = staging_dir(final)
     try:
         yield tmp
-    except BaseException:
+    except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
+        full = no_room_error(e, final, "the serving export")
+        if full is not None:
+            raise full from e
         raise
     try:
         with writers_take_turns(os.path.dirname(final)):

@@ -1027,6 +1027,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     def _gather_saveables_for_checkpoint(self):
         # tf.compat.v1.train.Saver's way in (TF 1.x's tf.train.Checkpoint's
         # too); TF 2.x's checkpoints use _serialize_to_tensors directly.
+        if getattr(self, "_replica_holder", None) is not None:
+            return {}  # a replica's shard: its ReplicaShards saves the table
         return compat.tensors_saveable_factories(self, self._saveable_name)
 
     def _saveable_name(self):
@@ -1036,7 +1038,30 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         anonymous one, which another process could not find)."""
         return self._table_shared_name if self._in_graph_mode else self._name
 
+    def _export_to_saved_model_graph(self, *args, **kwargs):
+        # tf.saved_model.save (and Keras model.save to a SavedModel) asks
+        # every object it saves for its copy in the export's graph; a table
+        # has none, and the save failed later with TensorFlow's "Attempting
+        # to capture an EagerTensor" or "untracked resource", naming no table.
+        raise ValueError(
+            f"DynamicVariable '{self._name}' cannot be saved in a SavedModel "
+            f"(tf.saved_model.save, or a Keras model.save to a SavedModel): TensorFlow's "
+            f"SavedModel holds no sok hash table. Save training state with "
+            f"tf.train.Checkpoint or sok.dump, and export a model to serve with "
+            f"sok.export_for_serving (docs/serving.md), which gives it tables of stock "
+            f"TensorFlow ops")
+
+    # Its name before TF 2.9 (asked the same way).
+    _map_resources = _export_to_saved_model_graph
+
     def _serialize_to_tensors(self):
+        if getattr(self, "_replica_holder", None) is not None:
+            return {}  # a replica's shard: its ReplicaShards saves the table
+        return self._table_tensors()
+
+    def _table_tensors(self):
+        """What a checkpoint holds of this table (its ReplicaShards gathers
+        every shard's)."""
         keys, rows, times, counts, _ = dynamic_ops.export(
             self._handle, self._key_type, self._dimension, offset=0, limit=(1 << 62))
         return {"-keys": keys, "-values": rows, "-timestamps": times, "-frequencies": counts}

@@ -16,11 +16,13 @@ needs one shard says so.
 """
 
 import contextlib
+import weakref
 
 import tensorflow as tf
 
 from sok_graph import compat, context
-from sok_graph.tables import register
+from sok_graph.placement import owner_of
+from sok_graph.tables import is_dynamic, register
 from sok_graph.communication.replicas import building_rank
 from sok_graph.tables.keras_weights import KerasWeights, hold_for_keras
 
@@ -82,11 +84,56 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
     def __init__(self, shards):
         self._shards = list(shards)
         for rank, shard in enumerate(self._shards):
-            # tf.train.Checkpoint saves and restores every shard.
+            # A checkpoint holds each shard as an object (an optimizer's slot
+            # variables are filed under it), but not its rows: this object
+            # saves the whole table (_serialize_to_tensors below).
             self._track_trackable(shard, name=f"replica_{rank}")
+            shard._replica_holder = weakref.ref(self)
             # A Keras weights file holds this table whole, not each shard.
             hold_for_keras(shard, self)
         register(self)
+
+    # tf.train.Checkpoint: the whole table, under the names one table of its
+    # kind saves in a process of its own (a dynamic table's "-keys",
+    # "-values", "-timestamps", "-frequencies"; a static table's
+    # VARIABLE_VALUE, its rows in global order). Each shard saved its own
+    # rows before, restored into the shard of its index: with another
+    # number of replicas, or into the table of a process without a
+    # MirroredStrategy, rows were lost without an error. Now any of those
+    # restores gives each shard the rows it owns. (Optimizer slots stay
+    # filed per shard: they come back with the same number of replicas;
+    # sok.dump / sok.load with optimizer= move them across numbers.)
+    def _serialize_to_tensors(self):
+        first = self._shards[0]
+        if is_dynamic(first):
+            parts = [shard._table_tensors() for shard in self._shards]
+            return {name: tf.concat([p[name] for p in parts], 0) for name in parts[0]}
+        keys, rows = [], []
+        for shard in self._shards:
+            k, r, _ = shard.export_chunk(0, 1 << 62)
+            keys.append(tf.cast(k, tf.int32))
+            rows.append(r)
+        return {compat.VARIABLE_VALUE_KEY: tf.dynamic_stitch(keys, rows)}
+
+    def _restore_from_tensors(self, restored_tensors):
+        first = self._shards[0]
+        if is_dynamic(first):
+            keys = restored_tensors["-keys"]
+            metadata = {m: restored_tensors.get("-" + m) for m in first.key_metadata}
+            values = restored_tensors["-values"]
+        else:
+            values = restored_tensors[compat.VARIABLE_VALUE_KEY]
+            keys = tf.range(tf.shape(values, out_type=tf.int64)[0])
+            metadata = {}
+        ops = []
+        for shard in self._shards:
+            mine = tf.equal(owner_of(shard, keys), shard.placement[1])
+            ops.append(shard.replace_rows(
+                tf.cast(tf.boolean_mask(keys, mine), shard.key_dtype),
+                tf.boolean_mask(values, mine),
+                **{m: None if t is None else tf.boolean_mask(t, mine)
+                   for m, t in metadata.items()}))
+        return tf.group(ops)
 
     @property
     def shards(self):
@@ -149,6 +196,13 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
     def initializer(self):
         """Every shard's initializer (graph mode)."""
         return tf.group(*[s.initializer for s in self._shards])
+
+    @property
+    def _shared_name(self):
+        # What a checkpoint records beside the tensors this object saves,
+        # as for a variable (TensorFlow asks it of resource-variable-like
+        # objects).
+        return self._shards[0]._shared_name
 
     @property
     def _unique_id(self):

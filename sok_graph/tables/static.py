@@ -316,6 +316,18 @@ class Variable(_ResourceVariable, KerasWeights):
         with tf.control_dependencies(checks):
             return target.assign(rows)
 
+    # A replica's shard saves no rows of its own in a checkpoint: its
+    # ReplicaShards saves the whole table (replica_shards.py).
+    def _serialize_to_tensors(self):
+        if getattr(self, "_replica_holder", None) is not None:
+            return {}
+        return super()._serialize_to_tensors()
+
+    def _gather_saveables_for_checkpoint(self):
+        if getattr(self, "_replica_holder", None) is not None:
+            return {}
+        return super()._gather_saveables_for_checkpoint()
+
     @property
     def _label(self):
         """How errors name this table."""
