@@ -1038,6 +1038,15 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         anonymous one, which another process could not find)."""
         return self._table_shared_name if self._in_graph_mode else self._name
 
+    @property
+    def path(self):
+        """Keras 3 variables have a path; a table has none. A Keras 3
+        optimizer asks for it first when it makes a variable's slots
+        (apply_gradients outside sok.OptimizerScope), and then failed with
+        "Shapes used to initialize variables must be fully-defined"."""
+        _refuse_dense(self, "making a Keras optimizer's slot variables (apply_gradients "
+                            "outside sok.OptimizerScope)")
+
     def _export_to_saved_model_graph(self, *args, **kwargs):
         # tf.saved_model.save (and Keras model.save to a SavedModel) asks
         # every object it saves for its copy in the export's graph; a table
