@@ -48,6 +48,7 @@ import shutil
 import struct
 import time
 import uuid
+import weakref
 import zlib
 
 import numpy as np
@@ -397,14 +398,20 @@ def _export(var, optimizer):
     # The shards this process holds: one per worker process, or all of them
     # when the workers are the replicas of this process's MirroredStrategy.
     shards = replica_shards.shards_of(var)
-    parts = [_shard_tensors(shard, optimizer) for shard in shards]
-    fetch = {k: tf.concat([p[k] for p in parts], 0) if len(parts) > 1 else parts[0][k]
-             for k in parts[0]}
-    comm = context.active()
-    if shards[0].placement[0] > 1 and not comm.in_process:
-        fetch = {k: comm.allgather(t, name=f"sok_dump_{k.replace('.', '_')}")
-                 for k, t in fetch.items()}
-    out = _run(fetch)
+
+    def build():
+        parts = [_shard_tensors(shard, optimizer) for shard in shards]
+        fetch = {k: tf.concat([p[k] for p in parts], 0) if len(parts) > 1 else parts[0][k]
+                 for k in parts[0]}
+        comm = context.active()
+        if shards[0].placement[0] > 1 and not comm.in_process:
+            fetch = {k: comm.allgather(t, name=f"sok_dump_{k.replace('.', '_')}")
+                     for k, t in fetch.items()}
+        return fetch
+
+    # What the fetch holds depends on whether the optimizer has made slots.
+    slotted = None if optimizer is None else tuple(optimizer.has_slots(s) for s in shards)
+    out = _run(_built_once(("export", slotted), (var, optimizer), build))
     counts = {k: np.asarray(out.pop(k)) for k in _FILTER_PARTS if k in out}
     calls = out.pop(FILTER_CALLS, None)
     order = np.argsort(out["keys"], kind="stable")
@@ -481,7 +488,35 @@ def _barrier(world_size):
     Session)."""
     comm = context.active()
     if world_size > 1 and not comm.in_process:
-        _run(comm.allreduce(tf.zeros([], tf.float32), name="sok_dump_barrier"))
+        _run(_built_once(("barrier",), (comm,), lambda: comm.allreduce(
+            tf.zeros([], tf.float32), name="sok_dump_barrier")))
+
+
+def _built_once(key, objects, build):
+    """build(): eagerly its tensors; in graph mode the ops it builds, once
+    per graph, `key` and `objects` (the tables, optimizer, ... the ops read,
+    compared by identity): a TF1 job that dumps (or exports increments)
+    every N steps added ~110 ops to its graph at each call, without bound,
+    each a graph extension for the Session. Held by weak references (the
+    graph holds the ops and the objects hold the graph: strong ones would
+    keep every graph alive)."""
+    if tf.executing_eagerly():
+        return build()
+    objects = [o for o in objects if o is not None]
+    built = _BUILT_ONCE.setdefault(tf.compat.v1.get_default_graph(), {})
+    index = key + tuple(id(o) for o in objects)
+    entry = built.get(index)
+    if entry is not None and all(r() is o for r, o in zip(entry[0], objects)):
+        return tf.nest.map_structure(lambda r: r(), entry[1])
+    tensors = build()
+    built[index] = ([weakref.ref(o) for o in objects],
+                    tf.nest.map_structure(weakref.ref, tensors))
+    return tensors
+
+
+# graph -> {key: ([weak references to the objects], the tensors' weak
+# references)}: _built_once's ops.
+_BUILT_ONCE = weakref.WeakKeyDictionary()
 
 
 @_in_session_graph
@@ -1291,13 +1326,23 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         if "timestamps" not in key_metadata_of(replica_shards.shards_of(var)[0]):
             raise TypeError("incremental_model_dump needs sok.DynamicVariable objects (static "
                             f"tables keep no update times); got {type(var).__name__}")
-    graph = sess.graph if sess is not None and not tf.executing_eagerly() else None
+    if tf.executing_eagerly():
+        values = _run([_updated_rows(var, after, index) for index, var in enumerate(sok_vars)])
+        return [k for k, _ in values], [v for _, v in values]
+
+    def build():
+        # The threshold is fed: the ops serve every call (_built_once).
+        threshold = tf.compat.v1.placeholder(tf.int64, [], name="sok_incremental_dump_after")
+        return threshold, [_updated_rows(var, threshold, index)
+                           for index, var in enumerate(sok_vars)]
+
+    graph = sess.graph if sess is not None else None
     with graph.as_default() if graph is not None else contextlib.nullcontext():
-        fetches = [_updated_rows(var, after, index) for index, var in enumerate(sok_vars)]
-    if graph is not None:
-        values = sess.run(fetches)
+        threshold, fetches = _built_once(("incremental",), tuple(sok_vars), build)
+    if sess is not None:
+        values = sess.run(fetches, {threshold: after})
     else:
-        values = _run(fetches)
+        values = _run(fetches, {threshold: after})
     return [k for k, _ in values], [v for _, v in values]
 
 

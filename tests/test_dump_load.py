@@ -1070,6 +1070,35 @@ def test_a_suffixed_name_too_long_is_refused_before_any_table_is_read(tmp_path, 
     assert read == [] and os.listdir(tmp_path) == []
 
 
+def test_periodic_dumps_in_a_session_do_not_grow_its_graph(tmp_path):
+    """A TF1 job that dumps (and reads increments) every N steps: each
+    sok.dump added ~110 ops to the Session's graph and each
+    incremental_model_dump its own, without bound. The ops are built once
+    per graph, and each dump still holds the rows of its moment."""
+    with tf.Graph().as_default() as graph:
+        sok.init(comm_tool="none")
+        v = sok.DynamicVariable(2, initializer="zeros", name="t")
+        ids = tf.compat.v1.placeholder(tf.int64, [None])
+        opt = sok.OptimizerWrapper(tf.compat.v1.train.AdagradOptimizer(0.5))
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(v.sparse_read(ids))
+        train = opt.apply_gradients([(tape.gradient(loss, v), v)])
+        path = str(tmp_path / "ckpt")
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            ops, dumped = [], []
+            for step in range(3):
+                sess.run(train, {ids: [step, step + 1]})
+                sok.dump(path, [v], opt)
+                keys, _ = sok.incremental_model_dump([v], 0, sess)
+                ops.append(len(graph.get_operations()))
+                with open(os.path.join(path, "manifest.json")) as f:
+                    rows = json.load(f)["variables"]["t"]["rows"]
+                dumped.append((sorted(keys[0].tolist()), rows))
+    assert ops[1] == ops[0] and ops[2] == ops[0], ops
+    assert dumped == [([0, 1], 2), ([0, 1, 2], 3), ([0, 1, 2, 3], 4)]
+
+
 def test_a_full_file_system_is_named_and_the_previous_dump_stays(tmp_path, monkeypatch):
     """A dump that runs out of room (ENOSPC, simulated at its second file)
     raises an OSError that names the dump, says why a dump needs room for

@@ -452,21 +452,23 @@ def test_a_checkpoint_restores_into_another_number_of_replicas(tmp_path):
     processes, as the logical CPUs must exist before TensorFlow starts).
     Each shard saved and restored its own rows, so 2 -> 1 and 1 -> 2
     restored nothing and 2 -> 3 left keys in shards that do not own them,
-    without an error."""
+    without an error. Also in a Session's graph, and a table of other rows
+    is refused before any shard changes."""
     script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker",
                           "replica_checkpoint.py")
 
-    def run(replicas, phase, path):
+    def run(replicas, phase, path, *more):
         proc = subprocess.run([sys.executable, script, "--replicas", str(replicas), "--phase",
-                               phase, "--path", path], check=False, env=_child_env(),
+                               phase, "--path", path, *more], check=False, env=_child_env(),
                               capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0 and "OK" in proc.stdout, \
-            (replicas, phase, (proc.stdout + proc.stderr)[-4000:])
+            (replicas, phase, more, (proc.stdout + proc.stderr)[-4000:])
 
     by_two, by_one = str(tmp_path / "two" / "ckpt"), str(tmp_path / "one" / "ckpt")
     run(2, "save", by_two)
     run(1, "load", by_two)
     run(3, "load", by_two)
+    run(2, "load", by_two, "--graph")  # a Session's restore, no initializer run
     run(1, "save", by_one)
     run(2, "load", by_one)
 

@@ -56,7 +56,7 @@ import tensorflow as tf
 from sok_graph import compat, context, placement
 from sok_graph.tables import (admission, register, repeated_key_checks, replica_shards,
                               rows_of_dtype, DYNAMIC)
-from sok_graph.tables.keras_weights import KerasWeights
+from sok_graph.tables.keras_weights import KerasWeights, held_by
 from sok_graph import initializers
 from sok_graph.initializers import table_spec
 from sok_graph.ops import dynamic as dynamic_ops
@@ -1027,7 +1027,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     def _gather_saveables_for_checkpoint(self):
         # tf.compat.v1.train.Saver's way in (TF 1.x's tf.train.Checkpoint's
         # too); TF 2.x's checkpoints use _serialize_to_tensors directly.
-        if getattr(self, "_replica_holder", None) is not None:
+        if held_by(self, "_replica_holder"):
             return {}  # a replica's shard: its ReplicaShards saves the table
         return compat.tensors_saveable_factories(self, self._saveable_name)
 
@@ -1044,8 +1044,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         optimizer asks for it first when it makes a variable's slots
         (apply_gradients outside sok.OptimizerScope), and then failed with
         "Shapes used to initialize variables must be fully-defined"."""
-        _refuse_dense(self, "making a Keras optimizer's slot variables (apply_gradients "
-                            "outside sok.OptimizerScope)")
+        _refuse_dense(self, "making a Keras optimizer's slot variables for it "
+                            "(apply_gradients outside sok.OptimizerScope, or optimizer.build "
+                            "given it)")
 
     def _export_to_saved_model_graph(self, *args, **kwargs):
         # tf.saved_model.save (and Keras model.save to a SavedModel) asks
@@ -1064,7 +1065,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     _map_resources = _export_to_saved_model_graph
 
     def _serialize_to_tensors(self):
-        if getattr(self, "_replica_holder", None) is not None:
+        if held_by(self, "_replica_holder"):
             return {}  # a replica's shard: its ReplicaShards saves the table
         return self._table_tensors()
 
@@ -1076,6 +1077,12 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         return {"-keys": keys, "-values": rows, "-timestamps": times, "-frequencies": counts}
 
     def _restore_from_tensors(self, restored_tensors):
+        return self.restore_tensors(restored_tensors)
+
+    def restore_tensors(self, restored_tensors):
+        """The restore of a checkpoint's tensors (keyed as _table_tensors
+        keys them): a table's own, or, for a replica's shard, the part of
+        the whole table's that its ReplicaShards hands it."""
         with tf.name_scope(scope_name(f"{self._name}_restore")):
             # A Saver may restore before any initializer ran: the table, its
             # links to its shadows and its filter's state are made here too.

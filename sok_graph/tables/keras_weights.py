@@ -42,13 +42,12 @@ class KerasWeights(keras_compat.keras_saveable_class()):
     def _obj_type(self):
         return "Loss"
 
-    def __reduce__(self):
-        # KerasSaveable pickles an object by saving it as a Keras model.
-        raise TypeError(f"sok table {self.name!r} cannot be pickled; save it with sok.dump or "
-                        f"tf.train.Checkpoint")
+    # KerasSaveable pickles (and copy.copy copies) an object by saving it as
+    # a Keras model: a table copies and pickles as it did without that base.
+    __reduce__ = object.__reduce__
 
     def save_own_variables(self, store):
-        if getattr(self, "_keras_weights_holder", None) is not None:
+        if held_by(self, "_keras_weights_holder"):
             return
         from sok_graph import dump_load
 
@@ -61,7 +60,7 @@ class KerasWeights(keras_compat.keras_saveable_class()):
                 store[part] = np.asarray(value)
 
     def load_own_variables(self, store):
-        if getattr(self, "_keras_weights_holder", None) is not None:
+        if held_by(self, "_keras_weights_holder"):
             return
         from sok_graph import dump_load
         from sok_graph.tables import dimension_of, replica_shards
@@ -74,7 +73,8 @@ class KerasWeights(keras_compat.keras_saveable_class()):
             raise dump_load.CheckpointError(
                 f"load_weights: {source} holds {parts}, not the table's keys and values (a "
                 f"file saved by a model without this table, or before sok tables were saved "
-                f"in Keras weights files, holds none): load the table with sok.load")
+                f"in Keras weights files, holds none): load the table with sok.load, and the rest "
+                f"with load_weights(..., skip_mismatch=True)")
         arrays = {part: np.asarray(store[part]) for part in parts}
         if _FILTER_JSON in arrays:
             arrays[dump_load.FILTER_KIND] = json.loads(
@@ -111,6 +111,13 @@ class KerasWeights(keras_compat.keras_saveable_class()):
                 f"{what}: sok table '{self.name}' is sharded over {world} worker processes, "
                 f"which a Keras weights file cannot hold; save and restore it with sok.dump / "
                 f"sok.load (every worker calls them)")
+
+
+def held_by(table, attribute):
+    """Whether `table` is marked (hold_for_keras, or a ReplicaShards'
+    `_replica_holder`) as saved by a holder that is still alive."""
+    ref = getattr(table, attribute, None)
+    return ref is not None and ref() is not None
 
 
 def hold_for_keras(table, holder):

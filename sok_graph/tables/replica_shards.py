@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from sok_graph import compat, context
 from sok_graph.placement import owner_of
-from sok_graph.tables import is_dynamic, register
+from sok_graph.tables import dimension_of, is_dynamic, register
 from sok_graph.communication.replicas import building_rank
 from sok_graph.tables.keras_weights import KerasWeights, hold_for_keras
 
@@ -117,23 +117,60 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
 
     def _restore_from_tensors(self, restored_tensors):
         first = self._shards[0]
+        dim = dimension_of(first)
         if is_dynamic(first):
-            keys = restored_tensors["-keys"]
-            metadata = {m: restored_tensors.get("-" + m) for m in first.key_metadata}
+            keys = tf.reshape(restored_tensors["-keys"], [-1])
             values = restored_tensors["-values"]
         else:
             values = restored_tensors[compat.VARIABLE_VALUE_KEY]
             keys = tf.range(tf.shape(values, out_type=tf.int64)[0])
-            metadata = {}
+        # The checkpoint's rows against the table before any shard changes
+        # (a restore that failed in its second shard left the first one
+        # restored); in a graph, the restored tensors' shapes are known
+        # when it runs.
+        want = [None, dim] if is_dynamic(first) else list(first.global_shape)
+        what = (f"the checkpoint's rows of table '{self.name}' have shape "
+                f"{{}}; the table's are {['any' if w is None else w for w in want]}")
+        if values.shape.rank is not None and values.shape.is_fully_defined():
+            got = values.shape.as_list()
+            if len(got) != 2 or any(w is not None and g != w for g, w in zip(got, want)):
+                raise ValueError(what.format(got))
+            checks = []
+        else:
+            shape = tf.shape(values)
+            fits = tf.logical_and(tf.equal(tf.size(shape), 2), tf.equal(shape[-1], dim))
+            if want[0] is not None:
+                fits = tf.logical_and(fits, tf.equal(shape[0], want[0]))
+            checks = [tf.debugging.Assert(fits, [what.format("(below)"), shape])]
+        with tf.control_dependencies(checks):
+            values = tf.reshape(values, [-1, dim])
         ops = []
         for shard in self._shards:
             mine = tf.equal(owner_of(shard, keys), shard.placement[1])
-            ops.append(shard.replace_rows(
-                tf.cast(tf.boolean_mask(keys, mine), shard.key_dtype),
-                tf.boolean_mask(values, mine),
-                **{m: None if t is None else tf.boolean_mask(t, mine)
-                   for m, t in metadata.items()}))
+            if is_dynamic(first):
+                # The shard's own restore: in a graph it also makes the
+                # table, its slot links and filter state, and checks its
+                # capacity (replace_rows needs a made table).
+                part = {"-keys": tf.boolean_mask(keys, mine),
+                        "-values": tf.boolean_mask(values, mine)}
+                for m in first.key_metadata:
+                    if "-" + m in restored_tensors:
+                        part["-" + m] = tf.boolean_mask(
+                            tf.reshape(restored_tensors["-" + m], [-1]), mine)
+                ops.append(shard.restore_tensors(part))
+            else:
+                ops.append(shard.replace_rows(tf.boolean_mask(keys, mine),
+                                              tf.boolean_mask(values, mine)))
         return tf.group(ops)
+
+    def _export_to_saved_model_graph(self, *args, **kwargs):
+        raise ValueError(
+            f"sok table '{self.name}' is sharded over the replicas of a MirroredStrategy, "
+            f"which a SavedModel cannot hold; save training state with tf.train.Checkpoint "
+            f"or sok.dump, and export a model to serve with sok.export_for_serving")
+
+    # Its name before TF 2.9 (asked the same way).
+    _map_resources = _export_to_saved_model_graph
 
     @property
     def shards(self):

@@ -20,7 +20,7 @@ from sok_graph import compat, context, placement
 from sok_graph.tables import register, repeated_key_checks, replica_shards, rows_of_dtype, STATIC
 from sok_graph.initializers import static_initializer
 from sok_graph.tables.dynamic import scope_name
-from sok_graph.tables.keras_weights import KerasWeights
+from sok_graph.tables.keras_weights import KerasWeights, held_by
 
 _ResourceVariable = compat.resource_variable_class()
 
@@ -319,12 +319,12 @@ class Variable(_ResourceVariable, KerasWeights):
     # A replica's shard saves no rows of its own in a checkpoint: its
     # ReplicaShards saves the whole table (replica_shards.py).
     def _serialize_to_tensors(self):
-        if getattr(self, "_replica_holder", None) is not None:
+        if held_by(self, "_replica_holder"):
             return {}
         return super()._serialize_to_tensors()
 
     def _gather_saveables_for_checkpoint(self):
-        if getattr(self, "_replica_holder", None) is not None:
+        if held_by(self, "_replica_holder"):
             return {}
         return super()._gather_saveables_for_checkpoint()
 

@@ -1,12 +1,13 @@
 """One side of a tf.train.Checkpoint of sok tables written and read with
 different numbers of MirroredStrategy replicas (tests/test_tf_distribute_comm.py):
 
-    replica_checkpoint.py --replicas N --phase save|load --path P
+    replica_checkpoint.py --replicas N --phase save|load --path P [--graph]
 
 --replicas 1 makes plain tables (no strategy). save: a static table of rows
 [i, -i] and a dynamic table holding keys 0..11 with rows [k, -k], written to
 P. load: the same tables made with other rows (zeros; dynamic: keys 50..52),
-restored from P, then compared with what was saved, key by key. Prints "OK";
+restored from P (--graph: in a Session's graph), then compared with what
+was saved, key by key. Prints "OK";
 a mismatch is an AssertionError.
 """
 
@@ -22,6 +23,8 @@ def main():
     p.add_argument("--replicas", type=int, required=True)
     p.add_argument("--phase", choices=["save", "load"], required=True)
     p.add_argument("--path", required=True)
+    p.add_argument("--graph", action="store_true",
+                   help="load: restore in a tf.compat.v1 Session's graph, no initializer run")
     args = p.parse_args()
     n = args.replicas
     import tensorflow as tf
@@ -33,6 +36,8 @@ def main():
         strategy = mirrored_strategy_on_cpus(n)
     import sok_graph as sok
 
+    if args.graph:
+        return _load_in_a_graph(sok, strategy, n, args.path)
     if strategy is None:
         sok.init(comm_tool="none")
     else:
@@ -78,6 +83,44 @@ def main():
         for r, shard in enumerate(dynamic.shards):
             held = np.sort(np.asarray(shard.export()[0]))
             np.testing.assert_array_equal(held, KEYS[KEYS % n == r])
+    if not saving and strategy is not None:
+        # A table of other rows is refused before any shard changes (the
+        # first shard took its rows before the second refused them).
+        small = sok.Variable(np.zeros([9, 2], np.float32), name="static")
+        try:
+            tf.train.Checkpoint(static=small).read(args.path)
+        except ValueError as e:
+            assert "have shape [10, 2]; the table's are [9, 2]" in str(e), e
+        else:
+            raise AssertionError("10 rows restored into a table of 9")
+        assert not np.asarray(sok.export(small)[1]).any()
+    print("OK", flush=True)
+
+
+def _load_in_a_graph(sok, strategy, n, path):
+    """The load side in a tf.compat.v1 Session's graph: the restore's ops
+    make the tables (no initializer runs first)."""
+    import tensorflow as tf
+
+    with tf.Graph().as_default():
+        if strategy is None:
+            sok.init(comm_tool="none")
+        else:
+            with strategy.scope():
+                sok.init(comm_tool="tf")
+        rows = np.stack([np.arange(10), -np.arange(10)], 1).astype(np.float32)
+        static = sok.Variable(np.zeros_like(rows), name="static")
+        dynamic = sok.DynamicVariable(dimension=2, initializer="zeros", name="dynamic")
+        status = tf.train.Checkpoint(static=static, dynamic=dynamic).restore(path)
+        exports = [sok.export(static), sok.export(dynamic)]
+        config = tf.compat.v1.ConfigProto(device_count={"CPU": max(n, 1)})
+        with tf.compat.v1.Session(config=config) as sess:
+            status.run_restore_ops(sess)
+            (skeys, srows), (dkeys, drows) = sess.run(exports)
+    np.testing.assert_array_equal(srows[np.argsort(skeys)], rows)
+    order = np.argsort(dkeys)
+    np.testing.assert_array_equal(dkeys[order], KEYS)
+    np.testing.assert_array_equal(drows[order], np.stack([KEYS, -KEYS], 1).astype(np.float32))
     print("OK", flush=True)
 
 
