@@ -101,6 +101,7 @@ def _load_in_a_graph(sok, strategy, n, path):
     """The load side in a tf.compat.v1 Session's graph: the restore's ops
     make the tables (no initializer runs first)."""
     import tensorflow as tf
+    from sok_graph import context
 
     with tf.Graph().as_default():
         if strategy is None:
@@ -113,7 +114,8 @@ def _load_in_a_graph(sok, strategy, n, path):
         dynamic = sok.DynamicVariable(dimension=2, initializer="zeros", name="dynamic")
         status = tf.train.Checkpoint(static=static, dynamic=dynamic).restore(path)
         exports = [sok.export(static), sok.export(dynamic)]
-        config = tf.compat.v1.ConfigProto(device_count={"CPU": max(n, 1)})
+        # A Session must see every replica's device (logical CPUs or GPUs).
+        config = None if strategy is None else context.active().session_config()
         with tf.compat.v1.Session(config=config) as sess:
             status.run_restore_ops(sess)
             (skeys, srows), (dkeys, drows) = sess.run(exports)
