@@ -175,6 +175,15 @@ def _routing(original):
         # stopped by the step never ended).
         counted = {} if others else {"global_step": _global_step_of(params, args, kwargs)}
         result = wrapper_for(self).apply_gradients(sok_pairs, **counted)
+        count = getattr(self, "iterations", None) if compat.is_keras_optimizer(self) else None
+        if not others and hasattr(count, "assign_add"):
+            # A Keras optimizer counts its steps in `iterations` (what
+            # callbacks, schedules and checkpoints read); it stayed 0.
+            if tf.executing_eagerly():
+                count.assign_add(1)
+            else:
+                with tf.control_dependencies([result]):
+                    result = tf.group(result, count.assign_add(1))
         if others:
             if not takes_any:  # Keras 3 has no experimental_aggregate_gradients
                 kwargs = {k: v for k, v in kwargs.items() if k in params}
