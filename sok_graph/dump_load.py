@@ -55,8 +55,8 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context
-from sok_graph.tables import (dimension_of, key_metadata_of, kind_of, overflow_at,
-                              replica_shards)
+from sok_graph.tables import (dimension_of, keras_weights, key_metadata_of, kind_of,
+                              overflow_at, replica_shards)
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.placement import owned_mask
 from sok_graph.ops import dynamic as dynamic_ops
@@ -1308,6 +1308,76 @@ def in_row_order(arrays, name, want, where, holder="the dump"):
             f"are its row numbers 0..{want - 1}; {holder} holds key {int(keys[first])} "
             f"where row {first} belongs (a dynamic table's rows?): load it into a "
             f"sok.DynamicVariable")
+
+
+# ------------------------------------------------------ Keras weights files
+# A table's entry in a Keras 3 weights file (tables/keras_weights.py, whose
+# KerasWeights calls these): what a dump holds of it, and a restore as
+# sok.load's. The admission filter's settings (a dict in a dump's manifest)
+# go in as JSON text bytes.
+_FILTER_JSON = "filter_json"
+
+
+def keras_save(table, store):
+    """Writes `table` into its Keras weights entry `store`."""
+    _refuse_worker_processes(table, "save_weights")
+    for part, value in table_arrays(table).items():
+        if part == FILTER_KIND:
+            store[_FILTER_JSON] = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+        else:
+            store[part] = np.asarray(value)
+
+
+def keras_load(table, store):
+    """Restores `table` from its Keras weights entry `store`, every check
+    before it changes."""
+    _refuse_worker_processes(table, "load_weights")
+    name = var_name(table)
+    source = f"the Keras weights file's entry for sok table '{name}'"
+    parts = sorted(store.keys())
+    if "keys" not in parts or "values" not in parts:
+        raise CheckpointError(
+            f"load_weights: {source} holds {parts}, not the table's keys and values (a "
+            f"file saved by a model without this table, or before sok tables were saved "
+            f"in Keras weights files, holds none): load the table with sok.load, and the rest "
+            f"with load_weights(..., skip_mismatch=True)")
+    arrays = {part: np.asarray(store[part]) for part in parts}
+    if _FILTER_JSON in arrays:
+        arrays[FILTER_KIND] = json.loads(arrays.pop(_FILTER_JSON).tobytes().decode("utf-8"))
+    if FILTER_CALLS in arrays:
+        arrays[FILTER_CALLS] = int(arrays[FILTER_CALLS])
+    shard = replica_shards.shards_of(table)[0]
+    keys, values = arrays["keys"], arrays["values"]
+    dim = dimension_of(shard)
+    if keys.ndim != 1 or values.ndim != 2 or values.shape[0] != keys.shape[0]:
+        raise CheckpointError(
+            f"load_weights: {source} holds keys of shape {list(keys.shape)} and values of "
+            f"shape {list(values.shape)}; expected [n] keys and [n, {dim}] values")
+    if values.shape[1] != dim:
+        raise CheckpointError(
+            f"load_weights: {source} holds rows of dimension {values.shape[1]}; the table "
+            f"has dimension {dim}")
+    arrays["keys"] = keys.astype(np.int64)
+    if shard.fixed_rows is not None:
+        in_row_order(arrays, name, shard.fixed_rows, f"load_weights: {source}",
+                     holder="the file")
+    restore({name: table}, {name: arrays}, source)
+
+
+def _refuse_worker_processes(table, what):
+    """A weights file holds one process's view: a table sharded over worker
+    processes is refused (a rank-0-only save would also wait forever for the
+    others in the allgather that reads every shard)."""
+    world = replica_shards.shards_of(table)[0].placement[0]
+    comm = context.active()
+    if world > 1 and comm is not None and not comm.in_process:
+        raise ValueError(
+            f"{what}: sok table '{table.name}' is sharded over {world} worker processes, "
+            f"which a Keras weights file cannot hold; save and restore it with sok.dump / "
+            f"sok.load (every worker calls them)")
+
+
+keras_weights.register_codec(keras_save, keras_load)
 
 
 def incremental_model_dump(sok_vars, time_threshold, sess=None):

@@ -12,20 +12,12 @@ the per-key metadata and admission counts, no optimizer slots (a weights
 file holds no optimizer state; sok.dump with optimizer= keeps them). A
 load checks the entry and restores the table exactly as sok.load does
 (dump_load.restore): the table holds the file's keys afterwards, no others.
+The entry's reading and writing are dump_load's (keras_save, keras_load).
 """
 
-import json
 import weakref
 
-import numpy as np
-
-from sok_graph import context
 from sok_graph.compat import keras as keras_compat
-
-
-# Entries of a table's group in the file that are no arrays of its rows:
-# the admission filter's settings (JSON text as bytes) and its call count.
-_FILTER_JSON = "filter_json"
 
 
 class KerasWeights(keras_compat.keras_saveable_class()):
@@ -47,70 +39,30 @@ class KerasWeights(keras_compat.keras_saveable_class()):
     __reduce__ = object.__reduce__
 
     def save_own_variables(self, store):
-        if held_by(self, "_keras_weights_holder"):
-            return
-        from sok_graph import dump_load
-
-        self._refuse_worker_processes("save_weights")
-        arrays = dump_load.table_arrays(self)
-        for part, value in arrays.items():
-            if part == dump_load.FILTER_KIND:
-                store[_FILTER_JSON] = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
-            else:
-                store[part] = np.asarray(value)
+        if not held_by(self, "_keras_weights_holder"):
+            _codec("save")(self, store)
 
     def load_own_variables(self, store):
-        if held_by(self, "_keras_weights_holder"):
-            return
-        from sok_graph import dump_load
-        from sok_graph.tables import dimension_of, replica_shards
+        if not held_by(self, "_keras_weights_holder"):
+            _codec("load")(self, store)
 
-        self._refuse_worker_processes("load_weights")
-        name = dump_load.var_name(self)
-        source = f"the Keras weights file's entry for sok table '{name}'"
-        parts = sorted(store.keys())
-        if "keys" not in parts or "values" not in parts:
-            raise dump_load.CheckpointError(
-                f"load_weights: {source} holds {parts}, not the table's keys and values (a "
-                f"file saved by a model without this table, or before sok tables were saved "
-                f"in Keras weights files, holds none): load the table with sok.load, and the rest "
-                f"with load_weights(..., skip_mismatch=True)")
-        arrays = {part: np.asarray(store[part]) for part in parts}
-        if _FILTER_JSON in arrays:
-            arrays[dump_load.FILTER_KIND] = json.loads(
-                arrays.pop(_FILTER_JSON).tobytes().decode("utf-8"))
-        if dump_load.FILTER_CALLS in arrays:
-            arrays[dump_load.FILTER_CALLS] = int(arrays[dump_load.FILTER_CALLS])
-        shard = replica_shards.shards_of(self)[0]
-        keys, values = arrays["keys"], arrays["values"]
-        dim = dimension_of(shard)
-        if keys.ndim != 1 or values.ndim != 2 or values.shape[0] != keys.shape[0]:
-            raise dump_load.CheckpointError(
-                f"load_weights: {source} holds keys of shape {list(keys.shape)} and values of "
-                f"shape {list(values.shape)}; expected [n] keys and [n, {dim}] values")
-        if values.shape[1] != dim:
-            raise dump_load.CheckpointError(
-                f"load_weights: {source} holds rows of dimension {values.shape[1]}; the table "
-                f"has dimension {dim}")
-        arrays["keys"] = keys.astype(np.int64)
-        if shard.fixed_rows is not None:
-            dump_load.in_row_order(arrays, name, shard.fixed_rows, f"load_weights: {source}",
-                                   holder="the file")
-        dump_load.restore({name: self}, {name: arrays}, source)
 
-    def _refuse_worker_processes(self, what):
-        """A weights file holds one process's view: a table sharded over
-        worker processes is refused (a rank-0-only save would also wait
-        forever for the others in the allgather that reads every shard)."""
-        from sok_graph.tables import replica_shards
+# What writes a table into a Keras weights entry and reads it back:
+# sok_graph.dump_load's keras_save / keras_load (what a dump holds of a
+# table, restored as sok.load restores it), registered when that module is
+# imported (with sok_graph). It sits above the tables and imports them, so
+# the tables cannot import it.
+_CODECS = {}
 
-        world = replica_shards.shards_of(self)[0].placement[0]
-        comm = context.active()
-        if world > 1 and comm is not None and not comm.in_process:
-            raise ValueError(
-                f"{what}: sok table '{self.name}' is sharded over {world} worker processes, "
-                f"which a Keras weights file cannot hold; save and restore it with sok.dump / "
-                f"sok.load (every worker calls them)")
+
+def register_codec(save, load):
+    _CODECS.update(save=save, load=load)
+
+
+def _codec(what):
+    if what not in _CODECS:  # pragma: no cover - sok_graph imports dump_load
+        raise RuntimeError("sok table weights need sok_graph.dump_load: import sok_graph")
+    return _CODECS[what]
 
 
 def held_by(table, attribute):
