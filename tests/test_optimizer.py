@@ -485,6 +485,22 @@ def test_a_keras_optimizer_counts_the_steps_it_gives_only_sok_tables():
     assert int(opt.iterations.numpy()) == 4
 
 
+@pytest.mark.skipif(not hasattr(tf.keras.mixed_precision, "LossScaleOptimizer"),
+                    reason="tf.keras.mixed_precision.LossScaleOptimizer (TF 2.4 on)")
+def test_a_loss_scale_optimizer_is_refused_saying_what_to_do():
+    """Under a mixed_float16 policy compile() wraps the optimizer in a
+    LossScaleOptimizer; given to the wrapper (or routed by OptimizerScope
+    in fit) it was refused as an unsupported optimizer, with no word of
+    mixed precision or of the way out."""
+    inner = tf.keras.optimizers.SGD(0.1)
+    scaled = tf.keras.mixed_precision.LossScaleOptimizer(inner)
+    with pytest.raises(TypeError, match=r"not mixed precision's LossScaleOptimizer\w*.*divide "
+                                        r"them by its loss scale.*"
+                                        r"sok.OptimizerWrapper\(optimizer.inner_optimizer\)"):
+        sok.OptimizerWrapper(scaled)
+    sok.OptimizerWrapper(scaled.inner_optimizer)  # the way out
+
+
 def test_bad_optimizers():
     with pytest.raises(TypeError, match="must be a tf.compat.v1.train or Keras optimizer"):
         sok.OptimizerWrapper(object())

@@ -214,6 +214,15 @@ def _algorithm_name(optimizer):
     for cls in type(optimizer).__mro__:
         if cls.__name__ in _BY_CLASS_NAME:
             return _BY_CLASS_NAME[cls.__name__]
+    if any(cls.__name__.startswith("LossScaleOptimizer") for cls in type(optimizer).__mro__):
+        # Mixed precision's wrapper (keras.mixed_precision.set_global_policy
+        # makes compile() wrap the optimizer): its gradients are scaled.
+        raise TypeError(
+            f"sok.OptimizerWrapper (and sok.OptimizerScope) take the optimizer itself, not "
+            f"mixed precision's {type(optimizer).__name__} (compile() wraps the optimizer in "
+            f"it under a mixed_float16 policy): keep the sok tables' gradients out of it, "
+            f"divide them by its loss scale, and apply them with "
+            f"sok.OptimizerWrapper(optimizer.inner_optimizer)")
     raise TypeError(
         f"sok.OptimizerWrapper supports SGD, Momentum, Adagrad, Ftrl, RMSprop, Adadelta, Adam "
         f"and Adamax optimizers; got {type(optimizer).__name__}")
