@@ -1077,12 +1077,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         return {"-keys": keys, "-values": rows, "-timestamps": times, "-frequencies": counts}
 
     def _restore_from_tensors(self, restored_tensors):
-        return self.restore_tensors(restored_tensors)
-
-    def restore_tensors(self, restored_tensors):
-        """The restore of a checkpoint's tensors (keyed as _table_tensors
-        keys them): a table's own, or, for a replica's shard, the part of
-        the whole table's that its ReplicaShards hands it."""
+        # Also a replica's shard's, with its part of the whole table's
+        # tensors (ReplicaShards._restore_from_tensors).
         with tf.name_scope(scope_name(f"{self._name}_restore")):
             # A Saver may restore before any initializer ran: the table, its
             # links to its shadows and its filter's state are made here too.

@@ -21,7 +21,7 @@ import weakref
 import tensorflow as tf
 
 from sok_graph import compat, context
-from sok_graph.placement import owner_of
+from sok_graph.placement import owned_rows, owner_of
 from sok_graph.tables import dimension_of, is_dynamic, register
 from sok_graph.communication.replicas import building_rank
 from sok_graph.tables.keras_weights import KerasWeights, hold_for_keras
@@ -146,8 +146,8 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
             values = tf.reshape(values, [-1, dim])
         ops = []
         for shard in self._shards:
-            mine = tf.equal(owner_of(shard, keys), shard.placement[1])
             if is_dynamic(first):
+                mine = tf.equal(owner_of(shard, keys), shard.placement[1])
                 # The shard's own restore: in a graph it also makes the
                 # table, its slot links and filter state, and checks its
                 # capacity (replace_rows needs a made table).
@@ -157,10 +157,9 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
                     if "-" + m in restored_tensors:
                         part["-" + m] = tf.boolean_mask(
                             tf.reshape(restored_tensors["-" + m], [-1]), mine)
-                ops.append(shard.restore_tensors(part))
+                ops.append(shard._restore_from_tensors(part))
             else:
-                ops.append(shard.replace_rows(tf.boolean_mask(keys, mine),
-                                              tf.boolean_mask(values, mine)))
+                ops.append(shard.replace_rows(*owned_rows(shard, keys, values)))
         return tf.group(ops)
 
     def _export_to_saved_model_graph(self, *args, **kwargs):
