@@ -519,3 +519,102 @@ def test_reads_built_apart_run_apart_and_a_restore_makes_the_filter(tmp_path):
             saver.restore(sess, path)
             sess.run(reads[0], {train: [4, 5, 6]})
             assert sess.run(calls).tolist() == [1]  # the Saver keeps no call count
+
+
+def _checkpoint_round_trip(graph_mode, build, steps_before, steps_after, path):
+    """Held keys after `steps_before` steps, a tf.train.Checkpoint, and
+    `steps_after` more, for the table that never stopped and for one
+    restored from the checkpoint (eagerly, or in tf.compat.v1.Session
+    graphs). build() -> (table, step functions)."""
+    if not graph_mode:
+        ref, steps = build()
+        for step in steps_before:
+            steps[step]()
+        saved = tf.train.Checkpoint(t=ref).save(path)
+        restored, restored_steps = build()
+        tf.train.Checkpoint(t=restored).restore(saved).assert_existing_objects_matched()
+        at_restore = held_keys(restored)
+        for step in steps_after:
+            steps[step]()
+            restored_steps[step]()
+        return held_keys(ref), at_restore, held_keys(restored)
+
+    def graph_run(restore_from=None, before=(), save=False):
+        with tf.Graph().as_default():
+            table, steps = build()
+            ops = {name: step() for name, step in steps.items()}
+            keys = table._serialize_to_tensors()["-keys"]  # what a checkpoint saves
+            checkpoint = tf.compat.v1.train.Checkpoint(t=table)
+            with tf.compat.v1.Session() as sess:
+                if restore_from is None:
+                    sess.run(tf.compat.v1.global_variables_initializer())
+                    for step in before:
+                        sess.run(ops[step])
+                    held = set(sess.run(keys).tolist())
+                    return (checkpoint.save(path, session=sess) if save else None), held
+                # No initializer: the restore makes the table and its filter.
+                checkpoint.restore(restore_from).assert_existing_objects_matched() \
+                    .run_restore_ops(sess)
+                at_restore = set(sess.run(keys).tolist())
+                for step in steps_after:
+                    sess.run(ops[step])
+                return at_restore, set(sess.run(keys).tolist())
+
+    saved, _ = graph_run(before=steps_before, save=True)
+    _, ref_held = graph_run(before=list(steps_before) + list(steps_after))
+    at_restore, held = graph_run(restore_from=saved)
+    return ref_held, at_restore, held
+
+
+@pytest.mark.parametrize("graph_mode", [False, True], ids=["eager", "session"])
+@pytest.mark.parametrize("settings", [dict(min_count=3), dict(min_count=3, min_count_counters=4096),
+                                      dict(filter_ratio=0.3), dict(filter_ratio=0.3, min_count=2)],
+                         ids=["exact_counts", "sketch", "filter_ratio", "both"])
+def test_counts_and_draws_survive_a_tf_train_checkpoint(rng, tmp_path, graph_mode, settings):
+    """A table restored from a tf.train.Checkpoint admits in its next calls
+    the keys that the table that never stopped admits: the checkpoint keeps
+    the filter's counts and the call count that salts filter_ratio's draws.
+    Before, it kept neither: a restarted job counted every waiting key from
+    zero and repeated its first calls' draws (held keys after 3 + 3 calls:
+    fewer, and other ones)."""
+    batches = [b.ravel() for b in zipf_batches(rng, 6, 64, 4, vocab=2000)]
+
+    def build():
+        var = sok.DynamicVariable(DIM, name="filtered", initializer="ones", **settings)
+
+        def step(batch):
+            ids = tf.RaggedTensor.from_row_lengths(tf.constant(batch), [len(batch)])
+            return lambda: sok.lookup_sparse(var, ids, combiners="sum",
+                                             use_low_frequency_filter=True)
+        return var, {i: step(b) for i, b in enumerate(batches)}
+
+    ref, at_restore, restored = _checkpoint_round_trip(
+        graph_mode, build, [0, 1, 2], [3, 4, 5], str(tmp_path / "ckpt"))
+    assert at_restore and at_restore < ref
+    assert restored == ref
+
+
+def test_a_checkpoint_without_filter_state_restores_and_counts_kept_otherwise_are_refused(
+        tmp_path):
+    """A checkpoint of the table before it had a filter (no "admission"
+    object) restores its rows and leaves the counts as they are; counts of
+    a count-min sketch do not restore into exact counts per key (nor the
+    reverse), refused naming the table."""
+    keys = tf.constant([5, 6], tf.int64)
+    plain = sok.DynamicVariable(DIM, name="t", initializer="ones")
+    plain.sparse_read(keys)
+    path = tf.train.Checkpoint(t=plain).save(str(tmp_path / "plain"))
+    filtered = sok.DynamicVariable(DIM, name="t", initializer="ones", min_count=2)
+    filtered.sparse_read(tf.constant([9], tf.int64))
+    tf.train.Checkpoint(t=filtered).restore(path)
+    assert held_keys(filtered) == {5, 6}
+    assert _counts(filtered) == {9: 1}
+
+    sketch = sok.DynamicVariable(DIM, name="s", initializer="ones", min_count=3,
+                                 min_count_counters=64)
+    sketch.sparse_read(keys)
+    path = tf.train.Checkpoint(t=sketch).save(str(tmp_path / "sketch"))
+    exact = sok.DynamicVariable(DIM, name="s", initializer="ones", min_count=3)
+    with pytest.raises(ValueError, match=r"admission counts of DynamicVariable 's' were kept "
+                                         r"as .*sketch.*its filter keeps them as .*keys"):
+        tf.train.Checkpoint(t=exact).restore(path)

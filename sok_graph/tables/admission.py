@@ -34,9 +34,11 @@ sketch dumps the counters of all shards added up, and each shard loads that
 sum, which can only overestimate). So is the call count that salts
 filter_ratio's draws: a load goes on drawing where the dump left off (from
 0 again, a restarted job would repeat its first calls' draws and turn the
-same keys away). tf.train.Checkpoint and tf.compat.v1.train.Saver save the
-table's rows, not the filter's state: their restore leaves the counts and
-the call count as they were.
+same keys away). tf.train.Checkpoint saves both as well, as an object of
+the table's (CheckpointState below, "admission"); a checkpoint written
+without it (before the table had a filter) leaves them as they are. A
+tf.compat.v1.train.Saver saves the rows its var_list names, not the
+filter's state.
 
 A known limit of the hash below: it mixes a key's 31-bit pieces modulo
 2^31 - 1, so some pairs of keys hash alike under every salt (0 and 2^31 - 1,
@@ -45,6 +47,7 @@ never late), and filter_ratio draws them alike. Exact counts are per key.
 """
 
 import contextlib
+import json
 import math
 import threading
 
@@ -398,6 +401,12 @@ class AdmissionFilter:
         restarts often: never admitted)."""
         return self._calls.assign(tf.constant(int(calls), tf.int64))
 
+    def restore_calls_tensor(self, calls):
+        """restore_calls of a tensor (a checkpoint's): the op sets the call
+        counter and gives True."""
+        with tf.control_dependencies([self._calls.assign(tf.cast(calls, tf.int64))]):
+            return tf.constant(True)
+
     def description(self):
         """What the counts mean, as a dump's manifest records it: per key, or
         per counter of a sketch of this size."""
@@ -417,6 +426,85 @@ class AdmissionFilter:
         return dynamic_ops.import_rows(
             self.counts_handle, entries, tf.reshape(tf.cast(counts, tf.float32), [-1, 1]),
             replace=True)
+
+
+class CheckpointState(compat.trackable_base_class()):
+    """A filter's state in a tf.train.Checkpoint: an object the table tracks
+    as "admission", so that a checkpoint of a table written before it had
+    a filter (which holds no such object) still restores, into a filter
+    whose state is then left as it is. Saved: what the counts are keyed by
+    (the description a dump's manifest records, "" where the filter counts
+    nothing), the counts (entries, counts; empty where none) and the call
+    count of filter_ratio's draws ([1], or [0] where it draws nothing).
+    Before, a restore kept the counts and call count of the process that
+    restored: a restarted job counted from zero and repeated its first
+    calls' draws, turning the same keys away again."""
+
+    def __init__(self, admission, table_name):
+        self._filter, self._table_name = admission, table_name
+
+    @property
+    def name(self):
+        # What a TF 1.x checkpoint names the tensors by (compat's trackable).
+        return self._table_name + "/admission"
+
+    def _kind(self):
+        if not self._filter.counting:
+            return ""
+        return json.dumps(self._filter.description(), sort_keys=True)
+
+    def _serialize_to_tensors(self):
+        admission = self._filter
+        if admission.counting:
+            entries, counts = admission.export()
+        else:
+            entries = counts = tf.zeros([0], tf.int64)
+        calls = admission.calls() if admission.draws else tf.zeros([0], tf.int64)
+        return {"kind": tf.constant(self._kind()), "entries": entries, "counts": counts,
+                "calls": calls}
+
+    def _restore_from_tensors(self, restored_tensors):
+        admission = self._filter
+        # A Saver may restore before the table's initializer ran.
+        deps = [] if tf.executing_eagerly() else admission.restore_ops()
+        ops = []
+        with tf.control_dependencies(deps):
+            if admission.counting:
+                saved = restored_tensors["kind"]
+                mine = self._kind()
+
+                def refusal(kept):
+                    return (f"a checkpoint's admission counts of DynamicVariable "
+                            f"'{self._table_name}' were kept as {kept}; its filter keeps them "
+                            f"as {mine} (a count-min sketch's counters and exact counts per "
+                            f"key do not convert): restore into a table of the same "
+                            f"min_count_counters / min_count_hashes")
+                value = compat.constant_value(saved)
+                if value is not None:
+                    value = getattr(value, "item", lambda: value)()  # a 0-d array
+                    value = value.decode("utf-8") if isinstance(value, bytes) else str(value)
+                    if value not in ("", mine):
+                        raise ValueError(refusal(value))
+                    checks = []
+                else:
+                    checks = [tf.debugging.Assert(
+                        tf.logical_or(tf.equal(saved, ""), tf.equal(saved, mine)),
+                        [refusal("(below)"), saved])]
+                with tf.control_dependencies(checks):
+                    # A checkpoint of a filter that counted nothing holds no
+                    # counts: the restored table's keys start afresh.
+                    ops.append(admission.restore(restored_tensors["entries"],
+                                                 restored_tensors["counts"]))
+            if admission.draws:
+                calls = tf.reshape(restored_tensors["calls"], [-1])
+                # A checkpoint of a filter that drew nothing keeps the call
+                # count as it is.
+                ops.append(tf.cond(tf.equal(tf.size(calls), 1),
+                                   lambda: admission.restore_calls_tensor(calls[0]),
+                                   lambda: tf.constant(False)))
+        if not ops:
+            return tf.no_op()
+        return tf.group(ops)
 
 
 def _outside_control_flow(op, graph):

@@ -248,6 +248,10 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
                 with tf.control_dependencies(None):
                     self._graph_element = self._size_tensor()
         self._table_shared_name = shared_name
+        if self._admission is not None:
+            # The filter's counts and call count, saved by tf.train.Checkpoint.
+            self._track_trackable(admission.CheckpointState(self._admission, self._name),
+                                  name="admission")
         # Tables keyed like this one (optimizer slots) that drop the keys this
         # table evicts or removes (add_shadow), so a key that comes back
         # starts afresh in all.
