@@ -235,9 +235,21 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         with tf.name_scope(scope_name(self._name)), context.table_scope():
             self._handle = dynamic_ops.handle(shared_name)
             self._initializer_op = self._create_op()
+            if not tf.executing_eagerly():
+                # The initializer starts the table afresh, as a tf.Variable's
+                # assigns its initial value: run again in a Session
+                # (global_variables_initializer to start training over), it
+                # empties the table, its slot tables (its shadows) and its
+                # filter's counts. Its create op alone kept an existing
+                # table: the dense layers started over, the embeddings and
+                # their Adam moments went on trained.
+                with tf.control_dependencies([self._initializer_op]):
+                    self._initializer_op = dynamic_ops.clear(self._handle)
             if self._admission is not None:
                 state = self._admission.create_ops(shared_name, self._key_type)
                 if state and not tf.executing_eagerly():
+                    with tf.control_dependencies(state):
+                        state.append(self._admission.clear())
                     self._initializer_op = tf.group(self._initializer_op, *state)
             self._graph_element = None
             if compat.v1_graph_mode():
@@ -375,7 +387,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
 
     @property
     def initializer(self):
-        """The op that creates the table (graph mode)."""
+        """The op that makes the table, or empties it (with its slot tables
+        and filter counts) where it exists (graph mode)."""
         return self._initializer_op
 
     @property
