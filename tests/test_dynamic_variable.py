@@ -769,3 +769,24 @@ def test_a_saved_model_of_a_dynamic_table_is_refused_naming_it(tmp_path, with_fu
                                          r"SavedModel.*tf.train.Checkpoint or sok.dump.*"
                                          r"sok.export_for_serving"):
         tf.saved_model.save(module, str(tmp_path / "sm"))
+
+
+def test_tf_nn_embedding_lookup_sparse_of_a_dynamic_table_names_sok_lookup_sparse():
+    """TensorFlow's embedding_lookup_sparse converts a single table to a
+    dense tensor, which a dynamic table has not: the refusal names the
+    sparse lookup that reads it (it named only sparse_read and
+    tf.nn.embedding_lookup)."""
+    table = sok.DynamicVariable(2, initializer="ones")
+    ids = tf.ragged.constant([[1, 2], [3]], tf.int64).to_sparse()
+    for lookup in (tf.nn.embedding_lookup_sparse, tf.nn.safe_embedding_lookup_sparse):
+        if tf.__version__.startswith("1.") and lookup is tf.nn.embedding_lookup_sparse:
+            # TF 1.x's reads the table through embedding_lookup (sparse_read).
+            np.testing.assert_array_equal(lookup(table, ids, None, combiner="sum"),
+                                          [[2.0, 2.0], [1.0, 1.0]])
+            continue
+        with pytest.raises(ValueError, match=r"sok\.lookup_sparse where "
+                                             r"tf\.nn\.embedding_lookup_sparse"):
+            lookup(table, ids, None, combiner="sum")
+    np.testing.assert_array_equal(
+        sok.lookup_sparse(table, tf.RaggedTensor.from_sparse(ids), combiners="sum"),
+        [[2.0, 2.0], [1.0, 1.0]])

@@ -79,7 +79,9 @@ class NoDenseValueError(NotImplementedError, ValueError):
 def _refuse_dense(table, what):
     raise NoDenseValueError(
         f"DynamicVariable '{table._name}': {what} needs a dense value, which a dynamic table "
-        f"does not have; read rows with sparse_read / tf.nn.embedding_lookup or sok.export, "
+        f"does not have; read rows with sparse_read / tf.nn.embedding_lookup or sok.export "
+        f"(sok.lookup_sparse where tf.nn.embedding_lookup_sparse or "
+        f"safe_embedding_lookup_sparse would read the whole table), "
         f"write them with sok.assign or scatter_update, train the table with "
         f"sok.OptimizerWrapper or inside sok.OptimizerScope, and save it with "
         f"tf.train.Checkpoint, tf.compat.v1.train.Saver or sok.dump")
