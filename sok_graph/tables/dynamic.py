@@ -1058,6 +1058,17 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         return self._table_shared_name if self._in_graph_mode else self._name
 
     @property
+    def _distribute_strategy(self):
+        """Asked of a variable by tf.distribute when an optimizer makes its
+        slot variables (Keras 2's OptimizerV2, the legacy optimizers that
+        sok.init selects, asks it first): a table has none, and the
+        question came as "'DynamicVariable' object has no attribute
+        '_distribute_strategy'". Inside sok.OptimizerScope no optimizer
+        makes slots for a table."""
+        _refuse_dense(self, "making an optimizer's slot variables for it "
+                            "(apply_gradients outside sok.OptimizerScope)")
+
+    @property
     def path(self):
         """Keras 3 variables have a path; a table has none. A Keras 3
         optimizer asks for it first when it makes a variable's slots
