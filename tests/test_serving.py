@@ -2492,7 +2492,9 @@ def test_a_lookup_of_a_table_whose_keys_and_index_never_agree_fails_naming_it():
     """A delta stopped between its two assigns (or a lookup compiled with
     XLA, which reads each variable once) leaves keys and index of two
     lengths: the lookup's re-reads are bounded and end in an error naming
-    the table, where they spun for ever. A whole delta is read as usual."""
+    the table, where they spun for ever. A whole delta is read as usual.
+    (The bound is an int64 count and the error CheckNumerics':
+    maximum_iterations and an assertion could not be placed on a GPU.)"""
     from sok_graph.serving import tables as serving_tables
 
     table = serving_tables.DynamicTable("user", tf.int64, 2)

@@ -254,6 +254,10 @@ def _held_at(vector, probe):
                    lambda: tf.zeros_like(probe, dtype=vector.dtype))
 
 
+# How often a lookup reads a dynamic table's keys and index for a pair of
+# one state (DynamicTable._held).
+_STATE_READS = 1000
+
 _RESOURCE = getattr(tf.saved_model.experimental, "TrackableResource", None)
 
 
@@ -331,25 +335,36 @@ class DynamicTable(tf.Module):
         exactly when they are of one length (one state's keys with a later
         state's index of the same length: no key was added between, and that
         index is the later state's, for the same keys); a pair of two
-        lengths is read again."""
+        lengths is read again (up to _STATE_READS reads in all)."""
         def read():  # a list, as the loop's variables (eagerly, a tuple failed the loop)
             return [tf.convert_to_tensor(self.keys), tf.convert_to_tensor(self.index)]
 
-        def mixed(keys, index):
-            return tf.not_equal(tf.size(keys), tf.size(index))
+        def mixed(keys, index, reads):
+            return tf.logical_and(tf.not_equal(tf.size(keys), tf.size(index)),
+                                  reads < _STATE_READS)
 
-        keys, index = read()
+        def again(keys, index, reads):
+            return read() + [reads + 1]
+
         # Bounded: under XLA (which reads each variable once) or after a
         # delta that stopped between its two assigns, the lengths never
         # agree, and the lookup fails naming the table rather than spinning.
-        keys, index = tf.while_loop(mixed, lambda keys, index: read(), [keys, index],
-                                    shape_invariants=[tf.TensorShape([None])] * 2,
-                                    maximum_iterations=1000)
-        check = tf.debugging.assert_equal(
-            tf.size(keys), tf.size(index),
-            message=f"sok serving table '{self.table_name}': its keys and index did not "
-                    f"agree in 1000 reads (a delta stopped halfway, or the lookup runs "
-                    f"under XLA, which reads each variable once): reload the model")
+        # The bound is an int64 loop variable and the failure CheckNumerics'
+        # (its message an attribute), not maximum_iterations (an int32
+        # counter) and tf.debugging.assert_equal (string constants): the
+        # lookup is placed with the served rows (tf.nn.embedding_lookup
+        # colocates with its table), and with those on a GPU the model could
+        # not be placed ("no supported kernel for GPU devices" at every call).
+        keys, index, _ = tf.while_loop(
+            mixed, again, read() + [tf.constant(1, tf.int64)],
+            shape_invariants=[tf.TensorShape([None]), tf.TensorShape([None]),
+                              tf.TensorShape([])])
+        agree = tf.equal(tf.size(keys), tf.size(index))
+        check = tf.debugging.check_numerics(
+            tf.where(agree, tf.constant(0.0), tf.constant(float("nan"))),
+            f"sok serving table '{self.table_name}': its keys and index did not agree in "
+            f"{_STATE_READS} reads (a delta stopped halfway, or the lookup runs under XLA, "
+            f"which reads each variable once): reload the model")
         with tf.control_dependencies([check]):
             return tf.identity(keys), tf.identity(index)
 
