@@ -965,21 +965,31 @@ def load(path, load_vars, optimizer=None):
             formulas=None if optimizer is None else optimizer.slot_formulas,
             names={name: var_name(var) for name, var in variables.items()})
     step = None if optimizer is None else manifest["optimizer"]["step"]
-    restore(variables, loaded, source, optimizer, step)
+    restore(variables, loaded, source, optimizer, step, workers_agree=True)
 
 
-def restore(variables, loaded, source, optimizer=None, step=None):
+def restore(variables, loaded, source, optimizer=None, step=None, workers_agree=False):
     """Gives each table of `variables` ({name: table}) the rows of
     `loaded[name]` (arrays as read_dump or table_arrays give them, their
     keys sorted) and, with `optimizer`, its slots and `step`; refusals
     name `source`. Every check runs before any table changes, and a
     failure while replacing puts back the tables already replaced.
-    sok.load and Keras weights files (tables/keras_weights.py) share it."""
+    sok.load and Keras weights files (tables/keras_weights.py) share it.
+    workers_agree (sok.load, which every worker calls): a refusal on any
+    worker process is one on every worker, before any of them changes."""
     slots = _slot_specs(optimizer)
     first = {name: replica_shards.shards_of(var)[0] for name, var in variables.items()}
-    for name, var in first.items():
-        _as_table_dtype(loaded[name], var, f"variable '{name}'", source)
-    _check_fits(variables, loaded, source)
+    refusal = None
+    try:
+        for name, var in first.items():
+            _as_table_dtype(loaded[name], var, f"variable '{name}'", source)
+        _check_fits(variables, loaded, source)
+    except CheckpointError as e:
+        refusal = e
+    if workers_agree:
+        _refused_on_some_worker(refusal, source)
+    if refusal is not None:
+        raise refusal
     ops = []
     made = []
     for name, table in variables.items():
@@ -1081,6 +1091,36 @@ def check_keys_fit(keys, key_dtype, what, source="the dump"):
             f"{what} has {key_dtype.name} keys (key_type); {source} holds key "
             f"{int(outside[0])}, which does not fit in {key_dtype.name}: load it into a table "
             f"with key_type=tf.int64")
+
+
+def _refused_on_some_worker(refusal, source):
+    """Every worker process tells the others whether its checks refused
+    the load (`refusal`, this worker's CheckpointError or None); a worker
+    whose own checks passed raises where another's did not. Each worker
+    checks the rows it owns (its capacity, its keys' dtype), so a dump one
+    worker refused was loaded by the others, without an error there: the
+    job went on half from the dump and half from before."""
+    comm = context.active()
+    if comm is None or comm.world_size == 1 or comm.in_process:
+        return  # one process: its checks covered every shard
+    world = comm.world_size
+    mine = np.zeros([world], np.float32)
+    mine[comm.rank] = 0.0 if refusal is None else 1.0
+    if tf.executing_eagerly():
+        told = comm.allreduce(tf.constant(mine), name="sok_load_refusals").numpy()
+    else:
+        def build():
+            flags = tf.compat.v1.placeholder(tf.float32, [world], name="sok_load_refusals")
+            return flags, comm.allreduce(flags, name="sok_load_refusals")
+
+        flags, summed = _built_once(("load_refusals",), (comm,), build)
+        told = _run(summed, {flags: mine})
+    refused = [rank for rank in range(world) if told[rank] > 0]
+    if refusal is None and refused:
+        raise CheckpointError(
+            f"{source} was refused on worker(s) {refused} of {world} (their error says "
+            f"why); this worker loaded nothing either, so every worker keeps its tables "
+            f"as they were")
 
 
 def _check_fits(variables, loaded, source):

@@ -8,6 +8,9 @@
   --phase load: builds the same tables and optimizer, sok.load's --path and
       writes what this worker holds after the load, the same way; with
       --redump, dumps again (so a chain of world sizes can be checked).
+      With --refuse_on R, worker R's dynamic table holds at most 4 rows, so
+      its checks refuse the dump: every worker must raise CheckpointError
+      and keep its tables as built (nothing is written to --out).
 
 Run by N workers for the dump and M for the load, the union of the npz files
 must be the same rows and slots, bit for bit. --engine mirrored --world N:
@@ -31,6 +34,7 @@ def main():
     p.add_argument("--path", required=True)
     p.add_argument("--out", required=True)
     p.add_argument("--redump", help="after loading, dump again to this path")
+    p.add_argument("--refuse_on", type=int, help="the worker whose table refuses the load")
     args = p.parse_args()
     import tensorflow as tf
 
@@ -56,7 +60,11 @@ def main():
         sok.init(comm_tool=args.engine)
     init = np.random.default_rng(7).normal(size=(ROWS, DIM)).astype(np.float32)
     static = sok.Variable(init, name="static_table")
-    dynamic = sok.DynamicVariable(dimension=DIM, initializer="normal", name="dynamic_table")
+    bound = {}
+    if args.refuse_on == rank:
+        bound = dict(var_type="hybrid", init_capacity=4, max_capacity=4)
+    dynamic = sok.DynamicVariable(dimension=DIM, initializer="normal", name="dynamic_table",
+                                  **bound)
     tables = [static, dynamic]
     opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
     if args.phase == "dump":
@@ -98,6 +106,23 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"incremental{rank}.npz"), keys=np.asarray(keys),
                  rows=np.asarray(rows))
+    elif args.refuse_on is not None:
+        from sok_graph.dump_load import CheckpointError
+
+        try:
+            sok.load(args.path, tables, optimizer=opt)
+        except CheckpointError as e:
+            expected = ("holds at most 4 rows" if rank == args.refuse_on
+                        else f"refused on worker(s) [{args.refuse_on}] of {world}")
+            assert expected in str(e), (rank, str(e))
+        else:
+            raise AssertionError(f"rank {rank}: the load another worker refused went through")
+        # Every worker's tables as built: no row of the dump, no Adam step.
+        np.testing.assert_array_equal(sok.export(static)[1].numpy(),
+                                      init[np.asarray(sok.export(static)[0])])
+        assert int(sok.export(dynamic)[0].shape[0]) == 0 and int(opt.iterations.numpy()) == 0
+        print(f"rank {rank}/{world} refused load: ok", flush=True)
+        return
     else:
         sok.load(args.path, tables, optimizer=opt)
         if args.redump:
