@@ -207,22 +207,6 @@ def test_dump_load_across_world_sizes(tmp_path):
     _check_dump_chain(chain, run, tmp_path)
 
 
-@needs_horovod
-def test_a_load_one_worker_refuses_changes_no_worker(tmp_path):
-    """Each worker checks the rows it owns; where one refuses a dump (its
-    dynamic table holds at most 4 rows), every worker raises
-    CheckpointError and keeps its tables as built. The other workers
-    loaded the dump without an error before: the job went on half from the
-    dump, half from before."""
-    launch(2, DUMP, ["--engine", "horovod", "--phase", "dump", "--path", str(tmp_path / "ckpt"),
-                     "--out", str(tmp_path / "out")])
-    for refusing in (0, 1):
-        launch(2, DUMP, ["--engine", "horovod", "--phase", "load", "--path",
-                         str(tmp_path / "ckpt"), "--out", str(tmp_path / "unused"),
-                         "--refuse_on", str(refusing)])
-    assert not os.path.exists(tmp_path / "unused")
-
-
 def _check_dump_chain(chain, run, tmp_path):
     """run(world, args) dumps at chain[0], then each stage loads the previous
     stage's dump, must hold exactly what was first dumped, and dumps again."""
