@@ -399,13 +399,7 @@ class AdmissionFilter:
         salts of the first calls, and a key turned away by those draws
         would be turned away again (after each restart, for a job that
         restarts often: never admitted)."""
-        return self._calls.assign(tf.constant(int(calls), tf.int64))
-
-    def restore_calls_tensor(self, calls):
-        """restore_calls of a tensor (a checkpoint's): the op sets the call
-        counter and gives True."""
-        with tf.control_dependencies([self._calls.assign(tf.cast(calls, tf.int64))]):
-            return tf.constant(True)
+        return self._calls.assign(tf.cast(calls, tf.int64))  # a number, or a tensor
 
     def description(self):
         """What the counts mean, as a dump's manifest records it: per key, or
@@ -499,8 +493,11 @@ class CheckpointState(compat.trackable_base_class()):
                 calls = tf.reshape(restored_tensors["calls"], [-1])
                 # A checkpoint of a filter that drew nothing keeps the call
                 # count as it is.
-                ops.append(tf.cond(tf.equal(tf.size(calls), 1),
-                                   lambda: admission.restore_calls_tensor(calls[0]),
+                def restored():
+                    with tf.control_dependencies([admission.restore_calls(calls[0])]):
+                        return tf.constant(True)
+
+                ops.append(tf.cond(tf.equal(tf.size(calls), 1), restored,
                                    lambda: tf.constant(False)))
         if not ops:
             return tf.no_op()
