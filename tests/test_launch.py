@@ -99,6 +99,14 @@ elif mode == "flood":
         sys.stdout.write("out %d %d %s\n" % (rank, i, "x" * 40))
         sys.stderr.write("err %d %d %s\n" % (rank, i, "y" * 40))
     sys.stdout.write("last line without newline %d" % rank)
+elif mode == "leave_child":
+    record_pid()
+    import subprocess
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                              "left-by-%d" % rank])
+    with open(os.path.join(piddir, "child%d" % rank), "w") as f:
+        f.write(str(child.pid))
+    print("rank %d done" % rank, flush=True)
 elif mode == "marker":
     open(os.path.join(piddir, "started"), "w").close()
 """
@@ -855,3 +863,34 @@ def test_a_failed_workers_report_names_its_error_before_a_long_traceback(tmp_pat
     script.write_text("import sys\nsys.stderr.write('ValueError: bad\\n')\nsys.exit(2)\n")
     err = _launch(script, ["--no-horovod"]).stderr.decode()
     assert err.split("the last lines of its stderr:\n")[1].startswith("[0] ValueError: bad\n"), err
+
+
+def test_a_child_a_worker_left_running_is_ended_with_the_job(job):
+    """A worker that exits 0 and leaves a process it started running: the
+    launcher used to return 0 and leave the child running (its output pipes
+    held open for the drain's 2 s). It now stops the worker's process group."""
+    rc, out, err, _ = job.run(["-np", "2", "--grace", "2"], "leave_child")
+    assert rc == 0, err
+    assert "exited and left processes running in their process group" in err
+    children = [int((job.piddir / f"child{r}").read_text()) for r in (0, 1)]
+    deadline = time.monotonic() + 10
+    while any(_alive(pid, "left-by") for pid in children) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not [pid for pid in children if _alive(pid, "left-by")]
+
+
+@pytest.mark.parametrize("closed", ["stdout", "stderr"])
+def test_a_launcher_started_with_a_closed_output_returns_its_workers_status(job, closed):
+    """`>&-` or `2>&-`: the launcher has no sys.stdout (sys.stderr); it
+    drops what would go there. It used to fail in its reader threads and
+    report 1 for a job that succeeded (stdout) or whose worker exited 3."""
+    descriptor = {"stdout": 1, "stderr": 2}[closed]
+    for mode, expected in (("flood", 0), ("fail", 3)):
+        argv = job.argv(["-np", "3", "--grace", "1"], mode, "200")
+        p = subprocess.run(["bash", "-c", f'exec "$@" {descriptor}>&-', "launch"] + argv,
+                           env=_env(), capture_output=True, check=False,
+                           timeout=RUN_TIMEOUT_S)
+        assert p.returncode == expected, (mode, p.returncode, p.stdout[-2000:], p.stderr[-2000:])
+        assert not [pid for pid in job.pids() if _alive(pid, str(job.script))]
+        for f in os.listdir(job.piddir):
+            os.remove(job.piddir / f)

@@ -121,7 +121,10 @@ class _Output:
 
     def write(self, stream, data):
         with self.lock:
-            if stream in self._broken:
+            if stream is None or stream in self._broken:
+                # None: the launcher was started with that descriptor
+                # closed (`>&-`); its output is dropped, as a closed
+                # reader's is, and the workers' status still comes back.
                 return
             try:
                 buf = getattr(stream, "buffer", None)
@@ -396,6 +399,7 @@ def _watch(workers, args, output, received):
             _reap(running, output)
             break
         time.sleep(_POLL_S)
+    _end_leftovers(workers, args.grace, output)
     _drain(workers)
     if failed is not None:
         prefix = f"[{failed.rank}] "
@@ -417,6 +421,44 @@ def _reap(workers, output):
                 f"rank {w.rank} (pid {w.proc.pid}) did not die from SIGKILL "
                 f"within {_REAP_S:g} s; leaving it"
             )
+
+
+def _group_alive(pgid):
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid, signum):
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _end_leftovers(workers, grace, output):
+    """Ends what exited workers left running in their process groups (a
+    child a worker started and never waited for): SIGTERM, then SIGKILL
+    after `grace` s. Such a child outlived a job that had ended with
+    status 0, and kept its output pipes open. A group's id is its reaped
+    worker's pid, which no new process takes while the group has members."""
+    left = [w for w in workers if _group_alive(w.proc.pid)]
+    if not left:
+        return
+    output.message(f"rank(s) {','.join(str(w.rank) for w in left)} exited and left processes "
+                   f"running in their process group; stopping them")
+    for w in left:
+        _signal_group(w.proc.pid, signal.SIGTERM)
+        _signal_group(w.proc.pid, signal.SIGCONT)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(_group_alive(w.proc.pid) for w in left):
+        time.sleep(_POLL_S)
+    for w in left:
+        _signal_group(w.proc.pid, signal.SIGKILL)
 
 
 def _drain(workers):
