@@ -234,3 +234,42 @@ def test_planted_dataset_helpers_refuse_impossible_arguments():
     assert len(train["label"]) == 3 and len(test["label"]) == 2
     picked = movielens.take(samples, [0, 2])  # a list (it failed: list + int)
     assert picked["genres_values"].tolist() == [0, 3] and picked["genres_splits"].tolist() == [0, 1, 2]
+    # A negative position counts from the end, its genres included (-1 gave
+    # splits [0, -5] and no genres); a mask and positions outside are refused.
+    last = movielens.take(samples, [-1, 1])
+    assert last["user"].tolist() == [4, 1]
+    assert last["genres_values"].tolist() == [6, 1, 2] and last["genres_splits"].tolist() == [0, 1, 3]
+    with pytest.raises(TypeError, match="index must hold integer positions; got bool"):
+        movielens.take(samples, np.array([True, False, True, False, False]))
+    with pytest.raises(IndexError, match="index holds -6, outside the 5 samples"):
+        movielens.take(samples, [-6])
+    with pytest.raises(IndexError, match="index holds 5, outside the 5 samples"):
+        movielens.take(samples, [0, 5])
+
+
+def test_auc_refuses_labels_other_than_0_and_1_and_keeps_long_double_scores():
+    """Labels were cut at 0.5: {1, 2} were all one class (NaN) and {0, 0.5}
+    too. Long double scores were cast to float64, where these are one number:
+    a perfect ranking gave 0.5."""
+    for labels in ([1, 2], [0, 0.5], [0, -1]):
+        with pytest.raises(ValueError, match=r"labels must each be 0 or 1 \(a click or not\); got "):
+            metrics.auc(labels, [0.1, 0.9])
+    assert metrics.auc([False, True], [0.1, 0.9]) == 1.0
+    assert metrics.auc(np.array([0.0, 1.0], np.float32), [0.9, 0.1]) == 0.0
+    if np.finfo(np.longdouble).eps < np.finfo(np.float64).eps:  # x86's 80-bit long double
+        one = np.longdouble(1)
+        scores = np.array([one, one + np.finfo(np.longdouble).eps], np.longdouble)
+        assert metrics.auc([0, 1], scores) == 1.0
+
+
+def test_hashed_keys_of_bools_and_float16():
+    """A bool array failed in numpy's compare with 2**63 (OverflowError naming
+    nothing); float16 ids warned of an overflow."""
+    import warnings
+
+    from sok_graph.data.hashed_keys import hashed
+
+    assert hashed(np.array([True, False])).tolist() == hashed([1, 0]).tolist()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert hashed(np.array([3, 7], np.float16)).tolist() == hashed([3, 7]).tolist()

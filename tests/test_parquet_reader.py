@@ -251,8 +251,10 @@ def test_a_missing_or_infinite_label_is_a_clear_error(tmp_path, label, kind):
     path = str(tmp_path / "labels.parquet")
     _write(path, {"a": pa.array([[1], [2], [3], [4]]),
                   "label": pa.array(label, getattr(pa, kind)())}, 10)
-    with pytest.raises(ValueError, match=r"label column 'label' holds a null, NaN or infinite "
-                                         r"label \(row 1 of a batch of 2"):
+    # 1e300 is finite: it is refused for float32's range, not as infinite.
+    what = "beyond float32's range" if label[1] == 1e300 else "a null, NaN or infinite label"
+    with pytest.raises(ValueError, match=r"label column 'label' holds .*, " + what +
+                                         r" \(row 1 of a batch of 2"):
         list(ParquetReader(path, 2, ["a"]))
     good = str(tmp_path / "good.parquet")
     labels = [True, False] if kind == "bool_" else [1, 0]
@@ -653,3 +655,18 @@ def test_batch_counts_refuses_a_bad_epoch(tmp_path):
             r.batch_counts(bad)
     with pytest.raises(TypeError, match="even_batches must be True or False; got 'yes'"):
         ParquetReader(_unequal_shares(tmp_path), 1, ["ids"], even_batches="yes")
+
+
+def test_a_reader_of_no_column_is_refused(tmp_path):
+    """No ragged, dense or label column: iterating gave no batch of a file
+    of rows, and dataset() failed inside TensorFlow naming no argument."""
+    import pyarrow as pa
+
+    from sok_graph.data.parquet import ParquetReader
+
+    path = str(tmp_path / "rows.parquet")
+    _write(path, {"a": pa.array([[1], [2], [3]]), "label": pa.array([0.0, 1.0, 0.0])}, 10)
+    with pytest.raises(ValueError, match="ragged_columns, dense_columns and label_column name "
+                                         "no column: a batch needs at least one"):
+        ParquetReader(path, 2, [], label_column=None)
+    assert len(list(ParquetReader(path, 2, [], label_column="label"))) == 2

@@ -18,12 +18,17 @@ def hashed(ids):
     not a whole number is a ValueError (a float was truncated: 1.0, 1.5 and
     1.9 gave one key)."""
     ids = np.asarray(ids)
+    if ids.dtype.kind == "b":  # as 0 and 1: numpy 2 refuses a bool's compare with 2**63
+        ids = ids.astype(np.uint8)
     if ids.dtype.kind == "f":
+        # As float64, where 2**63 is a number (float16 made it infinite, with
+        # an overflow warning, to compare with).
+        ids = ids.astype(np.float64)
         whole = np.isfinite(ids) & (ids == np.floor(ids))
         if not whole.all():
             bad = ids[~whole].flat[0].item()
             raise ValueError(f"ids must be whole numbers; got {bad!r}")
-    elif ids.dtype.kind not in "iub":
+    elif ids.dtype.kind not in "iu":
         raise TypeError(f"ids must be integers; got {ids.dtype}")
     if ids.size and (ids.min() < 0 or ids.max() >= 2 ** 63):
         bad = (ids.min() if ids.min() < 0 else ids.max()).item()

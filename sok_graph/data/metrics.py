@@ -19,18 +19,20 @@ def _vector(name, values):
 
 def auc(labels, scores):
     """Area under the ROC curve by the rank-sum formula (tied scores share
-    their mean rank). NaN when only one class is present. labels and scores
-    are 1-D (or columns [n, 1]) of one length; a NaN in either is a
-    ValueError (NaN scores, a diverged model's, gave AUC 1.0, and NaN labels
-    counted as negatives)."""
+    their mean rank). NaN when only one class is present. labels (each 0 or
+    1, or False/True) and scores are 1-D (or columns [n, 1]) of one length;
+    a NaN in either, or another label, is a ValueError (NaN scores, a
+    diverged model's, gave AUC 1.0; NaN labels counted as negatives, and
+    labels 1 and 2 were all negatives: NaN, "one class")."""
     labels = _vector("labels", labels)
     scores = _vector("scores", scores)
     if scores.dtype.kind == "b":
         scores = scores.astype(np.int8)
-    elif scores.dtype.kind == "f":
+    elif scores.dtype.kind == "f" and scores.dtype.itemsize < 8:
         scores = scores.astype(np.float64)
-    # Integer scores stay integers: as float64, 2**60 and 2**60 + 1 were one
-    # score (a tie) and gave an AUC of 0.5 for a perfect ranking.
+    # Integer scores stay integers, and long doubles long doubles: as
+    # float64, 2**60 and 2**60 + 1 were one score (a tie) and gave an AUC
+    # of 0.5 for a perfect ranking.
     if len(labels) != len(scores):
         raise ValueError(f"labels and scores must be of one length; got {len(labels)} labels "
                          f"and {len(scores)} scores")
@@ -41,6 +43,11 @@ def auc(labels, scores):
         if nan.any():
             raise ValueError(f"{name} hold {int(nan.sum())} NaN(s), the first at position "
                              f"{int(np.argmax(nan))}: the AUC of NaN is not defined")
+    other = ~((labels == 0) | (labels == 1))
+    if other.any():
+        at = int(np.argmax(other))
+        raise ValueError(f"labels must each be 0 or 1 (a click or not); got {labels[at]!r} at "
+                         f"position {at}")
     order = np.argsort(scores, kind="mergesort")
     sorted_scores = scores[order]
     ranks = np.empty(len(scores))

@@ -121,9 +121,24 @@ def split(samples, test_fraction=0.2, seed=0):
 
 
 def take(samples, index):
-    """The samples at positions `index` (an integer array or list), genres
-    included."""
-    index = np.asarray(index, dtype=np.int64)
+    """The samples at positions `index` (a 1-D integer array or list; a
+    negative position counts from the end, as numpy's), genres included."""
+    given = np.asarray(index)
+    if given.size and given.dtype.kind not in "iu":
+        # A boolean mask became positions 0 and 1.
+        raise TypeError(f"index must hold integer positions; got {given.dtype} (for a mask, "
+                        f"pass np.flatnonzero(mask))")
+    if given.ndim != 1:
+        raise ValueError(f"index must be 1-D; got shape {given.shape}")
+    n = len(samples["genres_splits"]) - 1
+    index = given.astype(np.int64)
+    outside = (index < -n) | (index >= n)
+    if outside.any():
+        raise IndexError(f"index holds {int(index[np.argmax(outside)])}, outside the {n} "
+                         f"samples")
+    # Each position's genres lie between its split and the next: -1 read
+    # the split at 0 and gave the last sample no genres and a negative one.
+    index = np.where(index < 0, index + n, index)
     out = {k: v[index] for k, v in samples.items() if not k.startswith("genres")}
     starts, ends = samples["genres_splits"][index], samples["genres_splits"][index + 1]
     lengths = ends - starts

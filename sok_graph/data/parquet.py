@@ -115,6 +115,11 @@ class ParquetReader:
             raise TypeError(f"label_column must be a column name or None; got {label_column!r}")
         self.label_column = label_column
         _check_output_keys(self.ragged_columns, self.dense_columns, label_column)
+        if not (self.ragged_columns or self.dense_columns or label_column):
+            # A batch of nothing: iterating gave no batch of a file of rows,
+            # and dataset() failed in TensorFlow naming no argument.
+            raise ValueError("ragged_columns, dense_columns and label_column name no column: "
+                             "a batch needs at least one")
         self.rank, self.world_size = int(rank), int(world_size)
         self.shuffle, self.seed = bool(shuffle), int(seed)
         self.prefetch = int(prefetch)
@@ -327,10 +332,12 @@ class ParquetReader:
             # NaN.
             bad = np.flatnonzero(~np.isfinite(labels))
             if len(bad):
-                raise ValueError(f"label column '{self.label_column}' holds a null, NaN or "
-                                 f"infinite label (row {int(bad[0])} of a batch of "
-                                 f"{len(labels)}: {raw[bad[0]]}); every label must be a "
-                                 f"finite number")
+                value = raw[bad[0]]
+                what = ("beyond float32's range" if np.isfinite(np.float64(value))
+                        else "a null, NaN or infinite label")
+                raise ValueError(f"label column '{self.label_column}' holds {value!r}, {what} "
+                                 f"(row {int(bad[0])} of a batch of {len(labels)}); every "
+                                 f"label must be a finite float32 number")
             out["label"] = labels
         return out
 
