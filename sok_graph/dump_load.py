@@ -55,6 +55,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context
+from sok_graph.communication import agreement
 from sok_graph.tables import (dimension_of, keras_weights, key_metadata_of, kind_of,
                               overflow_at, replica_shards)
 from sok_graph.tables.static import is_sok_variable
@@ -866,6 +867,22 @@ def _fsync_dir(directory):
             os.close(fd)
 
 
+def dump_manifest(path):
+    """The manifest of the sok_graph dump at `path` (a JSON object with this
+    format's keys), or None where path/manifest.json is no such file: a
+    manifest.json of another program, a directory, a file that does not
+    parse."""
+    try:
+        with open(os.path.join(path, "manifest.json"), "rb") as f:
+            manifest = json.loads(f.read().decode("utf-8"))
+    except (OSError, ValueError):
+        return None
+    if isinstance(manifest, dict) and "format_version" in manifest \
+            and isinstance(manifest.get("variables"), dict):
+        return manifest
+    return None
+
+
 def _check_replaceable(path):
     """A dump replaces only a previous dump (a directory with a manifest of
     this format's keys) or an empty directory: anything else at `path` is
@@ -876,13 +893,8 @@ def _check_replaceable(path):
         entries = os.listdir(path)
         if not entries:
             return
-        try:
-            with open(os.path.join(path, "manifest.json"), "rb") as f:
-                manifest = json.loads(f.read().decode("utf-8"))
-        except (OSError, ValueError):
-            manifest = None
-        if isinstance(manifest, dict) and "format_version" in manifest \
-                and isinstance(manifest.get("variables"), dict):
+        manifest = dump_manifest(path)
+        if manifest is not None:
             others = _not_of_the_dump(manifest, entries)
             if not others:
                 return
@@ -955,15 +967,21 @@ def load(path, load_vars, optimizer=None):
     static_rows = {name: var.fixed_rows for name, var in first.items()
                    if var.fixed_rows is not None}
     # The dump read (a moved-aside one, if an interrupted dump left only
-    # that), which every refusal names.
-    with writers_take_turns(os.path.dirname(os.path.abspath(path)), reader=True):
-        directory = _dump_dir(path)
-        source = f"the dump at {directory}"
-        manifest, loaded = read_dump(
-            directory, dims, static_rows, slot_names=[n for n, _ in slots],
-            algorithm=None if optimizer is None else optimizer.algorithm,
-            formulas=None if optimizer is None else optimizer.slot_formulas,
-            names={name: var_name(var) for name, var in variables.items()})
+    # that), which every refusal names. A worker that cannot read it (its
+    # shard's file damaged, a path its file system lacks) tells the others,
+    # which would otherwise load it and go on from it alone.
+    try:
+        with writers_take_turns(os.path.dirname(os.path.abspath(path)), reader=True):
+            directory = _dump_dir(path)
+            source = f"the dump at {directory}"
+            manifest, loaded = read_dump(
+                directory, dims, static_rows, slot_names=[n for n, _ in slots],
+                algorithm=None if optimizer is None else optimizer.algorithm,
+                formulas=None if optimizer is None else optimizer.slot_formulas,
+                names={name: var_name(var) for name, var in variables.items()})
+    except CheckpointError as refusal:
+        _workers_agree(refusal, path)
+        raise
     step = None if optimizer is None else manifest["optimizer"]["step"]
     restore(variables, loaded, source, optimizer, step, workers_agree=True)
 
@@ -987,7 +1005,7 @@ def restore(variables, loaded, source, optimizer=None, step=None, workers_agree=
     except CheckpointError as e:
         refusal = e
     if workers_agree:
-        _refused_on_some_worker(refusal, source)
+        _workers_agree(refusal, source)
     if refusal is not None:
         raise refusal
     ops = []
@@ -1093,34 +1111,19 @@ def check_keys_fit(keys, key_dtype, what, source="the dump"):
             f"with key_type=tf.int64")
 
 
-def _refused_on_some_worker(refusal, source):
-    """Every worker process tells the others whether its checks refused
-    the load (`refusal`, this worker's CheckpointError or None); a worker
-    whose own checks passed raises where another's did not. Each worker
-    checks the rows it owns (its capacity, its keys' dtype), so a dump one
-    worker refused was loaded by the others, without an error there: the
-    job went on half from the dump and half from before."""
+def _workers_agree(refusal, source):
+    """Every worker process of sok.load tells the others whether it refused
+    the load (`refusal`, this worker's CheckpointError or None), at one
+    point that every worker reaches once per load; raises `refusal`, or a
+    CheckpointError with the reason of a worker that refused. Each worker
+    checks the rows it owns (its capacity, its keys' dtype) and reads its
+    own files: a dump one worker refused was loaded by the others, without
+    an error there, and the job went on half from the dump and half from
+    before."""
     comm = context.active()
-    if comm is None or comm.world_size == 1 or comm.in_process:
-        return  # one process: its checks covered every shard
-    world = comm.world_size
-    mine = np.zeros([world], np.float32)
-    mine[comm.rank] = 0.0 if refusal is None else 1.0
-    if tf.executing_eagerly():
-        told = comm.allreduce(tf.constant(mine), name="sok_load_refusals").numpy()
-    else:
-        def build():
-            flags = tf.compat.v1.placeholder(tf.float32, [world], name="sok_load_refusals")
-            return flags, comm.allreduce(flags, name="sok_load_refusals")
-
-        flags, summed = _built_once(("load_refusals",), (comm,), build)
-        told = _run(summed, {flags: mine})
-    refused = [rank for rank in range(world) if told[rank] > 0]
-    if refusal is None and refused:
-        raise CheckpointError(
-            f"{source} was refused on worker(s) {refused} of {world} (their error says "
-            f"why); this worker loaded nothing either, so every worker keeps its tables "
-            f"as they were")
+    _, failures = agreement.agree(comm, tf.executing_eagerly(), error=refusal)
+    agreement.raise_shared(comm, refusal, failures, f"sok.load of {source}", (CheckpointError,),
+                           outcome="; no worker changed its tables")
 
 
 def _check_fits(variables, loaded, source):

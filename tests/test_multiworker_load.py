@@ -5,7 +5,9 @@ before any table changes (tests/multiworker/dump_worker.py --refuse_on).
 A file of its own: test_multiworker.py's engine runs take most of a large
 test's bound."""
 
+import glob
 import os
+import shutil
 
 from multiworker.launching import launch, needs_horovod
 
@@ -24,5 +26,26 @@ def test_a_load_one_worker_refuses_changes_no_worker(tmp_path):
     for refusing in (0, 1):
         launch(2, DUMP, ["--engine", "horovod", "--phase", "load", "--path",
                          str(tmp_path / "ckpt"), "--out", str(tmp_path / "unused"),
-                         "--refuse_on", str(refusing)])
+                         "--refuse_on", str(refusing), "--reason", "holds at most 4 rows"])
+    assert not os.path.exists(tmp_path / "unused")
+
+
+@needs_horovod
+def test_a_dump_one_worker_cannot_read_is_loaded_by_no_worker(tmp_path):
+    """A worker whose copy of the dump is damaged (a file cut short: a file
+    system of its own, a copy that failed) refuses it as it reads it; the
+    others read theirs whole. Every worker raises CheckpointError naming
+    that worker and its reason, and keeps its tables as built: the others
+    used to load the dump and go on from it alone."""
+    ckpt = str(tmp_path / "ckpt")
+    launch(2, DUMP, ["--engine", "horovod", "--phase", "dump", "--path", ckpt,
+                     "--out", str(tmp_path / "out")])
+    shutil.copytree(ckpt, ckpt + "_damaged")
+    values = sorted(glob.glob(os.path.join(ckpt + "_damaged", "*dynamic_table*values*")))
+    assert values, os.listdir(ckpt + "_damaged")
+    with open(values[0], "r+b") as f:
+        f.truncate(os.path.getsize(values[0]) // 2)
+    launch(2, DUMP, ["--engine", "horovod", "--phase", "load", "--path", ckpt,
+                     "--out", str(tmp_path / "unused"), "--unreadable_on", "1",
+                     "--reason", os.path.basename(values[0])])
     assert not os.path.exists(tmp_path / "unused")

@@ -68,6 +68,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context, dump_load
+from sok_graph.communication import agreement
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.tables import (dimension_of, is_dynamic, is_float_dtype, live_tables,
@@ -265,9 +266,9 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
             _refuse_taken(delta_dir)
     except (FileExistsError, ValueError) as e:
         failed = e
-    created, failures = collective.agree(comm, eager, reading=collective.now_micros(),
-                                         error=failed)
-    collective.raise_shared(comm, failed, failures, "export_serving_delta", _FAILURES)
+    created, failures = agreement.agree(comm, eager, reading=collective.now_micros(),
+                                        error=failed)
+    agreement.raise_shared(comm, failed, failures, "export_serving_delta", _FAILURES)
     collected = []
     for name, table in tables.items():
         dynamic = is_dynamic(replica_shards.shards_of(table)[0])
@@ -299,8 +300,8 @@ def export_serving_delta(variables, since, delta_dir, session=None, chunk_rows=1
             failed = e
     # The other workers learn whether rank 0 wrote the delta: each raises
     # where it did not (they returned None while rank 0 failed).
-    _, failures = collective.agree(comm, eager, error=failed)
-    collective.raise_shared(comm, failed, failures, "export_serving_delta", _FAILURES)
+    _, failures = agreement.agree(comm, eager, error=failed)
+    agreement.raise_shared(comm, failed, failures, "export_serving_delta", _FAILURES)
     return delta_dir if rank == 0 else None
 
 

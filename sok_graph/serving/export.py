@@ -33,6 +33,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import communication, context, dump_load
+from sok_graph.communication import agreement
 from sok_graph.dump_load import no_room_error, staging_dir, swap_into_place, writers_take_turns
 from sok_graph.tables import admission, is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
@@ -472,8 +473,8 @@ def _agreed(comm, eager, failed, reading=None, what="export_for_serving"):
     others one of its class naming rank 0 (they returned None while rank 0
     had refused export_dir or failed to write). Returns the earliest of the
     workers' clock `reading`s, where given."""
-    created, failures = collective.agree(comm, eager, reading=reading, error=failed)
-    collective.raise_shared(comm, failed, failures, what, collective.SHARED_FAILURES)
+    created, failures = agreement.agree(comm, eager, reading=reading, error=failed)
+    agreement.raise_shared(comm, failed, failures, what, collective.SHARED_FAILURES)
     return created
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import context
+from sok_graph.communication import agreement
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
 from sok_graph.ops import dynamic as dynamic_ops
 
@@ -98,37 +99,6 @@ def _dtype_of(table):
     return tf.as_dtype(table.dtype).base_dtype
 
 
-class _Gather:
-    """Cross-process all-gather of numpy arrays (eagerly, or in a graph and
-    Session of its own, the same on every worker)."""
-
-    def __init__(self, comm, eager, specs, tag):
-        self._eager = eager
-        self._comm = comm
-        if eager:
-            self._feeds = None
-            self._specs = specs
-            self._tag = tag
-            return
-        self._graph = tf.Graph()
-        with self._graph.as_default():
-            self._feeds = [tf.compat.v1.placeholder(s.dtype, s.shape) for s in specs]
-            self._fetches = [comm.allgather(f, name=f"sok_serving_{tag}_{i}")
-                             for i, f in enumerate(self._feeds)]
-        self._session = tf.compat.v1.Session(graph=self._graph)
-
-    def __call__(self, *arrays):
-        if self._eager:
-            return [self._comm.allgather(tf.convert_to_tensor(a, s.dtype),
-                                         name=f"sok_serving_{self._tag}_{i}").numpy()
-                    for i, (a, s) in enumerate(zip(arrays, self._specs))]
-        return self._session.run(self._fetches, dict(zip(self._feeds, arrays)))
-
-    def close(self):
-        if self._feeds is not None:
-            self._session.close()
-
-
 def whole_table(table, runner, chunk_rows=1 << 20, updated_after=None, keys_only=False):
     """(count, chunks): the number of rows of the whole table (on rank 0; 0
     on other ranks) and an iterator of its (keys, rows) numpy chunks (empty
@@ -154,15 +124,17 @@ def _gathered(shard, runner, chunk_rows, updated_after, keys_only, comm):
     dtype = _dtype_of(shard)
     eager = runner.session is None
     rank = comm.rank
-    counts = _Gather(comm, eager, [tf.TensorSpec([None], tf.int64)], "count")
+    counts = agreement.HostGather(comm, eager, [tf.TensorSpec([None], tf.int64)],
+                                  "serving_count")
     count, _ = shard_reader(shard, runner, updated_after)
     total = int(np.sum(counts(np.array([count], np.int64))[0]))
     counts.close()
 
     def rounds():
-        gather = _Gather(comm, eager, [tf.TensorSpec([None], tf.int64),
-                                       tf.TensorSpec([None, dim], dtype),
-                                       tf.TensorSpec([None], tf.int64)], "rows")
+        gather = agreement.HostGather(comm, eager, [tf.TensorSpec([None], tf.int64),
+                                                    tf.TensorSpec([None, dim], dtype),
+                                                    tf.TensorSpec([None], tf.int64)],
+                                      "serving_rows")
         mine = _shard_chunks(shard, runner, chunk_rows, updated_after, keys_only)
         try:
             while True:

@@ -9,8 +9,10 @@
       writes what this worker holds after the load, the same way; with
       --redump, dumps again (so a chain of world sizes can be checked).
       With --refuse_on R, worker R's dynamic table holds at most 4 rows, so
-      its checks refuse the dump: every worker must raise CheckpointError
-      and keep its tables as built (nothing is written to --out).
+      its checks refuse the dump; with --unreadable_on R, worker R reads
+      --path + "_damaged" (a copy whose file the test damaged) instead:
+      either way every worker must raise CheckpointError with worker R's
+      reason and keep its tables as built (nothing is written to --out).
 
 Run by N workers for the dump and M for the load, the union of the npz files
 must be the same rows and slots, bit for bit. --engine mirrored --world N:
@@ -35,6 +37,9 @@ def main():
     p.add_argument("--out", required=True)
     p.add_argument("--redump", help="after loading, dump again to this path")
     p.add_argument("--refuse_on", type=int, help="the worker whose table refuses the load")
+    p.add_argument("--unreadable_on", type=int,
+                   help="the worker that reads a damaged copy of the dump")
+    p.add_argument("--reason", help="what the refusing worker's error says (every worker's must)")
     args = p.parse_args()
     import tensorflow as tf
 
@@ -106,15 +111,19 @@ def main():
         os.makedirs(args.out, exist_ok=True)
         np.savez(os.path.join(args.out, f"incremental{rank}.npz"), keys=np.asarray(keys),
                  rows=np.asarray(rows))
-    elif args.refuse_on is not None:
+    elif args.refuse_on is not None or args.unreadable_on is not None:
         from sok_graph.dump_load import CheckpointError
 
+        refusing = args.refuse_on if args.refuse_on is not None else args.unreadable_on
+        path = args.path + ("_damaged" if rank == args.unreadable_on else "")
         try:
-            sok.load(args.path, tables, optimizer=opt)
+            sok.load(path, tables, optimizer=opt)
         except CheckpointError as e:
-            expected = ("holds at most 4 rows" if rank == args.refuse_on
-                        else f"refused on worker(s) [{args.refuse_on}] of {world}")
-            assert expected in str(e), (rank, str(e))
+            # The refusing worker's own error; the others name it and say why.
+            assert args.reason in str(e), (rank, str(e))
+            if rank != refusing:
+                assert f"failed on rank {refusing} of {world}" in str(e), (rank, str(e))
+                assert "no worker changed its tables" in str(e), (rank, str(e))
         else:
             raise AssertionError(f"rank {rank}: the load another worker refused went through")
         # Every worker's tables as built: no row of the dump, no Adam step.
