@@ -1381,6 +1381,39 @@ def test_saver_refuses_a_directory_holding_a_sok_dump(tmp_path):
     np.testing.assert_array_equal(var.numpy(), dumped)
 
 
+def test_saver_dumps_beneath_another_programs_manifest_and_restores_only_its_own_rows(tmp_path):
+    """A manifest.json of another program in a directory above (a web app's,
+    a data set's) refused every Saver dump beneath it, "inside the sok.dump
+    ... (of [])". A sok.dump of several tables, one of them named "table"
+    (the earlier one-table layout's name), gave its rows to any table
+    restored from it; the Saver now refuses such a directory."""
+    from sok_graph.dump_load import CheckpointError
+
+    sok.init(comm_tool="none")
+    project = tmp_path / "project"
+    project.mkdir()
+    (project / "manifest.json").write_text('{"name": "web app", "version": 3}')
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    var = sok.Variable(rows, name="emb")
+    ckpt = str(project / "runs" / "ckpt")
+    sok.Saver().dump_to_file(var, ckpt)
+    var.assign(np.zeros((3, 2), np.float32))
+    sok.Saver().restore_from_file(var, ckpt)
+    np.testing.assert_array_equal(var.numpy(), rows)
+
+    other = sok.Variable(np.full((3, 2), 7.0, np.float32), name="table")
+    mine = sok.Variable(np.ones((3, 2), np.float32), name="user_emb")
+    dump = str(tmp_path / "dump")
+    sok.dump(dump, [other, mine])
+    mine.assign(np.zeros((3, 2), np.float32))
+    with pytest.raises(CheckpointError, match=r"is a sok.dump of \['table', 'user_emb'\], not a "
+                                              r"Saver's directory .* restore it with sok.load"):
+        sok.Saver().restore_from_file(mine, dump)
+    np.testing.assert_array_equal(mine.numpy(), np.zeros((3, 2), np.float32))
+    sok.load(dump, [mine])
+    np.testing.assert_array_equal(mine.numpy(), np.ones((3, 2), np.float32))
+
+
 def test_saver_filepath_empty_or_bytes(tmp_path, monkeypatch):
     """filepath="" was the current directory: dump_to_file wrote the table's
     directory into wherever the process ran, and restore_from_file read

@@ -50,7 +50,8 @@ from sok_graph.tables import (dimension_of, is_dynamic, kind_of, replica_shards,
                                rows_from_user)
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import (_ASIDE, _SIBLING_SUFFIX, _TMP, CheckpointError, _file_stem,
-                                 var_name, check_float_table, check_keys_fit, checked_path, dumped_names,
+                                 var_name, check_float_table, check_keys_fit, checked_path,
+                                 dump_manifest, dumped_names,
                                  name_max, read_dump, refuse_long_name, rows_as, table_stem,
                                  unreadable_manifest, write_dump)
 
@@ -93,7 +94,9 @@ def _refuse_a_dump_at(path):
     where = os.path.abspath(path)
     while True:
         names = dumped_names(where)
-        if names or os.path.lexists(os.path.join(where, "manifest.json")):
+        # A manifest.json of another program (a web app's, a data set's) in
+        # a directory above refused every Saver dump beneath it.
+        if names or dump_manifest(where) is not None:
             inside = "" if where == os.path.abspath(path) else f" inside the sok.dump {where!r}"
             raise FileExistsError(
                 f"Saver.dump_to_file: filepath={path!r} is{inside or ' a sok.dump'} (of "
@@ -383,8 +386,15 @@ class Saver:
             target, table = os.path.join(path, entry), name
             held = dumped_names(target)
             if not held:
-                if _TABLE in dumped_names(path):  # one table's dump, the earlier layout
+                here = dumped_names(path)
+                if here == [_TABLE]:  # one table's dump, the earlier layout
                     target, table, held = path, _TABLE, [_TABLE]
+                elif here:
+                    # A sok.dump of several tables, one of them named
+                    # "table": its rows went to any table restored from it.
+                    raise CheckpointError(
+                        f"{path} is a sok.dump of {here}, not a Saver's directory (no "
+                        f"{entry!r} in it for {name!r}): restore it with sok.load")
                 else:
                     damage = unreadable_manifest(target)
                     if damage is not None:
