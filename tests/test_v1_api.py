@@ -411,6 +411,35 @@ def test_graph_init_order_is_automatic(use_hashtable):
     assert np.abs(results[0]).max() > 0  # the seeded initializer ran
 
 
+def test_the_layers_take_placeholders_of_no_known_shape_in_a_session():
+    """A tf.compat.v1.placeholder / sparse_placeholder made without a shape
+    (both layers take such ids): Keras 3 failed building the layer from its
+    input's shape, "as_list() is not defined on an unknown TensorShape",
+    naming neither the layer nor inputs. The rows now come as numpy's, and
+    fed ids of another rank fail with the layer's message."""
+    rows = np.arange(30, dtype=np.float32).reshape(10, 3) / 10
+    with tf.Graph().as_default():
+        sok.Init(global_batch_size=2)
+        dense = sok.All2AllDenseEmbedding(10, 3, 1, 2, use_hashtable=False, dynamic_input=True,
+                                          embedding_initializer=rows)
+        sparse = sok.DistributedEmbedding("sum", 10, 3, 1, 2, use_hashtable=False,
+                                          embedding_initializer=rows)
+        ids = tf.compat.v1.placeholder(tf.int64)
+        sp_ids = tf.compat.v1.sparse_placeholder(tf.int64)
+        dense_out, sparse_out = dense(ids), sparse(sp_ids)
+        with tf.compat.v1.Session() as sess:
+            sok.initialize_session(sess)
+            np.testing.assert_array_equal(sess.run(dense_out, {ids: [[1, 2], [7, 0]]}),
+                                          rows[[[1, 2], [7, 0]]])
+            fed = tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [1, 1]], [3, 4, 9], [2, 2])
+            np.testing.assert_array_equal(sess.run(sparse_out, {sp_ids: fed}),
+                                          np.stack([rows[3] + rows[4], rows[9]])[:, None])
+            three = tf.compat.v1.SparseTensorValue([[0, 0, 0]], [3], [2, 2, 2])
+            with pytest.raises(tf.errors.InvalidArgumentError,
+                               match="inputs must be a 2-D SparseTensor"):
+                sess.run(sparse_out, {sp_ids: three})
+
+
 def _two_default_layers(use_hashtable):
     init_op = sok.Init(global_batch_size=4, seed=7)
     layers = [sok.All2AllDenseEmbedding(16, 3, 2, 1, use_hashtable=use_hashtable)

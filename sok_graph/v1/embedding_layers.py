@@ -166,6 +166,18 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
             tf.compat.v1.add_to_collection(GraphKeys.SparseOperationKitEmbeddingVariables,
                                            self.embedding_variable)
 
+    def __call__(self, inputs, *args, **kwargs):
+        # Keras 3 builds a layer from its input's shape before the first
+        # call, and ids of no known rank (a placeholder or sparse_placeholder
+        # made without a shape, which the layers take) failed there with "as_list()
+        # is not defined on an unknown TensorShape", naming neither the
+        # layer nor its argument. The table was made in __init__: building
+        # needs no shape, and call checks the ids' rank when the graph runs.
+        shape = getattr(inputs, "shape", None)
+        if not self.built and shape is not None and shape.rank is None:
+            self.built = True
+        return super().__call__(inputs, *args, **kwargs)
+
     def _checked_dtype(self, given):
         """The dtype of the layer's output: float32, or a mixed-precision
         policy's compute dtype (float16, bfloat16), to which the float32 rows
