@@ -946,6 +946,10 @@ def test_saver_keeps_every_table_dumped_into_one_directory(tmp_path):
 
     with pytest.raises(CheckpointError, match="no Saver dump of 'other'"):
         saver.restore_from_file(other, tmp_path)
+    # A filepath that is not there is said to be missing ("it holds []").
+    with pytest.raises(CheckpointError, match="no Saver dump of 'other' in .*missing: there is "
+                                              "no such directory"):
+        saver.restore_from_file(other, str(tmp_path / "missing"))
 
 
 def test_saver_refuses_two_tables_of_one_name_in_one_directory(tmp_path):

@@ -401,7 +401,12 @@ class Saver:
                         # It said "no Saver dump" of a dump it could not read.
                         raise CheckpointError(f"the Saver dump of {name!r} in {target} is "
                                               f"damaged: {damage}")
-                    inside = sorted(os.listdir(path)) if os.path.isdir(path) else []
+                    if not os.path.isdir(path):
+                        # It said "it holds []" of a directory that is not there.
+                        raise CheckpointError(
+                            f"no Saver dump of {name!r} in {path}: there is no such "
+                            f"directory")
+                    inside = sorted(os.listdir(path))
                     raise CheckpointError(
                         f"no Saver dump of {name!r} (this worker's shard: {entry!r}) in "
                         f"{path}; it holds {inside[:8]}")
