@@ -430,7 +430,7 @@ def test_the_layers_take_placeholders_of_no_known_shape_in_a_session():
         with tf.compat.v1.Session() as sess:
             sok.initialize_session(sess)
             np.testing.assert_array_equal(sess.run(dense_out, {ids: [[1, 2], [7, 0]]}),
-                                          rows[[[1, 2], [7, 0]]])
+                                          rows[np.array([[1, 2], [7, 0]])])
             fed = tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [1, 1]], [3, 4, 9], [2, 2])
             np.testing.assert_array_equal(sess.run(sparse_out, {sp_ids: fed}),
                                           np.stack([rows[3] + rows[4], rows[9]])[:, None])
