@@ -444,6 +444,23 @@ def test_replicas_in_one_process_are_the_workers(mode):
 
 
 @needs_tf2_collectives
+def test_a_modules_tables_sharded_over_replicas_are_in_its_trainable_variables():
+    """SOK's pattern, split_embedding_variable_from_others(
+    model.trainable_variables), on a tf.Module under a MirroredStrategy of 2
+    logical CPUs: its static and dynamic tables, sharded over the replicas,
+    were missing from trainable_variables (tf.Module lists tf.Variables),
+    so the step trained the dense weight alone, without an error. Rows and
+    weight now equal plain TensorFlow's under the same strategy
+    (tests/multiworker/mirrored_module.py; a fresh process, as the logical
+    CPUs must exist before TensorFlow starts)."""
+    script = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker",
+                          "mirrored_module.py")
+    proc = subprocess.run([sys.executable, script, "--replicas", "2"], check=False,
+                          env=_child_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "OK" in proc.stdout, (proc.stdout + proc.stderr)[-4000:]
+
+
+@needs_tf2_collectives
 def test_a_checkpoint_restores_into_another_number_of_replicas(tmp_path):
     """tf.train.Checkpoint of a static and a dynamic table written by 2
     replicas (each a shard) and read by 1 (plain tables, no strategy) and 3,

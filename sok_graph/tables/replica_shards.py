@@ -273,6 +273,17 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
                 f"replicas>")
 
 
+# tf.Module (a model's trainable_variables) and Keras 2's layers find
+# variables by isinstance(obj, tf.Variable). A table sharded over replicas
+# was left out of them, so SOK's split_embedding_variable_from_others(
+# model.trainable_variables) gave no table and the step never trained it,
+# without an error (one process's tables are tf.Variables and were listed).
+# A virtual subclass: isinstance holds, nothing of tf.Variable is inherited;
+# TF 1.x's variable class is no abc (no MirroredStrategy replicas there).
+if hasattr(tf.Variable, "register"):
+    tf.Variable.register(ReplicaShards)
+
+
 def resolve(var, what="this"):
     """The variable to work on: the replica's shard of a ReplicaShards
     (inside strategy.run), else `var` itself."""
