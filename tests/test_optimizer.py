@@ -1206,3 +1206,38 @@ def test_a_saver_restore_without_the_initializer_links_the_slots(tmp_path):
             table_keys, slot_keys = (set(k.tolist()) for k in sess.run(exported))
     assert len(table_keys) == 4 and {6, 7, 8} <= table_keys
     assert slot_keys == table_keys & {1, 2, 3, 4}
+
+
+def test_the_wrappers_learning_rate_is_the_optimizers_and_read_only():
+    """SOK's wrapper gives its optimizer's rate as `lr`, read-only. Reading
+    it was an AttributeError, and `wrapper.lr = 0` or `wrapper.learning_rate
+    = 0` made an attribute that no update read: the next step still trained.
+    The optimizer's own rate, which every update reads, stops it."""
+    sok.init(comm_tool="none")
+    table = sok.Variable(np.ones((4, 2), np.float32))
+    keras_sgd = tf.keras.optimizers.SGD(0.1)
+    wrapper = sok.OptimizerWrapper(keras_sgd)
+
+    def rate(x):
+        return float(x.numpy()) if hasattr(x, "numpy") else float(x)
+
+    assert rate(wrapper.lr) == pytest.approx(0.1)
+    assert rate(wrapper.learning_rate) == pytest.approx(0.1)
+    assert sok.SGD(0.05).lr == 0.05
+    for name in ("lr", "learning_rate"):
+        with pytest.raises(AttributeError, match=f"OptimizerWrapper.{name} is read-only: set "
+                                                 f"the learning rate on the wrapped optimizer"):
+            setattr(wrapper, name, 0.0)
+    ids = tf.ragged.constant([[0]], tf.int64)
+
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(sok.lookup_sparse(table, ids, combiners="sum"))
+        wrapper.apply_gradients(zip(tape.gradient(loss, [table]), [table]))
+
+    step()
+    np.testing.assert_allclose(table.numpy()[0], [0.9, 0.9], rtol=1e-6)
+    keras_sgd.learning_rate = 0.0
+    assert rate(wrapper.lr) == 0.0
+    step()
+    np.testing.assert_allclose(table.numpy()[0], [0.9, 0.9], rtol=1e-6)

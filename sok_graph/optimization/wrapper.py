@@ -116,6 +116,34 @@ class OptimizerWrapper(compat.trackable_base_class()):
         """Number of apply_gradients calls that updated sok variables."""
         return self._step_variable()
 
+    @property
+    def lr(self):
+        """The wrapped optimizer's learning rate (its variable, number or
+        schedule), which every update reads. Read-only, as SOK's: set the
+        rate on the optimizer itself."""
+        return self._hp.lr
+
+    @lr.setter
+    def lr(self, value):
+        self._refuse_rate("lr")
+
+    @property
+    def learning_rate(self):
+        """As `lr`."""
+        return self._hp.lr
+
+    @learning_rate.setter
+    def learning_rate(self, value):
+        self._refuse_rate("learning_rate")
+
+    def _refuse_rate(self, name):
+        # An attribute of that name used to be made on the wrapper, which no
+        # update reads: a rate set to 0 still trained.
+        raise AttributeError(
+            f"OptimizerWrapper.{name} is read-only: set the learning rate on the wrapped "
+            f"optimizer (wrapper.optimizer.learning_rate = ..., or assign to its variable), "
+            f"which every update reads")
+
     def _step_variable(self, replica=None):
         """The step counter of `replica` (default: the replica being built
         inside strategy.run with replicas as workers, else the only one)."""
