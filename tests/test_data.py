@@ -245,6 +245,8 @@ def test_planted_dataset_helpers_refuse_impossible_arguments():
         movielens.take(samples, [-6])
     with pytest.raises(IndexError, match="index holds 5, outside the 5 samples"):
         movielens.take(samples, [0, 5])
+    with pytest.raises(ValueError, match=r"index must be 1-D; got shape \(1, 2\)"):
+        movielens.take(samples, [[0, 1]])
 
 
 def test_auc_refuses_labels_other_than_0_and_1_and_keeps_long_double_scores():
