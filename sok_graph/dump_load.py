@@ -185,35 +185,44 @@ class _Feeds:
 _FED_BYTES = 1 << 16
 
 
-_NO_SESSION = ("sok.dump / sok.load in graph mode run in the default Session: call them "
-               "inside `with sess.as_default():`")
+_NO_SESSION = ("sok.dump / sok.load (and incremental_model_dump without sess=) in graph mode "
+               "run in the default Session: call them inside `with sess.as_default():`")
+
+
+@contextlib.contextmanager
+def _session_graph(sess=None):
+    """In graph mode: `sess` (default: the default Session), with its graph
+    (where the variables live) the default graph, whatever graph was. A
+    finalized graph (tf.compat.v1.train.MonitoredTrainingSession's) takes
+    new ops too, as the serving export's reads do (serving/sources.py):
+    TensorFlow's bare "Graph is finalized and cannot be modified" was all a
+    dump, a load or an incremental dump there gave."""
+    if sess is None:
+        sess = tf.compat.v1.get_default_session()
+        if sess is None:
+            raise RuntimeError(_NO_SESSION)
+    graph = sess.graph
+    unfinalize = getattr(graph, "_unsafe_unfinalize", None)
+    refinalize = graph.finalized and unfinalize is not None
+    if refinalize:
+        unfinalize()
+    try:
+        with graph.as_default():
+            yield sess
+    finally:
+        if refinalize:
+            graph.finalize()
 
 
 def _in_session_graph(fn):
-    """In graph mode, builds the ops of `fn` in the default Session's graph
-    (where the variables live), whatever graph is the default. A finalized
-    graph (tf.compat.v1.train.MonitoredTrainingSession's) takes them too, as
-    the serving export's reads (serving/sources.py): TensorFlow's bare
-    "Graph is finalized and cannot be modified" was all a dump or load
-    there gave. Each call adds its ops once more."""
+    """`fn` built in graph mode in the default Session's graph
+    (_session_graph). Each call adds its ops once more."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
         if tf.executing_eagerly():
             return fn(*args, **kwargs)
-        sess = tf.compat.v1.get_default_session()
-        if sess is None:
-            raise RuntimeError(_NO_SESSION)
-        graph = sess.graph
-        unfinalize = getattr(graph, "_unsafe_unfinalize", None)
-        refinalize = graph.finalized and unfinalize is not None
-        if refinalize:
-            unfinalize()
-        try:
-            with graph.as_default():
-                return fn(*args, **kwargs)
-        finally:
-            if refinalize:
-                graph.finalize()
+        with _session_graph():
+            return fn(*args, **kwargs)
     return wrapper
 
 
@@ -795,14 +804,18 @@ def swap_into_place(tmp, path):
     in place. Aside names sort by the time they were moved aside, so load()
     finds the newest when a writer dies between the two renames. Dumps and
     serving exports are swapped in by it. An error between the two renames
-    puts the previous `path` back."""
+    puts the previous `path` back. Everything in `tmp` is on disk before the
+    renames (fsync_tree): a crash of the machine does not leave a directory
+    in place whose files were never written (a serving export's and an
+    applied delta's files were only in the page cache)."""
     aside = None
     try:
+        fsync_tree(tmp)
         if os.path.lexists(path):
             aside = f"{path}.old-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}"
             os.rename(path, aside)
         os.rename(tmp, path)
-        _fsync_dir(os.path.dirname(path))
+        fsync_dir(os.path.dirname(path))
     except BaseException:
         if aside is not None and os.path.lexists(aside) and not os.path.lexists(path):
             with contextlib.suppress(OSError):
@@ -856,7 +869,21 @@ def _manifest_checksum(manifest):
     return zlib.crc32(canonical.encode("utf-8"))
 
 
-def _fsync_dir(directory):
+def fsync_tree(directory):
+    """Puts every file and directory under `directory` on disk (what a
+    writer that did not fsync its own files, TensorFlow's SavedModel writer,
+    a copy, left in the page cache), then `directory` itself."""
+    for root, _, files in os.walk(directory, topdown=False):
+        for name in files:
+            path = os.path.join(root, name)
+            if os.path.islink(path):
+                continue
+            with open(path, "rb") as f:
+                os.fsync(f.fileno())
+        fsync_dir(root)
+
+
+def fsync_dir(directory):
     """Makes renames in `directory` durable (a crash of the machine, not
     only of the process, then keeps them)."""
     with contextlib.suppress(OSError):
@@ -1449,13 +1476,14 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         return threshold, [_updated_rows(var, threshold, index)
                            for index, var in enumerate(sok_vars)]
 
-    graph = sess.graph if sess is not None else None
-    with graph.as_default() if graph is not None else contextlib.nullcontext():
+    # Built in the graph of the Session that runs it (`sess`, else the
+    # default one), not in whatever graph is the default: under
+    # `sess.as_default()` alone the ops went into another graph ("must be
+    # from the same graph"), and a MonitoredTrainingSession's finalized
+    # graph refused them.
+    with _session_graph(sess) as runner:
         threshold, fetches = _built_once(("incremental",), tuple(sok_vars), build)
-    if sess is not None:
-        values = sess.run(fetches, {threshold: after})
-    else:
-        values = _run(fetches, {threshold: after})
+    values = runner.run(fetches, {threshold: after})
     return [k for k, _ in values], [v for _, v in values]
 
 

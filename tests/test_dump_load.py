@@ -394,6 +394,38 @@ def test_dump_and_load_in_a_monitored_training_session(tmp_path):
             assert graph.finalized
             np.testing.assert_array_equal(mon.run(read), np.full((2, 2), 3.0))
             np.testing.assert_array_equal(mon.run(read_s), np.ones((3, 2)))
+            # The increment since the start, through the monitored session
+            # itself and through the default Session: keys 5 and 6 (read),
+            # rows as restored.
+            for kwargs in ({"sess": mon}, {}):
+                with mon._tf_sess().as_default():
+                    keys, rows = sok.incremental_model_dump([v], 0, **kwargs)
+                order = np.argsort(keys[0])
+                np.testing.assert_array_equal(keys[0][order], [5, 6])
+                np.testing.assert_array_equal(rows[0][order], np.full((2, 2), 3.0))
+            assert graph.finalized
+
+
+def test_incremental_model_dump_runs_in_the_default_sessions_graph():
+    """`with sess.as_default():` alone, the table's graph not the default
+    graph: incremental_model_dump built its ops in the default graph and
+    failed ("must be from the same graph"), where sok.dump worked."""
+    graph = tf.Graph()
+    with graph.as_default():
+        v = sok.DynamicVariable(2, initializer=1.0, name="inc")
+        read = v.sparse_read(tf.constant([1, 2], tf.int64))
+        init = tf.compat.v1.global_variables_initializer()
+    sess = tf.compat.v1.Session(graph=graph)
+    sess.run(init)
+    sess.run(read)
+    with tf.Graph().as_default():  # graph mode; another graph is the default
+        with sess.as_default():
+            keys, rows = sok.incremental_model_dump([v], 0)
+        np.testing.assert_array_equal(np.sort(keys[0]), [1, 2])
+        np.testing.assert_array_equal(rows[0], np.ones((2, 2)))
+        with pytest.raises(RuntimeError, match=r"incremental_model_dump without sess="):
+            sok.incremental_model_dump([v], 0)
+    sess.close()
 
 
 _WRITER = """

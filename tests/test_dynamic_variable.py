@@ -363,6 +363,24 @@ def test_hybrid_bounded_table_evicts():
     assert stats["size"] == 8 and stats["row_limit"] == 8 and stats["evicted_total"] == 32
 
 
+def test_a_batch_too_large_for_a_full_table_names_the_table_and_its_bound():
+    """More distinct keys in one batch than a bounded table holds: the error
+    named no table ("the batch has 10 distinct keys but the table holds at
+    most 8 rows"), eagerly the handle's random name at best; now the table's
+    own name and max_capacity, through lookup_sparse of two tables and a
+    table's own writes."""
+    users = sok.DynamicVariable(2, var_type="hybrid", max_capacity=8, name="users")
+    items = sok.DynamicVariable(2, var_type="hybrid", max_capacity=16, name="items")
+    ids = tf.ragged.constant([list(range(10))], tf.int64)
+    want = (r"dynamic table 'users': the batch has 10 distinct keys but the table holds at "
+            r"most 8 rows, its max_capacity")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=want):
+        sok.lookup_sparse([users, items], [ids, ids], combiners=["sum", "sum"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=want):
+        users.scatter_update(tf.range(10, dtype=tf.int64), tf.ones([10, 2]))
+    assert int(users.size[0]) == 0
+
+
 def test_hybrid_table_with_max_hbm_for_vectors_loses_no_row_before_max_capacity(rng):
     """max_hbm_for_vectors says where rows live (on a GPU: that many GiB in
     GPU memory, the rest in host memory), not how many: a table fed ten
@@ -396,6 +414,8 @@ def test_hybrid_table_with_max_hbm_for_vectors_loses_no_row_before_max_capacity(
      "init_capacity must be a power of two"),
     (dict(var_type="hybrid", init_capacity=8, max_capacity=12), ValueError,
      "max_capacity must be a power of two"),
+    (dict(var_type="hybrid", max_capacity=True), ValueError,  # was a bound of 1 row
+     "max_capacity must be a power of two for var_type='hybrid'; got True"),
     (dict(var_type="hybrid", init_capacity=16, max_capacity=8), ValueError,
      r"init_capacity \(16\) must be <= max_capacity \(8\)"),
     (dict(var_type="ssd"), ValueError, "var_type must be 'hbm' or 'hybrid'"),
@@ -439,6 +459,23 @@ def test_a_hybrid_table_given_only_a_small_max_capacity_starts_at_it():
     stats = {k: int(x) for k, x in var.stats().items()}
     assert stats["row_limit"] == 1024 and stats["size"] == 1024
     assert stats["evicted_total"] == 2000 - 1024
+
+
+def test_a_hybrid_table_without_max_capacity_is_bounded_where_soks_is():
+    """Without max_capacity a hybrid table evicts at SOK's default bound,
+    2^26 keys: it used to be bounded by init_capacity (2^16 unless given),
+    and lost rows from the 65,537th key on, without a word. Given
+    init_capacity alone, that is where it starts, not its bound."""
+    for config in ({}, {"init_capacity": 1024}):
+        var = sok.DynamicVariable(2, var_type="hybrid", initializer="zeros", **config)
+        assert int(var.stats()["row_limit"]) == 1 << 26, config
+    var = sok.DynamicVariable(2, var_type="hybrid", initializer="zeros", max_hbm_for_vectors=1)
+    keys = np.arange(70000, dtype=np.int64) * 7919
+    for start in range(0, 70000, 10000):
+        var.sparse_read(tf.constant(keys[start:start + 10000]))
+    stats = {k: int(x) for k, x in var.stats().items()}
+    assert stats["size"] == 70000 and stats["evicted_total"] == 0
+    assert np.asarray(var.find(tf.constant(keys))[1]).all()  # the first keys too
 
 
 def test_bad_dimension_and_key_dtype():

@@ -1000,6 +1000,43 @@ class _Stop(BaseException):
 
 
 @tf2_only
+def test_exports_and_deltas_are_on_disk_before_they_are_renamed_into_place(tmp_path,
+                                                                           monkeypatch):
+    """export_for_serving, export_serving_delta and apply_serving_delta
+    write beside their place and rename into it; every file they put there
+    is fsynced before that rename (as a dump's are), so a machine that
+    crashes after the call returned cannot leave an export or delta of empty
+    files. Only the dump's own files were: a delta's, a SavedModel's and
+    an applied export's stayed in the page cache."""
+    synced, renamed = [], []
+    real_fsync, real_rename = os.fsync, os.rename
+
+    def fsync(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        return real_fsync(fd)
+
+    def rename(src, dst):
+        renamed.append((os.path.abspath(src), os.path.abspath(dst), len(synced)))
+        return real_rename(src, dst)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setattr(os, "rename", rename)
+    export_dir, user = _one_table_export(tmp_path)
+    sok.assign(user, tf.constant([5], tf.int64), np.ones((1, 2), np.float32))
+    delta_dir = sok.export_serving_delta([user], _export_created(export_dir),
+                                         str(tmp_path / "delta"))
+    sok.apply_serving_delta(export_dir, delta_dir)
+    for final in (os.path.abspath(export_dir), os.path.abspath(delta_dir)):
+        moves = [(src, at) for src, dst, at in renamed if dst == final]
+        assert moves, f"{final} was not renamed into place"
+        src, at = moves[-1]
+        files = [os.path.relpath(os.path.join(root, f), final)
+                 for root, _, names in os.walk(final) for f in names]
+        assert files
+        unsynced = [f for f in files if os.path.join(src, f) not in synced[:at]]
+        assert not unsynced, f"{final}: not on disk before its rename: {unsynced}"
+
+
 def test_a_delta_stopped_anywhere_leaves_the_export_whole(tmp_path):
     """apply_serving_delta in place, stopped at every step of its own code
     and of dump_load's swap (an exception raised at the n-th call, return

@@ -52,13 +52,14 @@ def handle(shared_name, container=""):
 
 
 def create(table, key_dtype, dim, init=None, init_capacity=0, max_capacity=0, max_bytes=0,
-           eviction="lru", hbm_bytes=-1):
+           eviction="lru", hbm_bytes=-1, table_name=""):
     """Creates the table behind `table` if it does not exist yet (an op in graph mode).
     init: the rows' initializer, a spec of sok_graph/initializers.py (what
     initializer_spec gives; keys it lacks take DEFAULT's values).
     max_capacity / max_bytes bound the rows (0: no bound); hbm_bytes is how
     many bytes of rows a GPU table keeps in device memory (-1: all), the rest
-    in pinned host memory."""
+    in pinned host memory. table_name: what the table's errors call it (its
+    variable's name; an eager table's handle has a random one)."""
     unknown = sorted(set(init or {}) - set(initializers.DEFAULT))
     if unknown:
         raise ValueError(f"init has keys {unknown} that no initializer spec has; its keys are "
@@ -70,7 +71,8 @@ def create(table, key_dtype, dim, init=None, init_capacity=0, max_capacity=0, ma
         init_minval=float(init["minval"]), init_maxval=float(init["maxval"]),
         init_value=float(init["value"]), seed=int(init["seed"]),
         init_capacity=int(init_capacity), max_capacity=int(max_capacity),
-        max_bytes=int(max_bytes), hbm_bytes=int(hbm_bytes), eviction=eviction)
+        max_bytes=int(max_bytes), hbm_bytes=int(hbm_bytes), eviction=eviction,
+        table_name=str(table_name))
 
 
 def is_initialized(table):

@@ -381,7 +381,11 @@ def _write_delta(delta_dir, after, created, collected):
                         created=created, tables=entries)
         with open(os.path.join(tmp, DELTA_MANIFEST), "w") as f:
             json.dump(manifest, f, indent=1)
+        # On disk before it is in place, and its place too: a machine that
+        # crashed after the call returned could leave a delta of empty files.
+        dump_load.fsync_tree(tmp)
         os.rename(tmp, delta_dir)
+        dump_load.fsync_dir(parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

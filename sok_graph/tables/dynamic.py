@@ -6,7 +6,8 @@ var_type="hbm" (the default, as in SOK): no bound on rows (SOK's
   settings (init_capacity, max_capacity, max_hbm_for_vectors) are accepted
   with it, as SOK passes them to that table too: init_capacity sizes the
   first allocation; the others neither bound nor evict ("hbm" never evicts).
-var_type="hybrid" (SOK's HierarchicalKV table): at most max_capacity keys;
+var_type="hybrid" (SOK's HierarchicalKV table): at most max_capacity keys
+  (default 2^26, SOK's);
   only when that many are held are the least recently (evict_strategy=
   "lru", the default) or least frequently ("lfu") used rows evicted. On a
   GPU, max_hbm_for_vectors GiB of rows live in GPU memory and the rest in
@@ -64,10 +65,17 @@ from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
 
 _DEFAULT_INIT_CAPACITY = 1 << 16
+# A hybrid table's bound when none is given: SOK's (its HierarchicalKV
+# table's max_capacity default, 64 x 2^20 keys). It used to be the initial
+# capacity (2^16), so a SOK script that left max_capacity out lost rows to
+# eviction from the 65,537th key on, without a word.
+_DEFAULT_HYBRID_MAX_CAPACITY = 1 << 26
 
 
 def _is_power_of_two(x):
-    return isinstance(x, (int, np.integer)) and x > 0 and (x & (x - 1)) == 0
+    # bool is an int: True was taken as a bound of 1 row.
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_)) \
+        and x > 0 and (x & (x - 1)) == 0
 
 
 class NoDenseValueError(NotImplementedError, ValueError):
@@ -125,7 +133,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     **table_config)``
 
     table_config: init_capacity, max_capacity (hybrid: powers of two; the
-    bound on keys), max_hbm_for_vectors (hybrid: GiB of rows kept in GPU
+    bound on keys, 2^26 when not given, as SOK's), max_hbm_for_vectors (hybrid: GiB of rows kept in GPU
     memory, the rest in host memory), evict_strategy ("lru" / "lfu"), seed;
     admission filters (sok_graph/tables/admission.py): filter_ratio (SOK's, for
     lookup_sparse(..., use_low_frequency_filter=True)), min_count,
@@ -305,7 +313,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
                     f"tables, which evict when full; a var_type='hbm' table grows without "
                     f"bound and never evicts")
             return dict(init_capacity=int(init_capacity), max_capacity=0, hbm_bytes=-1)
-        max_capacity = cfg.get("max_capacity", init_capacity)
+        max_capacity = cfg.get("max_capacity", max(_DEFAULT_HYBRID_MAX_CAPACITY, init_capacity))
         if "init_capacity" not in cfg and _is_power_of_two(max_capacity):
             # A bound below the default initial size starts at the bound:
             # max_capacity=1024 alone was refused as "init_capacity (65536)
@@ -343,7 +351,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         return dynamic_ops.create(
             self._handle, self._key_type, self._dimension,
             {k: c[k] for k in initializers.DEFAULT}, init_capacity=c["init_capacity"],
-            max_capacity=c["max_capacity"], hbm_bytes=c["hbm_bytes"], eviction=c["eviction"])
+            max_capacity=c["max_capacity"], hbm_bytes=c["hbm_bytes"], eviction=c["eviction"],
+            table_name=self._name)
 
     # ---------------------------------------------------------------- identity
     @property

@@ -158,7 +158,9 @@ inline int64_t EnsureEntries(DynamicTable& t, const int64_t* keys, int64_t n, in
     if (distinct_keys > t.row_limit()) {
       *error = "the batch has " + std::to_string(distinct_keys) +
                " distinct keys but the table holds at most " + std::to_string(t.row_limit()) +
-               " rows (keys used in this batch are never evicted)";
+               (t.config().max_rows > 0
+                    ? " rows, its max_capacity (keys used in this batch are never evicted)"
+                    : " rows, the most a table holds");
       return -1;
     }
   }

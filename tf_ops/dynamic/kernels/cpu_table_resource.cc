@@ -253,6 +253,7 @@ class CpuTableResource : public TableResource {
     std::vector<int64_t> evicted_keys;
     int64_t evicted = 0;
     TF_RETURN_IF_ERROR(RunLocked(
+        ctx,
         [&](core::DynamicTable& t, int64_t now, std::string* error) {
           core::FindBatch(t, keys, n, zeros.data(), rows.data(), nullptr, RunnerFor(ctx));
           std::vector<int64_t> entries(static_cast<size_t>(n));
@@ -265,7 +266,7 @@ class CpuTableResource : public TableResource {
     for (int s = 0; s < num_slots; ++s) {
       float* out = slot_rows[s].data();
       TF_RETURN_IF_ERROR(slots[s]->RunLocked(
-          [&](core::DynamicTable& t, int64_t now, std::string* error) {
+          ctx, [&](core::DynamicTable& t, int64_t now, std::string* error) {
             return core::FindOrInsertBatch(t, keys, n, now, out, RunnerFor(ctx), error);
           },
           &evicted));
@@ -295,7 +296,7 @@ class CpuTableResource : public TableResource {
     const auto write_back = [&](CpuTableResource* table, const float* values,
                                 std::vector<int64_t>* evicting) {
       return table->RunLocked(
-          [&](core::DynamicTable& t, int64_t now, std::string* error) {
+          ctx, [&](core::DynamicTable& t, int64_t now, std::string* error) {
             return core::ScatterBatch(t, keys, n, values, core::ScatterMode::kUpdate, now,
                                       RunnerFor(ctx), error, evicting);
           },
@@ -329,9 +330,10 @@ class CpuTableResource : public TableResource {
 
   // Runs a batch operation that changes the table: under the table's lock,
   // at this call's time. `op(table, now, error)` returns the number of
-  // evicted rows (*evicted), or -1 with `error` set.
+  // evicted rows (*evicted), or -1 with `error` set (raised naming the op
+  // and the table, as the GPU table's errors do).
   template <typename Op>
-  Status RunLocked(Op&& op, int64_t* evicted) {
+  Status RunLocked(OpKernelContext* ctx, Op&& op, int64_t* evicted) {
     std::string error;
     {
       ::tensorflow::mutex_lock lock(*mu());
@@ -344,7 +346,10 @@ class CpuTableResource : public TableResource {
                                          table_.size(), " rows of dimension ", table_.dim());
       }
     }
-    if (*evicted < 0) return errors::InvalidArgument(error);
+    if (*evicted < 0) {
+      return errors::InvalidArgument(ctx->op_kernel().type_string(), " on the dynamic table '",
+                                     NameFor(ctx), "': ", error);
+    }
     return OkStatus();
   }
 
@@ -352,7 +357,7 @@ class CpuTableResource : public TableResource {
   template <typename Op>
   Status RunWrite(OpKernelContext* ctx, int evicted_output, Op&& op) {
     int64_t evicted = 0;
-    TF_RETURN_IF_ERROR(RunLocked(std::forward<Op>(op), &evicted));
+    TF_RETURN_IF_ERROR(RunLocked(ctx, std::forward<Op>(op), &evicted));
     return ScalarOutput(ctx, evicted_output, evicted);
   }
 

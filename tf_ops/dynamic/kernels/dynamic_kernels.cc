@@ -98,6 +98,7 @@ class CreateOp : public TableOpKernel {
       : TableOpKernel(ctx, /*waits_on_gpu=*/false), on_gpu_(ctx->device_type() ==
                                                             ::tensorflow::DEVICE_GPU) {
     OP_REQUIRES_OK(ctx, ParseCreateAttrs(ctx, &config_, &key_dtype_));
+    OP_REQUIRES_OK(ctx, ctx->GetAttr("table_name", &name_));
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
     if (on_gpu_) OP_REQUIRES_OK(ctx, CheckGpuTableConfig(config_));
 #endif
@@ -108,15 +109,18 @@ class CreateOp : public TableOpKernel {
     const core::TableConfig config = config_;
     const DataType key_dtype = key_dtype_;
     const bool on_gpu = on_gpu_;
+    const std::string& name = name_;
     OP_REQUIRES_OK(ctx, ::tensorflow::LookupOrCreateResource<TableResource>(
                             ctx, ::tensorflow::HandleFromInput(ctx, 0), &table,
-                            [ctx, &config, key_dtype, on_gpu](TableResource** out) -> Status {
+                            [ctx, &config, key_dtype, on_gpu, &name](TableResource** out) {
+                              Status made;
 #if defined(SOK_GRAPH_WITH_CUDA) && SOK_GRAPH_WITH_CUDA
-                              if (on_gpu) return NewGpuTable(ctx, config, key_dtype, out);
+                              if (on_gpu) made = NewGpuTable(ctx, config, key_dtype, out);
 #endif
                               (void)ctx;
-                              (void)on_gpu;
-                              return NewCpuTable(config, key_dtype, out);
+                              if (!on_gpu) made = NewCpuTable(config, key_dtype, out);
+                              if (made.ok()) (*out)->set_name(name);
+                              return made;
                             }));
     ::tensorflow::core::ScopedUnref unref(table);
     OP_REQUIRES_OK(ctx,
@@ -127,6 +131,7 @@ class CreateOp : public TableOpKernel {
   const bool on_gpu_;
   core::TableConfig config_;
   DataType key_dtype_;
+  std::string name_;
 };
 
 class IsInitializedOp : public TableOpKernel {

@@ -79,18 +79,20 @@ static_assert(sizeof(bool) == sizeof(uint8_t), "found flags are written as bytes
 constexpr int64_t kMaxKeysPerCall = std::numeric_limits<int32_t>::max() - 1;
 
 // A launcher's return code as a TensorFlow error naming the op and the
-// table. `result` (may be null) tells how many distinct keys a batch had.
+// table (`table_name`). `result` (may be null) tells how many distinct keys
+// a batch had; `bounded`: whether row_limit is the table's max_capacity.
 Status TableError(OpKernelContext* ctx, int rc, const SokGpuTableResult* result,
-                  int64_t row_limit) {
+                  int64_t row_limit, bool bounded, const std::string& table_name) {
   if (rc == 0) return OkStatus();
-  const std::string where = ctx->op_kernel().type_string() + " on the GPU dynamic table '" +
-                            ::tensorflow::HandleFromInput(ctx, 0).name() + "': ";
+  const std::string where =
+      ctx->op_kernel().type_string() + " on the GPU dynamic table '" + table_name + "': ";
   switch (rc) {
     case SOK_GPU_TABLE_TOO_MANY_KEYS:
-      return errors::InvalidArgument(where, "the batch has ",
-                                     result != nullptr ? result->distinct_keys : -1,
-                                     " distinct keys but the table holds at most ", row_limit,
-                                     " rows (keys used in this batch are never evicted)");
+      return errors::InvalidArgument(
+          where, "the batch has ", result != nullptr ? result->distinct_keys : -1,
+          " distinct keys but the table holds at most ", row_limit,
+          bounded ? " rows, its max_capacity (keys used in this batch are never evicted)"
+                  : " rows, the most a table holds");
     case SOK_GPU_TABLE_BAD_ARGUMENT:
       return errors::InvalidArgument(where, "the GPU table rejected its arguments (a table ",
                                      "that failed to allocate, a negative count, dim < 1 or an ",
@@ -196,8 +198,12 @@ SokGpuTableConfig LauncherConfig(const core::TableConfig& config) {
 // lock alone; finds share it.
 class GpuTableResource : public TableResource {
  public:
-  GpuTableResource(SokGpuTable* table, int64_t dim, DataType key_dtype, void* stream)
-      : TableResource(dim, key_dtype, ::tensorflow::DEVICE_GPU), table_(table), stream_(stream) {}
+  GpuTableResource(SokGpuTable* table, int64_t dim, DataType key_dtype, void* stream,
+                   bool bounded)
+      : TableResource(dim, key_dtype, ::tensorflow::DEVICE_GPU),
+        table_(table),
+        stream_(stream),
+        bounded_(bounded) {}
   ~GpuTableResource() override {
     // Waits for the device's stream (the one every op of this table ran
     // on) before freeing.
@@ -232,7 +238,7 @@ class GpuTableResource : public TableResource {
  private:
   int64_t row_limit() const { return sok_gpu_table_row_limit(table_); }
   Status Error(OpKernelContext* ctx, int rc, const SokGpuTableResult* result = nullptr) const {
-    return TableError(ctx, rc, result, row_limit());
+    return TableError(ctx, rc, result, row_limit(), bounded_, NameFor(ctx));
   }
   // The time of a call that changes the table, as core::DynamicTable::Tick:
   // the wall clock in microseconds, strictly after every earlier call.
@@ -298,6 +304,7 @@ class GpuTableResource : public TableResource {
 
   SokGpuTable* const table_;
   void* const stream_;
+  const bool bounded_;  // max_capacity given: row_limit() is it
   int64_t now_ = 0;
   Tensor present_keys_;
   int64_t present_removals_ = 0;
@@ -848,8 +855,11 @@ Status NewGpuTable(OpKernelContext* ctx, const core::TableConfig& table_config,
   allocator.context = ctx->device()->GetAllocator(::tensorflow::AllocatorAttributes());
   SokGpuTable* t = nullptr;
   const int rc = sok_gpu_table_create(&config, &allocator, stream, &t);
-  if (rc != 0) return TableError(ctx, rc, nullptr, config.max_rows);
-  *out = new GpuTableResource(t, config.dim, key_dtype, stream);
+  if (rc != 0) {
+    return TableError(ctx, rc, nullptr, config.max_rows, config.max_rows > 0,
+                      ::tensorflow::HandleFromInput(ctx, 0).name());
+  }
+  *out = new GpuTableResource(t, config.dim, key_dtype, stream, config.max_rows > 0);
   return OkStatus();
 }
 

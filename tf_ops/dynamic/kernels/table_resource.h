@@ -16,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "tensorflow/core/framework/op_kernel.h"
@@ -39,6 +40,14 @@ class TableResource : public ::tensorflow::ResourceBase {
 
   int64_t dim() const { return dim_; }
   ::tensorflow::DataType key_dtype() const { return key_dtype_; }
+  // The table's name in errors: its variable's name (SokDynamicTableCreate's
+  // table_name, set once when the table is made), else its handle's (which
+  // an eager table draws at random: "the table holds at most 8 rows" then
+  // named no table a user knows).
+  void set_name(const std::string& name) { name_ = name; }
+  std::string NameFor(::tensorflow::OpKernelContext* ctx) const {
+    return name_.empty() ? ::tensorflow::HandleFromInput(ctx, 0).name() : name_;
+  }
   // DEVICE_CPU or DEVICE_GPU: where the table's memory is.
   const char* device_type() const { return device_type_; }
   // The most keys one call may pass (the GPU counts them in 32 bits).
@@ -171,6 +180,7 @@ class TableResource : public ::tensorflow::ResourceBase {
   const int64_t dim_;
   const ::tensorflow::DataType key_dtype_;
   const char* const device_type_;
+  std::string name_;
 };
 
 // The factories: a new table of `config` for the device of `ctx`.

@@ -53,6 +53,7 @@ REGISTER_OP("SokDynamicTableCreate")
     .Attr("max_bytes: int = 0")
     .Attr("hbm_bytes: int = -1")
     .Attr("eviction: string = 'lru'")
+    .Attr("table_name: string = ''")
     .SetIsStateful()
     .SetShapeFn(::tensorflow::shape_inference::NoOutputs)
     .Doc(R"doc(
@@ -72,6 +73,8 @@ hbm_bytes: -1 to keep every row in device memory, else how many bytes of
   that its kernels read and write in place (nothing is evicted for it). A
   CPU table keeps all rows in host memory.
 eviction: "lru" or "lfu": which rows go when a bounded table is full.
+table_name: the name the table's errors give it (its variable's); empty: the
+  handle's.
 )doc");
 
 REGISTER_OP("SokDynamicTableIsInitialized")
