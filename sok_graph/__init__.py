@@ -34,9 +34,28 @@ from sok_graph.v1.session import (Init, InitHook, global_variables_initializer,
 from sok_graph.collective_strategy import CollectiveStrategy  # DeepRec's front end
 
 # SOK's module attributes: TensorFlow's version as a list of ints, and
-# `raw_ops`, the op library (sok_graph's own, with sok_graph's op names),
-# loaded when first asked for, as every op of the package loads it.
+# `raw_ops`, the op library (sok_graph's own, with sok_graph's op names).
 tf_version = compat.TF_VERSION_LIST
+
+
+def _register_ops():
+    """Loads the op library at import, as SOK does: a SavedModel or meta
+    graph holding sok ops (tf.saved_model.save of a model that reads sok
+    tables, an Estimator's export) loads only where TensorFlow knows them,
+    and `import sok_graph` is what a program does before loading one (it
+    failed with "Op type not registered 'SokFusedLookup'" until some sok
+    call had loaded the library). A library that is missing, built for
+    another TensorFlow or broken does not make the package unimportable:
+    the first op that needs it raises why (ops/library.py)."""
+    from sok_graph.ops import library
+
+    try:
+        library.load()
+    except Exception:  # noqa: BLE001 (raised again, with its reason, at the first op)
+        pass
+
+
+_register_ops()
 
 
 def __getattr__(name):
@@ -46,8 +65,8 @@ def __getattr__(name):
         return library.load()
     raise AttributeError(f"module 'sok_graph' has no attribute {name!r}")
 
-# raw_ops is public too; it stays out of __all__ so that `import *` does not
-# load the op library.
+# raw_ops is public too; it stays out of __all__ (it is the op library, not
+# an API of this package's own).
 __all__ = ["init", "set_comm_tool", "tf_version", "Variable",
            "DistributedVariable", "LocalizedVariable", "DynamicVariable", "lookup_sparse", "all2all_dense_embedding",
            "OptimizerWrapper", "SGD", "assign", "export", "filter_variables",

@@ -168,6 +168,41 @@ def test_disable_eager_execution_session():
     assert lines[1] == str(table.tolist())
 
 
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="tf.saved_model.save of a tf.Module (TF2)")
+def test_a_saved_model_holding_sok_ops_loads_after_import(tmp_path):
+    """A SavedModel whose functions read a sok table (sok ops in its graph)
+    loads in a fresh process that only imported sok_graph, and computes
+    what it did when saved: the op library was loaded at the first sok call,
+    so loading failed with "Op type not registered 'SokFusedLookup'"."""
+    path = str(tmp_path / "model")
+    save = textwrap.dedent(f"""
+        import tensorflow as tf
+        import sok_graph as sok
+        sok.init(comm_tool="none")
+        class Model(tf.Module):
+            def __init__(self):
+                self.table = sok.Variable(tf.reshape(tf.range(30, dtype=tf.float32), [10, 3]))
+            @tf.function(input_signature=[tf.RaggedTensorSpec([None, None], tf.int64)])
+            def __call__(self, ids):
+                return sok.lookup_sparse([self.table], [ids], combiners=["sum"])[0]
+        tf.saved_model.save(Model(), {path!r})
+    """)
+    load = textwrap.dedent(f"""
+        import tensorflow as tf
+        import sok_graph
+        model = tf.saved_model.load({path!r})
+        print(model(tf.ragged.constant([[1, 2], [9]], tf.int64)).numpy().tolist())
+    """)
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    for script in (save, load):
+        out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert out.returncode == 0, out.stderr[-2000:]
+    table = np.arange(30, dtype=np.float32).reshape(10, 3)
+    assert out.stdout.strip().splitlines()[-1] == str([(table[1] + table[2]).tolist(),
+                                                       table[9].tolist()])
+
+
 @pytest.mark.parametrize("kwargs,exc,pattern", [
     (dict(sp_ids=[None]), TypeError, r"sp_ids\[0\] must be a tf.SparseTensor or tf.RaggedTensor"),
     (dict(combiners=["max"]), ValueError, r"combiners\[0\] must be one of .*'max'"),

@@ -1504,6 +1504,53 @@ _APPLY_EACH = """
 
 
 @tf2_only
+def test_a_loaded_int32_tables_functions_check_int64_keys_instead_of_narrowing_them(tmp_path):
+    """An int32-keyed table of a loaded model (plain TensorFlow): its
+    lookup_fn and apply_delta_fn take int32 keys and int64 keys (numpy or
+    tensors), and refuse an int64 key outside int32's range naming the
+    table, its rows unchanged. numpy int64 keys were narrowed to the int32
+    signature: key 2^32 + 9 overwrote key 9's row, and a lookup of it read
+    key 9's."""
+    sok.init(comm_tool="none")
+    table = sok.DynamicVariable(2, initializer="zeros", key_type=tf.int32, name="k32")
+    sok.assign(table, tf.constant([5, 9], tf.int32), np.array([[5, 5], [9, 9]], np.float32))
+
+    class Model(tf.Module):
+        def __call__(self, ids):
+            return sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+
+    export_dir = str(tmp_path / "export")
+    sok.export_for_serving(Model(), export_dir, [tf.RaggedTensorSpec([None, None], tf.int32)])
+    result = _plain_tf("""
+        loaded = tf.saved_model.load(sys.argv[1])
+        t = loaded.sok_tables["k32"]
+        out = {}
+        def attempt(case, call):
+            try:
+                out[case] = call().numpy().tolist()
+            except tf.errors.InvalidArgumentError as e:
+                out[case] = str(e)
+        ones = np.ones((1, 2), np.float32)
+        attempt("delta_numpy", lambda: t.apply_delta_fn(np.array([2**32 + 9], np.int64), ones))
+        attempt("delta_tensor", lambda: t.apply_delta_fn(tf.constant([-2**31 - 1], tf.int64),
+                                                         tf.constant(ones)))
+        attempt("lookup_numpy", lambda: t.lookup_fn(np.array([2**32 + 5], np.int64)))
+        out["after"] = t.lookup_fn(tf.constant([5, 9], tf.int32)).numpy().tolist()
+        out["int64_in_range"] = t.lookup_fn(np.array([9, 5], np.int64)).numpy().tolist()
+        t.apply_delta_fn(tf.constant([7], tf.int32), tf.constant(2 * ones))
+        t.apply_delta_fn(np.array([8], np.int64), 3 * ones)
+        out["added"] = t.lookup_fn([7, 8]).numpy().tolist()
+        print(json.dumps(out))
+    """, export_dir)
+    for case in ("delta_numpy", "delta_tensor", "lookup_numpy"):
+        assert "keys of table \\'k32\\' must be in int32\\'s range" in result[case], \
+            (case, result[case])
+    assert result["after"] == [[5, 5], [9, 9]]
+    assert result["int64_in_range"] == [[9, 9], [5, 5]]
+    assert result["added"] == [[2, 2], [3, 3]]
+
+
+@tf2_only
 def test_a_served_models_apply_delta_fn_refuses_what_apply_serving_delta_does(tmp_path):
     """The loaded model's apply_delta_fn, in plain TensorFlow: NaN or
     infinite rows and a static table's row ids outside [0, rows) are

@@ -158,9 +158,11 @@ class StaticTable(tf.Module):
             return tf.size(keys, out_type=tf.int64)
 
     def function_signatures(self):
-        return ([tf.TensorSpec([None], tf.int64, name="keys")],
-                [tf.TensorSpec([None], tf.int64, name="keys"),
-                 tf.TensorSpec([None, self.dimension], self.dtype, name="rows")])
+        """The signatures of the loaded model's lookup_fn and apply_delta_fn:
+        a list of each, the first a call's arguments convert to is used."""
+        return ([[tf.TensorSpec([None], tf.int64, name="keys")]],
+                [[tf.TensorSpec([None], tf.int64, name="keys"),
+                  tf.TensorSpec([None, self.dimension], self.dtype, name="rows")]])
 
     def row_count(self):
         """The rows the table holds, an int64 scalar (the table protocol)."""
@@ -315,10 +317,17 @@ class DynamicTable(tf.Module):
     def _keys(self, keys):
         keys = tf.convert_to_tensor(keys)
         if keys.dtype == tf.int64 and self.key_dtype == tf.int32:
-            # As training's lookup: narrowed, id 2^32 + 5 would serve key 5's row.
-            raise TypeError(f"keys of table '{self.table_name}' must be int32 (the key_type of "
-                            f"its DynamicVariable); got int64: give the model int32 ids, as "
-                            f"in training")
+            # Narrowed unchecked, key 2^32 + 5 would read (or, in a delta,
+            # overwrite) key 5's row.
+            low, high = tf.int32.min, tf.int32.max
+            outside = tf.logical_or(keys < low, keys > high)
+            check = tf.debugging.Assert(
+                tf.logical_not(tf.reduce_any(outside)),
+                [f"keys of table '{self.table_name}' must be in int32's range [{low}, {high}] "
+                 f"(the key_type of its DynamicVariable); got", tf.boolean_mask(keys, outside)],
+                summarize=3)
+            with tf.control_dependencies([check]):
+                return tf.cast(keys, tf.int32)
         if keys.dtype != self.key_dtype:
             keys = tf.cast(keys, self.key_dtype)
         return keys
@@ -453,9 +462,16 @@ class DynamicTable(tf.Module):
             return tf.identity(m)
 
     def function_signatures(self):
-        return ([tf.TensorSpec([None], self.key_dtype, name="keys")],
-                [tf.TensorSpec([None], self.key_dtype, name="keys"),
-                 tf.TensorSpec([None, self.dimension], self.dtype, name="rows")])
+        # An int32-keyed table takes int64 keys too, checked (_keys), and
+        # that signature comes first: a loaded function converts a call's
+        # arguments to the first signature they convert to, and int64
+        # numpy keys given the int32 one alone were narrowed, wrapping
+        # around (apply_delta_fn of key 2^32 + 9 overwrote key 9's row).
+        key_dtypes = [tf.int64] + ([tf.int32] if self.key_dtype == tf.int32 else [])
+        return ([[tf.TensorSpec([None], d, name="keys")] for d in key_dtypes],
+                [[tf.TensorSpec([None], d, name="keys"),
+                  tf.TensorSpec([None, self.dimension], self.dtype, name="rows")]
+                 for d in key_dtypes])
 
     def row_count(self):
         """The keys the table holds, an int64 scalar (the table protocol;
