@@ -469,6 +469,45 @@ def test_init_seed_gives_each_layer_rows_of_its_own(use_hashtable):
     assert not np.any(np.all(first == second, axis=1))
 
 
+@pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
+def test_a_graph_with_a_1x_layer_exports_meta_graphs_that_import(tmp_path, use_hashtable):
+    """A Saver's meta graph and a TF1 serving export of a graph holding a
+    1.x layer: the layer and its table are in sok.GraphKeys' collections,
+    which were written as lists of their names, and importing either file
+    failed ("The name 'de' refers to an Operation not in the graph"). The
+    files hold those collections empty; the imports work, and the served
+    model computes what the layer did."""
+    batch = tf.compat.v1.SparseTensorValue([[0, 0], [0, 1], [1, 0]], [1, 5, 9], [2, 3])
+    with tf.Graph().as_default():
+        init = sok.Init(global_batch_size=2)
+
+        def build():
+            ids = tf.compat.v1.sparse_placeholder(tf.int64, name="ids")
+            layer = sok.DistributedEmbedding("sum", 64, 4, slot_num=1, max_nnz=3, name="de",
+                                             use_hashtable=use_hashtable)
+            return {"ids": ids}, {"out": layer(ids)}
+
+        inputs, outputs = build()
+        assert tf.compat.v1.get_collection(sok.GraphKeys.SparseOperationKitEmbeddingLayers)
+        with tf.compat.v1.Session() as sess:
+            sess.run(init)
+            sess.run(tf.compat.v1.global_variables_initializer())
+            want = sess.run(outputs["out"], {inputs["ids"]: batch})
+            tf.compat.v1.train.Saver().save(sess, str(tmp_path / "ckpt" / "model"))
+            export_dir = sok.export_for_serving(build, str(tmp_path / "export"), session=sess)
+    with tf.Graph().as_default():
+        tf.compat.v1.train.import_meta_graph(str(tmp_path / "ckpt" / "model.meta"))
+        assert not tf.compat.v1.get_collection(sok.GraphKeys.SparseOperationKitEmbeddingLayers)
+    with tf.Graph().as_default(), tf.compat.v1.Session() as sess:
+        meta = tf.compat.v1.saved_model.loader.load(sess, ["serve"], export_dir)
+        signature = meta.signature_def["serving_default"]
+        ids = signature.inputs["ids"].coo_sparse
+        feeds = {ids.indices_tensor_name: batch.indices, ids.values_tensor_name: batch.values,
+                 ids.dense_shape_tensor_name: batch.dense_shape}
+        np.testing.assert_allclose(sess.run(signature.outputs["out"].name, feeds), want,
+                                   rtol=1e-6)
+
+
 def test_init_hook_with_monitored_training_session():
     with tf.Graph().as_default():
         _, out = _graph_with_layer(True)

@@ -104,6 +104,21 @@ def registered_op_def(name):
     return op_def_registry.get_registered_ops().get(name)
 
 
+def leave_out_of_meta_graphs(collection):
+    """Exported meta graphs (a Saver's .meta, a TF1 SavedModel) hold graph
+    collection `collection` empty. A collection of Python objects that are
+    no graph node (the 1.x embedding layers and their tables) was written
+    as a list of their names, and importing the file failed: "The name 'de'
+    refers to an Operation not in the graph". A proto function that gives
+    no proto for any entry leaves it empty, which an import skips."""
+    from tensorflow.core.framework import variable_pb2
+    from tensorflow.python.framework import ops
+
+    ops.register_proto_function(collection, proto_type=variable_pb2.VariableDef,
+                                to_proto=lambda value, export_scope=None: None,
+                                from_proto=lambda proto, import_scope=None: None)
+
+
 def register_gradient(op_type):
     """Decorator registering a gradient function for a custom op type."""
     return tf.RegisterGradient(op_type)

@@ -40,9 +40,15 @@ from sok_graph.v1 import session
 
 class GraphKeys:
     """Graph collections the 1.x layers add themselves and their tables to
-    (graph mode)."""
+    (graph mode). Exported meta graphs hold them empty: Python objects are
+    not rebuilt by an import (build the layers again after one)."""
     SparseOperationKitEmbeddingLayers = "SparseOperationKitEmbeddingLayers"
     SparseOperationKitEmbeddingVariables = "SparseOperationKitEmbeddingVariables"
+
+
+for _collection in (GraphKeys.SparseOperationKitEmbeddingLayers,
+                    GraphKeys.SparseOperationKitEmbeddingVariables):
+    compat.leave_out_of_meta_graphs(_collection)
 
 
 _layers_by_name = weakref.WeakValueDictionary()
