@@ -493,15 +493,6 @@ def _parts(var, optimizer):
     return parts + ["slot." + name for name, _ in _slot_specs(optimizer)]
 
 
-def _barrier(world_size):
-    """Waits for every worker process (graph mode: through the default
-    Session)."""
-    comm = context.active()
-    if world_size > 1 and not comm.in_process:
-        _run(_built_once(("barrier",), (comm,), lambda: comm.allreduce(
-            tf.zeros([], tf.float32), name="sok_dump_barrier")))
-
-
 def _built_once(key, objects, build):
     """build(): eagerly its tensors; in graph mode the ops it builds, once
     per graph, `key` and `objects` (the tables, optimizer, ... the ops read,
@@ -570,10 +561,26 @@ def dump(path, dump_vars, optimizer=None):
     # Replicas of one process are written once, by that process.
     comm = context.active()
     world_size = 1 if comm is None else comm.world_size
+    failed = None
     if comm is None or comm.in_process or comm.rank == 0:
-        write_dump(path, tables, optimizer_entry, world_size=world_size,
-                   named_alike=_named_alike(variables))
-    _barrier(world_size)
+        try:
+            write_dump(path, tables, optimizer_entry, world_size=world_size,
+                       named_alike=_named_alike(variables))
+        except Exception as e:  # noqa: BLE001 (told to every worker, then raised)
+            failed = e
+    # The wait is an agreement: every worker learns whether rank 0 wrote the
+    # dump. A dump rank 0 refused (a directory of the user's files at
+    # `path`, a file where its parent must be) returned on the others as if
+    # written, and their next collective met another of rank 0's.
+    _, failures = agreement.agree(comm, tf.executing_eagerly(), error=failed)
+    agreement.raise_shared(comm, failed, failures, f"sok.dump to {path}", _DUMP_ERRORS,
+                           outcome="; no dump was written there (a dump it held is unchanged)")
+
+
+# The kinds of a dump's refusals that another worker raises as they are
+# (anything else as a RuntimeError naming the class).
+_DUMP_ERRORS = (CheckpointError, ValueError, TypeError, OSError, FileExistsError,
+                FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
 def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=None):

@@ -49,3 +49,19 @@ def test_a_dump_one_worker_cannot_read_is_loaded_by_no_worker(tmp_path):
                      "--out", str(tmp_path / "unused"), "--unreadable_on", "1",
                      "--reason", os.path.basename(values[0])])
     assert not os.path.exists(tmp_path / "unused")
+
+
+@needs_horovod
+def test_a_dump_the_writer_refuses_fails_on_every_worker(tmp_path):
+    """Rank 0 writes a dump; where it refuses (the path is a directory of
+    the user's files), every worker raises FileExistsError naming rank 0
+    and its reason, and the next dump works. The others used to return as
+    if the dump were written, and their next collective met another of
+    rank 0's (a barrier failed, or waited for the stall timeout)."""
+    user = tmp_path / "user"
+    user.mkdir()
+    (user / "notes.txt").write_text("mine")
+    launch(2, DUMP, ["--engine", "horovod", "--phase", "dump", "--path", str(tmp_path / "ckpt"),
+                     "--out", str(tmp_path / "out"), "--refused_path", str(user)])
+    assert os.listdir(user) == ["notes.txt"]
+    assert os.path.exists(tmp_path / "ckpt" / "manifest.json")

@@ -829,9 +829,7 @@ def test_serving_dynamic_table_holding_no_keys_serves_and_takes_deltas():
     from sok_graph.serving.tables import DynamicTable
 
     table = DynamicTable("empty", tf.int64, 2, default_row=1.5)
-    lookup_spec, delta_spec = table.function_signatures()
-    lookup = tf.function(table.lookup, input_signature=lookup_spec)
-    apply_delta = tf.function(table.apply_delta, input_signature=delta_spec)
+    lookup, apply_delta = table.serving_functions()
     np.testing.assert_array_equal(lookup(tf.constant([3, -8], tf.int64)), np.full((2, 2), 1.5))
     keys, rows, next_offset = table.export_chunk(0, 4)
     assert int(table.row_count()) == 0 and len(keys) == 0 and int(next_offset) == 0

@@ -56,9 +56,17 @@ embedding_scope()
     of part i % n, so the same initializer gives the same training on one
     process and on N workers. The exported serving table keeps that layout.
 
+  - get_variable's regularizer sees this worker's shard; its loss is
+    multiplied by the number of workers, so that the workers' mean loss is
+    the whole table's and the table trains as in one process.
+
 Limits: only tf.compat.v1 optimizers are patched (Keras optimizers are not);
 wrapping an optimizer in hvd.DistributedOptimizer as well would average
-twice; a variable_scope custom_getter is not applied to the sok tables.
+twice; a variable_scope custom_getter is not applied to the sok tables. The
+table is read through the routed lookups only: anything else that reads it
+as a tensor (tf.gather, tf.reduce_sum, Session.run of it) gets this
+worker's shard (rows i with i % N == rank, in order), as a sharded
+sok.Variable's value is everywhere.
 
 Modules: strategy (the CollectiveStrategy class), engine (COLLECTIVE_STRATEGY
 and Horovod's start), patching (installing and removing the scopes' patches),

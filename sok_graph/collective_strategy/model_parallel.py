@@ -4,6 +4,7 @@ table makes one sok.Variable sharded over the workers (an ordinary one on export
 
 import tensorflow as tf
 
+from sok_graph import context
 from sok_graph.tables.static import Variable as _SokVariable
 from sok_graph.tables.static import is_sok_variable
 
@@ -73,6 +74,18 @@ def _store_get_variable(store, *args, **kwargs):
     if a["regularizer"] is not None:
         with tf.compat.v1.name_scope(None), tf.compat.v1.name_scope(name + "/Regularizer/"):
             loss = a["regularizer"](var)
+            if loss is not None:
+                # The regularizer sees this worker's shard, and the sok
+                # table's gradient is divided by the workers' number
+                # (data_parallel._average_gradients: the all-to-all summed
+                # every worker's batch into it). N times the shard's loss
+                # makes the workers' mean loss the whole table's, and its
+                # gradient one process's: with N workers the table was
+                # regularized N times weaker, without a word.
+                comm = context.active()
+                world = 1 if comm is None else comm.world_size
+                if world > 1:
+                    loss = loss * tf.cast(world, loss.dtype)
         if loss is not None:
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return var

@@ -564,16 +564,6 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
     return export_dir if rank == 0 else None
 
 
-def _traced(method, signatures):
-    """A tf.function of `method`, traced for each signature in order: the
-    SavedModel keeps them in that order, and a loaded model's call takes the
-    first whose types its arguments have, else the first they convert to."""
-    function = tf.function(method)
-    for signature in signatures:
-        function.get_concrete_function(*signature)
-    return function
-
-
 def _write_v2(export_dir, resolver, function, concrete, input_signature, created):
     """Rank 0's part of a TF2 export: the SavedModel, written whole."""
     root = _ServingModule()
@@ -583,11 +573,10 @@ def _write_v2(export_dir, resolver, function, concrete, input_signature, created
                             if id(v) not in table_vars]
     root.sok_tables = dict(resolver.tables)
     for t in resolver.tables.values():
-        lookup_specs, delta_specs = t.function_signatures()
-        t.lookup_fn = _traced(t.lookup, lookup_specs)
-        # Applies a delta to the loaded model in memory; it keeps no
-        # record of the deltas applied (serving/tables.py, _NO_RECORD).
-        t.apply_delta_fn = _traced(t.apply_delta, delta_specs)
+        # apply_delta_fn applies a delta to the loaded model in memory; it
+        # keeps no record of the deltas applied (serving/tables.py,
+        # _NO_RECORD).
+        t.lookup_fn, t.apply_delta_fn = t.serving_functions()
     root.serve = function
     flat = tf.nest.flatten(list(input_signature), expand_composites=False)
     signatures = None

@@ -93,6 +93,16 @@ created of the last one applied, or of the export
 (assets.extra/sok_serving.json)."""
 
 
+def _traced(method, signatures):
+    """A tf.function of `method`, traced for each signature in order: the
+    SavedModel keeps them in that order, and a loaded model's call takes the
+    first whose types its arguments have, else the first they convert to."""
+    function = tf.function(method)
+    for signature in signatures:
+        function.get_concrete_function(*signature)
+    return function
+
+
 def _keeps_no_record(apply_delta):
     """Adds _NO_RECORD to the docstring of a serving table's apply_delta."""
     apply_delta.__doc__ = apply_delta.__doc__.rstrip() + "\n" + \
@@ -157,12 +167,12 @@ class StaticTable(tf.Module):
         with tf.control_dependencies([_as_op(update)]):
             return tf.size(keys, out_type=tf.int64)
 
-    def function_signatures(self):
-        """The signatures of the loaded model's lookup_fn and apply_delta_fn:
-        a list of each, the first a call's arguments convert to is used."""
-        return ([[tf.TensorSpec([None], tf.int64, name="keys")]],
-                [[tf.TensorSpec([None], tf.int64, name="keys"),
-                  tf.TensorSpec([None, self.dimension], self.dtype, name="rows")]])
+    def serving_functions(self):
+        """(lookup_fn, apply_delta_fn) of the loaded model (_traced)."""
+        return (_traced(self.lookup, [[tf.TensorSpec([None], tf.int64, name="keys")]]),
+                _traced(self.apply_delta, [[tf.TensorSpec([None], tf.int64, name="keys"),
+                                            tf.TensorSpec([None, self.dimension], self.dtype,
+                                                          name="rows")]]))
 
     def row_count(self):
         """The rows the table holds, an int64 scalar (the table protocol)."""
@@ -317,20 +327,30 @@ class DynamicTable(tf.Module):
     def _keys(self, keys):
         keys = tf.convert_to_tensor(keys)
         if keys.dtype == tf.int64 and self.key_dtype == tf.int32:
-            # Narrowed unchecked, key 2^32 + 5 would read (or, in a delta,
-            # overwrite) key 5's row.
-            low, high = tf.int32.min, tf.int32.max
-            outside = tf.logical_or(keys < low, keys > high)
-            check = tf.debugging.Assert(
-                tf.logical_not(tf.reduce_any(outside)),
-                [f"keys of table '{self.table_name}' must be in int32's range [{low}, {high}] "
-                 f"(the key_type of its DynamicVariable); got", tf.boolean_mask(keys, outside)],
-                summarize=3)
-            with tf.control_dependencies([check]):
-                return tf.cast(keys, tf.int32)
+            # As training's lookup: narrowed, id 2^32 + 5 would serve key 5's row.
+            raise TypeError(f"keys of table '{self.table_name}' must be int32 (the key_type of "
+                            f"its DynamicVariable); got int64: give the model int32 ids, as "
+                            f"in training")
         if keys.dtype != self.key_dtype:
             keys = tf.cast(keys, self.key_dtype)
         return keys
+
+    def _served_keys(self, keys):
+        """Keys given to the loaded model's lookup_fn / apply_delta_fn (see
+        function_signatures): an int32 table's int64 keys checked against
+        int32's range, then narrowed."""
+        keys = tf.convert_to_tensor(keys)
+        if keys.dtype != tf.int64 or self.key_dtype != tf.int32:
+            return keys
+        low, high = tf.int32.min, tf.int32.max
+        outside = tf.logical_or(keys < low, keys > high)
+        check = tf.debugging.Assert(
+            tf.logical_not(tf.reduce_any(outside)),
+            [f"keys of table '{self.table_name}' must be in int32's range [{low}, {high}] "
+             f"(the key_type of its DynamicVariable); got", tf.boolean_mask(keys, outside)],
+            summarize=3)
+        with tf.control_dependencies([check]):
+            return tf.cast(keys, tf.int32)
 
     def lookup(self, keys):
         """Rows [n, dim] of keys [n]; the default row for keys not held."""
@@ -461,17 +481,19 @@ class DynamicTable(tf.Module):
                     return tf.identity(m)
             return tf.identity(m)
 
-    def function_signatures(self):
-        # An int32-keyed table takes int64 keys too, checked (_keys), and
-        # that signature comes first: a loaded function converts a call's
-        # arguments to the first signature they convert to, and int64
-        # numpy keys given the int32 one alone were narrowed, wrapping
-        # around (apply_delta_fn of key 2^32 + 9 overwrote key 9's row).
+    def serving_functions(self):
+        """(lookup_fn, apply_delta_fn) of the loaded model (_traced). An
+        int32-keyed table's take int64 keys too, checked (_served_keys),
+        and that signature comes first: a loaded function converts a call's
+        arguments to the first signature they convert to, and int64 numpy
+        keys given the int32 one alone were narrowed, wrapping around
+        (apply_delta_fn of key 2^32 + 9 overwrote key 9's row)."""
         key_dtypes = [tf.int64] + ([tf.int32] if self.key_dtype == tf.int32 else [])
-        return ([[tf.TensorSpec([None], d, name="keys")] for d in key_dtypes],
-                [[tf.TensorSpec([None], d, name="keys"),
-                  tf.TensorSpec([None, self.dimension], self.dtype, name="rows")]
-                 for d in key_dtypes])
+        rows = tf.TensorSpec([None, self.dimension], self.dtype, name="rows")
+        return (_traced(lambda keys: self.lookup(self._served_keys(keys)),
+                        [[tf.TensorSpec([None], d, name="keys")] for d in key_dtypes]),
+                _traced(lambda keys, rows: self.apply_delta(self._served_keys(keys), rows),
+                        [[tf.TensorSpec([None], d, name="keys"), rows] for d in key_dtypes]))
 
     def row_count(self):
         """The keys the table holds, an int64 scalar (the table protocol;

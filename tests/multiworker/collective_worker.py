@@ -9,7 +9,8 @@
   --mode plain     the reference: plain TensorFlow in one process, the same
                    model on whole global batches, the table a 3-way
                    PartitionedVariable.
-  --api lookup     tf.nn.embedding_lookup_sparse + tf.nn.embedding_lookup
+  --api lookup     tf.nn.embedding_lookup_sparse + tf.nn.embedding_lookup, the
+                   table L2-regularized (get_variable's regularizer)
   --api fc         tf.compat.v1.feature_column.input_layer with embedding_column
   --opt adagrad | ftrl
 
@@ -73,8 +74,11 @@ def build(tf, strategy, api, rank):
     emb_scope = strategy.embedding_scope() if strategy else _null()
     with emb_scope, tf.compat.v1.variable_scope("emb", partitioner=partitioner):
         if api == "lookup":
-            table = tf.compat.v1.get_variable("table", shape=(ROWS, DIM),
-                                              initializer=table_init)
+            # With an L2 regularizer: plain TensorFlow adds one loss per
+            # part, CollectiveStrategy one per worker's shard.
+            table = tf.compat.v1.get_variable(
+                "table", shape=(ROWS, DIM), initializer=table_init,
+                regularizer=lambda t: 0.01 * tf.reduce_sum(tf.square(t)))
             a = tf.nn.embedding_lookup_sparse(table, sp, None, combiner="mean")
             b = tf.nn.embedding_lookup(table, single)
             x = tf.concat([a, b], 1)
@@ -120,6 +124,9 @@ def main():
         sp, single, labels, x, logits = build(tf, strategy, args.api, rank)
         loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(labels=labels,
                                                                       logits=logits))
+        regularization = tf.compat.v1.losses.get_regularization_losses()
+        if regularization:
+            loss = loss + tf.add_n(regularization)
         step = tf.compat.v1.train.get_or_create_global_step()
         if args.opt == "adagrad":
             opt = tf.compat.v1.train.AdagradOptimizer(0.3)

@@ -13,6 +13,10 @@
       --path + "_damaged" (a copy whose file the test damaged) instead:
       either way every worker must raise CheckpointError with worker R's
       reason and keep its tables as built (nothing is written to --out).
+  --refused_path P (phase dump): first a dump to P, a directory of the
+      user's files, which rank 0 (the writer) refuses: every worker must
+      raise FileExistsError (the others naming rank 0), P must be as it
+      was, and the dump to --path must then work on every worker.
 
 Run by N workers for the dump and M for the load, the union of the npz files
 must be the same rows and slots, bit for bit. --engine mirrored --world N:
@@ -40,6 +44,7 @@ def main():
     p.add_argument("--unreadable_on", type=int,
                    help="the worker that reads a damaged copy of the dump")
     p.add_argument("--reason", help="what the refusing worker's error says (every worker's must)")
+    p.add_argument("--refused_path", help="a directory of the user's files to dump into first")
     args = p.parse_args()
     import tensorflow as tf
 
@@ -104,6 +109,18 @@ def main():
                     rng.integers(-10 ** 6, 10 ** 6, 2 * BATCH), [2] * BATCH)
                 inputs.append((ids_s, ids_d))
             step(inputs)
+        if args.refused_path:
+            before = sorted(os.listdir(args.refused_path))
+            try:
+                sok.dump(args.refused_path, tables, optimizer=opt)
+            except FileExistsError as e:
+                assert "holding" in str(e), (rank, str(e))
+                if rank != 0:
+                    assert f"failed on rank 0 of {world}" in str(e), (rank, str(e))
+                    assert "no dump was written there" in str(e), (rank, str(e))
+            else:
+                raise AssertionError(f"rank {rank}: the dump rank 0 refused returned")
+            assert sorted(os.listdir(args.refused_path)) == before
         sok.dump(args.path, tables, optimizer=opt)
         # Every row was updated after the epoch: the whole table, on every
         # worker (SOK's incremental dump gathers all workers' rows).
