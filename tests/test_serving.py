@@ -1035,6 +1035,7 @@ def test_exports_and_deltas_are_on_disk_before_they_are_renamed_into_place(tmp_p
         assert not unsynced, f"{final}: not on disk before its rename: {unsynced}"
 
 
+@tf2_only
 def test_a_delta_stopped_anywhere_leaves_the_export_whole(tmp_path):
     """apply_serving_delta in place, stopped at every step of its own code
     and of dump_load's swap (an exception raised at the n-th call, return
