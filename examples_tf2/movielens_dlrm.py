@@ -63,6 +63,41 @@ def _int_at_least(lowest):
     return parse
 
 
+def _positive_number(text):
+    """A finite number > 0: a rate of 0 trained nothing (then "did not beat
+    the popularity baseline"), NaN and negative ones failed after the data
+    was prepared, naming the optimizer's learning_rate."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if value is None or not np.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"expected a finite number > 0; got {text!r}")
+    return value
+
+
+def _writable_directory(text):
+    """A directory that exists or can be made, and can be written: checked
+    before the data is prepared and a model trained (an --out that was a
+    file, empty or read-only failed in os.makedirs or pyarrow's writer,
+    or after an epoch, in the dump)."""
+    if not text:
+        raise argparse.ArgumentTypeError("expected a directory; got ''")
+    path = os.path.abspath(text)
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
+    existing = path
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be made: {existing!r} is not a "
+                                         f"directory")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {existing!r} is not "
+                                         f"writable")
+    return text
+
+
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["tf2", "tf1"], default="tf2",
@@ -72,9 +107,10 @@ def parse_args():
     p.add_argument("--patience", type=_int_at_least(0), default=2,
                    help="stop after this many epochs in a row without a better validation "
                         "AUC than the kept epoch's")
-    p.add_argument("--batch", type=int, default=1024)
-    p.add_argument("--lr", type=float, default=0.005)
-    p.add_argument("--out", default="movielens_out", help="where tables and the plot go")
+    p.add_argument("--batch", type=_int_at_least(1), default=1024)
+    p.add_argument("--lr", type=_positive_number, default=0.005)
+    p.add_argument("--out", type=_writable_directory, default="movielens_out",
+                   help="where tables and the plot go")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args()
 
@@ -84,10 +120,18 @@ def prepare(out_dir):
     validation ratings come out of the training part: the test set stays
     untouched by the choice of epoch."""
     path = os.path.join(out_dir, "movielens100k.parquet")
-    if not os.path.exists(path):
+    samples = None
+    if os.path.exists(path):
+        try:
+            samples = movielens.read_parquet(path)
+        except Exception as e:  # noqa: BLE001 (a cache: made again)
+            # A cache another program damaged (it is written whole,
+            # sok_graph/data/files.py): every later run failed reading it.
+            print(f"{path} cannot be read ({type(e).__name__}: {e}); writing it again")
+    if samples is None:
         samples, _ = movielens.load_samples()
         movielens.write_parquet(samples, path)
-    samples = movielens.read_parquet(path)
+        samples = movielens.read_parquet(path)
     sizes = {name: int(samples[name].max()) + 1 for name in movielens.CATEGORICAL}
     sizes["genres"] = int(samples["genres_values"].max()) + 1
     train, test = movielens.split(samples, test_fraction=TEST_FRACTION, seed=0)

@@ -1,6 +1,7 @@
 """Data helpers: AUC against a brute-force count, MovieLens conversion."""
 
 import importlib.util
+import os
 import re
 
 import numpy as np
@@ -120,8 +121,21 @@ def test_an_interrupted_parquet_write_leaves_no_half_file(tmp_path, monkeypatch,
     assert path.read_bytes() == b"previous"
 
     monkeypatch.setattr(pq.ParquetWriter, "write_table", real)
+    # A writer killed mid-write (SIGKILL: its cleanup never ran) left its
+    # temporary file for good; the next write removes it, and leaves that
+    # of a writer still running.
+    import subprocess
+    import sys
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f".data.parquet.tmp-{gone.pid}-0123abcd"
+    live = tmp_path / f".data.parquet.tmp-{os.getpid()}-4567cdef"
+    dead.write_bytes(b"half")
+    live.write_bytes(b"writing")
     write(path)
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["data.parquet"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [live.name, "data.parquet"]
+    live.unlink()
     table = pq.read_table(str(path))
     if writer == "movielens":
         assert table.column("timestamp").to_pylist() == [10, 20, 30]

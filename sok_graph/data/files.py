@@ -3,7 +3,9 @@ renames it into place, so a write that fails or is interrupted leaves no
 half-written file at the path (which a later run would take as data)."""
 
 import contextlib
+import glob
 import os
+import re
 import uuid
 
 
@@ -29,6 +31,7 @@ def written_whole(path, what="path"):
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{what}={path!r}: its directory {directory!r} does not exist "
                                 f"(or is not a directory)")
+    _remove_dead_writers(directory, name)
     tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         yield tmp
@@ -39,3 +42,22 @@ def written_whole(path, what="path"):
         with contextlib.suppress(OSError):
             os.remove(tmp)
         raise
+
+
+def _remove_dead_writers(directory, name):
+    """Deletes the temporary files of writers of `name` in `directory` whose
+    process is gone (killed mid-write: its own cleanup never ran, and each
+    such kill left a file nothing removed); those of live processes stay."""
+    pattern = re.compile(r"\." + re.escape(name) + r"\.tmp-([0-9]+)-[0-9a-f]{8}")
+    for tmp in glob.glob(os.path.join(glob.escape(directory), f".{glob.escape(name)}.tmp-*")):
+        match = pattern.fullmatch(os.path.basename(tmp))
+        if match is None or not os.path.isfile(tmp) or os.path.islink(tmp):
+            continue
+        try:
+            os.kill(int(match.group(1)), 0)
+        except ProcessLookupError:
+            with contextlib.suppress(OSError):
+                os.remove(tmp)
+        except (ValueError, OverflowError, PermissionError):
+            pass
+

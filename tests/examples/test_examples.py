@@ -142,6 +142,56 @@ def test_movielens_main_job_keeps_the_best_validation_epoch(tmp_path_factory, mo
     assert step == best * -(-n_train // 1024), stdout
 
 
+def _main_job_module():
+    spec = importlib.util.spec_from_file_location(
+        "movielens_dlrm", os.path.join(REPO, "examples_tf2", "movielens_dlrm.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_movielens_main_job_refuses_bad_flags_before_it_starts(tmp_path, monkeypatch, capsys):
+    """The main job's flags, checked when parsed: --batch 0 failed with a
+    ZeroDivisionError after the data was prepared, --batch -1 and --lr 0
+    ran to the end training nothing, --lr nan failed naming the optimizer's
+    learning_rate, and an --out that is a file, empty or read-only failed
+    deep in os.makedirs or pyarrow (or after an epoch, in the dump)."""
+    job = _main_job_module()
+    a_file = tmp_path / "file"
+    a_file.write_text("mine")
+    cases = [(["--batch", "0"], "argument --batch: expected an integer >= 1; got '0'"),
+             (["--batch", "-1"], "argument --batch: expected an integer >= 1"),
+             (["--lr", "0"], "argument --lr: expected a finite number > 0; got '0'"),
+             (["--lr", "nan"], "argument --lr: expected a finite number > 0"),
+             (["--lr", "-1"], "argument --lr: expected a finite number > 0"),
+             (["--out", str(a_file)], "exists and is not a directory"),
+             (["--out", str(a_file / "sub")], "is not a directory"),
+             (["--out", ""], "argument --out: expected a directory")]
+    for argv, message in cases:
+        monkeypatch.setattr(sys, "argv", ["movielens_dlrm.py"] + argv)
+        with pytest.raises(SystemExit) as stopped:
+            job.parse_args()
+        assert stopped.value.code == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert a_file.read_text() == "mine"
+    monkeypatch.setattr(sys, "argv", ["movielens_dlrm.py", "--batch", "7", "--lr", "0.1",
+                                      "--out", str(tmp_path / "new" / "out")])
+    args = job.parse_args()
+    assert (args.batch, args.lr) == (7, 0.1)
+
+
+def test_movielens_main_job_writes_a_damaged_cache_again(tmp_path):
+    """A damaged movielens100k.parquet in --out (another program's write, a
+    copy cut short) failed every later run in pyarrow; it is converted
+    again, as if it were missing."""
+    job = _main_job_module()
+    (tmp_path / "movielens100k.parquet").write_bytes(b"PAR1 cut short")
+    train, val, test, sizes = job.prepare(str(tmp_path))
+    assert len(train["label"]) + len(val["label"]) + len(test["label"]) == 100000
+    assert job.movielens.read_parquet(str(tmp_path / "movielens100k.parquet"))["label"].size \
+        == 100000
+
+
 def _losses(stdout):
     return [float(x) for x in re.findall(r"Iteration: \d+, loss: ([-\d.e]+)", stdout)]
 
