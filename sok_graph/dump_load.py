@@ -56,6 +56,7 @@ import tensorflow as tf
 
 from sok_graph import context
 from sok_graph.communication import agreement
+from sok_graph.data.files import writer_gone
 from sok_graph.tables import (dimension_of, keras_weights, key_metadata_of, kind_of,
                               overflow_at, replica_shards)
 from sok_graph.tables.static import is_sok_variable
@@ -94,11 +95,10 @@ def _write_array(path, array):
     payload = array.tobytes()
     header = _HEADER.pack(_MAGIC, FORMAT_VERSION, _CODES[array.dtype], width,
                           int(array.shape[0]), zlib.crc32(payload))
+    # On disk before the dump is in place: swap_into_place syncs its files.
     with open(path, "wb") as f:
         f.write(header)
         f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
     return zlib.crc32(payload)
 
 
@@ -699,8 +699,6 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
         manifest["checksum"] = _manifest_checksum(manifest)
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)
-            f.flush()
-            os.fsync(f.fileno())
     except BaseException as e:
         shutil.rmtree(tmp, ignore_errors=True)
         full = no_room_error(e, path, "sok.dump")
@@ -967,12 +965,8 @@ def remove_dead_writers_tmp(path):
     """Deletes temporary directories of dumps to `path` whose process is
     gone (killed mid-dump); those of live processes are left alone."""
     for tmp in _siblings(path, _TMP):
-        try:
-            os.kill(int(_TMP.fullmatch(tmp[len(path):]).group(1)), 0)
-        except ProcessLookupError:
+        if writer_gone(_TMP.fullmatch(tmp[len(path):]).group(1)):
             shutil.rmtree(tmp, ignore_errors=True)
-        except (ValueError, OverflowError, PermissionError):
-            pass
 
 
 def _dump_dir(path):

@@ -53,11 +53,20 @@ def _remove_dead_writers(directory, name):
         match = pattern.fullmatch(os.path.basename(tmp))
         if match is None or not os.path.isfile(tmp) or os.path.islink(tmp):
             continue
-        try:
-            os.kill(int(match.group(1)), 0)
-        except ProcessLookupError:
+        if writer_gone(match.group(1)):
             with contextlib.suppress(OSError):
                 os.remove(tmp)
-        except (ValueError, OverflowError, PermissionError):
-            pass
+
+
+def writer_gone(pid):
+    """Whether the process `pid` (the digits a temporary name holds) that
+    wrote a temporary file or directory has exited: its leftovers may go.
+    A live process, or one this user cannot signal, keeps them."""
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except (ValueError, OverflowError, PermissionError):
+        pass
+    return False
 

@@ -809,8 +809,7 @@ def _write_applied(export_dir, applied):
     os.makedirs(extra, exist_ok=True)
     with open(os.path.join(extra, APPLIED), "w") as f:
         json.dump(dict(format=APPLIED_FORMAT, applied=applied), f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+    # (Written into the export's staging copy: swap_into_place syncs it.)
 
 
 def _applied_tensors(served, delta, prefix, export_dir, delta_dir):

@@ -337,7 +337,7 @@ class DynamicTable(tf.Module):
 
     def _served_keys(self, keys):
         """Keys given to the loaded model's lookup_fn / apply_delta_fn (see
-        function_signatures): an int32 table's int64 keys checked against
+        serving_functions): an int32 table's int64 keys checked against
         int32's range, then narrowed."""
         keys = tf.convert_to_tensor(keys)
         if keys.dtype != tf.int64 or self.key_dtype != tf.int32:

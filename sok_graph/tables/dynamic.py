@@ -133,8 +133,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     **table_config)``
 
     table_config: init_capacity, max_capacity (hybrid: powers of two; the
-    bound on keys, 2^26 when not given, as SOK's), max_hbm_for_vectors (hybrid: GiB of rows kept in GPU
-    memory, the rest in host memory), evict_strategy ("lru" / "lfu"), seed;
+    bound on keys, 2^26 when not given, as SOK's), max_hbm_for_vectors
+    (hybrid: GiB of rows kept in GPU memory, the rest in host memory),
+    evict_strategy ("lru" / "lfu"), seed;
     admission filters (sok_graph/tables/admission.py): filter_ratio (SOK's, for
     lookup_sparse(..., use_low_frequency_filter=True)), min_count,
     min_count_counters, min_count_hashes, filter_default.
