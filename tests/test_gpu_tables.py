@@ -114,6 +114,28 @@ def test_bounded_table_fits_inside_tensorflows_reservation():
     assert (1 << 19) * 64 * 4 <= table < 1 << 30, table
 
 
+def test_a_hybrid_table_at_soks_default_bound_takes_memory_as_its_keys_come():
+    # SOK's default max_capacity (2^26 keys) at dim 16: a table made at its
+    # bound took 2^27 slots of keys, metadata and rows (about 11 GiB) before
+    # its first key. It starts at its init_capacity and grows, and still
+    # evicts nothing before its bound.
+    before = gpu_bytes_in_use()
+    with tf.device("/GPU:0"):
+        var = sok.DynamicVariable(16, initializer="zeros", var_type="hybrid")
+        var.sparse_read(tf.range(1000, dtype=tf.int64))
+    assert "GPU" in var.handle.device
+    assert int(var.stats()["memory_bytes"]) < 64 << 20, var.stats()
+    assert gpu_bytes_in_use() - before < 256 << 20
+    with tf.device("/GPU:0"):
+        for start in range(0, 1 << 20, 1 << 18):
+            var.sparse_read(tf.range(start, start + (1 << 18), dtype=tf.int64))
+    assert int(var.size[0]) == 1 << 20
+    _, found = var.find(tf.constant([0, 999, (1 << 20) - 1], tf.int64))
+    assert bool(tf.reduce_all(found))
+    # Half full as it grows: 2^21 slots of 16 floats and their index.
+    assert int(var.stats()["memory_bytes"]) < (1 << 21) * (16 * 4 + 32) * 2, var.stats()
+
+
 def test_int32_and_int64_tables_live_on_the_gpu_and_agree_with_the_cpu():
     keys = np.array([7, -3, 2 ** 31 - 1, -(2 ** 31), 7, 11], np.int32)
     results = {}

@@ -468,6 +468,55 @@ def check_pool_memory(lib, t):
         table.close()
 
 
+def check_bounded_growth(lib, ref, rng, t):
+    """A bounded table starts with room for its init_capacity, not for its
+    bound, and grows half full up to its bound's slots (at most 3/4 full
+    there: 4/3 to 8/3 slots a key), where it evicts instead of growing;
+    against the CPU table throughout. The bound's slots are computed here
+    from that rule, not read from the table."""
+    def bound_slots(rows):
+        s = 64
+        while s // 2 + s // 4 < rows:
+            s *= 2
+        return s
+
+    # SOK's default hybrid bound of 2^26 keys, dim 16: its index alone
+    # was 2^27 slots (3 GiB) and its rows 8 GiB before the first key.
+    big = GpuTable(lib, 16, init_capacity=1 << 10, max_rows=1 << 26, init="zeros")
+    t.cases += 1
+    t.equal("bounded table of 2^26 rows made with init_capacity 1024: its slots",
+            big.size()[1], 2048)
+    t.equal("bounded table of 2^26 rows made: memory under 8 MiB",
+            big.memory_bytes() < 8 << 20, True)
+    keys = (np.arange(100000, dtype=np.int64) * 7919) - 50000
+    ev, _, _ = big.find_or_insert(keys, 3)
+    t.equal("bounded table of 2^26 rows: 100000 keys, none evicted", ev, 0)
+    size, slots = big.size()
+    t.equal("bounded table of 2^26 rows: its size after 100000 keys", size, 100000)
+    t.equal("bounded table of 2^26 rows: grown half full (262144 slots)", slots, 262144)
+    big.close()
+    for rows, init_capacity, eviction in ((1000, 0, 0), (3000, 100, 1), (6000, 6000, 0)):
+        cfg = dict(dim=8, init_capacity=init_capacity, max_rows=rows, eviction=eviction,
+                   init="uniform", seed=3)
+        gpu, cpu = GpuTable(lib, **cfg), CpuTable(ref, **cfg)
+        most = 0
+        for step in range(8):
+            keys = rng.integers(0, 3 * rows, size=rows // 2).astype(np.int64)
+            t.cases += 1
+            ge, gout, gev = gpu.find_or_insert(keys, 20 + step)
+            ce, cout, cev = cpu.find_or_insert(keys, 20 + step)
+            where = f"bounded growth {cfg} step {step}"
+            if t.equal(f"{where} evicted", ge, ce) and ce >= 0:
+                t.equal(f"{where} evicted keys", np.sort(gev), np.sort(cev))
+                t.rows(f"{where} rows", gout, cout)
+            most = max(most, gpu.size()[1])
+            compare_state(t, where, gpu, cpu)
+        t.equal(f"bounded growth {cfg}: at most its bound's slots", most, bound_slots(rows))
+        t.equal(f"bounded growth {cfg}: full", gpu.size()[0], rows)
+        gpu.close()
+        cpu.close()
+
+
 def check_apply_present(lib, rng, t):
     """The optimizer's update in place (sok_gpu_table_apply_present) of
     distinct keys a find-or-insert made present: SGD on a table alone, and
@@ -566,6 +615,7 @@ def check_table(lib, ref, rng, quick=False):
         gpu.close()
         cpu.close()
     check_tiers(lib, ref, rng, t)
+    check_bounded_growth(lib, ref, rng, t)
     check_apply_present(lib, rng, t)
     # A key missing from a scatter that promised present keys is skipped and
     # reported by the next call that waits, until a clear.

@@ -321,10 +321,9 @@ int Ensure(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, bool acc
     const int64_t size = t->size_ub, occ = t->occ_ub;
     if (size + n <= t->row_limit) {
       if (occ + n > MaxOccupied(t->dev.slots)) {
-        // Grow (unbounded tables stay at most half full) or just drop tombstones.
-        int64_t slots = t->dev.slots;
-        if (t->config.max_rows <= 0) slots = std::max(slots, SlotsFor(size + n));
-        while (MaxOccupied(slots) < size + n) slots *= 2;
+        // Grow, or (a bounded table at its bound's slots) drop tombstones.
+        const int64_t slots =
+            GrownSlots(t->dev.slots, size + n, t->config.max_rows > 0, t->row_limit);
         if ((rc = Rehash(t, slots, s))) return rc;
       }
       fast = true;
@@ -384,8 +383,8 @@ int ExactAfterWait(SokGpuTable* t, const int64_t* keys, int64_t n, int64_t now, 
   DevTable fresh{};
   if (rehash) {
     const int64_t kept = std::min(size, t->row_limit - num_new);  // the size after evicting
-    int64_t slots = t->dev.slots;
-    while (MaxOccupied(slots) < kept + num_new) slots *= 2;
+    const int64_t slots =
+        GrownSlots(t->dev.slots, kept + num_new, t->config.max_rows > 0, t->row_limit);
     if ((rc = AllocFresh(t, slots, &fresh))) return rc;
   }
   TouchKernel<<<Grid(n), 256, 0, s>>>(t->dev, t->slot_of, n, now, accessed);

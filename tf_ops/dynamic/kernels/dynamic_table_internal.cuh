@@ -412,6 +412,26 @@ inline int64_t SlotsFor(int64_t keys) {
   return s;
 }
 
+// The slots of a bounded table at its bound: `row_limit` keys at most 3/4
+// full (between 4/3 and 8/3 slots a key). It never has more.
+inline int64_t BoundSlots(int64_t row_limit) {
+  int64_t s = 64;
+  while (MaxOccupied(s) < row_limit) s *= 2;
+  return s;
+}
+
+// The slots a table of `slots` grows to, to hold `keys` keys: half full as
+// it grows (every table starts at its init_capacity), a bounded table
+// (`bounded`, keys <= row_limit) no further than its bound's slots, where
+// it stays at most 3/4 full and evicts instead.
+inline int64_t GrownSlots(int64_t slots, int64_t keys, bool bounded, int64_t row_limit) {
+  int64_t want = SlotsFor(keys);
+  if (bounded) want = std::min(want, BoundSlots(row_limit));
+  slots = std::max(slots, want);
+  while (MaxOccupied(slots) < keys) slots *= 2;
+  return slots;
+}
+
 // Device memory through the table's allocator (SokGpuAllocator).
 inline int AllocBytes(const SokGpuAllocator& a, void** p, size_t bytes) {
   if (a.alloc == nullptr) return static_cast<int>(cudaMalloc(p, bytes));

@@ -21,8 +21,10 @@
 // find costs one probe sequence and one row read. Concurrent threads of one
 // call insert with compare-and-swap on the key. Removed keys leave
 // tombstones, which inserts reuse when a call has to make room and a rehash
-// clears. Rows take (2^k + 2) * dim floats: between 4/3 and 8/3 rows per
-// key at the bound (GPU tables trade memory for one random read per find).
+// clears. Rows take (2^k + 2) * dim floats: a table starts with slots for
+// its init_capacity and grows at most half full; a bounded one stops at
+// between 4/3 and 8/3 rows per key at its bound (GPU tables trade memory
+// for one random read per find).
 // Rows past the config's hbm_bytes live in mapped pinned host memory; keys,
 // times and counts stay in device memory. Such a table maps slots to rows
 // and every 16 training lookups (more past 2^25 slots) moves its most used

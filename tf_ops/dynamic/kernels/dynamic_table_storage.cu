@@ -208,6 +208,7 @@ using sok_graph::cuda::Grid;
 using sok_graph::gpu_table::Alloc;
 using sok_graph::gpu_table::AllocTable;
 using sok_graph::gpu_table::BadTable;
+using sok_graph::gpu_table::BoundSlots;
 using sok_graph::gpu_table::FillKernel;
 using sok_graph::gpu_table::Free;
 using sok_graph::gpu_table::FreeScratch;
@@ -217,7 +218,6 @@ using sok_graph::gpu_table::kFirstPoolRow;
 using sok_graph::gpu_table::ResetPoolKernel;
 using sok_graph::gpu_table::kNumCounters;
 using sok_graph::gpu_table::kUnboundedRows;
-using sok_graph::gpu_table::MaxOccupied;
 using sok_graph::gpu_table::SlotsFor;
 using sok_graph::gpu_table::StreamOf;
 using sok_graph::gpu_table::Sync;
@@ -252,13 +252,12 @@ __attribute__((visibility("default"))) int sok_gpu_table_create(
   t->init.value = config->value;
   t->init.seed_mix = sok_graph::core::draw::SeedMix(config->seed);
   t->row_limit = config->max_rows > 0 ? config->max_rows : kUnboundedRows;
-  int64_t slots = 64;
-  if (config->max_rows > 0) {
-    // A full bounded table is at most 3/4 occupied; it never grows.
-    while (MaxOccupied(slots) < t->row_limit) slots *= 2;
-  } else {
-    slots = SlotsFor(config->init_capacity);
-  }
+  // Every table starts with room for its init_capacity and grows as keys
+  // come (a bounded one up to its bound's slots): a bounded table made at
+  // its bound took 2^27 slots for SOK's default max_capacity of 2^26 keys,
+  // 11 GiB of a GPU at dim 16 before its first key.
+  int64_t slots = SlotsFor(config->init_capacity);
+  if (config->max_rows > 0) slots = std::min(slots, BoundSlots(t->row_limit));
   cudaStream_t s = StreamOf(stream);
   if (config->hbm_bytes >= 0) t->near_rows = config->hbm_bytes / (4 * config->dim);
   // A bounded table given a device-memory budget (SOK's hybrid) keeps
