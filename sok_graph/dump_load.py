@@ -470,7 +470,7 @@ def _shard_tensors(var, optimizer):
         fetch[FILTER_CALLS] = admission.calls()
     if optimizer is not None and optimizer.has_slots(var):
         for name, init in _slot_specs(optimizer):
-            fetch["slot." + name] = var.read_slot(optimizer.get_slot(var, name), keys, init)
+            fetch["slot." + name] = var.read_slot(optimizer.slot(var, name), keys, init)
     elif optimizer is not None:
         # A graph whose optimizer never trained this table has no slots
         # for it (an eager dump makes them, see _export): their initial
@@ -1043,7 +1043,7 @@ def restore(variables, loaded, source, optimizer=None, step=None, workers_agree=
             shards = replica_shards.shards_of(table)
             new = [shard for shard in shards if not optimizer.has_slots(shard)]
             optimizer.create_slots(table)
-            made += [optimizer.get_slot(shard, n) for shard in new for n, _ in slots]
+            made += [optimizer.slot(shard, n) for shard in new for n, _ in slots]
     if made and not tf.executing_eagerly():
         # Slots this graph's optimizer had not made (it never trained the
         # table): a dynamic slot table must exist before rows go in.
@@ -1194,7 +1194,7 @@ def _put_back(var, before, optimizer):
     keys = tf.constant(np.asarray(before["keys"]).astype(var.key_dtype.as_numpy_dtype))
     var.replace_rows(keys, before["values"], **{m: before[m] for m in var.key_metadata})
     for name in [k[len("slot."):] for k in before if k.startswith("slot.")]:
-        var.replace_slot(optimizer.get_slot(var, name), keys, before["slot." + name])
+        var.replace_slot(optimizer.slot(var, name), keys, before["slot." + name])
     if "filter.keys" in before:
         var.admission.restore(before["filter.keys"], before["filter.counts"])
     if FILTER_CALLS in before:
@@ -1219,7 +1219,7 @@ def _load_shard(var, a, optimizer, slots, feeds):
     ops.append(var.replace_rows(keys, feeds.tensor(a["values"]),
                                 **{m: feeds.tensor(a.get(m)) for m in var.key_metadata}))
     for slot, _ in slots:
-        ops.append(var.replace_slot(optimizer.get_slot(var, slot), keys,
+        ops.append(var.replace_slot(optimizer.slot(var, slot), keys,
                                     feeds.tensor(a["slot." + slot])))
     ops.extend(_load_counts(var, counts, feeds))
     if var.admission is not None and var.admission.draws:

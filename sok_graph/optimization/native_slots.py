@@ -6,7 +6,7 @@ that variable then lives in the optimizer (`optimizer.get_slot(var, name)`),
 not in the OptimizerWrapper that sok.OptimizerScope routes updates to.
 `SlotRouter` is what sok.dump / sok.load talk to for a native optimizer: it
 has OptimizerWrapper's slot API (algorithm, slot_specs, has_slots,
-get_slot, create_slots, iterations, set_step) and answers, per variable,
+slot, create_slots, iterations, set_step) and answers, per variable,
 from one of the two places:
 
 1. the wrapper, where it holds slots for the variable (OptimizerScope);
@@ -107,10 +107,10 @@ class SlotRouter:
     def has_slots(self, var):
         return self._native_for(var) or self._wrapper.has_slots(var)
 
-    def get_slot(self, var, name):
+    def slot(self, var, name):
         if self._native_for(var):
             return self._native.get(var, name)
-        return self._wrapper.get_slot(var, name)
+        return self._wrapper.slot(var, name)
 
     def create_slots(self, var):
         if not self._native_for(var, create=True):

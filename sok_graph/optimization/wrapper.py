@@ -32,7 +32,7 @@ tensor or variable is checked at each apply_gradients (a ValueError).
 Python numbers add no op.
 
 The slot API (`algorithm`, `slot_specs`, `slot_names`, `create_slots`,
-`has_slots`, `get_slot`, `variables`, `set_step`) is what dump/load and the
+`has_slots`, `slot`, `variables`, `set_step`) is what dump/load and the
 savers use to write and restore optimizer state.
 
 Slots of a static variable are tf.Variables of its shape; slots of a dynamic
@@ -62,6 +62,13 @@ from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.optimization import fused_apply, native_state
 from sok_graph.optimization.algorithms import Hyperparameters, known_number, value
+
+def _replicas():
+    """The replicas that keep step counters: a MirroredStrategy's whose
+    replicas are the workers, else one."""
+    comm = context.active()
+    return comm.world_size if getattr(comm, "in_process", False) else 1
+
 
 class OptimizerWrapper(compat.trackable_base_class()):
     """``OptimizerWrapper(optimizer)``: ``apply_gradients`` works on sok variables.
@@ -100,6 +107,9 @@ class OptimizerWrapper(compat.trackable_base_class()):
         # checkpoint code asks for every object it saves).
         self._slots = {}
         self._slot_vars = []
+        # id(table) -> (a weak reference to a table sharded over replicas,
+        # {slot name: its ShardedSlot}).
+        self._sharded = {}
         # replica -> step counter: one (0) but with a MirroredStrategy's
         # replicas as workers (each replica counts its own applies).
         self._steps = {}
@@ -150,19 +160,31 @@ class OptimizerWrapper(compat.trackable_base_class()):
         if replica is None:
             replica = context.active().rank if replica_shards.in_replica() else 0
         if replica not in self._steps:
-            with tf.init_scope(), replica_shards.shard_scope(replica):
-                self._steps[replica] = replica_shards.new_variable(
-                    0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
-                # A checkpoint restored before the counter existed sets it now.
-                self._track_trackable(self._steps[replica],
-                                      name="step" if replica == 0 else f"step_replica_{replica}")
+            self._make_steps(max(replica + 1, _replicas()))
         return self._steps[replica]
+
+    def _make_steps(self, replicas):
+        """The step counters, one per replica, each on its replica's device
+        (each replica counts its own applies, all the same count). A
+        checkpoint holds them as one "step" (a plain process's counter,
+        or a ReplicaCounters), so it restores into any number of replicas:
+        each counter was filed on its own before, and a replica the
+        checkpoint had no counter for started again from step 0 (Adam's
+        bias correction of a fresh start on its shard only)."""
+        with tf.init_scope():
+            for replica in range(replicas):
+                if replica not in self._steps:
+                    with replica_shards.shard_scope(replica):
+                        self._steps[replica] = replica_shards.new_variable(
+                            0, dtype=tf.int64, trainable=False, name="sok_optimizer_step")
+        counters = [self._steps[r] for r in sorted(self._steps)]
+        saved = counters[0] if len(counters) == 1 else replica_shards.ReplicaCounters(counters)
+        # A checkpoint restored before the counters existed sets them now.
+        self._track_trackable(saved, name="step", overwrite=True)
 
     def set_step(self, step):
         """Assignments of `step` to every step counter (one per replica)."""
-        comm = context.active()
-        replicas = comm.world_size if getattr(comm, "in_process", False) else 1
-        return [self._step_variable(r).assign(step) for r in range(replicas)]
+        return [self._step_variable(r).assign(step) for r in range(_replicas())]
 
     def _learning_rate(self, step):
         """The learning rate of the step `step` (after its increment), or,
@@ -208,17 +230,44 @@ class OptimizerWrapper(compat.trackable_base_class()):
         return slots if owner is not None and owner() is var else None
 
     def get_slot(self, var, name):
-        """Slot `name` of sok variable `var` (inside strategy.run, of the
-        replica's shard of a table sharded over replicas); KeyError for a
-        variable without slots here (what TensorFlow's checkpoint code,
-        which asks every object it saves, expects)."""
-        if isinstance(var, replica_shards.ReplicaShards) and not replica_shards.in_replica():
-            raise KeyError(f"{var.name!r} has slots per replica shard: ask for those of "
-                           f"var.shards[r]")
-        var = replica_shards.resolve(var, "get_slot")
+        """Slot `name` of sok variable `var`; KeyError for a variable without
+        slots here (what TensorFlow's checkpoint code, which asks every
+        object it saves, expects). A table sharded over replicas: inside
+        strategy.run its replica's shard's slot, outside it the whole slot
+        (a ShardedSlot, its shards' slots in `.shards`), which is what a
+        checkpoint files under the table; so a shard of such a table has no
+        slot of its own outside strategy.run (it would be saved twice)."""
+        if not replica_shards.in_replica():
+            if isinstance(var, replica_shards.ReplicaShards):
+                return self._sharded_slot(var, name)
+            holder = replica_shards.holder_of(var)
+            if holder is not None:
+                raise KeyError(f"{var.name!r} is a replica's shard of a table: its slots are "
+                               f"those of get_slot(table, {name!r}).shards")
+        return self.slot(replica_shards.resolve(var, "get_slot"), name)
+
+    def slot(self, var, name):
+        """Slot `name` of sok variable or replica shard `var` (of a whole
+        table sharded over replicas, only inside strategy.run); KeyError
+        where it has none. What dump and load read and write."""
+        if isinstance(var, replica_shards.ReplicaShards):
+            var = replica_shards.resolve(var, "the optimizer's slot")
         if not self.has_slots(var):
             raise KeyError(f"no slots for {getattr(var, 'name', type(var).__name__)!r}")
         return self._slots_of(var)[name]
+
+    def _sharded_slot(self, table, name):
+        """get_slot's whole slot `name` of a table sharded over replicas:
+        one object per table and name, so that every checkpoint save finds
+        the same one."""
+        slots = [self.slot(shard, name) for shard in table.shards]
+        owner, made = self._sharded.get(id(table), (None, {}))
+        if owner is None or owner() is not table:
+            made = {}
+            self._sharded[id(table)] = (weakref.ref(table), made)
+        if name not in made or made[name].shards != slots:
+            made[name] = replica_shards.ShardedSlot(table, name, slots)
+        return made[name]
 
     # tf.train.Checkpoint's protocol for an optimizer's slots (see the class
     # docstring): the names, get_slot above, and the restore.
@@ -245,8 +294,14 @@ class OptimizerWrapper(compat.trackable_base_class()):
         creating the variable's slots first where no step made them yet."""
         if not is_sok_variable(variable) or slot_name not in self.slot_names():
             return
-        slots = self.create_slots(variable)
-        slot_variable_position.restore(slots[slot_name])
+        self.create_slots(variable)
+        if isinstance(variable, replica_shards.ReplicaShards):
+            # Every shard's slot from the whole slot (get_slot's ShardedSlot).
+            slot_variable_position.restore(self._sharded_slot(variable, slot_name))
+        else:
+            # A table of one process, or (a checkpoint of an earlier
+            # version, which filed slots per shard) a replica's shard.
+            slot_variable_position.restore(self.slot(variable, slot_name))
 
     def variables(self):
         """Every slot (tf.Variable or DynamicVariable) and the step counter(s)."""

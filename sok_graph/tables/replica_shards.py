@@ -84,9 +84,12 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
     def __init__(self, shards):
         self._shards = list(shards)
         for rank, shard in enumerate(self._shards):
-            # A checkpoint holds each shard as an object (an optimizer's slot
-            # variables are filed under it), but not its rows: this object
-            # saves the whole table (_serialize_to_tensors below).
+            # A checkpoint holds each shard as an object (where an admission
+            # filter's counts are filed, and an earlier version's optimizer
+            # slots, which restore with the same number of replicas), but
+            # not its rows: this object saves the whole table
+            # (_serialize_to_tensors below), and the optimizer files its
+            # slots under it (ShardedSlot).
             self._track_trackable(shard, name=f"replica_{rank}")
             shard._replica_holder = weakref.ref(self)
             # A Keras weights file holds this table whole, not each shard.
@@ -94,73 +97,18 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
         register(self)
 
     # tf.train.Checkpoint: the whole table, under the names one table of its
-    # kind saves in a process of its own (a dynamic table's "-keys",
-    # "-values", "-timestamps", "-frequencies"; a static table's
-    # VARIABLE_VALUE, its rows in global order). Each shard saved its own
-    # rows before, restored into the shard of its index: with another
-    # number of replicas, or into the table of a process without a
+    # kind saves in a process of its own (whole_tensors below). Each shard
+    # saved its own rows before, restored into the shard of its index: with
+    # another number of replicas, or into the table of a process without a
     # MirroredStrategy, rows were lost without an error. Now any of those
-    # restores gives each shard the rows it owns. (Optimizer slots stay
-    # filed per shard: they come back with the same number of replicas;
-    # sok.dump / sok.load with optimizer= move them across numbers.)
+    # restores gives each shard the rows it owns; the optimizer's slots go
+    # the same way (ShardedSlot).
     def _serialize_to_tensors(self):
-        first = self._shards[0]
-        if is_dynamic(first):
-            parts = [shard._table_tensors() for shard in self._shards]
-            return {name: tf.concat([p[name] for p in parts], 0) for name in parts[0]}
-        keys, rows = [], []
-        for shard in self._shards:
-            k, r, _ = shard.export_chunk(0, 1 << 62)
-            keys.append(tf.cast(k, tf.int32))
-            rows.append(r)
-        return {compat.VARIABLE_VALUE_KEY: tf.dynamic_stitch(keys, rows)}
+        return whole_tensors(self._shards, self._shards)
 
     def _restore_from_tensors(self, restored_tensors):
-        first = self._shards[0]
-        dim = dimension_of(first)
-        if is_dynamic(first):
-            keys = tf.reshape(restored_tensors["-keys"], [-1])
-            values = restored_tensors["-values"]
-        else:
-            values = restored_tensors[compat.VARIABLE_VALUE_KEY]
-            keys = tf.range(tf.shape(values, out_type=tf.int64)[0])
-        # The checkpoint's rows against the table before any shard changes
-        # (a restore that failed in its second shard left the first one
-        # restored); in a graph, the restored tensors' shapes are known
-        # when it runs.
-        want = [None, dim] if is_dynamic(first) else list(first.global_shape)
-        what = (f"the checkpoint's rows of table '{self.name}' have shape "
-                f"{{}}; the table's are {['any' if w is None else w for w in want]}")
-        if values.shape.rank is not None and values.shape.is_fully_defined():
-            got = values.shape.as_list()
-            if len(got) != 2 or any(w is not None and g != w for g, w in zip(got, want)):
-                raise ValueError(what.format(got))
-            checks = []
-        else:
-            shape = tf.shape(values)
-            fits = tf.logical_and(tf.equal(tf.size(shape), 2), tf.equal(shape[-1], dim))
-            if want[0] is not None:
-                fits = tf.logical_and(fits, tf.equal(shape[0], want[0]))
-            checks = [tf.debugging.Assert(fits, [what.format("(below)"), shape])]
-        with tf.control_dependencies(checks):
-            values = tf.reshape(values, [-1, dim])
-        ops = []
-        for shard in self._shards:
-            if is_dynamic(first):
-                mine = tf.equal(owner_of(shard, keys), shard.placement[1])
-                # The shard's own restore: in a graph it also makes the
-                # table, its slot links and filter state, and checks its
-                # capacity (replace_rows needs a made table).
-                part = {"-keys": tf.boolean_mask(keys, mine),
-                        "-values": tf.boolean_mask(values, mine)}
-                for m in first.key_metadata:
-                    if "-" + m in restored_tensors:
-                        part["-" + m] = tf.boolean_mask(
-                            tf.reshape(restored_tensors["-" + m], [-1]), mine)
-                ops.append(shard._restore_from_tensors(part))
-            else:
-                ops.append(shard.replace_rows(*owned_rows(shard, keys, values)))
-        return tf.group(ops)
+        return restore_whole(f"table '{self.name}'", self._shards, self._shards,
+                             restored_tensors)
 
     def _export_to_saved_model_graph(self, *args, **kwargs):
         raise ValueError(
@@ -271,6 +219,137 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
     def __repr__(self):
         return (f"<sok table {self.name!r} sharded over {len(self._shards)} MirroredStrategy "
                 f"replicas>")
+
+
+def whole_tensors(shards, storages):
+    """What a checkpoint holds of a table sharded over replicas (storages =
+    shards), or of one optimizer slot of it (storages[r] = shard r's slot):
+    the tensors one table (or slot) of that kind saves in a process of its
+    own. Dynamic: "-keys", "-values", "-timestamps", "-frequencies"; static:
+    VARIABLE_VALUE, the rows in global row order."""
+    if is_dynamic(shards[0]):
+        parts = [storage._table_tensors() for storage in storages]
+        return {name: tf.concat([p[name] for p in parts], 0) for name in parts[0]}
+    keys, rows = [], []
+    for shard, storage in zip(shards, storages):
+        k, r, _ = shard.export_chunk(0, 1 << 62)
+        keys.append(tf.cast(k, tf.int32))
+        rows.append(r if storage is shard else tf.convert_to_tensor(storage))
+    return {compat.VARIABLE_VALUE_KEY: tf.dynamic_stitch(keys, rows)}
+
+
+def restore_whole(what, shards, storages, restored_tensors):
+    """Restores whole_tensors' tensors (written with any number of replicas,
+    or by one table of a process without them): each shard's storage takes
+    the rows its shard owns. The rows are checked against the table before
+    any shard changes (a restore that failed in its second shard left the
+    first one restored). `what` names the table or slot in errors."""
+    first = shards[0]
+    dim = dimension_of(first)
+    if is_dynamic(first):
+        keys = tf.reshape(restored_tensors["-keys"], [-1])
+        values = restored_tensors["-values"]
+    else:
+        values = restored_tensors[compat.VARIABLE_VALUE_KEY]
+        keys = tf.range(tf.shape(values, out_type=tf.int64)[0])
+    # In a graph, the restored tensors' shapes are known when it runs.
+    want = [None, dim] if is_dynamic(first) else list(first.global_shape)
+    message = (f"the checkpoint's rows of {what} have shape {{}}; the table's are "
+               f"{['any' if w is None else w for w in want]}")
+    if values.shape.rank is not None and values.shape.is_fully_defined():
+        got = values.shape.as_list()
+        if len(got) != 2 or any(w is not None and g != w for g, w in zip(got, want)):
+            raise ValueError(message.format(got))
+        checks = []
+    else:
+        shape = tf.shape(values)
+        fits = tf.logical_and(tf.equal(tf.size(shape), 2), tf.equal(shape[-1], dim))
+        if want[0] is not None:
+            fits = tf.logical_and(fits, tf.equal(shape[0], want[0]))
+        checks = [tf.debugging.Assert(fits, [message.format("(below)"), shape])]
+    with tf.control_dependencies(checks):
+        values = tf.reshape(values, [-1, dim])
+    ops = []
+    for shard, storage in zip(shards, storages):
+        if is_dynamic(first):
+            mine = tf.equal(owner_of(shard, keys), shard.placement[1])
+            # The storage's own restore: in a graph it also makes the table,
+            # its slot links and filter state, and checks its capacity
+            # (replace_rows needs a made table).
+            part = {"-keys": tf.boolean_mask(keys, mine),
+                    "-values": tf.boolean_mask(values, mine)}
+            for m in first.key_metadata:
+                if "-" + m in restored_tensors:
+                    part["-" + m] = tf.boolean_mask(
+                        tf.reshape(restored_tensors["-" + m], [-1]), mine)
+            ops.append(storage._restore_from_tensors(part))
+        elif storage is shard:
+            ops.append(shard.replace_rows(*owned_rows(shard, keys, values)))
+        else:
+            ops.append(shard.replace_slot(storage, *owned_rows(shard, keys, values)))
+    return tf.group(ops)
+
+
+class ShardedSlot(compat.trackable_base_class()):
+    """Optimizer slot `slot_name` of a table sharded over replicas, whole:
+    `shards[r]` is the slot of the table's shard r. What the optimizer's
+    `get_slot(table, name)` gives outside strategy.run, and what a
+    tf.train.Checkpoint files as the table's slot variable, saved as the
+    slot of one table of a process of its own saves it (whole_tensors): it
+    restores into any number of replicas, or into a process without a
+    MirroredStrategy, and back. Each shard's slot was filed under the
+    shard before: a checkpoint restored with another number of replicas
+    left the optimizer's state fresh, without an error."""
+
+    def __init__(self, table, slot_name, slots):
+        self._table = table
+        self._slot_name = slot_name
+        self._slots = list(slots)
+
+    @property
+    def shards(self):
+        """The slot of each shard of the table, in replica order."""
+        return list(self._slots)
+
+    @property
+    def name(self):
+        return f"{self._table.name}/{self._slot_name}"
+
+    def _serialize_to_tensors(self):
+        return whole_tensors(self._table.shards, self._slots)
+
+    def _restore_from_tensors(self, restored_tensors):
+        return restore_whole(f"optimizer slot '{self._slot_name}' of table "
+                             f"'{self._table.name}'", self._table.shards, self._slots,
+                             restored_tensors)
+
+    def __repr__(self):
+        return (f"<optimizer slot {self._slot_name!r} of sok table {self._table.name!r}, "
+                f"sharded over {len(self._slots)} MirroredStrategy replicas>")
+
+
+class ReplicaCounters(compat.trackable_base_class()):
+    """An optimizer's step counters, one per replica (all counting the
+    same steps), saved as one counter of a process of its own saves it, and
+    restored into every one: a checkpoint of any number of replicas, or of
+    none, restores into any other."""
+
+    def __init__(self, counters):
+        self._counters = list(counters)
+
+    def _serialize_to_tensors(self):
+        return {compat.VARIABLE_VALUE_KEY: tf.convert_to_tensor(self._counters[0])}
+
+    def _restore_from_tensors(self, restored_tensors):
+        step = restored_tensors[compat.VARIABLE_VALUE_KEY]
+        return tf.group([counter.assign(tf.cast(step, counter.dtype))
+                         for counter in self._counters])
+
+
+def holder_of(shard):
+    """The ReplicaShards holding `shard`, or None."""
+    ref = getattr(shard, "_replica_holder", None)
+    return ref() if ref is not None else None
 
 
 # tf.Module (a model's trainable_variables) and Keras 2's layers find

@@ -4,11 +4,12 @@ different numbers of MirroredStrategy replicas (tests/test_tf_distribute_comm.py
     replica_checkpoint.py --replicas N --phase save|load --path P [--graph]
 
 --replicas 1 makes plain tables (no strategy). save: a static table of rows
-[i, -i] and a dynamic table holding keys 0..11 with rows [k, -k], written to
-P. load: the same tables made with other rows (zeros; dynamic: keys 50..52),
-restored from P (--graph: in a Session's graph), then compared with what
-was saved, key by key. Prints "OK";
-a mismatch is an AssertionError.
+[i, -i] and a dynamic table holding keys 0..11 with rows [k, -k], and an
+OptimizerWrapper (Adam) at step 7 whose slots m and v hold 10 and 100 times
+each row, written to P. load: the same tables made with other rows (zeros;
+dynamic: keys 50..52) and a fresh optimizer, restored from P (--graph: in a
+Session's graph), then compared with what was saved, key by key, slots and
+every replica's step included. Prints "OK"; a mismatch is an AssertionError.
 """
 
 import argparse
@@ -16,6 +17,72 @@ import argparse
 import numpy as np
 
 KEYS = np.arange(12, dtype=np.int64)
+# Each slot holds its factor times the row of its key.
+SLOT_FACTORS = {"m": 10.0, "v": 100.0}
+STEP = 7  # the optimizer's step when saved
+
+
+def _table_rows(keys):
+    keys = np.asarray(keys)
+    return np.stack([keys, -keys], 1).astype(np.float32)
+
+
+def _slot_shards(opt, table):
+    """(table shard, its slot) per shard and slot name: the whole slot's
+    shards for a table sharded over replicas (get_slot outside
+    strategy.run), the slot itself for one table."""
+    from sok_graph.tables import replica_shards
+
+    out = []
+    for name in SLOT_FACTORS:
+        whole = opt.get_slot(table, name)
+        slots = whole.shards if isinstance(table, replica_shards.ReplicaShards) else [whole]
+        out += [(name, shard, slot)
+                for shard, slot in zip(replica_shards.shards_of(table), slots)]
+    return out
+
+
+def _write_slots(opt, static, dynamic):
+    import tensorflow as tf
+
+    opt.create_slots(static)
+    opt.create_slots(dynamic)
+    for table in (static, dynamic):
+        for name, shard, slot in _slot_shards(opt, table):
+            if table is static:
+                ids = shard.export_chunk(0, 1 << 62)[0].numpy()
+            else:
+                ids = KEYS[np.mod(KEYS, shard.placement[0]) == shard.placement[1]]
+            shard.replace_slot(slot, tf.constant(ids),
+                               SLOT_FACTORS[name] * _table_rows(ids))
+
+
+def _slot_contents(opt, static, dynamic, run=None):
+    """{(table, slot name, shard index): (keys, rows)} read from the slots."""
+    import sok_graph as sok
+
+    run = run or (lambda t: [np.asarray(x) for x in t])
+    got = {}
+    for label, table in (("static", static), ("dynamic", dynamic)):
+        for name, shard, slot in _slot_shards(opt, table):
+            index = shard.placement[1]
+            if label == "static":
+                keys, rows = run((shard.export_chunk(0, 1 << 62)[0], slot.read_value()))
+            else:
+                keys, rows = run(sok.export(slot))
+            got[(label, name, index)] = (keys, rows)
+    return got
+
+
+def _check_slots(got, world):
+    for (label, name, index), (keys, rows) in got.items():
+        order = np.argsort(keys)
+        keys, rows = keys[order], rows[order]
+        want_keys = (np.arange(10) if label == "static" else KEYS)
+        want_keys = want_keys[np.mod(want_keys, world) == index]
+        np.testing.assert_array_equal(keys, want_keys, err_msg=f"{label} {name} shard {index}")
+        np.testing.assert_array_equal(rows, SLOT_FACTORS[name] * _table_rows(keys),
+                                      err_msg=f"{label} {name} shard {index}")
 
 
 def main():
@@ -65,13 +132,20 @@ def main():
 
         strategy.run(tf.function(replica))
 
-    checkpoint = tf.train.Checkpoint(static=static, dynamic=dynamic)
+    opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
+    checkpoint = tf.train.Checkpoint(static=static, dynamic=dynamic, optimizer=opt)
     if saving:
         put(KEYS)
+        _write_slots(opt, static, dynamic)
+        opt.set_step(STEP)
         checkpoint.write(args.path)
     else:
         put(np.array([50, 51, 52], np.int64))  # a restore drops them
+        # The restore makes the slots (no step was taken).
         checkpoint.read(args.path)
+    _check_slots(_slot_contents(opt, static, dynamic), n)
+    # Every replica's step counter (each replica counts its own applies).
+    assert [int(opt._step_variable(r).numpy()) for r in range(n)] == [STEP] * n
     keys, got = (np.asarray(t) for t in sok.export(static))
     np.testing.assert_array_equal(got[np.argsort(keys)], rows)
     keys, got = (np.asarray(t) for t in sok.export(dynamic))
@@ -112,13 +186,21 @@ def _load_in_a_graph(sok, strategy, n, path):
         rows = np.stack([np.arange(10), -np.arange(10)], 1).astype(np.float32)
         static = sok.Variable(np.zeros_like(rows), name="static")
         dynamic = sok.DynamicVariable(dimension=2, initializer="zeros", name="dynamic")
-        status = tf.train.Checkpoint(static=static, dynamic=dynamic).restore(path)
+        opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
+        # A graph's step counters exist before its restore (a train op
+        # made them); the restore makes the slots.
+        steps = [opt._step_variable(r) for r in range(n)]
+        status = tf.train.Checkpoint(static=static, dynamic=dynamic,
+                                     optimizer=opt).restore(path)
         exports = [sok.export(static), sok.export(dynamic)]
         # A Session must see every replica's device (logical CPUs or GPUs).
         config = None if strategy is None else context.active().session_config()
         with tf.compat.v1.Session(config=config) as sess:
             status.run_restore_ops(sess)
             (skeys, srows), (dkeys, drows) = sess.run(exports)
+            _check_slots(_slot_contents(opt, static, dynamic, run=sess.run), n)
+            steps = sess.run(steps)
+    assert list(steps) == [STEP] * n, steps
     np.testing.assert_array_equal(srows[np.argsort(skeys)], rows)
     order = np.argsort(dkeys)
     np.testing.assert_array_equal(dkeys[order], KEYS)

@@ -228,11 +228,12 @@ def _check_checkpoint_holds_every_shards_optimizer_slots(sok, strategy, table, d
     def state(optimizer):
         wrapper = wrapper_for(optimizer)
         slots = []
-        for shard in table.shards:
-            slots += [wrapper.get_slot(shard, name).numpy() for name in ("m", "v")]
-        for shard in dynamic.shards:
+        # Outside strategy.run a table's slot is whole, its shards' in .shards.
+        for r in range(len(table.shards)):
+            slots += [wrapper.get_slot(table, name).shards[r].numpy() for name in ("m", "v")]
+        for r in range(len(dynamic.shards)):
             for name in ("m", "v"):
-                k, rows = wrapper.get_slot(shard, name).export()
+                k, rows = wrapper.get_slot(dynamic, name).shards[r].export()
                 slots.append(rows.numpy()[np.argsort(k.numpy())])
         # Each replica's step counter (made here if need be: a restored
         # checkpoint sets it as it is made).
