@@ -352,6 +352,29 @@ def _check_vars(variables, what):
     return names
 
 
+def _same_on_every_worker(variables, argument, what):
+    """ValueError on every worker process unless each passed the same
+    variables (names, kinds and dimensions, in the same order), before any
+    other collective: a dump gathers each variable's rows under its place
+    in the list, so workers passing [a, b] and [b, a] wrote a dump whose
+    table 'a' held rank 1's rows of b, and a load of [a, b] on one worker
+    and [a] on another left that one's shard of b as it was, both without
+    an error."""
+    comm = context.active()
+    if comm is None or comm.in_process or comm.world_size == 1:
+        return
+    mine = json.dumps([[name, kind_of(var), dimension_of(var)]
+                       for name, var in variables.items()])
+    every = agreement.texts(comm, tf.executing_eagerly(), mine)
+    if any(text != every[0] for text in every):
+        told = "; ".join(f"rank {rank}: {[v[0] for v in json.loads(text)]}"
+                         for rank, text in enumerate(every))
+        raise ValueError(
+            f"{what}: the workers passed different {argument} ({told}); every worker must "
+            f"pass the same variables, in the same order (names, kinds and dimensions "
+            f"alike)")
+
+
 def _named_alike(variables):
     """{name: [file names]} of the names that several of `variables` (as
     _check_vars gives them) share: those tables are told apart only by
@@ -538,6 +561,7 @@ def dump(path, dump_vars, optimizer=None):
                          f"(the process would be left in a deleted directory): give a "
                          f"subdirectory")
     variables = _check_vars(dump_vars, "dump_vars")
+    _same_on_every_worker(variables, "dump_vars", f"sok.dump to {path}")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     # Names too long for the file system are refused on every worker,
     # before anything is read or written, with the names write_dump gives
@@ -986,6 +1010,7 @@ def load(path, load_vars, optimizer=None):
     from a dump. Everything is read and checked before anything is assigned."""
     path = checked_path(path)
     variables = _check_vars(load_vars, "load_vars")
+    _same_on_every_worker(variables, "load_vars", f"sok.load of {path}")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     slots = _slot_specs(optimizer)
     # Every shard of a table sharded over replicas has the kind, dimension

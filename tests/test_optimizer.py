@@ -506,7 +506,8 @@ def test_a_loss_scale_optimizer_is_refused_saying_what_to_do():
     scaled = tf.keras.mixed_precision.LossScaleOptimizer(inner)
     with pytest.raises(TypeError, match=r"not mixed precision's LossScaleOptimizer\w*.*divide "
                                         r"them by its loss scale.*"
-                                        r"sok.OptimizerWrapper\(optimizer.inner_optimizer\)"):
+                                        r"sok.OptimizerWrapper\(optimizer.inner_optimizer\) "
+                                        r"only where they are all finite"):
         sok.OptimizerWrapper(scaled)
     sok.OptimizerWrapper(scaled.inner_optimizer)  # the way out
 
@@ -565,6 +566,27 @@ def test_keras_options_not_applied_to_rows_are_refused(option):
     with pytest.raises((ValueError, TypeError), match=refusal):
         sok.OptimizerWrapper(opt).apply_gradients(grads)
     np.testing.assert_array_equal(v.numpy(), np.zeros((4, 2), np.float32))
+
+
+@pytest.mark.parametrize("option", ["clipnorm", "global_clipnorm", "clipvalue"])
+def test_a_keras_option_set_after_the_wrapper_was_made_is_refused(option):
+    """opt.clipnorm = 0.1 after sok.OptimizerWrapper(opt) (or after a first
+    step inside sok.OptimizerScope): the sok rows used to move by the
+    unclipped gradient while Keras clipped the dense weights, without an
+    error (the wrapper looked at the options once, when it was made)."""
+    opt = tf.keras.optimizers.SGD(0.1)
+    if not hasattr(opt, option):
+        pytest.skip(f"this Keras has no {option} option on its optimizers")
+    v = sok.Variable(np.zeros((4, 2), np.float32))
+    grads = [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)]
+    wrapper = sok.OptimizerWrapper(opt)
+    wrapper.apply_gradients(grads)
+    moved = v.numpy()
+    np.testing.assert_allclose(moved[1], [-0.1, -0.1])
+    setattr(opt, option, 0.001)
+    with pytest.raises(ValueError, match=f"does not apply .*{option}="):
+        wrapper.apply_gradients(grads)
+    np.testing.assert_array_equal(v.numpy(), moved)
 
 
 def _keras2_module():

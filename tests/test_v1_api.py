@@ -25,7 +25,7 @@ import tensorflow as tf
 from conftest import strategy_run
 
 import sok_graph as sok
-from sok_graph import context
+from sok_graph import compat, context
 
 VOCAB, DIM, SLOTS, NNZ, BATCH, STEPS = 48, 4, 3, 2, 16, 20
 LR = 0.05
@@ -1318,6 +1318,45 @@ def test_optimizer_scope_rejects_plain_variables_and_leaves_no_trace():
     np.testing.assert_allclose(plain.numpy(), [[0.5]])
 
 
+@pytest.mark.skipif(compat.KERAS_MAJOR_VERSION < 3, reason="Keras 3's optimizer.apply")
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_keras_3s_apply_inside_the_scope_updates_sok_tables_row_by_row(kind):
+    """Keras 3's own custom-loop call, opt.apply(grads, trainable_variables),
+    inside sok.OptimizerScope: the sok table takes the wrapper's sparse
+    update and the dense weight Keras' own, as with apply_gradients, and the
+    table ends as a plain tf.Variable trained by another Adagrad. apply went
+    past the scope: Keras made its own slot for a static table, and a
+    dynamic table was refused as if outside the scope."""
+    sok.init(comm_tool="none")
+    start = np.arange(12, dtype=np.float32).reshape(4, 3) / 10
+    if kind == "static":
+        table = sok.Variable(start)
+    else:
+        table = sok.DynamicVariable(3, initializer="zeros")
+        sok.assign(table, tf.range(4, dtype=tf.int64), start)
+    plain, dense, plain_dense = (tf.Variable(start), tf.Variable([[1.0], [2.0], [3.0]]),
+                                 tf.Variable([[1.0], [2.0], [3.0]]))
+    ids = tf.ragged.constant([[0, 1], [1, 3]], tf.int64)
+    opt, reference = tf.keras.optimizers.Adagrad(0.1), tf.keras.optimizers.Adagrad(0.1)
+    for _ in range(3):
+        with tf.GradientTape(persistent=True) as tape:
+            rows = sok.lookup_sparse([table], [ids], combiners=["sum"])[0]
+            loss = tf.reduce_sum(tf.matmul(rows, dense) ** 2)
+            plain_rows = tf.nn.embedding_lookup_sparse(plain, ids.to_sparse(), None,
+                                                       combiner="sum")
+            plain_loss = tf.reduce_sum(tf.matmul(plain_rows, plain_dense) ** 2)
+        with sok.OptimizerScope([table]):
+            opt.apply(tape.gradient(loss, [table, dense]), [table, dense])
+        reference.apply(tape.gradient(plain_loss, [plain, plain_dense]), [plain, plain_dense])
+    keys, got = (t.numpy() for t in sok.export(table))
+    np.testing.assert_allclose(got[np.argsort(keys)][[0, 1, 3]], plain.numpy()[[0, 1, 3]],
+                               rtol=1e-5)
+    np.testing.assert_allclose(dense.numpy(), plain_dense.numpy(), rtol=1e-5)
+    assert not np.allclose(plain.numpy()[[0, 1, 3]], start[[0, 1, 3]])
+    # Keras' own state holds the dense weight's accumulator only.
+    assert all(v.shape != (4, 3) for v in opt.variables), [v.name for v in opt.variables]
+
+
 # ------------------------------------------------- hostile arguments (layers)
 
 @pytest.mark.parametrize("dtype", [tf.float16, "float16", tf.float64, "bfloat16", tf.int32])
@@ -1797,6 +1836,47 @@ def test_keras_does_not_compile_a_model_with_a_1x_layer_with_xla(use_hashtable):
             return self.dense(tf.reshape(self.embed(sparse), [-1, 4]))
 
     assert not _keras3_model_supports_jit()(Model())
+
+
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras Model.fit (TF2)")
+@pytest.mark.parametrize("use_hashtable", [False, True])
+def test_a_1x_layer_in_a_functional_model_trains_as_keras_embedding_does(use_hashtable):
+    """A functional model (keras.Input) holding All2AllDenseEmbedding, its
+    table trained by fit inside sok.OptimizerScope, ends as the same model
+    on Keras' Embedding. Under Keras 3 the layer failed on the input's
+    shape, a tuple there ("'tuple' object has no attribute 'rank'")."""
+    sok.init(comm_tool="none")
+    rng = np.random.RandomState(1)
+    x = rng.randint(0, 16, (12, 1, 3)).astype(np.int64)
+    y = rng.normal(size=(12, 1)).astype(np.float32)
+    start = tf.keras.initializers.Constant(0.1)
+
+    def functional(embed):
+        ids = tf.keras.Input(shape=(1, 3), dtype="int64")
+        rows = tf.keras.layers.Reshape((12,))(embed(ids))
+        out = tf.keras.layers.Dense(1, use_bias=False,
+                                    kernel_initializer=tf.keras.initializers.Constant(0.5))(rows)
+        model = tf.keras.Model(ids, out)
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse")
+        return model
+
+    layer = sok.All2AllDenseEmbedding(16, 4, slot_num=1, nnz_per_slot=3,
+                                      use_hashtable=use_hashtable, embedding_initializer=start)
+    plain = tf.keras.layers.Embedding(16, 4, embeddings_initializer=start)
+    models = [functional(layer), functional(plain)]
+    with sok.OptimizerScope([layer.embedding_variable]):
+        models[0].fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    models[1].fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)
+    table = plain.embeddings.numpy()
+    if use_hashtable:
+        keys, rows = [t.numpy() for t in sok.export(layer.embedding_variable)]
+        np.testing.assert_allclose(rows, table[keys], rtol=1e-5, atol=1e-6)
+    else:
+        np.testing.assert_allclose(layer.embedding_variable.numpy(), table, rtol=1e-5,
+                                   atol=1e-6)
+    np.testing.assert_allclose(models[0].layers[-1].kernel.numpy(),
+                               models[1].layers[-1].kernel.numpy(), rtol=1e-5, atol=1e-6)
+    assert not np.allclose(table, 0.1)
 
 
 @pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras Model.fit (TF2)")

@@ -5,9 +5,11 @@ reason, instead of the others going on as if it had worked.
 
 Used where each worker checks only its own part of a job-wide step: sok.load
 (each worker checks the rows it would own; one refusal must stop every
-worker before any table changes) and the serving export and delta (rank 0
-writes; every worker raises where it failed, and they agree on the
-earliest clock reading, serving/collective.py).
+worker before any table changes), sok.dump (rank 0 writes), and the serving
+export and delta (rank 0 writes; every worker raises where it failed, and
+they agree on the earliest clock reading, serving/collective.py); and where
+every worker must have called a step alike (`texts`: sok.dump's and
+sok.load's variables).
 
 Each agreement is one all-gather of int64 numbers through the job's
 communicator, made by every worker in the same order, so none waits for a
@@ -101,6 +103,16 @@ def _gathered(comm, eager, numbers):
         raise RuntimeError(f"the workers' gathered numbers ({len(flat)}) do not split into "
                            f"{comm.world_size} workers' parts")
     return out
+
+
+def texts(comm, eager, text):
+    """Every worker's `text` (str), in rank order; [text] in one process.
+    For checks that every worker called a job-wide step alike."""
+    if not spans_processes(comm):
+        return [text]
+    mine = np.frombuffer(text.encode("utf-8"), np.uint8).astype(np.int64)
+    return [bytes(np.asarray(n, np.int64).astype(np.uint8)).decode("utf-8", "replace")
+            for n in _gathered(comm, eager, mine)]
 
 
 def agree(comm, eager, reading=None, error=None):

@@ -222,7 +222,9 @@ def _algorithm_name(optimizer):
             f"mixed precision's {type(optimizer).__name__} (compile() wraps the optimizer in "
             f"it under a mixed_float16 policy): keep the sok tables' gradients out of it, "
             f"divide them by its loss scale, and apply them with "
-            f"sok.OptimizerWrapper(optimizer.inner_optimizer)")
+            f"sok.OptimizerWrapper(optimizer.inner_optimizer) only where they are all finite "
+            f"(on a step whose scaled gradients overflowed it skips the other weights' update "
+            f"and lowers the scale; applied there, they write inf or NaN into the rows)")
     raise TypeError(
         f"sok.OptimizerWrapper supports SGD, Momentum, Adagrad, Ftrl, RMSprop, Adadelta, Adam "
         f"and Adamax optimizers; got {type(optimizer).__name__}")
@@ -471,7 +473,17 @@ class Hyperparameters:
         """Why this optimizer may not update sok rows (an option they would
         ignore, a hyperparameter out of range), or None; asked before each
         update, as the numbers may have changed since."""
-        return self.unapplied or self.out_of_range
+        return self.unapplied_option or self.out_of_range
+
+    @property
+    def unapplied_option(self):
+        """A message refusing an option the row updates would ignore
+        (clipnorm, weight_decay, ...), as the optimizer holds it now: one
+        set after the wrapper was made (opt.clipnorm = 1.0) was ignored
+        for sok rows without an error, while the dense weights took it."""
+        if self.__dict__.get("_live") is None:
+            return self.unapplied
+        return _unapplied_option(self._live)
 
     def slots(self):
         """(name, initial value) of each slot the algorithm keeps per row."""

@@ -180,7 +180,9 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         # layer nor its argument. The table was made in __init__: building
         # needs no shape, and call checks the ids' rank when the graph runs.
         shape = getattr(inputs, "shape", None)
-        if not self.built and shape is not None and shape.rank is None:
+        # A Keras 3 input (keras.Input, a functional model's KerasTensor)
+        # has a tuple for a shape, which has no rank.
+        if not self.built and shape is not None and tf.TensorShape(shape).rank is None:
             self.built = True
         return super().__call__(inputs, *args, **kwargs)
 

@@ -122,7 +122,7 @@ def split_embedding_variable_from_others(variables):
 
 _state = threading.local()      # .depth: OptimizerScopes open in this thread
 _patch_lock = threading.Lock()
-_patched = {}                   # class -> its own apply_gradients
+_patched = {}                   # (class, method name) -> its own method
 _open_scopes = 0                # over all threads
 
 
@@ -130,15 +130,24 @@ def _scope_active():
     return getattr(_state, "depth", 0) > 0
 
 
-def _optimizer_classes():
-    """The classes that define the apply_gradients of every native optimizer."""
+def _optimizer_methods():
+    """(class, method name) of the methods that apply gradients, as the
+    classes defining them for every native optimizer have them:
+    apply_gradients, and Keras 3's apply(grads, trainable_variables), what
+    its custom training loops call (it used to go past the scope: Keras
+    made slots of its own for a static table and updated every row of it,
+    and a dynamic table was refused as if outside the scope)."""
     owners = []
     for base in (tf.compat.v1.train.Optimizer,) + compat.keras_optimizer_classes():
-        for cls in base.__mro__:
-            if "apply_gradients" in cls.__dict__:
-                if cls not in owners:
-                    owners.append(cls)
-                break
+        names = ("apply_gradients",)
+        if compat.KERAS_MAJOR_VERSION >= 3 and base is not tf.compat.v1.train.Optimizer:
+            names += ("apply",)
+        for name in names:
+            for cls in base.__mro__:
+                if name in cls.__dict__:
+                    if (cls, name) not in owners:
+                        owners.append((cls, name))
+                    break
     return owners
 
 
@@ -196,6 +205,30 @@ def _routing(original):
     return apply_gradients
 
 
+def _routing_apply(original):
+    """Keras 3's apply(grads, trainable_variables) that, while an
+    OptimizerScope is open in this thread and sok variables are among the
+    variables, goes through the scope's apply_gradients (which sends them
+    to the optimizer's wrapper and the others to Keras)."""
+
+    @functools.wraps(original)
+    def apply(self, grads, trainable_variables=None):
+        if not _scope_active() or trainable_variables is None:
+            return original(self, grads, trainable_variables)
+        variables = list(trainable_variables)
+        if not any(is_sok_variable(v) for v in variables):
+            return original(self, grads, variables)
+        grads = list(grads)
+        if len(grads) != len(variables):
+            raise ValueError(f"{type(self).__name__}.apply got {len(grads)} gradients for "
+                             f"{len(variables)} trainable_variables; they must pair up")
+        self.apply_gradients(zip(grads, variables))
+        return None
+
+    apply._sok_graph_routing = True
+    return apply
+
+
 class OptimizerScope:
     """``with OptimizerScope(embedding_variables): opt.apply_gradients(...)``:
     native optimizers update sok variables row by row, with slots of their own
@@ -218,10 +251,11 @@ class OptimizerScope:
         global _open_scopes
         with _patch_lock:
             if _open_scopes == 0:
-                for cls in _optimizer_classes():
-                    original = cls.__dict__["apply_gradients"]
-                    _patched[cls] = original
-                    cls.apply_gradients = _routing(original)
+                for cls, name in _optimizer_methods():
+                    original = cls.__dict__[name]
+                    _patched[(cls, name)] = original
+                    route = _routing if name == "apply_gradients" else _routing_apply
+                    setattr(cls, name, route(original))
             _open_scopes += 1
         _state.depth = getattr(_state, "depth", 0) + 1
         return self
@@ -232,7 +266,7 @@ class OptimizerScope:
         with _patch_lock:
             _open_scopes -= 1
             if _open_scopes == 0:
-                for cls, original in _patched.items():
-                    cls.apply_gradients = original
+                for (cls, name), original in _patched.items():
+                    setattr(cls, name, original)
                 _patched.clear()
         return False

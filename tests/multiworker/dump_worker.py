@@ -16,7 +16,10 @@
   --refused_path P (phase dump): first a dump to P, a directory of the
       user's files, which rank 0 (the writer) refuses: every worker must
       raise FileExistsError (the others naming rank 0), P must be as it
-      was, and the dump to --path must then work on every worker.
+      was; then a dump whose workers pass the tables in other orders, which
+      every worker must refuse (ValueError) without writing; and the dump
+      to --path must then work on every worker. The refused loads first
+      try a load whose workers pass other tables, refused the same way.
 
 Run by N workers for the dump and M for the load, the union of the npz files
 must be the same rows and slots, bit for bit. --engine mirrored --world N:
@@ -121,6 +124,18 @@ def main():
             else:
                 raise AssertionError(f"rank {rank}: the dump rank 0 refused returned")
             assert sorted(os.listdir(args.refused_path)) == before
+            # Workers passing the tables in another order: refused on every
+            # worker, nothing written (rank 1's rows of one table were
+            # written as the other's).
+            mixed = args.path + "_mixed"
+            try:
+                sok.dump(mixed, tables if rank == 0 else tables[::-1], optimizer=opt)
+            except ValueError as e:
+                assert "the workers passed different dump_vars" in str(e), (rank, str(e))
+                assert "rank 0: ['static_table', 'dynamic_table']" in str(e), (rank, str(e))
+            else:
+                raise AssertionError(f"rank {rank}: a dump of the workers' other lists returned")
+            assert not os.path.exists(mixed)
         sok.dump(args.path, tables, optimizer=opt)
         # Every row was updated after the epoch: the whole table, on every
         # worker (SOK's incremental dump gathers all workers' rows).
@@ -133,6 +148,15 @@ def main():
 
         refusing = args.refuse_on if args.refuse_on is not None else args.unreadable_on
         path = args.path + ("_damaged" if rank == args.unreadable_on else "")
+        # Workers loading other tables: refused on every worker before any
+        # changes (rank 0's shard of the dynamic table was loaded, rank 1's
+        # left as it was).
+        try:
+            sok.load(path, tables if rank == 0 else tables[:1], optimizer=opt)
+        except ValueError as e:
+            assert "the workers passed different load_vars" in str(e), (rank, str(e))
+        else:
+            raise AssertionError(f"rank {rank}: a load of the workers' other lists returned")
         try:
             sok.load(path, tables, optimizer=opt)
         except CheckpointError as e:
