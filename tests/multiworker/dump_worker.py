@@ -182,11 +182,14 @@ def main():
     for r, shards in enumerate(zip(*[getattr(t, "shards", [t]) for t in tables]), rank):
         step_var = opt._step_variable(r - rank) if strategy is not None else opt.iterations
         out = {"step": np.int64(step_var.numpy())}
-        for name, t in zip(("static", "dynamic"), shards):
+        for name, table, t in zip(("static", "dynamic"), tables, shards):
             keys, rows = sok.export(t)
             out[f"{name}_keys"], out[f"{name}_rows"] = keys.numpy(), rows.numpy()
             for slot in ("m", "v"):
-                s = opt.get_slot(t, slot)
+                # A table sharded over replicas: its whole slot's shards.
+                s = opt.get_slot(table, slot)
+                if strategy is not None:
+                    s = s.shards[r - rank]
                 if isinstance(t, sok.DynamicVariable):
                     vals = s.find(tf.cast(keys, s.key_type))[0]
                 else:
