@@ -1,6 +1,7 @@
 """The streaming Parquet reader against pyarrow's own full read."""
 
 import importlib.util
+import os
 import re
 
 import numpy as np
@@ -338,6 +339,14 @@ def test_bad_reader_arguments_name_themselves(tmp_path, criteo):
         ParquetReader(str(tmp_path), 10, ["C1"])
     one = next(iter(ParquetReader(criteo, 10, "C1")))
     assert set(one) == {"C1", "C1_splits", "label"}
+    # A file named twice, or by another spelling of its path: each of its
+    # rows was read twice an epoch.
+    other = os.path.join(os.path.dirname(criteo), "..",
+                         os.path.basename(os.path.dirname(criteo)), os.path.basename(criteo))
+    for files in ([criteo, criteo], [criteo, other]):
+        with pytest.raises(ValueError, match=r"files\[1\] .* is the file files\[0\] .* "
+                                             r"names too"):
+            ParquetReader(files, 10, ["C1"])
 
 
 def test_files_whose_column_types_differ_read_as_one(tmp_path):

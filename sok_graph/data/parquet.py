@@ -108,6 +108,19 @@ class ParquetReader:
                 raise TypeError(f"{flag} must be True or False; got {value!r}")
         self.files = [os.fsdecode(f) if isinstance(f, (bytes, os.PathLike)) else f
                       for f in files]
+        # A file named twice (or by two spellings) had every row read twice
+        # an epoch, without a word.
+        first = {}
+        for i, f in enumerate(self.files):
+            if isinstance(f, str):
+                real = os.path.realpath(f)
+                if real in first:
+                    j = first[real]
+                    raise ValueError(
+                        f"files[{i}] ({f!r}) is the file files[{j}] ({self.files[j]!r}) names "
+                        f"too: each of its rows would be read twice an epoch; give each file "
+                        f"once")
+                first[real] = i
         self.batch_size = int(batch_size)
         self.ragged_columns = _names("ragged_columns", ragged_columns)
         self.dense_columns = _names("dense_columns", dense_columns)
