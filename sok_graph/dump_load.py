@@ -607,12 +607,15 @@ _DUMP_ERRORS = (CheckpointError, ValueError, TypeError, OSError, FileExistsError
                 FileNotFoundError, NotADirectoryError, IsADirectoryError, PermissionError)
 
 
-def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=None):
+def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=None,
+               save_id=None):
     """Writes a dump directory from numpy arrays: tables maps a variable name
     to (kind, {"keys", "values", [metadata], ["slot.<name>"]: array}).
     Written aside and swapped in, so `path` always holds a whole dump.
     named_alike: {name: [its tables' file names]} for names several tables
-    share, which load checks (_check_named_alike)."""
+    share, which load checks (_check_named_alike). save_id: the number
+    the workers of one save agreed on, recorded for a reader to compare
+    (sok.Saver's shards, one per worker)."""
     path = os.path.abspath(path)
     parent = os.path.dirname(path)
     try:
@@ -623,7 +626,8 @@ def write_dump(path, tables, optimizer_entry=None, world_size=1, named_alike=Non
             f"cannot write a dump at {path!r}: a file stands where its parent directories "
             f"must be ({e.filename!r} or a directory above it is not a directory)") from e
     with writers_take_turns(parent):
-        _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike)
+        _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike,
+                            save_id)
 
 
 @contextlib.contextmanager
@@ -670,7 +674,8 @@ def writers_take_turns(parent, reader=False):
             os.close(fd)  # releases the lock
 
 
-def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike):
+def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named_alike,
+                        save_id=None):
     _check_replaceable(path)
     # Every file's name first: one the file system refuses raises here,
     # before anything is written.
@@ -720,6 +725,8 @@ def _write_dump_swapped(path, parent, tables, optimizer_entry, world_size, named
             manifest["optimizer"] = optimizer_entry
         if named_alike:
             manifest["named_alike"] = named_alike
+        if save_id is not None:
+            manifest["save_id"] = float(save_id)
         manifest["checksum"] = _manifest_checksum(manifest)
         with open(os.path.join(tmp, "manifest.json"), "w") as f:
             json.dump(manifest, f, indent=1, sort_keys=True)

@@ -9,10 +9,13 @@ import glob
 import os
 import shutil
 
+import pytest
+
 from multiworker.launching import launch, needs_horovod
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DUMP = os.path.join(HERE, "multiworker", "dump_worker.py")
+SAVER = os.path.join(HERE, "multiworker", "saver_worker.py")
 
 
 @needs_horovod
@@ -61,3 +64,18 @@ def test_a_dump_one_worker_cannot_read_is_loaded_by_no_worker(tmp_path):
                      "--reason", os.path.basename(values[0])])
     assert not os.path.exists(tmp_path / "unused")
 
+
+
+@needs_horovod
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "graph"])
+def test_a_saver_restore_of_shards_from_different_saves_is_refused_by_every_worker(
+        tmp_path, graph):
+    """sok.Saver on two workers (each writes and reads its own shard): a
+    directory holding worker 0's shards of one save and worker 1's of
+    another (a worker that did not dump with the others, a copy made in
+    part) was restored as if whole, mixing the two saves, and a worker
+    that could not read its shard failed alone while the other restored.
+    Now the workers of a dump record a save id they agree on, and a restore
+    is refused on every worker, before any row changes, unless every worker
+    read its shard of one save (tests/multiworker/saver_worker.py)."""
+    launch(2, SAVER, ["--dir", str(tmp_path)] + (["--graph"] if graph else []))

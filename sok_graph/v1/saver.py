@@ -35,6 +35,10 @@ run, or from a new graph built in place of the old one. `filepath` may be a stri
 run in a Session). Eagerly each call does its work at once; in graph mode
 each returns an op that does it when a Session runs it, so it can sit in a
 graph next to the training op.
+
+With several worker processes, `dump_to_file` and `restore_from_file` are
+collective: every worker calls them for the same tables in the same order
+(each gathers a number from every worker; see _agreed_save_id below).
 """
 
 import os
@@ -45,7 +49,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import placement
+from sok_graph import context, placement
+from sok_graph.communication import agreement
 from sok_graph.tables import (dimension_of, is_dynamic, kind_of, replica_shards,
                                rows_from_user)
 from sok_graph.tables.static import is_sok_variable
@@ -325,6 +330,59 @@ def _refuse_more_rows_than_held(var, n):
                 f"it {owned}: raise max_capacity or load fewer rows")
 
 
+# With several worker processes each writes and reads its own shard, so the
+# shards of one table in `filepath` may come from different saves (a worker
+# that died before its turn, a directory copied in part). The workers of a
+# dump agree on a number (the earliest clock reading among them, gathered
+# in the dump's op) that every shard records; a restore gathers each
+# worker's number and whether it could read its shard, and every worker
+# refuses the restore, before any table changes, unless all read shards
+# of one save. The shards of one save used to be restored together with
+# another's, and a worker that could not read its shard failed alone.
+
+
+def _agreed_save_id(var):
+    """The number every worker's shard of this dump records (a tensor, or
+    None in one process): the earliest of their clock readings."""
+    comm = context.active()
+    if var.placement[0] == 1 or not agreement.spans_processes(comm):
+        return None
+    now = tf.reshape(tf.timestamp(), [1])
+    return tf.reduce_min(comm.allgather(now, name="sok_saver_save_id"))
+
+
+def _gathered_reads(var):
+    """Every worker's [read it (1/0), save id (NaN: none recorded)] (a
+    [workers, 2] float64 tensor) from this worker's; None in one process."""
+    comm = context.active()
+    if var.placement[0] == 1 or not agreement.spans_processes(comm):
+        return None
+    return lambda mine: comm.allgather(tf.reshape(mine, [1, 2]), name="sok_saver_restore_ids")
+
+
+def _refuse_mixed_shards(name, path, every, own_error):
+    """CheckpointError unless every worker read its shard of `name` and all
+    shards are of one save (`every`: _gathered_reads' numbers)."""
+    every = np.asarray(every, np.float64).reshape([-1, 2])
+    failed = [r for r in range(len(every)) if every[r, 0] == 0]
+    if failed:
+        if own_error:
+            raise CheckpointError(own_error)
+        raise CheckpointError(
+            f"Saver.restore_from_file of {name!r} from {_as_str(path)}: worker(s) {failed} of "
+            f"{len(every)} could not read their shard; no worker changed the table")
+    ids = every[:, 1]
+    if np.isnan(ids).all():
+        return  # dumps from before save ids, or of one worker
+    if np.isnan(ids).any() or len(set(ids.tolist())) > 1:
+        saves = {r: (None if np.isnan(i) else float(i)) for r, i in enumerate(ids)}
+        raise CheckpointError(
+            f"Saver.restore_from_file of {name!r} from {_as_str(path)}: the workers' shards "
+            f"come from different saves (save id by worker: {saves}; a worker that did not "
+            f"dump with the others, or a directory copied in part): restoring would mix "
+            f"them; no worker changed the table")
+
+
 class Saver:
     """Saves and restores single sok embedding tables (see the module docstring)."""
 
@@ -342,7 +400,7 @@ class Saver:
         if isinstance(directory, str):
             _refuse_a_dump_at(directory)
 
-        def write(path, keys, rows):
+        def write(path, keys, rows, save_id=None):
             path = checked_path(_as_str(path), "Saver.dump_to_file: filepath")
             _refuse_a_dump_at(path)
             target = os.path.join(path, entry)
@@ -354,7 +412,8 @@ class Saver:
                     f"letters, digits, '-', '_' or '.'")
             with _dumped_lock:
                 _refuse_a_namesake(var, name, target)
-                write_dump(target, {name: (kind, {"keys": keys, "values": rows})})
+                write_dump(target, {name: (kind, {"keys": keys, "values": rows})},
+                           save_id=None if save_id is None else float(save_id))
                 where = os.path.realpath(target)
                 _dumped_here[where] = weakref.ref(var)
                 # Its rows are there now: no longer a refused table there.
@@ -363,7 +422,9 @@ class Saver:
             return np.int32(0)
 
         keys, rows = _rows(var)
-        result = _in_graph_or_now(write, [keys, rows], tf.int32, directory)
+        save_id = _agreed_save_id(var)
+        inputs = [keys, rows] if save_id is None else [keys, rows, save_id]
+        result = _in_graph_or_now(write, inputs, tf.int32, directory)
         return None if tf.executing_eagerly() else tf.group(result, name="sok_saver_dump")
 
     def restore_from_file(self, embedding_variable, filepath):
@@ -418,22 +479,52 @@ class Saver:
                 with _dumped_lock:
                     _refuse_anothers_rows(var, name, target)
             static_rows = {} if shard_rows is None else {table: shard_rows}
-            arrays = read_dump(target, {table: dim}, static_rows)[1][table]
+            manifest, loaded = read_dump(target, {table: dim}, static_rows)
+            arrays = loaded[table]
             keys = arrays["keys"].astype(np.int64)
             what = f"the table restored from {target}"
             check_keys_fit(keys, key_dtype, what)
             # Rows in the dump's dtype (float32 in dumps before it was kept),
             # converted to the table's: no finite value may become infinite.
             rows = rows_as(arrays["values"], dtype, what, keys, static=fixed is not None)
-            return keys, rows
+            return keys, rows, manifest.get("save_id", np.nan)
+
+        gather = _gathered_reads(var)
+
+        def read_told(path):
+            """read's keys and rows, with [read it, save id] and the
+            refusal's message (b"" where there is none), for the others."""
+            try:
+                keys, rows, save_id = read(path)
+            except CheckpointError as e:
+                return (np.zeros([0], np.int64), np.zeros([0, dim], dtype.as_numpy_dtype),
+                        np.array([0.0, np.nan]), str(e).encode("utf-8"))
+            return keys, rows, np.array([1.0, save_id]), b""
+
+        def check(path, every, own):
+            own = own.decode("utf-8") if isinstance(own, bytes) else own
+            _refuse_mixed_shards(name, path, every, own or None)
+            return np.int32(0)
 
         if tf.executing_eagerly():
-            keys, rows = read(directory)
+            if gather is None:
+                keys, rows, _ = read(directory)
+            else:
+                keys, rows, mine, own = read_told(directory)
+                check(directory, gather(tf.constant(mine, tf.float64)).numpy(), own)
             _assign(var, tf.constant(keys), tf.constant(rows))
             return None
-        keys, rows = _in_graph_or_now(read, [], [tf.int64, dtype], directory)
+        if gather is None:
+            keys, rows, _ = _in_graph_or_now(read, [], [tf.int64, dtype, tf.float64], directory)
+            checks = []
+        else:
+            keys, rows, mine, own = _in_graph_or_now(
+                read_told, [], [tf.int64, dtype, tf.float64, tf.string], directory)
+            checks = [_in_graph_or_now(check, [gather(mine), own], tf.int32, directory)]
         keys.set_shape([None])
         rows.set_shape([None, dim])
+        with tf.control_dependencies(checks):
+            keys = tf.identity(keys)
         return tf.group(_assign(var, keys, rows), name="sok_saver_restore")
 
     def load_embedding_values(self, embedding_variable, tensors):
