@@ -14,7 +14,7 @@ import tensorflow as tf
 tf.compat.v1.disable_eager_execution()
 
 import sok_graph as sok  # noqa: E402
-from sok_graph.data import synthetic  # noqa: E402
+from sok_graph.data import flags, synthetic  # noqa: E402
 
 VOCABS = [20000, 5000, 1000]
 HOTNESS = [1, 1, 5]
@@ -33,9 +33,9 @@ def dense(x, fan_in, fan_out, name):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=0.5)
+    parser.add_argument("--steps", type=flags.int_at_least(1), default=300)
+    parser.add_argument("--batch", type=flags.int_at_least(1), default=1024)
+    parser.add_argument("--lr", type=flags.positive_number, default=0.5)
     args = parser.parse_args()
 
     sok.init()

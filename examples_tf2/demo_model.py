@@ -13,6 +13,7 @@ import numpy as np
 import tensorflow as tf
 
 import sok_graph as sok  # or: import sparse_operation_kit as sok
+from sok_graph.data import flags
 
 
 class DemoModel(tf.keras.models.Model):
@@ -80,13 +81,14 @@ def parse_args(description, replicas=False):
     adds --replicas (MirroredStrategy over that many logical CPUs)."""
     p = argparse.ArgumentParser(description=description)
     if replicas:
-        p.add_argument("--replicas", type=int, default=1,
+        p.add_argument("--replicas", type=flags.int_at_least(1), default=1,
                        help="> 1: a MirroredStrategy over that many logical CPUs")
-    p.add_argument("--use_tf_opt", type=int, default=1,
+    p.add_argument("--use_tf_opt", type=int, choices=[0, 1], default=1,
                    help="1: a native optimizer in sok.OptimizerScope; 0: sok.optimizers.Adam")
-    p.add_argument("--global_batch_size", type=int, default=1024)
-    p.add_argument("--steps", type=int, default=30)
-    p.add_argument("--dense_layers", type=int, default=2)
-    p.add_argument("--dense_units", type=int, default=64)
-    p.add_argument("--learning_rate", type=float, default=0.01)
+    p.add_argument("--global_batch_size", type=flags.int_at_least(1), default=1024)
+    p.add_argument("--steps", type=flags.int_at_least(2), default=30,
+                   help="at least 2: the check compares the last loss with the first")
+    p.add_argument("--dense_layers", type=flags.int_at_least(0), default=2)
+    p.add_argument("--dense_units", type=flags.int_at_least(1), default=64)
+    p.add_argument("--learning_rate", type=flags.positive_number, default=0.01)
     return p.parse_args()

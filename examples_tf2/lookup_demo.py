@@ -14,7 +14,7 @@ import numpy as np
 import tensorflow as tf
 
 import sok_graph as sok
-from sok_graph.data import synthetic
+from sok_graph.data import flags, synthetic
 
 VOCABS = [20000, 5000, 1000]
 HOTNESS = [1, 1, 5]
@@ -29,10 +29,12 @@ def dense_layer(rng, fan_in, fan_out):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=300)
-    parser.add_argument("--batch", type=int, default=1024)
-    parser.add_argument("--lr", type=float, default=0.05, help="dense layers' learning rate")
-    parser.add_argument("--emb-lr", type=float, default=1.0, help="embedding learning rate")
+    parser.add_argument("--steps", type=flags.int_at_least(1), default=300)
+    parser.add_argument("--batch", type=flags.int_at_least(1), default=1024)
+    parser.add_argument("--lr", type=flags.positive_number, default=0.05,
+                        help="dense layers' learning rate")
+    parser.add_argument("--emb-lr", type=flags.positive_number, default=1.0,
+                        help="embedding learning rate")
     args = parser.parse_args()
 
     sok.init()

@@ -40,7 +40,7 @@ import numpy as np
 import tensorflow as tf
 
 import sok_graph as sok
-from sok_graph.data import metrics, movielens
+from sok_graph.data import flags, metrics, movielens
 
 DIM = 16
 DYNAMIC = ("user", "item")  # tables keyed by arbitrary ids
@@ -50,66 +50,18 @@ TEST_FRACTION = 0.2  # of all ratings
 VALIDATION_FRACTION = 0.1  # of the ratings left for training
 
 
-def _int_at_least(lowest):
-    def parse(text):
-        try:
-            value = int(text)
-        except ValueError:
-            value = None
-        if value is None or value < lowest:
-            raise argparse.ArgumentTypeError(
-                f"expected an integer >= {lowest}; got {text!r}")
-        return value
-    return parse
-
-
-def _positive_number(text):
-    """A finite number > 0: a rate of 0 trained nothing (then "did not beat
-    the popularity baseline"), NaN and negative ones failed after the data
-    was prepared, naming the optimizer's learning_rate."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = None
-    if value is None or not np.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"expected a finite number > 0; got {text!r}")
-    return value
-
-
-def _writable_directory(text):
-    """A directory that exists or can be made, and can be written: checked
-    before the data is prepared and a model trained (an --out that was a
-    file, empty or read-only failed in os.makedirs or pyarrow's writer,
-    or after an epoch, in the dump)."""
-    if not text:
-        raise argparse.ArgumentTypeError("expected a directory; got ''")
-    path = os.path.abspath(text)
-    if os.path.exists(path) and not os.path.isdir(path):
-        raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
-    existing = path
-    while not os.path.exists(existing):
-        existing = os.path.dirname(existing)
-    if not os.path.isdir(existing):
-        raise argparse.ArgumentTypeError(f"{text!r} cannot be made: {existing!r} is not a "
-                                         f"directory")
-    if not os.access(existing, os.W_OK | os.X_OK):
-        raise argparse.ArgumentTypeError(f"{text!r} cannot be written: {existing!r} is not "
-                                         f"writable")
-    return text
-
-
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--mode", choices=["tf2", "tf1"], default="tf2",
                    help="tf2: tf.function; tf1: graph mode with a tf.compat.v1.Session")
-    p.add_argument("--epochs", type=_int_at_least(1), default=5,
+    p.add_argument("--epochs", type=flags.int_at_least(1), default=5,
                    help="the most epochs to train")
-    p.add_argument("--patience", type=_int_at_least(0), default=2,
+    p.add_argument("--patience", type=flags.int_at_least(0), default=2,
                    help="stop after this many epochs in a row without a better validation "
                         "AUC than the kept epoch's")
-    p.add_argument("--batch", type=_int_at_least(1), default=1024)
-    p.add_argument("--lr", type=_positive_number, default=0.005)
-    p.add_argument("--out", type=_writable_directory, default="movielens_out",
+    p.add_argument("--batch", type=flags.int_at_least(1), default=1024)
+    p.add_argument("--lr", type=flags.positive_number, default=0.005)
+    p.add_argument("--out", type=flags.writable_directory, default="movielens_out",
                    help="where tables and the plot go")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     return p.parse_args()

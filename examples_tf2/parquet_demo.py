@@ -42,7 +42,7 @@ import tensorflow as tf
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import sok_graph as sok  # noqa: E402  (or: import sparse_operation_kit as sok)
 from demo_model import DemoModel, check_learned  # noqa: E402
-from sok_graph.data import metrics  # noqa: E402
+from sok_graph.data import flags, metrics  # noqa: E402
 from sok_graph.data.parquet import ParquetReader  # noqa: E402
 
 FEATURE, LABEL = "feature", "label"  # the notebook's column names
@@ -50,24 +50,27 @@ FEATURE, LABEL = "feature", "label"  # the notebook's column names
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--data_dir", default=None,
+    p.add_argument("--data_dir", type=flags.writable_directory, default=None,
                    help="where the Parquet files go (default: a new temporary directory)")
-    p.add_argument("--rows", type=int, default=32768, help="training samples to generate")
-    p.add_argument("--eval_rows", type=int, default=4096, help="held-out samples")
-    p.add_argument("--row_group_size", type=int, default=1024)
-    p.add_argument("--slot_num", type=int, default=100)
-    p.add_argument("--nnz_per_slot", type=int, default=10)
-    p.add_argument("--vocabulary_size", type=int, default=64)
-    p.add_argument("--embedding_vec_size", type=int, default=4)
-    p.add_argument("--global_batch_size", type=int, default=256,
+    p.add_argument("--rows", type=flags.int_at_least(1), default=32768,
+                   help="training samples to generate")
+    p.add_argument("--eval_rows", type=flags.int_at_least(1), default=4096,
+                   help="held-out samples")
+    p.add_argument("--row_group_size", type=flags.int_at_least(1), default=1024)
+    p.add_argument("--slot_num", type=flags.int_at_least(1), default=100)
+    p.add_argument("--nnz_per_slot", type=flags.int_at_least(1), default=10)
+    p.add_argument("--vocabulary_size", type=flags.int_at_least(1), default=64)
+    p.add_argument("--embedding_vec_size", type=flags.int_at_least(1), default=4)
+    p.add_argument("--global_batch_size", type=flags.int_at_least(1), default=256,
                    help="rows per step summed over all workers")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--dense_layers", type=int, default=2)
-    p.add_argument("--dense_units", type=int, default=32)
-    p.add_argument("--learning_rate", type=float, default=0.01)
-    p.add_argument("--seed", type=int, default=0, help="seeds the model's initial values")
+    p.add_argument("--steps", type=flags.int_at_least(1), default=40)
+    p.add_argument("--dense_layers", type=flags.int_at_least(0), default=2)
+    p.add_argument("--dense_units", type=flags.int_at_least(1), default=32)
+    p.add_argument("--learning_rate", type=flags.positive_number, default=0.01)
+    p.add_argument("--seed", type=flags.int_at_least(0), default=0,
+                   help="seeds the model's initial values")
     p.add_argument("--rank", type=int, default=0, help="this worker's index")
-    p.add_argument("--world_size", type=int, default=1, help="number of workers")
+    p.add_argument("--world_size", type=flags.int_at_least(1), default=1, help="number of workers")
     args = p.parse_args()
     if args.world_size < 1 or not 0 <= args.rank < args.world_size:
         p.error(f"--rank must be in [0, --world_size={args.world_size}); got {args.rank}")

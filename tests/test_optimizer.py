@@ -589,6 +589,59 @@ def test_a_keras_option_set_after_the_wrapper_was_made_is_refused(option):
     np.testing.assert_array_equal(v.numpy(), moved)
 
 
+def test_an_optimizer_subclass_with_its_own_update_is_refused():
+    """A subclass of a supported optimizer that computes its updates its own
+    way (tf.contrib.opt's AdamWOptimizer, NadamOptimizer, AdaMaxOptimizer on
+    TF 1.15: an Adam subclass) was trained by the base class's rule, its own
+    update ignored without an error. A subclass that changes nothing of the
+    update (here: its constructor) is the base class's algorithm."""
+
+    class OwnUpdate(tf.compat.v1.train.AdamOptimizer):
+        def _apply_sparse(self, grad, var):  # noqa: D401 (stands for a changed rule)
+            return super()._apply_sparse(grad, var)
+
+    class OwnDefaults(tf.compat.v1.train.AdamOptimizer):
+        def __init__(self):
+            super().__init__(0.5)
+
+    v = sok.Variable(np.zeros((4, 2), np.float32))
+    grads = [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)]
+    with pytest.raises(TypeError, match="update sok rows by AdamOptimizer's rule; OwnUpdate "
+                                        "derives from it but computes its updates its own way "
+                                        r"\(OwnUpdate defines _apply_sparse\)"):
+        sok.OptimizerWrapper(OwnUpdate(0.1))
+    wrapper = sok.OptimizerWrapper(OwnDefaults())
+    assert wrapper.algorithm == "adam"
+    wrapper.apply_gradients(grads)
+    # Adam's first step moves a row by the rate, against the gradient's sign.
+    np.testing.assert_allclose(v.numpy()[1], [-0.5, -0.5], rtol=1e-5)
+
+
+@pytest.mark.skipif(compat.KERAS_MAJOR_VERSION < 2, reason="Keras optimizers' flags")
+@pytest.mark.parametrize("optimizer, flag", [("SGD", "nesterov"), ("RMSprop", "centered"),
+                                             ("Adam", "amsgrad")])
+def test_a_keras_flag_set_after_the_wrapper_was_made_is_refused(optimizer, flag):
+    """opt.nesterov = True (centered, amsgrad) after sok.OptimizerWrapper(opt):
+    the sok rows kept the update and slots chosen when the wrapper was made
+    (rows 1.99 off the reference after a few steps of nesterov), without an
+    error."""
+    kwargs = {"momentum": 0.9} if optimizer == "SGD" else {}
+    opt = getattr(tf.keras.optimizers, optimizer)(0.1, **kwargs)
+    if not hasattr(opt, flag):
+        pytest.skip(f"this Keras' {optimizer} has no {flag}")
+    v = sok.Variable(np.zeros((4, 2), np.float32))
+    grads = [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)]
+    wrapper = sok.OptimizerWrapper(opt)
+    wrapper.apply_gradients(grads)
+    moved = v.numpy()
+    setattr(opt, flag, True)
+    words = "does not support Adam\\(amsgrad=True\\)" if flag == "amsgrad" else \
+        f"{optimizer}'s {flag} is True now and was False when sok.OptimizerWrapper was made"
+    with pytest.raises(ValueError, match=words):
+        wrapper.apply_gradients(grads)
+    np.testing.assert_array_equal(v.numpy(), moved)
+
+
 def _keras2_module():
     """Keras 2's OptimizerV2 optimizers: tf.keras.optimizers.legacy (TF 2.11
     to 2.15), tf.keras.optimizers before it; None under Keras 3."""

@@ -655,6 +655,40 @@ def test_incremental_model_dump_returns_updated_rows():
     np.testing.assert_array_equal(np.asarray(values[0]), [[1.0, 1.0]])
 
 
+def test_a_naive_threshold_on_a_machine_off_utc_is_warned_of(monkeypatch):
+    """A naive datetime is UTC (SOK's datetime.utcnow()); on a machine whose
+    local time is UTC+9, datetime.now() given by mistake dumped nothing
+    (9 h in the future), without a word. A warning names the offset; an
+    aware datetime, and any threshold on a machine on UTC, give none."""
+    import datetime
+    import time
+    import warnings
+
+    if not hasattr(time, "tzset"):
+        pytest.skip("time.tzset is Unix only")
+    v = sok.DynamicVariable(dimension=2, initializer="1")
+    tf.nn.embedding_lookup(v, tf.constant([1, 2], tf.int64))
+    naive = datetime.datetime(2000, 1, 1)
+    try:
+        monkeypatch.setenv("TZ", "Asia/Tokyo")
+        time.tzset()
+        with pytest.warns(UserWarning, match=r"time_threshold=.* has no time zone and is taken "
+                                             r"as UTC .* local time is UTC\+9 h"):
+            keys, _ = sok.incremental_model_dump([v], naive)
+        assert sorted(np.asarray(keys[0]).tolist()) == [1, 2]
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sok.incremental_model_dump([v], naive.replace(tzinfo=datetime.timezone.utc))
+        monkeypatch.setenv("TZ", "UTC")
+        time.tzset()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            sok.incremental_model_dump([v], naive)
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+
+
 # ------------------------------------- dump/load: a plain optimizer's own slots
 #
 # A plain legacy Keras optimizer (or a tf.compat.v1.train one) trains static

@@ -14,9 +14,28 @@ INT64_MIN = -(2 ** 63)
 MAX_ROWS = (2 ** 31 - 1) // 2
 
 
+def _warn_if_local_time_is_not_utc(value, what):
+    """A naive datetime is UTC here (SOK's convention: datetime.utcnow()),
+    where Python's own timestamp() takes it as local time: on a machine
+    whose local time is not UTC, datetime.now() given by mistake shifted the
+    threshold by the UTC offset without a word (a dump of nothing, or of too
+    much). A warning there, naming the offset."""
+    import warnings
+
+    offset = value.astimezone().utcoffset() if value.year > 1970 else None
+    if offset:
+        hours = offset.total_seconds() / 3600
+        warnings.warn(
+            f"{what}={value!r} has no time zone and is taken as UTC (SOK's convention, "
+            f"datetime.utcnow()); this machine's local time is UTC{hours:+g} h, so a "
+            f"datetime.now() would be {abs(hours):g} h off: pass an aware datetime "
+            f"(datetime.now(timezone.utc)) to mean a moment unambiguously", stacklevel=4)
+
+
 def utc_micros(value, what):
     """A time for the tables' per-key timestamps, as int64 UTC microseconds:
-    a datetime (naive ones are taken as UTC), or a number of microseconds
+    a datetime (naive ones are taken as UTC, with a warning where the
+    machine's local time is not UTC), or a number of microseconds
     since the epoch (an int, or a finite float such as time.time() * 1e6,
     taken down to the microsecond). `what` names the argument in errors."""
     import datetime
@@ -26,6 +45,7 @@ def utc_micros(value, what):
 
     if isinstance(value, datetime.datetime):
         if value.tzinfo is None:
+            _warn_if_local_time_is_not_utc(value, what)
             value = value.replace(tzinfo=datetime.timezone.utc)
         return int(round(value.timestamp() * 1e6))
     # bool is an int to Python, but True / False as a time is a mistake.

@@ -204,6 +204,33 @@ def kernel_slot_names():
 _BY_CLASS_NAME = {cls: a.name for a in ALGORITHMS.values() for cls in a.optimizer_classes}
 
 
+# The methods in which TensorFlow's and Keras' optimizers compute their
+# updates and make their state (tf.compat.v1.train, Keras 2's OptimizerV2
+# and newer optimizer, Keras 3).
+_UPDATE_METHODS = ("_apply_dense", "_apply_sparse", "_apply_sparse_shared", "_resource_apply_dense",
+                   "_resource_apply_sparse", "_resource_apply_sparse_duplicate_indices",
+                   "_prepare", "_prepare_local", "_finish", "_create_slots", "update_step",
+                   "_update_step", "_update_step_xla", "build")
+
+
+def _refuse_a_changed_update(optimizer, known, subclasses):
+    """TypeError where a class between `optimizer`'s own and `known` (the
+    algorithm table's class it derives from) computes updates its own way:
+    the row updates would be `known`'s, and what the subclass adds would be
+    ignored (tf.contrib.opt's AdamWOptimizer trained as Adam without its
+    weight decay, NadamOptimizer and AdaMaxOptimizer as Adam, without an
+    error)."""
+    for cls in subclasses:
+        changed = [m for m in _UPDATE_METHODS if m in vars(cls)]
+        if changed:
+            raise TypeError(
+                f"sok.OptimizerWrapper (and sok.OptimizerScope) update sok rows by "
+                f"{known.__name__}'s rule; {type(optimizer).__name__} derives from it but "
+                f"computes its updates its own way ({cls.__name__} defines {changed[0]}), "
+                f"which the row updates would ignore: give sok tables a supported optimizer "
+                f"(SGD, Momentum, Adagrad, Ftrl, RMSprop, Adadelta, Adam, Adamax)")
+
+
 def _algorithm_name(optimizer):
     """The table's name for `optimizer`: its class's `sok_algorithm` (sok_graph's
     own rules say it), else by the name of the first class in its MRO that
@@ -211,8 +238,10 @@ def _algorithm_name(optimizer):
     own = getattr(type(optimizer), "sok_algorithm", None)
     if own is not None:
         return own
-    for cls in type(optimizer).__mro__:
+    mro = type(optimizer).__mro__
+    for at, cls in enumerate(mro):
         if cls.__name__ in _BY_CLASS_NAME:
+            _refuse_a_changed_update(optimizer, cls, mro[:at])
             return _BY_CLASS_NAME[cls.__name__]
     if any(cls.__name__.startswith("LossScaleOptimizer") for cls in type(optimizer).__mro__):
         # Mixed precision's wrapper (keras.mixed_precision.set_global_policy
@@ -473,7 +502,28 @@ class Hyperparameters:
         """Why this optimizer may not update sok rows (an option they would
         ignore, a hyperparameter out of range), or None; asked before each
         update, as the numbers may have changed since."""
-        return self.unapplied_option or self.out_of_range
+        return self.unapplied_option or self.changed_setting or self.out_of_range
+
+    @property
+    def changed_setting(self):
+        """A message refusing a Keras optimizer's nesterov, centered or
+        amsgrad set after the wrapper was made (the rows' rule and slots
+        were chosen by them then: the new setting was ignored for sok rows,
+        without an error), or None."""
+        live = self.__dict__.get("_live")
+        if live is None:
+            return None
+        if self.algorithm.name == "adam" and _attr(live, "amsgrad", default=False):
+            return "sok.OptimizerWrapper does not support Adam(amsgrad=True)"
+        for flag in ("nesterov", "centered"):
+            now = bool(_attr(live, flag, default=False))
+            if now != bool(getattr(self, flag)):
+                return (f"{type(live).__name__}'s {flag} is {now} now and was "
+                        f"{bool(getattr(self, flag))} when sok.OptimizerWrapper was made, "
+                        f"which chose the sok rows' update and slots by it: set {flag} "
+                        f"before making the wrapper (or before the first step inside "
+                        f"sok.OptimizerScope)")
+        return None
 
     @property
     def unapplied_option(self):

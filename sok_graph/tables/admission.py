@@ -50,12 +50,14 @@ import contextlib
 import json
 import math
 import threading
+import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat
 from sok_graph.tables import replica_shards
+from sok_graph.tables.keras_weights import held_by
 from sok_graph.initializers import initializer_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
@@ -434,8 +436,15 @@ class CheckpointState(compat.trackable_base_class()):
     restored: a restarted job counted from zero and repeated its first
     calls' draws, turning the same keys away again."""
 
-    def __init__(self, admission, table_name):
+    def __init__(self, admission, table_name, table=None):
         self._filter, self._table_name = admission, table_name
+        # The table, weakly: a replica's shard saves nothing of its own (its
+        # ReplicaShards saves the whole table's counts, ReplicaAdmission).
+        self._table = weakref.ref(table) if table is not None else (lambda: None)
+
+    def _held(self):
+        table = self._table()
+        return table is not None and held_by(table, "_replica_holder")
 
     @property
     def name(self):
@@ -448,6 +457,10 @@ class CheckpointState(compat.trackable_base_class()):
         return json.dumps(self._filter.description(), sort_keys=True)
 
     def _serialize_to_tensors(self):
+        return {} if self._held() else self.state_tensors()
+
+    def state_tensors(self):
+        """The filter's state as a checkpoint holds it (see the class docstring)."""
         admission = self._filter
         if admission.counting:
             entries, counts = admission.export()
@@ -458,6 +471,12 @@ class CheckpointState(compat.trackable_base_class()):
                 "calls": calls}
 
     def _restore_from_tensors(self, restored_tensors):
+        if self._held() or not restored_tensors:
+            return tf.no_op()
+        return self.restore_state(restored_tensors)
+
+    def restore_state(self, restored_tensors):
+        """The op that restores state_tensors' tensors (this filter's part)."""
         admission = self._filter
         # A Saver may restore before the table's initializer ran.
         deps = [] if tf.executing_eagerly() else admission.restore_ops()

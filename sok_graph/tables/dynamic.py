@@ -273,8 +273,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         self._table_shared_name = shared_name
         if self._admission is not None:
             # The filter's counts and call count, saved by tf.train.Checkpoint.
-            self._track_trackable(admission.CheckpointState(self._admission, self._name),
-                                  name="admission")
+            self._admission_state = admission.CheckpointState(self._admission, self._name,
+                                                              self)
+            self._track_trackable(self._admission_state, name="admission")
         # Tables keyed like this one (optimizer slots) that drop the keys this
         # table evicts or removes (add_shadow), so a key that comes back
         # starts afresh in all.

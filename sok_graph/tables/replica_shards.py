@@ -94,6 +94,10 @@ class ReplicaShards(compat.trackable_base_class(), KerasWeights):
             shard._replica_holder = weakref.ref(self)
             # A Keras weights file holds this table whole, not each shard.
             hold_for_keras(shard, self)
+        states = [getattr(shard, "_admission_state", None) for shard in self._shards]
+        if all(state is not None for state in states):
+            # The filter's counts, whole, where one table keeps them.
+            self._track_trackable(ReplicaAdmission(self._shards, states), name="admission")
         register(self)
 
     # tf.train.Checkpoint: the whole table, under the names one table of its
@@ -344,6 +348,47 @@ class ReplicaCounters(compat.trackable_base_class()):
         step = restored_tensors[compat.VARIABLE_VALUE_KEY]
         return tf.group([counter.assign(tf.cast(step, counter.dtype))
                          for counter in self._counters])
+
+
+class ReplicaAdmission(compat.trackable_base_class()):
+    """The admission filter's state of a dynamic table sharded over replicas,
+    saved where and as one table of a process of its own saves it (its
+    "admission" child): the counts of every shard (per key: each key's, held
+    by its owner; a sketch's counters: the sum of every shard's, as
+    sok.dump merges them) and the most calls of the shards' draws. Restored
+    into any number of replicas or none: per key, each shard takes the keys
+    it owns; a sketch, the whole sum (as sok.load gives it). Each shard's
+    counts were filed under the shard, and came back with the same number
+    of replicas only."""
+
+    def __init__(self, shards, states):
+        self._shards, self._states = list(shards), list(states)
+
+    def _serialize_to_tensors(self):
+        parts = [state.state_tensors() for state in self._states]
+        entries = tf.concat([p["entries"] for p in parts], 0)
+        counts = tf.concat([p["counts"] for p in parts], 0)
+        if self._shards[0].admission.kind == "sketch":
+            entries, at = tf.unique(entries)
+            counts = tf.math.unsorted_segment_sum(counts, at, tf.size(entries))
+        calls = tf.concat([tf.reshape(p["calls"], [-1]) for p in parts], 0)
+        calls = tf.cond(tf.size(calls) > 0, lambda: tf.reduce_max(calls, keepdims=True),
+                        lambda: tf.zeros([0], tf.int64))
+        return {"kind": parts[0]["kind"], "entries": entries, "counts": counts,
+                "calls": calls}
+
+    def _restore_from_tensors(self, restored_tensors):
+        entries = tf.reshape(restored_tensors["entries"], [-1])
+        counts = tf.reshape(restored_tensors["counts"], [-1])
+        ops = []
+        for shard, state in zip(self._shards, self._states):
+            part = dict(restored_tensors)
+            if shard.admission.kind == "keys":
+                mine = tf.equal(owner_of(shard, entries), shard.placement[1])
+                part["entries"] = tf.boolean_mask(entries, mine)
+                part["counts"] = tf.boolean_mask(counts, mine)
+            ops.append(state.restore_state(part))
+        return tf.group(ops)
 
 
 def holder_of(shard):

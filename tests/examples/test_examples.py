@@ -180,6 +180,49 @@ def test_movielens_main_job_refuses_bad_flags_before_it_starts(tmp_path, monkeyp
     assert (args.batch, args.lr) == (7, 0.1)
 
 
+@tf2_program
+def test_the_other_examples_refuse_bad_flags_naming_them(tmp_path, monkeypatch, capsys):
+    """The example scripts' flags, checked when parsed (sok_graph/data/flags.py,
+    shared with the main job): --steps 0 trained nothing and exited 0, a
+    negative learning rate trained up the gradient and exited 0, and --batch
+    0, --slot_num 0 or --row_group_size 0 failed deep inside (a
+    ZeroDivisionError, "range() arg 3 must not be zero"), naming no flag;
+    --dense_units 0 aborted the process in oneDNN; --steps 1 always failed
+    the demo's check, which compares the last loss with the first."""
+    a_file = tmp_path / "file"
+    a_file.write_text("mine")
+    runs = [("examples_tf2/lookup_demo.py", ["--steps", "0"],
+             "argument --steps: expected an integer >= 1; got '0'"),
+            ("examples_tf1/lookup_demo.py", ["--lr", "-1"],
+             "argument --lr: expected a finite number > 0; got '-1'"),
+            ("examples_tf2/parquet_demo.py", ["--slot_num", "0"],
+             "argument --slot_num: expected an integer >= 1; got '0'"),
+            ("examples_tf2/parquet_demo.py", ["--data_dir", str(a_file)],
+             "argument --data_dir: " + repr(str(a_file)) + " exists and is not a directory")]
+    for script, argv, message in runs:
+        proc = subprocess.run([sys.executable, os.path.join(REPO, script)] + argv,
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        assert proc.returncode == 2 and message in proc.stderr, (script, argv, proc.stderr[-2000:])
+    sys.path.insert(0, os.path.join(REPO, "examples_tf2"))
+    try:
+        import demo_model
+    finally:
+        sys.path.remove(os.path.join(REPO, "examples_tf2"))
+    cases = [(["--dense_units", "0"], "argument --dense_units: expected an integer >= 1"),
+             (["--steps", "1"], "argument --steps: expected an integer >= 2; got '1'"),
+             (["--replicas", "0"], "argument --replicas: expected an integer >= 1"),
+             (["--use_tf_opt", "7"], "argument --use_tf_opt: invalid choice: 7"),
+             (["--learning_rate", "nan"], "argument --learning_rate: expected a finite number")]
+    for argv, message in cases:
+        monkeypatch.setattr(sys, "argv", ["demo_mirrored.py"] + argv)
+        with pytest.raises(SystemExit) as stopped:
+            demo_model.parse_args("demo", replicas=True)
+        assert stopped.value.code == 2, argv
+        assert message in capsys.readouterr().err, argv
+    assert a_file.read_text() == "mine"
+
+
 def test_movielens_main_job_writes_a_damaged_cache_again(tmp_path):
     """A damaged movielens100k.parquet in --out (another program's write, a
     copy cut short) failed every later run in pyarrow; it is converted

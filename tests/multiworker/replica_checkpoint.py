@@ -9,7 +9,11 @@ OptimizerWrapper (Adam) at step 7 whose slots m and v hold 10 and 100 times
 each row, written to P. load: the same tables made with other rows (zeros;
 dynamic: keys 50..52) and a fresh optimizer, restored from P (--graph: in a
 Session's graph), then compared with what was saved, key by key, slots and
-every replica's step included. Prints "OK"; a mismatch is an AssertionError.
+every replica's step included. Two more dynamic tables hold admission
+counts (per key, and a count-min sketch's counters), which come back as
+sok.load gives them: each key's count on its owner, the sketch's sum of
+every shard's counters on every shard. Prints "OK"; a mismatch is an
+AssertionError.
 """
 
 import argparse
@@ -74,6 +78,52 @@ def _slot_contents(opt, static, dynamic, run=None):
     return got
 
 
+# Admission counts: per key (each key's count, held by its owner), and a
+# sketch's counters (given to shard 0 only, so that their sum over the
+# shards, which a checkpoint holds, is the same for any number of replicas).
+COUNTED_KEYS = np.arange(100, 112, dtype=np.int64)
+SKETCH_ENTRIES = np.arange(8, dtype=np.int64)
+
+
+def _count_tables(sok):
+    return (sok.DynamicVariable(dimension=2, initializer="zeros", name="counted", min_count=50),
+            sok.DynamicVariable(dimension=2, initializer="zeros", name="sketched", min_count=50,
+                                min_count_counters=64, min_count_hashes=2))
+
+
+def _write_counts(counted, sketched):
+    import tensorflow as tf
+    from sok_graph.tables import replica_shards
+
+    for shard in replica_shards.shards_of(counted):
+        world, rank, _ = shard.placement
+        keys = COUNTED_KEYS[np.mod(COUNTED_KEYS, world) == rank]
+        shard.admission.restore(tf.constant(keys), tf.constant(keys - 95))
+    first = replica_shards.shards_of(sketched)[0]
+    first.admission.restore(tf.constant(SKETCH_ENTRIES), tf.constant(SKETCH_ENTRIES + 1))
+
+
+def _check_counts(counted, sketched, run=None, saving=False):
+    """Each key's count on its owner; the sketch's counters on every shard
+    after a restore (on shard 0 only as written)."""
+    from sok_graph.tables import replica_shards
+
+    run = run or (lambda t: [np.asarray(x) for x in t])
+    for shard in replica_shards.shards_of(counted):
+        world, rank, _ = shard.placement
+        keys, counts = run(shard.admission.export())
+        order = np.argsort(keys)
+        want = COUNTED_KEYS[np.mod(COUNTED_KEYS, world) == rank]
+        np.testing.assert_array_equal(keys[order], want, err_msg=f"counted shard {rank}")
+        np.testing.assert_array_equal(counts[order], want - 95, err_msg=f"counted shard {rank}")
+    shards = replica_shards.shards_of(sketched)
+    for shard in shards[:1] if saving else shards:
+        entries, counts = run(shard.admission.export())
+        order = np.argsort(entries)
+        np.testing.assert_array_equal(entries[order], SKETCH_ENTRIES)
+        np.testing.assert_array_equal(counts[order], SKETCH_ENTRIES + 1)
+
+
 def _check_slots(got, world):
     for (label, name, index), (keys, rows) in got.items():
         order = np.argsort(keys)
@@ -132,11 +182,14 @@ def main():
 
         strategy.run(tf.function(replica))
 
+    counted, sketched = _count_tables(sok)
     opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
-    checkpoint = tf.train.Checkpoint(static=static, dynamic=dynamic, optimizer=opt)
+    checkpoint = tf.train.Checkpoint(static=static, dynamic=dynamic, optimizer=opt,
+                                     counted=counted, sketched=sketched)
     if saving:
         put(KEYS)
         _write_slots(opt, static, dynamic)
+        _write_counts(counted, sketched)
         opt.set_step(STEP)
         checkpoint.write(args.path)
     else:
@@ -144,6 +197,7 @@ def main():
         # The restore makes the slots (no step was taken).
         checkpoint.read(args.path)
     _check_slots(_slot_contents(opt, static, dynamic), n)
+    _check_counts(counted, sketched, saving=saving)
     # Every replica's step counter (each replica counts its own applies).
     assert [int(opt._step_variable(r).numpy()) for r in range(n)] == [STEP] * n
     keys, got = (np.asarray(t) for t in sok.export(static))
@@ -186,12 +240,13 @@ def _load_in_a_graph(sok, strategy, n, path):
         rows = np.stack([np.arange(10), -np.arange(10)], 1).astype(np.float32)
         static = sok.Variable(np.zeros_like(rows), name="static")
         dynamic = sok.DynamicVariable(dimension=2, initializer="zeros", name="dynamic")
+        counted, sketched = _count_tables(sok)
         opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
         # A graph's step counters exist before its restore (a train op
         # made them); the restore makes the slots.
         steps = [opt._step_variable(r) for r in range(n)]
-        status = tf.train.Checkpoint(static=static, dynamic=dynamic,
-                                     optimizer=opt).restore(path)
+        status = tf.train.Checkpoint(static=static, dynamic=dynamic, optimizer=opt,
+                                     counted=counted, sketched=sketched).restore(path)
         exports = [sok.export(static), sok.export(dynamic)]
         # A Session must see every replica's device (logical CPUs or GPUs).
         config = None if strategy is None else context.active().session_config()
@@ -199,6 +254,7 @@ def _load_in_a_graph(sok, strategy, n, path):
             status.run_restore_ops(sess)
             (skeys, srows), (dkeys, drows) = sess.run(exports)
             _check_slots(_slot_contents(opt, static, dynamic, run=sess.run), n)
+            _check_counts(counted, sketched, run=sess.run)
             steps = sess.run(steps)
     assert list(steps) == [STEP] * n, steps
     np.testing.assert_array_equal(srows[np.argsort(skeys)], rows)
