@@ -1036,6 +1036,49 @@ def test_exports_and_deltas_are_on_disk_before_they_are_renamed_into_place(tmp_p
 
 
 @tf2_only
+def test_a_delta_is_refused_for_a_damaged_export_or_into_its_own_directory(tmp_path):
+    """apply_serving_delta copied the export's saved_model.pb as it was: one
+    cut short (or another file in its place) went into the updated export
+    without a word, and its fingerprint was rewritten to match it. Now the
+    file must parse as a SavedModel and be the one the export's fingerprint
+    was written for; nothing changes otherwise. An output_dir inside
+    export_dir or delta_dir (a copy written into what it copies) is
+    refused too."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    export_dir, user = _one_table_export(tmp_path)
+    since = _export_created(export_dir)
+    sok.assign(user, tf.constant([5], tf.int64), np.array([[4, 5]], np.float32))
+    delta_dir = sok.export_serving_delta([user], since, str(tmp_path / "delta"))
+    for name, directory in (("export_dir", export_dir), ("delta_dir", delta_dir)):
+        inside = os.path.join(directory, "copy")
+        with pytest.raises(ValueError, match=f"output_dir .* is inside {name}"):
+            sok.apply_serving_delta(export_dir, delta_dir, output_dir=inside)
+        assert not os.path.exists(inside)
+    pb = os.path.join(export_dir, "saved_model.pb")
+    with open(pb, "rb") as f:
+        whole = f.read()
+    other = saved_model_pb2.SavedModel()
+    other.ParseFromString(whole)
+    other.meta_graphs[0].meta_info_def.tags.append("another")  # parses, not the same file
+    cases = [(whole[:len(whole) // 2], "does not parse as a SavedModel")]
+    if os.path.exists(os.path.join(export_dir, "fingerprint.pb")):  # TF 2.12 and up
+        cases.append((other.SerializeToString(), "not the file its fingerprint.pb was written"))
+    state = _export_state(export_dir)
+    for damaged, words in cases:
+        with open(pb, "wb") as f:
+            f.write(damaged)
+        with pytest.raises(sok.serving.delta.DeltaError, match=words):
+            sok.apply_serving_delta(export_dir, delta_dir)
+        assert _same_state(_export_state(export_dir), state)
+        assert sorted(os.listdir(tmp_path)) == ["delta", "export"]
+    with open(pb, "wb") as f:
+        f.write(whole)
+    assert sok.apply_serving_delta(export_dir, delta_dir) == {"user": 1}
+    np.testing.assert_array_equal(_served_rows(export_dir, np.array([1, 5])), [[1, 1], [4, 5]])
+
+
+@tf2_only
 def test_a_delta_stopped_anywhere_leaves_the_export_whole(tmp_path):
     """apply_serving_delta in place, stopped at every step of its own code
     and of dump_load's swap (an exception raised at the n-th call, return

@@ -612,6 +612,13 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
         output_dir = checked_dir(output_dir, "output_dir", "apply_serving_delta")
     source = os.path.abspath(export_dir)
     target = source if output_dir is None else os.path.abspath(output_dir)
+    for name, given in (("export_dir", export_dir), ("delta_dir", delta_dir)):
+        inside = os.path.realpath(given)
+        if output_dir is not None and os.path.realpath(target).startswith(inside + os.sep):
+            # The copy was written into the directory it copies: the export
+            # then served a second model's files inside its own.
+            raise ValueError(f"output_dir {output_dir!r} is inside {name} {given!r}: give a "
+                             f"directory beside it")
     if output_dir is not None and os.path.lexists(target):
         raise FileExistsError(f"output_dir {output_dir!r} exists")
     if output_dir is not None and file_above(target) is not None:
@@ -634,6 +641,7 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             asides = [a for a in asides if a is not None]
             source = max(asides) if asides else source
         served, applied_before, export_created = _served(source, export_dir)
+        checksum = _saved_model_checksum(source, export_dir)
         manifest, identity, delta = _read_delta(delta_dir)
         record = _check_order(manifest, identity, applied_before, export_created, delta_dir,
                               export_dir)
@@ -646,7 +654,7 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             # Everything but the variables, which are written anew.
             shutil.copytree(source, tmp, ignore=_variables_of(source))
             _write_checkpoint(os.path.join(tmp, "variables", "variables"), tensors)
-            _refresh_fingerprint(tmp)
+            _refresh_fingerprint(tmp, checksum, export_dir)
             _write_applied(tmp, applied_before + [record])
             dump_load.swap_into_place(tmp, target)
         except BaseException as e:
@@ -658,12 +666,56 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
     return applied
 
 
-def _refresh_fingerprint(export_dir):
+def _saved_model_checksum(export_dir, given):
+    """The export's saved_model.pb, checked before anything is written:
+    DeltaError where it does not parse as a SavedModel of a meta graph (a
+    file cut short, another program's); the saved_model_checksum its
+    fingerprint.pb records (TF 2.12 and up), or None. The file is copied
+    as it is into the updated export, which used to take a damaged one
+    without a word, its fingerprint rewritten to match it."""
+    from tensorflow.core.protobuf import saved_model_pb2
+
+    path = saved_model_file(export_dir)
+    if path is None or not path.endswith(".pb"):
+        return None  # a text SavedModel: parsed by _served's loader checks
+    with open(path, "rb") as f:
+        data = f.read()
+    model = saved_model_pb2.SavedModel()
+    try:
+        model.ParseFromString(data)
+    except Exception as e:  # protobuf's DecodeError, by module version
+        raise DeltaError(f"{given}: its {os.path.basename(path)} does not parse as a SavedModel "
+                         f"({e}); the export is damaged: export it again") from None
+    if not model.meta_graphs:
+        raise DeltaError(f"{given}: its {os.path.basename(path)} holds no meta graph; the "
+                         f"export is damaged: export it again")
+    return _fingerprint_checksum(export_dir)
+
+
+def _fingerprint_checksum(export_dir):
+    """saved_model_checksum of export_dir's fingerprint.pb, or None."""
+    path = os.path.join(export_dir, "fingerprint.pb")
+    if not os.path.exists(path):
+        return None
+    try:
+        fingerprint_pb2 = importlib.import_module("tensorflow.core.protobuf.fingerprint_pb2")
+        fingerprint = fingerprint_pb2.FingerprintDef()
+        with open(path, "rb") as f:
+            fingerprint.ParseFromString(f.read())
+        return int(fingerprint.saved_model_checksum)
+    except Exception:  # pylint: disable=broad-except
+        return None  # no fingerprint this TensorFlow reads: nothing to compare
+
+
+def _refresh_fingerprint(export_dir, checksum=None, given=None):
     """The SavedModel fingerprint (fingerprint.pb, TF 2.12 and up) of the
     updated export at export_dir, written anew as tf.saved_model.save writes
     it, or removed where this TensorFlow writes none or cannot: the copied
     one described the export's previous variables (its checkpoint_hash),
-    and whatever keys models by it took the update for the export it was."""
+    and whatever keys models by it took the update for the export it was.
+    checksum: the saved_model_checksum the export's own fingerprint
+    recorded; the update copies saved_model.pb as it is, so a new one that
+    differs means the file is not the one the export wrote (DeltaError)."""
     path = os.path.join(export_dir, "fingerprint.pb")
     if not os.path.exists(path):
         return
@@ -677,6 +729,12 @@ def _refresh_fingerprint(export_dir):
         # that finds none (an export of before TF 2.12) still loads it.
         if os.path.exists(path):
             os.remove(path)
+        return
+    now = _fingerprint_checksum(export_dir)
+    if checksum is not None and now is not None and now != checksum:
+        raise DeltaError(f"{given}: its saved_model.pb is not the file its fingerprint.pb was "
+                         f"written for (saved_model_checksum {now}, recorded {checksum}): a "
+                         f"damaged or replaced file; export the model again")
 
 
 def _variables_of(export_dir):
