@@ -517,6 +517,16 @@ def test_bad_optimizers():
         sok.OptimizerWrapper(object())
     with pytest.raises(TypeError, match="supports SGD, Momentum.*got Nadam"):
         sok.OptimizerWrapper(tf.keras.optimizers.Nadam())
+    # Routed by sok.OptimizerScope, the refusal names the tables too (it
+    # named only the wrapper and the optimizer).
+    v = sok.Variable(np.zeros((4, 2), np.float32), name="routed_table")
+    grads = [(tf.IndexedSlices(tf.ones([1, 2]), tf.constant([1], tf.int64)), v)]
+    with pytest.raises(TypeError, match=r"sok.OptimizerScope routes the gradients of sok tables "
+                                        r"\['routed_table.*'\] to Nadam, which cannot update "
+                                        r"them: .*supports SGD, Momentum.*got Nadam"):
+        with sok.OptimizerScope([v]):
+            tf.keras.optimizers.Nadam().apply_gradients(grads)
+    np.testing.assert_array_equal(v.numpy(), np.zeros((4, 2), np.float32))
 
 
 @pytest.mark.parametrize("make", [

@@ -183,7 +183,15 @@ def _routing(original):
         # counts it (minimize(loss, global_step=gs) left gs at 0, and a loop
         # stopped by the step never ended).
         counted = {} if others else {"global_step": _global_step_of(params, args, kwargs)}
-        result = wrapper_for(self).apply_gradients(sok_pairs, **counted)
+        try:
+            wrapper = wrapper_for(self)
+        except (TypeError, ValueError) as e:
+            # The wrapper's refusal named the optimizer, not what the scope
+            # routed to it.
+            tables = [getattr(v, "name", type(v).__name__) for _, v in sok_pairs]
+            raise type(e)(f"sok.OptimizerScope routes the gradients of sok tables {tables} to "
+                          f"{type(self).__name__}, which cannot update them: {e}") from None
+        result = wrapper.apply_gradients(sok_pairs, **counted)
         count = getattr(self, "iterations", None) if compat.is_keras_optimizer(self) else None
         if not others and hasattr(count, "assign_add"):
             # A Keras optimizer counts its steps in `iterations` (what
