@@ -207,10 +207,14 @@ _BY_CLASS_NAME = {cls: a.name for a in ALGORITHMS.values() for cls in a.optimize
 # The methods in which TensorFlow's and Keras' optimizers compute their
 # updates and make their state (tf.compat.v1.train, Keras 2's OptimizerV2
 # and newer optimizer, Keras 3).
-_UPDATE_METHODS = ("_apply_dense", "_apply_sparse", "_apply_sparse_shared", "_resource_apply_dense",
-                   "_resource_apply_sparse", "_resource_apply_sparse_duplicate_indices",
-                   "_prepare", "_prepare_local", "_finish", "_create_slots", "update_step",
-                   "_update_step", "_update_step_xla", "build")
+_UPDATE_METHODS = ("_apply_dense", "_apply_sparse", "_apply_sparse_shared",
+                   "_resource_apply_dense", "_resource_apply_sparse",
+                   "_resource_apply_sparse_duplicate_indices", "_prepare", "_prepare_local",
+                   "_finish", "_create_slots", "update_step", "_update_step",
+                   "_update_step_xla", "build")
+
+# Adam's amsgrad keeps a slot and a rule the row updates do not have.
+_AMSGRAD_REFUSAL = "sok.OptimizerWrapper does not support Adam(amsgrad=True)"
 
 
 def _refuse_a_changed_update(optimizer, known, subclasses):
@@ -468,7 +472,7 @@ class Hyperparameters:
             self.initial_accumulator = _attr(o, "initial_accumulator_value",
                                              "_initial_accumulator_value", default=0.1)
             if name == "adam" and _attr(o, "amsgrad", default=False):
-                raise ValueError("sok.OptimizerWrapper does not support Adam(amsgrad=True)")
+                raise ValueError(_AMSGRAD_REFUSAL)
             self.unapplied = _unapplied_option(o)
         self.uses_momentum = _uses_momentum(o, self.momentum)
         # Keras' SGD with momentum is the momentum algorithm.
@@ -514,7 +518,7 @@ class Hyperparameters:
         if live is None:
             return None
         if self.algorithm.name == "adam" and _attr(live, "amsgrad", default=False):
-            return "sok.OptimizerWrapper does not support Adam(amsgrad=True)"
+            return _AMSGRAD_REFUSAL
         for flag in ("nesterov", "centered"):
             now = bool(_attr(live, flag, default=False))
             if now != bool(getattr(self, flag)):

@@ -57,6 +57,7 @@ import tensorflow as tf
 
 from sok_graph import compat, context
 from sok_graph.tables import dimension_of, is_dynamic, replica_shards
+from sok_graph.tables.keras_weights import held_by
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
@@ -240,8 +241,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         if not replica_shards.in_replica():
             if isinstance(var, replica_shards.ReplicaShards):
                 return self._sharded_slot(var, name)
-            holder = replica_shards.holder_of(var)
-            if holder is not None:
+            if held_by(var, "_replica_holder"):
                 raise KeyError(f"{var.name!r} is a replica's shard of a table: its slots are "
                                f"those of get_slot(table, {name!r}).shards")
         return self.slot(replica_shards.resolve(var, "get_slot"), name)

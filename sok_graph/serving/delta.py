@@ -613,10 +613,10 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
     source = os.path.abspath(export_dir)
     target = source if output_dir is None else os.path.abspath(output_dir)
     for name, given in (("export_dir", export_dir), ("delta_dir", delta_dir)):
-        inside = os.path.realpath(given)
-        if output_dir is not None and os.path.realpath(target).startswith(inside + os.sep):
-            # The copy was written into the directory it copies: the export
-            # then served a second model's files inside its own.
+        # A copy written into the directory it copies: the export then
+        # served a second model's files inside its own.
+        if output_dir is not None and os.path.realpath(target).startswith(
+                os.path.realpath(given) + os.sep):
             raise ValueError(f"output_dir {output_dir!r} is inside {name} {given!r}: give a "
                              f"directory beside it")
     if output_dir is not None and os.path.lexists(target):

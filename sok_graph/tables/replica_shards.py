@@ -391,12 +391,6 @@ class ReplicaAdmission(compat.trackable_base_class()):
         return tf.group(ops)
 
 
-def holder_of(shard):
-    """The ReplicaShards holding `shard`, or None."""
-    ref = getattr(shard, "_replica_holder", None)
-    return ref() if ref is not None else None
-
-
 # tf.Module (a model's trainable_variables) and Keras 2's layers find
 # variables by isinstance(obj, tf.Variable). A table sharded over replicas
 # was left out of them, so SOK's split_embedding_variable_from_others(

@@ -341,23 +341,29 @@ def _refuse_more_rows_than_held(var, n):
 # another's, and a worker that could not read its shard failed alone.
 
 
+def _workers_comm(var):
+    """The communicator joining the worker processes that hold var's
+    shards, or None where one process holds the table."""
+    comm = context.active()
+    if var.placement[0] == 1 or not agreement.spans_processes(comm):
+        return None
+    return comm
+
+
 def _agreed_save_id(var):
     """The number every worker's shard of this dump records (a tensor, or
     None in one process): the earliest of their clock readings."""
-    comm = context.active()
-    if var.placement[0] == 1 or not agreement.spans_processes(comm):
+    comm = _workers_comm(var)
+    if comm is None:
         return None
     now = tf.reshape(tf.timestamp(), [1])
     return tf.reduce_min(comm.allgather(now, name="sok_saver_save_id"))
 
 
-def _gathered_reads(var):
+def _gathered_reads(comm, mine):
     """Every worker's [read it (1/0), save id (NaN: none recorded)] (a
-    [workers, 2] float64 tensor) from this worker's; None in one process."""
-    comm = context.active()
-    if var.placement[0] == 1 or not agreement.spans_processes(comm):
-        return None
-    return lambda mine: comm.allgather(tf.reshape(mine, [1, 2]), name="sok_saver_restore_ids")
+    [workers, 2] float64 tensor) from this worker's `mine`."""
+    return comm.allgather(tf.reshape(mine, [1, 2]), name="sok_saver_restore_ids")
 
 
 def _refuse_mixed_shards(name, path, every, own_error):
@@ -489,7 +495,7 @@ class Saver:
             rows = rows_as(arrays["values"], dtype, what, keys, static=fixed is not None)
             return keys, rows, manifest.get("save_id", np.nan)
 
-        gather = _gathered_reads(var)
+        comm = _workers_comm(var)
 
         def read_told(path):
             """read's keys and rows, with [read it, save id] and the
@@ -507,20 +513,22 @@ class Saver:
             return np.int32(0)
 
         if tf.executing_eagerly():
-            if gather is None:
+            if comm is None:
                 keys, rows, _ = read(directory)
             else:
                 keys, rows, mine, own = read_told(directory)
-                check(directory, gather(tf.constant(mine, tf.float64)).numpy(), own)
+                check(directory, _gathered_reads(comm, tf.constant(mine, tf.float64)).numpy(),
+                      own)
             _assign(var, tf.constant(keys), tf.constant(rows))
             return None
-        if gather is None:
+        if comm is None:
             keys, rows, _ = _in_graph_or_now(read, [], [tf.int64, dtype, tf.float64], directory)
             checks = []
         else:
             keys, rows, mine, own = _in_graph_or_now(
                 read_told, [], [tf.int64, dtype, tf.float64, tf.string], directory)
-            checks = [_in_graph_or_now(check, [gather(mine), own], tf.int32, directory)]
+            checks = [_in_graph_or_now(check, [_gathered_reads(comm, mine), own], tf.int32,
+                                       directory)]
         keys.set_shape([None])
         rows.set_shape([None, dim])
         with tf.control_dependencies(checks):
