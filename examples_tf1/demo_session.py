@@ -125,6 +125,13 @@ def main():
 
     init_op = tf.group(tf.compat.v1.global_variables_initializer(),
                        tf.compat.v1.local_variables_initializer())
+    # Every worker starts the dense layers from rank 0's values (each drew
+    # its own, and the all-reduced gradients then trained a different model
+    # on every worker); the sok tables are sharded, each worker its rows.
+    broadcast_op = None
+    if hvd is not None:
+        _, dense_vars = sok.split_embedding_variable_from_others(trainable_variables())
+        broadcast_op = hvd.broadcast_variables(dense_vars, root_rank=0)
 
     losses = []
     rank = hvd.rank() if hvd is not None else 0
@@ -133,6 +140,8 @@ def main():
     with tf.compat.v1.Session() as sess:
         sess.run(sok_init_op)
         sess.run(init_op)
+        if broadcast_op is not None:
+            sess.run(broadcast_op)
         for step, (keys, label) in enumerate(batches):
             loss_v = sess.run(loss, {inputs: keys, labels: label})
             losses.append(float(loss_v))

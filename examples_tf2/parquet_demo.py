@@ -63,7 +63,8 @@ def parse_args():
     p.add_argument("--embedding_vec_size", type=flags.int_at_least(1), default=4)
     p.add_argument("--global_batch_size", type=flags.int_at_least(1), default=256,
                    help="rows per step summed over all workers")
-    p.add_argument("--steps", type=flags.int_at_least(1), default=40)
+    # Two at least: the run checks that the loss went down.
+    p.add_argument("--steps", type=flags.int_at_least(2), default=40)
     p.add_argument("--dense_layers", type=flags.int_at_least(0), default=2)
     p.add_argument("--dense_units", type=flags.int_at_least(1), default=32)
     p.add_argument("--learning_rate", type=flags.positive_number, default=0.01)

@@ -48,6 +48,7 @@ import shutil
 import struct
 import time
 import uuid
+import warnings
 import weakref
 import zlib
 
@@ -63,6 +64,7 @@ from sok_graph.tables.static import is_sok_variable
 from sok_graph.placement import owned_mask
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.optimization.native_slots import slot_state_for
+from sok_graph.optimization.wrapper import PENDING_OPTIMIZER_STATE, wrappers_with_slots
 
 FORMAT_VERSION = 1
 _MAGIC = b"SOKGDUMP"
@@ -1419,21 +1421,60 @@ def in_row_order(arrays, name, want, where, holder="the dump"):
 # sok.load's. The admission filter's settings (a dict in a dump's manifest)
 # go in as JSON text bytes.
 _FILTER_JSON = "filter_json"
+# The optimizer whose slots the entry holds, and its step (JSON as well).
+_OPTIMIZER_JSON = "optimizer_json"
 
 
 def keras_save(table, store):
-    """Writes `table` into its Keras weights entry `store`."""
+    """Writes `table` into its Keras weights entry `store`, with the slots
+    and step of the optimizer that trained it (_keras_file_optimizer)."""
     _refuse_worker_processes(table, "save_weights")
-    for part, value in table_arrays(table).items():
+    optimizer = _keras_file_optimizer(table)
+    for part, value in _export(table, optimizer).items():
         if part == FILTER_KIND:
-            store[_FILTER_JSON] = np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+            store[_FILTER_JSON] = _json_bytes(value)
         else:
             store[part] = np.asarray(value)
+    if optimizer is not None:
+        store[_OPTIMIZER_JSON] = _json_bytes(dict(
+            algorithm=optimizer.algorithm, formulas=optimizer.slot_formulas,
+            step=int(optimizer.iterations.numpy())))
+
+
+def _json_bytes(value):
+    return np.frombuffer(json.dumps(value).encode("utf-8"), np.uint8)
+
+
+def _json_of(array):
+    return json.loads(np.asarray(array).tobytes().decode("utf-8"))
+
+
+def _keras_file_optimizer(table):
+    """The optimizer (OptimizerWrapper, or a native optimizer's own under
+    sok.OptimizerScope) whose slots and step a Keras 3 weights file keeps
+    with `table`: the one holding slots for it. Keras 3 saves a compiled
+    model's optimizer variables in the same file, so a file without the
+    sok rows' share resumed the dense weights where they were and the rows
+    with fresh slots and a schedule started again. None where no optimizer
+    (or, with a warning, more than one) holds slots for it, and for a table
+    sharded over replicas (its whole slots: tf.train.Checkpoint, sok.dump)."""
+    if len(replica_shards.shards_of(table)) != 1:
+        return None
+    holders = wrappers_with_slots(table)
+    if len(holders) > 1:
+        warnings.warn(f"sok table '{var_name(table)}' has slots in {len(holders)} optimizers; "
+                      f"the Keras weights file keeps none of them (sok.dump(path, vars, "
+                      f"optimizer) keeps one's)")
+        return None
+    return holders[0] if holders else None
 
 
 def keras_load(table, store):
     """Restores `table` from its Keras weights entry `store`, every check
-    before it changes."""
+    before it changes. Optimizer slots and step in the entry go to the
+    optimizer holding slots for the table, or, where none does yet (a
+    fresh model, whose optimizer makes them at its first step), to the
+    first that makes them (wrapper.PENDING_OPTIMIZER_STATE)."""
     _refuse_worker_processes(table, "load_weights")
     name = var_name(table)
     source = f"the Keras weights file's entry for sok table '{name}'"
@@ -1446,9 +1487,10 @@ def keras_load(table, store):
             f"with load_weights(..., skip_mismatch=True)")
     arrays = {part: np.asarray(store[part]) for part in parts}
     if _FILTER_JSON in arrays:
-        arrays[FILTER_KIND] = json.loads(arrays.pop(_FILTER_JSON).tobytes().decode("utf-8"))
+        arrays[FILTER_KIND] = _json_of(arrays.pop(_FILTER_JSON))
     if FILTER_CALLS in arrays:
         arrays[FILTER_CALLS] = int(arrays[FILTER_CALLS])
+    trained = _json_of(arrays.pop(_OPTIMIZER_JSON)) if _OPTIMIZER_JSON in arrays else None
     shard = replica_shards.shards_of(table)[0]
     keys, values = arrays["keys"], arrays["values"]
     dim = dimension_of(shard)
@@ -1460,11 +1502,56 @@ def keras_load(table, store):
         raise CheckpointError(
             f"load_weights: {source} holds rows of dimension {values.shape[1]}; the table "
             f"has dimension {dim}")
+    for part in [p for p in arrays if p.startswith("slot.")]:
+        if arrays[part].shape != values.shape:
+            raise CheckpointError(
+                f"load_weights: {source} holds {part} of shape {list(arrays[part].shape)}; "
+                f"expected the values' {list(values.shape)}")
     arrays["keys"] = keys.astype(np.int64)
     if shard.fixed_rows is not None:
         in_row_order(arrays, name, shard.fixed_rows, f"load_weights: {source}",
                      holder="the file")
-    restore({name: table}, {name: arrays}, source)
+    holders = wrappers_with_slots(table) if trained is not None else []
+    optimizer = holders[0] if len(holders) == 1 else None
+    if optimizer is not None and not _slots_match(optimizer, trained, name):
+        optimizer = trained = None
+    # The slots are converted (and checked) to the table's dtype with its
+    # rows, and restored with them where an optimizer holds slots already.
+    restore({name: table}, {name: arrays}, source, optimizer,
+            None if optimizer is None else trained["step"])
+    if optimizer is None and trained is not None:
+        setattr(table, PENDING_OPTIMIZER_STATE,
+                functools.partial(_restore_keras_slots, table, arrays, trained, name))
+
+
+def _slots_match(optimizer, trained, name):
+    """Whether `optimizer`'s slots are those a Keras weights file kept for
+    table `name` (`trained`: their algorithm and formulas); else a warning,
+    as Keras gives for its own optimizer's variables, and the slots start
+    afresh."""
+    same = optimizer.algorithm == trained["algorithm"] and (
+        optimizer.algorithm not in _SLOTS_DIFFER_BY_FORMULAS
+        or optimizer.slot_formulas == trained["formulas"])
+    if not same:
+        warnings.warn(
+            f"load_weights: the file kept the slots of sok table '{name}' for "
+            f"{trained['algorithm']} ({trained['formulas']} formulas); its optimizer is "
+            f"{optimizer.algorithm} ({optimizer.slot_formulas} formulas): the table's slots "
+            f"and step start afresh")
+    return same
+
+
+def _restore_keras_slots(table, arrays, trained, name, optimizer):
+    """A Keras weights file's slots and step of `table`, given to
+    `optimizer` when it first makes the table's slots (after the load)."""
+    if not _slots_match(optimizer, trained, name):
+        return
+    keys = tf.constant(arrays["keys"].astype(table.key_dtype.as_numpy_dtype))
+    for slot, _ in _slot_specs(optimizer):
+        table.replace_slot(optimizer.slot(table, slot), keys,
+                           tf.constant(arrays["slot." + slot]))
+    if int(optimizer.iterations.numpy()) == 0:
+        optimizer.set_step(trained["step"])
 
 
 def _refuse_worker_processes(table, what):

@@ -146,3 +146,94 @@ def test_rows_that_do_not_fit_the_table_are_refused_before_it_changes(tmp_path):
     static(IDS)
     with pytest.raises(ValueError, match="variable 't' has 10 rows; the file holds 6 rows"):
         static.load_weights(path)
+
+
+def _fit_model(kind):
+    """A Keras 3 model whose train_step trains its sok table under
+    sok.OptimizerScope with the compiled optimizer (Adagrad on a decaying
+    schedule: a slot per row, and a rate that depends on the step)."""
+    import keras
+
+    model = _model(kind)
+    # The same start for every model made (_model's are drawn afresh).
+    start = np.random.default_rng(3).normal(size=[10, 4]).astype(np.float32)
+    if kind == "static":
+        model.table = sok.Variable(start, name="t")
+    else:
+        sok.assign(model.table, tf.range(10, dtype=tf.int64), start)
+    model.dense = keras.layers.Dense(1, kernel_initializer=keras.initializers.Constant(0.3))
+
+    def train_step(data):
+        x, y = data
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean(tf.square(model(x) - y))
+        variables = model.dense.trainable_variables + [model.table]
+        grads = tape.gradient(loss, variables)
+        with sok.OptimizerScope([model.table]):
+            model.optimizer.apply_gradients(zip(grads, variables))
+        return {"loss": loss}
+
+    model.train_step = train_step
+    model(IDS)
+    rate = keras.optimizers.schedules.ExponentialDecay(0.5, 2, 0.3, staircase=True)
+    model.compile(keras.optimizers.Adagrad(rate), jit_compile=False)
+    return model
+
+
+def _fit_data():
+    rng = np.random.default_rng(5)
+    ids = tf.ragged.constant([list(rng.integers(0, 10, rng.integers(1, 4))) for _ in range(16)],
+                             tf.int64)
+    return tf.data.Dataset.from_tensor_slices((ids, rng.normal(size=[16, 1]).astype(
+        np.float32))).batch(4)
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+def test_a_fit_resumed_from_a_weights_file_goes_on_with_the_tables_slots_and_step(tmp_path,
+                                                                                  kind):
+    """Keras 3 keeps the compiled optimizer's variables in the file (its
+    iterations, the dense layers' slots): the table's slots and step went
+    missing, so a resumed fit trained the rows with fresh accumulators and
+    a schedule started again, while the dense layers went on (the table
+    0.07-0.1 off an uninterrupted fit after two more epochs)."""
+    sok.init(comm_tool="none")
+    whole = _fit_model(kind)
+    whole.fit(_fit_data(), epochs=4, verbose=0)
+    first = _fit_model(kind)
+    first.fit(_fit_data(), epochs=2, verbose=0)
+    path = str(tmp_path / "half.weights.h5")
+    first.save_weights(path)
+    with h5py.File(path, "r") as f:
+        assert "slot.accumulator" in f["table/vars"], sorted(f["table/vars"].keys())
+    resumed = _fit_model(kind)
+    # Keras loads its optimizer's variables into a built optimizer only.
+    resumed.optimizer.build(resumed.dense.trainable_variables)
+    resumed.load_weights(path)
+    resumed.fit(_fit_data(), epochs=2, verbose=0)
+    assert int(resumed.optimizer.iterations) == int(whole.optimizer.iterations) == 16
+    for got, want in zip(_table(resumed), _table(whole)):
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(resumed.dense.kernel.numpy(), whole.dense.kernel.numpy())
+    # Loaded again into the model that trained on: its optimizer holds the
+    # table's slots, which the file's replace.
+    resumed.load_weights(path)
+    first.fit(_fit_data(), epochs=2, verbose=0)
+    resumed.fit(_fit_data(), epochs=2, verbose=0)
+    for got, want in zip(_table(resumed), _table(first)):
+        np.testing.assert_array_equal(got, want)
+
+
+def test_slots_kept_for_another_algorithm_start_afresh_with_a_warning(tmp_path):
+    import keras
+
+    sok.init(comm_tool="none")
+    first = _fit_model("dynamic")
+    first.fit(_fit_data(), epochs=1, verbose=0)
+    path = str(tmp_path / "adagrad.weights.h5")
+    first.save_weights(path)
+    other = _fit_model("dynamic")
+    other.compile(keras.optimizers.SGD(0.1), jit_compile=False)
+    other.load_weights(path)
+    with pytest.warns(UserWarning, match=r"slots of sok table 't' for adagrad .*its optimizer "
+                                         r"is sgd .*start afresh"):
+        other.fit(_fit_data(), epochs=1, verbose=0)

@@ -470,6 +470,53 @@ def test_a_keras_optimizer_outside_the_scope_names_the_dynamic_table(make):
 
 
 @pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras optimizers eagerly")
+@pytest.mark.parametrize("route", ["wrapper", "scope"])
+@pytest.mark.parametrize("rate", ["schedule", "callable"])
+def test_a_keras_optimizers_rate_replaced_between_steps_trains_sok_rows_as_keras_does(route,
+                                                                                     rate):
+    """`opt.learning_rate = schedule` (or a callable) replaces the object
+    the optimizer reads its rate from; the rows of sok tables kept the one
+    read when the wrapper was made (or at the scope's first step): a
+    schedule switched to after one step left them at the first rate (0.9
+    off Keras' own rows after three steps). The reference: the same
+    optimizer class on a tf.Variable."""
+    sok.init(comm_tool="none")
+    start = np.random.default_rng(0).normal(size=[6, 3]).astype(np.float32)
+    ids = tf.constant([0, 2, 5], tf.int64)
+
+    def new_rate():
+        if rate == "callable":
+            return lambda: 0.05
+        return tf.keras.optimizers.schedules.ExponentialDecay(1.0, 1, 0.5)
+
+    def train(table, apply):
+        opt = tf.keras.optimizers.SGD(0.1)
+        wrapper = sok.OptimizerWrapper(opt) if route == "wrapper" else None
+        for step in range(3):
+            if step == 1:
+                opt.learning_rate = new_rate()
+            with tf.GradientTape() as tape:
+                loss = tf.reduce_sum(tf.square(tf.gather(table, ids)))
+            grads = tape.gradient(loss, [table])
+            apply(opt, wrapper, zip(grads, [table]))
+        return table.numpy()
+
+    def keras_apply(opt, wrapper, pairs):
+        opt.apply_gradients(pairs)
+
+    def sok_apply(opt, wrapper, pairs):
+        if wrapper is not None:
+            wrapper.apply_gradients(pairs)
+        else:
+            with sok.OptimizerScope([table]):
+                opt.apply_gradients(pairs)
+
+    want = train(tf.Variable(start), keras_apply)
+    table = sok.Variable(start)
+    np.testing.assert_allclose(train(table, sok_apply), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras optimizers eagerly")
 def test_a_keras_optimizer_counts_the_steps_it_gives_only_sok_tables():
     """Inside OptimizerScope, a Keras optimizer whose every variable is a
     sok table left its `iterations` at 0 (a matrix factorisation trained
@@ -1325,3 +1372,28 @@ def test_the_wrappers_learning_rate_is_the_optimizers_and_read_only():
     assert rate(wrapper.lr) == 0.0
     step()
     np.testing.assert_allclose(table.numpy()[0], [0.9, 0.9], rtol=1e-6)
+
+
+@pytest.mark.skipif(not tf.executing_eagerly(), reason="eager steps")
+def test_an_optimizer_dropped_after_steps_under_the_scope_is_freed():
+    """The wrapper keeping a native optimizer's slots for sok tables was
+    held in a module-level weak dictionary whose values referred to their
+    keys: every optimizer ever used under sok.OptimizerScope stayed alive,
+    with its slot tables (a hyperparameter search grew without bound)."""
+    import gc
+    import weakref
+
+    sok.init(comm_tool="none")
+    table = sok.DynamicVariable(2, initializer="ones")
+    dropped = []
+    for _ in range(3):
+        opt = tf.keras.optimizers.Adam(0.1)
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(table.sparse_read(tf.constant([1, 2], tf.int64)))
+        grads = tape.gradient(loss, [table])
+        with sok.OptimizerScope([table]):
+            opt.apply_gradients(zip(grads, [table]))
+        dropped.append(weakref.ref(opt))
+        del opt
+    gc.collect()
+    assert [ref() for ref in dropped] == [None, None, None]

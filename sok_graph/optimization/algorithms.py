@@ -407,13 +407,19 @@ def _out_of_range(opt, hp, algorithm, numbers_only=False):
     return None
 
 
-# A Keras optimizer's numeric hyperparameters beside the learning rate,
-# read from it whenever an update is built (so `opt.beta_1 = 0.5` between
+# A Keras optimizer's numeric hyperparameters and its learning rate, read
+# from it whenever an update is built (so `opt.beta_1 = 0.5` between
 # steps takes effect as it does for Keras' own updates; a tf.function
 # traced before keeps what it read, as Keras' own does): Hyperparameters'
 # attribute -> (the optimizer's attributes, the first that is set wins;
 # the default). Keras 2's OptimizerV2 keeps some private.
 _KERAS_LIVE = {
+    # Keras 3 keeps its rate (a variable, or a schedule or callable) as
+    # _learning_rate, Keras 2's OptimizerV2 as the hyperparameter
+    # learning_rate. Read live: `opt.learning_rate = schedule` replaces the
+    # object (a number is assigned into the variable), and the rows of sok
+    # tables kept the rate read when the wrapper was made.
+    "lr": (("_learning_rate", "learning_rate"), None),
     "momentum": (("momentum",), 0.0),
     "epsilon": (("epsilon",), 1e-7),
     "beta_1": (("beta_1",), 0.9),
@@ -446,9 +452,9 @@ class Hyperparameters:
         o = opt
         # An option the row updates would ignore (a message refusing it).
         self.unapplied = None
-        # TF1's Adam and Adadelta keep it as _lr.
-        self.lr = _attr(o, "_learning_rate", "_lr", "learning_rate")
         if tf1_names:
+            # TF1's Adam and Adadelta keep it as _lr; fixed when it is made.
+            self.lr = _attr(o, "_learning_rate", "_lr", "learning_rate")
             self.momentum = _attr(o, "_momentum", default=0.0)
             self.nesterov = _attr(o, "_use_nesterov", default=False)
             self.epsilon = _attr(o, "_epsilon", default=1e-8)

@@ -50,6 +50,7 @@ rows the batch did not touch: that is what TensorFlow's own Adam does with a
 sparse gradient (all moments decay, every row with a moment moves).
 """
 
+import gc
 import weakref
 
 import numpy as np
@@ -117,6 +118,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         self._update_all_rows = bool(update_all_rows)
         if not isinstance(self, _NativeWrapper) and hasattr(optimizer, "_track_trackable"):
             self._track_trackable(optimizer, name="optimizer")
+        _every_wrapper.add(self)
 
     @property
     def optimizer(self):
@@ -319,6 +321,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         if self.has_slots(var):
             return self._slots_of(var)
         slots = {}
+        pending = getattr(var, PENDING_OPTIMIZER_STATE, None)
         # A replica's shard keeps its slots on its device, as its own.
         with tf.init_scope(), replica_shards.shard_scope(var.placement[1]):
             native = self._native_rows(var)
@@ -327,6 +330,12 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 slots[name] = slot
                 self._slot_vars.append(slot)
         self._slots[id(var)] = (weakref.ref(var), slots)
+        if pending is not None:
+            # A Keras 3 weights file loaded before this optimizer first
+            # updated the table: its slots and step (dump_load.keras_load).
+            setattr(var, PENDING_OPTIMIZER_STATE, None)
+            with tf.init_scope():
+                pending(self)
         return slots
 
     def _native_rows(self, var):
@@ -613,9 +622,36 @@ def _check_gradient(grad, var):
                              f"variable's rows); got {int(indices[first])} at position {first}")
 
 
-# native optimizer -> the OptimizerWrapper that keeps its slots for sok
-# variables (sok.OptimizerScope); weak, so the wrapper goes with the optimizer.
-_native_wrappers = weakref.WeakKeyDictionary()
+# Every live OptimizerWrapper (explicit ones and native optimizers' own):
+# a Keras 3 weights file saves a table's slots from the one that holds them.
+_every_wrapper = weakref.WeakSet()
+
+
+def wrappers_with_slots(table):
+    """The OptimizerWrappers (explicit, or a native optimizer's under
+    sok.OptimizerScope) still in use that hold slots for `table`. An
+    optimizer dropped by its user but not yet collected (an optimizer and
+    its wrapper refer to each other) would count too: the garbage is
+    collected first where any is found, so the answer does not depend on
+    when the collector last ran."""
+    if not any(w.has_slots(table) for w in list(_every_wrapper)):
+        return []
+    gc.collect()
+    return [w for w in list(_every_wrapper) if w.has_slots(table)]
+
+
+# The attribute of a table that holds the optimizer state a Keras 3
+# weights file gave it before any optimizer had slots for it: a callable
+# that create_slots hands the first wrapper making them.
+PENDING_OPTIMIZER_STATE = "_sok_pending_optimizer_state"
+
+
+# The attribute of a native optimizer that holds the OptimizerWrapper
+# keeping its slots for sok variables (sok.OptimizerScope). On the
+# optimizer, so that the two go together: a module-level weak dictionary
+# of them, whose values hold their keys, kept every optimizer ever used
+# under the scope alive, with its slot tables.
+_NATIVE_WRAPPER = "_sok_native_wrapper"
 
 
 def wrapper_for(optimizer):
@@ -623,10 +659,12 @@ def wrapper_for(optimizer):
     object itself when it is one, else one kept per native optimizer."""
     if isinstance(optimizer, OptimizerWrapper):
         return optimizer
-    wrapper = _native_wrappers.get(optimizer)
+    wrapper = getattr(optimizer, _NATIVE_WRAPPER, None)
     if wrapper is None:
         wrapper = _NativeWrapper(optimizer)
-        _native_wrappers[optimizer] = wrapper
+        # Past the optimizer's own __setattr__: Keras and TensorFlow would
+        # track it as a checkpoint dependency under this name as well.
+        object.__setattr__(optimizer, _NATIVE_WRAPPER, wrapper)
         if hasattr(optimizer, "_track_trackable"):
             # tf.train.Checkpoint(optimizer=optimizer) holds the sok state;
             # one restored before this wrapper existed restores it now.

@@ -8,10 +8,12 @@ of the file, and load_weights restored the dense layers only, without a
 word. Every table kind takes this class as a base (on Keras 2 and TF 1.x
 it is a plain class: their files save tf.Variables themselves), and saves
 what a dump holds of it: sorted keys (a static table's row numbers), rows,
-the per-key metadata and admission counts, no optimizer slots (a weights
-file holds no optimizer state; sok.dump with optimizer= keeps them). A
-load checks the entry and restores the table exactly as sok.load does
-(dump_load.restore): the table holds the file's keys afterwards, no others.
+the per-key metadata and admission counts, and the slots and step of the
+optimizer holding slots for it (Keras 3 keeps the compiled optimizer's own
+variables in the same file). A load checks the entry and restores the
+table exactly as sok.load does (dump_load.restore): the table holds the
+file's keys afterwards, no others; its slots go to the optimizer that
+makes them next.
 The entry's reading and writing are dump_load's (keras_save, keras_load).
 """
 
