@@ -63,6 +63,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
+from sok_graph.data.flags import int_at_least  # noqa: E402
 from sok_graph.ops import dynamic as dynamic_ops  # noqa: E402
 
 OPS = ("find", "insert-new", "scatter-add")
@@ -329,11 +330,12 @@ def memory_rows(args, table_keys):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--keys-per-call", type=int, default=65536)
-    p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--table-size", type=int, default=1000000)
-    p.add_argument("--rounds", type=int, default=15)
-    p.add_argument("--calls", type=int, default=5, help="calls of each op per timed round")
+    p.add_argument("--keys-per-call", type=int_at_least(1), default=65536)
+    p.add_argument("--dim", type=int_at_least(1), default=16)
+    p.add_argument("--table-size", type=int_at_least(1), default=1000000)
+    p.add_argument("--rounds", type=int_at_least(1), default=15)
+    p.add_argument("--calls", type=int_at_least(1), default=5,
+                   help="calls of each op per timed round")
     p.add_argument("--seed", type=int, default=0)
     args = p.parse_args()
     n, dim, calls = args.keys_per_call, args.dim, args.calls

@@ -18,6 +18,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
+from sok_graph.data.flags import int_at_least, names_from  # noqa: E402
 
 
 def make_inputs(args, rng):
@@ -125,18 +126,20 @@ def bench_session(args, tables, samples):
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--tables", type=int, default=26)
-    p.add_argument("--rows", type=int, default=100000)
-    p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--batch", type=int, default=8192)
-    p.add_argument("--min-hot", type=int, default=1)
-    p.add_argument("--max-hot", type=int, default=5)
+    p.add_argument("--tables", type=int_at_least(1), default=26)
+    p.add_argument("--rows", type=int_at_least(1), default=100000)
+    p.add_argument("--dim", type=int_at_least(1), default=16)
+    p.add_argument("--batch", type=int_at_least(1), default=8192)
+    p.add_argument("--min-hot", type=int_at_least(0), default=1)
+    p.add_argument("--max-hot", type=int_at_least(1), default=5)
     p.add_argument("--combiner", default="mean")
-    p.add_argument("--steps", type=int, default=10, help="steps per timed round")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=3)
-    p.add_argument("--modes", default="function,session")
+    p.add_argument("--steps", type=int_at_least(1), default=10, help="steps per timed round")
+    p.add_argument("--rounds", type=int_at_least(1), default=5)
+    p.add_argument("--warmup", type=int_at_least(0), default=3)
+    p.add_argument("--modes", type=names_from(("function", "session")), default="function,session")
     args = p.parse_args()
+    if args.min_hot > args.max_hot:
+        p.error(f"--min-hot {args.min_hot} must be <= --max-hot {args.max_hot}")
 
     sok.init()
     tables, samples = make_inputs(args, np.random.default_rng(0))
@@ -145,7 +148,7 @@ def main():
           f"{args.rows} rows, dim {args.dim}, batch {args.batch}, hotness "
           f"{args.min_hot}..{args.max_hot} ({nnz} ids per step), combiner {args.combiner}")
     print(f"{'mode':<12}{'fused steps/s':>16}{'baseline steps/s':>19}{'ratio':>9}")
-    for mode in args.modes.split(","):
+    for mode in args.modes:
         rates = {"function": bench_function, "session": bench_session}[mode](args, tables,
                                                                             samples)
         ratio = rates["fused"] / rates["baseline"]

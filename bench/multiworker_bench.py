@@ -29,22 +29,29 @@ import time
 
 import numpy as np
 
+from sok_graph.data.flags import int_at_least
+
 DIM = 16
 
 
 def parse(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch", type=int, default=8192, help="global batch size")
-    p.add_argument("--tables", type=int, default=8)
-    p.add_argument("--rows", type=int, default=200_000)
-    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--workers", type=int_at_least(1), default=2)
+    p.add_argument("--batch", type=int_at_least(1), default=8192, help="global batch size")
+    p.add_argument("--tables", type=int_at_least(1), default=8)
+    p.add_argument("--rows", type=int_at_least(1), default=200_000)
+    p.add_argument("--steps", type=int_at_least(1), default=30)
     p.add_argument("--zipf", type=float, default=1.2, help="Zipf exponent of the ids")
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--engine", default="none", help=argparse.SUPPRESS)
     p.add_argument("--no-dedup", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--out", help=argparse.SUPPRESS)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if args.batch % args.workers:
+        # Each worker takes batch // workers samples: the runs with workers
+        # would train a smaller global batch than the one-process baseline.
+        p.error(f"--batch {args.batch} must be a multiple of --workers {args.workers}")
+    return args
 
 
 def worker(args):

@@ -22,6 +22,7 @@ import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
 import sok_graph as sok  # noqa: E402
+from sok_graph.data.flags import int_at_least, names_from  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from lookup_bench import interleaved  # noqa: E402
@@ -69,19 +70,24 @@ def build(args, name, fused, rng):
 def main():
     p = argparse.ArgumentParser(description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tables", type=int, default=26)
-    p.add_argument("--rows", type=int, default=100000)
-    p.add_argument("--dim", type=int, default=16)
-    p.add_argument("--touched", type=int, default=20000, help="distinct rows per table")
-    p.add_argument("--algorithms", default=",".join(OPTIMIZERS))
-    p.add_argument("--steps", type=int, default=10, help="steps per timed round")
-    p.add_argument("--rounds", type=int, default=5)
-    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--tables", type=int_at_least(1), default=26)
+    p.add_argument("--rows", type=int_at_least(1), default=100000)
+    p.add_argument("--dim", type=int_at_least(1), default=16)
+    p.add_argument("--touched", type=int_at_least(1), default=20000,
+                   help="distinct rows per table")
+    p.add_argument("--algorithms", type=names_from(tuple(OPTIMIZERS)),
+                   default=",".join(OPTIMIZERS))
+    p.add_argument("--steps", type=int_at_least(1), default=10, help="steps per timed round")
+    p.add_argument("--rounds", type=int_at_least(1), default=5)
+    p.add_argument("--warmup", type=int_at_least(0), default=3)
     args = p.parse_args()
+    if args.touched > args.rows:
+        p.error(f"--touched {args.touched} must be <= --rows {args.rows} (distinct rows of "
+                f"each table)")
     print(f"{args.tables} static tables x {args.rows} rows x {args.dim} + 1 dynamic table, "
           f"{args.touched} distinct rows each; TensorFlow {tf.__version__}")
     print(f"{'algorithm':<28}{'fused steps/s':>15}{'TF ops steps/s':>16}{'ratio':>8}")
-    for name in args.algorithms.split(","):
+    for name in args.algorithms:
         steps = {}
         results = {}
         for fused in (True, False):

@@ -354,27 +354,60 @@ def _check_vars(variables, what):
     return names
 
 
-def _same_on_every_worker(variables, argument, what):
+def _same_on_every_worker(variables, argument, what, path=None):
     """ValueError on every worker process unless each passed the same
-    variables (names, kinds and dimensions, in the same order), before any
-    other collective: a dump gathers each variable's rows under its place
-    in the list, so workers passing [a, b] and [b, a] wrote a dump whose
-    table 'a' held rank 1's rows of b, and a load of [a, b] on one worker
-    and [a] on another left that one's shard of b as it was, both without
-    an error."""
+    variables (names, kinds and dimensions, in the same order) and, where
+    given, the same `path` (as an absolute path), before any other
+    collective: a dump gathers each variable's rows under its place in the
+    list, so workers passing [a, b] and [b, a] wrote a dump whose table 'a'
+    held rank 1's rows of b, and a load of [a, b] on one worker and [a] on
+    another left that one's shard of b as it was, both without an error.
+    Only rank 0 writes a dump: another worker's path was never written, and
+    its sok.dump returned as if it had been."""
     comm = context.active()
     if not agreement.spans_processes(comm):
         return
-    mine = json.dumps([[name, kind_of(var), dimension_of(var)]
-                       for name, var in variables.items()])
-    every = agreement.texts(comm, tf.executing_eagerly(), mine)
-    if any(text != every[0] for text in every):
-        told = "; ".join(f"rank {rank}: {[v[0] for v in json.loads(text)]}"
-                         for rank, text in enumerate(every))
+    listed = [[name, kind_of(var), dimension_of(var)] for name, var in variables.items()]
+    where = None if path is None else os.path.abspath(path)
+    every = [json.loads(text) for text in agreement.texts(
+        comm, tf.executing_eagerly(), json.dumps([listed, where]))]
+    if any(given[0] != every[0][0] for given in every):
+        told = "; ".join(f"rank {rank}: {[v[0] for v in given[0]]}"
+                         for rank, given in enumerate(every))
         raise ValueError(
             f"{what}: the workers passed different {argument} ({told}); every worker must "
             f"pass the same variables, in the same order (names, kinds and dimensions "
             f"alike)")
+    if any(given[1] != every[0][1] for given in every):
+        told = "; ".join(f"rank {rank}: {given[1]!r}" for rank, given in enumerate(every))
+        raise ValueError(
+            f"{what}: the workers passed different paths ({told}); every worker must pass "
+            f"the same path (rank 0 writes the dump there for all of them)")
+
+
+def _same_dump_on_every_worker(manifest, path):
+    """CheckpointError on every worker process unless each read the same
+    dump (by its manifest's checksum): each worker reads its own files and
+    keeps the rows it owns, so workers whose `path` held different dumps
+    (another path given on a worker, or a host whose disk held an older
+    dump) loaded a table half from one and half from the other, without
+    an error. manifest: None where this worker could not read the dump
+    (the refusal that follows reports it)."""
+    comm = context.active()
+    if not agreement.spans_processes(comm):
+        return
+    mine = None if manifest is None else [os.path.abspath(path), manifest.get("checksum")]
+    every = [json.loads(text) for text in agreement.texts(
+        comm, tf.executing_eagerly(), json.dumps(mine))]
+    if None in every:
+        return  # the agreement on the refusal comes next, on every worker
+    if any(given[1] != every[0][1] for given in every):
+        told = "; ".join(f"rank {rank}: {given[0]!r} (manifest checksum {given[1]})"
+                         for rank, given in enumerate(every))
+        raise CheckpointError(
+            f"sok.load of {path}: the workers read different dumps ({told}); every worker "
+            f"must read the same dump (its shard's rows come from its own copy); no worker "
+            f"changed its tables")
 
 
 def _named_alike(variables):
@@ -563,7 +596,7 @@ def dump(path, dump_vars, optimizer=None):
                          f"(the process would be left in a deleted directory): give a "
                          f"subdirectory")
     variables = _check_vars(dump_vars, "dump_vars")
-    _same_on_every_worker(variables, "dump_vars", f"sok.dump to {path}")
+    _same_on_every_worker(variables, "dump_vars", f"sok.dump to {path}", path)
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     # Names too long for the file system are refused on every worker,
     # before anything is read or written, with the names write_dump gives
@@ -1042,8 +1075,10 @@ def load(path, load_vars, optimizer=None):
                 formulas=None if optimizer is None else optimizer.slot_formulas,
                 names={name: var_name(var) for name, var in variables.items()})
     except CheckpointError as refusal:
+        _same_dump_on_every_worker(None, path)
         _workers_agree(refusal, path)
         raise
+    _same_dump_on_every_worker(manifest, path)
     step = None if optimizer is None else manifest["optimizer"]["step"]
     restore(variables, loaded, source, optimizer, step, workers_agree=True)
 

@@ -79,3 +79,19 @@ def test_a_saver_restore_of_shards_from_different_saves_is_refused_by_every_work
     is refused on every worker, before any row changes, unless every worker
     read its shard of one save (tests/multiworker/saver_worker.py)."""
     launch(2, SAVER, ["--dir", str(tmp_path)] + (["--graph"] if graph else []))
+
+
+CHECKPOINT = os.path.join(HERE, "multiworker", "checkpoint_shards.py")
+
+
+@needs_horovod
+def test_a_checkpoint_of_worker_shards_restores_only_on_its_own_worker(tmp_path):
+    """tf.train.Checkpoint of tables sharded over worker processes: each
+    worker's checkpoint holds its shard, which it restores whole; read on
+    another worker (MultiWorkerMirroredStrategy's habit: every worker
+    restores the chief's file) it is TensorFlow's NotFoundError naming the
+    shard, where rank 1 took rank 0's rows (and its dynamic table rank 0's
+    keys) without an error (multiworker/checkpoint_shards.py)."""
+    out = launch(2, CHECKPOINT, ["--dir", str(tmp_path)])
+    for rank in (0, 1):
+        assert f"rank {rank}/2 checkpoint shards: ok" in out, out[-3000:]

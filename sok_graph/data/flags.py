@@ -24,6 +24,19 @@ def int_at_least(lowest):
     return parse
 
 
+def names_from(known):
+    """A comma-separated list of names, each one of `known` (a tuple), as
+    a list."""
+    def parse(text):
+        names = [n for n in text.split(",") if n]
+        unknown = [n for n in names if n not in known]
+        if not names or unknown:
+            raise argparse.ArgumentTypeError(
+                f"expected comma-separated names from {', '.join(known)}; got {text!r}")
+        return names
+    return parse
+
+
 def positive_number(text):
     """A finite number > 0 (a learning rate: 0 trains nothing, a negative
     one trains up the gradient, NaN fails later)."""

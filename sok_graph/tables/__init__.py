@@ -119,6 +119,31 @@ def live_tables():
     return [t for t in (r() for r in list(_LIVE.values())) if t is not None]
 
 
+def checkpoint_tag(var):
+    """What a worker process's shard of a table sharded over worker
+    processes adds to the names of its tensors in a tf.train.Checkpoint:
+    "-shard<rank>of<world>" ("" for a table this process holds whole; a
+    replica's shard saves nothing, its ReplicaShards the whole table). Each
+    worker saves only its shard: named alike, a checkpoint read on another
+    worker (the chief's, which MultiWorkerMirroredStrategy's pattern has
+    every worker restore) or by another number of workers gave each worker
+    another's rows, or half the keys, without an error; named apart,
+    TensorFlow says the shard's tensors are not in that checkpoint. Whole
+    tables go through sok.dump / sok.load (or sok.Saver) instead."""
+    world, rank, _ = var.placement
+    return f"-shard{rank}of{world}" if world > 1 else ""
+
+
+def untagged(tensors, var):
+    """A checkpoint's tensors of `var` by their names without
+    checkpoint_tag (a ReplicaShards hands its shards untagged ones)."""
+    tag = checkpoint_tag(var)
+    if not tag:
+        return dict(tensors)
+    return {name.replace(tag, "", 1) if tag in name else name: t
+            for name, t in tensors.items()}
+
+
 def kind_of(var):
     """"dynamic" or "static" (a plain tf.Variable is static); None for what
     is no table (a ReplicaShards holder)."""

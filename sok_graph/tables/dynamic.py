@@ -55,8 +55,8 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.tables import (admission, register, repeated_key_checks, replica_shards,
-                              rows_of_dtype, DYNAMIC)
+from sok_graph.tables import (admission, checkpoint_tag, register, repeated_key_checks,
+                              replica_shards, rows_of_dtype, untagged, DYNAMIC)
 from sok_graph.tables.keras_weights import KerasWeights, held_by
 from sok_graph import initializers
 from sok_graph.initializers import table_spec
@@ -1108,7 +1108,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     def _serialize_to_tensors(self):
         if held_by(self, "_replica_holder"):
             return {}  # a replica's shard: its ReplicaShards saves the table
-        return self._table_tensors()
+        # "-shard<r>of<w>-keys" for a worker process's shard (checkpoint_tag).
+        tag = checkpoint_tag(self)
+        return {tag + name: t for name, t in self._table_tensors().items()}
 
     def _table_tensors(self):
         """What a checkpoint holds of this table (its ReplicaShards gathers
@@ -1120,6 +1122,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     def _restore_from_tensors(self, restored_tensors):
         # Also a replica's shard's, with its part of the whole table's
         # tensors (ReplicaShards._restore_from_tensors).
+        restored_tensors = untagged(restored_tensors, self)
         with tf.name_scope(scope_name(f"{self._name}_restore")):
             # A Saver may restore before any initializer ran: the table, its
             # links to its shadows and its filter's state are made here too.

@@ -17,7 +17,8 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.tables import register, repeated_key_checks, replica_shards, rows_of_dtype, STATIC
+from sok_graph.tables import (checkpoint_tag, register, repeated_key_checks, replica_shards,
+                               rows_of_dtype, STATIC, untagged)
 from sok_graph.initializers import static_initializer
 from sok_graph.tables.dynamic import scope_name
 from sok_graph.tables.keras_weights import KerasWeights, held_by
@@ -321,7 +322,15 @@ class Variable(_ResourceVariable, KerasWeights):
     def _serialize_to_tensors(self):
         if held_by(self, "_replica_holder"):
             return {}
-        return super()._serialize_to_tensors()
+        # "VARIABLE_VALUE-shard<r>of<w>" for a worker process's shard
+        # (checkpoint_tag); tf.compat.v1.train.Saver names variables
+        # itself (_gather_saveables_for_checkpoint: each worker its own
+        # checkpoint, as sok.CollectiveStrategy writes them).
+        tag = checkpoint_tag(self)
+        return {name + tag: t for name, t in super()._serialize_to_tensors().items()}
+
+    def _restore_from_tensors(self, restored_tensors):
+        return super()._restore_from_tensors(untagged(restored_tensors, self))
 
     def _gather_saveables_for_checkpoint(self):
         if held_by(self, "_replica_holder"):

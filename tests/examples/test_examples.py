@@ -197,6 +197,8 @@ def test_the_other_examples_refuse_bad_flags_naming_them(tmp_path, monkeypatch, 
              "argument --lr: expected a finite number > 0; got '-1'"),
             ("examples_tf2/parquet_demo.py", ["--slot_num", "0"],
              "argument --slot_num: expected an integer >= 1; got '0'"),
+            ("examples_tf2/parquet_demo.py", ["--steps", "1"],
+             "argument --steps: expected an integer >= 2; got '1'"),
             ("examples_tf2/parquet_demo.py", ["--data_dir", str(a_file)],
              "argument --data_dir: " + repr(str(a_file)) + " exists and is not a directory")]
     for script, argv, message in runs:
@@ -221,6 +223,29 @@ def test_the_other_examples_refuse_bad_flags_naming_them(tmp_path, monkeypatch, 
         assert stopped.value.code == 2, argv
         assert message in capsys.readouterr().err, argv
     assert a_file.read_text() == "mine"
+
+
+def test_the_bench_scripts_refuse_bad_flags_naming_them():
+    """bench/ scripts' flags, checked when parsed: --rounds 0 printed "nan
+    nan nanx" and exited 0; a --batch the workers do not divide trained a
+    smaller global batch with workers than the baseline's (ratios of
+    different work); the rest failed inside (ZeroDivisionError, numpy's
+    "low >= high", KeyError), naming no flag."""
+    runs = [("lookup_bench.py", ["--rounds", "0"],
+             "argument --rounds: expected an integer >= 1; got '0'"),
+            ("lookup_bench.py", ["--min-hot", "5", "--max-hot", "1"],
+             "--min-hot 5 must be <= --max-hot 1"),
+            ("lookup_bench.py", ["--modes", "functon"],
+             "argument --modes: expected comma-separated names from function, session"),
+            ("optimizer_bench.py", ["--touched", "500", "--rows", "100"],
+             "--touched 500 must be <= --rows 100"),
+            ("multiworker_bench.py", ["--workers", "2", "--batch", "3"],
+             "--batch 3 must be a multiple of --workers 2")]
+    for script, argv, message in runs:
+        proc = subprocess.run([sys.executable, os.path.join(REPO, "bench", script)] + argv,
+                              capture_output=True, text=True, timeout=300,
+                              env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2"))
+        assert proc.returncode == 2 and message in proc.stderr, (script, argv, proc.stderr[-2000:])
 
 
 def test_movielens_main_job_writes_a_damaged_cache_again(tmp_path):

@@ -17,8 +17,10 @@
       user's files, which rank 0 (the writer) refuses: every worker must
       raise FileExistsError (the others naming rank 0), P must be as it
       was; then a dump whose workers pass the tables in other orders, which
-      every worker must refuse (ValueError) without writing; and the dump
-      to --path must then work on every worker. The refused loads first
+      every worker must refuse (ValueError) without writing, and one whose
+      workers pass other paths, refused the same way; the dump to --path
+      must then work on every worker, and a load whose workers read
+      different dumps is refused by every worker (CheckpointError). The refused loads first
       try a load whose workers pass other tables, refused the same way.
 
 Run by N workers for the dump and M for the load, the union of the npz files
@@ -136,7 +138,34 @@ def main():
             else:
                 raise AssertionError(f"rank {rank}: a dump of the workers' other lists returned")
             assert not os.path.exists(mixed)
+            # Workers passing other paths: refused on every worker, nothing
+            # written (rank 0 wrote its path; rank 1's sok.dump returned as
+            # if it had written its own).
+            apart = [args.path + "_rank0", args.path + "_rank1"]
+            try:
+                sok.dump(apart[min(rank, 1)], tables, optimizer=opt)
+            except ValueError as e:
+                assert "the workers passed different paths" in str(e), (rank, str(e))
+            else:
+                raise AssertionError(f"rank {rank}: a dump to the workers' own paths returned")
+            assert not any(os.path.exists(p) for p in apart)
         sok.dump(args.path, tables, optimizer=opt)
+        if args.refused_path:
+            from sok_graph.dump_load import CheckpointError
+
+            # Workers reading different dumps (rank 0 another one): refused
+            # on every worker before any table changes (each kept its
+            # shard's rows from its own dump, without an error).
+            other = args.path + "_static_only"
+            sok.dump(other, [static])
+            before = sok.export(static)[1].numpy()
+            try:
+                sok.load(other if rank == 0 else args.path, [static])
+            except CheckpointError as e:
+                assert "the workers read different dumps" in str(e), (rank, str(e))
+            else:
+                raise AssertionError(f"rank {rank}: a load of different dumps returned")
+            np.testing.assert_array_equal(sok.export(static)[1].numpy(), before)
         # Every row was updated after the epoch: the whole table, on every
         # worker (SOK's incremental dump gathers all workers' rows).
         (keys,), (rows,) = sok.incremental_model_dump([dynamic], 0)
