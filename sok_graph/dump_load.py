@@ -1108,6 +1108,10 @@ def restore(variables, loaded, source, optimizer=None, step=None, workers_agree=
     ops = []
     made = []
     for name, table in variables.items():
+        # Optimizer state a Keras weights file left for the table's next
+        # optimizer (keras_load) was for the rows these replace.
+        if getattr(table, PENDING_OPTIMIZER_STATE, None) is not None:
+            setattr(table, PENDING_OPTIMIZER_STATE, None)
         if optimizer is not None:
             shards = replica_shards.shards_of(table)
             new = [shard for shard in shards if not optimizer.has_slots(shard)]
@@ -1473,7 +1477,7 @@ def keras_save(table, store):
     if optimizer is not None:
         store[_OPTIMIZER_JSON] = _json_bytes(dict(
             algorithm=optimizer.algorithm, formulas=optimizer.slot_formulas,
-            step=int(optimizer.iterations.numpy())))
+            slots=optimizer.slot_names(), step=int(optimizer.iterations.numpy())))
 
 
 def _json_bytes(value):
@@ -1547,7 +1551,16 @@ def keras_load(table, store):
         in_row_order(arrays, name, shard.fixed_rows, f"load_weights: {source}",
                      holder="the file")
     holders = wrappers_with_slots(table) if trained is not None else []
-    optimizer = holders[0] if len(holders) == 1 else None
+    if trained is not None and (len(holders) > 1 or len(replica_shards.shards_of(table)) != 1):
+        # Whose slots they are is unclear, or (a table sharded over a
+        # MirroredStrategy's replicas) its shards take theirs through
+        # tf.train.Checkpoint or sok.load.
+        warnings.warn(
+            f"load_weights: the file's slots and step of sok table '{name}' are not restored "
+            f"({'its slots are in ' + str(len(holders)) + ' optimizers' if len(holders) > 1 else 'a table sharded over replicas'}); "
+            f"restore them with sok.load(path, vars, optimizer) or tf.train.Checkpoint")
+        trained = None
+    optimizer = holders[0] if trained is not None and holders else None
     if optimizer is not None and not _slots_match(optimizer, trained, name):
         optimizer = trained = None
     # The slots are converted (and checked) to the table's dtype with its
@@ -1566,13 +1579,15 @@ def _slots_match(optimizer, trained, name):
     afresh."""
     same = optimizer.algorithm == trained["algorithm"] and (
         optimizer.algorithm not in _SLOTS_DIFFER_BY_FORMULAS
-        or optimizer.slot_formulas == trained["formulas"])
+        or optimizer.slot_formulas == trained["formulas"]) and (
+        # RMSprop's slots depend on momentum and centered.
+        sorted(optimizer.slot_names()) == sorted(trained["slots"]))
     if not same:
         warnings.warn(
-            f"load_weights: the file kept the slots of sok table '{name}' for "
-            f"{trained['algorithm']} ({trained['formulas']} formulas); its optimizer is "
-            f"{optimizer.algorithm} ({optimizer.slot_formulas} formulas): the table's slots "
-            f"and step start afresh")
+            f"load_weights: the file kept the slots {trained['slots']} of sok table '{name}' "
+            f"for {trained['algorithm']} ({trained['formulas']} formulas); its optimizer is "
+            f"{optimizer.algorithm} ({optimizer.slot_formulas} formulas) with slots "
+            f"{optimizer.slot_names()}: the table's slots and step start afresh")
     return same
 
 

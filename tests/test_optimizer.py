@@ -479,7 +479,10 @@ def test_a_keras_optimizers_rate_replaced_between_steps_trains_sok_rows_as_keras
     read when the wrapper was made (or at the scope's first step): a
     schedule switched to after one step left them at the first rate (0.9
     off Keras' own rows after three steps). The reference: the same
-    optimizer class on a tf.Variable."""
+    optimizer class on a tf.Variable. (Keras 2 cannot take a callable in
+    place of a rate it holds in a variable.)"""
+    if rate == "callable" and compat.KERAS_MAJOR_VERSION < 3:
+        pytest.skip("Keras 2 assigns a new rate into its variable: a callable is refused")
     sok.init(comm_tool="none")
     start = np.random.default_rng(0).normal(size=[6, 3]).astype(np.float32)
     ids = tf.constant([0, 2, 5], tf.int64)

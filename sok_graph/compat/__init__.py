@@ -372,7 +372,7 @@ def _saveable_modules():
     return saveable_object, base
 
 
-def tensors_saveable_factories(obj, default_name):
+def tensors_saveable_factories(obj, default_name, tensors=None):
     """What `obj._gather_saveables_for_checkpoint()` returns for an object
     saved through _serialize_to_tensors / _restore_from_tensors (TF 2.11's
     checkpoint API): one SaveableObject holding a tensor per "-suffix", saved
@@ -381,14 +381,15 @@ def tensors_saveable_factories(obj, default_name):
     without a name, and then `default_name` (a callable, asked at save-graph
     build time) names the tensors; object-based checkpoints pass their own.
     TF 1.x's Saver and tf.train.Checkpoint know only this method; TF 2.x's
-    Saver asks it before _serialize_to_tensors."""
+    Saver asks it before _serialize_to_tensors. tensors: what gives the
+    tensors instead of obj._serialize_to_tensors (a table's plain names)."""
     saveable_object, base = _saveable_modules()
 
     class TensorsSaveable(saveable_object.SaveableObject):
         def __init__(self, name):
-            tensors = obj._serialize_to_tensors()
-            self._suffixes = sorted(tensors)
-            specs = [saveable_object.SaveSpec(tensors[s], "", name + s) for s in self._suffixes]
+            given = (tensors or obj._serialize_to_tensors)()
+            self._suffixes = sorted(given)
+            specs = [saveable_object.SaveSpec(given[s], "", name + s) for s in self._suffixes]
             super().__init__(obj, specs, name)
 
         def restore(self, restored_tensors, restored_shapes):

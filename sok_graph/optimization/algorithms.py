@@ -27,6 +27,7 @@ root.
 import collections
 import math
 import types
+import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -442,8 +443,12 @@ class Hyperparameters:
     accumulator) and a tf.compat.v1 optimizer's numbers (fixed when it is
     made) once."""
 
+    # The optimizer is held by weak references: a native optimizer holds
+    # its own wrapper (wrapper.wrapper_for), and a reference back from here
+    # kept a dropped optimizer alive until a full garbage collection.
+
     def __init__(self, opt, tf1_formulas=None):
-        self._live = None  # the Keras optimizer whose numbers are read live
+        self._live_ref = None  # the Keras optimizer whose numbers are read live
         name = _algorithm_name(opt)
         tf1_names = compat.is_tf1_optimizer(opt)  # how its attributes are spelled
         # tf1_formulas: sok_graph's own rules choose the formula flavor.
@@ -471,7 +476,7 @@ class Hyperparameters:
             if name == "sgd":
                 self.momentum = 0.0
         else:
-            self._live = o  # momentum, epsilon, ...: _KERAS_LIVE, __getattr__
+            self._live_ref = weakref.ref(o)  # momentum, ...: _KERAS_LIVE, __getattr__
             self.nesterov = _attr(o, "nesterov", default=False)
             self.centered = _attr(o, "centered", default=False)
             # Keras 2's OptimizerV2 Adagrad keeps it private.
@@ -486,7 +491,7 @@ class Hyperparameters:
             name = "momentum"
         self.algorithm = ALGORITHMS[name]
         self.tf1_names = tf1_names
-        self._opt = o
+        self._opt_ref = weakref.ref(o)
         # Every hyperparameter as it is now, eager tensors read too; the
         # numbers again before each update (out_of_range).
         self._first_refusal = _out_of_range(o, self, name)
@@ -494,7 +499,7 @@ class Hyperparameters:
     def __getattr__(self, name):
         # Only for attributes __init__ did not set: a Keras optimizer's
         # numbers, read now.
-        live = self.__dict__.get("_live")
+        live = self._live_optimizer()
         if live is not None and name in _KERAS_LIVE:
             names, default = _KERAS_LIVE[name]
             return _attr(live, *names, default=default)
@@ -504,8 +509,14 @@ class Hyperparameters:
     def out_of_range(self):
         """A message refusing a hyperparameter out of its algorithm's range
         (a number as the optimizer holds it now), or None."""
-        return self._first_refusal or _out_of_range(self._opt, self, self.algorithm.name,
+        return self._first_refusal or _out_of_range(self._opt_ref(), self, self.algorithm.name,
                                                     numbers_only=True)
+
+    def _live_optimizer(self):
+        """The Keras optimizer whose numbers are read live, or None (read
+        through __dict__: __getattr__ asks it, also before __init__ set it)."""
+        ref = self.__dict__.get("_live_ref")
+        return None if ref is None else ref()
 
     @property
     def refusal(self):
@@ -520,7 +531,7 @@ class Hyperparameters:
         amsgrad set after the wrapper was made (the rows' rule and slots
         were chosen by them then: the new setting was ignored for sok rows,
         without an error), or None."""
-        live = self.__dict__.get("_live")
+        live = self._live_optimizer()
         if live is None:
             return None
         if self.algorithm.name == "adam" and _attr(live, "amsgrad", default=False):
@@ -541,9 +552,10 @@ class Hyperparameters:
         (clipnorm, weight_decay, ...), as the optimizer holds it now: one
         set after the wrapper was made (opt.clipnorm = 1.0) was ignored
         for sok rows without an error, while the dense weights took it."""
-        if self.__dict__.get("_live") is None:
+        live = self._live_optimizer()
+        if live is None:
             return self.unapplied
-        return _unapplied_option(self._live)
+        return _unapplied_option(live)
 
     def slots(self):
         """(name, initial value) of each slot the algorithm keeps per row."""

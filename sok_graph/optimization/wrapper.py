@@ -50,7 +50,6 @@ rows the batch did not touch: that is what TensorFlow's own Adam does with a
 sparse gradient (all moments decay, every row with a moment moves).
 """
 
-import gc
 import weakref
 
 import numpy as np
@@ -630,13 +629,8 @@ _every_wrapper = weakref.WeakSet()
 def wrappers_with_slots(table):
     """The OptimizerWrappers (explicit, or a native optimizer's under
     sok.OptimizerScope) still in use that hold slots for `table`. An
-    optimizer dropped by its user but not yet collected (an optimizer and
-    its wrapper refer to each other) would count too: the garbage is
-    collected first where any is found, so the answer does not depend on
-    when the collector last ran."""
-    if not any(w.has_slots(table) for w in list(_every_wrapper)):
-        return []
-    gc.collect()
+    optimizer dropped by its user goes with its wrapper (_NativeWrapper
+    holds it weakly), so it counts no longer."""
     return [w for w in list(_every_wrapper) if w.has_slots(table)]
 
 
@@ -684,6 +678,19 @@ class _NativeWrapper(OptimizerWrapper):
     native optimizer may train sok variables itself, every option applied."""
 
     refuses_when_made = False
+
+    # The optimizer holds this wrapper (wrapper_for): held back by a weak
+    # reference, the two go as soon as the user drops the optimizer (a
+    # cycle waited for a full garbage collection, and a dropped optimizer's
+    # wrapper still counted as the one holding a table's slots, which a
+    # Keras weights file keeps).
+    @property
+    def _optimizer(self):
+        return self._optimizer_ref()
+
+    @_optimizer.setter
+    def _optimizer(self, optimizer):
+        self._optimizer_ref = weakref.ref(optimizer)
 
 
 class OwnRule:

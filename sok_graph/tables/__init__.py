@@ -93,6 +93,8 @@ import weakref
 import numpy as np
 import tensorflow as tf
 
+from sok_graph import context
+
 STATIC = "static"
 DYNAMIC = "dynamic"
 
@@ -121,9 +123,12 @@ def live_tables():
 
 def checkpoint_tag(var):
     """What a worker process's shard of a table sharded over worker
-    processes adds to the names of its tensors in a tf.train.Checkpoint:
-    "-shard<rank>of<world>" ("" for a table this process holds whole; a
-    replica's shard saves nothing, its ReplicaShards the whole table). Each
+    processes adds to the names of its tensors in a tf.train.Checkpoint
+    (TensorFlow 2.11's _serialize_to_tensors; a name-based
+    tf.compat.v1.train.Saver keeps the plain names, one file per worker as
+    sok.CollectiveStrategy writes them): "-shard<rank>of<world>" ("" for a
+    table this process holds whole, and for the shards of a MirroredStrategy's
+    replicas, whose ReplicaShards saves the whole table). Each
     worker saves only its shard: named alike, a checkpoint read on another
     worker (the chief's, which MultiWorkerMirroredStrategy's pattern has
     every worker restore) or by another number of workers gave each worker
@@ -131,7 +136,10 @@ def checkpoint_tag(var):
     TensorFlow says the shard's tensors are not in that checkpoint. Whole
     tables go through sok.dump / sok.load (or sok.Saver) instead."""
     world, rank, _ = var.placement
-    return f"-shard{rank}of{world}" if world > 1 else ""
+    comm = context.active()
+    if world <= 1 or comm is None or comm.in_process:
+        return ""
+    return f"-shard{rank}of{world}"
 
 
 def untagged(tensors, var):

@@ -1056,10 +1056,13 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     # with one export; restoring replaces the table's contents.
     def _gather_saveables_for_checkpoint(self):
         # tf.compat.v1.train.Saver's way in (TF 1.x's tf.train.Checkpoint's
-        # too); TF 2.x's checkpoints use _serialize_to_tensors directly.
+        # too); TF 2.x's checkpoints use _serialize_to_tensors directly. The
+        # plain names (no checkpoint_tag), as a static table's variable has
+        # them here: a Saver's checkpoints are one per worker.
         if held_by(self, "_replica_holder"):
             return {}  # a replica's shard: its ReplicaShards saves the table
-        return compat.tensors_saveable_factories(self, self._saveable_name)
+        return compat.tensors_saveable_factories(self, self._saveable_name,
+                                                 tensors=self._table_tensors)
 
     def _saveable_name(self):
         """The name a Saver saves the table under: in graph mode the
