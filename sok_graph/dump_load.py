@@ -364,25 +364,40 @@ def _same_on_every_worker(variables, argument, what, path=None):
     another left that one's shard of b as it was, both without an error.
     Only rank 0 writes a dump: another worker's path was never written, and
     its sok.dump returned as if it had been."""
-    comm = context.active()
-    if not agreement.spans_processes(comm):
-        return
     listed = [[name, kind_of(var), dimension_of(var)] for name, var in variables.items()]
-    where = None if path is None else os.path.abspath(path)
-    every = [json.loads(text) for text in agreement.texts(
-        comm, tf.executing_eagerly(), json.dumps([listed, where]))]
-    if any(given[0] != every[0][0] for given in every):
-        told = "; ".join(f"rank {rank}: {[v[0] for v in given[0]]}"
-                         for rank, given in enumerate(every))
+    every = _every_workers([listed, None if path is None else os.path.abspath(path)])
+    if every is None:
+        return
+    told = _told_if_they_differ(every, 0, lambda given: [v[0] for v in given[0]])
+    if told:
         raise ValueError(
             f"{what}: the workers passed different {argument} ({told}); every worker must "
             f"pass the same variables, in the same order (names, kinds and dimensions "
             f"alike)")
-    if any(given[1] != every[0][1] for given in every):
-        told = "; ".join(f"rank {rank}: {given[1]!r}" for rank, given in enumerate(every))
+    told = _told_if_they_differ(every, 1, lambda given: repr(given[1]))
+    if told:
         raise ValueError(
             f"{what}: the workers passed different paths ({told}); every worker must pass "
             f"the same path (rank 0 writes the dump there for all of them)")
+
+
+def _every_workers(value):
+    """Every worker process's `value` (JSON-serializable), in rank order,
+    from one gather every worker makes at the same point; None in a single
+    process (nothing to agree with)."""
+    comm = context.active()
+    if not agreement.spans_processes(comm):
+        return None
+    return [json.loads(text)
+            for text in agreement.texts(comm, tf.executing_eagerly(), json.dumps(value))]
+
+
+def _told_if_they_differ(every, index, shown):
+    """"rank 0: ...; rank 1: ..." (shown(value) of each worker's value)
+    where the workers' values differ at `index`, else None."""
+    if all(given[index] == every[0][index] for given in every):
+        return None
+    return "; ".join(f"rank {rank}: {shown(given)}" for rank, given in enumerate(every))
 
 
 def _same_dump_on_every_worker(manifest, path):
@@ -393,17 +408,15 @@ def _same_dump_on_every_worker(manifest, path):
     dump) loaded a table half from one and half from the other, without
     an error. manifest: None where this worker could not read the dump
     (the refusal that follows reports it)."""
-    comm = context.active()
-    if not agreement.spans_processes(comm):
+    every = _every_workers(
+        None if manifest is None else [os.path.abspath(path), manifest.get("checksum")])
+    if every is None or None in every:
+        # A worker that could not read the dump: the agreement on its
+        # refusal comes next, on every worker.
         return
-    mine = None if manifest is None else [os.path.abspath(path), manifest.get("checksum")]
-    every = [json.loads(text) for text in agreement.texts(
-        comm, tf.executing_eagerly(), json.dumps(mine))]
-    if None in every:
-        return  # the agreement on the refusal comes next, on every worker
-    if any(given[1] != every[0][1] for given in every):
-        told = "; ".join(f"rank {rank}: {given[0]!r} (manifest checksum {given[1]})"
-                         for rank, given in enumerate(every))
+    told = _told_if_they_differ(
+        every, 1, lambda given: f"{given[0]!r} (manifest checksum {given[1]})")
+    if told:
         raise CheckpointError(
             f"sok.load of {path}: the workers read different dumps ({told}); every worker "
             f"must read the same dump (its shard's rows come from its own copy); no worker "
