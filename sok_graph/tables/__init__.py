@@ -137,9 +137,23 @@ def checkpoint_tag(var):
     tables go through sok.dump / sok.load (or sok.Saver) instead."""
     world, rank, _ = var.placement
     comm = context.active()
-    if world <= 1 or comm is None or comm.in_process:
+    if world <= 1 or comm is None or comm.in_process or getattr(var, _SAVED_MODEL, False):
         return ""
     return f"-shard{rank}of{world}"
+
+
+# Whether the last save that gathered a table was a SavedModel's: its
+# loader makes plain variables, which read the plain names (a served
+# model of a worker's shard failed to load with "VARIABLE_VALUE not found
+# in checkpoint"). TensorFlow asks every object it saves for its children,
+# with the save's kind, before it serializes it.
+_SAVED_MODEL = "_sok_gathered_for_saved_model"
+
+
+def note_save_type(var, save_type):
+    """Called from a table's _trackable_children: remembers whether this
+    save is a SavedModel's (checkpoint_tag)."""
+    setattr(var, _SAVED_MODEL, str(getattr(save_type, "value", save_type)) == "savedmodel")
 
 
 def untagged(tensors, var):

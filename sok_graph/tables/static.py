@@ -18,7 +18,7 @@ import tensorflow as tf
 
 from sok_graph import compat, context, placement
 from sok_graph.tables import (checkpoint_tag, register, repeated_key_checks, replica_shards,
-                               rows_of_dtype, STATIC, untagged)
+                               note_save_type, rows_of_dtype, STATIC, untagged)
 from sok_graph.initializers import static_initializer
 from sok_graph.tables.dynamic import scope_name
 from sok_graph.tables.keras_weights import KerasWeights, held_by
@@ -331,6 +331,10 @@ class Variable(_ResourceVariable, KerasWeights):
 
     def _restore_from_tensors(self, restored_tensors):
         return super()._restore_from_tensors(untagged(restored_tensors, self))
+
+    def _trackable_children(self, save_type="checkpoint", **kwargs):
+        note_save_type(self, save_type)
+        return super()._trackable_children(save_type, **kwargs)
 
     def _gather_saveables_for_checkpoint(self):
         if held_by(self, "_replica_holder"):
