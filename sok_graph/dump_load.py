@@ -1568,10 +1568,12 @@ def keras_load(table, store):
         # Whose slots they are is unclear, or (a table sharded over a
         # MirroredStrategy's replicas) its shards take theirs through
         # tf.train.Checkpoint or sok.load.
+        why = (f"its slots are in {len(holders)} optimizers" if len(holders) > 1
+               else "a table sharded over replicas")
         warnings.warn(
             f"load_weights: the file's slots and step of sok table '{name}' are not restored "
-            f"({'its slots are in ' + str(len(holders)) + ' optimizers' if len(holders) > 1 else 'a table sharded over replicas'}); "
-            f"restore them with sok.load(path, vars, optimizer) or tf.train.Checkpoint")
+            f"({why}); restore them with sok.load(path, vars, optimizer) or "
+            f"tf.train.Checkpoint")
         trained = None
     optimizer = holders[0] if trained is not None and holders else None
     if optimizer is not None and not _slots_match(optimizer, trained, name):
