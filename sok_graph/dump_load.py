@@ -1479,9 +1479,14 @@ _OPTIMIZER_JSON = "optimizer_json"
 
 def keras_save(table, store):
     """Writes `table` into its Keras weights entry `store`, with the slots
-    and step of the optimizer that trained it (_keras_file_optimizer)."""
+    and step of the optimizer that trained it (_keras_slot_holder)."""
     _refuse_worker_processes(table, "save_weights")
-    optimizer = _keras_file_optimizer(table)
+    optimizer, why = _keras_slot_holder(table, kept=False)
+    if why is not None:
+        warnings.warn(
+            f"save_weights: the Keras weights file does not keep the slots and step of sok "
+            f"table '{var_name(table)}' ({why}); keep them with sok.dump(path, vars, "
+            f"optimizer) or tf.train.Checkpoint")
     for part, value in _export(table, optimizer).items():
         if part == FILTER_KIND:
             store[_FILTER_JSON] = _json_bytes(value)
@@ -1501,24 +1506,25 @@ def _json_of(array):
     return json.loads(np.asarray(array).tobytes().decode("utf-8"))
 
 
-def _keras_file_optimizer(table):
-    """The optimizer (OptimizerWrapper, or a native optimizer's own under
-    sok.OptimizerScope) whose slots and step a Keras 3 weights file keeps
-    with `table`: the one holding slots for it. Keras 3 saves a compiled
-    model's optimizer variables in the same file, so a file without the
-    sok rows' share resumed the dense weights where they were and the rows
-    with fresh slots and a schedule started again. None where no optimizer
-    (or, with a warning, more than one) holds slots for it, and for a table
-    sharded over replicas (its whole slots: tf.train.Checkpoint, sok.dump)."""
-    if len(replica_shards.shards_of(table)) != 1:
-        return None
+def _keras_slot_holder(table, kept):
+    """(optimizer, why): the optimizer (OptimizerWrapper, or a native
+    optimizer's own under sok.OptimizerScope) whose slots and step a Keras 3
+    weights file keeps with `table`, the one holding slots for it; or None,
+    and why not where that loses slots. Keras 3 saves a compiled model's
+    optimizer variables in the same file, so a file without the sok rows'
+    share resumed the dense weights where they were and the rows with fresh
+    slots and a schedule started again. The save (`kept` False) and the load
+    (`kept`: whether the file holds slots for the table) follow this one
+    rule, so a file's slots go back to the optimizer they came from."""
     holders = wrappers_with_slots(table)
+    if not holders and not kept:
+        return None, None
+    if len(replica_shards.shards_of(table)) != 1:
+        # Its shards' slots are whole in tf.train.Checkpoint and sok.dump.
+        return None, "a table sharded over replicas"
     if len(holders) > 1:
-        warnings.warn(f"sok table '{var_name(table)}' has slots in {len(holders)} optimizers; "
-                      f"the Keras weights file keeps none of them (sok.dump(path, vars, "
-                      f"optimizer) keeps one's)")
-        return None
-    return holders[0] if holders else None
+        return None, f"its slots are in {len(holders)} optimizers"
+    return (holders[0] if holders else None), None
 
 
 def keras_load(table, store):
@@ -1563,19 +1569,15 @@ def keras_load(table, store):
     if shard.fixed_rows is not None:
         in_row_order(arrays, name, shard.fixed_rows, f"load_weights: {source}",
                      holder="the file")
-    holders = wrappers_with_slots(table) if trained is not None else []
-    if trained is not None and (len(holders) > 1 or len(replica_shards.shards_of(table)) != 1):
-        # Whose slots they are is unclear, or (a table sharded over a
-        # MirroredStrategy's replicas) its shards take theirs through
-        # tf.train.Checkpoint or sok.load.
-        why = (f"its slots are in {len(holders)} optimizers" if len(holders) > 1
-               else "a table sharded over replicas")
+    optimizer = why = None
+    if trained is not None:
+        optimizer, why = _keras_slot_holder(table, kept=True)
+    if why is not None:
         warnings.warn(
             f"load_weights: the file's slots and step of sok table '{name}' are not restored "
             f"({why}); restore them with sok.load(path, vars, optimizer) or "
             f"tf.train.Checkpoint")
         trained = None
-    optimizer = holders[0] if trained is not None and holders else None
     if optimizer is not None and not _slots_match(optimizer, trained, name):
         optimizer = trained = None
     # The slots are converted (and checked) to the table's dtype with its

@@ -628,10 +628,12 @@ _every_wrapper = weakref.WeakSet()
 
 def wrappers_with_slots(table):
     """The OptimizerWrappers (explicit, or a native optimizer's under
-    sok.OptimizerScope) still in use that hold slots for `table`. An
-    optimizer dropped by its user goes with its wrapper (_NativeWrapper
+    sok.OptimizerScope) still in use that hold slots for `table`, or for a
+    shard of it (a table sharded over replicas has its slots per shard).
+    An optimizer dropped by its user goes with its wrapper (_NativeWrapper
     holds it weakly), so it counts no longer."""
-    return [w for w in list(_every_wrapper) if w.has_slots(table)]
+    parts = [table] + [s for s in replica_shards.shards_of(table) if s is not table]
+    return [w for w in list(_every_wrapper) if any(w.has_slots(part) for part in parts)]
 
 
 # The attribute of a table that holds the optimizer state a Keras 3
