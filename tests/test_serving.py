@@ -1428,6 +1428,30 @@ def test_a_tf1_build_fn_reading_a_training_graph_dynamic_table_is_refused(tmp_pa
     assert not os.path.exists(str(tmp_path / "export"))
 
 
+def test_a_tf1_training_graph_with_two_dynamic_tables_of_one_name_is_refused(tmp_path):
+    """Two DynamicVariables named alike in the trained graph: the serving
+    table of that name took the rows of one of them, without a word. Now a
+    ValueError naming the name, nothing written."""
+    with tf.Graph().as_default():
+        sok.init()
+        tables = [sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+                  for _ in range(2)]
+        fill = [sok.assign(t, tf.constant([k], tf.int64), tf.fill([1, 2], float(k)))
+                for k, t in enumerate(tables, 1)]
+
+        def build_fn():
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            served = sok.DynamicVariable(dimension=2, initializer="zeros", name="user")
+            return {"ids": ids}, {"out": sok.all2all_dense_embedding(served, ids)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(fill)
+            with pytest.raises(ValueError, match=r"two sok tables named 'user'.*distinct names"):
+                sok.export_for_serving(build_fn, str(tmp_path / "export"), session=sess)
+    assert not os.path.exists(str(tmp_path / "export"))
+
+
 def test_a_tf1_build_fn_reading_a_static_table_with_stock_ops_serves_its_trained_rows(
         tmp_path):
     """A sok.Variable that build_fn reads with tf.nn.embedding_lookup (no sok

@@ -622,9 +622,26 @@ def _session_values(session):
     values = {v.op.name: x for v, x in zip(plain, got)}
     tables = {}
     for v in variables:
-        if is_sok_variable(v):
-            tables[v.name if is_dynamic(v) else v.op.name] = v
+        if not is_sok_variable(v):
+            continue
+        name = v.name if is_dynamic(v) else v.op.name
+        if name in tables and not _shards_of_one_table(tables[name], v):
+            # A serving table is filled from the trained table of its name:
+            # one of the two was served in place of the other, without a word.
+            raise ValueError(
+                f"export_for_serving: the trained graph holds two sok tables named "
+                f"'{name}', which the serving graph's tables cannot tell apart: give them "
+                f"distinct names (name=...)")
+        tables[name] = v
     return raw, values, tables
+
+
+def _shards_of_one_table(a, b):
+    """Whether `a` and `b` are shards of one table (its replicas' shards
+    share its name), held by the same ReplicaShards."""
+    holder_a, holder_b = (getattr(t, "_replica_holder", None) for t in (a, b))
+    return holder_a is not None and holder_b is not None and \
+        holder_a() is not None and holder_a() is holder_b()
 
 
 def _refuse_other_static_shapes(tables, table_sources):
