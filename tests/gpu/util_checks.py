@@ -251,6 +251,28 @@ def check_util(lib, rng):
                         fail(f"unique of {len(wy)} distinct values in a set of 64 did not "
                              f"report the overflow cleanly (num_unique {int(op.num[0])}, "
                              f"outputs untouched: {untouched}) n={n} {case}")
+    # The bounded set's limit is half its slots, counted over the whole
+    # grid (claims are added per block at the end of the insert): 32
+    # distinct keys spread over 600,000 positions (thousands of blocks) fit
+    # a set of 64, and 33 overflow it, for a key claimed in any block.
+    for distinct in (32, 33):
+        x = rng.permutation(np.resize(np.arange(distinct, dtype=np.int64) * 7919 - 99,
+                                      600000))
+        wy, widx, wcount = unique_reference(x)
+        for counts in (True, False):
+            op = Unique(lib, np.int64, np.int32, x.size, counts=counts, set_slots=64)
+            op(cp.asarray(x))
+            cp.cuda.get_current_stream().synchronize()
+            cases += 1
+            if distinct == 32:
+                y, idx, count = op.result()
+                if not (np.array_equal(y, wy) and np.array_equal(idx, widx)
+                        and (count is None or np.array_equal(count, wcount))):
+                    fail(f"unique of 32 distinct keys in a set of 64 (its limit) differs "
+                         f"from numpy (counts={counts})")
+            elif int(op.num[0]) != -1:
+                fail(f"unique of 33 distinct keys in a set of 64 did not overflow "
+                     f"(num_unique {int(op.num[0])}, counts={counts})")
     # A set size that is not a power of two >= 64 is refused.
     for bad in (32, 100, -64):
         size = ctypes.c_size_t(0)

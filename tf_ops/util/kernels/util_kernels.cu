@@ -132,11 +132,17 @@ __global__ void ClearSlots(HashSlot<K>* __restrict__ slot, int64_t slots,
 // keys were all seen before changes nothing: a batch of few distinct keys
 // (8M keys of 8192, DemoModel-style) then inserts without an atomic.
 // kBounded: a set smaller than 2n (see above): claims are counted, and a
-// probe sequence ends after visiting every slot.
+// probe sequence ends after visiting every slot. The count is added once
+// per block at the end, not once per claim: a million claims of a batch on
+// one counter were a million atomics on one address, taken one at a time.
+// Past half full the set still works (fuller, slower probes, bounded by
+// the probe limit), and the overflow flag then sends the batch to the full
+// set, as before.
 template <typename K, bool kCount, bool kBounded>
 __global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set, uint32_t mask,
                            uint32_t* __restrict__ slot_of, uint32_t* __restrict__ claims) {
   const int lane = threadIdx.x & 31;
+  uint32_t claimed_here = 0;
   const int64_t warps = static_cast<int64_t>(gridDim.x) * blockDim.x / 32;
   for (int64_t base = (blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x) / 32 * 32;
        base < n; base += warps * 32) {
@@ -163,7 +169,7 @@ __global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set,
           if (seen == EmptyKey<K>()) {
             const K prev = SwapIfEmpty(&set[h].key, EmptyKey<K>(), k);
             if (prev == EmptyKey<K>()) {
-              if (kBounded && atomicAdd(claims, 1u) >= (mask + 1) / 2) claims[1] = 1;
+              if (kBounded) ++claimed_here;
               break;
             }
             if (prev == k) break;
@@ -183,6 +189,21 @@ __global__ void HashInsert(const K* __restrict__ x, int64_t n, HashSlot<K>* set,
       if (static_cast<int32_t>(p) < set[slot].first) {
         atomicMin(&set[slot].first, static_cast<int32_t>(p));
       }
+    }
+  }
+  if (kBounded) {
+    // Every thread of the block is past its loop here.
+    __shared__ uint32_t block_claims;
+    if (threadIdx.x == 0) block_claims = 0;
+    __syncthreads();
+    for (int offset = 16; offset > 0; offset /= 2) {
+      claimed_here += __shfl_down_sync(0xffffffffu, claimed_here, offset);
+    }
+    if (lane == 0 && claimed_here != 0) atomicAdd(&block_claims, claimed_here);
+    __syncthreads();
+    if (threadIdx.x == 0 && block_claims != 0 &&
+        atomicAdd(claims, block_claims) + block_claims > (mask + 1) / 2) {
+      claims[1] = 1;
     }
   }
 }
