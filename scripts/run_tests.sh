@@ -25,6 +25,8 @@ VERSIONS="${SOK_GRAPH_TF_VERSIONS:-2.15.1 2.21.0 1.15.0}"
 # The Horovod tests fail instead of skipping when Horovod is missing:
 # setup_env.sh --with-horovod installs it.
 export SOK_GRAPH_REQUIRE_HOROVOD=1
+# So do the MovieLens ones when the recbole wheel (the data set) is missing.
+export SOK_GRAPH_REQUIRE_MOVIELENS=1
 # The suite tests this checkout, built here: never a wheel named for the
 # main job (SOK_GRAPH_WHEEL, see setup_env.sh).
 unset SOK_GRAPH_WHEEL
@@ -102,7 +104,7 @@ for version in $VERSIONS; do
 
   echo "=== TensorFlow $version: bazel test //..."
   bazel_test "TensorFlow $version: bazel test //..." //... --cache_test_results=no \
-    --test_env=SOK_GRAPH_REQUIRE_HOROVOD
+    --test_env=SOK_GRAPH_REQUIRE_HOROVOD --test_env=SOK_GRAPH_REQUIRE_MOVIELENS
   if [ "$sanitizers_run" = no ]; then
     # The C++ cores do not link TensorFlow: once, under both sanitizers.
     sanitizers_run=yes

@@ -66,6 +66,17 @@ needs_horovod = pytest.mark.skipif(
     reason="Horovod is not installed (scripts/install_horovod.sh builds it; CI requires it)")
 
 
+# The main job's data set is the recbole wheel's MovieLens-100k
+# (scripts/setup_env.sh installs it). Where no registry is reachable (the GPU
+# machines) its tests skip; CI sets SOK_GRAPH_REQUIRE_MOVIELENS=1
+# (scripts/run_tests.sh), and there a missing wheel fails them.
+needs_movielens = pytest.mark.skipif(
+    importlib.util.find_spec("recbole") is None
+    and not os.environ.get("SOK_GRAPH_REQUIRE_MOVIELENS"),
+    reason="MovieLens-100k comes from the recbole wheel, not installed here "
+           "(scripts/setup_env.sh installs it; CI requires it)")
+
+
 MAIN_JOB_CONFIGS = [
     pytest.param("tf2", 1, marks=tf2_program), ("tf1", 1),
     pytest.param("tf2", 2, marks=[needs_horovod, tf2_program]),
@@ -89,6 +100,7 @@ def main_job(tmp_path_factory, mode, workers):
     return _main_job_runs[key]
 
 
+@needs_movielens
 @pytest.mark.parametrize("mode,workers", MAIN_JOB_CONFIGS)
 def test_movielens_main_job_beats_popularity(tmp_path_factory, mode, workers):
     stdout, out = main_job(tmp_path_factory, mode, workers)
@@ -104,6 +116,7 @@ def test_movielens_main_job_beats_popularity(tmp_path_factory, mode, workers):
     assert abs(served - trained) <= 1e-5, stdout
 
 
+@needs_movielens
 @pytest.mark.parametrize("mode,workers", MAIN_JOB_CONFIGS)
 def test_movielens_main_job_keeps_the_best_validation_epoch(tmp_path_factory, mode, workers):
     """Each worker keeps the epoch whose validation AUC (as printed) is the
@@ -248,6 +261,7 @@ def test_the_bench_scripts_refuse_bad_flags_naming_them():
         assert proc.returncode == 2 and message in proc.stderr, (script, argv, proc.stderr[-2000:])
 
 
+@needs_movielens
 def test_movielens_main_job_writes_a_damaged_cache_again(tmp_path):
     """A damaged movielens100k.parquet in --out (another program's write, a
     copy cut short) failed every later run in pyarrow; it is converted
