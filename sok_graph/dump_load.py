@@ -519,12 +519,18 @@ _MANIFEST_PARTS = (FILTER_KIND, FILTER_CALLS)
 
 
 def _merged_counts(entries, counts):
-    """The counts of every shard as one sorted list: a key is counted by its
-    owner only; a sketch's counter index by every shard, so those add up."""
+    """The counts of every shard as one sorted list. A key is counted by its
+    owner only, so a key's entry comes from one shard. A sketch's counter
+    index is in every shard, each counting the keys its shard owns: the
+    merged counter is the largest of them. That bounds the count of every
+    key from above, as a count-min sketch must (a key can enter early, never
+    late), and, since a load gives every shard the merged counters, a dump
+    after a load writes them again unchanged; their sum was multiplied by
+    the number of shards at each dump-and-load."""
     merged, where = np.unique(entries, return_inverse=True)
-    total = np.zeros(merged.shape, np.int64)
-    np.add.at(total, where, counts)
-    return {"filter.keys": merged, "filter.counts": total}
+    largest = np.zeros(merged.shape, np.int64)
+    np.maximum.at(largest, where, counts)
+    return {"filter.keys": merged, "filter.counts": largest}
 
 
 def _shard_tensors(var, optimizer):

@@ -232,6 +232,22 @@ def _check_dump_chain(chain, run, tmp_path):
             np.testing.assert_array_equal(
                 got[name], first[name],
                 err_msg=f"{name} after {chain[k - 1]} -> {world} workers")
+    # A count-min sketch's counters, each the largest over the shards that
+    # counted: loaded and dumped again by any number of workers, the same
+    # counters (their sum, dumped before, grew with the workers each time).
+    sketches = [_sketch_counts(tmp_path / f"ckpt{k}_sketch") for k in range(len(chain))]
+    assert sketches[0][1].sum() > 0
+    for k, (entries, counts) in enumerate(sketches[1:], 1):
+        np.testing.assert_array_equal(entries, sketches[0][0])
+        np.testing.assert_array_equal(counts, sketches[0][1],
+                                      err_msg=f"sketch after {chain[k - 1]} -> {chain[k]} workers")
+
+
+def _sketch_counts(path):
+    from sok_graph import dump_load
+
+    _, arrays = dump_load.read_dump(str(path), {"sketched_table": 4})
+    return arrays["sketched_table"]["filter.keys"], arrays["sketched_table"]["filter.counts"]
 
 
 @needs_tf2_collectives

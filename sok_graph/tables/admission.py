@@ -30,8 +30,9 @@ The counts are part of the table's state: sok.dump writes them next to the
 rows and sok.load restores them (a dump without counts starts them afresh;
 counts kept another way, exact or a sketch of another size, are refused);
 for tables sharded over workers each worker counts the keys it owns (a
-sketch dumps the counters of all shards added up, and each shard loads that
-sum, which can only overestimate). So is the call count that salts
+sketch dumps, counter by counter, the largest of its shards' counts, and
+each shard loads those: a key's count can only be overestimated, and a dump
+after a load writes the same counters). So is the call count that salts
 filter_ratio's draws: a load goes on drawing where the dump left off (from
 0 again, a restarted job would repeat its first calls' draws and turn the
 same keys away). tf.train.Checkpoint saves both as well, as an object of

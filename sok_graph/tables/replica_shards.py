@@ -354,10 +354,10 @@ class ReplicaAdmission(compat.trackable_base_class()):
     """The admission filter's state of a dynamic table sharded over replicas,
     saved where and as one table of a process of its own saves it (its
     "admission" child): the counts of every shard (per key: each key's, held
-    by its owner; a sketch's counters: the sum of every shard's, as
+    by its owner; a sketch's counters: each the largest of the shards', as
     sok.dump merges them) and the most calls of the shards' draws. Restored
     into any number of replicas or none: per key, each shard takes the keys
-    it owns; a sketch, the whole sum (as sok.load gives it). Each shard's
+    it owns; a sketch, the merged counters (as sok.load gives them). Each shard's
     counts were filed under the shard, and came back with the same number
     of replicas only."""
 
@@ -370,7 +370,8 @@ class ReplicaAdmission(compat.trackable_base_class()):
         counts = tf.concat([p["counts"] for p in parts], 0)
         if self._shards[0].admission.kind == "sketch":
             entries, at = tf.unique(entries)
-            counts = tf.math.unsorted_segment_sum(counts, at, tf.size(entries))
+            # Each counter the largest of the shards' (dump_load._merged_counts).
+            counts = tf.math.unsorted_segment_max(counts, at, tf.size(entries))
         calls = tf.concat([tf.reshape(p["calls"], [-1]) for p in parts], 0)
         calls = tf.cond(tf.size(calls) > 0, lambda: tf.reduce_max(calls, keepdims=True),
                         lambda: tf.zeros([0], tf.int64))

@@ -4,10 +4,12 @@
       Adam (OptimizerWrapper), dumps them with the optimizer's state to
       --path, and writes what this worker holds (global ids/keys, rows, Adam's
       m and v) to <out>/rank<r>.npz, and what sok.incremental_model_dump
-      returns on this process to <out>/incremental<r>.npz.
+      returns on this process to <out>/incremental<r>.npz; and a table's
+      count-min sketch (admission counts) to --path + "_sketch".
   --phase load: builds the same tables and optimizer, sok.load's --path and
       writes what this worker holds after the load, the same way; with
-      --redump, dumps again (so a chain of world sizes can be checked).
+      --redump, dumps again (so a chain of world sizes can be checked),
+      the sketch too.
       With --refuse_on R, worker R's dynamic table holds at most 4 rows, so
       its checks refuse the dump; with --unreadable_on R, worker R reads
       --path + "_damaged" (a copy whose file the test damaged) instead:
@@ -81,6 +83,10 @@ def main():
     dynamic = sok.DynamicVariable(dimension=DIM, initializer="normal", name="dynamic_table",
                                   **bound)
     tables = [static, dynamic]
+    # A count-min sketch's counters: every lookup counts its keys, on the
+    # key's owner; only dumped and loaded (it trains nothing).
+    sketched = sok.DynamicVariable(dimension=DIM, initializer="zeros", name="sketched_table",
+                                   min_count=1000, min_count_counters=64, min_count_hashes=2)
     opt = sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1))
     if args.phase == "dump":
         # Each worker (replica) its own ids.
@@ -95,6 +101,7 @@ def main():
             with tf.GradientTape() as tape:
                 a, b = sok.lookup_sparse(tables, [ids_s, ids_d], combiners=["sum", "sum"])
                 loss = tf.reduce_sum(a * a) + tf.reduce_sum(b)
+            sok.lookup_sparse(sketched, ids_d, combiners="sum")
             grads = tape.gradient(loss, tables)
             opt.apply_gradients(zip(grads, tables))
             return loss
@@ -150,6 +157,7 @@ def main():
                 raise AssertionError(f"rank {rank}: a dump to the workers' own paths returned")
             assert not any(os.path.exists(p) for p in apart)
         sok.dump(args.path, tables, optimizer=opt)
+        sok.dump(args.path + "_sketch", [sketched])
         if args.refused_path:
             from sok_graph.dump_load import CheckpointError
 
@@ -204,8 +212,10 @@ def main():
         return
     else:
         sok.load(args.path, tables, optimizer=opt)
+        sok.load(args.path + "_sketch", [sketched])
         if args.redump:
             sok.dump(args.redump, tables, optimizer=opt)
+            sok.dump(args.redump + "_sketch", [sketched])
     os.makedirs(args.out, exist_ok=True)
     # A mirrored run holds every replica's shard: one file per replica.
     for r, shards in enumerate(zip(*[getattr(t, "shards", [t]) for t in tables]), rank):

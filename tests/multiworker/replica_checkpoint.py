@@ -79,8 +79,9 @@ def _slot_contents(opt, static, dynamic, run=None):
 
 
 # Admission counts: per key (each key's count, held by its owner), and a
-# sketch's counters (given to shard 0 only, so that their sum over the
-# shards, which a checkpoint holds, is the same for any number of replicas).
+# sketch's counters, given to every shard as a load gives them: a checkpoint
+# holds each counter's largest over the shards, the same for any number of
+# replicas (their sum, kept before, grew with the replicas at every save).
 COUNTED_KEYS = np.arange(100, 112, dtype=np.int64)
 SKETCH_ENTRIES = np.arange(8, dtype=np.int64)
 
@@ -99,13 +100,12 @@ def _write_counts(counted, sketched):
         world, rank, _ = shard.placement
         keys = COUNTED_KEYS[np.mod(COUNTED_KEYS, world) == rank]
         shard.admission.restore(tf.constant(keys), tf.constant(keys - 95))
-    first = replica_shards.shards_of(sketched)[0]
-    first.admission.restore(tf.constant(SKETCH_ENTRIES), tf.constant(SKETCH_ENTRIES + 1))
+    for shard in replica_shards.shards_of(sketched):
+        shard.admission.restore(tf.constant(SKETCH_ENTRIES), tf.constant(SKETCH_ENTRIES + 1))
 
 
-def _check_counts(counted, sketched, run=None, saving=False):
-    """Each key's count on its owner; the sketch's counters on every shard
-    after a restore (on shard 0 only as written)."""
+def _check_counts(counted, sketched, run=None):
+    """Each key's count on its owner; the sketch's counters on every shard."""
     from sok_graph.tables import replica_shards
 
     run = run or (lambda t: [np.asarray(x) for x in t])
@@ -117,7 +117,7 @@ def _check_counts(counted, sketched, run=None, saving=False):
         np.testing.assert_array_equal(keys[order], want, err_msg=f"counted shard {rank}")
         np.testing.assert_array_equal(counts[order], want - 95, err_msg=f"counted shard {rank}")
     shards = replica_shards.shards_of(sketched)
-    for shard in shards[:1] if saving else shards:
+    for shard in shards:
         entries, counts = run(shard.admission.export())
         order = np.argsort(entries)
         np.testing.assert_array_equal(entries[order], SKETCH_ENTRIES)
@@ -197,7 +197,7 @@ def main():
         # The restore makes the slots (no step was taken).
         checkpoint.read(args.path)
     _check_slots(_slot_contents(opt, static, dynamic), n)
-    _check_counts(counted, sketched, saving=saving)
+    _check_counts(counted, sketched)
     # Every replica's step counter (each replica counts its own applies).
     assert [int(opt._step_variable(r).numpy()) for r in range(n)] == [STEP] * n
     keys, got = (np.asarray(t) for t in sok.export(static))
