@@ -1248,14 +1248,24 @@ def _workers_agree(refusal, source):
 
 def _check_fits(variables, loaded, source):
     """CheckpointError, before any table changes, where a table cannot take
-    the rows it would own: keys outside its key dtype, admission counts kept
-    another way, or more rows than its bound (a dynamic table's
-    max_capacity). A static table's rows were matched by read_dump: its
+    the rows it would own: keys outside its key dtype or given twice,
+    admission counts kept another way, or more rows than its bound (a
+    dynamic table's max_capacity). A static table's rows were matched by read_dump: its
     int64 keys and its own rows always fit."""
     for name, table in variables.items():
         for var in replica_shards.shards_of(table):
             keys = loaded[name]["keys"][owned_mask(var, loaded[name]["keys"])]
             check_keys_fit(keys, var.key_dtype, f"variable '{name}'", source)
+            ordered = np.sort(keys, kind="stable")
+            twice = ordered[1:][ordered[1:] == ordered[:-1]]
+            if twice.size:
+                # A dump writes each key once; a table's own check of the
+                # repeat failed on its owner only, after the other workers
+                # had loaded.
+                raise CheckpointError(
+                    f"variable '{name}': {source} holds key {int(twice[0])} more than once "
+                    f"(a dump holds each key once): it was not written by sok.dump, or was "
+                    f"changed since")
             dumped = loaded[name].get(FILTER_KIND)
             admission = var.admission
             if dumped is not None and admission is not None and admission.counting \

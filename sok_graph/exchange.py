@@ -111,7 +111,7 @@ def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=Fa
     def read(received, occurrences=None):
         if occurrences is not None:
             return table.read_counted(received, occurrences, low_frequency_filter)
-        return table.sparse_read(received, low_frequency_filter=low_frequency_filter)
+        return table.read_routed(received, low_frequency_filter=low_frequency_filter)
 
     counted = table.admission is not None and table.admission.counting
     return _exchange(comm, keys, owner_of(table, keys), read, name, counted)

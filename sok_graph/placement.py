@@ -112,6 +112,37 @@ def owned_mask(var, ids):
     return np.mod(ids.astype(np.int64), world_size) == rank
 
 
+def checked_owned(var, keys, what, advice):
+    """`keys` (an integer tensor) once a check that this worker owns each has
+    passed: eagerly a ValueError now, in a graph an assertion when it runs.
+    `what` names the call ("sok.assign", "DynamicVariable.sparse_read"),
+    `advice` what to do instead. A key another worker owns went into this
+    worker's shard, where no lookup reads it, and a dump then held two rows
+    of the key (one its load refused, on one worker only). One worker: no
+    check."""
+    world_size, rank, _ = var.placement
+    if world_size == 1 or not keys.dtype.is_integer:
+        return keys
+    owners = owner_of(var, keys)
+    words = (f"{what} works on the shard of table '{var.name}' this worker holds (worker "
+             f"{rank} of {world_size}, which owns the keys k with k mod {world_size} == {rank}"
+             f", or every key of a table localized on it); {advice}. Got a key of worker")
+    if tf.executing_eagerly():
+        flat = tf.reshape(keys, [-1])
+        foreign = np.flatnonzero(tf.reshape(owners, [-1]).numpy() != rank)
+        if foreign.size:
+            first = int(foreign[0])
+            raise ValueError(f"{words} {int(tf.reshape(owners, [-1])[first])}: "
+                             f"{int(flat[first])} at position {first}")
+        return keys
+    foreign = tf.not_equal(owners, rank)
+    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(foreign)),
+                                [words, tf.boolean_mask(owners, foreign)[:1], "key",
+                                 tf.boolean_mask(keys, foreign)[:1]])
+    with tf.control_dependencies([check]):
+        return tf.identity(keys)
+
+
 def owned_count(var, n):
     """How many of the global ids or keys 0..n-1 this worker holds (as
     owned_mask counts them, without making the n ids)."""

@@ -7,7 +7,6 @@ replica's shard inside strategy.run; outside, export gives every shard's rows
 (the process holds them all) and assign needs a replica.
 """
 
-import numpy as np
 import tensorflow as tf
 
 from sok_graph import placement
@@ -52,7 +51,8 @@ def assign(var, indices, values):
         raise ValueError(f"values for sok.assign must have shape [len(indices), {dim}] "
                          f"(indices has shape {indices.shape}); got shape {values.shape}")
     if is_dynamic(var):
-        indices = _owned_keys(var, indices)
+        indices = placement.checked_owned(var, indices, "sok.assign",
+                                          "assign each key on the worker that owns it")
         # Its slots drop a key the write evicted (see DynamicVariable._scatter).
         return var.scatter_update(indices, values)
     if not indices.dtype.is_integer:
@@ -74,35 +74,6 @@ def assign(var, indices, values):
         with tf.control_dependencies([check]):
             indices = tf.identity(indices)
     return var.scatter_update(tf.IndexedSlices(values, indices))
-
-
-def _owned_keys(var, keys):
-    """`keys` once a check that this worker owns each has passed (eagerly a
-    ValueError now, in a graph an assertion when it runs). A key another
-    worker owns went into this worker's shard, where no lookup reads it, and
-    a dump then held two rows of the key (one its load refused, on one
-    worker only)."""
-    world_size, rank, _ = var.placement
-    if world_size == 1 or not keys.dtype.is_integer:
-        return keys
-    owners = placement.owner_of(var, keys)
-    words = (f"sok.assign writes the shard of table '{var.name}' this worker holds (worker "
-             f"{rank} of {world_size}, which owns the keys k with k mod {world_size} == {rank}"
-             f", or every key of a table localized on it); assign each key on the worker "
-             f"that owns it. Got a key of worker")
-    if tf.executing_eagerly():
-        foreign = np.flatnonzero(owners.numpy() != rank)
-        if foreign.size:
-            first = int(foreign[0])
-            raise ValueError(f"{words} {int(owners[first])}: {int(keys[first])} at position "
-                             f"{first}")
-        return keys
-    foreign = tf.not_equal(owners, rank)
-    check = tf.debugging.Assert(tf.logical_not(tf.reduce_any(foreign)),
-                                [words, tf.boolean_mask(owners, foreign)[:1], "key",
-                                 tf.boolean_mask(keys, foreign)[:1]])
-    with tf.control_dependencies([check]):
-        return tf.identity(keys)
 
 
 def export(var):
@@ -142,6 +113,8 @@ def sparse_read_and_evict(var, indices, name=None):
       evicted), e.g. to move them to another store; optimizer slots of the
       table drop those keys as they do on any eviction.
     """
+    # A table sharded over MirroredStrategy replicas: the replica's shard.
+    var = replica_shards.resolve(var, "sok.sparse_read_and_evict")
     if not is_dynamic(var):
         raise TypeError("sok.sparse_read_and_evict takes a sok.DynamicVariable; got "
                         f"{type(var).__name__}")

@@ -256,6 +256,34 @@ def test_files_of_another_dump_are_refused(tmp_path):
     np.testing.assert_array_equal(v.numpy(), np.full((3, 2), 2.0))
 
 
+def test_a_dump_holding_a_key_twice_is_refused_before_any_table_changes(tmp_path):
+    """A dump whose keys file holds a key twice (rewritten by another
+    program, checksums and all) is refused naming the variable and the key,
+    before any table changes: the table's own check of the repeat failed
+    on the key's owner only, after the other workers had loaded."""
+    path = str(tmp_path / "d")
+    table = sok.DynamicVariable(2, name="t", initializer="zeros")
+    sok.assign(table, tf.constant([3, 5, 9], tf.int64), np.arange(6, dtype=np.float32).reshape(3, 2))
+    sok.dump(path, [table])
+    # Key 9 written as 5 again, the file's and the manifest's checksums
+    # made to match.
+    crc = dump_load._write_array(os.path.join(path, "t.keys"), np.array([3, 5, 5], np.int64))
+    with open(os.path.join(path, "manifest.json")) as f:
+        manifest = json.load(f)
+    manifest["variables"]["t"]["crc32"]["keys"] = crc
+    del manifest["checksum"]
+    manifest["checksum"] = dump_load._manifest_checksum(manifest)
+    with open(os.path.join(path, "manifest.json"), "w") as f:
+        json.dump(manifest, f)
+    sok.assign(table, tf.constant([7], tf.int64), [[1.0, 1.0]])
+    keys, rows = (np.asarray(x) for x in sok.export(table))
+    with pytest.raises(CheckpointError, match=r"variable 't': .* holds key 5 more than once"):
+        sok.load(path, [table])
+    after_keys, after_rows = (np.asarray(x) for x in sok.export(table))
+    np.testing.assert_array_equal(after_keys, keys)
+    np.testing.assert_array_equal(after_rows, rows)
+
+
 def test_interrupted_dump_keeps_previous_dump_loadable(tmp_path):
     """Kill a process while it overwrites a dump: what load() finds is a
     complete dump, the old one or the new one, never a broken one."""

@@ -564,7 +564,17 @@ def test_a_refused_export_leaves_the_previous_one(tmp_path):
     assert (tmp_path / "model" / "README.txt").read_text() == "mine"
     warmup.unlink()
     (tmp_path / "model" / "README.txt").unlink()
+    # The staging directory of an export killed mid-write (its process
+    # gone) is deleted by the next export; a live writer's stays.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"model.tmp-{gone.pid}-0123abcd"
+    live = tmp_path / f"model.tmp-{os.getpid()}-4567cdef"
+    for staged in (dead, live):
+        staged.mkdir()
+        (staged / "saved_model.pb").write_bytes(b"half")
     sok.export_for_serving(Good(), export_dir, sig)  # an export of its own files only
+    assert not dead.exists() and (live / "saved_model.pb").read_bytes() == b"half"
 
 
 @tf2_only

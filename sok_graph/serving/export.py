@@ -34,7 +34,8 @@ import tensorflow as tf
 
 from sok_graph import communication, context, dump_load
 from sok_graph.communication import agreement
-from sok_graph.dump_load import no_room_error, staging_dir, swap_into_place, writers_take_turns
+from sok_graph.dump_load import (no_room_error, remove_dead_writers_tmp, staging_dir,
+                                 swap_into_place, writers_take_turns)
 from sok_graph.tables import admission, is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables.dynamic import DynamicVariable
@@ -496,6 +497,9 @@ def _staged(export_dir):
     if refused is not None:
         raise refused
     final = os.path.abspath(os.fspath(export_dir))
+    # Staging directories of exports killed mid-write (their process is
+    # gone) were left beside the export for good, a model's size each.
+    remove_dead_writers_tmp(final)
     tmp = staging_dir(final)
     try:
         yield tmp

@@ -127,6 +127,13 @@ class _TableRefs:
         return len(self._tables)
 
 
+# What a table sharded over workers tells a caller who passed another
+# worker's key to a method that works on this worker's shard only.
+_READ_ADVICE = ("read keys of every worker with sok.lookup_sparse, which sends each key "
+                "to its owner")
+_WRITE_ADVICE = "write each key on the worker that owns it"
+
+
 class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     """``DynamicVariable(dimension, initializer=None, var_type=None, name=None,
     constraint=None, trainable=True, key_type=None, dtype=None, mode=None,
@@ -586,14 +593,29 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         missing ones (those the table's admission filter admits; the others
         read its default row); differentiable. int32 keys of an int64 table
         are widened (as SOK does). low_frequency_filter: apply filter_ratio
-        too (SOK's use_low_frequency_filter)."""
+        too (SOK's use_low_frequency_filter). Sharded over workers: keys
+        this worker owns only (sok.lookup_sparse reads any key)."""
+        keys = self._owned(self._check_keys(keys, widen=True), "sparse_read", _READ_ADVICE)
+        return self._read(keys, low_frequency_filter, evicted_rows=False)[0]
+
+    def read_routed(self, keys, low_frequency_filter=False):
+        """sparse_read of keys a sharded lookup sent to this worker, their
+        owner (not checked again: the exchange routed them)."""
         return self._read(keys, low_frequency_filter, evicted_rows=False)[0]
 
     def read_evicting(self, keys, low_frequency_filter=False):
         """(rows, evicted_keys [m], evicted_rows [m, dimension]): sparse_read's
         rows, plus the entries the table evicted to make room for the new
         keys (none in serving mode, which inserts nothing)."""
+        keys = self._owned(self._check_keys(keys, widen=True), "sok.sparse_read_and_evict",
+                           _READ_ADVICE)
         return self._read(keys, low_frequency_filter, evicted_rows=True)
+
+    def _owned(self, keys, what, advice):
+        """`keys`, checked to be this worker's (placement.checked_owned)."""
+        if not what.startswith("sok."):
+            what = f"DynamicVariable.{what}"
+        return placement.checked_owned(self, keys, what, advice)
 
     def _read(self, keys, low_frequency_filter, evicted_rows):
         """(rows, evicted_keys, evicted_rows or None): the rows of keys (any
@@ -681,7 +703,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         low_frequency_filter = admission.checked_flag(low_frequency_filter,
                                                       "low_frequency_filter")
         if self._admission is None:
-            return self.sparse_read(distinct)
+            return self.read_routed(distinct)
         self._record_read()
         return self._admitted_rows(distinct, occurrences, low_frequency_filter)[0]
 
@@ -845,9 +867,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         elif rows is None:
             raise TypeError(f"DynamicVariable.{method} takes (keys, rows) or one "
                             f"tf.IndexedSlices; got keys {keys!r} and no rows")
+        keys = self._owned(self._check_keys(keys), method, _WRITE_ADVICE)
         # A key new to a full table evicts another: its slots go with it.
-        return dynamic_ops.scatter(self._handle, self._check_keys(keys), rows,
-                                   method[len("scatter_"):])
+        return dynamic_ops.scatter(self._handle, keys, rows, method[len("scatter_"):])
 
     def scatter_add(self, keys, rows=None, use_locking=False, name=None):
         return self._scatter("scatter_add", keys, rows)
@@ -983,6 +1005,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         if keys.shape.rank is not None and keys.shape.rank != 1:
             raise ValueError(f"DynamicVariable '{self._name}': {method} takes keys as a "
                              f"vector; got keys of shape {keys.shape}")
+        keys = self._owned(keys, method, _WRITE_ADVICE)
         rows = rows_of_dtype(rows, self._dtype, f"DynamicVariable '{self._name}'", method,
                              self._dtype.name)
         count = tf.compat.dimension_value(keys.shape[0])

@@ -195,10 +195,48 @@ def _check_assign_takes_only_the_replicas_own_keys(sok, strategy, n):
     try:
         strategy.run(tf.function(foreign))
     except tf.errors.InvalidArgumentError as e:
-        assert "sok.assign writes the shard" in str(e) and "worker that owns it" in str(e), e
+        assert "sok.assign works on the shard" in str(e) and "worker that owns it" in str(e), e
     else:
         raise AssertionError("sok.assign of another replica's key was taken")
     assert sorted(np.asarray(sok.export(table)[0]).tolist()) == list(range(n))
+    _check_shard_methods_take_only_the_replicas_own_keys(sok, strategy, n, table)
+
+
+def _check_shard_methods_take_only_the_replicas_own_keys(sok, strategy, n, table):
+    """The table's own reads and writes of a replica's shard (sparse_read,
+    scatter_update, import_rows, sok.sparse_read_and_evict) refuse a key
+    another replica owns, as sok.assign does: each put the key into the
+    wrong shard, where no lookup read it, and a dump then held it twice."""
+    import tensorflow as tf
+
+    bounded = sok.DynamicVariable(dimension=2, initializer="zeros", var_type="hybrid",
+                                  init_capacity=64, max_capacity=64)
+    calls = {
+        "DynamicVariable.sparse_read": (table, lambda shard, key: shard.sparse_read(key)),
+        "DynamicVariable.scatter_update": (
+            table, lambda shard, key: shard.scatter_update(key, [[5.0, 5.0]])),
+        "DynamicVariable.import_rows": (
+            table, lambda shard, key: shard.import_rows(key, [[5.0, 5.0]])),
+        "sok.sparse_read_and_evict": (
+            bounded, lambda shard, key: sok.sparse_read_and_evict(bounded, key)[0]),
+    }
+    for what, (var, call) in calls.items():
+        before = [np.asarray(x) for x in sok.export(var)]
+
+        def foreign():  # the next replica's key, on every replica
+            r = tf.distribute.get_replica_context().replica_id_in_sync_group
+            key = tf.reshape(tf.math.floormod(tf.cast(r, tf.int64) + 1, n) + 10 * n, [1])
+            return call(var.shard(what), key)
+
+        try:
+            strategy.run(tf.function(foreign))
+        except tf.errors.InvalidArgumentError as e:
+            assert f"{what} works on the shard of table" in str(e), (what, e)
+        else:
+            raise AssertionError(f"{what} of another replica's key was taken")
+        after = [np.asarray(x) for x in sok.export(var)]
+        for a, b in zip(before, after):
+            np.testing.assert_array_equal(a, b, err_msg=what)
 
 
 def _check_checkpoint_holds_every_shards_optimizer_slots(sok, strategy, table, dynamic, keys):
