@@ -562,6 +562,54 @@ def test_a_loss_scale_optimizer_is_refused_saying_what_to_do():
     sok.OptimizerWrapper(scaled.inner_optimizer)  # the way out
 
 
+_KERAS_2_ADAMS = {"new": lambda: tf.keras.optimizers.Adam(0.05),
+                  "legacy": lambda: tf.keras.optimizers.legacy.Adam(0.05)}
+
+
+@pytest.mark.skipif(not hasattr(tf.keras.mixed_precision, "LossScaleOptimizer")
+                    or compat.KERAS_MAJOR_VERSION >= 3,
+                    reason="Keras 2's LossScaleOptimizer (TF 2.4 on); Keras 3's is refused by "
+                           "sok.OptimizerScope, test_a_loss_scale_optimizer_is_refused_saying_"
+                           "what_to_do")
+@pytest.mark.parametrize("kind", sorted(_KERAS_2_ADAMS))
+@pytest.mark.parametrize("graph", [False, True], ids=["eager", "tf_function"])
+def test_adam_under_a_loss_scale_optimizer_counts_its_steps_as_keras_does(rng, graph, kind):
+    """Keras 2's LossScaleOptimizer(Adam) applying gradients to sok tables
+    (routed by sok.OptimizerScope to the inner Adam) and to a tf.Variable of
+    the same rows, with a step of non-finite gradients, which it skips:
+    every row ends as the tf.Variable's. Keras counts the skipped step in
+    Adam's `iterations`; the tables' step did not, so their bias correction
+    lagged a step. With the new Adam the LossScaleOptimizer built the inner
+    Adam for the tables too: a ValueError for a dynamic table, Adam slots
+    the size of a static one."""
+    if kind == "legacy" and not hasattr(tf.keras.optimizers, "legacy"):
+        pytest.skip("no tf.keras.optimizers.legacy before TF 2.11")
+    table = rng.standard_normal((6, 3)).astype(np.float32)
+    updates = [rng.standard_normal((6, 3)).astype(np.float32) for _ in range(5)]
+    updates[2][1, 0] = np.inf  # the skipped step
+    opt = tf.keras.mixed_precision.LossScaleOptimizer(_KERAS_2_ADAMS[kind](), initial_scale=1.0)
+    static, dynamic, plain = sok.Variable(table), dynamic_from(table), tf.Variable(table)
+    keys = tf.constant([3, 0, 5, 1, 4, 2], tf.int64)  # every row each step
+
+    def step(update):
+        rows = tf.gather(update, keys)
+        pairs = [(tf.IndexedSlices(rows, keys), v) for v in (static, dynamic)]
+        pairs.append((tf.IndexedSlices(rows, keys), plain))
+        with sok.OptimizerScope([static, dynamic]):
+            opt.apply_gradients(pairs)
+
+    run = tf.function(step) if graph else step
+    for update in updates:
+        run(tf.constant(update))
+    want = plain.numpy()
+    assert not np.allclose(want, table)
+    np.testing.assert_allclose(static.numpy(), want, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(rows_of(dynamic, 6), want, rtol=1e-5, atol=1e-6)
+    # Adam's own slots: the tf.Variable's only (the tables' are the wrapper's).
+    slots = [v for v in opt.variables() if v.shape.rank]
+    assert [tuple(v.shape) for v in slots] == [(6, 3), (6, 3)], slots
+
+
 def test_bad_optimizers():
     with pytest.raises(TypeError, match="must be a tf.compat.v1.train or Keras optimizer"):
         sok.OptimizerWrapper(object())

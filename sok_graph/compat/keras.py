@@ -74,6 +74,24 @@ def package_keras_optimizer_classes():
     return classes
 
 
+def loss_scale_classes_building_every_variable():
+    """Keras 2's LossScaleOptimizerV3 (the LossScaleOptimizer of its new
+    optimizers, in tf.keras and in tf_keras where imported): its
+    apply_gradients first builds the inner optimizer for every variable it
+    is given, sok tables included, before the inner optimizer's
+    apply_gradients (which sok.OptimizerScope routes) sees them. Keras 3's
+    and the legacy LossScaleOptimizer build nothing there."""
+    classes = []
+    for mixed in (getattr(tf.keras, "mixed_precision", None),
+                  getattr(sys.modules.get("tf_keras"), "mixed_precision", None)):
+        outer = getattr(mixed, "LossScaleOptimizer", None)
+        module = sys.modules.get(getattr(outer, "__module__", ""), None)
+        cls = getattr(module, "LossScaleOptimizerV3", None)
+        if isinstance(cls, type) and "build" in cls.__dict__ and cls not in classes:
+            classes.append(cls)
+    return classes
+
+
 def is_tf1_optimizer(opt):
     """A ``tf.compat.v1.train.Optimizer`` (GradientDescentOptimizer, ...)."""
     return isinstance(opt, tf.compat.v1.train.Optimizer)

@@ -346,9 +346,16 @@ class OptimizerWrapper(compat.trackable_base_class()):
             return None
         return native_state.native_rows(self._optimizer, self.algorithm, var, self.slot_names())
 
-    def apply_gradients(self, grads_and_vars, name=None, **kwargs):
+    def apply_gradients(self, grads_and_vars, name=None, steps_before=None, **kwargs):
         """Applies gradients; sok variables get sparse updates, others go to
-        the wrapped optimizer. Returns an op in graph mode."""
+        the wrapped optimizer. Returns an op in graph mode.
+
+        steps_before: the wrapped Keras optimizer's `iterations` before this
+        step (sok.OptimizerScope passes it): the step counter then goes on
+        from the larger of it and its own count. Keras 2's
+        LossScaleOptimizer counts a step it skips (non-finite gradients) in
+        `iterations` without calling this, so Adam's bias correction of the
+        tables' rows lagged that of the other weights by the skipped steps."""
         pairs = [(g, v) for g, v in _pairs(grads_and_vars) if g is not None]
         # A table sharded over replicas: the shard of the replica being built.
         sok_pairs = [(g, replica_shards.resolve(v, "apply_gradients"))
@@ -376,8 +383,14 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 self.create_slots(v)
             # In a graph the step counts only once the learning rate passed
             # its check (checked_rate), as the rows wait for it.
+            counter = self._step_variable()
+            counted = counter.read_value() if tf.executing_eagerly() else None
             with tf.control_dependencies(after_rate_check(lr)):
-                step = self._step_variable().assign_add(1)
+                if steps_before is None:
+                    step = counter.assign_add(1)
+                else:
+                    step = counter.assign(tf.maximum(
+                        counter.read_value(), tf.cast(steps_before, counter.dtype)) + 1)
             # In a graph the returned op runs the count itself: an update
             # whose formula takes no step (Adagrad, momentum) does not read
             # it, and the step stayed 0 (dumped as 0) on TF 1.15.
@@ -387,7 +400,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
                     lr = self._learning_rate(step)
                 except (TypeError, ValueError):
                     if tf.executing_eagerly():
-                        self._step_variable().assign_sub(1)
+                        counter.assign(counted)
                     raise
             fusable = [self._fusable(v) for _, v in sok_pairs]
             fused = [pair for pair, f in zip(sok_pairs, fusable)

@@ -136,7 +136,8 @@ def _optimizer_methods():
     apply_gradients, and Keras 3's apply(grads, trainable_variables), what
     its custom training loops call (it used to go past the scope: Keras
     made slots of its own for a static table and updated every row of it,
-    and a dynamic table was refused as if outside the scope)."""
+    and a dynamic table was refused as if outside the scope); and the build
+    of Keras 2's LossScaleOptimizerV3 (_routing_build)."""
     owners = []
     for base in (tf.compat.v1.train.Optimizer,) + compat.keras_optimizer_classes():
         names = ("apply_gradients",)
@@ -148,6 +149,7 @@ def _optimizer_methods():
                     if (cls, name) not in owners:
                         owners.append((cls, name))
                     break
+    owners += [(cls, "build") for cls in compat.loss_scale_classes_building_every_variable()]
     return owners
 
 
@@ -191,8 +193,13 @@ def _routing(original):
             tables = [getattr(v, "name", type(v).__name__) for _, v in sok_pairs]
             raise type(e)(f"sok.OptimizerScope routes the gradients of sok tables {tables} to "
                           f"{type(self).__name__}, which cannot update them: {e}") from None
-        result = wrapper.apply_gradients(sok_pairs, **counted)
         count = getattr(self, "iterations", None) if compat.is_keras_optimizer(self) else None
+        if hasattr(count, "assign_add"):
+            # The tables' step goes on from the Keras count (see the
+            # wrapper's steps_before), read before this step's native update
+            # adds to it.
+            counted["steps_before"] = steps_before = tf.identity(count)
+        result = wrapper.apply_gradients(sok_pairs, **counted)
         if not others and hasattr(count, "assign_add"):
             # A Keras optimizer counts its steps in `iterations` (what
             # callbacks, schedules and checkpoints read); it stayed 0.
@@ -204,13 +211,34 @@ def _routing(original):
         if others:
             if not takes_any:  # Keras 3 has no experimental_aggregate_gradients
                 kwargs = {k: v for k, v in kwargs.items() if k in params}
-            native = update_op(original(self, others, *args, **kwargs))
+            reads = [steps_before] if "steps_before" in counted \
+                and not tf.executing_eagerly() else []
+            with tf.control_dependencies(reads):
+                native = update_op(original(self, others, *args, **kwargs))
             if not tf.executing_eagerly() and native is not None:
                 result = tf.group(result, native)
         return result
 
     apply_gradients._sok_graph_routing = True
     return apply_gradients
+
+
+def _routing_build(original):
+    """build(var_list) of Keras 2's LossScaleOptimizerV3 that leaves sok
+    variables out while an OptimizerScope is open in this thread: it built
+    the inner optimizer for them, full-size Adam slots for a static table
+    (never used: the scope routes the table's update to the wrapper) and a
+    ValueError ("Cannot convert a partially known TensorShape") for a
+    dynamic one."""
+
+    @functools.wraps(original)
+    def build(self, var_list, *args, **kwargs):
+        if _scope_active():
+            var_list = [v for v in var_list if not is_sok_variable(v)]
+        return original(self, var_list, *args, **kwargs)
+
+    build._sok_graph_routing = True
+    return build
 
 
 def _routing_apply(original):
@@ -262,7 +290,8 @@ class OptimizerScope:
                 for cls, name in _optimizer_methods():
                     original = cls.__dict__[name]
                     _patched[(cls, name)] = original
-                    route = _routing if name == "apply_gradients" else _routing_apply
+                    route = {"apply_gradients": _routing, "apply": _routing_apply,
+                             "build": _routing_build}[name]
                     setattr(cls, name, route(original))
             _open_scopes += 1
         _state.depth = getattr(_state, "depth", 0) + 1
