@@ -194,10 +194,13 @@ def _routing(original):
             raise type(e)(f"sok.OptimizerScope routes the gradients of sok tables {tables} to "
                           f"{type(self).__name__}, which cannot update them: {e}") from None
         count = getattr(self, "iterations", None) if compat.is_keras_optimizer(self) else None
-        if hasattr(count, "assign_add"):
+        if hasattr(count, "assign_add") and tf.distribute.get_strategy().num_replicas_in_sync == 1:
             # The tables' step goes on from the Keras count (see the
             # wrapper's steps_before), read before this step's native update
-            # adds to it.
+            # adds to it. Not with several replicas in this process: each
+            # keeps a step counter of its own, and another replica's update
+            # of the shared count may come before this one's read (on GPUs
+            # the replicas' steps went 4, 5, 6 after two steps).
             counted["steps_before"] = steps_before = tf.identity(count)
         result = wrapper.apply_gradients(sok_pairs, **counted)
         if not others and hasattr(count, "assign_add"):
