@@ -131,6 +131,29 @@ def test_max_norm_forward_and_gradient_match_tf(rng, combiner):
 
 
 @pytest.mark.parametrize("combiner", COMBINERS)
+def test_max_norm_of_a_row_holding_nan_or_inf_is_tfs(combiner):
+    """A row holding a NaN has a NaN norm: TensorFlow's clip makes the whole
+    row and its gradient NaN. It was left unclipped (its other values and
+    its gradient finite, the NaN hidden). An infinite value: NaN there,
+    zeros elsewhere, in both."""
+    table = np.array([[np.nan, 1.0, 2.0], [3.0, 4.0, 0.0], [np.inf, 0.5, 0.5],
+                      [0.1, 0.2, 0.3]], np.float32)
+    rt = tf.ragged.constant([[0], [0, 1], [2, 3], [1, 3]], tf.int64)
+    for make in (tf.Variable, sok.Variable):
+        var_ref, var_got = tf.Variable(table), make(table)
+        with tf.GradientTape(persistent=True) as tape:
+            ref = tf.nn.embedding_lookup_sparse(var_ref, rt.to_sparse(), None,
+                                                combiner=combiner, max_norm=1.0)
+            got = sok.lookup_sparse(var_got, rt, combiners=combiner, max_norm=1.0)
+            loss_ref, loss_got = tf.reduce_sum(ref), tf.reduce_sum(got)
+        assert np.isnan(ref.numpy()[0]).all()
+        np.testing.assert_allclose(got.numpy(), ref.numpy(), rtol=1e-5, atol=1e-6)
+        g_ref = tf.convert_to_tensor(tape.gradient(loss_ref, var_ref)).numpy()
+        g_got = tf.convert_to_tensor(tape.gradient(loss_got, var_got)).numpy()
+        np.testing.assert_allclose(g_got, g_ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("combiner", COMBINERS)
 @pytest.mark.parametrize("weighted", [False, True])
 def test_gradient_is_unique_indexed_slices_equal_to_tf(rng, combiner, weighted):
     tables = [rng.standard_normal((30, 4)).astype(np.float32),

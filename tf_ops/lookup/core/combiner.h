@@ -70,7 +70,11 @@ SOK_HOST_DEVICE inline float CombinerScale(Combiner c, float weight_sum, float w
 }
 
 // tf.clip_by_norm's factor for one row: max_norm / max(||row||, max_norm).
-// max_norm <= 0 means no clipping.
+// max_norm <= 0 means no clipping. A row holding a NaN has a NaN norm, and
+// TensorFlow's maximum keeps it: the factor is NaN, as the whole clipped row
+// is there (asked as "norm <= max_norm", which a NaN fails; "norm >
+// max_norm" left such a row unclipped, its other values and its gradient
+// finite).
 template <typename T>
 float MaxNormScale(const T* row, int64_t dim, float max_norm) {
   if (max_norm <= 0.0f) return 1.0f;
@@ -80,7 +84,7 @@ float MaxNormScale(const T* row, int64_t dim, float max_norm) {
     sq += v * v;
   }
   const float norm = std::sqrt(sq);
-  return norm > max_norm ? max_norm / norm : 1.0f;
+  return norm <= max_norm ? 1.0f : max_norm / norm;
 }
 
 // Gradient through the clip, in place: for y = x * m / ||x|| (when ||x|| > m)
@@ -95,7 +99,7 @@ void MaxNormBackward(const T* row, int64_t dim, float max_norm, float* grad) {
     dot += v * grad[d];
   }
   const float norm = std::sqrt(sq);
-  if (!(norm > max_norm)) return;
+  if (norm <= max_norm) return;  // a NaN norm goes on: a NaN gradient, as TF's
   const float scale = max_norm / norm;
   const float proj = dot / sq;
   for (int64_t d = 0; d < dim; ++d) {

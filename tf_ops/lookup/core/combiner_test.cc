@@ -160,6 +160,19 @@ TEST(MaxNormBackwardTest, DisabledOrUnclippedIsIdentity) {
   EXPECT_EQ(grad[1], 2.0f);
 }
 
+TEST(MaxNormTest, ARowHoldingNaNIsNaNAsTensorFlowsClip) {
+  // tf.clip_by_norm divides by max(NaN, m), which is NaN: every value of the
+  // clipped row and of its gradient is NaN. Unclipped, the row's finite
+  // values and a finite gradient hid the NaN.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float row[3] = {nan, 1.0f, 2.0f};
+  EXPECT_TRUE(std::isnan(MaxNormScale(row, 3, 1.0f)));
+  EXPECT_EQ(MaxNormScale(row, 3, 0.0f), 1.0f);  // no clipping asked
+  float grad[3] = {1.0f, 1.0f, 1.0f};
+  MaxNormBackward(row, 3, 1.0f, grad);
+  for (float g : grad) EXPECT_TRUE(std::isnan(g));
+}
+
 TEST(MaxNormBackwardTest, HandWritten) {
   // x = (3, 4), ||x|| = 5, m = 1: J = (1/5) (I - x x^T / 25).
   // g = (1, 0): J g = (1/5) ((1, 0) - (3, 4) * 3/25) = (16/125, -12/125).

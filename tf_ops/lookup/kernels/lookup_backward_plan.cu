@@ -575,7 +575,7 @@ __global__ void RowsClip(const SokLookupTable* __restrict__ tables,
       dot += __shfl_xor_sync(0xffffffffu, dot, off);
     }
     const float norm = sqrtf(sq);
-    if (!(norm > tb.max_norm)) continue;
+    if (norm <= tb.max_norm) continue;  // a NaN norm goes on (MaxNormBackward)
     const float scale = tb.max_norm / norm, proj = dot / sq;
     for (int d = lane; d < tb.dim; d += 32) g[d] = scale * (g[d] - x[d] * proj);
   }

@@ -397,7 +397,8 @@ __global__ void ClipFactorsKernel(SokLookupTable t, int64_t nnz, float* __restri
     for (int off = kWarp / 2; off > 0; off /= 2) sq += __shfl_xor_sync(kFull, sq, off);
     if (lane == 0) {
       const float norm = sqrtf(sq);
-      clip[j] = norm > t.max_norm ? t.max_norm / norm : 1.0f;
+      // A NaN norm gives a NaN factor (combiner.h's MaxNormScale).
+      clip[j] = norm <= t.max_norm ? 1.0f : t.max_norm / norm;
     }
   }
 }
