@@ -1493,16 +1493,23 @@ _FILTER_JSON = "filter_json"
 _OPTIMIZER_JSON = "optimizer_json"
 
 
+def _warn_slots_left_out(what, why, verb):
+    """The warning of a Keras weights file that leaves a table's optimizer
+    slots and step out (`what`, because `why`), naming the ways to `verb`
+    them."""
+    dump = "sok.dump" if verb == "keep" else "sok.load"
+    warnings.warn(f"{what} ({why}); {verb} them with {dump}(path, vars, optimizer) or "
+                  f"tf.train.Checkpoint")
+
+
 def keras_save(table, store):
     """Writes `table` into its Keras weights entry `store`, with the slots
     and step of the optimizer that trained it (_keras_slot_holder)."""
     _refuse_worker_processes(table, "save_weights")
     optimizer, why = _keras_slot_holder(table, kept=False)
     if why is not None:
-        warnings.warn(
-            f"save_weights: the Keras weights file does not keep the slots and step of sok "
-            f"table '{var_name(table)}' ({why}); keep them with sok.dump(path, vars, "
-            f"optimizer) or tf.train.Checkpoint")
+        _warn_slots_left_out(f"save_weights: the Keras weights file does not keep the slots "
+                             f"and step of sok table '{var_name(table)}'", why, "keep")
     for part, value in _export(table, optimizer).items():
         if part == FILTER_KIND:
             store[_FILTER_JSON] = _json_bytes(value)
@@ -1589,10 +1596,8 @@ def keras_load(table, store):
     if trained is not None:
         optimizer, why = _keras_slot_holder(table, kept=True)
     if why is not None:
-        warnings.warn(
-            f"load_weights: the file's slots and step of sok table '{name}' are not restored "
-            f"({why}); restore them with sok.load(path, vars, optimizer) or "
-            f"tf.train.Checkpoint")
+        _warn_slots_left_out(f"load_weights: the file's slots and step of sok table '{name}' "
+                             f"are not restored", why, "restore")
         trained = None
     if optimizer is not None and not _slots_match(optimizer, trained, name):
         optimizer = trained = None
