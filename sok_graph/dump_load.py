@@ -247,6 +247,14 @@ def checked_path(path, what="path"):
     if not path:
         raise ValueError(f"{what} must name a directory; got an empty string (for the current "
                          f"directory's subdirectory, give its name)")
+    if ".." in path.replace(os.sep, "/").split("/"):
+        # "link/../x" is, to the file system, x beside the link's target;
+        # os.path.abspath read it as ./x, and a dump there replaced another
+        # model's (a load read it). The directories above resolved as the
+        # file system does; the last name stays (a link there is refused).
+        head, tail = os.path.split(path.rstrip("/") or path)
+        path = os.path.realpath(path) if tail in ("..", ".", "") else \
+            os.path.join(os.path.realpath(head or os.curdir), tail)
     return path
 
 
@@ -861,10 +869,19 @@ def refuse_long_name(variable, fname, size, limit, what, note=""):
 
 def staging_dir(path):
     """The temporary sibling a writer of the directory `path` fills before
-    swap_into_place (a name remove_dead_writers_tmp recognizes). A mount
-    point is refused first: it cannot be renamed aside, so the whole copy
-    was written on the parent's file system before a bare "Device or
-    resource busy"."""
+    swap_into_place (a name remove_dead_writers_tmp recognizes). A path
+    named like such a copy (or a moved-aside one) is refused: a later
+    write to the name before its suffix deleted it. So is a mount point:
+    it cannot be renamed aside, so the whole copy was written on the
+    parent's file system before a bare "Device or resource busy"."""
+    name = os.path.basename(path)
+    if re.search(_TMP.pattern + "$", name) or re.search(_ASIDE.pattern + "$", name):
+        # A later write of the name before the suffix deleted it as its
+        # own leftover.
+        raise ValueError(
+            f"{path!r} ends like the copies sok_graph keeps beside a dump or export while "
+            f"writing it ('<name>.tmp-<pid>-<id>', '<name>.old-<time>-<id>'), which a later "
+            f"write to '<name>' deletes: choose another name")
     if os.path.ismount(path):
         raise ValueError(
             f"{path!r} is a mount point: a dump or export is written beside its path and "

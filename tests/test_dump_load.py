@@ -821,6 +821,32 @@ def test_dump_replaces_a_previous_dump_and_fills_an_empty_directory(tmp_path):
     np.testing.assert_array_equal(v.numpy(), np.full((3, 2), 2.0, np.float32))
 
 
+def test_a_path_through_a_symlinked_directory_and_dotdot_is_the_file_systems(tmp_path):
+    """"link/../x", link a symbolic link to real/deep/sub, is real/deep/x to
+    the file system; os.path.abspath read it as ./x, so a dump there
+    replaced another model's dump at ./x, and a load read it. Paths named
+    like the copies a dump keeps beside itself while writing
+    ("m.tmp-<pid>-<id>", "m.old-<time>-<id>") are refused: the next dump to
+    "m" deleted them as its own leftovers."""
+    (tmp_path / "real" / "deep" / "sub").mkdir(parents=True)
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path / "real" / "deep" / "sub")
+    other = sok.Variable(np.full((3, 2), 7.0, np.float32), name="v")
+    sok.dump(str(tmp_path / "x"), [other])  # another model's dump at ./x
+    v = sok.Variable(np.full((3, 2), 1.0, np.float32), name="v")
+    sok.dump(str(link) + "/../x", [v])
+    assert os.path.exists(tmp_path / "real" / "deep" / "x" / "manifest.json")
+    target = sok.Variable(np.zeros((3, 2), np.float32), name="v")
+    sok.load(str(tmp_path / "x"), [target])
+    np.testing.assert_array_equal(target.numpy(), np.full((3, 2), 7.0))  # untouched
+    sok.load(str(link) + "/../x", [target])
+    np.testing.assert_array_equal(target.numpy(), np.full((3, 2), 1.0))
+    for name in ("m.tmp-999999-abcdef01", "m.old-00000000000000000001-abcdef01"):
+        with pytest.raises(ValueError, match="ends like the copies sok_graph keeps"):
+            sok.dump(str(tmp_path / name), [v])
+        assert not os.path.exists(tmp_path / name)
+
+
 def test_a_dump_touches_no_sibling_but_its_own(tmp_path):
     """Directories next to a dump path whose names only start like a dump's
     own temporary and moved-aside ones (a user's `model.old-notes`, another

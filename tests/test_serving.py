@@ -1084,8 +1084,28 @@ def test_a_delta_is_refused_for_a_damaged_export_or_into_its_own_directory(tmp_p
         assert sorted(os.listdir(tmp_path)) == ["delta", "export"]
     with open(pb, "wb") as f:
         f.write(whole)
+    # export_dir as a symbolic link (TF Serving's version directory often
+    # is one): the in-place update put a directory where the link was, kept
+    # the link beside it for good and left its target as it was. Refused.
+    link = tmp_path / "served"
+    link.symlink_to(export_dir)
+    with pytest.raises(FileExistsError, match=r"export_dir=.*served.* is a symbolic link"):
+        sok.apply_serving_delta(str(link), delta_dir)
+    assert os.path.islink(link) and _same_state(_export_state(export_dir), state)
+    link.unlink()
     assert sok.apply_serving_delta(export_dir, delta_dir) == {"user": 1}
     np.testing.assert_array_equal(_served_rows(export_dir, np.array([1, 5])), [[1, 1], [4, 5]])
+    # The staging directory of a delta killed mid-write (hidden, named
+    # without its writer's pid, it stayed for good) is deleted by the next
+    # delta written there once its process is gone.
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+    dead = tmp_path / f"delta2.tmp-{gone.pid}-0123abcd"
+    dead.mkdir()
+    (dead / "user.keys.npy").write_bytes(b"half")
+    sok.export_serving_delta([user], since, str(tmp_path / "delta2"))
+    assert not dead.exists() and (tmp_path / "delta2").is_dir()
+    assert not [e for e in os.listdir(tmp_path) if ".tmp-" in e]
 
 
 @tf2_only

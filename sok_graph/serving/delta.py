@@ -336,7 +336,12 @@ def _write_delta(delta_dir, after, created, collected):
                               f"above it is not a directory)") from e
     if os.path.lexists(delta_dir):
         raise FileExistsError(f"delta_dir {delta_dir!r} exists; a delta goes to a new directory")
-    tmp = os.path.join(parent, f".{os.path.basename(delta_dir)}.tmp-{uuid.uuid4().hex[:8]}")
+    # A staging name that holds the writer's pid (dump_load.staging_dir), so
+    # that the staging of a delta killed mid-write is deleted by the next
+    # one: a hidden ".<name>.tmp-<id>" was left for good.
+    target = os.path.join(parent, os.path.basename(os.path.abspath(delta_dir)))
+    dump_load.remove_dead_writers_tmp(target)
+    tmp = dump_load.staging_dir(target)
     # Every name first: one longer than the file system takes is refused
     # here, before anything is written (its own error came midway).
     limit = dump_load.name_max(parent)

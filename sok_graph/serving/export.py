@@ -391,6 +391,13 @@ def checked_dir(path, what, caller, replaced=True, remote=False):
                              f"into it, all or nothing, which only a local file system does): "
                              f"copy it to or from the remote file system yourself")
         return path
+    if replaced and os.path.islink(path.rstrip("/") or path):
+        # Written by renames, the link was moved aside (and kept) and a
+        # directory put in its place; its target was left as it was.
+        raise FileExistsError(
+            f"{caller}: {what}={path!r} is a symbolic link (to "
+            f"{os.path.realpath(path)!r}), which writing it would replace by a directory, "
+            f"leaving the link's target as it was: give the target itself")
     if replaced and os.path.abspath(path) == os.path.abspath(os.getcwd()):
         raise ValueError(f"{caller}: {what}={path!r} is the current directory, which it would "
                          f"replace (the process would be left in a deleted directory): give a "
