@@ -19,10 +19,6 @@ using sok_graph::cuda::Align;
 using sok_graph::cuda::Grid;
 using sok_graph::core::kSegmentPiece;
 
-__global__ void IotaI32(int32_t* __restrict__ out, int64_t n) {
-  SOK_FOR_EACH(i, n) out[i] = static_cast<int32_t>(i);
-}
-
 int BitsFor(int64_t max_value) {
   int bits = 1;
   while (bits < 63 && (int64_t{1} << bits) <= max_value) ++bits;
@@ -385,12 +381,15 @@ int UniqueWithCounts(const K* x, int64_t n, int64_t set_slots, K* y, I* idx, I* 
 // Sort key of each position: its segment, or num_segments (sorted last and
 // never summed) for dropped (negative) and bad (too large) ids; keys and
 // positions are int32 (the caller keeps n and num_segments + 1 within
-// INT_MAX), half the bytes the sort moves with int64. first_bad, if not
-// null, receives the smallest position of an id >= num_segments.
+// INT_MAX), half the bytes the sort moves with int64; pos[i] = i, the
+// values the sort carries. first_bad, if not null, receives the smallest
+// position of an id >= num_segments.
 template <typename I>
 __global__ void SegmentKeys(const I* __restrict__ ids, int64_t n, int64_t num_segments,
-                            int32_t* __restrict__ keys, unsigned long long* first_bad) {
+                            int32_t* __restrict__ keys, int32_t* __restrict__ pos,
+                            unsigned long long* first_bad) {
   SOK_FOR_EACH(i, n) {
+    pos[i] = static_cast<int32_t>(i);
     const int64_t id = static_cast<int64_t>(ids[i]);
     if (id >= num_segments && first_bad != nullptr) {
       atomicMin(first_bad, static_cast<unsigned long long>(i));
@@ -464,22 +463,32 @@ template <> struct Lanes<4> {
 // Zipf stream's hot keys made the sum wait on a memory latency per four
 // rows while most of the GPU idled (bench/hash_path_bench.py on an H200,
 // 8.2M rows of 16 floats into 1M keys: 0.92 ms with four, 0.85 with 16,
-// 0.80 with 32 single floats).
+// 0.80 with 32 single floats). A batch past `last` is predicated, not
+// left to a loop of one load at a time: most segments of a Zipf stream are
+// shorter than a batch, and their rows then came one latency each.
 template <int V, int kBatch>
 __device__ __forceinline__ typename Lanes<V>::T SumInOrder(
     const typename Lanes<V>::T* __restrict__ data, const int32_t* __restrict__ order,
     int64_t first, int64_t last, int64_t width, int64_t col) {
   using L = Lanes<V>;
   typename L::T acc = L::Zero();
-  int64_t k = first;
-  for (; k + kBatch <= last; k += kBatch) {
+  for (int64_t k = first; k < last; k += kBatch) {
+    const int64_t count = last - k;
+    int32_t at[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) at[j] = j < count ? __ldg(order + k + j) : 0;
     typename L::T v[kBatch];
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) v[j] = __ldg(data + int64_t{order[k + j]} * width + col);
+    for (int j = 0; j < kBatch; ++j) {
+      v[j] = j < count ? __ldg(data + int64_t{at[j]} * width + col) : L::Zero();
+    }
+    // Only the rows that exist are added: adding a zero would turn a sum of
+    // -0.0 into +0.0.
 #pragma unroll
-    for (int j = 0; j < kBatch; ++j) L::Add(acc, v[j]);
+    for (int j = 0; j < kBatch; ++j) {
+      if (j < count) L::Add(acc, v[j]);
+    }
   }
-  for (; k < last; ++k) L::Add(acc, data[int64_t{order[k]} * width + col]);
   return acc;
 }
 
@@ -628,8 +637,7 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
     return static_cast<int>(cudaGetLastError());
   }
   if (n > 0) {
-    SegmentKeys<I><<<Grid(n), 256, 0, s>>>(ids, n, num_segments, keys, bad);
-    IotaI32<<<Grid(n), 256, 0, s>>>(pos, n);
+    SegmentKeys<I><<<Grid(n), 256, 0, s>>>(ids, n, num_segments, keys, pos, bad);
     size_t bytes = sort_bytes;
     SOK_CUDA(cub::DeviceRadixSort::SortPairs(cub_temp, bytes, keys, sorted, pos, order, num, 0,
                                              BitsFor(num_segments), s));
@@ -642,13 +650,16 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
                                          static_cast<int>(num_segments + 1), s));
   // Pieces a column a thread (four columns a thread, with fewer threads,
   // had fewer loads in flight: Zipf 0.79 -> 0.97 ms), short segments four
-  // columns a thread where the rows allow (uniform keys: 1.26 -> 0.97 ms).
+  // columns a thread where the rows allow (uniform keys: 1.26 -> 0.97 ms),
+  // in predicated batches of four rows (a Zipf stream's sum 0.79 -> 0.73
+  // ms on an H200; batches of 8 and 16 held registers its short segments
+  // did not fill).
   if (n > kSegmentPiece) {
     LaunchPieces<1, 32>(data, order, start, piece_start, partial, num_segments, max_pieces,
                         width, s);
   }
   if (width % 4 == 0 && Aligned16(data) && Aligned16(out) && Aligned16(partial)) {
-    LaunchSegments<4, 8>(data, order, start, piece_start, partial, num_segments, width, out, s);
+    LaunchSegments<4, 4>(data, order, start, piece_start, partial, num_segments, width, out, s);
   } else {
     LaunchSegments<1, 32>(data, order, start, piece_start, partial, num_segments, width, out,
                           s);
