@@ -954,6 +954,29 @@ def newest_aside(path, marker):
     return max(aside) if aside else None  # names sort by the time they were moved
 
 
+def aside_in_place(path, markers, error, what):
+    """The newest copy of `path` moved aside (holding one of `markers`)
+    that stands in for `path`, or None where there is none. Only a writer
+    that died between its two renames leaves such a copy as the latest
+    one, and it leaves no `path` (or the empty directory a job makes before
+    it reads): anything else at `path` (`what` whose marker is gone, a copy
+    cut short) is refused with `error`, not replaced by an older copy
+    without a word."""
+    asides = [a for a in (newest_aside(path, m) for m in markers) if a is not None]
+    if not asides:
+        return None
+    try:
+        held = sorted(os.listdir(path)) if os.path.lexists(path) else []
+    except OSError:  # a file, a dangling link, a directory it cannot list
+        held = [os.path.basename(path)]
+    if not held:
+        return max(asides)
+    raise error(
+        f"no {what} at {path} (no {' or '.join(markers)}; it holds {held[:5]}"
+        f"{'...' if len(held) > 5 else ''}): a damaged {what}? An earlier one moved aside "
+        f"at {max(asides)} is not read in its place; give its path if it is the one meant")
+
+
 # The siblings a dump to `path` makes: `path`.tmp-<pid>-<8 hex> while it
 # writes, `path`.old-<20-digit ns time>-<8 hex> for the dump it replaces.
 # Only names of exactly these forms are ever deleted or loaded: a user's
@@ -1076,10 +1099,10 @@ def _dump_dir(path):
     path = os.path.abspath(path)
     if os.path.exists(os.path.join(path, "manifest.json")):
         return path
-    aside = newest_aside(path, "manifest.json")
-    if aside is not None:
-        return aside
-    raise CheckpointError(f"no sok_graph dump at {path} (no manifest.json)")
+    aside = aside_in_place(path, ["manifest.json"], CheckpointError, "sok_graph dump")
+    if aside is None:
+        raise CheckpointError(f"no sok_graph dump at {path} (no manifest.json)")
+    return aside
 
 
 @_in_session_graph

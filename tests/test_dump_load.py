@@ -867,6 +867,42 @@ def test_a_dump_touches_no_sibling_but_its_own(tmp_path):
         sok.load(str(tmp_path / "m2"), [v])  # m2.old-x is a dump of its own
 
 
+def test_an_older_dump_moved_aside_stands_in_only_where_no_dump_is_in_place(tmp_path):
+    """A writer killed between its two renames leaves the previous dump
+    moved aside and nothing at `path` (or the empty directory a job makes
+    before it loads): a load reads the one moved aside. A `path` holding a
+    dump whose manifest.json is gone (a copy cut short before it, a file
+    deleted) is no such case: the older dump moved aside was loaded in its
+    place without a word; it is a CheckpointError, the table unchanged."""
+    path = str(tmp_path / "m")
+    older = np.full((3, 2), 1.0, np.float32)
+    sok.dump(path, [sok.Variable(older, name="v")])
+    # What a writer killed between the renames of its swap leaves.
+    os.rename(path, path + ".old-00000000000000000001-abcdef01")
+    target = sok.Variable(np.zeros((3, 2), np.float32), name="v")
+    sok.load(path, [target])
+    np.testing.assert_array_equal(target.numpy(), older)
+    os.mkdir(path)
+    target.assign(np.zeros((3, 2), np.float32))
+    sok.load(path, [target])
+    np.testing.assert_array_equal(target.numpy(), older)
+    os.rmdir(path)
+    # A newer dump at `path` that lost its manifest.
+    newer = np.full((3, 2), 2.0, np.float32)
+    sok.dump(str(tmp_path / "new"), [sok.Variable(newer, name="v")])
+    shutil.copytree(str(tmp_path / "new"), path)
+    os.remove(os.path.join(path, "manifest.json"))
+    sentinel = np.full((3, 2), -1.0, np.float32)
+    target.assign(sentinel)
+    with pytest.raises(CheckpointError, match=r"no sok_graph dump at .*m \(no manifest.json; "
+                                              r"it holds \['v.keys', 'v.values'\]\)"):
+        sok.load(path, [target])
+    np.testing.assert_array_equal(target.numpy(), sentinel)
+    # The one moved aside still loads by its own path.
+    sok.load(path + ".old-00000000000000000001-abcdef01", [target])
+    np.testing.assert_array_equal(target.numpy(), older)
+
+
 def test_load_into_tables_of_another_shape_changes_nothing(tmp_path):
     """A dump loaded into tables of another shape: a static table of more or
     fewer rows or another dimension, a dynamic dump's keys into a static

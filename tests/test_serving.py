@@ -1199,6 +1199,18 @@ def test_a_delta_stopped_anywhere_leaves_the_export_whole(tmp_path):
     np.testing.assert_array_equal(loaded.serve(tf.constant([[1], [5], [9]], tf.int64)).numpy(),
                                   [[2, 3], [4, 5], [0, 0]])
     assert sorted(os.listdir(tmp_path)) == ["delta", "export", "pristine", "probe"]
+    # An export in place that lost its saved_model.pb (a copy cut short, a
+    # file deleted) is no such case: the delta was applied to the older
+    # copy moved aside, which then replaced the export without a word.
+    older = f"{export_dir}.old-{time.time_ns():020d}-0123abcd"
+    shutil.copytree(pristine, older)
+    os.remove(os.path.join(export_dir, "saved_model.pb"))
+    held = sorted(os.listdir(export_dir))
+    with pytest.raises(sok.serving.delta.DeltaError,
+                       match=r"no export at .*export \(no saved_model.pb or saved_model.pbtxt; "
+                             r"it holds \["):
+        sok.apply_serving_delta(export_dir, delta_dir)
+    assert sorted(os.listdir(export_dir)) == held and os.path.isdir(older)
 
 
 @tf2_only

@@ -641,10 +641,11 @@ def apply_serving_delta(export_dir, delta_dir, output_dir=None):
             raise FileExistsError(f"output_dir {output_dir!r} exists")
         if saved_model_file(source) is None:
             # An applier or export that died between the two renames of its
-            # swap left the previous export moved aside, and none in place.
-            asides = [dump_load.newest_aside(source, name) for name in SAVED_MODEL_FILES]
-            asides = [a for a in asides if a is not None]
-            source = max(asides) if asides else source
+            # swap left the previous export moved aside, and none in place
+            # (a damaged export in place is refused: the delta applied to
+            # the older copy replaced it).
+            source = dump_load.aside_in_place(source, list(SAVED_MODEL_FILES), DeltaError,
+                                              "export") or source
         served, applied_before, export_created = _served(source, export_dir)
         checksum = _saved_model_checksum(source, export_dir)
         manifest, identity, delta = _read_delta(delta_dir)
