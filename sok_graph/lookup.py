@@ -5,6 +5,8 @@ the tables' work done by one op and each table's gradient an IndexedSlices
 with unique indices.
 """
 
+import math
+
 import numpy as np
 import tensorflow as tf
 
@@ -62,6 +64,23 @@ def _ragged_parts(ids, index, what="sp_ids"):
     )
 
 
+def _id_parts(ids, index):
+    """_ragged_parts of sp_ids[index], whose values must be int32 or int64 ids."""
+    values, splits = _ragged_parts(ids, index)
+    if values.dtype not in (tf.int32, tf.int64):
+        raise TypeError(f"sp_ids[{index}] must hold int32 or int64 ids; got "
+                        f"{values.dtype.name}")
+    return values, splits
+
+
+def _weight_parts(weights, index):
+    """_ragged_parts of sp_weights[index], whose values must be floats."""
+    values, splits = _ragged_parts(weights, index, "sp_weights")
+    if not values.dtype.is_floating:
+        raise TypeError(f"sp_weights[{index}] must hold floats; got {values.dtype.name}")
+    return values, splits
+
+
 def _sparse_parts(sp, label):
     """(values, row_splits) of a 2-D SparseTensor whose indices may come in
     any order: reordered first, as tf.nn.safe_embedding_lookup_sparse does
@@ -109,6 +128,19 @@ def _sparse_parts_on_host(sp, label):
         values = tf.identity(sp.values)
     ragged = tf.RaggedTensor.from_value_rowids(values, rows, nrows=shape[0], validate=False)
     return ragged.values, tf.cast(ragged.row_splits, tf.int64)
+
+
+def _positive_finite(value):
+    """Whether the number `value` is positive and finite as a float. A
+    Python int beyond int64 (2**70) is a number like any other: np.isfinite
+    failed on it with numpy's "ufunc 'isfinite' not supported for the input
+    types", naming no argument; one beyond a float's range (10**400) is not
+    finite."""
+    try:
+        value = float(value)
+    except OverflowError:
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def _table_name(param, index):
@@ -497,6 +529,13 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     (dynamic and sharded tables, tf.distribute's and mixed precision's
     variables) and none clips, the gradient is summed with float atomics
     unless op determinism is on (docs/gpu.md).
+
+    The tables of one call share one op: a table whose output reaches no
+    loss gets zero rows as its gradient (GradientTape and tf.gradients fill
+    an unused float output's gradient with zeros, and the op cannot tell
+    those from a real gradient), and a momentum optimizer (Adam) then moves
+    the rows it looked up, where a lookup of its own would give it no
+    gradient. Look such a table up in a call of its own.
     """
     serving = serving_mode.active()
     if not serving:
@@ -530,12 +569,15 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     for t, c in enumerate(combiners):
         if c not in names:
             raise ValueError(f"combiners[{t}] must be one of {names}; got {c!r}")
-    if max_norm is None or isinstance(max_norm, (int, float)):
+    # A numpy scalar (np.float32(0.5)) is one number for every table, as a
+    # Python float is: it was taken as a list of one entry ("max_norm must
+    # have one entry per table (2); got 1").
+    if max_norm is None or isinstance(max_norm, (int, float, np.number)):
         max_norm = [max_norm] * n
     max_norm = _as_list(max_norm, "max_norm", n)
     for t, m in enumerate(max_norm):
         if m is not None and (isinstance(m, bool) or not isinstance(m, (int, float, np.number))
-                              or not np.isfinite(m) or m <= 0):
+                              or not _positive_finite(m)):
             raise ValueError(f"max_norm[{t}] must be None or a positive finite number (the L2 "
                              f"norm rows are clipped to); got {m!r}")
         if m is not None:
@@ -579,21 +621,14 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                     f"is {d.name}"
                 )
 
-        parts = []
-        for t, ids in enumerate(sp_ids):
-            v, s = _ragged_parts(ids, t)
-            if not v.dtype.is_integer or v.dtype not in (tf.int32, tf.int64):
-                raise TypeError(f"sp_ids[{t}] must hold int32 or int64 ids; got {v.dtype.name}")
-            parts.append((v, s))
+        parts = [_id_parts(ids, t) for t, ids in enumerate(sp_ids)]
         member_ids = [(tf.size(v, out_type=tf.int64), s) for v, s in parts]
         weights, input_checks = [], []
         for t, w in enumerate(sp_weights):
             if w is None:
                 weights.append(None)
                 continue
-            wv, ws = _ragged_parts(w, t, "sp_weights")
-            if not wv.dtype.is_floating:
-                raise TypeError(f"sp_weights[{t}] must hold floats; got {wv.dtype.name}")
+            wv, ws = _weight_parts(w, t)
             aligned, check = _aligned_weights(tf.cast(wv, dtype), ws, member_ids[t], t)
             weights.append(aligned)
             input_checks.append(check)
@@ -698,12 +733,15 @@ def _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, nam
             if table_dtype != dtype:
                 raise TypeError(f"all tables must share one dtype; params[0] is {dtype.name}, "
                                 f"params[{t}] is {table_dtype.name}")
-            values, splits = _ragged_parts(sp_ids[t], t)
+            # The ids' and weights' dtypes are checked as in training: the
+            # served lookup cast float ids to int64 (id 1.7 read row 1) and
+            # took int weights, where training refuses both.
+            values, splits = _id_parts(sp_ids[t], t)
             weights = None
             if sp_weights[t] is not None:
                 # Paired with the ids row by row, as in training (the served
                 # sums took misaligned weights without an error).
-                weights, weight_splits = _ragged_parts(sp_weights[t], t, "sp_weights")
+                weights, weight_splits = _weight_parts(sp_weights[t], t)
                 weights, _ = _aligned_weights(
                     weights, weight_splits, (tf.size(values, out_type=tf.int64), splits), t)
             out.append(serving_tables.combine(table, values, splits, weights, combiners[t],

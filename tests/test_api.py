@@ -255,6 +255,86 @@ def test_max_norm_below_float32s_smallest_normal_is_refused():
         np.testing.assert_allclose(got.numpy(), want.numpy(), rtol=1e-6, atol=2 * tiny)
 
 
+def test_max_norm_as_a_numpy_scalar_or_a_large_int_is_one_number():
+    """A numpy scalar max_norm (np.float32(0.5), np.int64(3)) applies to every
+    table, as a Python float does: with two tables it was refused as a list
+    of one entry ("max_norm must have one entry per table (2); got 1"). A
+    Python int beyond int64 (2**70) is a number: numpy's isfinite failed on
+    it ("ufunc 'isfinite' not supported for the input types"); one beyond a
+    float's range (10**400) is refused naming max_norm. Reference:
+    tf.nn.embedding_lookup_sparse with the same max_norm, table by table."""
+    first = np.arange(1, 13, dtype=np.float32).reshape(6, 2)
+    second = -0.5 * first[::-1].copy()
+    sp = tf.SparseTensor([[0, 0], [0, 1], [1, 0]], tf.constant([1, 4, 2], tf.int64), [2, 2])
+    tables = [sok.Variable(first), sok.Variable(second)]
+    for max_norm in (np.float32(2.5), np.int64(3), np.float16(1.5), 2**70):
+        got = sok.lookup_sparse(tables, [sp, sp], combiners=["sum", "mean"], max_norm=max_norm)
+        for out, table, combiner in zip(got, (first, second), ("sum", "mean")):
+            want = tf.nn.embedding_lookup_sparse(tf.constant(table), sp, None,
+                                                 combiner=combiner, max_norm=float(max_norm))
+            np.testing.assert_allclose(out.numpy(), want.numpy(), rtol=1e-6)
+    with pytest.raises(ValueError, match=r"^max_norm\[1\] must be None or a positive finite "
+                                         r"number \(the L2 norm rows are clipped to\); got 1000"):
+        sok.lookup_sparse(tables, [sp, sp], max_norm=[None, 10**400])
+
+
+@pytest.mark.skipif(tf.__version__.startswith("1."), reason="TF2 export (eager)")
+def test_a_served_lookup_checks_the_ids_and_weights_dtypes_as_training(tmp_path):
+    """lookup_sparse in serving mode (sok.export_for_serving) took float ids,
+    cast to int64 (id 1.7 served row 1, 2.2 row 2), and int weights, which
+    training refuses: both are now the same TypeError at export, naming the
+    argument. Int ids and float weights serve what TensorFlow computes."""
+    rows = np.arange(12, dtype=np.float32).reshape(4, 3)
+    table = sok.Variable(rows, name="served_dtypes")
+
+    def model(ids, weights):
+        return sok.lookup_sparse(table, ids, weights, combiners="sum")
+
+    def spec(dtype):
+        return tf.RaggedTensorSpec([None, None], dtype, ragged_rank=1)
+
+    ids = tf.ragged.constant([[1, 2], [3]], dtype=tf.int64)
+    weights = tf.ragged.constant([[0.5, 2.0], [-1.0]])
+    for id_dtype, weight_dtype, pattern in (
+            (tf.float32, tf.float32, r"sp_ids\[0\] must hold int32 or int64 ids; got float32"),
+            (tf.int64, tf.int32, r"sp_weights\[0\] must hold floats; got int32")):
+        with pytest.raises(TypeError, match=pattern):
+            model(tf.cast(ids, id_dtype), tf.cast(weights, weight_dtype))
+        with pytest.raises(TypeError, match=pattern):
+            sok.export_for_serving(model, str(tmp_path / id_dtype.name),
+                                   input_signature=[spec(id_dtype), spec(weight_dtype)])
+    sok.export_for_serving(model, str(tmp_path / "ok"),
+                           input_signature=[spec(tf.int64), spec(tf.float32)])
+    served = tf.saved_model.load(str(tmp_path / "ok"))
+    want = tf.nn.embedding_lookup_sparse(tf.constant(rows), ids.to_sparse(), weights.to_sparse(),
+                                         combiner="sum")
+    np.testing.assert_allclose(served.serve(ids, weights).numpy(), want.numpy(), rtol=1e-6)
+
+
+def test_a_gradient_of_a_lookups_gradient_is_refused_by_name():
+    """A gradient penalty on a table (the gradient of its gradient) failed
+    in TensorFlow's registry ("gradient registry has no entry for:
+    SokFusedLookupGrad"); it is a NotImplementedError saying what
+    sok.lookup_sparse lacks. The first-order gradient under the same tapes
+    is the plain lookup's."""
+    rows = np.arange(8, dtype=np.float32).reshape(4, 2)
+    table, ref = sok.Variable(rows), tf.Variable(rows)
+    ids = tf.ragged.constant([[0, 1], [2]], tf.int64)
+    with tf.GradientTape() as outer:
+        with tf.GradientTape() as inner:
+            loss = tf.reduce_sum(tf.square(sok.lookup_sparse(table, ids, combiners="sum")))
+        grad = tf.convert_to_tensor(inner.gradient(loss, table))
+        penalty = tf.reduce_sum(tf.square(grad))
+    with tf.GradientTape() as plain:
+        want = tf.reduce_sum(tf.square(tf.nn.embedding_lookup_sparse(
+            ref, ids.to_sparse(), None, combiner="sum")))
+    np.testing.assert_allclose(grad.numpy(), tf.convert_to_tensor(
+        plain.gradient(want, ref)).numpy(), rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="sok.lookup_sparse has no second-order "
+                                                  "gradient"):
+        outer.gradient(penalty, table)
+
+
 def test_lookup_sparse_bad_types():
     ids = tf.ragged.constant([[0]], tf.int64)
     with pytest.raises(TypeError, match=r"params\[0\] must be float32.*int32"):

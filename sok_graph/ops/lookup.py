@@ -208,6 +208,17 @@ def one_id_sum_grad(rows, positions, dy, table_name):
     return grads[0]
 
 
+@register_gradient("SokFusedLookupGrad")
+def _fused_lookup_grad_grad(op, *grads):
+    # A gradient of the lookup's gradient (a gradient penalty on a table's
+    # rows) failed in TensorFlow's registry ("gradient registry has no entry
+    # for: SokFusedLookupGrad"), naming neither sok_graph nor the way out.
+    raise NotImplementedError(
+        "sok.lookup_sparse has no second-order gradient (a gradient of a table's gradient, as "
+        "a gradient penalty on its rows takes); tf.nn.embedding_lookup_sparse on a "
+        "tf.Variable has one")
+
+
 @register_gradient("SokFusedLookup")
 def _fused_lookup_grad(op, *grads):
     n = op.get_attr("num_tables")
