@@ -434,6 +434,48 @@ def test_two_reads_of_one_table_in_a_session_draw_as_eagerly():
                 assert set(sess.run(exported).tolist()) == want
 
 
+def test_the_second_read_of_a_session_lookup_sees_the_keys_the_first_admitted():
+    """lookup_sparse([v, v], ...) of a min_count table in a Session: the
+    second read's keys that the first read has just admitted are held keys,
+    which read their rows and count no more (numpy model, as eagerly). Its
+    find ran before the first read inserted them: they read filter_default,
+    got no gradient, and counted again (a stale count kept for a held key)."""
+    first = np.arange(0, 400, dtype=np.int64)
+    second = np.arange(200, 600, dtype=np.int64)
+    warm = first[::3]  # seen twice before: the first read brings them to 3
+
+    model = CountingModel(3)
+    model.call(warm)
+    model.call(warm)
+    after_first = model.call(first)
+    want_first = [1.0 if k in after_first else 0.5 for k in first.tolist()]
+    after_second = model.call(second)
+    want_second = [1.0 if k in after_second else 0.5 for k in second.tolist()]
+    assert 0 < sum(w == 1.0 for w in want_second) < len(second)
+    waiting = {k: c for k, c in model.count.items() if k not in model.entered}
+
+    graph = tf.Graph()
+    with graph.as_default():
+        var = sok.DynamicVariable(1, min_count=3, initializer="ones", filter_default=0.5)
+        pre = var.sparse_read(tf.constant(warm))
+        rows = sok.lookup_sparse(
+            [var, var], [tf.RaggedTensor.from_tensor(tf.constant(first)[:, None]),
+                         tf.RaggedTensor.from_tensor(tf.constant(second)[:, None])],
+            combiners=["sum", "sum"])
+        exported = var.export_chunk(0, 1 << 20)[0]
+        counts = var.admission.export()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(pre)
+            sess.run(pre)
+            got_first, got_second = sess.run(rows)
+            np.testing.assert_array_equal(got_first[:, 0], want_first)
+            np.testing.assert_array_equal(got_second[:, 0], want_second)
+            assert set(sess.run(exported).tolist()) == after_second
+            entries, values = sess.run(counts)
+            assert dict(zip(entries.tolist(), values.tolist())) == waiting
+
+
 def test_a_saver_checkpoint_from_before_a_filter_ratio_restores(tmp_path):
     """The call count that salts filter_ratio's draws is the filter's state
     (sok.dump keeps it), not a variable a tf.compat.v1.train.Saver saves: a

@@ -1448,3 +1448,45 @@ def test_an_optimizer_dropped_after_steps_under_the_scope_is_freed():
         del opt
     gc.collect()
     assert [ref() for ref in dropped] == [None, None, None]
+
+
+@pytest.mark.parametrize("route", ["wrapper", "scope"])
+@pytest.mark.parametrize("make", [lambda: tf.keras.optimizers.Adam(0.1),
+                                  lambda: V1.GradientDescentOptimizer(0.1)],
+                         ids=["keras_adam", "tf1_sgd"])
+def test_gradients_that_are_all_none_are_refused_as_tensorflow_refuses_them(make, route):
+    """apply_gradients where no variable has a gradient (the loss does not
+    depend on the tables: a lookup made outside the tape) is TensorFlow's
+    and Keras' ValueError; sok trained nothing without an error, and under
+    OptimizerScope Keras counted a step. A table without a gradient beside
+    a variable with one is passed over, as TensorFlow passes over it."""
+    ref = tf.Variable(np.ones((3, 2), np.float32))
+    with pytest.raises(ValueError, match="No gradients provided for any variable"):
+        make().apply_gradients([(None, ref)])
+
+    rows = np.arange(6, dtype=np.float32).reshape(3, 2)
+    table, dyn = sok.Variable(rows), dynamic_from(rows)
+
+    def apply(opt, grads_and_vars):
+        if route == "wrapper":
+            return sok.OptimizerWrapper(opt).apply_gradients(grads_and_vars)
+        with sok.OptimizerScope([table, dyn]):
+            return opt.apply_gradients(grads_and_vars)
+
+    opt = make()
+    with pytest.raises(ValueError, match=r"No gradients provided for any variable.*"
+                                         r"GradientTape"):
+        apply(opt, [(None, table), (None, dyn)])
+    np.testing.assert_array_equal(table.numpy(), rows)
+    np.testing.assert_array_equal(rows_of(dyn, 3), rows)
+    if hasattr(opt, "iterations"):
+        assert int(opt.iterations) == 0
+
+    # Beside a variable with a gradient: that one trains, as with
+    # TensorFlow's optimizer alone, and the tables stay.
+    dense, expected = tf.Variable([1.0, 2.0]), tf.Variable([1.0, 2.0])
+    make().apply_gradients([(tf.constant([0.5, -1.0]), expected)])
+    apply(make(), [(None, table), (tf.constant([0.5, -1.0]), dense), (None, dyn)])
+    np.testing.assert_allclose(dense.numpy(), expected.numpy())
+    np.testing.assert_array_equal(table.numpy(), rows)
+    np.testing.assert_array_equal(rows_of(dyn, 3), rows)

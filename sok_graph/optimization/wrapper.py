@@ -356,7 +356,14 @@ class OptimizerWrapper(compat.trackable_base_class()):
         LossScaleOptimizer counts a step it skips (non-finite gradients) in
         `iterations` without calling this, so Adam's bias correction of the
         tables' rows lagged that of the other weights by the skipped steps."""
-        pairs = [(g, v) for g, v in _pairs(grads_and_vars) if g is not None]
+        given = _pairs(grads_and_vars)
+        pairs = [(g, v) for g, v in given if g is not None]
+        if given and not pairs:
+            # TensorFlow's and Keras' optimizers refuse this too: nothing
+            # the loss depends on was given (it trained nothing, without an
+            # error, and under sok.OptimizerScope Keras counted a step).
+            raise ValueError(_NO_GRADIENTS.format(
+                [getattr(v, "name", type(v).__name__) for _, v in given]))
         # A table sharded over replicas: the shard of the replica being built.
         sok_pairs = [(g, replica_shards.resolve(v, "apply_gradients"))
                      for g, v in pairs if is_sok_variable(v)]
@@ -550,6 +557,14 @@ def _count_global_step(global_step, updates):
         return None
     with tf.control_dependencies([u for u in updates if u is not None]):
         return update_op(global_step.assign_add(1))
+
+
+# The refusal of an apply_gradients whose every gradient is None, as
+# TensorFlow's and Keras' optimizers refuse it.
+_NO_GRADIENTS = (
+    "No gradients provided for any variable: {}. The loss does not depend on them (a "
+    "lookup made outside the GradientTape, or cut off by tf.stop_gradient?); nothing was "
+    "updated")
 
 
 def _by_device(pairs):

@@ -278,15 +278,7 @@ class AdmissionFilter:
         to run. Now they are numbered in the order the reads were built, as
         eagerly and in a tf.function. Reads built apart (a training and an
         evaluation read) stay apart: one runs without the other."""
-        after = []
-        chain = getattr(_ORDERED, "calls", None)
-        graph = None
-        if chain is not None and not tf.executing_eagerly():
-            graph = tf.compat.v1.get_default_graph()
-            previous = chain.get(id(self))
-            if previous is not None and previous.graph is graph and \
-                    _outside_control_flow(previous.op, graph):
-                after.append(previous)
+        after = self.previous_read()
         new = tf.logical_not(found)
         with tf.control_dependencies(after):
             if bound:
@@ -294,9 +286,38 @@ class AdmissionFilter:
                                               table))
         with tf.control_dependencies(after):
             admitted = self._admit(keys, occurrences, found, new, use_ratio)
-        if graph is not None and _outside_control_flow(admitted.op, graph):
-            chain[id(self)] = admitted
+        self.read_built(admitted)
         return admitted
+
+    def previous_read(self):
+        """[the last op of this filter's previous read built in this graph
+        within reads_in_order], or []: what a read's first op (the table's
+        find that tells which keys are new) runs after. Only the filter's
+        part (`admitted`) was chained: in a Session running
+        lookup_sparse([v, v], ...) the second read's find ran before the
+        first read inserted its keys, so keys the first read had just
+        admitted counted (and drew) as new again in the second, which gave
+        them the default row and dropped their gradient (min_count=3: 33 of
+        33 such keys; eagerly and in a tf.function they read their rows)."""
+        chain = getattr(_ORDERED, "calls", None)
+        if chain is None or tf.executing_eagerly():
+            return []
+        graph = tf.compat.v1.get_default_graph()
+        previous = chain.get(id(self))
+        if previous is not None and previous.graph is graph and \
+                _outside_control_flow(previous.op, graph):
+            return [previous]
+        return []
+
+    def read_built(self, last):
+        """Records `last` (a tensor) as the end of the read being built
+        within reads_in_order: the next read of the filter runs after it."""
+        chain = getattr(_ORDERED, "calls", None)
+        if chain is None or tf.executing_eagerly():
+            return
+        graph = tf.compat.v1.get_default_graph()
+        if _outside_control_flow(last.op, graph):
+            chain[id(self)] = last
 
     def _admit(self, keys, occurrences, found, new, use_ratio):
         """admitted's work: the counts and draws, and what they admit."""

@@ -718,13 +718,17 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     def _admitted_rows(self, distinct, occurrences, use_ratio):
         """(rows [u, dimension], evicted keys, evicted rows) of distinct keys
         seen occurrences times each, through the admission filter."""
-        _, found = dynamic_ops.find(self._handle, distinct, self._dimension)
+        # After the previous read of this lookup_sparse call has inserted
+        # its keys (admission.AdmissionFilter.previous_read says why).
+        with tf.control_dependencies(self._admission.previous_read()):
+            _, found = dynamic_ops.find(self._handle, distinct, self._dimension)
         admitted = self._admission.admitted(distinct, occurrences, found, use_ratio,
                                             bound=self._config["max_capacity"],
                                             table=self._name)
         index = tf.where(admitted)
         rows, _, evicted_keys, evicted_rows = dynamic_ops.find_or_insert_evicting(
             self._handle, tf.gather_nd(distinct, index), self._dimension)
+        self._admission.read_built(rows)
         shape = tf.stack([tf.size(distinct, out_type=tf.int64),
                           tf.constant(self._dimension, tf.int64)])
         rows = tf.scatter_nd(index, rows, shape)

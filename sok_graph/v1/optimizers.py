@@ -165,6 +165,13 @@ def _global_step_of(params, args, kwargs):
     return None
 
 
+def _native_kwargs(params, takes_any, kwargs):
+    """`kwargs` of an apply_gradients call that the native method with
+    parameters `params` takes (Keras 3 has no
+    experimental_aggregate_gradients)."""
+    return kwargs if takes_any else {k: v for k, v in kwargs.items() if k in params}
+
+
 def _routing(original):
     """apply_gradients that sends sok variables to the optimizer's wrapper
     while an OptimizerScope is open in this thread."""
@@ -180,6 +187,12 @@ def _routing(original):
         if not sok_pairs:
             return original(self, pairs, *args, **kwargs)
         others = [(g, v) for g, v in pairs if not is_sok_variable(v)]
+        if all(g is None for g, _ in sok_pairs) and any(g is not None for g, _ in others):
+            # No sok table has a gradient: the native code updates the
+            # others and passes the tables over, as it passes over any
+            # variable without one (all gradients None: the wrapper refuses
+            # it, as the native code would).
+            return original(self, others, *args, **_native_kwargs(params, takes_any, kwargs))
         # With sok variables only, the native code (which counts a
         # tf.compat.v1 optimizer's global_step) does not run: the wrapper
         # counts it (minimize(loss, global_step=gs) left gs at 0, and a loop
@@ -212,8 +225,7 @@ def _routing(original):
                 with tf.control_dependencies([result]):
                     result = tf.group(result, count.assign_add(1))
         if others:
-            if not takes_any:  # Keras 3 has no experimental_aggregate_gradients
-                kwargs = {k: v for k, v in kwargs.items() if k in params}
+            kwargs = _native_kwargs(params, takes_any, kwargs)
             reads = [steps_before] if "steps_before" in counted \
                 and not tf.executing_eagerly() else []
             with tf.control_dependencies(reads):
