@@ -277,7 +277,9 @@ class AdmissionFilter:
         order its threads took them, so which keys entered changed from run
         to run. Now they are numbered in the order the reads were built, as
         eagerly and in a tf.function. Reads built apart (a training and an
-        evaluation read) stay apart: one runs without the other."""
+        evaluation read) stay apart: one runs without the other. The caller
+        records where its read ends (read_built), after the insert of the
+        keys this admits."""
         after = self.previous_read()
         new = tf.logical_not(found)
         with tf.control_dependencies(after):
@@ -286,7 +288,6 @@ class AdmissionFilter:
                                               table))
         with tf.control_dependencies(after):
             admitted = self._admit(keys, occurrences, found, new, use_ratio)
-        self.read_built(admitted)
         return admitted
 
     def previous_read(self):
