@@ -783,6 +783,36 @@ def test_a_read_counts_each_distinct_key_once(read):
     assert {2, 3, 5} <= left and len(left) == 4
 
 
+def test_import_rows_without_use_counts_keeps_the_counts_of_keys_the_table_holds():
+    """import_rows(keys, rows) writes rows; a write is no use: a key the
+    table holds keeps the use count its reads gave it (an LFU table must
+    still evict the key read least), a new key starts at none, and counts
+    given with the rows replace them."""
+    table = sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
+                                evict_strategy="lfu", initializer="zeros")
+    reads = [[1, 2], [1, 3], [1, 2]]
+    for batch in reads:
+        table.sparse_read(tf.constant(batch, tf.int64))
+    expected = {}
+    for batch in reads:  # one use per read that holds the key
+        for key in set(batch):
+            expected[key] = expected.get(key, 0) + 1
+    table.import_rows(tf.constant([1, 2, 4], tf.int64), tf.fill([3, 2], 5.0))
+    expected[4] = 0
+    from sok_graph.ops import dynamic as dynamic_ops
+    keys, rows, _, frequencies, _ = dynamic_ops.export(table.handle, tf.int64, 2)
+    assert dict(zip(keys.numpy().tolist(), frequencies.numpy().tolist())) == expected
+    got_rows = dict(zip(keys.numpy().tolist(), rows.numpy().tolist()))
+    assert got_rows[1] == [5.0, 5.0] and got_rows[4] == [5.0, 5.0] and got_rows[3] == [0.0, 0.0]
+    table.sparse_read(tf.constant([5], tf.int64))  # full: evicts a key read least (4, then 3)
+    left = set(sok.export(table)[0].numpy().tolist())
+    assert left == {1, 2, 3, 5}
+    table.import_rows(tf.constant([1], tf.int64), tf.fill([1, 2], 6.0),
+                      frequencies=tf.constant([7], tf.int64))
+    keys, _, _, frequencies, _ = dynamic_ops.export(table.handle, tf.int64, 2)
+    assert dict(zip(keys.numpy().tolist(), frequencies.numpy().tolist()))[1] == 7
+
+
 @pytest.mark.skipif(tf.__version__.startswith("1."), reason="tf.saved_model.save is TF 2.x's")
 @pytest.mark.parametrize("with_function", [False, True])
 def test_a_saved_model_of_a_dynamic_table_is_refused_naming_it(tmp_path, with_function):

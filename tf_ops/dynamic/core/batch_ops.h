@@ -282,7 +282,9 @@ inline int64_t ScatterBatch(DynamicTable& t, const int64_t* keys, int64_t n, con
 }
 
 // Inserts or overwrites keys with the given rows. Metadata is restored from
-// `timestamps` / `frequencies` when given (else: updated now, no accesses).
+// `timestamps` / `frequencies` when given; else the write time is now, and
+// the use count stays: a write is no use, so a key the table holds keeps the
+// count its reads gave it (what LFU eviction ranks by) and a new key has none.
 // The keys evicted to make room are appended to `evicted_keys` when given.
 inline int64_t ImportBatch(DynamicTable& t, const int64_t* keys, int64_t n, const float* rows,
                            const int64_t* timestamps, const uint32_t* frequencies, int64_t now,
@@ -297,7 +299,8 @@ inline int64_t ImportBatch(DynamicTable& t, const int64_t* keys, int64_t n, cons
   for (int64_t i = 0; i < n; ++i) {
     std::memcpy(t.MutableRow((*entries)[i]), rows + i * dim,
                 static_cast<size_t>(dim) * sizeof(float));
-    t.SetMetadata((*entries)[i], timestamps ? timestamps[i] : now, frequencies ? frequencies[i] : 0);
+    const int64_t e = (*entries)[i];
+    t.SetMetadata(e, timestamps ? timestamps[i] : now, frequencies ? frequencies[i] : t.Frequency(e));
   }
   return evicted;
 }

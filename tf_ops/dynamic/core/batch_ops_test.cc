@@ -577,7 +577,8 @@ TEST_P(BatchOpsTest, ImportOverwritesRowsAndRestoresMetadata) {
   EXPECT_EQ(Freq(t, kI64Min), 4294967295LL);
   EXPECT_EQ(Freq(t, 1), 1);
 
-  // Without metadata: updated now, no accesses.
+  // Without metadata: written now; a held key keeps its use count (a write
+  // is no use), a new key has none.
   const std::vector<int64_t> keys2 = {1, 99};
   const std::vector<float> rows2 = {-1, -2, -3, -4};
   const int64_t now2 = t.Tick(0);
@@ -586,7 +587,7 @@ TEST_P(BatchOpsTest, ImportOverwritesRowsAndRestoresMetadata) {
   EXPECT_EQ(RowOf(t, 99), (std::vector<float>{-3, -4}));
   EXPECT_EQ(Ts(t, 1), now2);
   EXPECT_EQ(Ts(t, 99), now2);
-  EXPECT_EQ(Freq(t, 1), 0);
+  EXPECT_EQ(Freq(t, 1), 1);
   EXPECT_EQ(Freq(t, 99), 0);
   EXPECT_EQ(t.size(), 6);
 }
@@ -931,7 +932,7 @@ void RunRandomSequence(const TableConfig& c, int kind, uint64_t seed, Transcript
         RefEntry& r = ref.map[keys[i]];
         r.row.assign(rows.begin() + i * dim, rows.begin() + (i + 1) * dim);
         r.timestamp = with_ts ? ts[i] : now;
-        r.frequency = with_fr ? fr[i] : 0;
+        if (with_fr) r.frequency = fr[i];  // else a held key keeps its count
       }
       const int64_t got = ImportBatch(t, keys.data(), nn, rows.data(), with_ts ? ts.data() : nullptr,
                                       with_fr ? fr.data() : nullptr, now, run, &error);

@@ -67,7 +67,8 @@ __global__ void ApplyRunsKernel(DevTable t, const int64_t* __restrict__ sorted_s
       *dst = rows[p * dim + d];
       if (mode == 3 && d == 0) {
         t.ts[s] = ts_in ? ts_in[p] : now;
-        t.freq[s] = freq_in ? static_cast<unsigned long long>(freq_in[p]) : 0ULL;
+        // Without counts a write keeps the key's use count (a new key's is 0).
+        if (freq_in) t.freq[s] = static_cast<unsigned long long>(freq_in[p]);
       }
     }
   }
