@@ -1881,13 +1881,16 @@ def test_a_1x_layer_in_a_functional_model_trains_as_keras_embedding_does(use_has
 
 @pytest.mark.skipif(not tf.executing_eagerly(), reason="Keras Model.fit (TF2)")
 @pytest.mark.parametrize("use_hashtable", [False, True])
-def test_a_1x_layer_trains_in_keras_fit_as_a_plain_table_does(use_hashtable):
+@pytest.mark.parametrize("steps_per_execution", [1, 2])
+def test_a_1x_layer_trains_in_keras_fit_as_a_plain_table_does(use_hashtable, steps_per_execution):
     """Model.fit of a model holding a 1.x layer, its table trained inside
     sok.OptimizerScope: the table and the dense kernel end as those of the
     same model on a plain tf.Variable with tf.nn.embedding_lookup_sparse.
     Keras 3 reads every weight's regularizer at each step (Layer.losses): fit
     failed with "'DistributedVariable' object has no attribute 'regularizer'"
-    before any step."""
+    before any step. With steps_per_execution=2 Keras runs two steps in
+    one tf.function loop, each step's tape and update inside the loop's
+    body (where a dynamic table gets its gradient)."""
     sok.init(comm_tool="none")
     rng = np.random.RandomState(0)
     x = rng.randint(0, 16, (12, 3)).astype(np.int64)
@@ -1924,7 +1927,8 @@ def test_a_1x_layer_trains_in_keras_fit_as_a_plain_table_does(use_hashtable):
     no_xla = {"jit_compile": False} if "jit_compile" in inspect.signature(
         tf.keras.Model.compile).parameters else {}
     for model, options in zip(models, ({}, no_xla)):
-        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse", **options)
+        model.compile(optimizer=tf.keras.optimizers.SGD(0.1), loss="mse",
+                      steps_per_execution=steps_per_execution, **options)
         model(x[:2])
     with sok.OptimizerScope([layer.embedding_variable]):
         models[0].fit(x, y, batch_size=6, epochs=2, shuffle=False, verbose=0)

@@ -6,6 +6,7 @@ stays valid on TF 1.15. Every place that would otherwise test a version asks
 this module instead; nothing else in the package compares version numbers.
 """
 
+import importlib
 import os
 import re
 
@@ -180,6 +181,54 @@ def record_variable_access(variable):
     if hasattr(graph, "watch_variable"):
         graph.watch_variable(variable)
     tape.variable_accessed(variable)
+
+
+def in_v1_while_loop(op):
+    """Whether graph op `op` sits inside a TF1 (control flow v1)
+    tf.while_loop: a WhileContext, itself or around its cond context."""
+    if tf.executing_eagerly() or not hasattr(op, "graph"):
+        return False  # a GradientTape's record of an op, whose context it refuses
+    flow = op._get_control_flow_context()
+    while flow is not None:
+        if flow.IsWhileContext():
+            return True
+        flow = flow.outer_context
+    return False
+
+
+def _v2_control_flow_class(module, name):
+    """A class of TensorFlow's v2 control flow (private names, looked up
+    where they exist: None elsewhere)."""
+    try:
+        return getattr(importlib.import_module("tensorflow.python.ops." + module), name, None)
+    except ImportError:
+        return None
+
+
+def graphs_around_a_loop_body(graph):
+    """The graphs that enclose the innermost tf.while_loop (v2: a
+    tf.function's `for` over a tensor, tf.map_fn, tf.scan) whose body
+    `graph` is or sits in, outermost last; [] outside any loop body. A
+    gradient taken in one of them (a GradientTape around the loop) passes
+    through the loop's own gradient, which gives a dynamic table none."""
+    body_class = _v2_control_flow_class("control_flow_util_v2", "WhileBodyFuncGraph")
+    around, in_body = [], False
+    while graph is not None and body_class is not None:
+        if in_body:
+            around.append(graph)
+        in_body = in_body or isinstance(graph, body_class)
+        graph = getattr(graph, "outer_graph", None)
+    return around
+
+
+def building_a_cond_gradient():
+    """Whether the graph being built is the gradient of a tf.cond branch (v2
+    control flow: a tf.function's `if` on a tensor), which TensorFlow builds
+    when a GradientTape around the cond takes a gradient through it."""
+    if tf.executing_eagerly():
+        return False
+    grad_class = _v2_control_flow_class("cond_v2", "_CondGradFuncGraph")
+    return grad_class is not None and isinstance(tf.compat.v1.get_default_graph(), grad_class)
 
 
 def static_handle_shape(handle):

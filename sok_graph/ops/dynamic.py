@@ -4,7 +4,7 @@ into (unique keys, summed rows) for the table."""
 
 import tensorflow as tf
 
-from sok_graph import initializers
+from sok_graph import compat, initializers
 from sok_graph.ops import library
 from sok_graph.ops import util as util_ops
 from sok_graph.compat import IndexedSlices, register_gradient
@@ -198,12 +198,47 @@ def _graph_of(tensor):
         return None
 
 
+def _refuse_unsupported_control_flow(op):
+    """A NotImplementedError where the gradient of `op`, a read of a dynamic
+    table, goes through a loop or a cond that cannot carry it:
+
+    - a TF1 (control flow v1) tf.while_loop sums a variable's gradient from
+      a first zero row at index 0, in a buffer whose row width it reads from
+      the variable's recorded shape: tf.gradients failed with "Operation
+      '.../SokDynamicTableHandle' has no attr named 'shape'", and that zero
+      row would insert key 0 into the table;
+    - a tf.cond of v2 control flow (an `if` on a tensor in a tf.function)
+      differentiated by a GradientTape around it makes a zero gradient of
+      the variable's dense shape for the branch not taken: TensorFlow's
+      "Internal error: Tried to take gradients (or similar) of a variable
+      without handle data".
+
+    (A v2 tf.while_loop gives such a table no gradient at all, without
+    calling this one: sok's optimizers refuse that None, see
+    DynamicVariable.refuse_a_gradient_lost_in_a_loop.)"""
+    if compat.in_v1_while_loop(op):
+        raise NotImplementedError(
+            f"the gradient of a dynamic table read inside a TF1 tf.while_loop (op "
+            f"'{op.name}') is not supported: TensorFlow's loop sums a variable's gradient "
+            f"in a buffer of the variable's dense shape, which a dynamic table has not. "
+            f"Read its rows outside the loop (one lookup of all the keys, then tf.gather "
+            f"inside), or unroll the loop in Python")
+    if compat.building_a_cond_gradient():
+        raise NotImplementedError(
+            f"the gradient of a dynamic table read inside a tf.cond branch (op '{op.name}'), "
+            f"taken by a GradientTape around the tf.cond, is not supported: TensorFlow's "
+            f"cond gradient makes a zero gradient of the variable's dense shape, which a "
+            f"dynamic table has not. Read its rows before the tf.cond (and tf.gather them "
+            f"in the branch), or take the gradient inside the branch")
+
+
 @register_gradient("SokDynamicTableFindOrInsert")
 def _find_or_insert_grad(op, grad, *unused_grads_of_eviction_outputs):
     """The gradient of the rows, addressed by key. With keys deduplicated
     before the lookup the indices are unique. The keys are taken once the
     lookup has run (util_ops.after_read): the table's update, which waits
     for them, then never runs before the read of the same step."""
+    _refuse_unsupported_control_flow(op)
     with util_ops.after_read(op):
         keys = tf.identity(op.inputs[1])
     return [_rows_grad(grad, keys), None]
@@ -215,4 +250,5 @@ def _unique_find_or_insert_grad(op, unused_keys_grad, unused_positions_grad, gra
     """The gradient of the rows, addressed by the op's distinct keys (its
     output 0, which the GPU table also remembers as present: the optimizer's
     write-back of exactly that tensor needs no insert)."""
+    _refuse_unsupported_control_flow(op)
     return [_rows_grad(grad, op.outputs[0]), None]

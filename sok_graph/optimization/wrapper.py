@@ -357,6 +357,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         `iterations` without calling this, so Adam's bias correction of the
         tables' rows lagged that of the other weights by the skipped steps."""
         given = _pairs(grads_and_vars)
+        refuse_gradients_lost_in_loops(given)
         pairs = [(g, v) for g, v in given if g is not None]
         if given and not pairs:
             # TensorFlow's and Keras' optimizers refuse this too: nothing
@@ -565,6 +566,17 @@ _NO_GRADIENTS = (
     "No gradients provided for any variable: {}. The loss does not depend on them (a "
     "lookup made outside the GradientTape, or cut off by tf.stop_gradient?); nothing was "
     "updated")
+
+
+def refuse_gradients_lost_in_loops(grads_and_vars):
+    """Raises for a dynamic table whose gradient is None because a
+    tf.while_loop read it (DynamicVariable.refuse_a_gradient_lost_in_a_loop):
+    passed over as a variable the loss does not depend on, it never trained."""
+    for g, v in grads_and_vars:
+        if g is None and isinstance(v, replica_shards.ReplicaShards):
+            v = v.shard("apply_gradients")  # the shard this replica reads
+        if g is None and is_dynamic(v):
+            v.refuse_a_gradient_lost_in_a_loop()
 
 
 def _by_device(pairs):

@@ -31,6 +31,7 @@ import tensorflow as tf
 from sok_graph import compat
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.optimization.wrapper import (OptimizerWrapper, OwnRule, check_learning_rate,
+                                            refuse_gradients_lost_in_loops,
                                             update_op, wrapper_for)
 
 
@@ -186,6 +187,7 @@ def _routing(original):
         sok_pairs = [(g, v) for g, v in pairs if is_sok_variable(v)]
         if not sok_pairs:
             return original(self, pairs, *args, **kwargs)
+        refuse_gradients_lost_in_loops(sok_pairs)
         others = [(g, v) for g, v in pairs if not is_sok_variable(v)]
         if all(g is None for g, _ in sok_pairs) and any(g is not None for g, _ in others):
             # No sok table has a gradient: the native code updates the
