@@ -511,79 +511,98 @@ __device__ __forceinline__ typename Lanes<V>::T SumRowsInOrder(
   return acc;
 }
 
-// One thread per (piece, V columns) of the long segments: the piece's rows
-// added in position order. max_pieces bounds the count (pieces of segments
-// longer than one piece: at most 2n / kSegmentPiece); the threads past the
-// count do nothing. width: in units of V floats.
-template <int V, int kBatch>
-__global__ void SumPieces(const typename Lanes<V>::T* __restrict__ data,
-                          const int32_t* __restrict__ order, const int64_t* __restrict__ start,
-                          const int64_t* __restrict__ piece_start, int64_t num_segments,
-                          int64_t max_pieces, int64_t width,
-                          typename Lanes<V>::T* __restrict__ partial) {
+// The segment of piece `piece` (< piece_start[num_segments]): the last s
+// with piece_start[s] <= piece.
+__device__ __forceinline__ int64_t SegmentOfPiece(const int64_t* __restrict__ piece_start,
+                                                  int64_t num_segments, int64_t piece) {
+  int64_t lo = 0, hi = num_segments;
+  while (hi - lo > 1) {
+    const int64_t mid = (lo + hi) / 2;
+    if (piece_start[mid] <= piece) lo = mid; else hi = mid;
+  }
+  return lo;
+}
+
+// The piece sums of the long segments, one thread per (piece, column), and
+// the short segments' sums, one thread per (segment, VS columns), in one
+// launch: its first `piece_blocks` blocks take the pieces, the rest the
+// short segments. The pieces are few and each thread adds up to 1024 rows
+// in order, a chain of memory latencies that kept a launch of their own
+// at a sixth of the GPU's warps while the short segments waited behind it
+// (bench/RESULTS.md); side by side the short segments fill the GPU
+// meanwhile. A long segment's piece sums are added by SumLongSegments
+// after it. Each sum keeps its association, so the bits do not change.
+// max_pieces bounds the pieces (at most 2n / kSegmentPiece); widths are in
+// floats for the pieces and in units of VS floats for the segments.
+template <int VS, int kBatchS>
+__global__ void SumPiecesAndShortSegments(
+    const float* __restrict__ data, const int32_t* __restrict__ order,
+    const int64_t* __restrict__ start, const int64_t* __restrict__ piece_start,
+    int64_t num_segments, int64_t max_pieces, int64_t width, unsigned piece_blocks,
+    float* __restrict__ partial, typename Lanes<VS>::T* __restrict__ out) {
+  if (blockIdx.x < piece_blocks) {
+    const int64_t total = piece_start[num_segments];
+    const int64_t stride = static_cast<int64_t>(piece_blocks) * blockDim.x;
+    for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+         i < max_pieces * width; i += stride) {
+      const int64_t piece = i / width;
+      if (piece >= total) break;  // i only grows
+      const int64_t col = i - piece * width;
+      const int64_t lo = SegmentOfPiece(piece_start, num_segments, piece);
+      const int64_t first = start[lo] + (piece - piece_start[lo]) * kSegmentPiece;
+      const int64_t end = first + kSegmentPiece;
+      const int64_t last = end < start[lo + 1] ? end : start[lo + 1];
+      partial[i] = SumInOrder<1, 32>(data, order, first, last, width, col);
+    }
+    return;
+  }
+  using T = typename Lanes<VS>::T;
+  const int64_t lanes = width / VS;
+  const int64_t stride = static_cast<int64_t>(gridDim.x - piece_blocks) * blockDim.x;
+  for (int64_t i = (blockIdx.x - piece_blocks) * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+       i < num_segments * lanes; i += stride) {
+    const int64_t seg = i / lanes;
+    if (piece_start[seg + 1] > piece_start[seg]) continue;  // a long one: SumLongSegments
+    out[i] = SumInOrder<VS, kBatchS>(reinterpret_cast<const T*>(data), order, start[seg],
+                                     start[seg + 1], lanes, i - seg * lanes);
+  }
+}
+
+// A long segment's piece sums added in order, by the threads of its first
+// piece (one per column): threads over the pieces, not over every segment,
+// so a stream of many short segments (uniform keys) pays nothing here.
+// width: in floats (the pieces' partial sums are a float per column).
+__global__ void SumLongSegments(const float* __restrict__ partial,
+                                const int64_t* __restrict__ piece_start, int64_t num_segments,
+                                int64_t max_pieces, int64_t width, float* __restrict__ out) {
   const int64_t total = piece_start[num_segments];
   SOK_FOR_EACH(i, max_pieces * width) {
     const int64_t piece = i / width;
-    if (piece >= total) continue;
+    if (piece >= total) break;  // i only grows
+    const int64_t seg = SegmentOfPiece(piece_start, num_segments, piece);
+    if (piece != piece_start[seg]) continue;
     const int64_t col = i - piece * width;
-    // The segment of this piece: the last s with piece_start[s] <= piece.
-    int64_t lo = 0, hi = num_segments;
-    while (hi - lo > 1) {
-      const int64_t mid = (lo + hi) / 2;
-      if (piece_start[mid] <= piece) lo = mid; else hi = mid;
-    }
-    const int64_t first = start[lo] + (piece - piece_start[lo]) * kSegmentPiece;
-    const int64_t end = first + kSegmentPiece;
-    const int64_t last = end < start[lo + 1] ? end : start[lo + 1];
-    partial[i] = SumInOrder<V, kBatch>(data, order, first, last, width, col);
+    out[seg * width + col] =
+        SumRowsInOrder<1, 32>(partial, piece_start[seg], piece_start[seg + 1], width, col);
   }
 }
 
-// One thread per (segment, V columns): a short segment's rows added in
-// position order (neighbouring threads read neighbouring columns of one
-// row), a long one's piece sums in order. width: in units of V floats.
-template <int V, int kBatch>
-__global__ void SumSegments(const typename Lanes<V>::T* __restrict__ data,
-                            const int32_t* __restrict__ order, const int64_t* __restrict__ start,
-                            const int64_t* __restrict__ piece_start,
-                            const typename Lanes<V>::T* partial, int64_t num_segments,
-                            int64_t width, typename Lanes<V>::T* __restrict__ out) {
-  SOK_FOR_EACH(i, num_segments * width) {
-    const int64_t seg = i / width;
-    const int64_t col = i - seg * width;
-    if (piece_start[seg + 1] > piece_start[seg]) {
-      out[i] = SumRowsInOrder<V, kBatch>(partial, piece_start[seg], piece_start[seg + 1],
-                                         width, col);
-    } else {
-      out[i] = SumInOrder<V, kBatch>(data, order, start[seg], start[seg + 1], width, col);
-    }
+// Both kernels above for a sum whose rows are VS floats' multiples.
+template <int VS, int kBatchS>
+void LaunchSums(const float* data, const int32_t* order, const int64_t* start,
+                const int64_t* piece_start, float* partial, int64_t num_segments,
+                int64_t max_pieces, int64_t width, bool has_pieces, float* out,
+                cudaStream_t s) {
+  using T = typename Lanes<VS>::T;
+  const unsigned piece_blocks = has_pieces ? Grid(max_pieces * width) : 0;
+  const unsigned segment_blocks = Grid(num_segments * (width / VS));
+  SumPiecesAndShortSegments<VS, kBatchS><<<piece_blocks + segment_blocks, 256, 0, s>>>(
+      data, order, start, piece_start, num_segments, max_pieces, width, piece_blocks, partial,
+      reinterpret_cast<T*>(out));
+  if (has_pieces) {
+    SumLongSegments<<<piece_blocks, 256, 0, s>>>(partial, piece_start, num_segments,
+                                                 max_pieces, width, out);
   }
-}
-
-// The pieces of long segments, V columns a thread (width in floats, a
-// multiple of V). Few threads sum them (a Zipf stream's 8.2M rows in 1M
-// keys: about 6000 pieces), so each keeps kBatch loads in flight.
-template <int V, int kBatch>
-void LaunchPieces(const float* data, const int32_t* order, const int64_t* start,
-                  const int64_t* piece_start, float* partial, int64_t num_segments,
-                  int64_t max_pieces, int64_t width, cudaStream_t s) {
-  using T = typename Lanes<V>::T;
-  const int64_t lanes = width / V;
-  SumPieces<V, kBatch><<<Grid(max_pieces * lanes), 256, 0, s>>>(
-      reinterpret_cast<const T*>(data), order, start, piece_start, num_segments, max_pieces,
-      lanes, reinterpret_cast<T*>(partial));
-}
-
-// The segments, V columns a thread: a thread per short segment's V columns.
-template <int V, int kBatch>
-void LaunchSegments(const float* data, const int32_t* order, const int64_t* start,
-                    const int64_t* piece_start, const float* partial, int64_t num_segments,
-                    int64_t width, float* out, cudaStream_t s) {
-  using T = typename Lanes<V>::T;
-  const int64_t lanes = width / V;
-  SumSegments<V, kBatch><<<Grid(num_segments * lanes), 256, 0, s>>>(
-      reinterpret_cast<const T*>(data), order, start, piece_start,
-      reinterpret_cast<const T*>(partial), num_segments, lanes, reinterpret_cast<T*>(out));
 }
 
 bool Aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
@@ -653,16 +672,15 @@ int SegmentSum(const float* data, const I* ids, int64_t n, int64_t width, int64_
   // columns a thread where the rows allow (uniform keys: 1.26 -> 0.97 ms),
   // in predicated batches of four rows (a Zipf stream's sum 0.79 -> 0.73
   // ms on an H200; batches of 8 and 16 held registers its short segments
-  // did not fill).
-  if (n > kSegmentPiece) {
-    LaunchPieces<1, 32>(data, order, start, piece_start, partial, num_segments, max_pieces,
-                        width, s);
-  }
-  if (width % 4 == 0 && Aligned16(data) && Aligned16(out) && Aligned16(partial)) {
-    LaunchSegments<4, 4>(data, order, start, piece_start, partial, num_segments, width, out, s);
+  // did not fill); both in one launch (Zipf 0.77 -> 0.71 ms, the Bazel
+  // build on an H200).
+  const bool has_pieces = n > kSegmentPiece;
+  if (width % 4 == 0 && Aligned16(data) && Aligned16(out)) {
+    LaunchSums<4, 4>(data, order, start, piece_start, partial, num_segments, max_pieces, width,
+                     has_pieces, out, s);
   } else {
-    LaunchSegments<1, 32>(data, order, start, piece_start, partial, num_segments, width, out,
-                          s);
+    LaunchSums<1, 32>(data, order, start, piece_start, partial, num_segments, max_pieces, width,
+                      has_pieces, out, s);
   }
   return static_cast<int>(cudaGetLastError());
 }
