@@ -142,10 +142,38 @@ def table_scope():
     return contextlib.nullcontext() if comm is None else comm.table_scope()
 
 
-def world():
-    """(world_size, rank) of the active communicator; one worker before init()."""
+def world(caller="creating a sok.DynamicVariable"):
+    """(world_size, rank) of the active communicator; one worker before init()
+    in a process of its own. Before init() in a process that is one of
+    several workers (python -m sok_graph.launch, horovodrun, mpirun), a
+    RuntimeError naming `caller`: a table made then was one process's whole
+    table on every worker (a table that no exchange reaches, trained apart
+    on each worker's own data, each worker's copy drifting from the
+    others'), without an error; sok.Variable refused already."""
     comm = _communicator
-    return (1, 0) if comm is None else (comm.world_size, comm.rank)
+    if comm is None:
+        _refuse_uninitialized_worker(caller)
+        return (1, 0)
+    return (comm.world_size, comm.rank)
+
+
+def _refuse_uninitialized_worker(caller):
+    """RuntimeError where the environment says this process is one of several
+    workers and sok.init has not run."""
+    from sok_graph.launch.environment import worker_info
+
+    try:
+        rank, _, world_size = worker_info()
+    except ValueError:  # malformed variables: the engines' business, not this check's
+        return
+    if world_size > 1:
+        raise RuntimeError(
+            f"sok_graph is not initialized: call sok.init() before {caller}. This process is "
+            f"worker {rank} of {world_size} (its launcher's environment says so): a table made "
+            f"before sok.init would be a whole table of this worker alone, trained apart from "
+            f"the others' (call hvd.init() then sok.init(), or sok.init(comm_tool=\"tf\") in a "
+            f"MultiWorkerMirroredStrategy's scope; sok.init(comm_tool=\"none\") for "
+            f"independent processes)")
 
 
 def set_v1_config(**config):

@@ -97,9 +97,31 @@ def _unpermuted(rows, permutation, inverse):
     return gather(rows, permutation, inverse)
 
 
+def _check_world(comm, tables, names=None):
+    """A ValueError, before anything is built, where a table was sharded over
+    another number of workers than `comm` joins: sok.init ran again since
+    the table was made, with another engine (comm_tool="none" in a worker of
+    a launched job, say). The exchange then ran over the new engine's
+    workers while the table's owners are the old ones': a lookup of a
+    dynamic table inserted the keys other workers own into this worker's
+    shard (where no lookup of theirs reads them, and a dump then holds them
+    twice), without an error."""
+    for k, table in enumerate(tables):
+        world_size, rank, _ = table.placement
+        if world_size != comm.world_size:
+            shown = names[k] if names else getattr(table, "name", type(table).__name__)
+            raise ValueError(
+                f"table {shown!r} is sharded over {world_size} workers (this process holds "
+                f"worker {rank}'s shard), but the communicator sok.init set up since, "
+                f"{comm.describe()}, joins {comm.world_size}: the table's other shards are out "
+                f"of its reach. Use the table under the engine it was made under (call "
+                f"sok.init with that engine again), or make the tables again after sok.init")
+
+
 def static_rows(comm, var, ids, name="sok_exchange"):
     """Rows [n, dim] of global row ids `ids` (int64, each in [0, global rows))
     of a sharded sok.Variable."""
+    _check_world(comm, [var])
     return _exchange(comm, local_rows(var, ids), owner_of(var, ids),
                      lambda rows: tf.gather(var, rows), name)
 
@@ -113,6 +135,7 @@ def dynamic_rows(comm, table, keys, name="sok_exchange", low_frequency_filter=Fa
             return table.read_counted(received, occurrences, low_frequency_filter)
         return table.read_routed(received, low_frequency_filter=low_frequency_filter)
 
+    _check_world(comm, [table])
     counted = table.admission is not None and table.admission.counting
     return _exchange(comm, keys, owner_of(table, keys), read, name, counted)
 
@@ -137,10 +160,8 @@ def grouped_static_rows(comm, tables, ids, table, name="sok_exchange", names=Non
     util.unique_padded; the outputs of both have the length of their input,
     and their counts stay on the device."""
     count = len(tables)
+    _check_world(comm, tables, names)
     world_size, _, fixed_owner = tables[0].placement
-    if world_size != comm.world_size:
-        raise ValueError(f"the tables are sharded over {world_size} workers; the "
-                         f"communicator has {comm.world_size}")
     with tf.name_scope(name):
         # One op (SokRouteGroupedKeys) dedups the keys, finds their owners,
         # groups them by owner and writes them as the owners read them,

@@ -405,8 +405,39 @@ if hasattr(tf.Variable, "register"):
 
 def resolve(var, what="this"):
     """The variable to work on: the replica's shard of a ReplicaShards
-    (inside strategy.run), else `var` itself."""
-    return var.shard(what) if isinstance(var, ReplicaShards) else var
+    (inside strategy.run), else `var` itself. A sok table that is not
+    sharded over the replicas being built (made before sok.init set up
+    the replicas, or under another engine) is a ValueError naming it: every
+    replica read and updated that one table, an optimizer applied each
+    replica's update in turn (Adam's moments and step once per replica), and
+    training differed from one process's without an error."""
+    if isinstance(var, ReplicaShards):
+        return var.shard(what)
+    _refuse_unsharded_in_replica(var, what)
+    return var
+
+
+def _refuse_unsharded_in_replica(var, what):
+    """The check of resolve for what is not a ReplicaShards."""
+    comm = context.active()
+    if comm is None or not comm.in_process or not comm.in_replica():
+        return
+    try:
+        placement = var.placement
+    except AttributeError:  # not a sok table: TensorFlow's variables and tensors
+        return
+    if not (isinstance(placement, tuple) and len(placement) == 3):
+        return
+    world_size = placement[0]
+    if world_size == comm.world_size:
+        return  # a replica's own shard
+    name = getattr(var, "name", type(var).__name__)
+    raise ValueError(
+        f"{what} on table {name!r} inside strategy.run: the table is a table of "
+        f"{world_size} worker(s), not sharded over the {comm.world_size} replicas that "
+        f"sok.init set up (it was made before that sok.init, or under another engine), so "
+        f"every replica would read and update this one table apart from the others. Make "
+        f"the table after sok.init(comm_tool=\"tf\") under the strategy's scope")
 
 
 def shards_of(var):

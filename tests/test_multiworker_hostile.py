@@ -1,0 +1,208 @@
+"""Realistic misuse of the multi-worker side that gave a wrong answer without
+an error: tables made before sok.init in a worker of a launched job, tables
+used after sok.init set up another engine, and tables not sharded over a
+MirroredStrategy's replicas used inside strategy.run. Each expected result comes
+from the placement rule (key k on worker k mod N) and the tables' initial
+values, computed here with numpy, not by the code under test.
+"""
+
+import json
+import os
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import sok_graph as sok
+from sok_graph import context
+# horovod is a fixture (skips where Horovod is not installed).
+from multiworker.launching import horovod, launch, needs_tf2_collectives, run_process  # noqa: F401
+
+_WORKER_ENVS = ("SOK_GRAPH_", "HOROVOD_", "OMPI_COMM_WORLD_")
+
+
+@pytest.mark.parametrize("names", [("SOK_GRAPH_RANK", "SOK_GRAPH_WORLD_SIZE"),
+                                   ("HOROVOD_RANK", "HOROVOD_SIZE"),
+                                   ("OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE")],
+                         ids=["launcher", "horovodrun", "mpirun"])
+def test_a_dynamic_table_made_before_init_in_one_of_several_workers_is_refused(
+        monkeypatch, names):
+    """In worker 1 of 2, sok.DynamicVariable before sok.init made a table of
+    one process (placement (1, 0)) on every worker: each worker held every
+    key it saw and trained it apart from the others, without an error
+    (sok.Variable refused already). It is a RuntimeError naming the worker
+    and sok.init; in a process of its own it is still made."""
+    for key in list(os.environ):
+        if key.startswith(_WORKER_ENVS):
+            monkeypatch.delenv(key)
+    rank, size = names
+    monkeypatch.setenv(rank, "1")
+    monkeypatch.setenv(size, "2")
+    context.reset()
+    try:
+        with pytest.raises(RuntimeError, match=r"call sok.init\(\) before creating a "
+                                               r"sok.DynamicVariable.*worker 1 of 2"):
+            sok.DynamicVariable(dimension=2, initializer="1")
+        # After an init for independent processes, a table of one process.
+        sok.init(comm_tool="none", use_legacy_optimizer=False)
+        assert sok.DynamicVariable(dimension=2, initializer="1").placement == (1, 0, -1)
+        # One worker: made before init, as before.
+        context.reset()
+        monkeypatch.setenv(size, "1")
+        monkeypatch.setenv(rank, "0")
+        table = sok.DynamicVariable(dimension=2, initializer="1")
+        assert table.placement == (1, 0, -1)
+    finally:
+        context.reset()
+
+
+_REINIT_WORKER = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+    import horovod.tensorflow as hvd
+    import sok_graph as sok
+
+    out = {}
+    hvd.init()
+    try:
+        sok.DynamicVariable(dimension=2, initializer="1")
+        out["before_init"] = "made"
+    except RuntimeError as e:
+        out["before_init"] = str(e)
+    sok.init(use_legacy_optimizer=False)
+    rank, world = hvd.rank(), hvd.size()
+    static_value = np.arange(16, dtype=np.float32).reshape(8, 2)
+    dyn = sok.DynamicVariable(dimension=2, initializer="1", name="dyn")
+    static = sok.Variable(static_value, name="static")
+    ids = tf.ragged.constant([[0, 1, 2], [3, 5, 7]], dtype=tf.int64)
+    out["static"] = sok.lookup_sparse(static, ids, combiners="sum").numpy().tolist()
+    out["dyn"] = sok.lookup_sparse(dyn, ids, combiners="sum").numpy().tolist()
+    # sok.init again, for one process (to evaluate on one worker, say).
+    sok.init(comm_tool="none", use_legacy_optimizer=False)
+    for name, table in (("dyn", dyn), ("static", static)):
+        try:
+            sok.lookup_sparse(table, tf.ragged.constant([[4, 6, 9, 11]], dtype=tf.int64),
+                              combiners="sum")
+            out[name + "_after"] = "looked up"
+        except ValueError as e:
+            out[name + "_after"] = str(e)
+    keys, _ = sok.export(dyn)
+    out["dyn_keys"] = sorted(int(k) for k in np.asarray(keys))
+    out["rank"], out["world"] = rank, world
+    print("RESULT " + json.dumps(out), flush=True)
+''')
+
+
+def test_tables_used_after_sok_init_set_up_another_engine_are_refused(horovod, tmp_path):
+    """Two Horovod workers: a DynamicVariable made before sok.init is
+    refused; tables made after it look up as numpy says; then sok.init
+    (comm_tool="none") and a lookup of each table sharded over the 2
+    workers is a ValueError naming the table and both numbers of workers.
+    Before, the dynamic table's lookup inserted keys the other worker owns
+    into this worker's shard (each worker's shard then held every key
+    looked up there: a dump held them twice), without an error."""
+    script = tmp_path / "reinit_worker.py"
+    script.write_text(_REINIT_WORKER)
+    output = launch(2, str(script), timeout=300)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
+               if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
+    static_value = np.arange(16, dtype=np.float32).reshape(8, 2)
+    for r in results:
+        rank = r["rank"]
+        assert "call sok.init() before creating a sok.DynamicVariable" in r["before_init"] \
+            and f"worker {rank} of 2" in r["before_init"], r["before_init"]
+        np.testing.assert_array_equal(
+            r["static"], [static_value[[0, 1, 2]].sum(0), static_value[[3, 5, 7]].sum(0)])
+        np.testing.assert_array_equal(r["dyn"], [[3.0, 3.0], [3.0, 3.0]])
+        for name in ("dyn", "static"):
+            message = r[name + "_after"]
+            assert f"table '{name}' is sharded over 2 workers" in message \
+                and "joins 1" in message, message
+        # The shard holds the keys this worker owns (k mod 2 == rank) of
+        # those the job looked up, and nothing the refused lookup sent.
+        want = sorted(k for k in (0, 1, 2, 3, 5, 7) if k % 2 == rank)
+        assert r["dyn_keys"] == want, (rank, r["dyn_keys"], want)
+
+
+_UNSHARDED_IN_REPLICAS = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import numpy as np
+    import tensorflow as tf
+    from mirrored_cpus import mirrored_strategy_on_cpus
+
+    strategy = mirrored_strategy_on_cpus(2)
+    import sok_graph as sok
+
+    out = {}
+    # Made before the sok.init that sets up the replicas: one table of one
+    # process (a single process may make a DynamicVariable before init).
+    early = sok.DynamicVariable(dimension=2, initializer="0.5", name="early")
+    # Made under an engine of one process, then sok.init again for the replicas.
+    sok.init(comm_tool="none", use_legacy_optimizer=False)
+    single = sok.Variable(np.ones([4, 2], np.float32), name="single")
+    with strategy.scope():
+        sok.init(comm_tool="tf", use_legacy_optimizer=False)
+        sharded = sok.DynamicVariable(dimension=2, initializer="0.5", name="sharded")
+    opt = sok.optimizers.Adam(learning_rate=0.1)
+
+    def step(table):
+        def fn():
+            ids = tf.ragged.constant([[0], [1]], dtype=tf.int64)
+            with tf.GradientTape() as tape:
+                rows = sok.lookup_sparse(table, ids, combiners="sum")
+                loss = tf.reduce_sum(rows * rows) / 4
+            grads = tape.gradient(loss, [table])
+            opt.apply_gradients(zip(grads, [table]))
+            return rows
+        return tf.function(lambda: strategy.run(fn))()
+
+    for name, table in (("early", early), ("single", single)):
+        try:
+            step(table)
+            out[name] = "trained"
+        except ValueError as e:
+            out[name] = str(e)
+    rows = step(sharded)
+    out["sharded"] = [t.numpy().tolist() for t in strategy.experimental_local_results(rows)]
+    keys, values = sok.export(sharded)
+    order = np.argsort(np.asarray(keys))
+    out["sharded_keys"] = np.asarray(keys)[order].tolist()
+    out["sharded_rows"] = np.asarray(values)[order].tolist()
+    print("RESULT " + json.dumps(out), flush=True)
+''')
+
+
+@needs_tf2_collectives
+def test_a_table_not_sharded_over_the_replicas_is_refused_inside_strategy_run(tmp_path):
+    """Under a MirroredStrategy of 2 replicas, a DynamicVariable made before
+    sok.init(comm_tool="tf"), or a sok.Variable made under comm_tool="none"
+    before it, used inside strategy.run: every replica read and updated the
+    one table, the optimizer applied each replica's update in turn (Adam's
+    moments and step twice a step), and training differed from one
+    process's without an error. It is a ValueError naming the table; a table
+    made after sok.init trains as numpy's Adam says."""
+    script = tmp_path / "unsharded.py"
+    script.write_text(_UNSHARDED_IN_REPLICAS)
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker")
+    output = run_process([sys.executable, str(script), here], timeout=300)
+    line = [x for x in output.splitlines() if x.startswith("RESULT ")]
+    assert line, output[-4000:]
+    out = json.loads(line[-1][len("RESULT "):])
+    for name, world in (("early", 1), ("single", 1)):
+        assert f"on table '{name}" in out[name] and f"table of {world} worker(s)" in out[name] \
+            and "not sharded over the 2 replicas" in out[name], out[name]
+    # One Adam step (lr 0.1) from rows of 0.5: loss = sum over both replicas'
+    # two samples of |row|^2 / 4; keys 0 and 1 each appear once per replica.
+    np.testing.assert_allclose(out["sharded"], [[[0.5, 0.5], [0.5, 0.5]]] * 2)
+    row = np.full(2, 0.5)
+    grad = 2 * (2 * row / 4)
+    m, v = 0.1 * grad, 0.001 * grad * grad
+    m_hat, v_hat = m / (1 - 0.9), v / (1 - 0.999)
+    want = row - 0.1 * m_hat / (np.sqrt(v_hat) + 1e-7)
+    assert out["sharded_keys"] == [0, 1]
+    np.testing.assert_allclose(out["sharded_rows"], [want, want], rtol=1e-5)
