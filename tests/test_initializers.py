@@ -143,3 +143,83 @@ def test_init_numbers_unseeded_tables_from_the_first_again():
     for a, b in zip(first, again):
         np.testing.assert_array_equal(a, b)
     assert not np.any(np.all(first[0] == first[1], axis=1))
+
+
+@pytest.mark.parametrize("name,limit", [
+    ("glorot_uniform", lambda rows, dim: np.sqrt(6.0 / (rows + dim))),
+    ("he_uniform", lambda rows, dim: np.sqrt(6.0 / rows)),
+    ("lecun_uniform", lambda rows, dim: np.sqrt(3.0 / rows)),
+])
+def test_a_variance_scaling_initializer_gives_each_shard_the_whole_tables_scale(name, limit):
+    """sok.Variable(shape=[rows, dim], initializer="glorot_uniform") on 4
+    workers: each worker's rows were drawn with the fans of its own shard
+    (1000 of 4000 rows), so their limit was twice one worker's, without an
+    error. Every shard now draws from the whole table's distribution: the
+    rows of all four stay within the limit of [4000, 4] (numpy's formula)
+    and reach near it."""
+    from sok_graph.tables.static import _shard_from_initializer
+
+    rows, dim, workers = 4000, 4, 4
+    want = limit(rows, dim)
+    assert want < 0.9 * limit(rows // workers, dim)  # the check tells the two apart
+    shards = []
+    for rank in range(workers):
+        kwargs = {"shape": [rows, dim], "initializer": name}
+        shape, make = _shard_from_initializer(kwargs, (workers, rank, -1))
+        assert shape == (rows, dim)
+        shards.append(np.asarray(make()))
+    values = np.concatenate(shards)
+    assert values.shape == (rows, dim)
+    assert np.abs(values).max() <= want * (1 + 1e-6)
+    assert np.abs(values).max() > 0.95 * want
+
+
+def test_a_constant_initializer_holding_the_whole_table_gives_each_shard_its_rows():
+    """shape= with tf.constant_initializer(whole [rows, dim] array) on
+    several workers failed with TensorFlow's "has 6 elements, but got shape
+    (1, 3)"; each worker now holds its rows of that array (row r on worker
+    r mod N), as initial_value=array gives. Orthogonal rows (a property of
+    the whole matrix) are refused by name there."""
+    from sok_graph.tables.static import _shard_from_initializer
+
+    whole = np.arange(15, dtype=np.float32).reshape(5, 3)
+    for make_initializer in (tf.constant_initializer, tf.keras.initializers.Constant):
+        for rank in range(2):
+            kwargs = {"shape": [5, 3], "initializer": make_initializer(whole)}
+            _, make = _shard_from_initializer(kwargs, (2, rank, -1))
+            np.testing.assert_array_equal(np.asarray(make()), whole[rank::2])
+    with pytest.raises(ValueError, match=r"shape \[4, 3\].*shape is \[5, 3\]"):
+        _shard_from_initializer({"shape": [5, 3], "initializer": tf.constant_initializer(
+            np.zeros([4, 3]))}, (2, 0, -1))
+    with pytest.raises(ValueError, match=r"Orthogonal makes rows that depend on the whole table"):
+        _shard_from_initializer({"shape": [6, 3],
+                                 "initializer": tf.keras.initializers.Orthogonal()}, (2, 0, -1))
+
+
+@pytest.mark.parametrize("seeded", [True, False], ids=["seed=3", "tf.random.set_seed"])
+def test_each_workers_shard_draws_rows_of_its_own(seeded):
+    """A seeded random initializer (RandomNormal(seed=3), GlorotUniform(seed=3)),
+    or an unseeded one under tf.random.set_seed (which every worker's
+    program runs alike), drew the same rows on every worker: rows r and
+    r + N of the table started equal. Each worker's rows are now its own,
+    and together they follow the initializer's law (numpy's moments)."""
+    from sok_graph.tables.static import _shard_from_initializer
+
+    rows, dim, workers = 4000, 4, 2
+    glorot = getattr(tf.keras.initializers, "GlorotUniform", None) or \
+        tf.keras.initializers.glorot_uniform  # TF 1.15's name
+    for make_initializer, std in ((tf.keras.initializers.RandomNormal, 0.05),
+                                  (glorot,
+                                   np.sqrt(6.0 / (rows + dim)) / np.sqrt(3.0))):
+        shards = []
+        for rank in range(workers):
+            tf.compat.v1.set_random_seed(7)  # as each worker process would
+            initializer = make_initializer(seed=3 if seeded else None)
+            _, make = _shard_from_initializer({"shape": [rows, dim], "initializer": initializer},
+                                              (workers, rank, -1))
+            shards.append(np.asarray(make()))
+        same = np.all(shards[0] == shards[1], axis=1)
+        assert not same.any(), f"{same.sum()} rows equal on both workers"
+        values = np.concatenate(shards)
+        assert abs(values.mean()) < 0.05 * std
+        assert abs(values.std() - std) < 0.05 * std

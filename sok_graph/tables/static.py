@@ -89,6 +89,11 @@ def _shard_from_initializer(kwargs, where):
     dtype = tf.as_dtype(kwargs.get("dtype") or tf.float32)
     initializer = static_initializer(initializer)
     local = placement.shard_rows(shape[0], *where)
+    whole = _whole_constant(initializer, shape)
+    if whole is not None:  # the table's own rows, given whole: this worker's of them
+        return shape, lambda: tf.cast(placement.shard_of(whole, *where), dtype)
+    if where[0] > 1:
+        initializer = _for_a_shard(initializer, shape, local, where[1])
 
     def rows():
         made = initializer(shape=[local, shape[1]], dtype=dtype)
@@ -97,6 +102,80 @@ def _shard_from_initializer(kwargs, where):
                              f"rows: the initializer was asked for {[local, shape[1]]}")
 
     return shape, rows
+
+
+def _whole_constant(initializer, shape):
+    """The value of a constant initializer that holds the whole table's rows
+    (tf.keras.initializers.Constant(array), tf.constant_initializer(array))
+    as an array, or None (a scalar constant, any other initializer). Asked
+    for a shard's rows, such an initializer failed with TensorFlow's "has 6
+    elements, but got shape (1, 3)" on several workers."""
+    value = getattr(initializer, "value", None)
+    if value is None or np.ndim(value) == 0 or callable(value):
+        return None
+    value = np.asarray(value)
+    if value.shape != tuple(shape):
+        raise ValueError(f"the constant initializer holds an array of shape {list(value.shape)}; "
+                         f"shape is {list(shape)} (give it the whole table, or a number)")
+    return value
+
+
+def _for_a_shard(initializer, shape, local, rank):
+    """`initializer`, for worker `rank`'s `local` rows of a table of `shape`,
+    drawing from the whole table's distribution, and apart from the other
+    workers' rows. A seeded initializer (or an unseeded one under
+    tf.random.set_seed, which every worker's program runs alike) drew the
+    same rows on every worker: rows r and r + N of the table started equal.
+    Each worker draws from a seed of its own (_shard_seed). A variance-scaling
+    initializer (glorot_*, he_*, lecun_*, VarianceScaling) takes its scale
+    from the fans of the shape it is asked for: a shard's rows came out
+    with the variance of a table of `local` rows (glorot_uniform on 4
+    workers: limit 0.077 where one worker's is 0.039), without an error.
+    Its scale is adjusted so that the shard's fans give the table's
+    variance. Orthogonal and identity rows are properties of the whole
+    matrix, which a shard does not see: refused (give initial_value)."""
+    name = type(initializer).__name__.lower()
+    if "orthogonal" in name or "identity" in name:
+        raise ValueError(
+            f"initializer {type(initializer).__name__} makes rows that depend on the whole "
+            f"table, which no worker holds on several workers: give initial_value= the whole "
+            f"[rows, dim] value, or a per-row distribution (uniform, normal, glorot_uniform...)")
+    seed = _shard_seed(initializer, rank)
+    base = next((k for k in type(initializer).__mro__ if k.__name__ == "VarianceScaling"), None)
+    if base is None or local == 0:
+        if seed is None:
+            return initializer
+        config = initializer.get_config()
+        config["seed"] = seed
+        return type(initializer).from_config(config)
+
+    def fan(rows):
+        fan_in, fan_out = max(1.0, float(rows)), max(1.0, float(shape[1]))
+        mode = getattr(initializer, "mode", "fan_in")
+        return {"fan_in": fan_in, "fan_out": fan_out}.get(mode, (fan_in + fan_out) / 2.0)
+
+    scale = float(initializer.scale) * fan(local) / fan(shape[0])
+    return base(scale=scale, mode=initializer.mode, distribution=initializer.distribution,
+                seed=seed if seed is not None else getattr(initializer, "seed", None))
+
+
+def _shard_seed(initializer, rank):
+    """A seed of worker `rank`'s own for a random initializer (one with a
+    seed attribute) whose draws would be every worker's: its own integer
+    seed, or the op seed TensorFlow derives under a global seed
+    (tf.random.set_seed). None where each worker draws apart already (no
+    seed anywhere), or for initializers that hold no integer seed."""
+    if not hasattr(initializer, "seed") or not hasattr(initializer, "get_config"):
+        return None
+    seed = initializer.seed
+    if seed is None:
+        global_seed, op_seed = tf.compat.v1.get_seed(None)
+        if global_seed is None:
+            return None
+        seed = op_seed
+    if isinstance(seed, (bool, np.bool_)) or not isinstance(seed, (int, np.integer)):
+        return None  # a Keras 3 SeedGenerator: its own state
+    return (int(seed) * 1000003 + rank + 1) % (2 ** 31 - 1)
 
 
 class Variable(_ResourceVariable, KerasWeights):
