@@ -80,8 +80,17 @@ _REINIT_WORKER = textwrap.dedent('''
     ids = tf.ragged.constant([[0, 1, 2], [3, 5, 7]], dtype=tf.int64)
     out["static"] = sok.lookup_sparse(static, ids, combiners="sum").numpy().tolist()
     out["dyn"] = sok.lookup_sparse(dyn, ids, combiners="sum").numpy().tolist()
+    folder = sys.argv[1]
+    sok.dump(folder + "/before", [dyn, static])  # a dump of both workers
     # sok.init again, for one process (to evaluate on one worker, say).
     sok.init(comm_tool="none", use_legacy_optimizer=False)
+    for what, call in (("dump", lambda: sok.dump(folder + "/after", [dyn])),
+                       ("load", lambda: sok.load(folder + "/before", [dyn, static]))):
+        try:
+            call()
+            out[what + "_after"] = "done"
+        except ValueError as e:
+            out[what + "_after"] = str(e)
     for name, table in (("dyn", dyn), ("static", static)):
         try:
             sok.lookup_sparse(table, tf.ragged.constant([[4, 6, 9, 11]], dtype=tf.int64),
@@ -106,10 +115,18 @@ def test_tables_used_after_sok_init_set_up_another_engine_are_refused(horovod, t
     looked up there: a dump held them twice), without an error."""
     script = tmp_path / "reinit_worker.py"
     script.write_text(_REINIT_WORKER)
-    output = launch(2, str(script), timeout=300)
+    output = launch(2, str(script), [str(tmp_path)], timeout=300)
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
                if "RESULT " in line]
     assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
+    # A dump or load after the second sok.init: each worker took itself for
+    # the only one (a dump wrote one path twice, the last writer's shard
+    # standing for the whole table). Refused by name; nothing written.
+    for r in results:
+        assert "sok.init set up since joins 1" in r["dump_after"] \
+            and "'dyn' is sharded over 2 workers" in r["dump_after"], r["dump_after"]
+        assert "sok.init set up since joins 1" in r["load_after"], r["load_after"]
+    assert not (tmp_path / "after").exists()
     static_value = np.arange(16, dtype=np.float32).reshape(8, 2)
     for r in results:
         rank = r["rank"]
