@@ -161,9 +161,31 @@ class OptimizerWrapper(compat.trackable_base_class()):
         inside strategy.run with replicas as workers, else the only one)."""
         if replica is None:
             replica = context.active().rank if replica_shards.in_replica() else 0
+        self._forget_another_graphs_steps()
         if replica not in self._steps:
             self._make_steps(max(replica + 1, _replicas()))
         return self._steps[replica]
+
+    def _forget_another_graphs_steps(self):
+        """Drops step counters made in another tf.compat.v1 graph than the
+        one variables are now made in: one optimizer object used to build a
+        second graph (a graph rebuilt in the same process, an evaluation or
+        export graph, as a tf.compat.v1.train optimizer allows, keeping its
+        non-slot variables per graph) failed with "... must be from the same
+        graph as Tensor("AssignAdd_1:0" ...)". The first graph's ops keep the
+        counter they were built with."""
+        if not self._steps:
+            return
+        with tf.init_scope():
+            if tf.executing_eagerly():
+                return
+            graph = tf.compat.v1.get_default_graph()
+        try:
+            made_in = next(iter(self._steps.values())).graph
+        except (AttributeError, RuntimeError):
+            return
+        if made_in is not graph:
+            self._steps = {}
 
     def _make_steps(self, replicas):
         """The step counters, one per replica, each on its replica's device
@@ -701,12 +723,49 @@ def wrapper_for(optimizer):
         # Past the optimizer's own __setattr__: Keras and TensorFlow would
         # track it as a checkpoint dependency under this name as well.
         object.__setattr__(optimizer, _NATIVE_WRAPPER, wrapper)
+        _list_sok_state_in_variables(optimizer, wrapper)
         if hasattr(optimizer, "_track_trackable"):
             # tf.train.Checkpoint(optimizer=optimizer) holds the sok state;
             # one restored before this wrapper existed restores it now.
             with tf.init_scope():
                 optimizer._track_trackable(wrapper, name=NATIVE_STATE_DEPENDENCY)
     return wrapper
+
+
+def _list_sok_state_in_variables(optimizer, wrapper):
+    """Makes `optimizer.variables()` (a method of tf.compat.v1.train's and
+    Keras 2's OptimizerV2 optimizers) list, after the optimizer's own
+    variables, the slots and step counter it keeps for sok tables through
+    `wrapper` (sok.OptimizerScope), those of the default graph, in graph
+    mode only, as it lists the slots of a plain variable. TF1 scripts initialize
+    an optimizer with tf.compat.v1.variables_initializer(opt.variables())
+    (after restoring only the model's variables, say): the sok tables'
+    slots were left out, and the next step failed with "Attempting to use
+    uninitialized value <table>/accumulator". Only this optimizer object
+    changes (an attribute of its own), and it holds no reference to itself
+    through it. Eagerly (TF2, where no initializer runs) the list stays the
+    optimizer's own: scripts broadcast it to every worker
+    (hvd.broadcast_variables(opt.variables())), and each worker's table
+    slots hold rows of its own. Where `variables` is a property (Keras 3,
+    Keras 2's newer optimizers: TF2 only) nothing changes."""
+    method = getattr(type(optimizer), "variables", None)
+    if not callable(method) or isinstance(method, property) or \
+            "variables" in getattr(optimizer, "__dict__", {}):
+        return
+    optimizer_ref, wrapper_ref = weakref.ref(optimizer), weakref.ref(wrapper)
+
+    def variables():
+        own = list(method(optimizer_ref()))
+        state = wrapper_ref()
+        if state is None or tf.executing_eagerly():
+            return own
+        graph = tf.compat.v1.get_default_graph()
+        extra = [v for v in list(state._steps.values()) + list(state._slot_vars)
+                 if getattr(v, "graph", None) is graph]
+        return own + [v for v in extra if not any(v is o for o in own)]
+
+    variables.__doc__ = getattr(method, "__doc__", None)
+    object.__setattr__(optimizer, "variables", variables)
 
 
 # The name of a native optimizer's wrapper among its checkpoint children.
