@@ -29,21 +29,27 @@ def _ids_to_sparse(ids):
     return tf.SparseTensor(sp.indices, sp.values - 1, sp.dense_shape)
 
 
-def _model(kind, make_optimizer):
-    """ids placeholder, the table, a dense weight, the lookup, loss, the
-    optimizer and its train op, for a plain table ("plain"), a sok.Variable
-    ("static") or a DynamicVariable ("dynamic"; its rows start as W0's)."""
+def _table_lookup(kind):
+    """(ids placeholder, table, summed embeddings) for a plain table
+    ("plain", tf.nn.embedding_lookup_sparse), a sok.Variable ("static") or a
+    DynamicVariable ("dynamic"; _fill_dynamic gives it W0's rows)."""
     ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
     sp = _ids_to_sparse(ids)
     if kind == "plain":
         table = tf.compat.v1.get_variable("table", initializer=W0, use_resource=True)
-        emb = tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sum")
-    elif kind == "static":
+        return ids, table, tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sum")
+    if kind == "static":
         table = sok.Variable(W0, name="table")
-        emb = sok.lookup_sparse(table, sp, combiners="sum")
     else:
         table = sok.DynamicVariable(dimension=DIM, initializer="zeros", name="table")
-        emb = sok.lookup_sparse(table, sp, combiners="sum")
+    return ids, table, sok.lookup_sparse(table, sp, combiners="sum")
+
+
+def _model(kind, make_optimizer):
+    """ids placeholder, the table, a dense weight, the lookup, loss, the
+    optimizer and its train op, for a plain table ("plain"), a sok.Variable
+    ("static") or a DynamicVariable ("dynamic"; its rows start as W0's)."""
+    ids, table, emb = _table_lookup(kind)
     dense = tf.compat.v1.get_variable("dense", initializer=np.full((DIM, 1), 0.5, np.float32),
                                       use_resource=True)
     loss = tf.reduce_sum(tf.square(tf.matmul(emb, dense) - 3.0))
@@ -144,17 +150,7 @@ def test_one_optimizer_object_builds_a_second_graph(name):
         opt = shared["plain" if k == "plain" else "sok"]
         for run in range(2):
             with tf.Graph().as_default():
-                ids = tf.compat.v1.placeholder(tf.int64, [None, 2])
-                sp = _ids_to_sparse(ids)
-                if k == "plain":
-                    table = tf.compat.v1.get_variable("table", initializer=W0, use_resource=True)
-                    emb = tf.nn.embedding_lookup_sparse(table, sp, None, combiner="sum")
-                elif k == "static":
-                    table = sok.Variable(W0, name="table")
-                    emb = sok.lookup_sparse(table, sp, combiners="sum")
-                else:
-                    table = sok.DynamicVariable(dimension=DIM, initializer="zeros", name="table")
-                    emb = sok.lookup_sparse(table, sp, combiners="sum")
+                ids, table, emb = _table_lookup(k)
                 loss = tf.reduce_sum(tf.square(emb - 3.0))
                 grads = tf.gradients(loss, [table])
                 with sok.OptimizerScope([table]) if k != "plain" and name == "adagrad" \
