@@ -55,7 +55,7 @@ import zlib
 import numpy as np
 import tensorflow as tf
 
-from sok_graph import context
+from sok_graph import context, placement
 from sok_graph.communication import agreement
 from sok_graph.data.files import writer_gone
 from sok_graph.tables import (dimension_of, keras_weights, key_metadata_of, kind_of,
@@ -364,23 +364,11 @@ def _check_vars(variables, what):
 
 
 def _check_world(variables, what):
-    """A ValueError where a table is sharded over another number of workers
-    than the communicator sok.init set up since joins (sok.init again with
-    another engine, comm_tool="none" to evaluate on one worker, say): each
-    worker then took itself for the only one, and a dump by two such
-    workers wrote one path twice, the last writer's shard standing for the
-    whole table, without an error."""
+    """placement.check_world of every shard of each variable."""
     comm = context.active()
-    world = 1 if comm is None else comm.world_size
     for name, var in variables.items():
         for shard in replica_shards.shards_of(var):
-            sharded_over = shard.placement[0]
-            if sharded_over != world:
-                raise ValueError(
-                    f"{what}: table {name!r} is sharded over {sharded_over} workers, but the "
-                    f"communicator sok.init set up since joins {world}: this worker would "
-                    f"take its shard for the whole table. Call sok.init with the engine the "
-                    f"table was made under, or make the tables again after sok.init")
+            placement.check_world(comm, shard, name, what)
 
 
 def _same_on_every_worker(variables, argument, what, path=None):

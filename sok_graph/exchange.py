@@ -23,6 +23,7 @@ worker k mod N; a localized table holds everything on one worker.
 
 import tensorflow as tf
 
+from sok_graph import placement
 from sok_graph.placement import local_rows, owner_of
 from sok_graph.ops import sharding as sharding_ops
 from sok_graph.ops import util as util_ops
@@ -98,24 +99,10 @@ def _unpermuted(rows, permutation, inverse):
 
 
 def _check_world(comm, tables, names=None):
-    """A ValueError, before anything is built, where a table was sharded over
-    another number of workers than `comm` joins: sok.init ran again since
-    the table was made, with another engine (comm_tool="none" in a worker of
-    a launched job, say). The exchange then ran over the new engine's
-    workers while the table's owners are the old ones': a lookup of a
-    dynamic table inserted the keys other workers own into this worker's
-    shard (where no lookup of theirs reads them, and a dump then holds them
-    twice), without an error."""
+    """placement.check_world of each table, before anything is built."""
     for k, table in enumerate(tables):
-        world_size, rank, _ = table.placement
-        if world_size != comm.world_size:
-            shown = names[k] if names else getattr(table, "name", type(table).__name__)
-            raise ValueError(
-                f"table {shown!r} is sharded over {world_size} workers (this process holds "
-                f"worker {rank}'s shard), but the communicator sok.init set up since, "
-                f"{comm.describe()}, joins {comm.world_size}: the table's other shards are out "
-                f"of its reach. Use the table under the engine it was made under (call "
-                f"sok.init with that engine again), or make the tables again after sok.init")
+        placement.check_world(comm, table, names[k] if names else
+                              getattr(table, "name", type(table).__name__))
 
 
 def static_rows(comm, var, ids, name="sok_exchange"):

@@ -167,3 +167,26 @@ def assemble(shard_rows, placement, global_shape):
         whole[r::world_size] = shard_rows[start:start + count]
         start += count
     return whole
+
+
+def check_world(comm, table, name, what=None):
+    """A ValueError where `table` is sharded over another number of workers
+    than `comm` (the active communicator; None before sok.init: one worker)
+    joins: sok.init ran again since the table was made, with another engine
+    (comm_tool="none" in a worker of a launched job, say). Its exchanges
+    then ran over the new engine's workers while the table's owners are the
+    old ones' (a lookup of a dynamic table inserted keys other workers own
+    into this worker's shard), and a dump or load took this worker's shard
+    for the whole table (two workers wrote one path), without an error.
+    what: the call, named first in the message."""
+    world = 1 if comm is None else comm.world_size
+    sharded_over, rank, _ = table.placement
+    if sharded_over == world:
+        return
+    joined = "" if comm is None else f" ({comm.describe()})"
+    raise ValueError(
+        f"{what + ': ' if what else ''}table {name!r} is sharded over {sharded_over} workers "
+        f"(this process holds worker {rank}'s shard), but the communicator sok.init set up "
+        f"since joins {world}{joined}: the table's other shards are out of its reach. Use the "
+        f"table under the engine it was made under (call sok.init with that engine again), "
+        f"or make the tables again after sok.init")
