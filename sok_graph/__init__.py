@@ -37,6 +37,9 @@ from sok_graph.collective_strategy import CollectiveStrategy  # DeepRec's front 
 # `raw_ops`, the op library (sok_graph's own, with sok_graph's op names).
 tf_version = compat.TF_VERSION_LIST
 
+# The package's functions run as written inside tf.function (compat says why).
+compat.leave_package_to_autograph_unconverted(__name__)
+
 
 def _register_ops():
     """Loads the op library at import, as SOK does: a SavedModel or meta

@@ -62,3 +62,36 @@ def test_graph_and_eager_detection():
 
 def test_indexed_slices_is_tf_class():
     assert compat.IndexedSlices is tf.IndexedSlices
+
+
+def _autograph_calls_as_written(function):
+    """AutoGraph's own decision: True where a tf.function calls `function`
+    unconverted (its name for the check differs in TF 1.15)."""
+    from tensorflow.python.autograph.impl import conversion
+
+    check = getattr(conversion, "is_allowlisted", None) or conversion.is_whitelisted_for_graph
+    return check(function)
+
+
+def test_autograph_calls_the_package_as_written_and_still_converts_user_code():
+    """sok_graph's functions and methods run as written inside a
+    tf.function, as TensorFlow's and Keras' own do (converting them again in
+    every trace only made first steps slow); the caller's own functions are
+    converted as before, and the rule is added once however often it is
+    asked for."""
+    import sok_graph as sok
+    from tensorflow.python.autograph.core import config as autograph_config
+
+    def users_step(x):
+        return x
+
+    table = sok.Variable(tf.ones([4, 2]))
+    wrapper = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1)) if not compat.IS_TF1 \
+        else sok.OptimizerWrapper(tf.compat.v1.train.GradientDescentOptimizer(0.1))
+    for function in (sok.lookup_sparse, sok.export, wrapper.apply_gradients, table.assign,
+                     sok.DynamicVariable.__init__, sok.DistributedEmbedding.call):
+        assert _autograph_calls_as_written(function), function
+    assert not _autograph_calls_as_written(users_step)
+    before = len(autograph_config.CONVERSION_RULES)
+    compat.leave_package_to_autograph_unconverted("sok_graph")
+    assert len(autograph_config.CONVERSION_RULES) == before
