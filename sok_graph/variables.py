@@ -44,10 +44,15 @@ def assign(var, indices, values):
                          f"{indices.shape}")
     # TensorFlow's scatter does not check an empty update's row width.
     dim = dimension_of(var)
-    n = indices.shape[0] if indices.shape.rank == 1 else None
+    # Plain ints or None: TF 1.15's shapes hold Dimension objects, and its
+    # Dimension(None) is not None, so values of unknown shape (a placeholder,
+    # a tf.function's [None, None] signature) were refused there.
+    n = tf.compat.dimension_value(indices.shape[0]) if indices.shape.rank == 1 else None
+    width = tf.compat.dimension_value(values.shape[1]) if values.shape.rank == 2 else None
+    count = tf.compat.dimension_value(values.shape[0]) if values.shape.rank == 2 else None
     if values.shape.rank is not None and (
-            values.shape.rank != 2 or values.shape[1] not in (None, dim)
-            or None not in (n, values.shape[0]) and values.shape[0] != n):
+            values.shape.rank != 2 or width not in (None, dim)
+            or None not in (n, count) and count != n):
         raise ValueError(f"values for sok.assign must have shape [len(indices), {dim}] "
                          f"(indices has shape {indices.shape}); got shape {values.shape}")
     if is_dynamic(var):
@@ -57,6 +62,12 @@ def assign(var, indices, values):
         return var.scatter_update(indices, values)
     if not indices.dtype.is_integer:
         raise TypeError(f"indices must be integers; got {indices.dtype.name}")
+    if indices.dtype not in (tf.int32, tf.int64):
+        # TensorFlow's scatter takes no other: numpy's uint8 / uint64 row
+        # numbers failed there with "Value for attr 'Tindices' of uint8 is
+        # not in the list of allowed values", naming no argument.
+        raise TypeError(f"indices for sok.assign must be int32 or int64 row numbers; got "
+                        f"{indices.dtype.name}: cast them first")
     rows = var.shape[0]
     words = f"indices for sok.assign must be in [0, {rows}) (the rows of the variable); got"
     if tf.executing_eagerly():
@@ -71,8 +82,30 @@ def assign(var, indices, values):
         check = tf.debugging.Assert(
             tf.reduce_all(tf.logical_and(indices >= 0, indices < rows)), [words, indices],
             summarize=16)
-        with tf.control_dependencies([check]):
+        checks = [check]
+        if not (indices.shape.is_fully_defined() and values.shape.is_fully_defined()):
+            # Shapes known only when the graph runs (a placeholder, a
+            # tf.function's [None, None] signature): TensorFlow's CPU scatter
+            # takes rows of another width without a word, writing the values
+            # one after another from the row's start (rows [n, dim + 1]
+            # spill into the next row, rows [n, 1] set only the first
+            # column); vector indices and [len(indices), dim] values are
+            # checked before the write. Shapes are padded with -1 so that
+            # every rank compares.
+            got = tf.concat([tf.shape(indices, out_type=tf.int64), tf.constant([-1], tf.int64),
+                             tf.shape(values, out_type=tf.int64),
+                             tf.constant([-1] * 5, tf.int64)], 0)[:5]
+            want = tf.stack([tf.size(indices, out_type=tf.int64), tf.constant(-1, tf.int64),
+                             tf.size(indices, out_type=tf.int64), tf.constant(dim, tf.int64),
+                             tf.constant(-1, tf.int64)])
+            checks.append(tf.debugging.Assert(
+                tf.reduce_all(tf.equal(got, want)),
+                [f"sok.assign takes indices as a vector and values of shape [len(indices), "
+                 f"{dim}] (one row of the table's dimension per index); the shapes of indices "
+                 f"and values are", tf.shape(indices), tf.shape(values)]))
+        with tf.control_dependencies(checks):
             indices = tf.identity(indices)
+            values = tf.identity(values)
     return var.scatter_update(tf.IndexedSlices(values, indices))
 
 
@@ -92,8 +125,25 @@ def export(var):
 
 def filter_variables(vars):  # noqa: A002 (SOK's argument name)
     """(sok_variables, other_variables) from a list of variables."""
+    # One variable, tensor, string or dict in place of the list was iterated
+    # without an error: a sok.Variable gave its rows as "other variables" and
+    # no sok variable (an optimizer then trained neither), a dict its keys.
+    if (isinstance(vars, (str, bytes, dict)) or tf.is_tensor(vars) or is_sok_variable(vars)
+            or isinstance(vars, tf.Variable) or vars is None
+            or not hasattr(vars, "__iter__")):
+        raise TypeError(f"sok.filter_variables takes a list of variables (e.g. "
+                        f"model.trainable_variables); got {type(vars).__name__}"
+                        + (": put a single variable in a list" if is_sok_variable(vars) or
+                           isinstance(vars, tf.Variable) or tf.is_tensor(vars) else ""))
     sok_vars, others = [], []
-    for v in vars:
+    for i, v in enumerate(vars):
+        # A nested list (a list of the lists of two models) put every sok
+        # variable inside it among the others.
+        if isinstance(v, (list, tuple, dict, str, bytes)):
+            raise TypeError(f"sok.filter_variables takes a flat list of variables; vars[{i}] "
+                            f"is a {type(v).__name__}" + (
+                                ": concatenate the lists first" if isinstance(v, (list, tuple))
+                                else ""))
         (sok_vars if is_sok_variable(v) else others).append(v)
     return sok_vars, others
 

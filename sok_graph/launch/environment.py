@@ -25,6 +25,8 @@ ENV_STALL_TIMEOUT = "SOK_GRAPH_STALL_TIMEOUT"
 ENV_NCCL_NVLS = "NCCL_NVLS_ENABLE"
 
 DEFAULT_GRACE_S = 10.0
+# The most seconds Horovod's time settings take (it narrows them to a C int).
+HOROVOD_MAX_SECONDS = 2**31 - 1
 DEFAULT_STALL_TIMEOUT_S = 120.0
 HOST = "127.0.0.1"
 
@@ -162,12 +164,19 @@ def horovod_stall_settings(stall_timeout):
     peer does not answer at all (a frozen or unreachable process), is the
     bound itself.
     """
+    # Horovod reads each as a C int (strtol, then narrowed): 3e9 s became
+    # negative and 1e20 -1, and every worker aborted in hvd.init() with
+    # Gloo's "timeout.count() >= 0. Invalid timeout" (SIGABRT). A bound that
+    # large means no bound in practice; each setting stops at INT_MAX
+    # seconds (68 years).
+    stall_timeout = min(stall_timeout, HOROVOD_MAX_SECONDS)
     check = max(1, int(stall_timeout / 6))
     shutdown = max(check, int(stall_timeout) - 3 * check)
     return {
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(check),
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(shutdown),
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, math.ceil(stall_timeout))),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(
+            min(HOROVOD_MAX_SECONDS, max(1, math.ceil(stall_timeout)))),
     }
 
 
