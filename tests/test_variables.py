@@ -570,3 +570,54 @@ def test_mode_none_is_distributed_as_in_sok():
     ids = tf.RaggedTensor.from_row_lengths(tf.constant([3, 0, 3], tf.int64), [2, 1])
     np.testing.assert_array_equal(sok.lookup_sparse(table, ids, combiners="sum").numpy(),
                                   [rows[3] + rows[0], rows[3]])
+
+
+def _sgd(lr):
+    if tf.__version__.startswith("1."):
+        return tf.compat.v1.train.GradientDescentOptimizer(lr)
+    return tf.keras.optimizers.SGD(lr)
+
+
+def test_tables_made_while_a_step_is_traced_live_outside_its_graph():
+    """A Keras layer that makes its tables in build(), first called inside
+    a tf.function (as model.fit builds a model): a sok.Variable from shape=
+    and an initializer failed ("initial_value ... could not be lifted out of
+    a tf.function") and a DynamicVariable's handle was out of scope in every
+    later step. They are made outside the traced graph, as tf.Variable and
+    add_weight are, and train: two SGD steps against numpy."""
+    class Embedding(tf.keras.layers.Layer):
+        def build(self, input_shape):
+            self.rows = sok.Variable(shape=[6, 2],
+                                       initializer=tf.keras.initializers.Constant(0.5))
+            self.keyed = sok.DynamicVariable(dimension=2, initializer="ones")
+
+        def call(self, ids):
+            a, b = sok.lookup_sparse([self.rows, self.keyed], [ids, ids],
+                                     combiners=["sum", "sum"])
+            return a + b
+
+    layer = Embedding()
+    optimizer = sok.OptimizerWrapper(_sgd(1.0))
+    samples = [[1, 2], [2, 5]]
+    ids = tf.ragged.constant(samples, tf.int64)
+
+    @tf.function
+    def step():
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(layer(ids))
+        tables = [layer.rows, layer.keyed]
+        optimizer.apply_gradients(zip(tape.gradient(loss, tables), tables))
+        return loss
+
+    static = np.full((6, 2), 0.5, np.float32)
+    dynamic = {k: np.ones(2, np.float32) for k in (1, 2, 5)}
+    for _ in range(2):
+        want = sum(static[k] + dynamic[k] for s in samples for k in s).sum()
+        np.testing.assert_allclose(float(step()), want, rtol=1e-6)
+        for k in (k for s in samples for k in s):  # d loss / d row = 1 per use
+            static[k] -= 1.0
+            dynamic[k] -= 1.0
+    np.testing.assert_allclose(sok.export(layer.rows)[1].numpy(), static)
+    keys, rows = (x.numpy() for x in sok.export(layer.keyed))
+    assert sorted(keys.tolist()) == [1, 2, 5]
+    np.testing.assert_allclose(rows[np.argsort(keys)], np.stack([dynamic[k] for k in (1, 2, 5)]))

@@ -192,6 +192,18 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
 
     def __init__(self, dimension, initializer=None, var_type=None, name=None, constraint=None,
                  trainable=True, key_type=None, dtype=None, mode=None, **table_config):
+        # The table is made where TensorFlow makes a variable: outside a
+        # tf.function or Keras build being traced (a table made in a layer's
+        # build() under model.fit, or in a tf.function's first trace). Made
+        # in the traced graph, its handle was out of reach of every later
+        # step ("SokDynamicTableHandle ... is out of scope and cannot be
+        # used here").
+        with tf.init_scope():
+            self._make_table(dimension, initializer, var_type, name, constraint, trainable,
+                             key_type, dtype, mode, table_config)
+
+    def _make_table(self, dimension, initializer, var_type, name, constraint, trainable,
+                    key_type, dtype, mode, table_config):
         if isinstance(dimension, bool) or not isinstance(dimension, (int, np.integer)) \
                 or dimension < 1:
             raise ValueError(f"dimension must be a positive integer; got {dimension!r}")

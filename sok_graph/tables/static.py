@@ -213,16 +213,23 @@ class Variable(_ResourceVariable, KerasWeights):
         comm = context.communicator("creating a sok.Variable")
         self._sok_mode, self._sok_target_rank = placement.parse_mode(mode, comm.world_size)
         self._sok_world_size, self._sok_rank = comm.world_size, comm.rank
-        if initial_value is None and kwargs.get("initializer") is not None and \
-                comm.world_size > 1:
-            # shape= and initializer=: each worker makes only its own rows.
-            shape, value = _shard_from_initializer(kwargs, self.placement)
-        else:
-            value = _whole_value(initial_value, kwargs)
-            shape = tuple(tf.TensorShape(np.shape(value) if not isinstance(value, tf.Tensor)
-                                         else value.shape).as_list())
-            if comm.world_size > 1 and len(shape) == 2:
-                value = placement.shard_of(value, *self.placement)
+        # An initializer (or a callable initial_value) runs where TensorFlow
+        # makes a variable's initial value: outside a tf.function or Keras
+        # build being traced (a table made in a layer's build() under
+        # model.fit). Its rows made in the traced graph could not be lifted
+        # out of it ("initial_value ... could not be lifted out of a
+        # tf.function"), where tf.Variable and Keras' add_weight work.
+        with tf.init_scope():
+            if initial_value is None and kwargs.get("initializer") is not None and \
+                    comm.world_size > 1:
+                # shape= and initializer=: each worker makes only its own rows.
+                shape, value = _shard_from_initializer(kwargs, self.placement)
+            else:
+                value = _whole_value(initial_value, kwargs)
+                shape = tuple(tf.TensorShape(np.shape(value) if not isinstance(value, tf.Tensor)
+                                             else value.shape).as_list())
+                if comm.world_size > 1 and len(shape) == 2:
+                    value = placement.shard_of(value, *self.placement)
         if len(shape) != 2:
             raise ValueError(
                 f"initial_value must be a [rows, dim] matrix; got shape {list(shape)}"
