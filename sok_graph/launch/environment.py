@@ -175,8 +175,7 @@ def horovod_stall_settings(stall_timeout):
     return {
         "HOROVOD_STALL_CHECK_TIME_SECONDS": str(check),
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": str(shutdown),
-        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(
-            min(HOROVOD_MAX_SECONDS, max(1, math.ceil(stall_timeout)))),
+        "HOROVOD_GLOO_TIMEOUT_SECONDS": str(max(1, math.ceil(stall_timeout))),
     }
 
 
