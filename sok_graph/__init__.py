@@ -39,6 +39,9 @@ tf_version = compat.TF_VERSION_LIST
 
 # The package's functions run as written inside tf.function (compat says why).
 compat.leave_package_to_autograph_unconverted(__name__)
+# Keras 3 layers list the sok tables they hold among their weights, as
+# Keras 2 layers do (compat.keras says why).
+compat.keras.list_tables_among_keras3_layer_weights(distributed_variable.is_sok_variable)
 
 
 def _register_ops():

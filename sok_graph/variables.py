@@ -124,27 +124,42 @@ def export(var):
 
 
 def filter_variables(vars):  # noqa: A002 (SOK's argument name)
-    """(sok_variables, other_variables) from a list of variables."""
+    """(sok_variables, other_variables) from a list of variables, each
+    variable once."""
+    return split_variables(vars, "sok.filter_variables", "vars")
+
+
+def split_variables(variables, what, argument):
+    """The sok variables among `variables` and the others, as lists in their
+    order, each variable once (`what` and `argument` name the caller and its
+    argument in errors).
+
+    TF 1.15's Keras lists a variable that a model holds in a list attribute
+    twice in model.trainable_variables (at its place and at the end): the
+    same gradient was then applied twice, a double step without an error."""
     # One variable, tensor, string or dict in place of the list was iterated
     # without an error: a sok.Variable gave its rows as "other variables" and
     # no sok variable (an optimizer then trained neither), a dict its keys.
-    if (isinstance(vars, (str, bytes, dict)) or tf.is_tensor(vars) or is_sok_variable(vars)
-            or isinstance(vars, tf.Variable) or vars is None
-            or not hasattr(vars, "__iter__")):
-        raise TypeError(f"sok.filter_variables takes a list of variables (e.g. "
-                        f"model.trainable_variables); got {type(vars).__name__}"
-                        + (": put a single variable in a list" if is_sok_variable(vars) or
-                           isinstance(vars, tf.Variable) or tf.is_tensor(vars) else ""))
-    sok_vars, others = [], []
-    for i, v in enumerate(vars):
+    if (isinstance(variables, (str, bytes, dict)) or tf.is_tensor(variables)
+            or is_sok_variable(variables) or isinstance(variables, tf.Variable)
+            or variables is None or not hasattr(variables, "__iter__")):
+        single = (is_sok_variable(variables) or isinstance(variables, tf.Variable)
+                  or tf.is_tensor(variables))
+        raise TypeError(f"{what} takes a list of variables (e.g. "
+                        f"model.trainable_variables); got {type(variables).__name__}"
+                        + (": put a single variable in a list" if single else ""))
+    sok_vars, others, seen = [], [], set()
+    for i, v in enumerate(variables):
         # A nested list (a list of the lists of two models) put every sok
         # variable inside it among the others.
         if isinstance(v, (list, tuple, dict, str, bytes)):
-            raise TypeError(f"sok.filter_variables takes a flat list of variables; vars[{i}] "
+            raise TypeError(f"{what} takes a flat list of variables; {argument}[{i}] "
                             f"is a {type(v).__name__}" + (
                                 ": concatenate the lists first" if isinstance(v, (list, tuple))
                                 else ""))
-        (sok_vars if is_sok_variable(v) else others).append(v)
+        if id(v) not in seen:
+            seen.add(id(v))
+            (sok_vars if is_sok_variable(v) else others).append(v)
     return sok_vars, others
 
 

@@ -11,6 +11,7 @@ import tensorflow as tf
 from conftest import run_in_graph
 
 import sok_graph as sok
+from sok_graph.compat import keras as keras_compat
 from sok_graph import context
 
 
@@ -420,7 +421,7 @@ def test_mixed_id_dtypes_are_widened(rng):
     np.testing.assert_array_equal(a.numpy(), b.numpy())
 
 
-def test_keras_layer_tracks_sok_variable_exactly_like_tf_variable():
+def test_keras_layers_list_sok_variables_among_their_weights():
     class Embedding(tf.keras.layers.Layer):
         def __init__(self):
             super().__init__()
@@ -429,9 +430,11 @@ def test_keras_layer_tracks_sok_variable_exactly_like_tf_variable():
 
     layer = Embedding()
     names = [w.name.split(":")[0] for w in layer.trainable_weights]
-    # Keras 2 counts both as layer weights; Keras 3 counts neither (it tracks
-    # only its own Variable class): sok.Variable behaves as tf.Variable does.
-    assert ("sok_table" in names) == ("tf_table" in names)
+    # Keras 2 counts both as layer weights; Keras 3 tracks only its own
+    # Variable class, and sok_graph makes its layers list sok tables too
+    # (test_keras_layers_list_tables.py): fit trains them.
+    assert "sok_table" in names
+    assert ("tf_table" in names) == (keras_compat.KERAS_MAJOR_VERSION < 3)
     module = tf.Module()
     module.table = layer.sok_table
     assert module.trainable_variables == (layer.sok_table,)

@@ -3,6 +3,7 @@ kind: Keras 2 (``tf.keras.optimizers`` up to TF 2.15, plus its ``legacy``
 optimizers), Keras 3 (TF 2.16+), and ``tf.compat.v1.train`` optimizers."""
 
 import sys
+import weakref
 
 import tensorflow as tf
 
@@ -150,3 +151,88 @@ def legacy_optimizers_module():
 
 def is_optimizer(opt):
     return is_tf1_optimizer(opt) or is_keras_optimizer(opt)
+
+
+# The attribute of a Keras 3 layer that holds the sok tables it tracks
+# (list_tables_among_keras3_layer_weights).
+_LAYER_TABLES = "_sok_tables"
+
+
+def list_tables_among_keras3_layer_weights(is_table):
+    """Makes a Keras 3 layer (a Model included) list the sok tables it holds
+    as attributes among its weights, as a Keras 2 layer lists the
+    tf.Variables it holds: `weights`, `variables` and the `trainable_*` /
+    `non_trainable_*` lists built from them, so that `fit` trains them and
+    SOK's `filter_variables(model.trainable_variables)` finds them. Keras 3
+    tracks only its own variable class; a table (a tf.Variable) was left
+    out of them, and both trained the dense layers only, without an error.
+
+    `is_table(obj)` says what a sok table is (the tables' own predicate:
+    this layer imports no table module). The tables go to a list of the
+    layer's own, through the tracker Keras 3 uses for its variables (so
+    lists and dicts of tables count, `del` forgets one, and a table added
+    after the layer was built is refused as a Keras variable is), and not
+    to Keras' variable lists: Keras saves those by position in its weights
+    files, where a table saves itself (tables/keras_weights.py). A layer
+    holding a table also says `supports_jit = False`: sok's ops have no XLA
+    kernels, and `compile()`'s default jit_compile="auto" asks the layers.
+    The summary counts a dynamic table's unknown number of rows as none, as
+    Keras 2's does (its `math.prod` of a shape with None was a TypeError).
+    Nothing is changed on Keras 2 and TF 1.x, or on a Keras 3 that has
+    moved these internals (tables are then left out as before)."""
+    if KERAS_MAJOR_VERSION < 3:
+        return
+    try:
+        from keras.src.layers.layer import Layer
+        from keras.src.utils import summary_utils
+    except ImportError:  # pragma: no cover - a Keras 3 with another layout
+        return
+    if getattr(Layer, "_sok_lists_tables", False):
+        return
+    start_tracker = Layer._initialize_tracker
+
+    def _initialize_tracker(layer):
+        fresh = not hasattr(layer, "_tracker")
+        start_tracker(layer)
+        tracker = getattr(layer, "_tracker", None)
+        if not fresh or not hasattr(tracker, "stored_ids") or _LAYER_TABLES in tracker.config:
+            return
+        held = []
+        owner = weakref.ref(layer)
+
+        def holds_table(value):
+            if not is_table(value):
+                return False
+            if owner() is not None:
+                object.__setattr__(owner(), "supports_jit", False)
+            return True
+
+        # After Keras' own kinds: a value one of them takes is theirs.
+        tracker.config[_LAYER_TABLES] = (holds_table, held)
+        tracker.stored_ids[_LAYER_TABLES] = set()
+        object.__setattr__(layer, _LAYER_TABLES, held)
+
+    def with_tables(listed):
+        def weights(layer):
+            found = listed.fget(layer)
+            seen = {id(v) for v in found}
+            for table in getattr(layer, _LAYER_TABLES, ()):
+                if id(table) not in seen:
+                    found.append(table)
+                    seen.add(id(table))
+            return found
+
+        return property(weights, doc=listed.__doc__)
+
+    def sized(count):
+        def count_known(weights):
+            return count([w for w in weights if None not in tuple(w.shape)])
+
+        return count_known
+
+    Layer._initialize_tracker = _initialize_tracker
+    Layer.weights = with_tables(Layer.weights)
+    Layer.variables = with_tables(Layer.variables)
+    summary_utils.count_params = sized(summary_utils.count_params)
+    summary_utils.weight_memory_size = sized(summary_utils.weight_memory_size)
+    Layer._sok_lists_tables = True

@@ -30,6 +30,7 @@ import tensorflow as tf
 
 from sok_graph import compat
 from sok_graph.tables.static import is_sok_variable
+from sok_graph.variables import split_variables
 from sok_graph.optimization.wrapper import (OptimizerWrapper, OwnRule, check_learning_rate,
                                             refuse_gradients_lost_in_loops,
                                             update_op, wrapper_for)
@@ -110,13 +111,13 @@ class LazyAdamOptimizer(LazyAdam):
 
 def split_embedding_variable_from_others(variables):
     """(embedding_variables, other_variables): the sok variables among
-    `variables` and the rest, as tuples, in their order."""
+    `variables` and the rest, as tuples, in their order, each once."""
     if not isinstance(variables, (list, tuple)):
         raise TypeError(f"variables must be a list or tuple of variables; got "
                         f"{type(variables).__name__}")
-    embedding = tuple(v for v in variables if is_sok_variable(v))
-    others = tuple(v for v in variables if not is_sok_variable(v))
-    return embedding, others
+    embedding, others = split_variables(variables, "sok.split_embedding_variable_from_others",
+                                        "variables")
+    return tuple(embedding), tuple(others)
 
 
 # ------------------------------------------------------------ OptimizerScope
