@@ -510,13 +510,24 @@ def _export(var, optimizer):
     # What the fetch holds depends on whether the optimizer has made slots.
     slotted = None if optimizer is None else tuple(optimizer.has_slots(s) for s in shards)
     out = _run(_built_once(("export", slotted), (var, optimizer), build))
-    counts = {k: np.asarray(out.pop(k)) for k in _FILTER_PARTS if k in out}
-    calls = out.pop(FILTER_CALLS, None)
+    state = filter_arrays(shards[0].admission, out)
     order = np.argsort(out["keys"], kind="stable")
     arrays = {k: np.asarray(v)[order] for k, v in out.items()}
+    arrays.update(state)
+    return arrays
+
+
+def filter_arrays(admission, fetched):
+    """The state of an admission filter as a dump holds it, taken out of
+    `fetched` (filter_tensors' values, of one shard or concatenated over
+    shards): the counts merged, with what they are keyed by, and the call
+    count. sok.dump and sok.Saver share it."""
+    arrays = {}
+    counts = {k: np.asarray(fetched.pop(k)) for k in _FILTER_PARTS if k in fetched}
+    calls = fetched.pop(FILTER_CALLS, None)
     if counts:
         arrays.update(_merged_counts(counts["filter.keys"], counts["filter.counts"]))
-        arrays[FILTER_KIND] = shards[0].admission.description()
+        arrays[FILTER_KIND] = admission.description()
     if calls is not None:
         # One counter per shard, each counting the calls of its own reads
         # (every worker's shard is read once a step): the most of them.
@@ -557,11 +568,7 @@ def _shard_tensors(var, optimizer):
     keys, rows, metadata = var.read_all()
     fetch = {"keys": tf.cast(keys, tf.int64), "values": rows}
     fetch.update(metadata)
-    admission = var.admission
-    if admission is not None and admission.counting:
-        fetch["filter.keys"], fetch["filter.counts"] = admission.export()
-    if admission is not None and admission.draws:
-        fetch[FILTER_CALLS] = admission.calls()
+    fetch.update(filter_tensors(var))
     if optimizer is not None and optimizer.has_slots(var):
         for name, init in _slot_specs(optimizer):
             fetch["slot." + name] = var.read_slot(optimizer.slot(var, name), keys, init)
@@ -573,6 +580,19 @@ def _shard_tensors(var, optimizer):
         # loaded back with the same arguments).
         for name, init in _slot_specs(optimizer):
             fetch["slot." + name] = tf.fill(tf.shape(rows), tf.cast(init, rows.dtype))
+    return fetch
+
+
+def filter_tensors(var):
+    """Tensors of the state of shard `var`'s admission filter (none where it
+    has none): its counts (entries, counts) and the call count of its
+    draws ([1]). sok.dump and sok.Saver share it."""
+    fetch = {}
+    admission = var.admission
+    if admission is not None and admission.counting:
+        fetch["filter.keys"], fetch["filter.counts"] = admission.export()
+    if admission is not None and admission.draws:
+        fetch[FILTER_CALLS] = admission.calls()
     return fetch
 
 
@@ -1315,28 +1335,36 @@ def _check_fits(variables, loaded, source):
                     f"variable '{name}': {source} holds key {int(twice[0])} more than once "
                     f"(a dump holds each key once): it was not written by sok.dump, or was "
                     f"changed since")
-            dumped = loaded[name].get(FILTER_KIND)
-            admission = var.admission
-            if dumped is not None and admission is not None and admission.counting \
-                    and dumped != admission.description():
-                raise CheckpointError(
-                    f"variable '{name}' counts keys for its admission filter as "
-                    f"{admission.description()}; {source} kept its counts as {dumped}: "
-                    f"load into a table with the same min_count_counters and "
-                    f"min_count_hashes")
-            if admission is not None and admission.counting and admission.kind == "keys" \
-                    and "filter.keys" in loaded[name]:
-                # The keys still waiting to enter: a narrowed key (2^32 + 5
-                # as 5) would carry another key's count.
-                waiting = loaded[name]["filter.keys"]
-                check_keys_fit(waiting[owned_mask(var, waiting)], var.key_dtype,
-                               f"variable '{name}' (its admission filter's counts)", source)
+            check_filter_fits(var, loaded[name], name, source)
             limit = int(_run(var.row_limit()))
             if 0 < limit < keys.size:
                 raise CheckpointError(
                     f"variable '{name}' holds at most {limit} rows (its max_capacity); "
                     f"{source} gives it {keys.size}: raise max_capacity or load into a "
                     f"larger table")
+
+
+def check_filter_fits(var, arrays, name, source):
+    """CheckpointError where shard `var`'s admission filter (the variable
+    `name`) cannot take the counts in `arrays` (read_dump's): kept another
+    way, or of keys its key dtype cannot hold. sok.load and sok.Saver share
+    it."""
+    dumped = arrays.get(FILTER_KIND)
+    admission = var.admission
+    if dumped is not None and admission is not None and admission.counting \
+            and dumped != admission.description():
+        raise CheckpointError(
+            f"variable '{name}' counts keys for its admission filter as "
+            f"{admission.description()}; {source} kept its counts as {dumped}: "
+            f"load into a table with the same min_count_counters and "
+            f"min_count_hashes")
+    if admission is not None and admission.counting and admission.kind == "keys" \
+            and "filter.keys" in arrays:
+        # The keys still waiting to enter: a narrowed key (2^32 + 5
+        # as 5) would carry another key's count.
+        waiting = arrays["filter.keys"]
+        check_keys_fit(waiting[owned_mask(var, waiting)], var.key_dtype,
+                       f"variable '{name}' (its admission filter's counts)", source)
 
 
 def _put_back(var, before, optimizer):
@@ -1355,8 +1383,7 @@ def _put_back(var, before, optimizer):
 def _load_shard(var, a, optimizer, slots, feeds):
     """Assignments of the rows of dumped arrays `a` that shard `var` owns."""
     ops = []
-    counts = {k: a[k] for k in _FILTER_PARTS if k in a}
-    calls = a.get(FILTER_CALLS, 0)
+    state = filter_state(var, a)
     # Each worker takes the rows it owns, whatever the dumping world size.
     keep = owned_mask(var, a["keys"])
     a = {k: v[keep] for k, v in a.items() if k not in _FILTER_PARTS + _MANIFEST_PARTS}
@@ -1372,26 +1399,39 @@ def _load_shard(var, a, optimizer, slots, feeds):
     for slot, _ in slots:
         ops.append(var.replace_slot(optimizer.slot(var, slot), keys,
                                     feeds.tensor(a["slot." + slot])))
-    ops.extend(_load_counts(var, counts, feeds))
-    if var.admission is not None and var.admission.draws:
-        # A dump without a call counter (no draws then, or from before it was
-        # kept) starts the draws afresh.
-        ops.append(var.admission.restore_calls(calls))
+    ops.extend(restore_filter(var, {k: feeds.tensor(v) for k, v in state.items()}))
     return ops
 
 
-def _load_counts(var, counts, feeds):
-    """The op that gives `var`'s admission filter the dumped counts it owns
-    (a dump without counts: counting starts afresh)."""
-    admission = var.admission
-    if admission is None or not admission.counting:
-        return []
-    entries = counts.get("filter.keys", np.zeros([0], np.int64))
-    values = counts.get("filter.counts", np.zeros([0], np.int64))
-    if admission.kind == "keys":
-        keep = owned_mask(var, entries)
-        entries, values = entries[keep], values[keep]
-    return [admission.restore(feeds.tensor(entries), feeds.tensor(values))]
+def filter_state(var, arrays):
+    """The state that shard `var`'s admission filter takes from dumped
+    `arrays` (read_dump's), as numpy arrays: the counts of the keys it owns
+    (of every sketch counter), where it counts, and the call count, where
+    it draws. A dump without counts starts counting afresh, one without a
+    call counter (no draws then, or from before it was kept) the draws.
+    sok.load and sok.Saver share it."""
+    admission, state = var.admission, {}
+    if admission is not None and admission.counting:
+        entries = np.asarray(arrays.get("filter.keys", np.zeros([0], np.int64)), np.int64)
+        values = np.asarray(arrays.get("filter.counts", np.zeros([0], np.int64)), np.int64)
+        if admission.kind == "keys":
+            keep = owned_mask(var, entries)
+            entries, values = entries[keep], values[keep]
+        state["filter.keys"], state["filter.counts"] = entries, values
+    if admission is not None and admission.draws:
+        state[FILTER_CALLS] = np.int64(arrays.get(FILTER_CALLS, 0))
+    return state
+
+
+def restore_filter(var, state):
+    """The ops that give shard `var`'s admission filter `state`
+    (filter_state's parts, as arrays or tensors)."""
+    ops = []
+    if "filter.keys" in state:
+        ops.append(var.admission.restore(state["filter.keys"], state["filter.counts"]))
+    if FILTER_CALLS in state:
+        ops.append(var.admission.restore_calls(state[FILTER_CALLS]))
+    return ops
 
 
 # Algorithms whose slots mean different things in tf.compat.v1.train's and
@@ -1733,6 +1773,8 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         return threshold, [_updated_rows(var, threshold, index)
                            for index, var in enumerate(sok_vars)]
 
+    if sess is not None:
+        _check_session(sess, sok_vars)
     # Built in the graph of the Session that runs it (`sess`, else the
     # default one), not in whatever graph is the default: under
     # `sess.as_default()` alone the ops went into another graph ("must be
@@ -1742,6 +1784,23 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         threshold, fetches = _built_once(("incremental",), tuple(sok_vars), build)
     values = runner.run(fetches, {threshold: after})
     return [k for k, _ in values], [v for _, v in values]
+
+
+def _check_session(sess, sok_vars):
+    """incremental_model_dump's `sess`: a Session (or MonitoredSession) of
+    the tables' graph. Anything else failed with "'str' object has no
+    attribute 'graph'", and a Session of another graph with TensorFlow's
+    "must be from the same graph" about an op of the dump's own."""
+    graph = getattr(sess, "graph", None)
+    if not hasattr(sess, "run") or not isinstance(graph, tf.Graph):
+        raise TypeError(f"sess must be a tf.compat.v1.Session or MonitoredSession of the "
+                        f"tables' graph, or None for the default Session; got "
+                        f"{type(sess).__name__} {sess!r}")
+    for var in sok_vars:
+        held = getattr(var, "graph", None)
+        if isinstance(held, tf.Graph) and held is not graph:
+            raise ValueError(f"sess runs another graph than the one of variable "
+                             f"'{var_name(var)}': pass the Session that holds the tables")
 
 
 def _updated_rows(var, after, index):

@@ -284,13 +284,30 @@ def _padded_gather(values, position):
     return tf.gather(tf.concat([values, tf.zeros([1], values.dtype)], 0), position[None])
 
 
-def _check_table(table, index):
+def _check_table(table, label):
+    """`table` (named `label` in errors: "params[t]", or all2all_dense_embedding's
+    "param") is a float matrix."""
     dtype = tf.as_dtype(table.dtype).base_dtype
     if dtype not in _FLOAT_DTYPES:
-        raise TypeError(f"params[{index}] must be float32, float16 or bfloat16; got {dtype.name}")
+        raise TypeError(f"{label} must be float32, float16 or bfloat16; got {dtype.name}")
     if table.shape.rank is not None and table.shape.rank != 2:
-        raise ValueError(f"params[{index}] must be a [rows, dim] matrix; got shape "
-                         f"{table.shape}")
+        raise ValueError(f"{label} must be a [rows, dim] matrix; got shape {table.shape}")
+
+
+def _table_tensor(param, label):
+    """A static table as the fused op takes it: a variable as it is (the op
+    reads a resource variable's rows in place, see ops/lookup.py), anything
+    else as a tensor; checked (`label` names it in errors)."""
+    try:
+        tensor = param if isinstance(param, tf.Variable) else tf.convert_to_tensor(param)
+    except (TypeError, ValueError):
+        # tf.convert_to_tensor's "Attempt to convert a value (None)
+        # with an unsupported type" named no argument.
+        raise TypeError(
+            f"{label} must be a table: a sok.Variable, sok.DynamicVariable, "
+            f"tf.Variable or [rows, dim] tensor; got {type(param).__name__}") from None
+    _check_table(tensor, label)
+    return tensor
 
 
 def _reads_rows(param):
@@ -300,6 +317,29 @@ def _reads_rows(param):
     component or cast on every read. Plain resource variables go to the op,
     which reads their rows in place."""
     return compat.is_resource_variable(param) and not compat.is_plain_resource_variable(param)
+
+
+def _room_checks(params, dynamic, parts, low_frequency_filter):
+    """Each bounded dynamic table's check that its read fits (its
+    room_check), for a call of more than one dynamic read: a read refused
+    for room refused the call only after the reads before it had inserted
+    (and counted) their keys. A table read twice in the call (two features
+    sharing it) checks inside its reads only: its second read's room
+    depends on what the first inserts and evicts. Tables sharded over
+    worker processes check on their owners, inside the exchange."""
+    if len(dynamic) < 2:
+        return []
+    checks = []
+    for t in dynamic:
+        param = params[t]
+        placement = getattr(param, "placement", None)
+        if (placement is not None and placement[0] > 1) or \
+                sum(p is param for p in params) > 1:
+            continue
+        check = param.room_check(parts[t][0], bool(low_frequency_filter))
+        if check is not None:
+            checks.append(check)
+    return checks
 
 
 def _gathered_rows(param, ids, index, name, low_frequency_filter=False):
@@ -594,22 +634,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
         tensors, names = [], []
         for t, p in enumerate(params):
             if is_dynamic(p) or _is_sharded(p) or _reads_rows(p):
-                _check_table(p, t)
+                _check_table(p, f"params[{t}]")
                 tensors.append(None)  # rows come from the table (and other workers), below
-                names.append(given_names[t])
-                continue
-            # A variable goes to the fused op as it is: the op reads a
-            # resource variable's rows in place (see ops/lookup.py).
-            try:
-                tensor = p if isinstance(p, tf.Variable) else tf.convert_to_tensor(p)
-            except (TypeError, ValueError):
-                # tf.convert_to_tensor's "Attempt to convert a value (None)
-                # with an unsupported type" named no argument.
-                raise TypeError(
-                    f"params[{t}] must be a table: a sok.Variable, sok.DynamicVariable, "
-                    f"tf.Variable or [rows, dim] tensor; got {type(p).__name__}") from None
-            _check_table(tensor, t)
-            tensors.append(tensor)
+            else:
+                tensors.append(_table_tensor(p, f"params[{t}]"))
             names.append(given_names[t])
         dtypes = [p.dtype if x is None else x.dtype for x, p in zip(tensors, params)]
         dtypes = [tf.as_dtype(d).base_dtype for d in dtypes]
@@ -645,6 +673,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             # others' (which only the fused op, after the inserts, checked).
             input_checks += [_splits_check(parts[t][0], parts[t][1], t, names[t])
                              for t, ids in enumerate(sp_ids) if isinstance(ids, tf.RaggedTensor)]
+            input_checks += _room_checks(params, dynamic, parts, use_low_frequency_filter)
 
         values, splits, dense_grads = [], [], [False] * n
         pending = []
@@ -794,6 +823,14 @@ def all2all_dense_embedding(param, indices, name=None):
         if table is not None:
             rows = _rows_by_position(table, flat, _table_name(table, 0))
         else:
+            # Checked here, by its own name: the lookup below names its
+            # argument, params[0], which the caller never passed.
+            if serving_mode.active():
+                pass  # a servable model's lookup reads the tables' serving copies
+            elif is_dynamic(param) or _is_sharded(param) or _reads_rows(param):
+                _check_table(param, "param")
+            else:
+                param = _table_tensor(param, "param")
             ids = tf.RaggedTensor.from_row_splits(flat, _one_id_splits(flat), validate=False)
             rows = lookup_sparse(param, ids, combiners="sum")
         out = tf.reshape(rows, tf.concat([tf.shape(indices), tf.shape(rows)[1:]], 0))

@@ -37,7 +37,13 @@ def assign(var, indices, values):
     _check_sok(var, "assign")
     var = replica_shards.resolve(var, "sok.assign")
     values = rows_from_user(values, tf.as_dtype(var.dtype).base_dtype, "values for sok.assign")
-    indices = tf.convert_to_tensor(indices)
+    # An empty Python list becomes float32 in TensorFlow ("indices must be
+    # integers; got float32" for no rows at all): no rows are int64 ones.
+    indices = tf.convert_to_tensor(indices, tf.int64 if _empty_sequence(indices) else None)
+    if is_dynamic(var) and indices.dtype == tf.int32 and var.key_type == tf.int64:
+        # A list of small Python ints becomes int32: widened, as
+        # sparse_read and sparse_read_and_evict widen them (it was refused).
+        indices = tf.cast(indices, tf.int64)
     if indices.shape.rank is not None and indices.shape.rank != 1:
         raise ValueError(f"indices for sok.assign must be a vector of "
                          f"{'keys' if is_dynamic(var) else 'row numbers'}; got shape "
@@ -107,6 +113,10 @@ def assign(var, indices, values):
             indices = tf.identity(indices)
             values = tf.identity(values)
     return var.scatter_update(tf.IndexedSlices(values, indices))
+
+
+def _empty_sequence(value):
+    return isinstance(value, (list, tuple)) and len(value) == 0
 
 
 def export(var):

@@ -373,6 +373,64 @@ def test_a_call_refused_for_want_of_room_changes_nothing(settings):
     assert held_keys(var) == {0, 1, 2, 3}
 
 
+def _fused_call(mode, tables, ids):
+    """lookup_sparse(tables, ids) eagerly, in a tf.function or in a Session
+    (then the tables are made in its graph: `tables` is a function)."""
+    def call(made):
+        return sok.lookup_sparse(made, [tf.ragged.constant(i, tf.int64) for i in ids],
+                                 combiners="sum")
+
+    if mode == "session":
+        with tf.Graph().as_default():
+            made = tables()
+            out = call(made)
+            held = [sok.export(v)[0] for v in made]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                try:
+                    error = None
+                    sess.run(out)
+                except tf.errors.InvalidArgumentError as e:
+                    error = e
+                return error, [set(k.tolist()) for k in sess.run(held)]
+    made = tables()
+    run = tf.function(call) if mode == "function" else call
+    try:
+        error = None
+        run(made)
+    except tf.errors.InvalidArgumentError as e:
+        error = e
+    return error, [held_keys(v) for v in made]
+
+
+@pytest.mark.parametrize("mode", ["eager", "function", "session"])
+@pytest.mark.parametrize("bounded_filter", [{}, dict(min_count=2)], ids=["plain", "counted"])
+def test_a_fused_call_refused_for_one_tables_room_changes_no_table(mode, bounded_filter):
+    """lookup_sparse([a, b]) where bounded b cannot take its keys: the call
+    is refused and a (counting, and a plain table too) is as before. b's
+    read refused itself only after a's had inserted and counted its keys:
+    a held key 2, and key 1, seen once in the refused call, entered at its
+    next sighting with min_count=2. Reference: the keys given."""
+    def tables():
+        return [sok.DynamicVariable(2, initializer="ones", min_count=2, name="a_counted"),
+                sok.DynamicVariable(2, initializer="ones", name="a_plain"),
+                sok.DynamicVariable(2, var_type="hybrid", init_capacity=4, max_capacity=4,
+                                    initializer="ones", name="b_bounded", **bounded_filter)]
+
+    too_many = [[1, 2, 3, 4, 5], [1, 2, 3, 4, 5]] if bounded_filter else [[1, 2, 3, 4, 5]]
+    error, held = _fused_call(mode, tables, [[[1, 2, 2]], [[7, 8]], too_many])
+    assert error is not None and "b_bounded" in str(error) and "max_capacity" in str(error)
+    assert held == [set(), set(), set()]
+    if mode == "eager":
+        return
+    # What fits goes through (in a call of more keys than the bound: the
+    # bounded table's check counts what it admits).
+    fits = [[1, 2, 3, 4, 5, 5]] if bounded_filter else [[1, 1, 2, 2, 3, 3]]
+    error, held = _fused_call(mode, tables, [[[1, 2, 2]], [[7, 8]], fits])
+    assert error is None
+    assert held == [{2}, {7, 8}, {5} if bounded_filter else {1, 2, 3}]
+
+
 def test_clear_empties_the_slots_and_the_counts():
     """clear() of a table trained with Adam under a counting filter: the
     key that comes back is counted afresh and trains from fresh moments,

@@ -291,3 +291,41 @@ def test_hashed_keys_of_bools_and_float16():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert hashed(np.array([3, 7], np.float16)).tolist() == hashed([3, 7]).tolist()
+
+
+@pytest.mark.parametrize("signal", [float("nan"), float("inf"), 1e308])
+def test_planted_dataset_refuses_a_signal_that_gives_no_labels(signal):
+    """make_planted_dataset(signal=nan) (or inf, or one whose scores
+    overflow) made every logit NaN and every label 0 without an error (NaN
+    without even a warning): a data set of one class, whose AUC is NaN."""
+    from sok_graph.data import synthetic
+
+    with pytest.raises(ValueError, match="signal"):
+        data = synthetic.make_planted_dataset(500, [50, 60], [3, 2], signal=signal)
+        # What the helper promises (its module docstring): labels of both classes.
+        assert 0 < data.labels.mean() < 1
+
+
+@pytest.mark.parametrize("given", ["new_dir/", "missing/../c.parquet"])
+def test_a_path_the_rename_cannot_take_is_refused_before_writing(tmp_path, monkeypatch, given):
+    """written_whole (the Parquet writers' whole-file writes) checked the
+    directory of os.path.abspath(path), which drops a trailing "/" and
+    folds "missing/.." away: the whole file was written, then the rename
+    failed ("Not a directory: '.../.new_dir.tmp-...' -> 'new_dir/'"),
+    naming the temporary file and no argument, and the work was lost.
+    Such a path is an error naming `path` before anything is written."""
+    from sok_graph.data import synthetic
+
+    monkeypatch.chdir(tmp_path)
+    wrote = []
+    real = synthetic._write_criteo
+
+    def spy(*args):
+        wrote.append(True)
+        return real(*args)
+
+    monkeypatch.setattr(synthetic, "_write_criteo", spy)
+    with pytest.raises(OSError, match=r"path='" + given.replace(".", r"\.") + "'"):
+        synthetic.write_criteo_parquet(given, 5, num_tables=1, num_dense=1)
+    assert wrote == []  # refused before the file was written
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

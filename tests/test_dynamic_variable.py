@@ -374,8 +374,13 @@ def test_a_batch_too_large_for_a_full_table_names_the_table_and_its_bound():
     ids = tf.ragged.constant([list(range(10))], tf.int64)
     want = (r"dynamic table 'users': the batch has 10 distinct keys but the table holds at "
             r"most 8 rows, its max_capacity")
-    with pytest.raises(tf.errors.InvalidArgumentError, match=want):
+    # A call of several tables checks each one's room before any reads.
+    with pytest.raises(tf.errors.InvalidArgumentError,
+                       match=r"dynamic table 'users': the batch has more distinct keys than "
+                             r"its max_capacity=8 rows .*no table of the call changed"):
         sok.lookup_sparse([users, items], [ids, ids], combiners=["sum", "sum"])
+    with pytest.raises(tf.errors.InvalidArgumentError, match=want):
+        sok.lookup_sparse(users, ids, combiners="sum")
     with pytest.raises(tf.errors.InvalidArgumentError, match=want):
         users.scatter_update(tf.range(10, dtype=tf.int64), tf.ones([10, 2]))
     assert int(users.size[0]) == 0

@@ -2,6 +2,7 @@
 gradient, each checked against plain TensorFlow or numpy."""
 
 import contextlib
+import re
 
 import numpy as np
 import pytest
@@ -192,3 +193,14 @@ def test_a_dynamic_tables_gradient_through_a_tf_function_cond_is_refused_by_name
                        match=r"read inside a tf.cond branch \(op '.*SokDynamic.*'\).*not "
                              r"supported.*before the tf.cond"):
         gradient(tf.constant(True))
+
+
+def test_all2all_dense_embedding_errors_name_its_argument():
+    """all2all_dense_embedding's table argument is `param`; its errors about
+    it said "params[0]" (lookup_sparse's list), an argument the caller never
+    passed."""
+    for bad in (np.ones((3, 2), np.float64), None, np.ones([3], np.float32)):
+        with pytest.raises((TypeError, ValueError)) as e:
+            sok.all2all_dense_embedding(bad, tf.constant([1], tf.int64))
+        assert re.search(r"\bparam\b", str(e.value)) and "params[0]" not in str(e.value), \
+            str(e.value)

@@ -1490,3 +1490,66 @@ def test_gradients_that_are_all_none_are_refused_as_tensorflow_refuses_them(make
     np.testing.assert_allclose(dense.numpy(), expected.numpy())
     np.testing.assert_array_equal(table.numpy(), rows)
     np.testing.assert_array_equal(rows_of(dyn, 3), rows)
+
+
+def _numpy_lazy_adam_on_sums(table, batches, lr, eps, steps_per_batch=1):
+    """A numpy model of LazyAdam training `table` on loss_of(the sum of each
+    sample's rows): the gradient worked out by hand (dL/d sum = 2 (sum -
+    0.3) + 1, added to each row a sample holds), then lazy Adam."""
+    w = table.astype(np.float64).copy()
+    m, v = np.zeros_like(w), np.zeros_like(w)
+    t = 0
+    for ids in batches:
+        samples = ids.to_list()
+        for _ in range(steps_per_batch):
+            t += 1
+            g = np.zeros_like(w)
+            for sample in samples:
+                d = 2.0 * (w[sample].sum(0) - 0.3) + 1.0
+                for key in sample:
+                    g[key] += d
+            rows = sorted({key for sample in samples for key in sample})
+            m[rows] = 0.9 * m[rows] + 0.1 * g[rows]
+            v[rows] = 0.999 * v[rows] + 0.001 * g[rows] ** 2
+            alpha = lr * np.sqrt(1 - 0.999 ** t) / (1 - 0.9 ** t)
+            w[rows] -= alpha * m[rows] / (np.sqrt(v[rows]) + eps)
+    return w
+
+
+@pytest.mark.parametrize("how", ["callable", "tape", "tf1_session"])
+def test_minimize_of_sok_lazy_adam_steps_as_numpy(rng, how):
+    """SOK 1.x's optimizers are Keras optimizers (LazyAdamOptimizer a
+    tf.compat.v1 one) and have minimize; sok's had none (AttributeError)."""
+    table, batches = make_data(rng, steps=3)
+    want = _numpy_lazy_adam_on_sums(table, batches, 0.05, 1e-7 if how != "tf1_session" else 1e-8)
+    if how == "tf1_session":
+        with tf.Graph().as_default():
+            dyn = sok.DynamicVariable(table.shape[1], initializer="zeros")
+            load = dyn.import_rows(tf.range(table.shape[0], dtype=tf.int64), tf.constant(table))
+            ids = tf.compat.v1.ragged.placeholder(tf.int64, 1, [])
+            step = tf.compat.v1.train.get_or_create_global_step()
+            opt = sok.optimizers.LazyAdamOptimizer(0.05)
+            train = opt.minimize(loss_of(sok.lookup_sparse(dyn, ids, combiners="sum")),
+                                 global_step=step)
+            rows = dyn.find(tf.range(30, dtype=tf.int64))[0]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(load)
+                for batch in batches:
+                    sess.run(train, {ids: tf.compat.v1.ragged.RaggedTensorValue(
+                        batch.values.numpy(), batch.row_splits.numpy())})
+                got, steps = sess.run([rows, step])
+        assert steps == len(batches)
+    else:
+        dyn = dynamic_from(table)
+        opt = sok.optimizers.LazyAdam(0.05)
+        for batch in batches:
+            if how == "callable":
+                opt.minimize(lambda: loss_of(sok.lookup_sparse(dyn, batch, combiners="sum")),
+                             var_list=[dyn])
+            else:
+                with tf.GradientTape() as tape:
+                    loss = loss_of(sok.lookup_sparse(dyn, batch, combiners="sum"))
+                opt.minimize(loss, [dyn], tape=tape)
+        got = rows_of(dyn, 30)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)

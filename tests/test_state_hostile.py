@@ -5,6 +5,7 @@ refused by name, or works. References: numpy copies of the rows, the list
 given, a sum done in Python."""
 
 import os
+import re
 import subprocess
 import sys
 
@@ -192,3 +193,47 @@ def test_a_stall_timeout_beyond_a_c_int_runs_horovod_workers(tmp_path):
     totals = sorted(line.split("total=")[1] for line in p.stdout.splitlines()
                     if "total=" in line)
     assert totals == [str(1 + 2)] * 2, p.stdout[-3000:]
+
+
+def test_incremental_model_dump_names_a_bad_sess():
+    """sess= that is not a Session failed with "'str' object has no
+    attribute 'graph'", and a Session of another graph with TensorFlow's
+    "must be from the same graph" naming a Cast op: neither names the
+    argument, the value or what was expected."""
+    graph = tf.Graph()
+    with graph.as_default():
+        v = sok.DynamicVariable(2, initializer=1.0, name="inc_bad_sess")
+        read = v.sparse_read(tf.constant([1, 2], tf.int64))
+        init = tf.compat.v1.global_variables_initializer()
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(init)
+            sess.run(read)
+            for bad in ("sess", 5):
+                with pytest.raises(TypeError, match=r"sess.*" + re.escape(repr(bad))):
+                    sok.incremental_model_dump([v], 0, sess=bad)
+            other = tf.compat.v1.Session(graph=tf.Graph())
+            try:
+                with pytest.raises(ValueError, match=r"sess.*inc_bad_sess|inc_bad_sess.*sess"):
+                    sok.incremental_model_dump([v], 0, sess=other)
+            finally:
+                other.close()
+            keys, rows = sok.incremental_model_dump([v], 0, sess=sess)  # still works
+            np.testing.assert_array_equal(np.sort(keys[0]), [1, 2])
+
+
+def test_assign_takes_a_list_of_small_ints_for_an_int64_table_and_an_empty_list():
+    """A Python list of keys becomes int32 in TensorFlow: an int64 table's
+    sok.assign refused it ("must be int64 (its key_type); got int32"),
+    where sparse_read and sparse_read_and_evict widen it; an empty list
+    becomes float32 ("indices must be integers; got float32"). Reference:
+    the rows given."""
+    table = sok.DynamicVariable(dimension=2, initializer="zeros")
+    sok.assign(table, [9, 4], [[1.0, 2.0], [3.0, 4.0]])
+    keys, rows = (t.numpy() for t in sok.export(table))
+    assert dict(zip(keys.tolist(), rows.tolist())) == {9: [1.0, 2.0], 4: [3.0, 4.0]}
+    static = sok.Variable(np.arange(6, dtype=np.float32).reshape(3, 2))
+    for var in (static, table):
+        before = [t.numpy() for t in sok.export(var)]
+        sok.assign(var, [], np.zeros((0, 2), np.float32))
+        for got, kept in zip(sok.export(var), before):
+            np.testing.assert_array_equal(got.numpy(), kept)

@@ -1267,6 +1267,214 @@ def test_saver_refuses_int64_keys_for_an_int32_table(tmp_path):
     assert exported == [[3], [[9.0]]]
 
 
+# filter_ratio's draw, as sok_graph/tables/admission.py describes it: keys
+# cut into 31-bit pieces, mixed modulo 2^31 - 1; a new key enters in call
+# number `call` when hash(key, call) / (2^31 - 1) < filter_ratio. Plain
+# Python, the reference of the Saver's draw tests below.
+_P = (1 << 31) - 1
+_M = (1103515245, 2147001325, 1664525013, 1013904223, 2027382509, 1597334677)
+
+
+def _mix(v, m):
+    return ((v % _P) * m) % _P
+
+
+def _draw_hash(key, salt):
+    k = int(key) & ((1 << 64) - 1)
+    low, mid, high = k & _P, (k >> 31) & _P, (k >> 62) & 3
+    h = _mix(low, _M[0]) + _mix(mid, _M[1]) + _mix(high + 1, _M[2]) + _mix(salt, _M[3])
+    h = _mix(h, _M[4])
+    h ^= h >> 15
+    return _mix(h + salt, _M[5])
+
+
+def _drawn(keys, ratio, calls):
+    """The keys that filter_ratio=ratio admits in the given call numbers."""
+    return {int(k) for k in keys if any(_draw_hash(k, c) / _P < ratio for c in calls)}
+
+
+def _filtered_read(var, keys):
+    """One filtered read (a call) of `keys`, repeats included."""
+    ids = tf.RaggedTensor.from_row_lengths(tf.constant(keys, tf.int64), [len(keys)])
+    return sok.lookup_sparse(var, ids, combiners="sum", use_low_frequency_filter=True)
+
+
+def _held_after_a_saver_round_trip(mode, settings, before, after, path):
+    """The keys a DynamicVariable(**settings) holds after a read (a call) of
+    each key list in `before`, a sok.Saver dump to `path`, a restore into a
+    new table of the same settings (a restarted job) and a read of each key
+    list in `after`: eagerly, with the dump and the restore in tf.functions,
+    or in Sessions (the restore in a graph of its own)."""
+    sok.init(comm_tool="none")
+    saver = sok.Saver()
+    if mode == "session":
+        with tf.Graph().as_default():
+            sok.init()
+            var = sok.DynamicVariable(DIM, **settings)
+            reads = [_filtered_read(var, keys) for keys in before]
+            dump = saver.dump_to_file(var, path)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for read in reads:
+                    sess.run(read)
+                sess.run(dump)
+        with tf.Graph().as_default():
+            sok.init()
+            var = sok.DynamicVariable(DIM, **settings)
+            restore = saver.restore_from_file(var, path)
+            reads = [_filtered_read(var, keys) for keys in after]
+            held = sok.export(var)[0]
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                sess.run(restore)
+                for read in reads:
+                    sess.run(read)
+                return set(sess.run(held).tolist())
+    var = sok.DynamicVariable(DIM, **settings)
+    for keys in before:
+        _filtered_read(var, keys)
+    restored = sok.DynamicVariable(DIM, **settings)
+
+    def dump():
+        saver.dump_to_file(var, path)
+
+    def restore():
+        saver.restore_from_file(restored, path)
+
+    if mode == "function":
+        dump, restore = tf.function(dump), tf.function(restore)
+    dump()
+    restore()
+    for keys in after:
+        _filtered_read(restored, keys)
+    return set(restored.export()[0].numpy().tolist())
+
+
+_SAVER_MODES = ["eager", "function", "session"]
+
+
+@pytest.mark.parametrize("mode", _SAVER_MODES)
+@pytest.mark.parametrize("sketch", [False, True], ids=["exact_counts", "sketch"])
+def test_saver_keeps_a_counting_filters_counts(tmp_path, mode, sketch):
+    """sok.Saver().dump_to_file / restore_from_file dropped the admission
+    counts (sok.dump, tf.train.Checkpoint and Keras weights files keep
+    them): a key seen twice before the save and once after it (3 =
+    min_count occurrences) got no row. A key that entered before the save
+    comes back as a row."""
+    settings = dict(initializer="ones", name="saver_counts", min_count=3)
+    if sketch:  # 4096 counters for 4 keys: the counts of each key alone
+        settings["min_count_counters"] = 4096
+    before, after = [[1, 1, 2], [7, 7, 7]], [[1, 2]]
+    held = _held_after_a_saver_round_trip(mode, settings, before, after, str(tmp_path))
+    # Plain count of occurrences: 7 entered before the save (3), 1 after it
+    # (2 + 1), 2 was seen twice.
+    seen = {}
+    for keys in before + after:
+        for k in keys:
+            seen[k] = seen.get(k, 0) + 1
+    assert held == {k for k, n in seen.items() if n >= 3} == {1, 7}
+
+
+@pytest.mark.parametrize("mode", _SAVER_MODES)
+def test_saver_keeps_the_draws_call_count(tmp_path, mode):
+    """The same for filter_ratio's call count, which salts the draws: after
+    a Saver restore the draws started again at call 1, repeating the draws
+    that had turned keys away (the table that never stopped draws with
+    call 3)."""
+    keys = (np.arange(1, 2001, dtype=np.int64) * 7919).tolist()
+    settings = dict(initializer="ones", name="saver_draws", filter_ratio=0.3)
+    held = _held_after_a_saver_round_trip(mode, settings, [keys, keys], [keys], str(tmp_path))
+    # Calls 1 and 2 before the save, 3 after it.
+    assert held == _drawn(keys, 0.3, (1, 2, 3))
+    assert held != _drawn(keys, 0.3, (1, 2))  # call 3 admitted keys of its own
+
+
+def test_saver_keeps_each_workers_shard_of_the_filter_state_apart(tmp_path):
+    """Every worker dumps its shard's counts with its rows (as in
+    test_saver_keeps_each_workers_shard_apart, two shards of one table,
+    placed by hand as two workers would have them): each restores its own."""
+    sok.init(comm_tool="none")
+
+    def shards():
+        made = []
+        for rank in (0, 1):
+            shard = sok.DynamicVariable(DIM, initializer="ones", name="counted", min_count=3)
+            shard._placement = (2, rank, -1)  # keys k with k mod 2 == rank
+            made.append(shard)
+        return made
+
+    def read(shard, keys):  # the shard's own read, as a worker's side of a lookup
+        shard.sparse_read(tf.constant(keys, tf.int64))
+
+    # Each shard reads the keys it owns: 2 twice and 4 once on worker 0; 1
+    # once and 3 three times (it enters) on worker 1.
+    before = [[2, 2, 4], [1, 3, 3, 3]]
+    saver = sok.Saver()
+    for shard, keys in zip(shards(), before):
+        read(shard, keys)
+        saver.dump_to_file(shard, tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["counted.shard-0-of-2",
+                                                          "counted.shard-1-of-2"]
+    after = [[2, 4], [1]]
+    for shard, again, keys in zip(shards(), before, after):
+        saver.restore_from_file(shard, tmp_path)
+        read(shard, keys)
+        # Plain count of occurrences on the shard: those seen 3 times.
+        want = {k for k in set(keys + again) if (keys + again).count(k) >= 3}
+        assert set(shard.export()[0].numpy().tolist()) == want
+    assert want == {3}
+
+
+def test_saver_restores_a_dump_without_filter_state(tmp_path):
+    """A Saver dump written before the filter's state was kept (keys and
+    rows only) still restores: the rows, and counting and drawing start
+    afresh (the counts and call count the table had are dropped), as
+    sok.load of a dump without them does."""
+    from sok_graph.dump_load import write_dump
+
+    sok.init(comm_tool="none")
+    for name in ("old_counts", "old_draws"):
+        write_dump(str(tmp_path / name), {name: ("dynamic", {
+            "keys": np.array([100], np.int64), "values": np.full([1, DIM], 5.0, np.float32)})})
+    counting = sok.DynamicVariable(DIM, initializer="ones", name="old_counts", min_count=3)
+    _filtered_read(counting, [1, 1])  # two of key 1's three occurrences
+    sok.Saver().restore_from_file(counting, tmp_path)
+    _filtered_read(counting, [1])  # its first occurrence after the restore
+    assert set(counting.export()[0].numpy().tolist()) == {100}
+
+    keys = (np.arange(1, 2001, dtype=np.int64) * 7919).tolist()
+    drawing = sok.DynamicVariable(DIM, initializer="ones", name="old_draws", filter_ratio=0.3)
+    _filtered_read(drawing, keys)
+    _filtered_read(drawing, keys)
+    drawing.remove(tf.constant(keys, tf.int64))
+    sok.Saver().restore_from_file(drawing, tmp_path)
+    _filtered_read(drawing, keys)  # call 1 again
+    assert set(drawing.export()[0].numpy().tolist()) == {100} | _drawn(keys, 0.3, (1,))
+
+
+def test_saver_restore_refuses_counts_kept_another_way(tmp_path):
+    """A Saver dump of a count-min sketch's counters restored into a table
+    that counts per key (or the other way round) is a CheckpointError naming
+    the variable and both ways, before the table changes, as sok.load's."""
+    from sok_graph.dump_load import CheckpointError
+
+    sok.init(comm_tool="none")
+    sketch = sok.DynamicVariable(DIM, initializer="ones", name="kept", min_count=2,
+                                 min_count_counters=64)
+    _filtered_read(sketch, [1, 3, 3])
+    sok.Saver().dump_to_file(sketch, tmp_path)
+    exact = sok.DynamicVariable(DIM, initializer="ones", name="kept", min_count=2)
+    _filtered_read(exact, [5, 5, 6])
+    with pytest.raises(CheckpointError, match=re.escape(
+            f"variable 'kept' counts keys for its admission filter as {{'kind': 'keys'}}; the "
+            f"Saver dump at {tmp_path / 'kept'} kept its counts as {{'counters': 64, "
+            f"'hashes': 3, 'kind': 'sketch'}}")):
+        sok.Saver().restore_from_file(exact, tmp_path)
+    assert set(exact.export()[0].numpy().tolist()) == {5}
+    _filtered_read(exact, [6])  # its count (1) was kept: 2 now
+    assert set(exact.export()[0].numpy().tolist()) == {5, 6}
+
+
 def test_load_embedding_values_checks_rows_fed_in_a_session():
     """A static table's rows from a placeholder of unknown length: a count
     other than the table's rows fails when the Session runs it, before any

@@ -11,18 +11,29 @@ from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from .patching import _bound, _originals, _tf_modules
 
 
+def _is_sok_table(value):
+    """A sok variable, or the serving table one becomes while export_saved_model
+    rebuilds the model (serving mode): sok's lookups read both, TensorFlow's
+    own cannot convert a serving table ("Failed to convert ... DynamicTable")."""
+    if is_sok_variable(value):
+        return True
+    from sok_graph.serving import tables as serving_tables
+
+    return isinstance(value, (serving_tables.StaticTable, serving_tables.DynamicTable))
+
+
 def _single_sok_table(params):
-    """The sok variable `params` stands for (itself, or the only entry of a
-    list), else None."""
+    """The sok variable (or its serving table) `params` stands for (itself,
+    or the only entry of a list), else None."""
     if isinstance(params, (list, tuple)):
-        if len(params) == 1 and is_sok_variable(params[0]):
+        if len(params) == 1 and _is_sok_table(params[0]):
             return params[0]
-        if any(is_sok_variable(p) for p in params):
+        if any(_is_sok_table(p) for p in params):
             raise ValueError(
                 "params lists a sok variable together with other tables; a sok "
                 "variable holds the whole table, pass it alone")
         return None
-    return params if is_sok_variable(params) else None
+    return params if _is_sok_table(params) else None
 
 
 def partitioned_rows(params, ids, partition_strategy):
@@ -165,8 +176,9 @@ def _make_safe_sparse_lookup(key):
         sp_ids, sp_weights = a["sparse_ids"], a["sparse_weights"]
         with tf.name_scope(a["name"] or "embedding_lookup"):
             # As TensorFlow's safe lookup: ids of any rank >= 2 are looked up
-            # per row of their last dimension; negative ids and non-positive
-            # weights are dropped.
+            # per row of their last dimension; negative ids are dropped, and
+            # non-positive weights unless the combiner is "sum" (TensorFlow
+            # keeps them there: a weight of -1 subtracts its row).
             if isinstance(sp_ids, tf.compat.v1.SparseTensorValue):
                 sp_ids = tf.SparseTensor.from_value(sp_ids)
             if isinstance(sp_weights, tf.compat.v1.SparseTensorValue):
@@ -178,14 +190,16 @@ def _make_safe_sparse_lookup(key):
                 sp_ids = tf.sparse.reshape(sp_ids, tf.stack([batch, shape[-1]]))
                 if sp_weights is not None:
                     sp_weights = tf.sparse.reshape(sp_weights, tf.stack([batch, shape[-1]]))
+            combiner = a["combiner"] or "mean"
             keep = sp_ids.values >= 0
             if sp_weights is not None:
-                keep = tf.logical_and(keep, sp_weights.values > 0)
+                if combiner != "sum":
+                    keep = tf.logical_and(keep, sp_weights.values > 0)
                 sp_weights = tf.sparse.retain(sp_weights, keep)
             sp_ids = _sparse_rows(table, tf.sparse.retain(sp_ids, keep), strategy)
             out = lookup_sparse(table, _as_2d(sp_ids, "sparse_ids"),
                                 _as_2d(sp_weights, "sparse_weights"),
-                                combiners=a["combiner"] or "mean", max_norm=a["max_norm"])
+                                combiners=combiner, max_norm=a["max_norm"])
             if rank is None or rank != 2:
                 out = tf.reshape(out, tf.concat(
                     [shape[:-1], tf.shape(out, out_type=tf.int64)[1:]], 0))

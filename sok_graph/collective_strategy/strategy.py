@@ -10,7 +10,7 @@ import tempfile
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
-from sok_graph.dump_load import checked_path
+from sok_graph.dump_load import checked_path, var_name
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables import is_dynamic
 from sok_graph.serving import sources
@@ -154,6 +154,13 @@ class CollectiveStrategy:
         try:
             if config is None:
                 config = estimator_lib.RunConfig()
+            if model_dir is not None and config.model_dir is not None and \
+                    os.fspath(model_dir) != os.fspath(config.model_dir):
+                # As tf.estimator.Estimator: model_dir silently won over the
+                # RunConfig's, and checkpoints went where the config did not say.
+                raise ValueError(
+                    f"model_dir={model_dir!r} and config.model_dir={config.model_dir!r} "
+                    f"differ; give one of them, or the same directory in both")
             if model_dir is None:
                 model_dir = config.model_dir
             if model_dir is None and self._comm.world_size > 1:
@@ -259,6 +266,17 @@ class CollectiveStrategy:
         return values, tables
 
     def _checkpoint_values(self, checkpoint_dir):
+        dynamic = sorted(var_name(v) for v in tf.compat.v1.get_default_graph().get_collection(
+            tf.compat.v1.GraphKeys.GLOBAL_VARIABLES) if is_dynamic(v))
+        if dynamic:
+            # A dynamic table is exported from the session that trained it
+            # (its rows read in chunks); this read only the static ones and
+            # failed with "'DynamicVariable' object has no attribute
+            # 'global_shape'".
+            raise ValueError(
+                f"checkpoint_dir={checkpoint_dir!r}: export_saved_model reads sok."
+                f"DynamicVariable tables {dynamic} from the session that trained them, not "
+                f"from a checkpoint: pass session=<that session> instead of checkpoint_dir")
         own = _worker_dir(checkpoint_dir, self._comm.rank)
         path = tf.train.latest_checkpoint(own)
         if path is None:
@@ -280,7 +298,7 @@ class CollectiveStrategy:
         graph = tf.compat.v1.get_default_graph()
         return {v.op.name: (v.placement, tuple(v.global_shape.as_list()))
                 for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
-                if is_sok_variable(v)}
+                if is_sok_variable(v) and not is_dynamic(v)}
 
     def _gather_tables(self, tables):
         """{name: whole table} on rank 0 from every worker's shards."""

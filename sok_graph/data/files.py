@@ -27,17 +27,28 @@ def written_whole(path, what="path"):
         raise ValueError(f"{what} must name a file; got an empty string")
     if os.path.isdir(path):
         raise IsADirectoryError(f"{what}={path!r} is a directory; give the path of a file")
-    directory, name = os.path.split(os.path.abspath(path))
+    # The directory as given, not normalized: the rename below resolves
+    # `path` as the kernel does, so "new/" (a trailing separator) and
+    # "missing/../f" (abspath made both look fine) failed only there, after
+    # the whole file was written, naming the temporary file.
+    directory, name = os.path.split(path)
+    if name in ("", os.curdir, os.pardir):
+        raise IsADirectoryError(f"{what}={path!r} names a directory (it ends with "
+                                f"{name or os.sep!r}); give the path of a file")
+    directory = directory or os.curdir
     if not os.path.isdir(directory):
         raise FileNotFoundError(f"{what}={path!r}: its directory {directory!r} does not exist "
                                 f"(or is not a directory)")
+    # Absolute (the process may change its directory meanwhile), with its
+    # ".." kept for the kernel to resolve.
+    directory = os.path.join(os.getcwd(), directory)
     _remove_dead_writers(directory, name)
     tmp = os.path.join(directory, f".{name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
     try:
         yield tmp
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        os.replace(tmp, os.path.join(directory, name))
     except BaseException:
         with contextlib.suppress(OSError):
             os.remove(tmp)

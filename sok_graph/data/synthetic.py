@@ -32,23 +32,46 @@ def make_planted_dataset(num_samples, vocab_sizes, max_hotness, seed=0, signal=2
                 raise ValueError(f"{name}[{t}] must be a positive integer; got {v!r}")
     if not isinstance(num_samples, (int, np.integer)) or num_samples < 1:
         raise ValueError(f"num_samples must be a positive integer; got {num_samples!r}")
+    if isinstance(signal, (bool, np.bool_)) or not isinstance(signal, (int, float, np.number)) \
+            or not _finite(signal):
+        # NaN or infinite: every logit NaN and every label 0, without an error.
+        raise ValueError(f"signal must be a finite number (the hidden scores' scale); got "
+                         f"{signal!r}")
     rng = np.random.default_rng(seed)
     logits = np.zeros(num_samples)
     values, splits = [], []
     for vocab, hot in zip(vocab_sizes, max_hotness):
-        scores = rng.standard_normal(vocab) * signal
+        with np.errstate(over="ignore"):
+            scores = rng.standard_normal(vocab) * signal
         lengths = rng.integers(1, hot + 1, size=num_samples)
         split = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         # Zipf-like popularity: a few ids are common, most are rare.
         ids = np.minimum(rng.zipf(1.2, size=split[-1]) - 1, vocab - 1).astype(np.int64)
         ids = (ids * 2654435761) % vocab  # spread popular ids over the table
-        sums = np.add.reduceat(scores[ids], split[:-1]) if len(ids) else np.zeros(num_samples)
-        logits += sums / lengths
+        with np.errstate(over="ignore", invalid="ignore"):
+            sums = np.add.reduceat(scores[ids], split[:-1]) if len(ids) else np.zeros(
+                num_samples)
+            logits += sums / lengths
         values.append(ids)
         splits.append(split)
-    probs = 1.0 / (1.0 + np.exp(-(logits - logits.mean())))
+    with np.errstate(over="ignore", invalid="ignore"):
+        centred = logits - logits.mean()
+    if not np.isfinite(centred).all():
+        # A signal so large that the scores' sums overflow (1e308): the
+        # logits were NaN and every label 0, as for a NaN signal.
+        raise ValueError(f"signal={signal!r} is too large: the samples' scores overflow "
+                         f"float64; give a smaller signal")
+    with np.errstate(over="ignore"):
+        probs = 1.0 / (1.0 + np.exp(-centred))
     labels = (rng.random(num_samples) < probs).astype(np.float32)
     return PlantedDataset(values, splits, labels, list(vocab_sizes))
+
+
+def _finite(value):
+    try:
+        return bool(np.isfinite(float(value)))
+    except OverflowError:  # an int beyond float64 (10**400)
+        return False
 
 
 def batch(dataset, start, stop):

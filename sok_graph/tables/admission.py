@@ -339,6 +339,13 @@ class AdmissionFilter:
                 admitted = tf.identity(admitted)
         return admitted
 
+    def room_check(self, keys, occurrences, found, use_ratio, bound, table):
+        """The assertion that the distinct `keys` a call admits (occurrences
+        and found as for `admitted`) fit `bound`, changing nothing: what a
+        read checks first, for a caller that checks before any read."""
+        return self._check_room(keys, occurrences, found, tf.logical_not(found), use_ratio,
+                                bound, table)
+
     def _check_room(self, keys, occurrences, found, new, use_ratio, bound, table):
         """The assertion that the keys this call admits (found by reading
         the counts and the call count, changing neither) fit `bound`."""

@@ -700,6 +700,39 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
             self._handle, keys, self._dimension, name=name)
         return distinct, rows, positions
 
+    def room_check(self, keys, low_frequency_filter=False):
+        """An op that fails (InvalidArgumentError naming the table and its
+        max_capacity) where a read of the 1-D `keys` would be refused for
+        room, changing nothing; None for a table without a bound. The read
+        refuses itself, but only after the reads before it in the same
+        lookup_sparse call inserted (and their filters counted) their keys:
+        lookup_sparse runs every table's check before any read. A call of no
+        more keys than the bound fits whatever they are, and checks no more."""
+        bound = self._config["max_capacity"]
+        if not bound or serving_mode.active():
+            return None
+        keys = self._check_keys(keys, widen=True)
+        use_ratio = admission.checked_flag(low_frequency_filter, "low_frequency_filter")
+
+        def exact():
+            if self._admission is None:
+                distinct = tf.size(util_ops.unique(keys, out_idx=tf.int64)[0], out_type=tf.int64)
+                check = tf.debugging.assert_less_equal(
+                    distinct, tf.constant(bound, tf.int64),
+                    message=(f"dynamic table '{self._name}': the batch has more distinct keys "
+                             f"than its max_capacity={bound} rows (keys used in this batch are "
+                             f"never evicted); no table of the call changed. Distinct keys:"))
+            else:
+                distinct, _, occurrences = util_ops.unique_with_counts(keys, out_idx=tf.int64)
+                _, found = dynamic_ops.find(self._handle, distinct, self._dimension)
+                check = self._admission.room_check(distinct, occurrences, found, use_ratio,
+                                                   bound, self._name)
+            with tf.control_dependencies([check]):
+                return tf.constant(True)
+
+        fits = tf.size(keys, out_type=tf.int64) <= bound
+        return tf.cond(fits, lambda: tf.constant(True), exact)
+
     def _admitted_read(self, keys, use_ratio):
         """(distinct keys [u], their rows [u, dimension], positions [n] int64,
         evicted keys, evicted rows) of 1-D keys through the admission filter:

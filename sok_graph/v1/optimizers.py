@@ -92,6 +92,14 @@ class Adam(OptimizerWrapper):
         # is counted once the rows are updated.
         return super().apply_gradients(grads_and_vars, name=name, global_step=global_step)
 
+    def minimize(self, loss, var_list, grad_loss=None, name=None, tape=None):
+        """Keras' minimize: the gradients of `loss` (a callable, or a tensor
+        with the `tape` that recorded it; in a graph, a tensor alone) for
+        `var_list` (a list, or a callable giving it), then apply_gradients.
+        SOK's optimizers are Keras optimizers and have it; it was missing."""
+        return self.apply_gradients(
+            _gradients_of(type(self).__name__, loss, var_list, grad_loss, tape), name=name)
+
 
 class LazyAdam(Adam):
     """``LazyAdam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-7)``:
@@ -107,6 +115,55 @@ class LazyAdamOptimizer(LazyAdam):
     def __init__(self, learning_rate=0.001, beta1=0.9, beta2=0.999, epsilon=1e-8,
                  use_locking=False, name="LazyAdam"):
         super().__init__(learning_rate, beta1, beta2, epsilon)
+
+    def minimize(self, loss, global_step=None, var_list=None, gate_gradients=1,
+                 aggregation_method=None, colocate_gradients_with_ops=False, name=None,
+                 grad_loss=None):
+        """tf.compat.v1.train.Optimizer's minimize: the gradients of `loss`
+        (a tensor in a graph, a callable eagerly) for `var_list` (default:
+        the trainable variables), then apply_gradients, which counts
+        `global_step`."""
+        if var_list is None:
+            var_list = _trainable_variables_of(loss)
+        return self.apply_gradients(
+            _gradients_of(type(self).__name__, loss, var_list, grad_loss, None),
+            name=name, global_step=global_step)
+
+
+def _trainable_variables_of(loss):
+    """tf.compat.v1 minimize's default var_list: the graph's trainable
+    variables; eagerly, those a callable loss reads."""
+    if not tf.executing_eagerly():
+        return (tf.compat.v1.trainable_variables()
+                + tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
+    if not callable(loss):
+        raise ValueError("minimize: eagerly, loss must be a callable (a tensor has no record "
+                         "of the variables it was computed from)")
+    with tf.GradientTape() as tape:
+        loss()
+    return list(tape.watched_variables())
+
+
+def _gradients_of(who, loss, var_list, grad_loss, tape):
+    """(gradient, variable) pairs of `loss` for `var_list`, as Keras'
+    minimize computes them (a tensor loss in a graph: tf.gradients)."""
+    if callable(loss):
+        tape = tape if tape is not None else tf.GradientTape()
+        with tape:
+            if not callable(var_list):
+                tape.watch(var_list)
+            loss = loss()
+    if callable(var_list):
+        var_list = var_list()
+    var_list = list(var_list)
+    if tape is not None:
+        grads = tape.gradient(loss, var_list, grad_loss)
+    elif not tf.executing_eagerly():
+        grads = tf.gradients(loss, var_list, grad_ys=grad_loss)
+    else:
+        raise ValueError(f"{who}.minimize: a tensor loss needs the `tape` that recorded it "
+                         f"(or give loss as a callable)")
+    return list(zip(grads, var_list))
 
 
 def split_embedding_variable_from_others(variables):

@@ -15,7 +15,11 @@ copy named `<its name>.tmp-<pid>-<8 hex>` while it is written and
 whose directory would have such a name is refused). Dumping one table
 replaces only that table's files; restoring reads the table of the
 variable's own name and shard. A directory from before this layout (one table's dump directly
-in `filepath`) still restores.
+in `filepath`) still restores. A dynamic table's admission filter state
+(the counts of min_count, the call count of filter_ratio's draws; each
+worker its shard's) is dumped and restored with its rows, as sok.dump and
+sok.load keep it; a dump without it (a Saver's from before it was kept)
+starts counting and drawing afresh.
 
 Tables are told apart by their names only, so two tables of one name
 cannot share a `filepath`: where another table of the same name, living in
@@ -54,11 +58,13 @@ from sok_graph.communication import agreement
 from sok_graph.tables import (dimension_of, is_dynamic, kind_of, replica_shards,
                                rows_from_user)
 from sok_graph.tables.static import is_sok_variable
-from sok_graph.dump_load import (_ASIDE, _SIBLING_SUFFIX, _TMP, CheckpointError, _file_stem,
-                                 var_name, check_float_table, check_keys_fit, checked_path,
-                                 dump_manifest, dumped_names,
-                                 name_max, read_dump, refuse_long_name, rows_as, table_stem,
-                                 unreadable_manifest, write_dump)
+from sok_graph.dump_load import (_ASIDE, _FILTER_PARTS, _SIBLING_SUFFIX, _TMP, FILTER_CALLS,
+                                 CheckpointError, _file_stem, var_name, check_filter_fits,
+                                 check_float_table, check_keys_fit, checked_path,
+                                 dump_manifest, dumped_names, filter_arrays, filter_state,
+                                 filter_tensors, name_max, read_dump, refuse_long_name,
+                                 restore_filter, rows_as, table_stem, unreadable_manifest,
+                                 write_dump)
 
 _TABLE = "table"  # the one table of a dump written before per-name directories
 
@@ -170,7 +176,7 @@ def _check_name_length(var, entry, directory):
     refuse_long_name(name, entry, len(os.fsencode(entry)) + _SIBLING_SUFFIX, limit,
                      "the Saver's directory",
                      " (with the suffix of the copies a dump writes beside it)")
-    for part in ("keys", "values"):
+    for part in ("keys", "values") + _filter_parts(var):
         fname = f"{_file_stem(name)}.{part}"
         refuse_long_name(name, fname, len(os.fsencode(fname)), limit, "the Saver's file")
 
@@ -291,6 +297,28 @@ def _names_of(var, other):
     return this, that
 
 
+def _filter_parts(var):
+    """The files a dump of `var` holds for its admission filter's counts."""
+    admission = var.admission
+    return _FILTER_PARTS if admission is not None and admission.counting else ()
+
+
+# A shard's admission filter state is dumped and restored by dump_load's
+# code for it (filter_tensors, filter_arrays, check_filter_fits,
+# filter_state, restore_filter). The Saver kept keys and rows only: a
+# restored table counted every waiting key from zero and repeated its first
+# calls' draws.
+
+
+def _filter_state_parts(var):
+    """The parts of filter_state that `var`'s filter takes (all int64), in
+    the order a restore's read returns them."""
+    parts = list(_filter_parts(var))
+    if var.admission is not None and var.admission.draws:
+        parts.append(FILTER_CALLS)
+    return parts
+
+
 def _rows(var):
     """(keys, rows) tensors of the whole shard, keys in its own numbering."""
     keys, rows, _ = var.read_all()
@@ -406,7 +434,14 @@ class Saver:
         if isinstance(directory, str):
             _refuse_a_dump_at(directory)
 
-        def write(path, keys, rows, save_id=None):
+        state = filter_tensors(var)
+        parts = list(state)
+
+        def write(path, keys, rows, *rest):
+            # rest: the filter's state (parts), then the save id, if any.
+            save_id = rest[len(parts)] if len(rest) > len(parts) else None
+            arrays = {"keys": keys, "values": rows}
+            arrays.update(filter_arrays(var.admission, dict(zip(parts, rest))))
             path = checked_path(_as_str(path), "Saver.dump_to_file: filepath")
             _refuse_a_dump_at(path)
             target = os.path.join(path, entry)
@@ -418,7 +453,7 @@ class Saver:
                     f"letters, digits, '-', '_' or '.'")
             with _dumped_lock:
                 _refuse_a_namesake(var, name, target)
-                write_dump(target, {name: (kind, {"keys": keys, "values": rows})},
+                write_dump(target, {name: (kind, arrays)},
                            save_id=None if save_id is None else float(save_id))
                 where = os.path.realpath(target)
                 _dumped_here[where] = weakref.ref(var)
@@ -429,7 +464,8 @@ class Saver:
 
         keys, rows = _rows(var)
         save_id = _agreed_save_id(var)
-        inputs = [keys, rows] if save_id is None else [keys, rows, save_id]
+        inputs = [keys, rows] + [state[p] for p in parts] + (
+            [] if save_id is None else [save_id])
         result = _in_graph_or_now(write, inputs, tf.int32, directory)
         return None if tf.executing_eagerly() else tf.group(result, name="sok_saver_dump")
 
@@ -447,6 +483,7 @@ class Saver:
         shard_rows = None if fixed is None else placement.shard_rows(fixed, *var.placement)
         key_dtype = var.key_dtype
         dtype = tf.as_dtype(var.dtype).base_dtype
+        filter_parts = _filter_state_parts(var)
 
         def read(path):
             path = checked_path(_as_str(path), "Saver.restore_from_file: filepath")
@@ -490,10 +527,13 @@ class Saver:
             keys = arrays["keys"].astype(np.int64)
             what = f"the table restored from {target}"
             check_keys_fit(keys, key_dtype, what)
+            check_filter_fits(var, arrays, name, f"the Saver dump at {target}")
             # Rows in the dump's dtype (float32 in dumps before it was kept),
             # converted to the table's: no finite value may become infinite.
             rows = rows_as(arrays["values"], dtype, what, keys, static=fixed is not None)
-            return keys, rows, manifest.get("save_id", np.nan)
+            state = filter_state(var, arrays)
+            return [keys, rows, manifest.get("save_id", np.nan)] + [state[p] for p in
+                                                                   filter_parts]
 
         comm = _workers_comm(var)
 
@@ -501,11 +541,13 @@ class Saver:
             """read's keys and rows, with [read it, save id] and the
             refusal's message (b"" where there is none), for the others."""
             try:
-                keys, rows, save_id = read(path)
+                keys, rows, save_id, *state = read(path)
             except CheckpointError as e:
-                return (np.zeros([0], np.int64), np.zeros([0, dim], dtype.as_numpy_dtype),
-                        np.array([0.0, np.nan]), str(e).encode("utf-8"))
-            return keys, rows, np.array([1.0, save_id]), b""
+                nothing = [np.zeros([0] if p in _FILTER_PARTS else [], np.int64)
+                           for p in filter_parts]
+                return [np.zeros([0], np.int64), np.zeros([0, dim], dtype.as_numpy_dtype),
+                        np.array([0.0, np.nan]), str(e).encode("utf-8")] + nothing
+            return [keys, rows, np.array([1.0, save_id]), b""] + state
 
         def check(path, every, own):
             own = own.decode("utf-8") if isinstance(own, bytes) else own
@@ -514,26 +556,35 @@ class Saver:
 
         if tf.executing_eagerly():
             if comm is None:
-                keys, rows, _ = read(directory)
+                keys, rows, _, *state = read(directory)
             else:
-                keys, rows, mine, own = read_told(directory)
+                keys, rows, mine, own, *state = read_told(directory)
                 check(directory, _gathered_reads(comm, tf.constant(mine, tf.float64)).numpy(),
                       own)
             _assign(var, tf.constant(keys), tf.constant(rows))
+            restore_filter(var, dict(zip(filter_parts, state)))
             return None
+        filter_types = [tf.int64] * len(filter_parts)
         if comm is None:
-            keys, rows, _ = _in_graph_or_now(read, [], [tf.int64, dtype, tf.float64], directory)
+            keys, rows, _, *state = _in_graph_or_now(
+                read, [], [tf.int64, dtype, tf.float64] + filter_types, directory)
             checks = []
         else:
-            keys, rows, mine, own = _in_graph_or_now(
-                read_told, [], [tf.int64, dtype, tf.float64, tf.string], directory)
+            keys, rows, mine, own, *state = _in_graph_or_now(
+                read_told, [], [tf.int64, dtype, tf.float64, tf.string] + filter_types,
+                directory)
             checks = [_in_graph_or_now(check, [_gathered_reads(comm, mine), own], tf.int32,
                                        directory)]
         keys.set_shape([None])
         rows.set_shape([None, dim])
+        for part, tensor in zip(filter_parts, state):
+            tensor.set_shape([None] if part in _FILTER_PARTS else [])
         with tf.control_dependencies(checks):
+            # Nothing changes before every worker's read passed its checks.
             keys = tf.identity(keys)
-        return tf.group(_assign(var, keys, rows), name="sok_saver_restore")
+            state = [tf.identity(t) for t in state]
+        ops = [_assign(var, keys, rows)] + restore_filter(var, dict(zip(filter_parts, state)))
+        return tf.group(*ops, name="sok_saver_restore")
 
     def load_embedding_values(self, embedding_variable, tensors):
         """Sets the table from `tensors` (one [rows, dim] tensor or a list of
