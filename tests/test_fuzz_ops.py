@@ -1105,8 +1105,14 @@ def test_assign_export_and_read_and_evict(data):
     assert set(sok.export(var)[0].numpy().tolist()) == set(model)
     expect_error(lambda: sok.sparse_read_and_evict(sok.DynamicVariable(dim), tf.constant(
         [1], tf.int64)), ["needs a bounded table"])
-    expect_error(lambda: sok.assign(var, tf.constant([1], tf.int32), tf.zeros([1, dim])),
+    expect_error(lambda: sok.assign(var, tf.constant([1.0], tf.float32), tf.zeros([1, dim])),
                  ["keys for DynamicVariable"])
+    # int32 keys of an int64 table are widened, as sparse_read widens them.
+    sok.assign(var, tf.constant([1], tf.int32), tf.ones([1, dim]))
+    model[1] = np.ones(dim)
+    got = dict(zip(*(t.numpy().tolist() for t in sok.export(var))))
+    assert set(got) == set(model)
+    close(np.array(got[1]), model[1])
 
 
 # ------------------------------------------------------------------ dump/load
