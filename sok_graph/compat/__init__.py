@@ -17,6 +17,7 @@ from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
     is_keras_optimizer,
     is_keras_optimizer_v2,
     is_optimizer,
+    is_optimizer_base_class,
     is_package_keras_optimizer,
     is_tf1_optimizer,
     keras_optimizer_classes,

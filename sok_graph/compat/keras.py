@@ -116,13 +116,19 @@ _KERAS_PACKAGES = ("tf_keras", "keras")
 _KERAS_BASE_NAMES = ("OptimizerV2", "Optimizer", "BaseOptimizer", "TFOptimizer")
 
 
+def is_optimizer_base_class(cls):
+    """A base class of the keras or tf_keras packages' optimizers (by its
+    package and name, as is_package_keras_optimizer knows them)."""
+    package = (getattr(cls, "__module__", "") or "").split(".")[0]
+    return package in _KERAS_PACKAGES and cls.__name__ in _KERAS_BASE_NAMES
+
+
 def is_package_keras_optimizer(opt):
     """An optimizer of the tf_keras (or keras) package, recognised by the
     package and name of a base class, without importing the package: tf_keras
     need not be installed, and its classes are not tf.keras's on TF >= 2.16."""
     for cls in type(opt).__mro__:
-        package = (getattr(cls, "__module__", "") or "").split(".")[0]
-        if package in _KERAS_PACKAGES and cls.__name__ in _KERAS_BASE_NAMES:
+        if is_optimizer_base_class(cls):
             return callable(getattr(opt, "apply_gradients", None))
     return False
 
@@ -176,6 +182,10 @@ def list_tables_among_keras3_layer_weights(is_table):
     files, where a table saves itself (tables/keras_weights.py). A layer
     holding a table also says `supports_jit = False`: sok's ops have no XLA
     kernels, and `compile()`'s default jit_compile="auto" asks the layers.
+    A table held by a frozen layer (`trainable = False`, a sub-layer's
+    included) is among the non-trainable lists, as that layer's Keras
+    variables are (Keras 3 clears their `trainable`, which a table has no
+    setter for); a table shared with a trainable layer is frozen too.
     The summary counts a dynamic table's unknown number of rows as none, as
     Keras 2's does (its `math.prod` of a shape with None was a TypeError).
     Nothing is changed on Keras 2 and TF 1.x, or on a Keras 3 that has
@@ -224,6 +234,35 @@ def list_tables_among_keras3_layer_weights(is_table):
 
         return property(weights, doc=listed.__doc__)
 
+    def frozen_tables(layer):
+        """ids of the tables held by a frozen layer within `layer` (itself
+        included): Keras 3 freezes a layer by clearing its own variables'
+        `trainable`, which a table (a tf.Variable) cannot take, and a
+        model's trainable lists keep what says it is trainable."""
+        frozen = set()
+        for sub in layer._flatten_layers(include_self=True, recursive=True):
+            if not sub.trainable:
+                frozen.update(id(t) for t in getattr(sub, _LAYER_TABLES, ()))
+        return frozen
+
+    def without_frozen(listed):
+        def trainable(layer):
+            found = listed.fget(layer)
+            frozen = frozen_tables(layer) if found else ()
+            return [v for v in found if id(v) not in frozen]
+
+        return property(trainable, doc=listed.__doc__)
+
+    def with_frozen(listed, everything):
+        def non_trainable(layer):
+            found = listed.fget(layer)
+            frozen = frozen_tables(layer) if layer.trainable else ()
+            seen = {id(v) for v in found}
+            return found + [v for v in everything.fget(layer)
+                            if id(v) in frozen and id(v) not in seen]
+
+        return property(non_trainable, doc=listed.__doc__)
+
     def sized(count):
         def count_known(weights):
             return count([w for w in weights if None not in tuple(w.shape)])
@@ -233,6 +272,13 @@ def list_tables_among_keras3_layer_weights(is_table):
     Layer._initialize_tracker = _initialize_tracker
     Layer.weights = with_tables(Layer.weights)
     Layer.variables = with_tables(Layer.variables)
+    # A table held by a frozen layer (`layer.trainable = False`, on a
+    # sub-layer of the model fit trains) is not trainable: fit trained it.
+    Layer.trainable_weights = without_frozen(Layer.trainable_weights)
+    Layer.trainable_variables = without_frozen(Layer.trainable_variables)
+    Layer.non_trainable_weights = with_frozen(Layer.non_trainable_weights, Layer.weights)
+    Layer.non_trainable_variables = with_frozen(Layer.non_trainable_variables,
+                                                Layer.variables)
     summary_utils.count_params = sized(summary_utils.count_params)
     summary_utils.weight_memory_size = sized(summary_utils.weight_memory_size)
     Layer._sok_lists_tables = True

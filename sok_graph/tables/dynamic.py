@@ -1189,7 +1189,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         "Shapes used to initialize variables must be fully-defined"."""
         _refuse_dense(self, "making a Keras optimizer's slot variables for it "
                             "(apply_gradients outside sok.OptimizerScope, or optimizer.build "
-                            "given it)")
+                            "given it, as keras.models.load_model and BackupAndRestore do: "
+                            "call those inside sok.OptimizerScope), or naming it by a Keras "
+                            "path (a legacy .h5 file, Keras' warning of a missing gradient),")
 
     def _export_to_saved_model_graph(self, *args, **kwargs):
         # tf.saved_model.save (and Keras model.save to a SavedModel) asks

@@ -198,6 +198,19 @@ class Variable(_ResourceVariable, KerasWeights):
     # its weight, and its fit failed with "no attribute 'regularizer'".
     regularizer = None
 
+    @property
+    def path(self):
+        """Keras 3 variables have a path (their name in Keras' files); a sok
+        table has none. Keras' optimizers and its warning about a missing
+        gradient take the name where a variable has none (this
+        AttributeError); its legacy .h5 files save weights by path and failed
+        with "'DistributedVariable' object has no attribute 'path'"."""
+        raise AttributeError(
+            f"sok.Variable '{self.name}' has no Keras path: Keras' legacy .h5 files (model.save"
+            f"('m.h5'), save_weights('m.h5')) cannot hold a sok table; save with model.save"
+            f"('m.keras') or model.save_weights('m.weights.h5'), which keep the table, or "
+            f"sok.dump")
+
     def __new__(cls, initial_value=None, mode="distributed", *args, **kwargs):
         if cls is Variable:
             cls = LocalizedVariable if _is_localized(mode) else DistributedVariable
