@@ -336,7 +336,10 @@ def _room_checks(params, dynamic, parts, low_frequency_filter):
         if (placement is not None and placement[0] > 1) or \
                 sum(p is param for p in params) > 1:
             continue
-        check = param.room_check(parts[t][0], bool(low_frequency_filter))
+        ids = parts[t][0]
+        if ids.dtype != param.key_type and (ids.dtype, param.key_type) != (tf.int32, tf.int64):
+            continue  # the read refuses them, naming sp_ids[t] and the key type
+        check = param.room_check(ids, bool(low_frequency_filter))
         if check is not None:
             checks.append(check)
     return checks

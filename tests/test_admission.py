@@ -431,6 +431,18 @@ def test_a_fused_call_refused_for_one_tables_room_changes_no_table(mode, bounded
     assert held == [{2}, {7, 8}, {5} if bounded_filter else {1, 2, 3}]
 
 
+def test_a_fused_calls_room_check_leaves_ids_of_another_key_type_to_the_read():
+    """The room checks run before the reads; ids a bounded table cannot take
+    are still refused by the read's own words, naming sp_ids[t]."""
+    bounded = sok.DynamicVariable(2, key_type=tf.int32, var_type="hybrid", max_capacity=4,
+                                  name="keys32")
+    other = sok.DynamicVariable(2, name="other")
+    ids = tf.ragged.constant([[1, 2]], tf.int64)
+    with pytest.raises(TypeError, match=r"sp_ids\[0\] must hold int32 keys .*'keys32'"):
+        sok.lookup_sparse([bounded, other], [ids, ids], combiners="sum")
+    assert held_keys(other) == set()
+
+
 def test_clear_empties_the_slots_and_the_counts():
     """clear() of a table trained with Adam under a counting filter: the
     key that comes back is counted afresh and trains from fresh moments,
