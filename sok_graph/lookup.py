@@ -310,6 +310,17 @@ def _table_tensor(param, label):
     return tensor
 
 
+def _checked_table(param, label):
+    """`param` checked as a table (named `label` in errors): None where its
+    rows come from the table itself (a dynamic table, one sharded over
+    workers, a variable whose rows are gathered), else what the fused op
+    takes (_table_tensor)."""
+    if is_dynamic(param) or _is_sharded(param) or _reads_rows(param):
+        _check_table(param, label)
+        return None
+    return _table_tensor(param, label)
+
+
 def _reads_rows(param):
     """Whether a static table's rows are gathered before the fused op rather
     than read by it: for variables that act as resource variables without
@@ -636,11 +647,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     with tf.name_scope(name or "sok_lookup_sparse"):
         tensors, names = [], []
         for t, p in enumerate(params):
-            if is_dynamic(p) or _is_sharded(p) or _reads_rows(p):
-                _check_table(p, f"params[{t}]")
-                tensors.append(None)  # rows come from the table (and other workers), below
-            else:
-                tensors.append(_table_tensor(p, f"params[{t}]"))
+            # None: rows come from the table (and other workers), below.
+            tensors.append(_checked_table(p, f"params[{t}]"))
             names.append(given_names[t])
         dtypes = [p.dtype if x is None else x.dtype for x, p in zip(tensors, params)]
         dtypes = [tf.as_dtype(d).base_dtype for d in dtypes]
@@ -828,12 +836,11 @@ def all2all_dense_embedding(param, indices, name=None):
         else:
             # Checked here, by its own name: the lookup below names its
             # argument, params[0], which the caller never passed.
-            if serving_mode.active():
-                pass  # a servable model's lookup reads the tables' serving copies
-            elif is_dynamic(param) or _is_sharded(param) or _reads_rows(param):
-                _check_table(param, "param")
-            else:
-                param = _table_tensor(param, "param")
+            # (Not in serving mode: a servable model's lookup reads the
+            # tables' serving copies.)
+            if not serving_mode.active():
+                checked = _checked_table(param, "param")
+                param = param if checked is None else checked
             ids = tf.RaggedTensor.from_row_splits(flat, _one_id_splits(flat), validate=False)
             rows = lookup_sparse(param, ids, combiners="sum")
         out = tf.reshape(rows, tf.concat([tf.shape(indices), tf.shape(rows)[1:]], 0))

@@ -284,8 +284,7 @@ class AdmissionFilter:
         new = tf.logical_not(found)
         with tf.control_dependencies(after):
             if bound:
-                after.append(self._check_room(keys, occurrences, found, new, use_ratio, bound,
-                                              table))
+                after.append(self.room_check(keys, occurrences, found, use_ratio, bound, table))
         with tf.control_dependencies(after):
             admitted = self._admit(keys, occurrences, found, new, use_ratio)
         return admitted
@@ -341,14 +340,11 @@ class AdmissionFilter:
 
     def room_check(self, keys, occurrences, found, use_ratio, bound, table):
         """The assertion that the distinct `keys` a call admits (occurrences
-        and found as for `admitted`) fit `bound`, changing nothing: what a
-        read checks first, for a caller that checks before any read."""
-        return self._check_room(keys, occurrences, found, tf.logical_not(found), use_ratio,
-                                bound, table)
-
-    def _check_room(self, keys, occurrences, found, new, use_ratio, bound, table):
-        """The assertion that the keys this call admits (found by reading
-        the counts and the call count, changing neither) fit `bound`."""
+        and found as for `admitted`) fit `bound` (the table `table`'s
+        max_capacity), found by reading the counts and the call count,
+        changing neither: a read checks it first, and lookup_sparse before
+        any read of its call."""
+        new = tf.logical_not(found)
         passes = tf.ones_like(new)
         if self.counting:
             passes = self._count(keys, occurrences, new, self._peek)

@@ -123,36 +123,32 @@ class LazyAdamOptimizer(LazyAdam):
         (a tensor in a graph, a callable eagerly) for `var_list` (default:
         the trainable variables), then apply_gradients, which counts
         `global_step`."""
-        if var_list is None:
-            var_list = _trainable_variables_of(loss)
         return self.apply_gradients(
             _gradients_of(type(self).__name__, loss, var_list, grad_loss, None),
             name=name, global_step=global_step)
 
 
-def _trainable_variables_of(loss):
-    """tf.compat.v1 minimize's default var_list: the graph's trainable
-    variables; eagerly, those a callable loss reads."""
-    if not tf.executing_eagerly():
-        return (tf.compat.v1.trainable_variables()
-                + tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
-    if not callable(loss):
-        raise ValueError("minimize: eagerly, loss must be a callable (a tensor has no record "
-                         "of the variables it was computed from)")
-    with tf.GradientTape() as tape:
-        loss()
-    return list(tape.watched_variables())
-
-
 def _gradients_of(who, loss, var_list, grad_loss, tape):
     """(gradient, variable) pairs of `loss` for `var_list`, as Keras'
-    minimize computes them (a tensor loss in a graph: tf.gradients)."""
+    minimize computes them (a tensor loss in a graph: tf.gradients).
+    var_list None (tf.compat.v1's default): the graph's trainable
+    variables; eagerly, those the callable loss read, in the same run of it
+    (a second run would read, and a counting filter count, its keys
+    again)."""
+    if var_list is None and not tf.executing_eagerly():
+        var_list = (tf.compat.v1.trainable_variables() + tf.compat.v1.get_collection(
+            tf.compat.v1.GraphKeys.TRAINABLE_RESOURCE_VARIABLES))
     if callable(loss):
         tape = tape if tape is not None else tf.GradientTape()
         with tape:
-            if not callable(var_list):
+            if var_list is not None and not callable(var_list):
                 tape.watch(var_list)
             loss = loss()
+        if var_list is None:
+            var_list = tape.watched_variables()
+    elif var_list is None:
+        raise ValueError(f"{who}.minimize: eagerly, loss must be a callable (a tensor has no "
+                         f"record of the variables it was computed from)")
     if callable(var_list):
         var_list = var_list()
     var_list = list(var_list)
