@@ -248,6 +248,19 @@ def _algorithm_name(optimizer):
         if cls.__name__ in _BY_CLASS_NAME:
             _refuse_a_changed_update(optimizer, cls, mro[:at])
             return _BY_CLASS_NAME[cls.__name__]
+    if any(cls.__name__ == "MixedPrecisionLossScaleOptimizer" for cls in type(optimizer).__mro__):
+        # tf.compat.v1's (tf.compat.v1.train.experimental): it keeps the
+        # optimizer it wraps as _optimizer, and sok.OptimizerScope routes
+        # the tables' gradients to that one under its own finite check.
+        # It used to be refused as an unsupported optimizer, with no word
+        # of mixed precision or of the way out.
+        raise TypeError(
+            f"sok.OptimizerWrapper takes the optimizer itself, not tf.compat.v1's mixed "
+            f"precision {type(optimizer).__name__} (its gradients are scaled): call its "
+            f"minimize / apply_gradients inside sok.OptimizerScope(tables), which updates the "
+            f"sok tables by the optimizer it wraps only on steps whose gradients are all "
+            f"finite, or divide the tables' gradients by its loss scale and apply them with "
+            f"sok.OptimizerWrapper of the optimizer it wraps only where they are all finite")
     if any(cls.__name__.startswith("LossScaleOptimizer") for cls in type(optimizer).__mro__):
         # Mixed precision's wrapper (keras.mixed_precision.set_global_policy
         # makes compile() wrap the optimizer): its gradients are scaled.
