@@ -600,7 +600,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     # table sharded over replicas is named "<name>_<r>" (the graph makes
     # each name unique), a name the user never gave.
     given_names = [_table_name(p, t) for t, p in enumerate(params)]
-    if not serving:
+    shapes_only = not serving and _shapes_only(params)
+    if not serving and not shapes_only:
         # A table sharded over replicas: the shard of the replica being built.
         params = [replica_shards.resolve(p, "sok.lookup_sparse") for p in params]
     n = len(params)
@@ -643,6 +644,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
 
     if serving:
         return _serving_lookup(params, sp_ids, sp_weights, combiners, max_norm, single, name)
+    if shapes_only:
+        out = [_rows_of_zeros(p, _ragged_parts(ids, t)[1]) for t, (p, ids) in
+               enumerate(zip(params, sp_ids))]
+        return out[0] if single else out
 
     with tf.name_scope(name or "sok_lookup_sparse"):
         tensors, names = [], []
@@ -823,6 +828,10 @@ def all2all_dense_embedding(param, indices, name=None):
                         f"ids")
     with tf.name_scope(name or "all2all_dense_embedding"):
         indices = tf.convert_to_tensor(indices)
+        if _shapes_only([param]):
+            out = tf.zeros(tf.concat([tf.shape(indices), [param.dimension]], 0), param.dtype)
+            out.set_shape(indices.shape.concatenate([param.dimension]))
+            return out
         # Named here: the lookup below would name its own argument, sp_ids[0].
         if indices.dtype not in (tf.int32, tf.int64):
             raise TypeError(f"indices must hold int32 or int64 ids; got {indices.dtype.name}")
@@ -846,6 +855,27 @@ def all2all_dense_embedding(param, indices, name=None):
         out = tf.reshape(rows, tf.concat([tf.shape(indices), tf.shape(rows)[1:]], 0))
         out.set_shape(indices.shape.concatenate(rows.shape[1:]))
         return out
+
+
+def _shapes_only(params):
+    """Whether this call only needs its outputs' shapes: Keras 3 traces a
+    model's call into a scratch graph before fit / evaluate /
+    train_on_batch (its symbolic build), outside strategy.run, where tables
+    sharded over a MirroredStrategy's replicas have no shard to read. The
+    lookup then gives zero rows of the right shape, as a Keras layer's call
+    gives symbolic outputs there: that graph never runs. Anywhere else such
+    a table outside strategy.run stays an error naming it."""
+    return (any(isinstance(p, replica_shards.ReplicaShards) for p in params)
+            and not replica_shards.in_replica() and compat.in_keras3_symbolic_build())
+
+
+def _rows_of_zeros(table, splits):
+    """[samples, dimension] zeros in `table`'s dtype, a sample per row_splits entry."""
+    rows = tf.zeros(tf.stack([tf.size(splits, out_type=tf.int64) - 1,
+                              tf.constant(table.dimension, tf.int64)]), table.dtype)
+    rows.set_shape([splits.shape[0] - 1 if splits.shape[0] is not None else None,
+                    table.dimension])
+    return rows
 
 
 def _single_worker_dynamic(param):

@@ -13,6 +13,7 @@ import re
 import tensorflow as tf
 
 from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
+    in_keras3_symbolic_build,
     KERAS_MAJOR_VERSION,
     is_keras_optimizer,
     is_keras_optimizer_v2,
@@ -305,6 +306,32 @@ def native_object_class():
     from tensorflow.python.types import internal
 
     return getattr(internal, "NativeObject", object)
+
+
+def check_sparse_gradients_finite_as_tf2():
+    """TF 1.x's mixed-precision loss scale (tf.compat.v1's
+    MixedPrecisionLossScaleOptimizer, Keras' LossScaleOptimizer) checks
+    that every gradient is finite by converting it to a dense tensor: a
+    DynamicVariable's gradient (IndexedSlices of keys, which have no dense
+    shape) failed with "Tensor conversion requested for IndexedSlices
+    without dense_shape", naming no table. TF 2.x checks the IndexedSlices'
+    values, which is the same answer for any gradient (the rows a dense
+    tensor would add are zeros); TF 1.x is given that check."""
+    if not tf.__version__.startswith("1."):
+        return
+    try:
+        from tensorflow.python.training.experimental import loss_scale
+    except ImportError:
+        return
+    if not callable(getattr(loss_scale, "_is_all_finite", None)):
+        return
+
+    def _is_all_finite(grads):
+        values = [g.values if isinstance(g, tf.IndexedSlices) else g
+                  for g in grads if g is not None]
+        return tf.reduce_all([tf.reduce_all(tf.math.is_finite(v)) for v in values])
+
+    loss_scale._is_all_finite = _is_all_finite
 
 
 def accept_resource_like_gradient_sources():

@@ -24,6 +24,20 @@ def _keras_version():
 KERAS_MAJOR_VERSION = _keras_version()
 
 
+def in_keras3_symbolic_build():
+    """Whether Keras 3 is calling a model only for the shapes of its outputs:
+    the symbolic build before fit, evaluate or train_on_batch (and
+    compute_output_spec), which traces the call into a scratch graph that
+    never runs, outside any strategy.run."""
+    if KERAS_MAJOR_VERSION < 3:
+        return False
+    try:
+        from keras.src.backend.common.symbolic_scope import in_symbolic_scope
+    except ImportError:  # pragma: no cover - a Keras 3 without it
+        return False
+    return bool(in_symbolic_scope())
+
+
 def keras_saveable_class():
     """The base of what Keras 3's weights files save (model.save_weights,
     model.save, ModelCheckpoint): an object a layer holds as an attribute

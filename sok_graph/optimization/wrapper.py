@@ -927,3 +927,7 @@ class SGD(OptimizerWrapper):
         lr = learning_rate if learning_rate is not None else lr
         check_learning_rate("sok.SGD", lr)
         super().__init__(_PlainSGD(lr))
+
+
+# What mixed precision loss scales do to a dynamic table's gradient (compat).
+compat.check_sparse_gradients_finite_as_tf2()

@@ -148,11 +148,6 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     min_count_counters, min_count_hashes, filter_default.
     """
 
-    # Keras 3 layers read each weight's regularizer (Layer.losses, every
-    # step of Model.fit): a table has none. A 1.x layer lists its table as
-    # its weight, and its fit failed with "no attribute 'regularizer'".
-    regularizer = None
-
     # The tape and tf.Module treat objects with this attribute as resource
     # variables: gradients w.r.t. them are gradients w.r.t. `handle`.
     _should_act_as_resource_variable = True

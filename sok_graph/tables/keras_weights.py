@@ -28,6 +28,13 @@ class KerasWeights(keras_compat.keras_saveable_class()):
     sharded over replicas) is marked `hold_for_keras` and saves nothing of
     its own."""
 
+    # Keras 3 layers read each weight's regularizer (Layer.losses, every
+    # step of Model.fit): a table has none. A layer lists the tables it
+    # holds among its weights (a 1.x layer its table, any layer a table
+    # sharded over replicas), and their fit failed with "no attribute
+    # 'regularizer'".
+    regularizer = None
+
     # Keras only walks objects of a kind it knows, each with its list of
     # attributes to skip; "Loss" is known by every Keras 3 release that has
     # KerasSaveable, and skips least. The attributes it walks are a

@@ -193,11 +193,6 @@ class Variable(_ResourceVariable, KerasWeights):
       as a DynamicVariable's do.
     """
 
-    # Keras 3 layers read each weight's regularizer (Layer.losses, every
-    # step of Model.fit): a table has none. A 1.x layer lists its table as
-    # its weight, and its fit failed with "no attribute 'regularizer'".
-    regularizer = None
-
     @property
     def path(self):
         """Keras 3 variables have a path (their name in Keras' files); a sok

@@ -182,7 +182,25 @@ _open_scopes = 0                # over all threads
 
 
 def _scope_active():
-    return getattr(_state, "depth", 0) > 0
+    """Whether an OptimizerScope covers this thread's optimizer calls: one
+    opened in this thread, or, in a MirroredStrategy replica's thread, one
+    open in any thread. MirroredStrategy runs each replica of
+    `strategy.run` (and so of Keras' `Model.fit`) in a thread of its own
+    while the calling thread, which opened the scope, waits for them; a
+    replica thread does not name the thread that started it, so any open
+    scope counts there."""
+    if getattr(_state, "depth", 0) > 0:
+        return True
+    return _open_scopes > 0 and _in_mirrored_replica_thread()
+
+
+def _in_mirrored_replica_thread():
+    # The class moved from mirrored_strategy (TF 1.15) to mirrored_run (TF 2.2+).
+    # The name is compared, not imported, so that a TensorFlow without either
+    # module simply has no replica threads.
+    cls = type(threading.current_thread())
+    return cls.__name__ == "_MirroredReplicaThread" and cls.__module__.startswith(
+        ("tensorflow.python.distribute.", "tensorflow_core.python.distribute."))
 
 
 def _optimizer_methods():
