@@ -13,6 +13,7 @@ import tensorflow as tf
 
 import sok_graph as sok
 from sok_graph import compat
+from sok_graph.tables.dynamic import NoDenseValueError
 
 TF1 = tf.__version__.startswith("1.")
 KERAS3 = compat.KERAS_MAJOR_VERSION >= 3
@@ -20,6 +21,56 @@ V1 = tf.compat.v1
 
 
 # ------------------------------------------------------------ mixed precision
+
+def _keras_optimizers_given_a_dynamic_table():
+    """name -> (make, trains): Keras' own optimizers a script may give a
+    DynamicVariable's gradient outside sok.OptimizerScope; `trains`: it
+    updates the table as a tf.Variable (else it must refuse it by name)."""
+    if not tf.executing_eagerly():
+        return {}
+    found = {"sgd": (lambda: tf.keras.optimizers.SGD(0.1), KERAS3)}
+    legacy = getattr(tf.keras.optimizers, "legacy", None)
+    if legacy is not None and not KERAS3:  # TF 2.11-2.15: OptimizerV2 beside the newer one
+        found["legacy_sgd"] = (lambda: legacy.SGD(0.1), False)
+    mixed = getattr(tf.keras, "mixed_precision", None)
+    if hasattr(mixed, "LossScaleOptimizer"):
+        inner = legacy.SGD if legacy is not None and not KERAS3 else tf.keras.optimizers.SGD
+        found["loss_scale_sgd"] = (lambda: mixed.LossScaleOptimizer(inner(0.1)), False)
+    return found
+
+
+@pytest.mark.parametrize("kind", sorted(_keras_optimizers_given_a_dynamic_table()) or ["none"])
+def test_a_keras_optimizer_given_a_dynamic_table_trains_it_or_names_it(kind):
+    """Keras 2's SGD (no slots, so nothing refused the table while making
+    them) failed in TensorFlow's scatter with "Trying to access a handle's
+    resource using the wrong type ... TableResource" (OptimizerV2) or
+    "Cannot convert a partially known TensorShape (None, 2) to a Tensor";
+    Keras 3's LossScaleOptimizer (what fit uses under mixed_float16) with
+    "Tried to convert 'dims' to a tensor and failed": no word of the table
+    or what to do. Each now trains the table as a tf.Variable (Keras 3's
+    SGD) or raises a NoDenseValueError naming it, the table unchanged."""
+    cases = _keras_optimizers_given_a_dynamic_table()
+    if kind not in cases:
+        pytest.skip("Keras optimizers eagerly (TF 2)")
+    make, trains = cases[kind]
+    table = sok.DynamicVariable(dimension=2, initializer="ones", name="given_" + kind)
+    ids = tf.ragged.constant([[1, 2]], tf.int64)
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(sok.lookup_sparse(table, ids, combiners="sum") * [[1.0, 3.0]])
+    grads = tape.gradient(loss, [table])
+    keys = tf.constant([1, 2], tf.int64)
+    before = table.sparse_read(keys).numpy()
+    if trains:
+        make().apply_gradients(zip(grads, [table]))
+        np.testing.assert_allclose(table.sparse_read(keys).numpy(),
+                                   [[0.9, 0.7], [0.9, 0.7]], rtol=1e-6)
+        return
+    with pytest.raises(NoDenseValueError) as raised:
+        make().apply_gradients(zip(grads, [table]))
+    assert "given_" + kind in str(raised.value) and (
+        "OptimizerScope" in str(raised.value) or "OptimizerWrapper" in str(raised.value))
+    np.testing.assert_array_equal(table.sparse_read(keys).numpy(), before)
+
 
 def _mixed_precision_v1():
     experimental = getattr(V1.train, "experimental", None)

@@ -71,6 +71,22 @@ def _replicas():
     return comm.world_size if getattr(comm, "in_process", False) else 1
 
 
+def _make_keras2_hyperparameters(optimizer):
+    """Keras 2's OptimizerV2 makes its hyperparameters and step variables
+    when they are first read; its own apply_gradients makes them in
+    tf.init_scope. Read first by the wrapper (made, under OptimizerScope,
+    inside a tf.function's step), they were made in that function's graph:
+    under a MirroredStrategy, Keras' fit then failed at its first step with
+    "You must feed a value for placeholder tensor 'cond/else/_1/cond/
+    Placeholder'" (TensorFlow could not lift their initializers out of the
+    function). Made here as Keras makes them."""
+    if compat.is_tf1_optimizer(optimizer) or not hasattr(optimizer, "_create_hypers"):
+        return
+    with tf.init_scope():
+        optimizer._create_hypers()
+        _ = optimizer.iterations
+
+
 class OptimizerWrapper(compat.trackable_base_class()):
     """``OptimizerWrapper(optimizer)``: ``apply_gradients`` works on sok variables.
 
@@ -98,6 +114,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 f"optimizer must be a tf.compat.v1.train or Keras optimizer; got "
                 f"{type(optimizer).__name__}")
         self._optimizer = optimizer
+        _make_keras2_hyperparameters(optimizer)
         self._hp = Hyperparameters(optimizer, tf1_formulas=getattr(optimizer, "tf1_formulas",
                                                                    None))
         if self._hp.refusal and self.refuses_when_made:

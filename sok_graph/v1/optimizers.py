@@ -29,6 +29,8 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat
+from sok_graph.tables import is_dynamic
+from sok_graph.tables.dynamic import NoDenseValueError
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.variables import split_variables
 from sok_graph.optimization.wrapper import (OptimizerWrapper, OwnRule, check_learning_rate,
@@ -377,6 +379,94 @@ def _routing_apply(original):
 
     apply._sok_graph_routing = True
     return apply
+
+
+# ------------------------------------- dynamic tables given to Keras itself
+
+def _refuse_dynamic_tables(optimizer, method, variables, way_out):
+    for v in variables:
+        if is_dynamic(v):
+            raise NoDenseValueError(
+                f"DynamicVariable {getattr(v, '_name', v.name)!r}: "
+                f"{type(optimizer).__name__}.{method} cannot update a dynamic table itself (its "
+                f"gradient holds rows by key, with no dense shape, which this optimizer needs): "
+                f"{way_out}")
+
+
+_OUTSIDE_SCOPE = ("call it inside `with sok.OptimizerScope(tables):`, or apply the tables' "
+                  "gradients with sok.OptimizerWrapper(optimizer)")
+
+
+def _refusing_outside_scope(original):
+    """Keras 2's apply_gradients that, outside any OptimizerScope, refuses
+    a DynamicVariable by name. Keras 2's optimizers with slots refused it
+    when making them (NoDenseValueError); its SGD without momentum has none
+    and failed deeper, naming neither the table nor the scope: OptimizerV2
+    with "Trying to access a handle's resource using the wrong type ...
+    TableResource", the newer optimizer with "Cannot convert a partially
+    known TensorShape (None, 2) to a Tensor". Inside a scope the routing
+    above takes the tables out before this runs."""
+
+    @functools.wraps(original)
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        if _scope_active():
+            return original(self, grads_and_vars, *args, **kwargs)
+        pairs = list(grads_and_vars)
+        _refuse_dynamic_tables(self, "apply_gradients", [v for _, v in pairs], _OUTSIDE_SCOPE)
+        return original(self, pairs, *args, **kwargs)
+
+    return apply_gradients
+
+
+def _refusing_in_loss_scale(original):
+    """Keras 3's LossScaleOptimizer.apply (what fit calls under a
+    mixed_float16 policy) that refuses a DynamicVariable by name: its
+    finite check needs a dense shape of every gradient, and failed with
+    "Tried to convert 'dims' to a tensor and failed. Error: None values not
+    supported". Inside a scope, sok refuses a loss-scale optimizer too
+    (optimization/algorithms.py says what to do instead)."""
+
+    @functools.wraps(original)
+    def apply(self, grads, trainable_variables=None):
+        if trainable_variables is not None:
+            trainable_variables = list(trainable_variables)
+            _refuse_dynamic_tables(
+                self, "apply", trainable_variables,
+                "keep the tables' gradients out of it, divide them by its loss scale, and "
+                "apply them with sok.OptimizerWrapper(optimizer.inner_optimizer) where they are "
+                "all finite")
+        return original(self, grads, trainable_variables)
+
+    return apply
+
+
+def _install_dynamic_table_refusals():
+    """Once, at import: the Keras methods above, on the classes defining
+    them. An OptimizerScope's routing wraps these while it is open, and
+    puts them back after."""
+    targets = []
+    if compat.KERAS_MAJOR_VERSION < 3:
+        for base in compat.keras_optimizer_classes():
+            owner = next((c for c in base.__mro__ if "apply_gradients" in c.__dict__), None)
+            if owner is not None and (owner, "apply_gradients", _refusing_outside_scope) \
+                    not in targets:
+                targets.append((owner, "apply_gradients", _refusing_outside_scope))
+    else:
+        try:
+            from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
+        except ImportError:  # pragma: no cover - a Keras 3 without it
+            LossScaleOptimizer = None
+        if LossScaleOptimizer is not None and "apply" in LossScaleOptimizer.__dict__:
+            targets.append((LossScaleOptimizer, "apply", _refusing_in_loss_scale))
+    for cls, name, guard in targets:
+        method = cls.__dict__[name]
+        if not getattr(method, "_sok_graph_refusal", False):
+            guarded = guard(method)
+            guarded._sok_graph_refusal = True
+            setattr(cls, name, guarded)
+
+
+_install_dynamic_table_refusals()
 
 
 class OptimizerScope:
