@@ -6,6 +6,7 @@ evicted by it; LRU ranks by last use, LFU by use count then last use, ties
 by key). A bad input must be an error naming the table and the way out."""
 
 import tempfile
+import time
 
 import numpy as np
 import pytest
@@ -410,3 +411,25 @@ def test_a_bounded_table_loaded_from_a_dump_evicts_as_the_one_dumped(policy):
     a = dict(zip(*[t.numpy().tolist() for t in sok.export(first)]))
     b = dict(zip(*[t.numpy().tolist() for t in sok.export(second)]))
     assert a == b
+
+
+def test_rows_imported_with_later_timestamps_are_evicted_before_rows_used_after():
+    """import_rows with timestamps ahead of this machine's clock (a dump
+    from a machine whose clock ran ahead, or the caller's own): the table's
+    clock moves past them, so a key used after the import is the most
+    recently used. It kept the wall clock, and LRU evicted the key just
+    used before the imported ones (the Python model: the keys in order of
+    last use). Timestamps outside [0, 2^62) are refused by name: the clock
+    must count on past the latest."""
+    table = _bounded("lru", tf.int64, "ahead")
+    ahead = int(time.time() * 1e6) + 3600 * 10 ** 6  # an hour ahead
+    held = list(range(10, 10 + CAPACITY))
+    table.import_rows(tf.constant(held, tf.int64), tf.zeros([CAPACITY, 2]),
+                      timestamps=tf.constant([ahead + i for i in range(CAPACITY)], tf.int64))
+    table.sparse_read(tf.constant([1], tf.int64))  # full: evicts the oldest imported, 10
+    table.sparse_read(tf.constant([2], tf.int64))  # evicts 11, not 1, used a call before
+    assert _keys_held(table) == set(held[2:] + [1, 2])
+    for bad in (-1, 2 ** 62):
+        with pytest.raises(tf.errors.InvalidArgumentError, match=r"timestamps must be in"):
+            table.import_rows(tf.constant([5], tf.int64), tf.zeros([1, 2]),
+                              timestamps=tf.constant([bad], tf.int64))

@@ -301,6 +301,7 @@ inline int64_t ImportBatch(DynamicTable& t, const int64_t* keys, int64_t n, cons
                 static_cast<size_t>(dim) * sizeof(float));
     const int64_t e = (*entries)[i];
     t.SetMetadata(e, timestamps ? timestamps[i] : now, frequencies ? frequencies[i] : t.Frequency(e));
+    if (timestamps) t.ClockPast(timestamps[i]);
   }
   return evicted;
 }
@@ -318,6 +319,7 @@ inline int64_t ReplaceBatch(DynamicTable& t, const int64_t* keys, int64_t n, con
       ImportBatch(staged, keys, n, rows, timestamps, frequencies, now, run, error);
   if (evicted < 0) return -1;
   t.SwapEntries(staged);
+  t.ClockPast(staged.now());  // the imported rows' latest timestamp
   return evicted;
 }
 

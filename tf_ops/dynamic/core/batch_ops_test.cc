@@ -592,6 +592,37 @@ TEST_P(BatchOpsTest, ImportOverwritesRowsAndRestoresMetadata) {
   EXPECT_EQ(t.size(), 6);
 }
 
+TEST_P(BatchOpsTest, ImportedTimestampsMoveTheClockPastThem) {
+  // Rows imported with timestamps later than the clock (a dump from a
+  // machine whose clock ran ahead): the next call is later than all of
+  // them, so LRU evicts an imported row before one used after the import.
+  const TableConfig c = Config(2, 3, Eviction::kLru);
+  DynamicTable t(c);
+  std::string error;
+  const std::vector<int64_t> keys = {1, 2};
+  const std::vector<float> rows = {1, 1, 2, 2};
+  const std::vector<int64_t> ts = {5000, 9000};
+  ASSERT_EQ(ImportBatch(t, keys.data(), 2, rows.data(), ts.data(), nullptr, t.Tick(100), run_,
+                        &error),
+            0);
+  EXPECT_EQ(t.now(), 9000);
+  std::vector<float> tmp(2);
+  const int64_t three = 3;
+  ASSERT_EQ(FindOrInsertBatch(t, &three, 1, t.Tick(200), tmp.data(), run_, &error), 0);
+  EXPECT_EQ(Ts(t, 3), 9001);
+  // Full: a fourth key evicts the least recently used, 1 (5000), not 3.
+  const int64_t four = 4;
+  std::vector<int64_t> evicted;
+  ASSERT_EQ(FindOrInsertBatch(t, &four, 1, t.Tick(300), tmp.data(), run_, &error, &evicted), 1);
+  EXPECT_EQ(evicted, (std::vector<int64_t>{1}));
+  // A replacing import (a restore) moves the clock the same way.
+  const int64_t five = 5;
+  const int64_t later = 20000;
+  ASSERT_EQ(ReplaceBatch(t, &five, 1, rows.data(), &later, nullptr, t.Tick(400), run_, &error),
+            0);
+  EXPECT_EQ(t.Tick(500), later + 1);
+}
+
 TEST_P(BatchOpsTest, ScatterAndImportReportTheKeysTheyEvict) {
   // A full table of 3 (1 used first): a write of a held key evicts nothing,
   // a write of a new key evicts the oldest, and both name what they evict.

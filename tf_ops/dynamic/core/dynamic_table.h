@@ -71,6 +71,14 @@ class DynamicTable {
     return now_;
   }
 
+  // Moves the clock to `timestamp` if it is later: rows imported with their
+  // timestamps (a dump from a machine whose clock ran ahead, or timestamps
+  // given by the caller) are then older than every later call's rows.
+  // Without it a row used after such an import looked older than the
+  // imported ones, and LRU evicted it first.
+  void ClockPast(int64_t timestamp) { now_ = std::max(now_, timestamp); }
+  int64_t now() const { return now_; }
+
   // The entry holding `key`, or -1. Safe for concurrent readers.
   int64_t Find(int64_t key) const {
     uint64_t unused;

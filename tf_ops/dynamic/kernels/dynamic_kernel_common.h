@@ -227,6 +227,8 @@ inline ::tensorflow::Status ReadExportArgs(::tensorflow::OpKernelContext* ctx,
 // SokDynamicTableImport's timestamps (input 3) and frequencies (input 4):
 // each empty or one entry per key; frequencies (read on the host) must fit
 // the tables' 32-bit use counts.
+constexpr int64_t kLatestTimestamp = int64_t{1} << 62;
+
 inline ::tensorflow::Status CheckImportMetadata(::tensorflow::OpKernelContext* ctx, int64_t n) {
   for (int i = 3; i <= 4; ++i) {
     const ::tensorflow::Tensor& m = ctx->input(i);
@@ -234,6 +236,18 @@ inline ::tensorflow::Status CheckImportMetadata(::tensorflow::OpKernelContext* c
       return ::tensorflow::errors::InvalidArgument(
           "timestamps and frequencies must be empty or have one entry per key (", n,
           "); got shape ", m.shape().DebugString());
+    }
+  }
+  // Microseconds of the wall clock, as the table's own (now about 2^51):
+  // the table's clock moves past the latest imported one, and must still
+  // count on from there.
+  const ::tensorflow::Tensor& ts = ctx->input(3);
+  for (int64_t i = 0; i < ts.NumElements(); ++i) {
+    const int64_t t = ts.flat<TfInt64>()(i);
+    if (t < 0 || t >= kLatestTimestamp) {
+      return ::tensorflow::errors::InvalidArgument(
+          "timestamps must be in [0, 2^62) (microseconds since 1970); got ", t, " at position ",
+          i);
     }
   }
   const ::tensorflow::Tensor& freq = ctx->input(4);

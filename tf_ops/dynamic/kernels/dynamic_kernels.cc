@@ -423,6 +423,7 @@ REGISTER_KERNEL_BUILDER(
   REGISTER_KERNEL_BUILDER(Name("SokDynamicTableImport")                                  \
                               .Device(DEVICE_GPU)                                        \
                               .HostMemory("table")                                       \
+                              .HostMemory("timestamps")                                  \
                               .HostMemory("frequencies")                                 \
                               .HostMemory("num_evicted")                                 \
                               .TypeConstraint<K>("Tkeys"),                               \

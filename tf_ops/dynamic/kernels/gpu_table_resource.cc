@@ -599,6 +599,25 @@ Status GpuTableResource::CountDistinct(OpKernelContext* ctx, const int64_t* keys
                     "reading the count of keys to import");
 }
 
+// An int64 host tensor of the op's inputs, copied to a temporary on the
+// device (*out: nullptr where it is empty). Through a vector: an input in
+// pinned host memory would be copied truly asynchronously, after this op
+// may have released it.
+static Status ToDevice(OpKernelContext* ctx, const Tensor& host, Tensor* temp,
+                       const int64_t** out, const char* what) {
+  *out = nullptr;
+  if (host.NumElements() == 0) return OkStatus();
+  TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, host.shape(), temp));
+  const TfInt64* h = host.flat<TfInt64>().data();
+  const std::vector<int64_t> staged(h, h + host.NumElements());
+  TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(I64(temp), staged.data(),
+                                                       sizeof(int64_t) * staged.size(),
+                                                       GpuStreamOf(ctx)),
+                                what));
+  *out = I64(temp);
+  return OkStatus();
+}
+
 Status GpuTableResource::Import(OpKernelContext* ctx, const Tensor& keys_in, const Tensor& rows,
                                 bool replace) {
   Tensor widened;
@@ -606,24 +625,19 @@ Status GpuTableResource::Import(OpKernelContext* ctx, const Tensor& keys_in, con
   TF_RETURN_IF_ERROR(KeysAsInt64(ctx, keys_in, &widened, &keys));
   const int64_t n = keys_in.NumElements();
   void* stream = GpuStreamOf(ctx);
+  // Host memory, checked by the op; the table's clock moves past the
+  // latest timestamp (core::DynamicTable::ClockPast).
   const Tensor& ts = ctx->input(3);
-  const Tensor& freq = ctx->input(4);  // host memory, checked by the op
-  Tensor freq_dev;
+  const Tensor& freq = ctx->input(4);
+  Tensor ts_dev, freq_dev;
+  const int64_t* times = nullptr;
   const int64_t* counts = nullptr;
-  if (freq.NumElements() > 0) {
-    TF_RETURN_IF_ERROR(ctx->allocate_temp(::tensorflow::DT_INT64, freq.shape(), &freq_dev));
-    // Through a vector: an input in pinned host memory would be copied
-    // truly asynchronously, after this op may have released it.
-    const TfInt64* f = freq.flat<TfInt64>().data();
-    const std::vector<int64_t> staged(f, f + freq.NumElements());
-    TF_RETURN_IF_ERROR(CudaStatus(sok_gpu_copy_to_device(I64(&freq_dev), staged.data(),
-                                                         sizeof(int64_t) * staged.size(), stream),
-                                  "copying frequencies to the GPU"));
-    counts = I64(&freq_dev);
+  TF_RETURN_IF_ERROR(ToDevice(ctx, ts, &ts_dev, &times, "copying timestamps to the GPU"));
+  TF_RETURN_IF_ERROR(ToDevice(ctx, freq, &freq_dev, &counts, "copying frequencies to the GPU"));
+  int64_t latest = 0;
+  for (int64_t i = 0; i < ts.NumElements(); ++i) {
+    latest = std::max<int64_t>(latest, ts.flat<TfInt64>()(i));
   }
-  const int64_t* times =
-      ts.NumElements() > 0 ? reinterpret_cast<const int64_t*>(ts.flat<TfInt64>().data())
-                           : nullptr;
   SokGpuTableResult result{0, -1};
   // A replace that cannot fit must fail before the table is emptied: only
   // more keys than the table's bound can hold too many distinct ones.
@@ -652,6 +666,7 @@ Status GpuTableResource::Import(OpKernelContext* ctx, const Tensor& keys_in, con
                                         Tick(), follow ? I64(&evicted) : nullptr, &result,
                                         stream);
     TF_RETURN_IF_ERROR(Error(ctx, rc, &result));
+    now_ = std::max(now_, latest);
   }
   if (follow) TF_RETURN_IF_ERROR(DropFromShadows(ctx, I64(&evicted), result.num_evicted));
   return ScalarOutput(ctx, 0, result.num_evicted);
