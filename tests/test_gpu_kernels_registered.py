@@ -62,7 +62,10 @@ GPU_KERNELS = {
                                   "memory_bytes"}),
     "SokDynamicTableExport": ({"Tkeys": {INT32, INT64}}, {"table", "offset", "limit", "updated_after",
                                                    "next_offset"}),
-    "SokDynamicTableImport": ({"Tkeys": {INT32, INT64}}, {"table", "frequencies", "num_evicted"}),
+    # Timestamps and frequencies are checked on the host (and the table's
+    # clock moves past the latest timestamp), then copied over.
+    "SokDynamicTableImport": ({"Tkeys": {INT32, INT64}}, {"table", "timestamps", "frequencies",
+                                                          "num_evicted"}),
     "SokDynamicTableClear": ({}, {"table"}),
     # Both tables' handles; nothing else crosses.
     "SokDynamicTableAddShadow": ({}, {"table", "shadow"}),
