@@ -224,11 +224,14 @@ inline ::tensorflow::Status ReadExportArgs(::tensorflow::OpKernelContext* ctx,
   return OkStatus();
 }
 
-// SokDynamicTableImport's timestamps (input 3) and frequencies (input 4):
-// each empty or one entry per key; frequencies (read on the host) must fit
-// the tables' 32-bit use counts.
+// The bound of an imported timestamp (microseconds, as the tables' own
+// clock, now about 2^51): the clock moves past the latest one imported and
+// must still count on from there.
 constexpr int64_t kLatestTimestamp = int64_t{1} << 62;
 
+// SokDynamicTableImport's timestamps (input 3) and frequencies (input 4):
+// each empty or one entry per key, both read on the host; timestamps in
+// [0, kLatestTimestamp), frequencies within the tables' 32-bit use counts.
 inline ::tensorflow::Status CheckImportMetadata(::tensorflow::OpKernelContext* ctx, int64_t n) {
   for (int i = 3; i <= 4; ++i) {
     const ::tensorflow::Tensor& m = ctx->input(i);
@@ -238,9 +241,6 @@ inline ::tensorflow::Status CheckImportMetadata(::tensorflow::OpKernelContext* c
           "); got shape ", m.shape().DebugString());
     }
   }
-  // Microseconds of the wall clock, as the table's own (now about 2^51):
-  // the table's clock moves past the latest imported one, and must still
-  // count on from there.
   const ::tensorflow::Tensor& ts = ctx->input(3);
   for (int64_t i = 0; i < ts.NumElements(); ++i) {
     const int64_t t = ts.flat<TfInt64>()(i);
