@@ -114,6 +114,14 @@ case "$SOK_TF_VERSION" in
     ;;
   *)
     PY_BASE="${PYTHON:-python3}"
+    # TF >= 2.16: Keras 2 as the tf_keras package too (what TF_USE_LEGACY_KERAS=1
+    # selects; tests/test_tf_keras_legacy.py). Without its dependencies: it
+    # asks for the `tensorflow` wheel, whose files would overwrite
+    # tensorflow-cpu's.
+    tf_minor="${SOK_TF_VERSION#2.}"; tf_minor="${tf_minor%%.*}"
+    if [ "${SOK_TF_VERSION%%.*}" = 2 ] && [ "$tf_minor" -ge 16 ] 2>/dev/null; then
+      NO_DEPS="$NO_DEPS tf_keras~=2.$tf_minor.0"
+    fi
     ;;
 esac
 if [ ! -f "$VENV/.complete" ]; then

@@ -17,6 +17,7 @@ from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
     KERAS_MAJOR_VERSION,
     is_keras_optimizer,
     is_keras_optimizer_v2,
+    is_learning_rate_schedule,
     is_optimizer,
     is_optimizer_base_class,
     is_package_keras_optimizer,

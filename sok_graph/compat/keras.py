@@ -9,9 +9,17 @@ import tensorflow as tf
 
 
 def _keras_version():
+    """The major version of the Keras that tf.keras is: the version of the
+    package tf.keras lives in. With TF_USE_LEGACY_KERAS=1 on TF >= 2.16,
+    tf.keras is tf_keras (Keras 2), which, like Keras 3, hides the version
+    on tf.keras; the `keras` package installed beside it is Keras 3, so
+    asking that one took tf_keras for Keras 3."""
     try:
         keras = tf.keras
         version = getattr(keras, "__version__", None)
+        if version is None:
+            package = sys.modules.get(str(getattr(keras, "__name__", "")).split(".")[0])
+            version = getattr(package, "__version__", None)
         if version is None:
             import keras as keras_pkg  # Keras 3 hides the version on tf.keras
 
@@ -144,6 +152,23 @@ def is_package_keras_optimizer(opt):
     for cls in type(opt).__mro__:
         if is_optimizer_base_class(cls):
             return callable(getattr(opt, "apply_gradients", None))
+    return False
+
+
+def is_learning_rate_schedule(lr):
+    """A Keras LearningRateSchedule: tf.keras' own, or one of the tf_keras or
+    keras package beside it (recognised by package and class name, as
+    is_package_keras_optimizer recognises optimizers): under Keras 3 a
+    script may import tf_keras for its optimizers and schedules, whose
+    classes are not tf.keras'."""
+    schedules = getattr(getattr(tf.keras, "optimizers", None), "schedules", None)
+    base = getattr(schedules, "LearningRateSchedule", None)
+    if isinstance(base, type) and isinstance(lr, base):
+        return True
+    for cls in type(lr).__mro__:
+        package = (getattr(cls, "__module__", "") or "").split(".")[0]
+        if package in _KERAS_PACKAGES and cls.__name__ == "LearningRateSchedule":
+            return True
     return False
 
 

@@ -80,7 +80,10 @@ def _make_keras2_hyperparameters(optimizer):
     "You must feed a value for placeholder tensor 'cond/else/_1/cond/
     Placeholder'" (TensorFlow could not lift their initializers out of the
     function). Made here as Keras makes them."""
-    if compat.is_tf1_optimizer(optimizer) or not hasattr(optimizer, "_create_hypers"):
+    # A legacy LossScaleOptimizer has _create_hypers but never ran
+    # OptimizerV2.__init__ (no _hypers_created): Hyperparameters refuses it
+    # next, naming it.
+    if compat.is_tf1_optimizer(optimizer) or not hasattr(optimizer, "_hypers_created"):
         return
     with tf.init_scope():
         optimizer._create_hypers()
@@ -232,7 +235,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         with step None, of any step where it does not depend on the step
         (else None); either checked by check_scalar_rate."""
         lr = self._hp.lr
-        if isinstance(lr, tf.keras.optimizers.schedules.LearningRateSchedule):
+        if compat.is_learning_rate_schedule(lr):
             if step is None:
                 return None
             lr = lr(step - 1)

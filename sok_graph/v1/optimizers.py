@@ -451,6 +451,12 @@ def _install_dynamic_table_refusals():
             if owner is not None and (owner, "apply_gradients", _refusing_outside_scope) \
                     not in targets:
                 targets.append((owner, "apply_gradients", _refusing_outside_scope))
+        # Keras 2's LossScaleOptimizerV3 builds its inner optimizer for every
+        # variable before that one's apply_gradients can refuse a table (it
+        # failed with "Cannot convert a partially known TensorShape").
+        for cls in compat.loss_scale_classes_building_every_variable():
+            if "apply_gradients" in cls.__dict__:
+                targets.append((cls, "apply_gradients", _refusing_outside_scope))
     else:
         try:
             from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
