@@ -896,6 +896,19 @@ for optname in ("legacy.SGD", "legacy.Adagrad", "new.SGD"):
         key = "schedule/%s/%s" % (optname, "dynamic" if dynamic else "static")
         attempt(key, lambda: schedule_case(optname, dynamic))
 
+
+
+def outside_scope(optname):
+    opt = make_opt(optname)
+    var = sok.DynamicVariable(dimension=3, name="my_dynamic_table")
+    with tf.GradientTape() as tape:
+        loss = tf.reduce_sum(tf.nn.embedding_lookup(var, tf.constant([5, 9], tf.int64)))
+    opt.apply_gradients(zip(tape.gradient(loss, [var]), [var]))
+    return dict(accepted=True)
+
+
+for optname in ("legacy.SGD", "new.SGD"):
+    attempt("outside_scope/" + optname, lambda: outside_scope(optname))
 '''
 
 
@@ -918,3 +931,14 @@ def test_wrapper_takes_a_tf_keras_learning_rate_schedule_under_keras_3(explicit_
     value = explicit_tf_keras["schedule/" + case]
     reason = _within(1e-6)(case, value)
     assert reason is None, reason
+
+
+@pytest.mark.parametrize("optname", ["legacy.SGD", "new.SGD"])
+def test_an_explicit_tf_keras_optimizer_outside_scope_refuses_a_dynamic_table_by_name(
+        explicit_tf_keras, optname):
+    """Under Keras 3 with tf_keras imported explicitly (after sok_graph), a
+    tf_keras optimizer's own apply_gradients on a DynamicVariable outside
+    the scope: refused naming the table and the way out, as on Keras 2 (the
+    refusals are installed again when a table is made)."""
+    value = explicit_tf_keras["outside_scope/" + optname]
+    assert _refused_naming_the_table(value), value

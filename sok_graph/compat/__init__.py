@@ -24,6 +24,7 @@ from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
     is_tf1_optimizer,
     keras_optimizer_classes,
     loss_scale_classes_building_every_variable,
+    package_keras_optimizer_classes,
     legacy_optimizers_module,
 )
 

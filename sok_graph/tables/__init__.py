@@ -102,10 +102,20 @@ DYNAMIC = "dynamic"
 # by id, weakly: export_serving_delta asks which live tables share a name.
 # (A dict of weak references: tf.Variable subclasses are unhashable.)
 _LIVE = {}
+# Called with each table registered: what must see the classes a script
+# imported after sok_graph (v1/optimizers.py: tf_keras' optimizers).
+_ON_REGISTER = []
+
+
+def on_register(callback):
+    """callback(table) runs for every table registered from now on."""
+    _ON_REGISTER.append(callback)
 
 
 def register(table):
     """Counts `table` among the live tables until it is collected."""
+    for callback in _ON_REGISTER:
+        callback(table)
     key = id(table)
 
     def forget(ref):

@@ -29,7 +29,7 @@ import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat
-from sok_graph.tables import is_dynamic
+from sok_graph.tables import is_dynamic, on_register
 from sok_graph.tables.dynamic import NoDenseValueError
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.variables import split_variables
@@ -445,8 +445,13 @@ def _install_dynamic_table_refusals():
     them. An OptimizerScope's routing wraps these while it is open, and
     puts them back after."""
     targets = []
+    # tf_keras' optimizers (Keras 2 as a package) where a script imported it,
+    # under Keras 3 too: their apply_gradients is Keras 2's.
+    keras2_bases = list(compat.package_keras_optimizer_classes())
     if compat.KERAS_MAJOR_VERSION < 3:
-        for base in compat.keras_optimizer_classes():
+        keras2_bases = list(compat.keras_optimizer_classes()) + keras2_bases
+    if keras2_bases:
+        for base in keras2_bases:
             owner = next((c for c in base.__mro__ if "apply_gradients" in c.__dict__), None)
             if owner is not None and (owner, "apply_gradients", _refusing_outside_scope) \
                     not in targets:
@@ -457,7 +462,7 @@ def _install_dynamic_table_refusals():
         for cls in compat.loss_scale_classes_building_every_variable():
             if "apply_gradients" in cls.__dict__:
                 targets.append((cls, "apply_gradients", _refusing_outside_scope))
-    else:
+    if compat.KERAS_MAJOR_VERSION >= 3:
         try:
             from keras.src.optimizers.loss_scale_optimizer import LossScaleOptimizer
         except ImportError:  # pragma: no cover - a Keras 3 without it
@@ -472,7 +477,19 @@ def _install_dynamic_table_refusals():
             setattr(cls, name, guarded)
 
 
+def _install_for_a_new_table(table):
+    """The refusals again for each table made: a script may import tf_keras
+    after sok_graph. Not while a scope has the methods routed (it puts back
+    the methods it found when it closes); a class first seen then gets its
+    refusal with the next table made outside a scope."""
+    del table
+    with _patch_lock:
+        if _open_scopes == 0:
+            _install_dynamic_table_refusals()
+
+
 _install_dynamic_table_refusals()
+on_register(_install_for_a_new_table)
 
 
 class OptimizerScope:
