@@ -325,9 +325,14 @@ def _reads_rows(param):
     """Whether a static table's rows are gathered before the fused op rather
     than read by it: for variables that act as resource variables without
     owning one handle (tf.distribute's, mixed precision's), which pick a
-    component or cast on every read. Plain resource variables go to the op,
-    which reads their rows in place."""
-    return compat.is_resource_variable(param) and not compat.is_plain_resource_variable(param)
+    component or cast on every read, and for float16 / bfloat16 variables,
+    whose rows the op's GPU kernel widens to float32 (only the batch's
+    distinct rows then, not the table). Plain float32 resource variables go
+    to the op, which reads their rows in place."""
+    if not compat.is_resource_variable(param):
+        return False
+    return not compat.is_plain_resource_variable(param) or \
+        tf.as_dtype(param.dtype).base_dtype != tf.float32
 
 
 def _room_checks(params, dynamic, parts, low_frequency_filter):

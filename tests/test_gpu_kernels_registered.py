@@ -28,8 +28,9 @@ GPU_KERNELS = {
     # int32 ids and keys: registered too, in device memory (a registered
     # kernel's int32 tensors stay on the device unless declared HostMemory).
     # row_splits stay on the device too: checked there, never waited for.
-    "SokFusedLookup": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),
-    "SokFusedLookupGrad": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),
+    # float16 / bfloat16 tables too: widened to float32 on the device.
+    "SokFusedLookup": ({"T": {FLOAT, HALF, BFLOAT16}, "Tindices": {INT32, INT64}}, set()),
+    "SokFusedLookupGrad": ({"T": {FLOAT, HALF, BFLOAT16}, "Tindices": {INT32, INT64}}, set()),
     # The forward's check is reported on the host, next to a GPU lookup.
     "SokLookupCheck": ({}, {"checks"}),
     "SokSparseApply": ({"T": {FLOAT}, "Tindices": {INT32, INT64}}, set()),

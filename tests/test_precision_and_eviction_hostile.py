@@ -271,6 +271,64 @@ def test_low_precision_tables_look_up_and_train_as_tf_variables(table_dtype):
 
 
 
+def _bits(x):
+    """The bit patterns of a 16-bit float tensor (numpy uint16)."""
+    return tf.bitcast(x, tf.uint16).numpy()
+
+
+@pytest.mark.skipif(not tf.config.experimental.list_physical_devices("GPU"),
+                    reason="needs a GPU that TensorFlow sees")
+@pytest.mark.parametrize("table_dtype", ["float16", "bfloat16"])
+def test_low_precision_lookups_on_the_gpu_equal_the_cpus_bit_for_bit(table_dtype):
+    """The fused lookup of a float16 / bfloat16 table on a GPU (its kernels
+    compute in float32 and round once, as the CPU kernel does): outputs and
+    gradients equal the CPU kernel's bit for bit, for every combiner, with
+    weights and max_norm, rows of 4k and other widths, and samples without
+    ids. sok.lookup_sparse on such a sok.Variable runs on the GPU (it failed
+    placement: no GPU kernel for half types) and equals the CPU's rows."""
+    from sok_graph.ops import lookup as lookup_ops
+
+    dtype = tf.as_dtype(table_dtype)
+    rng = np.random.RandomState(3)
+    lengths = rng.randint(0, 6, size=40)
+    ids = tf.constant(rng.randint(0, 50, lengths.sum()), tf.int64)
+    splits = tf.constant(np.concatenate([[0], np.cumsum(lengths)]), tf.int64)
+    weights = tf.constant(rng.uniform(0.1, 3.0, lengths.sum()), dtype)
+    for dim in (8, 3):
+        params = tf.constant(rng.standard_normal((50, dim)) * 2, dtype)
+        upstream = tf.constant(rng.standard_normal((40, dim)), dtype)
+        for combiner, max_norm in (("sum", None), ("mean", 1.5), ("sqrtn", None)):
+            got = {}
+            for device in ("/CPU:0", "/GPU:0"):
+                with tf.device(device):
+                    table = tf.identity(params)
+                    with tf.GradientTape() as tape:
+                        tape.watch(table)
+                        out = lookup_ops.fused_lookup([table], [ids], [splits],
+                                                      weights=[weights], combiners=[combiner],
+                                                      max_norms=[max_norm])[0]
+                    grad = tape.gradient(out, table, output_gradients=upstream)
+                assert device[1:4] in out.device, (device, out.device)
+                got[device] = (_bits(out), grad.indices.numpy(), _bits(grad.values))
+            case = f"dim {dim}, {combiner}, max_norm {max_norm}"
+            for want, have, what in zip(got["/CPU:0"], got["/GPU:0"],
+                                        ("outputs", "gradient ids", "gradient rows")):
+                np.testing.assert_array_equal(have, want, err_msg=f"{what}: {case}")
+    soft = tf.config.get_soft_device_placement()
+    tf.config.set_soft_device_placement(False)  # a CPU fallback would hide a missing kernel
+    try:
+        start = rng.standard_normal((50, 8)).astype(np.float32)
+        ragged = tf.RaggedTensor.from_row_splits(ids, splits)
+        rows = {}
+        for device in ("/CPU:0", "/GPU:0"):
+            with tf.device(device):
+                table = sok.Variable(tf.cast(start, dtype))
+                rows[device] = _bits(sok.lookup_sparse(table, ragged, combiners="mean"))
+        np.testing.assert_array_equal(rows["/GPU:0"], rows["/CPU:0"])
+    finally:
+        tf.config.set_soft_device_placement(soft)
+
+
 _WITH_BETAS = {"adam": lambda: tf.keras.optimizers.Adam(0.01),
                "adamax": lambda: tf.keras.optimizers.Adamax(0.01)}
 

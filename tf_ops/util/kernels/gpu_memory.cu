@@ -2,6 +2,8 @@
 #include <algorithm>
 #include <cstdint>
 
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include "tf_ops/util/kernels/gpu_memory_launcher.h"
@@ -15,11 +17,35 @@ __global__ void FillI64(int64_t* p, int64_t value, int64_t n) {
   }
 }
 
+// What static_cast does, except between float and the 16-bit floats,
+// where the rounding is spelled out: to nearest even.
+template <typename From, typename To>
+struct Cast {
+  __device__ To operator()(From x) const { return static_cast<To>(x); }
+};
+template <>
+struct Cast<__half, float> {
+  __device__ float operator()(__half x) const { return __half2float(x); }
+};
+template <>
+struct Cast<float, __half> {
+  __device__ __half operator()(float x) const { return __float2half_rn(x); }
+};
+template <>
+struct Cast<__nv_bfloat16, float> {
+  __device__ float operator()(__nv_bfloat16 x) const { return __bfloat162float(x); }
+};
+template <>
+struct Cast<float, __nv_bfloat16> {
+  __device__ __nv_bfloat16 operator()(float x) const { return __float2bfloat16_rn(x); }
+};
+
 template <typename From, typename To>
 __global__ void Convert(const From* in, To* out, int64_t n) {
+  const Cast<From, To> cast;
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < n;
        i += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-    out[i] = static_cast<To>(in[i]);
+    out[i] = cast(in[i]);
   }
 }
 
@@ -119,6 +145,18 @@ SOK_EXPORT int sok_gpu_widen_i32(const int32_t* in, int64_t* out, int64_t n, voi
 
 SOK_EXPORT int sok_gpu_narrow_i64(const int64_t* in, int32_t* out, int64_t n, void* stream) {
   return LaunchConvert(in, out, n, stream);
+}
+
+SOK_EXPORT int sok_gpu_16_to_f32(const uint16_t* in, float* out, int64_t n, int bfloat,
+                                 void* stream) {
+  if (bfloat) return LaunchConvert(reinterpret_cast<const __nv_bfloat16*>(in), out, n, stream);
+  return LaunchConvert(reinterpret_cast<const __half*>(in), out, n, stream);
+}
+
+SOK_EXPORT int sok_gpu_f32_to_16(const float* in, uint16_t* out, int64_t n, int bfloat,
+                                 void* stream) {
+  if (bfloat) return LaunchConvert(in, reinterpret_cast<__nv_bfloat16*>(out), n, stream);
+  return LaunchConvert(in, reinterpret_cast<__half*>(out), n, stream);
 }
 
 SOK_EXPORT const char* sok_gpu_error_name(int error) {

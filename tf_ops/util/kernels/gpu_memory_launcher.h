@@ -35,6 +35,12 @@ int sok_gpu_fill_i64(int64_t* p, int64_t value, int64_t n, void* stream);
 // as int32).
 int sok_gpu_widen_i32(const int32_t* in, int64_t* out, int64_t n, void* stream);
 int sok_gpu_narrow_i64(const int64_t* in, int32_t* out, int64_t n, void* stream);
+// Between float32 and TensorFlow's 16-bit floats (half, bfloat16: their
+// bit patterns as uint16_t; `bfloat` 0 for half, 1 for bfloat16), on the
+// device: widening is exact, narrowing rounds to nearest even as Eigen's
+// conversions do on the CPU. For ops whose kernels compute in float32.
+int sok_gpu_16_to_f32(const uint16_t* in, float* out, int64_t n, int bfloat, void* stream);
+int sok_gpu_f32_to_16(const float* in, uint16_t* out, int64_t n, int bfloat, void* stream);
 // Makes CUDA device `device` current on the calling thread (cudaSetDevice):
 // for libraries that take the device from the thread, such as NCCL's
 // communicator set-up.
