@@ -577,12 +577,13 @@ def test_tf1_saver_of_tables_restores_under_another_tensorflow(matrix, writer, r
 
 # TensorFlow reads its own object-based checkpoints across these versions
 # (the static tables' variables come back); the dynamic tables and their
-# admission state must come along, or the restore must say why not. Between
-# TF 2.x versions only: TF 1.15 names a dynamic table's tensors otherwise
-# (".ATTRIBUTES/VARIABLE_VALUE-keys" against ".ATTRIBUTES/-keys"), and a
-# checkpoint of one generation does not restore the tables under the other
-# (docs/reliability.md, open problems).
-CHECKPOINT_PAIRS = [p for p in PAIRS if p[0][0] == "2" and p[1][0] == "2"]
+# admission state must come along, or the restore must say why not. TF 1.15
+# names a dynamic table's tensors otherwise (".ATTRIBUTES/VARIABLE_VALUE-keys"
+# against 2.x's ".ATTRIBUTES/-keys"): it reads 2.x's names as well (it
+# restored nothing there, without an error), but TF 2.x cannot be taught
+# 1.15's, and a 1.15 checkpoint fails under 2.x with "Key ... not found"
+# (docs/reliability.md, open problems): that pair is left out.
+CHECKPOINT_PAIRS = [p for p in PAIRS if p[0][0] == "2"]
 
 
 @pytest.mark.parametrize("writer,reader", CHECKPOINT_PAIRS, ids=_ids(CHECKPOINT_PAIRS))

@@ -478,7 +478,15 @@ def _saveable_modules():
     return saveable_object, base
 
 
-def tensors_saveable_factories(obj, default_name, tensors=None):
+def _tf_checkpoints_serialize_tensors():
+    """Whether TensorFlow's tf.train.Checkpoint asks an object for
+    _serialize_to_tensors itself (2.11 on)."""
+    if IS_TF1:
+        return False
+    return hasattr(_tf2_trackable_base().Trackable, "_serialize_to_tensors")
+
+
+def tensors_saveable_factories(obj, default_name, tensors=None, tensor_dtypes=None):
     """What `obj._gather_saveables_for_checkpoint()` returns for an object
     saved through _serialize_to_tensors / _restore_from_tensors (TF 2.11's
     checkpoint API): one SaveableObject holding a tensor per "-suffix", saved
@@ -488,7 +496,11 @@ def tensors_saveable_factories(obj, default_name, tensors=None):
     build time) names the tensors; object-based checkpoints pass their own.
     TF 1.x's Saver and tf.train.Checkpoint know only this method; TF 2.x's
     Saver asks it before _serialize_to_tensors. tensors: what gives the
-    tensors instead of obj._serialize_to_tensors (a table's plain names)."""
+    tensors instead of obj._serialize_to_tensors (a table's plain names).
+    Before TF 2.11 the factories also read a tf.train.Checkpoint that TF
+    2.11 on wrote (_ReadsTf211Attributes); tensor_dtypes: what gives
+    {name: dtype} of obj._serialize_to_tensors without making its tensors
+    (default: it makes them, once, when such a checkpoint is read)."""
     saveable_object, base = _saveable_modules()
 
     class TensorsSaveable(saveable_object.SaveableObject):
@@ -505,7 +517,82 @@ def tensors_saveable_factories(obj, default_name, tensors=None):
         return TensorsSaveable(name or default_name())
 
     # VARIABLE_VALUE_KEY: a Saver keeps the object's own name.
-    return {base.VARIABLE_VALUE_KEY: factory}
+    factories = {base.VARIABLE_VALUE_KEY: factory}
+    if _tf_checkpoints_serialize_tensors():
+        return factories  # asked only by Savers, which name tensors as before
+    if tensor_dtypes is None:
+        def tensor_dtypes():
+            return {name: t.dtype for name, t in obj._serialize_to_tensors().items()}
+    return _ReadsTf211Attributes(factories, obj, tensor_dtypes)
+
+
+class _TensorOf(object):
+    """One tensor of an object's checkpoint, as the `op` of its saveable."""
+
+    def __init__(self, obj, local):
+        self.obj, self.local = obj, local
+        self.name = "%s%s" % (getattr(obj, "name", "") or "", local)
+
+
+class _ReadsTf211Attributes(dict):
+    """An object's saveable factories (tensors_saveable_factories) before TF
+    2.11, also answering the attribute names of a tf.train.Checkpoint that
+    TF 2.11 on wrote. Before 2.11 a checkpoint holds one attribute per
+    object, "VARIABLE_VALUE", whose tensors are named ".../VARIABLE_VALUE"
+    + suffix; from 2.11 it holds an attribute per tensor, named by the
+    suffix itself (".../-keys"). Restoring, TensorFlow asks the factories
+    for each attribute of the file by name (dict.get): those names were not
+    here, so a 2.11 checkpoint restored under TF 1.15 left the object as it
+    was, without an error. Asked for one of them, get answers a saveable of
+    that one tensor; the object is restored once every one of its tensors
+    has come (TensorFlow hands them to the saveables one by one, in one
+    restore). Saving, TensorFlow lists the factories (items()): only
+    VARIABLE_VALUE, so what is written is unchanged."""
+
+    def __init__(self, factories, obj, tensor_dtypes):
+        super().__init__(factories)
+        self._obj = obj
+        self._tensor_dtypes = tensor_dtypes
+        self._dtypes = None
+        self._arrived = {}
+
+    def get(self, name, default=None):
+        if name in self:
+            return dict.get(self, name)
+        if self._dtypes is None:
+            self._dtypes = dict(self._tensor_dtypes())
+        if name not in self._dtypes:
+            return default
+        return lambda name=None, _local=name: self._one_tensor(_local, name)
+
+    def _one_tensor(self, local, checkpoint_key):
+        saveable_object, _ = _saveable_modules()
+        obj, dtype, arrive = self._obj, self._dtypes[local], self._arrive
+
+        def never_saved():
+            raise AssertionError(f"{checkpoint_key} is only restored here, never saved")
+
+        class OneTensor(saveable_object.SaveableObject):
+            def __init__(self):
+                spec = saveable_object.SaveSpec(never_saved, "", checkpoint_key, dtype=dtype,
+                                                device="/cpu:0")
+                # Its own `op`: TensorFlow refuses two saveables of one op
+                # ("The same saveable will be restored with two names").
+                super().__init__(_TensorOf(obj, local), [spec], checkpoint_key)
+
+            def restore(self, restored_tensors, restored_shapes):
+                return arrive(local, restored_tensors[0])
+
+        return OneTensor()
+
+    def _arrive(self, local, tensor):
+        """Keeps `tensor`; the object's restore once all have come, else a
+        no-op."""
+        self._arrived[local] = tensor
+        if set(self._arrived) != set(self._dtypes):
+            return tf.no_op() if not tf.executing_eagerly() else None
+        tensors, self._arrived = self._arrived, {}
+        return self._obj._restore_from_tensors(tensors)
 
 
 def _tf1_trackable_class():

@@ -1156,7 +1156,14 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         if held_by(self, "_replica_holder"):
             return {}  # a replica's shard: its ReplicaShards saves the table
         return compat.tensors_saveable_factories(self, self._saveable_name,
-                                                 tensors=self._table_tensors)
+                                                 tensors=self._table_tensors,
+                                                 tensor_dtypes=self._checkpoint_dtypes)
+
+    def _checkpoint_dtypes(self):
+        """{name: dtype} of _serialize_to_tensors, without exporting."""
+        tag = checkpoint_tag(self)
+        return {tag + "-keys": self._key_type, tag + "-values": tf.float32,
+                tag + "-timestamps": tf.int64, tag + "-frequencies": tf.int64}
 
     def _saveable_name(self):
         """The name a Saver saves the table under: in graph mode the
