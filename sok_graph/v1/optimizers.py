@@ -225,23 +225,25 @@ def _optimizer_methods():
                         owners.append((cls, name))
                     break
     owners += [(cls, "build") for cls in compat.loss_scale_classes_building_every_variable()]
-    if compat.KERAS_MAJOR_VERSION >= 3:
-        # Keras 3 builds an optimizer for model.trainable_variables itself
-        # where a file's state is to be loaded into it (load_model,
-        # BackupAndRestore), and those list sok tables: slots were made for
-        # them (or a dynamic table refused), the file's state no longer
-        # matched and Keras skipped it with a warning. Each optimizer class
-        # makes its slots in its own build: every class that has one.
-        for cls in _keras3_optimizer_classes():
-            if "build" in cls.__dict__ and (cls, "build") not in owners:
-                owners.append((cls, "build"))
+    # Keras builds an optimizer for model.trainable_variables itself where a
+    # file's state is to be loaded into it (Keras 3's load_model and
+    # BackupAndRestore, tf_keras' BackupAndRestore, Keras 2's HDF5
+    # load_model), and those list sok tables: slots were made for them (or
+    # a dynamic table failed with "Cannot convert a partially known
+    # TensorShape"), the file's state no longer matched and Keras skipped it
+    # with a warning. Each optimizer class of Keras 3 and of Keras 2's new
+    # optimizers makes its slots in its own build: every class that has one
+    # (Keras 2's OptimizerV2 has none).
+    for cls in _keras_optimizer_classes():
+        if "build" in cls.__dict__ and (cls, "build") not in owners:
+            owners.append((cls, "build"))
     return owners
 
 
-def _keras3_optimizer_classes():
-    """Every Keras 3 optimizer class defined so far: the base classes (and
-    the optimizer classes they derive from) and all their subclasses, a
-    user's included."""
+def _keras_optimizer_classes():
+    """Every Keras optimizer class defined so far (tf.keras', and tf_keras'
+    where a script imported it): the base classes (and the optimizer
+    classes they derive from) and all their subclasses, a user's included."""
     found = []
     for base in compat.keras_optimizer_classes():
         todo = [base] + [c for c in base.__mro__[1:] if compat.is_optimizer_base_class(c)]
@@ -341,7 +343,8 @@ def _routing(original):
 
 def _routing_build(original):
     """build(var_list) of Keras 2's LossScaleOptimizerV3, and of every Keras 3
-    optimizer, that leaves sok variables out while an OptimizerScope is open
+    or Keras 2 (new) optimizer, that leaves sok variables out while an
+    OptimizerScope is open
     in this thread: it built the inner optimizer for them, full-size Adam
     slots for a static table (never used: the scope routes the table's
     update to the wrapper) and a ValueError ("Cannot convert a partially
