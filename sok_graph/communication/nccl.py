@@ -53,10 +53,10 @@ import glob
 import os
 import sys
 import threading
-import weakref
 
 import tensorflow as tf
 
+from sok_graph import compat
 from sok_graph.ops import collective as collective_ops
 from sok_graph.ops import library
 
@@ -212,8 +212,6 @@ class Transport:
         os.environ.setdefault("NCCL_LAUNCH_MODE", "PARALLEL")
         self.clique = clique
         self.world_size = world_size
-        # graph -> {splits tensor's ref: the splits of the reverse direction}
-        self._reverse_of = weakref.WeakKeyDictionary()
 
     @classmethod
     def local(cls, devices):
@@ -223,7 +221,10 @@ class Transport:
     def _known(self):
         if tf.executing_eagerly():
             return None
-        return self._reverse_of.setdefault(tf.compat.v1.get_default_graph(), {})
+        # {splits tensor's ref: the splits of the reverse direction}, per
+        # graph and communicator
+        known = compat.graph_state(tf.compat.v1.get_default_graph(), "nccl_reverse_splits")
+        return known.setdefault(self.clique, {})
 
     def alltoall(self, tensor, splits, rank, name=None, padded=False):
         """(received rows, received splits [world_size] int64) on `rank`'s

@@ -273,6 +273,20 @@ def anonymous_name():
     return context.anonymous_name()
 
 
+def graph_state(graph, name):
+    """A dict that lives as long as `graph` and no longer: kept on the graph
+    itself. Per-graph state held in a WeakKeyDictionary keyed by the graph
+    kept the graph forever when the state held the graph's own ops or
+    tensors (a value's strong references reach back to its key): every
+    graph sok.Init or an exchange was built in stayed in memory."""
+    attr = "_sok_graph_state_" + name
+    state = getattr(graph, attr, None)
+    if state is None:
+        state = {}
+        setattr(graph, attr, state)
+    return state
+
+
 def trackable_base_class():
     """The base of objects tf.train.Checkpoint and Saver can save
     (through _serialize_to_tensors / _restore_from_tensors): TensorFlow's
@@ -426,13 +440,10 @@ def order_side_effects_per_replica(graph):
         if IS_TF1 or not hasattr(acd, "register_acd_resource_resolver") or \
                 not hasattr(acd, "op_is_stateful"):
             return False
-        import weakref
-
-        # graph -> {replica ("replica_N", or the device for replica 0): its token}
-        state["graphs"] = weakref.WeakKeyDictionary()
-
         def _sok_graph_per_replica_order(op, resource_reads, resource_writes):
-            tokens = state["graphs"].get(op.graph)
+            # A graph's {replica ("replica_N", or the device for replica 0):
+            # its token}, on the graph (graph_state).
+            tokens = getattr(op.graph, "_sok_graph_state_replica_tokens", None)
             if tokens is None or not acd.op_is_stateful(op):
                 return False
             # A MirroredStrategy names replica N's ops "replica_N/..." (N > 0);
@@ -460,7 +471,7 @@ def order_side_effects_per_replica(graph):
             pass
         state["registered"] = True
     if state["registered"]:
-        state["graphs"].setdefault(graph, {})
+        graph_state(graph, "replica_tokens")
     return state["registered"]
 
 
@@ -476,6 +487,55 @@ def _saveable_modules():
     else:
         base = _tf2_trackable_base()
     return saveable_object, base
+
+
+_SAVEABLE_CLASSES = []
+
+
+def _saveable_classes():
+    """(TensorsSaveable, OneTensorSaveable): SaveableObject classes made once.
+    A class made per call (with the object in its closure) was never freed:
+    TensorFlow's tf.nest keeps every class it has seen in a cache, so a
+    tf.compat.v1.train.Saver kept each dynamic table it saved, and its
+    memory, for the life of the process."""
+    if _SAVEABLE_CLASSES:
+        return _SAVEABLE_CLASSES[0]
+    saveable_object, _ = _saveable_modules()
+
+    class TensorsSaveable(saveable_object.SaveableObject):
+        """All of obj's tensors (`given`: {suffix: tensor}), saved under
+        name + suffix and restored through obj._restore_from_tensors."""
+
+        def __init__(self, obj, given, name):
+            self._suffixes = sorted(given)
+            specs = [saveable_object.SaveSpec(given[s], "", name + s) for s in self._suffixes]
+            super().__init__(obj, specs, name)
+
+        def restore(self, restored_tensors, restored_shapes):
+            return self.op._restore_from_tensors(dict(zip(self._suffixes, restored_tensors)))
+
+    class OneTensorSaveable(saveable_object.SaveableObject):
+        """One tensor of an object, only restored (_ReadsTf211Attributes):
+        `arrive(local, tensor)` gets it."""
+
+        def __init__(self, obj, local, dtype, checkpoint_key, arrive):
+            self._local, self._arrive = local, arrive
+            spec = saveable_object.SaveSpec(_never_saved, "", checkpoint_key, dtype=dtype,
+                                            device="/cpu:0")
+            # Its own `op`: TensorFlow refuses two saveables of one op
+            # ("The same saveable will be restored with two names").
+            super().__init__(_TensorOf(obj, local), [spec], checkpoint_key)
+
+        def restore(self, restored_tensors, restored_shapes):
+            return self._arrive(self._local, restored_tensors[0])
+
+    _SAVEABLE_CLASSES.append((TensorsSaveable, OneTensorSaveable))
+    return _SAVEABLE_CLASSES[0]
+
+
+def _never_saved():
+    raise AssertionError("a tensor read from a TF 2.11 checkpoint is only restored, never "
+                         "saved")
 
 
 def _tf_checkpoints_serialize_tensors():
@@ -501,20 +561,12 @@ def tensors_saveable_factories(obj, default_name, tensors=None, tensor_dtypes=No
     2.11 on wrote (_ReadsTf211Attributes); tensor_dtypes: what gives
     {name: dtype} of obj._serialize_to_tensors without making its tensors
     (default: it makes them, once, when such a checkpoint is read)."""
-    saveable_object, base = _saveable_modules()
-
-    class TensorsSaveable(saveable_object.SaveableObject):
-        def __init__(self, name):
-            given = (tensors or obj._serialize_to_tensors)()
-            self._suffixes = sorted(given)
-            specs = [saveable_object.SaveSpec(given[s], "", name + s) for s in self._suffixes]
-            super().__init__(obj, specs, name)
-
-        def restore(self, restored_tensors, restored_shapes):
-            return obj._restore_from_tensors(dict(zip(self._suffixes, restored_tensors)))
+    _, base = _saveable_modules()
+    saveable_class = _saveable_classes()[0]
 
     def factory(name=None):
-        return TensorsSaveable(name or default_name())
+        given = (tensors or obj._serialize_to_tensors)()
+        return saveable_class(obj, given, name or default_name())
 
     # VARIABLE_VALUE_KEY: a Saver keeps the object's own name.
     factories = {base.VARIABLE_VALUE_KEY: factory}
@@ -566,24 +618,8 @@ class _ReadsTf211Attributes(dict):
         return lambda name=None, _local=name: self._one_tensor(_local, name)
 
     def _one_tensor(self, local, checkpoint_key):
-        saveable_object, _ = _saveable_modules()
-        obj, dtype, arrive = self._obj, self._dtypes[local], self._arrive
-
-        def never_saved():
-            raise AssertionError(f"{checkpoint_key} is only restored here, never saved")
-
-        class OneTensor(saveable_object.SaveableObject):
-            def __init__(self):
-                spec = saveable_object.SaveSpec(never_saved, "", checkpoint_key, dtype=dtype,
-                                                device="/cpu:0")
-                # Its own `op`: TensorFlow refuses two saveables of one op
-                # ("The same saveable will be restored with two names").
-                super().__init__(_TensorOf(obj, local), [spec], checkpoint_key)
-
-            def restore(self, restored_tensors, restored_shapes):
-                return arrive(local, restored_tensors[0])
-
-        return OneTensor()
+        return _saveable_classes()[1](self._obj, local, self._dtypes[local], checkpoint_key,
+                                      self._arrive)
 
     def _arrive(self, local, tensor):
         """Keeps `tensor`; the object's restore once all have come, else a

@@ -24,15 +24,12 @@ built before it, other ranks' included; compat.order_side_effects_per_replica
 limits that to the op's own replica.
 """
 
-import weakref
 
 import tensorflow as tf
 
 from sok_graph import compat
 from sok_graph.ops import library
 
-# graph -> {(clique, rank): the last all-to-all op built there}
-_last_built = weakref.WeakKeyDictionary()
 
 
 def _ordered(clique, rank, build):
@@ -44,7 +41,8 @@ def _ordered(clique, rank, build):
     # In a tf.function, keep TensorFlow from ordering this rank's exchange
     # after another rank's side effects (see compat).
     compat.order_side_effects_per_replica(graph)
-    chain = _last_built.setdefault(graph, {})
+    # {(clique, rank): the last all-to-all op built in this graph}
+    chain = compat.graph_state(graph, "last_alltoall")
     previous = chain.get((clique, rank))
     # An empty list keeps the caller's control dependencies (None would
     # clear them).

@@ -351,6 +351,26 @@ class OptimizerWrapper(compat.trackable_base_class()):
         self._step_variable()
         return list(self._steps.values()) + list(self._slot_vars)
 
+    def _forget_slots_of(self, key):
+        """The callback of the weak reference to the table whose slots are
+        filed under `key` (its id): once the table is gone, its slots go too.
+        An optimizer that outlived its tables kept every dropped table's
+        slots (Adam: two tables of the table's size each) for good."""
+        optimizer = weakref.ref(self)
+
+        def forget(_):
+            self_ = optimizer()
+            if self_ is None:
+                return
+            entry = self_._slots.get(key)
+            if entry is None or entry[0]() is not None:
+                return  # a newer table of that id has its own slots there
+            del self_._slots[key]
+            gone = {id(slot) for slot in entry[1].values()}
+            self_._slot_vars = [s for s in self_._slot_vars if id(s) not in gone]
+
+        return forget
+
     def create_slots(self, var):
         """The slots of sok variable `var` ({name: tf.Variable or
         DynamicVariable}), created on first use; every shard's for a table
@@ -370,7 +390,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 slot = var.make_slot(name, init, start=native[name] if native else None)
                 slots[name] = slot
                 self._slot_vars.append(slot)
-        self._slots[id(var)] = (weakref.ref(var), slots)
+        self._slots[id(var)] = (weakref.ref(var, self._forget_slots_of(id(var))), slots)
         if pending is not None:
             # A Keras 3 weights file loaded before this optimizer first
             # updated the table: its slots and step (dump_load.keras_load).

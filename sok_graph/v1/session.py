@@ -17,7 +17,6 @@ order impossible to miss:
   initializers, and `global_variables_initializer()` is one op doing both.
 """
 
-import weakref
 
 import numpy as np
 import tensorflow as tf
@@ -39,7 +38,14 @@ class _GraphInit:
             self.op = tf.group(self.flag.initializer, name="init")
 
 
-_graph_inits = weakref.WeakKeyDictionary()  # tf.Graph -> _GraphInit
+def _graph_init(graph, make=False):
+    """Init's _GraphInit in `graph` (made when `make`), kept on the graph
+    (compat.graph_state): a WeakKeyDictionary of graphs kept every graph
+    sok.Init was called in, since a _GraphInit holds the graph's ops."""
+    state = compat.graph_state(graph, "init")
+    if make and "init" not in state:
+        state["init"] = _GraphInit()
+    return state.get("init")
 
 
 def _is_int(value):
@@ -84,16 +90,13 @@ def Init(**kwargs):  # noqa: N802 (SOK's name)
     if not compat.v1_graph_mode():
         return None
     graph = tf.compat.v1.get_default_graph()
-    state = _graph_inits.get(graph)
-    if state is None:
-        state = _graph_inits[graph] = _GraphInit()
-    return state.op
+    return _graph_init(graph, make=True).op
 
 
 def init_op(graph=None):
     """Init's op in `graph` (default: the default graph), or None if sok.Init
     was not called while building it."""
-    state = _graph_inits.get(graph or tf.compat.v1.get_default_graph())
+    state = _graph_init(graph or tf.compat.v1.get_default_graph())
     return None if state is None else state.op
 
 
@@ -116,7 +119,7 @@ def check_initialized():
     session that runs them (graph mode); nothing in TF2."""
     if not compat.v1_graph_mode() or serving_mode.active():
         return []
-    state = _graph_inits.get(tf.compat.v1.get_default_graph())
+    state = _graph_init(tf.compat.v1.get_default_graph())
     if state is None:
         return []
     return [tf.debugging.Assert(state.flag.is_initialized(), [_NOT_RUN], name="sok_init_check")]

@@ -441,7 +441,7 @@ def test_dim_attr_mismatch():
 def test_ops_on_uncreated_table_say_run_initializer():
     handle = dyn.handle(f"missing{np.random.randint(1 << 40)}")
     assert not bool(dyn.is_initialized(handle))
-    with pytest.raises(tf.errors.FailedPreconditionError, match="run its initializer first"):
+    with pytest.raises(tf.errors.FailedPreconditionError, match="its initializer has not run"):
         dyn.find_or_insert(handle, tf.constant([1], tf.int64), 2)
 
 
@@ -518,7 +518,7 @@ def test_sessions_have_separate_tables_and_rerun_init_keeps_rows():
         s1.run(init)
         s1.run(add)
         assert not s2.run(ok)
-        with pytest.raises(tf.errors.FailedPreconditionError, match="run its initializer"):
+        with pytest.raises(tf.errors.FailedPreconditionError, match="its initializer has not run"):
             s2.run(read)
         s2.run(init)
         s1.run(init)  # re-running the initializer keeps the table

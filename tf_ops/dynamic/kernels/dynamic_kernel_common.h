@@ -36,8 +36,10 @@ template <typename R>
       ::tensorflow::LookupResource(ctx, ::tensorflow::HandleFromInput(ctx, 0), table);
   if (!s.ok()) {
     return ::tensorflow::errors::FailedPrecondition(
-        "the dynamic table does not exist: run its initializer first (in graph mode, ",
-        "tf.compat.v1.global_variables_initializer()); ", s.ToString());
+        "the dynamic table does not exist: it was deleted (its DynamicVariable was garbage-",
+        "collected while a tf.function or graph still reads it: keep a reference to the ",
+        "table as long as what reads it), or, in graph mode, its initializer has not run ",
+        "(tf.compat.v1.global_variables_initializer()); ", s.ToString());
   }
   return OkStatus();
 }
