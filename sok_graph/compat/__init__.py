@@ -9,6 +9,7 @@ this module instead; nothing else in the package compares version numbers.
 import importlib
 import os
 import re
+import sys
 
 import tensorflow as tf
 
@@ -565,8 +566,11 @@ def tensors_saveable_factories(obj, default_name, tensors=None, tensor_dtypes=No
     saveable_class = _saveable_classes()[0]
 
     def factory(name=None):
+        if name is None:
+            name = default_name()
+            _refuse_a_name_the_saver_holds(obj, name)
         given = (tensors or obj._serialize_to_tensors)()
-        return saveable_class(obj, given, name or default_name())
+        return saveable_class(obj, given, name)
 
     # VARIABLE_VALUE_KEY: a Saver keeps the object's own name.
     factories = {base.VARIABLE_VALUE_KEY: factory}
@@ -576,6 +580,44 @@ def tensors_saveable_factories(obj, default_name, tensors=None, tensor_dtypes=No
         def tensor_dtypes():
             return {name: t.dtype for name, t in obj._serialize_to_tensors().items()}
     return _ReadsTf211Attributes(factories, obj, tensor_dtypes)
+
+
+def _refuse_a_name_the_saver_holds(obj, name):
+    """ValueError when the tf.compat.v1.train.Saver asking for obj's
+    saveable (a list of objects: it asks without a name) already holds
+    another object under `name`. TensorFlow refuses two variables named
+    alike in such a list, but merges the saveables of other objects into its
+    {name: saveable} dict without a check, so one of two tables named alike
+    (or a table and a variable) was left out of the file without an error.
+    The dict is a local of TensorFlow's op_list_to_dict, the caller of the
+    factory two or three frames up: where it is not found (another caller,
+    another TensorFlow), nothing is checked."""
+    frame = sys._getframe(2)
+    for _ in range(6):
+        if frame is None:
+            return
+        if (frame.f_code.co_name == "op_list_to_dict"
+                and frame.f_code.co_filename.endswith("saveable_object_util.py")):
+            break
+        frame = frame.f_back
+    else:
+        return
+    held = frame.f_locals.get("names_to_saveables")
+    other = held.get(name) if isinstance(held, dict) else None
+    del frame
+    if other is None or getattr(other, "op", None) is obj:
+        return
+    raise ValueError(
+        "Two objects saved under one name, %r, were passed to a "
+        "tf.compat.v1.train.Saver: %s and %s. The Saver would keep one and drop the "
+        "other's tensors. Give them different names (the name= they are made with)."
+        % (name, _described(obj), _described(getattr(other, "op", other))))
+
+
+def _described(obj):
+    kind = type(obj).__name__
+    name = getattr(obj, "name", None)
+    return "a %s named %r" % (kind, name) if name else "a %s" % kind
 
 
 class _TensorOf(object):
