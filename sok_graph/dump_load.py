@@ -63,7 +63,7 @@ from sok_graph.tables import (dimension_of, keras_weights, key_metadata_of, kind
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.placement import owned_mask
 from sok_graph.ops import dynamic as dynamic_ops
-from sok_graph.optimization.native_slots import slot_state_for
+from sok_graph.optimization.native_slots import refuse_slots_held_elsewhere, slot_state_for
 from sok_graph.optimization.wrapper import PENDING_OPTIMIZER_STATE, wrappers_with_slots
 
 FORMAT_VERSION = 1
@@ -654,6 +654,8 @@ def dump(path, dump_vars, optimizer=None):
     variables = _check_vars(dump_vars, "dump_vars")
     _same_on_every_worker(variables, "dump_vars", f"sok.dump to {path}", path)
     optimizer = None if optimizer is None else slot_state_for(optimizer)
+    if optimizer is not None:
+        refuse_slots_held_elsewhere(optimizer, variables, "sok.dump")
     # Names too long for the file system are refused on every worker,
     # before anything is read or written, with the names write_dump gives
     # (a stem that repeats gets a suffix): a name refused only where the
@@ -1142,6 +1144,8 @@ def load(path, load_vars, optimizer=None):
     variables = _check_vars(load_vars, "load_vars")
     _same_on_every_worker(variables, "load_vars", f"sok.load of {path}")
     optimizer = None if optimizer is None else slot_state_for(optimizer)
+    if optimizer is not None:
+        refuse_slots_held_elsewhere(optimizer, variables, "sok.load")
     slots = _slot_specs(optimizer)
     # Every shard of a table sharded over replicas has the kind, dimension
     # and global rows of the first.

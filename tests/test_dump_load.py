@@ -546,6 +546,88 @@ def test_dump_before_any_step_still_carries_optimizer_state(tmp_path):
     np.testing.assert_allclose(rows.numpy(), [[0.1, 0.1]])  # Adagrad's initial accumulator
 
 
+def _train_steps(pairs, steps=3):
+    """`steps` steps of sum-of-squares on keys 1..3: each (table, optimizer)
+    of `pairs` trains its table."""
+    ids = tf.ragged.constant([[1, 2], [3]], tf.int64)
+    for _ in range(steps):
+        tables = [t for t, _ in pairs]
+        with tf.GradientTape() as tape:
+            outs = sok.lookup_sparse(tables, [ids] * len(tables), combiners="sum")
+            loss = tf.add_n([tf.reduce_sum(o * o) for o in outs])
+        for (table, opt), grad in zip(pairs, tape.gradient(loss, tables)):
+            opt.apply_gradients([(grad, table)])
+
+
+def _rows(table):
+    return table.sparse_read(tf.constant([1, 2, 3], tf.int64)).numpy()
+
+
+def test_the_optimizer_a_wrapper_wraps_is_refused_where_the_wrapper_holds_the_state(tmp_path):
+    """sok.dump / sok.load given the Keras optimizer that a trained table's
+    sok.OptimizerWrapper wraps: the dump wrote step 0 and zero slots, and
+    the load put the dumped ones where training never reads them, without
+    an error. Both refuse now, before anything is written or changed."""
+    inner = tf.keras.optimizers.Adam(0.1)
+    wrapper = sok.OptimizerWrapper(inner)
+    table = sok.DynamicVariable(2, initializer="1", name="v")
+    _train_steps([(table, wrapper)])
+    path = str(tmp_path / "d")
+    with pytest.raises(ValueError, match=r"sok.dump: the optimizer state of table 'v' is held "
+                                         r"by sok.OptimizerWrapper\(Adam\).*the wrapper, not opt"):
+        sok.dump(path, [table], inner)
+    assert not os.path.exists(path)
+    sok.dump(path, [table], wrapper)
+    before = _rows(table)
+    _train_steps([(table, wrapper)])
+    trained = _rows(table)
+    with pytest.raises(ValueError, match="sok.load: the optimizer state of table 'v'"):
+        sok.load(path, [table], inner)
+    np.testing.assert_array_equal(_rows(table), trained)
+    # The wrapper's load puts back rows, slots and step: the steps after it
+    # are those after the dump, bit for bit.
+    sok.load(path, [table], wrapper)
+    np.testing.assert_array_equal(_rows(table), before)
+    _train_steps([(table, wrapper)])
+    np.testing.assert_array_equal(_rows(table), trained)
+
+
+def test_a_dump_with_another_tables_optimizer_is_refused_naming_the_table(tmp_path):
+    """Two tables trained by two optimizers, dumped with one of them: the
+    other table's state (Adagrad's accumulators) was written as fresh Adam
+    slots, without an error. Now refused; dumped one table per optimizer,
+    a new process (new tables and optimizers) resumes bit for bit."""
+    def make():
+        return (sok.DynamicVariable(2, name="a", initializer="1"),
+                sok.DynamicVariable(2, name="b", initializer="1"),
+                sok.OptimizerWrapper(tf.keras.optimizers.Adam(0.1)),
+                sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1)))
+
+    a, b, opt_a, opt_b = make()
+    _train_steps([(a, opt_a), (b, opt_b)])
+    with pytest.raises(ValueError, match=r"table 'b' is held by sok.OptimizerWrapper\(Adagrad\), "
+                                         r"not by the optimizer given \(sok.OptimizerWrapper"
+                                         r"\(Adam\)\).*dumped and loaded separately"):
+        sok.dump(str(tmp_path / "both"), [a, b], opt_a)
+    assert not os.path.exists(str(tmp_path / "both"))
+    sok.dump(str(tmp_path / "a"), [a], opt_a)
+    sok.dump(str(tmp_path / "b"), [b], opt_b)
+    _train_steps([(a, opt_a), (b, opt_b)])
+    want = _rows(a), _rows(b)
+    a2, b2, opt_a2, opt_b2 = make()
+    sok.load(str(tmp_path / "a"), [a2], opt_a2)
+    sok.load(str(tmp_path / "b"), [b2], opt_b2)
+    _train_steps([(a2, opt_a2), (b2, opt_b2)])
+    np.testing.assert_array_equal(_rows(a2), want[0])
+    np.testing.assert_array_equal(_rows(b2), want[1])
+    # A load into a new optimizer while the old one still lives is allowed
+    # (training may go on with the new one), and it gets the dumped state.
+    opt_b3 = sok.OptimizerWrapper(tf.keras.optimizers.Adagrad(0.1))
+    sok.load(str(tmp_path / "b"), [b], opt_b3)
+    _train_steps([(b, opt_b3)])
+    np.testing.assert_array_equal(_rows(b), want[1])
+
+
 def test_int64_keys_never_wrap_into_an_int32_key_table(tmp_path):
     """Key 2**32 + 5 would become key 5 in an int32-key table: refused before
     the table changes."""

@@ -32,7 +32,8 @@ import tensorflow as tf
 from sok_graph import compat
 from sok_graph.tables import is_dynamic, replica_shards
 from sok_graph.optimization.native_state import NativeSlots
-from sok_graph.optimization.wrapper import OptimizerWrapper, wrapper_for
+from sok_graph.optimization.wrapper import (OptimizerWrapper, _NativeWrapper, wrapper_for,
+                                            wrappers_with_slots)
 
 
 def slot_state_for(optimizer):
@@ -50,6 +51,53 @@ def slot_state_for(optimizer):
                         f"tf.compat.v1.train optimizer; got {type(optimizer).__name__} "
                         f"{optimizer!r}")
     return SlotRouter(optimizer, wrapper_for(optimizer))
+
+
+def refuse_slots_held_elsewhere(state, variables, action):
+    """ValueError when a table of `variables` ({name: table}) has no slots
+    in `state` (slot_state_for's answer for the optimizer given to `action`,
+    "sok.dump" or "sok.load") while another optimizer in use holds them:
+    the optimizer that wraps the one given (sok.OptimizerWrapper(opt)
+    trained the table, opt was passed) or, for a dump, any other (two
+    tables trained by two optimizers, dumped with one). A dump wrote fresh
+    slots and step 0 for such a table, and a load with the wrapped
+    optimizer put the dumped ones where training never reads them, both
+    without an error. A load into another optimizer is allowed (training
+    may go on with a new one); a table no optimizer has slots for yet
+    (never trained) takes fresh ones, as before."""
+    own = state._wrapper if isinstance(state, SlotRouter) else state
+    for name, table in variables.items():
+        parts = replica_shards.shards_of(table)
+        if any(state.has_slots(part) for part in parts):
+            continue
+        holders = [w for w in wrappers_with_slots(table) if w is not own]
+        if not holders:
+            continue
+        given = own._optimizer if isinstance(own, _NativeWrapper) else own
+        wraps_given = any(not isinstance(w, _NativeWrapper) and w._optimizer is given
+                          for w in holders)
+        if action != "sok.dump" and not wraps_given:
+            continue
+        raise ValueError(
+            f"{action}: the optimizer state of table '{name}' is held by "
+            f"{' and '.join(_described(w) for w in holders)}, not by the optimizer given "
+            f"({type(given).__name__ if isinstance(own, _NativeWrapper) else _described(own)}): "
+            f"{action} would "
+            f"{'write fresh slots and step 0 for it' if action == 'sok.dump' else 'put its slots and step where its training does not read them'}. "
+            f"Pass the optimizer that trains the table"
+            + ("; for a table trained through sok.OptimizerWrapper(opt), the wrapper, not opt"
+               if wraps_given else
+               "; tables trained by different optimizers are dumped and loaded separately, "
+               "each with its own"))
+
+
+def _described(wrapper):
+    """How a refusal names an OptimizerWrapper: itself, or the native
+    optimizer whose state it keeps under sok.OptimizerScope."""
+    if isinstance(wrapper, _NativeWrapper):
+        return f"{type(wrapper._optimizer).__name__} (the optimizer itself, under sok.OptimizerScope)"
+    return f"sok.OptimizerWrapper({type(wrapper._optimizer).__name__})" if type(
+        wrapper) is OptimizerWrapper else type(wrapper).__name__
 
 
 class SlotRouter:
