@@ -297,8 +297,74 @@ def trackable_base_class():
         return _tf1_trackable_class()
     trackable = _tf2_trackable_base().Trackable
     if hasattr(trackable, "_serialize_to_tensors"):
-        return trackable
+        return _tf211_trackable_class(trackable)
     return _tf1_trackable_class()
+
+
+_TF211_TRACKABLE = []
+
+
+def _tf211_trackable_class(trackable):
+    """TensorFlow's Trackable (2.11 on) reading the checkpoints of the
+    TensorFlows before it too (legacy_saveable_name_on_restore)."""
+    if not _TF211_TRACKABLE:
+        class Trackable(trackable):
+            _LEGACY_SAVEABLE_NAME = legacy_saveable_name_on_restore()
+
+        _TF211_TRACKABLE.append(Trackable)
+    return _TF211_TRACKABLE[0]
+
+
+class _LegacyNameOnRestore(object):
+    """The `_LEGACY_SAVEABLE_NAME` of a class whose objects save through
+    _serialize_to_tensors (TF 2.11 on), so that a tf.train.Checkpoint that
+    TF 1.15 (or 2.6-2.10) wrote restores into them. Those TensorFlows file
+    an object's tensors under one attribute, "VARIABLE_VALUE", as
+    ".ATTRIBUTES/VARIABLE_VALUE-keys"; 2.11 on writes and reads one
+    attribute per tensor, ".ATTRIBUTES/-keys", and such a restore failed
+    whole ("Key .../-keys not found in checkpoint"). TensorFlow's restore
+    reads the prefix of the tensors' names from this attribute
+    (saveable_compat.get_saveable_name, meant for a class migrated from
+    SaveableObjects, which then saves under the old names too). Here it
+    answers "VARIABLE_VALUE" only to that restore, and only for an object
+    the checkpoint files under that one attribute as a prefix of its
+    tensors' names; everywhere else (saving, SavedModel tracing) None, so
+    what is written stays 2.11's."""
+
+    def __get__(self, obj, owner=None):
+        frame = sys._getframe(1)
+        try:
+            for _ in range(3):
+                if frame is None:
+                    return None
+                code = frame.f_code
+                if (code.co_name == "_create_serialize_to_tensor_saveable"
+                        and code.co_filename.endswith("restore.py")):
+                    position = frame.f_locals.get("self")
+                    attributes = getattr(getattr(position, "object_proto", None), "attributes",
+                                         ())
+                    tensors = getattr(getattr(position, "_checkpoint", None), "dtype_map", None)
+                    legacy = _saveable_modules()[1].VARIABLE_VALUE_KEY
+                    # One attribute named so, whose key is no tensor of the
+                    # file but the prefix of its tensors' names: 2.11 on
+                    # name an attribute so only for a tensor of that name
+                    # (a static table's whole rows, ReplicaShards).
+                    if (len(attributes) == 1 and attributes[0].name == legacy
+                            and tensors is not None
+                            and attributes[0].checkpoint_key not in tensors):
+                        return legacy
+                    return None
+                frame = frame.f_back
+            return None
+        finally:
+            del frame
+
+
+def legacy_saveable_name_on_restore():
+    """What a class saved through _serialize_to_tensors sets its
+    `_LEGACY_SAVEABLE_NAME` to (_LegacyNameOnRestore); TensorFlow before
+    2.11 never asks for it."""
+    return _LegacyNameOnRestore()
 
 
 def _tf2_trackable_base():

@@ -1148,6 +1148,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
     # ------------------------------------------------------- tf.train.Checkpoint
     # Saved as four tensors (keys, rows, last-use times, use counts), read
     # with one export; restoring replaces the table's contents.
+    # A checkpoint of TF 1.15 or 2.6-2.10 restores under 2.11 on too.
+    _LEGACY_SAVEABLE_NAME = compat.legacy_saveable_name_on_restore()
+
     def _gather_saveables_for_checkpoint(self):
         # tf.compat.v1.train.Saver's way in (TF 1.x's tf.train.Checkpoint's
         # too); TF 2.x's checkpoints use _serialize_to_tensors directly. The
