@@ -1547,6 +1547,65 @@ def test_a_tf1_build_fn_whose_static_table_has_another_shape_is_refused(tmp_path
     assert not os.path.exists(str(tmp_path / "export"))
 
 
+@pytest.mark.parametrize("serving", [dict(dimension=3), dict(key_type=tf.int32)])
+def test_a_tf1_build_fn_whose_dynamic_table_has_another_dimension_or_key_type_is_refused(
+        tmp_path, serving):
+    """A serving DynamicVariable declared with int32 keys for a table trained
+    with int64 keys: the sorted keys were cast to int32, wrapping 2^32 + 4
+    onto 4 and -2^40 onto 0, so key 0 (never trained) was served -2^40's
+    row, and the cast list, unsorted, lost trained keys to zeros, without
+    an error. Another dimension failed in a feed naming neither. Both are a
+    ValueError naming the table, the dimensions and key types, nothing
+    written."""
+    with tf.Graph().as_default():
+        sok.init()
+        table = sok.DynamicVariable(2, initializer="zeros", name="dv")
+        fill = sok.assign(table, tf.constant([3, 5, 2**32 + 4, -2**40], tf.int64),
+                          tf.constant([[1.0, 1.0], [2.0, 2.0], [3.0, 3.0], [4.0, 4.0]]))
+
+        def build_fn():
+            made = dict(dict(dimension=2, key_type=tf.int64), **serving)
+            served = sok.DynamicVariable(made["dimension"], name="dv", key_type=made["key_type"])
+            ids = tf.compat.v1.placeholder(made["key_type"], [None], name="ids")
+            return {"ids": ids}, {"out": sok.all2all_dense_embedding(served, ids)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(fill)
+            want = (r"dynamic table 'dv' has dimension %d and %s keys; the trained table has "
+                    r"dimension 2 and int64 keys" % (serving.get("dimension", 2),
+                                                     serving.get("key_type", tf.int64).name))
+            with pytest.raises(ValueError, match=want):
+                sok.export_for_serving(build_fn, str(tmp_path / "export"), session=sess)
+    assert not os.path.exists(str(tmp_path / "export"))
+
+
+def test_a_tf1_serving_graph_with_a_table_the_training_did_not_fill_is_refused(tmp_path):
+    """A serving graph whose table (or variable) has no trained value was
+    exported with its initial rows and only a logged warning: on TF 2.21
+    (Keras 3 numbers default layer names across graphs) rebuilding the
+    model's 1.x layers in build_fn named their tables anew and served
+    untrained tables. Now a ValueError naming them, nothing written."""
+    with tf.Graph().as_default():
+        sok.init()
+        trained = sok.DynamicVariable(2, initializer="zeros", name="user")
+        fill = sok.assign(trained, tf.constant([1], tf.int64), tf.ones([1, 2]))
+
+        def build_fn():
+            served = sok.DynamicVariable(2, initializer="zeros", name="user_2")
+            dense = tf.compat.v1.get_variable("head", [2], initializer=tf.ones_initializer())
+            ids = tf.compat.v1.placeholder(tf.int64, [None], name="ids")
+            return {"ids": ids}, {"out": sok.all2all_dense_embedding(served, ids) * dense}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(fill)
+            with pytest.raises(ValueError, match=r"no value for: \['head', 'user_2'\].*variable "
+                                                 r"and table names"):
+                sok.export_for_serving(build_fn, str(tmp_path / "export"), session=sess)
+    assert not os.path.exists(str(tmp_path / "export"))
+
+
 def test_a_graphs_delta_reads_its_default_session(tmp_path):
     """export_serving_delta(session=None) in graph mode reads the tables in
     the default Session, as sok.dump does (an AttributeError about .numpy()
@@ -2033,6 +2092,7 @@ def test_a_delta_that_repeats_a_key_is_refused(tmp_path):
 
     with tf.Graph().as_default():
         user, keys, rows, assign = _assignable_user_in_graph()
+        sok.Variable(np.zeros((4, 2), np.float32), name="item")
 
         build_fn = _serving_build_fn(item=True)
 

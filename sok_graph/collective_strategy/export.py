@@ -20,6 +20,4 @@ def _write_saved_model(export_dir, values, signature_def_fn, assets_extra, as_te
         export_dir, signature_def_fn, values, table_sources or {}, source_runner,
         assets_extra=assets_extra, as_text=as_text, clear_devices=clear_devices,
         strip_default_attrs=strip_default_attrs, rank=comm.rank,
-        # A serving graph variable without a trained value was exported with
-        # its initial value, with only a logged warning.
-        missing_ok=False, what="CollectiveStrategy.export_saved_model")
+        what="CollectiveStrategy.export_saved_model")

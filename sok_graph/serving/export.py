@@ -36,7 +36,7 @@ from sok_graph import communication, context, dump_load
 from sok_graph.communication import agreement
 from sok_graph.dump_load import (no_room_error, remove_dead_writers_tmp, staging_dir,
                                  swap_into_place, writers_take_turns)
-from sok_graph.tables import admission, is_dynamic, replica_shards
+from sok_graph.tables import admission, dimension_of, is_dynamic, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.tables.dynamic import DynamicVariable
 from sok_graph.serving import collective, mode, sources
@@ -655,38 +655,58 @@ def _shards_of_one_table(a, b):
         holder_a() is not None and holder_a() is holder_b()
 
 
-def _refuse_other_static_shapes(tables, table_sources):
-    """A serving graph's static table takes the trained table's rows whole,
-    so it must have its shape: the copy gives a resource variable the rows
-    whatever its declared shape, and an export of a table built with other
-    rows declared that shape while holding the trained rows (serving failed
-    past them, or served rows past the declared ones); another dimension
-    failed in a feed naming neither. Every worker sees the same shapes."""
+def _refuse_tables_unlike_the_trained(tables, table_sources):
+    """A serving graph's table takes the trained table's rows whole, so it
+    must be made like it. A static table must have its shape: the copy
+    gives a resource variable the rows whatever its declared shape, and an
+    export of a table built with other rows declared that shape while
+    holding the trained rows (serving failed past them, or served rows past
+    the declared ones); another dimension failed in a feed naming neither.
+    A dynamic table must have its dimension (a feed's error naming neither,
+    before) and its key type: int64 keys cast to a serving table's int32
+    wrapped onto other keys and unsorted its key list, so keys were served
+    other keys' rows, or zeros, without an error. Every worker sees the
+    same tables."""
     for name, t in tables.items():
         source = table_sources.get(name)
-        if source is None or not isinstance(t, StaticTable):
+        if source is None:
             continue
-        trained = tf.TensorShape(getattr(source, "global_shape", None) or source.shape)
-        if not t.rows.shape.is_compatible_with(trained):
+        if isinstance(t, StaticTable):
+            trained = tf.TensorShape(getattr(source, "global_shape", None) or source.shape)
+            if not t.rows.shape.is_compatible_with(trained):
+                raise ValueError(
+                    f"the serving graph's static table '{name}' has shape {t.rows.shape}; the "
+                    f"trained table has {trained}: build_fn must make it with the trained "
+                    f"table's rows and dimension")
+            continue
+        if not isinstance(t, DynamicTable):
+            continue
+        trained_dim = dimension_of(source)
+        trained_keys = tf.as_dtype(getattr(source, "key_type", tf.int64))
+        if t.dimension != trained_dim or t.key_dtype != trained_keys:
             raise ValueError(
-                f"the serving graph's static table '{name}' has shape {t.rows.shape}; the "
-                f"trained table has {trained}: build_fn must make it with the trained "
-                f"table's rows and dimension")
+                f"the serving graph's dynamic table '{name}' has dimension {t.dimension} and "
+                f"{t.key_dtype.name} keys; the trained table has dimension {trained_dim} and "
+                f"{trained_keys.name} keys: build_fn must make it with the trained table's "
+                f"dimension and key_type")
 
 
 def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_runner,
                             default_row=None, chunk_rows=1 << 20, assets_extra=None,
                             as_text=False, clear_devices=True, strip_default_attrs=True,
-                            rank=0, missing_ok=True, what="export_for_serving"):
+                            rank=0, what="export_for_serving"):
     """The TF1 writer (also CollectiveStrategy.export_saved_model's): builds
     the serving graph with build_fn in serving mode, loads `values` ({variable
     name: array}) and fills the serving tables from `table_sources` ({name:
     sok table of the training graph}, read through source_runner), then rank 0
     writes the SavedModel. Every worker calls it (tables are gathered).
-    missing_ok=False: a variable or table of the serving graph that has no
-    trained value is a ValueError on every worker, before any table is read
-    (else a warning, and it keeps its initial value). what: the caller's
-    name, in the error the other workers raise where rank 0 failed."""
+    A variable or table of the serving graph that has no trained value is
+    a ValueError on every worker, before any table is read: it was a
+    warning, and the export served its initial value (Keras 3 numbers a
+    layer's default name across graphs, so a serving graph that build_fn
+    makes again names its tables anew, and served untrained tables). what:
+    the caller's name, in the error the other workers raise where rank 0
+    failed."""
     # Before any table is read, through the job's communicator (swapped
     # out below while the serving graph is built): the earliest of every
     # worker's clock (serving/collective.py), and rank 0's refusal of
@@ -722,17 +742,18 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
                    if v.op.name not in values and id(v) not in table_vars]
         missing += [name for name in resolver.tables
                     if table_sources.get(name) is None and name not in values]
-        if missing and not missing_ok:
+        if missing:
             # Every worker sees the same names: all refuse, none waits in a gather.
             raise ValueError(
                 f"the serving graph has variables the training left no value for: "
                 f"{sorted(missing)[:10]}{'...' if len(missing) > 10 else ''}; they would be "
                 f"exported with their initial values. The serving graph must use the "
-                f"training graph's variable names")
+                f"training graph's variable and table names (name Keras layers and sok "
+                f"tables: Keras 3 numbers default layer names across graphs)")
         for v in variables:
             if v.op.name in values:
                 v.load(values[v.op.name], sess)
-        _refuse_other_static_shapes(resolver.tables, table_sources)
+        _refuse_tables_unlike_the_trained(resolver.tables, table_sources)
         target = sources.Runner(sess)
         for name, t in resolver.tables.items():
             source = table_sources.get(name)
@@ -745,7 +766,7 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
         if rank == 0:
             try:
                 _write_v1(export_dir, graph, sess, signature_map, main_op, assets_extra, as_text,
-                          clear_devices, strip_default_attrs, resolver, created, missing)
+                          clear_devices, strip_default_attrs, resolver, created)
             except Exception as e:  # told to every worker, then raised
                 failed = e
     _agreed(comm, eager, failed, what=what)
@@ -753,13 +774,9 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
 
 
 def _write_v1(export_dir, graph, sess, signature_map, main_op, assets_extra, as_text,
-              clear_devices, strip_default_attrs, resolver, created, missing):
+              clear_devices, strip_default_attrs, resolver, created):
     """Rank 0's part of a TF1 export: the SavedModel of the serving graph
     (its variables and tables filled in `sess`), written whole."""
-    if missing:
-        tf.compat.v1.logging.warning(
-            "export_for_serving: no trained value for %s; they keep their initial "
-            "values", missing)
     refused = _refusal(export_dir, tf1=True)  # as TensorFlow's Builder: never over an export
     if refused is not None:
         raise refused
