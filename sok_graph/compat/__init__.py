@@ -332,32 +332,39 @@ class _LegacyNameOnRestore(object):
     what is written stays 2.11's."""
 
     def __get__(self, obj, owner=None):
-        frame = sys._getframe(1)
-        try:
-            for _ in range(3):
-                if frame is None:
-                    return None
-                code = frame.f_code
-                if (code.co_name == "_create_serialize_to_tensor_saveable"
-                        and code.co_filename.endswith("restore.py")):
-                    position = frame.f_locals.get("self")
-                    attributes = getattr(getattr(position, "object_proto", None), "attributes",
-                                         ())
-                    tensors = getattr(getattr(position, "_checkpoint", None), "dtype_map", None)
-                    legacy = _saveable_modules()[1].VARIABLE_VALUE_KEY
-                    # One attribute named so, whose key is no tensor of the
-                    # file but the prefix of its tensors' names: 2.11 on
-                    # name an attribute so only for a tensor of that name
-                    # (a static table's whole rows, ReplicaShards).
-                    if (len(attributes) == 1 and attributes[0].name == legacy
-                            and tensors is not None
-                            and attributes[0].checkpoint_key not in tensors):
-                        return legacy
-                    return None
-                frame = frame.f_back
-            return None
-        finally:
-            del frame
+        position = _tensorflow_caller_local("_create_serialize_to_tensor_saveable",
+                                            "restore.py", "self", within=3)
+        attributes = getattr(getattr(position, "object_proto", None), "attributes", ())
+        tensors = getattr(getattr(position, "_checkpoint", None), "dtype_map", None)
+        legacy = _saveable_modules()[1].VARIABLE_VALUE_KEY
+        # One attribute named so, whose key is no tensor of the file but the
+        # prefix of its tensors' names: 2.11 on name an attribute so only
+        # for a tensor of that name (a static table's whole rows,
+        # ReplicaShards).
+        if (len(attributes) == 1 and attributes[0].name == legacy and tensors is not None
+                and attributes[0].checkpoint_key not in tensors):
+            return legacy
+        return None
+
+
+def _tensorflow_caller_local(function, file_suffix, local, within):
+    """Local `local` of the nearest of the `within` callers above the
+    caller of this that is TensorFlow's `function` (in a file ending with
+    `file_suffix`), or None. For hooks TensorFlow calls without the state
+    they must judge by; where TensorFlow's code differs, nothing is
+    found and the hook does what it did before."""
+    frame = sys._getframe(2)
+    try:
+        for _ in range(within):
+            if frame is None:
+                return None
+            code = frame.f_code
+            if code.co_name == function and code.co_filename.endswith(file_suffix):
+                return frame.f_locals.get(local)
+            frame = frame.f_back
+        return None
+    finally:
+        del frame
 
 
 def legacy_saveable_name_on_restore():
@@ -658,19 +665,9 @@ def _refuse_a_name_the_saver_holds(obj, name):
     The dict is a local of TensorFlow's op_list_to_dict, the caller of the
     factory two or three frames up: where it is not found (another caller,
     another TensorFlow), nothing is checked."""
-    frame = sys._getframe(2)
-    for _ in range(6):
-        if frame is None:
-            return
-        if (frame.f_code.co_name == "op_list_to_dict"
-                and frame.f_code.co_filename.endswith("saveable_object_util.py")):
-            break
-        frame = frame.f_back
-    else:
-        return
-    held = frame.f_locals.get("names_to_saveables")
+    held = _tensorflow_caller_local("op_list_to_dict", "saveable_object_util.py",
+                                    "names_to_saveables", within=6)
     other = held.get(name) if isinstance(held, dict) else None
-    del frame
     if other is None or getattr(other, "op", None) is obj:
         return
     raise ValueError(

@@ -73,18 +73,20 @@ def refuse_slots_held_elsewhere(state, variables, action):
         holders = [w for w in wrappers_with_slots(table) if w is not own]
         if not holders:
             continue
-        given = own._optimizer if isinstance(own, _NativeWrapper) else own
+        native_given = isinstance(own, _NativeWrapper)
+        given = own._optimizer if native_given else own
         wraps_given = any(not isinstance(w, _NativeWrapper) and w._optimizer is given
                           for w in holders)
-        if action != "sok.dump" and not wraps_given:
+        dumping = action == "sok.dump"
+        if not dumping and not wraps_given:
             continue
+        harm = ("write fresh slots and step 0 for it" if dumping else
+                "put its slots and step where its training does not read them")
         raise ValueError(
             f"{action}: the optimizer state of table '{name}' is held by "
             f"{' and '.join(_described(w) for w in holders)}, not by the optimizer given "
-            f"({type(given).__name__ if isinstance(own, _NativeWrapper) else _described(own)}): "
-            f"{action} would "
-            f"{'write fresh slots and step 0 for it' if action == 'sok.dump' else 'put its slots and step where its training does not read them'}. "
-            f"Pass the optimizer that trains the table"
+            f"({type(given).__name__ if native_given else _described(own)}): {action} would "
+            f"{harm}. Pass the optimizer that trains the table"
             + ("; for a table trained through sok.OptimizerWrapper(opt), the wrapper, not opt"
                if wraps_given else
                "; tables trained by different optimizers are dumped and loaded separately, "
