@@ -216,12 +216,54 @@ def _session_graph(sess=None):
             graph.finalize()
 
 
+def _graph_of_tables(variables):
+    """The tf.Graph that holds the first of `variables` made in one (a
+    table of a Session's graph); None where they are eager tables (or no
+    list of tables: the function's own checks name it)."""
+    if not isinstance(variables, (list, tuple)):
+        variables = [variables]
+    for var in variables:
+        try:
+            # An eager handle has no graph (AttributeError); a table made
+            # in a tf.function lives outside it (init_scope).
+            graph = var.handle.graph
+        except Exception:  # noqa: BLE001 - not a table: its check comes later
+            continue
+        if isinstance(graph, tf.Graph) and not getattr(graph, "building_function", False):
+            return graph
+    return None
+
+
+def _runs_in_a_session(variables):
+    """Whether a call on `variables` builds ops for a Session to run: in
+    graph mode, or eagerly (TF 2.x) for tables of a tf.Graph, run by the
+    default Session (`with sess.as_default():` without the graph entered,
+    where the eager path failed with TensorFlow's "<tf.Tensor ...> is out
+    of scope", naming neither the table nor the Session)."""
+    if not tf.executing_eagerly():
+        return True
+    graph = _graph_of_tables(variables)
+    if graph is None:
+        return False
+    sess = tf.compat.v1.get_default_session()
+    if sess is None or sess.graph is not graph:
+        raise RuntimeError(
+            f"the tables given live in a tf.Graph (not eagerly), and "
+            f"{'no Session is the default' if sess is None else 'the default Session runs another graph'}"
+            f": call inside `with sess.as_default():` for the Session of that graph")
+    return True
+
+
 def _in_session_graph(fn):
     """`fn` built in graph mode in the default Session's graph
-    (_session_graph). Each call adds its ops once more."""
+    (_session_graph), also eagerly for tables of a Session's graph
+    (_runs_in_a_session). Each call adds its ops once more. fn takes the
+    tables as its second argument."""
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
-        if tf.executing_eagerly():
+        variables = args[1] if len(args) > 1 else next(iter(
+            v for k, v in kwargs.items() if k.endswith("_vars")), None)
+        if not _runs_in_a_session(variables):
             return fn(*args, **kwargs)
         with _session_graph():
             return fn(*args, **kwargs)
@@ -1758,6 +1800,7 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
     rows (in rank order), so that any of them can publish the increment; in
     graph mode every worker must call it, as every collective."""
     after = dynamic_ops.utc_micros(time_threshold, "time_threshold")
+    _refuse_a_threshold_in_other_units(time_threshold, after)
     if is_sok_variable(sok_vars) or not isinstance(sok_vars, (list, tuple)):
         raise TypeError(f"sok_vars must be a list of sok.DynamicVariable; got "
                         f"{type(sok_vars).__name__}")
@@ -1767,7 +1810,11 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         if "timestamps" not in key_metadata_of(replica_shards.shards_of(var)[0]):
             raise TypeError("incremental_model_dump needs sok.DynamicVariable objects (static "
                             f"tables keep no update times); got {type(var).__name__}")
-    if tf.executing_eagerly():
+    # Eager tables are read at once; a graph's tables (also eagerly, TF 2.x
+    # under `sess.as_default()` alone) by the Session's run below.
+    in_graph = _graph_of_tables(sok_vars) is not None
+    if (sess is not None and tf.executing_eagerly() and not in_graph) or (
+            sess is None and not _runs_in_a_session(sok_vars)):
         values = _run([_updated_rows(var, after, index) for index, var in enumerate(sok_vars)])
         return [k for k, _ in values], [v for _, v in values]
 
@@ -1788,6 +1835,35 @@ def incremental_model_dump(sok_vars, time_threshold, sess=None):
         threshold, fetches = _built_once(("incremental",), tuple(sok_vars), build)
     values = runner.run(fetches, {threshold: after})
     return [k for k, _ in values], [v for _, v in values]
+
+
+_MICROS_A_YEAR = 365 * 86400 * 10 ** 6
+
+
+def _refuse_a_threshold_in_other_units(given, micros):
+    """ValueError for an incremental_model_dump threshold given as a number
+    that is a time of these decades in other units than microseconds: in
+    nanoseconds (time.time_ns(), 1000 times too large: the delta was always
+    empty) or in seconds (time.time(): the first hours of 1970 as
+    microseconds, so every row was in every delta). A datetime, and numbers
+    meant as "before everything" or "after everything" (0, -1, the int64
+    bounds), are not such times."""
+    import datetime
+    import time
+
+    if isinstance(given, datetime.datetime):
+        return
+    now = int(time.time() * 1e6)
+    for unit, factor, call, as_micros in (
+            ("nanoseconds", 10 ** -3, "time.time_ns()",
+             "far in the future (no row would be in the delta)"),
+            ("seconds", 10 ** 6, "time.time()",
+             "in the first hours of 1970 (every row would be in the delta)")):
+        if abs(micros * factor - now) < 50 * _MICROS_A_YEAR:
+            raise ValueError(
+                f"time_threshold={given!r} is a time of these decades in {unit} since the "
+                f"epoch ({call}); it takes microseconds (time.time() * 1e6) or a datetime: as "
+                f"microseconds it is {as_micros}")
 
 
 def _check_session(sess, sok_vars):

@@ -1303,6 +1303,60 @@ def test_periodic_dumps_in_a_session_do_not_grow_its_graph(tmp_path):
     assert dumped == [([0, 1], 2), ([0, 1, 2], 3), ([0, 1, 2, 3], 4)]
 
 
+def test_a_graphs_tables_dump_load_and_delta_under_the_default_session_alone(tmp_path):
+    """TF 2.x runs eagerly under `with sess.as_default():` when the graph
+    is not entered too: sok.dump, sok.load and incremental_model_dump (with
+    or without sess=) of that graph's tables took the eager path and failed
+    with TensorFlow's "<tf.Tensor ...> is out of scope", naming neither the
+    table nor the Session. They run in the Session now, as with the graph
+    entered; the rows are compared with the ones the Session reads."""
+    graph = tf.Graph()
+    with graph.as_default():
+        sok.init(comm_tool="none")
+        v = sok.DynamicVariable(2, initializer="ones", name="s")
+        read = v.sparse_read(tf.constant([1, 2], tf.int64))
+        change = sok.assign(v, tf.constant([1], tf.int64), tf.constant([[5.0, 6.0]]))
+        init = tf.compat.v1.global_variables_initializer()
+    path = str(tmp_path / "d")
+    with tf.compat.v1.Session(graph=graph) as sess:
+        sess.run(init)
+        sess.run(read)
+        with sess.as_default():
+            sok.dump(path, [v])
+            sess.run(change)
+            assert sess.run(read).tolist() == [[5.0, 6.0], [1.0, 1.0]]
+            sok.load(path, [v])
+            for kwargs in ({}, {"sess": sess}):
+                keys, rows = sok.incremental_model_dump([v], 0, **kwargs)
+                got = dict(zip(keys[0].tolist(), rows[0].tolist()))
+                assert got == {1: [1.0, 1.0], 2: [1.0, 1.0]}
+        assert sess.run(read).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+    with pytest.raises(RuntimeError, match=r"call inside `with sess.as_default\(\):`"):
+        sok.dump(str(tmp_path / "e"), [v])  # no Session is the default
+    assert not os.path.exists(tmp_path / "e")
+
+
+def test_a_delta_threshold_in_seconds_or_nanoseconds_is_named(tmp_path):
+    """incremental_model_dump takes microseconds (or a datetime): a threshold
+    of time.time_ns() gave an empty delta every time and one of time.time()
+    every row, without a word. Both are ValueErrors naming time_threshold
+    and the unit; microseconds, 0 and the int64 bound ("after everything")
+    still give their deltas."""
+    sok.init(comm_tool="none")
+    v = sok.DynamicVariable(2, name="when")
+    before = time.time() * 1e6
+    v.sparse_read(tf.constant([1, 2], tf.int64))
+    with pytest.raises(ValueError, match=r"time_threshold=\d+ is a time of these decades in "
+                                         r"nanoseconds .*time.time_ns\(\)"):
+        sok.incremental_model_dump([v], time.time_ns())
+    with pytest.raises(ValueError, match=r"time_threshold=[\d.]+ is a time of these decades in "
+                                         r"seconds .*time.time\(\)"):
+        sok.incremental_model_dump([v], time.time())
+    assert sorted(sok.incremental_model_dump([v], before - 1e6)[0][0].tolist()) == [1, 2]
+    assert sorted(sok.incremental_model_dump([v], 0)[0][0].tolist()) == [1, 2]
+    assert sok.incremental_model_dump([v], 2 ** 63 - 1)[0][0].tolist() == []
+
+
 def test_a_full_file_system_is_named_and_the_previous_dump_stays(tmp_path, monkeypatch):
     """A dump that runs out of room (ENOSPC, simulated at its second file)
     raises an OSError that names the dump, says why a dump needs room for

@@ -1389,6 +1389,124 @@ def test_saver_keeps_the_draws_call_count(tmp_path, mode):
     assert held != _drawn(keys, 0.3, (1, 2))  # call 3 admitted keys of its own
 
 
+@pytest.mark.parametrize("mode", _SAVER_MODES)
+@pytest.mark.parametrize("evict", ["lfu", "lru"])
+def test_saver_keeps_use_counts_and_times_so_a_bounded_table_evicts_as_before(tmp_path, mode,
+                                                                             evict):
+    """A bounded table of 8 rows holds keys 0-7; after the restore one new
+    key evicts one of them. LFU must evict the least used key (1: key k
+    was read k + 1 times, key 0 twenty times), LRU the key read longest
+    ago (3: the last read before the save left it out). The Saver kept keys
+    and rows only, so every restored key had a use count of 0 and was last
+    used at the restore: key 0 was evicted in both cases."""
+    if evict == "lfu":
+        before = [list(range(8))] + [[0]] * 19 + [[k] for k in range(1, 8) for _ in range(k)]
+        evicted = 1
+    else:
+        before = [list(range(8)), [0, 1, 2, 4, 5, 6, 7]]
+        evicted = 3
+    settings = dict(initializer="ones", name="saver_" + evict, var_type="hybrid",
+                    max_capacity=8, evict_strategy=evict)
+    held = _held_after_a_saver_round_trip(mode, settings, before, [[100]], str(tmp_path))
+    assert held == set(range(8)) - {evicted} | {100}
+
+
+def test_saver_restores_each_keys_use_count_and_time(tmp_path):
+    """The restored table's last-use times and use counts are the dumped
+    table's, key by key (read back with sok.export's read_all)."""
+    sok.init(comm_tool="none")
+    var = sok.DynamicVariable(DIM, initializer="ones", name="saver_meta")
+    for keys in ([1, 2, 3], [2, 3], [3], [9]):
+        _filtered_read(var, keys)
+
+    def metadata(table):
+        keys, _, meta = table.read_all()
+        order = np.argsort(keys.numpy())
+        return {m: dict(zip(keys.numpy()[order].tolist(), v.numpy()[order].tolist()))
+                for m, v in meta.items()}
+
+    sok.Saver().dump_to_file(var, str(tmp_path))
+    restored = sok.DynamicVariable(DIM, initializer="zeros", name="saver_meta")
+    _filtered_read(restored, [5])
+    sok.Saver().restore_from_file(restored, str(tmp_path))
+    got, want = metadata(restored), metadata(var)
+    assert got == want
+    assert want["frequencies"] == {1: 1, 2: 2, 3: 3, 9: 1}
+
+
+@pytest.mark.parametrize("where", ["sok_dump", "saver_entry"])
+def test_saver_refuses_a_later_dump_of_a_table_named_table_for_another_table(tmp_path, where):
+    """A dump of one table named "table" read as the earlier one-table layout
+    gave its rows to any table restored from it, which lost its own rows
+    without an error: a sok.dump of such a table, or the directory a Saver
+    keeps it in (filepath given one level too deep). Refused now, the
+    table unchanged; a dump of the earlier layout itself still restores
+    (test_saver_restores_a_dump_of_the_earlier_layout)."""
+    from sok_graph.dump_load import CheckpointError
+
+    sok.init(comm_tool="none")
+    other = sok.DynamicVariable(1, initializer="ones", name="table")
+    other.sparse_read(tf.constant([1, 2], tf.int64))
+    if where == "sok_dump":
+        path = str(tmp_path / "dump")
+        sok.dump(path, [other])
+    else:
+        sok.Saver().dump_to_file(other, str(tmp_path / "saver"))
+        path = str(tmp_path / "saver" / "table")
+    mine = sok.DynamicVariable(1, initializer="zeros", name="user_emb")
+    mine.sparse_read(tf.constant([9], tf.int64))
+    with pytest.raises(CheckpointError, match=r"the dump of one table named 'table' .*not a "
+                                              r"Saver's directory: it holds no 'user_emb'"):
+        sok.Saver().restore_from_file(mine, path)
+    assert sok.export(mine)[0].numpy().tolist() == [9]
+
+
+@pytest.mark.parametrize("kind", ["static", "dynamic"])
+@pytest.mark.parametrize("dense", [True, False], ids=["with_dense", "table_only"])
+def test_a_train_op_run_by_its_name_trains_the_tables(kind, dense):
+    """minimize(loss, global_step, name="train") inside sok.OptimizerScope:
+    the op named "train" (what sess.run("train") and a meta graph imported
+    elsewhere run) and the graph's TRAIN_OP collection were the native
+    update of the dense variable alone, so the table never trained without
+    an error; with the table alone the name was dropped. Both are now the
+    whole update, compared with the same model on a plain tf.Variable."""
+    init_rows = np.full((3, 2), 0.5, np.float32)
+
+    def train_by_name(table_kind):
+        with tf.Graph().as_default() as graph:
+            sok.Init(global_batch_size=1)
+            step = tf.compat.v1.train.get_or_create_global_step()
+            if table_kind == "plain":
+                table = tf.compat.v1.get_variable("t", initializer=init_rows, use_resource=True)
+            elif table_kind == "static":
+                table = sok.Variable(init_rows, name="t")
+            else:
+                table = sok.DynamicVariable(dimension=2, initializer="0.5", name="t")
+            weight = tf.compat.v1.get_variable("d", initializer=np.ones((2, 1), np.float32),
+                                               use_resource=True, trainable=dense)
+            ids = tf.constant([0, 1, 2], tf.int64)
+            rows = tf.nn.embedding_lookup(table, ids)
+            loss = tf.reduce_sum(tf.square(tf.matmul(rows, weight) - 2.0))
+            opt = tf.compat.v1.train.AdagradOptimizer(0.3)
+            with sok.OptimizerScope([table] if table_kind != "plain" else []):
+                returned = opt.minimize(loss, global_step=step, name="train")
+            assert returned.name == "train"
+            assert tf.compat.v1.get_collection(tf.compat.v1.GraphKeys.TRAIN_OP) == [returned]
+            assert graph.get_operation_by_name("train") is returned
+            with tf.compat.v1.Session() as sess:
+                sok.initialize_session(sess)
+                for _ in range(3):
+                    sess.run("train")
+                return sess.run([rows, weight, step])
+
+    want = train_by_name("plain")
+    got = train_by_name(kind)
+    np.testing.assert_allclose(got[0], want[0], **TOL)
+    np.testing.assert_allclose(got[1], want[1], **TOL)
+    assert got[2] == want[2] == 3
+    assert not np.allclose(got[0], init_rows)
+
+
 def test_saver_keeps_each_workers_shard_of_the_filter_state_apart(tmp_path):
     """Every worker dumps its shard's counts with its rows (as in
     test_saver_keeps_each_workers_shard_apart, two shards of one table,

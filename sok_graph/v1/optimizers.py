@@ -267,6 +267,49 @@ def _global_step_of(params, args, kwargs):
     return None
 
 
+def _op_name_of(optimizer, params, args, kwargs):
+    """The name the op of a graph-mode apply_gradients call must have: the
+    `name` given (by keyword, or by position to tf.compat.v1.train's
+    apply_gradients(grads_and_vars, global_step, name)), else a
+    tf.compat.v1.train optimizer's own name, as it names its op; None
+    where neither names one (Keras)."""
+    names = [n for n in params if n not in ("self", "grads_and_vars")]
+    given = dict(zip(names, args))
+    given.update(kwargs)
+    if given.get("name"):
+        return given["name"]
+    return optimizer.get_name() if compat.is_tf1_optimizer(optimizer) else None
+
+
+def _named_update(optimizer, result, name, native=None):
+    """`result`, the whole update of a graph-mode apply_gradients (the sok
+    tables', grouped with the `native` one of the other variables), as the
+    op of `name` (see _op_name_of), and for a tf.compat.v1.train optimizer
+    the graph's TRAIN_OP in place of the native one. The op of that name
+    was the native update of the other variables alone, and the only one
+    in TRAIN_OP: a train op run by name (sess.run("train"), a meta graph
+    imported elsewhere, a tool reading TRAIN_OP) left the tables untrained
+    without an error."""
+    if name is None:
+        return result
+    result = tf.group(result, name=name)
+    if compat.is_tf1_optimizer(optimizer):
+        train_ops = tf.compat.v1.get_collection_ref(tf.compat.v1.GraphKeys.TRAIN_OP)
+        if native is not None:
+            train_ops[:] = [op for op in train_ops if op is not native]
+        train_ops.append(result)
+    return result
+
+
+def _without_name(params, args, kwargs):
+    """(args, kwargs) of an apply_gradients call without its `name`, by
+    keyword or position."""
+    names = [n for n in params if n not in ("self", "grads_and_vars")]
+    if "name" in names and len(args) > names.index("name"):
+        args = args[:names.index("name")] + args[names.index("name") + 1:]
+    return args, {k: v for k, v in kwargs.items() if k != "name"}
+
+
 def _native_kwargs(params, takes_any, kwargs):
     """`kwargs` of an apply_gradients call that the native method with
     parameters `params` takes (Keras 3 has no
@@ -319,6 +362,8 @@ def _routing(original):
             # the replicas' steps went 4, 5, 6 after two steps).
             counted["steps_before"] = steps_before = tf.identity(count)
         result = wrapper.apply_gradients(sok_pairs, **counted)
+        graph = not tf.executing_eagerly()
+        name = _op_name_of(self, params, args, kwargs) if graph else None
         if not others and hasattr(count, "assign_add"):
             # A Keras optimizer counts its steps in `iterations` (what
             # callbacks, schedules and checkpoints read); it stayed 0.
@@ -327,15 +372,19 @@ def _routing(original):
             else:
                 with tf.control_dependencies([result]):
                     result = tf.group(result, count.assign_add(1))
+        native = None
         if others:
             kwargs = _native_kwargs(params, takes_any, kwargs)
-            reads = [steps_before] if "steps_before" in counted \
-                and not tf.executing_eagerly() else []
+            if name is not None and "name" in params:
+                # Its own name: `name` is the whole update's (_named_update).
+                args, kwargs = _without_name(params, args, kwargs)
+                kwargs["name"] = f"{name}_of_tf_variables"
+            reads = [steps_before] if "steps_before" in counted and graph else []
             with tf.control_dependencies(reads):
                 native = update_op(original(self, others, *args, **kwargs))
-            if not tf.executing_eagerly() and native is not None:
+            if graph and native is not None:
                 result = tf.group(result, native)
-        return result
+        return _named_update(self, result, name, native) if graph else result
 
     apply_gradients._sok_graph_routing = True
     return apply_gradients

@@ -15,7 +15,10 @@ copy named `<its name>.tmp-<pid>-<8 hex>` while it is written and
 whose directory would have such a name is refused). Dumping one table
 replaces only that table's files; restoring reads the table of the
 variable's own name and shard. A directory from before this layout (one table's dump directly
-in `filepath`) still restores. A dynamic table's admission filter state
+in `filepath`, named "table") still restores; a dump of a table named "table" that holds
+what that layout never held (a sok.dump, a Saver's table directory) is refused. A dynamic
+table's last-use times and use counts (what LRU and LFU evict by) are dumped and restored
+with its rows, as sok.dump and sok.load keep them. A dynamic table's admission filter state
 (the counts of min_count, the call count of filter_ratio's draws; each
 worker its shard's) is dumped and restored with its rows, as sok.dump and
 sok.load keep it; a dump without it (a Saver's from before it was kept)
@@ -55,8 +58,8 @@ import tensorflow as tf
 
 from sok_graph import context, placement
 from sok_graph.communication import agreement
-from sok_graph.tables import (dimension_of, is_dynamic, kind_of, replica_shards,
-                               rows_from_user)
+from sok_graph.tables import (dimension_of, is_dynamic, key_metadata_of, kind_of,
+                               replica_shards, rows_from_user)
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.dump_load import (_ASIDE, _FILTER_PARTS, _SIBLING_SUFFIX, _TMP, FILTER_CALLS,
                                  CheckpointError, _file_stem, var_name, check_filter_fits,
@@ -320,15 +323,28 @@ def _filter_state_parts(var):
 
 
 def _rows(var):
-    """(keys, rows) tensors of the whole shard, keys in its own numbering."""
-    keys, rows, _ = var.read_all()
-    return tf.cast(var.key_map(keys), tf.int64), rows
+    """(keys, rows, {metadata name: tensor}) of the whole shard, keys in its
+    own numbering; the metadata is what the table keeps per key
+    (key_metadata: a dynamic table's last-use times and use counts)."""
+    keys, rows, metadata = var.read_all()
+    return tf.cast(var.key_map(keys), tf.int64), rows, metadata
 
 
-def _assign(var, keys, rows):
+def _assign(var, keys, rows, metadata):
     """Replaces the shard's contents with `rows` of `keys` in its own
-    numbering (as _rows gives them): it holds exactly those afterwards."""
-    return var.replace_rows(tf.cast(var.global_ids(keys), var.key_dtype), rows)
+    numbering (as _rows gives them): it holds exactly those afterwards.
+    metadata: {name: int64 entries per key} for each of the table's
+    key_metadata; empty entries (a dump from before the Saver kept them)
+    give the table's defaults, as a fresh write does."""
+    keys = tf.cast(var.global_ids(keys), var.key_dtype)
+    return var.replace_rows(keys, rows, **metadata)
+
+
+# A dynamic table's last-use times and use counts are dumped and restored
+# with its rows, as sok.dump and sok.load keep them. The Saver kept keys and
+# rows only: a restored bounded table had every use count at 0 and every
+# key last used at the restore, so LFU evicted the most used key next and
+# LRU the key used last before the dump.
 
 
 def _in_graph_or_now(fn, inputs, out_types, path):
@@ -417,6 +433,30 @@ def _refuse_mixed_shards(name, path, every, own_error):
             f"them; no worker changed the table")
 
 
+def _refuse_a_later_dump_as_the_earlier_layout(path, name, entry):
+    """CheckpointError where `path`, a dump of one table named "table" that
+    restore_from_file of `name` would take for the earlier one-table
+    layout, holds what that layout never did: per-key metadata, admission
+    filter state or optimizer slots. It is then a sok.dump, or the
+    directory a Saver keeps a table named "table" in (a filepath given one
+    level too deep), and its rows are that table's: they went to whatever
+    table was restored from it, which lost its own rows without an error.
+    (A static table's sok.dump without slots has only the earlier layout's
+    parts, and cannot be told from it.)"""
+    if name == _TABLE:
+        return
+    manifest = dump_manifest(path) or {}
+    held = manifest.get("variables", {}).get(_TABLE, {})
+    later = sorted(set(held.get("files", {})) - {"keys", "values"})
+    if later or "filter" in held or FILTER_CALLS in held:
+        raise CheckpointError(
+            f"{path} is the dump of one table named {_TABLE!r} ({later or 'with filter state'} "
+            f"beside its rows: a sok.dump, or the directory a Saver keeps a table of that name "
+            f"in), not a Saver's directory: it holds no {entry!r} for {name!r}; restore "
+            f"{_TABLE!r} from it with sok.load, or give the Saver's filepath (the directory "
+            f"above the tables' directories) (the table was not changed)")
+
+
 class Saver:
     """Saves and restores single sok embedding tables (see the module docstring)."""
 
@@ -434,13 +474,18 @@ class Saver:
         if isinstance(directory, str):
             _refuse_a_dump_at(directory)
 
+        keys, rows, metadata = _rows(var)
+        meta_parts = sorted(metadata)
         state = filter_tensors(var)
         parts = list(state)
 
         def write(path, keys, rows, *rest):
-            # rest: the filter's state (parts), then the save id, if any.
-            save_id = rest[len(parts)] if len(rest) > len(parts) else None
+            # rest: the per-key metadata (meta_parts), the filter's state
+            # (parts), then the save id, if any.
             arrays = {"keys": keys, "values": rows}
+            arrays.update(zip(meta_parts, rest[:len(meta_parts)]))
+            rest = rest[len(meta_parts):]
+            save_id = rest[len(parts)] if len(rest) > len(parts) else None
             arrays.update(filter_arrays(var.admission, dict(zip(parts, rest))))
             path = checked_path(_as_str(path), "Saver.dump_to_file: filepath")
             _refuse_a_dump_at(path)
@@ -462,9 +507,8 @@ class Saver:
                                         if ref() is not None and ref() is not var]
             return np.int32(0)
 
-        keys, rows = _rows(var)
         save_id = _agreed_save_id(var)
-        inputs = [keys, rows] + [state[p] for p in parts] + (
+        inputs = [keys, rows] + [metadata[m] for m in meta_parts] + [state[p] for p in parts] + (
             [] if save_id is None else [save_id])
         result = _in_graph_or_now(write, inputs, tf.int32, directory)
         return None if tf.executing_eagerly() else tf.group(result, name="sok_saver_dump")
@@ -484,6 +528,7 @@ class Saver:
         key_dtype = var.key_dtype
         dtype = tf.as_dtype(var.dtype).base_dtype
         filter_parts = _filter_state_parts(var)
+        meta_parts = list(key_metadata_of(var))
 
         def read(path):
             path = checked_path(_as_str(path), "Saver.restore_from_file: filepath")
@@ -492,6 +537,7 @@ class Saver:
             if not held:
                 here = dumped_names(path)
                 if here == [_TABLE]:  # one table's dump, the earlier layout
+                    _refuse_a_later_dump_as_the_earlier_layout(path, name, entry)
                     target, table, held = path, _TABLE, [_TABLE]
                 elif here:
                     # A sok.dump of several tables, one of them named
@@ -532,8 +578,10 @@ class Saver:
             # converted to the table's: no finite value may become infinite.
             rows = rows_as(arrays["values"], dtype, what, keys, static=fixed is not None)
             state = filter_state(var, arrays)
-            return [keys, rows, manifest.get("save_id", np.nan)] + [state[p] for p in
-                                                                   filter_parts]
+            # Empty where the dump has none (the table's defaults).
+            metadata = [np.asarray(arrays.get(m, np.zeros([0])), np.int64) for m in meta_parts]
+            return [keys, rows, manifest.get("save_id", np.nan)] + metadata + [
+                state[p] for p in filter_parts]
 
         comm = _workers_comm(var)
 
@@ -541,49 +589,57 @@ class Saver:
             """read's keys and rows, with [read it, save id] and the
             refusal's message (b"" where there is none), for the others."""
             try:
-                keys, rows, save_id, *state = read(path)
+                keys, rows, save_id, *rest = read(path)
             except CheckpointError as e:
-                nothing = [np.zeros([0] if p in _FILTER_PARTS else [], np.int64)
-                           for p in filter_parts]
+                nothing = [np.zeros([0] if p in _FILTER_PARTS + tuple(meta_parts) else [],
+                                    np.int64) for p in meta_parts + filter_parts]
                 return [np.zeros([0], np.int64), np.zeros([0, dim], dtype.as_numpy_dtype),
                         np.array([0.0, np.nan]), str(e).encode("utf-8")] + nothing
-            return [keys, rows, np.array([1.0, save_id]), b""] + state
+            return [keys, rows, np.array([1.0, save_id]), b""] + rest
 
         def check(path, every, own):
             own = own.decode("utf-8") if isinstance(own, bytes) else own
             _refuse_mixed_shards(name, path, every, own or None)
             return np.int32(0)
 
+        def split(rest):
+            """({metadata name: entries}, {filter part: state}) of what
+            follows the keys, rows and save id of a read."""
+            return (dict(zip(meta_parts, rest[:len(meta_parts)])),
+                    dict(zip(filter_parts, rest[len(meta_parts):])))
+
         if tf.executing_eagerly():
             if comm is None:
-                keys, rows, _, *state = read(directory)
+                keys, rows, _, *rest = read(directory)
             else:
-                keys, rows, mine, own, *state = read_told(directory)
+                keys, rows, mine, own, *rest = read_told(directory)
                 check(directory, _gathered_reads(comm, tf.constant(mine, tf.float64)).numpy(),
                       own)
-            _assign(var, tf.constant(keys), tf.constant(rows))
-            restore_filter(var, dict(zip(filter_parts, state)))
+            metadata, state = split(rest)
+            _assign(var, tf.constant(keys), tf.constant(rows),
+                    {m: tf.constant(v) for m, v in metadata.items()})
+            restore_filter(var, state)
             return None
-        filter_types = [tf.int64] * len(filter_parts)
+        int64s = [tf.int64] * (len(meta_parts) + len(filter_parts))
         if comm is None:
-            keys, rows, _, *state = _in_graph_or_now(
-                read, [], [tf.int64, dtype, tf.float64] + filter_types, directory)
+            keys, rows, _, *rest = _in_graph_or_now(
+                read, [], [tf.int64, dtype, tf.float64] + int64s, directory)
             checks = []
         else:
-            keys, rows, mine, own, *state = _in_graph_or_now(
-                read_told, [], [tf.int64, dtype, tf.float64, tf.string] + filter_types,
-                directory)
+            keys, rows, mine, own, *rest = _in_graph_or_now(
+                read_told, [], [tf.int64, dtype, tf.float64, tf.string] + int64s, directory)
             checks = [_in_graph_or_now(check, [_gathered_reads(comm, mine), own], tf.int32,
                                        directory)]
         keys.set_shape([None])
         rows.set_shape([None, dim])
-        for part, tensor in zip(filter_parts, state):
-            tensor.set_shape([None] if part in _FILTER_PARTS else [])
+        for part, tensor in zip(meta_parts + filter_parts, rest):
+            tensor.set_shape([None] if part in _FILTER_PARTS + tuple(meta_parts) else [])
         with tf.control_dependencies(checks):
             # Nothing changes before every worker's read passed its checks.
             keys = tf.identity(keys)
-            state = [tf.identity(t) for t in state]
-        ops = [_assign(var, keys, rows)] + restore_filter(var, dict(zip(filter_parts, state)))
+            rest = [tf.identity(t) for t in rest]
+        metadata, state = split(rest)
+        ops = [_assign(var, keys, rows, metadata)] + restore_filter(var, state)
         return tf.group(*ops, name="sok_saver_restore")
 
     def load_embedding_values(self, embedding_variable, tensors):
