@@ -140,6 +140,68 @@ def test_a_dynamic_tables_gradient_lost_in_a_tf_function_loop_is_refused(loop, a
 
 
 @_TF2_ONLY
+@pytest.mark.parametrize("loop", ["for", "map_fn"])
+@pytest.mark.parametrize("apply", ["wrapper", "scope", "session"])
+def test_a_dynamic_tables_gradient_partly_lost_in_a_loop_is_refused(loop, apply):
+    """The same loop, and a read of the table outside it too: the gradient
+    is not None, but holds the outside read's rows alone, so the table
+    trained on that read and never on the loop's, without an error (the
+    rows the loop read stayed as they were, where a plain tf.Variable's
+    moved). Refused by name too now, before anything changes: in a
+    tf.function, and in a tf.compat.v1 graph run by a Session with a
+    tf.compat.v1.train optimizer under OptimizerScope."""
+    def build(table, dense, optimizer):
+        ids = tf.ragged.constant([[0, 1], [5]], dtype=tf.int64)
+
+        def summed():
+            return tf.reduce_sum(sok.lookup_sparse(table, ids, combiners="sum")) * dense
+
+        def loss():
+            if loop == "for":
+                total = tf.constant(0.0)
+                for _ in tf.range(3):
+                    total += summed()
+            else:
+                total = tf.reduce_sum(tf.map_fn(lambda i: summed(), tf.range(3),
+                                                fn_output_signature=tf.float32))
+            outside = sok.lookup_sparse(table, tf.ragged.constant([[7]], dtype=tf.int64),
+                                        combiners="sum")
+            return total + tf.reduce_sum(outside)
+
+        with tf.GradientTape() as tape:
+            value = loss()
+        grads = tape.gradient(value, [table, dense])
+        assert grads[0] is not None and grads[1] is not None
+        if apply == "wrapper":
+            return optimizer.apply_gradients(zip(grads, [table, dense]))
+        with sok.OptimizerScope([table]):
+            return optimizer.apply_gradients(zip(grads, [table, dense]))
+
+    match = (r"DynamicVariable 'half_looped' is read inside a tf.while_loop .* holds the reads "
+             r"outside the loop alone.*would not train on the loop's reads")
+    if apply == "session":
+        with tf.Graph().as_default():
+            sok.init(comm_tool="none")
+            table = sok.DynamicVariable(3, initializer="ones", name="half_looped")
+            dense = tf.compat.v1.get_variable("dense", initializer=2.0, use_resource=True)
+            if loop == "for":  # a `for` over a tensor is AutoGraph's, in a tf.function
+                pytest.skip("a Python `for` over tf.range runs the loop in Python in a graph")
+            with pytest.raises(NotImplementedError, match=match):
+                build(table, dense, tf.compat.v1.train.GradientDescentOptimizer(0.1))
+        return
+    table = sok.DynamicVariable(3, initializer="ones", name="half_looped")
+    dense = tf.Variable(2.0)
+    optimizer = _keras_sgd(0.1)
+    if apply == "wrapper":
+        optimizer = sok.OptimizerWrapper(optimizer)
+    with pytest.raises(NotImplementedError, match=match):
+        tf.function(lambda: build(table, dense, optimizer))()
+    assert float(dense.numpy()) == 2.0
+    keys, rows = sok.export(table)
+    np.testing.assert_array_equal(rows.numpy(), np.ones([len(keys), 3], np.float32))
+
+
+@_TF2_ONLY
 def test_a_dynamic_table_trained_by_a_tape_inside_a_tf_function_loop_trains_as_a_variable():
     """The way that works (Keras' steps_per_execution takes it): the tape
     and the optimizer's step inside the loop body. Two steps of SGD on the

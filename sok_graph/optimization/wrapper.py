@@ -631,14 +631,16 @@ _NO_GRADIENTS = (
 
 
 def refuse_gradients_lost_in_loops(grads_and_vars):
-    """Raises for a dynamic table whose gradient is None because a
-    tf.while_loop read it (DynamicVariable.refuse_a_gradient_lost_in_a_loop):
-    passed over as a variable the loss does not depend on, it never trained."""
+    """Raises for a dynamic table whose gradient lacks what a tf.while_loop
+    that read it contributed (DynamicVariable.refuse_a_gradient_lost_in_a_loop):
+    None, passed over as a variable the loss does not depend on, it never
+    trained; the gradient of its reads outside the loop, it trained on
+    those alone."""
     for g, v in grads_and_vars:
-        if g is None and isinstance(v, replica_shards.ReplicaShards):
+        if isinstance(v, replica_shards.ReplicaShards):
             v = v.shard("apply_gradients")  # the shard this replica reads
-        if g is None and is_dynamic(v):
-            v.refuse_a_gradient_lost_in_a_loop()
+        if is_dynamic(v):
+            v.refuse_a_gradient_lost_in_a_loop(partly=g is not None)
 
 
 def _by_device(pairs):

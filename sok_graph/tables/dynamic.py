@@ -761,26 +761,31 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
                 self._graphs_around_reading_loops.update(
                     compat.graphs_around_a_loop_body(tf.compat.v1.get_default_graph()))
 
-    def refuse_a_gradient_lost_in_a_loop(self):
-        """Raises where this table's gradient is None in a graph around a
+    def refuse_a_gradient_lost_in_a_loop(self, partly=False):
+        """Raises where this table's gradient is applied in a graph around a
         tf.while_loop (v2 control flow: a tf.function's `for` over a tensor,
         tf.map_fn, tf.scan) whose body reads the table: the loop's own
         gradient passes a variable's gradient only as a dense tensor of the
         variable's shape, so a GradientTape around the loop gives a dynamic
-        table None, and an optimizer passed the table over: it never
-        trained, without an error. A tape inside the body, which Keras'
-        steps_per_execution uses, gives the table its gradient there."""
+        table nothing from the loop's reads. With no other read the
+        gradient is None, and an optimizer passed the table over: it never
+        trained, without an error. partly: the gradient is not None (the
+        table is read outside the loop too), so it holds the outside reads'
+        part alone: the table trained on that part, without an error
+        either. A tape inside the body, which Keras' steps_per_execution
+        uses, gives the table its gradient there."""
         if tf.executing_eagerly() or \
                 tf.compat.v1.get_default_graph() not in self._graphs_around_reading_loops:
             return
+        lost = ("holds the reads outside the loop alone" if partly else "is None")
         raise NotImplementedError(
             f"DynamicVariable '{self._name}' is read inside a tf.while_loop (a `for` over a "
             f"tensor in a tf.function, tf.map_fn, tf.scan) and its gradient, taken around "
-            f"the loop, is None: TensorFlow's loop passes a variable's gradient only as a "
+            f"the loop, {lost}: TensorFlow's loop passes a variable's gradient only as a "
             f"dense tensor of the variable's shape, which a dynamic table has not, so the "
-            f"table would not train. Take the gradient inside the loop body (the "
-            f"GradientTape and the optimizer's step in it), or read the rows before the "
-            f"loop (one lookup of all the keys, then tf.gather inside)")
+            f"table would not train on the loop's reads. Take the gradient inside the loop "
+            f"body (the GradientTape and the optimizer's step in it), or read the rows before "
+            f"the loop (one lookup of all the keys, then tf.gather inside)")
 
     def _admitted_rows(self, distinct, occurrences, use_ratio):
         """(rows [u, dimension], evicted keys, evicted rows) of distinct keys
