@@ -82,6 +82,34 @@ def test_a_dynamic_tables_gradient_through_a_tf1_while_loop_is_refused_by_name()
     np.testing.assert_allclose(got_grad, want_grad, rtol=1e-6)
 
 
+@pytest.mark.parametrize("branches", ["one", "both"])
+def test_a_dynamic_tables_gradient_through_a_tf1_cond_is_refused_by_name(branches):
+    """tf.gradients through a TF1 tf.cond whose branch (or both branches)
+    reads a DynamicVariable failed in TensorFlow's cond gradient with "The
+    two structures don't have the same nested structure", naming neither
+    the table nor sok (TF 1.15's default in graph mode). It is a
+    NotImplementedError naming the read and what to do; the cond's forward
+    still runs."""
+    graph = tf.Graph()
+    with _control_flow_v1(), graph.as_default():
+        sok.init(comm_tool="none")
+        table = sok.DynamicVariable(2, initializer="ones")
+        flag = tf.compat.v1.placeholder(tf.bool, [])
+
+        def read(keys):
+            return lambda: tf.nn.embedding_lookup(table, tf.constant(keys, tf.int64))
+
+        other = read([1, 3]) if branches == "both" else (lambda: tf.zeros([2, 2]))
+        rows = tf.cond(flag, read([0, 2]), other)
+        with pytest.raises(NotImplementedError,
+                           match=r"dynamic table read inside a TF1 tf.cond branch \(op "
+                                 r"'cond/.*SokDynamic.*'\) is not supported.*before the tf.cond"):
+            tf.compat.v1.gradients(tf.reduce_sum(rows), [table])
+        with tf.compat.v1.Session(graph=graph) as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            assert sess.run(rows, {flag: True}).tolist() == [[1.0, 1.0], [1.0, 1.0]]
+
+
 _TF2_ONLY = pytest.mark.skipif(tf.__version__.startswith("1."),
                                reason="v2 control flow in a tf.function is TF 2.x's")
 

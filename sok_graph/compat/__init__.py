@@ -201,6 +201,19 @@ def in_v1_while_loop(op):
     return False
 
 
+def in_v1_cond(op):
+    """Whether graph op `op` sits inside a branch of a TF1 (control flow v1)
+    tf.cond: a CondContext around it."""
+    if tf.executing_eagerly() or not hasattr(op, "graph"):
+        return False
+    flow = op._get_control_flow_context()
+    while flow is not None:
+        if flow.IsCondContext():
+            return True
+        flow = flow.outer_context
+    return False
+
+
 def _v2_control_flow_class(module, name):
     """A class of TensorFlow's v2 control flow (private names, looked up
     where they exist: None elsewhere)."""

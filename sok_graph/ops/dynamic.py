@@ -207,6 +207,9 @@ def _refuse_unsupported_control_flow(op):
       the variable's recorded shape: tf.gradients failed with "Operation
       '.../SokDynamicTableHandle' has no attr named 'shape'", and that zero
       row would insert key 0 into the table;
+    - a TF1 tf.cond merges its branches' gradients, a dynamic table's
+      IndexedSlices with the other branch's zeros or IndexedSlices:
+      TensorFlow's "The two structures don't have the same nested structure";
     - a tf.cond of v2 control flow (an `if` on a tensor in a tf.function)
       differentiated by a GradientTape around it makes a zero gradient of
       the variable's dense shape for the branch not taken: TensorFlow's
@@ -223,6 +226,15 @@ def _refuse_unsupported_control_flow(op):
             f"in a buffer of the variable's dense shape, which a dynamic table has not. "
             f"Read its rows outside the loop (one lookup of all the keys, then tf.gather "
             f"inside), or unroll the loop in Python")
+    if compat.in_v1_cond(op):
+        # TensorFlow's v1 cond gradient failed merging the branches'
+        # gradients ("The two structures don't have the same nested
+        # structure"), naming neither the table nor the read.
+        raise NotImplementedError(
+            f"the gradient of a dynamic table read inside a TF1 tf.cond branch (op "
+            f"'{op.name}') is not supported: TensorFlow's cond gradient merges the branches' "
+            f"gradients as dense tensors of the variable's shape, which a dynamic table has "
+            f"not. Read its rows before the tf.cond (and tf.gather them in the branch)")
     if compat.building_a_cond_gradient():
         raise NotImplementedError(
             f"the gradient of a dynamic table read inside a tf.cond branch (op '{op.name}'), "
