@@ -48,13 +48,16 @@ hashed by identity (element-wise == means nothing without a dense value).
 """
 
 
+import contextlib
 import re
+import threading
 import weakref
 
 import numpy as np
 import tensorflow as tf
 
 from sok_graph import compat, context, placement
+from sok_graph.compat import keras as keras_compat
 from sok_graph.tables import (admission, checkpoint_tag, register, repeated_key_checks,
                               replica_shards, rows_of_dtype, untagged, DYNAMIC)
 from sok_graph.tables.keras_weights import KerasWeights, held_by
@@ -63,6 +66,43 @@ from sok_graph.initializers import table_spec
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
+
+# Reads for inference (see reads_for_inference): per thread, as Keras keeps
+# its call context and tf.distribute builds each replica in its own thread.
+_inference = threading.local()
+
+
+@contextlib.contextmanager
+def reads_for_inference(active):
+    """Within the block, reads of dynamic tables in this thread are for
+    inference (active=True) or for training (False), whatever Keras' call
+    context says: the SOK 1.x layers' own `training` argument."""
+    previous = getattr(_inference, "active", None)
+    _inference.active = bool(active)
+    try:
+        yield
+    finally:
+        _inference.active = previous
+
+
+def reading_for_inference():
+    """Whether a read built now is for inference: inside reads_for_inference,
+    or inside a Keras layer call of training=False (model.predict,
+    model.evaluate, fit's validation, model(x, training=False)).
+
+    An inference read finds the rows of the keys the table holds and reads
+    the default row for the others (the admission filter's filter_default,
+    else zeros: what the table's serving export serves), changing nothing:
+    no key inserted, none evicted, no use count, time or admission count
+    moved. A read for training inserts its new keys, which evicts others
+    from a bounded table: predict or evaluate on ids training never saw
+    evicted the trained rows of a bounded table, and admitted keys or moved
+    them up an LRU / LFU order, without an error."""
+    explicit = getattr(_inference, "active", None)
+    if explicit is not None:
+        return explicit
+    return keras_compat.in_keras_inference_call()
+
 
 _DEFAULT_INIT_CAPACITY = 1 << 16
 # A hybrid table's bound when none is given: SOK's (its HierarchicalKV
@@ -654,6 +694,11 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
             rows = serving_mode.table_for(self).lookup(keys)
             evicted_keys = tf.zeros([0], self._key_type)
             evicted_rows_out = tf.zeros([0, self._dimension], tf.float32)
+        elif reading_for_inference():
+            _, rows, positions = self._inference_read(keys)
+            rows = util_ops.gather_by_position(rows, positions)
+            evicted_keys = tf.zeros([0], self._key_type)
+            evicted_rows_out = tf.zeros([0, self._dimension], tf.float32)
         else:
             if self._admission is not None:
                 _, rows, positions, evicted_keys, evicted_rows_out = self._admitted_read(
@@ -688,11 +733,22 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         if serving_mode.active():
             distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
             return distinct, serving_mode.table_for(self).lookup(distinct), positions
+        if reading_for_inference():
+            return self._inference_read(keys)
         if self._admission is not None:
             distinct, rows, positions, _, _ = self._admitted_read(keys, low_frequency_filter)
             return distinct, rows, positions
         distinct, positions, rows, _, _ = dynamic_ops.unique_find_or_insert(
             self._handle, keys, self._dimension, name=name)
+        return distinct, rows, positions
+
+    def _inference_read(self, keys):
+        """(distinct keys, their rows, each key's position among them) of
+        1-D keys for inference (reading_for_inference): the rows the table
+        holds, the default row for the others, nothing changed."""
+        distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
+        default = 0.0 if self._admission is None else self._admission.default
+        rows, _ = dynamic_ops.find(self._handle, distinct, self._dimension, default)
         return distinct, rows, positions
 
     def room_check(self, keys, low_frequency_filter=False):
@@ -704,8 +760,8 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         lookup_sparse runs every table's check before any read. A call of no
         more keys than the bound fits whatever they are, and checks no more."""
         bound = self._config["max_capacity"]
-        if not bound or serving_mode.active():
-            return None
+        if not bound or serving_mode.active() or reading_for_inference():
+            return None  # (an inference read inserts nothing)
         keys = self._check_keys(keys, widen=True)
         use_ratio = admission.checked_flag(low_frequency_filter, "low_frequency_filter")
 

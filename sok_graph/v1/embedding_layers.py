@@ -30,7 +30,7 @@ import tensorflow as tf
 from sok_graph import compat, context
 from sok_graph.initializers import initializer_spec, own_seed, static_initializer
 from sok_graph.tables.static import Variable
-from sok_graph.tables.dynamic import DynamicVariable
+from sok_graph.tables.dynamic import DynamicVariable, reads_for_inference
 from sok_graph.tables.keras_weights import hold_for_keras
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.ops import dynamic as dynamic_ops
@@ -185,6 +185,19 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         if not self.built and shape is not None and tf.TensorShape(shape).rank is None:
             self.built = True
         return super().__call__(inputs, *args, **kwargs)
+
+    def call(self, inputs, training=True):
+        """The rows of `inputs` (the subclass's _lookup). training=False
+        (a Python or numpy bool: model.predict, model.evaluate, fit's
+        validation, layer(x, training=False)): the hashtable's reads are for
+        inference, which insert, evict and count nothing
+        (tables/dynamic.py, reading_for_inference); True, for training,
+        whatever Keras' call context says. A tensor (TF 1.x's learning
+        phase) leaves it to that context."""
+        if isinstance(training, (bool, np.bool_)):
+            with reads_for_inference(not training):
+                return self._lookup(inputs)
+        return self._lookup(inputs)
 
     def _checked_dtype(self, given):
         """The dtype of the layer's output: float32, or a mixed-precision
@@ -384,7 +397,7 @@ class All2AllDenseEmbedding(_EmbeddingLayer):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable,
                          key_dtype, embedding_initializer, **kwargs)
 
-    def call(self, inputs, training=True):
+    def _lookup(self, inputs):
         if isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor)):
             # tf.convert_to_tensor's message named neither the layer nor inputs.
             raise TypeError(f"{self.name}: inputs must be a dense tensor of keys [batch, "
@@ -450,7 +463,7 @@ class DistributedEmbedding(_EmbeddingLayer):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable,
                          key_dtype, embedding_initializer, **kwargs)
 
-    def call(self, inputs, training=True):
+    def _lookup(self, inputs):
         checks = []
         if isinstance(inputs, tf.SparseTensor):
             static = compat.constant_value(inputs.dense_shape)
