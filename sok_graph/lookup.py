@@ -156,6 +156,21 @@ def _table_name(param, index):
 dedup_before_exchange = True
 
 
+def _exchange_order(params, names):
+    """The order in which a lookup_sparse call reads its tables, which is
+    the order of its exchanges with the other workers: where a table is
+    sharded, by name (then place in the call), so that workers listing the
+    same tables in other orders (a list built from a set, or a dict of
+    features, whose order hash randomisation changes from process to
+    process) still pair each exchange with the same table's: the exchanges
+    were paired by place, so a worker's `user` ids were answered with its
+    peer's `item` rows, and a dynamic table inserted the other's keys,
+    without an error. The order of the outputs is the call's."""
+    if not any(_is_sharded(p) for p in params):
+        return list(range(len(params)))
+    return sorted(range(len(params)), key=lambda t: (names[t], t))
+
+
 def _is_sharded(param):
     """A sok.Variable split over several workers (rows come from their owners)."""
     placement = getattr(param, "placement", None)
@@ -696,12 +711,13 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                              for t, ids in enumerate(sp_ids) if isinstance(ids, tf.RaggedTensor)]
             input_checks += _room_checks(params, dynamic, parts, use_low_frequency_filter)
 
-        values, splits, dense_grads = [], [], [False] * n
+        values, splits, dense_grads = [None] * n, [None] * n, [False] * n
         pending = []
+        order = _exchange_order(params, given_names)
         # A table read twice (two features sharing it) is read in this order
         # when the graph runs: admission filters draw as eagerly.
         with admission.reads_in_order():
-            for t, ids in enumerate(sp_ids):
+            for t in order:
                 v, s = parts[t]
                 if tensors[t] is None and _is_sharded(params[t]) and dedup_before_exchange \
                         and not is_dynamic(params[t]):
@@ -721,8 +737,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
                     tensors[t], v = _gathered_rows(params[t], v, t, names[t],
                                                    bool(use_low_frequency_filter))
                     dense_grads[t] = True
-                values.append(v)
-                splits.append(s)
+                values[t], splits[t] = v, s
 
         # Sharded static tables: one entry of the fused op per group, whose
         # table is the rows of the group's distinct ids (every row used: a
@@ -738,7 +753,10 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
             names[t] = "+".join(names[m] for m in members)
             dense_grads[t] = True
             entries.append(members)
-        entries.sort()
+        # The fused op's entries (and so its gradient's exchanges) in the
+        # read order too.
+        rank = {t: i for i, t in enumerate(order)}
+        entries.sort(key=lambda members: rank[members[0]])
         heads = [e[0] for e in entries]
         ids = [values[t] for t in heads]
         if len({v.dtype for v in ids}) > 1:

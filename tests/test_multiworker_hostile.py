@@ -223,3 +223,102 @@ def test_a_table_not_sharded_over_the_replicas_is_refused_inside_strategy_run(tm
     want = row - 0.1 * m_hat / (np.sqrt(v_hat) + 1e-7)
     assert out["sharded_keys"] == [0, 1]
     np.testing.assert_allclose(out["sharded_rows"], [want, want], rtol=1e-5)
+
+
+_TABLE_ORDER_WORKER = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+    import sok_graph as sok
+
+    if sys.argv[1] == "horovod":
+        import horovod.tensorflow as hvd
+        hvd.init()
+        comm = sok.init(comm_tool="horovod", use_legacy_optimizer=False)
+    else:
+        with tf.distribute.MultiWorkerMirroredStrategy().scope():
+            comm = sok.init(comm_tool="tf", use_legacy_optimizer=False)
+    rank = comm.rank
+    ids = {"user": tf.ragged.constant([[0, 1], [2 + rank]], dtype=tf.int64),
+           "item": tf.ragged.constant([[3], [4, 5 + rank]], dtype=tf.int64)}
+    weight = {"user": 1.0, "item": 3.0}  # tells the two gradients apart
+    out = {"rank": rank}
+    for run, swapped in (("same", False), ("swapped", True)):
+        tables = {}
+        for name, value in (("user", 1.0), ("item", 2.0)):
+            tables[name] = sok.Variable(np.full((8, 2), value, np.float32),
+                                        name=f"{run}_{name}")
+            tables[name + "_d"] = sok.DynamicVariable(2, initializer=str(value),
+                                                      name=f"{run}_{name}_d")
+        # The same tables and ids on every worker; worker 1 of the swapped
+        # run lists them in another order (a list made from a set).
+        names = ["user", "item", "user_d", "item_d"]
+        if swapped and rank == 1:
+            names = ["item_d", "user", "item", "user_d"]
+        opt = sok.OptimizerWrapper(tf.keras.optimizers.SGD(0.1))
+        variables = [tables[n] for n in names]
+
+        @tf.function
+        def step():
+            with tf.GradientTape() as tape:
+                rows = sok.lookup_sparse(variables, [ids[n.split("_")[0]] for n in names],
+                                         combiners="sum")
+                loss = tf.add_n([weight[n.split("_")[0]] * tf.reduce_sum(r)
+                                 for n, r in zip(names, rows)])
+            opt.apply_gradients(zip(tape.gradient(loss, variables), variables))
+            return rows
+
+        out[run] = {n: r.numpy().tolist() for n, r in zip(names, step())}
+        for n in names:
+            keys, values = sok.export(tables[n])
+            order = np.argsort(np.asarray(keys))
+            out[run][n + "_keys"] = np.asarray(keys)[order].tolist()
+            out[run][n + "_rows"] = np.asarray(values)[order].tolist()
+    print("RESULT " + json.dumps(out), flush=True)
+''')
+
+
+def _check_table_order(engine, tmp_path):
+    script = tmp_path / "order_worker.py"
+    script.write_text(_TABLE_ORDER_WORKER)
+    output = launch(2, str(script), [engine], timeout=300)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
+               if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
+    for r in results:
+        rank = r["rank"]
+        for run in ("same", "swapped"):
+            got = r[run]
+            # Rows of 1 (user) and 2 (item), summed per sample.
+            for name, value in (("user", 1.0), ("item", 2.0)):
+                counts = {"user": [2, 1], "item": [1, 2]}[name]
+                want = [[value * c] * 2 for c in counts]
+                assert got[name] == want and got[name + "_d"] == want, (rank, run, name, got)
+            # A dynamic shard holds the keys it owns (k mod 2 == rank) of
+            # those read: never the other table's.
+            looked_up = {"user_d": {0, 1, 2, 3}, "item_d": {3, 4, 5, 6}}
+            for name, keys in looked_up.items():
+                assert got[name + "_keys"] == sorted(k for k in keys if k % 2 == rank), \
+                    (rank, run, name, got[name + "_keys"])
+        # Listed in another order, the same update to the row.
+        for name in ("user", "item", "user_d", "item_d"):
+            np.testing.assert_array_equal(r["swapped"][name + "_rows"], r["same"][name + "_rows"])
+            assert r["swapped"][name + "_keys"] == r["same"][name + "_keys"]
+
+
+@needs_tf2_collectives
+def test_tables_listed_in_another_order_on_another_worker_tf_distribute(tmp_path):
+    """Two workers pass the same tables to one lookup_sparse call in other
+    orders, each with its ids in the matching order: the exchanges were
+    paired by place in the call, so worker 1's `user` ids got `item` rows
+    and a dynamic table inserted the other's keys (both held keys 100, 102,
+    200, 202), without an error (with Horovod, a dynamic table first on one
+    worker stalled the job). Each table's rows and keys are now as numpy
+    says, and the update equals that of the same order on both workers."""
+    _check_table_order("tf", tmp_path)
+
+
+def test_tables_listed_in_another_order_on_another_worker_horovod(horovod, tmp_path):
+    """The same with Horovod's all-to-all."""
+    _check_table_order("horovod", tmp_path)
