@@ -463,9 +463,15 @@ def _group_rows(params, members, values, names, edges):
     # next member's samples once the splits are merged: the fused op then
     # sees valid merged splits and gives wrong sums, without an error.
     splits_bad, splits_edges = edges
+    if list(members) != sorted(members):
+        # Members come in name order (_exchange_order); the first bad
+        # table named is the first in the call, as the fused op names it.
+        in_call = [members.index(t) for t in sorted(members)]
+        splits_bad = tf.gather(splits_bad, in_call)
+        splits_edges = tf.gather(splits_edges, in_call)
     splits_messages = tf.constant([
         f"row_splits of {names[t]} (sp_ids[{t}]) must start at 0 and end at its number of "
-        f"ids{_known_count(values[t])}; got first and last" for t in members]
+        f"ids{_known_count(values[t])}; got first and last" for t in sorted(members)]
         + [""])  # where no member's are bad (the other check failed)
 
     def splits_details(first):
