@@ -114,6 +114,18 @@ _TF2_ONLY = pytest.mark.skipif(tf.__version__.startswith("1."),
                                reason="v2 control flow in a tf.function is TF 2.x's")
 
 
+def _looped_total(loop, summed):
+    """summed() added up over 3 turns of a v2 tf.while_loop: AutoGraph's
+    `for` over a tensor (in a tf.function), or tf.map_fn."""
+    if loop == "for":
+        total = tf.constant(0.0)
+        for _ in tf.range(3):
+            total += summed()
+        return total
+    return tf.reduce_sum(tf.map_fn(lambda i: summed(), tf.range(3),
+                                   fn_output_signature=tf.float32))
+
+
 def _keras_sgd(rate):
     return tf.keras.optimizers.SGD(rate)
 
@@ -142,13 +154,7 @@ def test_a_dynamic_tables_gradient_lost_in_a_tf_function_loop_is_refused(loop, a
     @tf.function
     def step():
         with tf.GradientTape() as tape:
-            if loop == "for":
-                total = tf.constant(0.0)
-                for _ in tf.range(3):
-                    total += summed()
-            else:
-                total = tf.reduce_sum(tf.map_fn(lambda i: summed(), tf.range(3),
-                                                fn_output_signature=tf.float32))
+            total = _looped_total(loop, summed)
         grads = tape.gradient(total, [table, dense])
         # What TensorFlow's loop gives the table (a plain tf.Variable read
         # there gets its gradient; the dense one here does).
@@ -185,13 +191,7 @@ def test_a_dynamic_tables_gradient_partly_lost_in_a_loop_is_refused(loop, apply)
             return tf.reduce_sum(sok.lookup_sparse(table, ids, combiners="sum")) * dense
 
         def loss():
-            if loop == "for":
-                total = tf.constant(0.0)
-                for _ in tf.range(3):
-                    total += summed()
-            else:
-                total = tf.reduce_sum(tf.map_fn(lambda i: summed(), tf.range(3),
-                                                fn_output_signature=tf.float32))
+            total = _looped_total(loop, summed)
             outside = sok.lookup_sparse(table, tf.ragged.constant([[7]], dtype=tf.int64),
                                         combiners="sum")
             return total + tf.reduce_sum(outside)

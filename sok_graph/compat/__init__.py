@@ -191,24 +191,23 @@ def record_variable_access(variable):
 def in_v1_while_loop(op):
     """Whether graph op `op` sits inside a TF1 (control flow v1)
     tf.while_loop: a WhileContext, itself or around its cond context."""
-    if tf.executing_eagerly() or not hasattr(op, "graph"):
-        return False  # a GradientTape's record of an op, whose context it refuses
-    flow = op._get_control_flow_context()
-    while flow is not None:
-        if flow.IsWhileContext():
-            return True
-        flow = flow.outer_context
-    return False
+    return _inside_v1_context(op, lambda flow: flow.IsWhileContext())
 
 
 def in_v1_cond(op):
     """Whether graph op `op` sits inside a branch of a TF1 (control flow v1)
     tf.cond: a CondContext around it."""
+    return _inside_v1_context(op, lambda flow: flow.IsCondContext())
+
+
+def _inside_v1_context(op, is_kind):
+    """Whether one of the TF1 control flow contexts around graph op `op`
+    (its own, then each outer one) is of the kind `is_kind` tells."""
     if tf.executing_eagerly() or not hasattr(op, "graph"):
-        return False
+        return False  # a GradientTape's record of an op, whose context it refuses
     flow = op._get_control_flow_context()
     while flow is not None:
-        if flow.IsCondContext():
+        if is_kind(flow):
             return True
         flow = flow.outer_context
     return False
