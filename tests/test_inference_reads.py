@@ -1,5 +1,5 @@
-"""Keras inference (model.predict, model.evaluate, fit's validation pass,
-model(x, training=False)) reads dynamic tables without changing them: keys
+"""Keras inference (model.predict, model.evaluate, fit's validation pass:
+a model's predict_step and test_step) reads dynamic tables without changing them: keys
 the table holds give their rows, the others the default row (zeros, or an
 admission filter's filter_default), and nothing is inserted, evicted or
 counted. A read for training inserted the keys it had not seen, so
@@ -111,7 +111,6 @@ def test_predict_and_evaluate_change_no_table(with_training_arg):
     unseen = (1000 + np.arange(16)).reshape(16, 1).astype(np.int64)
     got_unseen = model.predict(unseen, verbose=0)
     model.evaluate(unseen, np.zeros((16, 1), np.float32), verbose=0)
-    model(unseen, training=False)
     assert _state(model.table) == before
     np.testing.assert_allclose(got_unseen, _expected(model, unseen), rtol=1e-6, atol=1e-6)
     np.testing.assert_allclose(model.predict(ids, verbose=0), want, rtol=0, atol=0)
@@ -181,22 +180,65 @@ def test_reads_for_training_still_insert():
     assert sorted(_state(model.table)) == [1, 2, 3, 4]
 
 
+def test_reads_after_a_sub_layer_called_with_training_false_still_train():
+    """Keras 3 leaves a sub-layer's training=False (a frozen BatchNorm, a
+    Dropout's own default) in its shared call context for the layers after
+    it, and fine-tuning calls model(x, training=False) under a tape: reads
+    there are for training, and fit trains the table as before."""
+    keras = _keras()
+
+    class Model(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.table = sok.DynamicVariable(dimension=4, initializer="uniform", name="t")
+            self.drop = keras.layers.Dropout(0.0)
+            self.dense = keras.layers.Dense(1)
+
+        def call(self, ids, training=None):
+            gate = self.drop(tf.ones([1, 1]), training=False)
+            rows = sok.lookup_sparse(self.table, tf.RaggedTensor.from_tensor(ids),
+                                     combiners="sum")
+            return self.dense(rows * gate)
+
+    sok.init(comm_tool="none")
+    model = Model()
+    ids, labels = _data()
+    _trained(model, ids, labels)
+    assert sorted(_state(model.table)) == sorted(set(ids.ravel().tolist()))
+    with tf.GradientTape() as tape:
+        out = model(np.array([[50]], np.int64), training=False)
+    assert tape.gradient(out, model.table) is not None
+    assert 50 in _state(model.table)
+
+
 @pytest.mark.parametrize("layer", ["All2AllDenseEmbedding", "DistributedEmbedding"])
-def test_a_1x_hashtable_layer_reads_for_inference_when_training_is_false(layer):
-    """The SOK 1.x layers take `training` (True by default): False reads for
-    inference, True for training, also where Keras' own context says
-    otherwise."""
+def test_a_1x_hashtable_layer_in_predict_reads_for_inference(layer):
+    """A SOK 1.x hashtable layer inside a model's predict inserts nothing
+    (Keras 3 hands the layer its default training=True there); called for
+    training it inserts as before."""
+    keras = _keras()
     sok.Init(global_batch_size=2)
     if layer == "All2AllDenseEmbedding":
         emb = sok.All2AllDenseEmbedding(16, 2, 1, 1, use_hashtable=True)
-        inputs = np.array([[[5]], [[6]]], np.int64)
+        shape = (1, 1)
     else:
         emb = sok.DistributedEmbedding("sum", 16, 2, 1, 1, use_hashtable=True)
-        inputs = tf.ragged.constant([[5], [6]], dtype=tf.int64)
-    table = emb.embedding_variable
-    emb(inputs, training=False)
-    assert table.export()[0].numpy().tolist() == []
-    out = emb(inputs, training=False)
+        shape = None
+
+    class Model(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.emb = emb
+
+        def call(self, ids):
+            if shape is None:
+                return self.emb(tf.RaggedTensor.from_tensor(ids))
+            return self.emb(tf.reshape(ids, [-1, 1, 1]))
+
+    model = Model()
+    inputs = np.array([[5], [6]], np.int64)
+    out = model.predict(inputs, verbose=0)
     np.testing.assert_array_equal(np.asarray(out), np.zeros(np.shape(out), np.float32))
-    emb(inputs, training=True)
-    assert sorted(table.export()[0].numpy().tolist()) == [5, 6]
+    assert emb.embedding_variable.export()[0].numpy().tolist() == []
+    model(inputs)
+    assert sorted(emb.embedding_variable.export()[0].numpy().tolist()) == [5, 6]

@@ -5,7 +5,6 @@ optimizers), Keras 3 (TF 2.16+), and ``tf.compat.v1.train`` optimizers."""
 import sys
 import weakref
 
-import numpy as np
 import tensorflow as tf
 
 
@@ -47,59 +46,35 @@ def in_keras3_symbolic_build():
     return bool(in_symbolic_scope())
 
 
-# The modules that keep Keras 2's per-thread layer call context, by Keras:
-# the keras package (2.x: keras.src.engine since 2.13, keras.engine
-# before), tf_keras, and TF 1.x's own tf.keras.
-_KERAS2_CALL_CONTEXTS = ("keras.src.engine.base_layer_utils", "keras.engine.base_layer_utils",
-                         "tf_keras.src.engine.base_layer_utils",
-                         "tensorflow.python.keras.engine.base_layer_utils")
-
-
 def in_keras_inference_call():
-    """Whether a Keras layer call for inference is being built now, by any
-    Keras loaded: one of training=False (a Python or numpy bool:
-    model.predict, model.evaluate, fit's validation pass,
-    model(x, training=False)) in Keras 3's or Keras 2's call context; or,
-    where Keras 3's context holds no training value (a model whose call
-    takes no `training` argument, which Keras 3's predict and evaluate
-    then call without one; Keras 2 records training=False for it), a call
-    inside a Keras 3 model's test_step or predict_step. A training value
-    known only when a graph runs (TF 1.x's learning phase) is not such a
-    call."""
-    values = []
-    keras3_state = sys.modules.get("keras.src.backend.common.global_state")
-    if keras3_state is not None:
-        context = keras3_state.get_global_attribute("current_call_ctx")
-        values.append(getattr(context, "training", None))
-    for name in _KERAS2_CALL_CONTEXTS:
-        module = sys.modules.get(name)
-        if module is not None and hasattr(module, "call_context"):
-            values.append(getattr(module.call_context(), "training", None))
-    if any(isinstance(v, (bool, np.bool_)) and not v for v in values):
-        return True
-    return keras3_state is not None and values[0] is None and _in_keras3_inference_step()
-
-
-_INFERENCE_STEPS = ("test_step", "predict_step")
-
-
-def _in_keras3_inference_step():
-    """Whether a Keras 3 model's test_step or predict_step (its own or one
-    it overrides) is on the Python stack: what model.evaluate and
-    model.predict run, eagerly or traced into their tf.function."""
-    models = sys.modules.get("keras.src.models.model")
-    model_class = getattr(models, "Model", None)
-    if model_class is None:
+    """Whether a read is being built inside a Keras model's test_step or
+    predict_step (its own or one it overrides): what model.evaluate, fit's
+    validation pass and model.predict run, eagerly or traced into their
+    tf.function, on Keras 3 and Keras 2. Keras' `training` values are not
+    read: Keras 3 leaves a sub-layer's training=False (a frozen
+    BatchNorm, a Dropout's default) in the shared call context for the
+    layers after it, and fine-tuning calls model(x, training=False) under
+    a GradientTape: both train."""
+    classes = tuple(getattr(sys.modules.get(name), "Model", None) for name in _MODEL_MODULES)
+    classes = tuple(c for c in classes if isinstance(c, type))
+    if not classes:
         return False
     frame = sys._getframe(1)
     for _ in range(500):  # a Keras call is far less deep; the bound keeps the walk cheap
         if frame is None:
             return False
         if frame.f_code.co_name in _INFERENCE_STEPS and \
-                isinstance(frame.f_locals.get("self"), model_class):
+                isinstance(frame.f_locals.get("self"), classes):
             return True
         frame = frame.f_back
     return False
+
+
+_INFERENCE_STEPS = ("test_step", "predict_step")
+# Where each Keras keeps its Model class: Keras 3, the keras package 2.x
+# (keras.src.engine since 2.13, keras.engine before), tf_keras.
+_MODEL_MODULES = ("keras.src.models.model", "keras.src.engine.training", "keras.engine.training",
+                  "tf_keras.src.engine.training")
 
 
 def keras_saveable_class():

@@ -244,6 +244,20 @@ def _refuse_unsupported_control_flow(op):
             f"in the branch), or take the gradient inside the branch")
 
 
+@register_gradient("SokDynamicTableFind")
+def _find_grad(op, *unused_grads):
+    """A find reads rows for inference (DynamicVariable.find, and the reads
+    inside a Keras model's predict_step / test_step): it inserts nothing,
+    so there is nothing to train. TensorFlow's "gradient registry has no
+    entry" named neither the table nor why."""
+    raise LookupError(
+        f"the rows of a dynamic table read for inference (op '{op.name}': DynamicVariable.find, "
+        f"or a read inside a Keras model's predict_step or test_step, which inserts no key) "
+        f"have no gradient: read the rows for training outside predict and evaluate (a "
+        f"tf.function traced there and reused in training keeps its inference reads: give "
+        f"training a tf.function of its own)")
+
+
 @register_gradient("SokDynamicTableFindOrInsert")
 def _find_or_insert_grad(op, grad, *unused_grads_of_eviction_outputs):
     """The gradient of the rows, addressed by key. With keys deduplicated

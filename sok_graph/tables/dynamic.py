@@ -48,9 +48,7 @@ hashed by identity (element-wise == means nothing without a dense value).
 """
 
 
-import contextlib
 import re
-import threading
 import weakref
 
 import numpy as np
@@ -67,28 +65,10 @@ from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
 
-# Reads for inference (see reads_for_inference): per thread, as Keras keeps
-# its call context and tf.distribute builds each replica in its own thread.
-_inference = threading.local()
-
-
-@contextlib.contextmanager
-def reads_for_inference(active):
-    """Within the block, reads of dynamic tables in this thread are for
-    inference (active=True) or for training (False), whatever Keras' call
-    context says: the SOK 1.x layers' own `training` argument."""
-    previous = getattr(_inference, "active", None)
-    _inference.active = bool(active)
-    try:
-        yield
-    finally:
-        _inference.active = previous
-
-
 def reading_for_inference():
-    """Whether a read built now is for inference: inside reads_for_inference,
-    or inside a Keras layer call of training=False (model.predict,
-    model.evaluate, fit's validation, model(x, training=False)).
+    """Whether a read built now is for inference: inside a Keras model's
+    test_step or predict_step (model.evaluate, fit's validation pass,
+    model.predict; compat.keras.in_keras_inference_call).
 
     An inference read finds the rows of the keys the table holds and reads
     the default row for the others (the admission filter's filter_default,
@@ -98,9 +78,6 @@ def reading_for_inference():
     from a bounded table: predict or evaluate on ids training never saw
     evicted the trained rows of a bounded table, and admitted keys or moved
     them up an LRU / LFU order, without an error."""
-    explicit = getattr(_inference, "active", None)
-    if explicit is not None:
-        return explicit
     return keras_compat.in_keras_inference_call()
 
 
@@ -801,7 +778,7 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         distinct = self._check_keys(distinct, widen=True)
         low_frequency_filter = admission.checked_flag(low_frequency_filter,
                                                       "low_frequency_filter")
-        if self._admission is None:
+        if self._admission is None or reading_for_inference():
             return self.read_routed(distinct)
         self._record_read()
         return self._admitted_rows(distinct, occurrences, low_frequency_filter)[0]

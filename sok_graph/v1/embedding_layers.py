@@ -30,7 +30,7 @@ import tensorflow as tf
 from sok_graph import compat, context
 from sok_graph.initializers import initializer_spec, own_seed, static_initializer
 from sok_graph.tables.static import Variable
-from sok_graph.tables.dynamic import DynamicVariable, reads_for_inference
+from sok_graph.tables.dynamic import DynamicVariable
 from sok_graph.tables.keras_weights import hold_for_keras
 from sok_graph.lookup import all2all_dense_embedding, lookup_sparse
 from sok_graph.ops import dynamic as dynamic_ops
@@ -187,16 +187,12 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
         return super().__call__(inputs, *args, **kwargs)
 
     def call(self, inputs, training=True):
-        """The rows of `inputs` (the subclass's _lookup). training=False
-        (a Python or numpy bool: model.predict, model.evaluate, fit's
-        validation, layer(x, training=False)): the hashtable's reads are for
-        inference, which insert, evict and count nothing
-        (tables/dynamic.py, reading_for_inference); True, for training,
-        whatever Keras' call context says. A tensor (TF 1.x's learning
-        phase) leaves it to that context."""
-        if isinstance(training, (bool, np.bool_)):
-            with reads_for_inference(not training):
-                return self._lookup(inputs)
+        """The rows of `inputs` (the subclass's _lookup). Inside a Keras
+        model's predict or evaluate the hashtable's reads are for inference,
+        which insert, evict and count nothing (tables/dynamic.py,
+        reading_for_inference); `training` itself does not decide it (Keras
+        3 hands the layer its default, True, in predict)."""
+        del training
         return self._lookup(inputs)
 
     def _checked_dtype(self, given):
