@@ -65,6 +65,7 @@ from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.serving import mode as serving_mode
 
+
 def reading_for_inference():
     """Whether a read built now is for inference: inside a Keras model's
     test_step or predict_step (model.evaluate, fit's validation pass,

@@ -186,15 +186,6 @@ class _EmbeddingLayer(tf.keras.layers.Layer):
             self.built = True
         return super().__call__(inputs, *args, **kwargs)
 
-    def call(self, inputs, training=True):
-        """The rows of `inputs` (the subclass's _lookup). Inside a Keras
-        model's predict or evaluate the hashtable's reads are for inference,
-        which insert, evict and count nothing (tables/dynamic.py,
-        reading_for_inference); `training` itself does not decide it (Keras
-        3 hands the layer its default, True, in predict)."""
-        del training
-        return self._lookup(inputs)
-
     def _checked_dtype(self, given):
         """The dtype of the layer's output: float32, or a mixed-precision
         policy's compute dtype (float16, bfloat16), to which the float32 rows
@@ -393,7 +384,7 @@ class All2AllDenseEmbedding(_EmbeddingLayer):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable,
                          key_dtype, embedding_initializer, **kwargs)
 
-    def _lookup(self, inputs):
+    def call(self, inputs, training=True):
         if isinstance(inputs, (tf.SparseTensor, tf.RaggedTensor)):
             # tf.convert_to_tensor's message named neither the layer nor inputs.
             raise TypeError(f"{self.name}: inputs must be a dense tensor of keys [batch, "
@@ -459,7 +450,7 @@ class DistributedEmbedding(_EmbeddingLayer):
         super().__init__(max_vocabulary_size_per_gpu, embedding_vec_size, use_hashtable,
                          key_dtype, embedding_initializer, **kwargs)
 
-    def _lookup(self, inputs):
+    def call(self, inputs, training=True):
         checks = []
         if isinstance(inputs, tf.SparseTensor):
             static = compat.constant_value(inputs.dense_shape)
