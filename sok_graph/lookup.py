@@ -351,25 +351,43 @@ def _reads_rows(param):
 
 
 def _room_checks(params, dynamic, parts, low_frequency_filter):
-    """Each bounded dynamic table's check that its read fits (its
+    """Each bounded dynamic table's check that its reads fit (its
     room_check), for a call of more than one dynamic read: a read refused
     for room refused the call only after the reads before it had inserted
     (and counted) their keys. A table read twice in the call (two features
-    sharing it) checks inside its reads only: its second read's room
-    depends on what the first inserts and evicts. Tables sharded over
-    worker processes check on their owners, inside the exchange."""
+    sharing it) checks the keys of all its reads at once: the distinct keys
+    of the call must fit its bound, as they must for one read. Checked read
+    by read, the second read evicted keys the first had just read (their
+    rows already in the call's output) and the call went through; the
+    update then failed with the table changed. Except where the reads draw
+    filter_ratio's lots (use_low_frequency_filter): each read draws with
+    its own call number, which one check cannot follow, so those check
+    inside their reads. Tables sharded over worker processes check on their
+    owners, inside the exchange."""
     if len(dynamic) < 2:
         return []
-    checks = []
+    checks, seen = [], []
     for t in dynamic:
         param = params[t]
-        placement = getattr(param, "placement", None)
-        if (placement is not None and placement[0] > 1) or \
-                sum(p is param for p in params) > 1:
+        if any(param is p for p in seen):
             continue
-        ids = parts[t][0]
-        if ids.dtype != param.key_type and (ids.dtype, param.key_type) != (tf.int32, tf.int64):
+        seen.append(param)
+        placement = getattr(param, "placement", None)
+        if placement is not None and placement[0] > 1:
+            continue
+        reads = [r for r in dynamic if params[r] is param]
+        ids = [parts[r][0] for r in reads]
+        if any(i.dtype != param.key_type and (i.dtype, param.key_type) != (tf.int32, tf.int64)
+               for i in ids):
             continue  # the read refuses them, naming sp_ids[t] and the key type
+        if len(reads) > 1:
+            admission_state = getattr(param, "admission", None)
+            if low_frequency_filter and admission_state is not None and \
+                    admission_state.ratio < 1.0:
+                continue
+            ids = tf.concat([tf.cast(i, param.key_type) for i in ids], 0)
+        else:
+            ids = ids[0]
         check = param.room_check(ids, bool(low_frequency_filter))
         if check is not None:
             checks.append(check)

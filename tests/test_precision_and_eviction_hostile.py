@@ -449,6 +449,44 @@ def test_a_bounded_table_evicts_exactly_the_documented_victims(policy, key_type)
         assert _keys_held(table) == set(model.last), (step, keys)
 
 
+@pytest.mark.parametrize("in_function", [False, True], ids=["eager", "tf_function"])
+def test_two_features_sharing_a_bounded_table_past_its_bound_are_refused_unchanged(in_function):
+    """lookup_sparse([v, v], ...) whose two reads hold more distinct keys
+    together than the table's max_capacity, each alone within it: refused
+    before anything changes, as one read of those keys is. Checked read by
+    read, the second read evicted a key the first had just read (its row
+    already in the output), and only the update failed, with the table
+    changed. Within the bound, the call reads every row as two lookups of
+    a plain tf.Variable holding the rows the table held do."""
+    table = sok.DynamicVariable(2, var_type="hybrid", max_capacity=CAPACITY, initializer="ones",
+                                evict_strategy="lfu", name="shared")
+    old = list(range(100, 100 + CAPACITY))
+    for _ in range(3):
+        table.sparse_read(tf.constant(old, tf.int64))  # full, each key used three times
+
+    def lookup(first, second):
+        return sok.lookup_sparse([table, table], [tf.ragged.constant([first], tf.int64),
+                                                  tf.ragged.constant([second], tf.int64)],
+                                 combiners=["sum", "sum"])
+
+    call = tf.function(lookup) if in_function else lookup
+    held = dict(zip(*[t.numpy().tolist() for t in sok.export(table)]))
+    first, second = old[:CAPACITY - 1] + [1], [2]  # 1 and 2 new: CAPACITY + 1 distinct keys
+    refused = r"(?s)shared.{0,4}: the batch has more distinct keys than its max_capacity"
+    with pytest.raises(tf.errors.InvalidArgumentError, match=refused):
+        call(first, second)
+    assert dict(zip(*[t.numpy().tolist() for t in sok.export(table)])) == held
+
+    first, second = old[:CAPACITY - 1], old[1:]
+    a, b = call(first, second)
+    plain = tf.Variable(np.array([held[k] for k in old], np.float32))
+    want = [tf.reduce_sum(tf.gather(plain, [old.index(k) for k in keys]), 0)
+            for keys in (first, second)]
+    np.testing.assert_array_equal(a.numpy()[0], want[0].numpy())
+    np.testing.assert_array_equal(b.numpy()[0], want[1].numpy())
+    assert _keys_held(table) == set(old)
+
+
 @pytest.mark.parametrize("policy", ["lru", "lfu"])
 def test_a_bounded_table_loaded_from_a_dump_evicts_as_the_one_dumped(policy):
     """sok.dump of a full bounded table, sok.load into a fresh one: both
