@@ -10,8 +10,12 @@ import math
 import numpy as np
 import tensorflow as tf
 
+import json
+import weakref
+
 from sok_graph import compat, context, exchange
-from sok_graph.tables import admission, is_dynamic, replica_shards
+from sok_graph.communication import agreement
+from sok_graph.tables import admission, is_dynamic, made_order, replica_shards
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import lookup as lookup_ops
 from sok_graph.ops import util as util_ops
@@ -165,10 +169,102 @@ def _exchange_order(params, names):
     process) still pair each exchange with the same table's: the exchanges
     were paired by place, so a worker's `user` ids were answered with its
     peer's `item` rows, and a dynamic table inserted the other's keys,
-    without an error. The order of the outputs is the call's."""
+    without an error. Tables of one name (unnamed ones: every eager
+    tf.Variable is "Variable", every DynamicVariable "DynamicVariable") go
+    in the order they were made, which every worker shares (their first
+    call agrees on it, _agree_across_workers), not their place in the
+    call. The order of the outputs is the call's."""
     if not any(_is_sharded(p) for p in params):
         return list(range(len(params)))
-    return sorted(range(len(params)), key=lambda t: (names[t], t))
+    return sorted(range(len(params)), key=lambda t: (names[t], made_order(params[t]), t))
+
+
+# The call layouts each job's workers have agreed on (_agree_across_workers),
+# per communicator: a layout is agreed once, at the call's first build.
+_AGREED = weakref.WeakKeyDictionary()
+
+
+def _described(param):
+    """What every worker must hold alike of a sharded table that a call
+    reads: its kind, name, shape, dtypes, placement and (dynamic) the
+    settings that decide what its owners keep."""
+    name = _table_name(param, 0)
+    owner = param.placement[2]
+    if is_dynamic(param):
+        config = getattr(param, "_config", {})
+        given = getattr(param, "_table_config", {})
+        return ["dynamic", name, int(param.dimension), tf.as_dtype(param.dtype).name,
+                param.key_type.name, owner, getattr(param, "var_type", None),
+                config.get("max_capacity"), config.get("eviction"),
+                [[k, repr(given[k])] for k in admission.SETTINGS if k in given]]
+    rows, dim = (int(d) for d in param.global_shape)
+    return ["static", name, rows, dim, tf.as_dtype(param.dtype).base_dtype.name, owner]
+
+
+def _said(entry):
+    """A table's description (_described) as an error message says it."""
+    if entry is None:
+        return "no table"
+    kind, name = entry[0], entry[1]
+    if kind == "static":
+        rows, dim, dtype, owner = entry[2:6]
+        shape = f"{rows} x {dim} {dtype}"
+    else:
+        dim, dtype, key_type, owner = entry[2:6]
+        shape = (f"dynamic, dimension {dim}, {dtype} rows, {key_type} keys, var_type "
+                 f"{entry[6]}, max_capacity {entry[7]}, eviction {entry[8]}"
+                 + "".join(f", {k}={v}" for k, v in entry[9]))
+    where = "distributed" if owner == -1 else f"localized:{owner}"
+    return f"'{name}' ({shape}, {where})"
+
+
+def _agree_across_workers(comm, params, order, exchanges):
+    """Every worker process builds the same exchanges for this call, or
+    each raises a ValueError saying how theirs differ. The exchanges pair
+    across workers by their order alone: workers that made a table with
+    other rows, dimension, dtype or placement, or that read other tables
+    or group them otherwise (another combiner, max_norm or weighting) in a
+    call, read each other's rows as their own, without an error (a row a
+    worker lacks read as zeros; a dimension or dtype mismatch failed later
+    in TensorFlow's collectives, naming neither). `exchanges`: the group of
+    each sharded table read (table indices into params -> exchange id).
+    Agreed once per layout and job: an all-gather outside the step, when
+    the call is first built (traced, in graph mode, or run eagerly); a
+    later build of the same layout (a retrace for another batch size on
+    one worker) gathers nothing."""
+    if not agreement.spans_processes(comm):
+        return
+    layout = [[_described(params[t]), exchanges[t]] for t in order if t in exchanges]
+    text = json.dumps(layout)
+    agreed = _AGREED.setdefault(comm, set())
+    if text in agreed:
+        return
+    with tf.init_scope():  # outside a function being traced
+        told = [json.loads(t) for t in
+                agreement.texts(comm, tf.executing_eagerly(), text)]
+    if all(t == layout for t in told):
+        agreed.add(text)
+        return
+    rank = next(r for r, t in enumerate(told) if t != told[0])
+    ours, theirs = told[0], told[rank]
+    at = next(i for i in range(max(len(ours), len(theirs)))
+              if i >= len(ours) or i >= len(theirs) or ours[i] != theirs[i])
+    mine = ours[at] if at < len(ours) else None
+    other = theirs[at] if at < len(theirs) else None
+    if mine is not None and other is not None and mine[0] == other[0]:
+        detail = (f"rank 0 reads {_said(mine[0])} in exchange {mine[1]!r} and rank {rank} in "
+                  f"exchange {other[1]!r}: the call groups its tables otherwise there")
+    else:
+        detail = (f"sharded table {at} of the call (in name order) is "
+                  f"{_said(None if mine is None else mine[0])} on rank 0 and "
+                  f"{_said(None if other is None else other[0])} on rank {rank}")
+    raise ValueError(
+        f"sok.lookup_sparse: the workers' calls differ: {detail}. A sharded table's rows and "
+        f"gradients pair across workers by the order of the call's exchanges, so every worker "
+        f"must make the same tables (name, rows, dimension, dtype, placement, dynamic "
+        f"settings), in the same order, and look them up in calls of the same tables with the "
+        f"same combiners, max_norm and weighting (a worker whose batch lacks a feature still "
+        f"passes it, with no ids)")
 
 
 def _is_sharded(param):
@@ -435,6 +531,19 @@ def _gathered_rows(param, ids, index, name, low_frequency_filter=False):
     return exchange.static_rows(comm, param, keys), positions
 
 
+def _planned_exchanges(params, tensors, order, combiners, max_norm, weights):
+    """{table index: exchange id} of a call's sharded tables, as lookup_sparse
+    reads them: sharded static tables grouped (_sharded_groups), each other
+    sharded table an exchange of its own."""
+    pending = [t for t in order if tensors[t] is None and _is_sharded(params[t])
+               and dedup_before_exchange and not is_dynamic(params[t])]
+    planned = {t: "own" for t in order
+               if tensors[t] is None and _is_sharded(params[t]) and t not in pending}
+    for g, members in enumerate(_sharded_groups(params, pending, combiners, max_norm, weights)):
+        planned.update({t: f"group {g}" for t in members})
+    return planned
+
+
 def _sharded_groups(params, pending, combiners, max_norm, weights):
     """The sharded static tables `pending` (indices into params) in groups
     that share one exchange and one entry of the fused op: same dtype,
@@ -636,8 +745,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
     gradient. Look such a table up in a call of its own.
     """
     serving = serving_mode.active()
-    if not serving:
-        context.communicator("sok.lookup_sparse")
+    comm = None if serving else context.communicator("sok.lookup_sparse")
     single = not isinstance(params, (list, tuple))
     params = [params] if single else list(params)
     # Errors name a table as it was given: in a graph, replica r's shard of a
@@ -738,6 +846,8 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
         values, splits, dense_grads = [None] * n, [None] * n, [False] * n
         pending = []
         order = _exchange_order(params, given_names)
+        _agree_across_workers(comm, params, order, _planned_exchanges(
+            params, tensors, order, combiners, max_norm, weights))
         # A table read twice (two features sharing it) is read in this order
         # when the graph runs: admission filters draw as eagerly.
         with admission.reads_in_order():

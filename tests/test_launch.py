@@ -679,14 +679,26 @@ def test_horovod_stall_settings():
         assert shutdown + 3 * check <= s and gloo == s
 
 
+_STALL_BOUNDS = "must be 0 (no bound: wait forever) or a number of seconds >= 1e-06"
+
+
 @pytest.mark.parametrize(
     "args, env, message",
     [
-        (["--stall-timeout", "0"], {}, "argument --stall-timeout: must be a positive number"),
+        (["--stall-timeout", "-1"], {}, "argument --stall-timeout: " + _STALL_BOUNDS),
         (
             [],
             {"SOK_GRAPH_STALL_TIMEOUT": "never"},
-            "environment variable SOK_GRAPH_STALL_TIMEOUT must be a positive number of seconds",
+            "environment variable SOK_GRAPH_STALL_TIMEOUT " + _STALL_BOUNDS,
+        ),
+        # A positive bound under a microsecond was taken, and TensorFlow,
+        # which counts whole microseconds (1e-300 is 0 as a 32-bit float),
+        # read it as no timeout: the workers would wait forever.
+        (["--stall-timeout", "1e-300"], {}, "argument --stall-timeout: " + _STALL_BOUNDS),
+        (
+            [],
+            {"SOK_GRAPH_STALL_TIMEOUT": "5e-7"},
+            "environment variable SOK_GRAPH_STALL_TIMEOUT " + _STALL_BOUNDS,
         ),
     ],
 )
@@ -695,6 +707,43 @@ def test_bad_stall_timeout_exits_2(tmp_path, args, env, message):
     script.write_text("")
     p = _launch(script, args, **env)
     assert p.returncode == 2 and message in p.stderr.decode(), p.stderr.decode()
+
+
+@pytest.mark.parametrize("how", ["flag", "env"])
+def test_a_stall_timeout_of_0_is_no_bound(tmp_path, how):
+    """The tf.distribute engine reads SOK_GRAPH_STALL_TIMEOUT=0 as no
+    timeout (its docstring says so), but the launcher refused
+    `--stall-timeout 0` and SOK_GRAPH_STALL_TIMEOUT=0 with status 2. 0 now
+    reaches the workers; Horovod, to which 0 would be a bound of 1 s, gets
+    its largest settings, as for a bound too large for it."""
+    args, env = ((["--stall-timeout", "0"], {}) if how == "flag"
+                 else ([], {"SOK_GRAPH_STALL_TIMEOUT": "0"}))
+    largest = launch.horovod_stall_settings(launch.environment.HOROVOD_MAX_SECONDS)
+    assert launch.horovod_stall_settings(0) == largest
+    assert largest["HOROVOD_GLOO_TIMEOUT_SECONDS"] == str(2 ** 31 - 1)
+    reports = _env_reports(tmp_path, ["-np", "2"] + args, **env)
+    assert len(reports) == 2
+    for report in reports:
+        assert report["SOK_GRAPH_STALL_TIMEOUT"] == "0", report
+        if launch.horovod_available():
+            for name, value in largest.items():
+                assert report[name] == value, (name, report)
+
+
+def test_stall_timeout_bounds_in_parse_args(tmp_path, monkeypatch):
+    """0 from the environment is no bound, not the default (a value of 0
+    must not read as unset); the least bound, 1e-06 s, is taken."""
+    script = tmp_path / "noop.py"
+    script.write_text("")
+    monkeypatch.setenv("SOK_GRAPH_STALL_TIMEOUT", "0")
+    assert launch.parse_args(["--cpu", str(script)]).stall_timeout == 0
+    monkeypatch.delenv("SOK_GRAPH_STALL_TIMEOUT")
+    assert launch.parse_args(["--cpu", str(script)]).stall_timeout == 120
+    assert launch.parse_args(["--cpu", "--stall-timeout", "1e-6", str(script)]).stall_timeout \
+        == 1e-6
+    with pytest.raises(SystemExit) as e:
+        launch.parse_args(["--cpu", "--stall-timeout", "9.99e-7", str(script)])
+    assert e.value.code == 2
 
 
 # -- resources: open files and threads ---------------------------------------------
@@ -894,3 +943,59 @@ def test_a_launcher_started_with_a_closed_output_returns_its_workers_status(job,
         assert not [pid for pid in job.pids() if _alive(pid, str(job.script))]
         for f in os.listdir(job.piddir):
             os.remove(job.piddir / f)
+
+
+# -- the workers' stdin -------------------------------------------------------------
+
+STDIN_REPORT = """
+import json, sys
+print(json.dumps(sys.stdin.read()))
+"""
+
+
+def _stdin_reports(tmp_path, argv_prefix=(), **run_kwargs):
+    """{rank: what it read from stdin} of a 2-worker run; `argv_prefix` runs
+    the launcher through a shell that rearranges its descriptors."""
+    script = tmp_path / "stdin.py"
+    script.write_text(STDIN_REPORT)
+    # --timeout: a rank 0 that waits on a stdin that never ends fails the
+    # test in seconds instead of hanging it.
+    argv = [sys.executable, LAUNCH_PY, "-np", "2", "--no-horovod", "--timeout", "20",
+            str(script)]
+    p = subprocess.run(list(argv_prefix) + argv, env=_env(), stdout=subprocess.PIPE,
+                       stderr=subprocess.PIPE, check=False, timeout=RUN_TIMEOUT_S, **run_kwargs)
+    assert p.returncode == 0, (p.returncode, p.stderr.decode()[-2000:])
+    by_rank = _lines_by_rank(p.stdout.decode())
+    return {r: json.loads(by_rank[r][0]) for r in sorted(k for k in by_rank if k is not None)}
+
+
+def test_piped_input_is_rank_0s_stdin(tmp_path):
+    """`echo hello | python -m sok_graph.launch -np 2 script.py`: every
+    worker read 0 bytes (each had /dev/null), and the input was dropped
+    without a word. Rank 0 now reads the launcher's stdin, as with mpirun;
+    the others read /dev/null, so no two workers race for one pipe."""
+    data = "hello\n" + "x" * 100000 + "\nlast"
+    assert _stdin_reports(tmp_path, input=data.encode()) == {0: data, 1: ""}
+
+
+@pytest.mark.parametrize("stdin", ["terminal", "closed"])
+def test_a_terminal_or_closed_stdin_is_kept_from_rank_0(tmp_path, stdin):
+    """A terminal: a worker runs in a session of its own, where job control
+    would not stop it from reading the terminal with the launcher in the
+    background; it reads /dev/null. Closed (`<&-`): the launcher's first
+    descriptor would take the number 0 and be what rank 0 inherits (its own
+    output pipe, closed in it: no stdin at all, sys.stdin None); it reads
+    /dev/null. Here a rank 0 given the terminal waits for input no one
+    types, and the run ends in --timeout's 124."""
+    if stdin == "terminal":
+        import pty
+
+        master, slave = pty.openpty()
+        try:
+            reports = _stdin_reports(tmp_path, stdin=slave)
+        finally:
+            os.close(slave)
+            os.close(master)
+    else:
+        reports = _stdin_reports(tmp_path, ["bash", "-c", 'exec "$@" <&-', "launch"])
+    assert reports == {0: "", 1: ""}

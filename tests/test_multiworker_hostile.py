@@ -244,15 +244,18 @@ _TABLE_ORDER_WORKER = textwrap.dedent('''
            "item": tf.ragged.constant([[3], [4, 5 + rank]], dtype=tf.int64)}
     weight = {"user": 1.0, "item": 3.0}  # tells the two gradients apart
     out = {"rank": rank}
-    for run, swapped in (("same", False), ("swapped", True)):
+    for run, swapped in (("same", False), ("swapped", True), ("unnamed", True)):
         tables = {}
         for name, value in (("user", 1.0), ("item", 2.0)):
+            # "unnamed": every eager sok.Variable is "Variable", every
+            # DynamicVariable "DynamicVariable".
+            named = run != "unnamed"
             tables[name] = sok.Variable(np.full((8, 2), value, np.float32),
-                                        name=f"{run}_{name}")
-            tables[name + "_d"] = sok.DynamicVariable(2, initializer=str(value),
-                                                      name=f"{run}_{name}_d")
+                                        name=f"{run}_{name}" if named else None)
+            tables[name + "_d"] = sok.DynamicVariable(
+                2, initializer=str(value), name=f"{run}_{name}_d" if named else None)
         # The same tables and ids on every worker; worker 1 of the swapped
-        # run lists them in another order (a list made from a set).
+        # runs lists them in another order (a list made from a set).
         names = ["user", "item", "user_d", "item_d"]
         if swapped and rank == 1:
             names = ["item_d", "user", "item", "user_d"]
@@ -288,7 +291,7 @@ def _check_table_order(engine, tmp_path):
     assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
     for r in results:
         rank = r["rank"]
-        for run in ("same", "swapped"):
+        for run in ("same", "swapped", "unnamed"):
             got = r[run]
             # Rows of 1 (user) and 2 (item), summed per sample.
             for name, value in (("user", 1.0), ("item", 2.0)):
@@ -302,9 +305,10 @@ def _check_table_order(engine, tmp_path):
                 assert got[name + "_keys"] == sorted(k for k in keys if k % 2 == rank), \
                     (rank, run, name, got[name + "_keys"])
         # Listed in another order, the same update to the row.
-        for name in ("user", "item", "user_d", "item_d"):
-            np.testing.assert_array_equal(r["swapped"][name + "_rows"], r["same"][name + "_rows"])
-            assert r["swapped"][name + "_keys"] == r["same"][name + "_keys"]
+        for run in ("swapped", "unnamed"):
+            for name in ("user", "item", "user_d", "item_d"):
+                np.testing.assert_array_equal(r[run][name + "_rows"], r["same"][name + "_rows"])
+                assert r[run][name + "_keys"] == r["same"][name + "_keys"]
 
 
 @needs_tf2_collectives
@@ -315,10 +319,118 @@ def test_tables_listed_in_another_order_on_another_worker_tf_distribute(tmp_path
     and a dynamic table inserted the other's keys (both held keys 100, 102,
     200, 202), without an error (with Horovod, a dynamic table first on one
     worker stalled the job). Each table's rows and keys are now as numpy
-    says, and the update equals that of the same order on both workers."""
+    says, and the update equals that of the same order on both workers;
+    the same for tables left unnamed (which share one name, so the order
+    they were made in pairs them)."""
     _check_table_order("tf", tmp_path)
 
 
 def test_tables_listed_in_another_order_on_another_worker_horovod(horovod, tmp_path):
     """The same with Horovod's all-to-all."""
     _check_table_order("horovod", tmp_path)
+
+
+_DISAGREEING_WORKER = textwrap.dedent('''
+    import json, sys
+    import numpy as np
+    import tensorflow as tf
+    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
+    import sok_graph as sok
+
+    if sys.argv[1] == "horovod":
+        import horovod.tensorflow as hvd
+        hvd.init()
+        comm = sok.init(comm_tool="horovod", use_legacy_optimizer=False)
+    else:
+        with tf.distribute.MultiWorkerMirroredStrategy().scope():
+            comm = sok.init(comm_tool="tf", use_legacy_optimizer=False)
+    rank = comm.rank
+    ids = tf.ragged.constant([[0, 1], [2, 3, 4, 5, 6]], dtype=tf.int64)
+
+    def table(name, rows=10, dim=4, dtype=np.float32, mode="distributed"):
+        value = (np.arange(rows)[:, None] + 0.01 * np.arange(dim)).astype(dtype)
+        return sok.Variable(value, name=name, mode=mode)
+
+    def attempt(lookup):
+        try:
+            rows = lookup()
+            return [np.asarray(r).tolist() for r in rows]
+        except ValueError as e:
+            return "ValueError: " + str(e)
+
+    out = {"rank": rank}
+    # Each worker counts its vocabulary from its own data.
+    a = table("rows", rows=10 if rank == 0 else 7)
+    out["rows"] = attempt(lambda: [sok.lookup_sparse(a, ids, combiners="sum")])
+    # Each worker places the table on itself.
+    b = table("placed", mode=f"localized:{rank}")
+    out["placed"] = attempt(lambda: [sok.lookup_sparse(b, ids, combiners="sum")])
+    c = table("wide", dim=4 if rank == 0 else 5)
+    out["wide"] = attempt(lambda: [sok.lookup_sparse(c, ids, combiners="sum")])
+    d = table("narrow", dtype=np.float32 if rank == 0 else np.float16)
+    out["narrow"] = attempt(lambda: [sok.lookup_sparse(d, ids, combiners="sum")])
+    # A worker whose batch lacks a feature leaves its table out.
+    e, f = table("e"), table("f")
+    out["fewer"] = attempt(lambda: sok.lookup_sparse([e, f] if rank == 0 else [e],
+                                                     [ids, ids] if rank == 0 else [ids],
+                                                     combiners="sum"))
+    # Another combiner on one worker: the two tables no longer share one
+    # exchange there (in a tf.function: agreed while it is traced).
+    combiners = ["sum", "sum"] if rank == 0 else ["sum", "mean"]
+    out["grouped"] = attempt(tf.function(
+        lambda: sok.lookup_sparse([e, f], [ids, ids], combiners=combiners)))
+    # After all those refusals the job goes on, its exchanges in step.
+    out["after"] = attempt(tf.function(
+        lambda: sok.lookup_sparse([e, f], [ids, ids], combiners="sum")))
+    print("RESULT " + json.dumps(out), flush=True)
+''')
+
+
+@needs_tf2_collectives
+def test_workers_that_made_or_read_tables_otherwise_are_refused_tf_distribute(tmp_path):
+    """Workers that made a table with other rows, placement, dimension or
+    dtype, or that read another list of tables or grouped them otherwise in
+    one call: their exchanges paired anyway, so a row one worker lacked read
+    as zeros, each worker trained a table localized on itself alone, and a
+    worker's table read the other table's rows, all without an error (a
+    dimension or dtype failed later in TensorFlow's collectives, naming no
+    table). Each is now a ValueError on every worker naming the table and
+    what each worker has; the job then goes on, its exchanges in step (rows
+    as numpy says)."""
+    _check_disagreeing_workers("tf", tmp_path)
+
+
+def test_workers_that_made_or_read_tables_otherwise_are_refused_horovod(horovod, tmp_path):
+    """The same with Horovod's collectives."""
+    _check_disagreeing_workers("horovod", tmp_path)
+
+
+def _check_disagreeing_workers(engine, tmp_path):
+    script = tmp_path / "disagreeing_worker.py"
+    script.write_text(_DISAGREEING_WORKER)
+    output = launch(2, str(script), [engine], timeout=300)
+    results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
+               if "RESULT " in line]
+    assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
+    said = {
+        "rows": "'rows' (10 x 4 float32, distributed) on rank 0 and 'rows' (7 x 4 float32, "
+                "distributed) on rank 1",
+        "placed": "'placed' (10 x 4 float32, localized:0) on rank 0 and 'placed' (10 x 4 "
+                  "float32, localized:1) on rank 1",
+        "wide": "'wide' (10 x 4 float32, distributed) on rank 0 and 'wide' (10 x 5 float32, "
+                "distributed) on rank 1",
+        "narrow": "'narrow' (10 x 4 float32, distributed) on rank 0 and 'narrow' (10 x 4 "
+                  "float16, distributed) on rank 1",
+        "fewer": "'f' (10 x 4 float32, distributed) on rank 0 and no table on rank 1",
+        "grouped": "rank 0 reads 'f' (10 x 4 float32, distributed) in exchange 'group 0' and "
+                   "rank 1 in exchange 'group 1'",
+    }
+    for r in results:
+        for case, text in said.items():
+            got = r[case]
+            assert isinstance(got, str) and "the workers' calls differ" in got and text in got, \
+                (r["rank"], case, got)
+        value = np.arange(10)[:, None] + 0.01 * np.arange(4)
+        want = [value[[0, 1]].sum(0), value[[2, 3, 4, 5, 6]].sum(0)]
+        for rows in r["after"]:
+            np.testing.assert_allclose(rows, want, rtol=1e-6)

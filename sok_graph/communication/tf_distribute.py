@@ -211,7 +211,9 @@ def _bucket(chunk):
 
 def stall_timeout():
     """Seconds a collective may wait for its peers: $SOK_GRAPH_STALL_TIMEOUT,
-    default 120; 0 means no timeout."""
+    default 120; 0 means no timeout. TensorFlow counts the timeout in whole
+    microseconds and takes less as 0, so a value under 1e-06 is no timeout
+    either (the launcher refuses one)."""
     raw = os.environ.get(STALL_TIMEOUT_ENV)
     if raw is None or raw.strip() == "":
         return DEFAULT_STALL_TIMEOUT_S

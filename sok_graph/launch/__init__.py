@@ -46,7 +46,11 @@ and gives each worker the variables horovodrun's Gloo mode sets, so that
   HOROVOD_CROSS_RANK (0), HOROVOD_CROSS_SIZE (1)
 
 Stalls: `--stall-timeout S` (default 120, or SOK_GRAPH_STALL_TIMEOUT) bounds
-how long the workers wait in a collective that one of them never joins. With
+how long the workers wait in a collective that one of them never joins; 0
+means no bound (they wait forever: the tf.distribute engine's collectives
+get no timeout, Horovod the largest settings it takes), and any other value
+must be at least 1e-06 (TensorFlow counts the timeout in whole microseconds
+and takes less as none, so a smaller one is refused with status 2). With
 Horovod it becomes Horovod's stall inspector settings (a check every S/6 s,
 shutdown once a collective has waited S/2 s: whole seconds, at least 1) and
 Gloo's timeout (S), so a worker that stalls, or freezes whole, makes the
@@ -54,6 +58,17 @@ others' collectives fail within about S seconds; the launcher then stops the
 stalled one as below. HOROVOD_STALL_CHECK_TIME_SECONDS,
 HOROVOD_STALL_SHUTDOWN_TIME_SECONDS and HOROVOD_GLOO_TIMEOUT_SECONDS already
 in the launcher's environment are passed on as they are.
+
+Input: rank 0's stdin is the launcher's, as with mpirun, so that
+`producer | python -m sok_graph.launch ...` and `... < file` reach it; the
+other ranks read /dev/null (two readers of one pipe would each get part of
+it). Where the launcher's stdin is a terminal, or closed, rank 0 reads
+/dev/null too: a worker runs in a session of its own, where job control
+would not stop it from taking keystrokes meant for the shell once the
+launcher is in the background. `cat | python -m sok_graph.launch ...` gives
+rank 0 what is typed. A stdin that never ends (an ssh session's, a CI
+runner's pipe) makes a rank 0 that reads it wait; `< /dev/null` gives it
+end of file at once.
 
 Each output line of a worker is printed with its rank in front ("[1] ..."),
 stdout to stdout and stderr to stderr; a line longer than 1 MiB is printed

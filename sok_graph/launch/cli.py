@@ -13,6 +13,7 @@ from .environment import (
     ENV_GRACE,
     ENV_STALL_TIMEOUT,
     ENV_TIMEOUT,
+    MIN_STALL_TIMEOUT_S,
     horovod_available,
     visible_gpus,
 )
@@ -59,6 +60,27 @@ def _seconds(text):
     return value
 
 
+def _stall_seconds(text):
+    """A stall bound: 0 (none: collectives wait forever, as the tf.distribute
+    engine reads it), or at least MIN_STALL_TIMEOUT_S seconds."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    # TensorFlow keeps a collective's timeout as a 32-bit float and counts it
+    # in whole microseconds, where 0 is no timeout: 1e-300 became 0, and the
+    # workers waited forever under a bound meant to be tiny. Such a value is
+    # refused rather than rounded up: no one means a bound under a
+    # microsecond, and a mistyped one is better named than run.
+    if not (math.isfinite(value) and (value == 0 or value >= MIN_STALL_TIMEOUT_S)):
+        raise argparse.ArgumentTypeError(
+            f"must be 0 (no bound: wait forever) or a number of seconds >= "
+            f"{MIN_STALL_TIMEOUT_S:g} (TensorFlow counts whole microseconds, and takes less "
+            f"as 0); got {text!r}"
+        )
+    return value
+
+
 def _parser():
     p = _Parser(
         prog="python -m sok_graph.launch",
@@ -66,7 +88,11 @@ def _parser():
         "[--no-tf-config] [--no-horovod] script.py [args...]",
         description="Runs script.py in one worker process per GPU (or -np N CPU processes), "
         "with the rank, world size and TF_CONFIG in each worker's environment; "
-        "if a worker fails, stops the others and exits with its status.",
+        "if a worker fails, stops the others and exits with its status. "
+        "Input piped or redirected to the launcher is rank 0's stdin, as with mpirun; "
+        "every other rank reads /dev/null, and so does rank 0 where the launcher's stdin "
+        "is a terminal (pipe it in, as `cat | python -m sok_graph.launch ...`, to type "
+        "to rank 0) or closed.",
     )
     p.add_argument(
         "-np",
@@ -96,12 +122,13 @@ def _parser():
     )
     p.add_argument(
         "--stall-timeout",
-        type=_seconds,
+        type=_stall_seconds,
         default=None,
         metavar="S",
         help="bound on how long workers wait in a collective that another worker does not "
         f"join; given to them as {ENV_STALL_TIMEOUT} and, with Horovod, as its stall and Gloo "
-        f"timeouts (default {DEFAULT_STALL_TIMEOUT_S:g}; env {ENV_STALL_TIMEOUT})",
+        f"timeouts; 0: no bound, they wait forever; else at least {MIN_STALL_TIMEOUT_S:g} "
+        f"(default {DEFAULT_STALL_TIMEOUT_S:g}; env {ENV_STALL_TIMEOUT})",
     )
     p.add_argument(
         "--no-horovod",
@@ -125,12 +152,12 @@ def _parser():
     return p
 
 
-def _env_seconds(parser, name):
+def _env_seconds(parser, name, convert=_seconds):
     text = os.environ.get(name, "").strip()
     if not text:
         return None
     try:
-        return _seconds(text)
+        return convert(text)
     except argparse.ArgumentTypeError as e:
         parser.error(f"environment variable {name} {e}")
 
@@ -196,7 +223,10 @@ def parse_args(argv):
     if args.grace is None:
         args.grace = _env_seconds(parser, ENV_GRACE) or DEFAULT_GRACE_S
     if args.stall_timeout is None:
-        args.stall_timeout = _env_seconds(parser, ENV_STALL_TIMEOUT) or DEFAULT_STALL_TIMEOUT_S
+        # Compared with None, not `or`: 0 (no bound) is a value of its own.
+        args.stall_timeout = _env_seconds(parser, ENV_STALL_TIMEOUT, _stall_seconds)
+        if args.stall_timeout is None:
+            args.stall_timeout = DEFAULT_STALL_TIMEOUT_S
     # The workers run this Python, so they can import Horovod if it can.
     args.horovod = args.horovod and horovod_available()
     if not os.path.isfile(args.script):

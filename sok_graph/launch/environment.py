@@ -28,6 +28,9 @@ DEFAULT_GRACE_S = 10.0
 # The most seconds Horovod's time settings take (it narrows them to a C int).
 HOROVOD_MAX_SECONDS = 2**31 - 1
 DEFAULT_STALL_TIMEOUT_S = 120.0
+# The least stall bound but 0 (no bound): TensorFlow's collectives count
+# their timeout in whole microseconds, and a shorter one is none.
+MIN_STALL_TIMEOUT_S = 1e-6
 HOST = "127.0.0.1"
 
 WorkerInfo = collections.namedtuple("WorkerInfo", ["rank", "local_rank", "world_size"])
@@ -151,7 +154,8 @@ def horovod_available():
 
 def horovod_stall_settings(stall_timeout):
     """Horovod's stall and Gloo timeout settings (whole seconds) for a bound of
-    `stall_timeout` seconds on a collective that a worker never joins.
+    `stall_timeout` seconds on a collective that a worker never joins (0:
+    no bound).
 
     Horovod's coordinator looks for stalled collectives once a check time has
     passed since the last look, and shuts Horovod down at the first look that
@@ -169,7 +173,12 @@ def horovod_stall_settings(stall_timeout):
     # Gloo's "timeout.count() >= 0. Invalid timeout" (SIGABRT). A bound that
     # large means no bound in practice; each setting stops at INT_MAX
     # seconds (68 years).
-    stall_timeout = min(stall_timeout, HOROVOD_MAX_SECONDS)
+    # 0 is no bound, as the tf.distribute engine reads it: below, it would
+    # become a bound of 1 s (each setting is at least 1), and left unset,
+    # Horovod's own defaults bound Gloo at 30 s. The largest bound stands
+    # for none, as above.
+    if stall_timeout == 0 or stall_timeout > HOROVOD_MAX_SECONDS:
+        stall_timeout = HOROVOD_MAX_SECONDS
     check = max(1, int(stall_timeout / 6))
     shutdown = max(check, int(stall_timeout) - 3 * check)
     return {

@@ -253,7 +253,40 @@ def _kill(procs):
         p.wait()
 
 
-def _start(args, output, rendezvous):
+def _rank0_stdin():
+    """Rank 0's stdin, for Popen: the launcher's own (None: inherited), so
+    that input piped or redirected to the launcher reaches the job, as
+    mpirun gives it to rank 0; /dev/null where the launcher's stdin is closed
+    or a terminal. The other ranks always get /dev/null: two readers of one
+    pipe would each get an unpredictable part of it.
+
+    Called before the launcher opens a descriptor it keeps: with its fd 0
+    closed, the next one it opens takes the number 0, and an inherited fd 0
+    is then whatever that is. Rank 0's own output pipe, say, which Popen
+    closes in rank 0: it had no fd 0 at all, and sys.stdin None.
+    """
+    try:
+        os.fstat(0)
+    except OSError:  # `<&-`: rank 0 reads /dev/null, as the others do
+        return subprocess.DEVNULL
+    # A terminal is kept from rank 0. A worker runs in a session of its own
+    # (start_new_session: the launcher signals its whole process group, and
+    # the terminal's Ctrl-C reaches only the launcher, which forwards it), so
+    # the terminal is not its controlling terminal and job control does not
+    # apply to it: with the launcher in the background (`&`, or Ctrl-Z and
+    # `bg`) the kernel would not stop it with SIGTTIN when it reads, and it
+    # would take keystrokes meant for the shell. In a process group of its
+    # own in the launcher's session it would be stopped by SIGTTIN at its
+    # first read even in the foreground (its group is never the terminal's
+    # foreground group), and the job would hang. `cat | python -m
+    # sok_graph.launch ...` gives rank 0 what is typed, through a cat that
+    # job control does stop.
+    if os.isatty(0):
+        return subprocess.DEVNULL
+    return None
+
+
+def _start(args, output, rendezvous, rank0_stdin=subprocess.DEVNULL):
     try:
         ports = free_ports(args.np + 1)
     except OSError as e:
@@ -272,12 +305,12 @@ def _start(args, output, rendezvous):
     cmd = [sys.executable, args.script] + list(args.script_args)
     procs = []
     try:
-        for env in envs:
+        for rank, env in enumerate(envs):
             procs.append(
                 subprocess.Popen(
                     cmd,
                     env=env,
-                    stdin=subprocess.DEVNULL,
+                    stdin=rank0_stdin if rank == 0 else subprocess.DEVNULL,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.PIPE,
                     start_new_session=True,
@@ -314,6 +347,9 @@ def run(args):
     def on_signal(signum, frame):
         received.append(signum)
 
+    # Before the rendezvous server's socket and the workers' pipes are
+    # opened (see _rank0_stdin).
+    rank0_stdin = _rank0_stdin()
     forwarded = [getattr(signal, name) for name in _FORWARDED if hasattr(signal, name)]
     previous = {s: signal.signal(s, on_signal) for s in forwarded}
     workers = []
@@ -323,7 +359,7 @@ def run(args):
         # address can be the same.
         if args.horovod:
             rendezvous = HorovodRendezvous(args.np)
-        workers = _start(args, output, rendezvous)
+        workers = _start(args, output, rendezvous, rank0_stdin)
         return _watch(workers, args, output, received)
     finally:
         # Only reached with workers running if the launcher itself failed.

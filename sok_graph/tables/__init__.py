@@ -88,6 +88,7 @@ where only the kind matters, so a new kind of dynamic table (tiered,
 filtered) that answers them is served by the same code paths.
 """
 
+import itertools
 import weakref
 
 import numpy as np
@@ -112,10 +113,15 @@ def on_register(callback):
     _ON_REGISTER.append(callback)
 
 
+# How many tables the process has made (made_order).
+_MADE = itertools.count()
+
+
 def register(table):
     """Counts `table` among the live tables until it is collected."""
     for callback in _ON_REGISTER:
         callback(table)
+    table._sok_made_order = next(_MADE)
     key = id(table)
 
     def forget(ref):
@@ -123,6 +129,13 @@ def register(table):
             del _LIVE[key]
 
     _LIVE[key] = weakref.ref(table, forget)
+
+
+def made_order(table):
+    """The number of tables the process made before `table` (-1 for what
+    is no sok table): workers that make the same tables in the same order
+    give each the same number, whatever its name."""
+    return getattr(table, "_sok_made_order", -1)
 
 
 def live_tables():
