@@ -231,10 +231,26 @@ def _agree_across_workers(comm, params, order, exchanges):
     Agreed once per layout and job: an all-gather outside the step, when
     the call is first built (traced, in graph mode, or run eagerly); a
     later build of the same layout (a retrace for another batch size on
-    one worker) gathers nothing."""
-    if not agreement.spans_processes(comm):
+    one worker) gathers nothing. A call of no sharded table exchanges
+    nothing and gathers nothing (it may run on one worker alone), nor does
+    a function traced to be saved (a SavedModel written on rank 0 alone).
+
+    Tables of one name and description (unnamed ones) go in the order they
+    were made (_exchange_order). Where a worker made them in another order
+    than it lists them, and the workers differ in how (tables made
+    iterating a set, whose order changes from process to process), neither
+    that order nor the call's tells which table is which: each entry also
+    holds its table's place among those of its name in the call, so that
+    such workers are refused and asked to name the tables."""
+    if not agreement.spans_processes(comm) or not exchanges or compat.saving_a_saved_model():
         return
-    layout = [[_described(params[t]), exchanges[t]] for t in order if t in exchanges]
+    described = {t: _described(params[t]) for t in exchanges}
+    layout = []
+    for t in order:
+        if t not in exchanges:
+            continue
+        twins = sorted(u for u in exchanges if described[u] == described[t])
+        layout.append([described[t], exchanges[t], twins.index(t) if len(twins) > 1 else None])
     text = json.dumps(layout)
     agreed = _AGREED.setdefault(comm, set())
     if text in agreed:
@@ -251,6 +267,12 @@ def _agree_across_workers(comm, params, order, exchanges):
               if i >= len(ours) or i >= len(theirs) or ours[i] != theirs[i])
     mine = ours[at] if at < len(ours) else None
     other = theirs[at] if at < len(theirs) else None
+    if mine is not None and other is not None and mine[:2] == other[:2]:
+        raise ValueError(
+            f"sok.lookup_sparse: the workers' calls differ: the call reads several tables "
+            f"like {_said(mine[0])}, which rank 0 and rank {rank} made and listed in other "
+            f"orders (made iterating a set or dict of features?), so the workers cannot tell "
+            f"which is which: give each table its own name (name=...), the same on every worker")
     if mine is not None and other is not None and mine[0] == other[0]:
         detail = (f"rank 0 reads {_said(mine[0])} in exchange {mine[1]!r} and rank {rank} in "
                   f"exchange {other[1]!r}: the call groups its tables otherwise there")

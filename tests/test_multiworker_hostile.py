@@ -244,18 +244,15 @@ _TABLE_ORDER_WORKER = textwrap.dedent('''
            "item": tf.ragged.constant([[3], [4, 5 + rank]], dtype=tf.int64)}
     weight = {"user": 1.0, "item": 3.0}  # tells the two gradients apart
     out = {"rank": rank}
-    for run, swapped in (("same", False), ("swapped", True), ("unnamed", True)):
+    for run, swapped in (("same", False), ("swapped", True)):
         tables = {}
         for name, value in (("user", 1.0), ("item", 2.0)):
-            # "unnamed": every eager sok.Variable is "Variable", every
-            # DynamicVariable "DynamicVariable".
-            named = run != "unnamed"
             tables[name] = sok.Variable(np.full((8, 2), value, np.float32),
-                                        name=f"{run}_{name}" if named else None)
-            tables[name + "_d"] = sok.DynamicVariable(
-                2, initializer=str(value), name=f"{run}_{name}_d" if named else None)
+                                        name=f"{run}_{name}")
+            tables[name + "_d"] = sok.DynamicVariable(2, initializer=str(value),
+                                                      name=f"{run}_{name}_d")
         # The same tables and ids on every worker; worker 1 of the swapped
-        # runs lists them in another order (a list made from a set).
+        # run lists them in another order (a list made from a set).
         names = ["user", "item", "user_d", "item_d"]
         if swapped and rank == 1:
             names = ["item_d", "user", "item", "user_d"]
@@ -291,7 +288,7 @@ def _check_table_order(engine, tmp_path):
     assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
     for r in results:
         rank = r["rank"]
-        for run in ("same", "swapped", "unnamed"):
+        for run in ("same", "swapped"):
             got = r[run]
             # Rows of 1 (user) and 2 (item), summed per sample.
             for name, value in (("user", 1.0), ("item", 2.0)):
@@ -305,10 +302,9 @@ def _check_table_order(engine, tmp_path):
                 assert got[name + "_keys"] == sorted(k for k in keys if k % 2 == rank), \
                     (rank, run, name, got[name + "_keys"])
         # Listed in another order, the same update to the row.
-        for run in ("swapped", "unnamed"):
-            for name in ("user", "item", "user_d", "item_d"):
-                np.testing.assert_array_equal(r[run][name + "_rows"], r["same"][name + "_rows"])
-                assert r[run][name + "_keys"] == r["same"][name + "_keys"]
+        for name in ("user", "item", "user_d", "item_d"):
+            np.testing.assert_array_equal(r["swapped"][name + "_rows"], r["same"][name + "_rows"])
+            assert r["swapped"][name + "_keys"] == r["same"][name + "_keys"]
 
 
 @needs_tf2_collectives
@@ -319,9 +315,7 @@ def test_tables_listed_in_another_order_on_another_worker_tf_distribute(tmp_path
     and a dynamic table inserted the other's keys (both held keys 100, 102,
     200, 202), without an error (with Horovod, a dynamic table first on one
     worker stalled the job). Each table's rows and keys are now as numpy
-    says, and the update equals that of the same order on both workers;
-    the same for tables left unnamed (which share one name, so the order
-    they were made in pairs them)."""
+    says, and the update equals that of the same order on both workers."""
     _check_table_order("tf", tmp_path)
 
 
@@ -379,6 +373,19 @@ _DISAGREEING_WORKER = textwrap.dedent('''
     combiners = ["sum", "sum"] if rank == 0 else ["sum", "mean"]
     out["grouped"] = attempt(tf.function(
         lambda: sok.lookup_sparse([e, f], [ids, ids], combiners=combiners)))
+    # Rank 0 alone looks up a tf.Variable of its own: nothing to exchange,
+    # nothing gathered.
+    if rank == 0:
+        own = tf.Variable(np.ones((10, 4), np.float32))
+        out["own"] = attempt(lambda: [sok.lookup_sparse(own, ids, combiners="sum")])
+    # Unnamed tables of one shape (all named "Variable") made in another
+    # order on each worker, as iterating a set of features makes them, and
+    # listed alike: nothing tells which is which.
+    twins = {}
+    for n in (["u", "i"] if rank == 0 else ["i", "u"]):
+        twins[n] = sok.Variable(np.full((10, 4), 1.0 if n == "u" else 2.0, np.float32))
+    out["twins"] = attempt(lambda: sok.lookup_sparse([twins["u"], twins["i"]], [ids, ids],
+                                                     combiners="sum"))
     # After all those refusals the job goes on, its exchanges in step.
     out["after"] = attempt(tf.function(
         lambda: sok.lookup_sparse([e, f], [ids, ids], combiners="sum")))
@@ -395,8 +402,10 @@ def test_workers_that_made_or_read_tables_otherwise_are_refused_tf_distribute(tm
     worker's table read the other table's rows, all without an error (a
     dimension or dtype failed later in TensorFlow's collectives, naming no
     table). Each is now a ValueError on every worker naming the table and
-    what each worker has; the job then goes on, its exchanges in step (rows
-    as numpy says)."""
+    what each worker has, and unnamed tables of one shape made in other
+    orders, which no worker can tell apart, ask for names; a lookup of no
+    sharded table on one worker alone gathers nothing; the job then goes
+    on, its exchanges in step (rows as numpy says)."""
     _check_disagreeing_workers("tf", tmp_path)
 
 
@@ -425,11 +434,14 @@ def _check_disagreeing_workers(engine, tmp_path):
         "grouped": "rank 0 reads 'f' (10 x 4 float32, distributed) in exchange 'group 0' and "
                    "rank 1 in exchange 'group 1'",
     }
+    said["twins"] = "give each table its own name (name=...)"
     for r in results:
         for case, text in said.items():
             got = r[case]
             assert isinstance(got, str) and "the workers' calls differ" in got and text in got, \
                 (r["rank"], case, got)
+        if r["rank"] == 0:
+            np.testing.assert_allclose(r["own"], [[[2.0] * 4, [5.0] * 4]])
         value = np.arange(10)[:, None] + 0.01 * np.arange(4)
         want = [value[[0, 1]].sum(0), value[[2, 3, 4, 5, 6]].sum(0)]
         for rows in r["after"]:

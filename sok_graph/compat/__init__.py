@@ -273,6 +273,17 @@ def eager_resource_deleter(handle):
     return resource_variable_ops.EagerResourceDeleter(handle, handle.device)
 
 
+def saving_a_saved_model():
+    """Whether tf.saved_model.save (or Keras' SavedModel save) is tracing
+    the functions it writes: graphs that are saved, not run here. TF 1.x
+    has no such context (False)."""
+    try:
+        from tensorflow.python.saved_model import save_context
+    except ImportError:
+        return False
+    return save_context.in_save_context()
+
+
 def anonymous_name():
     """A name unique in this process, for eager resources."""
     from tensorflow.python.eager import context
