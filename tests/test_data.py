@@ -216,6 +216,30 @@ def test_draw_ids_refuses_what_gives_no_ids_in_range():
         draw_ids(rng, 0.5, 10, 3)
 
 
+def test_the_top_ids_hash_and_a_uint64_vocab_or_position_keeps_its_integers():
+    """Numbers near 2**63 and 2**64, as every numpy hashes, draws and indexes
+    them: numpy before 1.25 (TensorFlow 1.15's) compared an int64 with 2**63
+    as float64, so hashed() refused the top 512 ids; numpy 2 took int64 ids
+    modulo a np.uint64 vocab to float64 (ids past 2**53 inexact); take()
+    read uint64 position 2**64 - 1 as -1, the last sample."""
+    from sok_graph.data import movielens
+    from sok_graph.data.hashed_keys import draw_ids, hashed
+
+    top = np.array([2 ** 63 - 1, 2 ** 63 - 512], np.int64)
+    keys = hashed(top)
+    assert keys.dtype == np.int64 and len(set(keys.tolist())) == 2 and keys.min() >= 0
+    assert hashed(top.astype(np.uint64)).tolist() == keys.tolist()
+    vocab = np.uint64(2 ** 62 + 1)
+    ids = draw_ids(np.random.default_rng(1), 1.05, vocab, 1000)
+    assert ids.dtype.kind in "iu" and ids.min() >= 0 and int(ids.max()) < int(vocab)
+    samples = {"label": np.arange(3, dtype=np.float32), "genres_values": np.arange(3),
+               "genres_splits": np.array([0, 1, 2, 3])}
+    with pytest.raises(IndexError, match="index holds 18446744073709551615, outside the 3 "
+                                         "samples"):
+        movielens.take(samples, np.array([2 ** 64 - 1], np.uint64))
+    assert movielens.take(samples, np.array([2], np.uint64))["label"].tolist() == [2.0]
+
+
 def test_auc_of_large_integer_scores():
     """Integer scores were cast to float64, where 2**60 and 2**60 + 1 are one
     number: a perfect ranking gave 0.5."""

@@ -343,7 +343,10 @@ def test_bad_reader_arguments_name_themselves(tmp_path, criteo):
     # rows was read twice an epoch.
     other = os.path.join(os.path.dirname(criteo), "..",
                          os.path.basename(os.path.dirname(criteo)), os.path.basename(criteo))
-    for files in ([criteo, criteo], [criteo, other]):
+    # And through a hard link, which no spelling of the path tells.
+    linked = str(tmp_path / "linked.parquet")
+    os.link(criteo, linked)
+    for files in ([criteo, criteo], [criteo, other], [criteo, linked]):
         with pytest.raises(ValueError, match=r"files\[1\] .* is the file files\[0\] .* "
                                              r"names too"):
             ParquetReader(files, 10, ["C1"])
@@ -679,3 +682,40 @@ def test_a_reader_of_no_column_is_refused(tmp_path):
                                          "no column: a batch needs at least one"):
         ParquetReader(path, 2, [], label_column=None)
     assert len(list(ParquetReader(path, 2, [], label_column="label"))) == 2
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+def test_a_multi_worker_strategy_does_not_shard_a_workers_part_again(criteo, world_size):
+    """Each worker's reader.dataset() through the sharding a
+    MultiWorkerMirroredStrategy's experimental_distribute_dataset applies
+    to a dataset (tf.data's auto-sharding, default policy): the reader's
+    part was sharded again, so the workers read 1/world_size of the file
+    between them and their batch counts differed, without an error. Now
+    every row is read once an epoch, in equal batch counts, as pyarrow
+    reads the file (less what even_batches leaves out)."""
+    import tensorflow as tf
+
+    try:
+        from tensorflow.python.distribute import input_ops
+    except ImportError:
+        pytest.skip("TensorFlow without tf.distribute's input sharding")
+    if not hasattr(tf.data.experimental, "AutoShardPolicy"):
+        pytest.skip("TensorFlow 1.x's tf.data has no auto-sharding of datasets")
+    rows, counts = [], []
+    for rank in range(world_size):
+        part = reader(criteo, batch_size=700, rank=rank, world_size=world_size,
+                      even_batches=True)
+        try:
+            sharded = input_ops.auto_shard_dataset(part.dataset(ragged=False), world_size, rank,
+                                                   world_size)
+        except TypeError:  # TensorFlow before 2.7: no num_replicas_in_sync
+            sharded = input_ops.auto_shard_dataset(part.dataset(ragged=False), world_size, rank)
+        batches = [as_numpy(b) for b in sharded]
+        counts.append(len(batches))
+        assert rows_of(batches) == rows_of(part), rank  # its own part, whole
+        rows += rows_of(batches)
+    assert len(set(counts)) == 1, counts
+    # even_batches leaves out the rows past the workers' equal batch counts
+    # (the reader's documented behaviour): no row twice, none made up.
+    assert len(set(rows)) == len(rows) and set(rows) <= set(reference(criteo))
+    assert len(rows) > len(reference(criteo)) - world_size * 700

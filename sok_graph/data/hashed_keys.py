@@ -30,8 +30,11 @@ def hashed(ids):
             raise ValueError(f"ids must be whole numbers; got {bad!r}")
     elif ids.dtype.kind not in "iu":
         raise TypeError(f"ids must be integers; got {ids.dtype}")
-    if ids.size and (ids.min() < 0 or ids.max() >= 2 ** 63):
-        bad = (ids.min() if ids.min() < 0 else ids.max()).item()
+    # As Python numbers: numpy before 1.25 compared an int64 with the int
+    # 2**63 as float64, where 2**63 - 1 is 2**63, and refused the top 512 ids.
+    low, high = (ids.min().item(), ids.max().item()) if ids.size else (0, 0)
+    if low < 0 or high >= 2 ** 63:
+        bad = low if low < 0 else high
         raise ValueError(f"ids must be in [0, 2**63); got {bad!r}")
     with np.errstate(over="ignore"):
         x = (ids.astype(np.uint64) + np.uint64(0x9E3779B97F4A7C15)) & _MASK
@@ -51,4 +54,6 @@ def draw_ids(rng, alpha, vocab, size):
         raise ValueError(f"alpha must be > 1 (Zipf) or <= 0 (uniform); got {alpha!r}")
     if alpha <= 0:
         return rng.integers(0, vocab, size=size)
-    return (rng.zipf(alpha, size=size) - 1) % vocab
+    # As a Python int: numpy 2 takes int64 % uint64 to float64, which gave
+    # ids past 2**53 inexact (a np.uint64 vocab).
+    return (rng.zipf(alpha, size=size) - 1) % int(vocab)

@@ -131,11 +131,13 @@ def take(samples, index):
     if given.ndim != 1:
         raise ValueError(f"index must be 1-D; got shape {given.shape}")
     n = len(samples["genres_splits"]) - 1
-    index = given.astype(np.int64)
-    outside = (index < -n) | (index >= n)
+    # Checked before the cast to int64: a uint64 position past 2**63 (2**64 - 1)
+    # wrapped to -1 and read the last sample.
+    outside = (given < -n) | (given >= n) if given.dtype.kind == "i" else given >= n
     if outside.any():
-        raise IndexError(f"index holds {int(index[np.argmax(outside)])}, outside the {n} "
+        raise IndexError(f"index holds {given[np.argmax(outside)].item()}, outside the {n} "
                          f"samples")
+    index = given.astype(np.int64)
     # Each position's genres lie between its split and the next: -1 read
     # the split at 0 and gave the last sample no genres and a negative one.
     index = np.where(index < 0, index + n, index)

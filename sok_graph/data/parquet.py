@@ -108,12 +108,17 @@ class ParquetReader:
                 raise TypeError(f"{flag} must be True or False; got {value!r}")
         self.files = [os.fsdecode(f) if isinstance(f, (bytes, os.PathLike)) else f
                       for f in files]
-        # A file named twice (or by two spellings) had every row read twice
-        # an epoch, without a word.
+        # A file named twice (or by two spellings, or through a hard link or
+        # a bind mount, which only the device and inode numbers tell) had
+        # every row read twice an epoch, without a word.
         first = {}
         for i, f in enumerate(self.files):
             if isinstance(f, str):
-                real = os.path.realpath(f)
+                try:
+                    found = os.stat(f)
+                    real = (found.st_dev, found.st_ino)
+                except OSError:  # missing: the read names it
+                    real = os.path.realpath(f)
                 if real in first:
                     j = first[real]
                     raise ValueError(
@@ -385,7 +390,10 @@ class ParquetReader:
         tf.data's autotuner is off for this pipeline (Dataset.with_options
         with options.autotune.enabled = True turns it back on): there is
         nothing in it to tune, and its bookkeeping cost 15-30% of the
-        throughput on 2 cores (bench/data_bench.py)."""
+        throughput on 2 cores (bench/data_bench.py). A reader of one worker's
+        part (world_size > 1) turns tf.data's auto-sharding off: a
+        multi-worker strategy's experimental_distribute_dataset takes the
+        part whole."""
         if not isinstance(ragged, bool):
             raise TypeError(f"ragged must be True or False; got {ragged!r}")
         import tensorflow as tf
@@ -421,6 +429,15 @@ class ParquetReader:
             options.experimental_optimization.autotune = False
         else:
             options.autotune.enabled = False
+        policy = getattr(tf.data.experimental, "AutoShardPolicy", None)
+        if self.world_size > 1 and policy is not None:
+            # The reader gives this worker its own part already: a
+            # MultiWorkerMirroredStrategy's experimental_distribute_dataset
+            # sharded that part again (tf.data's AUTO policy falls back to
+            # every world_size-th batch), so each worker trained on 1/N of its
+            # rows, 1/N of the data in all, and the workers' batch counts
+            # differed (even_batches promises them equal), without an error.
+            options.experimental_distribute.auto_shard_policy = policy.OFF
         return ds.prefetch(autotune).with_options(options)
 
 
