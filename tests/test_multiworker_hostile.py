@@ -225,7 +225,8 @@ def test_a_table_not_sharded_over_the_replicas_is_refused_inside_strategy_run(tm
     np.testing.assert_allclose(out["sharded_rows"], [want, want], rtol=1e-5)
 
 
-_TABLE_ORDER_WORKER = textwrap.dedent('''
+# A worker of a launched job on the engine its first argument names.
+_ENGINE_WORKER = textwrap.dedent('''
     import json, sys
     import numpy as np
     import tensorflow as tf
@@ -240,6 +241,9 @@ _TABLE_ORDER_WORKER = textwrap.dedent('''
         with tf.distribute.MultiWorkerMirroredStrategy().scope():
             comm = sok.init(comm_tool="tf", use_legacy_optimizer=False)
     rank = comm.rank
+''')
+
+_TABLE_ORDER_WORKER = _ENGINE_WORKER + textwrap.dedent('''
     ids = {"user": tf.ragged.constant([[0, 1], [2 + rank]], dtype=tf.int64),
            "item": tf.ragged.constant([[3], [4, 5 + rank]], dtype=tf.int64)}
     weight = {"user": 1.0, "item": 3.0}  # tells the two gradients apart
@@ -279,13 +283,19 @@ _TABLE_ORDER_WORKER = textwrap.dedent('''
 ''')
 
 
-def _check_table_order(engine, tmp_path):
-    script = tmp_path / "order_worker.py"
-    script.write_text(_TABLE_ORDER_WORKER)
+def _results_of_two_workers(source, engine, tmp_path):
+    """The RESULT dicts of a 2-worker job running `source` on `engine`."""
+    script = tmp_path / "worker.py"
+    script.write_text(source)
     output = launch(2, str(script), [engine], timeout=300)
     results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
                if "RESULT " in line]
     assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
+    return results
+
+
+def _check_table_order(engine, tmp_path):
+    results = _results_of_two_workers(_TABLE_ORDER_WORKER, engine, tmp_path)
     for r in results:
         rank = r["rank"]
         for run in ("same", "swapped"):
@@ -324,21 +334,7 @@ def test_tables_listed_in_another_order_on_another_worker_horovod(horovod, tmp_p
     _check_table_order("horovod", tmp_path)
 
 
-_DISAGREEING_WORKER = textwrap.dedent('''
-    import json, sys
-    import numpy as np
-    import tensorflow as tf
-    tf.compat.v1.enable_eager_execution()  # TF 1.x starts in graph mode
-    import sok_graph as sok
-
-    if sys.argv[1] == "horovod":
-        import horovod.tensorflow as hvd
-        hvd.init()
-        comm = sok.init(comm_tool="horovod", use_legacy_optimizer=False)
-    else:
-        with tf.distribute.MultiWorkerMirroredStrategy().scope():
-            comm = sok.init(comm_tool="tf", use_legacy_optimizer=False)
-    rank = comm.rank
+_DISAGREEING_WORKER = _ENGINE_WORKER + textwrap.dedent('''
     ids = tf.ragged.constant([[0, 1], [2, 3, 4, 5, 6]], dtype=tf.int64)
 
     def table(name, rows=10, dim=4, dtype=np.float32, mode="distributed"):
@@ -415,12 +411,7 @@ def test_workers_that_made_or_read_tables_otherwise_are_refused_horovod(horovod,
 
 
 def _check_disagreeing_workers(engine, tmp_path):
-    script = tmp_path / "disagreeing_worker.py"
-    script.write_text(_DISAGREEING_WORKER)
-    output = launch(2, str(script), [engine], timeout=300)
-    results = [json.loads(line.split("RESULT ", 1)[1]) for line in output.splitlines()
-               if "RESULT " in line]
-    assert sorted(r["rank"] for r in results) == [0, 1], output[-4000:]
+    results = _results_of_two_workers(_DISAGREEING_WORKER, engine, tmp_path)
     said = {
         "rows": "'rows' (10 x 4 float32, distributed) on rank 0 and 'rows' (7 x 4 float32, "
                 "distributed) on rank 1",
