@@ -95,3 +95,25 @@ def test_autograph_calls_the_package_as_written_and_still_converts_user_code():
     before = len(autograph_config.CONVERSION_RULES)
     compat.leave_package_to_autograph_unconverted("sok_graph")
     assert len(autograph_config.CONVERSION_RULES) == before
+
+
+def test_saving_a_saved_model_is_true_while_tf_saved_model_save_traces(tmp_path):
+    """The lookup's cross-worker agreement gathers nothing in a function
+    traced to be saved (a model saved on rank 0 alone): the flag it reads
+    is set while tf.saved_model.save traces, and only then."""
+    if compat.IS_TF1:
+        assert compat.saving_a_saved_model() is False
+        return
+    seen = []
+
+    class Module(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+        def double(self, x):
+            seen.append(compat.saving_a_saved_model())
+            return x * 2
+
+    module = Module()
+    module.double(tf.constant([1.0]))
+    tf.saved_model.save(module, str(tmp_path / "saved"))
+    assert seen[0] is False and seen[-1] is True, seen
+    assert compat.saving_a_saved_model() is False

@@ -277,10 +277,10 @@ def saving_a_saved_model():
     """Whether tf.saved_model.save (or Keras' SavedModel save) is tracing
     the functions it writes: graphs that are saved, not run here. TF 1.x
     has no such context (False)."""
-    try:
-        from tensorflow.python.saved_model import save_context
-    except ImportError:
+    if IS_TF1:
         return False
+    from tensorflow.python.saved_model import save_context
+
     return save_context.in_save_context()
 
 
