@@ -880,9 +880,9 @@ def test_tf_nn_embedding_lookup_on_a_dynamic_table_is_exported(tmp_path):
 
 # ------------------------------------------------------------ applying deltas
 
-def _one_table_export(tmp_path, name="export"):
+def _one_table_export(tmp_path, name="export", **export_args):
     """An export of a model reading one dynamic table 'user' (key 1: row 1),
-    and the table."""
+    and the table. export_args: export_for_serving's further arguments."""
     sok.init(comm_tool="none")
     user = sok.DynamicVariable(2, initializer="zeros", name="user")
     sok.assign(user, tf.constant([1], tf.int64), np.full((1, 2), 1.0, np.float32))
@@ -893,7 +893,8 @@ def _one_table_export(tmp_path, name="export"):
                                      combiners=["sum"])[0]
 
     export_dir = str(tmp_path / name)
-    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)])
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None, 1], tf.int64)],
+                           **export_args)
     return export_dir, user
 
 
@@ -2757,3 +2758,92 @@ def test_a_lookup_of_a_table_whose_keys_and_index_never_agree_fails_naming_it():
     with pytest.raises(tf.errors.InvalidArgumentError,
                        match="sok serving table 'user': its keys and index did not agree"):
         table.lookup(tf.constant([1], tf.int64))
+
+
+def test_a_tf1_build_fn_whose_dynamic_table_lacks_the_trained_filter_default_is_refused(
+        tmp_path):
+    """A build_fn that makes a filtered table again without its admission
+    settings (they look like training's alone): the export served zeros for
+    keys the trained table had not admitted, where training reads its
+    filter_default, without an error. It is a ValueError naming the table
+    and both defaults, nothing written; with the trained settings (or an
+    explicit default_row) the export serves what training reads."""
+    with tf.Graph().as_default():
+        sok.init()
+        table = sok.DynamicVariable(2, initializer="0.5", name="flt", min_count=3,
+                                    filter_default=0.25)
+        ids = tf.constant([1, 1, 1, 2], tf.int64)
+        read = table.sparse_read(ids)
+        probe = tf.constant([1, 2, 9], tf.int64)
+
+        def build_fn(**settings):
+            served = sok.DynamicVariable(2, initializer="0.5", name="flt", **settings)
+            keys = tf.compat.v1.placeholder(tf.int64, [None], name="keys")
+            return {"keys": keys}, {"out": sok.all2all_dense_embedding(served, keys)}
+
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            sess.run(read)
+            # Training's inference read: key 1 admitted, 2 counted once, 9 never seen.
+            want = np.array([[0.5, 0.5], [0.25, 0.25], [0.25, 0.25]], np.float32)
+            with pytest.raises(ValueError, match=r"dynamic table 'flt' has filter_default 0.0; "
+                                                 r"the trained table reads 0.25"):
+                sok.export_for_serving(build_fn, str(tmp_path / "bare"), session=sess)
+            assert not os.path.exists(str(tmp_path / "bare"))
+            for name, fn, row in (
+                    ("same", lambda: build_fn(min_count=3, filter_default=0.25), None),
+                    ("explicit", build_fn, {"flt": 0.25})):
+                export_dir = str(tmp_path / name)
+                sok.export_for_serving(fn, export_dir, session=sess, default_row=row)
+                with tf.Graph().as_default(), tf.compat.v1.Session() as served:
+                    meta = tf.compat.v1.saved_model.loader.load(served, ["serve"], export_dir)
+                    signature = meta.signature_def["serving_default"]
+                    got = served.run(signature.outputs["out"].name,
+                                     {signature.inputs["keys"].name: sess.run(probe)})
+                np.testing.assert_array_equal(got, want)
+
+
+@tf2_only
+@pytest.mark.parametrize("default_row,pattern", [
+    ({"usr": 7.0}, r"default_row names \['usr'\], which the model serves no dynamic table as; "
+                   r"its dynamic tables are served as \['user'\]"),
+    (1e39, r"default_row of table 'user' must be finite in the table's dtype float32; got 1e\+39"),
+    (float("nan"), r"default_row of table 'user' must be finite"),
+])
+def test_a_default_row_of_no_served_table_or_not_finite_is_refused(tmp_path, default_row,
+                                                                     pattern):
+    """default_row naming a table the model serves under no such name (a
+    typo) was passed over and the table served zeros; 1e39 (past float32)
+    and nan were served for every key the table lacks. Each is a ValueError
+    naming default_row, nothing written."""
+    with pytest.raises(ValueError, match=pattern):
+        _one_table_export(tmp_path, default_row=default_row)
+    assert not os.path.exists(str(tmp_path / "export"))
+
+
+@tf2_only
+def test_unique_read_and_a_filtered_read_counted_serve_as_training_reads(tmp_path):
+    """A model reading a dynamic table through unique_read, or a filtered
+    one through read_counted: the export failed (a sok op left in the
+    servable function; TensorFlow's "untracked resource", naming neither
+    the table nor the read). They serve what training's inference read
+    gives: held rows, else the table's filter_default."""
+    sok.init(comm_tool="none")
+    plain = sok.DynamicVariable(2, initializer="zeros", name="plain")
+    sok.assign(plain, tf.constant([3, 5], tf.int64), np.array([[1, 1], [2, 2]], np.float32))
+    filtered = sok.DynamicVariable(2, initializer="0.5", name="filtered", min_count=2,
+                                   filter_default=0.25)
+    filtered.sparse_read(tf.constant([3, 3, 5], tf.int64))  # 3 admitted, 5 counted once
+
+    class Model(tf.Module):
+        def __call__(self, keys):
+            _, rows, positions = plain.unique_read(keys)
+            counted = filtered.read_counted(keys, tf.ones_like(keys))
+            return tf.concat([tf.gather(rows, positions), counted], 1)
+
+    export_dir = str(tmp_path / "reads")
+    sok.export_for_serving(Model(), export_dir, [tf.TensorSpec([None], tf.int64)])
+    served = tf.saved_model.load(export_dir)
+    (out,) = served.signatures["serving_default"](tf.constant([5, 3, 9], tf.int64)).values()
+    want = np.array([[2, 2, 0.25, 0.25], [1, 1, 0.5, 0.5], [0, 0, 0.25, 0.25]], np.float32)
+    np.testing.assert_array_equal(out.numpy(), want)

@@ -225,6 +225,8 @@ class GraphResolver(_StandIns):
         self.default_row = default_row
         self.tables = {}
         self._by_id = {}
+        # {name: the filter_default build_fn gave a dynamic table, or None}
+        self.filter_defaults = {}
 
     def table_for(self, param):
         if isinstance(param, (StaticTable, DynamicTable)):
@@ -255,6 +257,7 @@ class GraphResolver(_StandIns):
         table = DynamicTable(name, key_type or tf.int64, dimension, dtype or tf.float32,
                              _default_row_for(self.default_row, name, filter_default))
         self.tables[name] = table
+        self.filter_defaults[name] = filter_default
         return table
 
 
@@ -566,6 +569,7 @@ def _export_v2(model, export_dir, input_signature, default_row, chunk_rows):
     with mode.serving(resolver):
         function = tf.function(serve, input_signature=list(input_signature))
         concrete = function.get_concrete_function()
+        _refuse_default_rows_of_no_table(default_row, resolver.tables)
         if rank == 0:
             try:
                 _write_v2(export_dir, resolver, function, concrete, input_signature, created)
@@ -655,7 +659,8 @@ def _shards_of_one_table(a, b):
         holder_a() is not None and holder_a() is holder_b()
 
 
-def _refuse_tables_unlike_the_trained(tables, table_sources):
+def _refuse_tables_unlike_the_trained(tables, table_sources, default_row=None,
+                                      filter_defaults=None):
     """A serving graph's table takes the trained table's rows whole, so it
     must be made like it. A static table must have its shape: the copy
     gives a resource variable the rows whatever its declared shape, and an
@@ -689,6 +694,43 @@ def _refuse_tables_unlike_the_trained(tables, table_sources):
                 f"{t.key_dtype.name} keys; the trained table has dimension {trained_dim} and "
                 f"{trained_keys.name} keys: build_fn must make it with the trained table's "
                 f"dimension and key_type")
+        _refuse_a_filter_default_unlike_the_trained(name, source, default_row,
+                                                    (filter_defaults or {}).get(name))
+
+
+def _refuse_default_rows_of_no_table(default_row, tables):
+    """default_row as {table name: row} must name dynamic tables the model
+    serves: a name of no such table (a typo, "user" for a table served as
+    "user_1") was passed over, and the table it meant served zeros. Every
+    worker sees the same tables."""
+    if not isinstance(default_row, dict):
+        return
+    served = sorted(name for name, t in tables.items() if isinstance(t, DynamicTable))
+    unknown = sorted(str(name) for name in default_row if name not in served)
+    if unknown:
+        raise ValueError(f"default_row names {unknown}, which the model serves no dynamic "
+                         f"table as; its dynamic tables are served as {served}")
+
+
+def _refuse_a_filter_default_unlike_the_trained(name, source, default_row, built):
+    """A dynamic table of build_fn's graph serves keys it lacks the default
+    row of the admission filter build_fn gave it (`built`: its
+    filter_default, None without a filter); training read the trained
+    table's filter_default for keys not admitted and never seen. A build_fn
+    that left the filter settings out (they look like training's alone)
+    served zeros for those keys, without an error. Where default_row names
+    the row, that row is served, as asked."""
+    if default_row is not None and (not isinstance(default_row, dict) or name in default_row):
+        return
+    trained_filter = getattr(replica_shards.shards_of(source)[0], "admission", None)
+    trained = 0.0 if trained_filter is None else float(trained_filter.default)
+    given = 0.0 if built is None else float(built)
+    if given != trained:
+        raise ValueError(
+            f"the serving graph's dynamic table '{name}' has filter_default {given!r}; the "
+            f"trained table reads {trained!r} for keys it has not admitted: build_fn must make "
+            f"it with the trained table's admission settings (filter_default=...), or give "
+            f"export_for_serving the row to serve as default_row")
 
 
 def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_runner,
@@ -734,6 +776,7 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
                       for v in t.variables_by_role().values()}
     finally:
         context._communicator = saved_comm
+    _refuse_default_rows_of_no_table(default_row, resolver.tables)
     variables = graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
     with tf.compat.v1.Session(graph=graph) as sess:
         with graph.as_default():
@@ -753,7 +796,8 @@ def write_graph_saved_model(export_dir, build_fn, values, table_sources, source_
         for v in variables:
             if v.op.name in values:
                 v.load(values[v.op.name], sess)
-        _refuse_tables_unlike_the_trained(resolver.tables, table_sources)
+        _refuse_tables_unlike_the_trained(resolver.tables, table_sources, default_row,
+                                          resolver.filter_defaults)
         target = sources.Runner(sess)
         for name, t in resolver.tables.items():
             source = table_sources.get(name)

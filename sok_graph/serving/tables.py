@@ -74,7 +74,14 @@ def default_row_value(default_row, name, dim, dtype):
     if row.shape != (dim,):
         raise ValueError(f"default row of table {name!r} must be a number or a vector of "
                          f"{dim} (the table's dimension); got shape {list(row.shape)}")
-    return row.astype(tf.as_dtype(dtype).as_numpy_dtype)
+    with np.errstate(over="ignore"):
+        served = row.astype(tf.as_dtype(dtype).as_numpy_dtype)
+    if not (np.isfinite(row).all() and np.isfinite(served.astype(np.float64)).all()):
+        # Every key the table lacks was served inf or nan (1e39 overflows
+        # float32), as no filter_default or delta row may be.
+        raise ValueError(f"default_row of table {name!r} must be finite in the table's dtype "
+                         f"{tf.as_dtype(dtype).name}; got {default_row!r}")
+    return served
 
 
 # What apply_delta_fn (apply_delta, as the function a TF2 export holds for

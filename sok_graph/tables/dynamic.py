@@ -709,7 +709,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
                              f"{keys.shape}")
         self._record_read()
         if serving_mode.active():
-            distinct, positions = util_ops.unique(keys, out_idx=tf.int64)
+            # TensorFlow's unique: a servable model holds stock ops only
+            # (util_ops.unique is sok's SokUnique, which failed the export).
+            distinct, positions = tf.unique(keys, out_idx=tf.int64)
             return distinct, serving_mode.table_for(self).lookup(distinct), positions
         if reading_for_inference():
             return self._inference_read(keys)
@@ -779,7 +781,9 @@ class DynamicVariable(tf.Variable, compat.native_object_class(), KerasWeights):
         distinct = self._check_keys(distinct, widen=True)
         low_frequency_filter = admission.checked_flag(low_frequency_filter,
                                                       "low_frequency_filter")
-        if self._admission is None or reading_for_inference():
+        if self._admission is None or reading_for_inference() or serving_mode.active():
+            # (a servable model reads the serving table, which holds no
+            # filter: keys it lacks read its default row)
             return self.read_routed(distinct)
         self._record_read()
         return self._admitted_rows(distinct, occurrences, low_frequency_filter)[0]
