@@ -5,13 +5,12 @@ the tables' work done by one op and each table's gradient an IndexedSlices
 with unique indices.
 """
 
+import json
 import math
+import weakref
 
 import numpy as np
 import tensorflow as tf
-
-import json
-import weakref
 
 from sok_graph import compat, context, exchange
 from sok_graph.communication import agreement
@@ -218,7 +217,7 @@ def _said(entry):
     return f"'{name}' ({shape}, {where})"
 
 
-def _agree_across_workers(comm, params, order, exchanges):
+def _agree_across_workers(comm, params, tensors, order, combiners, max_norm, weights):
     """Every worker process builds the same exchanges for this call, or
     each raises a ValueError saying how theirs differ. The exchanges pair
     across workers by their order alone: workers that made a table with
@@ -226,8 +225,10 @@ def _agree_across_workers(comm, params, order, exchanges):
     or group them otherwise (another combiner, max_norm or weighting) in a
     call, read each other's rows as their own, without an error (a row a
     worker lacks read as zeros; a dimension or dtype mismatch failed later
-    in TensorFlow's collectives, naming neither). `exchanges`: the group of
-    each sharded table read (table indices into params -> exchange id).
+    in TensorFlow's collectives, naming neither). The layout compared is
+    each sharded table's description and exchange (_planned_exchanges),
+    worked out only where several processes take part: a lookup of one
+    process pays nothing for it, call after call.
     Agreed once per layout and job: an all-gather outside the step, when
     the call is first built (traced, in graph mode, or run eagerly); a
     later build of the same layout (a retrace for another batch size on
@@ -242,7 +243,10 @@ def _agree_across_workers(comm, params, order, exchanges):
     that order nor the call's tells which table is which: each entry also
     holds its table's place among those of its name in the call, so that
     such workers are refused and asked to name the tables."""
-    if not agreement.spans_processes(comm) or not exchanges or compat.saving_a_saved_model():
+    if not agreement.spans_processes(comm) or compat.saving_a_saved_model():
+        return
+    exchanges = _planned_exchanges(params, tensors, order, combiners, max_norm, weights)
+    if not exchanges:
         return
     described = {t: _described(params[t]) for t in exchanges}
     layout = []
@@ -868,8 +872,7 @@ def lookup_sparse(params, sp_ids, sp_weights=None, combiners=None,
         values, splits, dense_grads = [None] * n, [None] * n, [False] * n
         pending = []
         order = _exchange_order(params, given_names)
-        _agree_across_workers(comm, params, order, _planned_exchanges(
-            params, tensors, order, combiners, max_norm, weights))
+        _agree_across_workers(comm, params, tensors, order, combiners, max_norm, weights)
         # A table read twice (two features sharing it) is read in this order
         # when the graph runs: admission filters draw as eagerly.
         with admission.reads_in_order():

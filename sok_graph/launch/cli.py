@@ -50,11 +50,16 @@ def _positive_int(text):
     return value
 
 
-def _seconds(text):
+def _number(text):
+    """text as a float; nan (refused by every caller) where it is none."""
     try:
-        value = float(text)
+        return float(text)
     except ValueError:
-        value = float("nan")
+        return float("nan")
+
+
+def _seconds(text):
+    value = _number(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"must be a positive number of seconds; got {text!r}")
     return value
@@ -63,10 +68,7 @@ def _seconds(text):
 def _stall_seconds(text):
     """A stall bound: 0 (none: collectives wait forever, as the tf.distribute
     engine reads it), or at least MIN_STALL_TIMEOUT_S seconds."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = float("nan")
+    value = _number(text)
     # TensorFlow keeps a collective's timeout as a 32-bit float and counts it
     # in whole microseconds, where 0 is no timeout: 1e-300 became 0, and the
     # workers waited forever under a bound meant to be tiny. Such a value is
