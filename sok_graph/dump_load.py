@@ -413,7 +413,20 @@ def _check_world(variables, what):
             placement.check_world(comm, shard, name, what)
 
 
-def _same_on_every_worker(variables, argument, what, path=None):
+def _optimizer_described(optimizer):
+    """What workers compare of sok.dump's / sok.load's optimizer: None, or
+    its algorithm and slot names (a refusal's class where slot_state_for
+    refuses it: raised after the agreement, on every worker)."""
+    if optimizer is None:
+        return None
+    try:
+        state = slot_state_for(optimizer)
+        return [state.algorithm, [name for name, _ in state.slot_specs()]]
+    except Exception as e:  # noqa: BLE001 (raised again after the agreement)
+        return ["refused", type(e).__name__]
+
+
+def _same_on_every_worker(variables, argument, what, path=None, optimizer=None):
     """ValueError on every worker process unless each passed the same
     variables (names, kinds and dimensions, in the same order) and, where
     given, the same `path` (as an absolute path), before any other
@@ -422,9 +435,13 @@ def _same_on_every_worker(variables, argument, what, path=None):
     held rank 1's rows of b, and a load of [a, b] on one worker and [a] on
     another left that one's shard of b as it was, both without an error.
     Only rank 0 writes a dump: another worker's path was never written, and
-    its sok.dump returned as if it had been."""
+    its sok.dump returned as if it had been. The optimizer too (given or
+    not, its algorithm and slots): a load given it on one worker only put
+    that worker's slots and step back and left the others' as they were,
+    and such a dump failed in TensorFlow's collectives, naming nothing."""
     listed = [[name, kind_of(var), dimension_of(var)] for name, var in variables.items()]
-    every = _every_workers([listed, None if path is None else os.path.abspath(path)])
+    every = _every_workers([listed, None if path is None else os.path.abspath(path),
+                            _optimizer_described(optimizer)])
     if every is None:
         return
     told = _told_if_they_differ(every, 0, lambda given: [v[0] for v in given[0]])
@@ -438,6 +455,13 @@ def _same_on_every_worker(variables, argument, what, path=None):
         raise ValueError(
             f"{what}: the workers passed different paths ({told}); every worker must pass "
             f"the same path (rank 0 writes the dump there for all of them)")
+    told = _told_if_they_differ(every, 2, lambda given: (
+        "no optimizer" if given[2] is None else f"{given[2][0]} {given[2][1]}"))
+    if told:
+        raise ValueError(
+            f"{what}: the workers passed different optimizer arguments ({told}); every "
+            f"worker must pass the same optimizer (its slots and step are every worker's "
+            f"rows), or none")
 
 
 def _every_workers(value):
@@ -694,7 +718,7 @@ def dump(path, dump_vars, optimizer=None):
                          f"(the process would be left in a deleted directory): give a "
                          f"subdirectory")
     variables = _check_vars(dump_vars, "dump_vars")
-    _same_on_every_worker(variables, "dump_vars", f"sok.dump to {path}", path)
+    _same_on_every_worker(variables, "dump_vars", f"sok.dump to {path}", path, optimizer)
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     if optimizer is not None:
         refuse_slots_held_elsewhere(optimizer, variables, "sok.dump")
@@ -1184,7 +1208,7 @@ def load(path, load_vars, optimizer=None):
     from a dump. Everything is read and checked before anything is assigned."""
     path = checked_path(path)
     variables = _check_vars(load_vars, "load_vars")
-    _same_on_every_worker(variables, "load_vars", f"sok.load of {path}")
+    _same_on_every_worker(variables, "load_vars", f"sok.load of {path}", optimizer=optimizer)
     optimizer = None if optimizer is None else slot_state_for(optimizer)
     if optimizer is not None:
         refuse_slots_held_elsewhere(optimizer, variables, "sok.load")
@@ -1534,11 +1558,22 @@ def read_dump(path, dims, static_rows=None, slot_names=(), algorithm=None, formu
                 f"another thing (an accumulator of gradients against a velocity): load with "
                 f"the kind of optimizer that was dumped")
     loaded = {}
+    named_alike = {n for group in manifest.get("named_alike", {}).values() for n in group}
     for name, dim in dims.items():
         entry = manifest["variables"].get(name)
         if entry is None:
             raise CheckpointError(f"{where} has no variable '{name}'; it has "
                                   f"{sorted(manifest['variables'])}")
+        kind = "static" if name in static_rows else "dynamic"
+        if name in named_alike and entry.get("kind") not in (None, kind):
+            # Tables of one name are matched by their places in the list:
+            # a sok.Variable and a DynamicVariable both named 'emb', listed
+            # in the other order, took each other's rows.
+            raise CheckpointError(
+                f"{where}: the table listed as '{name}' of load_vars is {kind}; the dump's "
+                f"'{name}' is {entry['kind']} (tables of one name are told apart by their "
+                f"places in the dumped list): load them in the order they were dumped, or "
+                f"give the tables distinct names")
         if entry["dim"] != dim:
             raise CheckpointError(f"{where}: variable '{name}' was dumped with dimension "
                                   f"{entry['dim']}; it has dimension {dim}")

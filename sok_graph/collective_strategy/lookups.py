@@ -122,6 +122,17 @@ def _make_dense_lookup(key):
     return embedding_lookup
 
 
+def _sparse(ids):
+    """A SparseTensor of sparse or ragged ids (or weights), as TensorFlow's
+    sparse lookups take both (TF 2.x): ragged ids on a sok table failed with
+    "'RaggedTensor' object has no attribute 'dense_shape'"."""
+    if isinstance(ids, tf.compat.v1.SparseTensorValue):
+        return tf.SparseTensor.from_value(ids)
+    if isinstance(ids, tf.RaggedTensor):
+        return ids.to_sparse()
+    return ids
+
+
 def _as_2d(sp, what):
     """`sp` with a static rank of 2 (a sparse_placeholder's rank is unknown
     until it is fed; a fed rank other than 2 then fails in ensure_shape)."""
@@ -152,8 +163,8 @@ def _make_sparse_lookup(key):
         strategy = a.get("partition_strategy")
         if table is None:
             return _tensorflow_lookup(orig, args, kwargs, a, "params", "sp_ids", _sparse_rows)
-        sp_ids = _sparse_rows(table, a["sp_ids"], strategy)
-        return _sparse_lookup_2d(table, sp_ids, a["sp_weights"], a["combiner"],
+        sp_ids = _sparse_rows(table, _sparse(a["sp_ids"]), strategy)
+        return _sparse_lookup_2d(table, sp_ids, _sparse(a["sp_weights"]), a["combiner"],
                                  a["max_norm"], a["name"])
 
     embedding_lookup_sparse.__doc__ = _originals()[key].__doc__
@@ -179,10 +190,7 @@ def _make_safe_sparse_lookup(key):
             # per row of their last dimension; negative ids are dropped, and
             # non-positive weights unless the combiner is "sum" (TensorFlow
             # keeps them there: a weight of -1 subtracts its row).
-            if isinstance(sp_ids, tf.compat.v1.SparseTensorValue):
-                sp_ids = tf.SparseTensor.from_value(sp_ids)
-            if isinstance(sp_weights, tf.compat.v1.SparseTensorValue):
-                sp_weights = tf.SparseTensor.from_value(sp_weights)
+            sp_ids, sp_weights = _sparse(sp_ids), _sparse(sp_weights)
             shape = sp_ids.dense_shape
             rank = sp_ids.shape.rank
             if rank is None or rank != 2:

@@ -37,6 +37,7 @@ def _store_get_variable(store, *args, **kwargs):
             if not is_sok_variable(existing):
                 raise ValueError(f"variable {name!r} exists and is not a sok variable; it "
                                  "cannot be reused as a model-parallel table")
+            _refuse_another_shape_or_dtype(existing, name, shape, dtype)
             return existing
         raise ValueError(f"Variable {name} already exists, disallowed. Did you mean to set "
                          "reuse=True or reuse=tf.compat.v1.AUTO_REUSE in VarScope?")
@@ -44,6 +45,13 @@ def _store_get_variable(store, *args, **kwargs):
         raise ValueError(f"Variable {name} does not exist, or was not created with "
                          "tf.compat.v1.get_variable(). Did you mean to set "
                          "reuse=tf.compat.v1.AUTO_REUSE in VarScope?")
+    if dtype.base_dtype not in _TABLE_DTYPES:
+        # It was made, and its first lookup failed naming neither it nor
+        # the argument; plain TensorFlow looks up a float64 table.
+        raise TypeError(f"variable {name!r}: a model-parallel table (a partitioned "
+                        f"get_variable under CollectiveStrategy.embedding_scope) holds "
+                        f"{', '.join(d.name for d in _TABLE_DTYPES)} rows; got dtype "
+                        f"{dtype.base_dtype.name}")
     full_shape = tf.TensorShape(shape).as_list()
     if None in full_shape:
         raise ValueError(f"variable {name!r}: a model-parallel table needs a fully defined "
@@ -70,6 +78,7 @@ def _store_get_variable(store, *args, **kwargs):
                            trainable=trainable, collections=a["collections"],
                            caching_device=a["caching_device"], constraint=a["constraint"])
     var._sok_partition_rows = parts
+    var._sok_full_shape = full_shape
     store._vars[name] = var
     if a["regularizer"] is not None:
         with tf.compat.v1.name_scope(None), tf.compat.v1.name_scope(name + "/Regularizer/"):
@@ -89,6 +98,24 @@ def _store_get_variable(store, *args, **kwargs):
         if loss is not None:
             tf.compat.v1.add_to_collection(tf.compat.v1.GraphKeys.REGULARIZATION_LOSSES, loss)
     return var
+
+
+_TABLE_DTYPES = (tf.float32, tf.float16, tf.bfloat16)
+
+
+def _refuse_another_shape_or_dtype(existing, name, shape, dtype):
+    """ValueError where a reuse asks for another shape or dtype than the
+    table has, as plain TensorFlow refuses the reuse of a partitioned
+    variable (the table was returned as it was: a [16, 8] request got the
+    [10, 3] table, a float16 one the float32 table)."""
+    full = getattr(existing, "_sok_full_shape", None)
+    if full is not None and not tf.TensorShape(shape).is_compatible_with(full):
+        raise ValueError(f"Trying to reuse partitioned variable {name}, but specified shape "
+                         f"{tf.TensorShape(shape)} and found shape {tf.TensorShape(full)}.")
+    found = tf.as_dtype(existing.dtype).base_dtype
+    if not dtype.base_dtype.is_compatible_with(found):
+        raise ValueError(f"Trying to reuse partitioned variable {name}, but specified dtype "
+                         f"{dtype.base_dtype.name} and found dtype {found.name}.")
 
 
 def _partition_rows(partitioner, shape, dtype):

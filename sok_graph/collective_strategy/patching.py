@@ -49,6 +49,19 @@ def _tf_modules():
     return embedding_ops, variable_scope, monitored_session, optimizer, training
 
 
+def _norm_modules():
+    """(clip_ops, the v1 loss scales' module or None): where the gradients'
+    norms and finite checks that scope() makes span the workers live."""
+    from tensorflow.python.ops import clip_ops
+    try:
+        from tensorflow.python.training.experimental import loss_scale
+    except ImportError:
+        loss_scale = None
+    if not hasattr(loss_scale, "_is_all_finite"):
+        loss_scale = None
+    return clip_ops, loss_scale
+
+
 def _originals():
     """TensorFlow's own functions (captured once, before any patch)."""
     global _ORIG
@@ -65,6 +78,11 @@ def _originals():
             "compute_gradients": optimizer.Optimizer.compute_gradients,
             "MonitoredTrainingSession": monitored_session.MonitoredTrainingSession,
         }
+        clip_ops, loss_scale = _norm_modules()
+        _ORIG["global_norm"] = clip_ops.global_norm
+        _ORIG["clip_by_norm"] = clip_ops.clip_by_norm
+        if loss_scale is not None:
+            _ORIG["is_all_finite"] = loss_scale._is_all_finite
     return _ORIG
 
 

@@ -228,7 +228,15 @@ _UPDATE_METHODS = ("_apply_dense", "_apply_sparse", "_apply_sparse_shared",
                    "_resource_apply_dense", "_resource_apply_sparse",
                    "_resource_apply_sparse_duplicate_indices", "_prepare", "_prepare_local",
                    "_finish", "_create_slots", "update_step", "_update_step",
-                   "_update_step_xla", "build")
+                   "_update_step_xla", "build",
+                   # What Keras does to the gradients before its update
+                   # (Keras 3's apply and _clip_gradients, Keras 2's
+                   # transforms and aggregation): the rows of sok tables
+                   # took the gradients untouched, where a tf.Variable
+                   # took them halved, clipped or scaled.
+                   "apply", "_clip_gradients", "_transform_gradients",
+                   "_transform_unaggregated_gradients", "_aggregate_gradients",
+                   "_apply_weight_decay", "_backend_apply_gradients")
 
 # Adam's amsgrad keeps a slot and a rule the row updates do not have.
 _AMSGRAD_REFUSAL = "sok.OptimizerWrapper does not support Adam(amsgrad=True)"
@@ -250,6 +258,27 @@ def _refuse_a_changed_update(optimizer, known, subclasses):
                 f"computes its updates its own way ({cls.__name__} defines {changed[0]}), "
                 f"which the row updates would ignore: give sok tables a supported optimizer "
                 f"(SGD, Momentum, Adagrad, Ftrl, RMSprop, Adadelta, Adam, Adamax)")
+
+
+def refuse_an_own_apply_gradients(optimizer):
+    """TypeError where a class between `optimizer`'s own and the algorithm
+    table's class it derives from defines apply_gradients (a subclass that
+    scales or clips the gradients there): sok.OptimizerWrapper updates the
+    rows of sok tables without calling it, so they took the gradients
+    untouched. (sok.OptimizerScope calls it: its tables' gradients are
+    taken from inside the optimizer's own apply_gradients.)"""
+    mro = type(optimizer).__mro__
+    for at, cls in enumerate(mro):
+        if cls.__name__ in _BY_CLASS_NAME:
+            for sub in mro[:at]:
+                if "apply_gradients" in vars(sub):
+                    raise TypeError(
+                        f"sok.OptimizerWrapper updates sok rows without calling "
+                        f"{type(optimizer).__name__}.apply_gradients ({sub.__name__} defines "
+                        f"its own), so what it does to the gradients would not reach them: "
+                        f"use sok.OptimizerScope([tables]) with the optimizer itself, which "
+                        f"calls it, or change the gradients before apply_gradients")
+            return
 
 
 def _algorithm_name(optimizer):
@@ -334,7 +363,8 @@ _UNAPPLIED_OPTIONS = (
     ("clipvalue", ("clipvalue",)), ("global_clipnorm", ("global_clipnorm",)),
     ("gradient_accumulation_steps", ("gradient_accumulation_steps",)),
     ("use_ema", ("use_ema",)), ("decay", ("_initial_decay",)),
-    ("loss_scale_factor", ("loss_scale_factor",)))
+    ("loss_scale_factor", ("loss_scale_factor",)),
+    ("gradient_transformers", ("gradient_transformers",)))
 
 
 def _unapplied_option(opt):
@@ -342,7 +372,8 @@ def _unapplied_option(opt):
     would ignore, or None."""
     for option, names in _UNAPPLIED_OPTIONS:
         setting = _attr(opt, *names)
-        if setting is None or setting is False:
+        if setting is None or setting is False or (isinstance(setting, (list, tuple))
+                                                   and not setting):
             continue
         try:
             if float(value(setting)) == 0:
@@ -458,8 +489,10 @@ _KERAS_LIVE = {
     "lr_power": (("learning_rate_power",), -0.5),
     "l1": (("l1_regularization_strength",), 0.0),
     "l2": (("l2_regularization_strength",), 0.0),
-    "l2_shrinkage": (("l2_shrinkage_regularization_strength",
-                      "_l2_shrinkage_regularization_strength"), 0.0),
+    # Keras 2's OptimizerV2 Ftrl keeps it private and reads only that: a
+    # public attribute set later is not what its update uses.
+    "l2_shrinkage": (("_l2_shrinkage_regularization_strength",
+                      "l2_shrinkage_regularization_strength"), 0.0),
     "beta": (("beta",), 0.0),
 }
 
@@ -557,7 +590,8 @@ class Hyperparameters:
     @property
     def changed_setting(self):
         """A message refusing a Keras optimizer's nesterov, centered or
-        amsgrad set after the wrapper was made (the rows' rule and slots
+        amsgrad set after the wrapper was made, or momentum set above 0
+        after it was made at 0 (the rows' rule and slots
         were chosen by them then: the new setting was ignored for sok rows,
         without an error), or None."""
         live = self._live_optimizer()
@@ -565,6 +599,15 @@ class Hyperparameters:
             return None
         if self.algorithm.name == "adam" and _attr(live, "amsgrad", default=False):
             return _AMSGRAD_REFUSAL
+        if not self.uses_momentum and _uses_momentum(live, _attr(live, "momentum")):
+            # Keras 3 keeps momentum as a number: set above 0 later, the
+            # rows went on with the rule and slots chosen without it
+            # (plain SGD), where Keras' own update fails for want of its
+            # momentum slots.
+            return (f"{type(live).__name__}'s momentum is above 0 now and was 0 when "
+                    f"sok.OptimizerWrapper was made, which chose the sok rows' update and "
+                    f"slots by it: set momentum before making the wrapper (or before the "
+                    f"first step inside sok.OptimizerScope)")
         for flag in ("nesterov", "centered"):
             now = bool(_attr(live, flag, default=False))
             if now != bool(getattr(self, flag)):

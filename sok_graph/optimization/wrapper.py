@@ -11,7 +11,11 @@ the formulas are in algorithms.py): SGD, Momentum (Keras SGD with momentum;
 nesterov too), Adagrad, Ftrl (l1, l2, l2 shrinkage, beta), RMSprop
 (momentum, centered), Adadelta, Adam and Adamax (both lazy: untouched rows
 keep their moments, as LazyAdam does; the bias correction uses this
-wrapper's step count).
+wrapper's step count, which goes on from the wrapped Keras optimizer's
+`iterations` in a call that also updates other variables through it).
+RMSprop is lazy too, as TF's sparse kernels are: Keras 2's RMSprop
+without momentum decays every row's mean square each step, sok only the
+rows a gradient touches.
 
 Refused, naming the optimizer and the hyperparameter (when the wrapper is
 made; for a native optimizer under sok.OptimizerScope, when it would update
@@ -62,7 +66,8 @@ from sok_graph.tables.static import is_sok_variable
 from sok_graph.ops import dynamic as dynamic_ops
 from sok_graph.ops import util as util_ops
 from sok_graph.optimization import fused_apply, native_state
-from sok_graph.optimization.algorithms import Hyperparameters, known_number, value
+from sok_graph.optimization.algorithms import (Hyperparameters, known_number,
+                                               refuse_an_own_apply_gradients, value)
 
 def _replicas():
     """The replicas that keep step counters: a MirroredStrategy's whose
@@ -117,6 +122,8 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 f"optimizer must be a tf.compat.v1.train or Keras optimizer; got "
                 f"{type(optimizer).__name__}")
         self._optimizer = optimizer
+        if not isinstance(self, _NativeWrapper) and not isinstance(optimizer, OwnRule):
+            refuse_an_own_apply_gradients(optimizer)
         _make_keras2_hyperparameters(optimizer)
         self._hp = Hyperparameters(optimizer, tf1_formulas=getattr(optimizer, "tf1_formulas",
                                                                    None))
@@ -413,7 +420,9 @@ class OptimizerWrapper(compat.trackable_base_class()):
         the wrapped optimizer. Returns an op in graph mode.
 
         steps_before: the wrapped Keras optimizer's `iterations` before this
-        step (sok.OptimizerScope passes it): the step counter then goes on
+        step (sok.OptimizerScope passes it; a call that also gives the
+        wrapped optimizer other variables reads it itself, as their update
+        counts a step there): the step counter then goes on
         from the larger of it and its own count. Keras 2's
         LossScaleOptimizer counts a step it skips (non-finite gradients) in
         `iterations` without calling this, so Adam's bias correction of the
@@ -446,8 +455,18 @@ class OptimizerWrapper(compat.trackable_base_class()):
         # changes too (a schedule's, which the step gives, once it counts).
         lr = self._learning_rate(None) if sok_pairs else None
         ops = []
-        if others:
-            ops.append(update_op(self._optimizer.apply_gradients(others, **kwargs)))
+        # sok_graph's own rules (sok.SGD) update the other variables after
+        # the tables, at the rate the tables' step gives (a schedule's too:
+        # they have no step count of their own to call it with).
+        own_rule = isinstance(self._optimizer, OwnRule)
+        if others and not own_rule:
+            reads = []
+            if sok_pairs and steps_before is None:
+                steps_before = self._keras_count_before_its_update()
+                if steps_before is not None and not tf.executing_eagerly():
+                    reads = [steps_before]
+            with tf.control_dependencies(reads):
+                ops.append(update_op(self._optimizer.apply_gradients(others, **kwargs)))
         if sok_pairs:
             for _, v in sok_pairs:
                 self.create_slots(v)
@@ -487,9 +506,33 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 # global_step, did not run: a loop stopped by the step
                 # (StopAtStepHook) never ended, and decays by it never came.
                 ops.append(_count_global_step(global_step, ops))
+        if others and own_rule:
+            if not sok_pairs:  # the rate of the step the tables would take next
+                lr = self._learning_rate(self._step_variable().read_value() + 1)
+            with tf.control_dependencies(after_rate_check(lr)):
+                ops.append(update_op(self._optimizer.apply_gradients(others, learning_rate=lr)))
+            # (It counts no global_step of its own.)
+            ops.append(_count_global_step(global_step, ops))
         if tf.executing_eagerly():
             return None
         return tf.group(*[op for op in ops if op is not None], name=name or "sok_apply")
+
+    def _keras_count_before_its_update(self):
+        """The wrapped Keras optimizer's `iterations`, read before this
+        call hands it the other variables (which counts a step), for the
+        tables' step to go on from (steps_before); None for an optimizer
+        without that count, or with several replicas in this process (each
+        keeps a step counter of its own, as under sok.OptimizerScope). A
+        call whose tables got no gradient (a step that trained only the
+        dense layers) counted a Keras step and no step of the tables, whose
+        learning-rate schedule and Adam bias correction then lagged the
+        dense weights' by one step for good."""
+        count = (getattr(self._optimizer, "iterations", None)
+                 if compat.is_keras_optimizer(self._optimizer) else None)
+        if not hasattr(count, "assign_add") or \
+                tf.distribute.get_strategy().num_replicas_in_sync != 1:
+            return None
+        return tf.identity(count)
 
     def _fusable(self, var):
         """Whether `var`'s update runs in a fused sparse-apply op: an
@@ -860,9 +903,12 @@ class _PlainSGD(OwnRule):
     def __init__(self, learning_rate):
         self.learning_rate = learning_rate
 
-    def apply_gradients(self, grads_and_vars, **kwargs):
+    def apply_gradients(self, grads_and_vars, learning_rate=None, **kwargs):
+        """learning_rate: the checked rate of this step (OptimizerWrapper
+        gives it; its own, a schedule's included, is read with the step)."""
         ops = []
-        rate = checked_rate("SGD", value(self.learning_rate))
+        rate = (checked_rate("SGD", value(self.learning_rate)) if learning_rate is None
+                else learning_rate)
         for g, v in grads_and_vars:
             lr = tf.cast(rate, v.dtype)
             if isinstance(g, tf.IndexedSlices):

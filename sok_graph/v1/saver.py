@@ -557,9 +557,19 @@ class Saver:
                             f"no Saver dump of {name!r} in {path}: there is no such "
                             f"directory")
                     inside = sorted(os.listdir(path))
+                    stem = re.sub(r"\.shard-[0-9]+-of-[0-9]+\Z", "", entry)
+                    shards = [e for e in inside if e == stem or re.fullmatch(
+                        re.escape(stem) + r"\.shard-[0-9]+-of-[0-9]+", e)]
+                    hint = ""
+                    if shards and entry not in shards:
+                        # Its shards of another number of workers are there.
+                        hint = (f": it was dumped by another number of workers ({shards[:4]}); "
+                                f"a Saver dump restores with the number of workers that wrote "
+                                f"it, and sok.dump / sok.load move tables between numbers of "
+                                f"workers")
                     raise CheckpointError(
                         f"no Saver dump of {name!r} (this worker's shard: {entry!r}) in "
-                        f"{path}; it holds {inside[:8]}")
+                        f"{path}; it holds {inside[:8]}{hint}")
             if held != [table]:
                 raise CheckpointError(f"{target} holds a Saver dump of {held}, not of {name!r}")
             if target != path:
