@@ -533,6 +533,28 @@ def test_variables_with_the_same_name_are_told_apart_by_position(tmp_path):
     assert sok.export(d)[1].numpy().tolist() == [[2.0, 2.0]]
 
 
+def test_a_static_and_a_dynamic_table_of_one_name_listed_otherwise_are_refused(tmp_path):
+    """A sok.Variable and a DynamicVariable both named 'emb', dumped as
+    [static, dynamic] and loaded as [dynamic, static], took each other's
+    rows (tables of one name go by place); the manifest knows each one's
+    kind, so that order is refused, and the dumped order loads."""
+    static = sok.Variable(np.full([4, 2], 1.0, np.float32), name="emb")
+    dynamic = sok.DynamicVariable(2, initializer="zeros", name="emb")
+    sok.assign(dynamic, tf.constant([0, 1, 2, 3], tf.int64), tf.fill([4, 2], 2.0))
+    sok.dump(str(tmp_path / "d"), [static, dynamic])
+    static2 = sok.Variable(np.zeros([4, 2], np.float32), name="emb")
+    dynamic2 = sok.DynamicVariable(2, initializer="zeros", name="emb")
+    with pytest.raises(CheckpointError,
+                       match=r"listed as 'emb' of load_vars is dynamic; the dump's 'emb' is "
+                             r"static"):
+        sok.load(str(tmp_path / "d"), [dynamic2, static2])
+    assert int(dynamic2.size[0]) == 0
+    np.testing.assert_array_equal(static2.numpy(), 0.0)
+    sok.load(str(tmp_path / "d"), [static2, dynamic2])
+    np.testing.assert_array_equal(static2.numpy(), 1.0)
+    np.testing.assert_array_equal(sok.export(dynamic2)[1].numpy(), 2.0)
+
+
 def test_dump_before_any_step_still_carries_optimizer_state(tmp_path):
     v = sok.DynamicVariable(2, initializer=1.0, name="fresh")
     v.sparse_read(tf.constant([3], tf.int64))

@@ -30,7 +30,10 @@ def test_a_load_one_worker_refuses_changes_no_worker(tmp_path):
     rank 0 and its reason, and the next dump works. The others used to
     return as if the dump were written, and their next collective met
     another of rank 0's (a barrier failed, or waited for the stall
-    timeout)."""
+    timeout). A dump or load given the optimizer on one worker only is
+    refused on every worker, naming the argument: the dump failed in
+    TensorFlow's collectives, and the load put rank 0's slots and step
+    back while rank 1 kept its own."""
     user = tmp_path / "user"
     user.mkdir()
     (user / "notes.txt").write_text("mine")

@@ -766,6 +766,25 @@ def test_saver_restore_refuses_a_newer_dump_made_by_another_number_of_workers(tm
     saver.restore_from_file(layer.embedding_variable, tmp_path / "ck")
 
 
+def test_saver_restore_of_another_number_of_workers_dump_says_so(tmp_path):
+    """A directory holding only a two-worker dump ('emb_table.shard-<r>-of-2')
+    restored in one worker: refused as "no Saver dump" listing the files,
+    without saying that the number of workers differs or what moves a table
+    between numbers of workers. (The two-worker dump is the one-worker's
+    moved to a shard's name.)"""
+    import os
+
+    from sok_graph.dump_load import CheckpointError
+
+    layer, saver = _layer_dumped_by_a_saver(tmp_path / "ck")
+    os.rename(tmp_path / "ck" / "emb_table", tmp_path / "ck" / "emb_table.shard-0-of-2")
+    with pytest.raises(CheckpointError, match=re.escape(
+            "it was dumped by another number of workers (['emb_table.shard-0-of-2']); a Saver "
+            "dump restores with the number of workers that wrote it, and sok.dump / sok.load "
+            "move tables between numbers of workers")):
+        saver.restore_from_file(layer.embedding_variable, tmp_path / "ck")
+
+
 @pytest.mark.parametrize("use_hashtable", [False, True], ids=["static", "hashtable"])
 def test_saver_round_trip_eager(tmp_path, use_hashtable):
     sok.Init(global_batch_size=4)

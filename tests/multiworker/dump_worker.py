@@ -156,6 +156,19 @@ def main():
             else:
                 raise AssertionError(f"rank {rank}: a dump to the workers' own paths returned")
             assert not any(os.path.exists(p) for p in apart)
+            # The optimizer given on one worker only: refused on every
+            # worker, naming the argument, nothing written (it failed in
+            # TensorFlow's collectives, naming nothing, and left the
+            # collective group aborted).
+            lonely = args.path + "_one_optimizer"
+            try:
+                sok.dump(lonely, tables, optimizer=opt if rank == 0 else None)
+            except ValueError as e:
+                assert "the workers passed different optimizer arguments" in str(e), (rank, str(e))
+                assert "rank 1: no optimizer" in str(e), (rank, str(e))
+            else:
+                raise AssertionError(f"rank {rank}: a dump with one worker's optimizer returned")
+            assert not os.path.exists(lonely)
         sok.dump(args.path, tables, optimizer=opt)
         sok.dump(args.path + "_sketch", [sketched])
         if args.refused_path:
@@ -194,6 +207,14 @@ def main():
             assert "the workers passed different load_vars" in str(e), (rank, str(e))
         else:
             raise AssertionError(f"rank {rank}: a load of the workers' other lists returned")
+        # The optimizer given on one worker only: refused on every worker
+        # (rank 0 took the dump's slots and step, rank 1 kept its own).
+        try:
+            sok.load(path, tables, optimizer=opt if rank == 0 else None)
+        except ValueError as e:
+            assert "the workers passed different optimizer arguments" in str(e), (rank, str(e))
+        else:
+            raise AssertionError(f"rank {rank}: a load with one worker's optimizer returned")
         try:
             sok.load(path, tables, optimizer=opt)
         except CheckpointError as e:
