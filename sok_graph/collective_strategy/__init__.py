@@ -30,12 +30,31 @@ scope()
     (the all-to-all backward already summed every worker's contribution).
     With each worker's loss a mean over its local batch this trains as one
     process would on the global batch (as Horovod's DistributedOptimizer).
+    A sok table's gradient given to apply_gradients with several workers
+    must come from compute_gradients (not tf.gradients or a GradientTape,
+    which average nothing): a ValueError says so.
+  - tf.clip_by_global_norm (tf.linalg.global_norm) and tf.clip_by_norm of a
+    table's gradient take the norm over every worker's rows of the tables
+    (each worker holds the gradient of its own rows), and the v1 loss
+    scales (MixedPrecisionLossScaleOptimizer) skip a step where any
+    worker's gradients are not finite: the workers clip and skip alike.
+    Their norm is that of the gradient with each row's repeats summed (the
+    lookup's gradient), where plain TensorFlow's IndexedSlices count each
+    repeat apart: with repeated ids the two clip differently.
   - MonitoredTrainingSession gets a hook that, after the session is created
     (or restored), broadcasts every variable that is not part of a sok table
     (the tables' shards and their optimizer slots stay on their workers) from
     rank 0. Workers other than rank 0 write checkpoints and summaries under
     <checkpoint_dir>/worker<rank>: each worker's checkpoint holds its own
-    shard of every sok table, so a restart restores all of them.
+    shard of every sok table, so a restart restores all of them. Before the
+    session starts, the workers check that each would restore a checkpoint
+    of the same name (or none) and that its tables' shards have the shapes
+    the checkpoint holds: a ValueError on every worker, before anything is
+    restored, where one lacks its directory or the checkpoint was written
+    by another number of workers (sok.dump / sok.load move tables between
+    numbers of workers). A name-based tf.compat.v1.train.Saver of your own
+    is not checked: restore each worker's own file, with the number of
+    workers that wrote it.
   - tf.nn.embedding_lookup / embedding_lookup_sparse /
     safe_embedding_lookup_sparse (tf.nn and tf.compat.v1.nn) on a sok variable
     go to sok.all2all_dense_embedding / sok.lookup_sparse; anything else goes

@@ -16,6 +16,8 @@ from sok_graph.tables.static import is_sok_variable
 from .patching import _bound, _norm_modules, _originals, _tf_modules
 
 _sok_slot_optimizers = weakref.WeakSet()  # optimizers that saw a sok variable
+# graph -> ids of the variables whose gradients compute_gradients averaged.
+_averaged_variables = weakref.WeakKeyDictionary()
 # graph -> names of the tensors that hold a worker's part of a sok table's
 # gradient (_average_gradients' outputs): the rows this worker owns only.
 _table_gradients = weakref.WeakKeyDictionary()
@@ -143,7 +145,32 @@ def _compute_gradients(self, *args, **kwargs):
         _sok_slot_optimizers.add(self)
     if comm.world_size == 1:
         return grads_and_vars
+    averaged = _averaged_variables.setdefault(tf.compat.v1.get_default_graph(), set())
+    averaged.update(id(v) for _, v in grads_and_vars)
     return _average_gradients(grads_and_vars, comm)
+
+
+def _apply_gradients(self, grads_and_vars, *args, **kwargs):
+    """TensorFlow's apply_gradients, after a check that with several
+    workers every sok table's gradient came through compute_gradients (or
+    minimize), where scope() averages them: tf.gradients, or a
+    GradientTape, gives each worker its own unaveraged gradients, which
+    trained the workers' copies of the dense weights apart (and the tables
+    N times too fast) without an error."""
+    grads_and_vars = list(grads_and_vars)
+    comm = context.active()
+    if comm is not None and comm.world_size > 1 and not tf.executing_eagerly():
+        averaged = _averaged_variables.get(tf.compat.v1.get_default_graph(), set())
+        missed = [getattr(v, "name", repr(v)) for g, v in grads_and_vars
+                  if g is not None and is_sok_variable(v) and id(v) not in averaged]
+        if missed:
+            raise ValueError(
+                f"{type(self).__name__}.apply_gradients under CollectiveStrategy with "
+                f"{comm.world_size} workers: the gradients of sok tables {missed[:5]} did not "
+                f"come from this graph's Optimizer.compute_gradients (or minimize), which "
+                f"averages every gradient over the workers; tf.gradients and GradientTape do "
+                f"not. Take the gradients with optimizer.compute_gradients(loss)")
+    return _originals()["apply_gradients"](self, grads_and_vars, *args, **kwargs)
 
 
 def _model_parallel_variables(graph):
@@ -292,6 +319,7 @@ def _scope_patches():
     clip_ops, loss_scale = _norm_modules()
     patches = [
         (optimizer.Optimizer, "compute_gradients", _compute_gradients),
+        (optimizer.Optimizer, "apply_gradients", _apply_gradients),
         (monitored_session, "MonitoredTrainingSession", _monitored_training_session),
         (training, "MonitoredTrainingSession", _monitored_training_session),
         (tf.compat.v1.train, "MonitoredTrainingSession", _monitored_training_session),
