@@ -1,10 +1,18 @@
-"""The CollectiveStrategy (single process) as a hostile user drives it:
-exports of dynamic tables, TensorFlow's safe lookup with negative weights,
-its estimator's directories. Each test is one defect, checked against an
-independent reference (numpy, TensorFlow's own ops, what the arguments
+"""The CollectiveStrategy as a hostile user drives it. One process: exports
+of dynamic tables, TensorFlow's safe lookup with negative weights and ragged
+ids, reuse of a table with another shape or dtype, its estimator's
+directories. Two workers under the launcher (Horovod,
+multiworker/collective_hostile_worker.py): gradients clipped by their norm,
+the v1 loss scale's skipped steps, MonitoredTrainingSession's restores. Each
+test is one defect, checked against an independent reference (numpy,
+TensorFlow's own ops, the strategy in one process, what the arguments
 were)."""
 
+import contextlib
+import json
 import os
+import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -12,6 +20,19 @@ import tensorflow as tf
 
 import sok_graph as sok
 from sok_graph import context
+from multiworker import collective_hostile_worker as worker
+from multiworker.launching import launch, needs_horovod, rel_sq_err, run_process
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+WORKER = os.path.join(HERE, "multiworker", "collective_hostile_worker.py")
+
+
+def _run(argv, timeout=300, **env):
+    return run_process(argv, timeout, cwd=HERE, **env)
+
+
+def _launch(n, script, args=(), timeout=300):
+    return launch(n, script, args, timeout)
 
 
 @pytest.fixture
@@ -148,6 +169,98 @@ def test_safe_lookup_with_sum_keeps_negative_weights_as_tensorflow(none_engine):
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-7)
 
 
+def _partitioned_init(values):
+    """`values` as an initializer: the whole table under embedding_scope,
+    each part its slice for plain TensorFlow's PartitionedVariable."""
+    def init(shape, dtype=None, partition_info=None):
+        start = 0 if partition_info is None else partition_info.var_offset[0]
+        return tf.constant(values[start:start + shape[0]], dtype=dtype)
+    return init
+
+
+@pytest.mark.skipif(sok.compat.IS_TF1,
+                    reason="TensorFlow 1.x's sparse lookups take no ragged ids")
+def test_ragged_ids_in_sparse_lookups_as_tensorflow(none_engine):
+    """tf.nn.embedding_lookup_sparse and tf.nn.safe_embedding_lookup_sparse
+    take ragged ids and weights in TensorFlow 2.x; on a model-parallel table
+    they failed with "'RaggedTensor' object has no attribute 'dense_shape'".
+    They must give plain TensorFlow's result on the same partitioned table."""
+    rows = (np.arange(30, dtype=np.float32).reshape(10, 3) % 7) / 5 - 0.6
+
+    def lookups(t):
+        ids = tf.ragged.constant([[1, 2, 2], [], [9, 0]], dtype=tf.int64)
+        # The safe lookup drops the negative id, and the weight of -2 unless it sums.
+        with_negative = tf.ragged.constant([[1, 2, 2], [], [9, -1]], dtype=tf.int64)
+        weights = tf.ragged.constant([[1.0, 0.5, -2.0], [], [2.0, 1.0]], dtype=tf.float32)
+        return [tf.nn.embedding_lookup_sparse(t, ids, None),
+                tf.nn.embedding_lookup_sparse(t, ids, weights, combiner="sum"),
+                tf.nn.safe_embedding_lookup_sparse(t, with_negative, weights),
+                tf.nn.safe_embedding_lookup_sparse(t, with_negative, weights, combiner="sum"),
+                tf.nn.safe_embedding_lookup_sparse(t, with_negative, None, combiner="sqrtn")]
+
+    s = sok.CollectiveStrategy()
+    with s.scope(), tf.Graph().as_default():
+        with s.embedding_scope():
+            table = tf.compat.v1.get_variable(
+                "table", shape=rows.shape, initializer=_partitioned_init(rows),
+                partitioner=tf.compat.v1.fixed_size_partitioner(2))
+        plain = tf.compat.v1.get_variable(
+            "plain", shape=rows.shape, initializer=_partitioned_init(rows),
+            partitioner=tf.compat.v1.fixed_size_partitioner(2))
+        assert isinstance(table, sok.Variable) and not isinstance(plain, sok.Variable)
+        got, want = lookups(table), lookups(plain)
+        with tf.compat.v1.Session() as sess:
+            sess.run(tf.compat.v1.global_variables_initializer())
+            got, want = sess.run([got, want])
+    for i, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_allclose(g, w, rtol=1e-6, atol=1e-6, err_msg=f"lookup {i}")
+
+
+# ------------------------------------------------ CollectiveStrategy tables
+
+@pytest.mark.parametrize("again", [dict(shape=(16, 8)), dict(shape=(10, 3), dtype=tf.float16)],
+                         ids=["shape", "dtype"])
+def test_reuse_with_another_shape_or_dtype_is_refused_as_tensorflow(none_engine, again):
+    """get_variable(reuse=True) of a model-parallel table with another shape
+    or dtype returned the table as it was (a (16, 8) request got the (10, 3)
+    table, a float16 one the float32 table); plain TensorFlow refuses the
+    reuse of a partitioned variable so. It must be the same ValueError."""
+    def reuse(embedding_scope):
+        with tf.Graph().as_default():
+            with embedding_scope, tf.compat.v1.variable_scope(
+                    "e", partitioner=tf.compat.v1.fixed_size_partitioner(2)):
+                table = tf.compat.v1.get_variable("t", shape=(10, 3))
+                with tf.compat.v1.variable_scope(tf.compat.v1.get_variable_scope(), reuse=True):
+                    with pytest.raises(ValueError) as e:
+                        tf.compat.v1.get_variable("t", **again)
+        return table, str(e.value)
+
+    plain, want = reuse(contextlib.nullcontext())
+    assert type(plain).__name__ == "PartitionedVariable"
+    found = "shape (10, 3)" if "dtype" not in again else "dtype float32"
+    assert want.startswith("Trying to reuse partitioned variable e/t, but specified ")
+    assert want.endswith(f"and found {found}."), want
+    s = sok.CollectiveStrategy()
+    with s.scope():
+        table, got = reuse(s.embedding_scope())
+    assert isinstance(table, sok.Variable)
+    assert got == want
+
+
+def test_a_float64_table_is_refused_where_it_is_made(none_engine):
+    """A float64 partitioned get_variable under embedding_scope made a sok
+    table, and its first lookup failed with "param must be float32, float16
+    or bfloat16; got float64", naming neither the table nor the get_variable
+    that made it. It is a TypeError there now, naming both, nothing made."""
+    s = sok.CollectiveStrategy()
+    with s.scope(), tf.Graph().as_default():
+        with s.embedding_scope(), tf.compat.v1.variable_scope(
+                "e", partitioner=tf.compat.v1.fixed_size_partitioner(2)):
+            with pytest.raises(TypeError, match=r"'e/t'.*float64"):
+                tf.compat.v1.get_variable("t", shape=(10, 3), dtype=tf.float64)
+        assert tf.compat.v1.global_variables() == []
+
+
 # ------------------------------------------------ CollectiveStrategy.estimator
 
 HAVE_ESTIMATOR = hasattr(tf, "estimator") and hasattr(tf.estimator, "Estimator")
@@ -171,3 +284,125 @@ def test_strategy_estimator_refuses_two_different_model_dirs(none_engine, tmp_pa
     # The same directory in both is fine, as in TensorFlow.
     est = s.estimator(model_fn, model_dir=a, config=tf.estimator.RunConfig(model_dir=a))
     assert est.model_dir == a
+
+
+# ------------------------------------------------ two workers
+
+
+def _shards(directory, world):
+    """Every worker's <directory>/rank<r>.npz, in rank order."""
+    return [dict(np.load(os.path.join(directory, f"rank{r}.npz"))) for r in range(world)]
+
+
+def _reports(directory, world):
+    """Every worker's <directory>/rank<r>.json, in rank order."""
+    out = []
+    for r in range(world):
+        with open(os.path.join(directory, f"rank{r}.json")) as f:
+            out.append(json.load(f))
+    return out
+
+
+def _whole_table(parts):
+    keys = np.concatenate([p["keys"] for p in parts])
+    assert sorted(keys) == list(range(len(keys))), "every row held by one worker"
+    return np.concatenate([p["rows"] for p in parts])[np.argsort(keys)]
+
+
+@needs_horovod
+@pytest.mark.parametrize("how", ["global", "table"])
+def test_two_workers_clip_by_the_norm_of_every_workers_rows(tmp_path, how):
+    """tf.clip_by_global_norm (how="global") and tf.clip_by_norm of a
+    table's gradient ("table") between compute_gradients and apply_gradients
+    took the norm of each worker's own rows of the table: the workers
+    clipped by different norms, so the tables trained unlike one process and
+    the dense weights drifted apart between workers, without an error."""
+    args = ["--phase", "clip", "--clip", how]
+    _launch(2, WORKER, args + ["--out", str(tmp_path / "two")])
+    # The reference is the strategy in one process, not plain TensorFlow,
+    # whose IndexedSlices keep a repeated id's rows apart in the norm.
+    _run([sys.executable, WORKER] + args + ["--out", str(tmp_path / "one")],
+         COLLECTIVE_STRATEGY="none")
+    parts, want = _shards(tmp_path / "two", 2), _shards(tmp_path / "one", 1)[0]
+    # Without the clip biting at every step a wrong norm would not show.
+    if how == "global":
+        assert np.all(want["global_norms"] > worker.GLOBAL_CLIP), want["global_norms"]
+    else:
+        assert np.all(want["table_norms"] > worker.TABLE_CLIP), want["table_norms"]
+    np.testing.assert_array_equal(parts[1]["w"], parts[0]["w"])
+    got = {"rows": _whole_table(parts), "w": parts[0]["w"],
+           "losses": np.mean([p["losses"] for p in parts], 0)}  # equal local batches
+    for r, p in enumerate(parts):
+        got[f"table_norms of rank {r}"] = p["table_norms"]
+        want[f"table_norms of rank {r}"] = want["table_norms"]
+        if how == "global":
+            got[f"global_norms of rank {r}"] = p["global_norms"]
+            want[f"global_norms of rank {r}"] = want["global_norms"]
+    for k in got:
+        err = rel_sq_err(got[k], want[k])
+        assert err < 1e-6, f"{how}: {k} differs from one process (rel. sq. error {err:.3g})"
+
+
+HAVE_V1_LOSS_SCALE = hasattr(getattr(tf.compat.v1, "mixed_precision", None),
+                             "MixedPrecisionLossScaleOptimizer")
+
+
+@needs_horovod
+@pytest.mark.skipif(not HAVE_V1_LOSS_SCALE,
+                    reason=f"TensorFlow {tf.__version__} has no "
+                           f"tf.compat.v1.mixed_precision.MixedPrecisionLossScaleOptimizer")
+def test_two_workers_skip_a_step_that_overflows_on_one_of_them(tmp_path):
+    """MixedPrecisionLossScaleOptimizer checked only this worker's gradients:
+    a step whose scaled gradient overflowed in rank 0's table rows only was
+    skipped on rank 0 (its loss scale halved) and applied on rank 1, whose
+    dense weights and loss scale parted from rank 0's."""
+    _launch(2, WORKER, ["--phase", "loss_scale", "--out", str(tmp_path)])
+    for r, got in enumerate(_shards(tmp_path, 2)):
+        # Before the steps, after the overflowing one, after a finite one.
+        np.testing.assert_array_equal(got["scales"], [2.0 ** 15, 2.0 ** 14, 2.0 ** 14],
+                                      err_msg=f"rank {r}")
+        np.testing.assert_array_equal(got["w"][1], got["w"][0], err_msg=f"rank {r}")
+        # Then one SGD step (0.1) of sum(w ** 2): w * (1 - 0.2), on every worker.
+        np.testing.assert_allclose(got["w"][2], 0.8 * got["w"][0], rtol=1e-6,
+                                   err_msg=f"rank {r}")
+
+
+@needs_horovod
+def test_monitored_training_session_restores_alike_on_every_worker(tmp_path):
+    """MonitoredTrainingSession(checkpoint_dir) restores each worker's own
+    checkpoint (rank r under <dir>/worker<r>). A worker without its
+    directory started its shard from the initializer while rank 0 restored
+    its own and the global step; a checkpoint of another number of workers
+    was restored as it was (the wrong rows, and a shard of another shape);
+    all without an error. Both are ValueErrors on every worker now, before
+    anything is restored, and a restart with every directory in place
+    still restores exactly."""
+    two, one = str(tmp_path / "two"), str(tmp_path / "one")
+    lost = str(tmp_path / "two_without_worker1")
+    _launch(2, WORKER, ["--phase", "checkpoint", "--save", two, "--out", str(tmp_path / "train")])
+    shutil.copytree(two, lost)
+    shutil.rmtree(os.path.join(lost, "worker1"))
+    # One process: writes its own checkpoint (whole tables), and restores
+    # the two workers' one.
+    _run([sys.executable, WORKER, "--phase", "checkpoint", "--save", one, "--restore", two,
+          "--out", str(tmp_path / "one_process")], COLLECTIVE_STRATEGY="none")
+    _launch(2, WORKER, ["--phase", "checkpoint", "--restore", two, lost, one,
+                        "--out", str(tmp_path / "restore")])
+    another_number = ("'emb/table'", "another number of workers")
+
+    single = _reports(tmp_path / "one_process", 1)[0]
+    (two_in_one,) = single["restores"]
+    assert "error" in two_in_one, "one process restored a two-worker checkpoint"
+    assert all(words in two_in_one["error"] for words in another_number), two_in_one["error"]
+
+    trained = _reports(tmp_path / "train", 2)
+    for r, got in enumerate(_reports(tmp_path / "restore", 2)):
+        own, without_worker1, one_in_two = got["restores"]
+        assert "error" not in own, own["error"]
+        assert own["step"] == worker.CKPT_STEPS
+        np.testing.assert_array_equal(own["rows"], trained[r]["trained"], err_msg=f"rank {r}")
+        assert "error" in without_worker1, f"rank {r} restored without rank 1's checkpoint"
+        assert "the workers would restore different checkpoints" in without_worker1["error"]
+        assert "rank 1: none" in without_worker1["error"], without_worker1["error"]
+        assert "error" in one_in_two, f"rank {r} restored a one-process checkpoint"
+        assert all(words in one_in_two["error"] for words in another_number), one_in_two["error"]
