@@ -310,13 +310,14 @@ def _whole_table(parts):
 
 
 @needs_horovod
-@pytest.mark.parametrize("how", ["global", "table"])
+@pytest.mark.parametrize("how", ["global", "table", "both"])
 def test_two_workers_clip_by_the_norm_of_every_workers_rows(tmp_path, how):
     """tf.clip_by_global_norm (how="global") and tf.clip_by_norm of a
-    table's gradient ("table") between compute_gradients and apply_gradients
-    took the norm of each worker's own rows of the table: the workers
-    clipped by different norms, so the tables trained unlike one process and
-    the dense weights drifted apart between workers, without an error."""
+    table's gradient ("table"; "both": the table's clipped, then all)
+    between compute_gradients and apply_gradients took the norm of each
+    worker's own rows of the table: the workers clipped by different norms,
+    so the tables trained unlike one process and the dense weights drifted
+    apart between workers, without an error."""
     args = ["--phase", "clip", "--clip", how]
     _launch(2, WORKER, args + ["--out", str(tmp_path / "two")])
     # The reference is the strategy in one process, not plain TensorFlow,
@@ -325,9 +326,9 @@ def test_two_workers_clip_by_the_norm_of_every_workers_rows(tmp_path, how):
          COLLECTIVE_STRATEGY="none")
     parts, want = _shards(tmp_path / "two", 2), _shards(tmp_path / "one", 1)[0]
     # Without the clip biting at every step a wrong norm would not show.
-    if how == "global":
+    if how in ("global", "both"):
         assert np.all(want["global_norms"] > worker.GLOBAL_CLIP), want["global_norms"]
-    else:
+    if how in ("table", "both"):
         assert np.all(want["table_norms"] > worker.TABLE_CLIP), want["table_norms"]
     np.testing.assert_array_equal(parts[1]["w"], parts[0]["w"])
     got = {"rows": _whole_table(parts), "w": parts[0]["w"],
@@ -335,7 +336,7 @@ def test_two_workers_clip_by_the_norm_of_every_workers_rows(tmp_path, how):
     for r, p in enumerate(parts):
         got[f"table_norms of rank {r}"] = p["table_norms"]
         want[f"table_norms of rank {r}"] = want["table_norms"]
-        if how == "global":
+        if how in ("global", "both"):
             got[f"global_norms of rank {r}"] = p["global_norms"]
             want[f"global_norms of rank {r}"] = want["global_norms"]
     for k in got:
@@ -365,6 +366,21 @@ def test_two_workers_skip_a_step_that_overflows_on_one_of_them(tmp_path):
         # Then one SGD step (0.1) of sum(w ** 2): w * (1 - 0.2), on every worker.
         np.testing.assert_allclose(got["w"][2], 0.8 * got["w"][0], rtol=1e-6,
                                    err_msg=f"rank {r}")
+
+
+@needs_horovod
+def test_two_workers_refuse_table_gradients_that_compute_gradients_did_not_average(tmp_path):
+    """apply_gradients given gradients from tf.gradients (compute_gradients
+    averages them over the workers; tf.gradients does not): each worker
+    applied its own, the dense weights parted and the tables trained N
+    times too fast, without an error. A ValueError on every worker now."""
+    _launch(2, WORKER, ["--phase", "unaveraged", "--out", str(tmp_path)])
+    for r in range(2):
+        with open(os.path.join(tmp_path, f"rank{r}.json")) as f:
+            message = json.load(f)["error"]
+        assert message is not None, f"rank {r}: apply_gradients took unaveraged gradients"
+        assert "did not come from this graph's Optimizer.compute_gradients" in message, message
+        assert "'emb/table" in message, message
 
 
 @needs_horovod

@@ -50,9 +50,19 @@ def _average_gradients(grads_and_vars, comm):
     return out
 
 
+def _outermost(graph):
+    """The graph a tf.cond or tf.function branch (a FuncGraph, TF 2's
+    control flow) is built inside of, else `graph`: what is noted here
+    belongs to the training graph, and the v1 loss scale optimizer applies
+    the gradients inside a tf.cond."""
+    while getattr(graph, "outer_graph", None) is not None:
+        graph = graph.outer_graph
+    return graph
+
+
 def _note_table_gradient(grad):
     values = grad.values if isinstance(grad, tf.IndexedSlices) else grad
-    _table_gradients.setdefault(values.graph, set()).add(values.name)
+    _table_gradients.setdefault(_outermost(values.graph), set()).add(values.name)
 
 
 def _table_part(t):
@@ -61,7 +71,7 @@ def _table_part(t):
     values = t.values if isinstance(t, tf.IndexedSlices) else t
     if values is None or tf.executing_eagerly() or not hasattr(values, "graph"):
         return None
-    return values if values.name in _table_gradients.get(values.graph, ()) else None
+    return values if values.name in _table_gradients.get(_outermost(values.graph), ()) else None
 
 
 def _workers_comm():
@@ -114,6 +124,9 @@ def _clip_by_norm(t, clip_norm, axes=None, name=None):
         scale = tf.where(squares > 0, clip_norm / tf.maximum(norm, clip_norm),
                          tf.ones_like(norm))
         clipped = part * scale
+        # Still a worker's part of the table's gradient: a global norm
+        # taken after this clip sums it over the workers too.
+        _note_table_gradient(clipped)
         if isinstance(t, tf.IndexedSlices):
             return tf.IndexedSlices(clipped, t.indices, t.dense_shape)
         return clipped
@@ -132,7 +145,7 @@ def _is_all_finite(grads):
     # first: any graph with sok tables' gradients checks across workers
     # (every worker builds the same graph, so all take this collective).
     if comm is None or tf.executing_eagerly() or \
-            not _table_gradients.get(tf.compat.v1.get_default_graph()):
+            not _table_gradients.get(_outermost(tf.compat.v1.get_default_graph())):
         return local
     bad = comm.allreduce(tf.cast(tf.logical_not(local), tf.float32))
     return tf.equal(bad, 0.0)
@@ -145,7 +158,8 @@ def _compute_gradients(self, *args, **kwargs):
         _sok_slot_optimizers.add(self)
     if comm.world_size == 1:
         return grads_and_vars
-    averaged = _averaged_variables.setdefault(tf.compat.v1.get_default_graph(), set())
+    averaged = _averaged_variables.setdefault(_outermost(tf.compat.v1.get_default_graph()),
+                                              set())
     averaged.update(id(v) for _, v in grads_and_vars)
     return _average_gradients(grads_and_vars, comm)
 
@@ -160,7 +174,7 @@ def _apply_gradients(self, grads_and_vars, *args, **kwargs):
     grads_and_vars = list(grads_and_vars)
     comm = context.active()
     if comm is not None and comm.world_size > 1 and not tf.executing_eagerly():
-        averaged = _averaged_variables.get(tf.compat.v1.get_default_graph(), set())
+        averaged = _averaged_variables.get(_outermost(tf.compat.v1.get_default_graph()), set())
         missed = [getattr(v, "name", repr(v)) for g, v in grads_and_vars
                   if g is not None and is_sok_variable(v) and id(v) not in averaged]
         if missed:

@@ -4,7 +4,9 @@ model-parallel table, a partitioned get_variable under embedding_scope().
 
   --phase clip        --clip global: every gradient clipped by
                       tf.clip_by_global_norm; --clip table: the table's
-                      gradient by tf.clip_by_norm; between compute_gradients
+                      gradient by tf.clip_by_norm; --clip both: the table's
+                      by tf.clip_by_norm, then every gradient by
+                      tf.clip_by_global_norm; between compute_gradients
                       and apply_gradients, each worker on its slice of every
                       global batch. Writes <out>/rank<r>.npz: this worker's
                       table rows with their global ids, the dense weights,
@@ -16,6 +18,10 @@ model-parallel table, a partitioned get_variable under embedding_scope().
                       0's row), the second is finite. Writes
                       <out>/rank<r>.npz: the dense weights and the loss
                       scale before and after each step.
+  --phase unaveraged  apply_gradients given the table's gradient from
+                      tf.gradients (not compute_gradients, which averages
+                      over the workers): writes <out>/rank<r>.json with the
+                      ValueError's message (null where none was raised).
   --phase checkpoint  --save D: trains 3 steps in a
                       MonitoredTrainingSession(checkpoint_dir=D) that saves
                       every step; then --restore D1 D2 ...: in turn, a
@@ -84,11 +90,11 @@ def clip(tf, strategy, out, how):
         # The whole table's gradient norm (every worker's rows) in one
         # process; on several workers, what global_norm makes of a worker's part.
         table_norm = tf.linalg.global_norm([grads[at[0]]])
-        if how == "global":
-            grads, global_norm = tf.clip_by_global_norm(grads, GLOBAL_CLIP)
-        else:
+        global_norm = tf.constant(0.0)
+        if how in ("table", "both"):
             grads[at[0]] = tf.clip_by_norm(grads[at[0]], TABLE_CLIP)
-            global_norm = tf.constant(0.0)
+        if how in ("global", "both"):
+            grads, global_norm = tf.clip_by_global_norm(grads, GLOBAL_CLIP)
         step = tf.compat.v1.train.get_or_create_global_step()
         train = opt.apply_gradients(list(zip(grads, variables)), global_step=step)
         losses, table_norms, global_norms = [], [], []
@@ -132,6 +138,24 @@ def loss_scale(tf, strategy, out):
                 dense.append(got[0])
                 scales.append(got[1])
     np.savez(os.path.join(out, f"rank{rank}.npz"), w=np.array(dense), scales=np.array(scales))
+
+
+def unaveraged(tf, strategy, out):
+    rank = strategy.rank()
+    message = None
+    with strategy.scope(), tf.Graph().as_default():
+        table = _table(tf, strategy, "table", (4, 2), tf.compat.v1.constant_initializer(0.5))
+        w = tf.compat.v1.get_variable("w", initializer=tf.constant([1.0, 2.0]))
+        loss = (tf.reduce_sum(tf.nn.embedding_lookup(table, tf.constant([0, 3], tf.int64)))
+                + tf.reduce_sum(tf.square(w)))
+        variables = [table, w]
+        opt = tf.compat.v1.train.GradientDescentOptimizer(0.1)
+        try:
+            opt.apply_gradients(list(zip(tf.gradients(loss, variables), variables)))
+        except ValueError as e:
+            message = str(e)
+    with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
+        json.dump({"error": message}, f)
 
 
 def checkpoint(tf, strategy, out, save, restore):
@@ -178,9 +202,10 @@ def checkpoint(tf, strategy, out, save, restore):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("--phase", choices=["clip", "loss_scale", "checkpoint"], required=True)
+    p.add_argument("--phase", choices=["clip", "loss_scale", "unaveraged", "checkpoint"],
+                   required=True)
     p.add_argument("--out", required=True)
-    p.add_argument("--clip", choices=["global", "table"], default="global",
+    p.add_argument("--clip", choices=["global", "table", "both"], default="global",
                    help="clip: clip_by_global_norm of every gradient, or clip_by_norm of "
                         "the table's")
     p.add_argument("--save", help="checkpoint: train and save under this checkpoint_dir")
@@ -198,6 +223,8 @@ def main():
         clip(tf, strategy, args.out, args.clip)
     elif args.phase == "loss_scale":
         loss_scale(tf, strategy, args.out)
+    elif args.phase == "unaveraged":
+        unaveraged(tf, strategy, args.out)
     else:
         checkpoint(tf, strategy, args.out, args.save, args.restore)
     print(f"rank {strategy.rank()} of {strategy.world_size()}: {args.phase} done", flush=True)
