@@ -76,6 +76,20 @@ def _replicas():
     return comm.world_size if getattr(comm, "in_process", False) else 1
 
 
+def one_replica_in_this_process():
+    """Whether this process runs one replica of the training step: no
+    strategy, or one replica per worker process (MultiWorkerMirroredStrategy
+    over sok's worker processes). Replicas of one process (MirroredStrategy)
+    keep a step counter each, and may read a Keras count another replica's
+    update has already moved."""
+    replicas = tf.distribute.get_strategy().num_replicas_in_sync
+    if replicas == 1:
+        return True
+    comm = context.active()
+    return comm is not None and not getattr(comm, "in_process", False) and \
+        comm.world_size == replicas
+
+
 def _make_keras2_hyperparameters(optimizer):
     """Keras 2's OptimizerV2 makes its hyperparameters and step variables
     when they are first read; its own apply_gradients makes them in
@@ -529,8 +543,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         dense weights' by one step for good."""
         count = (getattr(self._optimizer, "iterations", None)
                  if compat.is_keras_optimizer(self._optimizer) else None)
-        if not hasattr(count, "assign_add") or \
-                tf.distribute.get_strategy().num_replicas_in_sync != 1:
+        if not hasattr(count, "assign_add") or not one_replica_in_this_process():
             return None
         return tf.identity(count)
 

@@ -571,6 +571,13 @@ class Variable(_ResourceVariable, KerasWeights):
         built."""
         if start is None:
             start = tf.fill(tf.shape(self), tf.cast(initial_value, self.dtype))
+        if tf.distribute.has_strategy() and replica_shards.building_rank() is None:
+            # A worker process's shard under a multi-worker strategy: the
+            # strategy's variable creator made the slot a mirrored variable,
+            # its value broadcast from worker 0 (a shard of another shape
+            # failed in CollectiveBcastSend, naming neither table nor slot).
+            return compat.resource_variable_class()(start, trainable=False,
+                                                    name=f"{self._shared_name}/{name}")
         return replica_shards.new_variable(start, trainable=False,
                                            name=f"{self._shared_name}/{name}")
 

@@ -34,6 +34,7 @@ from sok_graph.tables.dynamic import NoDenseValueError
 from sok_graph.tables.static import is_sok_variable
 from sok_graph.variables import split_variables
 from sok_graph.optimization.wrapper import (OptimizerWrapper, OwnRule, check_learning_rate,
+                                            one_replica_in_this_process,
                                             refuse_gradients_lost_in_loops,
                                             update_op, wrapper_for)
 
@@ -353,13 +354,15 @@ def _routing(original):
             raise type(e)(f"sok.OptimizerScope routes the gradients of sok tables {tables} to "
                           f"{type(self).__name__}, which cannot update them: {e}") from None
         count = getattr(self, "iterations", None) if compat.is_keras_optimizer(self) else None
-        if hasattr(count, "assign_add") and tf.distribute.get_strategy().num_replicas_in_sync == 1:
+        if hasattr(count, "assign_add") and one_replica_in_this_process():
             # The tables' step goes on from the Keras count (see the
             # wrapper's steps_before), read before this step's native update
             # adds to it. Not with several replicas in this process: each
             # keeps a step counter of its own, and another replica's update
             # of the shared count may come before this one's read (on GPUs
-            # the replicas' steps went 4, 5, 6 after two steps).
+            # the replicas' steps went 4, 5, 6 after two steps). Worker
+            # processes (one replica each) read it: their tables' step lagged
+            # the count after a step that trained the dense weights only.
             counted["steps_before"] = steps_before = tf.identity(count)
         result = wrapper.apply_gradients(sok_pairs, **counted)
         graph = not tf.executing_eagerly()
