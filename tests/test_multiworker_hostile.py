@@ -13,9 +13,10 @@ import textwrap
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 import sok_graph as sok
-from sok_graph import context
+from sok_graph import compat, context
 # horovod is a fixture (skips where Horovod is not installed).
 from multiworker.launching import (horovod, launch, needs_tf2_collectives,  # noqa: F401
                                    rel_sq_err, run_process)
@@ -476,3 +477,69 @@ def test_a_step_inside_strategy_run_on_two_workers_trains_as_one_process(tmp_pat
     for key in ("w", "losses"):
         err = rel_sq_err(parts[0][key], want[key])
         assert err < 1e-6, f"{opt}: {key} differs from one process ({err:.3g})"
+
+
+_LOSS_SCALE_IN_REPLICAS = textwrap.dedent('''
+    import json, sys
+    sys.path.insert(0, sys.argv[1])
+    import numpy as np
+    import tensorflow as tf
+    from mirrored_cpus import mirrored_strategy_on_cpus
+
+    strategy = mirrored_strategy_on_cpus(2)
+    import sok_graph as sok
+
+    with strategy.scope():
+        sok.init(comm_tool="tf")
+        table = sok.Variable(np.ones((6, 2), np.float32), name="scaled_table")
+        w = tf.Variable(np.ones((2, 1), np.float32))
+        opt = tf.keras.mixed_precision.LossScaleOptimizer(
+            getattr(tf.keras.optimizers, "legacy", tf.keras.optimizers).Adam(0.05))
+
+    def step():
+        ids = tf.RaggedTensor.from_row_lengths(tf.constant([0, 1, 5], tf.int64),
+                                               tf.constant([2, 1], tf.int64))
+        with tf.GradientTape() as tape:
+            x = sok.lookup_sparse(table, ids, combiners="sum")
+            loss = tf.reduce_sum(tf.matmul(x, w))
+            scaled = opt.get_scaled_loss(loss)
+        grads = opt.get_unscaled_gradients(tape.gradient(scaled, [table, w]))
+        with sok.OptimizerScope([table]):
+            opt.apply_gradients(zip(grads, [table, w]))
+        return loss
+
+    out = {}
+    try:
+        tf.function(lambda: strategy.run(step))()
+        out["error"] = None
+    except TypeError as e:
+        out["error"] = str(e)
+    out["rows"] = np.asarray(sok.export(table)[1]).tolist()
+    print("RESULT " + json.dumps(out), flush=True)
+''')
+
+
+@needs_tf2_collectives
+@pytest.mark.skipif(compat.KERAS_MAJOR_VERSION >= 3
+                    or not hasattr(tf.keras.mixed_precision, "LossScaleOptimizer"),
+                    reason="Keras 2's LossScaleOptimizer (Keras 3's is refused by the scope)")
+def test_keras2_loss_scale_optimizer_over_replicas_is_refused_for_tables(tmp_path):
+    """Keras 2's LossScaleOptimizer all-reduces every gradient over the
+    replicas before its inner optimizer (which sok.OptimizerScope routes)
+    sees them, the tables' gradients too, whose row numbers are each
+    worker's shard's: on two worker processes each updated its shard with
+    the other's rows (rows 9% off one process, no error); over a
+    MirroredStrategy's replicas it failed asking for strategy.run inside
+    strategy.run. A TypeError naming the tables and what to do, with no row
+    changed; in one process it trains (test_optimizer.py)."""
+    script = tmp_path / "loss_scale.py"
+    script.write_text(_LOSS_SCALE_IN_REPLICAS)
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker")
+    output = run_process([sys.executable, str(script), here], timeout=300)
+    line = [x for x in output.splitlines() if x.startswith("RESULT ")]
+    assert line, output[-4000:]
+    out = json.loads(line[-1][len("RESULT "):])
+    assert out["error"] is not None, out
+    assert "over 2 replicas all-reduces every gradient" in out["error"], out["error"]
+    assert "scaled_table" in out["error"], out["error"]
+    np.testing.assert_array_equal(out["rows"], np.ones((6, 2)))

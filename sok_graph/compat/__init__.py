@@ -23,6 +23,7 @@ from sok_graph.compat.keras import (  # noqa: F401  (re-exported)
     is_optimizer_base_class,
     is_package_keras_optimizer,
     is_tf1_optimizer,
+    keras2_loss_scale_classes,
     keras_optimizer_classes,
     loss_scale_classes_building_every_variable,
     package_keras_optimizer_classes,

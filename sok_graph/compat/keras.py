@@ -146,6 +146,25 @@ def loss_scale_classes_building_every_variable():
     return classes
 
 
+def keras2_loss_scale_classes():
+    """Keras 2's LossScaleOptimizer classes (tf.keras' under Keras 2, and
+    tf_keras' where imported) that define apply_gradients: the one over
+    OptimizerV2 and LossScaleOptimizerV3."""
+    classes = []
+    packages = [sys.modules.get("tf_keras")]
+    if KERAS_MAJOR_VERSION < 3:
+        packages.insert(0, tf.keras)
+    for package in packages:
+        outer = getattr(getattr(package, "mixed_precision", None), "LossScaleOptimizer", None)
+        module = sys.modules.get(getattr(outer, "__module__", ""), None)
+        for cls in (outer, getattr(module, "LossScaleOptimizer", None),
+                    getattr(module, "LossScaleOptimizerV3", None)):
+            if isinstance(cls, type) and "apply_gradients" in cls.__dict__ \
+                    and cls not in classes:
+                classes.append(cls)
+    return classes
+
+
 def is_tf1_optimizer(opt):
     """A ``tf.compat.v1.train.Optimizer`` (GradientDescentOptimizer, ...)."""
     return isinstance(opt, tf.compat.v1.train.Optimizer)

@@ -495,6 +495,34 @@ def _refusing_in_loss_scale(original):
     return apply
 
 
+def _refusing_replicas_in_loss_scale(original):
+    """Keras 2's LossScaleOptimizer.apply_gradients, refusing sok tables'
+    gradients where the step has several replicas (a MirroredStrategy's, or
+    a MultiWorkerMirroredStrategy's worker processes): it all-reduces every
+    gradient before its inner optimizer (which the scope routes) sees them,
+    a table's rows too, whose row numbers are each worker's own shard's.
+    Each worker then updated its shard with the other's rows, without an
+    error (in one process's replicas it failed in the all-reduce, asking
+    for strategy.run inside strategy.run)."""
+
+    @functools.wraps(original)
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        pairs = list(grads_and_vars)
+        tables = [getattr(v, "name", repr(v)) for g, v in pairs
+                  if g is not None and is_sok_variable(v)]
+        replicas = tf.distribute.get_strategy().num_replicas_in_sync
+        if tables and replicas > 1:
+            raise TypeError(
+                f"{type(self).__name__} over {replicas} replicas all-reduces every gradient "
+                f"before sok.OptimizerScope sees them, the gradients of sok tables {tables[:5]} "
+                f"too, whose rows are each worker's own shard's: keep the tables' gradients out "
+                f"of it, divide them by its loss scale, and apply them with "
+                f"sok.OptimizerWrapper(optimizer.inner_optimizer) where they are all finite")
+        return original(self, pairs, *args, **kwargs)
+
+    return apply_gradients
+
+
 def _install_dynamic_table_refusals():
     """Once, at import: the Keras methods above, on the classes defining
     them. An OptimizerScope's routing wraps these while it is open, and
@@ -575,6 +603,11 @@ class OptimizerScope:
                     route = {"apply_gradients": _routing, "apply": _routing_apply,
                              "build": _routing_build}[name]
                     setattr(cls, name, route(original))
+                for cls in compat.keras2_loss_scale_classes():
+                    if (cls, "apply_gradients") not in _patched:
+                        original = cls.__dict__["apply_gradients"]
+                        _patched[(cls, "apply_gradients")] = original
+                        setattr(cls, "apply_gradients", _refusing_replicas_in_loss_scale(original))
             _open_scopes += 1
         _state.depth = getattr(_state, "depth", 0) + 1
         return self
