@@ -383,6 +383,18 @@ def test_two_workers_refuse_table_gradients_that_compute_gradients_did_not_avera
         assert "'emb/table" in message, message
 
 
+def _drop_the_latest_checkpoint(directory, step):
+    """`directory`'s checkpoint of `step` removed, the one before it made
+    the latest (as a worker whose last timed save did not come)."""
+    for name in os.listdir(directory):
+        if name.startswith(f"model.ckpt-{step}."):
+            os.remove(os.path.join(directory, name))
+    earlier = [f"model.ckpt-{s}" for s in range(1, step)]
+    with open(os.path.join(directory, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "{earlier[-1]}"\n')
+        f.writelines(f'all_model_checkpoint_paths: "{e}"\n' for e in earlier)
+
+
 @needs_horovod
 def test_monitored_training_session_restores_alike_on_every_worker(tmp_path):
     """MonitoredTrainingSession(checkpoint_dir) restores each worker's own
@@ -391,18 +403,23 @@ def test_monitored_training_session_restores_alike_on_every_worker(tmp_path):
     its own and the global step; a checkpoint of another number of workers
     was restored as it was (the wrong rows, and a shard of another shape);
     all without an error. Both are ValueErrors on every worker now, before
-    anything is restored, and a restart with every directory in place
-    still restores exactly."""
+    anything is restored; a restart with every directory in place still
+    restores exactly, and one whose workers' latest checkpoints are of
+    different steps (time-based saves on each worker's clock, a crash
+    between them) restores each worker's own latest, as before."""
     two, one = str(tmp_path / "two"), str(tmp_path / "one")
     lost = str(tmp_path / "two_without_worker1")
+    skewed = str(tmp_path / "two_a_step_apart")
     _launch(2, WORKER, ["--phase", "checkpoint", "--save", two, "--out", str(tmp_path / "train")])
     shutil.copytree(two, lost)
     shutil.rmtree(os.path.join(lost, "worker1"))
+    shutil.copytree(two, skewed)
+    _drop_the_latest_checkpoint(os.path.join(skewed, "worker1"), worker.CKPT_STEPS)
     # One process: writes its own checkpoint (whole tables), and restores
     # the two workers' one.
     _run([sys.executable, WORKER, "--phase", "checkpoint", "--save", one, "--restore", two,
           "--out", str(tmp_path / "one_process")], COLLECTIVE_STRATEGY="none")
-    _launch(2, WORKER, ["--phase", "checkpoint", "--restore", two, lost, one,
+    _launch(2, WORKER, ["--phase", "checkpoint", "--restore", two, lost, one, skewed,
                         "--out", str(tmp_path / "restore")])
     another_number = ("'emb/table'", "another number of workers")
 
@@ -413,12 +430,14 @@ def test_monitored_training_session_restores_alike_on_every_worker(tmp_path):
 
     trained = _reports(tmp_path / "train", 2)
     for r, got in enumerate(_reports(tmp_path / "restore", 2)):
-        own, without_worker1, one_in_two = got["restores"]
+        own, without_worker1, one_in_two, a_step_apart = got["restores"]
+        assert "error" not in a_step_apart, a_step_apart["error"]
         assert "error" not in own, own["error"]
         assert own["step"] == worker.CKPT_STEPS
         np.testing.assert_array_equal(own["rows"], trained[r]["trained"], err_msg=f"rank {r}")
         assert "error" in without_worker1, f"rank {r} restored without rank 1's checkpoint"
-        assert "the workers would restore different checkpoints" in without_worker1["error"]
+        assert "some workers would restore a checkpoint and others none" in \
+            without_worker1["error"]
         assert "rank 1: none" in without_worker1["error"], without_worker1["error"]
         assert "error" in one_in_two, f"rank {r} restored a one-process checkpoint"
         assert all(words in one_in_two["error"] for words in another_number), one_in_two["error"]

@@ -1757,3 +1757,33 @@ def test_keras2_ftrl_shrinkage_is_read_where_keras_reads_it(rng):
     static = sok.Variable(table)
     train_sok(make, static, batches)
     np.testing.assert_allclose(static.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_keras_optimizer_used_beside_its_wrapper_leaves_the_wrappers_step_alone(rng):
+    """One Keras Adam updating some dense weights itself and, through
+    sok.OptimizerWrapper, a table and other weights, both each step (in
+    either order): Keras counts two steps a step; the wrapper counts its
+    own calls, and the table trains as with the wrapper alone."""
+    table = rng.standard_normal((6, 2)).astype(np.float32)
+    ids = tf.ragged.constant([[0, 1], [3]], tf.int64)
+    results = []
+    for order in ("wrapper_first", "optimizer_first", "wrapper_alone"):
+        var, a, b = sok.Variable(table), tf.Variable([1.0, 2.0]), tf.Variable([3.0])
+        keras_opt = tf.keras.optimizers.Adam(0.1)
+        if hasattr(keras_opt, "build"):  # Keras 3 and Keras 2's new optimizers
+            keras_opt.build([a, b])
+        wrapper = sok.OptimizerWrapper(keras_opt)
+        for _ in range(3):
+            with tf.GradientTape() as tape:
+                loss = (tf.reduce_sum(sok.lookup_sparse([var], [ids], combiners=["sum"])[0] ** 2)
+                        + tf.reduce_sum(a * a) + tf.reduce_sum(b * b))
+            g_var, g_a, g_b = tape.gradient(loss, [var, a, b])
+            if order == "optimizer_first":
+                keras_opt.apply_gradients([(g_b, b)])
+            wrapper.apply_gradients([(g_var, var), (g_a, a)])
+            if order == "wrapper_first":
+                keras_opt.apply_gradients([(g_b, b)])
+        assert int(wrapper.iterations.numpy()) == 3, order
+        results.append(var.numpy())
+    np.testing.assert_array_equal(results[0], results[2])
+    np.testing.assert_array_equal(results[1], results[2])

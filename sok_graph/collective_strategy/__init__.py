@@ -47,12 +47,13 @@ scope()
     rank 0. Workers other than rank 0 write checkpoints and summaries under
     <checkpoint_dir>/worker<rank>: each worker's checkpoint holds its own
     shard of every sok table, so a restart restores all of them. Before the
-    session starts, the workers check that each would restore a checkpoint
-    of the same name (or none) and that its tables' shards have the shapes
-    the checkpoint holds: a ValueError on every worker, before anything is
+    session starts, the workers check that all or none of them would
+    restore a checkpoint and that its tables' shards have the shapes the
+    checkpoint holds: a ValueError on every worker, before anything is
     restored, where one lacks its directory or the checkpoint was written
     by another number of workers (sok.dump / sok.load move tables between
-    numbers of workers). A name-based tf.compat.v1.train.Saver of your own
+    numbers of workers). Checkpoints of different steps (time-based saves
+    on each worker's clock) are restored as they are, with a warning. A name-based tf.compat.v1.train.Saver of your own
     is not checked: restore each worker's own file, with the number of
     workers that wrote it.
   - tf.nn.embedding_lookup / embedding_lookup_sparse /

@@ -164,27 +164,34 @@ def _compute_gradients(self, *args, **kwargs):
     return _average_gradients(grads_and_vars, comm)
 
 
-def _apply_gradients(self, grads_and_vars, *args, **kwargs):
-    """TensorFlow's apply_gradients, after a check that with several
-    workers every sok table's gradient came through compute_gradients (or
-    minimize), where scope() averages them: tf.gradients, or a
-    GradientTape, gives each worker its own unaveraged gradients, which
-    trained the workers' copies of the dense weights apart (and the tables
-    N times too fast) without an error."""
-    grads_and_vars = list(grads_and_vars)
-    comm = context.active()
-    if comm is not None and comm.world_size > 1 and not tf.executing_eagerly():
-        averaged = _averaged_variables.get(_outermost(tf.compat.v1.get_default_graph()), set())
-        missed = [getattr(v, "name", repr(v)) for g, v in grads_and_vars
-                  if g is not None and is_sok_variable(v) and id(v) not in averaged]
-        if missed:
-            raise ValueError(
-                f"{type(self).__name__}.apply_gradients under CollectiveStrategy with "
-                f"{comm.world_size} workers: the gradients of sok tables {missed[:5]} did not "
-                f"come from this graph's Optimizer.compute_gradients (or minimize), which "
-                f"averages every gradient over the workers; tf.gradients and GradientTape do "
-                f"not. Take the gradients with optimizer.compute_gradients(loss)")
-    return _originals()["apply_gradients"](self, grads_and_vars, *args, **kwargs)
+def _checking_apply_gradients(previous):
+    """`previous` (the apply_gradients installed when the scope opened: an
+    open sok.OptimizerScope's routing, or TensorFlow's own), after a check
+    that with several workers every sok table's gradient came through
+    compute_gradients (or minimize), where scope() averages them:
+    tf.gradients, or a GradientTape, gives each worker its own unaveraged
+    gradients, which trained the workers' copies of the dense weights apart
+    (and the tables N times too fast) without an error."""
+
+    def apply_gradients(self, grads_and_vars, *args, **kwargs):
+        grads_and_vars = list(grads_and_vars)
+        comm = context.active()
+        if comm is not None and comm.world_size > 1 and not tf.executing_eagerly():
+            averaged = _averaged_variables.get(_outermost(tf.compat.v1.get_default_graph()),
+                                               set())
+            missed = [getattr(v, "name", repr(v)) for g, v in grads_and_vars
+                      if g is not None and is_sok_variable(v) and id(v) not in averaged]
+            if missed:
+                raise ValueError(
+                    f"{type(self).__name__}.apply_gradients under CollectiveStrategy with "
+                    f"{comm.world_size} workers: the gradients of sok tables {missed[:5]} did "
+                    f"not come from this graph's Optimizer.compute_gradients (or minimize), "
+                    f"which averages every gradient over the workers; tf.gradients and "
+                    f"GradientTape do not. Take the gradients with "
+                    f"optimizer.compute_gradients(loss)")
+        return previous(self, grads_and_vars, *args, **kwargs)
+
+    return apply_gradients
 
 
 def _model_parallel_variables(graph):
@@ -291,13 +298,16 @@ def _shards_unlike_the_checkpoints(shards, checkpoint, comm):
 
 
 def _refuse_workers_restoring_unlike(comm, checkpoint_dir):
-    """ValueError on every worker where the workers would restore different
-    checkpoints (one its latest, another none or an older one) while the
-    graph holds sok tables: each worker's checkpoint holds its own shard of
-    every table, so a worker without its directory (another host, only the
-    chief's directory copied, checkpoint_dir=None on the other ranks)
-    started its shard from the initializer while rank 0 restored its own
-    and the global step, without an error."""
+    """ValueError on every worker where some workers would restore a
+    checkpoint and others none while the graph holds sok tables, or where a
+    checkpoint holds a table's shard of another shape: each worker's
+    checkpoint holds its own shard of every table, so a worker without its
+    directory (another host, only the chief's directory copied,
+    checkpoint_dir=None on the other ranks) started its shard from the
+    initializer while rank 0 restored its own and the global step, without
+    an error. Checkpoints of different steps on every worker (time-based
+    saves, a crash between them) are restored as they are, with a
+    warning."""
     graph = tf.compat.v1.get_default_graph()
     shards = [v for v in graph.get_collection(tf.compat.v1.GraphKeys.GLOBAL_VARIABLES)
               if is_sok_variable(v)]
@@ -317,14 +327,21 @@ def _refuse_workers_restoring_unlike(comm, checkpoint_dir):
                            (ValueError,), outcome="; no worker restored anything")
     mine = os.path.basename(latest) if latest else ""
     every = agreement.texts(comm, False, mine)
-    if len(set(every)) == 1:
-        return
     told = ", ".join(f"rank {r}: {t or 'none'}" for r, t in enumerate(every))
+    if all(every) and len(set(every)) > 1:
+        # Time-based saves (the default) run on each worker's own clock: a
+        # job restarted after a crash finds checkpoints a step or two apart.
+        tf.compat.v1.logging.warning(
+            "MonitoredTrainingSession under CollectiveStrategy: the workers restore "
+            "checkpoints of different steps (%s); each restores its own latest", told)
+        return
+    if not any(every) or len(set(every)) == 1:
+        return
     raise ValueError(
-        f"MonitoredTrainingSession under CollectiveStrategy: the workers would restore different "
-        f"checkpoints ({told}; this worker's checkpoint_dir is {checkpoint_dir!r}). Each "
-        f"worker's checkpoint holds its own shard of the sok tables {tables[:5]}, so every "
-        f"worker must restore its own checkpoint of the same step (rank r > 0 keeps it under "
+        f"MonitoredTrainingSession under CollectiveStrategy: some workers would restore a "
+        f"checkpoint and others none ({told}; this worker's checkpoint_dir is "
+        f"{checkpoint_dir!r}). Each worker's checkpoint holds its own shard of the sok tables "
+        f"{tables[:5]}, so every worker must restore its own (rank r > 0 keeps it under "
         f"<checkpoint_dir>/worker<r>; give every worker the checkpoint_dir), or none of them")
 
 
@@ -333,7 +350,8 @@ def _scope_patches():
     clip_ops, loss_scale = _norm_modules()
     patches = [
         (optimizer.Optimizer, "compute_gradients", _compute_gradients),
-        (optimizer.Optimizer, "apply_gradients", _apply_gradients),
+        (optimizer.Optimizer, "apply_gradients",
+         _checking_apply_gradients(optimizer.Optimizer.__dict__["apply_gradients"])),
         (monitored_session, "MonitoredTrainingSession", _monitored_training_session),
         (training, "MonitoredTrainingSession", _monitored_training_session),
         (tf.compat.v1.train, "MonitoredTrainingSession", _monitored_training_session),

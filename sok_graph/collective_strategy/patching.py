@@ -76,7 +76,6 @@ def _originals():
             "safe_embedding_lookup_sparse_v2": embedding_ops.safe_embedding_lookup_sparse_v2,
             "store_get_variable": variable_scope._VariableStore.get_variable,
             "compute_gradients": optimizer.Optimizer.compute_gradients,
-            "apply_gradients": optimizer.Optimizer.apply_gradients,
             "MonitoredTrainingSession": monitored_session.MonitoredTrainingSession,
         }
         clip_ops, loss_scale = _norm_modules()

@@ -11,8 +11,8 @@ the formulas are in algorithms.py): SGD, Momentum (Keras SGD with momentum;
 nesterov too), Adagrad, Ftrl (l1, l2, l2 shrinkage, beta), RMSprop
 (momentum, centered), Adadelta, Adam and Adamax (both lazy: untouched rows
 keep their moments, as LazyAdam does; the bias correction uses this
-wrapper's step count, which goes on from the wrapped Keras optimizer's
-`iterations` in a call that also updates other variables through it).
+wrapper's step count: one step per apply_gradients call, also a call whose
+tables got no gradient).
 RMSprop is lazy too, as TF's sparse kernels are: Keras 2's RMSprop
 without momentum decays every row's mean square each step, sok only the
 rows a gradient touches.
@@ -166,7 +166,8 @@ class OptimizerWrapper(compat.trackable_base_class()):
 
     @property
     def iterations(self):
-        """Number of apply_gradients calls that updated sok variables."""
+        """Number of apply_gradients calls (a call whose tables got no gradient
+        counts too): the step of the tables' updates."""
         return self._step_variable()
 
     @property
@@ -434,9 +435,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         the wrapped optimizer. Returns an op in graph mode.
 
         steps_before: the wrapped Keras optimizer's `iterations` before this
-        step (sok.OptimizerScope passes it; a call that also gives the
-        wrapped optimizer other variables reads it itself, as their update
-        counts a step there): the step counter then goes on
+        step (sok.OptimizerScope passes it): the step counter then goes on
         from the larger of it and its own count. Keras 2's
         LossScaleOptimizer counts a step it skips (non-finite gradients) in
         `iterations` without calling this, so Adam's bias correction of the
@@ -474,13 +473,7 @@ class OptimizerWrapper(compat.trackable_base_class()):
         # they have no step count of their own to call it with).
         own_rule = isinstance(self._optimizer, OwnRule)
         if others and not own_rule:
-            reads = []
-            if sok_pairs and steps_before is None:
-                steps_before = self._keras_count_before_its_update()
-                if steps_before is not None and not tf.executing_eagerly():
-                    reads = [steps_before]
-            with tf.control_dependencies(reads):
-                ops.append(update_op(self._optimizer.apply_gradients(others, **kwargs)))
+            ops.append(update_op(self._optimizer.apply_gradients(others, **kwargs)))
         if sok_pairs:
             for _, v in sok_pairs:
                 self.create_slots(v)
@@ -527,25 +520,17 @@ class OptimizerWrapper(compat.trackable_base_class()):
                 ops.append(update_op(self._optimizer.apply_gradients(others, learning_rate=lr)))
             # (It counts no global_step of its own.)
             ops.append(_count_global_step(global_step, ops))
+        if others and not sok_pairs and steps_before is None:
+            # Every call is a step, as every apply_gradients is one to the
+            # optimizer it wraps: a call whose tables got no gradient (a
+            # step that trained only the dense layers) counted none, and
+            # the tables' Adam bias correction and schedule lagged the
+            # dense weights' by a step for good.
+            with tf.control_dependencies([op for op in ops if op is not None]):
+                ops.append(update_op(self._step_variable().assign_add(1)))
         if tf.executing_eagerly():
             return None
         return tf.group(*[op for op in ops if op is not None], name=name or "sok_apply")
-
-    def _keras_count_before_its_update(self):
-        """The wrapped Keras optimizer's `iterations`, read before this
-        call hands it the other variables (which counts a step), for the
-        tables' step to go on from (steps_before); None for an optimizer
-        without that count, or with several replicas in this process (each
-        keeps a step counter of its own, as under sok.OptimizerScope). A
-        call whose tables got no gradient (a step that trained only the
-        dense layers) counted a Keras step and no step of the tables, whose
-        learning-rate schedule and Adam bias correction then lagged the
-        dense weights' by one step for good."""
-        count = (getattr(self._optimizer, "iterations", None)
-                 if compat.is_keras_optimizer(self._optimizer) else None)
-        if not hasattr(count, "assign_add") or not one_replica_in_this_process():
-            return None
-        return tf.identity(count)
 
     def _fusable(self, var):
         """Whether `var`'s update runs in a fused sparse-apply op: an
