@@ -441,3 +441,40 @@ def test_monitored_training_session_restores_alike_on_every_worker(tmp_path):
         assert "rank 1: none" in without_worker1["error"], without_worker1["error"]
         assert "error" in one_in_two, f"rank {r} restored a one-process checkpoint"
         assert all(words in one_in_two["error"] for words in another_number), one_in_two["error"]
+
+
+@pytest.mark.parametrize("outer", ["optimizer_scope", "strategy_scope"])
+def test_an_optimizer_scope_around_or_inside_the_strategy_scope_routes_the_tables(none_engine,
+                                                                                  outer):
+    """sok.OptimizerScope and CollectiveStrategy.scope() both replace
+    tf.compat.v1.train.Optimizer.apply_gradients. With the OptimizerScope
+    outside, the strategy's check called TensorFlow's own method, not the
+    scope's routing: TensorFlow's Adam updated every row of a static table
+    with slots of its own (a dynamic table failed to build). The rows of
+    either nesting equal the OptimizerScope alone's."""
+    strategy = sok.CollectiveStrategy()
+    init = np.random.RandomState(0).normal(size=(8, 3)).astype(np.float32)
+
+    def train(nesting):
+        with tf.Graph().as_default():
+            table = sok.Variable(init)
+            ids = tf.RaggedTensor.from_tensor(tf.constant([[0, 1], [2, 3]], tf.int64))
+            opt = tf.compat.v1.train.AdamOptimizer(0.1)
+            scopes = {"optimizer_scope": [sok.OptimizerScope([table]), strategy.scope()],
+                      "strategy_scope": [strategy.scope(), sok.OptimizerScope([table])],
+                      "alone": [sok.OptimizerScope([table])]}[nesting]
+            with contextlib.ExitStack() as stack:
+                for scope in scopes:
+                    stack.enter_context(scope)
+                loss = tf.reduce_sum(tf.square(sok.lookup_sparse(table, ids, combiners="sum")
+                                               - 1.0))
+                step = opt.minimize(loss)
+            with tf.compat.v1.Session() as sess:
+                sess.run(tf.compat.v1.global_variables_initializer())
+                for _ in range(3):
+                    sess.run(step)
+                return sess.run(table)
+
+    got, want = train(outer), train("alone")
+    np.testing.assert_array_equal(got[4:], init[4:])  # rows no id reads stay (lazy)
+    np.testing.assert_array_equal(got, want)
