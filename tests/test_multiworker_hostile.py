@@ -196,6 +196,18 @@ _UNSHARDED_IN_REPLICAS = textwrap.dedent('''
 ''')
 
 
+def _result_of_a_replicas_script(path, source):
+    """The RESULT json of `source` (a script that makes its MirroredStrategy
+    with tests/multiworker/mirrored_cpus.py, whose directory is its first
+    argument) written to `path` and run in a process of its own."""
+    path.write_text(source)
+    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker")
+    output = run_process([sys.executable, str(path), here], timeout=300)
+    line = [x for x in output.splitlines() if x.startswith("RESULT ")]
+    assert line, output[-4000:]
+    return json.loads(line[-1][len("RESULT "):])
+
+
 @needs_tf2_collectives
 def test_a_table_not_sharded_over_the_replicas_is_refused_inside_strategy_run(tmp_path):
     """Under a MirroredStrategy of 2 replicas, a DynamicVariable made before
@@ -205,13 +217,7 @@ def test_a_table_not_sharded_over_the_replicas_is_refused_inside_strategy_run(tm
     moments and step twice a step), and training differed from one
     process's without an error. It is a ValueError naming the table; a table
     made after sok.init trains as numpy's Adam says."""
-    script = tmp_path / "unsharded.py"
-    script.write_text(_UNSHARDED_IN_REPLICAS)
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker")
-    output = run_process([sys.executable, str(script), here], timeout=300)
-    line = [x for x in output.splitlines() if x.startswith("RESULT ")]
-    assert line, output[-4000:]
-    out = json.loads(line[-1][len("RESULT "):])
+    out = _result_of_a_replicas_script(tmp_path / "unsharded.py", _UNSHARDED_IN_REPLICAS)
     for name, world in (("early", 1), ("single", 1)):
         assert f"on table '{name}" in out[name] and f"table of {world} worker(s)" in out[name] \
             and "not sharded over the 2 replicas" in out[name], out[name]
@@ -532,13 +538,7 @@ def test_keras2_loss_scale_optimizer_over_replicas_is_refused_for_tables(tmp_pat
     MirroredStrategy's replicas it failed asking for strategy.run inside
     strategy.run. A TypeError naming the tables and what to do, with no row
     changed; in one process it trains (test_optimizer.py)."""
-    script = tmp_path / "loss_scale.py"
-    script.write_text(_LOSS_SCALE_IN_REPLICAS)
-    here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "multiworker")
-    output = run_process([sys.executable, str(script), here], timeout=300)
-    line = [x for x in output.splitlines() if x.startswith("RESULT ")]
-    assert line, output[-4000:]
-    out = json.loads(line[-1][len("RESULT "):])
+    out = _result_of_a_replicas_script(tmp_path / "loss_scale.py", _LOSS_SCALE_IN_REPLICAS)
     assert out["error"] is not None, out
     assert "over 2 replicas all-reduces every gradient" in out["error"], out["error"]
     assert "scaled_table" in out["error"], out["error"]
